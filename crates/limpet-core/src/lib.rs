@@ -1,0 +1,39 @@
+//! # limpet-core: the decision core of a session-affinity load balancer
+//!
+//! This crate decides, for each request, which node it goes to and whether the answer must
+//! carry a (re-)pinning cookie. It does no I/O: no sockets, no tokio, no clock. Time is an
+//! argument (`now_ms`, milliseconds since the Unix epoch). `limpet sim`, the proxy and the tests
+//! all drive this same code, so a rule fixed here is fixed everywhere.
+//!
+//! ## Data flow
+//!
+//! ```text
+//!  raw head bytes ──► head::head_end / head::cookie_in_head ─┐
+//!                                                            ├─► cookie value (borrowed)
+//!  HeaderMap values ──► cookie::find_in_values ──────────────┘          │
+//!                                                                       ▼
+//!                                              Pool::pin_by_name (or a codec) ─► Pin
+//!                                                                       │
+//!   health results ──► Pool::record_success/failure ──┐                 ▼
+//!   operator       ──► Pool::set_admin ───────────────┴──► Pool::decide(pin, now) ─► Decision
+//!                                                                       │
+//!                                    Sticky(node) | Fresh{node, repin} | Unavailable
+//!                                                                       │
+//!                          Fresh ─► CookieSpec::set_cookie(value, tls) ─► Set-Cookie
+//! ```
+//!
+//! Nodes are identified by name: the name is what a cookie carries (in the default mode), so a
+//! cookie can only choose among configured nodes, never name an address to connect to.
+
+pub mod cookie;
+pub mod decision;
+pub mod head;
+pub mod health;
+pub mod node;
+pub mod pool;
+
+pub use cookie::{CookieSpec, SameSite};
+pub use decision::{Decision, Pin, RepinReason};
+pub use health::{Health, HealthPolicy, Transition};
+pub use node::{AdminState, Node, NodeId, NodeState};
+pub use pool::{Pool, PoolError};

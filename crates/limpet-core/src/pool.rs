@@ -1,0 +1,421 @@
+//! The pool: the configured nodes in order, their states, and the rotation that picks a node
+//! for each fresh assignment.
+//!
+//! Fresh assignments go round-robin over the nodes that take them (UP, in pool order): the k-th
+//! fresh assignment goes to `eligible[k mod len]`, where `eligible` is computed at that moment.
+//! Only fresh assignments advance the rotation; a sticky hit does not take a turn. The eligible
+//! list is rebuilt on every state change rather than filtered per request, so the hot path is
+//! an index operation.
+
+use rustc_hash::FxHashMap;
+
+use crate::cookie::is_cookie_value_safe;
+use crate::decision::{Decision, Pin, RepinReason};
+use crate::health::{Health, HealthPolicy, Transition};
+use crate::node::{AdminState, Node, NodeId, NodeState};
+
+/// Why a list of node names cannot form a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    /// Two nodes share a name: a pin could not say which one it means.
+    DuplicateName(String),
+    /// The name cannot be written into a cookie as it is (empty, or holds `;`, `,`, space,
+    /// quotes, backslash or control bytes).
+    InvalidName(String),
+    TooManyNodes,
+}
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolError::DuplicateName(n) => write!(f, "duplicate node name {n:?}"),
+            PoolError::InvalidName(n) => write!(
+                f,
+                "node name {n:?} cannot be a cookie value (use letters, digits and -._~!#$%&'*+^`|:<>=?@[]/)"
+            ),
+            PoolError::TooManyNodes => f.write_str("too many nodes"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+/// The node set with its states and rotation. See the module docs.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    nodes: Vec<Node>,
+    // Fixed-seed hasher: lookups only, the map is built from configuration, never from requests.
+    index: FxHashMap<Box<[u8]>, NodeId>,
+    /// Nodes that take fresh assignments, in pool order.
+    eligible: Vec<NodeId>,
+    rotation: u64,
+    health_policy: HealthPolicy,
+}
+
+impl Pool {
+    /// A pool of these nodes, in this order, all UP and ready; the rotation starts at 0.
+    pub fn new<I, S>(names: I) -> Result<Self, PoolError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<Box<str>>,
+    {
+        let mut nodes = Vec::new();
+        let mut index = FxHashMap::default();
+        for name in names {
+            let name: Box<str> = name.into();
+            if !is_cookie_value_safe(name.as_bytes()) {
+                return Err(PoolError::InvalidName(name.into()));
+            }
+            let id = NodeId(u32::try_from(nodes.len()).map_err(|_| PoolError::TooManyNodes)?);
+            if index
+                .insert(Box::<[u8]>::from(name.as_bytes()), id)
+                .is_some()
+            {
+                return Err(PoolError::DuplicateName(name.into()));
+            }
+            nodes.push(Node {
+                name,
+                admin: AdminState::Ready,
+                health: Health::default(),
+            });
+        }
+        let mut pool = Pool {
+            eligible: Vec::with_capacity(nodes.len()),
+            nodes,
+            index,
+            rotation: 0,
+            health_policy: HealthPolicy::default(),
+        };
+        pool.rebuild_eligible();
+        Ok(pool)
+    }
+
+    /// Sets the fall/rise policy used by [`record_success`](Self::record_success) and
+    /// [`record_failure`](Self::record_failure).
+    pub fn with_health_policy(mut self, policy: HealthPolicy) -> Self {
+        self.health_policy = policy;
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = (NodeId, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (NodeId(i as u32), n))
+    }
+
+    /// The node with this id. Ids come from this pool, so this only fails on a caller bug.
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(id.index())
+    }
+
+    /// The name of a node of this pool (`""` for an id from elsewhere).
+    pub fn name(&self, id: NodeId) -> &str {
+        self.nodes.get(id.index()).map_or("", |n| n.name())
+    }
+
+    /// The node with exactly this name.
+    pub fn lookup(&self, name: &[u8]) -> Option<NodeId> {
+        self.index.get(name).copied()
+    }
+
+    /// Reads a pin that holds a node name (the `name` cookie mode).
+    pub fn pin_by_name(&self, value: Option<&[u8]>) -> Pin {
+        match value {
+            None => Pin::None,
+            Some(v) => self.lookup(v).map_or(Pin::Unknown, Pin::Node),
+        }
+    }
+
+    /// How many fresh assignments were made since the pool was built.
+    pub fn rotation(&self) -> u64 {
+        self.rotation
+    }
+
+    /// The nodes that take fresh assignments now, in pool order.
+    pub fn eligible(&self) -> &[NodeId] {
+        &self.eligible
+    }
+
+    pub fn state(&self, id: NodeId) -> Option<NodeState> {
+        self.node(id).map(Node::state)
+    }
+
+    /// Sets what the operator asks of a node. Returns false for an id not in this pool.
+    pub fn set_admin(&mut self, id: NodeId, admin: AdminState) -> bool {
+        let Some(node) = self.nodes.get_mut(id.index()) else {
+            return false;
+        };
+        node.admin = admin;
+        self.rebuild_eligible();
+        true
+    }
+
+    /// Forces a node's health, as an operator command or the sim's `UP`/`DOWN`.
+    pub fn force_health(&mut self, id: NodeId, up: bool) -> Option<Transition> {
+        let t = self.nodes.get_mut(id.index())?.health.force(up);
+        if t.is_some() {
+            self.rebuild_eligible();
+        }
+        t
+    }
+
+    /// Records a successful check or request against a node.
+    pub fn record_success(&mut self, id: NodeId) -> Option<Transition> {
+        let policy = self.health_policy;
+        let t = self
+            .nodes
+            .get_mut(id.index())?
+            .health
+            .record_success(policy);
+        if t.is_some() {
+            self.rebuild_eligible();
+        }
+        t
+    }
+
+    /// Records a failed check or connection against a node.
+    pub fn record_failure(&mut self, id: NodeId) -> Option<Transition> {
+        let policy = self.health_policy;
+        let t = self
+            .nodes
+            .get_mut(id.index())?
+            .health
+            .record_failure(policy);
+        if t.is_some() {
+            self.rebuild_eligible();
+        }
+        t
+    }
+
+    /// Decides where a request with this pin goes. `now_ms` (milliseconds since the Unix epoch)
+    /// is only read for drain deadlines.
+    pub fn decide(&mut self, pin: Pin, now_ms: u64) -> Decision {
+        let repin = match pin {
+            Pin::None => None,
+            Pin::Node(id) => match self.honours_pin(id, now_ms) {
+                Ok(()) => return Decision::Sticky(id),
+                Err(reason) => Some(reason),
+            },
+            Pin::Unknown => Some(RepinReason::UnknownNode),
+            Pin::Invalid => Some(RepinReason::InvalidCookie),
+            Pin::Expired => Some(RepinReason::ExpiredCookie),
+        };
+        match self.assign(|_| false) {
+            Some(node) => Decision::Fresh { node, repin },
+            None => Decision::Unavailable,
+        }
+    }
+
+    /// Whether a pin to `id` is honoured now, and if not, why.
+    pub fn honours_pin(&self, id: NodeId, now_ms: u64) -> Result<(), RepinReason> {
+        let Some(node) = self.nodes.get(id.index()) else {
+            return Err(RepinReason::UnknownNode);
+        };
+        match node.state() {
+            NodeState::Up => Ok(()),
+            NodeState::Drain => match node.admin {
+                AdminState::Drain {
+                    deadline_ms: Some(deadline),
+                } if now_ms >= deadline => Err(RepinReason::DrainEnded),
+                _ => Ok(()),
+            },
+            NodeState::Down => Err(RepinReason::NodeDown),
+            NodeState::Maint => Err(RepinReason::NodeMaint),
+        }
+    }
+
+    /// Makes a fresh assignment, skipping the nodes `exclude` names (e.g. nodes that already
+    /// failed for this request). Consumes one turn of the rotation when it finds a node.
+    pub fn assign(&mut self, exclude: impl Fn(NodeId) -> bool) -> Option<NodeId> {
+        let len = self.eligible.len();
+        if len == 0 {
+            return None;
+        }
+        let start = (self.rotation % len as u64) as usize;
+        let node = (0..len)
+            .map(|i| self.eligible[(start + i) % len])
+            .find(|&n| !exclude(n))?;
+        self.rotation = self.rotation.wrapping_add(1);
+        Some(node)
+    }
+
+    fn rebuild_eligible(&mut self) {
+        self.eligible.clear();
+        self.eligible.extend(
+            self.nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.takes_fresh())
+                .map(|(i, _)| NodeId(i as u32)),
+        );
+        self.debug_check();
+    }
+
+    fn debug_check(&self) {
+        debug_assert_eq!(
+            self.index.len(),
+            self.nodes.len(),
+            "index covers every node once"
+        );
+        debug_assert!(
+            self.eligible.windows(2).all(|w| w[0] < w[1]),
+            "eligible nodes are in pool order"
+        );
+        debug_assert!(
+            self.eligible
+                .iter()
+                .all(|&n| self.nodes[n.index()].takes_fresh()),
+            "every eligible node takes fresh assignments"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(names: &[&str]) -> Pool {
+        Pool::new(names.iter().copied()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn id(p: &Pool, name: &str) -> NodeId {
+        p.lookup(name.as_bytes())
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    #[test]
+    fn fresh_assignments_rotate_in_pool_order() {
+        let mut p = pool(&["b1", "b2", "b3"]);
+        let got: Vec<_> = (0..4)
+            .map(|_| p.decide(Pin::None, 0).node().map(|n| p.name(n).to_owned()))
+            .collect();
+        assert_eq!(got, ["b1", "b2", "b3", "b1"].map(|s| Some(s.to_owned())));
+    }
+
+    #[test]
+    fn sticky_hit_does_not_take_a_turn() {
+        let mut p = pool(&["b1", "b2"]);
+        let b2 = id(&p, "b2");
+        assert_eq!(p.decide(Pin::Node(b2), 0), Decision::Sticky(b2));
+        assert_eq!(p.rotation(), 0);
+        assert_eq!(p.decide(Pin::None, 0).node(), Some(id(&p, "b1")));
+    }
+
+    #[test]
+    fn pin_to_down_node_is_repinned() {
+        let mut p = pool(&["b1", "b2", "b3"]);
+        let b1 = id(&p, "b1");
+        assert_eq!(p.decide(Pin::None, 0).node(), Some(b1));
+        p.force_health(b1, false);
+        // Second fresh assignment (k=1) over up = [b2, b3] is b3.
+        assert_eq!(
+            p.decide(Pin::Node(b1), 0),
+            Decision::Fresh {
+                node: id(&p, "b3"),
+                repin: Some(RepinReason::NodeDown)
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_pin_is_treated_as_no_pin_with_a_repin() {
+        let mut p = pool(&["b1"]);
+        let pin = p.pin_by_name(Some(b"10.0.0.1:80"));
+        assert_eq!(pin, Pin::Unknown);
+        assert_eq!(
+            p.decide(pin, 0),
+            Decision::Fresh {
+                node: id(&p, "b1"),
+                repin: Some(RepinReason::UnknownNode)
+            }
+        );
+    }
+
+    #[test]
+    fn nothing_up_is_unavailable_and_keeps_the_rotation() {
+        let mut p = pool(&["b1"]);
+        let b1 = id(&p, "b1");
+        p.force_health(b1, false);
+        assert_eq!(p.decide(Pin::None, 0), Decision::Unavailable);
+        assert_eq!(p.rotation(), 0);
+        assert_eq!(pool(&[]).decide(Pin::None, 0), Decision::Unavailable);
+    }
+
+    #[test]
+    fn drain_honours_pins_until_the_deadline_and_takes_no_fresh() {
+        let mut p = pool(&["a", "b"]);
+        let a = id(&p, "a");
+        p.set_admin(
+            a,
+            AdminState::Drain {
+                deadline_ms: Some(1000),
+            },
+        );
+        assert_eq!(p.decide(Pin::Node(a), 999), Decision::Sticky(a));
+        assert_eq!(p.decide(Pin::None, 0).node(), Some(id(&p, "b")));
+        assert_eq!(
+            p.decide(Pin::Node(a), 1000),
+            Decision::Fresh {
+                node: id(&p, "b"),
+                repin: Some(RepinReason::DrainEnded)
+            }
+        );
+    }
+
+    #[test]
+    fn maint_repins_at_once_even_when_healthy() {
+        let mut p = pool(&["a", "b"]);
+        let a = id(&p, "a");
+        p.set_admin(a, AdminState::Maint);
+        assert_eq!(
+            p.decide(Pin::Node(a), 0),
+            Decision::Fresh {
+                node: id(&p, "b"),
+                repin: Some(RepinReason::NodeMaint)
+            }
+        );
+    }
+
+    #[test]
+    fn assign_skips_excluded_nodes() {
+        let mut p = pool(&["a", "b", "c"]);
+        let a = id(&p, "a");
+        assert_eq!(p.assign(|n| n == a), Some(id(&p, "b")));
+        assert_eq!(p.assign(|_| true), None);
+        assert_eq!(p.rotation(), 1);
+    }
+
+    #[test]
+    fn passive_failures_take_a_node_down() {
+        let mut p = pool(&["a", "b"]);
+        let a = id(&p, "a");
+        assert_eq!(p.record_failure(a), None);
+        assert_eq!(p.record_failure(a), None);
+        assert_eq!(p.record_failure(a), Some(Transition::WentDown));
+        assert_eq!(p.eligible(), &[id(&p, "b")]);
+        assert_eq!(p.record_success(a), None);
+        assert_eq!(p.record_success(a), Some(Transition::WentUp));
+        assert_eq!(p.eligible().len(), 2);
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        assert_eq!(
+            Pool::new(["a", "a"]).err(),
+            Some(PoolError::DuplicateName("a".into()))
+        );
+        assert_eq!(
+            Pool::new(["a;b"]).err(),
+            Some(PoolError::InvalidName("a;b".into()))
+        );
+    }
+}

@@ -1,0 +1,410 @@
+//! `limpet sim`: the cookie-stickiness line protocol of `sticky-cookie-rules.md`.
+//!
+//! [`Sim`] is the protocol engine and does no I/O: [`Sim::feed`] takes the bytes read so far,
+//! answers every command that is complete, and says how many bytes it consumed; the caller keeps
+//! the rest for the next read. [`run`] is the thin loop around it: read stdin, feed, write the
+//! answers and flush before blocking on the next read, so the sim works in a pipe and
+//! interactively alike.
+//!
+//! Every decision comes from `limpet_core`: the head is cut with `head::head_end`, the cookie
+//! found with `head::cookie_in_head`, the node chosen by `Pool::decide`, the `Set-Cookie` written
+//! by `CookieSpec`. The proxy uses the same functions.
+//!
+//! Memory stays bounded whatever the input: a command line longer than `max_line` or a head
+//! longer than `max_head` is skipped as it streams by and answered with one `ERR` line.
+
+use std::io::{self, Read, Write};
+use std::process::ExitCode;
+
+use limpet_core::head::{cookie_in_head, head_end, HeadEnd};
+use limpet_core::{CookieSpec, Decision, Pool};
+
+/// Arguments of `limpet sim`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SimArgs {
+    /// Longest command line accepted, in bytes.
+    #[arg(long, default_value_t = 64 * 1024)]
+    max_line: usize,
+    /// Longest request head accepted, in bytes (the proxy's default header limit).
+    #[arg(long, default_value_t = 64 * 1024)]
+    max_head: usize,
+}
+
+/// Limits that keep the engine's memory bounded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_line: usize,
+    pub(crate) max_head: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_line: 64 * 1024,
+            max_head: 64 * 1024,
+        }
+    }
+}
+
+/// Where the engine is in the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Expecting a command line.
+    Command,
+    /// Inside a REQUEST head; the scan for its end resumes at `scan` (relative to the input).
+    Head { scan: usize, bad_args: bool },
+    /// Discarding an over-long command line up to its newline.
+    SkipLine,
+    /// Discarding an over-long head up to the empty line that ends it.
+    SkipHead { line: LineSoFar },
+}
+
+/// What the current line held so far while skipping: an empty line ends a head, and a line
+/// holding only `\r` is empty too (CRLF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LineSoFar {
+    Nothing,
+    Cr,
+    Text,
+}
+
+impl LineSoFar {
+    fn then(self, seg: &[u8]) -> Self {
+        match (self, seg) {
+            (s, []) => s,
+            (LineSoFar::Nothing, b"\r") => LineSoFar::Cr,
+            _ => LineSoFar::Text,
+        }
+    }
+}
+
+/// The protocol engine. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Sim {
+    pool: Pool,
+    cookie: CookieSpec,
+    limits: Limits,
+    state: State,
+    /// Answers per node, written once per `POOL`: `"<b> sticky\n"` and
+    /// `"<b> new Set-Cookie: ...\n"`, so answering a request is a copy.
+    sticky_lines: Vec<Box<[u8]>>,
+    fresh_lines: Vec<Box<[u8]>>,
+}
+
+impl Sim {
+    pub(crate) fn new(limits: Limits) -> Self {
+        let mut sim = Sim {
+            pool: Pool::new(Vec::<Box<str>>::new()).unwrap_or_else(|_| unreachable!()),
+            cookie: CookieSpec::sim(),
+            limits,
+            state: State::Command,
+            sticky_lines: Vec::new(),
+            fresh_lines: Vec::new(),
+        };
+        sim.rebuild_lines();
+        sim
+    }
+
+    fn rebuild_lines(&mut self) {
+        let (sticky, fresh) = self
+            .pool
+            .nodes()
+            .map(|(_, n)| {
+                let sticky = format!("{} sticky\n", n.name());
+                let fresh = format!(
+                    "{} new Set-Cookie: {}\n",
+                    n.name(),
+                    self.cookie.set_cookie(n.name(), false)
+                );
+                (sticky.into_bytes().into(), fresh.into_bytes().into())
+            })
+            .unzip();
+        self.sticky_lines = sticky;
+        self.fresh_lines = fresh;
+    }
+
+    /// Answers every complete command in `input`, appending one line per command to `out`.
+    /// Returns how many bytes of `input` were consumed; the caller passes the rest again, with
+    /// more bytes after it, on the next call.
+    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> usize {
+        let mut pos = 0;
+        loop {
+            let rest = &input[pos..];
+            match self.state {
+                State::Command => {
+                    let Some(nl) = memchr::memchr(b'\n', rest) else {
+                        if rest.len() > self.limits.max_line {
+                            self.state = State::SkipLine;
+                            pos = input.len();
+                        }
+                        return pos;
+                    };
+                    pos += nl + 1;
+                    self.command(&rest[..nl], out);
+                }
+                State::Head { scan, bad_args } => match head_end(rest, scan) {
+                    HeadEnd::Complete { head, consumed } => {
+                        pos += consumed;
+                        self.state = State::Command;
+                        if bad_args {
+                            out.extend_from_slice(b"ERR REQUEST takes no arguments\n");
+                        } else {
+                            self.request(&rest[..head], out);
+                        }
+                    }
+                    HeadEnd::Incomplete { resume_at } => {
+                        if rest.len() > self.limits.max_head {
+                            // The lines before resume_at were scanned and are not empty, so
+                            // only the partial line after them decides what comes next.
+                            let line = LineSoFar::Nothing.then(&rest[resume_at..]);
+                            self.state = State::SkipHead { line };
+                            return input.len();
+                        }
+                        self.state = State::Head {
+                            scan: resume_at,
+                            bad_args,
+                        };
+                        return pos;
+                    }
+                },
+                State::SkipLine => match memchr::memchr(b'\n', rest) {
+                    Some(nl) => {
+                        pos += nl + 1;
+                        self.state = State::Command;
+                        out.extend_from_slice(b"ERR command line too long\n");
+                    }
+                    None => return input.len(),
+                },
+                State::SkipHead { mut line } => {
+                    let mut at = 0;
+                    let ended = loop {
+                        match memchr::memchr(b'\n', &rest[at..]) {
+                            Some(nl) => {
+                                let done = line.then(&rest[at..at + nl]) != LineSoFar::Text;
+                                at += nl + 1;
+                                if done {
+                                    break true;
+                                }
+                                line = LineSoFar::Nothing;
+                            }
+                            None => {
+                                line = line.then(&rest[at..]);
+                                break false;
+                            }
+                        }
+                    };
+                    if !ended {
+                        self.state = State::SkipHead { line };
+                        return input.len();
+                    }
+                    pos += at;
+                    self.state = State::Command;
+                    out.extend_from_slice(b"ERR request head too large\n");
+                }
+            }
+        }
+    }
+
+    /// End of input: answers what is left (a last line without a newline, a cut-off head).
+    pub(crate) fn finish(&mut self, rest: &[u8], out: &mut Vec<u8>) {
+        match std::mem::replace(&mut self.state, State::Command) {
+            State::Command if !rest.is_empty() => self.command(rest, out),
+            State::Command => {}
+            State::Head { .. } => out.extend_from_slice(b"ERR request cut off by end of input\n"),
+            State::SkipLine => out.extend_from_slice(b"ERR command line too long\n"),
+            State::SkipHead { .. } => out.extend_from_slice(b"ERR request head too large\n"),
+        }
+    }
+
+    fn command(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let mut words = line
+            .split(u8::is_ascii_whitespace)
+            .filter(|w| !w.is_empty());
+        let Some(verb) = words.next() else {
+            return; // blank line between commands
+        };
+        match verb {
+            b"REQUEST" => {
+                self.state = State::Head {
+                    scan: 0,
+                    bad_args: words.next().is_some(),
+                };
+            }
+            b"POOL" => match std::str::from_utf8(line) {
+                Err(_) => err(out, "POOL line is not valid UTF-8"),
+                Ok(text) => match Pool::new(text.split_ascii_whitespace().skip(1)) {
+                    Ok(pool) => {
+                        self.pool = pool;
+                        self.rebuild_lines();
+                        out.extend_from_slice(b"OK\n");
+                    }
+                    Err(e) => err(out, &e.to_string()),
+                },
+            },
+            b"UP" | b"DOWN" => {
+                let (Some(name), None) = (words.next(), words.next()) else {
+                    return err(out, "UP and DOWN take exactly one backend name");
+                };
+                if let Some(id) = self.pool.lookup(name) {
+                    self.pool.force_health(id, verb == b"UP");
+                }
+                out.extend_from_slice(b"OK\n");
+            }
+            other => {
+                let shown = String::from_utf8_lossy(&other[..other.len().min(32)]);
+                err(out, &format!("unknown command {shown:?}"));
+            }
+        }
+    }
+
+    fn request(&mut self, head: &[u8], out: &mut Vec<u8>) {
+        if head.is_empty() {
+            return err(out, "empty request head");
+        }
+        let pin = self
+            .pool
+            .pin_by_name(cookie_in_head(head, self.cookie.name.as_bytes()));
+        match self.pool.decide(pin, 0) {
+            Decision::Sticky(n) => out.extend_from_slice(&self.sticky_lines[n.index()]),
+            Decision::Fresh { node, .. } => out.extend_from_slice(&self.fresh_lines[node.index()]),
+            Decision::Unavailable => out.extend_from_slice(b"NONE\n"),
+        }
+    }
+}
+
+fn err(out: &mut Vec<u8>, reason: &str) {
+    out.extend_from_slice(b"ERR ");
+    // One answer is one line, whatever the reason quotes.
+    out.extend(
+        reason
+            .bytes()
+            .map(|b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+    );
+    out.push(b'\n');
+}
+
+/// Runs the protocol on stdin/stdout until end of input.
+pub(crate) fn run(args: SimArgs) -> ExitCode {
+    let limits = Limits {
+        max_line: args.max_line,
+        max_head: args.max_head,
+    };
+    match pump(Sim::new(limits), io::stdin().lock(), io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed stdout (e.g. `limpet sim | head`) ends the run quietly, like other filters.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("limpet sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The I/O loop: read, feed, write, flush before the next read blocks.
+pub(crate) fn pump(mut sim: Sim, mut input: impl Read, mut output: impl Write) -> io::Result<()> {
+    const CHUNK: usize = 64 * 1024;
+    let mut buf: Vec<u8> = Vec::with_capacity(2 * CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(CHUNK);
+    loop {
+        let filled = buf.len();
+        buf.resize(filled + CHUNK, 0);
+        let n = match input.read(&mut buf[filled..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                buf.truncate(filled);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        buf.truncate(filled + n);
+        if n == 0 {
+            sim.finish(&buf, &mut out);
+            output.write_all(&out)?;
+            return output.flush();
+        }
+        let consumed = sim.feed(&buf, &mut out);
+        buf.drain(..consumed);
+        output.write_all(&out)?;
+        out.clear();
+        output.flush()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_str(input: &[u8]) -> String {
+        let mut out = Vec::new();
+        pump(Sim::new(Limits::default()), input, &mut out).unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8(out).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Feeds the input one byte at a time: answers must not depend on how reads split it.
+    fn run_bytewise(input: &[u8], limits: Limits) -> String {
+        let mut sim = Sim::new(limits);
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        for &b in input {
+            buf.push(b);
+            let consumed = sim.feed(&buf, &mut out);
+            buf.drain(..consumed);
+        }
+        sim.finish(&buf, &mut out);
+        String::from_utf8(out).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const REFERENCE: &str = "POOL b1 b2 b3\nREQUEST\nGET /cart HTTP/1.1\nHost: shop.example\n\n\
+REQUEST\nGET /cart HTTP/1.1\nCookie: theme=dark; route=b1; lang=en\n\nDOWN b1\n\
+REQUEST\nGET /cart HTTP/1.1\nCookie: route=b1\n\n";
+
+    const REFERENCE_ANSWERS: &str =
+        "OK\nb1 new Set-Cookie: route=b1; Path=/; HttpOnly\nb1 sticky\n\
+OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
+
+    #[test]
+    fn reference_example_in_one_read_and_byte_by_byte() {
+        assert_eq!(run_str(REFERENCE.as_bytes()), REFERENCE_ANSWERS);
+        assert_eq!(
+            run_bytewise(REFERENCE.as_bytes(), Limits::default()),
+            REFERENCE_ANSWERS
+        );
+    }
+
+    #[test]
+    fn crlf_input_gives_the_same_answers() {
+        let crlf = REFERENCE.replace('\n', "\r\n");
+        assert_eq!(run_str(crlf.as_bytes()), REFERENCE_ANSWERS);
+        assert_eq!(
+            run_bytewise(crlf.as_bytes(), Limits::default()),
+            REFERENCE_ANSWERS
+        );
+    }
+
+    #[test]
+    fn over_long_head_is_skipped_in_bounded_memory() {
+        let limits = Limits {
+            max_line: 64,
+            max_head: 64,
+        };
+        let big = format!(
+            "POOL a\nREQUEST\nGET / HTTP/1.1\nX: {}\r\n\r\nUP a\n",
+            "y".repeat(500)
+        );
+        assert_eq!(
+            run_bytewise(big.as_bytes(), limits),
+            "OK\nERR request head too large\nOK\n"
+        );
+        let long_cmd = format!("{}\nUP a\n", "P".repeat(500));
+        assert_eq!(
+            run_bytewise(long_cmd.as_bytes(), limits),
+            "ERR command line too long\nOK\n"
+        );
+    }
+
+    #[test]
+    fn last_line_without_newline_is_answered() {
+        assert_eq!(run_str(b"POOL a\nUP a"), "OK\nOK\n");
+    }
+}
