@@ -25,6 +25,7 @@
 //! Nodes are identified by name: the name is what a cookie carries (in the default mode), so a
 //! cookie can only choose among configured nodes, never name an address to connect to.
 
+pub mod codec;
 pub mod cookie;
 pub mod decision;
 pub mod head;
@@ -32,6 +33,7 @@ pub mod health;
 pub mod node;
 pub mod pool;
 
+pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
 pub use cookie::{CookieSpec, SameSite};
 pub use decision::{Decision, Pin, RepinReason};
 pub use health::{Health, HealthPolicy, Transition};

@@ -5,12 +5,13 @@
 //!
 //! Subcommands:
 //! - `limpet sim`: the line protocol of `sticky-cookie-rules.md` on stdin/stdout.
+//! - `limpet proxy`: the HTTP proxy in quick mode (`--listen`, `--to [NAME=]HOST:PORT`...).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod sim;
+use limpet::sim;
 
 #[derive(Debug, Parser)]
 #[command(name = "limpet", version, about = "A session-affinity load balancer")]
@@ -23,11 +24,27 @@ struct Cli {
 enum Command {
     /// Run the cookie-stickiness line protocol on stdin/stdout (see docs/sim.md).
     Sim(sim::SimArgs),
+    /// Run the HTTP proxy in front of nodes given on the command line.
+    Proxy(limpet::proxy::quick::ProxyArgs),
+}
+
+/// Logs go to stderr (stdout carries the bound address); `RUST_LOG` filters, default `info`.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Sim(args) => sim::run(args),
+        Command::Proxy(args) => {
+            init_tracing();
+            limpet::proxy::quick::run(args)
+        }
     }
 }

@@ -21,7 +21,7 @@ use limpet_core::{CookieSpec, Decision, Pool};
 
 /// Arguments of `limpet sim`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct SimArgs {
+pub struct SimArgs {
     /// Longest command line accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024)]
     max_line: usize,
@@ -32,9 +32,9 @@ pub(crate) struct SimArgs {
 
 /// Limits that keep the engine's memory bounded.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) max_line: usize,
-    pub(crate) max_head: usize,
+pub struct Limits {
+    pub max_line: usize,
+    pub max_head: usize,
 }
 
 impl Default for Limits {
@@ -80,7 +80,7 @@ impl LineSoFar {
 
 /// The protocol engine. See the module docs.
 #[derive(Debug)]
-pub(crate) struct Sim {
+pub struct Sim {
     pool: Pool,
     cookie: CookieSpec,
     limits: Limits,
@@ -92,7 +92,7 @@ pub(crate) struct Sim {
 }
 
 impl Sim {
-    pub(crate) fn new(limits: Limits) -> Self {
+    pub fn new(limits: Limits) -> Self {
         let mut sim = Sim {
             pool: Pool::new(Vec::<Box<str>>::new()).unwrap_or_else(|_| unreachable!()),
             cookie: CookieSpec::sim(),
@@ -126,7 +126,7 @@ impl Sim {
     /// Answers every complete command in `input`, appending one line per command to `out`.
     /// Returns how many bytes of `input` were consumed; the caller passes the rest again, with
     /// more bytes after it, on the next call.
-    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> usize {
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> usize {
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
@@ -140,20 +140,37 @@ impl Sim {
                         return pos;
                     };
                     pos += nl + 1;
-                    self.command(&rest[..nl], out);
+                    // The limit holds however reads split the input: a long line that arrived
+                    // whole is refused like one that arrived in pieces.
+                    if nl > self.limits.max_line {
+                        out.extend_from_slice(b"ERR command line too long\n");
+                    } else {
+                        self.command(&rest[..nl], out);
+                    }
                 }
                 State::Head { scan, bad_args } => match head_end(rest, scan) {
                     HeadEnd::Complete { head, consumed } => {
                         pos += consumed;
                         self.state = State::Command;
-                        if bad_args {
+                        if head > self.limits.max_head {
+                            out.extend_from_slice(b"ERR request head too large\n");
+                        } else if bad_args {
                             out.extend_from_slice(b"ERR REQUEST takes no arguments\n");
                         } else {
                             self.request(&rest[..head], out);
                         }
                     }
                     HeadEnd::Incomplete { resume_at } => {
-                        if rest.len() > self.limits.max_head {
+                        // Every byte seen so far belongs to the head, except a lone `\r` that
+                        // may yet become the empty line ending it: that is the lower bound on
+                        // the head's final size.
+                        let partial = &rest[resume_at..];
+                        let at_least = if partial == b"\r" {
+                            resume_at
+                        } else {
+                            rest.len()
+                        };
+                        if at_least > self.limits.max_head {
                             // The lines before resume_at were scanned and are not empty, so
                             // only the partial line after them decides what comes next.
                             let line = LineSoFar::Nothing.then(&rest[resume_at..]);
@@ -206,8 +223,11 @@ impl Sim {
     }
 
     /// End of input: answers what is left (a last line without a newline, a cut-off head).
-    pub(crate) fn finish(&mut self, rest: &[u8], out: &mut Vec<u8>) {
+    pub fn finish(&mut self, rest: &[u8], out: &mut Vec<u8>) {
         match std::mem::replace(&mut self.state, State::Command) {
+            State::Command if rest.len() > self.limits.max_line => {
+                out.extend_from_slice(b"ERR command line too long\n");
+            }
             State::Command if !rest.is_empty() => self.command(rest, out),
             State::Command => {}
             State::Head { .. } => out.extend_from_slice(b"ERR request cut off by end of input\n"),
@@ -285,7 +305,7 @@ fn err(out: &mut Vec<u8>, reason: &str) {
 }
 
 /// Runs the protocol on stdin/stdout until end of input.
-pub(crate) fn run(args: SimArgs) -> ExitCode {
+pub fn run(args: SimArgs) -> ExitCode {
     let limits = Limits {
         max_line: args.max_line,
         max_head: args.max_head,
@@ -302,7 +322,7 @@ pub(crate) fn run(args: SimArgs) -> ExitCode {
 }
 
 /// The I/O loop: read, feed, write, flush before the next read blocks.
-pub(crate) fn pump(mut sim: Sim, mut input: impl Read, mut output: impl Write) -> io::Result<()> {
+pub fn pump(mut sim: Sim, mut input: impl Read, mut output: impl Write) -> io::Result<()> {
     const CHUNK: usize = 64 * 1024;
     let mut buf: Vec<u8> = Vec::with_capacity(2 * CHUNK);
     let mut out: Vec<u8> = Vec::with_capacity(CHUNK);
@@ -401,6 +421,41 @@ OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
             run_bytewise(long_cmd.as_bytes(), limits),
             "ERR command line too long\nOK\n"
         );
+    }
+
+    proptest::proptest! {
+        /// However reads split the input, the answers are the same as for one read.
+        #[test]
+        fn answers_do_not_depend_on_read_boundaries(
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+            max in 16usize..200,
+        ) {
+            let input = format!("{REFERENCE}POOL a b\r\nREQUEST\nGET / HTTP/1.1\nX: {}\n\n\nFOO\nREQUEST\nGET / HTTP/1.1\r\nCookie: route=b\r\n\r\n{}\nUP a\nREQUEST\nGET /", "z".repeat(150), "Q".repeat(150));
+            let limits = Limits { max_line: max, max_head: max };
+            let whole = {
+                let mut sim = Sim::new(limits);
+                let mut out = Vec::new();
+                let used = sim.feed(input.as_bytes(), &mut out);
+                sim.finish(&input.as_bytes()[used..], &mut out);
+                out
+            };
+            let mut cuts = cuts;
+            cuts.push(input.len());
+            cuts.sort_unstable();
+            let mut sim = Sim::new(limits);
+            let mut buf = Vec::new();
+            let mut out = Vec::new();
+            let mut from = 0;
+            for cut in cuts {
+                let cut = cut.min(input.len()).max(from);
+                buf.extend_from_slice(&input.as_bytes()[from..cut]);
+                from = cut;
+                let used = sim.feed(&buf, &mut out);
+                buf.drain(..used);
+            }
+            sim.finish(&buf, &mut out);
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&whole));
+        }
     }
 
     #[test]

@@ -1,0 +1,145 @@
+//! Adapter for [tokio-tungstenite](::tokio_tungstenite) 0.24: the jar on the WebSocket
+//! upgrade.
+//!
+//! The upgrade is a request to the session origin like any other (`ws`/`wss` are the origin of
+//! `http`/`https`), so it carries the jar's cookies, and its answer is an answer of the origin,
+//! so its cookies are adopted: from the 101 that opens the socket, and just as much from a
+//! refused upgrade, which tungstenite returns as [`Error::Http`] carrying the non-101 answer.
+//! A balancer that refuses the upgrade because the pinned node is down re-pins the client in
+//! that refusal; adopting it is what lets the retry reach a healthy node.
+//!
+//! [`connect_async`] does all three around tokio-tungstenite's own `connect_async`; the
+//! smaller helpers are for code that drives the handshake itself. For `wss`, enable one of
+//! tokio-tungstenite's TLS features in the application.
+//!
+//! ```no_run
+//! use limpet_client::{classify, tungstenite, AffinityJar, Backoff, Origin, SharedJar, Verdict};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let jar = SharedJar::new(AffinityJar::new(Origin::parse("ws://print.example")?));
+//! let mut backoff = Backoff::new();
+//! let socket = loop {
+//!     let attempt = tungstenite::connect_async(&jar, "ws://print.example/socket").await;
+//!     match attempt {
+//!         Ok((socket, _answer)) => break socket,
+//!         // The refusal's cookies are already in the jar.
+//!         Err(error) => match classify(tungstenite::outcome_of_error(&error)) {
+//!             Verdict::RetryLater => tokio::time::sleep(backoff.next_delay()).await,
+//!             Verdict::HandBack => return Err(error.into()),
+//!             Verdict::AuthorisationWithdrawn => {
+//!                 jar.clear();
+//!                 return Err("sign in again".into());
+//!             }
+//!         },
+//!     }
+//! };
+//! # drop(socket);
+//! # Ok(())
+//! # }
+//! ```
+
+use ::tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use ::tokio_tungstenite::tungstenite::handshake::client::{Request, Response};
+use ::tokio_tungstenite::tungstenite::http::header::{COOKIE, SET_COOKIE};
+use ::tokio_tungstenite::tungstenite::http::{self, HeaderValue, Uri};
+use ::tokio_tungstenite::tungstenite::Error;
+use ::tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio::net::TcpStream;
+
+use crate::{Origin, Outcome, SharedJar};
+
+/// The origin of a handshake request's URI (`ws://host:port/path`), if it has one.
+pub fn origin_of(uri: &Uri) -> Option<Origin> {
+    match Origin::parse(&uri.to_string()) {
+        Ok(o) => Some(o),
+        Err(error) => {
+            tracing::debug!(%uri, %error, "upgrade URI has no web origin; jar not used");
+            None
+        }
+    }
+}
+
+/// Puts the jar's cookies on an upgrade request, beside any `Cookie` header the application
+/// already set (merged into one header; see [`AffinityJar::merge_cookie_header`]).
+///
+/// [`AffinityJar::merge_cookie_header`]: crate::AffinityJar::merge_cookie_header
+pub fn apply_to_request(jar: &SharedJar, request: &mut Request) {
+    let Some(to) = origin_of(request.uri()) else {
+        return;
+    };
+    let merged = {
+        let existing = request
+            .headers()
+            .get_all(COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes);
+        jar.merge_cookie_lines(&to, existing)
+    };
+    match merged.map(|m| HeaderValue::from_bytes(&m)) {
+        Some(Ok(value)) => {
+            request.headers_mut().insert(COOKIE, value);
+        }
+        None => {
+            request.headers_mut().remove(COOKIE);
+        }
+        // Only pieces of valid header values and ASCII cookies were joined; should that ever
+        // fail, the application's header is better kept than lost.
+        Some(Err(_)) => tracing::debug!("merged Cookie header invalid; request unchanged"),
+    }
+}
+
+/// Adopts the cookies of an upgrade answer (any status) to a request for `request_uri`.
+pub fn adopt_from_response<B>(jar: &SharedJar, request_uri: &Uri, response: &http::Response<B>) {
+    if let Some(from) = origin_of(request_uri) {
+        let lines = response.headers().get_all(SET_COOKIE);
+        jar.adopt_all(&from, lines.iter().map(HeaderValue::as_bytes));
+    }
+}
+
+/// Adopts the cookies of a refused upgrade: [`Error::Http`] carries the non-101 answer.
+/// Returns whether the error carried an answer at all.
+pub fn adopt_from_error(jar: &SharedJar, request_uri: &Uri, error: &Error) -> bool {
+    match error {
+        Error::Http(response) => {
+            adopt_from_response(jar, request_uri, response);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The [`Outcome`] of a failed upgrade, for [`classify`](crate::classify): a refusal with its
+/// status, anything else (connection refused or dropped, TLS, a malformed handshake answer, an
+/// unusable URL) as a transport failure. A successful upgrade is
+/// `Outcome::UpgradeAnswered(101)`.
+pub fn outcome_of_error(error: &Error) -> Outcome {
+    match error {
+        Error::Http(response) => Outcome::UpgradeAnswered(response.status().as_u16()),
+        _ => Outcome::UpgradeTransportFailed,
+    }
+}
+
+/// tokio-tungstenite's `connect_async` with the jar: its cookies go on the upgrade, and the
+/// answer's cookies are adopted whether the upgrade was accepted or refused. Errors are
+/// tungstenite's, unchanged (classify them with [`outcome_of_error`]).
+pub async fn connect_async<R>(
+    jar: &SharedJar,
+    request: R,
+) -> Result<(WebSocketStream<MaybeTlsStream<TcpStream>>, Response), Error>
+where
+    R: IntoClientRequest + Unpin,
+{
+    let mut request = request.into_client_request()?;
+    apply_to_request(jar, &mut request);
+    let uri = request.uri().clone();
+    match ::tokio_tungstenite::connect_async(request).await {
+        Ok((socket, response)) => {
+            adopt_from_response(jar, &uri, &response);
+            Ok((socket, response))
+        }
+        Err(error) => {
+            adopt_from_error(jar, &uri, &error);
+            Err(error)
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! # limpet: the I/O layer of a session-affinity load balancer
+//!
+//! This crate carries out what `limpet-core` decides. It owns every socket, timer and file;
+//! the core owns every rule. Data flows one way:
+//!
+//! ```text
+//!  stdin ──► sim::pump ──► sim::Sim ──┐
+//!                                     ├──► limpet_core (head, cookie, Pool::decide) ──► answers
+//!  client socket ──► proxy ───────────┘                                      │
+//!                      ▲                                                     ▼
+//!                      └────────── upstream connection to the chosen node ◄──┘
+//! ```
+//!
+//! Modules:
+//! - [`sim`]: `limpet sim`, the line protocol of the cookie rules, sans-io engine plus stdin loop.
+//! - [`proxy`]: the HTTP reverse proxy (HTTP/1.1 and h2c, cookie affinity, WebSocket tunnels,
+//!   failover re-pin) and `limpet proxy`.
+//! - [`backend`]: a small built-in HTTP node (`limpet demo`, tests).
+
+pub mod backend;
+pub mod proxy;
+pub mod sim;

@@ -1,0 +1,45 @@
+//! # The HTTP reverse proxy with cookie affinity
+//!
+//! A client connection is served by hyper (HTTP/1.1 with keep-alive, or h2c with prior
+//! knowledge); every request asks `limpet_core::Pool` which node it goes to, is forwarded over
+//! a pooled HTTP/1.1 connection to that node, and its answer streams back. Bodies are never
+//! buffered whole in either direction.
+//!
+//! ```text
+//!  TcpListener ─► server::serve ── accept (max connections) ─► task per client connection
+//!                                                                 │ hyper-util auto
+//!                                                                 ▼
+//!  affinity::read(Cookie) ─► Pin ─► Pool::decide ─► forward::handle ─► upstream::NodeConns
+//!          ▲                  (ConnCtx: first choice pinned     │  (own keep-alive pool,
+//!          │                   to the client connection)        │   configured address only)
+//!          └── Set-Cookie (affinity::encode) ◄── answer ◄───────┘
+//!                                     └─ 101 ─► upgrade::spawn_tunnel (bytes both ways)
+//! ```
+//!
+//! Modules:
+//! - [`config`]: the settings as plain data ([`ProxyConfig`]); quick mode and config files
+//!   fill the same types.
+//! - `server`: accept loop, per-connection state, idle and drain handling; [`serve`].
+//! - `forward`: one request: checks, decision, head rewriting, failover, access log.
+//! - `affinity`: the cookie seam (value to pin, node to value), stripping the cookie.
+//! - `headers`: hop-by-hop, `X-Forwarded-*`, `Cache-Control`.
+//! - `upstream`: connections to nodes.
+//! - `upgrade`: tunnels after 101.
+//! - `body`: streaming body types of both edges.
+//! - [`quick`]: `limpet proxy --to ...` arguments to a [`ProxyConfig`].
+
+mod affinity;
+mod body;
+pub mod config;
+mod forward;
+mod headers;
+pub mod quick;
+mod server;
+mod upgrade;
+mod upstream;
+
+pub use body::ProxyBody;
+pub use config::{
+    ConfigError, CookieConfig, CookieMode, IpNet, Limits, NodeConfig, ProxyConfig, Sticky, Timeouts,
+};
+pub use server::{serve, ServeError};

@@ -1,0 +1,225 @@
+//! `limpet proxy`: the quick mode, no config file, in the spirit of `caddy reverse-proxy`.
+//!
+//! ```text
+//! limpet proxy --listen 127.0.0.1:8080 --to a=10.0.0.1:80 --to 10.0.0.2:80 [--sticky none]
+//! ```
+//!
+//! Arguments become a [`ProxyConfig`] (the same type a config file will fill), a runtime with
+//! the requested worker threads is built, the listener bound, its address printed on stdout
+//! (`listening on 127.0.0.1:PORT`, so scripts can use port 0), and [`serve`] runs until Ctrl-C.
+//! Every argument error exits with code 2 and one line saying what is wrong.
+
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+
+use limpet_core::CookieSpec;
+
+use super::config::{CookieConfig, IpNet, NodeConfig, ProxyConfig, Sticky};
+use super::serve;
+
+/// `--sticky`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StickyArg {
+    /// Pin each client with a cookie (default).
+    Cookie,
+    /// Plain round-robin, no cookie.
+    None,
+}
+
+/// Arguments of `limpet proxy`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    pub listen: String,
+    /// A node: `HOST:PORT`, or `NAME=HOST:PORT` to choose the name its cookie carries.
+    /// Without a name, a stable name derived from the address is used (it does not reveal the
+    /// address). Repeat for each node; the order is the rotation order.
+    #[arg(long = "to", value_name = "[NAME=]HOST:PORT", required = true, value_parser = parse_target)]
+    pub to: Vec<Target>,
+    /// How clients are pinned to nodes.
+    #[arg(long, value_enum, default_value_t = StickyArg::Cookie)]
+    pub sticky: StickyArg,
+    /// Name of the affinity cookie.
+    #[arg(long, default_value = "route", value_name = "NAME")]
+    pub cookie: String,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    /// A peer whose X-Forwarded-For is extended rather than replaced (address or CIDR).
+    /// Repeatable. Default: none.
+    #[arg(long = "trust-proxy", value_name = "CIDR", value_parser = parse_net)]
+    pub trust_proxy: Vec<IpNet>,
+}
+
+/// One `--to` value, parsed but not yet resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub name: Option<String>,
+    pub addr: String,
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    let (name, addr) = match s.split_once('=') {
+        Some((n, a)) => (Some(n.to_owned()), a),
+        None => (None, s),
+    };
+    if let Some(n) = &name {
+        if !limpet_core::cookie::is_cookie_value_safe(n.as_bytes()) {
+            return Err(format!(
+                "node name {n:?} cannot be a cookie value (use letters, digits and -._~)"
+            ));
+        }
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(format!("{addr:?} is not HOST:PORT"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("{addr:?} is not HOST:PORT"));
+    }
+    Ok(Target {
+        name,
+        addr: addr.to_owned(),
+    })
+}
+
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse().map_err(|e: super::ConfigError| e.0)
+}
+
+/// A node name derived from its address: `n-` and 6 hex digits of a fixed-seed FNV-1a hash
+/// of the address as written. Stable across restarts and instances, and it reveals nothing
+/// about the address beyond what a hash does.
+pub fn stable_name(addr: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in addr.trim().to_ascii_lowercase().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("n-{:06x}", h >> 40)
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    addr.to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to no address"))
+}
+
+impl ProxyArgs {
+    /// The config these arguments describe. Resolves node host names once, now (like
+    /// HAProxy's default `init-addr`): a node's address never changes while limpet runs.
+    pub fn to_config(&self) -> Result<ProxyConfig, String> {
+        let nodes = self
+            .to
+            .iter()
+            .map(|t| {
+                Ok(NodeConfig {
+                    name: t.name.clone().unwrap_or_else(|| stable_name(&t.addr)),
+                    addr: resolve(&t.addr)?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let mut cfg = ProxyConfig::new(nodes);
+        cfg.sticky = match self.sticky {
+            StickyArg::None => Sticky::None,
+            StickyArg::Cookie => Sticky::Cookie(CookieConfig {
+                spec: CookieSpec {
+                    name: self.cookie.as_str().into(),
+                    ..CookieSpec::proxy_default()
+                },
+                ..CookieConfig::default()
+            }),
+        };
+        cfg.trusted_proxies = self.trust_proxy.clone();
+        cfg.validate().map_err(|e| e.0)?;
+        Ok(cfg)
+    }
+}
+
+/// Runs `limpet proxy` to completion. Tracing is set up by the caller (the binary).
+pub fn run(args: ProxyArgs) -> ExitCode {
+    let cfg = match args.to_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("limpet proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(usize::from(n));
+    }
+    let rt = match rt.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("limpet proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("limpet proxy: cannot listen on {}: {e}", args.listen);
+                return ExitCode::from(2);
+            }
+        };
+        let local = listener
+            .local_addr()
+            .map_or_else(|_| args.listen.clone(), |a| a.to_string());
+        for n in &cfg.nodes {
+            tracing::info!(node = %n.name, addr = %n.addr, "node");
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {local}");
+        let _ = out.flush();
+        drop(out);
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down: draining connections");
+        };
+        match serve(cfg, listener, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("limpet proxy: {e}");
+                ExitCode::from(2)
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_names_are_stable_and_opaque() {
+        assert_eq!(stable_name("10.0.0.1:80"), stable_name("10.0.0.1:80"));
+        assert_ne!(stable_name("10.0.0.1:80"), stable_name("10.0.0.2:80"));
+        let n = stable_name("10.0.0.1:80");
+        assert!(n.starts_with("n-") && n.len() == 8, "{n}");
+        assert!(!n.contains("10.0"));
+        // Fixed seed: this value must never change, or every pin in the field breaks.
+        assert_eq!(
+            stable_name("127.0.0.1:9001"),
+            stable_name(" 127.0.0.1:9001 ")
+        );
+    }
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(
+            parse_target("a=127.0.0.1:80"),
+            Ok(Target {
+                name: Some("a".into()),
+                addr: "127.0.0.1:80".into()
+            })
+        );
+        assert!(parse_target("127.0.0.1").is_err());
+        assert!(parse_target("a;b=127.0.0.1:80").is_err());
+        assert!(parse_target("x:99999").is_err());
+        assert!(parse_target("[::1]:80").is_ok());
+    }
+}

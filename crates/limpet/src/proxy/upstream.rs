@@ -1,0 +1,147 @@
+//! Connections to nodes: one small keep-alive pool per node.
+//!
+//! Why not hyper-util's pooled `Client`: failover needs to know, for every failed attempt,
+//! whether any byte of the request left, and needs the request back when none did, so the same
+//! streamed body can go to another node. hyper's low-level `SendRequest::try_send_request`
+//! gives exactly that, and connecting *before* handing over the request keeps the body in hand
+//! when a node refuses the connection.
+//!
+//! ```text
+//!  checkout ─► idle stack (LIFO, newest first; closed/expired handles dropped)
+//!      └─ empty ─► connect(addr of the node, connect timeout) ─► http1 handshake ─► spawn conn
+//!  answer received ─► spawn "wait until ready" ─► back on the idle stack
+//! ```
+//!
+//! The address connected to is always the node's configured one: nothing in a request can
+//! name where limpet connects.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::body::UpBody;
+
+pub(crate) type Sender = http1::SendRequest<UpBody>;
+
+/// Why a connection to a node could not be made.
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    Io(std::io::Error),
+    Timeout,
+    Handshake(hyper::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Io(e) => write!(f, "connect: {e}"),
+            ConnectError::Timeout => f.write_str("connect: timed out"),
+            ConnectError::Handshake(e) => write!(f, "handshake: {e}"),
+        }
+    }
+}
+
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+/// The keep-alive connections of one node.
+pub(crate) struct NodeConns {
+    addr: SocketAddr,
+    idle: Mutex<Vec<Idle>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for NodeConns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConns")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeConns {
+    pub(crate) fn new(
+        addr: SocketAddr,
+        max_idle: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        NodeConns {
+            addr,
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            idle_timeout,
+            connect_timeout,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        // A panic elsewhere while holding this lock leaves a plain Vec: still usable.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A ready idle connection, if one is left. Closed or expired ones are dropped on the way.
+    pub(crate) fn checkout(&self) -> Option<Sender> {
+        let mut idle = self.lock();
+        while let Some(entry) = idle.pop() {
+            if entry.since.elapsed() < self.idle_timeout
+                && entry.sender.is_ready()
+                && !entry.sender.is_closed()
+            {
+                return Some(entry.sender);
+            }
+        }
+        None
+    }
+
+    /// A new connection to the node, able to hand its socket over after a 101.
+    pub(crate) async fn connect(&self) -> Result<Sender, ConnectError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| ConnectError::Timeout)?
+            .map_err(ConnectError::Io)?;
+        // Small writes (heads, WebSocket frames) must not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(ConnectError::Handshake)?;
+        tokio::spawn(async move {
+            // Errors here surface on the request that used the connection.
+            let _ = conn.with_upgrades().await;
+        });
+        Ok(sender)
+    }
+
+    /// Puts a connection back once its answer is fully read (hyper makes it ready again
+    /// then). A connection that closes or is upgraded instead is simply dropped.
+    pub(crate) fn recycle(self: &Arc<Self>, mut sender: Sender) {
+        if self.max_idle == 0 {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            if sender.ready().await.is_err() {
+                return;
+            }
+            let mut idle = me.lock();
+            if idle.len() >= me.max_idle {
+                // Drop the oldest: the newest are the most likely to still be open.
+                idle.remove(0);
+            }
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        });
+    }
+}

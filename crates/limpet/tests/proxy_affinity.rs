@@ -1,0 +1,244 @@
+//! Cookie affinity end to end: spread, stickiness, failover re-pin, hostile cookies, what the
+//! node sees (stripped cookie, X-Forwarded-*, no hop-by-hop), what the client gets
+//! (Set-Cookie, Cache-Control).
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{config, jar_client, node_of, nodes, plain_client, raw_exchange, set_cookie, Proxy};
+use limpet::proxy::Sticky;
+
+#[tokio::test]
+async fn fresh_clients_spread_over_all_nodes_and_a_jar_client_stays() {
+    let ns = nodes(&["a", "b", "c"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+
+    let mut seen = BTreeSet::new();
+    for _ in 0..6 {
+        let resp = plain_client()
+            .get(proxy.url("/"))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 200);
+        let cookie = set_cookie(&resp).expect("a fresh client is pinned");
+        let node = node_of(&resp);
+        assert!(cookie.starts_with(&format!("route={node}; ")), "{cookie}");
+        seen.insert(node);
+    }
+    assert_eq!(seen.len(), 3, "round-robin over every node: {seen:?}");
+
+    let client = jar_client();
+    let first = client.get(proxy.url("/")).send().await.expect("get");
+    let pinned = node_of(&first);
+    assert!(set_cookie(&first).is_some());
+    for _ in 0..10 {
+        let resp = client.get(proxy.url("/")).send().await.expect("get");
+        assert_eq!(node_of(&resp), pinned);
+        assert!(set_cookie(&resp).is_none(), "a sticky hit sends no cookie");
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn set_cookie_attributes_and_cache_control() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let resp = plain_client()
+        .get(proxy.url("/"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        set_cookie(&resp).as_deref(),
+        Some("route=a; Path=/; HttpOnly; SameSite=Lax")
+    );
+    assert_eq!(
+        resp.headers()
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok()),
+        Some("no-cache=\"set-cookie\"")
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn killing_the_pinned_node_repins_on_the_very_next_request() {
+    let mut ns = nodes(&["a", "b", "c"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let client = jar_client();
+    let first = client.get(proxy.url("/")).send().await.expect("get");
+    let pinned = node_of(&first);
+    // Keep-alive connections to the node exist now; killing it must not leak an error.
+    let victim = ns
+        .iter_mut()
+        .find(|n| n.name == pinned)
+        .expect("pinned node");
+    victim.kill().await;
+
+    let resp = client.get(proxy.url("/")).send().await.expect("get");
+    assert_eq!(resp.status(), 200);
+    let moved = node_of(&resp);
+    assert_ne!(moved, pinned);
+    assert_eq!(
+        set_cookie(&resp).map(|c| c.starts_with(&format!("route={moved};"))),
+        Some(true),
+        "re-pinned with a new cookie"
+    );
+    for _ in 0..5 {
+        let resp = client.get(proxy.url("/")).send().await.expect("get");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(node_of(&resp), moved, "the client stays on its new node");
+        assert!(set_cookie(&resp).is_none());
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_cookie_values_get_a_fresh_pin_never_an_error() {
+    let ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let huge = "x".repeat(16 * 1024);
+    let many: String = (0..300)
+        .map(|i| format!("c{i}=v{i}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let cases = [
+        "route=nonexistent".to_owned(),
+        "route=127.0.0.1:1".to_owned(),
+        format!("route={}", ns[0].addr),
+        "route=a%7F".to_owned(),
+        "route=\"a\"".to_owned(),
+        "route=".to_owned(),
+        "route=A".to_owned(),
+        format!("route={huge}"),
+        format!("{many}; route=zz"),
+    ];
+    for cookie in &cases {
+        let resp = plain_client()
+            .get(proxy.url("/"))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 200, "cookie {:.40}", cookie);
+        let set = set_cookie(&resp).expect("fresh pin");
+        let node = node_of(&resp);
+        assert!(set.starts_with(&format!("route={node};")), "{set}");
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn the_node_sees_other_cookies_untouched_and_not_ours() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let body = plain_client()
+        .get(proxy.url("/headers"))
+        .header("cookie", "theme=dark; route=a;lang=en ;  x=\"q\"")
+        .header("x-forwarded-for", "6.6.6.6")
+        .header("x-forwarded-proto", "https")
+        .header("connection", "x-secret")
+        .header("x-secret", "hop")
+        .header("te", "trailers")
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    let lines: Vec<&str> = body.lines().collect();
+    assert!(
+        lines.contains(&"cookie: theme=dark;lang=en ;  x=\"q\""),
+        "{body}"
+    );
+    assert!(lines.contains(&"x-forwarded-for: 127.0.0.1"), "{body}");
+    assert!(lines.contains(&"x-forwarded-proto: http"), "{body}");
+    assert!(
+        lines.contains(&format!("x-forwarded-host: {}", proxy.addr).as_str()),
+        "{body}"
+    );
+    assert!(
+        lines.contains(&format!("host: {}", proxy.addr).as_str()),
+        "Host is kept: {body}"
+    );
+    assert!(!body.contains("x-secret"), "{body}");
+    assert!(!body.contains("\nte:"), "{body}");
+    assert!(body.contains("x-request-id: "), "{body}");
+
+    // A Cookie header holding only our cookie disappears.
+    let body = plain_client()
+        .get(proxy.url("/headers"))
+        .header("cookie", "route=a")
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    assert!(!body.contains("cookie:"), "{body}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn trusted_proxies_extend_x_forwarded_for() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.trusted_proxies = vec!["127.0.0.0/8".parse().expect("cidr")];
+    let proxy = Proxy::start(cfg).await;
+    let body = plain_client()
+        .get(proxy.url("/headers"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        body.contains("x-forwarded-for: 203.0.113.9, 127.0.0.1"),
+        "{body}"
+    );
+    assert!(body.contains("x-forwarded-proto: https"), "{body}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn sticky_none_is_plain_round_robin_without_cookies() {
+    let ns = nodes(&["a", "b"]).await;
+    let mut cfg = config(&ns);
+    cfg.sticky = Sticky::None;
+    let proxy = Proxy::start(cfg).await;
+    let client = jar_client();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let resp = client.get(proxy.url("/")).send().await.expect("get");
+        assert!(resp.headers().get("set-cookie").is_none());
+        got.push(node_of(&resp));
+    }
+    assert_eq!(got, ["a", "b", "a", "b"]);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn node_answers_pass_through_with_status_and_stream_headers() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let resp = plain_client()
+        .get(proxy.url("/status/418"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 418);
+    assert_eq!(node_of(&resp), "a");
+    // HTTP/1.0-style raw request with an absolute-form target still reaches the node.
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET http://example.test/ HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    proxy.stop().await;
+}
