@@ -15,8 +15,10 @@
 //! - [`sim`]: `limpet sim`, the line protocol of the cookie rules, sans-io engine plus stdin loop.
 //! - [`proxy`]: the HTTP reverse proxy (HTTP/1.1 and h2c, cookie affinity, WebSocket tunnels,
 //!   failover re-pin) and `limpet proxy`.
+//! - [`demo`]: `limpet demo`, the proxy in front of three built-in nodes.
 //! - [`backend`]: a small built-in HTTP node (`limpet demo`, tests).
 
 pub mod backend;
+pub mod demo;
 pub mod proxy;
 pub mod sim;

@@ -5,6 +5,7 @@
 //!
 //! Subcommands:
 //! - `limpet sim`: the line protocol of `sticky-cookie-rules.md` on stdin/stdout.
+//! - `limpet demo`: the proxy in front of three built-in nodes, no files needed.
 //! - `limpet proxy`: the HTTP proxy in quick mode (`--listen`, `--to [NAME=]HOST:PORT`...).
 
 use std::process::ExitCode;
@@ -24,6 +25,8 @@ struct Cli {
 enum Command {
     /// Run the cookie-stickiness line protocol on stdin/stdout (see docs/sim.md).
     Sim(sim::SimArgs),
+    /// Run limpet in front of three built-in demo nodes on loopback (no files needed).
+    Demo(limpet::demo::DemoArgs),
     /// Run the HTTP proxy in front of nodes given on the command line.
     Proxy(limpet::proxy::quick::ProxyArgs),
 }
@@ -35,6 +38,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -42,6 +46,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Sim(args) => sim::run(args),
+        Command::Demo(args) => {
+            init_tracing();
+            limpet::demo::run(args)
+        }
         Command::Proxy(args) => {
             init_tracing();
             limpet::proxy::quick::run(args)

@@ -242,3 +242,76 @@ async fn node_answers_pass_through_with_status_and_stream_headers() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     proxy.stop().await;
 }
+
+fn signed_config(ns: &[common::Node], key: &[u8]) -> limpet::proxy::ProxyConfig {
+    let mut cfg = config(ns);
+    cfg.sticky = Sticky::Cookie(limpet::proxy::CookieConfig {
+        mode: limpet::proxy::CookieMode::Signed {
+            keys: vec![key.to_vec()],
+            max_idle: std::time::Duration::from_secs(3600),
+            max_lifetime: std::time::Duration::from_secs(86_400),
+        },
+        ..Default::default()
+    });
+    cfg
+}
+
+#[tokio::test]
+async fn signed_cookies_are_opaque_sticky_and_unforgeable() {
+    let ns = nodes(&["alpha", "beta"]).await;
+    let proxy = Proxy::start(signed_config(&ns, &[7u8; 32])).await;
+    let resp = plain_client()
+        .get(proxy.url("/"))
+        .send()
+        .await
+        .expect("get");
+    let node = node_of(&resp);
+    let set = set_cookie(&resp).expect("pinned");
+    let value = set
+        .strip_prefix("route=")
+        .and_then(|v| v.split(';').next())
+        .expect("value")
+        .to_owned();
+    assert_eq!(value.len(), 44, "{value}");
+    assert!(!value.contains("alpha") && !value.contains("beta"));
+
+    // The token pins.
+    for _ in 0..3 {
+        let resp = plain_client()
+            .get(proxy.url("/"))
+            .header("cookie", format!("route={value}"))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(node_of(&resp), node);
+        assert!(set_cookie(&resp).is_none());
+    }
+
+    // A tampered token, a node name, and a token from another key are no pin.
+    let mut tampered = value.clone().into_bytes();
+    tampered[10] = if tampered[10] == b'A' { b'B' } else { b'A' };
+    let other = Proxy::start(signed_config(&ns, &[9u8; 32])).await;
+    let foreign = plain_client()
+        .get(other.url("/"))
+        .send()
+        .await
+        .expect("get");
+    let foreign = set_cookie(&foreign).expect("pinned");
+    let foreign = foreign.split(';').next().expect("pair").to_owned();
+    for cookie in [
+        format!("route={}", String::from_utf8_lossy(&tampered)),
+        "route=alpha".to_owned(),
+        foreign,
+    ] {
+        let resp = plain_client()
+            .get(proxy.url("/"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 200);
+        assert!(set_cookie(&resp).is_some(), "{cookie} must not pin");
+    }
+    other.stop().await;
+    proxy.stop().await;
+}

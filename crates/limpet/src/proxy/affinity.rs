@@ -2,74 +2,52 @@
 //! `Set-Cookie` for a node, and stripping the cookie before the request reaches a node.
 //!
 //! ```text
-//!  Cookie headers ──► cookie::find_in_values ──► value ──► Affinity::decode ──► PinRead
+//!  Cookie headers ──► cookie::find_in_values ──► value ──► Affinity::read ──► ReadPin
 //!  NodeId ──► Affinity::encode ──► value ──► CookieSpec::set_cookie ──► Set-Cookie
 //! ```
 //!
-//! [`Affinity::decode`] and [`Affinity::encode`] are the one seam between cookie values and
-//! nodes: a new value mode (e.g. signed tokens from `limpet_core::codec`) is a new
-//! [`CookieMode`] arm in those two functions and nothing else changes.
+//! [`Affinity::read`] and [`Affinity::encode`] are the one seam between cookie values and
+//! nodes; both go through `limpet_core::CookieCodec`, so the `name` and `signed` modes (and any
+//! later one) are read and written exactly as the sim and the core's tests do.
 
 use http::header::{HeaderValue, COOKIE};
 use http::HeaderMap;
-use limpet_core::{cookie, NodeId, Pin, Pool};
+use limpet_core::{cookie, CookieCodec, NodeId, Pool, ReadPin};
 
-use super::config::{CookieConfig, CookieMode};
+use super::config::{ConfigError, CookieConfig};
 
-/// A decoded cookie: the pin, and whether a sticky hit must still re-send the cookie (a
-/// signed token past half its idle time is re-issued on use; name values never are).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PinRead {
-    pub(crate) pin: Pin,
-    pub(crate) refresh: bool,
-}
-
-/// The affinity cookie of one listener.
+/// The affinity cookie of one listener, with its codec built for the listener's pool.
 #[derive(Debug)]
 pub(crate) struct Affinity {
     cfg: CookieConfig,
+    codec: CookieCodec,
 }
 
 impl Affinity {
-    pub(crate) fn new(cfg: CookieConfig) -> Self {
-        Affinity { cfg }
+    pub(crate) fn new(cfg: CookieConfig, pool: &Pool) -> Result<Self, ConfigError> {
+        let codec = cfg.codec(pool)?;
+        Ok(Affinity { cfg, codec })
     }
 
     fn name(&self) -> &[u8] {
         self.cfg.spec.name.as_bytes()
     }
 
-    /// The pin this request carries: the first cookie of our name, in arrival order.
-    pub(crate) fn read(&self, pool: &Pool, headers: &HeaderMap, now_ms: u64) -> PinRead {
+    /// The pin this request carries: the first cookie of our name, in arrival order. Never
+    /// fails: a value that means nothing reads as `Pin::Unknown`/`Invalid`/`Expired`, which
+    /// the core treats as no pin.
+    pub(crate) fn read(&self, pool: &Pool, headers: &HeaderMap, now_ms: u64) -> ReadPin {
         let value = cookie::find_in_values(
             headers.get_all(COOKIE).iter().map(|v| v.as_bytes()),
             self.name(),
         );
-        match value {
-            None => PinRead {
-                pin: Pin::None,
-                refresh: false,
-            },
-            Some(v) => self.decode(pool, v, now_ms),
-        }
+        self.codec.read(value, pool, now_ms)
     }
 
-    /// Cookie value to pin. Never fails: a value that means nothing is `Pin::Unknown` (or
-    /// `Invalid`/`Expired` for modes that can tell), which the core treats as no pin.
-    pub(crate) fn decode(&self, pool: &Pool, value: &[u8], _now_ms: u64) -> PinRead {
-        match self.cfg.mode {
-            CookieMode::Name => PinRead {
-                pin: pool.pin_by_name(Some(value)),
-                refresh: false,
-            },
-        }
-    }
-
-    /// Node to cookie value.
-    pub(crate) fn encode(&self, pool: &Pool, node: NodeId, _now_ms: u64) -> String {
-        match self.cfg.mode {
-            CookieMode::Name => pool.name(node).to_owned(),
-        }
+    /// Node to cookie value. `issued_ms` is now for a fresh pin, the token's first issue time
+    /// for a refresh (so refreshing never extends a signed token's lifetime).
+    pub(crate) fn encode(&self, pool: &Pool, node: NodeId, issued_ms: u64, now_ms: u64) -> String {
+        self.codec.write(node, pool, issued_ms, now_ms)
     }
 
     /// The `Set-Cookie` header value pinning to `node`.
@@ -169,7 +147,8 @@ mod tests {
 
     #[test]
     fn strip_drops_emptied_headers() {
-        let a = Affinity::new(CookieConfig::default());
+        let pool = Pool::new(["b1"]).unwrap_or_else(|e| panic!("{e}"));
+        let a = Affinity::new(CookieConfig::default(), &pool).unwrap_or_else(|e| panic!("{e}"));
         let mut h = HeaderMap::new();
         h.append(COOKIE, HeaderValue::from_static("route=b1"));
         h.append(COOKIE, HeaderValue::from_static("x=1; route=b2"));

@@ -8,7 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use limpet_core::{CookieSpec, HealthPolicy, Pool};
+use limpet_core::{CookieCodec, CookieSpec, HealthPolicy, Pool, SignedCodec};
 
 /// Everything the HTTP proxy needs to run one listener in front of one pool.
 #[derive(Debug, Clone)]
@@ -47,9 +47,10 @@ impl ProxyConfig {
         if self.nodes.is_empty() {
             return Err(ConfigError("at least one node is needed".into()));
         }
-        Pool::new(self.nodes.iter().map(|n| n.name.as_str()))
+        let pool = Pool::new(self.nodes.iter().map(|n| n.name.as_str()))
             .map_err(|e| ConfigError(e.to_string()))?;
         if let Sticky::Cookie(c) = &self.sticky {
+            c.codec(&pool)?;
             if !limpet_core::cookie::is_cookie_name(c.spec.name.as_bytes()) {
                 return Err(ConfigError(format!(
                     "cookie name {:?} is not a valid cookie name",
@@ -108,6 +109,22 @@ pub struct CookieConfig {
     pub keep_in_request: bool,
 }
 
+impl CookieConfig {
+    /// The codec of this mode, built for `pool`.
+    pub fn codec(&self, pool: &Pool) -> Result<CookieCodec, ConfigError> {
+        match &self.mode {
+            CookieMode::Name => Ok(CookieCodec::Name),
+            CookieMode::Signed {
+                keys,
+                max_idle,
+                max_lifetime,
+            } => SignedCodec::new(keys, *max_idle, *max_lifetime, pool)
+                .map(CookieCodec::Signed)
+                .map_err(|e| ConfigError(e.to_string())),
+        }
+    }
+}
+
 impl Default for CookieConfig {
     fn default() -> Self {
         CookieConfig {
@@ -118,12 +135,19 @@ impl Default for CookieConfig {
     }
 }
 
-/// How a cookie value encodes a node. See `proxy::affinity` for the seam a new mode plugs into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a cookie value encodes a node (`limpet_core::codec`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum CookieMode {
     /// The node's configured name, verbatim.
     #[default]
     Name,
+    /// An opaque token authenticated under `keys[0]` (all keys verify, for rotation), with a
+    /// sliding idle limit and a max lifetime.
+    Signed {
+        keys: Vec<Vec<u8>>,
+        max_idle: Duration,
+        max_lifetime: Duration,
+    },
 }
 
 /// Size and count limits. Defaults follow common practice (nginx/HAProxy order of magnitude).

@@ -63,6 +63,9 @@ struct Choice {
     node: NodeId,
     outcome: Outcome,
     set_cookie: bool,
+    /// When the cookie to set was first issued: now for a fresh pin, the token's issue time
+    /// for a refreshed signed token.
+    issued_ms: Option<u64>,
 }
 
 /// The access log line, filled in as the request progresses.
@@ -83,10 +86,10 @@ impl Access<'_> {
             .map_or_else(|| "-".to_owned(), |o| o.to_string());
         tracing::info!(
             target: "limpet::access",
-            id = self.id,
+            id = %self.id,
             method = %self.method,
             path = %self.path,
-            node,
+            node = %node,
             status = status.as_u16(),
             pin = %pin,
             ms = self.start.elapsed().as_secs_f64() * 1000.0,
@@ -183,6 +186,7 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
             node,
             outcome: Outcome::RoundRobin,
             set_cookie: false,
+            issued_ms: None,
         });
     };
     let now = now_ms();
@@ -193,6 +197,7 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
                 node,
                 outcome: Outcome::Sticky,
                 set_cookie: read.refresh,
+                issued_ms: read.issued_ms,
             });
         }
     }
@@ -212,6 +217,7 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
                 node,
                 outcome: outcome(reason),
                 set_cookie: true,
+                issued_ms: None,
             });
         }
     }
@@ -222,6 +228,7 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
                 node,
                 outcome: outcome(repin),
                 set_cookie: true,
+                issued_ms: None,
             })
         }
         // Unreachable: a usable pin returned above. Treat as a fresh request would be.
@@ -229,6 +236,7 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
             node,
             outcome: Outcome::Sticky,
             set_cookie: false,
+            issued_ms: None,
         }),
         Decision::Unavailable => None,
     }
@@ -249,6 +257,7 @@ fn reassign(ctx: &ConnCtx, failed: &[NodeId]) -> Option<Choice> {
             Outcome::RoundRobin
         },
         set_cookie: sticky,
+        issued_ms: None,
     })
 }
 
@@ -355,7 +364,7 @@ async fn proxy(
         log,
     )
     .await;
-    log.node = Some(shared.pool().name(choice.node).to_owned());
+    log.node = Some(shared.node_name(choice.node).to_owned());
     log.outcome = Some(choice.outcome);
     let mut resp = match result {
         Ok(resp) => resp,
@@ -402,7 +411,13 @@ async fn proxy(
     hdr::remove_hop_by_hop(&mut rheaders, switching);
     if choice.set_cookie {
         if let Some(a) = &shared.affinity {
-            let value = a.encode(&shared.pool(), choice.node, now_ms());
+            let now = now_ms();
+            let value = a.encode(
+                &shared.pool(),
+                choice.node,
+                choice.issued_ms.unwrap_or(now),
+                now,
+            );
             if let Some(v) = a.set_cookie(&value, ctx.tls) {
                 rheaders.append(header::SET_COOKIE, v);
             }

@@ -177,7 +177,7 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         let _ = out.flush();
         drop(out);
         let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+            stop_signal().await;
             tracing::info!("shutting down: draining connections");
         };
         match serve(cfg, listener, shutdown).await {
@@ -188,6 +188,22 @@ pub fn run(args: ProxyArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// Ctrl-C, or SIGTERM (what service managers and `kill` send).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pool: Mutex<Pool>,
     /// Connections per node, indexed by `NodeId`.
     pub(crate) conns: Vec<Arc<NodeConns>>,
+    /// Node names by `NodeId`, for logs without taking the pool lock.
+    names: Vec<Box<str>>,
     pub(crate) affinity: Option<Affinity>,
     trusted: Vec<IpNet>,
     pub(crate) limits: Limits,
@@ -64,10 +66,11 @@ impl Shared {
             })
             .collect();
         let affinity = match cfg.sticky {
-            Sticky::Cookie(c) => Some(Affinity::new(c)),
+            Sticky::Cookie(c) => Some(Affinity::new(c, &pool)?),
             Sticky::None => None,
         };
         Ok(Shared {
+            names: cfg.nodes.iter().map(|n| n.name.as_str().into()).collect(),
             pool: Mutex::new(pool),
             conns,
             affinity,
@@ -85,6 +88,10 @@ impl Shared {
     /// ignored.
     pub(crate) fn pool(&self) -> MutexGuard<'_, Pool> {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn node_name(&self, node: NodeId) -> &str {
+        self.names.get(node.index()).map_or("", |n| n)
     }
 
     pub(crate) fn next_request_id(&self) -> String {

@@ -1,0 +1,580 @@
+//! The probe's verdict, with no I/O: what a sequence of observations says about affinity.
+//!
+//! A session's driver turns every answer into an [`Event`] (which node served it, whether the
+//! balancer's cookie changed) and feeds it to that session's [`SessionJudge`], which answers
+//! at once with the [`Move`] it makes, if any, so `--watch` can report moves as they happen.
+//! [`summarise`] then folds the sessions' [`SessionVerdict`]s into the run's [`Summary`].
+//!
+//! # The rules
+//! - The node of an answer is what the backend says (the node header, or the WebSocket's first
+//!   text frame). Answers whose node is unknown (no answer, no header) never move a session:
+//!   the probe cannot tell where they went, so it does not guess.
+//! - A **move** is an identified answer from another node than the session's previous
+//!   identified answer.
+//! - A move is a **re-pin** when the balancer rewrote its cookie (set, changed or removed it)
+//!   on the answer that showed the new node or on any answer since the last identified one;
+//!   otherwise it is a **break**. The window covers a balancer that re-pins on an answer the
+//!   probe cannot attribute (a refused upgrade from the balancer itself, say) and serves the
+//!   next request from the new node. It does not reach further back: a cookie refreshed on the
+//!   old node says nothing about a later move.
+//! - A session **kept affinity** when it has no break. Re-pins are allowed: they are the
+//!   balancer moving a session cleanly, cookie and all.
+//! - The **spread** counts each session once, under the node of its first identified answer
+//!   (its discovery, unless that failed): where the balancer puts a fresh session.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// At most this many moves are kept per session; beyond it they are only counted, so a long
+/// `--watch` against a balancer that never sticks keeps its memory bounded.
+pub const MAX_MOVES_KEPT: usize = 100;
+/// At most this many distinct nodes are listed per session (a server that names itself
+/// differently on every answer must not grow the report without bound).
+pub const MAX_NODES_KEPT: usize = 64;
+
+/// Which request of a session produced an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// The HTTP request that runs before each upgrade (and first, for every session).
+    Discovery,
+    /// The WebSocket upgrade (its node is the socket's first text frame).
+    Upgrade,
+    /// One of the `--requests` HTTP requests of a round.
+    Request,
+}
+
+impl Via {
+    /// The name used in the human output and the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Discovery => "discovery",
+            Via::Upgrade => "upgrade",
+            Via::Request => "request",
+        }
+    }
+}
+
+/// One answer (or the lack of one) as the session's driver saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The round it belongs to, from 0.
+    pub round: u32,
+    /// What was sent.
+    pub via: Via,
+    /// The status; `None` when there was no answer (connection failed, timed out).
+    pub status: Option<u16>,
+    /// The node that served it; `None` when it could not be identified.
+    pub node: Option<String>,
+    /// The answer carried a `Set-Cookie` whose name is a balancer cookie name.
+    pub cookie_set: bool,
+    /// After this answer the session holds different balancer cookies than before it (one was
+    /// set, given a new value, or removed). A `Set-Cookie` repeating the held value is not a
+    /// rewrite.
+    pub rewritten: bool,
+}
+
+/// Something that happened to a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// An answer, or the lack of one.
+    Answer(Answer),
+    /// The session's open WebSocket closed (the driver reconnects it under `--watch`).
+    SocketClosed {
+        /// The round during (or after) which it closed.
+        round: u32,
+    },
+}
+
+/// Re-pin or break.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveKind {
+    /// The node changed and the balancer rewrote its cookie: a clean move.
+    Repin,
+    /// The node changed and the cookie did not: affinity broken.
+    Break,
+}
+
+/// A session changing node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Move {
+    /// Re-pin or break.
+    pub kind: MoveKind,
+    /// The round of the answer that showed the new node.
+    pub round: u32,
+    /// What was sent when the new node showed.
+    pub via: Via,
+    /// The previous node.
+    pub from: String,
+    /// The new node.
+    pub to: String,
+}
+
+/// What one session's events add up to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SessionVerdict {
+    /// The node of the session's first identified answer: where the balancer put it.
+    pub first_node: Option<String>,
+    /// The node of its latest identified answer.
+    pub last_node: Option<String>,
+    /// Every node that served it, in the order first seen (at most [`MAX_NODES_KEPT`]).
+    pub nodes: Vec<String>,
+    /// Moves counted as re-pins.
+    pub repins: u32,
+    /// Moves counted as breaks.
+    pub breaks: u32,
+    /// The moves, in order (at most [`MAX_MOVES_KEPT`]; the counts above are complete).
+    pub moves: Vec<Move>,
+    /// Answers whose node was identified.
+    pub answers: u32,
+    /// Answers whose node could not be identified (no node header, no first text frame).
+    pub unidentified: u32,
+    /// Requests and upgrades that got no answer at all.
+    pub no_answer: u32,
+    /// Accepted upgrades (101).
+    pub upgrades: u32,
+    /// Times the open WebSocket closed.
+    pub socket_closes: u32,
+    /// Whether the session's first accepted upgrade (101) carried the balancer's cookie;
+    /// `None` when no upgrade was accepted (no `--ws`, or every attempt refused).
+    pub cookie_on_101: Option<bool>,
+}
+
+impl SessionVerdict {
+    /// No break: every move, if any, was a re-pin.
+    pub fn kept_affinity(&self) -> bool {
+        self.breaks == 0
+    }
+
+    /// Every identified answer came from one node.
+    pub fn stayed_on_one_node(&self) -> bool {
+        self.nodes.len() <= 1
+    }
+}
+
+/// Judges one session, one event at a time.
+#[derive(Clone, Debug, Default)]
+pub struct SessionJudge {
+    verdict: SessionVerdict,
+    /// The balancer rewrote its cookie since the last identified answer (that one included).
+    rewrite_pending: bool,
+}
+
+impl SessionJudge {
+    /// A session that has seen nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes the next event; returns the move it makes, if any.
+    pub fn observe(&mut self, event: &Event) -> Option<Move> {
+        let v = &mut self.verdict;
+        let answer = match event {
+            Event::SocketClosed { .. } => {
+                v.socket_closes = v.socket_closes.saturating_add(1);
+                return None;
+            }
+            Event::Answer(a) => a,
+        };
+        if answer.via == Via::Upgrade && answer.status == Some(101) {
+            v.upgrades = v.upgrades.saturating_add(1);
+            v.cookie_on_101.get_or_insert(answer.cookie_set);
+        }
+        self.rewrite_pending |= answer.rewritten;
+        let Some(node) = &answer.node else {
+            if answer.status.is_some() {
+                v.unidentified = v.unidentified.saturating_add(1);
+            } else {
+                v.no_answer = v.no_answer.saturating_add(1);
+            }
+            return None;
+        };
+        v.answers = v.answers.saturating_add(1);
+        if v.first_node.is_none() {
+            v.first_node = Some(node.clone());
+        }
+        if !v.nodes.contains(node) && v.nodes.len() < MAX_NODES_KEPT {
+            v.nodes.push(node.clone());
+        }
+        let moved = match &v.last_node {
+            Some(prev) if prev != node => {
+                let kind = if self.rewrite_pending {
+                    MoveKind::Repin
+                } else {
+                    MoveKind::Break
+                };
+                Some(Move {
+                    kind,
+                    round: answer.round,
+                    via: answer.via,
+                    from: prev.clone(),
+                    to: node.clone(),
+                })
+            }
+            _ => None,
+        };
+        if let Some(m) = &moved {
+            match m.kind {
+                MoveKind::Repin => v.repins = v.repins.saturating_add(1),
+                MoveKind::Break => v.breaks = v.breaks.saturating_add(1),
+            }
+            if v.moves.len() < MAX_MOVES_KEPT {
+                v.moves.push(m.clone());
+            }
+        }
+        v.last_node = Some(node.clone());
+        self.rewrite_pending = false;
+        moved
+    }
+
+    /// The verdict so far.
+    pub fn verdict(&self) -> &SessionVerdict {
+        &self.verdict
+    }
+
+    /// The node the session is on now (its latest identified answer's).
+    pub fn current_node(&self) -> Option<&str> {
+        self.verdict.last_node.as_deref()
+    }
+
+    /// The final verdict.
+    pub fn finish(self) -> SessionVerdict {
+        self.verdict
+    }
+}
+
+/// Judges a whole sequence of one session's events.
+pub fn judge<'a>(events: impl IntoIterator<Item = &'a Event>) -> SessionVerdict {
+    let mut j = SessionJudge::new();
+    for e in events {
+        j.observe(e);
+    }
+    j.finish()
+}
+
+/// Sessions counted yes / no / unknown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    /// Sessions for which it was so.
+    pub yes: u32,
+    /// Sessions for which it was not.
+    pub no: u32,
+    /// Sessions for which it cannot be said.
+    pub unknown: u32,
+}
+
+impl Tally {
+    fn add(&mut self, v: Option<bool>) {
+        let slot = match v {
+            Some(true) => &mut self.yes,
+            Some(false) => &mut self.no,
+            None => &mut self.unknown,
+        };
+        *slot = slot.saturating_add(1);
+    }
+}
+
+/// How the whole run went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every session kept affinity (re-pins allowed), and at least one answer was identified.
+    Kept,
+    /// At least one session broke affinity.
+    Broken,
+    /// Answers came, but none named its node (wrong `--node-header`?): nothing to judge.
+    Unjudged,
+    /// Nothing answered at all.
+    Unreachable,
+}
+
+/// The run's totals.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// Sessions judged.
+    pub sessions: u32,
+    /// Sessions without a break.
+    pub kept_affinity: u32,
+    /// Sessions all of whose identified answers came from one node.
+    pub stayed_on_one_node: u32,
+    /// Fresh sessions per node (the node of each session's first identified answer).
+    pub spread: BTreeMap<String, u32>,
+    /// Re-pins over all sessions.
+    pub repins: u32,
+    /// Breaks over all sessions.
+    pub breaks: u32,
+    /// Identified answers over all sessions.
+    pub answers: u32,
+    /// Answers whose node could not be identified.
+    pub unidentified: u32,
+    /// Requests and upgrades without an answer.
+    pub no_answer: u32,
+    /// WebSocket closures.
+    pub socket_closes: u32,
+    /// Per session, whether its first accepted upgrade carried the balancer's cookie.
+    pub cookie_on_101: Tally,
+}
+
+impl Summary {
+    /// Kept, broken, or why nothing could be judged.
+    pub fn outcome(&self) -> Outcome {
+        if self.breaks > 0 {
+            Outcome::Broken
+        } else if self.answers > 0 {
+            Outcome::Kept
+        } else if self.unidentified > 0 {
+            Outcome::Unjudged
+        } else {
+            Outcome::Unreachable
+        }
+    }
+}
+
+/// Folds the sessions' verdicts into the run's totals.
+pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> Summary {
+    let mut s = Summary::default();
+    for v in sessions {
+        s.sessions = s.sessions.saturating_add(1);
+        if v.kept_affinity() {
+            s.kept_affinity = s.kept_affinity.saturating_add(1);
+        }
+        if v.stayed_on_one_node() {
+            s.stayed_on_one_node = s.stayed_on_one_node.saturating_add(1);
+        }
+        if let Some(n) = &v.first_node {
+            let c = s.spread.entry(n.clone()).or_default();
+            *c = c.saturating_add(1);
+        }
+        s.repins = s.repins.saturating_add(v.repins);
+        s.breaks = s.breaks.saturating_add(v.breaks);
+        s.answers = s.answers.saturating_add(v.answers);
+        s.unidentified = s.unidentified.saturating_add(v.unidentified);
+        s.no_answer = s.no_answer.saturating_add(v.no_answer);
+        s.socket_closes = s.socket_closes.saturating_add(v.socket_closes);
+        s.cookie_on_101.add(v.cookie_on_101);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(round: u32, via: Via, node: &str) -> Event {
+        Event::Answer(Answer {
+            round,
+            via,
+            status: Some(if via == Via::Upgrade { 101 } else { 200 }),
+            node: Some(node.to_owned()),
+            cookie_set: false,
+            rewritten: false,
+        })
+    }
+
+    /// An answer on which the balancer set a new cookie value.
+    fn pinned(round: u32, via: Via, node: &str) -> Event {
+        match at(round, via, node) {
+            Event::Answer(a) => Event::Answer(Answer {
+                cookie_set: true,
+                rewritten: true,
+                ..a
+            }),
+            e => e,
+        }
+    }
+
+    fn unidentified(round: u32, status: Option<u16>, rewritten: bool) -> Event {
+        Event::Answer(Answer {
+            round,
+            via: Via::Request,
+            status,
+            node: None,
+            cookie_set: rewritten,
+            rewritten,
+        })
+    }
+
+    #[test]
+    fn a_session_that_stays_keeps_affinity() {
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            at(0, Via::Upgrade, "a"),
+            at(0, Via::Request, "a"),
+            at(0, Via::Request, "a"),
+        ];
+        let v = judge(&events);
+        assert!(v.kept_affinity() && v.stayed_on_one_node());
+        assert_eq!(v.first_node.as_deref(), Some("a"));
+        assert_eq!((v.answers, v.repins, v.breaks, v.upgrades), (4, 0, 0, 1));
+        assert_eq!(v.nodes, ["a"]);
+        assert!(v.moves.is_empty());
+    }
+
+    #[test]
+    fn a_node_change_with_a_rewritten_cookie_is_a_repin() {
+        let mut j = SessionJudge::new();
+        assert_eq!(j.observe(&pinned(0, Via::Discovery, "a")), None);
+        assert_eq!(j.observe(&at(0, Via::Request, "a")), None);
+        let m = j.observe(&pinned(3, Via::Request, "b"));
+        assert_eq!(
+            m,
+            Some(Move {
+                kind: MoveKind::Repin,
+                round: 3,
+                via: Via::Request,
+                from: "a".into(),
+                to: "b".into(),
+            })
+        );
+        assert_eq!(j.current_node(), Some("b"));
+        let v = j.finish();
+        assert!(v.kept_affinity());
+        assert!(!v.stayed_on_one_node());
+        assert_eq!((v.repins, v.breaks), (1, 0));
+        assert_eq!(v.nodes, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_node_change_without_a_rewrite_is_a_break() {
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            at(0, Via::Upgrade, "b"),
+            at(0, Via::Request, "a"),
+        ];
+        let v = judge(&events);
+        assert!(!v.kept_affinity());
+        assert_eq!((v.repins, v.breaks), (0, 2));
+        assert_eq!(v.moves[0].kind, MoveKind::Break);
+        assert_eq!((v.moves[0].via, v.moves[1].via), (Via::Upgrade, Via::Request));
+    }
+
+    #[test]
+    fn the_first_pin_is_not_a_move() {
+        let v = judge(&[pinned(0, Via::Discovery, "c")]);
+        assert_eq!((v.repins, v.breaks, v.moves.len()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_rewrite_on_an_unattributed_answer_covers_the_next_move() {
+        // The balancer refuses on its own (no node header) but re-pins in that answer; the
+        // next answer comes from the new node without a cookie: a clean move.
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            unidentified(1, Some(503), true),
+            at(1, Via::Request, "b"),
+        ];
+        let v = judge(&events);
+        assert_eq!((v.repins, v.breaks, v.unidentified), (1, 0, 1));
+    }
+
+    #[test]
+    fn a_rewrite_on_the_old_node_does_not_excuse_a_later_move() {
+        // A refreshed cookie (same node) followed by a move with no rewrite: a break.
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            pinned(1, Via::Request, "a"),
+            at(2, Via::Request, "b"),
+        ];
+        let v = judge(&events);
+        assert_eq!((v.repins, v.breaks), (0, 1));
+    }
+
+    #[test]
+    fn unknown_answers_never_move_a_session() {
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            unidentified(0, None, false),
+            unidentified(0, Some(502), false),
+            Event::SocketClosed { round: 0 },
+            at(1, Via::Request, "a"),
+        ];
+        let v = judge(&events);
+        assert_eq!((v.repins, v.breaks), (0, 0));
+        assert_eq!((v.no_answer, v.unidentified, v.socket_closes), (1, 1, 1));
+        assert!(v.stayed_on_one_node());
+    }
+
+    #[test]
+    fn cookie_on_101_is_the_first_accepted_upgrade() {
+        let no = judge(&[pinned(0, Via::Discovery, "a"), at(0, Via::Upgrade, "a")]);
+        assert_eq!(no.cookie_on_101, Some(false));
+
+        let yes = judge(&[
+            unidentified(0, None, false),
+            pinned(0, Via::Upgrade, "a"),
+            at(2, Via::Upgrade, "a"),
+        ]);
+        assert_eq!(yes.cookie_on_101, Some(true));
+        assert_eq!(yes.upgrades, 2);
+
+        // A refused upgrade is not a 101, whatever it carries.
+        let refused = Event::Answer(Answer {
+            round: 0,
+            via: Via::Upgrade,
+            status: Some(503),
+            node: Some("a".into()),
+            cookie_set: true,
+            rewritten: true,
+        });
+        let none = judge(&[refused]);
+        assert_eq!((none.cookie_on_101, none.upgrades), (None, 0));
+        assert_eq!(judge(&[]).cookie_on_101, None);
+    }
+
+    #[test]
+    fn summary_spread_counts_each_session_once_by_its_first_node() {
+        let sessions = [
+            judge(&[pinned(0, Via::Discovery, "a"), at(0, Via::Request, "a")]),
+            judge(&[pinned(0, Via::Discovery, "b"), pinned(2, Via::Request, "c")]),
+            judge(&[unidentified(0, None, false), pinned(0, Via::Upgrade, "b")]),
+            judge(&[pinned(0, Via::Discovery, "a"), at(0, Via::Request, "c")]),
+        ];
+        let s = summarise(&sessions);
+        assert_eq!(s.sessions, 4);
+        let spread: Vec<(&str, u32)> = s.spread.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(spread, [("a", 2), ("b", 2)]);
+        assert_eq!((s.repins, s.breaks), (1, 1));
+        assert_eq!((s.kept_affinity, s.stayed_on_one_node), (3, 2));
+        assert_eq!(
+            s.cookie_on_101,
+            Tally {
+                yes: 1,
+                no: 0,
+                unknown: 3
+            }
+        );
+        assert_eq!(s.outcome(), Outcome::Broken);
+    }
+
+    #[test]
+    fn outcome_needs_an_identified_answer_and_no_break() {
+        let kept = summarise(&[judge(&[
+            pinned(0, Via::Discovery, "a"),
+            pinned(1, Via::Request, "b"),
+        ])]);
+        assert_eq!(kept.outcome(), Outcome::Kept);
+        let blind = summarise(&[judge(&[
+            unidentified(0, Some(200), false),
+            unidentified(0, None, false),
+        ])]);
+        assert_eq!(blind.outcome(), Outcome::Unjudged);
+        let silent = summarise(&[judge(&[unidentified(0, None, false)])]);
+        assert_eq!(silent.outcome(), Outcome::Unreachable);
+        assert_eq!(summarise(&[]).outcome(), Outcome::Unreachable);
+    }
+
+    #[test]
+    fn memory_stays_bounded_against_a_server_that_never_sticks() {
+        let mut j = SessionJudge::new();
+        for i in 0..10_000u32 {
+            j.observe(&at(i, Via::Request, &format!("n{i}")));
+        }
+        let v = j.finish();
+        assert_eq!(v.breaks, 9_999);
+        assert_eq!(v.moves.len(), MAX_MOVES_KEPT);
+        assert_eq!(v.nodes.len(), MAX_NODES_KEPT);
+        assert_eq!(v.last_node.as_deref(), Some("n9999"));
+    }
+}

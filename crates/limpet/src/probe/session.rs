@@ -1,0 +1,413 @@
+//! One probe session on the wire: its own affinity jar, HTTP client and WebSocket.
+//!
+//! A session behaves like a well-behaved client of the affinity reference: one
+//! [`SharedJar`] serves both its reqwest client (through [`AffinityCookieStore`]) and its
+//! WebSocket upgrades (through [`tungstenite::connect_async`]), discovery runs immediately
+//! before every upgrade, and a closed socket is reconnected after the backoff the client
+//! crate's [`classify`] and [`Backoff`] call for. Everything it sees becomes an [`Event`] on the
+//! channel to the driver, which judges; a session never decides anything about affinity.
+//!
+//! Time per round: round 0 starts at once; round `r` at `start + r * interval`, or as soon as
+//! round `r - 1` is done if that is later. Between rounds the session watches its socket, so a
+//! closure is noticed when it happens, not at the next request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use limpet_client::reqwest::AffinityCookieStore;
+use limpet_client::tungstenite::{self, outcome_of_error};
+use limpet_client::{
+    classify, AffinityJar, Backoff, CookieNames, Origin, Outcome, SetCookie, SharedJar, Verdict,
+};
+use reqwest::header::{HeaderMap, HeaderName, SET_COOKIE};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::judge::{Answer, Event, Via};
+use super::Plan;
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Node names longer than this (in characters) are cut: they go to a terminal and a report.
+const MAX_NODE_CHARS: usize = 128;
+/// Bytes of an answer body read before the rest is dropped (with its connection). The body
+/// means nothing to the probe; reading a little lets small answers reuse the connection.
+const MAX_BODY_READ: usize = 1 << 20;
+
+/// What a session tells the driver.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// Something to judge.
+    Event { session: usize, event: Event },
+    /// Why a request or upgrade failed, for the report (the event says that it did).
+    Error { session: usize, error: String },
+    /// The session finished this round.
+    RoundDone { session: usize, round: u32 },
+}
+
+/// Where the session's WebSocket is.
+#[derive(Debug)]
+enum Socket {
+    /// No `--ws`.
+    NotWanted,
+    Open(Box<Ws>),
+    /// Closed or refused; the next attempt is due at this instant.
+    Retry(Instant),
+    /// Refused in a way retrying will not fix (see [`classify`]); left closed.
+    GivenUp,
+}
+
+/// The result of one cookie-less upgrade: does the balancer pin a client by its 101?
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FreshUpgrade {
+    /// The upgrade's status; `None` without an answer.
+    pub status: Option<u16>,
+    /// The node the socket's first text frame named.
+    pub node: Option<String>,
+    /// The answer carried a balancer cookie.
+    pub cookie_set: bool,
+}
+
+/// A node name as the probe shows it: trimmed, control characters replaced, at most
+/// [`MAX_NODE_CHARS`]; `None` if nothing is left. The name comes from the network.
+pub(crate) fn clean_node(raw: &str) -> Option<String> {
+    let name: String = raw
+        .trim()
+        .chars()
+        .take(MAX_NODE_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+fn node_in(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(clean_node)
+}
+
+/// Whether an answer carries a `Set-Cookie` of a balancer name (whatever the jar then does).
+fn carries_balancer_cookie(headers: &HeaderMap, names: &CookieNames) -> bool {
+    headers
+        .get_all(SET_COOKIE)
+        .iter()
+        .any(|v| SetCookie::parse(v.as_bytes()).is_ok_and(|c| names.matches(c.name())))
+}
+
+/// The balancer cookies held now, to tell a rewrite from a repeat.
+fn snapshot(jar: &SharedJar) -> Vec<(String, String)> {
+    let now = jar.now();
+    jar.lock()
+        .cookies(now)
+        .map(|c| (c.name().to_owned(), c.value().to_owned()))
+        .collect()
+}
+
+/// An error and its causes on one line (reqwest hides the useful part in the sources).
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        source = e.source();
+    }
+    out
+}
+
+/// The first text frame of a fresh socket: the node that holds it. Control frames before it
+/// are skipped; anything else (binary, close, end, error, timeout) leaves the node unknown.
+/// The second value says whether the socket is still usable.
+async fn greeting(ws: &mut Ws, timeout: Duration) -> (Option<String>, bool) {
+    let read = tokio::time::timeout(timeout, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => return (clean_node(&t), true),
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Binary(_))) => return (None, true),
+                Some(Ok(Message::Close(_)) | Err(_)) | None => return (None, false),
+            }
+        }
+    })
+    .await;
+    read.unwrap_or((None, true))
+}
+
+/// The answer to one upgrade attempt and the socket, if it opened.
+struct Upgrade {
+    answer: Answer,
+    socket: Option<Ws>,
+    outcome: Outcome,
+    error: Option<String>,
+}
+
+async fn upgrade(
+    plan: &Plan,
+    jar: &SharedJar,
+    url: &str,
+    round: u32,
+    via: Via,
+) -> Upgrade {
+    let before = snapshot(jar);
+    let attempt = tokio::time::timeout(plan.timeout, tungstenite::connect_async(jar, url)).await;
+    let mut answer = Answer {
+        round,
+        via,
+        status: None,
+        node: None,
+        cookie_set: false,
+        rewritten: false,
+    };
+    let (socket, outcome, error) = match attempt {
+        Ok(Ok((mut ws, resp))) => {
+            answer.status = Some(resp.status().as_u16());
+            answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
+            let (node, usable) = greeting(&mut ws, plan.timeout).await;
+            answer.node = node;
+            let outcome = Outcome::UpgradeAnswered(resp.status().as_u16());
+            (usable.then_some(ws), outcome, None)
+        }
+        Ok(Err(e)) => {
+            // A refusal is an answer: it may name its node and carry a re-pin (already adopted
+            // by the jar). Anything else got no answer.
+            if let WsError::Http(resp) = &e {
+                answer.status = Some(resp.status().as_u16());
+                answer.node = node_in(resp.headers(), &plan.node_header);
+                answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
+            }
+            (None, outcome_of_error(&e), Some(describe(&e)))
+        }
+        Err(_) => (
+            None,
+            Outcome::UpgradeTransportFailed,
+            Some(format!("no answer to the upgrade within {:?}", plan.timeout)),
+        ),
+    };
+    answer.rewritten = snapshot(jar) != before;
+    Upgrade {
+        answer,
+        socket,
+        outcome,
+        error,
+    }
+}
+
+fn new_jar(plan: &Plan) -> Result<(SharedJar, reqwest::Client), String> {
+    let origin = Origin::from_url(&plan.url).map_err(|e| e.to_string())?;
+    let jar = SharedJar::new(AffinityJar::with_names(origin, plan.names.clone()));
+    let store = Arc::new(AffinityCookieStore::new(jar.clone()));
+    let http = reqwest::Client::builder()
+        .cookie_provider(store)
+        // The probe judges the balancer's answers, not where they point.
+        .redirect(reqwest::redirect::Policy::none())
+        // Straight to the balancer: an HTTP proxy in between would decide connections itself.
+        .no_proxy()
+        .timeout(plan.timeout)
+        .user_agent(concat!("limpet-probe/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| describe(&e))?;
+    Ok((jar, http))
+}
+
+/// One cookie-less upgrade with a jar of its own, closed at once.
+pub(crate) async fn fresh_upgrade(plan: &Plan) -> Option<FreshUpgrade> {
+    let url = plan.ws_url.as_ref()?;
+    let (jar, _) = new_jar(plan).ok()?;
+    let up = upgrade(plan, &jar, url.as_str(), 0, Via::Upgrade).await;
+    if let Some(mut ws) = up.socket {
+        let _ = tokio::time::timeout(plan.timeout, ws.close(None)).await;
+    }
+    Some(FreshUpgrade {
+        status: up.answer.status,
+        node: up.answer.node,
+        cookie_set: up.answer.cookie_set,
+    })
+}
+
+/// One session.
+struct Session {
+    id: usize,
+    plan: Arc<Plan>,
+    jar: SharedJar,
+    http: reqwest::Client,
+    socket: Socket,
+    backoff: Backoff,
+    tx: UnboundedSender<Msg>,
+}
+
+impl Session {
+    fn send(&self, event: Event) {
+        // The driver only stops listening when the run is over (or interrupted): nothing
+        // left to tell it then.
+        let _ = self.tx.send(Msg::Event {
+            session: self.id,
+            event,
+        });
+    }
+
+    fn error(&self, error: String) {
+        let _ = self.tx.send(Msg::Error {
+            session: self.id,
+            error,
+        });
+    }
+
+    /// A GET of the URL: discovery or one of the round's requests.
+    async fn get(&self, via: Via, round: u32) {
+        let before = snapshot(&self.jar);
+        let mut answer = Answer {
+            round,
+            via,
+            status: None,
+            node: None,
+            cookie_set: false,
+            rewritten: false,
+        };
+        // reqwest hands the answer's Set-Cookie lines to the jar before `send` returns.
+        match self.http.get(self.plan.url.clone()).send().await {
+            Ok(mut resp) => {
+                answer.status = Some(resp.status().as_u16());
+                answer.node = node_in(resp.headers(), &self.plan.node_header);
+                answer.cookie_set = carries_balancer_cookie(resp.headers(), &self.plan.names);
+                let mut read = 0usize;
+                while read <= MAX_BODY_READ {
+                    match resp.chunk().await {
+                        Ok(Some(c)) => read += c.len(),
+                        // A body cut short does not undo the answer's head.
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
+            Err(e) => self.error(describe(&e)),
+        }
+        answer.rewritten = snapshot(&self.jar) != before;
+        self.send(Event::Answer(answer));
+    }
+
+    /// Discovery, then the upgrade; schedules the next attempt as the client crate says.
+    async fn connect_socket(&mut self, round: u32) {
+        let Some(url) = self.plan.ws_url.clone() else {
+            return;
+        };
+        self.get(Via::Discovery, round).await;
+        let up = upgrade(&self.plan, &self.jar, url.as_str(), round, Via::Upgrade).await;
+        if let Some(e) = up.error {
+            self.error(e);
+        }
+        self.send(Event::Answer(up.answer));
+        match (up.socket, classify(up.outcome)) {
+            (Some(ws), _) => {
+                self.backoff.reset();
+                self.socket = Socket::Open(Box::new(ws));
+            }
+            // Accepted, but closed before or while it greeted: a closed socket.
+            (None, _) if up.outcome == Outcome::UpgradeAnswered(101) => {
+                self.send(Event::SocketClosed { round });
+                self.retry_later();
+            }
+            (None, Verdict::RetryLater) => self.retry_later(),
+            (None, Verdict::HandBack | Verdict::AuthorisationWithdrawn) => {
+                self.socket = Socket::GivenUp;
+            }
+        }
+    }
+
+    fn retry_later(&mut self) {
+        self.socket = Socket::Retry(Instant::now() + self.plan.backoff_delay(&mut self.backoff));
+    }
+
+    fn reconnect_due(&self) -> bool {
+        matches!(self.socket, Socket::Retry(at) if at <= Instant::now())
+    }
+
+    /// Waits until `deadline`, watching the socket; a closure is recorded in `round` (the
+    /// round just finished) and schedules a reconnect.
+    async fn idle_until(&mut self, deadline: Instant, round: u32) {
+        loop {
+            let Socket::Open(ws) = &mut self.socket else {
+                tokio::time::sleep_until(deadline).await;
+                return;
+            };
+            let closed = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return,
+                msg = ws.next() => match msg {
+                    // Frames after the greeting mean nothing here; pings are answered by
+                    // tungstenite as it reads.
+                    Some(Ok(m)) => m.is_close(),
+                    Some(Err(_)) | None => true,
+                },
+            };
+            if closed {
+                self.send(Event::SocketClosed { round });
+                match classify(Outcome::SocketClosed) {
+                    Verdict::RetryLater => self.retry_later(),
+                    Verdict::HandBack | Verdict::AuthorisationWithdrawn => {
+                        self.socket = Socket::GivenUp;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn close(self) {
+        if let Socket::Open(mut ws) = self.socket {
+            let _ = tokio::time::timeout(self.plan.timeout, ws.close(None)).await;
+        }
+    }
+}
+
+/// Runs session `id` to the end of its rounds. Sends everything it sees to `tx`.
+pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: UnboundedSender<Msg>) {
+    let (jar, http) = match new_jar(&plan) {
+        Ok(j) => j,
+        Err(e) => {
+            let _ = tx.send(Msg::Error {
+                session: id,
+                error: format!("cannot build the HTTP client: {e}"),
+            });
+            return;
+        }
+    };
+    let mut s = Session {
+        id,
+        socket: if plan.ws_url.is_some() {
+            Socket::Retry(start)
+        } else {
+            Socket::NotWanted
+        },
+        plan,
+        jar,
+        http,
+        backoff: Backoff::new(),
+        tx,
+    };
+    for round in 0..s.plan.rounds {
+        if round > 0 {
+            // A deadline past what an Instant can hold means an endless watch: stop there.
+            let Some(at) = s
+                .plan
+                .interval
+                .checked_mul(round)
+                .and_then(|d| start.checked_add(d))
+            else {
+                break;
+            };
+            s.idle_until(at, round - 1).await;
+        }
+        if s.reconnect_due() {
+            s.connect_socket(round).await;
+        } else if round == 0 {
+            s.get(Via::Discovery, round).await;
+        }
+        for _ in 0..s.plan.requests {
+            s.get(Via::Request, round).await;
+        }
+        let _ = s.tx.send(Msg::RoundDone { session: id, round });
+    }
+    s.close().await;
+}

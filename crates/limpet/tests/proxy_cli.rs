@@ -1,0 +1,96 @@
+//! `limpet proxy` as a user runs it: the real binary, its stdout line, its exit codes.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{node_of, nodes, plain_client, set_cookie};
+
+fn limpet() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_limpet"))
+}
+
+#[test]
+fn bad_arguments_exit_2_with_a_clear_message() {
+    let cases: &[&[&str]] = &[
+        &["proxy"],
+        &["proxy", "--to", "nohostport"],
+        &["proxy", "--to", "a;b=127.0.0.1:1"],
+        &["proxy", "--to", "127.0.0.1:1", "--sticky", "maybe"],
+        &["proxy", "--to", "127.0.0.1:1", "--threads", "0"],
+        &["proxy", "--to", "a=127.0.0.1:1", "--to", "a=127.0.0.1:2"],
+        &["proxy", "--to", "127.0.0.1:1", "--cookie", "bad name"],
+        &["proxy", "--to", "127.0.0.1:1", "--listen", "not-an-address"],
+    ];
+    for args in cases {
+        let out = limpet().args(*args).output().expect("run limpet");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.trim().is_empty() && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Kills the child on drop, so a failing assertion does not leak a process.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
+    let ns = nodes(&["ignored-a", "ignored-b"]).await;
+    let mut child = Child(
+        limpet()
+            .args(["proxy", "--listen", "127.0.0.1:0", "--threads", "1"])
+            .args(["--to", &ns[0].addr.to_string(), "--to"])
+            .arg(format!("named={}", ns[1].addr))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn limpet"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("read stdout");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+
+    let expected = limpet::proxy::quick::stable_name(&ns[0].addr.to_string());
+    let mut cookies = Vec::new();
+    for _ in 0..2 {
+        let resp = plain_client()
+            .get(format!("http://{addr}/"))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 200);
+        let _ = node_of(&resp);
+        cookies.push(set_cookie(&resp).expect("pinned"));
+    }
+    assert!(
+        cookies[0].starts_with(&format!("route={expected};")),
+        "{cookies:?}"
+    );
+    assert!(cookies[1].starts_with("route=named;"), "{cookies:?}");
+    assert!(
+        !cookies[0].contains("127.0.0.1"),
+        "derived names hide the address"
+    );
+    drop(child);
+}

@@ -1,0 +1,336 @@
+//! Limits and failures: smuggling attempts, slow-loris, oversized heads, timeouts, no node,
+//! and which requests are replayed when a node fails mid-request.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    config, node_of, nodes, plain_client, raw_exchange, set_cookie, BlackHole, Proxy, PATIENCE,
+};
+use limpet::proxy::NodeConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SMUGGLING: &[(&str, &str)] = &[
+    (
+        "differing duplicate CL",
+        "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcdGET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n",
+    ),
+    (
+        "obs-fold",
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Folded: a\r\n b\r\n\r\n",
+    ),
+    (
+        "TE not ending in chunked",
+        "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+    ),
+    (
+        "space before colon",
+        "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding : chunked\r\nContent-Length: 3\r\n\r\nabc",
+    ),
+    (
+        "bad chunk size",
+        "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    ),
+    ("garbage request line", "GET/ HTTP/1.1 x\r\nHost: t\r\n\r\n"),
+];
+
+#[tokio::test]
+async fn smuggling_attempts_get_400_and_a_closed_connection_others_unaffected() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    // A well-behaved client with an open keep-alive connection throughout.
+    let good = plain_client();
+    assert_eq!(
+        good.get(proxy.url("/")).send().await.expect("get").status(),
+        200
+    );
+
+    for (what, bytes) in SMUGGLING {
+        let answer = raw_exchange(proxy.addr, bytes.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{what}: {answer:?}");
+        assert_eq!(
+            answer.matches("HTTP/1.1 ").count(),
+            1,
+            "{what}: one answer, then close: {answer:?}"
+        );
+        assert!(!answer.contains("smuggled"), "{what}");
+        assert_eq!(
+            good.get(proxy.url("/")).send().await.expect("get").status(),
+            200,
+            "after {what}"
+        );
+    }
+    proxy.stop().await;
+}
+
+/// hyper removes Content-Length when Transfer-Encoding is present and closes the connection
+/// after the answer (RFC 9112 6.3, the "forward" branch), before limpet sees the request. The
+/// smuggled second request must never be answered, and the node must see a chunked body with
+/// no Content-Length.
+#[tokio::test]
+async fn cl_and_te_together_cannot_smuggle() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"POST /headers HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .await;
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+    assert!(!answer.contains("smuggled"), "{answer}");
+    assert!(
+        !answer
+            .to_ascii_lowercase()
+            .contains("\ncontent-length: 4\n"),
+        "{answer}"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn slow_loris_is_cut_off() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+
+    // Half a head, then silence.
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-A: ")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(PATIENCE, s.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "a stalled head is cut off");
+
+    // Nothing at all, not even enough bytes to tell HTTP/1 from HTTP/2.
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    s.write_all(b"PR").await.expect("write");
+    let closed = tokio::time::timeout(PATIENCE, s.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "a silent connection is cut off");
+
+    // The proxy still serves.
+    assert_eq!(
+        plain_client()
+            .get(proxy.url("/"))
+            .send()
+            .await
+            .expect("get")
+            .status(),
+        200
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn long_targets_get_414_and_huge_heads_431() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let client = plain_client();
+    let long = format!("/{}", "p".repeat(10 * 1024));
+    let resp = client.get(proxy.url(&long)).send().await.expect("get");
+    assert_eq!(resp.status(), 414);
+    assert!(resp.headers().contains_key("x-request-id"));
+
+    let huge = "h".repeat(100 * 1024);
+    let answer = raw_exchange(
+        proxy.addr,
+        format!("GET / HTTP/1.1\r\nHost: t\r\nX-Huge: {huge}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:.80}");
+
+    let many: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let answer = raw_exchange(
+        proxy.addr,
+        format!("GET / HTTP/1.1\r\nHost: t\r\n{many}\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:.80}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_node_gets_504_with_a_request_id() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.upstream_answer = Duration::from_millis(200);
+    let proxy = Proxy::start(cfg).await;
+    let resp = plain_client()
+        .get(proxy.url("/slow?ms=5000"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 504);
+    let id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("request id")
+        .to_owned();
+    let body = resp.text().await.expect("body");
+    assert!(body.contains(&id) && body.len() < 200, "{body}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn no_node_left_gets_503_with_retry_after() {
+    let mut ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    for n in &mut ns {
+        n.kill().await;
+    }
+    let resp = plain_client()
+        .get(proxy.url("/"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    assert!(resp.headers().contains_key("x-request-id"));
+    // Consecutive failures took both nodes DOWN: still 503, now without even trying.
+    for _ in 0..3 {
+        let resp = plain_client()
+            .get(proxy.url("/"))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 503);
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn only_idempotent_bodiless_requests_are_replayed_after_a_node_took_them() {
+    let hole = BlackHole::start().await;
+    let ns = nodes(&["a"]).await;
+    let cfg = limpet::proxy::ProxyConfig::new(vec![
+        NodeConfig {
+            name: "hole".into(),
+            addr: hole.addr,
+        },
+        ns[0].config(),
+    ]);
+    let proxy = Proxy::start(cfg).await;
+    let client = plain_client();
+
+    // Rotation turn 0 is the black hole: it takes the GET and never answers.
+    let resp = client.get(proxy.url("/")).send().await.expect("get");
+    assert_eq!(resp.status(), 200, "GET replayed on another node");
+    assert_eq!(node_of(&resp), "a");
+    assert!(
+        set_cookie(&resp).is_some_and(|c| c.starts_with("route=a;")),
+        "re-pinned"
+    );
+
+    // Turn 2 is the black hole again (on a new connection: the first one is pinned to "a"):
+    // a POST is not replayed.
+    let resp = plain_client()
+        .post(proxy.url("/upload"))
+        .body("payload")
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(resp.status(), 502);
+    assert!(resp.headers().contains_key("x-request-id"));
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_streamed_post_fails_over_when_the_node_refuses_the_connection() {
+    let mut ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    ns[0].kill().await;
+    // Nothing reached "a": the body is still in hand and goes to "b" whole.
+    let resp = plain_client()
+        .post(proxy.url("/upload"))
+        .body(vec![1u8; 100_000])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(node_of(&resp), "b");
+    assert_eq!(resp.text().await.expect("body").trim(), "100000");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn max_client_connections_holds_extra_connections_back() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+
+    let mut first = TcpStream::connect(proxy.addr).await.expect("connect");
+    first
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 512];
+    let n = first.read(&mut buf).await.expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+
+    let mut second = TcpStream::connect(proxy.addr).await.expect("connect");
+    second
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    // Not served while the first connection holds the only slot.
+    let early = tokio::time::timeout(Duration::from_millis(300), second.read(&mut buf)).await;
+    assert!(early.is_err(), "second connection waits");
+    drop(first);
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, second.read_to_end(&mut out))
+        .await
+        .expect("served once the slot frees")
+        .expect("read");
+    assert!(out.starts_with(b"HTTP/1.1 200"));
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.keep_alive_idle = Duration::from_millis(200);
+    let proxy = Proxy::start(cfg).await;
+    // HTTP/2: hyper has no idle timeout of its own there; limpet's idle watch must close it.
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get(proxy.url("/"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("answer");
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let closed = tokio::time::timeout(PATIENCE, conn).await;
+    assert!(closed.is_ok(), "the proxy closed the idle connection");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_requests() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let url = proxy.url("/slow?ms=300");
+    let in_flight = tokio::spawn(async move { plain_client().get(url).send().await });
+    // Wait until the request is at the node, not for a fixed time: the node answers the
+    // /headers probe only after the proxy accepted our connection... simpler: a second
+    // request on another connection proves the proxy is serving, then the slow one is sent.
+    let probe = plain_client().get(proxy.url("/")).send().await.expect("probe");
+    assert_eq!(probe.status(), 200);
+    let addr = proxy.addr;
+    proxy.stop().await;
+    let resp = in_flight.await.expect("join").expect("in-flight request answered");
+    assert_eq!(resp.status(), 200);
+    // And the listener is gone.
+    assert!(TcpStream::connect(addr).await.is_err());
+}
