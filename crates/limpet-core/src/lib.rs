@@ -37,5 +37,5 @@ pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
 pub use cookie::{CookieSpec, SameSite};
 pub use decision::{Decision, Pin, RepinReason};
 pub use health::{Health, HealthPolicy, Transition};
-pub use node::{AdminState, Node, NodeId, NodeState};
-pub use pool::{Pool, PoolError};
+pub use node::{AdminState, Node, NodeId, NodeState, MAX_WEIGHT};
+pub use pool::{Balance, Pool, PoolError};

@@ -7,6 +7,9 @@
 
 use crate::health::Health;
 
+/// The largest node weight, as in HAProxy. Weights bound the length of the rotation schedule.
+pub const MAX_WEIGHT: u32 = 256;
+
 /// Index of a node in its [`Pool`](crate::Pool). Stable for the life of that pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub u32);
@@ -23,8 +26,13 @@ pub enum AdminState {
     /// Normal service.
     #[default]
     Ready,
-    /// Existing pins are honoured until `deadline_ms` (if any); no fresh assignments.
-    Drain { deadline_ms: Option<u64> },
+    /// Existing pins are honoured until `deadline_ms` (if any); no fresh assignments. After
+    /// the deadline, each pin is re-pinned at a moment spread over `spread_ms`, so the other
+    /// nodes are not stampeded by every session of the drained node at once.
+    Drain {
+        deadline_ms: Option<u64>,
+        spread_ms: u64,
+    },
     /// Out of service: nothing goes to the node, its pins are re-pinned at once.
     Maint,
 }
@@ -55,13 +63,26 @@ impl NodeState {
 #[derive(Debug, Clone)]
 pub struct Node {
     pub(crate) name: Box<str>,
+    pub(crate) weight: u32,
     pub(crate) admin: AdminState,
     pub(crate) health: Health,
+    /// Connections and tunnels open to the node now (for least-connections and accounting).
+    pub(crate) active: u32,
 }
 
 impl Node {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Relative share of fresh assignments (1 to [`MAX_WEIGHT`]).
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// Connections and tunnels open to the node now.
+    pub fn active(&self) -> u32 {
+        self.active
     }
 
     pub fn admin(&self) -> AdminState {

@@ -2,17 +2,33 @@
 //! for each fresh assignment.
 //!
 //! Fresh assignments go round-robin over the nodes that take them (UP, in pool order): the k-th
-//! fresh assignment goes to `eligible[k mod len]`, where `eligible` is computed at that moment.
+//! fresh assignment goes to `schedule[k mod len]`. With equal weights the schedule is exactly
+//! the eligible nodes in pool order (the `limpet sim` rule `up[k mod len(up)]`); with weights,
+//! each node appears `weight` times, interleaved so that no node gets a burst (each of a
+//! node's turns sits at its ideal point `(i + 1/2) / weight` of the cycle). Least-connections
+//! ([`Balance::LeastConn`]) instead picks the eligible node with the fewest open connections
+//! per unit of weight, ties going to rotation order.
+//!
 //! Only fresh assignments advance the rotation; a sticky hit does not take a turn. The eligible
-//! list is rebuilt on every state change rather than filtered per request, so the hot path is
-//! an index operation.
+//! list and the schedule are rebuilt on every state change rather than filtered per request, so
+//! the hot path is an index operation.
 
 use rustc_hash::FxHashMap;
 
 use crate::cookie::is_cookie_value_safe;
 use crate::decision::{Decision, Pin, RepinReason};
 use crate::health::{Health, HealthPolicy, Transition};
-use crate::node::{AdminState, Node, NodeId, NodeState};
+use crate::node::{AdminState, Node, NodeId, NodeState, MAX_WEIGHT};
+
+/// How a fresh assignment picks among the nodes that take one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Balance {
+    /// Weighted round-robin in pool order.
+    #[default]
+    RoundRobin,
+    /// Fewest open connections per unit of weight; ties go to rotation order.
+    LeastConn,
+}
 
 /// Why a list of node names cannot form a pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +39,8 @@ pub enum PoolError {
     /// quotes, backslash or control bytes).
     InvalidName(String),
     TooManyNodes,
+    /// A weight outside 1 to [`MAX_WEIGHT`].
+    InvalidWeight(String, u32),
 }
 
 impl std::fmt::Display for PoolError {
@@ -34,6 +52,9 @@ impl std::fmt::Display for PoolError {
                 "node name {n:?} cannot be a cookie value (use letters, digits and -._~!#$%&'*+^`|:<>=?@[]/)"
             ),
             PoolError::TooManyNodes => f.write_str("too many nodes"),
+            PoolError::InvalidWeight(n, w) => {
+                write!(f, "node {n:?} has weight {w}; weights go from 1 to {MAX_WEIGHT}")
+            }
         }
     }
 }
@@ -48,40 +69,58 @@ pub struct Pool {
     index: FxHashMap<Box<[u8]>, NodeId>,
     /// Nodes that take fresh assignments, in pool order.
     eligible: Vec<NodeId>,
+    /// The round-robin cycle over `eligible`, each node `weight` times, interleaved.
+    schedule: Vec<NodeId>,
     rotation: u64,
     health_policy: HealthPolicy,
 }
 
 impl Pool {
-    /// A pool of these nodes, in this order, all UP and ready; the rotation starts at 0.
+    /// A pool of these nodes, in this order, all of weight 1, UP and ready; the rotation
+    /// starts at 0.
     pub fn new<I, S>(names: I) -> Result<Self, PoolError>
     where
         I: IntoIterator<Item = S>,
         S: Into<Box<str>>,
     {
-        let mut nodes = Vec::new();
+        Self::with_weights(names.into_iter().map(|n| (n, 1)))
+    }
+
+    /// A pool of these `(name, weight)` nodes, in this order, UP and ready.
+    pub fn with_weights<I, S>(nodes: I) -> Result<Self, PoolError>
+    where
+        I: IntoIterator<Item = (S, u32)>,
+        S: Into<Box<str>>,
+    {
+        let mut list = Vec::new();
         let mut index = FxHashMap::default();
-        for name in names {
+        for (name, weight) in nodes {
             let name: Box<str> = name.into();
             if !is_cookie_value_safe(name.as_bytes()) {
                 return Err(PoolError::InvalidName(name.into()));
             }
-            let id = NodeId(u32::try_from(nodes.len()).map_err(|_| PoolError::TooManyNodes)?);
+            if !(1..=MAX_WEIGHT).contains(&weight) {
+                return Err(PoolError::InvalidWeight(name.into(), weight));
+            }
+            let id = NodeId(u32::try_from(list.len()).map_err(|_| PoolError::TooManyNodes)?);
             if index
                 .insert(Box::<[u8]>::from(name.as_bytes()), id)
                 .is_some()
             {
                 return Err(PoolError::DuplicateName(name.into()));
             }
-            nodes.push(Node {
+            list.push(Node {
                 name,
+                weight,
                 admin: AdminState::Ready,
                 health: Health::default(),
+                active: 0,
             });
         }
         let mut pool = Pool {
-            eligible: Vec::with_capacity(nodes.len()),
-            nodes,
+            eligible: Vec::with_capacity(list.len()),
+            schedule: Vec::with_capacity(list.len()),
+            nodes: list,
             index,
             rotation: 0,
             health_policy: HealthPolicy::default(),
@@ -196,12 +235,25 @@ impl Pool {
         t
     }
 
-    /// Decides where a request with this pin goes. `now_ms` (milliseconds since the Unix epoch)
-    /// is only read for drain deadlines.
+    /// Decides where a request with this pin goes, round-robin for fresh assignments.
+    /// `now_ms` (milliseconds since the Unix epoch) is only read for drain deadlines.
     pub fn decide(&mut self, pin: Pin, now_ms: u64) -> Decision {
+        self.decide_with(pin, now_ms, Balance::RoundRobin, 0)
+    }
+
+    /// [`decide`](Self::decide) with a balancing choice, and the pin's `spread_key`: a
+    /// well-mixed hash of what identifies the session (client address, table key), which
+    /// places its re-pin inside a drain's spread window.
+    pub fn decide_with(
+        &mut self,
+        pin: Pin,
+        now_ms: u64,
+        balance: Balance,
+        spread_key: u64,
+    ) -> Decision {
         let repin = match pin {
             Pin::None => None,
-            Pin::Node(id) => match self.honours_pin(id, now_ms) {
+            Pin::Node(id) => match self.honours_pin_keyed(id, now_ms, spread_key) {
                 Ok(()) => return Decision::Sticky(id),
                 Err(reason) => Some(reason),
             },
@@ -209,7 +261,7 @@ impl Pool {
             Pin::Invalid => Some(RepinReason::InvalidCookie),
             Pin::Expired => Some(RepinReason::ExpiredCookie),
         };
-        match self.assign(|_| false) {
+        match self.assign_with(balance, |_| false) {
             Some(node) => Decision::Fresh { node, repin },
             None => Decision::Unavailable,
         }
@@ -217,6 +269,18 @@ impl Pool {
 
     /// Whether a pin to `id` is honoured now, and if not, why.
     pub fn honours_pin(&self, id: NodeId, now_ms: u64) -> Result<(), RepinReason> {
+        self.honours_pin_keyed(id, now_ms, 0)
+    }
+
+    /// [`honours_pin`](Self::honours_pin) for a session with this spread key: past a drain
+    /// deadline, the session is re-pinned once `now` passes `deadline + spread * f(key)`, with
+    /// `f(key)` in [0, 1) taken from the key's top 32 bits.
+    pub fn honours_pin_keyed(
+        &self,
+        id: NodeId,
+        now_ms: u64,
+        spread_key: u64,
+    ) -> Result<(), RepinReason> {
         let Some(node) = self.nodes.get(id.index()) else {
             return Err(RepinReason::UnknownNode);
         };
@@ -225,7 +289,16 @@ impl Pool {
             NodeState::Drain => match node.admin {
                 AdminState::Drain {
                     deadline_ms: Some(deadline),
-                } if now_ms >= deadline => Err(RepinReason::DrainEnded),
+                    spread_ms,
+                } => {
+                    let offset = (u128::from(spread_ms) * u128::from(spread_key >> 32)) >> 32;
+                    let at = deadline.saturating_add(u64::try_from(offset).unwrap_or(u64::MAX));
+                    if now_ms >= at {
+                        Err(RepinReason::DrainEnded)
+                    } else {
+                        Ok(())
+                    }
+                }
                 _ => Ok(()),
             },
             NodeState::Down => Err(RepinReason::NodeDown),
@@ -233,19 +306,63 @@ impl Pool {
         }
     }
 
-    /// Makes a fresh assignment, skipping the nodes `exclude` names (e.g. nodes that already
-    /// failed for this request). Consumes one turn of the rotation when it finds a node.
+    /// Makes a fresh round-robin assignment, skipping the nodes `exclude` names (e.g. nodes
+    /// that already failed for this request). Consumes one turn of the rotation when it finds
+    /// a node.
     pub fn assign(&mut self, exclude: impl Fn(NodeId) -> bool) -> Option<NodeId> {
-        let len = self.eligible.len();
-        if len == 0 {
-            return None;
-        }
-        let start = (self.rotation % len as u64) as usize;
-        let node = (0..len)
-            .map(|i| self.eligible[(start + i) % len])
-            .find(|&n| !exclude(n))?;
+        self.assign_with(Balance::RoundRobin, exclude)
+    }
+
+    /// [`assign`](Self::assign) with a balancing choice.
+    pub fn assign_with(
+        &mut self,
+        balance: Balance,
+        exclude: impl Fn(NodeId) -> bool,
+    ) -> Option<NodeId> {
+        let node = match balance {
+            Balance::RoundRobin => {
+                let len = self.schedule.len();
+                if len == 0 {
+                    return None;
+                }
+                let start = (self.rotation % len as u64) as usize;
+                (0..len)
+                    .map(|i| self.schedule[(start + i) % len])
+                    .find(|&n| !exclude(n))?
+            }
+            Balance::LeastConn => {
+                let len = self.eligible.len();
+                if len == 0 {
+                    return None;
+                }
+                let start = (self.rotation % len as u64) as usize;
+                // Fewest connections per unit of weight: a/wa < b/wb  <=>  a*wb < b*wa.
+                (0..len)
+                    .map(|i| self.eligible[(start + i) % len])
+                    .filter(|&n| !exclude(n))
+                    .min_by(|&a, &b| {
+                        let (a, b) = (&self.nodes[a.index()], &self.nodes[b.index()]);
+                        (u64::from(a.active) * u64::from(b.weight))
+                            .cmp(&(u64::from(b.active) * u64::from(a.weight)))
+                    })?
+            }
+        };
         self.rotation = self.rotation.wrapping_add(1);
         Some(node)
+    }
+
+    /// A connection or tunnel to `id` opened.
+    pub fn conn_opened(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.get_mut(id.index()) {
+            n.active = n.active.saturating_add(1);
+        }
+    }
+
+    /// A connection or tunnel to `id` closed.
+    pub fn conn_closed(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.get_mut(id.index()) {
+            n.active = n.active.saturating_sub(1);
+        }
     }
 
     fn rebuild_eligible(&mut self) {
@@ -257,10 +374,37 @@ impl Pool {
                 .filter(|(_, n)| n.takes_fresh())
                 .map(|(i, _)| NodeId(i as u32)),
         );
+        self.rebuild_schedule();
         self.debug_check();
     }
 
+    /// Lays out one round-robin cycle: node `n` takes `weight(n)` turns, its i-th at the ideal
+    /// point `(i + 1/2) / weight(n)` of the cycle; turns at the same point go in pool order.
+    /// With equal weights every node has one turn at 1/2, so the cycle is `eligible` itself.
+    fn rebuild_schedule(&mut self) {
+        self.schedule.clear();
+        let weights = || self.eligible.iter().map(|n| self.nodes[n.index()].weight);
+        let g = weights().fold(0, gcd);
+        if weights().all(|w| w == g) {
+            self.schedule.extend_from_slice(&self.eligible);
+            return;
+        }
+        // (numerator, denominator) of each turn's point, compared by cross-multiplication.
+        let mut turns: Vec<(u64, u64, NodeId)> = Vec::new();
+        for &n in &self.eligible {
+            let w = u64::from(self.nodes[n.index()].weight / g);
+            turns.extend((0..w).map(|i| (2 * i + 1, 2 * w, n)));
+        }
+        turns.sort_by(|a, b| (a.0 * b.1).cmp(&(b.0 * a.1)).then(a.2.cmp(&b.2)));
+        self.schedule.extend(turns.into_iter().map(|t| t.2));
+    }
+
     fn debug_check(&self) {
+        debug_assert!(
+            self.eligible.iter().all(|n| self.schedule.contains(n))
+                && self.schedule.iter().all(|n| self.eligible.contains(n)),
+            "the schedule covers exactly the eligible nodes"
+        );
         debug_assert_eq!(
             self.index.len(),
             self.nodes.len(),
@@ -276,6 +420,14 @@ impl Pool {
                 .all(|&n| self.nodes[n.index()].takes_fresh()),
             "every eligible node takes fresh assignments"
         );
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -358,6 +510,7 @@ mod tests {
             a,
             AdminState::Drain {
                 deadline_ms: Some(1000),
+                spread_ms: 0,
             },
         );
         assert_eq!(p.decide(Pin::Node(a), 999), Decision::Sticky(a));
@@ -416,6 +569,86 @@ mod tests {
         assert_eq!(
             Pool::new(["a;b"]).err(),
             Some(PoolError::InvalidName("a;b".into()))
+        );
+    }
+
+    #[test]
+    fn weighted_rotation_interleaves_turns_by_weight() {
+        let mut p = Pool::with_weights([("a", 3), ("b", 1)]).unwrap_or_else(|e| panic!("{e}"));
+        let got: String = (0..8)
+            .map(|_| p.assign(|_| false).map_or("-", |n| p.name(n)).to_owned())
+            .collect();
+        // a's turns at 1/6, 3/6, 5/6 and b's at 1/2 of each cycle.
+        assert_eq!(got, "aabaaaba");
+        // Equal weights reduce to plain rotation in pool order.
+        let mut q = Pool::with_weights([("x", 5), ("y", 5)]).unwrap_or_else(|e| panic!("{e}"));
+        let got: String = (0..4)
+            .map(|_| q.assign(|_| false).map_or("-", |n| q.name(n)).to_owned())
+            .collect();
+        assert_eq!(got, "xyxy");
+        assert!(matches!(
+            Pool::with_weights([("z", 0)]),
+            Err(PoolError::InvalidWeight(_, 0))
+        ));
+    }
+
+    #[test]
+    fn least_conn_picks_fewest_connections_per_weight() {
+        let mut p =
+            Pool::with_weights([("a", 1), ("b", 2), ("c", 1)]).unwrap_or_else(|e| panic!("{e}"));
+        let (a, b, c) = (id(&p, "a"), id(&p, "b"), id(&p, "c"));
+        p.conn_opened(a);
+        p.conn_opened(b);
+        p.conn_opened(b);
+        // a: 1/1, b: 2/2, c: 0/1 -> c
+        assert_eq!(p.assign_with(Balance::LeastConn, |_| false), Some(c));
+        p.conn_opened(c);
+        p.conn_opened(c);
+        p.conn_closed(a);
+        // a: 0, b: 1 per weight, c: 2 -> a
+        assert_eq!(p.assign_with(Balance::LeastConn, |_| false), Some(a));
+        assert_eq!(p.assign_with(Balance::LeastConn, |n| n == a), Some(b));
+        p.conn_closed(a);
+        assert_eq!(p.node(a).map(Node::active), Some(0), "never below zero");
+    }
+
+    #[test]
+    fn drain_deadline_repins_spread_over_the_window() {
+        let mut p = pool(&["a", "b"]);
+        let a = id(&p, "a");
+        p.set_admin(
+            a,
+            AdminState::Drain {
+                deadline_ms: Some(1_000),
+                spread_ms: 10_000,
+            },
+        );
+        let early_key = 0u64; // f = 0: re-pinned right at the deadline
+        let late_key = u64::MAX; // f close to 1: re-pinned near the end of the window
+        let mid_key = 1u64 << 63; // f = 1/2: at deadline + 5 s
+        assert_eq!(p.honours_pin_keyed(a, 999, early_key), Ok(()));
+        assert_eq!(
+            p.honours_pin_keyed(a, 1_000, early_key),
+            Err(RepinReason::DrainEnded)
+        );
+        assert_eq!(p.honours_pin_keyed(a, 5_999, mid_key), Ok(()));
+        assert_eq!(
+            p.honours_pin_keyed(a, 6_000, mid_key),
+            Err(RepinReason::DrainEnded)
+        );
+        assert_eq!(p.honours_pin_keyed(a, 10_998, late_key), Ok(()));
+        assert_eq!(
+            p.honours_pin_keyed(a, 11_000, late_key),
+            Err(RepinReason::DrainEnded)
+        );
+        // Spread over many sessions: about half are moved halfway through the window.
+        let moved = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .filter(|&k| p.honours_pin_keyed(a, 6_000, k).is_err())
+            .count();
+        assert!(
+            (400..600).contains(&moved),
+            "{moved} of 1000 moved at mid-window"
         );
     }
 }

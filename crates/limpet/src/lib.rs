@@ -17,8 +17,10 @@
 //!   failover re-pin) and `limpet proxy`.
 //! - [`demo`]: `limpet demo`, the proxy in front of three built-in nodes.
 //! - [`backend`]: a small built-in HTTP node (`limpet demo`, tests).
+//! - [`probe`]: `limpet probe`, checks from the client side that a balancer keeps sessions on one node.
 
 pub mod backend;
 pub mod demo;
+pub mod probe;
 pub mod proxy;
 pub mod sim;

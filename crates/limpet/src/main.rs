@@ -7,6 +7,7 @@
 //! - `limpet sim`: the line protocol of `sticky-cookie-rules.md` on stdin/stdout.
 //! - `limpet demo`: the proxy in front of three built-in nodes, no files needed.
 //! - `limpet proxy`: the HTTP proxy in quick mode (`--listen`, `--to [NAME=]HOST:PORT`...).
+//! - `limpet probe`: checks that a balancer keeps each client session on one node.
 
 use std::process::ExitCode;
 
@@ -29,6 +30,8 @@ enum Command {
     Demo(limpet::demo::DemoArgs),
     /// Run the HTTP proxy in front of nodes given on the command line.
     Proxy(limpet::proxy::quick::ProxyArgs),
+    /// Check from the client side that a balancer keeps each session on one node (docs/probe.md).
+    Probe(limpet::probe::ProbeArgs),
 }
 
 /// Logs go to stderr (stdout carries the bound address); `RUST_LOG` filters, default `info`.
@@ -53,6 +56,10 @@ fn main() -> ExitCode {
         Command::Proxy(args) => {
             init_tracing();
             limpet::proxy::quick::run(args)
+        }
+        Command::Probe(args) => {
+            init_tracing();
+            limpet::probe::run(args)
         }
     }
 }

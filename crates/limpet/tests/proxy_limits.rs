@@ -320,17 +320,18 @@ async fn an_idle_keep_alive_connection_is_closed() {
 async fn shutdown_drains_in_flight_requests() {
     let ns = nodes(&["a"]).await;
     let proxy = Proxy::start(config(&ns)).await;
-    let url = proxy.url("/slow?ms=300");
-    let in_flight = tokio::spawn(async move { plain_client().get(url).send().await });
-    // Wait until the request is at the node, not for a fixed time: the node answers the
-    // /headers probe only after the proxy accepted our connection... simpler: a second
-    // request on another connection proves the proxy is serving, then the slow one is sent.
-    let probe = plain_client().get(proxy.url("/")).send().await.expect("probe");
-    assert_eq!(probe.status(), 200);
     let addr = proxy.addr;
-    proxy.stop().await;
-    let resp = in_flight.await.expect("join").expect("in-flight request answered");
-    assert_eq!(resp.status(), 200);
+    let bytes = 8 << 20;
+    // The answer head has arrived: the request is in flight for certain.
+    let resp = plain_client()
+        .get(proxy.url(&format!("/download?bytes={bytes}")))
+        .send()
+        .await
+        .expect("head");
+    let stopping = tokio::spawn(proxy.stop());
+    let body = resp.bytes().await.expect("the in-flight answer completes");
+    assert_eq!(body.len(), bytes);
+    stopping.await.expect("stopped");
     // And the listener is gone.
     assert!(TcpStream::connect(addr).await.is_err());
 }

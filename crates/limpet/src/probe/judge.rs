@@ -447,7 +447,10 @@ mod tests {
         assert!(!v.kept_affinity());
         assert_eq!((v.repins, v.breaks), (0, 2));
         assert_eq!(v.moves[0].kind, MoveKind::Break);
-        assert_eq!((v.moves[0].via, v.moves[1].via), (Via::Upgrade, Via::Request));
+        assert_eq!(
+            (v.moves[0].via, v.moves[1].via),
+            (Via::Upgrade, Via::Request)
+        );
     }
 
     #[test]

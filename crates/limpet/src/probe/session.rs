@@ -146,13 +146,7 @@ struct Upgrade {
     error: Option<String>,
 }
 
-async fn upgrade(
-    plan: &Plan,
-    jar: &SharedJar,
-    url: &str,
-    round: u32,
-    via: Via,
-) -> Upgrade {
+async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) -> Upgrade {
     let before = snapshot(jar);
     let attempt = tokio::time::timeout(plan.timeout, tungstenite::connect_async(jar, url)).await;
     let mut answer = Answer {
@@ -185,7 +179,10 @@ async fn upgrade(
         Err(_) => (
             None,
             Outcome::UpgradeTransportFailed,
-            Some(format!("no answer to the upgrade within {:?}", plan.timeout)),
+            Some(format!(
+                "no answer to the upgrade within {:?}",
+                plan.timeout
+            )),
         ),
     };
     answer.rewritten = snapshot(jar) != before;

@@ -238,6 +238,9 @@ impl Drop for ActiveGuard {
 /// protocol detection, is a slow-loris), the keep-alive idle timeout after.
 async fn idle_watch(ctx: &ConnCtx) {
     let t = ctx.shared.timeouts;
+    // Re-check at least this often, so a first request arriving mid-sleep switches the limit
+    // from header_read to keep_alive_idle without waiting out the longer one.
+    let step = t.header_read.min(t.keep_alive_idle);
     loop {
         let limit = if ctx.served.load(Ordering::Relaxed) == 0 {
             t.header_read
@@ -246,8 +249,8 @@ async fn idle_watch(ctx: &ConnCtx) {
         };
         match ctx.idle_for() {
             Some(idle) if idle >= limit => return,
-            Some(idle) => tokio::time::sleep(limit - idle).await,
-            None => tokio::time::sleep(limit).await,
+            Some(idle) => tokio::time::sleep((limit - idle).min(step)).await,
+            None => tokio::time::sleep(step).await,
         }
     }
 }

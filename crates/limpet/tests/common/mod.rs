@@ -6,6 +6,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod haproxy;
+pub mod probe;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

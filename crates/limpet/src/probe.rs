@@ -1,0 +1,451 @@
+//! `limpet probe`: checks end to end that a balancer (limpet, HAProxy, nginx, an AWS ALB...)
+//! keeps each client session on one node, from the client's side of the wire.
+//!
+//! ```text
+//!                      ┌─ session 0: SharedJar ─┬─ reqwest + AffinityCookieStore ─ GET URL ──┐
+//!  ProbeArgs ─► Plan ──┤   (limpet-client)      └─ tungstenite::connect_async ─ ws://.../PATH ┤
+//!                      ├─ session 1 ...                                                        │ balancer
+//!                      └─ session N-1 ...                                                      │
+//!                                                                                              ▼
+//!   session::Msg (Event: node + cookie rewritten?) ◄── node header / first text frame, Set-Cookie
+//!        │
+//!        ▼
+//!   driver ─► judge::SessionJudge per session (pure) ─► Move (re-pin / break), as it happens
+//!        │                                                   │
+//!        ▼                                                   ▼
+//!   judge::summarise ─► Summary ─► output: human text or JSON lines on stdout ─► exit code
+//! ```
+//!
+//! Each session is an independent, well-behaved client of the affinity reference
+//! (`affinity-client.md`): its own jar keeping only the balancer's cookies, shared by its HTTP
+//! client and its WebSocket; discovery (a GET of the URL) before every upgrade; then
+//! `--requests` GETs per round. [`session`] does the I/O and reports what it saw as
+//! [`judge::Event`]s; [`judge`] alone decides what they mean (re-pin or break, spread, cookie on
+//! the 101), without I/O, so the rules are unit-tested apart from any network.
+//!
+//! Without `--watch` there is one round. With it, round `r` starts `r * --interval` after the
+//! first, for `--rounds` rounds (or as many as fit in `--duration`, or until Ctrl-C); a socket
+//! that closes is reconnected after the client crate's backoff, scaled to start at
+//! `--backoff-min`.
+//!
+//! Exit codes: 0 when every session kept affinity (re-pins allowed), 1 when any session broke
+//! it, 2 for a usage error or when nothing could be judged (nothing answered, or no answer
+//! named its node). Flags, output and the JSON fields are documented in `docs/probe.md`.
+
+pub mod judge;
+mod output;
+mod session;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use limpet_client::{Backoff, CookieNames, NamePattern};
+use reqwest::header::HeaderName;
+use reqwest::Url;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use judge::{Outcome, SessionJudge};
+use output::{Output, Report};
+use session::Msg;
+
+pub use session::FreshUpgrade;
+
+/// The longest duration any flag takes: a week.
+const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Distinct error messages kept for the report.
+const MAX_ERRORS_KEPT: usize = 8;
+
+/// Arguments of `limpet probe`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProbeArgs {
+    /// The balancer's URL (`http://...`). Discovery and every request GET it.
+    #[arg(value_name = "URL")]
+    pub url: String,
+    /// After discovery, open a WebSocket at this path on the URL's origin (e.g. `/ws`); its
+    /// node is the first text frame the server sends.
+    #[arg(long, value_name = "PATH")]
+    pub ws: Option<String>,
+    /// Independent client sessions, each with its own cookie jar and connections.
+    #[arg(long, default_value_t = 4, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub sessions: u32,
+    /// HTTP requests per session per round, after discovery (and the upgrade).
+    #[arg(long, default_value_t = 5, value_name = "M",
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub requests: u32,
+    /// The answer header that names the node that served it.
+    #[arg(long, default_value = "X-Limpet-Node", value_name = "NAME")]
+    pub node_header: String,
+    /// The balancer's cookie names, comma-separated; `NAME*` is a prefix. Replaces the default.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "route,AWSALB*,SERVERID"
+    )]
+    pub cookie_names: Vec<NamePattern>,
+    /// Keep the sessions going, one round per `--interval`, and report moves as they happen.
+    #[arg(long)]
+    pub watch: bool,
+    /// Time between the starts of two rounds under `--watch` (e.g. `500ms`, `2s`, `1m`).
+    #[arg(long, default_value = "1s", value_name = "DUR", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Stop `--watch` after this many rounds (default: at Ctrl-C).
+    #[arg(long, value_name = "K", requires = "watch", conflicts_with = "duration",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: Option<u32>,
+    /// Stop `--watch` after the rounds that start within this time.
+    #[arg(long, value_name = "DUR", requires = "watch", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// First delay before reconnecting a closed WebSocket; it doubles per failed attempt up
+    /// to 30 times this (the client library's 1 s to 30 s, scaled).
+    #[arg(long, default_value = "1s", value_name = "DUR", value_parser = parse_duration)]
+    pub backoff_min: Duration,
+    /// Give up on a request, an upgrade or a greeting after this long.
+    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// JSON lines on stdout instead of the human summary (see docs/probe.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `500ms`, `2s`, `1.5s`, `3m`, `1h`; a bare number is seconds. Between 1 ms and a week.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let bad = || format!("{text:?} is not a duration (e.g. 500ms, 2s, 1.5s, 1m)");
+    let n: f64 = number.parse().map_err(|_| bad())?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(bad()),
+    };
+    if !(0.001..=MAX_DURATION.as_secs_f64()).contains(&secs) {
+        return Err(format!("{text:?} is out of range (1ms to 7 days)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// What to do, validated.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(crate) url: Url,
+    pub(crate) ws_url: Option<Url>,
+    pub(crate) sessions: u32,
+    pub(crate) requests: u32,
+    pub(crate) node_header: HeaderName,
+    pub(crate) names: CookieNames,
+    pub(crate) watch: bool,
+    /// Rounds per session; `u32::MAX` for "until interrupted".
+    pub(crate) rounds: u32,
+    pub(crate) interval: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) timeout: Duration,
+}
+
+impl Plan {
+    /// Checks the arguments; the error is one line for the user.
+    pub(crate) fn from_args(args: &ProbeArgs) -> Result<Plan, String> {
+        let url = Url::parse(&args.url).map_err(|e| format!("{:?} is not a URL: {e}", args.url))?;
+        match url.scheme() {
+            "http" => {}
+            // The probe is built without a TLS stack (the workspace's clients have none).
+            "https" => return Err("https URLs are not supported yet: probe over http".into()),
+            s => return Err(format!("unsupported scheme {s:?}: the URL must be http://")),
+        }
+        if url.host_str().is_none() {
+            return Err(format!("{:?} has no host", args.url));
+        }
+        let ws_url = match &args.ws {
+            None => None,
+            Some(path) if !path.starts_with('/') => {
+                return Err(format!("--ws {path:?} must be a path starting with /"));
+            }
+            Some(path) => {
+                let mut u = url.join(path).map_err(|e| format!("--ws {path:?}: {e}"))?;
+                u.set_scheme("ws")
+                    .map_err(|()| format!("--ws {path:?}: cannot make a ws:// URL"))?;
+                Some(u)
+            }
+        };
+        let node_header = HeaderName::from_bytes(args.node_header.as_bytes())
+            .map_err(|_| format!("--node-header {:?} is not a header name", args.node_header))?;
+        if args.cookie_names.is_empty() {
+            return Err("--cookie-names needs at least one name".into());
+        }
+        let rounds = match (args.watch, args.rounds, args.duration) {
+            (false, _, _) => 1,
+            (true, Some(k), _) => k,
+            (true, None, Some(d)) => {
+                let k = d.as_nanos().div_ceil(args.interval.as_nanos().max(1));
+                u32::try_from(k).unwrap_or(u32::MAX).max(1)
+            }
+            (true, None, None) => u32::MAX,
+        };
+        if args.backoff_min > Duration::from_secs(3600) {
+            return Err("--backoff-min is at most 1h".into());
+        }
+        Ok(Plan {
+            url,
+            ws_url,
+            sessions: args.sessions,
+            requests: args.requests,
+            node_header,
+            names: CookieNames::new(args.cookie_names.iter().cloned()),
+            watch: args.watch,
+            rounds,
+            interval: args.interval,
+            backoff_min: args.backoff_min,
+            timeout: args.timeout,
+        })
+    }
+
+    /// The client crate's reconnect schedule (1 s doubling to 30 s) scaled to start at
+    /// `--backoff-min`, so tests and impatient users keep its shape without its pace.
+    pub(crate) fn backoff_delay(&self, backoff: &mut Backoff) -> Duration {
+        let scale = self.backoff_min.as_secs_f64() / Backoff::MIN.as_secs_f64();
+        // Both are at most an hour and at least a millisecond: the product is finite.
+        backoff.next_delay().mul_f64(scale)
+    }
+}
+
+/// What a run produced, before it is rendered.
+#[derive(Debug)]
+struct Run {
+    judges: Vec<SessionJudge>,
+    /// Rounds every session completed.
+    rounds: u32,
+    interrupted: bool,
+    errors: Vec<String>,
+    fresh: Option<FreshUpgrade>,
+}
+
+/// Runs the sessions and feeds the judges until the rounds are done, Ctrl-C, or round 0 showed
+/// that nothing answers.
+async fn drive(plan: Arc<Plan>, out: &mut Output) -> Run {
+    // One cookie-less upgrade first: whether the balancer pins by the 101 is only visible to
+    // a client that arrives without a pin, which the sessions (discovery first) never are.
+    let fresh = session::fresh_upgrade(&plan).await;
+    let n = plan.sessions as usize;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for id in 0..n {
+        tasks.spawn(session::run(Arc::clone(&plan), id, start, tx.clone()));
+    }
+    // The channel ends when the last session does.
+    drop(tx);
+    let mut run = Run {
+        judges: vec![SessionJudge::new(); n],
+        rounds: 0,
+        interrupted: false,
+        errors: Vec::new(),
+        fresh,
+    };
+    let mut done = vec![0u32; n];
+    let interrupt = async {
+        // Without a signal handler there is nothing to wait for; the run ends by its bounds.
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(interrupt);
+    loop {
+        let msg = tokio::select! {
+            m = rx.recv() => m,
+            () = &mut interrupt => {
+                run.interrupted = true;
+                break;
+            }
+        };
+        let Some(msg) = msg else { break };
+        match msg {
+            Msg::Event { session, event } => {
+                if let Some(judge) = run.judges.get_mut(session) {
+                    if let Some(m) = judge.observe(&event) {
+                        out.moved(session, &m);
+                    }
+                }
+            }
+            Msg::Error { error, .. } => {
+                if run.errors.len() < MAX_ERRORS_KEPT && !run.errors.contains(&error) {
+                    run.errors.push(error);
+                }
+            }
+            Msg::RoundDone { session, round } => {
+                if let Some(d) = done.get_mut(session) {
+                    *d = round.saturating_add(1);
+                }
+                let all = done.iter().copied().min().unwrap_or(0);
+                while run.rounds < all {
+                    out.round(run.rounds, &run.judges);
+                    run.rounds += 1;
+                }
+                // Nothing answered in the whole first round: the URL is unreachable, and
+                // watching it longer would only repeat that.
+                if run.rounds >= 1 && summary_of(&run.judges).outcome() == Outcome::Unreachable {
+                    break;
+                }
+                let finished: u64 = done.iter().map(|&d| u64::from(d)).sum();
+                out.progress(&plan, run.rounds, finished, &summary_of(&run.judges));
+            }
+        }
+    }
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    run
+}
+
+fn summary_of(judges: &[SessionJudge]) -> judge::Summary {
+    judge::summarise(judges.iter().map(SessionJudge::verdict))
+}
+
+/// The exit code of an outcome.
+pub fn exit_code(outcome: Outcome) -> u8 {
+    match outcome {
+        Outcome::Kept => 0,
+        Outcome::Broken => 1,
+        Outcome::Unjudged | Outcome::Unreachable => 2,
+    }
+}
+
+/// Runs `limpet probe` to completion.
+pub fn run(args: ProbeArgs) -> ExitCode {
+    let plan = match Plan::from_args(&args) {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            eprintln!("limpet probe: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("limpet probe: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let progress = !args.json && std::io::stderr().is_terminal();
+    let mut out = Output::new(args.json, plan.watch, progress);
+    let run = rt.block_on(drive(Arc::clone(&plan), &mut out));
+    let verdicts: Vec<judge::SessionVerdict> =
+        run.judges.into_iter().map(SessionJudge::finish).collect();
+    let summary = judge::summarise(&verdicts);
+    let outcome = summary.outcome();
+    out.finish(&Report {
+        plan: &plan,
+        sessions: &verdicts,
+        summary: &summary,
+        outcome,
+        exit_code: exit_code(outcome),
+        rounds: run.rounds,
+        interrupted: run.interrupted,
+        fresh: run.fresh.as_ref(),
+        errors: &run.errors,
+    });
+    // Sessions were aborted or done; their sockets close as the runtime drops.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    ExitCode::from(exit_code(outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProbeArgs,
+    }
+
+    fn plan(argv: &[&str]) -> Result<Plan, String> {
+        let cli = Cli::try_parse_from(std::iter::once("probe").chain(argv.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        Plan::from_args(&cli.args)
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        for bad in ["", "s", "1x", "-1s", "0", "0.1ms", "9999h", "1e3"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn plan_defaults_and_ws_url() {
+        let p = plan(&["http://127.0.0.1:8080/app?x=1", "--ws", "/ws"]).expect("plan");
+        assert_eq!(
+            p.ws_url.as_ref().map(Url::as_str),
+            Some("ws://127.0.0.1:8080/ws")
+        );
+        assert_eq!((p.sessions, p.requests, p.rounds), (4, 5, 1));
+        assert_eq!(p.node_header.as_str(), "x-limpet-node");
+        for name in ["route", "AWSALBTG", "SERVERID"] {
+            assert!(p.names.matches(name), "{name}");
+        }
+        assert!(!p.names.matches("sid"));
+    }
+
+    #[test]
+    fn plan_rounds() {
+        let watch = |extra: &[&str]| {
+            let mut argv = vec!["http://h/", "--watch"];
+            argv.extend_from_slice(extra);
+            plan(&argv).map(|p| p.rounds)
+        };
+        assert_eq!(watch(&["--rounds", "7"]), Ok(7));
+        assert_eq!(watch(&["--duration", "10s", "--interval", "3s"]), Ok(4));
+        assert_eq!(watch(&[]), Ok(u32::MAX));
+        assert!(watch(&["--rounds", "2", "--duration", "1s"]).is_err());
+        assert!(
+            plan(&["http://h/", "--rounds", "2"]).is_err(),
+            "needs --watch"
+        );
+    }
+
+    #[test]
+    fn plan_refuses_bad_input() {
+        for argv in [
+            &["ftp://h/"][..],
+            &["https://h/"],
+            &["not a url"],
+            &["http://h/", "--ws", "ws"],
+            &["http://h/", "--node-header", "bad header"],
+            &["http://h/", "--cookie-names", "ro ute"],
+            &["http://h/", "--cookie-names", "*"],
+            &["http://h/", "--sessions", "0"],
+        ] {
+            assert!(plan(argv).is_err(), "{argv:?}");
+        }
+        let p = plan(&["http://h/", "--cookie-names", "SRV,lb_*"]).expect("plan");
+        assert!(p.names.matches("SRV") && p.names.matches("lb_x") && !p.names.matches("route"));
+    }
+
+    #[test]
+    fn backoff_is_scaled_from_the_client_schedule() {
+        let p = plan(&["http://h/", "--backoff-min", "50ms"]).expect("plan");
+        let mut b = Backoff::new();
+        let delays: Vec<u128> = (0..7)
+            .map(|_| p.backoff_delay(&mut b).as_millis())
+            .collect();
+        assert_eq!(delays, [50, 100, 200, 400, 800, 1500, 1500]);
+    }
+}

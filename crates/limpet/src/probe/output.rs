@@ -1,0 +1,454 @@
+//! What the probe prints: the human summary or JSON lines on stdout, progress on stderr.
+//!
+//! stdout carries results only. Under `--watch`, moves (and, with `--json`, one line per
+//! finished round) are printed as they happen, so a person or a script can follow a long run;
+//! the report comes last. Progress goes to stderr, and only when stderr is a terminal, the
+//! output is not JSON, and the run has lasted over [`PROGRESS_AFTER`]: short runs and pipes
+//! stay quiet. Write errors (a closed pipe) are ignored: the exit code still tells the result.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::judge::{Move, MoveKind, Outcome, SessionJudge, SessionVerdict, Summary};
+use super::session::FreshUpgrade;
+use super::Plan;
+
+/// Progress starts after the run has taken this long.
+const PROGRESS_AFTER: Duration = Duration::from_secs(2);
+/// At most this many progress updates a second.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+/// The human report lists every session up to this many; beyond, only the notable ones.
+const LIST_ALL_UP_TO: usize = 20;
+/// Moves spelled out per session in the human report.
+const MOVES_SHOWN: usize = 3;
+
+/// Everything the final report says.
+#[derive(Debug)]
+pub(crate) struct Report<'a> {
+    pub(crate) plan: &'a Plan,
+    pub(crate) sessions: &'a [SessionVerdict],
+    pub(crate) summary: &'a Summary,
+    pub(crate) outcome: Outcome,
+    pub(crate) exit_code: u8,
+    pub(crate) rounds: u32,
+    pub(crate) interrupted: bool,
+    pub(crate) fresh: Option<&'a FreshUpgrade>,
+    pub(crate) errors: &'a [String],
+}
+
+/// The printer for one run.
+#[derive(Debug)]
+pub(crate) struct Output {
+    json: bool,
+    watch: bool,
+    progress: bool,
+    start: Instant,
+    last_progress: Option<Instant>,
+}
+
+#[derive(Serialize)]
+struct MoveLine<'a> {
+    event: &'static str,
+    session: usize,
+    #[serde(flatten)]
+    r#move: &'a Move,
+}
+
+#[derive(Serialize)]
+struct RoundLine<'a> {
+    event: &'static str,
+    round: u32,
+    /// Each session's current node, by session id.
+    nodes: Vec<Option<&'a str>>,
+    repins: u32,
+    breaks: u32,
+}
+
+#[derive(Serialize)]
+struct SessionLine<'a> {
+    id: usize,
+    kept_affinity: bool,
+    stayed_on_one_node: bool,
+    #[serde(flatten)]
+    verdict: &'a SessionVerdict,
+}
+
+#[derive(Serialize)]
+struct ReportLine<'a> {
+    event: &'static str,
+    url: &'a str,
+    ws: Option<&'a str>,
+    node_header: &'a str,
+    cookie_names: Vec<String>,
+    requests: u32,
+    watch: bool,
+    rounds: u32,
+    interrupted: bool,
+    outcome: Outcome,
+    exit_code: u8,
+    summary: &'a Summary,
+    fresh_upgrade: Option<&'a FreshUpgrade>,
+    sessions: Vec<SessionLine<'a>>,
+    errors: &'a [String],
+}
+
+fn out_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn json_line(value: &impl Serialize) {
+    // Serialising these plain structs cannot fail; should it, a line is better lost than
+    // the process.
+    if let Ok(s) = serde_json::to_string(value) {
+        out_line(&s);
+    }
+}
+
+fn plural(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn describe_move(m: &Move) -> String {
+    format!(
+        "{} -> {} (round {}, {})",
+        m.from,
+        m.to,
+        m.round,
+        m.via.as_str()
+    )
+}
+
+impl Output {
+    pub(crate) fn new(json: bool, watch: bool, progress: bool) -> Self {
+        Output {
+            json,
+            watch,
+            progress,
+            start: Instant::now(),
+            last_progress: None,
+        }
+    }
+
+    /// A session changed node (printed under `--watch` only; the report lists every move).
+    pub(crate) fn moved(&mut self, session: usize, m: &Move) {
+        if !self.watch {
+            return;
+        }
+        self.clear_progress();
+        if self.json {
+            json_line(&MoveLine {
+                event: "move",
+                session,
+                r#move: m,
+            });
+        } else {
+            let what = match m.kind {
+                MoveKind::Repin => "re-pinned",
+                MoveKind::Break => "BROKE affinity",
+            };
+            out_line(&format!("session {session} {what}: {}", describe_move(m)));
+        }
+    }
+
+    /// Every session finished `round` (a JSON line under `--watch --json`).
+    pub(crate) fn round(&mut self, round: u32, judges: &[SessionJudge]) {
+        if !(self.watch && self.json) {
+            return;
+        }
+        let (repins, breaks) = judges.iter().fold((0u32, 0u32), |(r, b), j| {
+            let v = j.verdict();
+            (r.saturating_add(v.repins), b.saturating_add(v.breaks))
+        });
+        json_line(&RoundLine {
+            event: "round",
+            round,
+            nodes: judges.iter().map(SessionJudge::current_node).collect(),
+            repins,
+            breaks,
+        });
+    }
+
+    /// One progress line on stderr, when wanted and due.
+    pub(crate) fn progress(
+        &mut self,
+        plan: &Plan,
+        rounds: u32,
+        session_rounds: u64,
+        summary: &Summary,
+    ) {
+        let now = Instant::now();
+        if !self.progress
+            || now.duration_since(self.start) < PROGRESS_AFTER
+            || self
+                .last_progress
+                .is_some_and(|t| now.duration_since(t) < PROGRESS_EVERY)
+        {
+            return;
+        }
+        self.last_progress = Some(now);
+        let of = if plan.rounds == u32::MAX {
+            String::new()
+        } else {
+            format!("/{}", plan.rounds)
+        };
+        let line = format!(
+            "limpet probe: round {rounds}{of}, {session_rounds} session-rounds, {} answers, {}, {}",
+            summary.answers,
+            plural(summary.repins, "re-pin", "re-pins"),
+            plural(summary.breaks, "break", "breaks"),
+        );
+        let _ = write!(std::io::stderr(), "\r\x1b[2K{line}");
+    }
+
+    fn clear_progress(&mut self) {
+        if self.last_progress.take().is_some() {
+            let _ = write!(std::io::stderr(), "\r\x1b[2K");
+        }
+    }
+
+    /// The final report.
+    pub(crate) fn finish(&mut self, report: &Report<'_>) {
+        self.clear_progress();
+        if self.json {
+            json_line(&report_line(report));
+        } else {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(human(report).as_bytes());
+            let _ = out.flush();
+        }
+    }
+}
+
+fn report_line<'a>(r: &'a Report<'a>) -> ReportLine<'a> {
+    ReportLine {
+        event: "report",
+        url: r.plan.url.as_str(),
+        ws: r.plan.ws_url.as_ref().map(|u| u.as_str()),
+        node_header: r.plan.node_header.as_str(),
+        cookie_names: r
+            .plan
+            .names
+            .patterns()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        requests: r.plan.requests,
+        watch: r.plan.watch,
+        rounds: r.rounds,
+        interrupted: r.interrupted,
+        outcome: r.outcome,
+        exit_code: r.exit_code,
+        summary: r.summary,
+        fresh_upgrade: r.fresh,
+        sessions: r
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(id, v)| SessionLine {
+                id,
+                kept_affinity: v.kept_affinity(),
+                stayed_on_one_node: v.stayed_on_one_node(),
+                verdict: v,
+            })
+            .collect(),
+        errors: r.errors,
+    }
+}
+
+/// One session's verdict in words.
+fn session_words(v: &SessionVerdict) -> String {
+    let mut s = if v.breaks > 0 {
+        format!("BROKEN, {}", plural(v.breaks, "break", "breaks"))
+    } else {
+        "kept".to_owned()
+    };
+    if v.repins > 0 {
+        let _ = write!(s, ", {}", plural(v.repins, "re-pin", "re-pins"));
+    }
+    if !v.moves.is_empty() {
+        let shown: Vec<String> = v
+            .moves
+            .iter()
+            .take(MOVES_SHOWN)
+            .map(|m| {
+                let kind = match m.kind {
+                    MoveKind::Repin => "re-pin",
+                    MoveKind::Break => "break",
+                };
+                format!("{kind} {}", describe_move(m))
+            })
+            .collect();
+        let more = if v.repins.saturating_add(v.breaks) as usize > MOVES_SHOWN {
+            ", ..."
+        } else {
+            ""
+        };
+        let _ = write!(s, ": {}{more}", shown.join(", "));
+    }
+    let mut trouble = Vec::new();
+    if v.unidentified > 0 {
+        trouble.push(format!("{} without a node", v.unidentified));
+    }
+    if v.no_answer > 0 {
+        trouble.push(format!("{} unanswered", v.no_answer));
+    }
+    if v.socket_closes > 0 {
+        trouble.push(plural(v.socket_closes, "socket close", "socket closes"));
+    }
+    if !trouble.is_empty() {
+        let _ = write!(s, " [{}]", trouble.join(", "));
+    }
+    s
+}
+
+fn notable(v: &SessionVerdict) -> bool {
+    v.repins > 0 || v.breaks > 0 || v.unidentified > 0 || v.no_answer > 0 || v.socket_closes > 0
+}
+
+/// The human summary.
+pub(crate) fn human(r: &Report<'_>) -> String {
+    let p = r.plan;
+    let s = r.summary;
+    let mut o = String::new();
+    let mut steps = vec!["discovery".to_owned()];
+    if let Some(ws) = &p.ws_url {
+        steps.push(format!("WebSocket {ws}"));
+    }
+    steps.push(plural(p.requests, "request", "requests"));
+    let _ = writeln!(
+        o,
+        "limpet probe {}: {} x ({}), {}{}",
+        p.url,
+        plural(p.sessions, "session", "sessions"),
+        steps.join(", "),
+        plural(r.rounds, "round", "rounds"),
+        if r.interrupted { " (interrupted)" } else { "" },
+    );
+    let names: Vec<String> = p.names.patterns().iter().map(ToString::to_string).collect();
+    let _ = writeln!(
+        o,
+        "node named by header {}{}; balancer cookies: {}",
+        p.node_header,
+        if p.ws_url.is_some() {
+            " and the socket's first text frame"
+        } else {
+            ""
+        },
+        names.join(", ")
+    );
+    o.push('\n');
+
+    let listed: Vec<(usize, &SessionVerdict)> = r
+        .sessions
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| r.sessions.len() <= LIST_ALL_UP_TO || notable(v))
+        .take(LIST_ALL_UP_TO)
+        .collect();
+    if !listed.is_empty() {
+        let _ = writeln!(o, "session  nodes            answers  verdict");
+        for (id, v) in &listed {
+            let nodes = if v.nodes.is_empty() {
+                "-".to_owned()
+            } else {
+                v.nodes.join(",")
+            };
+            let _ = writeln!(
+                o,
+                "{id:>7}  {nodes:<16} {:>7}  {}",
+                v.answers,
+                session_words(v)
+            );
+        }
+    }
+    let hidden = r.sessions.len() - listed.len();
+    if hidden > 0 {
+        let _ = writeln!(o, "({hidden} more sessions not listed)");
+    }
+    o.push('\n');
+
+    let spread: Vec<String> = s.spread.iter().map(|(n, c)| format!("{n} {c}")).collect();
+    let _ = writeln!(
+        o,
+        "fresh sessions per node: {}",
+        if spread.is_empty() {
+            "-".to_owned()
+        } else {
+            spread.join(", ")
+        }
+    );
+    if p.ws_url.is_some() {
+        let t = s.cookie_on_101;
+        let _ = writeln!(
+            o,
+            "cookie on the 101: set for {}, not set for {}, no 101 for {} (after discovery a \
+             session already holds its pin)",
+            plural(t.yes, "session", "sessions"),
+            t.no,
+            t.unknown
+        );
+        let fresh = match r.fresh {
+            Some(FreshUpgrade {
+                status: Some(101),
+                node,
+                cookie_set,
+            }) => format!(
+                "101 from {}, cookie {}",
+                node.as_deref().unwrap_or("an unnamed node"),
+                if *cookie_set { "set" } else { "NOT set" }
+            ),
+            Some(FreshUpgrade {
+                status: Some(st),
+                cookie_set,
+                ..
+            }) => format!(
+                "refused with {st}, cookie {}",
+                if *cookie_set { "set" } else { "not set" }
+            ),
+            Some(FreshUpgrade { status: None, .. }) | None => "no answer".to_owned(),
+        };
+        let _ = writeln!(o, "cookie-less upgrade: {fresh}");
+    }
+    let _ = writeln!(
+        o,
+        "answers: {} named their node, {} did not, {} unanswered; {}",
+        s.answers,
+        s.unidentified,
+        s.no_answer,
+        plural(s.socket_closes, "socket close", "socket closes")
+    );
+    let _ = writeln!(
+        o,
+        "moves: {}, {}",
+        plural(s.repins, "re-pin", "re-pins"),
+        plural(s.breaks, "break", "breaks")
+    );
+    for e in r.errors {
+        let _ = writeln!(o, "error: {e}");
+    }
+    let verdict = match r.outcome {
+        Outcome::Kept => format!(
+            "PASS: every session kept affinity ({} of {} stayed on one node; re-pins are the \
+             balancer moving a session cleanly)",
+            s.stayed_on_one_node, s.sessions
+        ),
+        Outcome::Broken => format!(
+            "FAIL: {} of {} broke affinity ({})",
+            s.sessions - s.kept_affinity,
+            plural(s.sessions, "session", "sessions"),
+            plural(s.breaks, "break", "breaks")
+        ),
+        Outcome::Unjudged => format!(
+            "CANNOT JUDGE: no answer named its node in header {} (is --node-header right?)",
+            p.node_header
+        ),
+        Outcome::Unreachable => format!("CANNOT JUDGE: nothing answered at {}", p.url),
+    };
+    let _ = writeln!(o, "{verdict}");
+    o
+}
