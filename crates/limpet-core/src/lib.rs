@@ -32,6 +32,9 @@ pub mod head;
 pub mod health;
 pub mod node;
 pub mod pool;
+pub mod proxy_protocol;
+pub mod seen;
+pub mod table;
 
 pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
 pub use cookie::{CookieSpec, SameSite};
@@ -39,3 +42,6 @@ pub use decision::{Decision, Pin, RepinReason};
 pub use health::{Health, HealthPolicy, Transition};
 pub use node::{AdminState, Node, NodeId, NodeState, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};
+pub use table::{
+    AffinityStore, AffinityTable, KeyRef, KeySpec, LruTable, NodeRef, TableConfig, TableKey,
+};

@@ -4,7 +4,7 @@
 //!
 //! Replay a failing run with `LIMPET_SEED=<seed> cargo test -p limpet-core --test pool_simulation`.
 
-use limpet_core::{Decision, Pin, Pool};
+use limpet_core::{Decision, Pool};
 
 /// xorshift64*: tiny, deterministic, good enough to pick actions.
 struct Rng(u64);

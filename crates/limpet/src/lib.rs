@@ -17,10 +17,24 @@
 //!   failover re-pin) and `limpet proxy`.
 //! - [`demo`]: `limpet demo`, the proxy in front of three built-in nodes.
 //! - [`backend`]: a small built-in HTTP node (`limpet demo`, tests).
+//! - [`health`]: active health checks (TCP, HTTP, TLS) feeding the core's health state machine.
+//! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.
+//! - [`metrics`]: Prometheus metrics and the data plane's recording hooks.
 //! - [`probe`]: `limpet probe`, checks from the client side that a balancer keeps sessions on one node.
+//! - [`config`]: `limpet.toml` loaded and validated (raw -> validated types).
+//! - [`tls`]: rustls server and client configs (SNI, ALPN, CA or `verify = "none"`).
+//! - [`runtime`]: `limpet run`: one pool, shared tables, every listener of the config.
+//! - [`tcp`]: TCP mode (relay, half-close, idle, failover, node-down close, PROXY protocol).
 
+pub mod admin;
 pub mod backend;
+pub mod config;
 pub mod demo;
+pub mod health;
+pub mod metrics;
 pub mod probe;
 pub mod proxy;
+pub mod runtime;
 pub mod sim;
+pub mod tcp;
+pub mod tls;

@@ -21,6 +21,10 @@
 //!   balancer moving a session cleanly, cookie and all.
 //! - The **spread** counts each session once, under the node of its first identified answer
 //!   (its discovery, unless that failed): where the balancer puts a fresh session.
+//! - A **split** is an HTTP answer from another node than the one holding the session's open
+//!   WebSocket: the failure the affinity reference starts from (claims on one node, socket on
+//!   another). It is reported beside moves and does not decide the verdict: right after a
+//!   re-pin a socket on the old node is expected until it closes.
 
 use std::collections::BTreeMap;
 
@@ -127,6 +131,8 @@ pub struct SessionVerdict {
     pub breaks: u32,
     /// The moves, in order (at most [`MAX_MOVES_KEPT`]; the counts above are complete).
     pub moves: Vec<Move>,
+    /// HTTP answers from another node than the one holding the session's open WebSocket.
+    pub split: u32,
     /// Answers whose node was identified.
     pub answers: u32,
     /// Answers whose node could not be identified (no node header, no first text frame).
@@ -160,6 +166,8 @@ pub struct SessionJudge {
     verdict: SessionVerdict,
     /// The balancer rewrote its cookie since the last identified answer (that one included).
     rewrite_pending: bool,
+    /// The node holding the open WebSocket, if one is open and greeted.
+    socket_node: Option<String>,
 }
 
 impl SessionJudge {
@@ -174,6 +182,7 @@ impl SessionJudge {
         let answer = match event {
             Event::SocketClosed { .. } => {
                 v.socket_closes = v.socket_closes.saturating_add(1);
+                self.socket_node = None;
                 return None;
             }
             Event::Answer(a) => a,
@@ -181,6 +190,7 @@ impl SessionJudge {
         if answer.via == Via::Upgrade && answer.status == Some(101) {
             v.upgrades = v.upgrades.saturating_add(1);
             v.cookie_on_101.get_or_insert(answer.cookie_set);
+            self.socket_node.clone_from(&answer.node);
         }
         self.rewrite_pending |= answer.rewritten;
         let Some(node) = &answer.node else {
@@ -192,6 +202,9 @@ impl SessionJudge {
             return None;
         };
         v.answers = v.answers.saturating_add(1);
+        if answer.via != Via::Upgrade && self.socket_node.as_ref().is_some_and(|s| s != node) {
+            v.split = v.split.saturating_add(1);
+        }
         if v.first_node.is_none() {
             v.first_node = Some(node.clone());
         }
@@ -305,6 +318,8 @@ pub struct Summary {
     pub repins: u32,
     /// Breaks over all sessions.
     pub breaks: u32,
+    /// Split answers over all sessions.
+    pub split: u32,
     /// Identified answers over all sessions.
     pub answers: u32,
     /// Answers whose node could not be identified.
@@ -349,6 +364,7 @@ pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> 
         }
         s.repins = s.repins.saturating_add(v.repins);
         s.breaks = s.breaks.saturating_add(v.breaks);
+        s.split = s.split.saturating_add(v.split);
         s.answers = s.answers.saturating_add(v.answers);
         s.unidentified = s.unidentified.saturating_add(v.unidentified);
         s.no_answer = s.no_answer.saturating_add(v.no_answer);
@@ -451,6 +467,26 @@ mod tests {
             (v.moves[0].via, v.moves[1].via),
             (Via::Upgrade, Via::Request)
         );
+    }
+
+    #[test]
+    fn http_away_from_the_open_socket_is_a_split_until_it_closes() {
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            at(0, Via::Upgrade, "a"),
+            at(0, Via::Request, "a"),
+            // Re-pinned while the socket is still open on a.
+            pinned(1, Via::Request, "b"),
+            at(1, Via::Request, "b"),
+            Event::SocketClosed { round: 1 },
+            at(2, Via::Request, "b"),
+            at(2, Via::Discovery, "b"),
+            at(2, Via::Upgrade, "b"),
+            at(2, Via::Request, "b"),
+        ];
+        let v = judge(&events);
+        assert_eq!((v.repins, v.breaks, v.split), (1, 0, 2));
+        assert_eq!(summarise(&[v]).split, 2);
     }
 
     #[test]

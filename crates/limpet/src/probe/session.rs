@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, StreamExt};
 use limpet_client::reqwest::AffinityCookieStore;
 use limpet_client::tungstenite::{self, outcome_of_error};
 use limpet_client::{
@@ -44,7 +44,7 @@ pub(crate) enum Msg {
     /// Something to judge.
     Event { session: usize, event: Event },
     /// Why a request or upgrade failed, for the report (the event says that it did).
-    Error { session: usize, error: String },
+    Error { error: String },
     /// The session finished this round.
     RoundDone { session: usize, round: u32 },
 }
@@ -136,6 +136,15 @@ async fn greeting(ws: &mut Ws, timeout: Duration) -> (Option<String>, bool) {
     })
     .await;
     read.unwrap_or((None, true))
+}
+
+/// Whether a frame read from an open socket ends it. Frames after the greeting mean nothing
+/// to the probe; pings are answered by tungstenite as it reads.
+fn is_closing(msg: Option<Result<Message, WsError>>) -> bool {
+    match msg {
+        Some(Ok(m)) => m.is_close(),
+        Some(Err(_)) | None => true,
+    }
 }
 
 /// The answer to one upgrade attempt and the socket, if it opened.
@@ -248,14 +257,14 @@ impl Session {
     }
 
     fn error(&self, error: String) {
-        let _ = self.tx.send(Msg::Error {
-            session: self.id,
-            error,
-        });
+        let _ = self.tx.send(Msg::Error { error });
     }
 
     /// A GET of the URL: discovery or one of the round's requests.
-    async fn get(&self, via: Via, round: u32) {
+    async fn get(&mut self, via: Via, round: u32) {
+        // A socket that closed since it was last read must count as closed before this
+        // answer is judged, or the judge would see HTTP away from a socket that is gone.
+        self.poll_socket(round);
         let before = snapshot(&self.jar);
         let mut answer = Answer {
             round,
@@ -332,28 +341,39 @@ impl Session {
             };
             let closed = tokio::select! {
                 () = tokio::time::sleep_until(deadline) => return,
-                msg = ws.next() => match msg {
-                    // Frames after the greeting mean nothing here; pings are answered by
-                    // tungstenite as it reads.
-                    Some(Ok(m)) => m.is_close(),
-                    Some(Err(_)) | None => true,
-                },
+                msg = ws.next() => is_closing(msg),
             };
             if closed {
-                self.send(Event::SocketClosed { round });
-                match classify(Outcome::SocketClosed) {
-                    Verdict::RetryLater => self.retry_later(),
-                    Verdict::HandBack | Verdict::AuthorisationWithdrawn => {
-                        self.socket = Socket::GivenUp;
-                    }
-                }
+                self.socket_closed(round);
             }
+        }
+    }
+
+    /// Reads whatever the open socket already has, without waiting.
+    fn poll_socket(&mut self, round: u32) {
+        let Socket::Open(ws) = &mut self.socket else {
+            return;
+        };
+        while let Some(msg) = ws.next().now_or_never() {
+            if is_closing(msg) {
+                self.socket_closed(round);
+                return;
+            }
+        }
+    }
+
+    /// The open socket closed: the client crate says what to do next.
+    fn socket_closed(&mut self, round: u32) {
+        self.send(Event::SocketClosed { round });
+        match classify(Outcome::SocketClosed) {
+            Verdict::RetryLater => self.retry_later(),
+            Verdict::HandBack | Verdict::AuthorisationWithdrawn => self.socket = Socket::GivenUp,
         }
     }
 
     async fn close(self) {
         if let Socket::Open(mut ws) = self.socket {
-            let _ = tokio::time::timeout(self.plan.timeout, ws.close(None)).await;
+            let _ = tokio::time::timeout(self.plan.timeout, (*ws).close(None)).await;
         }
     }
 }
@@ -364,7 +384,6 @@ pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: Unbounde
         Ok(j) => j,
         Err(e) => {
             let _ = tx.send(Msg::Error {
-                session: id,
                 error: format!("cannot build the HTTP client: {e}"),
             });
             return;

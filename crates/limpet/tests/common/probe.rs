@@ -80,7 +80,10 @@ impl ProbeProc {
                 }
             }
         }
-        panic!("probe output ended before the expected line: {:?}", self.seen);
+        panic!(
+            "probe output ended before the expected line: {:?}",
+            self.seen
+        );
     }
 
     /// Reads the rest of the output and waits for the exit.
@@ -115,4 +118,68 @@ impl Drop for ProbeProc {
 /// Runs `limpet probe ARGS...` to the end.
 pub async fn probe(args: &[&str]) -> Finished {
     ProbeProc::spawn(args).finish().await
+}
+
+/// A node's host that can crash: a TCP relay in front of a node, which [`Host::crash`] stops
+/// together with every connection through it, WebSockets included, as a dead machine would.
+/// (Stopping an in-process node alone leaves its upgraded sockets running.)
+pub struct Host {
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Host {
+    /// Relays 127.0.0.1:PORT (bound before this returns) to `node`.
+    pub async fn start(node: std::net::SocketAddr) -> Host {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind host");
+        let addr = listener.local_addr().expect("host addr");
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    accepted = listener.accept() => {
+                        let Ok((mut client, _)) = accepted else { continue };
+                        conns.spawn(async move {
+                            if let Ok(mut upstream) = tokio::net::TcpStream::connect(node).await {
+                                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream)
+                                    .await;
+                            }
+                        });
+                    }
+                }
+            }
+            // Dropping the listener and aborting every relay closes all their sockets.
+            drop(listener);
+            conns.shutdown().await;
+        });
+        Host {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Crashes the host; returns once every connection through it is closed.
+    pub async fn crash(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(PATIENCE, task).await;
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }

@@ -1,0 +1,507 @@
+//! Table keys and the pure extractors that read them out of a request or a response.
+//!
+//! A key is one of:
+//!
+//! * an **IP address**, masked to a prefix ([`IpPrefix`]): IPv4 as a `u32`, IPv6 as 16 octets,
+//!   both inline, so an IP table never allocates per entry. An IPv4-mapped IPv6 address
+//!   (`::ffff:a.b.c.d`, what a dual-stack socket reports for an IPv4 client) is read as the IPv4
+//!   address, so one client keeps one pin whichever listener it came through.
+//! * the **bytes of a header or cookie value**, up to [`MAX_KEY_LEN`] bytes, kept verbatim.
+//! * the **digest** of a longer value: the first 16 bytes of its SHA-256. A digest keeps memory
+//!   bounded whatever a client sends, and a collision-resistant digest means a client cannot
+//!   craft a value that lands on someone else's entry (a fast fixed-seed hash would allow that).
+//!
+//! [`KeyRef`] borrows (what a lookup builds: no allocation); [`TableKey`] owns (what an entry
+//! stores). Both are opaque, so every key went through the same masking and length rules.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use sha2::{Digest as _, Sha256};
+
+use crate::cookie::{find_in_values, is_cookie_name, trim_ows};
+
+/// Longest header or cookie value kept verbatim; longer values are keyed by their digest.
+/// 256 covers session ids (JSESSIONID is 32 hex digits, PHPSESSID 26-32 characters) with room.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// What kind of key an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    V4,
+    V6,
+    Bytes,
+    Digest,
+}
+
+impl KeyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::V4 => "ipv4",
+            KeyKind::V6 => "ipv6",
+            KeyKind::Bytes => "bytes",
+            KeyKind::Digest => "digest",
+        }
+    }
+}
+
+/// A borrowed table key. Build it with [`KeyRef::ip`], [`KeyRef::bytes`] or a [`KeySpec`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyRef<'a>(pub(crate) RefRepr<'a>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum RefRepr<'a> {
+    V4(u32),
+    /// Octets, not `u128`: a `u128` is 16-aligned on x86-64, which would make every table
+    /// entry 8 bytes larger for nothing.
+    V6([u8; 16]),
+    Bytes(&'a [u8]),
+    Digest([u8; 16]),
+}
+
+/// An owned table key: 24 bytes, no heap for IP keys and digests.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableKey(pub(crate) Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Repr {
+    V4(u32),
+    V6([u8; 16]),
+    /// At most [`MAX_KEY_LEN`] bytes.
+    Bytes(Box<[u8]>),
+    Digest([u8; 16]),
+}
+
+impl<'a> KeyRef<'a> {
+    /// The key of a client address under `prefix` (see [`IpPrefix`]).
+    pub fn ip(addr: IpAddr, prefix: IpPrefix) -> KeyRef<'static> {
+        match addr.to_canonical() {
+            IpAddr::V4(a) => KeyRef(RefRepr::V4(mask_v4(u32::from(a), prefix.v4))),
+            IpAddr::V6(a) => KeyRef(RefRepr::V6(mask_v6(u128::from(a), prefix.v6).to_be_bytes())),
+        }
+    }
+
+    /// The key of one IPv4 address, unmasked.
+    pub fn v4(addr: Ipv4Addr) -> KeyRef<'static> {
+        KeyRef(RefRepr::V4(u32::from(addr)))
+    }
+
+    /// The key of one IPv6 address, unmasked (an IPv4-mapped address becomes the IPv4 key).
+    pub fn v6(addr: Ipv6Addr) -> KeyRef<'static> {
+        KeyRef::ip(IpAddr::V6(addr), IpPrefix::HOST)
+    }
+
+    /// The key of a header or cookie value: the bytes themselves up to [`MAX_KEY_LEN`], the
+    /// digest of longer ones.
+    pub fn bytes(value: &'a [u8]) -> KeyRef<'a> {
+        if value.len() <= MAX_KEY_LEN {
+            KeyRef(RefRepr::Bytes(value))
+        } else {
+            let full = Sha256::digest(value);
+            let mut d = [0u8; 16];
+            d.copy_from_slice(&full[..16]);
+            KeyRef(RefRepr::Digest(d))
+        }
+    }
+
+    pub fn kind(self) -> KeyKind {
+        match self.0 {
+            RefRepr::V4(_) => KeyKind::V4,
+            RefRepr::V6(_) => KeyKind::V6,
+            RefRepr::Bytes(_) => KeyKind::Bytes,
+            RefRepr::Digest(_) => KeyKind::Digest,
+        }
+    }
+
+    /// The owned key (allocates for a byte key only).
+    pub fn to_key(self) -> TableKey {
+        TableKey(match self.0 {
+            RefRepr::V4(v) => Repr::V4(v),
+            RefRepr::V6(v) => Repr::V6(v),
+            RefRepr::Bytes(b) => Repr::Bytes(b.into()),
+            RefRepr::Digest(d) => Repr::Digest(d),
+        })
+    }
+
+    /// The address of an IP key (the masked one).
+    pub fn ip_addr(self) -> Option<IpAddr> {
+        match self.0 {
+            RefRepr::V4(v) => Some(IpAddr::V4(Ipv4Addr::from(v))),
+            RefRepr::V6(o) => Some(IpAddr::V6(Ipv6Addr::from(o))),
+            _ => None,
+        }
+    }
+
+    /// The bytes of a byte key (`None` for IP keys and digests).
+    pub fn as_bytes(self) -> Option<&'a [u8]> {
+        match self.0 {
+            RefRepr::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+impl TableKey {
+    pub fn as_key_ref(&self) -> KeyRef<'_> {
+        KeyRef(match &self.0 {
+            Repr::V4(v) => RefRepr::V4(*v),
+            Repr::V6(v) => RefRepr::V6(*v),
+            Repr::Bytes(b) => RefRepr::Bytes(b),
+            Repr::Digest(d) => RefRepr::Digest(*d),
+        })
+    }
+
+    pub fn kind(&self) -> KeyKind {
+        self.as_key_ref().kind()
+    }
+
+    /// Whether this stored key is `key` (no allocation, no hashing).
+    #[inline]
+    pub(crate) fn matches(&self, key: KeyRef<'_>) -> bool {
+        match (&self.0, key.0) {
+            (Repr::V4(a), RefRepr::V4(b)) => *a == b,
+            (Repr::V6(a), RefRepr::V6(b)) | (Repr::Digest(a), RefRepr::Digest(b)) => *a == b,
+            (Repr::Bytes(a), RefRepr::Bytes(b)) => **a == *b,
+            _ => false,
+        }
+    }
+
+    /// Heap bytes this key owns (its value, for a byte key).
+    pub(crate) fn heap_len(&self) -> usize {
+        match &self.0 {
+            Repr::Bytes(b) => b.len(),
+            _ => 0,
+        }
+    }
+}
+
+impl From<KeyRef<'_>> for TableKey {
+    fn from(k: KeyRef<'_>) -> Self {
+        k.to_key()
+    }
+}
+
+/// Shows the key as an operator reads it: an address, a value (non-printable bytes escaped),
+/// or `sha256:` and the 16 digest bytes in hex.
+impl fmt::Display for KeyRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            RefRepr::V4(v) => write!(f, "{}", Ipv4Addr::from(v)),
+            RefRepr::V6(o) => write!(f, "{}", Ipv6Addr::from(o)),
+            RefRepr::Bytes(b) => write!(f, "{}", b.escape_ascii()),
+            RefRepr::Digest(d) => {
+                f.write_str("sha256:")?;
+                d.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for KeyRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyRef({}: {})", self.kind().as_str(), self)
+    }
+}
+
+impl fmt::Display for TableKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.as_key_ref(), f)
+    }
+}
+
+impl fmt::Debug for TableKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TableKey({}: {})", self.kind().as_str(), self)
+    }
+}
+
+/// How many leading bits of a client address form the key: `/24` makes one key of a whole
+/// IPv4 NAT range, `/64` one key of an IPv6 subnet (one site, usually). The default is one
+/// address (`/32`, `/128`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpPrefix {
+    v4: u8,
+    v6: u8,
+}
+
+impl Default for IpPrefix {
+    fn default() -> Self {
+        IpPrefix::HOST
+    }
+}
+
+impl IpPrefix {
+    /// One address per key.
+    pub const HOST: IpPrefix = IpPrefix { v4: 32, v6: 128 };
+
+    /// Prefix lengths for IPv4 (0..=32) and IPv6 (0..=128).
+    pub fn new(v4: u8, v6: u8) -> Result<Self, KeyError> {
+        if v4 > 32 {
+            return Err(KeyError::PrefixTooLong { family: 4, len: v4 });
+        }
+        if v6 > 128 {
+            return Err(KeyError::PrefixTooLong { family: 6, len: v6 });
+        }
+        Ok(IpPrefix { v4, v6 })
+    }
+
+    pub fn v4(self) -> u8 {
+        self.v4
+    }
+
+    pub fn v6(self) -> u8 {
+        self.v6
+    }
+}
+
+fn mask_v4(ip: u32, len: u8) -> u32 {
+    // checked_shl: a shift by 32 (len 0) would overflow; it means "no bits kept".
+    ip & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
+}
+
+fn mask_v6(ip: u128, len: u8) -> u128 {
+    ip & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+}
+
+/// Why a key description is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyError {
+    PrefixTooLong {
+        family: u8,
+        len: u8,
+    },
+    /// Not an HTTP token (header names and cookie names are tokens).
+    InvalidName(String),
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::PrefixTooLong { family, len } => {
+                let max = if *family == 4 { 32 } else { 128 };
+                write!(f, "IPv{family} prefix length {len} is over {max}")
+            }
+            KeyError::InvalidName(n) => write!(f, "{n:?} is not a valid header or cookie name"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// What a table is keyed on, as declared in configuration. The I/O layer asks
+/// [`request_header`](Self::request_header) which header to hand over, then calls
+/// [`request_key`](Self::request_key) (and, for an application cookie,
+/// [`response_key`](Self::response_key) on the node's answer to learn the pin).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySpec {
+    /// The client address, masked.
+    SourceIp(IpPrefix),
+    /// The first value of this request header, as sent (surrounding white space trimmed).
+    Header(Box<str>),
+    /// An application's own session cookie (e.g. `JSESSIONID`): learned from the node's
+    /// `Set-Cookie`, looked up on later requests' `Cookie`.
+    AppCookie(Box<str>),
+}
+
+impl KeySpec {
+    /// A header key; `name` must be an HTTP token.
+    pub fn header(name: &str) -> Result<Self, KeyError> {
+        if !is_cookie_name(name.as_bytes()) {
+            return Err(KeyError::InvalidName(name.into()));
+        }
+        Ok(KeySpec::Header(name.into()))
+    }
+
+    /// An application-cookie key; `name` must be a cookie name (an HTTP token).
+    pub fn app_cookie(name: &str) -> Result<Self, KeyError> {
+        if !is_cookie_name(name.as_bytes()) {
+            return Err(KeyError::InvalidName(name.into()));
+        }
+        Ok(KeySpec::AppCookie(name.into()))
+    }
+
+    /// The request header whose values [`request_key`](Self::request_key) reads: the named
+    /// header, `cookie`, or none for a source-IP key.
+    pub fn request_header(&self) -> Option<&str> {
+        match self {
+            KeySpec::SourceIp(_) => None,
+            KeySpec::Header(name) => Some(name),
+            KeySpec::AppCookie(_) => Some("cookie"),
+        }
+    }
+
+    /// Whether pins are learned from the node's response (application cookie) rather than
+    /// recorded when the request is routed.
+    pub fn learns_from_response(&self) -> bool {
+        matches!(self, KeySpec::AppCookie(_))
+    }
+
+    /// The key of a request: `client` is the client address (the one PROXY protocol gave, if
+    /// any); `values` are the values of [`request_header`](Self::request_header), in the order
+    /// they arrived. `None`: the request carries no key (no header, an empty value).
+    pub fn request_key<'a, I>(&self, client: IpAddr, values: I) -> Option<KeyRef<'a>>
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+    {
+        match self {
+            KeySpec::SourceIp(prefix) => Some(KeyRef::ip(client, *prefix)),
+            KeySpec::Header(_) => {
+                let v = trim_ows(values.into_iter().next()?);
+                (!v.is_empty()).then(|| KeyRef::bytes(v))
+            }
+            KeySpec::AppCookie(name) => {
+                app_cookie_in_request(values, name.as_bytes()).map(KeyRef::bytes)
+            }
+        }
+    }
+
+    /// The key a response teaches: for an application cookie, the value the node sets in
+    /// `Set-Cookie` (`set_cookie_values`, in order). `None` for other key kinds.
+    pub fn response_key<'a, I>(&self, set_cookie_values: I) -> Option<KeyRef<'a>>
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+    {
+        match self {
+            KeySpec::AppCookie(name) => {
+                app_cookie_in_set_cookies(set_cookie_values, name.as_bytes()).map(KeyRef::bytes)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The value cookie `name` gets in one `Set-Cookie` value (`NAME=VALUE; attributes...`), or
+/// `None` when it sets another cookie or an empty value (an empty value is how applications
+/// delete a session cookie, and must not become a key). The value is kept as sent, quotes
+/// included, which is what browsers send back.
+pub fn app_cookie_in_set_cookie<'a>(set_cookie: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let pair = set_cookie.split(|&b| b == b';').next()?;
+    let eq = memchr::memchr(b'=', pair)?;
+    if trim_ows(&pair[..eq]) != name {
+        return None;
+    }
+    let value = trim_ows(&pair[eq + 1..]);
+    (!value.is_empty()).then_some(value)
+}
+
+/// The value cookie `name` gets across a response's `Set-Cookie` values: the **last** one that
+/// sets it, since that is the one a browser keeps.
+pub fn app_cookie_in_set_cookies<'a, I>(values: I, name: &[u8]) -> Option<&'a [u8]>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    values
+        .into_iter()
+        .filter_map(|v| app_cookie_in_set_cookie(v, name))
+        .last()
+}
+
+/// The application cookie in a request's `Cookie` values: the first occurrence, by the same
+/// rule as the affinity cookie ([`find_in_values`]); an empty value is no key.
+pub fn app_cookie_in_request<'a, I>(cookie_values: I, name: &[u8]) -> Option<&'a [u8]>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    find_in_values(cookie_values, name).filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    #[test]
+    fn prefix_masks_and_defaults() {
+        let p24 = IpPrefix::new(24, 64).expect("valid");
+        assert_eq!(
+            KeyRef::ip(ip("10.1.2.3"), p24),
+            KeyRef::ip(ip("10.1.2.200"), p24)
+        );
+        assert_ne!(
+            KeyRef::ip(ip("10.1.2.3"), IpPrefix::HOST),
+            KeyRef::ip(ip("10.1.2.200"), IpPrefix::HOST)
+        );
+        assert_eq!(KeyRef::ip(ip("10.1.2.3"), p24).to_string(), "10.1.2.0");
+        let p0 = IpPrefix::new(0, 0).expect("valid");
+        assert_eq!(KeyRef::ip(ip("1.2.3.4"), p0).to_string(), "0.0.0.0");
+        assert_eq!(KeyRef::ip(ip("2001:db8::1"), p0).to_string(), "::");
+        assert!(IpPrefix::new(33, 64).is_err());
+        assert!(IpPrefix::new(24, 129).is_err());
+    }
+
+    #[test]
+    fn v4_mapped_v6_is_the_v4_key() {
+        assert_eq!(
+            KeyRef::ip(ip("::ffff:10.0.0.1"), IpPrefix::HOST),
+            KeyRef::v4(Ipv4Addr::new(10, 0, 0, 1))
+        );
+    }
+
+    #[test]
+    fn long_values_become_digests() {
+        let long = vec![b'a'; MAX_KEY_LEN + 1];
+        let k = KeyRef::bytes(&long);
+        assert_eq!(k.kind(), KeyKind::Digest);
+        assert!(k.to_string().starts_with("sha256:"));
+        assert_eq!(KeyRef::bytes(&long[..MAX_KEY_LEN]).kind(), KeyKind::Bytes);
+        let mut other = long.clone();
+        other[0] = b'b';
+        assert_ne!(KeyRef::bytes(&other), k);
+    }
+
+    #[test]
+    fn set_cookie_extraction() {
+        fn f(v: &str) -> Option<&[u8]> {
+            app_cookie_in_set_cookie(v.as_bytes(), b"JSESSIONID")
+        }
+        assert_eq!(
+            f("JSESSIONID=abc123; Path=/; HttpOnly"),
+            Some(&b"abc123"[..])
+        );
+        assert_eq!(f(" JSESSIONID = abc ;Secure"), Some(&b"abc"[..]));
+        assert_eq!(f("JSESSIONID=; Max-Age=0"), None);
+        assert_eq!(
+            f("OTHER=x; JSESSIONID=abc"),
+            None,
+            "attributes are not cookies"
+        );
+        assert_eq!(f("jsessionid=abc"), None, "names are case-sensitive");
+        assert_eq!(f("JSESSIONID=\"q\""), Some(&b"\"q\""[..]));
+        let many: [&[u8]; 3] = [b"JSESSIONID=one", b"a=b", b"JSESSIONID=two; Path=/"];
+        assert_eq!(
+            app_cookie_in_set_cookies(many, b"JSESSIONID"),
+            Some(&b"two"[..])
+        );
+    }
+
+    #[test]
+    fn request_keys_by_spec() {
+        let client = ip("192.0.2.7");
+        let spec = KeySpec::app_cookie("JSESSIONID").expect("valid");
+        assert_eq!(spec.request_header(), Some("cookie"));
+        let lines: [&[u8]; 2] = [b"theme=dark", b"JSESSIONID=abc; JSESSIONID=def"];
+        assert_eq!(spec.request_key(client, lines), Some(KeyRef::bytes(b"abc")));
+        assert_eq!(spec.request_key(client, [&b"JSESSIONID="[..]]), None);
+
+        let spec = KeySpec::header("X-Tenant").expect("valid");
+        assert_eq!(
+            spec.request_key(client, [&b"  acme "[..], b"other"]),
+            Some(KeyRef::bytes(b"acme"))
+        );
+        assert_eq!(spec.request_key(client, [&b"  "[..]]), None);
+        assert_eq!(spec.request_key(client, std::iter::empty()), None);
+        assert_eq!(spec.response_key([&b"X-Tenant=a"[..]]), None);
+
+        let spec = KeySpec::SourceIp(IpPrefix::HOST);
+        assert_eq!(spec.request_header(), None);
+        assert_eq!(
+            spec.request_key(client, std::iter::empty()),
+            Some(KeyRef::v4(Ipv4Addr::new(192, 0, 2, 7)))
+        );
+        assert!(KeySpec::header("bad name").is_err());
+        assert!(KeySpec::app_cookie("a=b").is_err());
+    }
+}

@@ -1,0 +1,818 @@
+//! The in-memory store: a bounded LRU table with idle expiry.
+//!
+//! ## Layout
+//!
+//! ```text
+//!   index: HashTable<u32>  ──hash(key)──►  slot holding a slab index
+//!                                              │
+//!   slab:  Vec<Entry>  [ e0 | e1 | e2 | ... ]  ◄┘   dense: entries 0..len, no holes
+//!                         ▲ prev/next (u32) form the LRU list: head = most recent, tail = least
+//! ```
+//!
+//! An [`Entry`] is 40 bytes: the key (24: a `u32`, 16 octets or a boxed value, and the tag),
+//! the node identity, the last-use stamp, and the two list links (4 each). The index adds about
+//! 5 bytes per bucket (a `u32` and a control byte) at a load of 44-87%. A removal moves the
+//! last slab entry into the hole (`swap_remove`) and repoints its index slot and neighbours, so
+//! the slab never has holes and needs no free list.
+//!
+//! ## Time
+//!
+//! Stamps are `u32` milliseconds since `base_ms`, not `u64` epoch milliseconds: 4 bytes per
+//! entry less. The table's clock is the largest `now_ms` it was given (a clock that steps back
+//! reads as "no time passed"), so stamps only grow and the list, from head to tail, is in
+//! stamp order: the expired entries are exactly a run at the tail, which is what makes
+//! [`purge_expired`](LruTable::purge_expired) bounded work. When the clock is about to run
+//! past the stamp range (at least every 2^32 - expire ms, i.e. 24.8 days or more), `rebase`
+//! drops every expired entry and shifts the others' stamps: O(len) once in that period.
+//! That is why `expire` is capped at [`MAX_EXPIRE_MS`] (2^31 - 1 ms, the same cap HAProxy's
+//! 32-bit ticks put on a stick table's `expire`).
+
+use std::fmt;
+
+use hashbrown::HashTable;
+
+use super::hash::KeyHasher;
+use super::key::{KeyRef, TableKey};
+use super::nodes::{NodeNames, NodeRef};
+use super::snapshot::Snapshot;
+use super::{AffinityStore, EntryInfo, PutOutcome, TableStats};
+
+/// "No entry" in the list links.
+const NIL: u32 = u32::MAX;
+
+/// Largest `size` a table accepts. Indices are `u32` (with `u32::MAX` as the list's nil); the
+/// cap leaves headroom and is far past what one process can hold (2^31 entries ≈ 100 GiB).
+pub const MAX_SIZE: u32 = 1 << 31;
+
+/// Longest `expire` a table accepts: 2^31 - 1 ms, about 24.8 days (see the module docs).
+pub const MAX_EXPIRE_MS: u64 = (1 << 31) - 1;
+
+/// Up to this many entries the debug invariant check walks the whole table after every
+/// mutation; past it only O(1) checks run, so debug builds stay usable on big tables.
+const FULL_CHECK_MAX: usize = 1024;
+
+/// What an in-memory table is: its bound, its idle time and its hash seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableConfig {
+    /// Most entries held; inserting into a full table evicts the least recently used.
+    pub size: u32,
+    /// An entry idle this long (no lookup hit, no put) is gone.
+    pub expire_ms: u64,
+    /// Keys the index hash. Randomise it once at start in the proxy (keys come from the
+    /// network); a fixed one is fine for tests and `limpet sim`. It never affects placement.
+    pub hash_seed: [u64; 2],
+}
+
+impl TableConfig {
+    /// A table config with a zero hash seed (set one with
+    /// [`with_hash_seed`](Self::with_hash_seed) for a table that faces the network).
+    pub fn new(size: u32, expire_ms: u64) -> Self {
+        TableConfig {
+            size,
+            expire_ms,
+            hash_seed: [0, 0],
+        }
+    }
+
+    pub fn with_hash_seed(mut self, seed: [u64; 2]) -> Self {
+        self.hash_seed = seed;
+        self
+    }
+
+    pub fn validate(&self) -> Result<(), TableConfigError> {
+        match (self.size, self.expire_ms) {
+            (0, _) => Err(TableConfigError::ZeroSize),
+            (s, _) if s > MAX_SIZE => Err(TableConfigError::SizeTooLarge(s)),
+            (_, 0) => Err(TableConfigError::ZeroExpire),
+            (_, e) if e > MAX_EXPIRE_MS => Err(TableConfigError::ExpireTooLong(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why a [`TableConfig`] is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableConfigError {
+    ZeroSize,
+    SizeTooLarge(u32),
+    ZeroExpire,
+    ExpireTooLong(u64),
+}
+
+impl fmt::Display for TableConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableConfigError::ZeroSize => f.write_str("table size must be at least 1"),
+            TableConfigError::SizeTooLarge(s) => {
+                write!(f, "table size {s} is over the maximum {MAX_SIZE}")
+            }
+            TableConfigError::ZeroExpire => f.write_str("table expire must be at least 1 ms"),
+            TableConfigError::ExpireTooLong(e) => write!(
+                f,
+                "table expire {e} ms is over the maximum {MAX_EXPIRE_MS} ms (24.8 days)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TableConfigError {}
+
+/// One pin. See the module docs for the layout.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) key: TableKey,
+    pub(crate) node: NodeRef,
+    /// Last use, in ms since the table's `base_ms`.
+    stamp: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// What a table's memory is made of, for the README figure and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReport {
+    pub entries: usize,
+    /// `size_of` one slab entry.
+    pub entry_size: usize,
+    /// Slab capacity × entry size.
+    pub slab_bytes: usize,
+    /// The hash index's allocation.
+    pub index_bytes: usize,
+    /// Heap held by header and cookie keys (their values).
+    pub key_bytes: usize,
+    /// The interned node names.
+    pub names_bytes: usize,
+}
+
+impl MemoryReport {
+    pub fn total(&self) -> usize {
+        self.slab_bytes + self.index_bytes + self.key_bytes + self.names_bytes
+    }
+
+    /// Total bytes divided by the entries held (0 for an empty table).
+    pub fn per_entry(&self) -> f64 {
+        if self.entries == 0 {
+            0.0
+        } else {
+            self.total() as f64 / self.entries as f64
+        }
+    }
+}
+
+/// What [`LruTable::restore`] did with a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RestoreReport {
+    /// Entries now in the table.
+    pub loaded: usize,
+    /// Entries that had expired by `now_ms`.
+    pub expired: usize,
+    /// The oldest entries beyond the table's size.
+    pub over_size: usize,
+    /// Entries naming a node that could not be interned (only past 2^32 - 1 names).
+    pub skipped: usize,
+}
+
+/// The in-memory affinity store. See the module docs.
+pub struct LruTable {
+    slab: Vec<Entry>,
+    index: HashTable<u32>,
+    /// Most recently used.
+    head: u32,
+    /// Least recently used: the next to evict.
+    tail: u32,
+    size: u32,
+    expire_ms: u64,
+    base_ms: u64,
+    clock_ms: u64,
+    hasher: KeyHasher,
+    names: NodeNames,
+    key_heap: usize,
+    stats: TableStats,
+}
+
+impl fmt::Debug for LruTable {
+    // Not derived: a derived Debug would print every entry of a million-entry table.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LruTable")
+            .field("len", &self.slab.len())
+            .field("size", &self.size)
+            .field("expire_ms", &self.expire_ms)
+            .field("nodes", &self.names.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LruTable {
+    /// An empty table. Memory is taken as entries arrive, never beyond `size`.
+    pub fn new(config: TableConfig) -> Result<Self, TableConfigError> {
+        config.validate()?;
+        Ok(LruTable {
+            slab: Vec::new(),
+            index: HashTable::new(),
+            head: NIL,
+            tail: NIL,
+            size: config.size,
+            expire_ms: config.expire_ms,
+            base_ms: 0,
+            clock_ms: 0,
+            hasher: KeyHasher::new(config.hash_seed),
+            names: NodeNames::new(),
+            key_heap: 0,
+            stats: TableStats::default(),
+        })
+    }
+
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    pub fn expire_ms(&self) -> u64 {
+        self.expire_ms
+    }
+
+    /// The node names entries refer to.
+    pub fn names(&self) -> &NodeNames {
+        &self.names
+    }
+
+    /// The table's clock: the largest `now_ms` it has been given.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    /// The pin for `key` without refreshing it or counting a hit (for the admin API).
+    pub fn peek(&self, key: KeyRef<'_>, now_ms: u64) -> Option<NodeRef> {
+        let i = self.find(self.hasher.hash(key), key)?;
+        let reference = now_ms.max(self.clock_ms);
+        (self.age(i, reference) < self.expire_ms).then(|| self.slab[i as usize].node)
+    }
+
+    /// Allocates room for `additional` more entries now (capped at `size`), so a table that
+    /// will fill up costs its memory at start rather than in steps under traffic.
+    pub fn reserve(&mut self, additional: usize) {
+        let want = additional.min((self.size as usize).saturating_sub(self.slab.len()));
+        self.slab.reserve_exact(want);
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        self.index
+            .reserve(want, |&j| hasher.hash(slab[j as usize].key.as_key_ref()));
+    }
+
+    /// The memory the table holds now.
+    pub fn memory(&self) -> MemoryReport {
+        MemoryReport {
+            entries: self.slab.len(),
+            entry_size: std::mem::size_of::<Entry>(),
+            slab_bytes: self.slab.capacity() * std::mem::size_of::<Entry>(),
+            index_bytes: self.index.allocation_size(),
+            key_bytes: self.key_heap,
+            names_bytes: self.names.heap_bytes(),
+        }
+    }
+
+    /// The live entries, least recently used first, with their last use in epoch ms (what a
+    /// snapshot writes: loading them in this order rebuilds the same LRU order).
+    pub(crate) fn iter_oldest_first(
+        &self,
+        now_ms: u64,
+    ) -> impl Iterator<Item = (&TableKey, NodeRef, u64)> + '_ {
+        let reference = now_ms.max(self.clock_ms);
+        let mut at = self.tail;
+        std::iter::from_fn(move || {
+            while at != NIL {
+                let i = at;
+                let e = &self.slab[i as usize];
+                at = e.prev;
+                if self.age(i, reference) < self.expire_ms {
+                    return Some((&e.key, e.node, self.base_ms + u64::from(e.stamp)));
+                }
+            }
+            None
+        })
+    }
+
+    /// Replaces the table's content with a decoded snapshot's entries. Entries that expired by
+    /// `now_ms` under this table's `expire` are dropped, and so are the oldest ones beyond its
+    /// `size`; the rest keep their idle time and LRU order. Traffic counters
+    /// ([`stats`](AffinityStore::stats)) are left as they were: a restore is not traffic.
+    pub fn restore(&mut self, snapshot: &Snapshot, now_ms: u64) -> RestoreReport {
+        let stats = self.stats;
+        self.clear();
+        self.tick(now_ms);
+        // With the table empty, any base within `expire` of the clock keeps every live entry's
+        // stamp in range: a live entry was used after `clock - expire`.
+        self.base_ms = self.clock_ms.saturating_sub(self.expire_ms);
+        let refs: Vec<Option<NodeRef>> = snapshot
+            .names
+            .iter()
+            .map(|n| self.names.intern(n))
+            .collect();
+        let mut report = RestoreReport::default();
+        let clock = self.clock_ms;
+        let expire = self.expire_ms;
+        let live: Vec<_> = snapshot
+            .entries
+            .iter()
+            .filter(|e| {
+                let alive = clock.saturating_sub(e.last_used_ms.min(clock)) < expire;
+                report.expired += usize::from(!alive);
+                alive
+            })
+            .collect();
+        report.over_size = live.len().saturating_sub(self.size as usize);
+        for e in &live[report.over_size..] {
+            let Some(node) = refs.get(e.node as usize).copied().flatten() else {
+                report.skipped += 1;
+                continue;
+            };
+            // Decode sorted entries by last use, so stamps arrive in order and the list stays
+            // sorted; clamp anyway so a clock that stepped back cannot break that.
+            let last = e.last_used_ms.clamp(self.base_ms, clock);
+            let stamp = (last - self.base_ms) as u32;
+            let key = e.key.as_key_ref();
+            let h = self.hasher.hash(key);
+            self.upsert(key, h, node, stamp);
+        }
+        report.loaded = self.slab.len();
+        self.stats = stats;
+        self.debug_check();
+        report
+    }
+
+    // ----- time -----
+
+    /// Advances the clock to `now_ms` (never back) and rebases stamps when they would overflow.
+    fn tick(&mut self, now_ms: u64) {
+        if now_ms > self.clock_ms {
+            self.clock_ms = now_ms;
+        }
+        if self.clock_ms - self.base_ms > u64::from(u32::MAX) {
+            self.rebase();
+        }
+    }
+
+    fn rebase(&mut self) {
+        // Everything used before `clock - expire` is expired: drop it, then that instant is
+        // the new zero. Live stamps stay positive and the next rebase is 2^32 - expire away.
+        self.purge_tail(usize::MAX);
+        let new_base = self.clock_ms - self.expire_ms;
+        let shift = new_base - self.base_ms;
+        for e in &mut self.slab {
+            debug_assert!(
+                u64::from(e.stamp) > shift,
+                "a live entry predates the new base"
+            );
+            e.stamp = u64::from(e.stamp).saturating_sub(shift) as u32;
+        }
+        self.base_ms = new_base;
+    }
+
+    /// The stamp of "now". `tick` keeps `clock - base` within `u32`.
+    fn now_stamp(&self) -> u32 {
+        (self.clock_ms - self.base_ms) as u32
+    }
+
+    fn age(&self, i: u32, reference_ms: u64) -> u64 {
+        reference_ms.saturating_sub(self.base_ms + u64::from(self.slab[i as usize].stamp))
+    }
+
+    fn is_expired(&self, i: u32) -> bool {
+        self.age(i, self.clock_ms) >= self.expire_ms
+    }
+
+    // ----- index and list -----
+
+    #[inline]
+    fn find(&self, hash: u64, key: KeyRef<'_>) -> Option<u32> {
+        let slab = &self.slab;
+        self.index
+            .find(hash, |&i| slab[i as usize].key.matches(key))
+            .copied()
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (p, n) = {
+            let e = &self.slab[i as usize];
+            (e.prev, e.next)
+        };
+        if p != NIL {
+            self.slab[p as usize].next = n;
+        } else {
+            self.head = n;
+        }
+        if n != NIL {
+            self.slab[n as usize].prev = p;
+        } else {
+            self.tail = p;
+        }
+    }
+
+    fn push_front(&mut self, i: u32) {
+        let old = self.head;
+        {
+            let e = &mut self.slab[i as usize];
+            e.prev = NIL;
+            e.next = old;
+        }
+        if old != NIL {
+            self.slab[old as usize].prev = i;
+        } else {
+            self.tail = i;
+        }
+        self.head = i;
+    }
+
+    fn touch(&mut self, i: u32, stamp: u32) {
+        self.slab[i as usize].stamp = stamp;
+        if self.head != i {
+            self.unlink(i);
+            self.push_front(i);
+        }
+    }
+
+    /// Removes entry `i` (whose key hashes to `hash`), moving the last entry into its place.
+    fn remove_at(&mut self, i: u32, hash: u64) -> Entry {
+        self.unlink(i);
+        match self.index.find_entry(hash, |&j| j == i) {
+            Ok(slot) => {
+                slot.remove();
+            }
+            Err(_) => debug_assert!(false, "entry {i} missing from the index"),
+        }
+        let last = (self.slab.len() - 1) as u32;
+        let removed = self.slab.swap_remove(i as usize);
+        if i != last {
+            // The former last entry now sits at `i`: repoint its index slot and neighbours.
+            let moved_hash = self.hasher.hash(self.slab[i as usize].key.as_key_ref());
+            match self.index.find_mut(moved_hash, |&j| j == last) {
+                Some(slot) => *slot = i,
+                None => debug_assert!(false, "moved entry {last} missing from the index"),
+            }
+            let (p, n) = {
+                let e = &self.slab[i as usize];
+                (e.prev, e.next)
+            };
+            if p != NIL {
+                self.slab[p as usize].next = i;
+            } else {
+                self.head = i;
+            }
+            if n != NIL {
+                self.slab[n as usize].prev = i;
+            } else {
+                self.tail = i;
+            }
+        }
+        self.key_heap -= removed.key.heap_len();
+        removed
+    }
+
+    /// Removes up to `budget` expired entries from the tail; returns how many.
+    fn purge_tail(&mut self, budget: usize) -> usize {
+        let mut removed = 0;
+        while removed < budget && self.tail != NIL && self.is_expired(self.tail) {
+            let t = self.tail;
+            let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
+            self.remove_at(t, h);
+            removed += 1;
+        }
+        self.stats.expirations += removed as u64;
+        removed
+    }
+
+    /// Sets `key` → `node` used at `stamp`, inserting (and making room) if needed.
+    fn upsert(&mut self, key: KeyRef<'_>, hash: u64, node: NodeRef, stamp: u32) -> PutOutcome {
+        if let Some(i) = self.find(hash, key) {
+            let expired = self.is_expired(i);
+            let previous = std::mem::replace(&mut self.slab[i as usize].node, node);
+            self.touch(i, stamp);
+            if expired {
+                // Logically the old entry was gone: this is a new pin, not a change.
+                self.stats.expirations += 1;
+                self.stats.inserts += 1;
+                return PutOutcome {
+                    previous: None,
+                    evicted: false,
+                };
+            }
+            self.stats.updates += 1;
+            return PutOutcome {
+                previous: Some(previous),
+                evicted: false,
+            };
+        }
+        let mut evicted = false;
+        if self.slab.len() >= self.size as usize {
+            let t = self.tail;
+            let expired = self.is_expired(t);
+            let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
+            self.remove_at(t, h);
+            if expired {
+                self.stats.expirations += 1;
+            } else {
+                self.stats.evictions += 1;
+                evicted = true;
+            }
+        }
+        if self.slab.len() == self.slab.capacity() {
+            // Grow by doubling, but never past `size`: a full table holds no spare slab.
+            let len = self.slab.len();
+            let room = self.size as usize - len;
+            self.slab.reserve_exact(len.max(64).min(room));
+        }
+        let i = self.slab.len() as u32;
+        let key = key.to_key();
+        self.key_heap += key.heap_len();
+        self.slab.push(Entry {
+            key,
+            node,
+            stamp,
+            prev: NIL,
+            next: NIL,
+        });
+        self.push_front(i);
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        self.index
+            .insert_unique(hash, i, |&j| hasher.hash(slab[j as usize].key.as_key_ref()));
+        self.stats.inserts += 1;
+        PutOutcome {
+            previous: None,
+            evicted,
+        }
+    }
+
+    /// Checks the table's invariants (debug builds): the index and the list cover the slab
+    /// exactly, links are mutual, stamps fall from head to tail, `len <= size`.
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let len = self.slab.len();
+        assert!(
+            len <= self.size as usize,
+            "table holds {len} entries, over its size {}",
+            self.size
+        );
+        assert_eq!(
+            self.index.len(),
+            len,
+            "the index and the slab disagree on len"
+        );
+        assert_eq!(
+            self.head == NIL,
+            len == 0,
+            "head is nil iff the table is empty"
+        );
+        assert_eq!(
+            self.tail == NIL,
+            len == 0,
+            "tail is nil iff the table is empty"
+        );
+        assert!(
+            self.clock_ms - self.base_ms <= u64::from(u32::MAX),
+            "the clock ran past the stamp range"
+        );
+        if len == 0 {
+            return;
+        }
+        assert_eq!(
+            self.slab[self.head as usize].prev, NIL,
+            "the head has a predecessor"
+        );
+        assert_eq!(
+            self.slab[self.tail as usize].next, NIL,
+            "the tail has a successor"
+        );
+        if len > FULL_CHECK_MAX {
+            return;
+        }
+        let (mut at, mut prev, mut seen, mut prev_stamp) = (self.head, NIL, 0usize, u32::MAX);
+        while at != NIL {
+            assert!((at as usize) < len, "list link {at} is out of the slab");
+            assert!(seen < len, "the LRU list has a cycle");
+            let e = &self.slab[at as usize];
+            assert_eq!(e.prev, prev, "entry {at}: prev link is not mutual");
+            assert!(
+                e.stamp <= prev_stamp,
+                "entry {at}: stamps do not fall from head to tail"
+            );
+            assert_eq!(
+                self.find(self.hasher.hash(e.key.as_key_ref()), e.key.as_key_ref()),
+                Some(at),
+                "entry {at}: the index does not find it"
+            );
+            prev_stamp = e.stamp;
+            prev = at;
+            at = e.next;
+            seen += 1;
+        }
+        assert_eq!(prev, self.tail, "the list does not end at the tail");
+        assert_eq!(seen, len, "the LRU list misses entries");
+        let heap: usize = self.slab.iter().map(|e| e.key.heap_len()).sum();
+        assert_eq!(heap, self.key_heap, "key heap accounting is off");
+    }
+}
+
+impl AffinityStore for LruTable {
+    fn intern(&mut self, name: &str) -> Option<NodeRef> {
+        self.names.intern(name)
+    }
+
+    fn node_name(&self, node: NodeRef) -> Option<&str> {
+        self.names.name(node)
+    }
+
+    /// A hit refreshes the entry (idle time restarts, it becomes the most recent); an expired
+    /// entry found here is removed.
+    fn get(&mut self, key: KeyRef<'_>, now_ms: u64) -> Option<NodeRef> {
+        self.tick(now_ms);
+        let h = self.hasher.hash(key);
+        let Some(i) = self.find(h, key) else {
+            self.stats.misses += 1;
+            return None;
+        };
+        if self.is_expired(i) {
+            self.remove_at(i, h);
+            self.stats.expirations += 1;
+            self.stats.misses += 1;
+            self.debug_check();
+            return None;
+        }
+        let stamp = self.now_stamp();
+        self.touch(i, stamp);
+        self.stats.hits += 1;
+        self.debug_check();
+        Some(self.slab[i as usize].node)
+    }
+
+    fn put(&mut self, key: KeyRef<'_>, node: NodeRef, now_ms: u64) -> PutOutcome {
+        self.tick(now_ms);
+        let h = self.hasher.hash(key);
+        let stamp = self.now_stamp();
+        let out = self.upsert(key, h, node, stamp);
+        self.debug_check();
+        out
+    }
+
+    fn remove(&mut self, key: KeyRef<'_>) -> Option<NodeRef> {
+        let h = self.hasher.hash(key);
+        let i = self.find(h, key)?;
+        let expired = self.is_expired(i);
+        let e = self.remove_at(i, h);
+        if expired {
+            self.stats.expirations += 1;
+        } else {
+            self.stats.removals += 1;
+        }
+        self.debug_check();
+        (!expired).then_some(e.node)
+    }
+
+    fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    fn clear(&mut self) {
+        self.slab.clear();
+        self.index.clear();
+        self.head = NIL;
+        self.tail = NIL;
+        self.key_heap = 0;
+        self.debug_check();
+    }
+
+    fn purge_expired(&mut self, now_ms: u64, budget: usize) -> usize {
+        self.tick(now_ms);
+        let n = self.purge_tail(budget);
+        self.debug_check();
+        n
+    }
+
+    /// Pages through the slab (O(page_size) per page). The order is unspecified and shifts as
+    /// entries are removed; expired entries not yet purged are skipped, so a page may be short.
+    fn entries(&self, page: usize, page_size: usize, now_ms: u64) -> Vec<EntryInfo> {
+        let reference = now_ms.max(self.clock_ms);
+        let start = page.saturating_mul(page_size);
+        (start..self.slab.len().min(start.saturating_add(page_size)))
+            .filter_map(|i| {
+                let idle_ms = self.age(i as u32, reference);
+                let e = &self.slab[i];
+                (idle_ms < self.expire_ms).then(|| EntryInfo {
+                    key: e.key.clone(),
+                    node: e.node,
+                    idle_ms,
+                })
+            })
+            .collect()
+    }
+
+    fn stats(&self) -> TableStats {
+        TableStats {
+            len: self.slab.len() as u64,
+            size: u64::from(self.size),
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn table(size: u32, expire_ms: u64) -> LruTable {
+        LruTable::new(TableConfig::new(size, expire_ms).with_hash_seed([7, 9]))
+            .expect("valid config")
+    }
+
+    fn k(i: u32) -> KeyRef<'static> {
+        KeyRef::v4(Ipv4Addr::from(i))
+    }
+
+    #[test]
+    fn entry_is_40_bytes() {
+        assert_eq!(std::mem::size_of::<TableKey>(), 24);
+        assert_eq!(std::mem::size_of::<Entry>(), 40);
+    }
+
+    #[test]
+    fn config_bounds() {
+        assert_eq!(
+            TableConfig::new(0, 1).validate(),
+            Err(TableConfigError::ZeroSize)
+        );
+        assert_eq!(
+            TableConfig::new(1, 0).validate(),
+            Err(TableConfigError::ZeroExpire)
+        );
+        assert!(TableConfig::new(1, MAX_EXPIRE_MS).validate().is_ok());
+        assert!(TableConfig::new(1, MAX_EXPIRE_MS + 1).validate().is_err());
+        assert!(TableConfig::new(MAX_SIZE + 1, 1).validate().is_err());
+    }
+
+    #[test]
+    fn removal_in_the_middle_keeps_the_structure() {
+        let mut t = table(8, 1000);
+        let n = t.intern("a").expect("intern");
+        for i in 0..8 {
+            t.put(k(i), n, T0 + u64::from(i));
+        }
+        assert_eq!(t.remove(k(0)), Some(n)); // the tail
+        assert_eq!(t.remove(k(7)), Some(n)); // the head
+        assert_eq!(t.remove(k(3)), Some(n)); // the middle
+        assert_eq!(t.remove(k(3)), None);
+        assert_eq!(t.len(), 5);
+        for i in [1, 2, 4, 5, 6] {
+            assert_eq!(t.peek(k(i), T0 + 10), Some(n), "key {i}");
+        }
+    }
+
+    #[test]
+    fn clock_stepping_back_reads_as_no_time() {
+        let mut t = table(4, 100);
+        let n = t.intern("a").expect("intern");
+        t.put(k(1), n, T0 + 50);
+        assert_eq!(t.get(k(1), T0), Some(n));
+        assert_eq!(t.get(k(1), T0 + 149), Some(n));
+        assert_eq!(t.get(k(1), T0 + 249), None);
+    }
+
+    #[test]
+    fn rebase_keeps_live_entries_and_drops_expired_ones() {
+        let expire = MAX_EXPIRE_MS;
+        let mut t = table(16, expire);
+        let n = t.intern("a").expect("intern");
+        t.put(k(1), n, T0);
+        // k(2) is refreshed all along; k(1) is left to expire.
+        let mut now = T0;
+        for _ in 0..5 {
+            now += expire / 2;
+            t.put(k(2), n, now);
+        }
+        assert!(now - T0 > u64::from(u32::MAX), "a rebase happened");
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.get(k(2), now + expire - 1), Some(n));
+        assert_eq!(t.get(k(1), now), None);
+        // A jump far beyond the stamp range drops everything.
+        assert_eq!(t.get(k(2), now + 100 * u64::from(u32::MAX)), None);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn memory_report_counts_the_parts() {
+        let mut t = table(1000, 1000);
+        let n = t.intern("node-a").expect("intern");
+        for i in 0..1000 {
+            t.put(k(i), n, T0);
+        }
+        t.put(KeyRef::bytes(b"abc"), n, T0);
+        let m = t.memory();
+        assert_eq!(m.entries, 1000);
+        assert_eq!(m.slab_bytes, 1000 * 40, "the slab stops at size");
+        assert_eq!(m.key_bytes, 3);
+        assert!(m.index_bytes >= 1000 * 5);
+        assert!(m.per_entry() < 60.0, "{m:?}");
+    }
+}

@@ -1,0 +1,234 @@
+//! # Affinity tables: pins by key, shared by every listener that names the table
+//!
+//! A table (a *stick table* in HAProxy's words) maps a key read from a connection or request
+//! (the client address, a header value, an application's session cookie) to a node. It is
+//! how one client lands on one node across an HTTP port, an HTTPS port and a raw TCP port: all
+//! three listeners look the key up in the same table. Like the rest of the core it does no
+//! I/O: time is `now_ms`, the hash seed is an argument, snapshots are bytes.
+//!
+//! ## Data flow
+//!
+//! ```text
+//!  client addr / header values ──KeySpec::request_key──► KeyRef (borrowed, no allocation)
+//!                                                          │
+//!                          AffinityTable::lookup(key, now) ▼
+//!      AffinityStore::get ──► Option<NodeRef> ──Binding (by name)──► Pin::{None, Node, Unknown}
+//!                                                          │
+//!                                    Pool::decide(pin, now)▼
+//!                      Sticky(node) | Fresh{node, ..} | Unavailable
+//!                                                          │
+//!          Fresh ──AffinityTable::record / learn(key, node, now)──► AffinityStore::put
+//!  node's Set-Cookie ──KeySpec::response_key──► learn (application-cookie tables)
+//!  reload: new Pool ──AffinityTable::rebind──► Binding rebuilt; entries untouched
+//!  timer:  AffinityStore::purge_expired(now, budget)      shutdown/interval: encode_snapshot
+//! ```
+//!
+//! ## Pieces
+//!
+//! * [`key`]: [`KeyRef`]/[`TableKey`], [`IpPrefix`] masking, [`KeySpec`] and the pure
+//!   application-cookie helpers.
+//! * [`AffinityStore`]: the one interface every store implements; [`LruTable`] is the
+//!   in-memory one (bounded, LRU eviction, idle expiry, ~50 bytes per IPv4 entry all in).
+//! * [`NodeRef`]/[`NodeNames`]/[`Binding`]: entries store node *names* (interned), so pins
+//!   survive a reload that renumbers or removes nodes.
+//! * [`encode_snapshot`]/[`decode_snapshot`]: versioned, checksummed snapshot bytes.
+//!
+//! ## Other stores
+//!
+//! The trait is synchronous and knows nothing of slabs, LRU lists or memory: a store maps keys
+//! to node identities, expires them and pages through them. A shared store (Redis, in a later
+//! issue) is an I/O-layer adapter in the binary, not a core type: it keeps an [`LruTable`] as
+//! its local cache and implements the same trait on it, writes puts through to the remote
+//! asynchronously, and on a local miss the binary's async table handle may consult the remote
+//! before calling `decide`. Listeners only ever see that handle, so adding the store touches no
+//! listener. See `docs/affinity-tables.md`.
+
+mod hash;
+pub mod key;
+mod lru;
+mod nodes;
+mod snapshot;
+
+use std::fmt;
+
+pub use key::{
+    app_cookie_in_request, app_cookie_in_set_cookie, app_cookie_in_set_cookies, IpPrefix, KeyError,
+    KeyKind, KeyRef, KeySpec, TableKey, MAX_KEY_LEN,
+};
+pub use lru::{
+    LruTable, MemoryReport, RestoreReport, TableConfig, TableConfigError, MAX_EXPIRE_MS, MAX_SIZE,
+};
+pub use nodes::{Binding, NodeNames, NodeRef};
+pub use snapshot::{
+    decode_snapshot, encode_snapshot, Snapshot, SnapshotEntry, SnapshotError, SNAPSHOT_VERSION,
+};
+
+use crate::decision::{Decision, Pin};
+use crate::node::NodeId;
+use crate::pool::Pool;
+
+/// What a [`put`](AffinityStore::put) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The node the key was pinned to before (`None`: a new pin).
+    pub previous: Option<NodeRef>,
+    /// The store was full and dropped its least recently used live entry to make room.
+    pub evicted: bool,
+}
+
+/// Counters for metrics. All but `len` and `size` only grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TableStats {
+    pub len: u64,
+    pub size: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// New pins.
+    pub inserts: u64,
+    /// Pins moved to another node (or re-put to the same one).
+    pub updates: u64,
+    /// Live entries dropped to make room.
+    pub evictions: u64,
+    /// Entries dropped for being idle `expire` or longer.
+    pub expirations: u64,
+    /// Entries removed on request.
+    pub removals: u64,
+}
+
+/// One entry as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryInfo {
+    pub key: TableKey,
+    pub node: NodeRef,
+    /// Time since last use.
+    pub idle_ms: u64,
+}
+
+/// The one interface of an affinity store: keys to node identities, with idle expiry. See
+/// the module docs for how a remote store fits.
+///
+/// Node identities ([`NodeRef`]) belong to the store that interned them: resolve them with
+/// [`node_name`](Self::node_name) or through an [`AffinityTable`].
+pub trait AffinityStore: fmt::Debug {
+    /// The identity of a node name in this store, added if new (`None` only when the store
+    /// cannot hold more names).
+    fn intern(&mut self, name: &str) -> Option<NodeRef>;
+
+    /// The name behind an identity of this store.
+    fn node_name(&self, node: NodeRef) -> Option<&str>;
+
+    /// The node pinned for `key`. A hit counts as a use: the idle time restarts.
+    fn get(&mut self, key: KeyRef<'_>, now_ms: u64) -> Option<NodeRef>;
+
+    /// Pins `key` to `node` (a use, as for `get`), replacing any pin it had.
+    fn put(&mut self, key: KeyRef<'_>, node: NodeRef, now_ms: u64) -> PutOutcome;
+
+    /// Drops the pin of `key`; returns the node it had, if live.
+    fn remove(&mut self, key: KeyRef<'_>) -> Option<NodeRef>;
+
+    /// Entries held (for a caching store: held locally). May count expired entries not yet
+    /// purged.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every pin (node identities stay).
+    fn clear(&mut self);
+
+    /// Drops up to `budget` expired entries and returns how many it dropped: bounded work, to
+    /// be called from a timer. (Lookups drop expired entries they meet in any case.)
+    fn purge_expired(&mut self, now_ms: u64, budget: usize) -> usize;
+
+    /// Page `page` (from 0) of `page_size` entries, for the admin API. Live entries only.
+    fn entries(&self, page: usize, page_size: usize, now_ms: u64) -> Vec<EntryInfo>;
+
+    fn stats(&self) -> TableStats;
+}
+
+/// A store bound to the current pool: lookups answer with a [`Pin`] for
+/// [`Pool::decide`], and pins are recorded by [`NodeId`]. Rebind after every reload.
+#[derive(Debug)]
+pub struct AffinityTable<S: AffinityStore = LruTable> {
+    store: S,
+    binding: Binding,
+}
+
+impl<S: AffinityStore> AffinityTable<S> {
+    pub fn new(store: S, pool: &Pool) -> Self {
+        let mut t = AffinityTable {
+            store,
+            binding: Binding::default(),
+        };
+        t.rebind(pool);
+        t
+    }
+
+    /// Binds to a rebuilt pool (after a config reload). Entries are untouched: a pin to a node
+    /// the new pool still has (by name) keeps working, one to a removed node reads as
+    /// [`Pin::Unknown`].
+    pub fn rebind(&mut self, pool: &Pool) {
+        let store = &mut self.store;
+        self.binding = Binding::new(pool, |name| store.intern(name));
+    }
+
+    /// The pin for `key`: [`Pin::None`] when the table has none, [`Pin::Unknown`] when it
+    /// names a node the pool no longer has. A hit refreshes the entry.
+    pub fn lookup(&mut self, key: KeyRef<'_>, now_ms: u64) -> Pin {
+        match self.store.get(key, now_ms) {
+            None => Pin::None,
+            Some(r) => self.binding.node(r).map_or(Pin::Unknown, Pin::Node),
+        }
+    }
+
+    /// Pins `key` to `node` of the bound pool. `None` (nothing stored) for an id that is not
+    /// from the bound pool.
+    pub fn learn(&mut self, key: KeyRef<'_>, node: NodeId, now_ms: u64) -> Option<PutOutcome> {
+        let r = self.binding.node_ref(node)?;
+        Some(self.store.put(key, r, now_ms))
+    }
+
+    /// Records what `decide` chose for a request keyed `key`: a fresh assignment becomes the
+    /// key's pin; a sticky hit was already refreshed by the lookup. (Application-cookie
+    /// tables learn from the response instead, with [`learn`](Self::learn).)
+    pub fn record(&mut self, key: KeyRef<'_>, decision: Decision, now_ms: u64) {
+        if let Decision::Fresh { node, .. } = decision {
+            self.learn(key, node, now_ms);
+        }
+    }
+
+    /// Drops the pin of `key`; true if it had a live one.
+    pub fn forget(&mut self, key: KeyRef<'_>) -> bool {
+        self.store.remove(key).is_some()
+    }
+
+    /// The bound pool's node for a stored identity (e.g. for [`EntryInfo::node`]).
+    pub fn node_of(&self, r: NodeRef) -> Option<NodeId> {
+        self.binding.node(r)
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    pub fn into_store(self) -> S {
+        self.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trait_is_object_safe() {
+        let t = LruTable::new(TableConfig::new(4, 1000)).expect("valid");
+        let b: Box<dyn AffinityStore> = Box::new(t);
+        assert!(b.is_empty());
+    }
+}

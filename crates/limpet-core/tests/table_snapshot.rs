@@ -1,0 +1,236 @@
+//! Snapshots: pins survive a restart, expired ones are dropped at load, and a corrupt or
+//! truncated snapshot is an error (never a panic), so the binary can report it and start empty.
+
+use std::net::Ipv4Addr;
+
+use limpet_core::table::{
+    decode_snapshot, encode_snapshot, AffinityStore, KeyKind, KeyRef, LruTable, SnapshotError,
+    TableConfig,
+};
+use proptest::prelude::*;
+
+const T0: u64 = 1_700_000_000_000;
+const EXPIRE: u64 = 30 * 60_000;
+
+fn store(size: u32) -> LruTable {
+    LruTable::new(TableConfig::new(size, EXPIRE).with_hash_seed([3, 4])).expect("valid")
+}
+
+fn v4(i: u32) -> KeyRef<'static> {
+    KeyRef::v4(Ipv4Addr::from(0x0a00_0000 + i))
+}
+
+/// A table with every kind of key, used at T0 + i ms.
+fn sample() -> LruTable {
+    let mut t = store(100);
+    let a = t.intern("lviv").expect("intern");
+    let b = t.intern("kyiv").expect("intern");
+    for i in 0..20 {
+        t.put(v4(i), if i % 2 == 0 { a } else { b }, T0 + u64::from(i));
+    }
+    t.put(KeyRef::v6("2001:db8::7".parse().expect("v6")), b, T0 + 30);
+    t.put(KeyRef::bytes(b"JSESSIONID-abc"), a, T0 + 31);
+    t.put(KeyRef::bytes(&[0u8; 1000]), b, T0 + 32);
+    t.put(KeyRef::bytes(b""), a, T0 + 33);
+    t
+}
+
+/// (key, node name, idle) for every live entry, least recently used first.
+fn contents(t: &LruTable, now: u64) -> Vec<(String, String, u64)> {
+    let mut all: Vec<_> = (0..)
+        .map(|page| t.entries(page, 7, now))
+        .take_while(|p| !p.is_empty())
+        .flatten()
+        .map(|e| {
+            (
+                format!("{:?}", e.key),
+                t.node_name(e.node).unwrap_or("?").to_owned(),
+                e.idle_ms,
+            )
+        })
+        .collect();
+    all.sort_by(|x, y| y.2.cmp(&x.2).then(x.0.cmp(&y.0)));
+    all
+}
+
+#[test]
+fn a_snapshot_round_trips() {
+    let t = sample();
+    let bytes = encode_snapshot(&t, T0 + 100);
+    let snap = decode_snapshot(&bytes, T0 + 100, EXPIRE).expect("valid snapshot");
+    assert_eq!(snap.entries.len(), 24);
+    assert_eq!(snap.expired, 0);
+    assert!(snap.entries.iter().any(|e| e.key.kind() == KeyKind::Digest));
+
+    let mut restored = store(100);
+    let report = restored.restore(&snap, T0 + 100);
+    assert_eq!(report.loaded, 24);
+    assert_eq!(contents(&restored, T0 + 100), contents(&t, T0 + 100));
+
+    // LRU order survives: fill past the size and the oldest (10.0.0.0) goes first.
+    let n = restored.intern("kyiv").expect("intern");
+    for i in 0..77 {
+        restored.put(v4(1000 + i), n, T0 + 200);
+    }
+    assert_eq!(restored.get(v4(0), T0 + 200), None);
+    assert!(restored.get(v4(1), T0 + 200).is_some());
+}
+
+#[test]
+fn downtime_counts_as_idle_time_and_expired_entries_are_dropped_at_load() {
+    let t = sample();
+    let bytes = encode_snapshot(&t, T0 + 100);
+    // Load when entries used at T0..T0+9 are idle >= EXPIRE.
+    let load = T0 + 9 + EXPIRE;
+    let snap = decode_snapshot(&bytes, load, EXPIRE).expect("valid");
+    assert_eq!(snap.expired, 10);
+    assert_eq!(snap.entries.len(), 14);
+    let mut r = store(100);
+    assert_eq!(r.restore(&snap, load).loaded, 14);
+    assert_eq!(r.get(v4(9), load), None);
+    assert!(r.get(v4(10), load).is_some());
+    // The survivors keep their age: 10.0.0.10, used at T0 + 10, expires at T0 + 10 + EXPIRE
+    // unless used (the get above used it); 10.0.0.11 was not used.
+    assert!(r.get(v4(11), T0 + 11 + EXPIRE).is_none());
+
+    // A shorter expire in the new config applies at load.
+    let snap = decode_snapshot(&bytes, T0 + 100, 80).expect("valid");
+    assert_eq!(
+        snap.entries.len(),
+        4,
+        "only entries used at T0+30.. are idle < 80 ms"
+    );
+}
+
+#[test]
+fn a_snapshot_larger_than_the_table_keeps_the_most_recent() {
+    let bytes = encode_snapshot(&sample(), T0 + 100);
+    let snap = decode_snapshot(&bytes, T0 + 100, EXPIRE).expect("valid");
+    let mut small = store(5);
+    let report = small.restore(&snap, T0 + 100);
+    assert_eq!((report.loaded, report.over_size), (5, 19));
+    // The five most recent: 10.0.0.19, the IPv6 key and the three byte keys.
+    assert!(small.get(KeyRef::bytes(b""), T0 + 100).is_some());
+    assert!(small.get(v4(19), T0 + 100).is_some());
+    assert!(small.get(v4(18), T0 + 100).is_none());
+}
+
+#[test]
+fn an_empty_table_round_trips() {
+    let t = store(10);
+    let bytes = encode_snapshot(&t, T0);
+    let snap = decode_snapshot(&bytes, T0, EXPIRE).expect("valid");
+    assert!(snap.entries.is_empty() && snap.names.is_empty());
+}
+
+#[test]
+fn corrupt_snapshots_are_errors() {
+    let bytes = encode_snapshot(&sample(), T0 + 100);
+    // Any single flipped bit is caught: by the checksum, or before it by the header checks.
+    for i in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1 << bit;
+            assert!(
+                decode_snapshot(&bad, T0 + 100, EXPIRE).is_err(),
+                "flip of bit {bit} of byte {i} went unnoticed"
+            );
+        }
+    }
+    let mut bad = bytes.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x55;
+    assert!(matches!(
+        decode_snapshot(&bad, T0, EXPIRE),
+        Err(SnapshotError::Checksum { .. })
+    ));
+    assert_eq!(
+        decode_snapshot(
+            b"GIF89a..........................................",
+            T0,
+            EXPIRE
+        ),
+        Err(SnapshotError::BadMagic)
+    );
+    let mut v2 = bytes.clone();
+    v2[8] = 2;
+    assert_eq!(
+        decode_snapshot(&v2, T0, EXPIRE),
+        Err(SnapshotError::UnsupportedVersion(2))
+    );
+}
+
+#[test]
+fn truncated_snapshots_say_so() {
+    let bytes = encode_snapshot(&sample(), T0 + 100);
+    for len in 0..bytes.len() {
+        let err = decode_snapshot(&bytes[..len], T0, EXPIRE).expect_err("truncated");
+        assert!(
+            matches!(err, SnapshotError::Truncated { .. }),
+            "length {len}: {err}"
+        );
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(matches!(
+        decode_snapshot(&longer, T0, EXPIRE),
+        Err(SnapshotError::TrailingBytes { .. })
+    ));
+    let msg = decode_snapshot(&bytes[..100], T0, EXPIRE)
+        .expect_err("truncated")
+        .to_string();
+    assert!(msg.contains("truncated"), "{msg}");
+}
+
+proptest! {
+    #[test]
+    fn decode_never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_snapshot(&bytes, T0, EXPIRE);
+    }
+
+    /// Arbitrary bytes behind a valid header, and a checksum fixed up to match, reach the
+    /// structural parser: it must refuse or accept, never panic or over-allocate.
+    #[test]
+    fn decode_never_panics_behind_a_valid_checksum(
+        body in prop::collection::vec(any::<u8>(), 0..512),
+        names in 0u32..4,
+        entries in any::<u32>(),
+    ) {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"LMPTSTCK");
+        b.extend_from_slice(&1u16.to_le_bytes());
+        b.extend_from_slice(&[0; 6]);
+        b.extend_from_slice(&((40 + body.len() + 4) as u64).to_le_bytes());
+        b.extend_from_slice(&T0.to_le_bytes());
+        b.extend_from_slice(&names.to_le_bytes());
+        b.extend_from_slice(&entries.to_le_bytes());
+        b.extend_from_slice(&body);
+        let crc = crc32(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let _ = decode_snapshot(&b, T0, EXPIRE);
+    }
+
+    #[test]
+    fn any_mutation_of_a_snapshot_is_caught(pos in any::<prop::sample::Index>(), byte in 1u8..) {
+        let mut bytes = encode_snapshot(&sample(), T0 + 100);
+        let i = pos.index(bytes.len());
+        bytes[i] ^= byte;
+        prop_assert!(decode_snapshot(&bytes, T0 + 100, EXPIRE).is_err());
+    }
+}
+
+/// The IEEE CRC-32, bit by bit: a second implementation to forge checksums in the test above.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}

@@ -1,0 +1,237 @@
+//! # The admin listener: JSON API, Prometheus metrics and the live stats page
+//!
+//! Served on its own listener (default `127.0.0.1:9900`), over HTTP/1.1, by [`serve`]. It
+//! reads and changes the running limpet only through the [`Control`] trait, which the runtime
+//! implements; the admin code holds no state of its own.
+//!
+//! ## Endpoints
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/` | the live stats page (one self-contained HTML page; refreshes itself from the JSON API) |
+//! | GET | `/metrics` | Prometheus text ([`crate::metrics`]) |
+//! | GET | `/ready` | `200 ready` while the admin server runs |
+//! | GET | `/api/v1/nodes` | every node: [`NodeView`] (state, health detail, weight, counts, drain progress) |
+//! | GET | `/api/v1/nodes/{node}` | one node |
+//! | POST | `/api/v1/nodes/{node}/state` | **write**: `{"state":"ready"}`, `{"state":"maint"}`, or `{"state":"drain", "deadline_secs":N?, "spread_secs":N?}` |
+//! | GET | `/api/v1/tables` | every affinity table: [`TableView`] (size, capacity, expiry) |
+//! | GET | `/api/v1/tables/{table}?offset=O&limit=L` | a page of entries ([`TablePage`]; `limit` at most 1000, default 100) |
+//! | GET | `/api/v1/tables/{table}/entry?key=K` | look up one entry (404 when absent) |
+//! | DELETE | `/api/v1/tables/{table}/entry?key=K` | **write**: delete one entry |
+//! | DELETE | `/api/v1/tables/{table}` | **write**: clear the table |
+//! | POST | `/api/v1/reload` | **write**: reload the configuration file (422 with the reason when refused) |
+//! | GET | `/api/v1/stats` | totals of requests and pin outcomes, and the server's uptime (the page computes rates) |
+//!
+//! Errors are JSON `{"error": "..."}` with 400 (bad request), 401 (missing or wrong token),
+//! 404 (no such node, table or entry), 405, 413 (body over 16 KiB), 422 (reload refused).
+//!
+//! ## Authorization
+//!
+//! Writes carry `Authorization: Bearer <token>` whenever a token is configured, and a token
+//! must be configured whenever the listener is not on a loopback address:
+//! [`AdminSettings::validate`] refuses such a configuration, so limpet does not start with an
+//! open admin API on the network. Reads (the page, the JSON reads, `/metrics`) need no token.
+//! Tokens are compared in constant time.
+
+mod auth;
+mod server;
+mod stats_page;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use auth::{AdminSettings, AdminSettingsError, DEFAULT_ADMIN_LISTEN};
+pub use server::serve;
+
+use crate::health::CheckStatus;
+use crate::metrics::Metrics;
+
+/// What the operator asks of a node through the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCommand {
+    /// Back to normal service.
+    Ready,
+    /// Honour existing pins, no fresh assignments; after `deadline` (if any), re-pin the
+    /// node's sessions spread over `spread` (the listener's default when `None`), and close
+    /// its long-lived connections.
+    Drain {
+        deadline: Option<Duration>,
+        spread: Option<Duration>,
+    },
+    /// Nothing goes to the node; its pins are re-pinned at once.
+    Maint,
+}
+
+/// A drain in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DrainView {
+    /// When pins stop being honoured (milliseconds since the Unix epoch), if a deadline was set.
+    pub deadline_unix_ms: Option<u64>,
+    /// The window over which pins are re-pinned after the deadline.
+    pub spread_ms: u64,
+    /// Complete: no active connection, and no pinned session seen within the idle window.
+    pub complete: bool,
+}
+
+/// One node, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeView {
+    pub name: String,
+    pub address: String,
+    pub weight: u32,
+    /// `UP`, `DOWN`, `DRAIN` or `MAINT`.
+    pub state: &'static str,
+    /// What the operator set: `ready`, `drain` or `maint`.
+    pub admin: &'static str,
+    /// What checks and traffic say.
+    pub healthy: bool,
+    pub drain: Option<DrainView>,
+    /// Connections and tunnels open to the node now.
+    pub active_connections: u64,
+    /// WebSocket and TCP tunnels among them.
+    pub tunnels: u64,
+    /// Pins to the node held in affinity tables.
+    pub table_pins: u64,
+    /// Distinct sessions seen on the node within `seen_window_secs` (estimated).
+    pub sessions_seen: u64,
+    pub seen_window_secs: u64,
+    /// Milliseconds since a session was last seen on the node.
+    pub last_seen_ago_ms: Option<u64>,
+    pub checks: Vec<CheckStatus>,
+}
+
+/// One affinity table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TableView {
+    pub name: String,
+    /// What the key is (`source-ip/24`, `header x-user`, `cookie JSESSIONID`).
+    pub key: String,
+    pub size: u64,
+    pub capacity: u64,
+    pub expire_secs: u64,
+    pub evictions: u64,
+}
+
+/// One table entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EntryView {
+    pub key: String,
+    pub node: String,
+    /// Milliseconds until the entry expires unless used.
+    pub expires_in_ms: u64,
+}
+
+/// A page of a table's entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TablePage {
+    pub table: String,
+    pub offset: usize,
+    pub limit: usize,
+    pub total: u64,
+    pub entries: Vec<EntryView>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReloadReport {
+    /// Counts reloads applied since start.
+    pub generation: u64,
+    /// One line per change (`node c added`, `listener web: balance leastconn`...).
+    pub changes: Vec<String>,
+}
+
+/// Why a control operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlError {
+    NotFound(String),
+    BadRequest(String),
+    /// A reload refused: the configuration is invalid; the running one stays.
+    Refused(String),
+    Internal(String),
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlError::NotFound(m)
+            | ControlError::BadRequest(m)
+            | ControlError::Refused(m)
+            | ControlError::Internal(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+/// A boxed future, so [`Control`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the admin API reads and changes. The runtime implements it.
+pub trait Control: Send + Sync + 'static {
+    fn nodes(&self) -> Vec<NodeView>;
+    fn set_node(&self, node: &str, cmd: NodeCommand) -> Result<NodeView, ControlError>;
+    fn tables(&self) -> Vec<TableView>;
+    fn table_page(
+        &self,
+        table: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<TablePage, ControlError>;
+    fn table_get(&self, table: &str, key: &str) -> Result<Option<EntryView>, ControlError>;
+    fn table_delete(&self, table: &str, key: &str) -> Result<bool, ControlError>;
+    /// Clears a table; returns how many entries it held.
+    fn table_clear(&self, table: &str) -> Result<u64, ControlError>;
+    /// Reloads the configuration: validated first, refused with the reason when invalid.
+    fn reload(&self) -> BoxFuture<'_, Result<ReloadReport, ControlError>>;
+    fn metrics(&self) -> Arc<Metrics>;
+}
+
+/// Whether a drain is complete: nothing open to the node, and no session seen on it for
+/// `idle` (a node never seen counts as idle).
+pub fn drain_complete(active: u64, last_seen_ago: Option<Duration>, idle: Duration) -> bool {
+    active == 0 && last_seen_ago.is_none_or(|ago| ago >= idle)
+}
+
+/// Watches drains and logs, once per drain, the moment one completes. Runs until dropped.
+pub async fn log_drain_completions(control: Arc<dyn Control>, every: Duration) {
+    let mut reported: std::collections::BTreeSet<String> = Default::default();
+    loop {
+        for n in control.nodes() {
+            match &n.drain {
+                Some(d) if d.complete => {
+                    if reported.insert(n.name.clone()) {
+                        tracing::info!(node = %n.name, "drain complete: no active connection, no session seen within the idle window");
+                    }
+                }
+                _ => {
+                    reported.remove(&n.name);
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The address the admin API is reachable on, for logs.
+pub fn describe(addr: SocketAddr) -> String {
+    format!("http://{addr}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_completion_needs_no_connection_and_an_idle_window() {
+        let idle = Duration::from_secs(60);
+        assert!(drain_complete(0, None, idle));
+        assert!(drain_complete(0, Some(Duration::from_secs(61)), idle));
+        assert!(!drain_complete(0, Some(Duration::from_secs(10)), idle));
+        assert!(!drain_complete(1, None, idle));
+    }
+}

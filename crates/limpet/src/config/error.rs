@@ -1,0 +1,236 @@
+//! Config errors that point at the file: `limpet.toml:12:5: listeners[1].tls.cert: message`.
+//!
+//! Two sources feed them. Syntax and type errors come from the TOML deserializer with a byte
+//! span but no key path in its public API, so the path is recovered from the text around the
+//! span ([`key_path_at`]). Semantic errors come from validation, which knows the path it is
+//! checking and takes the span from a `toml::Spanned` field.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// A configuration that cannot run: where, which key, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// 1-based line and column; 0 when the error has no place in the file (e.g. unreadable).
+    pub line: usize,
+    pub column: usize,
+    /// Dotted key path with array indices, e.g. `listeners[1].tls.cert` (may be empty).
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.column)?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Builds errors for one file's text.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source<'a> {
+    pub(crate) file: &'a Path,
+    pub(crate) text: &'a str,
+}
+
+impl Source<'_> {
+    /// An error at `span` (a byte range of the text) about `key`.
+    pub(crate) fn error(
+        &self,
+        span: Option<Range<usize>>,
+        key: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> ConfigError {
+        let (line, column) = span.map_or((0, 0), |s| line_col(self.text, s.start));
+        ConfigError {
+            file: self.file.to_owned(),
+            line,
+            column,
+            key: key.into(),
+            message: msg.into(),
+        }
+    }
+
+    /// Turns a deserializer error into one naming the key, with a "did you mean" for unknown
+    /// keys and variants.
+    pub(crate) fn from_toml(&self, e: &toml::de::Error) -> ConfigError {
+        let span = e.span();
+        let key = span
+            .as_ref()
+            .map(|s| key_path_at(self.text, s.start))
+            .unwrap_or_default();
+        let mut message = e.message().trim().to_owned();
+        if let Some(s) = suggestion(&message) {
+            message.push_str(&format!("; did you mean `{s}`?"));
+        }
+        self.error(span, key, message)
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    // Back up to a char boundary: spans from the parser are byte offsets.
+    let mut offset = offset;
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// The dotted key path (with array-of-tables indices) of the key or header at `offset`,
+/// recovered from the text: the last `[table]` / `[[array]]` header above it, and the key on
+/// its line. Inline tables spanning lines are not followed; the path is then the enclosing
+/// one, which still names the right region of the file.
+pub(crate) fn key_path_at(text: &str, offset: usize) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    let mut current = String::new();
+    let mut pos = 0;
+    for line in text.split_inclusive('\n') {
+        let end = pos + line.len();
+        let t = strip_comment(line).trim();
+        let is_header = t.starts_with('[');
+        if is_header {
+            let array = t.starts_with("[[");
+            let inner = t.trim_start_matches('[').trim_end_matches(']').trim();
+            let mut path = String::new();
+            let segs: Vec<&str> = inner
+                .split('.')
+                .map(|s| s.trim().trim_matches('"'))
+                .collect();
+            for (i, seg) in segs.iter().enumerate() {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(seg);
+                let last = i + 1 == segs.len();
+                if array && last {
+                    match counts.iter_mut().find(|(p, _)| *p == path) {
+                        Some((_, n)) => *n += 1,
+                        None => counts.push((path.clone(), 1)),
+                    }
+                }
+                if let Some((_, n)) = counts.iter().find(|(p, _)| *p == path) {
+                    path.push_str(&format!("[{}]", n - 1));
+                }
+            }
+            current = path;
+        }
+        if offset < end || end == text.len() {
+            if is_header {
+                return current;
+            }
+            let key = t
+                .split_once('=')
+                .map_or("", |(k, _)| k.trim().trim_matches('"'));
+            return match (current.is_empty(), key.is_empty()) {
+                (_, true) => current,
+                (true, false) => key.to_owned(),
+                (false, false) => format!("{current}.{key}"),
+            };
+        }
+        pos = end;
+    }
+    current
+}
+
+fn strip_comment(line: &str) -> &str {
+    // Good enough for key lines: a `#` inside a quoted value only matters after the `=`.
+    match line.find('#') {
+        Some(i) if !line[..i].contains('"') => &line[..i],
+        _ => line,
+    }
+}
+
+/// For "unknown field `x`, expected one of `a`, `b`" (or "unknown variant"), the expected name
+/// closest to `x` when it is close enough to be a typo.
+pub(crate) fn suggestion(message: &str) -> Option<String> {
+    if !(message.starts_with("unknown field") || message.starts_with("unknown variant")) {
+        return None;
+    }
+    let mut names = message.split('`').skip(1).step_by(2);
+    let got = names.next()?;
+    closest(got, names)
+}
+
+/// The candidate within edit distance max(1, len/3) of `got`, nearest first.
+pub(crate) fn closest<'a>(got: &str, candidates: impl Iterator<Item = &'a str>) -> Option<String> {
+    let limit = (got.chars().count() / 3).max(1);
+    candidates
+        .map(|c| {
+            (
+                edit_distance(&got.to_ascii_lowercase(), &c.to_ascii_lowercase()),
+                c,
+            )
+        })
+        .filter(|&(d, _)| d <= limit)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c.to_owned())
+}
+
+/// Levenshtein distance, counting `_`/`-` confusion as a substitution like any other.
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_follow_tables_and_arrays() {
+        let text = "[[nodes]]\nname = \"a\"\n[[listeners]]\nname = \"x\"\n[[listeners]]\nname = \"y\"\n[listeners.tls]\ncert = \"/x.pem\"\n";
+        let at = |needle: &str| key_path_at(text, text.find(needle).unwrap_or(0));
+        assert_eq!(at("name = \"a\""), "nodes[0].name");
+        assert_eq!(at("name = \"y\""), "listeners[1].name");
+        assert_eq!(at("cert"), "listeners[1].tls.cert");
+        assert_eq!(at("[listeners.tls]"), "listeners[1].tls");
+    }
+
+    #[test]
+    fn suggestions_catch_typos_only() {
+        assert_eq!(
+            suggestion("unknown field `expir`, expected one of `name`, `expire`, `size`")
+                .as_deref(),
+            Some("expire")
+        );
+        assert_eq!(
+            suggestion("unknown variant `leastcon`, expected `round-robin` or `leastconn`")
+                .as_deref(),
+            Some("leastconn")
+        );
+        assert_eq!(suggestion("unknown field `zzzzzz`, expected `name`"), None);
+        assert_eq!(suggestion("missing field `name`"), None);
+    }
+
+    #[test]
+    fn line_and_column_are_one_based() {
+        assert_eq!(line_col("ab\ncd", 0), (1, 1));
+        assert_eq!(line_col("ab\ncd", 4), (2, 2));
+        assert_eq!(line_col("é\nx", 3), (2, 1));
+    }
+}

@@ -1,0 +1,250 @@
+//! The config file as written: serde types that mirror the TOML one to one. Every table
+//! denies unknown keys. Values that parse on their own (durations, enums) are parsed here, so
+//! their errors carry the deserializer's position; everything that needs context (names that
+//! refer to each other, files to read) is left to `validate`, with `Spanned` positions.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub(crate) nodes: Vec<RawNode>,
+    #[serde(default)]
+    pub(crate) tables: Vec<RawTable>,
+    #[serde(default)]
+    pub(crate) listeners: Vec<RawListener>,
+    pub(crate) health: Option<RawHealth>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealth {
+    pub(crate) fall: Option<Spanned<u32>>,
+    pub(crate) rise: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNode {
+    pub(crate) name: Spanned<String>,
+    pub(crate) address: Spanned<String>,
+    pub(crate) weight: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTable {
+    pub(crate) name: Spanned<String>,
+    /// `"source-ip"`; or use `header` / `app_cookie` instead.
+    pub(crate) key: Option<Spanned<String>>,
+    pub(crate) header: Option<Spanned<String>>,
+    pub(crate) app_cookie: Option<Spanned<String>>,
+    pub(crate) ipv4_prefix: Option<Spanned<u8>>,
+    pub(crate) ipv6_prefix: Option<Spanned<u8>>,
+    pub(crate) expire: Option<Spanned<Dur>>,
+    pub(crate) size: Option<Spanned<u64>>,
+    pub(crate) snapshot: Option<Spanned<String>>,
+    pub(crate) snapshot_interval: Option<Spanned<Dur>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawMode {
+    Http,
+    Tcp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub(crate) enum RawBalance {
+    #[serde(rename = "round-robin")]
+    RoundRobin,
+    #[serde(rename = "leastconn")]
+    LeastConn,
+}
+
+/// One address or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListener {
+    pub(crate) name: Spanned<String>,
+    pub(crate) bind: Spanned<OneOrMany>,
+    pub(crate) mode: Option<RawMode>,
+    pub(crate) node_port: Spanned<u16>,
+    pub(crate) balance: Option<RawBalance>,
+    pub(crate) table: Option<Spanned<String>>,
+    pub(crate) cookie: Option<Spanned<RawCookie>>,
+    pub(crate) tls: Option<Spanned<RawTls>>,
+    pub(crate) upstream_tls: Option<Spanned<RawUpstreamTls>>,
+    pub(crate) proxy_protocol: Option<RawProxyProtocol>,
+    pub(crate) timeouts: Option<RawTimeouts>,
+    pub(crate) close_on_node_down: Option<Spanned<bool>>,
+    pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub(crate) max_connections: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCookie {
+    pub(crate) enabled: Option<bool>,
+    pub(crate) name: Option<Spanned<String>>,
+    pub(crate) path: Option<String>,
+    pub(crate) domain: Option<String>,
+    pub(crate) max_age: Option<Spanned<Dur>>,
+    pub(crate) http_only: Option<bool>,
+    pub(crate) secure: Option<bool>,
+    pub(crate) same_site: Option<RawSameSite>,
+    pub(crate) keep_in_request: Option<bool>,
+    pub(crate) mode: Option<RawCookieMode>,
+    pub(crate) keys: Option<Spanned<Vec<String>>>,
+    pub(crate) max_idle: Option<Spanned<Dur>>,
+    pub(crate) max_lifetime: Option<Spanned<Dur>>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawSameSite {
+    Lax,
+    Strict,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawCookieMode {
+    Name,
+    Signed,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    /// Shorthand for one default certificate.
+    pub(crate) cert: Option<Spanned<String>>,
+    pub(crate) key: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) certs: Vec<Spanned<RawCert>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCert {
+    pub(crate) cert: Spanned<String>,
+    pub(crate) key: Spanned<String>,
+    /// SNI names this certificate answers; none makes it the default.
+    #[serde(default)]
+    pub(crate) names: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamTls {
+    pub(crate) ca: Option<Spanned<String>>,
+    pub(crate) verify: Option<Spanned<String>>,
+    pub(crate) server_name: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProxyProtocol {
+    #[serde(default)]
+    pub(crate) accept_from: Vec<Spanned<String>>,
+    pub(crate) send: Option<RawPpVersion>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawPpVersion {
+    V1,
+    V2,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTimeouts {
+    pub(crate) connect: Option<Dur>,
+    pub(crate) idle: Option<Dur>,
+    pub(crate) header_read: Option<Dur>,
+    pub(crate) upstream_answer: Option<Dur>,
+    pub(crate) tunnel_idle: Option<Dur>,
+    pub(crate) drain: Option<Dur>,
+    pub(crate) proxy_header: Option<Dur>,
+}
+
+/// A duration written as a string: `"30m"`, `"5s"`, `"250ms"`, `"1h30m"`, `"2d"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dur(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `<number><unit>` segments (`ms`, `s`, `m`, `h`, `d`), summed.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("{s:?} is not a duration (write e.g. \"30m\", \"5s\", \"250ms\", \"1h30m\")");
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let ms_per: u64 = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        let add = n.checked_mul(ms_per).ok_or_else(bad)?;
+        total = total
+            .checked_add(Duration::from_millis(add))
+            .ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        for bad in ["", "5", "m", "5x", "-5s", "1.5s", "99999999999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,737 @@
+//! Raw (as written) to validated (as run). Each check names the key it is about; positions
+//! come from `Spanned` fields. Files (certificates, CA bundles) are read here, so `limpet
+//! check` catches a bad path or a mismatched key before anything binds.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use limpet_core::proxy_protocol;
+use limpet_core::table::{IpPrefix, KeySpec, TableConfig};
+use limpet_core::{Balance, CookieSpec, HealthPolicy, Pool, SameSite};
+use toml::Spanned;
+
+use super::error::{closest, ConfigError, Source};
+use super::raw::*;
+use super::{
+    Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, SnapshotDef, TableDef, TcpDef,
+    UpstreamTls,
+};
+use crate::proxy::{CookieConfig, CookieMode, IpNet, Limits, Timeouts};
+use crate::tls::{self, CertSpec, TlsPart, UpstreamVerify};
+
+pub(super) fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let src = Source { file: path, text };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| src.from_toml(&e))?;
+    let v = Validator {
+        src,
+        dir: path.parent().map(Path::to_owned).unwrap_or_default(),
+    };
+    v.config(raw)
+}
+
+struct Validator<'a> {
+    src: Source<'a>,
+    dir: PathBuf,
+}
+
+fn span<T>(s: &Spanned<T>) -> Option<std::ops::Range<usize>> {
+    Some(s.span())
+}
+
+impl Validator<'_> {
+    fn err<T>(
+        &self,
+        at: &Spanned<T>,
+        key: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> ConfigError {
+        self.src.error(span(at), key, msg)
+    }
+
+    fn err_nowhere(&self, key: impl Into<String>, msg: impl Into<String>) -> ConfigError {
+        self.src.error(None, key, msg)
+    }
+
+    /// A file path from the config, relative to the config file's directory.
+    fn file(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let mut health = HealthPolicy::default();
+        if let Some(h) = &raw.health {
+            for (v, key, slot) in [
+                (&h.fall, "health.fall", &mut health.fall),
+                (&h.rise, "health.rise", &mut health.rise),
+            ] {
+                if let Some(v) = v {
+                    if *v.get_ref() == 0 {
+                        return Err(self.err(v, key, "must be at least 1"));
+                    }
+                    *slot = *v.get_ref();
+                }
+            }
+        }
+        let nodes = self.nodes(&raw.nodes)?;
+        let tables = self.tables(&raw.tables)?;
+        let mut listeners = Vec::new();
+        for (i, l) in raw.listeners.iter().enumerate() {
+            let key = format!("listeners[{i}]");
+            if let Some(prev) = raw.listeners[..i]
+                .iter()
+                .position(|p| p.name.get_ref() == l.name.get_ref())
+            {
+                return Err(self.err(
+                    &l.name,
+                    format!("{key}.name"),
+                    format!("duplicate listener name (listeners[{prev}] has it)"),
+                ));
+            }
+            listeners.push(self.listener(&key, l, &nodes, &tables)?);
+        }
+        if listeners.is_empty() {
+            return Err(self.err_nowhere("listeners", "at least one [[listeners]] is needed"));
+        }
+        // Two listeners on one address would fail at bind time; say so now.
+        let mut seen: Vec<(SocketAddr, &str)> = Vec::new();
+        for (l, raw_l) in listeners.iter().zip(&raw.listeners) {
+            for a in &l.bind {
+                if let Some((_, other)) = seen.iter().find(|(b, _)| b == a) {
+                    return Err(self.err(
+                        &raw_l.bind,
+                        format!("listeners[{}].bind", l.name),
+                        format!("{a} is already bound by listener {other:?}"),
+                    ));
+                }
+                seen.push((*a, &l.name));
+            }
+        }
+        Ok(Config {
+            path: self.src.file.to_owned(),
+            nodes,
+            tables,
+            listeners,
+            health,
+        })
+    }
+
+    fn nodes(&self, raw: &[RawNode]) -> Result<Vec<NodeDef>, ConfigError> {
+        if raw.is_empty() {
+            return Err(self.err_nowhere("nodes", "at least one [[nodes]] is needed"));
+        }
+        let mut out: Vec<NodeDef> = Vec::new();
+        for (i, n) in raw.iter().enumerate() {
+            let key = format!("nodes[{i}]");
+            let name = n.name.get_ref();
+            if let Err(e) = Pool::new([name.as_str()]) {
+                return Err(self.err(&n.name, format!("{key}.name"), e.to_string()));
+            }
+            if out.iter().any(|o| &o.name == name) {
+                return Err(self.err(
+                    &n.name,
+                    format!("{key}.name"),
+                    format!("duplicate node name {name:?}"),
+                ));
+            }
+            let addr = self.host(&n.address, &format!("{key}.address"))?;
+            let weight = match &n.weight {
+                Some(w) => {
+                    let v = *w.get_ref();
+                    if !(1..=limpet_core::MAX_WEIGHT).contains(&v) {
+                        return Err(self.err(
+                            w,
+                            format!("{key}.weight"),
+                            format!("weights go from 1 to {}", limpet_core::MAX_WEIGHT),
+                        ));
+                    }
+                    v
+                }
+                None => 1,
+            };
+            out.push(NodeDef {
+                name: name.clone(),
+                addr,
+                weight,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A node address: an IP, or a host name resolved once now (like HAProxy's default
+    /// `init-addr`). A port is refused: each listener says which port it forwards to.
+    fn host(&self, s: &Spanned<String>, key: &str) -> Result<IpAddr, ConfigError> {
+        let v = s.get_ref().trim();
+        if let Ok(ip) = v.parse::<IpAddr>() {
+            return Ok(ip);
+        }
+        if v.parse::<SocketAddr>().is_ok()
+            || v.rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            return Err(self.err(s, key, format!("{v:?}: write the address without a port; each listener's `node_port` says which port")));
+        }
+        if v.is_empty() {
+            return Err(self.err(s, key, "empty address"));
+        }
+        (v, 0)
+            .to_socket_addrs()
+            .map_err(|e| self.err(s, key, format!("cannot resolve {v:?}: {e}")))?
+            .next()
+            .map(|a| a.ip())
+            .ok_or_else(|| self.err(s, key, format!("{v:?} resolves to no address")))
+    }
+
+    fn tables(&self, raw: &[RawTable]) -> Result<Vec<TableDef>, ConfigError> {
+        let mut out: Vec<TableDef> = Vec::new();
+        for (i, t) in raw.iter().enumerate() {
+            let key = format!("tables[{i}]");
+            let name = t.name.get_ref();
+            if name.is_empty() {
+                return Err(self.err(&t.name, format!("{key}.name"), "empty table name"));
+            }
+            if out.iter().any(|o| &o.name == name) {
+                return Err(self.err(
+                    &t.name,
+                    format!("{key}.name"),
+                    format!("duplicate table name {name:?}"),
+                ));
+            }
+            let set = [t.key.is_some(), t.header.is_some(), t.app_cookie.is_some()];
+            let tkey = match (&t.key, &t.header, &t.app_cookie) {
+                _ if set.iter().filter(|b| **b).count() > 1 => {
+                    return Err(self.err(
+                        &t.name,
+                        key,
+                        "give one of `key = \"source-ip\"`, `header` or `app_cookie`, not several",
+                    ));
+                }
+                (Some(k), _, _) => {
+                    if k.get_ref() != "source-ip" {
+                        let hint = closest(k.get_ref(), ["source-ip"].into_iter())
+                            .map_or(String::new(), |s| format!("; did you mean `{s}`?"));
+                        return Err(self.err(k, format!("{key}.key"), format!("unknown key {:?}: `key` takes \"source-ip\" (use `header = ...` or `app_cookie = ...` for the others){hint}", k.get_ref())));
+                    }
+                    let p4 = self.prefix(&t.ipv4_prefix, 32, &format!("{key}.ipv4_prefix"))?;
+                    let p6 = self.prefix(&t.ipv6_prefix, 128, &format!("{key}.ipv6_prefix"))?;
+                    let prefix = IpPrefix::new(p4, p6)
+                        .map_err(|e| self.err(k, format!("{key}.key"), e.to_string()))?;
+                    KeySpec::SourceIp(prefix)
+                }
+                (None, Some(h), _) => KeySpec::header(h.get_ref())
+                    .map_err(|e| self.err(h, format!("{key}.header"), e.to_string()))?,
+                (None, None, Some(c)) => KeySpec::app_cookie(c.get_ref())
+                    .map_err(|e| self.err(c, format!("{key}.app_cookie"), e.to_string()))?,
+                (None, None, None) => {
+                    return Err(self.err(&t.name, key, "a table needs a key: `key = \"source-ip\"`, `header = \"X-...\"` or `app_cookie = \"NAME\"`"));
+                }
+            };
+            if !matches!(tkey, KeySpec::SourceIp(_)) {
+                for (p, k) in [
+                    (&t.ipv4_prefix, "ipv4_prefix"),
+                    (&t.ipv6_prefix, "ipv6_prefix"),
+                ] {
+                    if let Some(p) = p {
+                        return Err(self.err(
+                            p,
+                            format!("{key}.{k}"),
+                            "prefixes only apply to `key = \"source-ip\"`",
+                        ));
+                    }
+                }
+            }
+            let expire = match &t.expire {
+                Some(e) if e.get_ref().0.is_zero() => {
+                    return Err(self.err(e, format!("{key}.expire"), "must be more than 0"));
+                }
+                Some(e) => e.get_ref().0,
+                None => Duration::from_secs(30 * 60),
+            };
+            let size = match &t.size {
+                Some(s) => {
+                    let v = u32::try_from(*s.get_ref()).unwrap_or(u32::MAX);
+                    if let Err(e) = TableConfig::new(v, 1).validate() {
+                        return Err(self.err(s, format!("{key}.size"), e.to_string()));
+                    }
+                    v
+                }
+                None => 100_000,
+            };
+            let expire_ms = u64::try_from(expire.as_millis()).unwrap_or(u64::MAX);
+            if let Err(e) = TableConfig::new(1, expire_ms).validate() {
+                let at = t.expire.as_ref().map_or(t.name.span(), |e| e.span());
+                return Err(self
+                    .src
+                    .error(Some(at), format!("{key}.expire"), e.to_string()));
+            }
+            let snapshot = match (&t.snapshot, &t.snapshot_interval) {
+                (None, Some(iv)) => {
+                    return Err(self.err(
+                        iv,
+                        format!("{key}.snapshot_interval"),
+                        "needs `snapshot = \"path\"`",
+                    ));
+                }
+                (None, None) => None,
+                (Some(p), iv) => {
+                    if p.get_ref().is_empty() {
+                        return Err(self.err(p, format!("{key}.snapshot"), "empty path"));
+                    }
+                    if let Some(iv) = iv {
+                        if iv.get_ref().0 < Duration::from_secs(1) {
+                            return Err(self.err(
+                                iv,
+                                format!("{key}.snapshot_interval"),
+                                "must be at least 1s",
+                            ));
+                        }
+                    }
+                    Some(SnapshotDef {
+                        path: self.file(p.get_ref()),
+                        interval: iv.as_ref().map(|i| i.get_ref().0),
+                    })
+                }
+            };
+            out.push(TableDef {
+                name: name.clone(),
+                key: tkey,
+                expire,
+                size,
+                snapshot,
+            });
+        }
+        Ok(out)
+    }
+
+    fn prefix(&self, p: &Option<Spanned<u8>>, max: u8, key: &str) -> Result<u8, ConfigError> {
+        match p {
+            None => Ok(max),
+            Some(v) if *v.get_ref() > max => {
+                Err(self.err(v, key, format!("prefix length goes from 0 to {max}")))
+            }
+            Some(v) => Ok(*v.get_ref()),
+        }
+    }
+
+    fn listener(
+        &self,
+        key: &str,
+        l: &RawListener,
+        nodes: &[NodeDef],
+        tables: &[TableDef],
+    ) -> Result<ListenerDef, ConfigError> {
+        let mode = match l.mode {
+            Some(RawMode::Tcp) => Mode::Tcp,
+            Some(RawMode::Http) | None => Mode::Http,
+        };
+        if l.name.get_ref().is_empty() {
+            return Err(self.err(&l.name, format!("{key}.name"), "empty listener name"));
+        }
+        let bind_strs: Vec<String> = match l.bind.get_ref() {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        };
+        if bind_strs.is_empty() {
+            return Err(self.err(&l.bind, format!("{key}.bind"), "at least one address"));
+        }
+        let mut bind = Vec::new();
+        for b in &bind_strs {
+            let a = b.parse::<SocketAddr>().map_err(|_| {
+                self.err(
+                    &l.bind,
+                    format!("{key}.bind"),
+                    format!("{b:?} is not IP:PORT (e.g. \"0.0.0.0:5011\" or \"[::]:5011\")"),
+                )
+            })?;
+            bind.push(a);
+        }
+        let node_port = *l.node_port.get_ref();
+        if node_port == 0 {
+            return Err(self.err(
+                &l.node_port,
+                format!("{key}.node_port"),
+                "port 0 cannot be connected to",
+            ));
+        }
+        let table = match &l.table {
+            None => None,
+            Some(t) => {
+                let Some(def) = tables.iter().find(|d| &d.name == t.get_ref()) else {
+                    let hint = closest(t.get_ref(), tables.iter().map(|d| d.name.as_str()))
+                        .map_or(String::new(), |s| format!("; did you mean {s:?}?"));
+                    return Err(self.err(
+                        t,
+                        format!("{key}.table"),
+                        format!("no table named {:?} in [[tables]]{hint}", t.get_ref()),
+                    ));
+                };
+                if mode == Mode::Tcp && !matches!(def.key, KeySpec::SourceIp(_)) {
+                    return Err(self.err(t, format!("{key}.table"), format!("table {:?} is keyed on an HTTP header or cookie; a tcp listener can only use a `source-ip` table", def.name)));
+                }
+                Some(def.name.clone())
+            }
+        };
+        let cookie = match (&l.cookie, mode) {
+            (Some(c), Mode::Tcp) => {
+                return Err(self.err(
+                    c,
+                    format!("{key}.cookie"),
+                    "cookies are for mode = \"http\" listeners",
+                ));
+            }
+            (Some(c), Mode::Http) => self.cookie(&format!("{key}.cookie"), c, nodes)?,
+            // An HTTP listener pins with the cookie by default, unless it names a table only.
+            (None, Mode::Http) if table.is_none() => Some(CookieConfig::default()),
+            (None, _) => None,
+        };
+        let balance = match l.balance {
+            Some(RawBalance::LeastConn) => Balance::LeastConn,
+            Some(RawBalance::RoundRobin) | None => Balance::RoundRobin,
+        };
+        let tls = match &l.tls {
+            None => None,
+            Some(t) => Some(Arc::new(self.server_tls(&format!("{key}.tls"), t, mode)?)),
+        };
+        let upstream_tls = match &l.upstream_tls {
+            None => None,
+            Some(u) => Some(self.upstream_tls(&format!("{key}.upstream_tls"), u, mode)?),
+        };
+        let mut timeouts = Timeouts::default();
+        let mut tcp = TcpDef::default();
+        let mut proxy_protocol = ProxyProtocolDef {
+            header_timeout: Duration::from_secs(5),
+            ..ProxyProtocolDef::default()
+        };
+        if let Some(t) = &l.timeouts {
+            let set = |d: &Option<Dur>, slot: &mut Duration| {
+                if let Some(d) = d {
+                    *slot = d.0;
+                }
+            };
+            set(&t.connect, &mut timeouts.connect);
+            set(&t.header_read, &mut timeouts.header_read);
+            set(&t.upstream_answer, &mut timeouts.upstream_answer);
+            set(&t.tunnel_idle, &mut timeouts.tunnel_idle);
+            set(&t.drain, &mut timeouts.drain);
+            set(&t.proxy_header, &mut proxy_protocol.header_timeout);
+            if let Some(d) = t.idle {
+                timeouts.keep_alive_idle = d.0;
+                tcp.idle = d.0;
+            }
+            for (d, k) in [
+                (t.connect, "connect"),
+                (t.idle, "idle"),
+                (t.header_read, "header_read"),
+                (t.upstream_answer, "upstream_answer"),
+                (t.tunnel_idle, "tunnel_idle"),
+                (t.proxy_header, "proxy_header"),
+            ] {
+                if d.is_some_and(|d| d.0.is_zero()) {
+                    return Err(
+                        self.err_nowhere(format!("{key}.timeouts.{k}"), "must be more than 0")
+                    );
+                }
+            }
+        }
+        if let Some(c) = &l.close_on_node_down {
+            if mode == Mode::Http {
+                return Err(self.err(
+                    c,
+                    format!("{key}.close_on_node_down"),
+                    "only for mode = \"tcp\" (HTTP requests re-pin one by one)",
+                ));
+            }
+            tcp.close_on_node_down = *c.get_ref();
+        }
+        if let Some(pp) = &l.proxy_protocol {
+            for a in &pp.accept_from {
+                proxy_protocol
+                    .accept_from
+                    .push(self.net(a, &format!("{key}.proxy_protocol.accept_from"))?);
+            }
+            proxy_protocol.send = pp.send.map(|v| match v {
+                RawPpVersion::V1 => proxy_protocol::Version::V1,
+                RawPpVersion::V2 => proxy_protocol::Version::V2,
+            });
+        }
+        let mut trusted_proxies = Vec::new();
+        for a in l.trusted_proxies.iter().flatten() {
+            trusted_proxies.push(self.net(a, &format!("{key}.trusted_proxies"))?);
+        }
+        let mut limits = Limits::default();
+        if let Some(m) = &l.max_connections {
+            if *m.get_ref() == 0 {
+                return Err(self.err(m, format!("{key}.max_connections"), "must be at least 1"));
+            }
+            limits.max_client_connections = usize::try_from(*m.get_ref()).unwrap_or(usize::MAX);
+        }
+        Ok(ListenerDef {
+            name: l.name.get_ref().clone(),
+            bind,
+            mode,
+            node_port,
+            upstreams: nodes
+                .iter()
+                .map(|n| SocketAddr::new(n.addr, node_port))
+                .collect(),
+            balance,
+            table,
+            cookie,
+            tls,
+            upstream_tls,
+            proxy_protocol,
+            timeouts,
+            tcp,
+            trusted_proxies,
+            limits,
+        })
+    }
+
+    fn net(&self, s: &Spanned<String>, key: &str) -> Result<IpNet, ConfigError> {
+        s.get_ref()
+            .parse::<IpNet>()
+            .map_err(|e| self.err(s, key, e.to_string()))
+    }
+
+    fn cookie(
+        &self,
+        key: &str,
+        c: &Spanned<RawCookie>,
+        nodes: &[NodeDef],
+    ) -> Result<Option<CookieConfig>, ConfigError> {
+        let r = c.get_ref();
+        if r.enabled == Some(false) {
+            return Ok(None);
+        }
+        let mut spec = CookieSpec::proxy_default();
+        if let Some(n) = &r.name {
+            if !limpet_core::cookie::is_cookie_name(n.get_ref().as_bytes()) {
+                return Err(self.err(
+                    n,
+                    format!("{key}.name"),
+                    format!("{:?} is not a cookie name", n.get_ref()),
+                ));
+            }
+            spec.name = n.get_ref().as_str().into();
+        }
+        if let Some(p) = &r.path {
+            spec.path = Some(p.as_str().into());
+        }
+        if let Some(d) = &r.domain {
+            spec.domain = Some(d.as_str().into());
+        }
+        if let Some(m) = &r.max_age {
+            spec.max_age = Some(m.get_ref().0.as_secs());
+        }
+        if let Some(h) = r.http_only {
+            spec.http_only = h;
+        }
+        if let Some(s) = r.secure {
+            spec.secure = s;
+        }
+        if let Some(s) = r.same_site {
+            spec.same_site = Some(match s {
+                RawSameSite::Lax => SameSite::Lax,
+                RawSameSite::Strict => SameSite::Strict,
+                RawSameSite::None => SameSite::None,
+            });
+        }
+        let mode = match r.mode {
+            None | Some(RawCookieMode::Name) => {
+                if let Some(k) = &r.keys {
+                    return Err(self.err(
+                        k,
+                        format!("{key}.keys"),
+                        "keys are for mode = \"signed\"",
+                    ));
+                }
+                CookieMode::Name
+            }
+            Some(RawCookieMode::Signed) => {
+                let Some(keys) = &r.keys else {
+                    return Err(self.err(
+                        c,
+                        key.to_owned(),
+                        "mode = \"signed\" needs `keys = [\"...\"]` (secrets, newest first)",
+                    ));
+                };
+                CookieMode::Signed {
+                    keys: keys
+                        .get_ref()
+                        .iter()
+                        .map(|k| k.as_bytes().to_vec())
+                        .collect(),
+                    max_idle: r
+                        .max_idle
+                        .as_ref()
+                        .map_or(Duration::from_secs(30 * 60), |d| d.get_ref().0),
+                    max_lifetime: r
+                        .max_lifetime
+                        .as_ref()
+                        .map_or(Duration::from_secs(12 * 3600), |d| d.get_ref().0),
+                }
+            }
+        };
+        let cfg = CookieConfig {
+            spec,
+            mode,
+            keep_in_request: r.keep_in_request.unwrap_or(false),
+        };
+        let pool = Pool::new(nodes.iter().map(|n| n.name.as_str()))
+            .map_err(|e| self.err(c, key.to_owned(), e.to_string()))?;
+        cfg.codec(&pool)
+            .map_err(|e| self.err(c, key.to_owned(), e.0))?;
+        Ok(Some(cfg))
+    }
+
+    fn server_tls(
+        &self,
+        key: &str,
+        t: &Spanned<RawTls>,
+        mode: Mode,
+    ) -> Result<rustls::ServerConfig, ConfigError> {
+        let r = t.get_ref();
+        // (cert, key, names) with the spans to blame for each part.
+        struct Entry<'a> {
+            cert: PathBuf,
+            key: PathBuf,
+            names: Vec<String>,
+            at_cert: &'a Spanned<String>,
+            at_key: &'a Spanned<String>,
+            at_names: Option<&'a Spanned<String>>,
+            path: String,
+        }
+        let mut entries = Vec::new();
+        match (&r.cert, &r.key) {
+            (Some(c), Some(k)) => entries.push(Entry {
+                cert: self.file(c.get_ref()),
+                key: self.file(k.get_ref()),
+                names: Vec::new(),
+                at_cert: c,
+                at_key: k,
+                at_names: None,
+                path: key.to_owned(),
+            }),
+            (Some(c), None) => return Err(self.err(c, format!("{key}.key"), "`cert` needs `key`")),
+            (None, Some(k)) => {
+                return Err(self.err(k, format!("{key}.cert"), "`key` needs `cert`"))
+            }
+            (None, None) => {}
+        }
+        for (i, c) in r.certs.iter().enumerate() {
+            let c = c.get_ref();
+            entries.push(Entry {
+                cert: self.file(c.cert.get_ref()),
+                key: self.file(c.key.get_ref()),
+                names: c.names.iter().map(|n| n.get_ref().clone()).collect(),
+                at_cert: &c.cert,
+                at_key: &c.key,
+                at_names: c.names.first(),
+                path: format!("{key}.certs[{i}]"),
+            });
+        }
+        if entries.is_empty() {
+            return Err(self.err(
+                t,
+                key.to_owned(),
+                "TLS needs `cert` and `key`, or [[...tls.certs]]",
+            ));
+        }
+        let specs: Vec<CertSpec<'_>> = entries
+            .iter()
+            .map(|e| CertSpec {
+                cert: &e.cert,
+                key: &e.key,
+                names: &e.names,
+            })
+            .collect();
+        let alpn: &[&[u8]] = match mode {
+            Mode::Http => &[b"h2", b"http/1.1"],
+            Mode::Tcp => &[],
+        };
+        tls::server_config(&specs, alpn).map_err(|(i, e)| {
+            let Some(entry) = entries.get(i) else {
+                return self.err(t, key.to_owned(), e.message);
+            };
+            match e.part {
+                TlsPart::Key => self.err(entry.at_key, format!("{}.key", entry.path), e.message),
+                TlsPart::Name => match entry.at_names {
+                    Some(n) => self.err(n, format!("{}.names", entry.path), e.message),
+                    None => self.err(entry.at_cert, format!("{}.cert", entry.path), e.message),
+                },
+                TlsPart::Cert | TlsPart::Ca => {
+                    self.err(entry.at_cert, format!("{}.cert", entry.path), e.message)
+                }
+            }
+        })
+    }
+
+    fn upstream_tls(
+        &self,
+        key: &str,
+        u: &Spanned<RawUpstreamTls>,
+        mode: Mode,
+    ) -> Result<UpstreamTls, ConfigError> {
+        let r = u.get_ref();
+        let verify = match (&r.ca, &r.verify) {
+            (Some(ca), None) => UpstreamVerify::Ca(Path::new(ca.get_ref())),
+            (None, Some(v)) if v.get_ref() == "none" => UpstreamVerify::None,
+            (None, Some(v)) => {
+                return Err(self.err(
+                    v,
+                    format!("{key}.verify"),
+                    format!(
+                        "{:?}: `verify` only takes \"none\"; to verify, give `ca = \"ca.pem\"`",
+                        v.get_ref()
+                    ),
+                ));
+            }
+            (Some(ca), Some(_)) => {
+                return Err(self.err(
+                    ca,
+                    key.to_owned(),
+                    "give `ca` or `verify = \"none\"`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(self.err(u, key.to_owned(), "say how nodes are verified: `ca = \"ca.pem\"`, or `verify = \"none\"` to accept any certificate"));
+            }
+        };
+        let ca_path;
+        let verify = match verify {
+            UpstreamVerify::Ca(p) => {
+                ca_path = self.file(&p.to_string_lossy());
+                UpstreamVerify::Ca(&ca_path)
+            }
+            v => v,
+        };
+        // The HTTP engine speaks HTTP/1.1 to nodes.
+        let alpn: &[&[u8]] = match mode {
+            Mode::Http => &[b"http/1.1"],
+            Mode::Tcp => &[],
+        };
+        let config = tls::client_config(verify, alpn).map_err(|e| match &r.ca {
+            Some(ca) => self.err(ca, format!("{key}.ca"), e.message),
+            None => self.err(u, key.to_owned(), e.message),
+        })?;
+        if let Some(n) = &r.server_name {
+            if rustls_pki_types::ServerName::try_from(n.get_ref().as_str()).is_err() {
+                return Err(self.err(
+                    n,
+                    format!("{key}.server_name"),
+                    format!("{:?} is not a DNS name or IP address", n.get_ref()),
+                ));
+            }
+        }
+        Ok(UpstreamTls {
+            config: Arc::new(config),
+            server_name: r.server_name.as_ref().map(|n| n.get_ref().clone()),
+        })
+    }
+}

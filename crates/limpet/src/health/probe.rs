@@ -1,0 +1,174 @@
+//! One probe of one kind against one address, bounded by a timeout. Never panics on what the
+//! node sends: every failure becomes a [`CheckDetail`] with an error.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Empty;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::{CheckDetail, CheckKind, HttpCheck, TlsCheck};
+
+/// Runs one check and reports its outcome.
+pub async fn probe(kind: &CheckKind, addr: SocketAddr, timeout: Duration) -> CheckDetail {
+    let started = Instant::now();
+    let result = tokio::time::timeout(timeout, async {
+        match kind {
+            CheckKind::Tcp => tcp(addr).await.map(|()| None),
+            CheckKind::Http(h) => http(addr, h).await.map(Some),
+            CheckKind::Tls(t) => tls(addr, t).await.map(|()| None),
+        }
+    })
+    .await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let (ok, error, status) = match result {
+        Ok(Ok(status)) => (true, None, status),
+        Ok(Err(Failure { error, status })) => (false, Some(error), status),
+        Err(_) => (
+            false,
+            Some(format!("timeout after {} ms", timeout.as_millis())),
+            None,
+        ),
+    };
+    CheckDetail {
+        kind: kind.as_str(),
+        ok,
+        error,
+        status,
+        duration_ms,
+    }
+}
+
+struct Failure {
+    error: String,
+    status: Option<u16>,
+}
+
+impl Failure {
+    fn new(error: String) -> Self {
+        Failure {
+            error,
+            status: None,
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| Failure::new(format!("connect: {e}")))?;
+    let _ = s.set_nodelay(true);
+    Ok(s)
+}
+
+async fn tcp(addr: SocketAddr) -> Result<(), Failure> {
+    connect(addr).await.map(drop)
+}
+
+async fn http(addr: SocketAddr, check: &HttpCheck) -> Result<u16, Failure> {
+    let stream = connect(addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| Failure::new(format!("http: {e}")))?;
+    let conn = tokio::spawn(conn);
+    let host = check.host.clone().unwrap_or_else(|| addr.to_string());
+    let req = http::Request::builder()
+        .method(check.method.clone())
+        .uri(check.path.as_str())
+        .header(http::header::HOST, host)
+        .header(http::header::USER_AGENT, "limpet-check")
+        .header(http::header::CONNECTION, "close")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| Failure::new(format!("http request: {e}")))?;
+    let result = sender.send_request(req).await;
+    // The answer's status is all a check needs; the body is not read.
+    conn.abort();
+    let resp = result.map_err(|e| Failure::new(format!("http: {e}")))?;
+    let status = resp.status().as_u16();
+    if check.expect.contains(status) {
+        Ok(status)
+    } else {
+        Err(Failure {
+            error: format!("status {status} not in {}", check.expect),
+            status: Some(status),
+        })
+    }
+}
+
+async fn tls(addr: SocketAddr, check: &TlsCheck) -> Result<(), Failure> {
+    let stream = connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(&check.config));
+    connector
+        .connect(check.server_name.clone(), stream)
+        .await
+        .map(drop)
+        .map_err(|e| Failure::new(format!("tls: {e}")))
+}
+
+/// A client config that completes handshakes without verifying the node's certificate (the
+/// reference's `ssl verify none`): the check then proves the node speaks TLS, not who it is.
+pub fn insecure_tls_config() -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(NoVerify(Arc::clone(&provider)));
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

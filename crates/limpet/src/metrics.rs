@@ -1,0 +1,497 @@
+//! # Metrics: what the data plane counts, in Prometheus text at `/metrics`
+//!
+//! One [`Metrics`] per limpet process, shared (`Arc`) by every listener and the admin server.
+//! The data plane calls one-line hooks; the admin server fills the gauges that describe the
+//! present (active connections, pins held, table sizes) from a snapshot right before it
+//! encodes, so gauges never drift from the state they describe.
+//!
+//! Encoding is `prometheus-client`'s, never hand-formatted. Families:
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `limpet_requests_total` | counter | listener, node, class (`1xx`..`5xx`, `error` when no answer) |
+//! | `limpet_pins_total` | counter | listener, outcome (`sticky`, `new`, `repinned`), reason (`RepinReason::as_str`, or `none`) |
+//! | `limpet_health_transitions_total` | counter | node, to (`up`, `down`) |
+//! | `limpet_upstream_latency_seconds` | histogram | listener, node (time to the node's answer head) |
+//! | `limpet_table_evictions_total` | counter | table |
+//! | `limpet_node_active_connections` | gauge | node |
+//! | `limpet_node_tunnels` | gauge | node (WebSocket and TCP tunnels open) |
+//! | `limpet_node_pins` | gauge | node (pins held in affinity tables) |
+//! | `limpet_node_sessions_seen` | gauge | node (distinct sessions seen in the window, estimated) |
+//! | `limpet_node_state` | gauge | node, state (1 for the current state, 0 otherwise) |
+//! | `limpet_table_entries` | gauge | table |
+//! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
+//!
+//! Next to the Prometheus families, a few process-wide totals ([`Totals`]) feed the stats
+//! page's counts and rates without parsing the text format.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use limpet_core::{Decision, RepinReason, Transition};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    listener: String,
+    node: String,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PinLabels {
+    listener: String,
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    node: String,
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LatencyLabels {
+    listener: String,
+    node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeStateLabels {
+    node: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabels {
+    table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// How a request's pin was handled, for [`Metrics::pin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinOutcome {
+    /// The pin was honoured.
+    Sticky,
+    /// No pin: a fresh assignment.
+    New,
+    /// A pin that could not be honoured: a fresh assignment, for this reason.
+    Repinned(RepinReason),
+}
+
+impl PinOutcome {
+    /// The outcome of a core decision (`None` for `Unavailable`).
+    pub fn of(decision: &Decision) -> Option<Self> {
+        match *decision {
+            Decision::Sticky(_) => Some(PinOutcome::Sticky),
+            Decision::Fresh { repin: None, .. } => Some(PinOutcome::New),
+            Decision::Fresh { repin: Some(r), .. } => Some(PinOutcome::Repinned(r)),
+            Decision::Unavailable => None,
+        }
+    }
+}
+
+/// Process-wide totals for the stats page.
+#[derive(Debug, Default)]
+pub struct Totals {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    sticky: AtomicU64,
+    new: AtomicU64,
+    repinned: AtomicU64,
+    transitions: AtomicU64,
+}
+
+/// A snapshot of [`Totals`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TotalsView {
+    /// Requests answered (any status), and those answered 5xx or not at all.
+    pub requests: u64,
+    pub errors: u64,
+    pub sticky: u64,
+    pub new: u64,
+    pub repinned: u64,
+    pub health_transitions: u64,
+}
+
+/// The metrics of one limpet process. See the module docs.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    pins: Family<PinLabels, Counter>,
+    transitions: Family<TransitionLabels, Counter>,
+    latency: Family<LatencyLabels, Histogram>,
+    evictions: Family<TableLabels, Counter>,
+    reloads: Family<ResultLabels, Counter>,
+    node_active: Family<NodeLabels, Gauge>,
+    node_tunnels: Family<NodeLabels, Gauge>,
+    node_pins: Family<NodeLabels, Gauge>,
+    node_seen: Family<NodeLabels, Gauge>,
+    node_state: Family<NodeStateLabels, Gauge>,
+    table_entries: Family<TableLabels, Gauge>,
+    totals: Totals,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms to about 16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A gauge per node, as the admin server reads it from the runtime before encoding.
+#[derive(Debug, Clone, Default)]
+pub struct NodeGauges<'a> {
+    pub node: &'a str,
+    pub state: &'static str,
+    pub active: u64,
+    pub tunnels: u64,
+    pub pins: u64,
+    pub seen: u64,
+}
+
+const STATES: [&str; 4] = ["UP", "DOWN", "DRAIN", "MAINT"];
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let pins = Family::<PinLabels, Counter>::default();
+        let transitions = Family::<TransitionLabels, Counter>::default();
+        let latency = Family::<LatencyLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let evictions = Family::<TableLabels, Counter>::default();
+        let reloads = Family::<ResultLabels, Counter>::default();
+        let node_active = Family::<NodeLabels, Gauge>::default();
+        let node_tunnels = Family::<NodeLabels, Gauge>::default();
+        let node_pins = Family::<NodeLabels, Gauge>::default();
+        let node_seen = Family::<NodeLabels, Gauge>::default();
+        let node_state = Family::<NodeStateLabels, Gauge>::default();
+        let table_entries = Family::<TableLabels, Gauge>::default();
+        registry.register(
+            "limpet_requests",
+            "Requests answered, by listener, node and status class",
+            requests.clone(),
+        );
+        registry.register(
+            "limpet_pins",
+            "Pin outcomes of routing decisions: sticky, new, or re-pinned with a reason",
+            pins.clone(),
+        );
+        registry.register(
+            "limpet_health_transitions",
+            "Node health state changes",
+            transitions.clone(),
+        );
+        registry.register(
+            "limpet_upstream_latency_seconds",
+            "Time from sending a request to a node to its answer head",
+            latency.clone(),
+        );
+        registry.register(
+            "limpet_table_evictions",
+            "Affinity table entries evicted by the size bound",
+            evictions.clone(),
+        );
+        registry.register(
+            "limpet_config_reloads",
+            "Configuration reloads, applied or refused",
+            reloads.clone(),
+        );
+        registry.register(
+            "limpet_node_active_connections",
+            "Connections and tunnels open to a node",
+            node_active.clone(),
+        );
+        registry.register(
+            "limpet_node_tunnels",
+            "WebSocket and TCP tunnels open to a node",
+            node_tunnels.clone(),
+        );
+        registry.register(
+            "limpet_node_pins",
+            "Pins to a node held in affinity tables",
+            node_pins.clone(),
+        );
+        registry.register(
+            "limpet_node_sessions_seen",
+            "Distinct sessions seen on a node within the window (HyperLogLog estimate)",
+            node_seen.clone(),
+        );
+        registry.register(
+            "limpet_node_state",
+            "A node's state: 1 for the current one",
+            node_state.clone(),
+        );
+        registry.register(
+            "limpet_table_entries",
+            "Entries held in an affinity table",
+            table_entries.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            pins,
+            transitions,
+            latency,
+            evictions,
+            reloads,
+            node_active,
+            node_tunnels,
+            node_pins,
+            node_seen,
+            node_state,
+            table_entries,
+            totals: Totals::default(),
+        }
+    }
+
+    /// A request on `listener` was answered with `status` by `node` (or by limpet itself when
+    /// `node` is `None`, e.g. a 503 when no node is available). `status` 0 means no answer.
+    pub fn request(&self, listener: &str, node: Option<&str>, status: u16) {
+        let class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            500..=599 => "5xx",
+            _ => "error",
+        };
+        self.requests
+            .get_or_create(&RequestLabels {
+                listener: listener.to_owned(),
+                node: node.unwrap_or("").to_owned(),
+                class,
+            })
+            .inc();
+        self.totals.requests.fetch_add(1, Ordering::Relaxed);
+        if !(100..500).contains(&status) {
+            self.totals.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A routing decision's pin outcome on `listener`.
+    pub fn pin(&self, listener: &str, outcome: PinOutcome) {
+        let (name, reason) = match outcome {
+            PinOutcome::Sticky => {
+                self.totals.sticky.fetch_add(1, Ordering::Relaxed);
+                ("sticky", "none")
+            }
+            PinOutcome::New => {
+                self.totals.new.fetch_add(1, Ordering::Relaxed);
+                ("new", "none")
+            }
+            PinOutcome::Repinned(r) => {
+                self.totals.repinned.fetch_add(1, Ordering::Relaxed);
+                ("repinned", r.as_str())
+            }
+        };
+        self.pins
+            .get_or_create(&PinLabels {
+                listener: listener.to_owned(),
+                outcome: name,
+                reason,
+            })
+            .inc();
+    }
+
+    /// [`pin`](Self::pin) for a core decision (nothing for `Unavailable`).
+    pub fn decision(&self, listener: &str, decision: &Decision) {
+        if let Some(o) = PinOutcome::of(decision) {
+            self.pin(listener, o);
+        }
+    }
+
+    /// A node changed health state.
+    pub fn health_transition(&self, node: &str, t: Transition) {
+        let to = match t {
+            Transition::WentUp => "up",
+            Transition::WentDown => "down",
+        };
+        self.transitions
+            .get_or_create(&TransitionLabels {
+                node: node.to_owned(),
+                to,
+            })
+            .inc();
+        self.totals.transitions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A node answered a request's head after `elapsed`.
+    pub fn upstream_latency(&self, listener: &str, node: &str, elapsed: Duration) {
+        self.latency
+            .get_or_create(&LatencyLabels {
+                listener: listener.to_owned(),
+                node: node.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// `n` entries of `table` were evicted by its size bound.
+    pub fn table_evictions(&self, table: &str, n: u64) {
+        self.evictions
+            .get_or_create(&TableLabels {
+                table: table.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// A configuration reload was applied (`ok`) or refused.
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "refused" },
+            })
+            .inc();
+    }
+
+    /// Replaces the per-node and per-table gauges with this snapshot (nodes and tables no
+    /// longer configured disappear).
+    pub fn set_gauges<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = NodeGauges<'a>>,
+        tables: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
+        for f in [
+            &self.node_active,
+            &self.node_tunnels,
+            &self.node_pins,
+            &self.node_seen,
+        ] {
+            f.clear();
+        }
+        self.node_state.clear();
+        self.table_entries.clear();
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for n in nodes {
+            let l = NodeLabels {
+                node: n.node.to_owned(),
+            };
+            self.node_active.get_or_create(&l).set(gauge(n.active));
+            self.node_tunnels.get_or_create(&l).set(gauge(n.tunnels));
+            self.node_pins.get_or_create(&l).set(gauge(n.pins));
+            self.node_seen.get_or_create(&l).set(gauge(n.seen));
+            for s in STATES {
+                self.node_state
+                    .get_or_create(&NodeStateLabels {
+                        node: n.node.to_owned(),
+                        state: s,
+                    })
+                    .set(i64::from(s == n.state));
+            }
+        }
+        for (t, size) in tables {
+            self.table_entries
+                .get_or_create(&TableLabels {
+                    table: t.to_owned(),
+                })
+                .set(gauge(size));
+        }
+    }
+
+    pub fn totals(&self) -> TotalsView {
+        let t = &self.totals;
+        TotalsView {
+            requests: t.requests.load(Ordering::Relaxed),
+            errors: t.errors.load(Ordering::Relaxed),
+            sticky: t.sticky.load(Ordering::Relaxed),
+            new: t.new.load(Ordering::Relaxed),
+            repinned: t.repinned.load(Ordering::Relaxed),
+            health_transitions: t.transitions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The Prometheus text exposition (OpenMetrics flavour, as `prometheus-client` writes it).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            // Writing to a String cannot fail; keep the endpoint answering if it ever does.
+            out.clear();
+            let _ = writeln!(out, "# metrics encoding failed");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use limpet_core::NodeId;
+
+    #[test]
+    fn hooks_show_up_in_the_text_format() {
+        let m = Metrics::new();
+        m.request("web", Some("a"), 200);
+        m.request("web", None, 503);
+        m.decision("web", &Decision::Sticky(NodeId(0)));
+        m.decision(
+            "web",
+            &Decision::Fresh {
+                node: NodeId(1),
+                repin: Some(RepinReason::DrainEnded),
+            },
+        );
+        m.health_transition("a", Transition::WentDown);
+        m.upstream_latency("web", "a", Duration::from_millis(3));
+        m.table_evictions("by-ip", 2);
+        m.reload(false);
+        m.set_gauges(
+            [NodeGauges {
+                node: "a",
+                state: "DRAIN",
+                active: 4,
+                tunnels: 1,
+                pins: 7,
+                seen: 12,
+            }],
+            [("by-ip", 9)],
+        );
+        let text = m.encode();
+        for want in [
+            r#"limpet_requests_total{listener="web",node="a",class="2xx"} 1"#,
+            r#"limpet_requests_total{listener="web",node="",class="5xx"} 1"#,
+            r#"limpet_pins_total{listener="web",outcome="sticky",reason="none"} 1"#,
+            r#"limpet_pins_total{listener="web",outcome="repinned",reason="drain-ended"} 1"#,
+            r#"limpet_health_transitions_total{node="a",to="down"} 1"#,
+            r#"limpet_upstream_latency_seconds_count{listener="web",node="a"} 1"#,
+            r#"limpet_table_evictions_total{table="by-ip"} 2"#,
+            r#"limpet_config_reloads_total{result="refused"} 1"#,
+            r#"limpet_node_active_connections{node="a"} 4"#,
+            r#"limpet_node_sessions_seen{node="a"} 12"#,
+            r#"limpet_node_state{node="a",state="DRAIN"} 1"#,
+            r#"limpet_node_state{node="a",state="UP"} 0"#,
+            r#"limpet_table_entries{table="by-ip"} 9"#,
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        let t = m.totals();
+        assert_eq!((t.requests, t.errors, t.sticky, t.repinned), (2, 1, 1, 1));
+        // A node gone from the snapshot disappears from the gauges.
+        m.set_gauges([], []);
+        assert!(!m.encode().contains(r#"limpet_node_pins{node="a"}"#));
+    }
+}

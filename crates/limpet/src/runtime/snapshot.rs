@@ -1,0 +1,87 @@
+//! Table snapshots on disk: loaded at start, saved at an interval and on shutdown.
+//!
+//! The bytes are the core's (`encode_snapshot` / `decode_snapshot`: versioned, checksummed).
+//! This module only moves them: a save writes a temporary file beside the target and renames
+//! it over, so a crash mid-write leaves the previous snapshot whole. A load that finds a
+//! missing, corrupt or truncated file reports it and starts with an empty table: a snapshot
+//! never blocks a start.
+
+use std::path::Path;
+
+use limpet_core::table::{decode_snapshot, encode_snapshot};
+
+use super::{now_ms, Table};
+
+/// What loading a snapshot did, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotLoad {
+    /// No file yet (first start).
+    Missing,
+    Loaded {
+        loaded: usize,
+        expired: usize,
+    },
+    /// Unreadable, corrupt or truncated: reported and skipped.
+    Skipped(String),
+}
+
+/// Loads `table`'s snapshot file, if it has one configured.
+pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
+    let snap = table.def.snapshot.as_ref()?;
+    let result = load_from(table, &snap.path);
+    match &result {
+        SnapshotLoad::Missing => {
+            tracing::info!(table = %table.def.name, path = %snap.path.display(), "no snapshot yet")
+        }
+        SnapshotLoad::Loaded { loaded, expired } => tracing::info!(
+            table = %table.def.name, path = %snap.path.display(), loaded, expired, "snapshot loaded"
+        ),
+        SnapshotLoad::Skipped(why) => tracing::warn!(
+            table = %table.def.name, path = %snap.path.display(), error = %why,
+            "snapshot skipped; starting with an empty table"
+        ),
+    }
+    Some(result)
+}
+
+fn load_from(table: &Table, path: &Path) -> SnapshotLoad {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return SnapshotLoad::Missing,
+        Err(e) => return SnapshotLoad::Skipped(format!("cannot read: {e}")),
+    };
+    let now = now_ms();
+    let expire_ms = u64::try_from(table.def.expire.as_millis()).unwrap_or(u64::MAX);
+    match decode_snapshot(&bytes, now, expire_ms) {
+        Ok(snap) => {
+            let mut t = table.lock();
+            let report = t.store_mut().restore(&snap, now);
+            SnapshotLoad::Loaded {
+                loaded: report.loaded,
+                expired: report.expired + snap.expired,
+            }
+        }
+        Err(e) => SnapshotLoad::Skipped(e.to_string()),
+    }
+}
+
+/// Saves `table` to its snapshot file, if it has one. Errors are returned for the log; the
+/// table is untouched either way.
+pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
+    let snap = table.def.snapshot.as_ref()?;
+    let bytes = {
+        let t = table.lock();
+        encode_snapshot(t.store(), now_ms())
+    };
+    let tmp = snap.path.with_extension("tmp");
+    let result = std::fs::write(&tmp, &bytes)
+        .and_then(|()| std::fs::rename(&tmp, &snap.path))
+        .map(|()| bytes.len());
+    match &result {
+        Ok(n) => tracing::debug!(table = %table.def.name, bytes = n, "snapshot saved"),
+        Err(e) => {
+            tracing::warn!(table = %table.def.name, path = %snap.path.display(), error = %e, "snapshot not saved")
+        }
+    }
+    Some(result)
+}

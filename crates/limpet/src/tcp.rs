@@ -1,0 +1,527 @@
+//! TCP mode: raw byte relays between clients and nodes, with table affinity, failover,
+//! PROXY protocol, TLS on either side, and sessions that close when their node goes down.
+//!
+//! ```text
+//!  accept ─► PROXY header? (trusted peers only) ─► TLS accept? ─► key = source IP
+//!     ─► State::choose (table pin, else fresh + pin) ─► connect node ──fail──► record_failure,
+//!                                                         │            reassign + re-pin, retry
+//!                                                         ▼
+//!     send PROXY header? ─► TLS to node? ─► relay: copy both ways (half-close passed on)
+//!                                           until both sides are done, or idle timeout,
+//!                                           or the node goes DOWN/MAINT (its watch bumps),
+//!                                           or shutdown.
+//! ```
+//!
+//! Half-close: when one side ends its stream (FIN), the relay shuts down the write side of
+//! the other and keeps copying the other direction until it ends too (`copy_bidirectional`).
+//! Idle: a session with no byte either way for `timeouts.idle` is closed.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use limpet_core::proxy_protocol::{self, Header, ParseError};
+use limpet_core::table::KeyRef;
+use limpet_core::NodeId;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::config::{ListenerDef, ProxyProtocolDef};
+use crate::runtime::{Runtime, State};
+
+/// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A stream with bytes already read from it put back in front (what followed a PROXY header,
+/// or what turned out not to be one).
+#[derive(Debug)]
+pub struct Prefixed<S> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(prefix: Vec<u8>, inner: S) -> Self {
+        Prefixed {
+            prefix,
+            pos: 0,
+            inner,
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.pos < self.prefix.len() {
+            let n = (self.prefix.len() - self.pos).min(buf.remaining());
+            let start = self.pos;
+            buf.put_slice(&self.prefix[start..start + n]);
+            self.pos += n;
+            if self.pos == self.prefix.len() {
+                self.prefix = Vec::new();
+                self.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// What the first bytes of a connection said about its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The real client: from the PROXY header when a trusted peer sent one, else the peer.
+    pub client: SocketAddr,
+    /// The address the client connected to (the PROXY header's destination, or ours).
+    pub local: SocketAddr,
+}
+
+/// Reads a PROXY header from a trusted peer. From any other peer nothing is read and the
+/// peer's own address stands: a client cannot claim another address by sending a header,
+/// its bytes are simply payload. A trusted peer that sends no header (its first bytes cannot
+/// start one) is served with its own address; a malformed header, or none complete within
+/// `header_timeout`, refuses the connection.
+pub async fn read_proxy_header(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    pp: &ProxyProtocolDef,
+) -> io::Result<(Peer, Prefixed<TcpStream>)> {
+    let direct = Peer {
+        client: peer,
+        local,
+    };
+    if !pp.accept_from.iter().any(|n| n.contains(peer.ip())) {
+        return Ok((direct, Prefixed::new(Vec::new(), stream)));
+    }
+    let mut buf = Vec::with_capacity(256);
+    let read = async {
+        loop {
+            match proxy_protocol::parse(&buf) {
+                Ok(p) => {
+                    let rest = buf[p.consumed..].to_vec();
+                    let who = match p.header {
+                        Header::Proxied { src, dst } => Peer {
+                            client: src,
+                            local: dst,
+                        },
+                        Header::Unknown => direct,
+                    };
+                    return Ok((who, rest));
+                }
+                Err(ParseError::NotProxy) => return Ok((direct, std::mem::take(&mut buf))),
+                Err(ParseError::Invalid(why)) => {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, why))
+                }
+                Err(ParseError::Incomplete) => {}
+            }
+            // Read only what we need past the buffer (never past V2_MAX_LEN).
+            let mut chunk = [0u8; 512];
+            let room = (proxy_protocol::V2_MAX_LEN - buf.len()).min(chunk.len());
+            let n = stream.read(&mut chunk[..room.max(1)]).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "closed before the PROXY header ended",
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let (who, rest) = tokio::time::timeout(pp.header_timeout, read)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no PROXY header in time"))??;
+    Ok((who, Prefixed::new(rest, stream)))
+}
+
+/// The PROXY header to send a node for this client, if the listener sends one.
+pub fn proxy_header_for(pp: &ProxyProtocolDef, who: &Peer) -> Option<Vec<u8>> {
+    let v = pp.send?;
+    let mut out = Vec::with_capacity(64);
+    match v {
+        proxy_protocol::Version::V1 => proxy_protocol::write_v1(who.client, who.local, &mut out),
+        proxy_protocol::Version::V2 => proxy_protocol::write_v2(who.client, who.local, &mut out),
+    }
+    Some(out)
+}
+
+/// Why a relay ended.
+#[derive(Debug)]
+pub enum RelayEnd {
+    /// Both directions finished: bytes copied client to node, node to client.
+    Done(u64, u64),
+    Error(io::Error),
+    Idle,
+    /// Stopped from outside (node down, shutdown).
+    Stopped,
+}
+
+/// Last activity of a relay, in ms since its start, shared by both directions.
+#[derive(Debug)]
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A stream that notes each successful read or write in the relay's activity.
+struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Copies bytes both ways until both directions are done, nothing moved for `idle`, or
+/// `stop` resolves. Dropping the streams on return closes both connections.
+pub async fn relay<A: Io, B: Io>(
+    client: A,
+    node: B,
+    idle: Duration,
+    stop: impl Future<Output = ()>,
+) -> RelayEnd {
+    let activity = Arc::new(Activity {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    });
+    let mut a = Watched {
+        inner: client,
+        activity: Arc::clone(&activity),
+    };
+    let mut b = Watched {
+        inner: node,
+        activity: Arc::clone(&activity),
+    };
+    let idle_watch = async {
+        loop {
+            let quiet = activity.idle_for();
+            if quiet >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - quiet).await;
+        }
+    };
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut a, &mut b) => match r {
+            Ok((up, down)) => RelayEnd::Done(up, down),
+            Err(e) => RelayEnd::Error(e),
+        },
+        () = idle_watch => RelayEnd::Idle,
+        () = stop => RelayEnd::Stopped,
+    }
+}
+
+/// A well-mixed hash of the client address: places its re-pin inside a drain's spread window.
+pub fn spread_key(ip: std::net::IpAddr) -> u64 {
+    let v = match ip {
+        std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        std::net::IpAddr::V6(v6) => {
+            let b = u128::from(v6);
+            (b as u64) ^ ((b >> 64) as u64)
+        }
+    };
+    // splitmix64 finaliser: fixed, so a client's place in the window is stable.
+    let mut z = v.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A connection to a node that succeeded, and what to watch while it lives.
+struct Connected {
+    node: NodeId,
+    stream: TcpStream,
+    down: Option<watch::Receiver<u64>>,
+}
+
+/// Chooses a node for `who` and connects to it, failing over to other live nodes (and
+/// re-pinning the table) when a connect fails.
+async fn connect(state: &State, li: usize, def: &ListenerDef, who: &Peer) -> Option<Connected> {
+    let slot = state.listeners.get(li)?;
+    let table = slot.table.as_deref();
+    let ip = who.client.ip();
+    let key = table.and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
+    let mut node = state.choose(table, key, def.balance, spread_key(ip))?.node;
+    let mut failed: Vec<NodeId> = Vec::new();
+    // Each turn adds a node to `failed`, so this ends within the node count.
+    loop {
+        // Subscribe before connecting: a DOWN that lands during the connect is not missed.
+        let down = state.watch_down(node);
+        let addr = state.upstream(def, node)?;
+        match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => {
+                state.record_id(node, true);
+                let _ = stream.set_nodelay(true);
+                return Some(Connected { node, stream, down });
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(listener = %def.name, node = state.node_name(node), error = %e, "connect failed");
+            }
+            Err(_) => {
+                tracing::debug!(listener = %def.name, node = state.node_name(node), "connect timed out");
+            }
+        }
+        state.record_id(node, false);
+        failed.push(node);
+        node = state.reassign(table, key_again(table, ip), def.balance, &failed)?;
+    }
+}
+
+/// The key again (a `KeyRef` borrows nothing for source-IP keys, but the borrow checker
+/// sees the first one held across awaits otherwise).
+fn key_again(
+    table: Option<&crate::runtime::Table>,
+    ip: std::net::IpAddr,
+) -> Option<KeyRef<'static>> {
+    table.and_then(|t| {
+        t.key_spec()
+            .request_key(ip, std::iter::empty::<&'static [u8]>())
+    })
+}
+
+/// Serves one client connection of TCP listener `li`.
+async fn session(
+    state: Arc<State>,
+    li: usize,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(slot) = state.listeners.get(li) else {
+        return;
+    };
+    let def = slot.def.load_full();
+    let local = stream.local_addr().unwrap_or(peer);
+    let _ = stream.set_nodelay(true);
+    let (who, stream) = match read_proxy_header(stream, peer, local, &def.proxy_protocol).await {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::debug!(listener = %def.name, %peer, error = %e, "PROXY header refused");
+            return;
+        }
+    };
+    let client: Box<dyn Io> = match &def.tls {
+        Some(cfg) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
+            match tokio::time::timeout(def.timeouts.header_read, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => Box::new(s),
+                Ok(Err(e)) => {
+                    tracing::debug!(listener = %def.name, %peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+        None => Box::new(stream),
+    };
+    let Some(conn) = connect(&state, li, &def, &who).await else {
+        tracing::warn!(listener = %def.name, client = %who.client, "no node available");
+        return;
+    };
+    let _open = state.open(conn.node);
+    let node_name = state.node_name(conn.node).to_owned();
+    let mut upstream = conn.stream;
+    if let Some(h) = proxy_header_for(&def.proxy_protocol, &who) {
+        if let Err(e) = upstream.write_all(&h).await {
+            tracing::debug!(listener = %def.name, node = %node_name, error = %e, "PROXY header not sent");
+            return;
+        }
+    }
+    let upstream: Box<dyn Io> = match &def.upstream_tls {
+        Some(u) => {
+            let ip = upstream
+                .peer_addr()
+                .map(|a| a.ip())
+                .unwrap_or(who.local.ip());
+            let name = crate::tls::upstream_name(u.server_name.as_deref(), ip);
+            let connector = tokio_rustls::TlsConnector::from(Arc::clone(&u.config));
+            match tokio::time::timeout(def.timeouts.connect, connector.connect(name, upstream))
+                .await
+            {
+                Ok(Ok(s)) => Box::new(s),
+                Ok(Err(e)) => {
+                    tracing::warn!(listener = %def.name, node = %node_name, error = %e, "TLS to node failed");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+        None => Box::new(upstream),
+    };
+    let close_on_down = def.tcp.close_on_node_down;
+    let mut down = conn.down;
+    let stop = async {
+        let node_down = async {
+            match (&mut down, close_on_down) {
+                (Some(rx), true) => {
+                    // An error means the state was dropped (reload): keep the session.
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                _ => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = node_down => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, "node went down: session closed"),
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    };
+    match relay(client, upstream, def.tcp.idle, stop).await {
+        RelayEnd::Done(up, down) => {
+            tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended")
+        }
+        RelayEnd::Error(e) => {
+            tracing::debug!(listener = %def.name, node = %node_name, error = %e, "session ended with an error")
+        }
+        RelayEnd::Idle => {
+            tracing::debug!(listener = %def.name, node = %node_name, "session idle: closed")
+        }
+        RelayEnd::Stopped => {}
+    }
+}
+
+/// Serves TCP listener `name` on an already-bound socket until `shutdown` turns true, then
+/// stops accepting, gives open sessions `timeouts.drain` to end, and closes the rest.
+pub async fn serve(
+    runtime: Arc<Runtime>,
+    name: String,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let max = {
+        let state = runtime.state();
+        state
+            .listeners
+            .iter()
+            .find(|l| l.def.load().name == name)
+            .map_or(10_000, |l| l.def.load().limits.max_client_connections)
+    };
+    let permits = Arc::new(Semaphore::new(max));
+    let mut sessions = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(listener = %name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        // Reap finished sessions so the set does not grow with every connection ever made.
+        while sessions.try_join_next().is_some() {}
+        let state = runtime.state();
+        let Some(li) = state
+            .listeners
+            .iter()
+            .position(|l| l.def.load().name == name)
+        else {
+            continue;
+        };
+        let shutdown = shutdown.clone();
+        sessions.spawn(async move {
+            let _permit = permit;
+            session(state, li, stream, peer, shutdown).await;
+        });
+    }
+    drop(listener);
+    let drain = {
+        let state = runtime.state();
+        state
+            .listeners
+            .iter()
+            .find(|l| l.def.load().name == name)
+            .map_or(Duration::from_secs(10), |l| l.def.load().timeouts.drain)
+    };
+    // Sessions watch shutdown themselves and end at once; this bounds the stragglers.
+    let _ = tokio::time::timeout(drain, async {
+        while sessions.join_next().await.is_some() {}
+    })
+    .await;
+    sessions.abort_all();
+}

@@ -1,0 +1,280 @@
+//! TLS through rustls (ring provider): server configs for TLS listeners, client configs for
+//! TLS to nodes.
+//!
+//! ```text
+//!  PEM files ──► load_certified_key (parse, key matches cert?) ──► CertifiedKey
+//!  [CertifiedKey + SNI names] ──► SniResolver (names, else the default) ──► ServerConfig
+//!                                                   ALPN: h2, http/1.1 for http listeners
+//!  CA file ──► RootCertStore ──► ClientConfig (verified)      ─┐
+//!  verify = "none" ──► NoVerify (accepts any certificate)     ─┴─► TlsConnector per listener
+//! ```
+//!
+//! Everything that reads a file runs while the config is validated, so a bad path or a key
+//! that does not match its certificate is a config error (with file, line and key), never a
+//! runtime failure.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert, ResolvesServerCertUsingSni};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+/// The crypto provider limpet uses everywhere (ring: builds with a C compiler, no cmake).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Which file (or which part) a TLS error is about, so config errors can point at the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPart {
+    Cert,
+    Key,
+    Ca,
+    Name,
+}
+
+/// Why a TLS setting cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError {
+    pub part: TlsPart,
+    pub message: String,
+}
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+fn err(part: TlsPart, message: String) -> TlsError {
+    TlsError { part, message }
+}
+
+fn read_file(path: &Path, part: TlsPart) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| err(part, format!("cannot read {}: {e}", path.display())))
+}
+
+/// A certificate chain and its private key, from PEM files, checked to belong together.
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let cert_pem = read_file(cert, TlsPart::Cert)?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| err(TlsPart::Cert, format!("{}: bad PEM: {e:?}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(err(
+            TlsPart::Cert,
+            format!("{}: no CERTIFICATE block", cert.display()),
+        ));
+    }
+    let key_pem = read_file(key, TlsPart::Key)?;
+    let key_der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        err(
+            TlsPart::Key,
+            format!("{}: no usable private key: {e:?}", key.display()),
+        )
+    })?;
+    CertifiedKey::from_der(chain, key_der, &provider()).map_err(|e| {
+        err(
+            TlsPart::Key,
+            format!(
+                "{} does not match the certificate {}: {e}",
+                key.display(),
+                cert.display()
+            ),
+        )
+    })
+}
+
+/// One certificate of a TLS listener and the SNI names it answers (none: the default).
+#[derive(Debug, Clone)]
+pub struct CertSpec<'a> {
+    pub cert: &'a Path,
+    pub key: &'a Path,
+    pub names: &'a [String],
+}
+
+/// Picks the certificate by SNI; a client without SNI, or naming no configured name, gets the
+/// default certificate when there is one (rustls' own SNI resolver refuses those).
+#[derive(Debug)]
+struct SniResolver {
+    by_name: ResolvesServerCertUsingSni,
+    has_names: bool,
+    default: Option<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if self.has_names && hello.server_name().is_some() {
+            if let Some(ck) = self.by_name.resolve(hello) {
+                return Some(ck);
+            }
+        }
+        self.default.clone()
+    }
+}
+
+/// A server config for these certificates. `alpn` lists the protocols offered, most
+/// preferred first (`[b"h2", b"http/1.1"]` for HTTP listeners, empty for TCP).
+/// On error, the index of the certificate at fault comes with it.
+pub fn server_config(
+    certs: &[CertSpec<'_>],
+    alpn: &[&[u8]],
+) -> Result<ServerConfig, (usize, TlsError)> {
+    let mut by_name = ResolvesServerCertUsingSni::new();
+    let mut default = None;
+    let mut has_names = false;
+    for (i, spec) in certs.iter().enumerate() {
+        let ck = load_certified_key(spec.cert, spec.key).map_err(|e| (i, e))?;
+        if spec.names.is_empty() {
+            if default.is_some() {
+                return Err((
+                    i,
+                    err(
+                        TlsPart::Name,
+                        "two certificates without `names`: only one can be the default".into(),
+                    ),
+                ));
+            }
+            default = Some(Arc::new(ck));
+            continue;
+        }
+        for name in spec.names {
+            has_names = true;
+            // Checks the name is a DNS name the certificate is valid for.
+            by_name.add(name, ck.clone()).map_err(|e| {
+                (
+                    i,
+                    err(
+                        TlsPart::Name,
+                        format!("{}: not usable for {name:?}: {e}", spec.cert.display()),
+                    ),
+                )
+            })?;
+        }
+    }
+    let resolver = SniResolver {
+        by_name,
+        has_names,
+        default,
+    };
+    let mut cfg = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| (0, err(TlsPart::Cert, e.to_string())))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(cfg)
+}
+
+/// How a listener checks its nodes' certificates.
+#[derive(Debug, Clone)]
+pub enum UpstreamVerify<'a> {
+    /// Against the CA certificates in this PEM file.
+    Ca(&'a Path),
+    /// Not at all (`verify = "none"`): the connection is encrypted but a node's identity is
+    /// not checked, like HAProxy's `ssl verify none`. Only for networks you trust.
+    None,
+}
+
+/// A client config for TLS to nodes, offering `alpn`.
+pub fn client_config(verify: UpstreamVerify<'_>, alpn: &[&[u8]]) -> Result<ClientConfig, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(TlsPart::Ca, e.to_string()))?;
+    let mut cfg = match verify {
+        UpstreamVerify::Ca(path) => {
+            let pem = read_file(path, TlsPart::Ca)?;
+            let mut roots = RootCertStore::empty();
+            let mut n = 0;
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert
+                    .map_err(|e| err(TlsPart::Ca, format!("{}: bad PEM: {e:?}", path.display())))?;
+                roots.add(cert).map_err(|e| {
+                    err(
+                        TlsPart::Ca,
+                        format!("{}: bad CA certificate: {e}", path.display()),
+                    )
+                })?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(err(
+                    TlsPart::Ca,
+                    format!("{}: no CERTIFICATE block", path.display()),
+                ));
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        UpstreamVerify::None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider())))
+            .with_no_client_auth(),
+    };
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(cfg)
+}
+
+/// Accepts any server certificate (`verify = "none"`), still checking that handshake
+/// signatures are made by the presented key, so the session is at least encrypted to it.
+#[derive(Debug)]
+struct NoVerify(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The name to send as SNI and verify against for a node: the configured `server_name`, or
+/// the node's IP address.
+pub fn upstream_name(server_name: Option<&str>, ip: std::net::IpAddr) -> ServerName<'static> {
+    server_name
+        .and_then(|n| ServerName::try_from(n.to_owned()).ok())
+        .unwrap_or(ServerName::IpAddress(ip.into()))
+}

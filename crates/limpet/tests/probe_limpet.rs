@@ -1,0 +1,219 @@
+//! `limpet probe` (the built binary) against limpet's proxy and demo nodes running in this
+//! process on 127.0.0.1 port 0: it passes with stickiness on, fails with `--sticky none`,
+//! reports a re-pin (not a break) when the pinned node dies under `--watch`, and exits 2 when
+//! it cannot judge.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::probe::{probe, Host, ProbeProc};
+use common::{config, nodes, Proxy};
+use limpet::proxy::{NodeConfig, ProxyConfig, Sticky};
+use serde_json::Value;
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_with_stickiness_on() {
+    let ns = nodes(&["a", "b", "c"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let run = probe(&[
+        &proxy.url("/"),
+        "--ws",
+        "/ws",
+        "--sessions",
+        "6",
+        "--requests",
+        "4",
+        "--json",
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let r = run.report();
+    assert_eq!(r["event"], "report");
+    assert_eq!(r["outcome"], "kept");
+    let s = &r["summary"];
+    assert_eq!((u(&s["breaks"]), u(&s["repins"])), (0, 0), "{s}");
+    assert_eq!(u(&s["kept_affinity"]), 6);
+    assert_eq!(u(&s["stayed_on_one_node"]), 6);
+    // Discovery + the socket's greeting + 4 requests, per session, each naming its node.
+    assert_eq!(u(&s["answers"]), 6 * 6);
+    let spread: BTreeSet<&str> = s["spread"]
+        .as_object()
+        .expect("spread")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        spread,
+        BTreeSet::from(["a", "b", "c"]),
+        "fresh sessions spread over every node"
+    );
+    // Discovery pinned each session, so its upgrade was a sticky hit: no cookie on the 101.
+    // A client arriving without a pin is pinned by the 101 itself.
+    assert_eq!(u(&s["cookie_on_101"]["no"]), 6, "{s}");
+    assert_eq!(r["fresh_upgrade"]["status"], 101);
+    assert_eq!(r["fresh_upgrade"]["cookie_set"], true);
+    for session in r["sessions"].as_array().expect("sessions") {
+        assert_eq!(session["kept_affinity"], true);
+        assert_eq!(session["nodes"].as_array().map(Vec::len), Some(1));
+        assert_eq!(session["first_node"], session["last_node"]);
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_with_sticky_none() {
+    let ns = nodes(&["a", "b"]).await;
+    let mut cfg = config(&ns);
+    cfg.sticky = Sticky::None;
+    let proxy = Proxy::start(cfg).await;
+    // One session alone on a round-robin of two: every answer alternates node, so the verdict
+    // does not depend on how concurrent sessions interleave.
+    let run = probe(&[
+        &proxy.url("/"),
+        "--ws",
+        "/ws",
+        "--sessions",
+        "1",
+        "--requests",
+        "3",
+    ])
+    .await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let out = &run.stdout;
+    assert!(out.contains("FAIL: 1 of 1 session broke affinity"), "{out}");
+    assert!(out.contains("BROKEN, 4 breaks"), "{out}");
+    assert!(out.contains("0 re-pins, 4 breaks"), "{out}");
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_pinned_node_under_watch_is_a_repin_not_a_break() {
+    let ns = nodes(&["a", "b", "c"]).await;
+    // Each node behind a host that can crash with every connection, sockets included.
+    let mut hosts = Vec::new();
+    for n in &ns {
+        hosts.push((n.name.clone(), Host::start(n.addr).await));
+    }
+    let proxy = Proxy::start(ProxyConfig::new(
+        hosts
+            .iter()
+            .map(|(name, h)| NodeConfig {
+                name: name.clone(),
+                addr: h.addr,
+            })
+            .collect(),
+    ))
+    .await;
+    let mut p = ProbeProc::spawn(&[
+        &proxy.url("/"),
+        "--ws",
+        "/ws",
+        "--sessions",
+        "3",
+        "--requests",
+        "2",
+        "--watch",
+        "--rounds",
+        "12",
+        "--interval",
+        "100ms",
+        "--backoff-min",
+        "20ms",
+        "--json",
+    ]);
+    // The probe says when round 0 is over and where each session is: kill session 0's node
+    // then. Eleven rounds (over a second) remain for the re-pin and the socket's reconnect.
+    let round0 = p
+        .wait_for_json(|v| v["event"] == "round" && v["round"] == 0)
+        .await;
+    let victim = round0["nodes"][0]
+        .as_str()
+        .expect("session 0 has a node")
+        .to_owned();
+    let moved_sessions: Vec<usize> = round0["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.as_str() == Some(victim.as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    hosts
+        .iter_mut()
+        .find(|(name, _)| *name == victim)
+        .expect("victim host")
+        .1
+        .crash()
+        .await;
+
+    let run = p.finish().await;
+    assert_eq!(run.code, Some(0), "re-pins keep affinity: {run:?}");
+    let r = run.report();
+    assert_eq!(r["outcome"], "kept", "{r}");
+    assert_eq!(u(&r["rounds"]), 12);
+    let s = &r["summary"];
+    assert_eq!(u(&s["breaks"]), 0, "{s}");
+    assert_eq!(u(&s["repins"]), moved_sessions.len() as u64, "{s}");
+    // `split` may be non-zero here: a request can be re-pinned before the socket's close
+    // reaches the probe. That window is what the count is for; it does not fail a run.
+    // Each moved session's socket closed with the node and was reconnected on the new one.
+    let sessions = r["sessions"].as_array().expect("sessions");
+    for &i in &moved_sessions {
+        let sess = &sessions[i];
+        assert_eq!(u(&sess["repins"]), 1, "{sess}");
+        let m = &sess["moves"][0];
+        assert_eq!(
+            (m["kind"].as_str(), m["from"].as_str()),
+            (Some("repin"), Some(victim.as_str()))
+        );
+        assert_ne!(sess["last_node"], victim.as_str());
+        assert_eq!(u(&sess["socket_closes"]), 1, "{sess}");
+        assert_eq!(u(&sess["upgrades"]), 2, "reconnected: {sess}");
+    }
+    // The live move line came before the report, as it happened.
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.contains(r#""event":"move""#) && l.contains(r#""kind":"repin""#)),
+        "{}",
+        run.stdout
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn exits_2_when_it_cannot_judge() {
+    // A port nothing listens on: bound, then closed.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let run = probe(&[&format!("http://{addr}/"), "--sessions", "2"]).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stdout.contains("CANNOT JUDGE: nothing answered"),
+        "{run:?}"
+    );
+
+    let run = probe(&["ftp://127.0.0.1/"]).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("unsupported scheme"), "{run:?}");
+    let run = probe(&["http://127.0.0.1/", "--rounds", "3"]).await;
+    assert_eq!(run.code, Some(2), "--rounds needs --watch: {run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_2_when_no_answer_names_its_node() {
+    let ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let run = probe(&[&proxy.url("/"), "--node-header", "X-Served-By", "--json"]).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let r = run.report();
+    assert_eq!(r["outcome"], "unjudged");
+    assert_eq!(r["exit_code"], 2);
+    proxy.stop().await;
+}
