@@ -234,3 +234,27 @@ fn crc32(bytes: &[u8]) -> u32 {
     }
     !crc
 }
+
+/// A restart: the new process has a pool in another order, without one of the old nodes.
+#[test]
+fn pins_survive_a_restart_by_node_name() {
+    use limpet_core::table::AffinityTable;
+    use limpet_core::{Pin, Pool};
+
+    let old_pool = Pool::new(["lviv", "kyiv", "odesa"]).expect("pool");
+    let mut before = AffinityTable::new(store(100), &old_pool);
+    for (i, name) in ["lviv", "kyiv", "odesa"].iter().enumerate() {
+        let id = old_pool.lookup(name.as_bytes()).expect("node");
+        before.learn(v4(i as u32), id, T0);
+    }
+    let bytes = encode_snapshot(before.store(), T0 + 5);
+
+    let new_pool = Pool::new(["odesa", "dnipro", "kyiv"]).expect("pool");
+    let mut after = AffinityTable::new(store(100), &new_pool);
+    let snap = decode_snapshot(&bytes, T0 + 10, EXPIRE).expect("valid");
+    assert_eq!(after.store_mut().restore(&snap, T0 + 10).loaded, 3);
+    let id = |n: &str| new_pool.lookup(n.as_bytes()).expect("node");
+    assert_eq!(after.lookup(v4(0), T0 + 10), Pin::Unknown);
+    assert_eq!(after.lookup(v4(1), T0 + 10), Pin::Node(id("kyiv")));
+    assert_eq!(after.lookup(v4(2), T0 + 10), Pin::Node(id("odesa")));
+}

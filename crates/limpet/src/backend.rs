@@ -37,6 +37,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
@@ -54,6 +55,8 @@ pub const NODE_HEADER: &str = "x-limpet-node";
 pub async fn serve(name: &str, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let name: Arc<str> = Arc::from(name);
     let mut conns = JoinSet::new();
+    // Upgraded sockets leave hyper's connection task, so they watch this to be cut as well.
+    let (killed_tx, killed) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -63,8 +66,9 @@ pub async fn serve(name: &str, listener: TcpListener, shutdown: impl Future<Outp
             r = listener.accept() => {
                 let Ok((stream, _)) = r else { continue };
                 let name = Arc::clone(&name);
+                let killed = killed.clone();
                 conns.spawn(async move {
-                    let svc = service_fn(move |req| handle(Arc::clone(&name), req));
+                    let svc = service_fn(move |req| handle(Arc::clone(&name), killed.clone(), req));
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                         .await;
@@ -73,6 +77,7 @@ pub async fn serve(name: &str, listener: TcpListener, shutdown: impl Future<Outp
         }
     }
     drop(listener);
+    let _ = killed_tx.send(true);
     conns.shutdown().await;
 }
 
@@ -123,10 +128,14 @@ impl std::fmt::Display for Dropped {
 
 impl std::error::Error for Dropped {}
 
-async fn handle(name: Arc<str>, mut req: Request<Incoming>) -> Result<Response<NodeBody>, Dropped> {
+async fn handle(
+    name: Arc<str>,
+    killed: watch::Receiver<bool>,
+    mut req: Request<Incoming>,
+) -> Result<Response<NodeBody>, Dropped> {
     let path = req.uri().path().to_owned();
     let resp = match path.as_str() {
-        "/ws" => websocket(&name, &mut req),
+        "/ws" => websocket(&name, killed, &mut req),
         "/ws-refuse" => {
             let status = query_param(&req, "status")
                 .and_then(|s| s.parse::<u16>().ok())
@@ -212,7 +221,11 @@ async fn handle(name: Arc<str>, mut req: Request<Incoming>) -> Result<Response<N
 
 /// Accepts a WebSocket upgrade: 101 now, then a task that greets with the node name and
 /// echoes.
-fn websocket(name: &Arc<str>, req: &mut Request<Incoming>) -> Response<NodeBody> {
+fn websocket(
+    name: &Arc<str>,
+    mut killed: watch::Receiver<bool>,
+    req: &mut Request<Incoming>,
+) -> Response<NodeBody> {
     let key = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
     let is_ws = req
         .headers()
@@ -234,19 +247,26 @@ fn websocket(name: &Arc<str>, req: &mut Request<Incoming>) -> Response<NodeBody>
         };
         let mut ws =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        if ws.send(Message::Text(node.to_string())).await.is_err() {
-            return;
-        }
-        while let Some(Ok(msg)) = ws.next().await {
-            let reply = match msg {
-                Message::Text(_) | Message::Binary(_) => msg,
-                Message::Close(_) => break,
-                // Pings are answered by tungstenite itself.
-                _ => continue,
-            };
-            if ws.send(reply).await.is_err() {
-                break;
+        let echo = async {
+            if ws.send(Message::Text(node.to_string())).await.is_err() {
+                return;
             }
+            while let Some(Ok(msg)) = ws.next().await {
+                let reply = match msg {
+                    Message::Text(_) | Message::Binary(_) => msg,
+                    Message::Close(_) => break,
+                    // Pings are answered by tungstenite itself.
+                    _ => continue,
+                };
+                if ws.send(reply).await.is_err() {
+                    break;
+                }
+            }
+        };
+        // A killed node drops the socket mid-conversation, like a crashed machine.
+        tokio::select! {
+            () = echo => {}
+            _ = killed.wait_for(|k| *k) => {}
         }
     });
     let mut resp = text(name, StatusCode::SWITCHING_PROTOCOLS, "");

@@ -3,7 +3,7 @@
 //! Three built-in nodes ([`crate::backend`]) listen on loopback ports chosen by the system; the
 //! proxy listens in front of them on 127.0.0.1:8080, or on a free port when 8080 is taken.
 //! Everything runs in this one process: Ctrl-C stops the proxy first (it stops accepting and
-//! lets in-flight requests finish), then the nodes.
+//! lets in-flight requests finish), then the nodes. SIGTERM does the same.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -96,7 +96,7 @@ async fn demo(listen: SocketAddr) -> ExitCode {
     print_welcome(addr, &nodes);
 
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        crate::proxy::quick::stop_signal().await;
         tracing::info!("stopping the demo");
     };
     let result = crate::proxy::serve(ProxyConfig::new(nodes), listener, shutdown).await;

@@ -19,6 +19,8 @@
 //! - [`backend`]: a small built-in HTTP node (`limpet demo`, tests).
 //! - [`health`]: active health checks (TCP, HTTP, TLS) feeding the core's health state machine.
 //! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.
+//! - [`drain`]: closing WebSocket tunnels cleanly (close 1001 between frames) at a drain deadline.
+//! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
 //! - [`metrics`]: Prometheus metrics and the data plane's recording hooks.
 //! - [`probe`]: `limpet probe`, checks from the client side that a balancer keeps sessions on one node.
 //! - [`config`]: `limpet.toml` loaded and validated (raw -> validated types).
@@ -30,7 +32,9 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod demo;
+pub mod drain;
 pub mod health;
+pub mod lifecycle;
 pub mod metrics;
 pub mod probe;
 pub mod proxy;

@@ -7,6 +7,7 @@
 //! - `limpet sim`: the line protocol of `sticky-cookie-rules.md` on stdin/stdout.
 //! - `limpet demo`: the proxy in front of three built-in nodes, no files needed.
 //! - `limpet proxy`: the HTTP proxy in quick mode (`--listen`, `--to [NAME=]HOST:PORT`...).
+//! - `limpet run -c limpet.toml`: every listener of a config file; `limpet check` validates it.
 //! - `limpet probe`: checks that a balancer keeps each client session on one node.
 
 use std::process::ExitCode;
@@ -30,6 +31,10 @@ enum Command {
     Demo(limpet::demo::DemoArgs),
     /// Run the HTTP proxy in front of nodes given on the command line.
     Proxy(limpet::proxy::quick::ProxyArgs),
+    /// Run every listener of a config file (see docs/config.md).
+    Run(limpet::runtime::run::RunArgs),
+    /// Validate a config file (certificates included) and print what it would run.
+    Check(limpet::runtime::run::CheckArgs),
     /// Check from the client side that a balancer keeps each session on one node (docs/probe.md).
     Probe(limpet::probe::ProbeArgs),
 }
@@ -57,6 +62,11 @@ fn main() -> ExitCode {
             init_tracing();
             limpet::proxy::quick::run(args)
         }
+        Command::Run(args) => {
+            init_tracing();
+            limpet::runtime::run::run(args)
+        }
+        Command::Check(args) => limpet::runtime::run::check(args),
         Command::Probe(args) => {
             init_tracing();
             limpet::probe::run(args)

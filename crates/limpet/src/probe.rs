@@ -19,7 +19,7 @@
 //! Each session is an independent, well-behaved client of the affinity reference
 //! (`affinity-client.md`): its own jar keeping only the balancer's cookies, shared by its HTTP
 //! client and its WebSocket; discovery (a GET of the URL) before every upgrade; then
-//! `--requests` GETs per round. [`session`] does the I/O and reports what it saw as
+//! `--requests` GETs per round. `session` does the I/O and reports what it saw as
 //! [`judge::Event`]s; [`judge`] alone decides what they mean (re-pin or break, spread, cookie on
 //! the 101), without I/O, so the rules are unit-tested apart from any network.
 //!

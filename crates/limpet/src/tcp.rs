@@ -289,6 +289,12 @@ pub async fn relay<A: Io, B: Io>(
     }
 }
 
+/// Resolves once `rx` says true (or its sender is gone). The `watch::Ref` that `wait_for`
+/// returns is not `Send`, so it must not live in a `select!` output.
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
 /// A well-mixed hash of the client address: places its re-pin inside a drain's spread window.
 pub fn spread_key(ip: std::net::IpAddr) -> u64 {
     let v = match ip {
@@ -398,6 +404,13 @@ async fn session(
     };
     let _open = state.open(conn.node);
     let node_name = state.node_name(conn.node).to_owned();
+    // Node lifecycle: counted as a tunnel, seen as a session, closed at a drain deadline.
+    let _tunnel = state.lifecycle.tunnel(&node_name);
+    state.lifecycle.seen(
+        &node_name,
+        crate::lifecycle::session_key(who.client.ip(), None),
+    );
+    let lifecycle_close = state.lifecycle.close_signal(&node_name);
     let mut upstream = conn.stream;
     if let Some(h) = proxy_header_for(&def.proxy_protocol, &who) {
         if let Err(e) = upstream.write_all(&h).await {
@@ -442,7 +455,8 @@ async fn session(
         };
         tokio::select! {
             () = node_down => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, "node went down: session closed"),
-            _ = shutdown.wait_for(|s| *s) => {}
+            () = crate::drain::changed(lifecycle_close) => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, "node drain deadline or MAINT: session closed"),
+            () = stopped(&mut shutdown) => {}
         }
     };
     match relay(client, upstream, def.tcp.idle, stop).await {
@@ -479,11 +493,11 @@ pub async fn serve(
     let mut sessions = JoinSet::new();
     loop {
         let permit = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
+            () = stopped(&mut shutdown) => break,
             p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
         let (stream, peer) = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
+            () = stopped(&mut shutdown) => break,
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {

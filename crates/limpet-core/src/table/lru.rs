@@ -120,8 +120,8 @@ impl std::error::Error for TableConfigError {}
 /// One pin. See the module docs for the layout.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) key: TableKey,
-    pub(crate) node: NodeRef,
+    key: TableKey,
+    node: NodeRef,
     /// Last use, in ms since the table's `base_ms`.
     stamp: u32,
     prev: u32,

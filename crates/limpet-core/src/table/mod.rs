@@ -226,6 +226,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tables_can_be_shared_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<LruTable>();
+        send_sync::<AffinityTable<LruTable>>();
+    }
+
+    #[test]
     fn the_trait_is_object_safe() {
         let t = LruTable::new(TableConfig::new(4, 1000)).expect("valid");
         let b: Box<dyn AffinityStore> = Box::new(t);

@@ -88,8 +88,8 @@ impl NodeNames {
 pub struct Binding {
     /// By `NodeRef` index: the node of that name in the pool, if it has one.
     to_pool: Vec<Option<NodeId>>,
-    /// By `NodeId` index: the identity of that node's name.
-    from_pool: Vec<NodeRef>,
+    /// By `NodeId` index: the identity of that node's name (`None`: could not be interned).
+    from_pool: Vec<Option<NodeRef>>,
 }
 
 impl Binding {
@@ -101,16 +101,17 @@ impl Binding {
             from_pool: Vec::with_capacity(pool.len()),
         };
         for (id, node) in pool.nodes() {
-            let Some(r) = intern(node.name()) else {
+            // Pool ids are dense from 0, so pushing keeps `from_pool` indexed by id.
+            debug_assert_eq!(b.from_pool.len(), id.index(), "pool ids are dense");
+            let r = intern(node.name());
+            b.from_pool.push(r);
+            let Some(r) = r else {
                 continue;
             };
             if b.to_pool.len() <= r.index() {
                 b.to_pool.resize(r.index() + 1, None);
             }
             b.to_pool[r.index()] = Some(id);
-            // Pool ids are dense from 0, so this pushes in id order.
-            debug_assert_eq!(b.from_pool.len(), id.index(), "pool ids are dense");
-            b.from_pool.push(r);
         }
         b
     }
@@ -124,7 +125,7 @@ impl Binding {
     /// The identity to store for a pool node.
     #[inline]
     pub fn node_ref(&self, id: NodeId) -> Option<NodeRef> {
-        self.from_pool.get(id.index()).copied()
+        self.from_pool.get(id.index()).copied().flatten()
     }
 }
 

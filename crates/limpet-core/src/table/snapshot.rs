@@ -38,6 +38,7 @@ use std::fmt;
 use super::hash::crc32;
 use super::key::{KeyRef, RefRepr, TableKey, MAX_KEY_LEN};
 use super::lru::LruTable;
+use super::AffinityStore;
 
 const MAGIC: [u8; 8] = *b"LMPTSTCK";
 /// The format version this code writes and reads.
@@ -144,7 +145,7 @@ impl std::error::Error for SnapshotError {}
 pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
     let saved_at = now_ms.max(table.clock_ms());
     let names = table.names();
-    let mut out = Vec::with_capacity(HEADER_LEN + 16 * names.len() + 17 * table_len(table) + 4);
+    let mut out = Vec::with_capacity(HEADER_LEN + 16 * names.len() + 17 * table.len() + 4);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
@@ -172,11 +173,6 @@ pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
     let crc = crc32(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
-}
-
-fn table_len(table: &LruTable) -> usize {
-    use super::AffinityStore;
-    table.len()
 }
 
 fn write_key(out: &mut Vec<u8>, key: KeyRef<'_>) {

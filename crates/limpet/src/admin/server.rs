@@ -244,14 +244,10 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
             }
             Err(e) => control_error(e),
         },
-        (&Method::POST, ["api", "v1", "reload"]) => {
-            let r = c.reload().await;
-            c.metrics().reload(r.is_ok());
-            match r {
-                Ok(report) => json(StatusCode::OK, &report),
-                Err(e) => control_error(e),
-            }
-        }
+        (&Method::POST, ["api", "v1", "reload"]) => match c.reload().await {
+            Ok(report) => json(StatusCode::OK, &report),
+            Err(e) => control_error(e),
+        },
         (_, ["" | "ready" | "metrics"])
         | (_, ["api", "v1", "stats" | "nodes" | "tables" | "reload"])
         | (_, ["api", "v1", "nodes", _] | ["api", "v1", "tables", _])

@@ -63,7 +63,7 @@ impl Source<'_> {
 
     /// Turns a deserializer error into one naming the key, with a "did you mean" for unknown
     /// keys and variants.
-    pub(crate) fn from_toml(&self, e: &toml::de::Error) -> ConfigError {
+    pub(crate) fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
         let span = e.span();
         let key = span
             .as_ref()

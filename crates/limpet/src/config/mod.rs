@@ -47,6 +47,8 @@ pub struct Config {
     pub listeners: Vec<ListenerDef>,
     /// Passive health (connection failures seen by traffic): fall and rise counts.
     pub health: HealthPolicy,
+    /// Active checks, `[admin]`, `[drain]` (docs/admin.md, docs/operations.md).
+    pub lifecycle: crate::lifecycle::LifecycleDef,
 }
 
 /// A node: a machine, named once. Every listener reaches it at `addr:node_port`.
@@ -112,6 +114,8 @@ pub struct ListenerDef {
     /// Peers whose `X-Forwarded-For` is extended rather than replaced (HTTP).
     pub trusted_proxies: Vec<IpNet>,
     pub limits: Limits,
+    /// Seconds announced in `Retry-After` when no node can take a request (HTTP).
+    pub retry_after_secs: u32,
 }
 
 /// TLS from a listener to its nodes.

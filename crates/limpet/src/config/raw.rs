@@ -18,6 +18,8 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub(crate) listeners: Vec<RawListener>,
     pub(crate) health: Option<RawHealth>,
+    pub(crate) admin: Option<RawAdmin>,
+    pub(crate) drain: Option<RawDrain>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -25,6 +27,41 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawHealth {
     pub(crate) fall: Option<Spanned<u32>>,
     pub(crate) rise: Option<Spanned<u32>>,
+    /// Active checks (node lifecycle): time between checks, per-check timeout, jitter.
+    pub(crate) interval: Option<Spanned<Dur>>,
+    pub(crate) timeout: Option<Spanned<Dur>>,
+    pub(crate) jitter: Option<Spanned<Dur>>,
+}
+
+/// `[admin]`: the admin API listener (docs/admin.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub(crate) listen: Option<Spanned<String>>,
+    pub(crate) token: Option<Spanned<String>>,
+}
+
+/// `[drain]`: drain defaults (docs/operations.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDrain {
+    pub(crate) spread: Option<Spanned<Dur>>,
+    pub(crate) idle: Option<Spanned<Dur>>,
+    pub(crate) seen_window: Option<Spanned<Dur>>,
+}
+
+/// A listener's active check of every node (`check = { kind = "http", path = "/health" }`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCheck {
+    pub(crate) kind: String,
+    pub(crate) port: Option<u16>,
+    pub(crate) path: Option<String>,
+    pub(crate) method: Option<String>,
+    pub(crate) host: Option<String>,
+    pub(crate) expect: Option<String>,
+    pub(crate) verify: Option<String>,
+    pub(crate) server_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -33,6 +70,8 @@ pub(crate) struct RawNode {
     pub(crate) name: Spanned<String>,
     pub(crate) address: Spanned<String>,
     pub(crate) weight: Option<Spanned<u32>>,
+    /// The port active checks of this node probe (HAProxy's `check port`).
+    pub(crate) check_port: Option<Spanned<u16>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,6 +113,8 @@ pub(crate) enum OneOrMany {
     Many(Vec<String>),
 }
 
+// Tables inside `[[listeners]]` are not wrapped in `Spanned` (toml 0.8 cannot span a table
+// under an array of tables); errors about a whole sub-table point at the listener's name.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
@@ -83,14 +124,15 @@ pub(crate) struct RawListener {
     pub(crate) node_port: Spanned<u16>,
     pub(crate) balance: Option<RawBalance>,
     pub(crate) table: Option<Spanned<String>>,
-    pub(crate) cookie: Option<Spanned<RawCookie>>,
-    pub(crate) tls: Option<Spanned<RawTls>>,
-    pub(crate) upstream_tls: Option<Spanned<RawUpstreamTls>>,
+    pub(crate) cookie: Option<RawCookie>,
+    pub(crate) tls: Option<RawTls>,
+    pub(crate) upstream_tls: Option<RawUpstreamTls>,
     pub(crate) proxy_protocol: Option<RawProxyProtocol>,
     pub(crate) timeouts: Option<RawTimeouts>,
     pub(crate) close_on_node_down: Option<Spanned<bool>>,
     pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
     pub(crate) max_connections: Option<Spanned<u64>>,
+    pub(crate) check: Option<RawCheck>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,7 +175,7 @@ pub(crate) struct RawTls {
     pub(crate) cert: Option<Spanned<String>>,
     pub(crate) key: Option<Spanned<String>>,
     #[serde(default)]
-    pub(crate) certs: Vec<Spanned<RawCert>>,
+    pub(crate) certs: Vec<RawCert>,
 }
 
 #[derive(Debug, Deserialize)]

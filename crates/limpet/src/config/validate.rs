@@ -23,7 +23,7 @@ use crate::tls::{self, CertSpec, TlsPart, UpstreamVerify};
 
 pub(super) fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let src = Source { file: path, text };
-    let raw: RawConfig = toml::from_str(text).map_err(|e| src.from_toml(&e))?;
+    let raw: RawConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
     let v = Validator {
         src,
         dir: path.parent().map(Path::to_owned).unwrap_or_default(),
@@ -102,7 +102,8 @@ impl Validator<'_> {
         // Two listeners on one address would fail at bind time; say so now.
         let mut seen: Vec<(SocketAddr, &str)> = Vec::new();
         for (l, raw_l) in listeners.iter().zip(&raw.listeners) {
-            for a in &l.bind {
+            // Port 0 (tests, `limpet run` on any free port) never clashes.
+            for a in l.bind.iter().filter(|a| a.port() != 0) {
                 if let Some((_, other)) = seen.iter().find(|(b, _)| b == a) {
                     return Err(self.err(
                         &raw_l.bind,
@@ -113,12 +114,14 @@ impl Validator<'_> {
                 seen.push((*a, &l.name));
             }
         }
+        let lifecycle = self.lifecycle(&raw, &nodes, &listeners, health)?;
         Ok(Config {
             path: self.src.file.to_owned(),
             nodes,
             tables,
             listeners,
             health,
+            lifecycle,
         })
     }
 
@@ -378,14 +381,14 @@ impl Validator<'_> {
             }
         };
         let cookie = match (&l.cookie, mode) {
-            (Some(c), Mode::Tcp) => {
+            (Some(_), Mode::Tcp) => {
                 return Err(self.err(
-                    c,
+                    &l.name,
                     format!("{key}.cookie"),
                     "cookies are for mode = \"http\" listeners",
                 ));
             }
-            (Some(c), Mode::Http) => self.cookie(&format!("{key}.cookie"), c, nodes)?,
+            (Some(c), Mode::Http) => self.cookie(&format!("{key}.cookie"), &l.name, c, nodes)?,
             // An HTTP listener pins with the cookie by default, unless it names a table only.
             (None, Mode::Http) if table.is_none() => Some(CookieConfig::default()),
             (None, _) => None,
@@ -396,11 +399,16 @@ impl Validator<'_> {
         };
         let tls = match &l.tls {
             None => None,
-            Some(t) => Some(Arc::new(self.server_tls(&format!("{key}.tls"), t, mode)?)),
+            Some(t) => Some(Arc::new(self.server_tls(
+                &format!("{key}.tls"),
+                &l.name,
+                t,
+                mode,
+            )?)),
         };
         let upstream_tls = match &l.upstream_tls {
             None => None,
-            Some(u) => Some(self.upstream_tls(&format!("{key}.upstream_tls"), u, mode)?),
+            Some(u) => Some(self.upstream_tls(&format!("{key}.upstream_tls"), &l.name, u, mode)?),
         };
         let mut timeouts = Timeouts::default();
         let mut tcp = TcpDef::default();
@@ -490,6 +498,7 @@ impl Validator<'_> {
             tcp,
             trusted_proxies,
             limits,
+            retry_after_secs: 5,
         })
     }
 
@@ -502,10 +511,10 @@ impl Validator<'_> {
     fn cookie(
         &self,
         key: &str,
-        c: &Spanned<RawCookie>,
+        at: &Spanned<String>,
+        r: &RawCookie,
         nodes: &[NodeDef],
     ) -> Result<Option<CookieConfig>, ConfigError> {
-        let r = c.get_ref();
         if r.enabled == Some(false) {
             return Ok(None);
         }
@@ -556,7 +565,7 @@ impl Validator<'_> {
             Some(RawCookieMode::Signed) => {
                 let Some(keys) = &r.keys else {
                     return Err(self.err(
-                        c,
+                        at,
                         key.to_owned(),
                         "mode = \"signed\" needs `keys = [\"...\"]` (secrets, newest first)",
                     ));
@@ -584,19 +593,19 @@ impl Validator<'_> {
             keep_in_request: r.keep_in_request.unwrap_or(false),
         };
         let pool = Pool::new(nodes.iter().map(|n| n.name.as_str()))
-            .map_err(|e| self.err(c, key.to_owned(), e.to_string()))?;
+            .map_err(|e| self.err(at, key.to_owned(), e.to_string()))?;
         cfg.codec(&pool)
-            .map_err(|e| self.err(c, key.to_owned(), e.0))?;
+            .map_err(|e| self.err(at, key.to_owned(), e.0))?;
         Ok(Some(cfg))
     }
 
     fn server_tls(
         &self,
         key: &str,
-        t: &Spanned<RawTls>,
+        at: &Spanned<String>,
+        r: &RawTls,
         mode: Mode,
     ) -> Result<rustls::ServerConfig, ConfigError> {
-        let r = t.get_ref();
         // (cert, key, names) with the spans to blame for each part.
         struct Entry<'a> {
             cert: PathBuf,
@@ -625,7 +634,6 @@ impl Validator<'_> {
             (None, None) => {}
         }
         for (i, c) in r.certs.iter().enumerate() {
-            let c = c.get_ref();
             entries.push(Entry {
                 cert: self.file(c.cert.get_ref()),
                 key: self.file(c.key.get_ref()),
@@ -638,7 +646,7 @@ impl Validator<'_> {
         }
         if entries.is_empty() {
             return Err(self.err(
-                t,
+                at,
                 key.to_owned(),
                 "TLS needs `cert` and `key`, or [[...tls.certs]]",
             ));
@@ -657,7 +665,7 @@ impl Validator<'_> {
         };
         tls::server_config(&specs, alpn).map_err(|(i, e)| {
             let Some(entry) = entries.get(i) else {
-                return self.err(t, key.to_owned(), e.message);
+                return self.err(at, key.to_owned(), e.message);
             };
             match e.part {
                 TlsPart::Key => self.err(entry.at_key, format!("{}.key", entry.path), e.message),
@@ -675,10 +683,10 @@ impl Validator<'_> {
     fn upstream_tls(
         &self,
         key: &str,
-        u: &Spanned<RawUpstreamTls>,
+        at: &Spanned<String>,
+        r: &RawUpstreamTls,
         mode: Mode,
     ) -> Result<UpstreamTls, ConfigError> {
-        let r = u.get_ref();
         let verify = match (&r.ca, &r.verify) {
             (Some(ca), None) => UpstreamVerify::Ca(Path::new(ca.get_ref())),
             (None, Some(v)) if v.get_ref() == "none" => UpstreamVerify::None,
@@ -700,7 +708,7 @@ impl Validator<'_> {
                 ));
             }
             (None, None) => {
-                return Err(self.err(u, key.to_owned(), "say how nodes are verified: `ca = \"ca.pem\"`, or `verify = \"none\"` to accept any certificate"));
+                return Err(self.err(at, key.to_owned(), "say how nodes are verified: `ca = \"ca.pem\"`, or `verify = \"none\"` to accept any certificate"));
             }
         };
         let ca_path;
@@ -718,7 +726,7 @@ impl Validator<'_> {
         };
         let config = tls::client_config(verify, alpn).map_err(|e| match &r.ca {
             Some(ca) => self.err(ca, format!("{key}.ca"), e.message),
-            None => self.err(u, key.to_owned(), e.message),
+            None => self.err(at, key.to_owned(), e.message),
         })?;
         if let Some(n) = &r.server_name {
             if rustls_pki_types::ServerName::try_from(n.get_ref().as_str()).is_err() {
@@ -733,5 +741,177 @@ impl Validator<'_> {
             config: Arc::new(config),
             server_name: r.server_name.as_ref().map(|n| n.get_ref().clone()),
         })
+    }
+}
+
+// Node lifecycle keys (issue 4): active checks, `[admin]`, `[drain]`.
+impl Validator<'_> {
+    fn lifecycle(
+        &self,
+        raw: &RawConfig,
+        nodes: &[NodeDef],
+        listeners: &[ListenerDef],
+        health: HealthPolicy,
+    ) -> Result<crate::lifecycle::LifecycleDef, ConfigError> {
+        use crate::health::{CheckKind, CheckSpec, HttpCheck, TlsCheck};
+        let mut def = crate::lifecycle::LifecycleDef::default();
+        let dur = |d: &Option<Spanned<Dur>>, key: &str, min: Duration| match d {
+            Some(v) if v.get_ref().0 < min => {
+                Err(self.err(v, key, format!("must be at least {} ms", min.as_millis())))
+            }
+            Some(v) => Ok(Some(v.get_ref().0)),
+            None => Ok(None),
+        };
+        let mut interval = Duration::from_secs(2);
+        let (mut timeout, mut jitter) = (None, None);
+        if let Some(h) = &raw.health {
+            if let Some(i) = dur(&h.interval, "health.interval", Duration::from_millis(100))? {
+                interval = i;
+            }
+            timeout = dur(&h.timeout, "health.timeout", Duration::from_millis(10))?;
+            jitter = dur(&h.jitter, "health.jitter", Duration::ZERO)?;
+        }
+        if let Some(d) = &raw.drain {
+            if let Some(v) = dur(&d.spread, "drain.spread", Duration::ZERO)? {
+                def.drain_spread = v;
+            }
+            if let Some(v) = dur(&d.idle, "drain.idle", Duration::ZERO)? {
+                def.drain_idle = v;
+            }
+            if let Some(v) = dur(&d.seen_window, "drain.seen_window", Duration::from_secs(60))? {
+                def.seen_window = v;
+            }
+        }
+        if let Some(a) = &raw.admin {
+            let listen = match &a.listen {
+                Some(l) => l.get_ref().parse::<SocketAddr>().map_err(|_| {
+                    self.err(
+                        l,
+                        "admin.listen",
+                        "expected IP:PORT, e.g. \"127.0.0.1:9900\"",
+                    )
+                })?,
+                None => crate::admin::DEFAULT_ADMIN_LISTEN,
+            };
+            let settings = crate::admin::AdminSettings {
+                listen,
+                token: a.token.as_ref().map(|t| t.get_ref().clone()),
+            };
+            if let Err(e) = settings.validate() {
+                return Err(match (&a.token, &a.listen) {
+                    (Some(t), _) => self.err(t, "admin.token", e.to_string()),
+                    (None, Some(l)) => self.err(l, "admin.listen", e.to_string()),
+                    (None, None) => self.err_nowhere("admin", e.to_string()),
+                });
+            }
+            def.admin = Some(settings);
+        }
+        for (l, rl) in listeners.iter().zip(&raw.listeners) {
+            let Some(c) = &rl.check else { continue };
+            let key = format!("listeners[{}].check", l.name);
+            let bad = |field: &str, msg: String| self.err(&rl.name, format!("{key}.{field}"), msg);
+            let kind = match c.kind.as_str() {
+                "tcp" => CheckKind::Tcp,
+                "http" => {
+                    let mut h = HttpCheck::default();
+                    if let Some(p) = &c.path {
+                        if !p.starts_with('/') || p.bytes().any(|b| b <= b' ' || b == 0x7f) {
+                            return Err(bad(
+                                "path",
+                                format!("{p:?} must start with / and hold no spaces"),
+                            ));
+                        }
+                        h.path.clone_from(p);
+                    }
+                    if let Some(m) = &c.method {
+                        h.method = m
+                            .parse()
+                            .map_err(|_| bad("method", format!("{m:?} is not an HTTP method")))?;
+                    }
+                    if let Some(host) = &c.host {
+                        if http::HeaderValue::from_str(host).is_err() {
+                            return Err(bad("host", format!("{host:?} cannot be a Host header")));
+                        }
+                        h.host = Some(host.clone());
+                    }
+                    if let Some(e) = &c.expect {
+                        h.expect = e.parse().map_err(|m: String| bad("expect", m))?;
+                    }
+                    CheckKind::Http(h)
+                }
+                "tls" => {
+                    let config = match (c.verify.as_deref(), &l.upstream_tls) {
+                        (Some("none"), _) => crate::health::insecure_tls_config()
+                            .map_err(|e| bad("verify", e.to_string()))?,
+                        (Some(other), _) => {
+                            return Err(bad("verify", format!("{other:?}: only \"none\" is accepted here (omit it to verify as upstream_tls does)")))
+                        }
+                        (None, Some(u)) => Arc::clone(&u.config),
+                        (None, None) => {
+                            return Err(bad(
+                                "kind",
+                                "a tls check verifies as the listener's upstream_tls does: configure upstream_tls, or set verify = \"none\"".into(),
+                            ))
+                        }
+                    };
+                    let name = c
+                        .server_name
+                        .clone()
+                        .or_else(|| l.upstream_tls.as_ref().and_then(|u| u.server_name.clone()));
+                    CheckKind::Tls(TlsCheck {
+                        server_name: match name {
+                            Some(n) => {
+                                rustls_pki_types::ServerName::try_from(n.clone()).map_err(|_| {
+                                    bad("server_name", format!("{n:?} is not a server name"))
+                                })?
+                            }
+                            None => rustls_pki_types::ServerName::IpAddress(
+                                nodes
+                                    .first()
+                                    .map_or(IpAddr::from([127, 0, 0, 1]), |n| n.addr)
+                                    .into(),
+                            ),
+                        },
+                        config,
+                    })
+                }
+                other => {
+                    let hint = closest(other, ["tcp", "http", "tls"].into_iter())
+                        .map_or(String::new(), |s| format!(" (did you mean {s:?}?)"));
+                    return Err(bad(
+                        "kind",
+                        format!(
+                            "unknown check kind {other:?}{hint}: use \"tcp\", \"http\" or \"tls\""
+                        ),
+                    ));
+                }
+            };
+            for (i, n) in nodes.iter().enumerate() {
+                let port = raw
+                    .nodes
+                    .get(i)
+                    .and_then(|r| r.check_port.as_ref().map(|p| *p.get_ref()))
+                    .or(c.port)
+                    .unwrap_or(l.node_port);
+                let mut kind = kind.clone();
+                if let CheckKind::Tls(t) = &mut kind {
+                    if c.server_name.is_none()
+                        && l.upstream_tls
+                            .as_ref()
+                            .is_none_or(|u| u.server_name.is_none())
+                    {
+                        t.server_name = rustls_pki_types::ServerName::IpAddress(n.addr.into());
+                    }
+                }
+                let mut spec = CheckSpec::new(kind, SocketAddr::new(n.addr, port));
+                spec.interval = interval;
+                spec.timeout = timeout.unwrap_or(interval);
+                spec.jitter = jitter.unwrap_or(interval / 10);
+                spec.fall = health.fall;
+                spec.rise = health.rise;
+                def.checks.push((n.name.clone(), spec));
+            }
+        }
+        Ok(def)
     }
 }

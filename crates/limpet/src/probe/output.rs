@@ -24,6 +24,8 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 const LIST_ALL_UP_TO: usize = 20;
 /// Moves spelled out per session in the human report.
 const MOVES_SHOWN: usize = 3;
+/// The nodes column grows with the names up to this width; longer lists just run over.
+const MAX_NODES_COLUMN: usize = 32;
 
 /// Everything the final report says.
 #[derive(Debug)]
@@ -271,16 +273,19 @@ fn session_words(v: &SessionVerdict) -> String {
         let _ = write!(s, ", {}", plural(v.repins, "re-pin", "re-pins"));
     }
     if !v.moves.is_empty() {
+        // Name each move's kind only when both kinds occur; otherwise the counts say it.
+        let mixed = v.repins > 0 && v.breaks > 0;
         let shown: Vec<String> = v
             .moves
             .iter()
             .take(MOVES_SHOWN)
             .map(|m| {
-                let kind = match m.kind {
-                    MoveKind::Repin => "re-pin",
-                    MoveKind::Break => "break",
+                let kind = match (mixed, m.kind) {
+                    (false, _) => "",
+                    (true, MoveKind::Repin) => "re-pin ",
+                    (true, MoveKind::Break) => "break ",
                 };
-                format!("{kind} {}", describe_move(m))
+                format!("{kind}{}", describe_move(m))
             })
             .collect();
         let more = if v.repins.saturating_add(v.breaks) as usize > MOVES_SHOWN {
@@ -300,6 +305,9 @@ fn session_words(v: &SessionVerdict) -> String {
     if v.socket_closes > 0 {
         trouble.push(plural(v.socket_closes, "socket close", "socket closes"));
     }
+    if v.split > 0 {
+        trouble.push(format!("{} away from the socket", v.split));
+    }
     if !trouble.is_empty() {
         let _ = write!(s, " [{}]", trouble.join(", "));
     }
@@ -307,7 +315,12 @@ fn session_words(v: &SessionVerdict) -> String {
 }
 
 fn notable(v: &SessionVerdict) -> bool {
-    v.repins > 0 || v.breaks > 0 || v.unidentified > 0 || v.no_answer > 0 || v.socket_closes > 0
+    v.repins > 0
+        || v.breaks > 0
+        || v.unidentified > 0
+        || v.no_answer > 0
+        || v.socket_closes > 0
+        || v.split > 0
 }
 
 /// The human summary.
@@ -351,16 +364,27 @@ pub(crate) fn human(r: &Report<'_>) -> String {
         .take(LIST_ALL_UP_TO)
         .collect();
     if !listed.is_empty() {
-        let _ = writeln!(o, "session  nodes            answers  verdict");
-        for (id, v) in &listed {
-            let nodes = if v.nodes.is_empty() {
-                "-".to_owned()
-            } else {
-                v.nodes.join(",")
-            };
+        let nodes: Vec<String> = listed
+            .iter()
+            .map(|(_, v)| {
+                if v.nodes.is_empty() {
+                    "-".to_owned()
+                } else {
+                    v.nodes.join(",")
+                }
+            })
+            .collect();
+        let width = nodes
+            .iter()
+            .map(|n| n.chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp("nodes".len(), MAX_NODES_COLUMN);
+        let _ = writeln!(o, "session  {:<width$}  answers  verdict", "nodes");
+        for ((id, v), nodes) in listed.iter().zip(&nodes) {
             let _ = writeln!(
                 o,
-                "{id:>7}  {nodes:<16} {:>7}  {}",
+                "{id:>7}  {nodes:<width$}  {:>7}  {}",
                 v.answers,
                 session_words(v)
             );
@@ -428,6 +452,18 @@ pub(crate) fn human(r: &Report<'_>) -> String {
         plural(s.repins, "re-pin", "re-pins"),
         plural(s.breaks, "break", "breaks")
     );
+    if s.split > 0 {
+        let _ = writeln!(
+            o,
+            "split: {} from another node than their session's open WebSocket{}",
+            plural(s.split, "HTTP answer", "HTTP answers"),
+            if s.breaks == 0 {
+                " (after a re-pin, until the old socket closed)"
+            } else {
+                ""
+            }
+        );
+    }
     for e in r.errors {
         let _ = writeln!(o, "error: {e}");
     }

@@ -93,6 +93,8 @@ enum Inner {
 pub struct ProxyBody {
     inner: Inner,
     _active: Option<ActiveGuard>,
+    /// Counts the request as open to its node until the answer body is done.
+    _node: Option<crate::runtime::ConnGuard>,
 }
 
 impl ProxyBody {
@@ -100,6 +102,7 @@ impl ProxyBody {
         ProxyBody {
             inner: Inner::Upstream(body),
             _active: None,
+            _node: None,
         }
     }
 
@@ -107,11 +110,18 @@ impl ProxyBody {
         ProxyBody {
             inner: Inner::Local(Full::new(text.into())),
             _active: None,
+            _node: None,
         }
     }
 
     pub(crate) fn with_guard(mut self, guard: ActiveGuard) -> Self {
         self._active = Some(guard);
+        self
+    }
+
+    /// Keeps the node's open-connection count up until the body is done.
+    pub(crate) fn with_node_guard(mut self, guard: crate::runtime::ConnGuard) -> Self {
+        self._node = Some(guard);
         self
     }
 }

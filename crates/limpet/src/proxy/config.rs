@@ -71,6 +71,53 @@ impl ProxyConfig {
     }
 }
 
+impl ProxyConfig {
+    /// These settings as a one-listener config of the config-file types (listener `proxy`,
+    /// HTTP, no table), so quick mode, the demo and config files all run on one runtime.
+    /// Each node keeps its own address and port (`upstreams`).
+    pub fn to_config(&self, bind: SocketAddr) -> Result<crate::config::Config, ConfigError> {
+        use crate::config::{Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, TcpDef};
+        self.validate()?;
+        let listener = ListenerDef {
+            name: "proxy".into(),
+            bind: vec![bind],
+            mode: Mode::Http,
+            node_port: 0,
+            upstreams: self.nodes.iter().map(|n| n.addr).collect(),
+            balance: limpet_core::Balance::RoundRobin,
+            table: None,
+            cookie: match &self.sticky {
+                Sticky::Cookie(c) => Some(c.clone()),
+                Sticky::None => None,
+            },
+            tls: None,
+            upstream_tls: None,
+            proxy_protocol: ProxyProtocolDef::default(),
+            timeouts: self.timeouts,
+            tcp: TcpDef::default(),
+            trusted_proxies: self.trusted_proxies.clone(),
+            limits: self.limits,
+            retry_after_secs: self.retry_after_secs,
+        };
+        Ok(Config {
+            path: "(command line)".into(),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| NodeDef {
+                    name: n.name.clone(),
+                    addr: n.addr.ip(),
+                    weight: 1,
+                })
+                .collect(),
+            tables: Vec::new(),
+            listeners: vec![listener],
+            health: self.health,
+            lifecycle: Default::default(),
+        })
+    }
+}
+
 /// A configuration that cannot run, with the reason in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
+use limpet_core::table::{KeyRef, TableKey};
 use limpet_core::{Decision, NodeId, Pin, RepinReason};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -44,6 +45,21 @@ enum Outcome {
     Repinned(RepinReason),
     /// `--sticky none`: round-robin, no cookie.
     RoundRobin,
+    /// No usable cookie, but the listener's table pinned the client (e.g. through another
+    /// port): routed there, and the cookie catches up.
+    TableSticky,
+}
+
+impl Outcome {
+    /// The outcome as the metrics count it.
+    fn pin_outcome(self) -> Option<crate::metrics::PinOutcome> {
+        use crate::metrics::PinOutcome;
+        Some(match self {
+            Outcome::Sticky | Outcome::TableSticky => PinOutcome::Sticky,
+            Outcome::New | Outcome::RoundRobin => PinOutcome::New,
+            Outcome::Repinned(r) => PinOutcome::Repinned(r),
+        })
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -53,6 +69,7 @@ impl fmt::Display for Outcome {
             Outcome::New => f.write_str("new"),
             Outcome::Repinned(r) => write!(f, "re-pinned({})", r.as_str()),
             Outcome::RoundRobin => f.write_str("round-robin"),
+            Outcome::TableSticky => f.write_str("sticky(table)"),
         }
     }
 }
@@ -121,6 +138,13 @@ pub(crate) async fn handle(
     };
     let resp = proxy(&ctx, req, &mut log).await;
     log.emit(resp.status());
+    // Node lifecycle: metrics hooks.
+    let (life, listener) = (&ctx.shared.state.lifecycle, &ctx.shared.def.name);
+    life.metrics
+        .request(listener, log.node.as_deref(), resp.status().as_u16());
+    if let Some(o) = log.outcome.and_then(Outcome::pin_outcome) {
+        life.metrics.pin(listener, o);
+    }
     Ok(resp.map(|b| b.with_guard(guard)))
 }
 
@@ -177,81 +201,187 @@ fn is_idempotent(m: &Method) -> bool {
     )
 }
 
-/// Picks the node. Runs under the pool lock and never awaits.
+/// The listener's table key for this request: the client address, a header, or the
+/// application cookie, as the table is keyed. Borrowed from the headers, never allocated.
+fn table_key<'a>(ctx: &ConnCtx, headers: &'a HeaderMap) -> Option<KeyRef<'a>> {
+    let table = ctx.shared.table.as_ref()?;
+    let spec = table.key_spec();
+    let values = spec
+        .request_header()
+        .into_iter()
+        .flat_map(|h| headers.get_all(h).iter())
+        .map(HeaderValue::as_bytes);
+    spec.request_key(ctx.peer.ip(), values)
+}
+
+/// Picks the node. Precedence: the limpet cookie first (a valid pin to a node that takes it
+/// wins, and refreshes the table's entry so the other listeners follow the client); then this
+/// connection's earlier fresh choice; then the table's pin; then a fresh assignment by the
+/// listener's balance, recorded in the table. Locks: table, then pool; never awaits.
 fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
     let shared = &ctx.shared;
-    let mut pool = shared.pool();
-    let Some(affinity) = &shared.affinity else {
-        return pool.assign(|_| false).map(|node| Choice {
-            node,
-            outcome: Outcome::RoundRobin,
-            set_cookie: false,
-            issued_ms: None,
-        });
-    };
+    let balance = shared.def.balance;
     let now = now_ms();
-    let read = affinity.read(&pool, headers, now);
-    if let Pin::Node(node) = read.pin {
-        if pool.honours_pin(node, now).is_ok() {
-            return Some(Choice {
-                node,
-                outcome: Outcome::Sticky,
-                set_cookie: read.refresh,
-                issued_ms: read.issued_ms,
-            });
-        }
-    }
-    // No usable pin. If this connection already got a node for an earlier request the client
-    // has not yet confirmed with the cookie, follow it: concurrent first requests agree.
-    let reason = match read.pin {
-        Pin::None => None,
-        Pin::Node(n) => pool.honours_pin(n, now).err(),
-        Pin::Unknown => Some(RepinReason::UnknownNode),
-        Pin::Invalid => Some(RepinReason::InvalidCookie),
-        Pin::Expired => Some(RepinReason::ExpiredCookie),
+    let key = table_key(ctx, headers);
+    // Application-cookie tables learn from answers; the request only looks up.
+    let records = shared
+        .table
+        .as_ref()
+        .is_some_and(|t| !t.key_spec().learns_from_response());
+    let mut table = match (&shared.table, key) {
+        (Some(t), Some(_)) => Some(t.lock()),
+        _ => None,
     };
+    let mut pool = shared.pool();
+    // The session's place in a drain's re-pin window: its table key, else its client.
+    let client_key = crate::lifecycle::session_key(ctx.peer.ip(), None);
+    let spread = key.map_or(client_key, |k| spread_of(&k));
+
+    let (read, reason) = match &shared.affinity {
+        Some(affinity) => {
+            let read = affinity.read(&pool, headers, now);
+            let session = crate::lifecycle::session_key(ctx.peer.ip(), read.issued_ms);
+            if let Pin::Node(node) = read.pin {
+                if pool.honours_pin_keyed(node, now, session).is_ok() {
+                    if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
+                        t.learn(k, node, now);
+                    }
+                    return Some(Choice {
+                        node,
+                        outcome: Outcome::Sticky,
+                        set_cookie: read.refresh,
+                        issued_ms: read.issued_ms,
+                    });
+                }
+            }
+            let reason = match read.pin {
+                Pin::None => None,
+                Pin::Node(n) => pool.honours_pin_keyed(n, now, session).err(),
+                Pin::Unknown => Some(RepinReason::UnknownNode),
+                Pin::Invalid => Some(RepinReason::InvalidCookie),
+                Pin::Expired => Some(RepinReason::ExpiredCookie),
+            };
+            (Some(read), reason)
+        }
+        None => (None, None),
+    };
+    let cookie = read.is_some();
     let outcome = |r: Option<RepinReason>| r.map_or(Outcome::New, Outcome::Repinned);
-    if let Some(node) = ctx.pinned() {
-        if pool.honours_pin(node, now).is_ok() {
-            return Some(Choice {
-                node,
-                outcome: outcome(reason),
-                set_cookie: true,
-                issued_ms: None,
-            });
+    // No usable cookie. If this connection already got a node for an earlier request the
+    // client has not yet confirmed with the cookie, follow it: concurrent first requests agree.
+    if cookie {
+        if let Some(node) = ctx.pinned() {
+            if pool.honours_pin_keyed(node, now, client_key).is_ok() {
+                return Some(Choice {
+                    node,
+                    outcome: outcome(reason),
+                    set_cookie: true,
+                    issued_ms: None,
+                });
+            }
         }
     }
-    match pool.decide(read.pin, now) {
-        Decision::Fresh { node, repin } => {
-            ctx.set_pinned(node);
+    let table_pin = match (table.as_mut(), key) {
+        (Some(t), Some(k)) => t.lookup(k, now),
+        _ => Pin::None,
+    };
+    let has_table = table.is_some();
+    match pool.decide_with(table_pin, now, balance, spread) {
+        Decision::Sticky(node) => {
+            if cookie {
+                ctx.set_pinned(node);
+            }
             Some(Choice {
                 node,
-                outcome: outcome(repin),
-                set_cookie: true,
+                outcome: if cookie {
+                    Outcome::TableSticky
+                } else {
+                    Outcome::Sticky
+                },
+                set_cookie: cookie,
                 issued_ms: None,
             })
         }
-        // Unreachable: a usable pin returned above. Treat as a fresh request would be.
-        Decision::Sticky(node) => Some(Choice {
-            node,
-            outcome: Outcome::Sticky,
-            set_cookie: false,
-            issued_ms: None,
-        }),
+        Decision::Fresh { node, repin } => {
+            if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
+                t.learn(k, node, now);
+            }
+            if cookie {
+                ctx.set_pinned(node);
+            }
+            Some(Choice {
+                node,
+                outcome: if cookie || has_table {
+                    outcome(reason.or(repin))
+                } else {
+                    Outcome::RoundRobin
+                },
+                set_cookie: cookie,
+                issued_ms: None,
+            })
+        }
         Decision::Unavailable => None,
     }
 }
 
-/// A fresh node for a request whose node failed, excluding every node that failed for it.
-fn reassign(ctx: &ConnCtx, failed: &[NodeId]) -> Option<Choice> {
-    let node = ctx.shared.pool().assign(|n| failed.contains(&n))?;
-    let sticky = ctx.shared.affinity.is_some();
+/// An application-cookie table learns the session the node just set (`Set-Cookie:
+/// JSESSIONID=...`), pinned to the node that set it; later requests carrying that cookie, on
+/// any listener naming the table, go there.
+fn learn_app_cookie(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
+    let Some(table) = &ctx.shared.table else {
+        return;
+    };
+    let spec = table.key_spec();
+    if !spec.learns_from_response() {
+        return;
+    }
+    let values = answer
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes);
+    if let Some(k) = spec.response_key(values) {
+        table.lock().learn(k, node, now_ms());
+    }
+}
+
+/// A well-mixed hash of the table key, placing the session's re-pin in a drain window.
+fn spread_of(key: &KeyRef<'_>) -> u64 {
+    match key.ip_addr() {
+        Some(ip) => crate::tcp::spread_key(ip),
+        None => key.as_bytes().map_or(0, |b| {
+            // FNV-1a then the splitmix64 finaliser: fixed seed, stable across restarts.
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for &x in b {
+                h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+            }
+            h ^= h >> 31;
+            h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        }),
+    }
+}
+
+/// A fresh node for a request whose node failed, excluding every node that failed for it;
+/// the table's entry for the request moves with it.
+fn reassign(ctx: &ConnCtx, key: Option<&TableKey>, failed: &[NodeId]) -> Option<Choice> {
+    let shared = &ctx.shared;
+    // Application-cookie tables learn from the answer of the node that finally serves.
+    let table = shared
+        .table
+        .as_deref()
+        .filter(|t| !t.key_spec().learns_from_response());
+    let node = shared.state.reassign(
+        table,
+        key.map(TableKey::as_key_ref),
+        shared.def.balance,
+        failed,
+    )?;
+    let sticky = shared.affinity.is_some();
     if sticky {
         ctx.set_pinned(node);
     }
     Some(Choice {
         node,
-        outcome: if sticky {
+        outcome: if sticky || shared.table.is_some() {
             Outcome::Repinned(RepinReason::ConnectFailed)
         } else {
             Outcome::RoundRobin
@@ -308,11 +438,19 @@ async fn proxy(
     }
 
     let upgrade = is_upgrade_request(&req);
+    let websocket = req
+        .headers()
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
 
     let Some(mut choice) = choose(ctx, req.headers()) else {
         return unavailable(shared, id);
     };
+    // Counted open to its node from now until the answer body is done (drain accounting).
+    let mut in_flight = (choice.node, shared.state.open(choice.node));
+    // Owned: the failover path re-pins it after the headers have moved into the request.
+    let key = table_key(ctx, req.headers()).map(|k| k.to_key());
 
     // The head every attempt sends.
     let (parts, body) = req.into_parts();
@@ -361,11 +499,19 @@ async fn proxy(
         body_done,
         replay,
         upgrade,
+        key.as_ref(),
         log,
     )
     .await;
     log.node = Some(shared.node_name(choice.node).to_owned());
     log.outcome = Some(choice.outcome);
+    if in_flight.0 != choice.node {
+        in_flight = (choice.node, shared.state.open(choice.node));
+    }
+    shared.state.lifecycle.seen(
+        shared.node_name(choice.node),
+        crate::lifecycle::session_key(ctx.peer.ip(), choice.issued_ms),
+    );
     let mut resp = match result {
         Ok(resp) => resp,
         Err(Failure::Unavailable) => {
@@ -409,6 +555,7 @@ async fn proxy(
     let (rparts, rbody) = resp.into_parts();
     let mut rheaders = rparts.headers;
     hdr::remove_hop_by_hop(&mut rheaders, switching);
+    learn_app_cookie(ctx, &rheaders, choice.node);
     if choice.set_cookie {
         if let Some(a) = &shared.affinity {
             let now = now_ms();
@@ -428,15 +575,22 @@ async fn proxy(
     // hyper answers in the client's version; the node's is irrelevant.
     *out.version_mut() = Version::HTTP_11;
     if let (Some(client), Some(upstream)) = (client_upgrade, upstream_upgrade) {
+        let name = shared.node_name(choice.node);
         upgrade::spawn_tunnel(
             client,
             upstream,
             shared.timeouts.tunnel_idle,
             shared.draining.clone(),
+            upgrade::NodeTunnel {
+                websocket,
+                close: shared.state.lifecycle.close_signal(name),
+                _open: shared.state.open(choice.node),
+                _tunnel: shared.state.lifecycle.tunnel(name),
+            },
         );
         return out;
     }
-    out.map(|_| ProxyBody::upstream(rbody))
+    out.map(|_| ProxyBody::upstream(rbody).with_node_guard(in_flight.1))
 }
 
 /// HTTP/2 may split one cookie header into many fields; an HTTP/1.1 node expects one line
@@ -476,6 +630,7 @@ async fn attempt(
     mut body_done: watch::Receiver<bool>,
     replay: Option<Head>,
     upgrade: bool,
+    key: Option<&TableKey>,
     log: &Access<'_>,
 ) -> Result<Response<Incoming>, Failure> {
     let shared = &ctx.shared;
@@ -487,7 +642,7 @@ async fn attempt(
     let fail_over = |choice: &mut Choice, node: NodeId, failed: &mut Vec<NodeId>| {
         shared.record_failure(node);
         failed.push(node);
-        match reassign(ctx, failed) {
+        match reassign(ctx, key, failed) {
             Some(c) => {
                 *choice = c;
                 Ok(())
@@ -527,6 +682,7 @@ async fn attempt(
                 None => return Err(Failure::BadGateway("request cannot be replayed".into())),
             },
         };
+        let sent_at = Instant::now();
         let send = sender.try_send_request(req);
         // The answer clock starts once the client's body is fully sent: a slow upload is not a
         // slow node.
@@ -543,6 +699,11 @@ async fn attempt(
                 if !upgrade {
                     conns.recycle(sender);
                 }
+                shared.state.lifecycle.metrics.upstream_latency(
+                    &shared.def.name,
+                    shared.node_name(node),
+                    sent_at.elapsed(),
+                );
                 return Ok(resp);
             }
             Err(mut e) => {

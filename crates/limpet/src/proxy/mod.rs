@@ -19,7 +19,9 @@
 //! Modules:
 //! - [`config`]: the settings as plain data ([`ProxyConfig`]); quick mode and config files
 //!   fill the same types.
-//! - `server`: accept loop, per-connection state, idle and drain handling; [`serve`].
+//! - `server`: accept loop, per-connection state, idle and drain handling; [`serve`] (a
+//!   one-listener runtime of its own) and [`serve_listener`] (one listener of a shared
+//!   [`crate::runtime::Runtime`]: the pool and tables shared with the other listeners).
 //! - `forward`: one request: checks, decision, head rewriting, failover, access log.
 //! - `affinity`: the cookie seam (value to pin, node to value), stripping the cookie.
 //! - `headers`: hop-by-hop, `X-Forwarded-*`, `Cache-Control`.
@@ -42,4 +44,4 @@ pub use body::ProxyBody;
 pub use config::{
     ConfigError, CookieConfig, CookieMode, IpNet, Limits, NodeConfig, ProxyConfig, Sticky, Timeouts,
 };
-pub use server::{serve, ServeError};
+pub use server::{serve, serve_listener, ServeError};

@@ -191,7 +191,7 @@ pub fn run(args: ProxyArgs) -> ExitCode {
 }
 
 /// Ctrl-C, or SIGTERM (what service managers and `kill` send).
-async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

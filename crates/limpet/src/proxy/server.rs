@@ -1,9 +1,12 @@
-//! The listener side: accepting client connections, serving HTTP/1.1 and h2c on each, the
-//! per-connection state, and draining on shutdown.
+//! The listener side: accepting client connections, serving HTTP/1.1 and HTTP/2 on each
+//! (h2c by prior knowledge, or h2 by ALPN over TLS), the per-connection state, and draining
+//! on shutdown. The pool and the affinity table come from the runtime state, shared with
+//! every other listener; the node connections and settings are this listener's own.
 //!
 //! ```text
 //!  accept (one permit of max_client_connections each)
-//!    └─► task per connection: hyper-util auto (HTTP/1.1 or h2c prior knowledge)
+//!    └─► task per connection: PROXY header (trusted peers) ─► TLS accept (TLS listeners)
+//!          └─► hyper-util auto (HTTP/1.1 or HTTP/2)
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
 //!          ├─► idle watch: no request in flight for keep_alive_idle ─► graceful close
 //!          └─► shutdown signal ─► graceful close (finish in-flight, then close)
@@ -12,108 +15,131 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use limpet_core::{NodeId, Pool, Transition};
+use limpet_core::{NodeId, Pool};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
 
 use super::affinity::Affinity;
-use super::config::{ConfigError, IpNet, Limits, ProxyConfig, Sticky, Timeouts};
+use super::config::{ConfigError, IpNet, Limits, ProxyConfig, Timeouts};
 use super::forward;
 use super::upstream::NodeConns;
+use crate::config::ListenerDef;
+use crate::runtime::{Runtime, State, Table};
 
-/// State shared by every connection of one listener.
+/// State shared by every connection of one listener: its settings and connections, and the
+/// runtime's pool and table (shared with every other listener).
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// The decision core. Held only across non-async calls (decide, assign, record_*).
-    pool: Mutex<Pool>,
+    /// The runtime state this was built from: the one pool, the shared tables.
+    pub(crate) state: Arc<State>,
+    pub(crate) def: Arc<ListenerDef>,
+    /// The affinity table this listener names (shared with other listeners).
+    pub(crate) table: Option<Arc<Table>>,
     /// Connections per node, indexed by `NodeId`.
     pub(crate) conns: Vec<Arc<NodeConns>>,
-    /// Node names by `NodeId`, for logs without taking the pool lock.
-    names: Vec<Box<str>>,
     pub(crate) affinity: Option<Affinity>,
     trusted: Vec<IpNet>,
     pub(crate) limits: Limits,
     pub(crate) timeouts: Timeouts,
     pub(crate) retry_after: u32,
-    ids: RequestIds,
+    ids: Arc<RequestIds>,
     /// Turns true when the listener starts draining; tunnels watch it too.
     pub(crate) draining: watch::Receiver<bool>,
 }
 
 impl Shared {
-    fn new(cfg: ProxyConfig, draining: watch::Receiver<bool>) -> Result<Self, ConfigError> {
-        cfg.validate()?;
-        let pool = Pool::new(cfg.nodes.iter().map(|n| n.name.as_str()))
-            .map_err(|e| ConfigError(e.to_string()))?
-            .with_health_policy(cfg.health);
-        let conns = cfg
-            .nodes
+    /// The listener `name` of `state`.
+    fn new(
+        state: Arc<State>,
+        name: &str,
+        ids: Arc<RequestIds>,
+        draining: watch::Receiver<bool>,
+    ) -> Result<Self, ConfigError> {
+        let slot = state
+            .listeners
             .iter()
-            .map(|n| {
+            .find(|l| l.def.load().name == name)
+            .ok_or_else(|| ConfigError(format!("no listener named {name:?}")))?;
+        let def = slot.def.load_full();
+        let table = slot.table.clone();
+        let conns = def
+            .upstreams
+            .iter()
+            .map(|addr| {
+                let tls = def.upstream_tls.as_ref().map(|u| {
+                    (
+                        Arc::clone(&u.config),
+                        crate::tls::upstream_name(u.server_name.as_deref(), addr.ip()),
+                    )
+                });
                 Arc::new(NodeConns::new(
-                    n.addr,
-                    cfg.limits.max_idle_per_node,
-                    cfg.timeouts.upstream_idle,
-                    cfg.timeouts.connect,
+                    *addr,
+                    def.limits.max_idle_per_node,
+                    def.timeouts.upstream_idle,
+                    def.timeouts.connect,
+                    tls,
                 ))
             })
             .collect();
-        let affinity = match cfg.sticky {
-            Sticky::Cookie(c) => Some(Affinity::new(c, &pool)?),
-            Sticky::None => None,
+        let affinity = match &def.cookie {
+            Some(c) => Some(Affinity::new(c.clone(), &state.pool())?),
+            None => None,
         };
+        if limits_invalid(&def.limits) {
+            return Err(ConfigError(
+                "max header bytes must be at least 8192 and max connections at least 1".into(),
+            ));
+        }
         Ok(Shared {
-            names: cfg.nodes.iter().map(|n| n.name.as_str().into()).collect(),
-            pool: Mutex::new(pool),
+            trusted: def.trusted_proxies.clone(),
+            limits: def.limits,
+            timeouts: def.timeouts,
+            retry_after: def.retry_after_secs,
+            state,
+            def,
+            table,
             conns,
             affinity,
-            trusted: cfg.trusted_proxies,
-            limits: cfg.limits,
-            timeouts: cfg.timeouts,
-            retry_after: cfg.retry_after_secs,
-            ids: RequestIds::new(),
+            ids,
             draining,
         })
     }
 
-    /// The pool, for one synchronous decision. A panic while it was held cannot leave it
-    /// half-updated in a way that matters more than refusing service would, so poisoning is
-    /// ignored.
+    /// The pool (the runtime's one pool), for one synchronous decision.
     pub(crate) fn pool(&self) -> MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.pool()
     }
 
     pub(crate) fn node_name(&self, node: NodeId) -> &str {
-        self.names.get(node.index()).map_or("", |n| n)
+        self.state.node_name(node)
     }
 
     pub(crate) fn next_request_id(&self) -> String {
         self.ids.next()
     }
 
+    /// A failed connection: passive health, through the runtime so a DOWN transition reaches
+    /// every listener (and closes the node's TCP sessions).
     pub(crate) fn record_failure(&self, node: NodeId) {
-        let mut pool = self.pool();
-        if pool.record_failure(node) == Some(Transition::WentDown) {
-            tracing::warn!(
-                node = pool.name(node),
-                "node DOWN after consecutive failures"
-            );
-        }
+        self.state.record_id(node, false);
     }
 
     pub(crate) fn record_success(&self, node: NodeId) {
-        let mut pool = self.pool();
-        if pool.record_success(node) == Some(Transition::WentUp) {
-            tracing::info!(node = pool.name(node), "node UP again");
-        }
+        self.state.record_id(node, true);
     }
+}
+
+/// hyper refuses (panics on) a read buffer below 8 KiB; a zero permit count would never
+/// accept.
+fn limits_invalid(l: &Limits) -> bool {
+    l.max_header_bytes < 8192 || l.max_client_connections == 0
 }
 
 /// Request ids: a per-process prefix and a counter, so ids from two limpet instances (or two
@@ -168,8 +194,15 @@ pub(crate) struct ConnCtx {
 }
 
 impl ConnCtx {
-    pub(crate) fn new(shared: Arc<Shared>, peer: SocketAddr, tls: bool) -> Self {
-        let trusted = shared.trusted.iter().any(|n| n.contains(peer.ip()));
+    /// `peer` is the client (from a PROXY header when one was accepted); `tcp_peer` the
+    /// address the connection came from, which decides whether its `X-Forwarded-*` is trusted.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        peer: SocketAddr,
+        tcp_peer: SocketAddr,
+        tls: bool,
+    ) -> Self {
+        let trusted = shared.trusted.iter().any(|n| n.contains(tcp_peer.ip()));
         ConnCtx {
             shared,
             peer,
@@ -287,16 +320,38 @@ fn builder(limits: &Limits, timeouts: &Timeouts) -> auto::Builder<TokioExecutor>
 }
 
 /// Serves the proxy on an already-bound listener until `shutdown` resolves, then stops
-/// accepting, lets in-flight requests finish (up to `timeouts.drain`) and returns.
+/// accepting, lets in-flight requests finish (up to `timeouts.drain`) and returns. A runtime
+/// of its own with this one listener: quick mode and the demo.
 pub async fn serve(
     config: ProxyConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let bind = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let cfg = config.to_config(bind).map_err(ServeError::Config)?;
+    let state = State::new(cfg).map_err(|e| ServeError::Config(ConfigError(e)))?;
+    serve_listener(Runtime::new(state), "proxy", listener, shutdown).await
+}
+
+/// Serves HTTP listener `name` of `runtime` on an already-bound socket until `shutdown`
+/// resolves; then drains as [`serve`] does. Connections are served with the runtime state
+/// current when they arrive (a reload takes effect for new connections).
+pub async fn serve_listener(
+    runtime: Arc<Runtime>,
+    name: &str,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let (drain_tx, drain_rx) = watch::channel(false);
-    let drain_timeout = config.timeouts.drain;
-    let shared = Arc::new(Shared::new(config, drain_rx).map_err(ServeError::Config)?);
-    let builder = Arc::new(builder(&shared.limits, &shared.timeouts));
+    let ids = Arc::new(RequestIds::new());
+    let mut shared = Arc::new(
+        Shared::new(runtime.state(), name, Arc::clone(&ids), drain_rx.clone())
+            .map_err(ServeError::Config)?,
+    );
+    let drain_timeout = shared.timeouts.drain;
+    let mut builder = Arc::new(builder(&shared.limits, &shared.timeouts));
     let permits = Arc::new(Semaphore::new(shared.limits.max_client_connections));
     // Every connection task holds a clone; recv() returns None once all are gone.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
@@ -322,33 +377,60 @@ pub async fn serve(
                 }
             },
         };
+        let current = runtime.state();
+        if !Arc::ptr_eq(&current, &shared.state) {
+            // A reload swapped the state: new connections use the new settings.
+            match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone()) {
+                Ok(s) => {
+                    shared = Arc::new(s);
+                    builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));
+                }
+                Err(e) => {
+                    tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
+                }
+            }
+        }
         let _ = stream.set_nodelay(true);
-        let ctx = Arc::new(ConnCtx::new(Arc::clone(&shared), peer, false));
+        let shared = Arc::clone(&shared);
         let builder = Arc::clone(&builder);
-        let mut draining = shared.draining.clone();
         let done = done_tx.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _done = done;
-            let svc = {
-                let ctx = Arc::clone(&ctx);
-                service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
-            };
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = idle_watch(&ctx) => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-                () = async { let _ = draining.wait_for(|d| *d).await; } => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            let local = stream.local_addr().unwrap_or(peer);
+            let (who, stream) = match crate::tcp::read_proxy_header(
+                stream,
+                peer,
+                local,
+                &shared.def.proxy_protocol,
+            )
+            .await
+            {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "PROXY header refused");
+                    return;
                 }
             };
-            if let Err(e) = result {
-                tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended with an error");
+            match shared.def.tls.clone() {
+                Some(cfg) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+                    let tls =
+                        tokio::time::timeout(shared.timeouts.header_read, acceptor.accept(stream))
+                            .await;
+                    match tls {
+                        Ok(Ok(s)) => {
+                            let ctx = Arc::new(ConnCtx::new(shared, who.client, peer, true));
+                            serve_connection(ctx, builder, s).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+                None => {
+                    let ctx = Arc::new(ConnCtx::new(shared, who.client, peer, false));
+                    serve_connection(ctx, builder, stream).await;
+                }
             }
         });
     }
@@ -362,4 +444,34 @@ pub async fn serve(
         tracing::warn!("drain timeout: closing remaining connections");
     }
     Ok(())
+}
+
+/// Serves one client connection (plain or TLS) until it ends, idles out or the listener
+/// drains.
+async fn serve_connection<I: crate::tcp::Io + 'static>(
+    ctx: Arc<ConnCtx>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    io: I,
+) {
+    let mut draining = ctx.shared.draining.clone();
+    let svc = {
+        let ctx = Arc::clone(&ctx);
+        service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
+    };
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = idle_watch(&ctx) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = async { let _ = draining.wait_for(|d| *d).await; } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended with an error");
+    }
 }

@@ -3,6 +3,10 @@
 //! Once hyper has written the 101 to the client and read it from the node, both connections
 //! are plain byte streams. Bytes are copied both ways until either side closes, the tunnel has
 //! been idle (no byte either way) for the configured time, or the listener drains.
+//!
+//! WebSocket tunnels go through [`crate::drain::relay_websocket`], which follows frame
+//! boundaries so that a drain deadline, MAINT or shutdown closes them cleanly with a close
+//! frame 1001 written between two frames.
 
 use std::io;
 use std::pin::Pin;
@@ -17,12 +21,23 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// What a tunnel holds of its node: whether it is a WebSocket, the node's close signal (drain
+/// deadline, MAINT), and the guards that count it open while it lives.
+#[derive(Debug)]
+pub(crate) struct NodeTunnel {
+    pub(crate) websocket: bool,
+    pub(crate) close: watch::Receiver<u64>,
+    pub(crate) _open: crate::runtime::ConnGuard,
+    pub(crate) _tunnel: crate::lifecycle::TunnelGuard,
+}
+
 /// Starts the tunnel in its own task; the request's task returns the 101 right away.
 pub(crate) fn spawn_tunnel(
     client: OnUpgrade,
     upstream: OnUpgrade,
     idle: Duration,
-    mut draining: watch::Receiver<bool>,
+    draining: watch::Receiver<bool>,
+    node: NodeTunnel,
 ) {
     tokio::spawn(async move {
         let (client, upstream) = match tokio::join!(client, upstream) {
@@ -32,6 +47,29 @@ pub(crate) fn spawn_tunnel(
                 return;
             }
         };
+        let NodeTunnel {
+            websocket,
+            close,
+            _open,
+            _tunnel,
+        } = node;
+        let closing = async move {
+            tokio::select! {
+                () = crate::drain::turned_true(draining) => {}
+                () = crate::drain::changed(close) => {}
+            }
+        };
+        if websocket {
+            let end = crate::drain::relay_websocket(
+                TokioIo::new(client),
+                TokioIo::new(upstream),
+                idle,
+                closing,
+            )
+            .await;
+            tracing::debug!(?end, "websocket tunnel ended");
+            return;
+        }
         let clock = Arc::new(Activity::new());
         let mut client = Tracked::new(TokioIo::new(client), Arc::clone(&clock));
         let mut upstream = Tracked::new(TokioIo::new(upstream), Arc::clone(&clock));
@@ -42,7 +80,7 @@ pub(crate) fn spawn_tunnel(
                 }
             }
             () = clock.expired(idle) => tracing::debug!("tunnel idle timeout"),
-            () = async { let _ = draining.wait_for(|d| *d).await; } => {}
+            () = closing => {}
         }
     });
 }

@@ -8,7 +8,8 @@
 //!
 //! ```text
 //!  checkout ─► idle stack (LIFO, newest first; closed/expired handles dropped)
-//!      └─ empty ─► connect(addr of the node, connect timeout) ─► http1 handshake ─► spawn conn
+//!      └─ empty ─► connect(addr of the node, connect timeout) ─► TLS (if the listener says)
+//!                   ─► http1 handshake ─► spawn conn
 //!  answer received ─► spawn "wait until ready" ─► back on the idle stack
 //! ```
 //!
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -54,6 +56,8 @@ struct Idle {
 /// The keep-alive connections of one node.
 pub(crate) struct NodeConns {
     addr: SocketAddr,
+    /// TLS to the node: the client config and the name to send and verify.
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     idle: Mutex<Vec<Idle>>,
     max_idle: usize,
     idle_timeout: Duration,
@@ -68,15 +72,30 @@ impl std::fmt::Debug for NodeConns {
     }
 }
 
+/// The HTTP/1.1 handshake on a connected stream; the connection task runs on its own.
+async fn handshake<I: crate::tcp::Io + 'static>(io: I) -> Result<Sender, ConnectError> {
+    let (sender, conn) = http1::Builder::new()
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(ConnectError::Handshake)?;
+    tokio::spawn(async move {
+        // Errors here surface on the request that used the connection.
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
 impl NodeConns {
     pub(crate) fn new(
         addr: SocketAddr,
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
+        tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     ) -> Self {
         NodeConns {
             addr,
+            tls,
             idle: Mutex::new(Vec::new()),
             max_idle,
             idle_timeout,
@@ -111,15 +130,20 @@ impl NodeConns {
             .map_err(ConnectError::Io)?;
         // Small writes (heads, WebSocket frames) must not wait for Nagle.
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(ConnectError::Handshake)?;
-        tokio::spawn(async move {
-            // Errors here surface on the request that used the connection.
-            let _ = conn.with_upgrades().await;
-        });
-        Ok(sender)
+        match &self.tls {
+            None => handshake(stream).await,
+            Some((cfg, name)) => {
+                let connector = tokio_rustls::TlsConnector::from(Arc::clone(cfg));
+                let tls = tokio::time::timeout(
+                    self.connect_timeout,
+                    connector.connect(name.clone(), stream),
+                )
+                .await
+                .map_err(|_| ConnectError::Timeout)?
+                .map_err(ConnectError::Io)?;
+                handshake(tls).await
+            }
+        }
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again

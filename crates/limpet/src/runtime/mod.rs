@@ -26,6 +26,7 @@
 //! Locks: the pool lock and a table lock are only held across synchronous core calls, never
 //! across an await. When both are needed the table lock is taken first.
 
+pub mod run;
 mod snapshot;
 
 use std::collections::BTreeMap;
@@ -39,7 +40,10 @@ use tokio::sync::watch;
 
 use crate::config::{Config, ListenerDef, TableDef};
 
+pub use run::{start, Running, StartError};
 pub use snapshot::{load_snapshot, save_snapshot, SnapshotLoad};
+
+pub(crate) use crate::tcp::stopped;
 
 /// Milliseconds since the Unix epoch: the core's clock.
 pub fn now_ms() -> u64 {
@@ -133,6 +137,9 @@ pub struct State {
     tables: BTreeMap<String, Arc<Table>>,
     pub listeners: Vec<ListenerSlot>,
     pub config: Arc<Config>,
+    /// Node lifecycle (checks, drains, accounting, metrics): one per process, carried over
+    /// by `rebuild`.
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
 /// Where a connection goes, as the runtime chose it.
@@ -175,6 +182,7 @@ impl State {
             nodes,
             tables,
             listeners,
+            lifecycle: crate::lifecycle::Lifecycle::new(config.lifecycle.clone()),
             config: Arc::new(config),
         })
     }
@@ -184,6 +192,7 @@ impl State {
     /// to removed nodes read as unknown and re-pin). Open connections keep the old state.
     pub fn rebuild(&self, config: Config) -> Result<State, String> {
         let mut next = State::new(config)?;
+        next.lifecycle = Arc::clone(&self.lifecycle);
         {
             let old = self.pool();
             let new = next.pool.get_mut().unwrap_or_else(|e| e.into_inner());

@@ -18,6 +18,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub mod lifecycle;
+
 /// A `Control` over a real `Pool`, with no tables and no config file.
 pub struct PoolControl {
     pub pool: Mutex<Pool>,

@@ -7,6 +7,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod haproxy;
+pub mod multiport;
 pub mod probe;
 
 use std::net::SocketAddr;

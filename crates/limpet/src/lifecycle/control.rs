@@ -1,0 +1,465 @@
+//! The runtime behind the admin API ([`RuntimeControl`]), behind the health checks
+//! ([`RuntimeSink`]), the reload, and the start of the lifecycle tasks.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use limpet_core::table::{AffinityStore, KeyRef, KeySpec};
+use limpet_core::AdminState;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::{lock, now_ms};
+use crate::admin::{
+    drain_complete, BoxFuture, Control, ControlError, DrainView, EntryView, NodeCommand, NodeView,
+    ReloadReport, TablePage, TableView,
+};
+use crate::config::Config;
+use crate::health::{CheckDetail, HealthSink};
+use crate::metrics::Metrics;
+use crate::runtime::{Runtime, State, Table};
+
+/// Health check results into the runtime's state machine.
+#[derive(Debug)]
+pub struct RuntimeSink {
+    pub runtime: Weak<Runtime>,
+}
+
+impl HealthSink for RuntimeSink {
+    fn record(
+        &self,
+        node: &str,
+        ok: bool,
+        _detail: &CheckDetail,
+    ) -> Option<limpet_core::Transition> {
+        let state = self.runtime.upgrade()?.state();
+        let t = state.record(node, ok)?;
+        state.lifecycle.transition(node, t);
+        Some(t)
+    }
+}
+
+/// The admin API's view of the running limpet.
+#[derive(Debug)]
+pub struct RuntimeControl {
+    pub runtime: Arc<Runtime>,
+}
+
+fn key_text(spec: &KeySpec) -> String {
+    match spec {
+        KeySpec::SourceIp(p) => format!("source-ip /{} /{}", p.v4(), p.v6()),
+        KeySpec::Header(h) => format!("header {h}"),
+        KeySpec::AppCookie(c) => format!("app-cookie {c}"),
+    }
+}
+
+fn table<'a>(state: &'a State, name: &str) -> Result<&'a Arc<Table>, ControlError> {
+    state
+        .table(name)
+        .ok_or_else(|| ControlError::NotFound(format!("no table {name:?}")))
+}
+
+/// Reads an entry key as the admin writes it: an IP address for source-IP tables (masked
+/// by the table's prefix), the value itself for header and cookie tables.
+fn parse_key<'a>(t: &Table, key: &'a str) -> Result<KeyRef<'a>, ControlError> {
+    match &t.def.key {
+        KeySpec::SourceIp(_) => {
+            let ip: std::net::IpAddr = key
+                .parse()
+                .map_err(|_| ControlError::BadRequest(format!("{key:?} is not an IP address")))?;
+            t.def
+                .key
+                .request_key(ip, std::iter::empty::<&[u8]>())
+                .ok_or_else(|| ControlError::BadRequest(format!("no key for {key:?}")))
+        }
+        _ => Ok(KeyRef::bytes(key.as_bytes())),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RuntimeControl {
+    fn view(&self, state: &State) -> Vec<NodeView> {
+        let life = &state.lifecycle;
+        let board = life.board();
+        let def = life.def();
+        state
+            .node_views()
+            .into_iter()
+            .map(|v| {
+                let (seen, ago) = life.seen_stats(&v.name);
+                let tunnels = life.tunnels(&v.name);
+                let active = u64::from(v.active);
+                let drain = match v.admin {
+                    AdminState::Drain {
+                        deadline_ms,
+                        spread_ms,
+                    } => Some(DrainView {
+                        deadline_unix_ms: deadline_ms,
+                        spread_ms,
+                        complete: drain_complete(active.max(tunnels), ago, def.drain_idle),
+                    }),
+                    _ => None,
+                };
+                NodeView {
+                    checks: board.node(&v.name),
+                    address: v.addr.to_string(),
+                    weight: v.weight,
+                    state: v.state.as_str(),
+                    admin: match v.admin {
+                        AdminState::Ready => "ready",
+                        AdminState::Drain { .. } => "drain",
+                        AdminState::Maint => "maint",
+                    },
+                    healthy: state
+                        .node_id(&v.name)
+                        .and_then(|id| state.pool().node(id).map(|n| n.health().is_up()))
+                        .unwrap_or(false),
+                    drain,
+                    active_connections: active.max(tunnels),
+                    tunnels,
+                    table_pins: v.pins.values().sum(),
+                    sessions_seen: seen,
+                    seen_window_secs: def.seen_window.as_secs(),
+                    last_seen_ago_ms: ago.map(ms),
+                    name: v.name,
+                }
+            })
+            .collect()
+    }
+}
+
+impl Control for RuntimeControl {
+    fn nodes(&self) -> Vec<NodeView> {
+        self.view(&self.runtime.state())
+    }
+
+    fn set_node(&self, node: &str, cmd: NodeCommand) -> Result<NodeView, ControlError> {
+        let state = self.runtime.state();
+        let life = Arc::clone(&state.lifecycle);
+        let def = life.def();
+        let admin = match cmd {
+            NodeCommand::Ready => AdminState::Ready,
+            NodeCommand::Maint => AdminState::Maint,
+            NodeCommand::Drain { deadline, spread } => AdminState::Drain {
+                deadline_ms: deadline.map(|d| now_ms().saturating_add(ms(d))),
+                spread_ms: ms(spread.unwrap_or(def.drain_spread)),
+            },
+        };
+        state
+            .set_admin(node, admin)
+            .ok_or_else(|| ControlError::NotFound(format!("no node {node:?}")))?;
+        let n = life.command(node);
+        match cmd {
+            NodeCommand::Maint => life.close_now(node),
+            NodeCommand::Drain {
+                deadline: Some(d), ..
+            } => {
+                let runtime = Arc::downgrade(&self.runtime);
+                let name = node.to_owned();
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let Some(rt) = runtime.upgrade() else { return };
+                    let life = Arc::clone(&rt.state().lifecycle);
+                    if life.current_command(&name) == n {
+                        tracing::info!(node = %name, "drain deadline: closing long-lived connections; pins re-pinned over the spread window");
+                        life.close_now(&name);
+                    }
+                });
+            }
+            _ => {}
+        }
+        self.view(&state)
+            .into_iter()
+            .find(|v| v.name == node)
+            .ok_or_else(|| ControlError::NotFound(format!("no node {node:?}")))
+    }
+
+    fn tables(&self) -> Vec<TableView> {
+        let state = self.runtime.state();
+        state
+            .tables()
+            .map(|t| {
+                let stats = t.lock().store().stats();
+                TableView {
+                    name: t.def.name.clone(),
+                    key: key_text(&t.def.key),
+                    size: stats.len,
+                    capacity: u64::from(t.def.size),
+                    expire_secs: t.def.expire.as_secs(),
+                    evictions: stats.evictions,
+                }
+            })
+            .collect()
+    }
+
+    fn table_page(
+        &self,
+        name: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<TablePage, ControlError> {
+        let state = self.runtime.state();
+        let t = table(&state, name)?;
+        let limit = limit.max(1);
+        let page = offset / limit;
+        let expire = ms(t.def.expire);
+        let tl = t.lock();
+        let store = tl.store();
+        let entries = store
+            .entries(page, limit, now_ms())
+            .into_iter()
+            .map(|e| EntryView {
+                key: e.key.to_string(),
+                node: store.node_name(e.node).unwrap_or("").to_owned(),
+                expires_in_ms: expire.saturating_sub(e.idle_ms),
+            })
+            .collect();
+        Ok(TablePage {
+            table: name.to_owned(),
+            offset: page * limit,
+            limit,
+            total: store.len() as u64,
+            entries,
+        })
+    }
+
+    fn table_get(&self, name: &str, key: &str) -> Result<Option<EntryView>, ControlError> {
+        let state = self.runtime.state();
+        let t = table(&state, name)?;
+        let k = parse_key(t, key)?;
+        let mut tl = t.lock();
+        let store = tl.store_mut();
+        Ok(store.get(k, now_ms()).map(|node| EntryView {
+            key: k.to_string(),
+            node: store.node_name(node).unwrap_or("").to_owned(),
+            expires_in_ms: ms(t.def.expire),
+        }))
+    }
+
+    fn table_delete(&self, name: &str, key: &str) -> Result<bool, ControlError> {
+        let state = self.runtime.state();
+        let t = table(&state, name)?;
+        let k = parse_key(t, key)?;
+        let removed = t.lock().store_mut().remove(k).is_some();
+        if removed {
+            tracing::info!(table = %name, key = %k, "operator deleted table entry");
+        }
+        Ok(removed)
+    }
+
+    fn table_clear(&self, name: &str) -> Result<u64, ControlError> {
+        let state = self.runtime.state();
+        let t = table(&state, name)?;
+        let mut tl = t.lock();
+        let n = tl.store().len() as u64;
+        tl.store_mut().clear();
+        Ok(n)
+    }
+
+    fn reload(&self) -> BoxFuture<'_, Result<ReloadReport, ControlError>> {
+        Box::pin(async move { reload(&self.runtime).await.map_err(ControlError::Refused) })
+    }
+
+    fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.runtime.state().lifecycle.metrics)
+    }
+}
+
+/// Reloads the configuration file of the running state: validated first (a bad file is
+/// refused with the reason, and nothing changes), then swapped in. Unchanged nodes keep
+/// their state, health and pins; removed nodes are set to MAINT in the old state (their TCP
+/// sessions and tunnels close, their pins re-pin); health checks are updated in place.
+pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
+    let life = Arc::clone(&runtime.state().lifecycle);
+    let _one = life.reloading.lock().await;
+    let result = reload_locked(runtime).await;
+    life.metrics.reload(result.is_ok());
+    match &result {
+        Ok(r) => {
+            tracing::info!(generation = r.generation, changes = ?r.changes, "configuration reloaded")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "configuration reload refused; the running configuration stays")
+        }
+    }
+    result
+}
+
+async fn reload_locked(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
+    let state = runtime.state();
+    let path = state.config.path.clone();
+    let cfg = tokio::task::spawn_blocking(move || Config::load(&path))
+        .await
+        .map_err(|e| format!("reload task failed: {e}"))?
+        .map_err(|e| e.to_string())?;
+    let old = &state.config;
+    // Listeners are bound once, at start.
+    for l in &cfg.listeners {
+        match old.listeners.iter().find(|o| o.name == l.name) {
+            None => {
+                return Err(format!(
+                    "listener {:?} is new: adding a listener needs a restart",
+                    l.name
+                ))
+            }
+            Some(o) if o.bind != l.bind => {
+                return Err(format!(
+                    "listener {:?}: bind addresses changed: that needs a restart",
+                    l.name
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(o) = old
+        .listeners
+        .iter()
+        .find(|o| !cfg.listeners.iter().any(|l| l.name == o.name))
+    {
+        return Err(format!(
+            "listener {:?} is gone: removing a listener needs a restart",
+            o.name
+        ));
+    }
+    let mut changes = Vec::new();
+    let removed: Vec<String> = old
+        .nodes
+        .iter()
+        .filter(|o| !cfg.nodes.iter().any(|n| n.name == o.name))
+        .map(|o| o.name.clone())
+        .collect();
+    for n in &cfg.nodes {
+        match old.nodes.iter().find(|o| o.name == n.name) {
+            None => changes.push(format!("node {} added", n.name)),
+            Some(o) if o != n => changes.push(format!("node {} changed", n.name)),
+            Some(_) => {}
+        }
+    }
+    for n in &removed {
+        changes.push(format!("node {n} removed (its pins re-pin as for MAINT)"));
+    }
+    for t in &cfg.tables {
+        match old.table(&t.name) {
+            None => changes.push(format!("table {} added", t.name)),
+            Some(o) if o.key != t.key => {
+                changes.push(format!("table {} key changed: entries dropped", t.name))
+            }
+            Some(o) if o != t => changes.push(format!("table {} settings changed", t.name)),
+            Some(_) => {}
+        }
+    }
+    let new_def = cfg.lifecycle.clone();
+    if new_def.admin != state.lifecycle.def().admin {
+        changes.push("admin listener settings changed: they apply after a restart".into());
+    }
+    let next = state.rebuild(cfg)?;
+    // Removed nodes: MAINT in the state their open connections hold, so they close and the
+    // pins move; new connections never see them.
+    for n in &removed {
+        state.set_admin(n, AdminState::Maint);
+        state.lifecycle.close_now(n);
+    }
+    runtime.swap(next);
+    let life = Arc::clone(&state.lifecycle);
+    let mut keep = new_def.clone();
+    keep.admin = life.def().admin.clone();
+    life.def.store(Arc::new(keep));
+    lock(&life.checks).update(
+        new_def.checks.clone(),
+        Arc::new(RuntimeSink {
+            runtime: Arc::downgrade(runtime),
+        }),
+    );
+    Ok(ReloadReport {
+        generation: life.reloaded(),
+        changes,
+    })
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Starts the lifecycle of a running limpet: its health checks, its admin listener (when
+/// configured; refused off loopback without a token) and the drain-completion log. Every
+/// task ends when `shutdown` turns true.
+pub async fn start(
+    runtime: &Arc<Runtime>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), String> {
+    let state = runtime.state();
+    let life = Arc::clone(&state.lifecycle);
+    let def = life.def();
+    if let Some(admin) = &def.admin {
+        admin.validate().map_err(|e| e.to_string())?;
+    }
+    lock(&life.checks).update(
+        def.checks.clone(),
+        Arc::new(RuntimeSink {
+            runtime: Arc::downgrade(runtime),
+        }),
+    );
+    let control: Arc<dyn Control> = Arc::new(RuntimeControl {
+        runtime: Arc::clone(runtime),
+    });
+    if let Some(admin) = &def.admin {
+        let listener = TcpListener::bind(admin.listen)
+            .await
+            .map_err(|e| format!("admin listener: cannot bind {}: {e}", admin.listen))?;
+        let local = listener.local_addr().unwrap_or(admin.listen);
+        let _ = life.admin_addr.set(local);
+        tracing::info!(addr = %local, "admin API and stats page on {}", crate::admin::describe(local));
+        let mut settings = admin.clone();
+        settings.listen = local;
+        let mut stop = shutdown.clone();
+        let control = Arc::clone(&control);
+        tasks.spawn(async move {
+            crate::admin::serve(listener, control, settings, async move {
+                stopped(&mut stop).await;
+            })
+            .await;
+        });
+    }
+    {
+        let mut stop = shutdown.clone();
+        let life = Arc::clone(&life);
+        tasks.spawn(async move {
+            tokio::select! {
+                () = crate::admin::log_drain_completions(control, Duration::from_secs(1)) => {}
+                () = stopped(&mut stop) => {}
+            }
+            lock(&life.checks).stop();
+        });
+    }
+    Ok(())
+}
+
+/// Runs until SIGTERM or SIGINT; each SIGHUP reloads the configuration (a refused reload is
+/// logged and changes nothing).
+pub async fn serve_signals(runtime: &Arc<Runtime>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut hup), Ok(mut term)) = (
+            signal(SignalKind::hangup()),
+            signal(SignalKind::terminate()),
+        ) {
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => return,
+                    _ = term.recv() => return,
+                    _ = hup.recv() => {
+                        tracing::info!("SIGHUP: reloading the configuration");
+                        let _ = reload(runtime).await;
+                    }
+                }
+            }
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

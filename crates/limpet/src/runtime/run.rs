@@ -1,0 +1,256 @@
+//! `limpet run -c limpet.toml` and `limpet check -c limpet.toml`.
+//!
+//! ```text
+//!  Config::load ─► State::new ─► snapshots loaded (bad ones reported, skipped)
+//!     ─► bind every listener address (all before serving: a bind error stops the start)
+//!     ─► per socket: proxy::serve_listener (http) | tcp::serve (tcp)
+//!     ─► timers: snapshot interval, expired-entry purge
+//!  Ctrl-C / SIGTERM ─► shutdown watch ─► listeners drain ─► snapshots saved
+//! ```
+//!
+//! [`start`] is the in-process entry (tests use it with port 0 binds); [`Running::addrs`]
+//! says where each listener really bound.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::{load_snapshot, now_ms, save_snapshot, Runtime, State};
+use crate::config::{Config, Mode};
+
+/// Arguments of `limpet run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The configuration file (see docs/config.md).
+    #[arg(
+        short = 'c',
+        long = "config",
+        value_name = "FILE",
+        default_value = "limpet.toml"
+    )]
+    pub config: PathBuf,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+}
+
+/// Arguments of `limpet check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckArgs {
+    /// The configuration file to validate (certificates and keys are read too).
+    #[arg(
+        short = 'c',
+        long = "config",
+        value_name = "FILE",
+        default_value = "limpet.toml"
+    )]
+    pub config: PathBuf,
+}
+
+/// `limpet check`: validates, prints what would run, exits 0; or prints the error
+/// (`file:line:col: key: message`) and exits 2.
+pub fn check(args: CheckArgs) -> ExitCode {
+    match Config::load(&args.config) {
+        Ok(cfg) => {
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "{}", cfg.summary());
+            let _ = writeln!(out, "{}: configuration OK", args.config.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("limpet check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Why [`start`] failed.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A running configuration: its runtime, where its listeners bound, and a way to stop it.
+#[derive(Debug)]
+pub struct Running {
+    runtime: Arc<Runtime>,
+    addrs: Vec<(String, SocketAddr)>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// Every bound address with its listener's name, in config order.
+    pub fn addrs(&self) -> &[(String, SocketAddr)] {
+        &self.addrs
+    }
+
+    /// The first bound address of listener `name`.
+    pub fn addr(&self, name: &str) -> Option<SocketAddr> {
+        self.addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+    }
+
+    /// Stops accepting, drains the listeners (each up to its drain timeout), and saves the
+    /// tables that have a snapshot file.
+    pub async fn stop(mut self) {
+        let _ = self.shutdown.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        let state = self.runtime.state();
+        for t in state.tables() {
+            save_snapshot(t);
+        }
+    }
+}
+
+/// Starts everything `config` describes: loads snapshots, binds every listener address, and
+/// serves them. Returns once all are bound (so a caller can connect at once).
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    let state = State::new(config).map_err(StartError)?;
+    for t in state.tables() {
+        load_snapshot(t);
+    }
+    let runtime = Runtime::new(state);
+    let state = runtime.state();
+    let mut bound = Vec::new();
+    for slot in &state.listeners {
+        let def = slot.def.load_full();
+        for addr in &def.bind {
+            let l = TcpListener::bind(addr).await.map_err(|e| {
+                StartError(format!("listener {:?}: cannot bind {addr}: {e}", def.name))
+            })?;
+            let local = l.local_addr().unwrap_or(*addr);
+            bound.push((def.name.clone(), def.mode, local, l));
+        }
+    }
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    let mut addrs = Vec::new();
+    for (name, mode, local, l) in bound {
+        addrs.push((name.clone(), local));
+        let rt = Arc::clone(&runtime);
+        let mut stop = shutdown_rx.clone();
+        match mode {
+            Mode::Http => {
+                tasks.spawn(async move {
+                    let shutdown = async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    };
+                    if let Err(e) = crate::proxy::serve_listener(rt, &name, l, shutdown).await {
+                        tracing::error!(listener = %name, error = %e, "listener stopped");
+                    }
+                });
+            }
+            Mode::Tcp => {
+                tasks.spawn(crate::tcp::serve(rt, name, l, stop));
+            }
+        }
+    }
+    for t in state.tables() {
+        let table = Arc::clone(t);
+        let mut stop = shutdown_rx.clone();
+        tasks.spawn(async move {
+            // Expired entries are also dropped by lookups that meet them; this bounds the
+            // memory of entries nobody looks up again, with bounded work per tick.
+            let purge_every = Duration::from_secs(10);
+            let save_every = table.def.snapshot.as_ref().and_then(|s| s.interval);
+            let mut last_save = tokio::time::Instant::now();
+            loop {
+                tokio::select! {
+                    () = super::stopped(&mut stop) => return,
+                    () = tokio::time::sleep(purge_every) => {}
+                }
+                limpet_core::table::AffinityStore::purge_expired(
+                    table.lock().store_mut(),
+                    now_ms(),
+                    10_000,
+                );
+                if let Some(every) = save_every {
+                    if last_save.elapsed() >= every {
+                        last_save = tokio::time::Instant::now();
+                        let t = Arc::clone(&table);
+                        // File I/O off the async workers.
+                        let _ = tokio::task::spawn_blocking(move || save_snapshot(&t)).await;
+                    }
+                }
+            }
+        });
+    }
+    drop(state);
+    // Health checks, the admin listener, drain tracking (node lifecycle).
+    crate::lifecycle::start(&runtime, &mut tasks, &shutdown_rx)
+        .await
+        .map_err(StartError)?;
+    Ok(Running {
+        runtime,
+        addrs,
+        shutdown: shutdown_tx,
+        tasks,
+    })
+}
+
+/// `limpet run`: loads the config, starts, prints `listening on ADDR (listener NAME)` per
+/// bound address on stdout, and runs until Ctrl-C or SIGTERM.
+pub fn run(args: RunArgs) -> ExitCode {
+    let cfg = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("limpet run: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(usize::from(n));
+    }
+    let rt = match rt.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("limpet run: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let running = match start(cfg).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("limpet run: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            for (name, addr) in running.addrs() {
+                let _ = writeln!(out, "listening on {addr} (listener {name})");
+            }
+            if let Some(a) = running.runtime().state().lifecycle.admin_addr() {
+                let _ = writeln!(out, "admin on {a}");
+            }
+            let _ = out.flush();
+        }
+        // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once.
+        crate::lifecycle::serve_signals(running.runtime()).await;
+        tracing::info!("shutting down: draining listeners, saving snapshots");
+        tokio::select! {
+            () = running.stop() => {}
+            () = crate::proxy::quick::stop_signal() => tracing::warn!("second signal: exiting now"),
+        }
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,241 @@
+//! The real runtime for the node-lifecycle tests: built-in demo nodes (`limpet::backend`) on
+//! distinct loopback addresses sharing one port, a config file in a temporary directory, and
+//! `limpet::runtime::start` with its admin listener on port 0.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use limpet::runtime::{start, Running};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A demo node; killed (like a crash) when dropped or on `kill`.
+pub struct BackendNode {
+    pub name: String,
+    pub ip: IpAddr,
+    kill: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl BackendNode {
+    pub async fn kill(&mut self) {
+        if let Some(tx) = self.kill.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for BackendNode {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+fn serve(name: &str, ip: IpAddr, l: TcpListener) -> BackendNode {
+    let (tx, rx) = oneshot::channel();
+    let owned = name.to_owned();
+    let task = tokio::spawn(async move {
+        limpet::backend::serve(&owned, l, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    BackendNode {
+        name: name.to_owned(),
+        ip,
+        kill: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// Starts demo nodes on these loopback addresses, all on one port (returned).
+pub async fn backend_nodes(nodes: &[(&str, &str)]) -> (Vec<BackendNode>, u16) {
+    'attempt: for _ in 0..50 {
+        let ips: Vec<IpAddr> = nodes
+            .iter()
+            .map(|(_, ip)| ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}")))
+            .collect();
+        let first = TcpListener::bind(SocketAddr::new(ips[0], 0))
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let port = first.local_addr().map(|a| a.port()).unwrap_or(0);
+        let mut ls = vec![first];
+        for ip in &ips[1..] {
+            match TcpListener::bind(SocketAddr::new(*ip, port)).await {
+                Ok(l) => ls.push(l),
+                Err(_) => continue 'attempt,
+            }
+        }
+        let out = nodes
+            .iter()
+            .zip(ips)
+            .zip(ls)
+            .map(|(((name, _), ip), l)| serve(name, ip, l))
+            .collect();
+        return (out, port);
+    }
+    panic!("no common free port for the test nodes");
+}
+
+/// A config file in its own temporary directory (removed on drop).
+pub struct ConfigFile {
+    pub dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl ConfigFile {
+    pub fn new(tag: &str, text: &str) -> ConfigFile {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "limpet-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let path = dir.join("limpet.toml");
+        let f = ConfigFile { dir, path };
+        f.write(text);
+        f
+    }
+
+    pub fn write(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    pub fn load(&self) -> limpet::config::Config {
+        limpet::config::Config::load(&self.path).unwrap_or_else(|e| panic!("config: {e}"))
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `[[nodes]]` entries for these nodes.
+pub fn nodes_toml(nodes: &[(&str, &str)]) -> String {
+    nodes
+        .iter()
+        .map(|(n, ip)| format!("[[nodes]]\nname = \"{n}\"\naddress = \"{ip}\"\n\n"))
+        .collect()
+}
+
+/// A running limpet; stopped when dropped (best effort) or with `stop`.
+pub struct Limpet {
+    pub running: Option<Running>,
+    pub admin: SocketAddr,
+}
+
+impl Limpet {
+    pub async fn start(cfg: &ConfigFile) -> Limpet {
+        let running = start(cfg.load())
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}"));
+        let admin = running
+            .runtime()
+            .state()
+            .lifecycle
+            .admin_addr()
+            .unwrap_or_else(|| panic!("no admin listener"));
+        Limpet {
+            running: Some(running),
+            admin,
+        }
+    }
+
+    pub fn addr(&self, listener: &str) -> SocketAddr {
+        self.running
+            .as_ref()
+            .and_then(|r| r.addr(listener))
+            .unwrap_or_else(|| panic!("no listener {listener}"))
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = tokio::time::timeout(PATIENCE, r.stop()).await;
+        }
+    }
+}
+
+/// A client that keeps no cookies and uses no proxy: tests handle cookies by hand.
+pub fn bare_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(PATIENCE)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// GET `url` with an optional `Cookie` header: (status, node, Set-Cookie).
+pub async fn get(
+    client: &reqwest::Client,
+    url: &str,
+    cookie: Option<&str>,
+) -> (u16, String, Option<String>) {
+    let mut req = client.get(url);
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    let r = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let node = r
+        .headers()
+        .get(limpet::backend::NODE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let set = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.split(';').next().unwrap_or("").to_owned());
+    let status = r.status().as_u16();
+    let _ = r.bytes().await;
+    (status, node, set)
+}
+
+/// POSTs a node state through the admin API.
+pub async fn set_state(l: &Limpet, node: &str, body: &str) -> serde_json::Value {
+    let r = bare_client()
+        .post(l.admin_url(&format!("/api/v1/nodes/{node}/state")))
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200, "set {node} {body}");
+    let b = r.bytes().await.unwrap_or_default();
+    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
+}
+
+pub async fn admin_json(l: &Limpet, path: &str) -> serde_json::Value {
+    let r = bare_client()
+        .get(l.admin_url(path))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = r.bytes().await.unwrap_or_default();
+    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
+}
+
+/// The node entry of `name` in `/api/v1/nodes`.
+pub async fn node_view(l: &Limpet, name: &str) -> serde_json::Value {
+    admin_json(l, &format!("/api/v1/nodes/{name}")).await
+}

@@ -1,0 +1,328 @@
+//! Node lifecycle against the real multi-listener runtime, driven through the admin API:
+//! DRAIN keeps existing pins and gives no fresh ones; the drain deadline re-pins with
+//! Set-Cookie and closes WebSockets with 1001 and TCP sessions; MAINT re-pins at once; a node
+//! back UP gets fresh assignments while moved pins stay; active checks take a dead node DOWN;
+//! tables are listed, looked up, deleted and cleared; drain completion is reported.
+
+mod admin_common;
+
+use std::time::Duration;
+
+use admin_common::lifecycle::*;
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+
+const NODES: [(&str, &str); 2] = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+
+fn config(port: u16, extra: &str) -> String {
+    format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n\n[drain]\nspread = \"0s\"\nidle = \"0s\"\n{extra}",
+        nodes_toml(&NODES)
+    )
+}
+
+/// A cookie pinning a fresh client to `want`, taken from the rotation.
+async fn pin_to(client: &reqwest::Client, url: &str, want: &str) -> String {
+    for _ in 0..4 {
+        let _ = client;
+        let (s, node, set) = get(&bare_client(), url, None).await;
+        assert_eq!(s, 200);
+        if node == want {
+            return set.unwrap_or_else(|| panic!("a fresh assignment sets the cookie"));
+        }
+    }
+    panic!("never assigned to {want}");
+}
+
+#[tokio::test]
+async fn drain_keeps_pins_then_the_deadline_repins_and_maint_repins_at_once() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("drain", &config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let c = bare_client();
+
+    // A client pinned to a.
+    let cookie_a = pin_to(&c, &url, "a").await;
+    assert!(cookie_a.starts_with("route=a"), "{cookie_a}");
+
+    // DRAIN without a deadline: the pin holds, fresh clients all go to b.
+    let v = set_state(&l, "a", r#"{"state":"drain"}"#).await;
+    assert_eq!(v["state"], "DRAIN");
+    for _ in 0..5 {
+        let (s, node, set) = get(&c, &url, Some(&cookie_a)).await;
+        assert_eq!((s, node.as_str(), set), (200, "a", None), "pin honoured");
+    }
+    for _ in 0..6 {
+        // A new client (a new connection: a connection's first node is its own pin).
+        let (_, node, set) = get(&bare_client(), &url, None).await;
+        assert_eq!(node, "b", "no fresh assignment to a draining node");
+        assert!(set.is_some_and(|s| s.starts_with("route=b")));
+    }
+    // Nothing open, idle window 0: the drain is complete and the API says so.
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["drain"]["complete"], true, "{view}");
+    assert!(view["sessions_seen"].as_u64().unwrap_or(0) >= 1, "{view}");
+
+    // The deadline (now, no spread): the next request moves with a Set-Cookie.
+    set_state(&l, "a", r#"{"state":"drain","deadline_secs":0}"#).await;
+    let (s, node, set) = get(&c, &url, Some(&cookie_a)).await;
+    assert_eq!((s, node.as_str()), (200, "b"));
+    assert_eq!(set.as_deref(), Some("route=b"), "re-pinned with Set-Cookie");
+
+    // Back UP: fresh assignments reach a again; the moved client stays on b (no failback).
+    set_state(&l, "a", r#"{"state":"ready"}"#).await;
+    let (_, node, set) = get(&c, &url, Some("route=b")).await;
+    assert_eq!((node.as_str(), set), ("b", None));
+    let mut fresh = Vec::new();
+    for _ in 0..4 {
+        fresh.push(get(&bare_client(), &url, None).await.1);
+    }
+    assert!(fresh.iter().any(|n| n == "a"), "{fresh:?}");
+
+    // MAINT: re-pinned at once, no deadline.
+    let cookie_a = pin_to(&c, &url, "a").await;
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    let (_, node, set) = get(&c, &url, Some(&cookie_a)).await;
+    assert_eq!((node.as_str(), set.as_deref()), ("b", Some("route=b")));
+
+    // The outcomes are counted.
+    let metrics = bare_client()
+        .get(l.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    for want in [
+        r#"limpet_pins_total{listener="web",outcome="repinned",reason="drain-ended"} 1"#,
+        r#"limpet_pins_total{listener="web",outcome="repinned",reason="node-maint"} 1"#,
+        r#"limpet_node_state{node="a",state="MAINT"} 1"#,
+        r#"limpet_requests_total{listener="web",node="b",class="2xx"}"#,
+        r#"limpet_upstream_latency_seconds_count{listener="web",node="a"}"#,
+    ] {
+        assert!(metrics.contains(want), "missing {want}:\n{metrics}");
+    }
+    l.stop().await;
+}
+
+#[tokio::test]
+async fn the_drain_deadline_closes_websockets_with_1001_and_tcp_sessions() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("deadline", &config(port, ""));
+    let l = Limpet::start(&cfg).await;
+
+    // A WebSocket through the HTTP listener and a TCP session through the raw one, both on a.
+    let ws_url = format!("ws://{}/ws", l.addr("web"));
+    let mut ws = None;
+    for _ in 0..4 {
+        let (mut s, _) = tokio_tungstenite::connect_async(ws_url.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("websocket: {e}"));
+        let first = tokio::time::timeout(PATIENCE, s.next())
+            .await
+            .ok()
+            .flatten();
+        match first {
+            Some(Ok(Message::Text(t))) if t.as_str() == "a" => {
+                ws = Some(s);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let mut ws = ws.unwrap_or_else(|| panic!("no websocket landed on a"));
+    // A TCP session on a: ask the node over the raw session who it is (keep-alive).
+    let mut tcp = None;
+    for _ in 0..4 {
+        let mut s = tokio::net::TcpStream::connect(l.addr("raw"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut head = Vec::new();
+        let mut b = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut b))
+                .await
+                .unwrap_or_else(|_| panic!("no answer"))
+                .unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&b[..n]);
+        }
+        if String::from_utf8_lossy(&head)
+            .to_ascii_lowercase()
+            .contains("x-limpet-node: a\r\n")
+        {
+            tcp = Some(s);
+            break;
+        }
+    }
+    let mut tcp = tcp.unwrap_or_else(|| panic!("no TCP session landed on a"));
+    let view = node_view(&l, "a").await;
+    assert_eq!(
+        view["tunnels"], 2,
+        "the WebSocket and the TCP session: {view}"
+    );
+
+    set_state(&l, "a", r#"{"state":"drain","deadline_secs":0.05}"#).await;
+    let m = tokio::time::timeout(PATIENCE, ws.next())
+        .await
+        .unwrap_or_else(|_| panic!("no close in time"));
+    match m {
+        Some(Ok(Message::Close(Some(f)))) => {
+            assert_eq!(f.code, CloseCode::Away, "{f:?}");
+        }
+        other => panic!("expected close 1001, got {other:?}"),
+    }
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(PATIENCE, tcp.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("TCP session not closed at the deadline"));
+        if matches!(n, Ok(0) | Err(_)) {
+            break;
+        }
+    }
+    l.stop().await;
+}
+
+#[tokio::test]
+async fn an_http_check_takes_a_dead_node_down_and_the_api_shows_why() {
+    let (mut nodes, port) = backend_nodes(&NODES).await;
+    let extra = "\n[health]\nfall = 2\nrise = 1\ninterval = \"100ms\"\ntimeout = \"500ms\"\n";
+    let text = config(port, extra).replace(
+        "name = \"web\"\nbind = \"127.0.0.1:0\"\n",
+        "name = \"web\"\nbind = \"127.0.0.1:0\"\ncheck = { kind = \"http\", path = \"/status/204\", expect = \"200-299\" }\n",
+    );
+    let cfg = ConfigFile::new("checks", &text);
+    let l = Limpet::start(&cfg).await;
+    // Both UP and checked.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = node_view(&l, "b").await;
+        if v["checks"][0]["checks"].as_u64().unwrap_or(0) >= 1 {
+            assert_eq!(v["checks"][0]["last"]["status"], 204, "{v}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no check ran: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nodes[1].kill().await;
+    let v = loop {
+        let v = node_view(&l, "b").await;
+        if v["state"] == "DOWN" {
+            break v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b never went DOWN: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(v["healthy"], false);
+    assert!(
+        v["checks"][0]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("connect:"),
+        "{v}"
+    );
+    // Traffic avoids it.
+    let c = bare_client();
+    for _ in 0..4 {
+        assert_eq!(
+            get(&c, &format!("http://{}/", l.addr("web")), None).await.1,
+            "a"
+        );
+    }
+    l.stop().await;
+}
+
+#[tokio::test]
+async fn tables_are_listed_paged_looked_up_deleted_and_cleared() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let text = format!(
+        "{}[[tables]]\nname = \"by-ip\"\nkey = \"source-ip\"\nsize = 100\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\ntable = \"by-ip\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    );
+    let cfg = ConfigFile::new("tables", &text);
+    let l = Limpet::start(&cfg).await;
+    // Three clients from three source addresses, each pinned in the table.
+    for src in ["127.0.0.11", "127.0.0.12", "127.0.0.13"] {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("{e}"));
+        sock.bind(format!("{src}:0").parse().unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = sock
+            .connect(l.addr("raw"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        drop(s);
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let tables = loop {
+        let t = admin_json(&l, "/api/v1/tables").await;
+        if t[0]["size"].as_u64() == Some(3) {
+            break t;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{t}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(tables[0]["name"], "by-ip");
+    assert_eq!(tables[0]["capacity"], 100);
+    let page = admin_json(&l, "/api/v1/tables/by-ip?offset=0&limit=2").await;
+    assert_eq!(page["total"], 3);
+    assert_eq!(page["entries"].as_array().map(Vec::len), Some(2));
+    let e = admin_json(&l, "/api/v1/tables/by-ip/entry?key=127.0.0.12").await;
+    assert!(e["node"] == "a" || e["node"] == "b", "{e}");
+    let pins: u64 = {
+        let nodes = admin_json(&l, "/api/v1/nodes").await;
+        nodes
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| n["table_pins"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(pins, 3, "pins held in tables, per node");
+    let c = bare_client();
+    let r = c
+        .delete(l.admin_url("/api/v1/tables/by-ip/entry?key=127.0.0.12"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let r = c
+        .get(l.admin_url("/api/v1/tables/by-ip/entry?key=127.0.0.12"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 404);
+    let r = c
+        .get(l.admin_url("/api/v1/tables/by-ip/entry?key=not-an-ip"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 400);
+    let r = c
+        .delete(l.admin_url("/api/v1/tables/by-ip"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let t = admin_json(&l, "/api/v1/tables").await;
+    assert_eq!(t[0]["size"], 0);
+    l.stop().await;
+}

@@ -1,0 +1,75 @@
+//! The structure a reload needs: `State::rebuild` from a new validated config keeps node
+//! states and table pins by name, and `Runtime::swap` makes new connections use it.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use limpet::config::Config;
+use limpet::runtime::{now_ms, Runtime, State};
+use limpet_core::table::KeyRef;
+use limpet_core::{AdminState, NodeState, Pin};
+
+fn cfg(nodes: &[&str], expire: &str) -> Config {
+    let mut text = String::new();
+    for (i, n) in nodes.iter().enumerate() {
+        text.push_str(&format!(
+            "[[nodes]]\nname = \"{n}\"\naddress = \"127.0.0.{}\"\n",
+            i + 2
+        ));
+    }
+    text.push_str(&format!(
+        "[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nexpire = \"{expire}\"\n[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = 9\ntable = \"t\"\n"
+    ));
+    Config::from_text(Path::new("limpet.toml"), &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn pin(state: &State, client: &str) -> Option<String> {
+    let ip: IpAddr = client.parse().ok()?;
+    let table = state.table("t")?;
+    let p = table
+        .lock()
+        .lookup(KeyRef::ip(ip, Default::default()), now_ms());
+    match p {
+        Pin::Node(id) => Some(state.node_name(id).to_owned()),
+        _ => None,
+    }
+}
+
+#[test]
+fn rebuild_keeps_node_states_and_pins_by_name() {
+    let old = State::new(cfg(&["a", "b", "c"], "30m")).expect("state");
+    let table = old.table("t").expect("table");
+    for (client, node) in [("10.0.0.1", "a"), ("10.0.0.2", "b"), ("10.0.0.3", "c")] {
+        let id = old.node_id(node).expect("node");
+        let ip: IpAddr = client.parse().expect("ip");
+        table
+            .lock()
+            .learn(KeyRef::ip(ip, Default::default()), id, now_ms());
+    }
+    old.set_admin("b", AdminState::Maint);
+    old.force_health("a", false);
+
+    // The new config drops node c and puts a new node d first: ids change, names do not.
+    let new = old.rebuild(cfg(&["d", "a", "b"], "30m")).expect("rebuild");
+    let state = |n: &str| {
+        new.node_views()
+            .into_iter()
+            .find(|v| v.name == n)
+            .map(|v| v.state)
+    };
+    assert_eq!(state("a"), Some(NodeState::Down));
+    assert_eq!(state("b"), Some(NodeState::Maint));
+    assert_eq!(state("d"), Some(NodeState::Up));
+    assert_eq!(pin(&new, "10.0.0.1").as_deref(), Some("a"));
+    assert_eq!(pin(&new, "10.0.0.2").as_deref(), Some("b"));
+    assert_eq!(
+        pin(&new, "10.0.0.3"),
+        None,
+        "a pin to a removed node reads as no pin"
+    );
+
+    let rt = Runtime::new(old);
+    rt.swap(new);
+    assert_eq!(rt.state().nodes().len(), 3);
+    assert_eq!(rt.state().nodes()[0].name, "d");
+}

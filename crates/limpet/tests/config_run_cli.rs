@@ -1,0 +1,94 @@
+//! `limpet run -c FILE` as a process: binds every listener (port 0 here), prints where,
+//! serves, and on SIGTERM drains and saves its table snapshot.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::multiport::*;
+
+#[tokio::test]
+async fn limpet_run_serves_a_config_and_saves_its_snapshot_on_sigterm() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("run-cli");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n[[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"t.snapshot\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\ntable = \"t\"\n[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {}\ntable = \"t\"\n",
+        ports.http, ports.tcp
+    );
+    let path = dir.write("limpet.toml", &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["run", "-c"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn limpet run");
+    let stdout = child.stdout.take().expect("stdout");
+    // Two "listening on ADDR (listener NAME)" lines, read off the async workers.
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(2)
+            .map(|l| l.unwrap_or_default())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("read stdout");
+    let addr_of = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l.ends_with(&format!("(listener {name})")))
+            .and_then(|l| l.split(' ').nth(2))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address for {name} in {lines:?}"))
+    };
+    let (web, raw) = (addr_of("web"), addr_of("raw"));
+    let home = http_node("127.0.0.99", web).await;
+    assert_eq!(
+        tcp_session("127.0.0.99", raw).await.1,
+        home,
+        "one table across both listeners"
+    );
+
+    let pid = child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                return Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .expect("waiter");
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "clean exit on SIGTERM: {exit:?}"
+    );
+    assert!(
+        dir.path().join("t.snapshot").exists(),
+        "snapshot saved on shutdown"
+    );
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

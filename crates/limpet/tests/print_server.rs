@@ -1,0 +1,323 @@
+//! The print-server scenario of `multi-port-affinity.md`, end to end on loopback: two nodes
+//! (LVIV on 127.0.0.2, KYIV on 127.0.0.3), each with an HTTP, an HTTPS and a raw TCP
+//! service; limpet with an HTTP listener, an HTTPS listener (TLS both sides, `verify = "none"`
+//! to the nodes, as the reference's `ssl verify none`) and a TCP listener, all naming ONE
+//! source-IP table.
+
+mod common;
+
+use std::time::Duration;
+
+use common::multiport::*;
+use common::PATIENCE;
+use limpet::runtime::{start, Running};
+use tokio::io::AsyncReadExt;
+
+struct Scenario {
+    running: Running,
+    nodes: Vec<TestNode>,
+    pki: Pki,
+    _dir: TempDir,
+}
+
+impl Scenario {
+    async fn start() -> Scenario {
+        let pki = Pki::new();
+        let node_tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
+        let (nodes, ports) =
+            start_nodes(&[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")], node_tls).await;
+        let (cert, key) = pki.issue("limpet", &["print.example"]);
+        let dir = TempDir::new("print-server");
+        let text = format!(
+            r#"
+[[nodes]]
+name = "LVIV"
+address = "127.0.0.2"
+
+[[nodes]]
+name = "KYIV"
+address = "127.0.0.3"
+
+[[tables]]
+name = "terminal"
+key = "source-ip"
+expire = "30m"
+size = 100000
+
+[[listeners]]
+name = "terminal-http"
+bind = "127.0.0.1:0"
+mode = "http"
+node_port = {http}
+balance = "leastconn"
+table = "terminal"
+
+[[listeners]]
+name = "terminal-https"
+bind = ["127.0.0.1:0"]
+mode = "http"
+node_port = {https}
+balance = "leastconn"
+table = "terminal"
+tls = {{ cert = "{cert}", key = "{key}" }}
+upstream_tls = {{ verify = "none" }}
+
+[[listeners]]
+name = "terminal-raw"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {tcp}
+balance = "leastconn"
+table = "terminal"
+"#,
+            http = ports.http,
+            https = ports.https,
+            tcp = ports.tcp,
+            cert = cert.display(),
+            key = key.display(),
+        );
+        let cfg = config(&dir, &text);
+        let running = start(cfg).await.expect("start");
+        Scenario {
+            running,
+            nodes,
+            pki,
+            _dir: dir,
+        }
+    }
+
+    fn addr(&self, listener: &str) -> std::net::SocketAddr {
+        self.running.addr(listener).expect("listener bound")
+    }
+
+    async fn all_three(&self, src: &str) -> [String; 3] {
+        let client = self.pki.client(&[b"http/1.1"]);
+        let h = http_node(src, self.addr("terminal-http")).await;
+        let s = https_node(src, self.addr("terminal-https"), &client).await;
+        let (_sess, t) = tcp_session(src, self.addr("terminal-raw")).await;
+        [h, s, t]
+    }
+
+    async fn stop(mut self) {
+        self.running.stop().await;
+        for n in &mut self.nodes {
+            n.kill().await;
+        }
+    }
+}
+
+/// Reads until the session ends (EOF or error); panics if it is still open after `within`.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) {
+    let mut buf = [0u8; 256];
+    let r = tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "session still open after {within:?}");
+}
+
+#[tokio::test]
+async fn one_client_lands_on_one_node_on_every_port_and_clients_spread() {
+    let sc = Scenario::start().await;
+    // First contact through the TCP port, then HTTP and HTTPS: all the same node.
+    let (_s, first) = tcp_session("127.0.0.10", sc.addr("terminal-raw")).await;
+    let got = sc.all_three("127.0.0.10").await;
+    assert_eq!(
+        got,
+        [first.clone(), first.clone(), first.clone()],
+        "one client, one node on every port"
+    );
+    // And the other way round: first contact through HTTPS.
+    let client = sc.pki.client(&[b"http/1.1"]);
+    let first = https_node("127.0.0.20", sc.addr("terminal-https"), &client).await;
+    assert_eq!(
+        sc.all_three("127.0.0.20").await,
+        [first.clone(), first.clone(), first]
+    );
+
+    // Other clients spread over both nodes, each one consistent across ports.
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 30..38 {
+        let src = format!("127.0.0.{i}");
+        let got = sc.all_three(&src).await;
+        assert!(got.iter().all(|n| n == &got[0]), "{src}: {got:?}");
+        seen.insert(got[0].clone());
+    }
+    assert_eq!(seen.len(), 2, "clients spread over both nodes: {seen:?}");
+    let views = sc.running.runtime().state().node_views();
+    let pins: u64 = views.iter().filter_map(|v| v.pins.get("terminal")).sum();
+    assert_eq!(
+        pins, 10,
+        "one pin per client address in the shared table: {views:?}"
+    );
+    sc.stop().await;
+}
+
+#[tokio::test]
+async fn killing_the_node_moves_the_client_on_every_port_together() {
+    let mut sc = Scenario::start().await;
+    let src = "127.0.0.40";
+    let (mut session, home) = tcp_session(src, sc.addr("terminal-raw")).await;
+    assert_eq!(
+        sc.all_three(src).await,
+        [home.clone(), home.clone(), home.clone()]
+    );
+    let (idx, other) = if home == "LVIV" {
+        (0, "KYIV")
+    } else {
+        (1, "LVIV")
+    };
+    sc.nodes[idx].kill().await;
+    // Its open TCP session is closed, not left hanging.
+    closed_within(&mut session, Duration::from_secs(5)).await;
+    // The first connection after the crash fails over and re-pins; every port follows.
+    let h = http_node(src, sc.addr("terminal-http")).await;
+    assert_eq!(h, other, "HTTP fails over to the live node");
+    assert_eq!(
+        sc.all_three(src).await,
+        [other.to_owned(), other.to_owned(), other.to_owned()]
+    );
+    sc.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_marked_down_closes_its_tcp_sessions_at_once() {
+    let sc = Scenario::start().await;
+    let src = "127.0.0.50";
+    let (mut session, home) = tcp_session(src, sc.addr("terminal-raw")).await;
+    let other = if home == "LVIV" { "KYIV" } else { "LVIV" };
+    let state = sc.running.runtime().state();
+    // Passive failures (or a health checker) cross `fall` (3): the node goes DOWN while its
+    // service is still up, so only limpet can close the session.
+    assert_eq!(state.record(&home, false), None);
+    assert_eq!(state.record(&home, false), None);
+    assert_eq!(
+        state.record(&home, false),
+        Some(limpet_core::Transition::WentDown)
+    );
+    closed_within(&mut session, Duration::from_secs(2)).await;
+    assert_eq!(
+        sc.all_three(src).await,
+        [other.to_owned(), other.to_owned(), other.to_owned()]
+    );
+    // MAINT does the same for the new home.
+    let (mut session, now_home) = tcp_session(src, sc.addr("terminal-raw")).await;
+    assert_eq!(now_home, other);
+    state.set_admin(other, limpet_core::AdminState::Maint);
+    closed_within(&mut session, Duration::from_secs(2)).await;
+    drop(state);
+    sc.stop().await;
+    let _ = PATIENCE;
+}
+
+/// An HTTP listener with the limpet cookie AND the shared table: cookie first, then table.
+#[tokio::test]
+async fn cookie_first_then_table_and_the_table_follows_the_cookie() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("cookie-table");
+    let text = format!(
+        r#"
+[[nodes]]
+name = "LVIV"
+address = "127.0.0.2"
+[[nodes]]
+name = "KYIV"
+address = "127.0.0.3"
+[[tables]]
+name = "terminal"
+key = "source-ip"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+node_port = {http}
+table = "terminal"
+cookie = {{ name = "route" }}
+[[listeners]]
+name = "raw"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {tcp}
+table = "terminal"
+"#,
+        http = ports.http,
+        tcp = ports.tcp
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let web = running.addr("web").expect("web");
+    let raw = running.addr("raw").expect("raw");
+    let src = "127.0.0.60";
+    // Pinned through the TCP port first.
+    let (_s, home) = tcp_session(src, raw).await;
+    let other = if home == "LVIV" { "KYIV" } else { "LVIV" };
+    // No cookie: the table decides, and the answer sets the cookie to catch up.
+    let (head, node) = get_with(connect_from(src.parse().expect("ip"), web).await, "").await;
+    assert_eq!(node, home);
+    assert!(head.contains(&format!("route={home}")), "{head}");
+    // A valid cookie wins over the table...
+    let cookie = format!("Cookie: route={other}\r\n");
+    let (_, node) = get_with(connect_from(src.parse().expect("ip"), web).await, &cookie).await;
+    assert_eq!(node, other, "cookie first");
+    // ...and moves the shared pin, so the TCP port follows the client.
+    assert_eq!(tcp_session(src, raw).await.1, other);
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A table keyed on the application's session cookie, learned from the node's Set-Cookie.
+#[tokio::test]
+async fn an_application_cookie_table_learns_from_set_cookie() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("app-cookie");
+    let text = format!(
+        "[[nodes]]\nname = \"LVIV\"\naddress = \"127.0.0.2\"\n[[nodes]]\nname = \"KYIV\"\naddress = \"127.0.0.3\"\n[[tables]]\nname = \"sessions\"\napp_cookie = \"JSESSIONID\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\ntable = \"sessions\"\n",
+        ports.http
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let web = running.addr("web").expect("web");
+    // Two fresh clients: round-robin, and each node hands out its session cookie.
+    let (h1, first) = get_with(
+        connect_from("127.0.0.1".parse().expect("ip"), web).await,
+        "",
+    )
+    .await;
+    let (_, second) = get_with(
+        connect_from("127.0.0.1".parse().expect("ip"), web).await,
+        "",
+    )
+    .await;
+    assert_ne!(first, second);
+    assert!(h1.contains(&format!("JSESSIONID=sess-{first}")), "{h1}");
+    // Requests carrying a session go to the node that issued it, whatever the rotation says.
+    for _ in 0..3 {
+        for n in [&first, &second] {
+            let cookie = format!("Cookie: theme=dark; JSESSIONID=sess-{n}\r\n");
+            let (_, got) = get_with(
+                connect_from("127.0.0.1".parse().expect("ip"), web).await,
+                &cookie,
+            )
+            .await;
+            assert_eq!(&got, n);
+        }
+    }
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

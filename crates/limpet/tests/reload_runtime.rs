@@ -1,0 +1,176 @@
+//! Hot reload of the real runtime through the admin API: under a running load generator no
+//! request fails and every pin holds; node states survive; a bad config is refused with the
+//! reason while the old one keeps serving; a removed node's pins re-pin as for MAINT.
+
+mod admin_common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use admin_common::lifecycle::*;
+
+const NODES: [(&str, &str); 3] = [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")];
+
+fn config(port: u16, nodes: &[(&str, &str)], b_weight: u32) -> String {
+    let mut n = nodes_toml(nodes);
+    n = n.replace(
+        "name = \"b\"\naddress = \"127.0.0.3\"\n",
+        &format!("name = \"b\"\naddress = \"127.0.0.3\"\nweight = {b_weight}\n"),
+    );
+    format!(
+        "{n}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n"
+    )
+}
+
+async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
+    let r = bare_client()
+        .post(l.admin_url("/api/v1/reload"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s = r.status().as_u16();
+    let b = r.bytes().await.unwrap_or_default();
+    (
+        s,
+        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_fail_no_request_and_keep_every_pin() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("reload-load", &config(port, &NODES[..2], 1));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+
+    // Eight sessions, each with its cookie and node.
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let (s, node, set) = get(&bare_client(), &url, None).await;
+        assert_eq!(s, 200);
+        sessions.push((node, set.unwrap_or_else(|| panic!("cookie"))));
+    }
+    // A node state that must survive the reloads.
+    set_state(&l, "b", r#"{"state":"drain"}"#).await;
+
+    let failures = Arc::new(AtomicU64::new(0));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut load = tokio::task::JoinSet::new();
+    for (node, cookie) in sessions.clone() {
+        let (url, failures, served) = (url.clone(), Arc::clone(&failures), Arc::clone(&served));
+        load.spawn(async move {
+            let c = bare_client();
+            for _ in 0..150 {
+                let (s, got, set) = get(&c, &url, Some(&cookie)).await;
+                if s != 200 || got != node || set.is_some() {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    // Reload five times while the load runs, changing the config each time.
+    let before = served.load(Ordering::Relaxed);
+    for i in 0..5u32 {
+        let text = if i % 2 == 0 {
+            config(port, &NODES, 2)
+        } else {
+            config(port, &NODES[..2], 1)
+        };
+        cfg.write(&text);
+        let (s, report) = reload(&l).await;
+        assert_eq!(s, 200, "{report}");
+        assert_eq!(report["generation"], u64::from(i) + 1);
+    }
+    let after = served.load(Ordering::Relaxed);
+    while let Some(r) = load.join_next().await {
+        r.unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(
+        before < 8 * 150 && after < 8 * 150,
+        "the reloads ran while the load did ({before}, {after})"
+    );
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "no request failed or moved"
+    );
+    assert_eq!(served.load(Ordering::Relaxed), 8 * 150);
+    assert_eq!(node_view(&l, "b").await["state"], "DRAIN", "state kept");
+    let metrics = bare_client()
+        .get(l.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        metrics.contains(r#"limpet_config_reloads_total{result="ok"} 5"#),
+        "{metrics}"
+    );
+    l.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_config_is_refused_with_the_reason_and_the_old_one_serves() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let good = config(port, &NODES[..2], 1);
+    let cfg = ConfigFile::new("reload-bad", &good);
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let (_, node, cookie) = get(&bare_client(), &url, None).await;
+    let cookie = cookie.unwrap_or_default();
+
+    cfg.write(&good.replace("node_port", "node_prot"));
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 422, "{v}");
+    let why = v["error"].as_str().unwrap_or("");
+    assert!(
+        why.contains("limpet.toml") && why.contains("node_prot"),
+        "names the file and key: {why}"
+    );
+    // A config that parses but cannot run is refused too.
+    cfg.write(&good.replace("127.0.0.3", "not an address!"));
+    let (s, _) = reload(&l).await;
+    assert_eq!(s, 422);
+    // The old config still serves, pins and all.
+    let (st, again, set) = get(&bare_client(), &url, Some(&cookie)).await;
+    assert_eq!((st, again, set), (200, node, None));
+    let nodes = admin_json(&l, "/api/v1/nodes").await;
+    assert_eq!(nodes.as_array().map(Vec::len), Some(2));
+    l.stop().await;
+}
+
+#[tokio::test]
+async fn a_removed_node_is_maint_for_its_pins() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let cfg = ConfigFile::new("reload-remove", &config(port, &NODES[..2], 1));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let mut cookie_b = None;
+    for _ in 0..4 {
+        let (_, node, set) = get(&bare_client(), &url, None).await;
+        if node == "b" {
+            cookie_b = set;
+            break;
+        }
+    }
+    let cookie_b = cookie_b.unwrap_or_else(|| panic!("no pin to b"));
+    cfg.write(&config(port, &NODES[..1], 1));
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["changes"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|x| x.as_str().unwrap_or("").contains("node b removed"))),
+        "{v}"
+    );
+    let (st, node, set) = get(&bare_client(), &url, Some(&cookie_b)).await;
+    assert_eq!(
+        (st, node.as_str(), set.as_deref()),
+        (200, "a", Some("route=a"))
+    );
+    l.stop().await;
+}

@@ -1,0 +1,196 @@
+//! The real `limpet run` binary and signals: SIGHUP reloads the configuration (a bad one is
+//! refused and the running one stays); SIGTERM stops accepting, lets the request in flight
+//! finish, closes the WebSocket tunnel with 1001, and exits 0.
+
+mod admin_common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use admin_common::lifecycle::*;
+use futures_util::StreamExt;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+
+const NODES: [(&str, &str); 3] = [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")];
+
+fn config(port: u16, nodes: &[(&str, &str)]) -> String {
+    format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         timeouts = {{ drain = \"10s\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(nodes)
+    )
+}
+
+/// The limpet process; killed (SIGKILL, by its own handle) if the test ends early.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("kill: {e}"));
+    assert!(status.success());
+}
+
+/// Starts `limpet run -c FILE`; returns it with its web and admin addresses.
+async fn run(cfg: &ConfigFile) -> (Proc, SocketAddr, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["run", "-c"])
+        .arg(&cfg.path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("limpet run: {e}"));
+    let out = child.stdout.take();
+    let proc = Proc(child);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut web = None;
+        let mut tx = Some(tx);
+        if let Some(out) = out {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening on ") {
+                    web = rest
+                        .split(' ')
+                        .next()
+                        .and_then(|a| a.parse::<SocketAddr>().ok());
+                }
+                if let Some(a) = line.strip_prefix("admin on ") {
+                    if let (Some(tx), Some(w), Ok(a)) = (tx.take(), web, a.parse::<SocketAddr>()) {
+                        let _ = tx.send((w, a));
+                    }
+                }
+            }
+        }
+    });
+    let (web, admin) = tokio::time::timeout(PATIENCE, rx)
+        .await
+        .unwrap_or_else(|_| panic!("limpet did not start"))
+        .unwrap_or_else(|_| panic!("limpet exited before listening"));
+    (proc, web, admin)
+}
+
+async fn json(url: &str) -> serde_json::Value {
+    let r = bare_client()
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = r.bytes().await.unwrap_or_default();
+    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
+}
+
+/// Polls the admin API (bounded) until `done` holds.
+async fn until(url: &str, what: &str, done: impl Fn(&serde_json::Value, &str) -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let r = bare_client().get(url).send().await;
+        let text = match r {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+        if done(&v, &text) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("signals", &config(port, &NODES[..2]));
+    let (mut proc, web, admin) = run(&cfg).await;
+    let nodes_url = format!("http://{admin}/api/v1/nodes");
+    assert_eq!(json(&nodes_url).await.as_array().map(Vec::len), Some(2));
+
+    // SIGHUP with a node added: applied.
+    cfg.write(&config(port, &NODES));
+    signal(&proc.0, "HUP");
+    until(&nodes_url, "node c after SIGHUP", |v, _| {
+        v.as_array().map(Vec::len) == Some(3)
+    })
+    .await;
+    // SIGHUP with a broken file: refused, the running config stays.
+    cfg.write("[[nodes]]\nname = \n");
+    signal(&proc.0, "HUP");
+    until(
+        &format!("http://{admin}/metrics"),
+        "refused reload counted",
+        |_, text| text.contains(r#"limpet_config_reloads_total{result="refused"} 1"#),
+    )
+    .await;
+    assert_eq!(json(&nodes_url).await.as_array().map(Vec::len), Some(3));
+
+    // In flight at SIGTERM: a slow request and a WebSocket.
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{web}/ws"))
+        .await
+        .unwrap_or_else(|e| panic!("websocket: {e}"));
+    let first = tokio::time::timeout(PATIENCE, ws.next()).await;
+    assert!(matches!(first, Ok(Some(Ok(Message::Text(_))))), "{first:?}");
+    let slow = tokio::spawn(async move {
+        bare_client()
+            .get(format!("http://{web}/slow?ms=800"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    until(&nodes_url, "the slow request in flight", |v, _| {
+        let active: u64 = v
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| n["active_connections"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+            .unwrap_or(0);
+        let tunnels: u64 = v
+            .as_array()
+            .map(|a| a.iter().map(|n| n["tunnels"].as_u64().unwrap_or(0)).sum())
+            .unwrap_or(0);
+        active >= 2 && tunnels == 1
+    })
+    .await;
+    signal(&proc.0, "TERM");
+
+    // The WebSocket is closed cleanly, with 1001.
+    let m = tokio::time::timeout(PATIENCE, ws.next())
+        .await
+        .unwrap_or_else(|_| panic!("no close frame"));
+    match m {
+        Some(Ok(Message::Close(Some(f)))) => assert_eq!(f.code, CloseCode::Away),
+        other => panic!("expected close 1001, got {other:?}"),
+    }
+    // The request in flight finishes.
+    let status = tokio::time::timeout(PATIENCE, slow)
+        .await
+        .unwrap_or_else(|_| panic!("slow request hung"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status.ok(), Some(200));
+    // And the process exits 0.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let code = loop {
+        if let Some(s) = proc.0.try_wait().unwrap_or(None) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "limpet did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(code.success(), "{code:?}");
+    // Nothing accepts any more.
+    assert!(tokio::net::TcpStream::connect(web).await.is_err());
+}

@@ -1,0 +1,178 @@
+//! TCP mode: half-close, idle timeout, connect failure fallback with re-pin, and the
+//! per-listener `close_on_node_down` switch.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use common::multiport::*;
+use limpet::runtime::start;
+use limpet_core::table::KeyRef;
+use limpet_core::Pin;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn two_nodes() -> (Vec<TestNode>, Ports, Pki) {
+    let pki = Pki::new();
+    let tls = pki.server("node", &["127.0.0.2"]);
+    let (nodes, ports) = start_nodes(&[("a", "127.0.0.2"), ("b", "127.0.0.3")], tls).await;
+    (nodes, ports, pki)
+}
+
+fn tcp_config(
+    dir: &TempDir,
+    nodes: &[(&str, &str)],
+    port: u16,
+    extra: &str,
+) -> limpet::config::Config {
+    let mut text = String::new();
+    for (n, ip) in nodes {
+        text.push_str(&format!(
+            "[[nodes]]\nname = \"{n}\"\naddress = \"{ip}\"\n\n"
+        ));
+    }
+    text.push_str(&format!(
+        "[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\ntable = \"t\"\n{extra}\n"
+    ));
+    config(dir, &text)
+}
+
+#[tokio::test]
+async fn half_close_is_passed_on_and_both_directions_finish() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp");
+    let running = start(tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        ports.tcp,
+        "",
+    ))
+    .await
+    .expect("start");
+    let (mut s, _node) = tcp_session("127.0.0.1", running.addr("raw").expect("addr")).await;
+    s.write_all(b"hello, ").await.expect("write");
+    s.write_all(b"world").await.expect("write");
+    // We are done sending; the node still has an answer to give.
+    s.shutdown().await.expect("half-close");
+    let mut back = Vec::new();
+    tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut back))
+        .await
+        .expect("node side ends too")
+        .expect("read");
+    assert_eq!(
+        back, b"hello, world",
+        "bytes after our FIN still arrive, then EOF"
+    );
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn an_idle_session_is_closed() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        ports.tcp,
+        "timeouts = { idle = \"300ms\" }",
+    );
+    let running = start(cfg).await.expect("start");
+    let (mut s, _) = tcp_session("127.0.0.1", running.addr("raw").expect("addr")).await;
+    // Traffic keeps it open...
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        s.write_all(b"x").await.expect("write");
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await.expect("echo");
+    }
+    // ...silence closes it.
+    let mut b = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
+        .await
+        .expect("closed within the idle timeout and some slack");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn a_connect_failure_falls_back_to_a_live_node_and_re_pins() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp");
+    // "dead" comes first in pool order, so the first fresh assignment picks it; nothing
+    // listens on 127.0.0.4.
+    let cfg = tcp_config(
+        &dir,
+        &[
+            ("dead", "127.0.0.4"),
+            ("a", "127.0.0.2"),
+            ("b", "127.0.0.3"),
+        ],
+        ports.tcp,
+        "",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let (_s, node) = tcp_session("127.0.0.60", addr).await;
+    assert_ne!(node, "dead");
+    let state = running.runtime().state();
+    let id = {
+        let table = state.table("t").expect("table");
+        let mut t = table.lock();
+        match t.lookup(
+            KeyRef::ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 60)), Default::default()),
+            limpet::runtime::now_ms(),
+        ) {
+            Pin::Node(id) => id,
+            other => panic!("no pin: {other:?}"),
+        }
+    };
+    assert_eq!(
+        state.node_name(id),
+        node,
+        "the table was re-pinned to the node that answered"
+    );
+    // The same client sticks to it from now on.
+    for _ in 0..3 {
+        assert_eq!(tcp_session("127.0.0.60", addr).await.1, node);
+    }
+    drop(state);
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn close_on_node_down_can_be_turned_off() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        ports.tcp,
+        "close_on_node_down = false",
+    );
+    let running = start(cfg).await.expect("start");
+    let (mut s, home) = tcp_session("127.0.0.70", running.addr("raw").expect("addr")).await;
+    let state = running.runtime().state();
+    assert!(state.force_health(&home, false).is_some());
+    // The session carries on: the node itself is fine, and the operator asked to keep it.
+    s.write_all(b"still here").await.expect("write");
+    let mut b = [0u8; 10];
+    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(&b, b"still here");
+    drop(state);
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

@@ -1,0 +1,147 @@
+//! Affinity tables end to end (through a TCP listener): the size bound, idle expiry, and
+//! snapshots that survive a restart, with a corrupt or truncated snapshot skipped.
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::multiport::*;
+use limpet::runtime::{load_snapshot, now_ms, start, SnapshotLoad};
+use limpet_core::table::{AffinityStore, KeyRef};
+use limpet_core::Pin;
+
+fn text(port: u16, table_extra: &str) -> String {
+    format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n[[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n{table_extra}\n\n[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\ntable = \"t\"\n"
+    )
+}
+
+fn pin_of(running: &limpet::runtime::Running, client: &str) -> Option<String> {
+    let state = running.runtime().state();
+    let table = state.table("t")?;
+    let ip: IpAddr = client.parse().ok()?;
+    let pin = table
+        .lock()
+        .lookup(KeyRef::ip(ip, Default::default()), now_ms());
+    match pin {
+        Pin::Node(id) => Some(state.node_name(id).to_owned()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn the_size_bound_drops_the_least_recently_used_and_idle_entries_expire() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("tables");
+    let running = start(config(
+        &dir,
+        &text(ports.tcp, "size = 2\nexpire = \"400ms\""),
+    ))
+    .await
+    .expect("start");
+    let addr = running.addr("raw").expect("addr");
+    for c in ["127.0.0.81", "127.0.0.82", "127.0.0.83"] {
+        tcp_session(c, addr).await;
+    }
+    assert_eq!(
+        pin_of(&running, "127.0.0.81"),
+        None,
+        "the oldest entry made room"
+    );
+    assert!(pin_of(&running, "127.0.0.82").is_some());
+    assert!(pin_of(&running, "127.0.0.83").is_some());
+    {
+        let state = running.runtime().state();
+        let t = state.table("t").expect("table");
+        assert!(t.lock().store().len() <= 2);
+        assert_eq!(t.lock().store().stats().evictions, 1);
+    }
+    // Idle past `expire`: gone (lookups refresh, so look only after waiting).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        pin_of(&running, "127.0.0.82"),
+        None,
+        "expired after 400ms idle"
+    );
+    assert_eq!(pin_of(&running, "127.0.0.83"), None);
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn pins_survive_a_restart_and_bad_snapshots_are_skipped() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("snap");
+    let snap = dir.path().join("t.snapshot");
+    let cfg_text = text(
+        ports.tcp,
+        "snapshot = \"t.snapshot\"\nsnapshot_interval = \"1h\"",
+    );
+
+    // First run: two clients get the two nodes in rotation order.
+    let running = start(config(&dir, &cfg_text)).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let first = tcp_session("127.0.0.91", addr).await.1;
+    let second = tcp_session("127.0.0.92", addr).await.1;
+    assert_ne!(first, second);
+    running.stop().await; // saves the snapshot
+    assert!(snap.exists(), "snapshot written on shutdown");
+
+    // Second run: the rotation starts over, but the second client comes first and still
+    // lands on its node: the pin came back from the snapshot.
+    let running = start(config(&dir, &cfg_text)).await.expect("restart");
+    let addr = running.addr("raw").expect("addr");
+    assert_eq!(tcp_session("127.0.0.92", addr).await.1, second);
+    assert_eq!(tcp_session("127.0.0.91", addr).await.1, first);
+    running.stop().await;
+
+    // A truncated snapshot: reported and skipped, the start goes on with an empty table.
+    let bytes = std::fs::read(&snap).expect("snapshot");
+    std::fs::write(&snap, &bytes[..bytes.len() / 2]).expect("truncate");
+    let running = start(config(&dir, &cfg_text))
+        .await
+        .expect("start despite a truncated snapshot");
+    assert_eq!(pin_of(&running, "127.0.0.92"), None);
+    {
+        let state = running.runtime().state();
+        let report = load_snapshot(state.table("t").expect("table"));
+        assert!(
+            matches!(report, Some(SnapshotLoad::Skipped(_))),
+            "{report:?}"
+        );
+    }
+    let addr = running.addr("raw").expect("addr");
+    tcp_session("127.0.0.93", addr).await; // still serving
+    running.stop().await;
+
+    // Garbage: the same.
+    std::fs::write(&snap, b"this is not a limpet snapshot").expect("corrupt");
+    let running = start(config(&dir, &cfg_text))
+        .await
+        .expect("start despite a corrupt snapshot");
+    {
+        let state = running.runtime().state();
+        let report = load_snapshot(state.table("t").expect("table"));
+        assert!(
+            matches!(report, Some(SnapshotLoad::Skipped(_))),
+            "{report:?}"
+        );
+    }
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

@@ -1,0 +1,274 @@
+//! TLS through rustls: certificates chosen by SNI, ALPN h2/http1.1 on HTTPS listeners,
+//! `Secure` cookies over TLS, and TLS to nodes verified against a CA (or refused).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::multiport::*;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use limpet::runtime::start;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::AsyncWriteExt;
+
+fn der_of(pem: &std::path::Path) -> CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_file(pem).expect("pem")
+}
+
+#[tokio::test]
+async fn certificates_are_chosen_by_sni_with_a_default() {
+    let pki = Pki::new();
+    let (mut nodes, ports) =
+        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let (dc, dk) = pki.issue("default", &["default.example"]);
+    let (ac, ak) = pki.issue("a", &["a.example"]);
+    let (bc, bk) = pki.issue("b", &["b.example", "*.b.example"]);
+    let dir = TempDir::new("sni");
+    let text = format!(
+        r#"
+[[nodes]]
+name = "a"
+address = "127.0.0.2"
+
+[[listeners]]
+name = "raw-tls"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {tcp}
+
+[[listeners.tls.certs]]
+cert = "{dc}"
+key = "{dk}"
+
+[[listeners.tls.certs]]
+cert = "{ac}"
+key = "{ak}"
+names = ["a.example"]
+
+[[listeners.tls.certs]]
+cert = "{bc}"
+key = "{bk}"
+names = ["b.example", "x.b.example"]
+"#,
+        tcp = ports.tcp,
+        dc = dc.display(),
+        dk = dk.display(),
+        ac = ac.display(),
+        ak = ak.display(),
+        bc = bc.display(),
+        bk = bk.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("raw-tls").expect("addr");
+    // A client that accepts any certificate, so we can look at which one we got.
+    let any = Arc::new(
+        limpet::tls::client_config(limpet::tls::UpstreamVerify::None, &[]).expect("client"),
+    );
+    for (sni, want) in [
+        ("a.example", &ac),
+        ("b.example", &bc),
+        ("x.b.example", &bc),
+        ("other.example", &dc),
+    ] {
+        let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::clone(&any))
+            .connect(ServerName::try_from(sni).expect("name"), s)
+            .await
+            .expect("handshake");
+        let got = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .cloned();
+        assert_eq!(got, Some(der_of(want)), "SNI {sni}");
+        // And the relay works through it.
+        let line = read_line(&mut tls).await;
+        assert_eq!(line, "node=a");
+        let _ = tls.shutdown().await;
+    }
+    // A client verifying against the CA accepts the SNI-chosen certificate.
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    let mut tls = tokio_rustls::TlsConnector::from(pki.client(&[]))
+        .connect(ServerName::try_from("a.example").expect("name"), s)
+        .await
+        .expect("verified handshake");
+    assert_eq!(read_line(&mut tls).await, "node=a");
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn https_offers_h2_and_http11_and_cookies_over_tls_are_secure() {
+    let pki = Pki::new();
+    let (mut nodes, ports) =
+        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let (c, k) = pki.issue("limpet", &["print.example"]);
+    let dir = TempDir::new("alpn");
+    let text = format!(
+        r#"
+[[nodes]]
+name = "a"
+address = "127.0.0.2"
+
+[[listeners]]
+name = "https"
+bind = "127.0.0.1:0"
+node_port = {http}
+tls = {{ cert = "{c}", key = "{k}" }}
+
+[[listeners]]
+name = "http"
+bind = "127.0.0.1:0"
+node_port = {http}
+"#,
+        http = ports.http,
+        c = c.display(),
+        k = k.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("https").expect("addr");
+
+    // HTTP/2 by ALPN.
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    let tls = tokio_rustls::TlsConnector::from(pki.client(&[b"h2", b"http/1.1"]))
+        .connect(ServerName::try_from("print.example").expect("name"), s)
+        .await
+        .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    let conn_task = tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri("https://print.example/")
+        .body(Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = send.send_request(req).await.expect("h2 answer");
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let set_cookie = resp
+        .headers()
+        .get_all(http::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("route="))
+        .unwrap_or("")
+        .to_owned();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"node a");
+    assert!(
+        set_cookie.contains("Secure"),
+        "cookie set over TLS is Secure: {set_cookie}"
+    );
+    drop(send);
+    conn_task.abort();
+
+    // HTTP/1.1 by ALPN on the same listener.
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    let tls = tokio_rustls::TlsConnector::from(pki.client(&[b"http/1.1"]))
+        .connect(ServerName::try_from("print.example").expect("name"), s)
+        .await
+        .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (head, node) = get_over(tls).await;
+    assert_eq!(node, "a");
+    assert!(head.to_ascii_lowercase().contains("; secure"), "{head}");
+
+    // The plain listener's cookie is not Secure.
+    let s = connect_from(
+        "127.0.0.1".parse().expect("ip"),
+        running.addr("http").expect("http"),
+    )
+    .await;
+    let (head, _) = get_over(s).await;
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.contains("set-cookie: route=a") && !head.contains("secure"),
+        "{head}"
+    );
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn tls_to_nodes_is_verified_against_the_ca() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2")],
+        pki.server("n", &["node.example", "127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("upstream");
+    let ca = pki.ca_pem.display();
+    let text = format!(
+        r#"
+[[nodes]]
+name = "a"
+address = "127.0.0.2"
+
+[[listeners]]
+name = "by-name"
+bind = "127.0.0.1:0"
+node_port = {https}
+upstream_tls = {{ ca = "{ca}", server_name = "node.example" }}
+
+[[listeners]]
+name = "by-ip"
+bind = "127.0.0.1:0"
+node_port = {https}
+upstream_tls = {{ ca = "{ca}" }}
+
+[[listeners]]
+name = "wrong-name"
+bind = "127.0.0.1:0"
+node_port = {https}
+upstream_tls = {{ ca = "{ca}", server_name = "wrong.example" }}
+
+[[listeners]]
+name = "raw-tls-up"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {https}
+upstream_tls = {{ ca = "{ca}", server_name = "node.example" }}
+"#,
+        https = ports.https,
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    assert_eq!(
+        http_node("127.0.0.1", running.addr("by-name").expect("a")).await,
+        "a"
+    );
+    assert_eq!(
+        http_node("127.0.0.1", running.addr("by-ip").expect("a")).await,
+        "a"
+    );
+    let s = connect_from(
+        "127.0.0.1".parse().expect("ip"),
+        running.addr("wrong-name").expect("a"),
+    )
+    .await;
+    let (head, _) = get_over(s).await;
+    assert!(
+        head.starts_with("HTTP/1.1 50"),
+        "a node failing verification is not used: {head}"
+    );
+    // TCP mode with TLS to the node: the relay speaks plain to the client, TLS to the node.
+    let s = connect_from(
+        "127.0.0.1".parse().expect("ip"),
+        running.addr("raw-tls-up").expect("a"),
+    )
+    .await;
+    let (_, node) = get_over(s).await;
+    assert_eq!(node, "a");
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
