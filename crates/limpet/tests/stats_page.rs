@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use admin_common::{Admin, PoolControl};
+use admin_common::lifecycle::*;
 use fantoccini::{ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 
@@ -82,9 +82,31 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
         std::path::Path::new(CHROMIUM).exists(),
         "{CHROMIUM} is missing: install Debian's chromium and chromium-driver"
     );
-    let control = PoolControl::new(&["alpha", "beta", "gamma"]);
-    control.metrics.request("web", Some("alpha"), 200);
-    let admin = Admin::start("127.0.0.1:0", control.clone(), Some(TOKEN)).await;
+    // The real runtime: three demo nodes, an HTTP listener, the admin listener with a token.
+    let nodes = [
+        ("alpha", "127.0.0.2"),
+        ("beta", "127.0.0.3"),
+        ("gamma", "127.0.0.4"),
+    ];
+    let (_nodes, port) = backend_nodes(&nodes).await;
+    let cfg = ConfigFile::new(
+        "stats-page",
+        &format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n",
+            nodes_toml(&nodes)
+        ),
+    );
+    let admin = Limpet::start(&cfg).await;
+    for _ in 0..3 {
+        let (s, _, _) = get(
+            &bare_client(),
+            &format!("http://{}/", admin.addr("web")),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200);
+    }
     let (driver, port) = chromedriver().await;
 
     let user_data = driver.dir.join("profile");
@@ -108,7 +130,7 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
         .unwrap_or_else(|e| panic!("chromium session: {e}"));
 
     let result = async {
-        browser.goto(&admin.url("/")).await?;
+        browser.goto(&admin.admin_url("/")).await?;
         // The nodes appear, all UP.
         for n in ["alpha", "beta", "gamma"] {
             browser
@@ -133,7 +155,7 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
                 "//div[@id='msg'][contains(., 'Could not set beta to drain')]",
             ))
             .await?;
-        assert_eq!(control.state_of("beta"), "UP");
+        assert_eq!(node_view(&admin, "beta").await["state"], "UP");
 
         // With the token, the drain goes through and the row shows it.
         browser
@@ -158,10 +180,10 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
                 "//tr[@data-node='beta']//span[text()='DRAIN']",
             ))
             .await?;
-        assert_eq!(control.state_of("beta"), "DRAIN");
+        assert_eq!(node_view(&admin, "beta").await["state"], "DRAIN");
         // Outcomes are shown as counts.
         let totals = browser.find(Locator::Id("totals")).await?.text().await?;
-        assert!(totals.contains("Requests"), "{totals}");
+        assert!(totals.contains("Requests\n3"), "{totals}");
 
         let png = browser.screenshot().await?;
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
