@@ -149,6 +149,8 @@ pub struct Metrics {
     node_state: Family<NodeStateLabels, Gauge>,
     table_entries: Family<TableLabels, Gauge>,
     totals: Totals,
+    /// Evictions per table as last read, so the counter grows by the difference.
+    evictions_seen: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -267,6 +269,7 @@ impl Metrics {
             node_state,
             table_entries,
             totals: Totals::default(),
+            evictions_seen: Default::default(),
         }
     }
 
@@ -370,11 +373,12 @@ impl Metrics {
     }
 
     /// Replaces the per-node and per-table gauges with this snapshot (nodes and tables no
-    /// longer configured disappear).
+    /// longer configured disappear). Tables come as (name, entries, evictions so far); the
+    /// eviction counter grows by the difference since the last snapshot.
     pub fn set_gauges<'a>(
         &self,
         nodes: impl IntoIterator<Item = NodeGauges<'a>>,
-        tables: impl IntoIterator<Item = (&'a str, u64)>,
+        tables: impl IntoIterator<Item = (&'a str, u64, u64)>,
     ) {
         for f in [
             &self.node_active,
@@ -404,12 +408,26 @@ impl Metrics {
                     .set(i64::from(s == n.state));
             }
         }
-        for (t, size) in tables {
+        let mut seen = self
+            .evictions_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (t, size, evicted) in tables {
             self.table_entries
                 .get_or_create(&TableLabels {
                     table: t.to_owned(),
                 })
                 .set(gauge(size));
+            let last = seen.insert(t.to_owned(), evicted).unwrap_or(0);
+            // A table rebuilt by a reload starts its totals again: count from there.
+            let delta = if evicted >= last {
+                evicted - last
+            } else {
+                evicted
+            };
+            if delta > 0 {
+                self.table_evictions(t, delta);
+            }
         }
     }
 
@@ -468,7 +486,7 @@ mod tests {
                 pins: 7,
                 seen: 12,
             }],
-            [("by-ip", 9)],
+            [("by-ip", 9, 0)],
         );
         let text = m.encode();
         for want in [
@@ -488,6 +506,11 @@ mod tests {
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }
+        // Table totals read from the store feed the eviction counter by difference.
+        m.set_gauges([], [("by-ip", 9, 3)]);
+        assert!(m
+            .encode()
+            .contains(r#"limpet_table_evictions_total{table="by-ip"} 5"#));
         let t = m.totals();
         assert_eq!((t.requests, t.errors, t.sticky, t.repinned), (2, 1, 1, 1));
         // A node gone from the snapshot disappears from the gauges.

@@ -244,6 +244,18 @@ async fn an_http_check_takes_a_dead_node_down_and_the_api_shows_why() {
             "a"
         );
     }
+    let metrics = bare_client()
+        .get(l.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        metrics.contains(r#"limpet_health_transitions_total{node="b",to="down"} 1"#),
+        "{metrics}"
+    );
     l.stop().await;
 }
 

@@ -166,7 +166,9 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                     pins: n.table_pins,
                     seen: n.sessions_seen,
                 }),
-                tables.iter().map(|t| (t.name.as_str(), t.size)),
+                tables
+                    .iter()
+                    .map(|t| (t.name.as_str(), t.size, t.evictions)),
             );
             text(
                 StatusCode::OK,

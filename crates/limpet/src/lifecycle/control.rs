@@ -33,10 +33,8 @@ impl HealthSink for RuntimeSink {
         ok: bool,
         _detail: &CheckDetail,
     ) -> Option<limpet_core::Transition> {
-        let state = self.runtime.upgrade()?.state();
-        let t = state.record(node, ok)?;
-        state.lifecycle.transition(node, t);
-        Some(t)
+        // State::record counts and logs the transition (as for passive failures).
+        self.runtime.upgrade()?.state().record(node, ok)
     }
 }
 

@@ -267,6 +267,9 @@ impl State {
                 pool.record_failure(node)
             }
         };
+        if let Some(t) = t {
+            self.lifecycle.transition(self.node_name(node), t);
+        }
         match t {
             Some(Transition::WentDown) => {
                 tracing::warn!(node = self.node_name(node), "node DOWN");
