@@ -10,7 +10,9 @@
 //!
 //! [`connect_async`] does all three around tokio-tungstenite's own `connect_async`; the
 //! smaller helpers are for code that drives the handshake itself. For `wss`, enable one of
-//! tokio-tungstenite's TLS features in the application.
+//! tokio-tungstenite's TLS features in the application, or this crate's `tungstenite-rustls`
+//! feature and pass a rustls config of your own to [`connect_async_with_connector`] (its
+//! roots, its crypto provider: the crate picks neither).
 //!
 //! ```no_run
 //! use limpet_client::{classify, tungstenite, AffinityJar, Backoff, Origin, SharedJar, Verdict};
@@ -132,14 +134,54 @@ where
     let mut request = request.into_client_request()?;
     apply_to_request(jar, &mut request);
     let uri = request.uri().clone();
-    match ::tokio_tungstenite::connect_async(request).await {
-        Ok((socket, response)) => {
-            adopt_from_response(jar, &uri, &response);
-            Ok((socket, response))
-        }
+    let result = ::tokio_tungstenite::connect_async(request).await;
+    adopt_result(jar, &uri, &result);
+    result
+}
+
+/// Adopts the cookies of an upgrade's result, accepted or refused.
+fn adopt_result<S>(jar: &SharedJar, uri: &Uri, result: &Result<(S, Response), Error>) {
+    match result {
+        Ok((_, response)) => adopt_from_response(jar, uri, response),
         Err(error) => {
-            adopt_from_error(jar, &uri, &error);
-            Err(error)
+            adopt_from_error(jar, uri, error);
         }
     }
+}
+
+/// [`connect_async`] through a TLS connector of the caller's: for `wss://`, typically
+/// `Connector::Rustls(Arc<rustls::ClientConfig>)` with the application's own roots (a private
+/// CA, say) and crypto provider. `None` is tokio-tungstenite's default connector. The jar is
+/// used exactly as by [`connect_async`]. Needs the `tungstenite-rustls` feature.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use limpet_client::{tungstenite, AffinityJar, Origin, SharedJar};
+/// use tokio_tungstenite::Connector;
+///
+/// # async fn run(tls: Arc<rustls::ClientConfig>) -> Result<(), Box<dyn std::error::Error>> {
+/// let jar = SharedJar::new(AffinityJar::new(Origin::parse("wss://print.example")?));
+/// let url = "wss://print.example/socket";
+/// let connector = Some(Connector::Rustls(tls));
+/// let (socket, _answer) = tungstenite::connect_async_with_connector(&jar, url, connector).await?;
+/// # drop(socket);
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "tungstenite-rustls")]
+pub async fn connect_async_with_connector<R>(
+    jar: &SharedJar,
+    request: R,
+    connector: Option<::tokio_tungstenite::Connector>,
+) -> Result<(WebSocketStream<MaybeTlsStream<TcpStream>>, Response), Error>
+where
+    R: IntoClientRequest + Unpin,
+{
+    let mut request = request.into_client_request()?;
+    apply_to_request(jar, &mut request);
+    let uri = request.uri().clone();
+    let result =
+        ::tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector).await;
+    adopt_result(jar, &uri, &result);
+    result
 }

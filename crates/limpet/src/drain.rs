@@ -32,6 +32,10 @@ pub struct FrameTracker {
     have: usize,
     /// Payload bytes still to pass before the next header.
     remaining: u64,
+    /// The opcode of the frame being passed.
+    opcode: u8,
+    /// A whole close frame has passed.
+    close_seen: bool,
 }
 
 /// The length of a frame header whose first two bytes are `b0 b1`.
@@ -48,6 +52,11 @@ fn header_len(b1: u8) -> usize {
 impl FrameTracker {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Whether a whole close frame (opcode 8) has passed.
+    pub fn close_seen(&self) -> bool {
+        self.close_seen
     }
 
     /// Whether the bytes consumed so far end exactly at a frame boundary.
@@ -67,8 +76,11 @@ impl FrameTracker {
                     .min(data.len() - i);
                 self.remaining -= take as u64;
                 i += take;
-                if self.remaining == 0 && first.is_none() {
-                    first = Some(i);
+                if self.remaining == 0 {
+                    self.close_seen |= self.opcode == 8;
+                    if first.is_none() {
+                        first = Some(i);
+                    }
                 }
                 continue;
             }
@@ -91,8 +103,12 @@ impl FrameTracker {
             };
             self.have = 0;
             self.remaining = len;
-            if len == 0 && first.is_none() {
-                first = Some(i);
+            self.opcode = self.head[0] & 0x0f;
+            if len == 0 {
+                self.close_seen |= self.opcode == 8;
+                if first.is_none() {
+                    first = Some(i);
+                }
             }
         }
         first
@@ -217,12 +233,16 @@ where
     if finished && client_open {
         let _ = cw.write_all(&close_frame_going_away("node draining")).await;
         let _ = cw.flush().await;
-        // Give the client a moment to answer its close frame; its reply is not forwarded.
+        // Give the client a moment to answer with its own close frame (not forwarded): the
+        // handshake is complete once it has, or once the client closes.
+        let mut from_client = FrameTracker::new();
         let _ = tokio::time::timeout(grace, async {
-            loop {
+            while !from_client.close_seen() {
                 match cr.read(&mut up).await {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                    Ok(n) => {
+                        from_client.consume(&up[..n]);
+                    }
                 }
             }
         })
@@ -315,6 +335,18 @@ mod tests {
         assert!(!t.at_boundary());
         t.consume(&g[1..3]);
         assert_eq!(t.boundary_within(&g[3..]), Some(g.len() - 3));
+    }
+
+    #[test]
+    fn a_whole_close_frame_is_noticed() {
+        let mut t = FrameTracker::new();
+        t.consume(&frame(1, true, true, 3));
+        assert!(!t.close_seen());
+        let c = frame(8, true, true, 2);
+        t.consume(&c[..c.len() - 1]);
+        assert!(!t.close_seen(), "not before its last byte");
+        t.consume(&c[c.len() - 1..]);
+        assert!(t.close_seen());
     }
 
     #[test]

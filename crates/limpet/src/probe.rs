@@ -31,12 +31,17 @@
 //! Exit codes: 0 when every session kept affinity (re-pins allowed), 1 when any session broke
 //! it, 2 for a usage error or when nothing could be judged (nothing answered, or no answer
 //! named its node). Flags, output and the JSON fields are documented in `docs/probe.md`.
+//!
+//! Over `https://` (and so `wss://`) every session's HTTP client and WebSocket share one
+//! rustls config ([`tls`]): the system's roots plus `--ca`, or `--insecure`.
 
 pub mod judge;
 mod output;
 mod session;
+mod tls;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +67,8 @@ const MAX_ERRORS_KEPT: usize = 8;
 /// Arguments of `limpet probe`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProbeArgs {
-    /// The balancer's URL (`http://...`). Discovery and every request GET it.
+    /// The balancer's URL (`http://...` or `https://...`). Discovery and every request GET
+    /// it; the WebSocket is `ws://` or `wss://` to match.
     #[arg(value_name = "URL")]
     pub url: String,
     /// After discovery, open a WebSocket at this path on the URL's origin (e.g. `/ws`); its
@@ -111,6 +117,14 @@ pub struct ProbeArgs {
     /// JSON lines on stdout instead of the human summary (see docs/probe.md).
     #[arg(long)]
     pub json: bool,
+    /// With `https://`: also trust the CA certificate(s) in this PEM file (a private CA),
+    /// besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// With `https://`: accept any server certificate, unverified. For testing only: the
+    /// probe then cannot tell the balancer from anyone in between.
+    #[arg(long, conflicts_with = "ca")]
+    pub insecure: bool,
 }
 
 /// `500ms`, `2s`, `1.5s`, `3m`, `1h`; a bare number is seconds. Between 1 ms and a week.
@@ -150,18 +164,26 @@ pub(crate) struct Plan {
     pub(crate) interval: Duration,
     pub(crate) backoff_min: Duration,
     pub(crate) timeout: Duration,
+    /// For `https://` URLs: the TLS config of every HTTP client and WebSocket.
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Plan {
     /// Checks the arguments; the error is one line for the user.
     pub(crate) fn from_args(args: &ProbeArgs) -> Result<Plan, String> {
         let url = Url::parse(&args.url).map_err(|e| format!("{:?} is not a URL: {e}", args.url))?;
-        match url.scheme() {
-            "http" => {}
-            // The probe is built without a TLS stack (the workspace's clients have none).
-            "https" => return Err("https URLs are not supported yet: probe over http".into()),
-            s => return Err(format!("unsupported scheme {s:?}: the URL must be http://")),
-        }
+        let (ws_scheme, tls) = match url.scheme() {
+            "http" => ("ws", None),
+            "https" => {
+                let cfg = tls::client_config(args.ca.as_deref(), args.insecure)?;
+                ("wss", Some(Arc::new(cfg)))
+            }
+            s => {
+                return Err(format!(
+                    "unsupported scheme {s:?}: the URL must be http:// or https://"
+                ))
+            }
+        };
         if url.host_str().is_none() {
             return Err(format!("{:?} has no host", args.url));
         }
@@ -172,8 +194,8 @@ impl Plan {
             }
             Some(path) => {
                 let mut u = url.join(path).map_err(|e| format!("--ws {path:?}: {e}"))?;
-                u.set_scheme("ws")
-                    .map_err(|()| format!("--ws {path:?}: cannot make a ws:// URL"))?;
+                u.set_scheme(ws_scheme)
+                    .map_err(|()| format!("--ws {path:?}: cannot make a {ws_scheme}:// URL"))?;
                 Some(u)
             }
         };
@@ -206,6 +228,7 @@ impl Plan {
             interval: args.interval,
             backoff_min: args.backoff_min,
             timeout: args.timeout,
+            tls,
         })
     }
 
@@ -405,6 +428,25 @@ mod tests {
     }
 
     #[test]
+    fn https_means_wss_and_tls() {
+        let p = plan(&["https://127.0.0.1:8443/", "--ws", "/ws", "--insecure"]).expect("plan");
+        assert_eq!(
+            p.ws_url.as_ref().map(Url::as_str),
+            Some("wss://127.0.0.1:8443/ws")
+        );
+        assert!(p.tls.is_some());
+        assert!(plan(&["http://h/"]).expect("plan").tls.is_none());
+        assert!(
+            plan(&["https://h/", "--ca", "/nonexistent/ca.pem"]).is_err(),
+            "an unreadable --ca is a usage error"
+        );
+        assert!(
+            plan(&["https://h/", "--ca", "x.pem", "--insecure"]).is_err(),
+            "--ca and --insecure exclude each other"
+        );
+    }
+
+    #[test]
     fn plan_rounds() {
         let watch = |extra: &[&str]| {
             let mut argv = vec!["http://h/", "--watch"];
@@ -425,7 +467,6 @@ mod tests {
     fn plan_refuses_bad_input() {
         for argv in [
             &["ftp://h/"][..],
-            &["https://h/"],
             &["not a url"],
             &["http://h/", "--ws", "ws"],
             &["http://h/", "--node-header", "bad header"],

@@ -2,7 +2,8 @@
 //!
 //! A session behaves like a well-behaved client of the affinity reference: one
 //! [`SharedJar`] serves both its reqwest client (through [`AffinityCookieStore`]) and its
-//! WebSocket upgrades (through [`tungstenite::connect_async`]), discovery runs immediately
+//! WebSocket upgrades (through [`tungstenite::connect_async_with_connector`], with the plan's
+//! TLS config over `wss://`), discovery runs immediately
 //! before every upgrade, and a closed socket is reconnected after the backoff the client
 //! crate's [`classify`] and [`Backoff`] call for. Everything it sees becomes an [`Event`] on the
 //! channel to the driver, which judges; a session never decides anything about affinity.
@@ -25,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use super::judge::{Answer, Event, Via};
 use super::Plan;
@@ -157,7 +158,13 @@ struct Upgrade {
 
 async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) -> Upgrade {
     let before = snapshot(jar);
-    let attempt = tokio::time::timeout(plan.timeout, tungstenite::connect_async(jar, url)).await;
+    // `None` over ws://: tokio-tungstenite's plain connector.
+    let connector = plan.tls.clone().map(Connector::Rustls);
+    let attempt = tokio::time::timeout(
+        plan.timeout,
+        tungstenite::connect_async_with_connector(jar, url, connector),
+    )
+    .await;
     let mut answer = Answer {
         round,
         via,
@@ -207,7 +214,12 @@ fn new_jar(plan: &Plan) -> Result<(SharedJar, reqwest::Client), String> {
     let origin = Origin::from_url(&plan.url).map_err(|e| e.to_string())?;
     let jar = SharedJar::new(AffinityJar::with_names(origin, plan.names.clone()));
     let store = Arc::new(AffinityCookieStore::new(jar.clone()));
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder();
+    if let Some(tls) = &plan.tls {
+        // The same trust as the WebSocket's; ALPN http/1.1 (see `tls`).
+        http = http.use_preconfigured_tls(rustls::ClientConfig::clone(tls));
+    }
+    let http = http
         .cookie_provider(store)
         // The probe judges the balancer's answers, not where they point.
         .redirect(reqwest::redirect::Policy::none())
