@@ -235,6 +235,22 @@ impl Pool {
         t
     }
 
+    /// Carries what a running pool learned into this one, built from a new configuration
+    /// (a reload): each node's admin state and health (streaks included) by name, and the
+    /// rotation, so a reload neither resets who is next nor forgets a node's state. Nodes new
+    /// in this pool keep their fresh defaults; nodes gone from it are simply not carried.
+    pub fn carry_over(&mut self, old: &Pool) {
+        for node in &mut self.nodes {
+            if let Some(&id) = old.index.get(node.name.as_bytes()) {
+                let was = &old.nodes[id.index()];
+                node.admin = was.admin;
+                node.health = was.health;
+            }
+        }
+        self.rotation = old.rotation;
+        self.rebuild_eligible();
+    }
+
     /// Decides where a request with this pin goes, round-robin for fresh assignments.
     /// `now_ms` (milliseconds since the Unix epoch) is only read for drain deadlines.
     pub fn decide(&mut self, pin: Pin, now_ms: u64) -> Decision {
@@ -650,5 +666,35 @@ mod tests {
             (400..600).contains(&moved),
             "{moved} of 1000 moved at mid-window"
         );
+    }
+
+    #[test]
+    fn carry_over_keeps_states_and_rotation_by_name() {
+        let mut old = pool(&["a", "b", "c"]);
+        let (a, b) = (id(&old, "a"), id(&old, "b"));
+        old.set_admin(b, AdminState::Maint);
+        old.record_failure(a); // one failure: a streak, still UP
+        for _ in 0..4 {
+            old.assign(|_| false);
+        }
+        // The reload drops c, adds d, and reorders.
+        let mut new = pool(&["d", "b", "a"]);
+        new.carry_over(&old);
+        assert_eq!(new.rotation(), 4);
+        assert_eq!(new.state(id(&new, "b")), Some(NodeState::Maint));
+        assert_eq!(new.state(id(&new, "d")), Some(NodeState::Up));
+        let a2 = id(&new, "a");
+        assert_eq!(new.record_failure(a2), None);
+        assert_eq!(
+            new.record_failure(a2),
+            Some(Transition::WentDown),
+            "the failure streak survived the reload"
+        );
+        // Rotation continues: eligible is [d], so the next fresh one is d either way; with two
+        // eligible nodes, k=4 picks index 0.
+        new.force_health(a2, true);
+        assert_eq!(new.eligible().len(), 2);
+        assert_eq!(new.assign(|_| false), Some(id(&new, "d")));
+        assert_eq!(new.assign(|_| false), Some(a2));
     }
 }

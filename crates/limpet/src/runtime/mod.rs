@@ -188,7 +188,7 @@ impl State {
     }
 
     /// A state for a new config that keeps what the running one learned, by name: node
-    /// admin state and health, and the entries of every table whose key is unchanged (pins
+    /// admin state and health, the rotation, and the entries of every table whose key is unchanged (pins
     /// to removed nodes read as unknown and re-pin). Open connections keep the old state.
     pub fn rebuild(&self, config: Config) -> Result<State, String> {
         let mut next = State::new(config)?;
@@ -196,12 +196,7 @@ impl State {
         {
             let old = self.pool();
             let new = next.pool.get_mut().unwrap_or_else(|e| e.into_inner());
-            for (_, node) in old.nodes() {
-                if let Some(id) = new.lookup(node.name().as_bytes()) {
-                    new.set_admin(id, node.admin());
-                    new.force_health(id, node.health().is_up());
-                }
-            }
+            new.carry_over(&old);
         }
         for (name, table) in next.tables.iter_mut() {
             if let Some(old) = self.tables.get(name) {
