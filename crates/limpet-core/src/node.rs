@@ -66,8 +66,6 @@ pub struct Node {
     pub(crate) weight: u32,
     pub(crate) admin: AdminState,
     pub(crate) health: Health,
-    /// Connections and tunnels open to the node now (for least-connections and accounting).
-    pub(crate) active: u32,
 }
 
 impl Node {
@@ -78,11 +76,6 @@ impl Node {
     /// Relative share of fresh assignments (1 to [`MAX_WEIGHT`]).
     pub fn weight(&self) -> u32 {
         self.weight
-    }
-
-    /// Connections and tunnels open to the node now.
-    pub fn active(&self) -> u32 {
-        self.active
     }
 
     pub fn admin(&self) -> AdminState {

@@ -7,7 +7,9 @@
 //! each node appears `weight` times, interleaved so that no node gets a burst (each of a
 //! node's turns sits at its ideal point `(i + 1/2) / weight` of the cycle). Least-connections
 //! ([`Balance::LeastConn`]) instead picks the eligible node with the fewest open connections
-//! per unit of weight, ties going to rotation order.
+//! per unit of weight, ties going to rotation order. The pool does not count connections: the
+//! caller supplies the live counts with each decision (`active: impl Fn(NodeId) -> u32`), so
+//! counts kept outside the pool (by node name, across reloads) are what least-connections reads.
 //!
 //! Only fresh assignments advance the rotation; a sticky hit does not take a turn. The eligible
 //! list and the schedule are rebuilt on every state change rather than filtered per request, so
@@ -114,7 +116,6 @@ impl Pool {
                 weight,
                 admin: AdminState::Ready,
                 health: Health::default(),
-                active: 0,
             });
         }
         let mut pool = Pool {
@@ -254,18 +255,20 @@ impl Pool {
     /// Decides where a request with this pin goes, round-robin for fresh assignments.
     /// `now_ms` (milliseconds since the Unix epoch) is only read for drain deadlines.
     pub fn decide(&mut self, pin: Pin, now_ms: u64) -> Decision {
-        self.decide_with(pin, now_ms, Balance::RoundRobin, 0)
+        self.decide_with(pin, now_ms, Balance::RoundRobin, 0, |_| 0)
     }
 
     /// [`decide`](Self::decide) with a balancing choice, and the pin's `spread_key`: a
     /// well-mixed hash of what identifies the session (client address, table key), which
-    /// places its re-pin inside a drain's spread window.
+    /// places its re-pin inside a drain's spread window. `active` gives each node's open
+    /// connections now (read by [`Balance::LeastConn`] only).
     pub fn decide_with(
         &mut self,
         pin: Pin,
         now_ms: u64,
         balance: Balance,
         spread_key: u64,
+        active: impl Fn(NodeId) -> u32,
     ) -> Decision {
         let repin = match pin {
             Pin::None => None,
@@ -277,10 +280,26 @@ impl Pool {
             Pin::Invalid => Some(RepinReason::InvalidCookie),
             Pin::Expired => Some(RepinReason::ExpiredCookie),
         };
-        match self.assign_with(balance, |_| false) {
+        match self.assign_with(balance, |_| false, active) {
             Some(node) => Decision::Fresh { node, repin },
             None => Decision::Unavailable,
         }
+    }
+
+    /// The failback rule (a listener with `failback = "home"`): a session that was moved away
+    /// from its `home` node (which went DOWN, MAINT, past a drain deadline, or failed to
+    /// connect) goes back there once the home node is UP again. Returns the home node when the
+    /// session should go home now: `home` names a node of this pool that is UP and differs
+    /// from the `current` pin. A draining home takes no one back (it takes no fresh pins).
+    /// `now_ms` is read for symmetry with the other decisions; UP does not depend on it.
+    pub fn failback(&self, current: Pin, home: Pin, _now_ms: u64) -> Option<NodeId> {
+        let Pin::Node(home) = home else {
+            return None;
+        };
+        if current == Pin::Node(home) {
+            return None;
+        }
+        (self.state(home)? == NodeState::Up).then_some(home)
     }
 
     /// Whether a pin to `id` is honoured now, and if not, why.
@@ -326,14 +345,16 @@ impl Pool {
     /// that already failed for this request). Consumes one turn of the rotation when it finds
     /// a node.
     pub fn assign(&mut self, exclude: impl Fn(NodeId) -> bool) -> Option<NodeId> {
-        self.assign_with(Balance::RoundRobin, exclude)
+        self.assign_with(Balance::RoundRobin, exclude, |_| 0)
     }
 
-    /// [`assign`](Self::assign) with a balancing choice.
+    /// [`assign`](Self::assign) with a balancing choice; `active` gives each node's open
+    /// connections now (read by [`Balance::LeastConn`] only).
     pub fn assign_with(
         &mut self,
         balance: Balance,
         exclude: impl Fn(NodeId) -> bool,
+        active: impl Fn(NodeId) -> u32,
     ) -> Option<NodeId> {
         let node = match balance {
             Balance::RoundRobin => {
@@ -357,28 +378,14 @@ impl Pool {
                     .map(|i| self.eligible[(start + i) % len])
                     .filter(|&n| !exclude(n))
                     .min_by(|&a, &b| {
-                        let (a, b) = (&self.nodes[a.index()], &self.nodes[b.index()]);
-                        (u64::from(a.active) * u64::from(b.weight))
-                            .cmp(&(u64::from(b.active) * u64::from(a.weight)))
+                        let (wa, wb) = (self.nodes[a.index()].weight, self.nodes[b.index()].weight);
+                        (u64::from(active(a)) * u64::from(wb))
+                            .cmp(&(u64::from(active(b)) * u64::from(wa)))
                     })?
             }
         };
         self.rotation = self.rotation.wrapping_add(1);
         Some(node)
-    }
-
-    /// A connection or tunnel to `id` opened.
-    pub fn conn_opened(&mut self, id: NodeId) {
-        if let Some(n) = self.nodes.get_mut(id.index()) {
-            n.active = n.active.saturating_add(1);
-        }
-    }
-
-    /// A connection or tunnel to `id` closed.
-    pub fn conn_closed(&mut self, id: NodeId) {
-        if let Some(n) = self.nodes.get_mut(id.index()) {
-            n.active = n.active.saturating_sub(1);
-        }
     }
 
     fn rebuild_eligible(&mut self) {
@@ -613,19 +620,75 @@ mod tests {
         let mut p =
             Pool::with_weights([("a", 1), ("b", 2), ("c", 1)]).unwrap_or_else(|e| panic!("{e}"));
         let (a, b, c) = (id(&p, "a"), id(&p, "b"), id(&p, "c"));
-        p.conn_opened(a);
-        p.conn_opened(b);
-        p.conn_opened(b);
+        let counts = |ca: u32, cb: u32, cc: u32| {
+            move |n: NodeId| {
+                if n == a {
+                    ca
+                } else if n == b {
+                    cb
+                } else if n == c {
+                    cc
+                } else {
+                    0
+                }
+            }
+        };
         // a: 1/1, b: 2/2, c: 0/1 -> c
-        assert_eq!(p.assign_with(Balance::LeastConn, |_| false), Some(c));
-        p.conn_opened(c);
-        p.conn_opened(c);
-        p.conn_closed(a);
+        assert_eq!(
+            p.assign_with(Balance::LeastConn, |_| false, counts(1, 2, 0)),
+            Some(c)
+        );
         // a: 0, b: 1 per weight, c: 2 -> a
-        assert_eq!(p.assign_with(Balance::LeastConn, |_| false), Some(a));
-        assert_eq!(p.assign_with(Balance::LeastConn, |n| n == a), Some(b));
-        p.conn_closed(a);
-        assert_eq!(p.node(a).map(Node::active), Some(0), "never below zero");
+        assert_eq!(
+            p.assign_with(Balance::LeastConn, |_| false, counts(0, 2, 2)),
+            Some(a)
+        );
+        assert_eq!(
+            p.assign_with(Balance::LeastConn, |n| n == a, counts(0, 2, 2)),
+            Some(b)
+        );
+        // Round-robin ignores the counts.
+        let mut q = pool(&["x", "y"]);
+        let x = id(&q, "x");
+        assert_eq!(
+            q.assign_with(Balance::RoundRobin, |_| false, |_| 99),
+            Some(x)
+        );
+    }
+
+    #[test]
+    fn failback_goes_home_only_when_home_is_up_and_elsewhere() {
+        let mut p = pool(&["a", "b", "c"]);
+        let (a, b) = (id(&p, "a"), id(&p, "b"));
+        // Home UP, session elsewhere: go home.
+        assert_eq!(p.failback(Pin::Node(b), Pin::Node(a), 0), Some(a));
+        // No current pin (cookie lost or invalid) with a home UP: go home too.
+        assert_eq!(p.failback(Pin::None, Pin::Node(a), 0), Some(a));
+        assert_eq!(p.failback(Pin::Invalid, Pin::Node(a), 0), Some(a));
+        // Already home: nothing to do.
+        assert_eq!(p.failback(Pin::Node(a), Pin::Node(a), 0), None);
+        // No home, or a home no longer configured.
+        assert_eq!(p.failback(Pin::Node(b), Pin::None, 0), None);
+        assert_eq!(p.failback(Pin::Node(b), Pin::Unknown, 0), None);
+        assert_eq!(p.failback(Pin::Node(b), Pin::Node(NodeId(99)), 0), None);
+        // Home not UP: DOWN, MAINT and DRAIN all keep the session where it is.
+        p.force_health(a, false);
+        assert_eq!(p.failback(Pin::Node(b), Pin::Node(a), 0), None);
+        p.force_health(a, true);
+        p.set_admin(a, AdminState::Maint);
+        assert_eq!(p.failback(Pin::Node(b), Pin::Node(a), 0), None);
+        p.set_admin(
+            a,
+            AdminState::Drain {
+                deadline_ms: None,
+                spread_ms: 0,
+            },
+        );
+        assert_eq!(p.failback(Pin::Node(b), Pin::Node(a), 0), None);
+        p.set_admin(a, AdminState::Ready);
+        assert_eq!(p.failback(Pin::Node(b), Pin::Node(a), 0), Some(a));
+        // Deciding failback takes no turn of the rotation.
+        assert_eq!(p.rotation(), 0);
     }
 
     #[test]

@@ -81,8 +81,15 @@ fn rebuild_keeps_the_rotation() {
         let _ = old.pool().assign(|_| false);
     }
     let new = old.rebuild(cfg(&["a", "b", "c"], "30m")).expect("rebuild");
-    assert_eq!(new.pool().rotation(), 5, "a reload does not reset who is next");
-    let next = new.pool().assign(|_| false).map(|id| new.node_name(id).to_owned());
+    assert_eq!(
+        new.pool().rotation(),
+        5,
+        "a reload does not reset who is next"
+    );
+    let next = new
+        .pool()
+        .assign(|_| false)
+        .map(|id| new.node_name(id).to_owned());
     // k = 5 over [a, b, c] is c, as it would have been without the reload.
     assert_eq!(next.as_deref(), Some("c"));
 }

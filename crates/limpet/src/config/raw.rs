@@ -147,6 +147,8 @@ pub(crate) struct RawCookie {
     pub(crate) secure: Option<bool>,
     pub(crate) same_site: Option<RawSameSite>,
     pub(crate) keep_in_request: Option<bool>,
+    /// `"none"` (default) or `"home"`: sessions moved off a failed node go back when it is UP.
+    pub(crate) failback: Option<RawFailback>,
     pub(crate) mode: Option<RawCookieMode>,
     pub(crate) keys: Option<Spanned<Vec<String>>>,
     pub(crate) max_idle: Option<Spanned<Dur>>,
@@ -159,6 +161,13 @@ pub(crate) enum RawSameSite {
     Lax,
     Strict,
     None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawFailback {
+    None,
+    Home,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -18,7 +18,7 @@ use super::{
     Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, SnapshotDef, TableDef, TcpDef,
     UpstreamTls,
 };
-use crate::proxy::{CookieConfig, CookieMode, IpNet, Limits, Timeouts};
+use crate::proxy::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 use crate::tls::{self, CertSpec, TlsPart, UpstreamVerify};
 
 pub(super) fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
@@ -591,6 +591,10 @@ impl Validator<'_> {
             spec,
             mode,
             keep_in_request: r.keep_in_request.unwrap_or(false),
+            failback: match r.failback {
+                None | Some(RawFailback::None) => Failback::None,
+                Some(RawFailback::Home) => Failback::Home,
+            },
         };
         let pool = Pool::new(nodes.iter().map(|n| n.name.as_str()))
             .map_err(|e| self.err(at, key.to_owned(), e.to_string()))?;

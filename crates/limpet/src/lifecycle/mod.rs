@@ -5,8 +5,8 @@
 //! ([`crate::metrics`]) and the distinct-session estimator (`limpet_core::seen`).
 //!
 //! One [`Lifecycle`] lives as long as the process and is carried from state to state across
-//! reloads, so what it holds is keyed by node *name*: per node, the sessions seen, the tunnels
-//! open, and a close signal that long-lived connections (WebSocket tunnels, TCP sessions)
+//! reloads, so what it holds is keyed by node *name*: per node, the sessions seen, the
+//! connections and tunnels open, and a close signal that long-lived connections (WebSocket tunnels, TCP sessions)
 //! watch. The signal fires at a drain deadline, on MAINT, and when a reload removes the node.
 //!
 //! ```text
@@ -23,7 +23,7 @@ mod control;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -70,6 +70,9 @@ impl Default for LifecycleDef {
 struct NodeLife {
     seen: SeenWindow,
     tunnels: u64,
+    /// Connections and TCP sessions open to the node now, on every state (so across
+    /// reloads): each connection's guard holds this counter and decrements it on close.
+    active: Arc<AtomicU32>,
     close: watch::Sender<u64>,
     /// Bumped on every operator command, so a stale drain timer knows it is stale.
     command: u64,
@@ -80,6 +83,7 @@ impl NodeLife {
         NodeLife {
             seen: seen_window(window),
             tunnels: 0,
+            active: Arc::new(AtomicU32::new(0)),
             close: watch::channel(0).0,
             command: 0,
         }
@@ -181,6 +185,13 @@ impl Lifecycle {
             life: Arc::downgrade(self),
             node: node.to_owned(),
         }
+    }
+
+    /// The live count of connections open to `node`, shared by every state built for this
+    /// process: a reload hands the same counter to the new state, and connections opened
+    /// under the old one decrement it when they close.
+    pub fn active_counter(&self, node: &str) -> Arc<AtomicU32> {
+        self.with_node(node, |n| Arc::clone(&n.active))
     }
 
     pub fn tunnels(&self, node: &str) -> u64 {

@@ -12,25 +12,64 @@
 
 use http::header::{HeaderValue, COOKIE};
 use http::HeaderMap;
-use limpet_core::{cookie, CookieCodec, NodeId, Pool, ReadPin};
+use limpet_core::{cookie, CookieCodec, CookieSpec, NodeId, Pool, ReadPin};
 
-use super::config::{ConfigError, CookieConfig};
+use super::config::{ConfigError, CookieConfig, Failback};
 
 /// The affinity cookie of one listener, with its codec built for the listener's pool.
 #[derive(Debug)]
 pub(crate) struct Affinity {
     cfg: CookieConfig,
     codec: CookieCodec,
+    /// With `failback = "home"`: the `<name>-home` cookie, same attributes as the pin's.
+    home: Option<CookieSpec>,
 }
 
 impl Affinity {
     pub(crate) fn new(cfg: CookieConfig, pool: &Pool) -> Result<Self, ConfigError> {
         let codec = cfg.codec(pool)?;
-        Ok(Affinity { cfg, codec })
+        let home = (cfg.failback == Failback::Home).then(|| CookieSpec {
+            name: format!("{}-home", cfg.spec.name).into(),
+            ..cfg.spec.clone()
+        });
+        Ok(Affinity { cfg, codec, home })
     }
 
     fn name(&self) -> &[u8] {
         self.cfg.spec.name.as_bytes()
+    }
+
+    /// True with `failback = "home"`.
+    pub(crate) fn fails_back(&self) -> bool {
+        self.home.is_some()
+    }
+
+    /// The home pin this request carries (`<name>-home`), read with the pin's codec; no pin
+    /// without `failback = "home"`.
+    pub(crate) fn read_home(&self, pool: &Pool, headers: &HeaderMap, now_ms: u64) -> ReadPin {
+        let value = self.home.as_ref().and_then(|h| {
+            cookie::find_in_values(
+                headers.get_all(COOKIE).iter().map(|v| v.as_bytes()),
+                h.name.as_bytes(),
+            )
+        });
+        self.codec.read(value, pool, now_ms)
+    }
+
+    /// The `Set-Cookie` value naming `value` as the session's home node.
+    pub(crate) fn set_home_cookie(&self, value: &str, tls: bool) -> Option<HeaderValue> {
+        let h = self.home.as_ref()?;
+        HeaderValue::try_from(h.set_cookie(value, tls)).ok()
+    }
+
+    /// The `Set-Cookie` value expiring the home cookie (`Max-Age=0`).
+    pub(crate) fn clear_home_cookie(&self, tls: bool) -> Option<HeaderValue> {
+        let h = self.home.as_ref()?;
+        let expired = CookieSpec {
+            max_age: Some(0),
+            ..h.clone()
+        };
+        HeaderValue::try_from(expired.set_cookie("", tls)).ok()
     }
 
     /// The pin this request carries: the first cookie of our name, in arrival order. Never
@@ -61,24 +100,31 @@ impl Affinity {
         if self.cfg.keep_in_request || !headers.contains_key(COOKIE) {
             return;
         }
-        let name = self.name();
-        // Fast path: no Cookie line mentions the name, nothing to rebuild.
-        if !headers
-            .get_all(COOKIE)
-            .iter()
-            .any(|v| memchr::memmem::find(v.as_bytes(), name).is_some())
-        {
-            return;
+        strip_named(headers, self.name());
+        if let Some(h) = &self.home {
+            strip_named(headers, h.name.as_bytes());
         }
-        let kept: Vec<HeaderValue> = headers
-            .get_all(COOKIE)
-            .iter()
-            .filter_map(|v| strip_value(v, name))
-            .collect();
-        headers.remove(COOKIE);
-        for v in kept {
-            headers.append(COOKIE, v);
-        }
+    }
+}
+
+/// Removes every pair named `name` from the request's `Cookie` headers.
+fn strip_named(headers: &mut HeaderMap, name: &[u8]) {
+    // Fast path: no Cookie line mentions the name, nothing to rebuild.
+    if !headers
+        .get_all(COOKIE)
+        .iter()
+        .any(|v| memchr::memmem::find(v.as_bytes(), name).is_some())
+    {
+        return;
+    }
+    let kept: Vec<HeaderValue> = headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| strip_value(v, name))
+        .collect();
+    headers.remove(COOKIE);
+    for v in kept {
+        headers.append(COOKIE, v);
     }
 }
 

@@ -154,6 +154,20 @@ pub struct CookieConfig {
     pub mode: CookieMode,
     /// Forward the affinity cookie to the node (default: stripped, the node never sees it).
     pub keep_in_request: bool,
+    /// Whether sessions moved off their node go back to it once it is UP again.
+    pub failback: Failback,
+}
+
+/// The failback policy of a cookie (issue 4): what happens to a session re-pinned away from
+/// its node when that node comes back UP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Failback {
+    /// The session stays where it was moved (moving it twice costs it twice).
+    #[default]
+    None,
+    /// The re-pinning answer also sets `<name>-home=<original node>`; once that node is UP
+    /// again, the next request goes home, re-pins there and expires the home cookie.
+    Home,
 }
 
 impl CookieConfig {
@@ -178,6 +192,7 @@ impl Default for CookieConfig {
             spec: CookieSpec::proxy_default(),
             mode: CookieMode::Name,
             keep_in_request: false,
+            failback: Failback::None,
         }
     }
 }

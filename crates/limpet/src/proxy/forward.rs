@@ -48,6 +48,8 @@ enum Outcome {
     /// No usable cookie, but the listener's table pinned the client (e.g. through another
     /// port): routed there, and the cookie catches up.
     TableSticky,
+    /// `failback = "home"`: the session's home node is UP again; it goes back there.
+    Failback,
 }
 
 impl Outcome {
@@ -55,7 +57,8 @@ impl Outcome {
     fn pin_outcome(self) -> Option<crate::metrics::PinOutcome> {
         use crate::metrics::PinOutcome;
         Some(match self {
-            Outcome::Sticky | Outcome::TableSticky => PinOutcome::Sticky,
+            // Failback honours the session's home pin.
+            Outcome::Sticky | Outcome::TableSticky | Outcome::Failback => PinOutcome::Sticky,
             Outcome::New | Outcome::RoundRobin => PinOutcome::New,
             Outcome::Repinned(r) => PinOutcome::Repinned(r),
         })
@@ -70,6 +73,7 @@ impl fmt::Display for Outcome {
             Outcome::Repinned(r) => write!(f, "re-pinned({})", r.as_str()),
             Outcome::RoundRobin => f.write_str("round-robin"),
             Outcome::TableSticky => f.write_str("sticky(table)"),
+            Outcome::Failback => f.write_str("failback"),
         }
     }
 }
@@ -241,6 +245,21 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
         Some(affinity) => {
             let read = affinity.read(&pool, headers, now);
             let session = crate::lifecycle::session_key(ctx.peer.ip(), read.issued_ms);
+            if affinity.fails_back() {
+                let home = affinity.read_home(&pool, headers, now).pin;
+                if let Some(node) = pool.failback(read.pin, home, now) {
+                    if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
+                        t.learn(k, node, now);
+                    }
+                    ctx.set_pinned(node);
+                    return Some(Choice {
+                        node,
+                        outcome: Outcome::Failback,
+                        set_cookie: true,
+                        issued_ms: None,
+                    });
+                }
+            }
             if let Pin::Node(node) = read.pin {
                 if pool.honours_pin_keyed(node, now, session).is_ok() {
                     if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
@@ -286,7 +305,7 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
         _ => Pin::None,
     };
     let has_table = table.is_some();
-    match pool.decide_with(table_pin, now, balance, spread) {
+    match pool.decide_with(table_pin, now, balance, spread, |n| shared.state.active(n)) {
         Decision::Sticky(node) => {
             if cookie {
                 ctx.set_pinned(node);
@@ -321,6 +340,43 @@ fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
             })
         }
         Decision::Unavailable => None,
+    }
+}
+
+/// The cookies of a request on a `failback = "home"` listener: its pin and its home pin.
+#[derive(Debug, Clone, Copy)]
+struct HomePins {
+    pinned: Pin,
+    home: Pin,
+}
+
+/// What the answer does with the home cookie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HomeCookie {
+    Keep,
+    /// Moved away from this node because of the node: remember it as home.
+    Set(NodeId),
+    /// Back home: the home cookie has done its job.
+    Clear,
+}
+
+/// The home-cookie rule. A session re-pinned away from its pinned node because of that node
+/// (DOWN, MAINT, drain ended, connect failed) remembers the node as home, unless it already
+/// has a home (moved twice: the first node stays home). A session that went home forgets it.
+fn home_cookie(choice: &Choice, pins: HomePins) -> HomeCookie {
+    match choice.outcome {
+        Outcome::Failback => HomeCookie::Clear,
+        Outcome::Repinned(
+            RepinReason::NodeDown
+            | RepinReason::NodeMaint
+            | RepinReason::DrainEnded
+            | RepinReason::ConnectFailed,
+        ) => match (pins.pinned, pins.home) {
+            (_, Pin::Node(_)) => HomeCookie::Keep,
+            (Pin::Node(was), _) if was != choice.node => HomeCookie::Set(was),
+            _ => HomeCookie::Keep,
+        },
+        _ => HomeCookie::Keep,
     }
 }
 
@@ -443,6 +499,18 @@ async fn proxy(
         .get(header::UPGRADE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    // `failback = "home"`: the pins as the request carried them, before any re-pin.
+    let home_pins = shared
+        .affinity
+        .as_ref()
+        .filter(|a| a.fails_back())
+        .map(|a| {
+            let (pool, now) = (shared.pool(), now_ms());
+            HomePins {
+                pinned: a.read(&pool, req.headers(), now).pin,
+                home: a.read_home(&pool, req.headers(), now).pin,
+            }
+        });
 
     let Some(mut choice) = choose(ctx, req.headers()) else {
         return unavailable(shared, id);
@@ -559,13 +627,20 @@ async fn proxy(
     if choice.set_cookie {
         if let Some(a) = &shared.affinity {
             let now = now_ms();
-            let value = a.encode(
-                &shared.pool(),
-                choice.node,
-                choice.issued_ms.unwrap_or(now),
-                now,
-            );
+            let pool = shared.pool();
+            let value = a.encode(&pool, choice.node, choice.issued_ms.unwrap_or(now), now);
             if let Some(v) = a.set_cookie(&value, ctx.tls) {
+                rheaders.append(header::SET_COOKIE, v);
+            }
+            let home = match home_pins.map(|p| home_cookie(&choice, p)) {
+                Some(HomeCookie::Set(was)) => {
+                    a.set_home_cookie(&a.encode(&pool, was, now, now), ctx.tls)
+                }
+                Some(HomeCookie::Clear) => a.clear_home_cookie(ctx.tls),
+                Some(HomeCookie::Keep) | None => None,
+            };
+            drop(pool);
+            if let Some(v) = home {
                 rheaders.append(header::SET_COOKIE, v);
             }
             hdr::add_no_cache_set_cookie(&mut rheaders);
@@ -736,5 +811,84 @@ async fn attempt(
                 return Err(Failure::BadGateway(err.to_string()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(node: u32, outcome: Outcome) -> Choice {
+        Choice {
+            node: NodeId(node),
+            outcome,
+            set_cookie: true,
+            issued_ms: None,
+        }
+    }
+
+    fn pins(pinned: Pin, home: Pin) -> HomePins {
+        HomePins { pinned, home }
+    }
+
+    #[test]
+    fn home_cookie_is_set_only_when_the_node_made_the_session_move() {
+        let (a, b) = (NodeId(0), NodeId(1));
+        for r in [
+            RepinReason::NodeDown,
+            RepinReason::NodeMaint,
+            RepinReason::DrainEnded,
+            RepinReason::ConnectFailed,
+        ] {
+            assert_eq!(
+                home_cookie(
+                    &choice(1, Outcome::Repinned(r)),
+                    pins(Pin::Node(a), Pin::None)
+                ),
+                HomeCookie::Set(a),
+                "{r:?}"
+            );
+        }
+        // Not the node's fault: nowhere to return to.
+        for r in [
+            RepinReason::UnknownNode,
+            RepinReason::InvalidCookie,
+            RepinReason::ExpiredCookie,
+        ] {
+            assert_eq!(
+                home_cookie(
+                    &choice(1, Outcome::Repinned(r)),
+                    pins(Pin::Unknown, Pin::None)
+                ),
+                HomeCookie::Keep
+            );
+        }
+        // Moved twice: the first home stays.
+        assert_eq!(
+            home_cookie(
+                &choice(2, Outcome::Repinned(RepinReason::NodeDown)),
+                pins(Pin::Node(b), Pin::Node(a))
+            ),
+            HomeCookie::Keep
+        );
+        // Back home: forget it. Sticky and fresh answers leave it alone.
+        assert_eq!(
+            home_cookie(
+                &choice(0, Outcome::Failback),
+                pins(Pin::Node(b), Pin::Node(a))
+            ),
+            HomeCookie::Clear
+        );
+        assert_eq!(
+            home_cookie(
+                &choice(1, Outcome::Sticky),
+                pins(Pin::Node(b), Pin::Node(a))
+            ),
+            HomeCookie::Keep
+        );
+        assert_eq!(
+            home_cookie(&choice(1, Outcome::New), pins(Pin::None, Pin::None)),
+            HomeCookie::Keep
+        );
     }
 }

@@ -42,6 +42,7 @@ mod upstream;
 
 pub use body::ProxyBody;
 pub use config::{
-    ConfigError, CookieConfig, CookieMode, IpNet, Limits, NodeConfig, ProxyConfig, Sticky, Timeouts,
+    ConfigError, CookieConfig, CookieMode, Failback, IpNet, Limits, NodeConfig, ProxyConfig,
+    Sticky, Timeouts,
 };
 pub use server::{serve, serve_listener, ServeError};

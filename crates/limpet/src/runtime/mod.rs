@@ -31,6 +31,7 @@ mod snapshot;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -65,6 +66,9 @@ pub struct NodeSlot {
     pub addr: IpAddr,
     /// Bumped every time the node goes DOWN or MAINT; TCP sessions to it watch this.
     down: watch::Sender<u64>,
+    /// Connections open to the node now: the lifecycle's counter for this name, shared with
+    /// every earlier and later state, so it survives reloads.
+    active: Arc<AtomicU32>,
 }
 
 /// One declared table, shared by every listener that names it.
@@ -153,6 +157,15 @@ pub struct Choice {
 impl State {
     /// A fresh state for a validated config: every node UP, every table empty.
     pub fn new(config: Config) -> Result<State, String> {
+        let lifecycle = crate::lifecycle::Lifecycle::new(config.lifecycle.clone());
+        State::with_lifecycle(config, lifecycle)
+    }
+
+    /// A fresh state using this lifecycle (whose per-node counters it reads).
+    fn with_lifecycle(
+        config: Config,
+        lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    ) -> Result<State, String> {
         let pool = Pool::with_weights(config.nodes.iter().map(|n| (n.name.as_str(), n.weight)))
             .map_err(|e| e.to_string())?
             .with_health_policy(config.health);
@@ -163,6 +176,7 @@ impl State {
                 name: n.name.clone(),
                 addr: n.addr,
                 down: watch::channel(0).0,
+                active: lifecycle.active_counter(&n.name),
             })
             .collect();
         let mut tables = BTreeMap::new();
@@ -182,17 +196,17 @@ impl State {
             nodes,
             tables,
             listeners,
-            lifecycle: crate::lifecycle::Lifecycle::new(config.lifecycle.clone()),
+            lifecycle,
             config: Arc::new(config),
         })
     }
 
     /// A state for a new config that keeps what the running one learned, by name: node
-    /// admin state and health, the rotation, and the entries of every table whose key is unchanged (pins
+    /// admin state and health, the rotation, open-connection counts (the lifecycle's, by
+    /// name), and the entries of every table whose key is unchanged (pins
     /// to removed nodes read as unknown and re-pin). Open connections keep the old state.
     pub fn rebuild(&self, config: Config) -> Result<State, String> {
-        let mut next = State::new(config)?;
-        next.lifecycle = Arc::clone(&self.lifecycle);
+        let mut next = State::with_lifecycle(config, Arc::clone(&self.lifecycle))?;
         {
             let old = self.pool();
             let new = next.pool.get_mut().unwrap_or_else(|e| e.into_inner());
@@ -344,7 +358,7 @@ impl State {
                 state: n.state(),
                 admin: n.admin(),
                 weight: n.weight(),
-                active: n.active(),
+                active: self.active(id),
                 pins: pins.get(id.index()).cloned().unwrap_or_default(),
             })
             .collect()
@@ -365,12 +379,16 @@ impl State {
             (Some(t), Some(k)) => {
                 let mut t = t.lock();
                 let pin = t.lookup(k, now);
-                let d = self.pool().decide_with(pin, now, balance, spread_key);
+                let d = self
+                    .pool()
+                    .decide_with(pin, now, balance, spread_key, |n| self.active(n));
                 t.record(k, d, now);
                 choice(d)
             }
             _ => {
-                let d = self.pool().decide_with(Pin::None, now, balance, spread_key);
+                let d = self
+                    .pool()
+                    .decide_with(Pin::None, now, balance, spread_key, |n| self.active(n));
                 choice(d)
             }
         }
@@ -384,21 +402,31 @@ impl State {
         balance: Balance,
         failed: &[NodeId],
     ) -> Option<NodeId> {
-        let node = self.pool().assign_with(balance, |n| failed.contains(&n))?;
+        let node = self
+            .pool()
+            .assign_with(balance, |n| failed.contains(&n), |n| self.active(n))?;
         if let (Some(t), Some(k)) = (table, key) {
             t.lock().learn(k, node, now_ms());
         }
         Some(node)
     }
 
+    /// Connections open to `node` now, across every state of this process.
+    pub fn active(&self, node: NodeId) -> u32 {
+        self.nodes
+            .get(node.index())
+            .map_or(0, |n| n.active.load(Ordering::Relaxed))
+    }
+
     /// Counts a connection to `node` as open until the guard drops (least-connections,
-    /// admin views).
-    pub fn open(self: &Arc<Self>, node: NodeId) -> ConnGuard {
-        self.pool().conn_opened(node);
-        ConnGuard {
-            state: Arc::clone(self),
-            node,
+    /// admin views, drain completion). The count lives in the lifecycle by node name, so
+    /// it stays right across reloads.
+    pub fn open(&self, node: NodeId) -> ConnGuard {
+        let counter = self.nodes.get(node.index()).map(|n| Arc::clone(&n.active));
+        if let Some(c) = &counter {
+            c.fetch_add(1, Ordering::Relaxed);
         }
+        ConnGuard { counter }
     }
 
     /// The address `listener` connects to for `node`.
@@ -418,13 +446,15 @@ fn choice(d: Decision) -> Option<Choice> {
 /// An open connection to a node; closing it (drop) updates the node's count.
 #[derive(Debug)]
 pub struct ConnGuard {
-    state: Arc<State>,
-    node: NodeId,
+    counter: Option<Arc<AtomicU32>>,
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.state.pool().conn_closed(self.node);
+        if let Some(c) = &self.counter {
+            // Never below zero: every decrement pairs with the increment in `open`.
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        }
     }
 }
 
