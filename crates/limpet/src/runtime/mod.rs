@@ -482,3 +482,20 @@ impl Runtime {
         self.state.store(Arc::new(next));
     }
 }
+
+/// The tokio runtime of `limpet run` and `limpet proxy`. With one thread it is a
+/// current-thread runtime: the same single worker without the work-stealing machinery, which
+/// costs a single-threaded proxy for nothing. Otherwise a multi-thread runtime with `threads`
+/// workers (default: one per core).
+pub fn tokio_runtime(threads: Option<u16>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n));
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build()
+}

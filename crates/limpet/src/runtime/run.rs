@@ -215,11 +215,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        rt.worker_threads(usize::from(n));
-    }
-    let rt = match rt.enable_all().build() {
+    let rt = match crate::runtime::tokio_runtime(args.threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("limpet run: cannot start the runtime: {e}");
