@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use crate::names::CookieNames;
 use crate::origin::Origin;
-use crate::set_cookie::{Expiry, SetCookie, SetCookieError};
+use crate::set_cookie::{trim, Expiry, SetCookie, SetCookieError};
 
 /// At most this many balancer cookies are held; a new name beyond it is ignored.
 pub const MAX_COOKIES: usize = 8;
@@ -328,11 +328,11 @@ impl AffinityJar {
         };
         for line in existing {
             for pair in line.split(|&b| b == b';') {
-                let pair = trim_ows(pair);
+                let pair = trim(pair);
                 if pair.is_empty() {
                     continue;
                 }
-                let name = trim_ows(pair.split(|&b| b == b'=').next().unwrap_or_default());
+                let name = trim(pair.split(|&b| b == b'=').next().unwrap_or_default());
                 if ours.iter().any(|c| c.name.as_bytes() == name) {
                     continue;
                 }
@@ -396,16 +396,6 @@ impl AffinityJar {
             );
         }
     }
-}
-
-fn trim_ows(bytes: &[u8]) -> &[u8] {
-    let is_ws = |b: &u8| *b == b' ' || *b == b'\t';
-    let start = bytes.iter().position(|b| !is_ws(b)).unwrap_or(bytes.len());
-    let end = bytes
-        .iter()
-        .rposition(|b| !is_ws(b))
-        .map_or(start, |i| i + 1);
-    &bytes[start..end]
 }
 
 /// A jar shared between clients (an HTTP client and a WebSocket, say) with the clock they use.
@@ -478,6 +468,29 @@ impl SharedJar {
     pub fn merge_cookie_header(&self, to: &Origin, existing: Option<&str>) -> Option<String> {
         let now = self.now();
         self.lock().merge_cookie_header(to, existing, now)
+    }
+
+    /// Merges the jar's cookies for `to` into a request's `Cookie` header(s), leaving one
+    /// header, or none when there is nothing to send. The one merge both adapters use.
+    #[cfg(any(feature = "reqwest", feature = "tungstenite"))]
+    pub(crate) fn apply_to_headers(&self, to: &Origin, headers: &mut http::HeaderMap) {
+        use http::header::{HeaderValue, COOKIE};
+        let merged = self.merge_cookie_lines(
+            to,
+            headers.get_all(COOKIE).iter().map(HeaderValue::as_bytes),
+        );
+        match merged.map(|m| HeaderValue::from_bytes(&m)) {
+            Some(Ok(value)) => {
+                headers.insert(COOKIE, value);
+            }
+            // Nothing to send: drop the empty header(s) the application may have left.
+            None => {
+                headers.remove(COOKIE);
+            }
+            // Only pieces of valid header values and ASCII cookies were joined; should that
+            // ever fail, the application's header is better kept than lost.
+            Some(Err(_)) => tracing::debug!("merged Cookie header invalid; request unchanged"),
+        }
     }
 
     /// [`AffinityJar::merge_cookie_lines`] at the clock's `now`.

@@ -37,7 +37,7 @@
 //! ```
 
 use ::reqwest::cookie::CookieStore;
-use ::reqwest::header::{HeaderValue, COOKIE};
+use ::reqwest::header::HeaderValue;
 use ::reqwest::Url;
 
 use crate::{Origin, Outcome, SharedJar};
@@ -81,26 +81,7 @@ impl AffinityCookieStore {
         let Ok(to) = Origin::from_url(request.url()) else {
             return;
         };
-        let merged = {
-            let existing = request
-                .headers()
-                .get_all(COOKIE)
-                .iter()
-                .map(HeaderValue::as_bytes);
-            self.jar.merge_cookie_lines(&to, existing)
-        };
-        match merged.map(|m| HeaderValue::from_bytes(&m)) {
-            Some(Ok(value)) => {
-                request.headers_mut().insert(COOKIE, value);
-            }
-            // Nothing to send: drop the empty header(s) the application may have left.
-            None => {
-                request.headers_mut().remove(COOKIE);
-            }
-            // Cannot happen (only pieces of valid header values and ASCII cookies were
-            // joined), but the application's header is better left as it was than lost.
-            Some(Err(_)) => tracing::debug!("merged Cookie header invalid; request unchanged"),
-        }
+        self.jar.apply_to_headers(&to, request.headers_mut());
     }
 }
 

@@ -229,7 +229,7 @@ fn parse_max_age(value: &[u8]) -> Option<i64> {
 }
 
 /// Strips RFC 6265's whitespace (SP and HTAB) from both ends.
-fn trim(bytes: &[u8]) -> &[u8] {
+pub(crate) fn trim(bytes: &[u8]) -> &[u8] {
     let is_ws = |b: &u8| *b == b' ' || *b == b'\t';
     let start = bytes.iter().position(|b| !is_ws(b)).unwrap_or(bytes.len());
     let end = bytes

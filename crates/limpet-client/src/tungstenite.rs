@@ -42,7 +42,7 @@
 
 use ::tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use ::tokio_tungstenite::tungstenite::handshake::client::{Request, Response};
-use ::tokio_tungstenite::tungstenite::http::header::{COOKIE, SET_COOKIE};
+use ::tokio_tungstenite::tungstenite::http::header::SET_COOKIE;
 use ::tokio_tungstenite::tungstenite::http::{self, HeaderValue, Uri};
 use ::tokio_tungstenite::tungstenite::Error;
 use ::tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -69,25 +69,7 @@ pub fn apply_to_request(jar: &SharedJar, request: &mut Request) {
     let Some(to) = origin_of(request.uri()) else {
         return;
     };
-    let merged = {
-        let existing = request
-            .headers()
-            .get_all(COOKIE)
-            .iter()
-            .map(HeaderValue::as_bytes);
-        jar.merge_cookie_lines(&to, existing)
-    };
-    match merged.map(|m| HeaderValue::from_bytes(&m)) {
-        Some(Ok(value)) => {
-            request.headers_mut().insert(COOKIE, value);
-        }
-        None => {
-            request.headers_mut().remove(COOKIE);
-        }
-        // Only pieces of valid header values and ASCII cookies were joined; should that ever
-        // fail, the application's header is better kept than lost.
-        Some(Err(_)) => tracing::debug!("merged Cookie header invalid; request unchanged"),
-    }
+    jar.apply_to_headers(&to, request.headers_mut());
 }
 
 /// Adopts the cookies of an upgrade answer (any status) to a request for `request_uri`.
