@@ -90,7 +90,7 @@ use sha2::Sha256;
 
 use crate::decision::{Decision, Pin};
 use crate::node::NodeId;
-use crate::pool::Pool;
+use crate::topology::Topology;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -193,7 +193,7 @@ pub enum CookieCodec {
 impl CookieCodec {
     /// Reads a cookie value (`None`: the request carried no such cookie). Never fails: a value
     /// that cannot be honoured is a pin the pool re-pins.
-    pub fn read(&self, value: Option<&[u8]>, pool: &Pool, now_ms: u64) -> ReadPin {
+    pub fn read(&self, value: Option<&[u8]>, pool: &Topology, now_ms: u64) -> ReadPin {
         match self {
             CookieCodec::Name => ReadPin::bare(pool.pin_by_name(value)),
             CookieCodec::Signed(codec) => codec.read(value, pool, now_ms),
@@ -202,7 +202,7 @@ impl CookieCodec {
 
     /// The cookie value pinning to `node`. `issued_ms` is `now_ms` for a fresh assignment and
     /// [`ReadPin::issued_ms`] for a refresh. Name mode ignores the times.
-    pub fn write(&self, node: NodeId, pool: &Pool, issued_ms: u64, now_ms: u64) -> String {
+    pub fn write(&self, node: NodeId, pool: &Topology, issued_ms: u64, now_ms: u64) -> String {
         match self {
             CookieCodec::Name => pool.name(node).to_owned(),
             CookieCodec::Signed(codec) => codec.write(node, pool, issued_ms, now_ms),
@@ -216,7 +216,7 @@ impl CookieCodec {
         &self,
         read: &ReadPin,
         decision: &Decision,
-        pool: &Pool,
+        pool: &Topology,
         now_ms: u64,
     ) -> Option<String> {
         match *decision {
@@ -229,7 +229,7 @@ impl CookieCodec {
     }
 
     /// The same codec for another pool (after a reload). Keys and limits are kept.
-    pub fn for_pool(&self, pool: &Pool) -> Result<Self, CodecError> {
+    pub fn for_pool(&self, pool: &Topology) -> Result<Self, CodecError> {
         match self {
             CookieCodec::Name => Ok(CookieCodec::Name),
             CookieCodec::Signed(codec) => codec.for_pool(pool).map(CookieCodec::Signed),
@@ -328,7 +328,7 @@ impl SignedCodec {
         keys: &[K],
         max_idle: Duration,
         max_lifetime: Duration,
-        pool: &Pool,
+        pool: &Topology,
     ) -> Result<Self, CodecError> {
         if keys.is_empty() {
             return Err(CodecError::NoKeys);
@@ -355,8 +355,8 @@ impl SignedCodec {
     }
 
     /// The same keys and limits, with maps for `pool`.
-    pub fn for_pool(&self, pool: &Pool) -> Result<Self, CodecError> {
-        let names: Vec<Box<str>> = pool.nodes().map(|(_, n)| n.name().into()).collect();
+    pub fn for_pool(&self, pool: &Topology) -> Result<Self, CodecError> {
+        let names: Vec<Box<str>> = pool.names().map(|(_, n)| n.into()).collect();
         let mut by_tag = Vec::with_capacity(self.keys.len());
         let mut signing_tags = Vec::with_capacity(names.len());
         for (k, key) in self.keys.iter().enumerate() {
@@ -400,7 +400,7 @@ impl SignedCodec {
     }
 
     /// See [`CookieCodec::read`].
-    pub fn read(&self, value: Option<&[u8]>, pool: &Pool, now_ms: u64) -> ReadPin {
+    pub fn read(&self, value: Option<&[u8]>, pool: &Topology, now_ms: u64) -> ReadPin {
         let Some(value) = value else {
             return ReadPin::bare(Pin::None);
         };
@@ -443,7 +443,7 @@ impl SignedCodec {
     }
 
     /// Judges a verified body: its times, then its node.
-    fn judge(&self, key: usize, body: &[u8; BODY_LEN], pool: &Pool, now_ms: u64) -> ReadPin {
+    fn judge(&self, key: usize, body: &[u8; BODY_LEN], pool: &Topology, now_ms: u64) -> ReadPin {
         let (tag, times) = body.split_at(TAG_LEN);
         let (issued, last_used) = times.split_at(4);
         let (Ok(tag), Ok(issued), Ok(last_used)) = (
@@ -478,16 +478,16 @@ impl SignedCodec {
     }
 
     /// Whether `id` means the same node in `pool` as in the pool this codec was built for.
-    fn built_for(&self, id: NodeId, pool: &Pool) -> bool {
+    fn built_for(&self, id: NodeId, pool: &Topology) -> bool {
         self.names
             .get(id.index())
             .is_some_and(|n| **n == *pool.name(id))
     }
 
     /// See [`CookieCodec::write`]. The issue time is clamped to `now_ms`.
-    pub fn write(&self, node: NodeId, pool: &Pool, issued_ms: u64, now_ms: u64) -> String {
+    pub fn write(&self, node: NodeId, pool: &Topology, issued_ms: u64, now_ms: u64) -> String {
         debug_assert!(
-            pool.node(node).is_some(),
+            pool.contains(node),
             "writing a cookie for node {node:?}, which is not in the pool"
         );
         let signer = &self.keys[0];
@@ -532,6 +532,7 @@ impl SignedCodec {
 mod tests {
     use super::*;
     use crate::decision::RepinReason;
+    use crate::Pool;
     use proptest::prelude::*;
 
     const K1: &[u8] = b"first key, 32 bytes long........";

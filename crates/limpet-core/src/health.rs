@@ -1,28 +1,75 @@
-//! Health as a pure state machine: `fall` consecutive failures take a node DOWN, `rise`
-//! consecutive successes bring it back UP. Each record says whether the state flipped, so the
-//! caller (active probes, or passive failures seen by live traffic) can log and act on it.
+//! Health as a pure state machine on a virtual clock: one model per node, fed by active
+//! checks, passive observations of live traffic, and the operator. Each observation says
+//! whether the state flipped, so the caller can log and act on it. No timers live here: the
+//! caller passes `now_ms` and asks [`Health::availability`] what the node is good for now.
 //!
-//! No timers live here: probing is async code in the binary that calls in with results.
+//! ## The rules (docs/operations.md has them next to HAProxy's and nginx's)
+//!
+//! | node has active checks | goes DOWN after | comes back UP after |
+//! |---|---|---|
+//! | no  | `fall` consecutive traffic failures | one trial that succeeds, made at the earliest `fail_timeout` after it went DOWN (or after the last failed trial) |
+//! | yes | `fall` consecutive failures, checks and traffic alike | `rise` consecutive check successes; traffic never brings it back |
+//!
+//! - A *traffic failure* is a connect that is refused or times out, a TLS handshake to the
+//!   node that fails, or an answer that does not come within the answer timeout.
+//! - A *traffic success* is a completed connect (or an answer). Without checks it resets the
+//!   failure streak, and it is the success of a trial. With checks it counts for nothing: a
+//!   node whose kernel still accepts connections while its process is stopped completes every
+//!   connect, and must not be kept UP by that.
+//! - A *trial* is one connection attempt to a DOWN node (no checks) once its `retry_at` has
+//!   passed. [`Health::claim_trial`] hands it to one caller; while the claim holds, nobody
+//!   else tries. The caller connects first and fails over if the trial is refused, so the
+//!   request that makes the trial is never the one that suffers.
+//! - The operator's (or the sim's) forced DOWN is never tried: it holds until forced UP or a
+//!   check brings the node back.
 
-/// How many consecutive results flip the state. Defaults are HAProxy's (`fall 3 rise 2`).
+/// How one node's health is judged. Defaults: HAProxy's `fall 3 rise 2`, nginx's
+/// `fail_timeout 10s`, no active checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthPolicy {
     pub fall: u32,
     pub rise: u32,
+    /// Without checks: how long a DOWN node waits before its next trial.
+    pub fail_timeout_ms: u64,
+    /// Whether active checks are configured for the node: then only checks bring it back.
+    pub checked: bool,
 }
 
 impl Default for HealthPolicy {
     fn default() -> Self {
-        HealthPolicy { fall: 3, rise: 2 }
+        HealthPolicy {
+            fall: 3,
+            rise: 2,
+            fail_timeout_ms: 10_000,
+            checked: false,
+        }
     }
+}
+
+/// What was seen of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Observation {
+    /// An active check passed.
+    CheckPassed,
+    /// An active check failed (refused, timed out, wrong status, handshake error).
+    CheckFailed,
+    /// Live traffic reached the node (a connect completed).
+    TrafficOk,
+    /// Live traffic failed at the node: connect refused or timed out, TLS to the node failed,
+    /// or no answer within the answer timeout.
+    TrafficFailed,
 }
 
 /// A node's health as seen by checks and traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Health {
     up: bool,
-    /// Consecutive results against the current state (failures while up, successes while down).
+    /// Consecutive results against the current state (failures while up, check successes
+    /// while down).
     streak: u32,
+    /// While down without checks: when the next trial may start. `u64::MAX`: never (a forced
+    /// DOWN).
+    retry_at_ms: u64,
 }
 
 /// A change of health state.
@@ -32,12 +79,22 @@ pub enum Transition {
     WentUp,
 }
 
+/// What a node's health allows now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    Up,
+    /// DOWN, without checks, and its `fail_timeout` has passed: one connection may try it.
+    TrialDue,
+    Down,
+}
+
 impl Default for Health {
     /// A declared node starts UP, as in HAProxy: traffic is not withheld until a first check.
     fn default() -> Self {
         Health {
             up: true,
             streak: 0,
+            retry_at_ms: 0,
         }
     }
 }
@@ -47,87 +104,239 @@ impl Health {
         self.up
     }
 
-    /// Records a successful check or request.
-    pub fn record_success(&mut self, policy: HealthPolicy) -> Option<Transition> {
+    /// Consecutive results counted toward the next flip (failures while UP, check successes
+    /// while DOWN): the "going down 1/3" of a stats page.
+    pub fn streak(&self) -> u32 {
+        self.streak
+    }
+
+    /// While DOWN without checks: when the next trial may start (`None` when UP, checked,
+    /// or forced DOWN).
+    pub fn retry_at_ms(&self, policy: HealthPolicy) -> Option<u64> {
+        (!self.up && !policy.checked && self.retry_at_ms != u64::MAX).then_some(self.retry_at_ms)
+    }
+
+    pub fn availability(&self, policy: HealthPolicy, now_ms: u64) -> Availability {
         if self.up {
-            self.streak = 0;
-            return None;
+            Availability::Up
+        } else if !policy.checked && self.retry_at_ms != u64::MAX && now_ms >= self.retry_at_ms {
+            Availability::TrialDue
+        } else {
+            Availability::Down
         }
-        self.streak += 1;
-        if self.streak >= policy.rise.max(1) {
-            *self = Health {
-                up: true,
-                streak: 0,
-            };
-            return Some(Transition::WentUp);
-        }
-        None
     }
 
-    /// Records a failed check or connection.
-    pub fn record_failure(&mut self, policy: HealthPolicy) -> Option<Transition> {
-        if !self.up {
-            self.streak = 0;
-            return None;
+    /// Takes the trial of a DOWN node whose `fail_timeout` has passed: true for the one
+    /// caller that gets it, which must then report the outcome ([`Observation::TrafficOk`]
+    /// or [`Observation::TrafficFailed`]). The claim holds for `hold_ms` (the caller's
+    /// connect timeout): a trial whose outcome is never reported is simply due again then.
+    pub fn claim_trial(&mut self, policy: HealthPolicy, now_ms: u64, hold_ms: u64) -> bool {
+        if self.availability(policy, now_ms) != Availability::TrialDue {
+            return false;
         }
-        self.streak += 1;
-        if self.streak >= policy.fall.max(1) {
-            *self = Health {
-                up: false,
-                streak: 0,
-            };
-            return Some(Transition::WentDown);
-        }
-        None
+        self.retry_at_ms = now_ms.saturating_add(hold_ms.max(1));
+        true
     }
 
-    /// Forces a state (operator command, or the sim's `UP`/`DOWN`).
+    /// Records what was seen of the node at `now_ms`.
+    pub fn observe(
+        &mut self,
+        obs: Observation,
+        policy: HealthPolicy,
+        now_ms: u64,
+    ) -> Option<Transition> {
+        let t = match (self.up, obs) {
+            (true, Observation::CheckPassed) => {
+                self.streak = 0;
+                None
+            }
+            // With checks, traffic that gets through proves nothing about the process.
+            (true, Observation::TrafficOk) => {
+                if !policy.checked {
+                    self.streak = 0;
+                }
+                None
+            }
+            (true, Observation::CheckFailed | Observation::TrafficFailed) => {
+                self.streak += 1;
+                if self.streak >= policy.fall.max(1) {
+                    *self = Health {
+                        up: false,
+                        streak: 0,
+                        retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
+                    };
+                    Some(Transition::WentDown)
+                } else {
+                    None
+                }
+            }
+            (false, Observation::CheckPassed) => {
+                self.streak += 1;
+                if self.streak >= policy.rise.max(1) {
+                    *self = Health::default();
+                    Some(Transition::WentUp)
+                } else {
+                    None
+                }
+            }
+            (false, Observation::CheckFailed) => {
+                self.streak = 0;
+                None
+            }
+            // A trial succeeded: one is enough (nginx). A forced DOWN is not tried, and a
+            // connect that slipped through anyway does not lift it.
+            (false, Observation::TrafficOk) => {
+                if policy.checked || self.retry_at_ms == u64::MAX {
+                    None
+                } else {
+                    *self = Health::default();
+                    Some(Transition::WentUp)
+                }
+            }
+            (false, Observation::TrafficFailed) => {
+                if !policy.checked && self.retry_at_ms != u64::MAX {
+                    self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
+                }
+                None
+            }
+        };
+        self.debug_check();
+        t
+    }
+
+    /// Forces a state (operator command, or the sim's `UP`/`DOWN`). A forced DOWN is never
+    /// tried by traffic; checks, if configured, may still bring the node back.
     pub fn force(&mut self, up: bool) -> Option<Transition> {
         let was = self.up;
-        *self = Health { up, streak: 0 };
+        *self = Health {
+            up,
+            streak: 0,
+            retry_at_ms: if up { 0 } else { u64::MAX },
+        };
         match (was, up) {
             (true, false) => Some(Transition::WentDown),
             (false, true) => Some(Transition::WentUp),
             _ => None,
         }
     }
+
+    fn debug_check(&self) {
+        debug_assert!(
+            !self.up || self.retry_at_ms == 0,
+            "an UP node has no trial time"
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Observation::*;
+
+    fn checked() -> HealthPolicy {
+        HealthPolicy {
+            checked: true,
+            ..HealthPolicy::default()
+        }
+    }
 
     #[test]
-    fn falls_after_fall_failures_and_rises_after_rise_successes() {
-        let p = HealthPolicy::default();
+    fn checks_take_a_node_down_after_fall_and_up_after_rise() {
+        let p = checked();
         let mut h = Health::default();
-        assert_eq!(h.record_failure(p), None);
-        assert_eq!(h.record_failure(p), None);
-        assert_eq!(h.record_failure(p), Some(Transition::WentDown));
+        assert_eq!(h.observe(CheckFailed, p, 0), None);
+        assert_eq!(h.observe(CheckFailed, p, 0), None);
+        assert_eq!(h.observe(CheckFailed, p, 0), Some(Transition::WentDown));
         assert!(!h.is_up());
-        assert_eq!(h.record_failure(p), None);
-        assert_eq!(h.record_success(p), None);
-        assert_eq!(h.record_success(p), Some(Transition::WentUp));
+        assert_eq!(h.observe(CheckFailed, p, 0), None);
+        assert_eq!(h.observe(CheckPassed, p, 0), None);
+        assert_eq!(h.observe(CheckPassed, p, 0), Some(Transition::WentUp));
         assert!(h.is_up());
     }
 
     #[test]
-    fn a_success_resets_the_failure_streak() {
-        let p = HealthPolicy::default();
+    fn a_check_success_resets_the_failure_streak() {
+        let p = checked();
         let mut h = Health::default();
-        h.record_failure(p);
-        h.record_failure(p);
-        h.record_success(p);
-        assert_eq!(h.record_failure(p), None);
-        assert_eq!(h.record_failure(p), None);
-        assert_eq!(h.record_failure(p), Some(Transition::WentDown));
+        h.observe(CheckFailed, p, 0);
+        h.observe(TrafficFailed, p, 0);
+        h.observe(CheckPassed, p, 0);
+        assert_eq!(h.observe(CheckFailed, p, 0), None);
+        assert_eq!(h.observe(CheckFailed, p, 0), None);
+        assert_eq!(h.observe(CheckFailed, p, 0), Some(Transition::WentDown));
     }
 
     #[test]
-    fn force_reports_flips_only() {
+    fn with_checks_completed_connects_neither_hold_a_node_up_nor_bring_it_back() {
+        let p = checked();
         let mut h = Health::default();
-        assert_eq!(h.force(true), None);
+        // A hung node: every connect completes, every check times out.
+        for _ in 0..2 {
+            h.observe(CheckFailed, p, 0);
+            assert_eq!(h.observe(TrafficOk, p, 0), None);
+        }
+        assert_eq!(h.observe(CheckFailed, p, 0), Some(Transition::WentDown));
+        for t in 0..100 {
+            assert_eq!(h.observe(TrafficOk, p, t * 1000), None);
+            assert_eq!(h.availability(p, t * 1000), Availability::Down);
+        }
+        assert!(!h.claim_trial(p, 1_000_000, 100));
+    }
+
+    #[test]
+    fn without_checks_a_down_node_gets_one_trial_after_fail_timeout() {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficFailed, p, 0);
+        assert_eq!(h.observe(TrafficFailed, p, 5), Some(Transition::WentDown));
+        assert_eq!(h.availability(p, 10_004), Availability::Down);
+        assert_eq!(h.availability(p, 10_005), Availability::TrialDue);
+        assert!(h.claim_trial(p, 10_005, 1_000));
+        // Claimed: nobody else tries until the claim lapses.
+        assert!(!h.claim_trial(p, 10_006, 1_000));
+        assert_eq!(h.availability(p, 10_006), Availability::Down);
+        // The trial is refused: the next one is a whole fail_timeout later.
+        assert_eq!(h.observe(TrafficFailed, p, 10_010), None);
+        assert_eq!(h.availability(p, 20_009), Availability::Down);
+        assert!(h.claim_trial(p, 20_010, 1_000));
+        assert_eq!(h.observe(TrafficOk, p, 20_011), Some(Transition::WentUp));
+        assert_eq!(h.availability(p, 20_011), Availability::Up);
+    }
+
+    #[test]
+    fn a_trial_never_reported_is_due_again_when_its_claim_lapses() {
+        let p = HealthPolicy {
+            fall: 1,
+            ..HealthPolicy::default()
+        };
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        assert!(h.claim_trial(p, 10_000, 500));
+        assert_eq!(h.availability(p, 10_499), Availability::Down);
+        assert_eq!(h.availability(p, 10_500), Availability::TrialDue);
+    }
+
+    #[test]
+    fn without_checks_traffic_success_resets_the_failure_streak() {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficOk, p, 0);
+        assert_eq!(h.observe(TrafficFailed, p, 0), None);
+        assert_eq!(h.streak(), 1);
+    }
+
+    #[test]
+    fn a_forced_down_is_never_tried() {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
         assert_eq!(h.force(false), Some(Transition::WentDown));
+        assert_eq!(h.availability(p, u64::MAX - 1), Availability::Down);
+        assert_eq!(h.observe(TrafficOk, p, 50_000), None);
+        assert_eq!(h.observe(TrafficFailed, p, 50_000), None);
+        assert_eq!(h.availability(p, u64::MAX - 1), Availability::Down);
         assert_eq!(h.force(false), None);
         assert_eq!(h.force(true), Some(Transition::WentUp));
     }

@@ -33,15 +33,22 @@ pub mod health;
 pub mod node;
 pub mod pool;
 pub mod proxy_protocol;
+pub mod route;
 pub mod seen;
 pub mod table;
+pub mod topology;
 
 pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
 pub use cookie::{CookieSpec, SameSite};
 pub use decision::{Decision, Pin, RepinReason};
-pub use health::{Health, HealthPolicy, Transition};
-pub use node::{AdminState, Node, NodeId, NodeState, MAX_WEIGHT};
+pub use health::{Availability, Health, HealthPolicy, Observation, Transition};
+pub use node::{AdminState, Node, NodeId, NodeState, NodeStatus, SessionEnd, Verdict, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};
+pub use route::{
+    route, spread_key, CookieIn, CookieWrite, HomeWrite, Outcome, Route, RouteInput, Snapshot,
+    TableIn,
+};
 pub use table::{
     AffinityStore, AffinityTable, KeyRef, KeySpec, LruTable, NodeRef, TableConfig, TableKey,
 };
+pub use topology::Topology;

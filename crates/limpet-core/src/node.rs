@@ -5,7 +5,8 @@
 //! operational state. The operator's MAINT wins over everything; otherwise a DOWN node is down;
 //! otherwise a draining node drains.
 
-use crate::health::Health;
+use crate::decision::RepinReason;
+use crate::health::{Availability, Health, HealthPolicy};
 
 /// The largest node weight, as in HAProxy. Weights bound the length of the rotation schedule.
 pub const MAX_WEIGHT: u32 = 256;
@@ -57,15 +58,127 @@ impl NodeState {
     }
 }
 
-/// A node as the core knows it: a stable name (what cookies and tables store) and its state.
-/// Addresses are the I/O layer's business and never live here, so nothing in a request can
-/// reach one except through a configured node.
+/// Everything that decides how a node is routed to: what the operator asked, what checks and
+/// traffic saw, and the rules its health is judged by. Small and `Copy`: the I/O layer keeps
+/// one per node (by name, for the life of the process) and the router reads copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeStatus {
+    pub admin: AdminState,
+    pub health: Health,
+    pub policy: HealthPolicy,
+}
+
+/// Whether a pin to a node is honoured now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The node takes the pin.
+    Honour,
+    /// The node is DOWN and due a trial: the pin may try it (the caller claims the trial,
+    /// connects first, and re-pins if it is refused).
+    Trial,
+    /// The pin must move, for this reason.
+    Repin(RepinReason),
+}
+
+/// When a long-lived session (a TCP session, a WebSocket tunnel) pinned to a node must end,
+/// as far as the node's state says now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Not while the node's state stays as it is.
+    Never,
+    /// At this time: past a drain deadline, at the session's place in the spread window.
+    At(u64),
+    /// Now, for this reason.
+    Now(RepinReason),
+}
+
+impl NodeStatus {
+    pub fn state(&self) -> NodeState {
+        match self.admin {
+            AdminState::Maint => NodeState::Maint,
+            _ if !self.health.is_up() => NodeState::Down,
+            AdminState::Drain { .. } => NodeState::Drain,
+            AdminState::Ready => NodeState::Up,
+        }
+    }
+
+    /// Whether the node takes fresh assignments (it is UP and ready).
+    pub fn takes_fresh(&self) -> bool {
+        self.state() == NodeState::Up
+    }
+
+    /// Whether a fresh assignment may make this DOWN node's trial now (ready, not drained or
+    /// in maintenance, and its `fail_timeout` has passed).
+    pub fn trial_due(&self, now_ms: u64) -> bool {
+        self.admin == AdminState::Ready
+            && self.health.availability(self.policy, now_ms) == Availability::TrialDue
+    }
+
+    /// When a drain's re-pin reaches the session with this spread key: `deadline + spread *
+    /// f(key)`, `f(key)` in [0, 1) from the key's top 32 bits. `None` without a deadline.
+    pub fn drain_end(&self, spread_key: u64) -> Option<u64> {
+        match self.admin {
+            AdminState::Drain {
+                deadline_ms: Some(deadline),
+                spread_ms,
+            } => {
+                let offset = (u128::from(spread_ms) * u128::from(spread_key >> 32)) >> 32;
+                Some(deadline.saturating_add(u64::try_from(offset).unwrap_or(u64::MAX)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a pin to this node, held by the session with this spread key, is honoured now.
+    pub fn verdict(&self, now_ms: u64, spread_key: u64) -> Verdict {
+        match self.state() {
+            NodeState::Up => Verdict::Honour,
+            NodeState::Drain => match self.drain_end(spread_key) {
+                Some(at) if now_ms >= at => Verdict::Repin(RepinReason::DrainEnded),
+                _ => Verdict::Honour,
+            },
+            NodeState::Maint => Verdict::Repin(RepinReason::NodeMaint),
+            NodeState::Down => {
+                let draining_past = self.drain_end(spread_key).is_some_and(|at| now_ms >= at);
+                if !draining_past
+                    && self.health.availability(self.policy, now_ms) == Availability::TrialDue
+                {
+                    Verdict::Trial
+                } else {
+                    Verdict::Repin(RepinReason::NodeDown)
+                }
+            }
+        }
+    }
+
+    /// When a long-lived session with this spread key must end. `close_on_down`: whether the
+    /// session ends when its node goes DOWN (a TCP listener's `close_on_node_down`).
+    /// MAINT ends every session at once; a drain deadline ends each at its own place in the
+    /// spread window, the moment [`verdict`](Self::verdict) re-pins the same key, so a client
+    /// is never held on a node its other connections have already left.
+    pub fn session_end(&self, now_ms: u64, spread_key: u64, close_on_down: bool) -> SessionEnd {
+        if self.admin == AdminState::Maint {
+            return SessionEnd::Now(RepinReason::NodeMaint);
+        }
+        if close_on_down && !self.health.is_up() {
+            return SessionEnd::Now(RepinReason::NodeDown);
+        }
+        match self.drain_end(spread_key) {
+            Some(at) if now_ms >= at => SessionEnd::Now(RepinReason::DrainEnded),
+            Some(at) => SessionEnd::At(at),
+            None => SessionEnd::Never,
+        }
+    }
+}
+
+/// A node as the core knows it: a stable name (what cookies and tables store), its weight
+/// and its status. Addresses are the I/O layer's business and never live here, so nothing in
+/// a request can reach one except through a configured node.
 #[derive(Debug, Clone)]
 pub struct Node {
     pub(crate) name: Box<str>,
     pub(crate) weight: u32,
-    pub(crate) admin: AdminState,
-    pub(crate) health: Health,
+    pub(crate) status: NodeStatus,
 }
 
 impl Node {
@@ -79,24 +192,23 @@ impl Node {
     }
 
     pub fn admin(&self) -> AdminState {
-        self.admin
+        self.status.admin
     }
 
     pub fn health(&self) -> Health {
-        self.health
+        self.status.health
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        self.status
     }
 
     pub fn state(&self) -> NodeState {
-        match self.admin {
-            AdminState::Maint => NodeState::Maint,
-            _ if !self.health.is_up() => NodeState::Down,
-            AdminState::Drain { .. } => NodeState::Drain,
-            AdminState::Ready => NodeState::Up,
-        }
+        self.status.state()
     }
 
     /// Whether the node takes fresh assignments.
     pub fn takes_fresh(&self) -> bool {
-        self.state() == NodeState::Up
+        self.status.takes_fresh()
     }
 }

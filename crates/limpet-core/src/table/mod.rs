@@ -65,7 +65,7 @@ pub use snapshot::{
 
 use crate::decision::{Decision, Pin};
 use crate::node::NodeId;
-use crate::pool::Pool;
+use crate::topology::Topology;
 
 /// What a [`put`](AffinityStore::put) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +156,7 @@ pub struct AffinityTable<S: AffinityStore = LruTable> {
 }
 
 impl<S: AffinityStore> AffinityTable<S> {
-    pub fn new(store: S, pool: &Pool) -> Self {
+    pub fn new(store: S, pool: &Topology) -> Self {
         let mut t = AffinityTable {
             store,
             binding: Binding::default(),
@@ -168,7 +168,7 @@ impl<S: AffinityStore> AffinityTable<S> {
     /// Binds to a rebuilt pool (after a config reload). Entries are untouched: a pin to a node
     /// the new pool still has (by name) keeps working, one to a removed node reads as
     /// [`Pin::Unknown`].
-    pub fn rebind(&mut self, pool: &Pool) {
+    pub fn rebind(&mut self, pool: &Topology) {
         let store = &mut self.store;
         self.binding = Binding::new(pool, |name| store.intern(name));
     }

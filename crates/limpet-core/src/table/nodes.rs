@@ -10,7 +10,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::node::NodeId;
-use crate::pool::Pool;
+use crate::topology::Topology;
 
 /// A node identity in one store: the index of its name in that store's [`NodeNames`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,15 +95,15 @@ pub struct Binding {
 impl Binding {
     /// Binds `pool` to identities from `intern` (a store's interner). Nodes whose name cannot
     /// be interned (past 2^32 - 1 names) are left unbound: pins to them read as unknown.
-    pub fn new(pool: &Pool, mut intern: impl FnMut(&str) -> Option<NodeRef>) -> Self {
+    pub fn new(pool: &Topology, mut intern: impl FnMut(&str) -> Option<NodeRef>) -> Self {
         let mut b = Binding {
             to_pool: Vec::new(),
             from_pool: Vec::with_capacity(pool.len()),
         };
-        for (id, node) in pool.nodes() {
+        for (id, name) in pool.names() {
             // Pool ids are dense from 0, so pushing keeps `from_pool` indexed by id.
             debug_assert_eq!(b.from_pool.len(), id.index(), "pool ids are dense");
-            let r = intern(node.name());
+            let r = intern(name);
             b.from_pool.push(r);
             let Some(r) = r else {
                 continue;
@@ -132,6 +132,7 @@ impl Binding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Pool;
 
     #[test]
     fn interning_is_stable_and_deduplicated() {

@@ -1,0 +1,718 @@
+//! The one routing decision: from what a request or connection presents to where it goes,
+//! what the answer pins, and what the affinity table learns.
+//!
+//! [`route`] is a pure function. It takes no lock and reads no clock: the node states come
+//! in a [`Snapshot`], the rotation turn and open-connection counts as arguments, time as
+//! `now_ms`. HTTP, TCP and `limpet sim` all call it and carry out the [`Route`] it returns;
+//! none of them chooses a node on its own.
+//!
+//! ```text
+//!  RouteInput { cookie pin + home, connection's pin, table entry, spread key, excluded, now }
+//!        │                         Snapshot { per-node status, eligible, schedule }
+//!        ▼                                    │
+//!   route() ◄─────────────────────────────────┘  + rotation turn + open counts
+//!        │
+//!   Route { node, outcome, cookie to set, home cookie, table write, trial, took_turn }
+//! ```
+//!
+//! Precedence (first that applies):
+//! 1. `failback = "home"`: the session's home node is UP again and the session is elsewhere.
+//! 2. The affinity cookie names a node that honours it ([`NodeStatus::verdict`]).
+//! 3. No usable cookie, but this connection already got a node for an earlier request whose
+//!    cookie the client has not sent back yet: follow it (concurrent first requests agree).
+//! 4. The table's entry for the session's key names a node that honours it.
+//! 5. A fresh assignment: a DOWN node due its trial first (without checks nothing else would
+//!    ever try it), then the listener's balance over the UP nodes.
+//!
+//! Pins to nodes in `exclude` (nodes that already failed for this request) are re-pinned
+//! with [`RepinReason::ConnectFailed`]; that is how failover routes again.
+//!
+//! The session's *spread key* is derived once ([`spread_key`]): from the table key when the
+//! listener has a table, else from the client address and the cookie's issue time. Every
+//! listener sharing a table therefore places a session at the same point of a drain's
+//! re-pin window, and all of them move it at the same moment.
+
+use crate::decision::{Pin, RepinReason};
+use crate::node::{NodeId, NodeStatus, Verdict};
+use crate::pool::Balance;
+
+/// Node states as the router reads them: a copy per node, plus the nodes that take fresh
+/// assignments and the weighted round-robin cycle over them, rebuilt whenever a state
+/// changes (never per request).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    statuses: Vec<NodeStatus>,
+    weights: Vec<u32>,
+    /// Nodes that take fresh assignments, in pool order.
+    eligible: Vec<NodeId>,
+    /// The round-robin cycle over `eligible`, each node `weight` times, interleaved.
+    schedule: Vec<NodeId>,
+}
+
+impl Snapshot {
+    /// A snapshot of these `(weight, status)` nodes, in pool order.
+    pub fn new(nodes: impl IntoIterator<Item = (u32, NodeStatus)>) -> Self {
+        let (weights, statuses): (Vec<u32>, Vec<NodeStatus>) = nodes.into_iter().unzip();
+        let eligible: Vec<NodeId> = statuses
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.takes_fresh())
+            .map(|(i, _)| NodeId(i as u32))
+            .collect();
+        let schedule = schedule(&eligible, &weights);
+        let snap = Snapshot {
+            statuses,
+            weights,
+            eligible,
+            schedule,
+        };
+        snap.debug_check();
+        snap
+    }
+
+    pub fn len(&self) -> usize {
+        self.statuses.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.statuses.is_empty()
+    }
+
+    pub fn status(&self, id: NodeId) -> Option<&NodeStatus> {
+        self.statuses.get(id.index())
+    }
+
+    pub fn weight(&self, id: NodeId) -> u32 {
+        self.weights.get(id.index()).copied().unwrap_or(1)
+    }
+
+    /// The nodes that take fresh assignments, in pool order.
+    pub fn eligible(&self) -> &[NodeId] {
+        &self.eligible
+    }
+
+    fn debug_check(&self) {
+        debug_assert!(
+            self.eligible.iter().all(|n| self.schedule.contains(n))
+                && self.schedule.iter().all(|n| self.eligible.contains(n)),
+            "the schedule covers exactly the eligible nodes"
+        );
+        debug_assert!(
+            self.eligible.windows(2).all(|w| w[0] < w[1]),
+            "eligible nodes are in pool order"
+        );
+    }
+}
+
+/// Lays out one round-robin cycle: node `n` takes `weight(n)` turns, its i-th at the ideal
+/// point `(i + 1/2) / weight(n)` of the cycle; turns at the same point go in pool order.
+/// With equal weights every node has one turn at 1/2, so the cycle is `eligible` itself.
+fn schedule(eligible: &[NodeId], weights: &[u32]) -> Vec<NodeId> {
+    let w = |n: &NodeId| weights.get(n.index()).copied().unwrap_or(1).max(1);
+    let g = eligible.iter().map(w).fold(0, gcd);
+    if eligible.iter().all(|n| w(n) == g) {
+        return eligible.to_vec();
+    }
+    // (numerator, denominator) of each turn's point, compared by cross-multiplication.
+    let mut turns: Vec<(u64, u64, NodeId)> = Vec::new();
+    for n in eligible {
+        let k = u64::from(w(n) / g);
+        turns.extend((0..k).map(|i| (2 * i + 1, 2 * k, *n)));
+    }
+    turns.sort_by(|a, b| (a.0 * b.1).cmp(&(b.0 * a.1)).then(a.2.cmp(&b.2)));
+    turns.into_iter().map(|t| t.2).collect()
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The affinity cookie as a request carried it (listeners with cookie affinity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CookieIn {
+    pub pin: Pin,
+    /// When the (signed) cookie was first issued; kept when it is refreshed.
+    pub issued_ms: Option<u64>,
+    /// The cookie is valid but must be sent again (a signed cookie near its idle limit).
+    pub refresh: bool,
+    /// The home cookie (`failback = "home"`); `Pin::None` without failback.
+    pub home: Pin,
+}
+
+/// The table's entry for the session's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableIn {
+    /// What the entry says (`Pin::None`: no entry).
+    pub pin: Pin,
+    /// Whether routing writes the entry. False for tables that learn from answers (an
+    /// application cookie the node sets): they are only looked up.
+    pub writes: bool,
+}
+
+/// What a request or connection presents to the router.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    /// `None`: the listener has no cookie affinity.
+    pub cookie: Option<CookieIn>,
+    /// `failback = "home"` on the listener.
+    pub failback: bool,
+    /// The node this client connection was given for an earlier request whose cookie has not
+    /// come back yet (HTTP).
+    pub conn_pin: Option<NodeId>,
+    /// `None`: the listener has no table, or the request has no key.
+    pub table: Option<TableIn>,
+    /// The session's place in a drain's re-pin window; see [`spread_key`].
+    pub spread_key: u64,
+    pub balance: Balance,
+    /// Nodes that already failed for this request or connection.
+    pub exclude: &'a [NodeId],
+    pub now_ms: u64,
+}
+
+/// How the route's node was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The cookie named a node that honours it.
+    Sticky,
+    /// No usable cookie (or no cookie affinity); the table's entry named a node that honours it.
+    TableHit,
+    /// No pin at all: a fresh assignment (or this connection's earlier one).
+    Fresh,
+    /// A pin that could not be honoured: a fresh assignment, and the pin moves.
+    Repin(RepinReason),
+    /// `failback = "home"`: back to the session's home node.
+    Failback,
+    /// No node can take it.
+    None,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Sticky => "sticky",
+            Outcome::TableHit => "sticky(table)",
+            Outcome::Fresh => "new",
+            Outcome::Repin(_) => "re-pinned",
+            Outcome::Failback => "failback",
+            Outcome::None => "none",
+        }
+    }
+}
+
+/// The affinity cookie the answer sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CookieWrite {
+    None,
+    /// Set the cookie to the route's node. `issued_ms`: the original issue time of a
+    /// refreshed signed cookie (`None`: issued now).
+    Set {
+        issued_ms: Option<u64>,
+    },
+}
+
+/// What the answer does with the home cookie (`failback = "home"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HomeWrite {
+    Keep,
+    /// Moved away from this node because of the node: remember it as home.
+    Set(NodeId),
+    /// Back home: the home cookie has done its job.
+    Clear,
+}
+
+/// The whole decision for one request or connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// `None`: no node can take it (answer 503, close the connection).
+    pub node: Option<NodeId>,
+    pub outcome: Outcome,
+    pub cookie: CookieWrite,
+    pub home: HomeWrite,
+    /// Pin the table's key to this node now (before connecting: concurrent connections of
+    /// the same session must find it).
+    pub table: Option<NodeId>,
+    /// Remember this node on the client connection (HTTP: until the cookie comes back).
+    pub conn_pin: Option<NodeId>,
+    /// The node is DOWN and due a trial: the caller claims it before connecting, and routes
+    /// again with the node excluded if the claim is taken.
+    pub trial: bool,
+    /// The route used a turn of the rotation: the caller advances it.
+    pub took_turn: bool,
+}
+
+impl Route {
+    fn none() -> Route {
+        Route {
+            node: None,
+            outcome: Outcome::None,
+            cookie: CookieWrite::None,
+            home: HomeWrite::Keep,
+            table: None,
+            conn_pin: None,
+            trial: false,
+            took_turn: false,
+        }
+    }
+}
+
+/// The session's spread key: a well-mixed hash of the table key's bytes when there is one
+/// (`table_key`), else of the client address and the cookie's issue time. One derivation for
+/// HTTP, TCP, the drain re-pin and the long-lived sessions' end, fixed seed.
+pub fn spread_key(table_key: Option<&[u8]>, client: &[u8], issued_ms: Option<u64>) -> u64 {
+    // FNV-1a then the splitmix64 finaliser: stable across restarts and instances.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &x in bytes {
+            h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    match table_key {
+        Some(k) => {
+            feed(b"k");
+            feed(k);
+        }
+        None => {
+            feed(b"c");
+            feed(client);
+            if let Some(t) = issued_ms {
+                feed(&t.to_be_bytes());
+            }
+        }
+    }
+    let mut z = h;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The decision. See the module docs for the precedence.
+pub fn route(
+    snap: &Snapshot,
+    rotation: u64,
+    active: &dyn Fn(NodeId) -> u32,
+    input: &RouteInput<'_>,
+) -> Route {
+    let now = input.now_ms;
+    let verdict = |id: NodeId| -> Verdict {
+        if input.exclude.contains(&id) {
+            return Verdict::Repin(RepinReason::ConnectFailed);
+        }
+        match snap.status(id) {
+            Some(s) => s.verdict(now, input.spread_key),
+            None => Verdict::Repin(RepinReason::UnknownNode),
+        }
+    };
+    let pin_reason = |pin: Pin| -> Result<Option<(NodeId, bool)>, RepinReason> {
+        match pin {
+            Pin::None => Ok(None),
+            Pin::Node(id) => match verdict(id) {
+                Verdict::Honour => Ok(Some((id, false))),
+                Verdict::Trial => Ok(Some((id, true))),
+                Verdict::Repin(r) => Err(r),
+            },
+            Pin::Unknown => Err(RepinReason::UnknownNode),
+            Pin::Invalid => Err(RepinReason::InvalidCookie),
+            Pin::Expired => Err(RepinReason::ExpiredCookie),
+        }
+    };
+    let table_writes = input.table.is_some_and(|t| t.writes);
+    let learn = |node: NodeId| table_writes.then_some(node);
+    let cookie = input.cookie;
+    let has_cookie = cookie.is_some();
+
+    let mut cookie_reason = None;
+    if let Some(c) = cookie {
+        // 1. Failback: home is UP again and the session is elsewhere.
+        if input.failback {
+            if let Pin::Node(home) = c.home {
+                let home_up = !input.exclude.contains(&home)
+                    && snap.status(home).is_some_and(NodeStatus::takes_fresh);
+                if home_up && c.pin != Pin::Node(home) {
+                    return Route {
+                        node: Some(home),
+                        outcome: Outcome::Failback,
+                        cookie: CookieWrite::Set { issued_ms: None },
+                        home: HomeWrite::Clear,
+                        table: learn(home),
+                        conn_pin: Some(home),
+                        trial: false,
+                        took_turn: false,
+                    };
+                }
+            }
+        }
+        // 2. The cookie's pin.
+        match pin_reason(c.pin) {
+            Ok(Some((node, trial))) => {
+                return Route {
+                    node: Some(node),
+                    outcome: Outcome::Sticky,
+                    cookie: if c.refresh {
+                        CookieWrite::Set {
+                            issued_ms: c.issued_ms,
+                        }
+                    } else {
+                        CookieWrite::None
+                    },
+                    home: HomeWrite::Keep,
+                    table: learn(node),
+                    conn_pin: None,
+                    trial,
+                    took_turn: false,
+                }
+            }
+            Ok(None) => {}
+            Err(r) => cookie_reason = Some(r),
+        }
+        // 3. This connection's earlier choice, not yet confirmed by the cookie.
+        if let Some(node) = input.conn_pin {
+            if verdict(node) == Verdict::Honour {
+                return Route {
+                    node: Some(node),
+                    outcome: cookie_reason.map_or(Outcome::Fresh, Outcome::Repin),
+                    cookie: CookieWrite::Set { issued_ms: None },
+                    home: home_write(input, cookie_reason, node),
+                    table: None,
+                    conn_pin: None,
+                    trial: false,
+                    took_turn: false,
+                };
+            }
+        }
+    }
+    // 4. The table's entry.
+    let mut table_reason = None;
+    if let Some(t) = input.table {
+        match pin_reason(t.pin) {
+            Ok(Some((node, trial))) => {
+                return Route {
+                    node: Some(node),
+                    outcome: if has_cookie {
+                        cookie_reason.map_or(Outcome::TableHit, Outcome::Repin)
+                    } else {
+                        Outcome::TableHit
+                    },
+                    cookie: if has_cookie {
+                        CookieWrite::Set { issued_ms: None }
+                    } else {
+                        CookieWrite::None
+                    },
+                    home: home_write(input, cookie_reason, node),
+                    table: None,
+                    conn_pin: has_cookie.then_some(node),
+                    trial,
+                    took_turn: false,
+                };
+            }
+            Ok(None) => {}
+            Err(r) => table_reason = Some(r),
+        }
+    }
+    // 5. A fresh assignment.
+    let Some((node, trial, took_turn)) = fresh(snap, rotation, active, input) else {
+        return Route::none();
+    };
+    let reason = cookie_reason.or(table_reason);
+    Route {
+        node: Some(node),
+        outcome: reason.map_or(Outcome::Fresh, Outcome::Repin),
+        cookie: if has_cookie {
+            CookieWrite::Set { issued_ms: None }
+        } else {
+            CookieWrite::None
+        },
+        home: home_write(input, cookie_reason, node),
+        table: learn(node),
+        conn_pin: has_cookie.then_some(node),
+        trial,
+        took_turn,
+    }
+}
+
+/// The home-cookie rule. A session re-pinned away from its cookie's node because of that node
+/// (DOWN, MAINT, drain ended, connect failed) remembers the node as home, unless it already
+/// has a home (moved twice: the first node stays home).
+fn home_write(input: &RouteInput<'_>, reason: Option<RepinReason>, to: NodeId) -> HomeWrite {
+    let Some(c) = input.cookie.filter(|_| input.failback) else {
+        return HomeWrite::Keep;
+    };
+    let node_fault = matches!(
+        reason,
+        Some(
+            RepinReason::NodeDown
+                | RepinReason::NodeMaint
+                | RepinReason::DrainEnded
+                | RepinReason::ConnectFailed
+        )
+    );
+    match (c.pin, c.home) {
+        (_, Pin::Node(_)) => HomeWrite::Keep,
+        (Pin::Node(was), _) if node_fault && was != to => HomeWrite::Set(was),
+        _ => HomeWrite::Keep,
+    }
+}
+
+/// A fresh node: `(node, trial, took_turn)`. A DOWN node due its trial goes first, in pool
+/// order; otherwise the balance over the nodes that take fresh assignments.
+fn fresh(
+    snap: &Snapshot,
+    rotation: u64,
+    active: &dyn Fn(NodeId) -> u32,
+    input: &RouteInput<'_>,
+) -> Option<(NodeId, bool, bool)> {
+    let excluded = |n: NodeId| input.exclude.contains(&n);
+    if let Some(i) = snap
+        .statuses
+        .iter()
+        .enumerate()
+        .position(|(i, s)| s.trial_due(input.now_ms) && !excluded(NodeId(i as u32)))
+    {
+        return Some((NodeId(i as u32), true, false));
+    }
+    let node = match input.balance {
+        Balance::RoundRobin => {
+            let len = snap.schedule.len();
+            if len == 0 {
+                return None;
+            }
+            let start = (rotation % len as u64) as usize;
+            (0..len)
+                .map(|i| snap.schedule[(start + i) % len])
+                .find(|&n| !excluded(n))?
+        }
+        Balance::LeastConn => {
+            let len = snap.eligible.len();
+            if len == 0 {
+                return None;
+            }
+            let start = (rotation % len as u64) as usize;
+            // Fewest connections per unit of weight: a/wa < b/wb  <=>  a*wb < b*wa.
+            (0..len)
+                .map(|i| snap.eligible[(start + i) % len])
+                .filter(|&n| !excluded(n))
+                .min_by(|&a, &b| {
+                    let (wa, wb) = (snap.weight(a), snap.weight(b));
+                    (u64::from(active(a)) * u64::from(wb))
+                        .cmp(&(u64::from(active(b)) * u64::from(wa)))
+                })?
+        }
+    };
+    Some((node, false, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{Health, HealthPolicy, Observation};
+    use crate::node::AdminState;
+
+    fn snap(states: &[NodeStatus]) -> Snapshot {
+        Snapshot::new(states.iter().map(|s| (1, *s)))
+    }
+
+    fn up() -> NodeStatus {
+        NodeStatus::default()
+    }
+
+    fn down_passive(at: u64) -> NodeStatus {
+        let policy = HealthPolicy {
+            fall: 1,
+            ..HealthPolicy::default()
+        };
+        let mut health = Health::default();
+        health.observe(Observation::TrafficFailed, policy, at);
+        NodeStatus {
+            admin: AdminState::Ready,
+            health,
+            policy,
+        }
+    }
+
+    fn input<'a>(exclude: &'a [NodeId]) -> RouteInput<'a> {
+        RouteInput {
+            cookie: None,
+            failback: false,
+            conn_pin: None,
+            table: None,
+            spread_key: 0,
+            balance: Balance::RoundRobin,
+            exclude,
+            now_ms: 0,
+        }
+    }
+
+    fn cookie(pin: Pin) -> Option<CookieIn> {
+        Some(CookieIn {
+            pin,
+            issued_ms: None,
+            refresh: false,
+            home: Pin::None,
+        })
+    }
+
+    const A: NodeId = NodeId(0);
+    const B: NodeId = NodeId(1);
+    const C: NodeId = NodeId(2);
+
+    #[test]
+    fn a_cookie_to_a_node_that_honours_it_is_sticky_and_takes_no_turn() {
+        let s = snap(&[up(), up()]);
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(B)),
+                ..input(&[])
+            },
+        );
+        assert_eq!(r.node, Some(B));
+        assert_eq!(r.outcome, Outcome::Sticky);
+        assert_eq!(r.cookie, CookieWrite::None);
+        assert!(!r.took_turn);
+    }
+
+    #[test]
+    fn an_excluded_pin_repins_as_connect_failed_and_the_table_follows() {
+        let s = snap(&[up(), up(), up()]);
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                table: Some(TableIn {
+                    pin: Pin::Node(A),
+                    writes: true,
+                }),
+                failback: true,
+                ..input(&[A])
+            },
+        );
+        assert_eq!(r.node, Some(B));
+        assert_eq!(r.outcome, Outcome::Repin(RepinReason::ConnectFailed));
+        assert_eq!(r.table, Some(B));
+        assert_eq!(r.home, HomeWrite::Set(A));
+        assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
+        assert!(r.took_turn);
+    }
+
+    #[test]
+    fn a_table_entry_routes_and_the_cookie_catches_up() {
+        let s = snap(&[up(), up()]);
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::None),
+                table: Some(TableIn {
+                    pin: Pin::Node(B),
+                    writes: true,
+                }),
+                ..input(&[])
+            },
+        );
+        assert_eq!((r.node, r.outcome), (Some(B), Outcome::TableHit));
+        assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
+        assert_eq!(r.conn_pin, Some(B));
+    }
+
+    #[test]
+    fn a_down_node_due_its_trial_takes_the_next_fresh_assignment() {
+        let s = snap(&[down_passive(0), up()]);
+        let early = route(&s, 0, &|_| 0, &RouteInput { ..input(&[]) });
+        assert_eq!((early.node, early.trial), (Some(B), false));
+        let due = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                now_ms: 10_000,
+                ..input(&[])
+            },
+        );
+        assert_eq!((due.node, due.trial, due.took_turn), (Some(A), true, false));
+        // Once the trial failed for this request, the request goes elsewhere.
+        let failed = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                now_ms: 10_000,
+                ..input(&[A])
+            },
+        );
+        assert_eq!((failed.node, failed.trial), (Some(B), false));
+    }
+
+    #[test]
+    fn a_pin_to_a_node_due_its_trial_tries_it() {
+        let s = snap(&[down_passive(0), up()]);
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                now_ms: 10_000,
+                ..input(&[])
+            },
+        );
+        assert_eq!(
+            (r.node, r.outcome, r.trial),
+            (Some(A), Outcome::Sticky, true)
+        );
+    }
+
+    #[test]
+    fn failback_goes_home_when_home_is_up_again() {
+        let s = snap(&[up(), up(), up()]);
+        let r = route(
+            &s,
+            5,
+            &|_| 0,
+            &RouteInput {
+                cookie: Some(CookieIn {
+                    pin: Pin::Node(C),
+                    issued_ms: None,
+                    refresh: false,
+                    home: Pin::Node(A),
+                }),
+                failback: true,
+                ..input(&[])
+            },
+        );
+        assert_eq!(
+            (r.node, r.outcome, r.home),
+            (Some(A), Outcome::Failback, HomeWrite::Clear)
+        );
+    }
+
+    #[test]
+    fn nothing_up_is_none() {
+        let s = snap(&[down_passive(0)]);
+        let r = route(&s, 0, &|_| 0, &input(&[]));
+        assert_eq!((r.node, r.outcome), (None, Outcome::None));
+        assert_eq!(
+            route(&Snapshot::default(), 0, &|_| 0, &input(&[])).node,
+            None
+        );
+    }
+
+    #[test]
+    fn spread_keys_of_a_table_key_ignore_the_client() {
+        assert_eq!(
+            spread_key(Some(b"k1"), b"\x7f\0\0\x01", None),
+            spread_key(Some(b"k1"), b"\x7f\0\0\x02", Some(5))
+        );
+        assert_ne!(
+            spread_key(None, b"\x7f\0\0\x01", None),
+            spread_key(None, b"\x7f\0\0\x02", None)
+        );
+    }
+}
