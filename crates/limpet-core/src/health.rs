@@ -18,7 +18,8 @@
 //!   connect, and must not be kept UP by that.
 //! - A *trial* is one connection attempt to a DOWN node (no checks) once its `retry_at` has
 //!   passed. [`Health::claim_trial`] hands it to one caller; while the claim holds, nobody
-//!   else tries. The caller connects first and fails over if the trial is refused, so the
+//!   else tries. Every traffic failure seen while DOWN (a refused trial, or the late answer
+//!   timeout of a request sent while the node was still UP) starts the wait again. The caller connects first and fails over if the trial is refused, so the
 //!   request that makes the trial is never the one that suffers.
 //! - The operator's (or the sim's) forced DOWN is never tried: it holds until forced UP or a
 //!   check brings the node back.

@@ -17,11 +17,16 @@
 //!
 //! Precedence (first that applies):
 //! 1. `failback = "home"`: the session's home node is UP again and the session is elsewhere.
-//! 2. The affinity cookie names a node that honours it ([`NodeStatus::verdict`]).
-//! 3. No usable cookie, but this connection already got a node for an earlier request whose
+//! 2. A table the listener writes (shared with other listeners: source IP, request header)
+//!    names a node that honours it, and the cookie names another: the table wins and the
+//!    cookie is rewritten. The table is what every listener of the session reads; a TCP
+//!    connection that moved it (say while the cookie's node was in MAINT) must not be undone
+//!    by a stale cookie, or the session would be split across two nodes.
+//! 3. The affinity cookie names a node that honours it ([`NodeStatus::verdict`]).
+//! 4. No usable cookie, but this connection already got a node for an earlier request whose
 //!    cookie the client has not sent back yet: follow it (concurrent first requests agree).
-//! 4. The table's entry for the session's key names a node that honours it.
-//! 5. A fresh assignment: a DOWN node due its trial first (without checks nothing else would
+//! 5. The table's entry for the session's key names a node that honours it.
+//! 6. A fresh assignment: a DOWN node due its trial first (without checks nothing else would
 //!    ever try it), then the listener's balance over the UP nodes.
 //!
 //! Pins to nodes in `exclude` (nodes that already failed for this request) are re-pinned
@@ -345,7 +350,22 @@ pub fn route(
                 }
             }
         }
-        // 2. The cookie's pin.
+        // 2. A shared table that disagrees with the cookie: the table is the session's truth.
+        if let Some(t) = input.table.filter(|t| t.writes) {
+            if let (Ok(Some((node, trial))), true) = (pin_reason(t.pin), c.pin != t.pin) {
+                return Route {
+                    node: Some(node),
+                    outcome: Outcome::TableHit,
+                    cookie: CookieWrite::Set { issued_ms: None },
+                    home: HomeWrite::Keep,
+                    table: None,
+                    conn_pin: Some(node),
+                    trial,
+                    took_turn: false,
+                };
+            }
+        }
+        // 3. The cookie's pin.
         match pin_reason(c.pin) {
             Ok(Some((node, trial))) => {
                 return Route {
@@ -368,7 +388,7 @@ pub fn route(
             Ok(None) => {}
             Err(r) => cookie_reason = Some(r),
         }
-        // 3. This connection's earlier choice, not yet confirmed by the cookie.
+        // 4. This connection's earlier choice, not yet confirmed by the cookie.
         if let Some(node) = input.conn_pin {
             if verdict(node) == Verdict::Honour {
                 return Route {
@@ -384,7 +404,7 @@ pub fn route(
             }
         }
     }
-    // 4. The table's entry.
+    // 5. The table's entry.
     let mut table_reason = None;
     if let Some(t) = input.table {
         match pin_reason(t.pin) {
@@ -412,7 +432,7 @@ pub fn route(
             Err(r) => table_reason = Some(r),
         }
     }
-    // 5. A fresh assignment.
+    // 6. A fresh assignment.
     let Some((node, trial, took_turn)) = fresh(snap, rotation, active, input) else {
         return Route::none();
     };
@@ -620,6 +640,43 @@ mod tests {
         assert_eq!((r.node, r.outcome), (Some(B), Outcome::TableHit));
         assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
         assert_eq!(r.conn_pin, Some(B));
+    }
+
+    #[test]
+    fn a_shared_table_that_moved_the_session_wins_over_a_stale_cookie() {
+        // The cookie still names A (back from MAINT), but a TCP connection moved the table
+        // entry to B meanwhile: HTTP follows the table and the cookie is rewritten.
+        let s = snap(&[up(), up()]);
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                table: Some(TableIn {
+                    pin: Pin::Node(B),
+                    writes: true,
+                }),
+                ..input(&[])
+            },
+        );
+        assert_eq!((r.node, r.outcome), (Some(B), Outcome::TableHit));
+        assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
+        // A table learned from answers (an application cookie) does not override.
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                table: Some(TableIn {
+                    pin: Pin::Node(B),
+                    writes: false,
+                }),
+                ..input(&[])
+            },
+        );
+        assert_eq!((r.node, r.outcome), (Some(A), Outcome::Sticky));
     }
 
     #[test]

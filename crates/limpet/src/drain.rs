@@ -143,6 +143,17 @@ pub async fn turned_true(mut rx: watch::Receiver<bool>) {
     }
 }
 
+/// The close frame's reason for a session ended by its node's state.
+pub fn close_reason(r: limpet_core::RepinReason) -> &'static str {
+    use limpet_core::RepinReason;
+    match r {
+        RepinReason::DrainEnded => "node drain deadline",
+        RepinReason::NodeMaint => "node in maintenance",
+        RepinReason::NodeDown => "node down",
+        _ => "node gone",
+    }
+}
+
 /// Resolves at the next change of `rx`; never when its sender is gone.
 pub async fn changed(mut rx: watch::Receiver<u64>) {
     if rx.changed().await.is_err() {
@@ -164,12 +175,13 @@ pub enum TunnelEnd {
 
 /// Relays a WebSocket tunnel (`client` <-> `node`, after the 101) until one side closes, the
 /// tunnel is idle for `idle`, or `close` resolves (drain deadline, MAINT, shutdown), in which
-/// case the client gets a close frame 1001 at a frame boundary.
+/// case the client gets a close frame 1001 at a frame boundary, with the reason `close`
+/// resolved to (e.g. "node drain deadline", "limpet shutting down").
 pub async fn relay_websocket<C, N>(
     client: C,
     node: N,
     idle: Duration,
-    close: impl Future<Output = ()>,
+    close: impl Future<Output = &'static str>,
 ) -> TunnelEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -183,7 +195,7 @@ where
     let mut down = vec![0u8; 16 * 1024];
     let mut client_open = true;
     let mut node_open = true;
-    loop {
+    let reason = loop {
         if !client_open && !node_open {
             return TunnelEnd::Closed;
         }
@@ -208,9 +220,9 @@ where
                 }
             },
             () = tokio::time::sleep(idle) => return TunnelEnd::Idle,
-            () = &mut close => break,
+            r = &mut close => break r,
         }
-    }
+    };
     // The deadline: finish the node's frame in flight, then the close frame.
     let grace = Duration::from_secs(2);
     let finished = tokio::time::timeout(grace, async {
@@ -231,7 +243,7 @@ where
     .await
     .unwrap_or(false);
     if finished && client_open {
-        let _ = cw.write_all(&close_frame_going_away("node draining")).await;
+        let _ = cw.write_all(&close_frame_going_away(reason)).await;
         let _ = cw.flush().await;
         // Give the client a moment to answer with its own close frame (not forwarded): the
         // handshake is complete once it has, or once the client closes.

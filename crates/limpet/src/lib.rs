@@ -21,6 +21,9 @@
 //! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.
 //! - [`drain`]: closing WebSocket tunnels cleanly (close 1001 between frames) at a drain deadline.
 //! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
+//! - [`nodes`]: the per-node runtime (status, counts, session signals), outliving reloads.
+//! - [`error`]: upstream errors with their stage, for the retry and health rules.
+//! - [`clock`]: the one clock (`now_ms`), tokio's, so paused-time tests move it.
 //! - [`metrics`]: Prometheus metrics and the data plane's recording hooks.
 //! - [`probe`]: `limpet probe`, checks from the client side that a balancer keeps sessions on one node.
 //! - [`config`]: `limpet.toml` loaded and validated (raw -> validated types).
@@ -30,12 +33,15 @@
 
 pub mod admin;
 pub mod backend;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod drain;
+pub mod error;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nodes;
 pub mod probe;
 pub mod proxy;
 pub mod runtime;

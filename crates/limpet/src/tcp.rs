@@ -3,13 +3,14 @@
 //!
 //! ```text
 //!  accept ─► PROXY header? (trusted peers only) ─► TLS accept? ─► key = source IP
-//!     ─► State::choose (table pin, else fresh + pin) ─► connect node ──fail──► record_failure,
-//!                                                         │            reassign + re-pin, retry
+//!     ─► State::route (the core's one decision: table pin, else fresh + pin) ─► connect node
+//!              ▲                                            │ refused: passive failure
+//!              └──────── route again, excluding it ◄────────┘
 //!                                                         ▼
 //!     send PROXY header? ─► TLS to node? ─► relay: copy both ways (half-close passed on)
 //!                                           until both sides are done, or idle timeout,
-//!                                           or the node goes DOWN/MAINT (its watch bumps),
-//!                                           or shutdown.
+//!                                           or the node's state ends the session
+//!                                           (NodeRuntime::session_end), or shutdown.
 //! ```
 //!
 //! Half-close: when one side ends its stream (FIN), the relay shuts down the write side of
@@ -26,15 +27,16 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use limpet_core::proxy_protocol::{self, Header, ParseError};
-use limpet_core::table::KeyRef;
-use limpet_core::NodeId;
+use limpet_core::{NodeId, Observation, RouteInput};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
+use crate::error::{Stage, UpstreamError};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -295,72 +297,58 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-/// A well-mixed hash of the client address: places its re-pin inside a drain's spread window.
-pub fn spread_key(ip: std::net::IpAddr) -> u64 {
-    let v = match ip {
-        std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
-        std::net::IpAddr::V6(v6) => {
-            let b = u128::from(v6);
-            (b as u64) ^ ((b >> 64) as u64)
-        }
-    };
-    // splitmix64 finaliser: fixed, so a client's place in the window is stable.
-    let mut z = v.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// A connection to a node that succeeded, and what to watch while it lives.
+/// A connection to a node that succeeded.
 struct Connected {
     node: NodeId,
     stream: TcpStream,
-    down: Option<watch::Receiver<u64>>,
 }
 
-/// Chooses a node for `who` and connects to it, failing over to other live nodes (and
-/// re-pinning the table) when a connect fails.
+/// Routes the connection through the one core decision ([`State::route`]) and connects,
+/// routing again without every node that refused (each a passive failure; the table's entry
+/// moves with the route). A DOWN node due its trial is claimed first; a trial someone else
+/// holds is skipped.
 async fn connect(state: &State, li: usize, def: &ListenerDef, who: &Peer) -> Option<Connected> {
     let slot = state.listeners.get(li)?;
     let table = slot.table.as_deref();
     let ip = who.client.ip();
     let key = table.and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
-    let mut node = state.choose(table, key, def.balance, spread_key(ip))?.node;
+    let spread = crate::runtime::spread_of(key, ip, None);
     let mut failed: Vec<NodeId> = Vec::new();
     // Each turn adds a node to `failed`, so this ends within the node count.
     loop {
-        // Subscribe before connecting: a DOWN that lands during the connect is not missed.
-        let down = state.watch_down(node);
-        let addr = state.upstream(def, node)?;
-        match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
-                state.record_id(node, true);
-                let _ = stream.set_nodelay(true);
-                return Some(Connected { node, stream, down });
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(listener = %def.name, node = state.node_name(node), error = %e, "connect failed");
-            }
-            Err(_) => {
-                tracing::debug!(listener = %def.name, node = state.node_name(node), "connect timed out");
-            }
+        let input = RouteInput {
+            cookie: None,
+            failback: false,
+            conn_pin: None,
+            table: None,
+            spread_key: spread,
+            balance: def.balance,
+            exclude: &failed,
+            now_ms: clock::now_ms(),
+        };
+        let route = state.route(table.zip(key), input);
+        let node = route.node?;
+        let rt = state.node_rt(node)?;
+        if route.trial && !rt.claim_trial(def.timeouts.connect) {
+            failed.push(node);
+            continue;
         }
-        state.record_id(node, false);
+        let addr = state.upstream(def, node)?;
+        let err = match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => {
+                state.observe(node, Observation::TrafficOk);
+                let _ = stream.set_nodelay(true);
+                return Some(Connected { node, stream });
+            }
+            Ok(Err(e)) => UpstreamError::io(Stage::Connect, &e),
+            Err(_) => UpstreamError::timeout(Stage::Connect, false),
+        };
+        tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "connect failed");
+        if let Some(obs) = err.observation() {
+            state.observe(node, obs);
+        }
         failed.push(node);
-        node = state.reassign(table, key_again(table, ip), def.balance, &failed)?;
     }
-}
-
-/// The key again (a `KeyRef` borrows nothing for source-IP keys, but the borrow checker
-/// sees the first one held across awaits otherwise).
-fn key_again(
-    table: Option<&crate::runtime::Table>,
-    ip: std::net::IpAddr,
-) -> Option<KeyRef<'static>> {
-    table.and_then(|t| {
-        t.key_spec()
-            .request_key(ip, std::iter::empty::<&'static [u8]>())
-    })
 }
 
 /// Serves one client connection of TCP listener `li`.
@@ -402,15 +390,20 @@ async fn session(
         tracing::warn!(listener = %def.name, client = %who.client, "no node available");
         return;
     };
-    let _open = state.open(conn.node);
-    let node_name = state.node_name(conn.node).to_owned();
-    // Node lifecycle: counted as a tunnel, seen as a session, closed at a drain deadline.
-    let _tunnel = state.lifecycle.tunnel(&node_name);
-    state.lifecycle.seen(
-        &node_name,
-        crate::lifecycle::session_key(who.client.ip(), None),
-    );
-    let lifecycle_close = state.lifecycle.close_signal(&node_name);
+    let Some(rt) = state.node_rt(conn.node).cloned() else {
+        return;
+    };
+    let _open = rt.open();
+    let node_name = rt.name().to_owned();
+    // Node lifecycle: counted as a tunnel, seen as a session, ended by the node's state.
+    let _tunnel = rt.tunnel();
+    let ip = who.client.ip();
+    let key = slot
+        .table
+        .as_deref()
+        .and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
+    let spread = crate::runtime::spread_of(key, ip, None);
+    rt.seen(spread);
     let mut upstream = conn.stream;
     if let Some(h) = proxy_header_for(&def.proxy_protocol, &who) {
         if let Err(e) = upstream.write_all(&h).await {
@@ -439,23 +432,12 @@ async fn session(
         }
         None => Box::new(upstream),
     };
+    // The node's runtime outlives reloads: a session opened before one still ends on every
+    // later MAINT, DOWN (`close_on_node_down`) and drain deadline.
     let close_on_down = def.tcp.close_on_node_down;
-    let mut down = conn.down;
     let stop = async {
-        let node_down = async {
-            match (&mut down, close_on_down) {
-                (Some(rx), true) => {
-                    // An error means the state was dropped (reload): keep the session.
-                    if rx.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                _ => std::future::pending::<()>().await,
-            }
-        };
         tokio::select! {
-            () = node_down => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, "node went down: session closed"),
-            () = crate::drain::changed(lifecycle_close) => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, "node drain deadline or MAINT: session closed"),
+            r = rt.session_end(spread, close_on_down) => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state"),
             () = stopped(&mut shutdown) => {}
         }
     };

@@ -42,7 +42,10 @@ async fn deadline_in_the_middle_of_a_frame_finishes_it_then_sends_close_1001() {
         client_side,
         node_side,
         Duration::from_secs(30),
-        turned_true(close_rx),
+        async {
+            turned_true(close_rx).await;
+            "node drain deadline"
+        },
     ));
     // Half of a 100 000-byte frame; once the client has it, the relay is mid-frame.
     let len = 100_000usize;
@@ -70,15 +73,15 @@ async fn deadline_in_the_middle_of_a_frame_finishes_it_then_sends_close_1001() {
     // The client gets the end of the frame, the close frame 1001, and nothing else.
     let mut tail = Vec::new();
     let mut buf = [0u8; 4096];
-    let want = rest.len() + 4 + "node draining".len();
+    let want = rest.len() + 4 + "node drain deadline".len();
     while tail.len() < want {
         match client.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => tail.extend_from_slice(&buf[..n]),
         }
     }
-    rest.extend_from_slice(&[0x88, 15, 0x03, 0xe9]);
-    rest.extend_from_slice(b"node draining");
+    rest.extend_from_slice(&[0x88, (2 + "node drain deadline".len()) as u8, 0x03, 0xe9]);
+    rest.extend_from_slice(b"node drain deadline");
     assert_eq!(tail.len(), rest.len());
     assert!(tail == rest, "the frame is finished, then close 1001");
     // The client answers (here: by closing); the relay ends and closes the client too.
@@ -100,7 +103,10 @@ async fn deadline_between_frames_closes_a_real_websocket_client_with_1001() {
         client_side,
         node_side,
         Duration::from_secs(30),
-        turned_true(close_rx),
+        async {
+            turned_true(close_rx).await;
+            "node drain deadline"
+        },
     ));
     let mut client = WebSocketStream::from_raw_socket(client_end, Role::Client, None).await;
     node_raw
@@ -116,7 +122,7 @@ async fn deadline_between_frames_closes_a_real_websocket_client_with_1001() {
     match client.next().await {
         Some(Ok(Message::Close(Some(f)))) => {
             assert_eq!(f.code, CloseCode::Away);
-            assert_eq!(f.reason.as_ref(), "node draining");
+            assert_eq!(f.reason.as_ref(), "node drain deadline");
         }
         other => panic!("expected close 1001, got {other:?}"),
     }
@@ -136,7 +142,10 @@ async fn a_tunnel_without_a_deadline_relays_both_ways_until_closed() {
         client_side,
         node_side,
         Duration::from_secs(30),
-        turned_true(close_rx),
+        async {
+            turned_true(close_rx).await;
+            "node drain deadline"
+        },
     ));
     let mut client = WebSocketStream::from_raw_socket(client_end, Role::Client, None).await;
     let mut node = WebSocketStream::from_raw_socket(node_end, Role::Server, None).await;

@@ -4,10 +4,12 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use limpet::clock::now_ms;
 use limpet::config::Config;
-use limpet::runtime::{now_ms, Runtime, State};
+use limpet::runtime::{Runtime, State};
 use limpet_core::table::KeyRef;
 use limpet_core::{AdminState, NodeState, Pin};
+use limpet_core::{Balance, RouteInput};
 
 fn cfg(nodes: &[&str], expire: &str) -> Config {
     let mut text = String::new();
@@ -78,18 +80,29 @@ fn rebuild_keeps_node_states_and_pins_by_name() {
 fn rebuild_keeps_the_rotation() {
     let old = State::new(cfg(&["a", "b", "c"], "30m")).expect("state");
     for _ in 0..5 {
-        let _ = old.pool().assign(|_| false);
+        let _ = fresh(&old);
     }
     let new = old.rebuild(cfg(&["a", "b", "c"], "30m")).expect("rebuild");
-    assert_eq!(
-        new.pool().rotation(),
-        5,
-        "a reload does not reset who is next"
-    );
-    let next = new
-        .pool()
-        .assign(|_| false)
-        .map(|id| new.node_name(id).to_owned());
+    assert_eq!(new.rotation(), 5, "a reload does not reset who is next");
+    let next = fresh(&new);
     // k = 5 over [a, b, c] is c, as it would have been without the reload.
     assert_eq!(next.as_deref(), Some("c"));
+}
+
+/// A fresh assignment through the one routing decision (no cookie, no table).
+fn fresh(state: &State) -> Option<String> {
+    let r = state.route(
+        None,
+        RouteInput {
+            cookie: None,
+            failback: false,
+            conn_pin: None,
+            table: None,
+            spread_key: 0,
+            balance: Balance::RoundRobin,
+            exclude: &[],
+            now_ms: now_ms(),
+        },
+    );
+    r.node.map(|id| state.node_name(id).to_owned())
 }

@@ -11,7 +11,7 @@ use limpet::health::{
     insecure_tls_config, CheckDetail, CheckKind, CheckSpec, HealthChecks, HealthSink, HttpCheck,
     StatusRange, TlsCheck,
 };
-use limpet_core::{Pool, Transition};
+use limpet_core::{Observation, Pool, Transition};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -37,11 +37,12 @@ impl HealthSink for PoolSink {
     fn record(&self, node: &str, ok: bool, detail: &CheckDetail) -> Option<Transition> {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         let id = pool.lookup(node.as_bytes())?;
-        let t = if ok {
-            pool.record_success(id)
+        let obs = if ok {
+            Observation::CheckPassed
         } else {
-            pool.record_failure(id)
+            Observation::CheckFailed
         };
+        let t = pool.observe(id, obs, limpet::clock::now_ms());
         let _ = self.events.send(Event {
             node: node.to_owned(),
             ok,

@@ -194,10 +194,16 @@ async fn a_node_marked_down_closes_its_tcp_sessions_at_once() {
     let state = sc.running.runtime().state();
     // Passive failures (or a health checker) cross `fall` (3): the node goes DOWN while its
     // service is still up, so only limpet can close the session.
-    assert_eq!(state.record(&home, false), None);
-    assert_eq!(state.record(&home, false), None);
     assert_eq!(
-        state.record(&home, false),
+        state.observe_named(&home, limpet_core::Observation::CheckFailed),
+        None
+    );
+    assert_eq!(
+        state.observe_named(&home, limpet_core::Observation::CheckFailed),
+        None
+    );
+    assert_eq!(
+        state.observe_named(&home, limpet_core::Observation::CheckFailed),
         Some(limpet_core::Transition::WentDown)
     );
     closed_within(&mut session, Duration::from_secs(2)).await;

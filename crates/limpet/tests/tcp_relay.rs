@@ -126,7 +126,7 @@ async fn a_connect_failure_falls_back_to_a_live_node_and_re_pins() {
         let mut t = table.lock();
         match t.lookup(
             KeyRef::ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 60)), Default::default()),
-            limpet::runtime::now_ms(),
+            limpet::clock::now_ms(),
         ) {
             Pin::Node(id) => id,
             other => panic!("no pin: {other:?}"),

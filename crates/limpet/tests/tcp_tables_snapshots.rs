@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use common::multiport::*;
-use limpet::runtime::{load_snapshot, now_ms, start, SnapshotLoad};
+use limpet::clock::now_ms;
+use limpet::runtime::{load_snapshot, start, SnapshotLoad};
 use limpet_core::table::{AffinityStore, KeyRef};
 use limpet_core::Pin;
 

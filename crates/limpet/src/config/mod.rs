@@ -19,6 +19,7 @@
 //! Nothing here panics on any file; every problem is a [`ConfigError`].
 
 mod error;
+pub mod listener;
 mod raw;
 mod validate;
 
@@ -31,7 +32,9 @@ use limpet_core::proxy_protocol;
 use limpet_core::table::KeySpec;
 use limpet_core::{Balance, HealthPolicy};
 
-use crate::proxy::{CookieConfig, IpNet, Limits, Timeouts};
+use crate::admin::AdminSettings;
+use crate::health::CheckSpec;
+pub use listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 
 pub use error::ConfigError;
 pub use raw::parse_duration;
@@ -48,7 +51,7 @@ pub struct Config {
     /// Passive health (connection failures seen by traffic): fall and rise counts.
     pub health: HealthPolicy,
     /// Active checks, `[admin]`, `[drain]` (docs/admin.md, docs/operations.md).
-    pub lifecycle: crate::lifecycle::LifecycleDef,
+    pub lifecycle: LifecycleDef,
 }
 
 /// A node: a machine, named once. Every listener reaches it at `addr:node_port`.
@@ -230,5 +233,33 @@ impl Config {
             );
         }
         s
+    }
+}
+
+/// The lifecycle settings of a configuration (`[admin]`, `[drain]`, checks).
+#[derive(Debug, Clone)]
+pub struct LifecycleDef {
+    /// The admin listener, when `[admin]` is configured.
+    pub admin: Option<AdminSettings>,
+    /// The re-pin window after a drain deadline when the operator gives none.
+    pub drain_spread: Duration,
+    /// A drain is complete once no session was seen on the node for this long (and nothing
+    /// is open to it).
+    pub drain_idle: Duration,
+    /// The window of "distinct sessions seen".
+    pub seen_window: Duration,
+    /// Active checks: (node name, check).
+    pub checks: Vec<(String, CheckSpec)>,
+}
+
+impl Default for LifecycleDef {
+    fn default() -> Self {
+        LifecycleDef {
+            admin: None,
+            drain_spread: Duration::from_secs(60),
+            drain_idle: Duration::from_secs(60),
+            seen_window: Duration::from_secs(600),
+            checks: Vec::new(),
+        }
     }
 }

@@ -27,6 +27,8 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawHealth {
     pub(crate) fall: Option<Spanned<u32>>,
     pub(crate) rise: Option<Spanned<u32>>,
+    /// Without active checks: how long a node DOWN by traffic failures waits for its trial.
+    pub(crate) fail_timeout: Option<Spanned<Dur>>,
     /// Active checks (node lifecycle): time between checks, per-check timeout, jitter.
     pub(crate) interval: Option<Spanned<Dur>>,
     pub(crate) timeout: Option<Spanned<Dur>>,

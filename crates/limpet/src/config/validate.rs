@@ -13,12 +13,12 @@ use limpet_core::{Balance, CookieSpec, HealthPolicy, Pool, SameSite};
 use toml::Spanned;
 
 use super::error::{closest, ConfigError, Source};
+use super::listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 use super::raw::*;
 use super::{
     Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, SnapshotDef, TableDef, TcpDef,
     UpstreamTls,
 };
-use crate::proxy::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 use crate::tls::{self, CertSpec, TlsPart, UpstreamVerify};
 
 pub(super) fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
@@ -77,6 +77,13 @@ impl Validator<'_> {
                     }
                     *slot = *v.get_ref();
                 }
+            }
+            if let Some(v) = &h.fail_timeout {
+                let d = v.get_ref().0;
+                if d < Duration::from_millis(100) {
+                    return Err(self.err(v, "health.fail_timeout", "must be at least 100 ms"));
+                }
+                health.fail_timeout_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             }
         }
         let nodes = self.nodes(&raw.nodes)?;
@@ -756,9 +763,9 @@ impl Validator<'_> {
         nodes: &[NodeDef],
         listeners: &[ListenerDef],
         health: HealthPolicy,
-    ) -> Result<crate::lifecycle::LifecycleDef, ConfigError> {
+    ) -> Result<super::LifecycleDef, ConfigError> {
         use crate::health::{CheckKind, CheckSpec, HttpCheck, TlsCheck};
-        let mut def = crate::lifecycle::LifecycleDef::default();
+        let mut def = super::LifecycleDef::default();
         let dur = |d: &Option<Spanned<Dur>>, key: &str, min: Duration| match d {
             Some(v) if v.get_ref().0 < min => {
                 Err(self.err(v, key, format!("must be at least {} ms", min.as_millis())))

@@ -191,6 +191,8 @@ impl CheckSpec {
         HealthPolicy {
             fall: self.fall.max(1),
             rise: self.rise.max(1),
+            checked: true,
+            ..HealthPolicy::default()
         }
     }
 

@@ -12,7 +12,7 @@
 
 use http::header::{HeaderValue, COOKIE};
 use http::HeaderMap;
-use limpet_core::{cookie, CookieCodec, CookieSpec, NodeId, Pool, ReadPin};
+use limpet_core::{cookie, CookieCodec, CookieSpec, NodeId, ReadPin, Topology};
 
 use super::config::{ConfigError, CookieConfig, Failback};
 
@@ -26,7 +26,7 @@ pub(crate) struct Affinity {
 }
 
 impl Affinity {
-    pub(crate) fn new(cfg: CookieConfig, pool: &Pool) -> Result<Self, ConfigError> {
+    pub(crate) fn new(cfg: CookieConfig, pool: &Topology) -> Result<Self, ConfigError> {
         let codec = cfg.codec(pool)?;
         let home = (cfg.failback == Failback::Home).then(|| CookieSpec {
             name: format!("{}-home", cfg.spec.name).into(),
@@ -46,7 +46,7 @@ impl Affinity {
 
     /// The home pin this request carries (`<name>-home`), read with the pin's codec; no pin
     /// without `failback = "home"`.
-    pub(crate) fn read_home(&self, pool: &Pool, headers: &HeaderMap, now_ms: u64) -> ReadPin {
+    pub(crate) fn read_home(&self, pool: &Topology, headers: &HeaderMap, now_ms: u64) -> ReadPin {
         let value = self.home.as_ref().and_then(|h| {
             cookie::find_in_values(
                 headers.get_all(COOKIE).iter().map(|v| v.as_bytes()),
@@ -75,7 +75,7 @@ impl Affinity {
     /// The pin this request carries: the first cookie of our name, in arrival order. Never
     /// fails: a value that means nothing reads as `Pin::Unknown`/`Invalid`/`Expired`, which
     /// the core treats as no pin.
-    pub(crate) fn read(&self, pool: &Pool, headers: &HeaderMap, now_ms: u64) -> ReadPin {
+    pub(crate) fn read(&self, pool: &Topology, headers: &HeaderMap, now_ms: u64) -> ReadPin {
         let value = cookie::find_in_values(
             headers.get_all(COOKIE).iter().map(|v| v.as_bytes()),
             self.name(),
@@ -85,7 +85,13 @@ impl Affinity {
 
     /// Node to cookie value. `issued_ms` is now for a fresh pin, the token's first issue time
     /// for a refresh (so refreshing never extends a signed token's lifetime).
-    pub(crate) fn encode(&self, pool: &Pool, node: NodeId, issued_ms: u64, now_ms: u64) -> String {
+    pub(crate) fn encode(
+        &self,
+        pool: &Topology,
+        node: NodeId,
+        issued_ms: u64,
+        now_ms: u64,
+    ) -> String {
         self.codec.write(node, pool, issued_ms, now_ms)
     }
 
@@ -193,7 +199,7 @@ mod tests {
 
     #[test]
     fn strip_drops_emptied_headers() {
-        let pool = Pool::new(["b1"]).unwrap_or_else(|e| panic!("{e}"));
+        let pool = limpet_core::Pool::new(["b1"]).unwrap_or_else(|e| panic!("{e}"));
         let a = Affinity::new(CookieConfig::default(), &pool).unwrap_or_else(|e| panic!("{e}"));
         let mut h = HeaderMap::new();
         h.append(COOKIE, HeaderValue::from_static("route=b1"));

@@ -94,7 +94,7 @@ pub struct ProxyBody {
     inner: Inner,
     _active: Option<ActiveGuard>,
     /// Counts the request as open to its node until the answer body is done.
-    _node: Option<crate::runtime::ConnGuard>,
+    _node: Option<crate::nodes::ConnGuard>,
 }
 
 impl ProxyBody {
@@ -120,7 +120,7 @@ impl ProxyBody {
     }
 
     /// Keeps the node's open-connection count up until the body is done.
-    pub(crate) fn with_node_guard(mut self, guard: crate::runtime::ConnGuard) -> Self {
+    pub(crate) fn with_node_guard(mut self, guard: crate::nodes::ConnGuard) -> Self {
         self._node = Some(guard);
         self
     }

@@ -2,30 +2,34 @@
 //!
 //! ```text
 //!  request ─► checks (target length, framing, CONNECT) ─► 400/405/414
-//!     ─► choose: cookie pin ─► Pool (under lock) ─► node + pin outcome  ─► 503 if none
+//!     ─► presented (cookie, home cookie, table key, spread key) ─► route (the core's one
+//!        decision, via State::route) ─► node, outcome, cookies, table write ─► 503 if none
 //!     ─► rewrite head (strip our cookie, hop-by-hop, X-Forwarded-*, Host, origin-form)
 //!     ─► attempt on the node's connections ─┬─ answer ─► Set-Cookie / Cache-Control ─► client
 //!                                           ├─ 101 ─► upgrade::tunnel
-//!                                           └─ failed ─► failover? (see `attempt`) ─► next node
+//!                                           └─ UpstreamError ─► failover? ─► route again
+//!                                                              (excluding failed nodes)
 //!  one access log line per request
 //! ```
 //!
-//! Failover rules: a node that refused or timed out the connection, or whose fresh connection
-//! died before taking the request, gets `record_failure` and is excluded for this request; the
-//! request (with its streamed body, untouched) goes to a fresh assignment, and the answer
-//! re-pins. A stale pooled connection is retried once on a fresh connection to the same node
-//! first: keep-alive races are not the node's fault. Once request bytes may have reached a
-//! node, only an idempotent request without a body is replayed elsewhere.
+//! Failover rules (decided from the [`UpstreamError`], see `crate::error`): a node that refused
+//! or timed out the connection, or whose fresh connection died before taking the request, is
+//! a passive failure and is excluded for this request; the request (with its streamed body,
+//! untouched) routes again, and the answer re-pins. A stale pooled connection is retried once
+//! on a fresh connection to the same node first: keep-alive races are not the node's fault.
+//! Once request bytes may have reached a node (an answer that does not come in time, a reset
+//! mid-request), only an idempotent request without a body is replayed elsewhere.
 
 use std::convert::Infallible;
-use std::fmt;
 use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 use limpet_core::table::{KeyRef, TableKey};
-use limpet_core::{Decision, NodeId, Pin, RepinReason};
+use limpet_core::{
+    CookieIn, CookieWrite, HomeWrite, NodeId, Observation, Outcome, Pin, Route, RouteInput,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -33,60 +37,29 @@ use super::body::{ProxyBody, UpBody};
 use super::headers::{self as hdr, X_REQUEST_ID};
 use super::server::{ActiveGuard, ConnCtx, Shared};
 use super::upgrade;
+use crate::clock;
+use crate::error::{Cause, Stage, UpstreamError};
 
-/// How the request's node was chosen, for the access log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// The cookie named a node that takes it.
-    Sticky,
-    /// No cookie: a fresh assignment (or this connection's earlier one).
-    New,
-    /// A cookie that could not be honoured, or a failed node: a fresh assignment.
-    Repinned(RepinReason),
-    /// `--sticky none`: round-robin, no cookie.
-    RoundRobin,
-    /// No usable cookie, but the listener's table pinned the client (e.g. through another
-    /// port): routed there, and the cookie catches up.
-    TableSticky,
-    /// `failback = "home"`: the session's home node is UP again; it goes back there.
-    Failback,
-}
-
-impl Outcome {
-    /// The outcome as the metrics count it.
-    fn pin_outcome(self) -> Option<crate::metrics::PinOutcome> {
-        use crate::metrics::PinOutcome;
-        Some(match self {
-            // Failback honours the session's home pin.
-            Outcome::Sticky | Outcome::TableSticky | Outcome::Failback => PinOutcome::Sticky,
-            Outcome::New | Outcome::RoundRobin => PinOutcome::New,
-            Outcome::Repinned(r) => PinOutcome::Repinned(r),
-        })
+/// The pin outcome as the access log writes it: the core's outcome, with the reason of a
+/// re-pin, and `round-robin` on a listener with no affinity at all.
+fn outcome_text(outcome: Outcome, affinity: bool) -> String {
+    match outcome {
+        Outcome::Repin(r) => format!("re-pinned({})", r.as_str()),
+        Outcome::Fresh if !affinity => "round-robin".to_owned(),
+        o => o.as_str().to_owned(),
     }
 }
 
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Outcome::Sticky => f.write_str("sticky"),
-            Outcome::New => f.write_str("new"),
-            Outcome::Repinned(r) => write!(f, "re-pinned({})", r.as_str()),
-            Outcome::RoundRobin => f.write_str("round-robin"),
-            Outcome::TableSticky => f.write_str("sticky(table)"),
-            Outcome::Failback => f.write_str("failback"),
-        }
-    }
-}
-
-/// Where a request goes and whether its answer pins.
-#[derive(Debug, Clone, Copy)]
-struct Choice {
-    node: NodeId,
-    outcome: Outcome,
-    set_cookie: bool,
-    /// When the cookie to set was first issued: now for a fresh pin, the token's issue time
-    /// for a refreshed signed token.
-    issued_ms: Option<u64>,
+/// The outcome as the metrics count it.
+fn pin_outcome(o: Outcome) -> Option<crate::metrics::PinOutcome> {
+    use crate::metrics::PinOutcome;
+    Some(match o {
+        // Failback honours the session's home pin.
+        Outcome::Sticky | Outcome::TableHit | Outcome::Failback => PinOutcome::Sticky,
+        Outcome::Fresh => PinOutcome::New,
+        Outcome::Repin(r) => PinOutcome::Repinned(r),
+        Outcome::None => return None,
+    })
 }
 
 /// The access log line, filled in as the request progresses.
@@ -95,16 +68,14 @@ struct Access<'a> {
     method: Method,
     path: String,
     node: Option<String>,
-    outcome: Option<Outcome>,
+    outcome: Option<String>,
     start: Instant,
 }
 
 impl Access<'_> {
     fn emit(&self, status: StatusCode) {
         let node = self.node.as_deref().unwrap_or("-");
-        let pin = self
-            .outcome
-            .map_or_else(|| "-".to_owned(), |o| o.to_string());
+        let pin = self.outcome.as_deref().unwrap_or("-");
         tracing::info!(
             target: "limpet::access",
             id = %self.id,
@@ -116,12 +87,6 @@ impl Access<'_> {
             ms = self.start.elapsed().as_secs_f64() * 1000.0,
         );
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The hyper service of a client connection: never fails, every problem is an answer.
@@ -140,13 +105,14 @@ pub(crate) async fn handle(
         outcome: None,
         start: Instant::now(),
     };
-    let resp = proxy(&ctx, req, &mut log).await;
+    let mut outcome = None;
+    let resp = proxy(&ctx, req, &mut log, &mut outcome).await;
     log.emit(resp.status());
     // Node lifecycle: metrics hooks.
     let (life, listener) = (&ctx.shared.state.lifecycle, &ctx.shared.def.name);
     life.metrics
         .request(listener, log.node.as_deref(), resp.status().as_u16());
-    if let Some(o) = log.outcome.and_then(Outcome::pin_outcome) {
+    if let Some(o) = outcome.and_then(pin_outcome) {
         life.metrics.pin(listener, o);
     }
     Ok(resp.map(|b| b.with_guard(guard)))
@@ -218,165 +184,84 @@ fn table_key<'a>(ctx: &ConnCtx, headers: &'a HeaderMap) -> Option<KeyRef<'a>> {
     spec.request_key(ctx.peer.ip(), values)
 }
 
-/// Picks the node. Precedence: the limpet cookie first (a valid pin to a node that takes it
-/// wins, and refreshes the table's entry so the other listeners follow the client); then this
-/// connection's earlier fresh choice; then the table's pin; then a fresh assignment by the
-/// listener's balance, recorded in the table. Locks: table, then pool; never awaits.
-fn choose(ctx: &ConnCtx, headers: &HeaderMap) -> Option<Choice> {
+/// What a request presents for routing, read once from its head: the affinity cookie and
+/// home cookie, the table key, and the session's spread key.
+struct Presented {
+    cookie: Option<CookieIn>,
+    key: Option<TableKey>,
+    spread: u64,
+}
+
+fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
     let shared = &ctx.shared;
-    let balance = shared.def.balance;
-    let now = now_ms();
+    let topology = shared.state.topology();
+    let cookie = shared.affinity.as_ref().map(|a| {
+        let read = a.read(topology, headers, now);
+        CookieIn {
+            pin: read.pin,
+            issued_ms: read.issued_ms,
+            refresh: read.refresh,
+            home: if a.fails_back() {
+                a.read_home(topology, headers, now).pin
+            } else {
+                Pin::None
+            },
+        }
+    });
     let key = table_key(ctx, headers);
-    // Application-cookie tables learn from answers; the request only looks up.
-    let records = shared
-        .table
-        .as_ref()
-        .is_some_and(|t| !t.key_spec().learns_from_response());
-    let mut table = match (&shared.table, key) {
-        (Some(t), Some(_)) => Some(t.lock()),
-        _ => None,
-    };
-    let mut pool = shared.pool();
-    // The session's place in a drain's re-pin window: its table key, else its client.
-    let client_key = crate::lifecycle::session_key(ctx.peer.ip(), None);
-    let spread = key.map_or(client_key, |k| spread_of(&k));
-
-    let (read, reason) = match &shared.affinity {
-        Some(affinity) => {
-            let read = affinity.read(&pool, headers, now);
-            let session = crate::lifecycle::session_key(ctx.peer.ip(), read.issued_ms);
-            if affinity.fails_back() {
-                let home = affinity.read_home(&pool, headers, now).pin;
-                if let Some(node) = pool.failback(read.pin, home, now) {
-                    if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
-                        t.learn(k, node, now);
-                    }
-                    ctx.set_pinned(node);
-                    return Some(Choice {
-                        node,
-                        outcome: Outcome::Failback,
-                        set_cookie: true,
-                        issued_ms: None,
-                    });
-                }
-            }
-            if let Pin::Node(node) = read.pin {
-                if pool.honours_pin_keyed(node, now, session).is_ok() {
-                    if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
-                        t.learn(k, node, now);
-                    }
-                    return Some(Choice {
-                        node,
-                        outcome: Outcome::Sticky,
-                        set_cookie: read.refresh,
-                        issued_ms: read.issued_ms,
-                    });
-                }
-            }
-            let reason = match read.pin {
-                Pin::None => None,
-                Pin::Node(n) => pool.honours_pin_keyed(n, now, session).err(),
-                Pin::Unknown => Some(RepinReason::UnknownNode),
-                Pin::Invalid => Some(RepinReason::InvalidCookie),
-                Pin::Expired => Some(RepinReason::ExpiredCookie),
-            };
-            (Some(read), reason)
-        }
-        None => (None, None),
-    };
-    let cookie = read.is_some();
-    let outcome = |r: Option<RepinReason>| r.map_or(Outcome::New, Outcome::Repinned);
-    // No usable cookie. If this connection already got a node for an earlier request the
-    // client has not yet confirmed with the cookie, follow it: concurrent first requests agree.
-    if cookie {
-        if let Some(node) = ctx.pinned() {
-            if pool.honours_pin_keyed(node, now, client_key).is_ok() {
-                return Some(Choice {
-                    node,
-                    outcome: outcome(reason),
-                    set_cookie: true,
-                    issued_ms: None,
-                });
-            }
-        }
-    }
-    let table_pin = match (table.as_mut(), key) {
-        (Some(t), Some(k)) => t.lookup(k, now),
-        _ => Pin::None,
-    };
-    let has_table = table.is_some();
-    match pool.decide_with(table_pin, now, balance, spread, |n| shared.state.active(n)) {
-        Decision::Sticky(node) => {
-            if cookie {
-                ctx.set_pinned(node);
-            }
-            Some(Choice {
-                node,
-                outcome: if cookie {
-                    Outcome::TableSticky
-                } else {
-                    Outcome::Sticky
-                },
-                set_cookie: cookie,
-                issued_ms: None,
-            })
-        }
-        Decision::Fresh { node, repin } => {
-            if let (Some(t), Some(k), true) = (table.as_mut(), key, records) {
-                t.learn(k, node, now);
-            }
-            if cookie {
-                ctx.set_pinned(node);
-            }
-            Some(Choice {
-                node,
-                outcome: if cookie || has_table {
-                    outcome(reason.or(repin))
-                } else {
-                    Outcome::RoundRobin
-                },
-                set_cookie: cookie,
-                issued_ms: None,
-            })
-        }
-        Decision::Unavailable => None,
+    let spread = crate::runtime::spread_of(key, ctx.peer.ip(), cookie.and_then(|c| c.issued_ms));
+    Presented {
+        cookie,
+        key: key.map(KeyRef::to_key),
+        spread,
     }
 }
 
-/// The cookies of a request on a `failback = "home"` listener: its pin and its home pin.
-#[derive(Debug, Clone, Copy)]
-struct HomePins {
-    pinned: Pin,
-    home: Pin,
-}
-
-/// What the answer does with the home cookie.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HomeCookie {
-    Keep,
-    /// Moved away from this node because of the node: remember it as home.
-    Set(NodeId),
-    /// Back home: the home cookie has done its job.
-    Clear,
-}
-
-/// The home-cookie rule. A session re-pinned away from its pinned node because of that node
-/// (DOWN, MAINT, drain ended, connect failed) remembers the node as home, unless it already
-/// has a home (moved twice: the first node stays home). A session that went home forgets it.
-fn home_cookie(choice: &Choice, pins: HomePins) -> HomeCookie {
-    match choice.outcome {
-        Outcome::Failback => HomeCookie::Clear,
-        Outcome::Repinned(
-            RepinReason::NodeDown
-            | RepinReason::NodeMaint
-            | RepinReason::DrainEnded
-            | RepinReason::ConnectFailed,
-        ) => match (pins.pinned, pins.home) {
-            (_, Pin::Node(_)) => HomeCookie::Keep,
-            (Pin::Node(was), _) if was != choice.node => HomeCookie::Set(was),
-            _ => HomeCookie::Keep,
-        },
-        _ => HomeCookie::Keep,
+/// Routes the request through the one core decision ([`crate::runtime::State::route`]),
+/// excluding the nodes that already failed for it. Carries out what the route asks of the
+/// connection (remember its node until the cookie comes back) and claims a DOWN node's
+/// trial; a trial someone else holds is skipped like a failed node.
+fn route(ctx: &ConnCtx, p: &Presented, exclude: &mut Vec<NodeId>) -> Route {
+    let shared = &ctx.shared;
+    loop {
+        let conn_pin = ctx.pinned();
+        let input = RouteInput {
+            cookie: p.cookie,
+            failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
+            conn_pin,
+            table: None,
+            spread_key: p.spread,
+            balance: shared.def.balance,
+            exclude,
+            now_ms: clock::now_ms(),
+        };
+        let table = shared
+            .table
+            .as_deref()
+            .zip(p.key.as_ref().map(TableKey::as_key_ref));
+        let r = shared.state.route(table, input);
+        // Concurrent first requests of one connection: the first to pin it wins, the others
+        // route again and follow it.
+        match (r.conn_pin, conn_pin) {
+            (Some(n), None) if !ctx.pin_if_unpinned(n) => continue,
+            (Some(n), Some(_)) => ctx.set_pinned(n),
+            _ => {}
+        }
+        if let (Some(n), true) = (r.node, r.trial) {
+            let claimed = shared
+                .state
+                .node_rt(n)
+                .is_some_and(|rt| rt.claim_trial(shared.timeouts.connect));
+            if !claimed {
+                exclude.push(n);
+                continue;
+            }
+            tracing::info!(
+                node = shared.node_name(n),
+                "trying a DOWN node again (fail_timeout passed)"
+            );
+        }
+        return r;
     }
 }
 
@@ -396,55 +281,8 @@ fn learn_app_cookie(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
         .iter()
         .map(HeaderValue::as_bytes);
     if let Some(k) = spec.response_key(values) {
-        table.lock().learn(k, node, now_ms());
+        table.lock().learn(k, node, clock::now_ms());
     }
-}
-
-/// A well-mixed hash of the table key, placing the session's re-pin in a drain window.
-fn spread_of(key: &KeyRef<'_>) -> u64 {
-    match key.ip_addr() {
-        Some(ip) => crate::tcp::spread_key(ip),
-        None => key.as_bytes().map_or(0, |b| {
-            // FNV-1a then the splitmix64 finaliser: fixed seed, stable across restarts.
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for &x in b {
-                h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-            }
-            h ^= h >> 31;
-            h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        }),
-    }
-}
-
-/// A fresh node for a request whose node failed, excluding every node that failed for it;
-/// the table's entry for the request moves with it.
-fn reassign(ctx: &ConnCtx, key: Option<&TableKey>, failed: &[NodeId]) -> Option<Choice> {
-    let shared = &ctx.shared;
-    // Application-cookie tables learn from the answer of the node that finally serves.
-    let table = shared
-        .table
-        .as_deref()
-        .filter(|t| !t.key_spec().learns_from_response());
-    let node = shared.state.reassign(
-        table,
-        key.map(TableKey::as_key_ref),
-        shared.def.balance,
-        failed,
-    )?;
-    let sticky = shared.affinity.is_some();
-    if sticky {
-        ctx.set_pinned(node);
-    }
-    Some(Choice {
-        node,
-        outcome: if sticky || shared.table.is_some() {
-            Outcome::Repinned(RepinReason::ConnectFailed)
-        } else {
-            Outcome::RoundRobin
-        },
-        set_cookie: sticky,
-        issued_ms: None,
-    })
 }
 
 /// The parts of the request that every attempt sends.
@@ -469,6 +307,7 @@ async fn proxy(
     ctx: &Arc<ConnCtx>,
     mut req: Request<Incoming>,
     log: &mut Access<'_>,
+    outcome: &mut Option<Outcome>,
 ) -> Response<ProxyBody> {
     let shared = &ctx.shared;
     let id = log.id;
@@ -499,26 +338,14 @@ async fn proxy(
         .get(header::UPGRADE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    // `failback = "home"`: the pins as the request carried them, before any re-pin.
-    let home_pins = shared
-        .affinity
-        .as_ref()
-        .filter(|a| a.fails_back())
-        .map(|a| {
-            let (pool, now) = (shared.pool(), now_ms());
-            HomePins {
-                pinned: a.read(&pool, req.headers(), now).pin,
-                home: a.read_home(&pool, req.headers(), now).pin,
-            }
-        });
-
-    let Some(mut choice) = choose(ctx, req.headers()) else {
+    let p = presented(ctx, req.headers(), clock::now_ms());
+    let mut failed: Vec<NodeId> = Vec::new();
+    let first = route(ctx, &p, &mut failed);
+    let Some(first_node) = first.node else {
         return unavailable(shared, id);
     };
     // Counted open to its node from now until the answer body is done (drain accounting).
-    let mut in_flight = (choice.node, shared.state.open(choice.node));
-    // Owned: the failover path re-pins it after the headers have moved into the request.
-    let key = table_key(ctx, req.headers()).map(|k| k.to_key());
+    let mut in_flight = (first_node, shared.state.open(first_node));
 
     // The head every attempt sends.
     let (parts, body) = req.into_parts();
@@ -559,50 +386,56 @@ async fn proxy(
         (is_idempotent(&head.method) && body.is_end_stream() && !upgrade).then(|| head.clone());
     let (up_body, body_done) = UpBody::streamed(body);
 
-    let result = attempt(
+    let mut attempt = Attempt {
         ctx,
-        &mut choice,
-        head,
-        up_body,
-        body_done,
+        presented: &p,
+        route: first,
+        failed,
         replay,
         upgrade,
-        key.as_ref(),
-        log,
-    )
-    .await;
-    log.node = Some(shared.node_name(choice.node).to_owned());
-    log.outcome = Some(choice.outcome);
-    if in_flight.0 != choice.node {
-        in_flight = (choice.node, shared.state.open(choice.node));
+        id,
+    };
+    let result = attempt.run(head, up_body, body_done).await;
+    let chosen = attempt.route;
+    *outcome = Some(chosen.outcome);
+    log.outcome = Some(outcome_text(
+        chosen.outcome,
+        shared.affinity.is_some() || shared.table.is_some(),
+    ));
+    let Some(node) = chosen.node else {
+        return unavailable(shared, id);
+    };
+    log.node = Some(shared.node_name(node).to_owned());
+    if in_flight.0 != node {
+        in_flight = (node, shared.state.open(node));
     }
-    shared.state.lifecycle.seen(
-        shared.node_name(choice.node),
-        crate::lifecycle::session_key(ctx.peer.ip(), choice.issued_ms),
-    );
+    if let Some(rt) = shared.state.node_rt(node) {
+        rt.seen(p.spread);
+    }
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(Failure::Unavailable) => {
-            log.node = None;
+        Err(e) if e.stage == Stage::ClientBody => {
+            return local_close(
+                StatusCode::BAD_REQUEST,
+                id,
+                "request body could not be read",
+            )
+        }
+        // No node took the request: nothing was sent anywhere.
+        Err(e) if !e.sent && e.stage != Stage::ClientBody => {
+            tracing::debug!(id, error = %e, "no node reachable");
             return unavailable(shared, id);
         }
-        Err(Failure::Timeout) => {
+        Err(e) if e.is_timeout() && e.stage == Stage::AnswerHead => {
             return local(
                 StatusCode::GATEWAY_TIMEOUT,
                 id,
                 "node did not answer in time",
             )
         }
-        Err(Failure::BadGateway(why)) => {
-            tracing::debug!(id, error = %why, "upstream error");
+        Err(e) => {
+            tracing::debug!(id, error = %e, "upstream error");
             return local(StatusCode::BAD_GATEWAY, id, "bad answer from node");
-        }
-        Err(Failure::ClientBody) => {
-            return local_close(
-                StatusCode::BAD_REQUEST,
-                id,
-                "request body could not be read",
-            )
         }
     };
 
@@ -623,34 +456,30 @@ async fn proxy(
     let (rparts, rbody) = resp.into_parts();
     let mut rheaders = rparts.headers;
     hdr::remove_hop_by_hop(&mut rheaders, switching);
-    learn_app_cookie(ctx, &rheaders, choice.node);
-    if choice.set_cookie {
-        if let Some(a) = &shared.affinity {
-            let now = now_ms();
-            let pool = shared.pool();
-            let value = a.encode(&pool, choice.node, choice.issued_ms.unwrap_or(now), now);
-            if let Some(v) = a.set_cookie(&value, ctx.tls) {
-                rheaders.append(header::SET_COOKIE, v);
-            }
-            let home = match home_pins.map(|p| home_cookie(&choice, p)) {
-                Some(HomeCookie::Set(was)) => {
-                    a.set_home_cookie(&a.encode(&pool, was, now, now), ctx.tls)
-                }
-                Some(HomeCookie::Clear) => a.clear_home_cookie(ctx.tls),
-                Some(HomeCookie::Keep) | None => None,
-            };
-            drop(pool);
-            if let Some(v) = home {
-                rheaders.append(header::SET_COOKIE, v);
-            }
-            hdr::add_no_cache_set_cookie(&mut rheaders);
+    learn_app_cookie(ctx, &rheaders, node);
+    if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
+        let now = clock::now_ms();
+        let topology = shared.state.topology();
+        let value = a.encode(topology, node, issued_ms.unwrap_or(now), now);
+        if let Some(v) = a.set_cookie(&value, ctx.tls) {
+            rheaders.append(header::SET_COOKIE, v);
         }
+        let home = match chosen.home {
+            HomeWrite::Set(was) => a.set_home_cookie(&a.encode(topology, was, now, now), ctx.tls),
+            HomeWrite::Clear => a.clear_home_cookie(ctx.tls),
+            HomeWrite::Keep => None,
+        };
+        if let Some(v) = home {
+            rheaders.append(header::SET_COOKIE, v);
+        }
+        hdr::add_no_cache_set_cookie(&mut rheaders);
     }
     *out.headers_mut() = rheaders;
     // hyper answers in the client's version; the node's is irrelevant.
     *out.version_mut() = Version::HTTP_11;
-    if let (Some(client), Some(upstream)) = (client_upgrade, upstream_upgrade) {
-        let name = shared.node_name(choice.node);
+    if let (Some(client), Some(upstream), Some(rt)) =
+        (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
+    {
         upgrade::spawn_tunnel(
             client,
             upstream,
@@ -658,14 +487,19 @@ async fn proxy(
             shared.draining.clone(),
             upgrade::NodeTunnel {
                 websocket,
-                close: shared.state.lifecycle.close_signal(name),
-                _open: shared.state.open(choice.node),
-                _tunnel: shared.state.lifecycle.tunnel(name),
+                node: Arc::clone(rt),
+                spread: p.spread,
+                _open: rt.open(),
+                _tunnel: rt.tunnel(),
             },
         );
         return out;
     }
-    out.map(|_| ProxyBody::upstream(rbody).with_node_guard(in_flight.1))
+    let body = ProxyBody::upstream(rbody);
+    out.map(|_| match in_flight.1 {
+        Some(guard) => body.with_node_guard(guard),
+        None => body,
+    })
 }
 
 /// HTTP/2 may split one cookie header into many fields; an HTTP/1.1 node expects one line
@@ -685,210 +519,173 @@ fn join_cookie_lines(headers: &mut HeaderMap) {
     }
 }
 
-/// Why no answer came back from any node.
-#[derive(Debug)]
-enum Failure {
-    Unavailable,
-    Timeout,
-    BadGateway(String),
-    ClientBody,
-}
-
-/// Sends the request, failing over per the module rules. On return `choice` names the node
-/// that answered (or was last tried) and whether the answer must pin.
-#[allow(clippy::too_many_arguments)]
-async fn attempt(
-    ctx: &ConnCtx,
-    choice: &mut Choice,
-    head: Head,
-    body: UpBody,
-    mut body_done: watch::Receiver<bool>,
+/// One request's attempts at nodes: the route it follows, the nodes that failed for it, and
+/// the failover rules of the module docs, decided from each [`UpstreamError`].
+struct Attempt<'a> {
+    ctx: &'a ConnCtx,
+    presented: &'a Presented,
+    /// The route being tried; on return, the node that answered (or was last tried).
+    route: Route,
+    failed: Vec<NodeId>,
+    /// A copy of the head to replay elsewhere, kept only when replaying is allowed at all.
     replay: Option<Head>,
     upgrade: bool,
-    key: Option<&TableKey>,
-    log: &Access<'_>,
-) -> Result<Response<Incoming>, Failure> {
-    let shared = &ctx.shared;
-    let answer_timeout = shared.timeouts.upstream_answer;
-    let mut failed: Vec<NodeId> = Vec::new();
-    // The request not yet handed to any connection, or handed back unsent.
-    let mut pending: Option<Request<UpBody>> = Some(head.into_request(body));
-    let mut force_fresh = upgrade;
-    let fail_over = |choice: &mut Choice, node: NodeId, failed: &mut Vec<NodeId>| {
-        shared.record_failure(node);
-        failed.push(node);
-        match reassign(ctx, key, failed) {
-            Some(c) => {
-                *choice = c;
-                Ok(())
-            }
-            None => Err(Failure::Unavailable),
-        }
-    };
-
-    // Each turn either returns or adds a node to `failed` (or spends the one fresh-connection
-    // retry), so the loop ends within 2 * nodes turns.
-    loop {
-        let node = choice.node;
-        let Some(conns) = shared.conns.get(node.index()) else {
-            return Err(Failure::BadGateway("node without connections".into()));
-        };
-        let pooled = if force_fresh { None } else { conns.checkout() };
-        let was_pooled = pooled.is_some();
-        let mut sender = match pooled {
-            Some(s) => s,
-            None => match conns.connect().await {
-                Ok(s) => {
-                    shared.record_success(node);
-                    s
-                }
-                Err(e) => {
-                    tracing::debug!(id = log.id, node = node.0, error = %e, "connect failed");
-                    fail_over(choice, node, &mut failed)?;
-                    force_fresh = upgrade;
-                    continue;
-                }
-            },
-        };
-        let req = match pending.take() {
-            Some(r) => r,
-            None => match &replay {
-                Some(h) => h.clone().into_request(UpBody::empty()),
-                None => return Err(Failure::BadGateway("request cannot be replayed".into())),
-            },
-        };
-        let sent_at = Instant::now();
-        let send = sender.try_send_request(req);
-        // The answer clock starts once the client's body is fully sent: a slow upload is not a
-        // slow node.
-        let clock = async {
-            let _ = body_done.wait_for(|d| *d).await;
-            tokio::time::sleep(answer_timeout).await;
-        };
-        let outcome = tokio::select! {
-            r = send => r,
-            () = clock => return Err(Failure::Timeout),
-        };
-        match outcome {
-            Ok(resp) => {
-                if !upgrade {
-                    conns.recycle(sender);
-                }
-                shared.state.lifecycle.metrics.upstream_latency(
-                    &shared.def.name,
-                    shared.node_name(node),
-                    sent_at.elapsed(),
-                );
-                return Ok(resp);
-            }
-            Err(mut e) => {
-                if let Some(req) = e.take_message() {
-                    // Nothing of the request left: the connection was already dead.
-                    pending = Some(req);
-                    if was_pooled {
-                        force_fresh = true;
-                    } else {
-                        fail_over(choice, node, &mut failed)?;
-                        force_fresh = upgrade;
-                    }
-                    continue;
-                }
-                let err = e.into_error();
-                if err.is_user() || err.is_body_write_aborted() {
-                    return Err(Failure::ClientBody);
-                }
-                if err.is_parse() || err.is_parse_status() {
-                    return Err(Failure::BadGateway(err.to_string()));
-                }
-                // Request bytes may have reached the node; no answer byte was relayed.
-                if replay.is_some() {
-                    tracing::debug!(id = log.id, error = %err, "node failed mid-request; replaying idempotent request");
-                    fail_over(choice, node, &mut failed)?;
-                    force_fresh = upgrade;
-                    continue;
-                }
-                shared.record_failure(node);
-                return Err(Failure::BadGateway(err.to_string()));
-            }
-        }
-    }
+    id: &'a str,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn choice(node: u32, outcome: Outcome) -> Choice {
-        Choice {
-            node: NodeId(node),
-            outcome,
-            set_cookie: true,
-            issued_ms: None,
+impl Attempt<'_> {
+    /// The node failed this request: passive health learns what the error says, and the
+    /// request routes again without it (the answer re-pins).
+    fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
+        let state = &self.ctx.shared.state;
+        if let Some(obs) = e.observation() {
+            state.observe(node, obs);
         }
+        tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
+        self.failed.push(node);
+        let next = route(self.ctx, self.presented, &mut self.failed);
+        if next.node.is_none() {
+            // Nowhere else to go: the answer reports this node's error.
+            return Err(e.clone());
+        }
+        self.route = next;
+        Ok(())
     }
 
-    fn pins(pinned: Pin, home: Pin) -> HomePins {
-        HomePins { pinned, home }
-    }
-
-    #[test]
-    fn home_cookie_is_set_only_when_the_node_made_the_session_move() {
-        let (a, b) = (NodeId(0), NodeId(1));
-        for r in [
-            RepinReason::NodeDown,
-            RepinReason::NodeMaint,
-            RepinReason::DrainEnded,
-            RepinReason::ConnectFailed,
-        ] {
-            assert_eq!(
-                home_cookie(
-                    &choice(1, Outcome::Repinned(r)),
-                    pins(Pin::Node(a), Pin::None)
-                ),
-                HomeCookie::Set(a),
-                "{r:?}"
-            );
+    /// Sends the request, failing over per the module rules.
+    async fn run(
+        &mut self,
+        head: Head,
+        body: UpBody,
+        mut body_done: watch::Receiver<bool>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let shared = &self.ctx.shared;
+        let answer_timeout = shared.timeouts.upstream_answer;
+        // The request not yet handed to any connection, or handed back unsent.
+        let mut pending: Option<Request<UpBody>> = Some(head.into_request(body));
+        let mut force_fresh = self.upgrade;
+        // Each turn either returns or adds a node to `failed` (or spends the one
+        // fresh-connection retry), so the loop ends within 2 * nodes turns.
+        loop {
+            let Some(node) = self.route.node else {
+                return Err(UpstreamError::new(
+                    Stage::Connect,
+                    Cause::Io(std::io::ErrorKind::NotFound),
+                    false,
+                    "no node available",
+                ));
+            };
+            let Some(conns) = shared.conns.get(node.index()) else {
+                return Err(UpstreamError::new(
+                    Stage::Connect,
+                    Cause::Io(std::io::ErrorKind::NotFound),
+                    false,
+                    "node without connections",
+                ));
+            };
+            let pooled = if force_fresh { None } else { conns.checkout() };
+            let was_pooled = pooled.is_some();
+            let mut sender = match pooled {
+                Some(s) => s,
+                None => match conns.connect().await {
+                    Ok(s) => {
+                        // Without checks this counts (and ends a trial); with checks, a
+                        // completed connect proves nothing and the core ignores it.
+                        shared.state.observe(node, Observation::TrafficOk);
+                        s
+                    }
+                    Err(e) => {
+                        self.fail_over(node, &e)?;
+                        force_fresh = self.upgrade;
+                        continue;
+                    }
+                },
+            };
+            let req = match pending.take() {
+                Some(r) => r,
+                None => match &self.replay {
+                    Some(h) => h.clone().into_request(UpBody::empty()),
+                    None => {
+                        return Err(UpstreamError::new(
+                            Stage::Send,
+                            Cause::Io(std::io::ErrorKind::Other),
+                            true,
+                            "request cannot be replayed",
+                        ))
+                    }
+                },
+            };
+            let sent_at = Instant::now();
+            let send = sender.try_send_request(req);
+            // The answer clock starts once the client's body is fully sent: a slow upload is
+            // not a slow node.
+            let clock = async {
+                let _ = body_done.wait_for(|d| *d).await;
+                tokio::time::sleep(answer_timeout).await;
+            };
+            let outcome = tokio::select! {
+                r = send => r.map_err(Some),
+                () = clock => Err(None),
+            };
+            let err = match outcome {
+                Ok(resp) => {
+                    if !self.upgrade {
+                        conns.recycle(sender);
+                    }
+                    shared.state.lifecycle.metrics.upstream_latency(
+                        &shared.def.name,
+                        shared.node_name(node),
+                        sent_at.elapsed(),
+                    );
+                    return Ok(resp);
+                }
+                // No answer within the answer timeout: the node is hung or overloaded.
+                Err(None) => UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled),
+                Err(Some(mut e)) => {
+                    if let Some(req) = e.take_message() {
+                        // Nothing of the request left: the connection was already dead.
+                        pending = Some(req);
+                        if was_pooled {
+                            force_fresh = true;
+                            continue;
+                        }
+                        let err = UpstreamError::new(
+                            Stage::Send,
+                            Cause::Io(std::io::ErrorKind::ConnectionReset),
+                            false,
+                            e.into_error(),
+                        );
+                        self.fail_over(node, &err)?;
+                        force_fresh = self.upgrade;
+                        continue;
+                    }
+                    let err = e.into_error();
+                    if err.is_user() || err.is_body_write_aborted() {
+                        return Err(UpstreamError::new(
+                            Stage::ClientBody,
+                            Cause::Io(std::io::ErrorKind::Other),
+                            true,
+                            err,
+                        ));
+                    }
+                    let cause = if err.is_parse() || err.is_parse_status() {
+                        Cause::Protocol
+                    } else {
+                        Cause::Io(std::io::ErrorKind::ConnectionReset)
+                    };
+                    // Request bytes may have reached the node; no answer byte was relayed.
+                    UpstreamError::new(Stage::AnswerHead, cause, true, err).on_pooled(was_pooled)
+                }
+            };
+            if err.retry_safe(self.replay.is_some()) {
+                self.fail_over(node, &err)?;
+                force_fresh = self.upgrade;
+                continue;
+            }
+            if let Some(obs) = err.observation() {
+                shared.state.observe(node, obs);
+            }
+            return Err(err);
         }
-        // Not the node's fault: nowhere to return to.
-        for r in [
-            RepinReason::UnknownNode,
-            RepinReason::InvalidCookie,
-            RepinReason::ExpiredCookie,
-        ] {
-            assert_eq!(
-                home_cookie(
-                    &choice(1, Outcome::Repinned(r)),
-                    pins(Pin::Unknown, Pin::None)
-                ),
-                HomeCookie::Keep
-            );
-        }
-        // Moved twice: the first home stays.
-        assert_eq!(
-            home_cookie(
-                &choice(2, Outcome::Repinned(RepinReason::NodeDown)),
-                pins(Pin::Node(b), Pin::Node(a))
-            ),
-            HomeCookie::Keep
-        );
-        // Back home: forget it. Sticky and fresh answers leave it alone.
-        assert_eq!(
-            home_cookie(
-                &choice(0, Outcome::Failback),
-                pins(Pin::Node(b), Pin::Node(a))
-            ),
-            HomeCookie::Clear
-        );
-        assert_eq!(
-            home_cookie(
-                &choice(1, Outcome::Sticky),
-                pins(Pin::Node(b), Pin::Node(a))
-            ),
-            HomeCookie::Keep
-        );
-        assert_eq!(
-            home_cookie(&choice(1, Outcome::New), pins(Pin::None, Pin::None)),
-            HomeCookie::Keep
-        );
     }
 }

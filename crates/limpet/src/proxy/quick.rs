@@ -44,6 +44,10 @@ pub struct ProxyArgs {
     /// Name of the affinity cookie.
     #[arg(long, default_value = "route", value_name = "NAME")]
     pub cookie: String,
+    /// Without active checks, how long a node taken DOWN by failed connections waits before
+    /// one connection tries it again (nginx's `fail_timeout`).
+    #[arg(long = "fail-timeout", default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
+    pub fail_timeout: std::time::Duration,
     /// Worker threads (default: one per core).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
@@ -133,6 +137,7 @@ impl ProxyArgs {
             }),
         };
         cfg.trusted_proxies = self.trust_proxy.clone();
+        cfg.health.fail_timeout_ms = crate::clock::ms(self.fail_timeout);
         cfg.validate().map_err(|e| e.0)?;
         Ok(cfg)
     }

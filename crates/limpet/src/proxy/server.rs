@@ -15,13 +15,13 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use limpet_core::{NodeId, Pool};
+use limpet_core::NodeId;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
@@ -89,7 +89,7 @@ impl Shared {
             })
             .collect();
         let affinity = match &def.cookie {
-            Some(c) => Some(Affinity::new(c.clone(), &state.pool())?),
+            Some(c) => Some(Affinity::new(c.clone(), state.topology())?),
             None => None,
         };
         if limits_invalid(&def.limits) {
@@ -112,27 +112,12 @@ impl Shared {
         })
     }
 
-    /// The pool (the runtime's one pool), for one synchronous decision.
-    pub(crate) fn pool(&self) -> MutexGuard<'_, Pool> {
-        self.state.pool()
-    }
-
     pub(crate) fn node_name(&self, node: NodeId) -> &str {
         self.state.node_name(node)
     }
 
     pub(crate) fn next_request_id(&self) -> String {
         self.ids.next()
-    }
-
-    /// A failed connection: passive health, through the runtime so a DOWN transition reaches
-    /// every listener (and closes the node's TCP sessions).
-    pub(crate) fn record_failure(&self, node: NodeId) {
-        self.state.record_id(node, false);
-    }
-
-    pub(crate) fn record_success(&self, node: NodeId) {
-        self.state.record_id(node, true);
     }
 }
 
@@ -216,8 +201,7 @@ impl ConnCtx {
         }
     }
 
-    /// The node this connection was assigned, if any. Read and written under the pool lock,
-    /// which orders concurrent first requests: the first assigns, the others follow.
+    /// The node this connection was assigned, if any.
     pub(crate) fn pinned(&self) -> Option<NodeId> {
         match self.pin.load(Ordering::Acquire) {
             NO_PIN => None,
@@ -225,6 +209,15 @@ impl ConnCtx {
         }
     }
 
+    /// Pins the connection to `node` unless a concurrent request pinned it first (then the
+    /// caller routes again and follows that one). Later re-pins (failover) overwrite.
+    pub(crate) fn pin_if_unpinned(&self, node: NodeId) -> bool {
+        self.pin
+            .compare_exchange(NO_PIN, node.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Re-pins the connection (a failover moved its session).
     pub(crate) fn set_pinned(&self, node: NodeId) {
         self.pin.store(node.0, Ordering::Release);
     }

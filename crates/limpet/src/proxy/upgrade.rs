@@ -21,14 +21,16 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// What a tunnel holds of its node: whether it is a WebSocket, the node's close signal (drain
-/// deadline, MAINT), and the guards that count it open while it lives.
+/// What a tunnel holds of its node: whether it is a WebSocket, the node's runtime and the
+/// session's spread key (the tunnel ends when the node's state says this session must:
+/// MAINT, or its moment past a drain deadline), and the guards that count it open.
 #[derive(Debug)]
 pub(crate) struct NodeTunnel {
     pub(crate) websocket: bool,
-    pub(crate) close: watch::Receiver<u64>,
-    pub(crate) _open: crate::runtime::ConnGuard,
-    pub(crate) _tunnel: crate::lifecycle::TunnelGuard,
+    pub(crate) node: Arc<crate::nodes::NodeRuntime>,
+    pub(crate) spread: u64,
+    pub(crate) _open: crate::nodes::ConnGuard,
+    pub(crate) _tunnel: crate::nodes::TunnelGuard,
 }
 
 /// Starts the tunnel in its own task; the request's task returns the 101 right away.
@@ -49,14 +51,16 @@ pub(crate) fn spawn_tunnel(
         };
         let NodeTunnel {
             websocket,
-            close,
+            node,
+            spread,
             _open,
             _tunnel,
         } = node;
         let closing = async move {
             tokio::select! {
-                () = crate::drain::turned_true(draining) => {}
-                () = crate::drain::changed(close) => {}
+                () = crate::drain::turned_true(draining) => "limpet shutting down",
+                // WebSocket tunnels do not end on DOWN: the node's own close ends them.
+                r = node.session_end(spread, false) => crate::drain::close_reason(r),
             }
         };
         if websocket {
@@ -80,7 +84,7 @@ pub(crate) fn spawn_tunnel(
                 }
             }
             () = clock.expired(idle) => tracing::debug!("tunnel idle timeout"),
-            () = closing => {}
+            _ = closing => {}
         }
     });
 }

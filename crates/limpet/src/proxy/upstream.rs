@@ -27,26 +27,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::UpBody;
+use crate::error::{Cause, Stage, UpstreamError};
 
 pub(crate) type Sender = http1::SendRequest<UpBody>;
-
-/// Why a connection to a node could not be made.
-#[derive(Debug)]
-pub(crate) enum ConnectError {
-    Io(std::io::Error),
-    Timeout,
-    Handshake(hyper::Error),
-}
-
-impl std::fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConnectError::Io(e) => write!(f, "connect: {e}"),
-            ConnectError::Timeout => f.write_str("connect: timed out"),
-            ConnectError::Handshake(e) => write!(f, "handshake: {e}"),
-        }
-    }
-}
 
 struct Idle {
     sender: Sender,
@@ -73,11 +56,11 @@ impl std::fmt::Debug for NodeConns {
 }
 
 /// The HTTP/1.1 handshake on a connected stream; the connection task runs on its own.
-async fn handshake<I: crate::tcp::Io + 'static>(io: I) -> Result<Sender, ConnectError> {
+async fn handshake<I: crate::tcp::Io + 'static>(io: I) -> Result<Sender, UpstreamError> {
     let (sender, conn) = http1::Builder::new()
         .handshake(TokioIo::new(io))
         .await
-        .map_err(ConnectError::Handshake)?;
+        .map_err(|e| UpstreamError::new(Stage::Connect, Cause::Protocol, false, e))?;
     tokio::spawn(async move {
         // Errors here surface on the request that used the connection.
         let _ = conn.with_upgrades().await;
@@ -123,11 +106,11 @@ impl NodeConns {
     }
 
     /// A new connection to the node, able to hand its socket over after a 101.
-    pub(crate) async fn connect(&self) -> Result<Sender, ConnectError> {
+    pub(crate) async fn connect(&self) -> Result<Sender, UpstreamError> {
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr))
             .await
-            .map_err(|_| ConnectError::Timeout)?
-            .map_err(ConnectError::Io)?;
+            .map_err(|_| UpstreamError::timeout(Stage::Connect, false))?
+            .map_err(|e| UpstreamError::io(Stage::Connect, &e))?;
         // Small writes (heads, WebSocket frames) must not wait for Nagle.
         let _ = stream.set_nodelay(true);
         match &self.tls {
@@ -139,8 +122,8 @@ impl NodeConns {
                     connector.connect(name.clone(), stream),
                 )
                 .await
-                .map_err(|_| ConnectError::Timeout)?
-                .map_err(ConnectError::Io)?;
+                .map_err(|_| UpstreamError::timeout(Stage::Tls, false))?
+                .map_err(|e| UpstreamError::io(Stage::Tls, &e))?;
                 handshake(tls).await
             }
         }

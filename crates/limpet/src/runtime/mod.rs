@@ -1,57 +1,53 @@
 //! # The multi-listener runtime: one node set, shared tables, many listeners
 //!
-//! Affinity belongs to the node. So there is ONE [`Pool`] for every listener (a node that is
+//! Affinity belongs to the node. So every listener routes over ONE node set (a node that is
 //! DOWN is down for the HTTP port, the HTTPS ports and the TCP port alike), and ONE
 //! [`AffinityTable`] per declared table, shared by every listener that names it: a pin made
 //! through port 5011 is found by the lookup on port 5022 and on port 5555.
 //!
 //! ```text
-//!                       ┌──────────────── State (swapped whole on reload: ArcSwap) ─────────────┐
-//!  listener 5011 http ─┐│ pool: Mutex<Pool>   nodes[NodeId]: name, addr, down-generation watch │
-//!  listener 5022 https ┼┤ tables["terminal"]: Mutex<AffinityTable<LruTable>> (+ snapshot file) │
-//!  listener 5555 tcp  ─┘│ listeners[i]: ListenerDef (ports, TLS, affinity, balance, timeouts)  │
-//!                       └───────────────────────────────────────────────────────────────────────┘
-//!  connection ─► key (source IP / header / app cookie) ─► table.lookup ─► Pool::decide_with
-//!              ─► fresh? table.record ─► connect node (fail: record_failure, re-pin, next)
-//!  health checks / passive failures / admin ─► State::record / set_admin ─► transition?
-//!              ─► node DOWN or MAINT: its down-generation bumps ─► its TCP sessions close
+//!                    ┌──────────── State: one generation, immutable, swapped on reload ────────────┐
+//!  listener 5011 ───┐│ topology (names, weights, ids)   nodes[NodeId] ─► Arc<NodeRuntime> (by name,│
+//!  listener 5022 ───┼┤ snapshot cache (rebuilt when the board's epoch moves)   outlives generations)│
+//!  listener 5555 ───┘│ tables["terminal"] (+ snapshot file)   listeners[i]: ListenerDef               │
+//!                    └───────────────────────────────────────────────────────────────────────────────┘
+//!  request / connection ─► RouteInput ─► State::route: table lock ─► lookup ─► limpet_core::route
+//!                        ─► apply: rotation turn, table write ─► Route ─► connect (trial claim first)
+//!  checks / traffic / admin ─► NodeRuntime (status) ─► epoch++ ─► every generation's snapshot
+//!                                                   └─► events ─► sessions re-check session_end
 //! ```
 //!
-//! Entry points for node lifecycle (health checks, admin API, reload): [`State::record`],
-//! [`State::set_admin`], [`State::node_views`], [`State::table`] / [`State::tables`], and
-//! [`State::rebuild`] (a new `State` from a new validated config, carrying node states and
-//! tables over by name). [`Runtime`] holds the current `State` in an `ArcSwap`; sessions keep
-//! the `Arc<State>` they started with.
+//! [`Runtime`] holds the current `State` in an `ArcSwap`; a connection keeps the `Arc<State>`
+//! it started with (its listener settings, its table), but every node state it reads comes
+//! from the node runtimes, so it obeys every later state change.
 //!
-//! Locks: the pool lock and a table lock are only held across synchronous core calls, never
-//! across an await. When both are needed the table lock is taken first.
+//! Locks: a table lock is held across one lookup, one `route` and one write, never across an
+//! await; node runtimes lock per node for one status change.
 
+mod control;
 pub mod run;
 mod snapshot;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use limpet_core::table::{AffinityTable, KeyRef, KeySpec, LruTable, TableConfig};
-use limpet_core::{AdminState, Balance, Decision, NodeId, NodeState, Pin, Pool, Transition};
-use tokio::sync::watch;
+use limpet_core::{
+    AdminState, HealthPolicy, NodeId, NodeState, NodeStatus, Observation, Route, RouteInput,
+    Snapshot, TableIn, Topology, Transition,
+};
 
 use crate::config::{Config, ListenerDef, TableDef};
+use crate::nodes::{ConnGuard, NodeRuntime};
 
+pub use control::{reload, serve_signals, start as start_lifecycle, RuntimeControl, RuntimeSink};
 pub use run::{start, Running, StartError};
 pub use snapshot::{load_snapshot, save_snapshot, SnapshotLoad};
 
 pub(crate) use crate::tcp::stopped;
-
-/// Milliseconds since the Unix epoch: the core's clock.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// Locks ignoring poison: every critical section is one synchronous core call, which leaves
 /// the data consistent even if a panic interrupted the caller after it.
@@ -59,16 +55,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A node as the runtime knows it: the core's view plus the I/O facts.
+/// A node of one generation: its name and address, and its runtime (shared by name with
+/// every other generation).
 #[derive(Debug)]
 pub struct NodeSlot {
     pub name: String,
     pub addr: IpAddr,
-    /// Bumped every time the node goes DOWN or MAINT; TCP sessions to it watch this.
-    down: watch::Sender<u64>,
-    /// Connections open to the node now: the lifecycle's counter for this name, shared with
-    /// every earlier and later state, so it survives reloads.
-    active: Arc<AtomicU32>,
+    pub rt: Arc<NodeRuntime>,
 }
 
 /// One declared table, shared by every listener that names it.
@@ -79,7 +72,7 @@ pub struct Table {
 }
 
 impl Table {
-    fn new(def: TableDef, pool: &Pool) -> Result<Self, String> {
+    fn new(def: TableDef, topology: &Topology) -> Result<Self, String> {
         let cfg = TableConfig::new(
             def.size,
             u64::try_from(def.expire.as_millis()).unwrap_or(u64::MAX),
@@ -87,7 +80,7 @@ impl Table {
         .with_hash_seed(random_seed());
         let store = LruTable::new(cfg).map_err(|e| format!("table {}: {e}", def.name))?;
         Ok(Table {
-            inner: Mutex::new(AffinityTable::new(store, pool)),
+            inner: Mutex::new(AffinityTable::new(store, topology)),
             def,
         })
     }
@@ -117,9 +110,9 @@ pub struct NodeView {
     pub name: String,
     pub addr: IpAddr,
     pub state: NodeState,
-    pub admin: AdminState,
+    pub status: NodeStatus,
     pub weight: u32,
-    /// Connections and TCP sessions open to it now (all listeners).
+    /// Connections and TCP sessions open to it now (all listeners, all generations).
     pub active: u32,
     /// Entries pinned to it, per table name.
     pub pins: BTreeMap<String, u64>,
@@ -133,25 +126,63 @@ pub struct ListenerSlot {
     pub table: Option<Arc<Table>>,
 }
 
-/// The running state: one pool, its nodes, the tables, the listeners' settings.
+/// A snapshot of the node states and the board epoch it was built at.
+#[derive(Debug)]
+struct Cached {
+    epoch: u64,
+    snap: Snapshot,
+}
+
+/// One generation of the running state: the topology, its node slots, the tables, the
+/// listeners' settings. Immutable once built, except the rotation and the snapshot cache.
 #[derive(Debug)]
 pub struct State {
-    pool: Mutex<Pool>,
+    topology: Topology,
     nodes: Vec<NodeSlot>,
+    snapshot: ArcSwap<Cached>,
+    rotation: AtomicU64,
     tables: BTreeMap<String, Arc<Table>>,
     pub listeners: Vec<ListenerSlot>,
     pub config: Arc<Config>,
-    /// Node lifecycle (checks, drains, accounting, metrics): one per process, carried over
-    /// by `rebuild`.
+    /// Node lifecycle (node runtimes, checks, metrics): one per process, carried over by
+    /// `rebuild`.
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
-/// Where a connection goes, as the runtime chose it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Choice {
-    pub node: NodeId,
-    /// True when the table had no usable pin and this is a fresh assignment.
-    pub fresh: bool,
+/// The session's spread key, one derivation for every protocol: from the table key when
+/// there is one (so every listener sharing the table places the session alike), else from
+/// the client address and the cookie's issue time. See `limpet_core::spread_key`.
+pub fn spread_of(key: Option<KeyRef<'_>>, client: IpAddr, issued_ms: Option<u64>) -> u64 {
+    let octets = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    let client = octets(client);
+    match key {
+        Some(k) => match (k.ip_addr(), k.as_bytes()) {
+            (Some(ip), _) => limpet_core::spread_key(Some(&octets(ip)), &client, None),
+            (None, Some(b)) => limpet_core::spread_key(Some(b), &client, None),
+            (None, None) => limpet_core::spread_key(None, &client, issued_ms),
+        },
+        None => limpet_core::spread_key(None, &client, issued_ms),
+    }
+}
+
+/// The health policy of a node under `config`: its active checks' `fall`/`rise` when it has
+/// checks (then only checks bring it back), else the passive `[health]` policy.
+pub fn node_policy(config: &Config, node: &str) -> HealthPolicy {
+    match config.lifecycle.checks.iter().find(|(n, _)| n == node) {
+        Some((_, spec)) => HealthPolicy {
+            fall: spec.fall.max(1),
+            rise: spec.rise.max(1),
+            checked: true,
+            ..config.health
+        },
+        None => HealthPolicy {
+            checked: false,
+            ..config.health
+        },
+    }
 }
 
 impl State {
@@ -161,27 +192,30 @@ impl State {
         State::with_lifecycle(config, lifecycle)
     }
 
-    /// A fresh state using this lifecycle (whose per-node counters it reads).
+    /// A state using this lifecycle (whose node runtimes it shares by name).
     fn with_lifecycle(
         config: Config,
         lifecycle: Arc<crate::lifecycle::Lifecycle>,
     ) -> Result<State, String> {
-        let pool = Pool::with_weights(config.nodes.iter().map(|n| (n.name.as_str(), n.weight)))
-            .map_err(|e| e.to_string())?
-            .with_health_policy(config.health);
-        let nodes = config
+        let topology =
+            Topology::with_weights(config.nodes.iter().map(|n| (n.name.as_str(), n.weight)))
+                .map_err(|e| e.to_string())?;
+        let nodes: Vec<NodeSlot> = config
             .nodes
             .iter()
-            .map(|n| NodeSlot {
-                name: n.name.clone(),
-                addr: n.addr,
-                down: watch::channel(0).0,
-                active: lifecycle.active_counter(&n.name),
+            .map(|n| {
+                let rt = lifecycle.node(&n.name);
+                rt.set_policy(node_policy(&config, &n.name));
+                NodeSlot {
+                    name: n.name.clone(),
+                    addr: n.addr,
+                    rt,
+                }
             })
             .collect();
         let mut tables = BTreeMap::new();
         for t in &config.tables {
-            tables.insert(t.name.clone(), Arc::new(Table::new(t.clone(), &pool)?));
+            tables.insert(t.name.clone(), Arc::new(Table::new(t.clone(), &topology)?));
         }
         let listeners = config
             .listeners
@@ -191,33 +225,46 @@ impl State {
                 def: ArcSwap::from_pointee(l.clone()),
             })
             .collect();
-        Ok(State {
-            pool: Mutex::new(pool),
+        let state = State {
+            snapshot: ArcSwap::from_pointee(Cached {
+                epoch: u64::MAX,
+                snap: Snapshot::default(),
+            }),
+            rotation: AtomicU64::new(0),
+            topology,
             nodes,
             tables,
             listeners,
             lifecycle,
             config: Arc::new(config),
-        })
+        };
+        Ok(state)
     }
 
-    /// A state for a new config that keeps what the running one learned, by name: node
-    /// admin state and health, the rotation, open-connection counts (the lifecycle's, by
-    /// name), and the entries of every table whose key is unchanged (pins
-    /// to removed nodes read as unknown and re-pin). Open connections keep the old state.
+    /// A state for a new config that keeps what the running one learned: node runtimes are
+    /// shared by name (admin state, health, counts, session signals), the rotation goes on,
+    /// and every table whose key is unchanged keeps its entries (pins to removed nodes read
+    /// as unknown and re-pin). A node added back after a reload removed it starts fresh.
     pub fn rebuild(&self, config: Config) -> Result<State, String> {
+        let added: Vec<String> = config
+            .nodes
+            .iter()
+            .filter(|n| !self.config.nodes.iter().any(|o| o.name == n.name))
+            .map(|n| n.name.clone())
+            .collect();
         let mut next = State::with_lifecycle(config, Arc::clone(&self.lifecycle))?;
-        {
-            let old = self.pool();
-            let new = next.pool.get_mut().unwrap_or_else(|e| e.into_inner());
-            new.carry_over(&old);
+        for name in &added {
+            if let Some(rt) = next.node_id(name).and_then(|id| next.node_rt(id)) {
+                rt.reset(node_policy(&next.config, name));
+            }
         }
+        next.rotation = AtomicU64::new(self.rotation.load(Ordering::Relaxed));
         for (name, table) in next.tables.iter_mut() {
             if let Some(old) = self.tables.get(name) {
                 if old.def.key == table.def.key {
                     // Share the old table: its entries are keyed by node name, so rebinding
-                    // to the new pool keeps every pin whose node still exists.
-                    old.lock().rebind(&lock(&next.pool));
+                    // to the new topology keeps every pin whose node still exists.
+                    old.lock().rebind(&next.topology);
                     *table = Arc::clone(old);
                 }
             }
@@ -228,9 +275,9 @@ impl State {
         Ok(next)
     }
 
-    /// The pool, for one synchronous decision.
-    pub fn pool(&self) -> MutexGuard<'_, Pool> {
-        lock(&self.pool)
+    /// Names, weights and ids of this generation's nodes (what codecs and tables bind to).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     pub fn nodes(&self) -> &[NodeSlot] {
@@ -238,11 +285,16 @@ impl State {
     }
 
     pub fn node_name(&self, id: NodeId) -> &str {
-        self.nodes.get(id.index()).map_or("", |n| n.name.as_str())
+        self.topology.name(id)
     }
 
     pub fn node_id(&self, name: &str) -> Option<NodeId> {
-        self.pool().lookup(name.as_bytes())
+        self.topology.lookup(name.as_bytes())
+    }
+
+    /// The runtime of a node of this generation.
+    pub fn node_rt(&self, id: NodeId) -> Option<&Arc<NodeRuntime>> {
+        self.nodes.get(id.index()).map(|n| &n.rt)
     }
 
     pub fn table(&self, name: &str) -> Option<&Arc<Table>> {
@@ -253,80 +305,95 @@ impl State {
         self.tables.values()
     }
 
-    /// A receiver that changes whenever `node` goes DOWN or MAINT.
-    pub fn watch_down(&self, node: NodeId) -> Option<watch::Receiver<u64>> {
-        self.nodes.get(node.index()).map(|n| n.down.subscribe())
-    }
-
-    /// Tells the node's sessions it went down (they close if their listener says so).
-    fn notify_down(&self, node: NodeId) {
-        if let Some(n) = self.nodes.get(node.index()) {
-            n.down.send_modify(|g| *g = g.wrapping_add(1));
+    /// The node states as the router reads them, rebuilt only when a status changed since.
+    fn snapshot(&self) -> arc_swap::Guard<Arc<Cached>> {
+        let epoch = self.lifecycle.nodes.epoch();
+        let cached = self.snapshot.load();
+        if cached.epoch == epoch {
+            return cached;
         }
+        let snap = Snapshot::new(
+            self.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (self.topology.weight(NodeId(i as u32)), n.rt.status())),
+        );
+        self.snapshot.store(Arc::new(Cached { epoch, snap }));
+        self.snapshot.load()
     }
 
-    /// Records a health result (active check or passive traffic) by node id; the returned
-    /// transition, if any, has already been acted on (DOWN: sessions told to close).
-    pub fn record_id(&self, node: NodeId, ok: bool) -> Option<Transition> {
-        let t = {
-            let mut pool = self.pool();
-            if ok {
-                pool.record_success(node)
-            } else {
-                pool.record_failure(node)
-            }
-        };
+    /// THE routing step of every protocol: looks the session's key up in `table` (when
+    /// there is one), routes with `limpet_core::route`, and carries out the bookkeeping the
+    /// route asks for (a turn of the rotation, the table write), all under the table's lock
+    /// so that two connections of one session cannot route on different entries.
+    pub fn route(&self, table: Option<(&Table, KeyRef<'_>)>, mut input: RouteInput<'_>) -> Route {
+        let now = input.now_ms;
+        let mut held = table.map(|(t, k)| (t.lock(), k, !t.key_spec().learns_from_response()));
+        if let Some((t, k, writes)) = held.as_mut() {
+            input.table = Some(TableIn {
+                pin: t.lookup(*k, now),
+                writes: *writes,
+            });
+        }
+        let cached = self.snapshot();
+        let turn = self.rotation.load(Ordering::Relaxed);
+        let r = limpet_core::route(&cached.snap, turn, &|n| self.active(n), &input);
+        if r.took_turn {
+            self.rotation.fetch_add(1, Ordering::Relaxed);
+        }
+        if let (Some((t, k, _)), Some(node)) = (held.as_mut(), r.table) {
+            t.learn(*k, node, now);
+        }
+        r
+    }
+
+    /// How many turns of the rotation fresh assignments took (carried over by reloads).
+    pub fn rotation(&self) -> u64 {
+        self.rotation.load(Ordering::Relaxed)
+    }
+
+    /// Records what was seen of a node; logs and counts a transition.
+    pub fn observe(&self, node: NodeId, obs: Observation) -> Option<Transition> {
+        let rt = self.node_rt(node)?;
+        let t = rt.observe(obs);
         if let Some(t) = t {
-            self.lifecycle.transition(self.node_name(node), t);
-        }
-        match t {
-            Some(Transition::WentDown) => {
-                tracing::warn!(node = self.node_name(node), "node DOWN");
-                self.notify_down(node);
+            self.lifecycle.transition(rt.name(), t);
+            match t {
+                Transition::WentDown => tracing::warn!(node = rt.name(), cause = ?obs, "node DOWN"),
+                Transition::WentUp => tracing::info!(node = rt.name(), cause = ?obs, "node UP"),
             }
-            Some(Transition::WentUp) => tracing::info!(node = self.node_name(node), "node UP"),
-            None => {}
         }
         t
     }
 
-    /// [`record_id`](Self::record_id) by node name (health checks know names). `None` also
-    /// for an unknown name.
-    pub fn record(&self, node: &str, ok: bool) -> Option<Transition> {
+    /// [`observe`](Self::observe) by node name (health checks know names).
+    pub fn observe_named(&self, node: &str, obs: Observation) -> Option<Transition> {
         let id = self.node_id(node)?;
-        self.record_id(id, ok)
+        self.observe(id, obs)
     }
 
     /// Forces a node's health (operator command, tests).
     pub fn force_health(&self, node: &str, up: bool) -> Option<Transition> {
         let id = self.node_id(node)?;
-        let t = self.pool().force_health(id, up);
-        if t == Some(Transition::WentDown) {
-            self.notify_down(id);
+        let t = self.node_rt(id)?.force_health(up);
+        if let Some(t) = t {
+            self.lifecycle.transition(node, t);
         }
         t
     }
 
     /// Sets what the operator asks of a node. Returns the node's new state, or `None` for an
-    /// unknown name. Entering MAINT (or DOWN by any path) closes its TCP sessions.
+    /// unknown name. Every generation sees it at once; MAINT ends the node's sessions.
     pub fn set_admin(&self, node: &str, admin: AdminState) -> Option<NodeState> {
         let id = self.node_id(node)?;
-        let (before, after) = {
-            let mut pool = self.pool();
-            let before = pool.state(id);
-            pool.set_admin(id, admin);
-            (before, pool.state(id))
-        };
-        let out = matches!(after, Some(NodeState::Down | NodeState::Maint));
-        if out && before != after {
-            self.notify_down(id);
-        }
-        after
+        let rt = self.node_rt(id)?;
+        rt.set_admin(admin);
+        Some(rt.status().state())
     }
 
     /// Every node with its state, open connections and pins per table.
     pub fn node_views(&self) -> Vec<NodeView> {
-        let now = now_ms();
+        let now = crate::clock::now_ms();
         let mut pins: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); self.nodes.len()];
         for (name, table) in &self.tables {
             let t = table.lock();
@@ -347,114 +414,39 @@ impl State {
                 page += 1;
             }
         }
-        let pool = self.pool();
-        pool.nodes()
-            .map(|(id, n)| NodeView {
-                name: n.name().to_owned(),
-                addr: self
-                    .nodes
-                    .get(id.index())
-                    .map_or(IpAddr::from([0, 0, 0, 0]), |s| s.addr),
-                state: n.state(),
-                admin: n.admin(),
-                weight: n.weight(),
-                active: self.active(id),
-                pins: pins.get(id.index()).cloned().unwrap_or_default(),
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let id = NodeId(i as u32);
+                let status = n.rt.status();
+                NodeView {
+                    name: n.name.clone(),
+                    addr: n.addr,
+                    state: status.state(),
+                    status,
+                    weight: self.topology.weight(id),
+                    active: n.rt.active(),
+                    pins: pins.get(i).cloned().unwrap_or_default(),
+                }
             })
             .collect()
     }
 
-    /// Chooses the node for a connection of listener `listener` whose table key is `key`
-    /// (`None`: no table, or no key in this request). A table pin is honoured when its node
-    /// takes it; otherwise a fresh assignment is made and recorded as the key's pin.
-    pub fn choose(
-        &self,
-        table: Option<&Table>,
-        key: Option<KeyRef<'_>>,
-        balance: Balance,
-        spread_key: u64,
-    ) -> Option<Choice> {
-        let now = now_ms();
-        match (table, key) {
-            (Some(t), Some(k)) => {
-                let mut t = t.lock();
-                let pin = t.lookup(k, now);
-                let d = self
-                    .pool()
-                    .decide_with(pin, now, balance, spread_key, |n| self.active(n));
-                t.record(k, d, now);
-                choice(d)
-            }
-            _ => {
-                let d = self
-                    .pool()
-                    .decide_with(Pin::None, now, balance, spread_key, |n| self.active(n));
-                choice(d)
-            }
-        }
-    }
-
-    /// A fresh node for a connection whose node failed, excluding `failed`; re-pins the key.
-    pub fn reassign(
-        &self,
-        table: Option<&Table>,
-        key: Option<KeyRef<'_>>,
-        balance: Balance,
-        failed: &[NodeId],
-    ) -> Option<NodeId> {
-        let node = self
-            .pool()
-            .assign_with(balance, |n| failed.contains(&n), |n| self.active(n))?;
-        if let (Some(t), Some(k)) = (table, key) {
-            t.lock().learn(k, node, now_ms());
-        }
-        Some(node)
-    }
-
-    /// Connections open to `node` now, across every state of this process.
+    /// Connections open to `node` now, across every generation of this process.
     pub fn active(&self, node: NodeId) -> u32 {
-        self.nodes
-            .get(node.index())
-            .map_or(0, |n| n.active.load(Ordering::Relaxed))
+        self.node_rt(node).map_or(0, |rt| rt.active())
     }
 
     /// Counts a connection to `node` as open until the guard drops (least-connections,
-    /// admin views, drain completion). The count lives in the lifecycle by node name, so
-    /// it stays right across reloads.
-    pub fn open(&self, node: NodeId) -> ConnGuard {
-        let counter = self.nodes.get(node.index()).map(|n| Arc::clone(&n.active));
-        if let Some(c) = &counter {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-        ConnGuard { counter }
+    /// admin views, drain completion).
+    pub fn open(&self, node: NodeId) -> Option<ConnGuard> {
+        self.node_rt(node).map(NodeRuntime::open)
     }
 
     /// The address `listener` connects to for `node`.
     pub fn upstream(&self, def: &ListenerDef, node: NodeId) -> Option<SocketAddr> {
         def.upstreams.get(node.index()).copied()
-    }
-}
-
-fn choice(d: Decision) -> Option<Choice> {
-    match d {
-        Decision::Sticky(node) => Some(Choice { node, fresh: false }),
-        Decision::Fresh { node, .. } => Some(Choice { node, fresh: true }),
-        Decision::Unavailable => None,
-    }
-}
-
-/// An open connection to a node; closing it (drop) updates the node's count.
-#[derive(Debug)]
-pub struct ConnGuard {
-    counter: Option<Arc<AtomicU32>>,
-}
-
-impl Drop for ConnGuard {
-    fn drop(&mut self) {
-        if let Some(c) = &self.counter {
-            // Never below zero: every decrement pairs with the increment in `open`.
-            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
-        }
     }
 }
 

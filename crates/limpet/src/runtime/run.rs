@@ -22,7 +22,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{load_snapshot, now_ms, save_snapshot, Runtime, State};
+use super::{load_snapshot, save_snapshot, Runtime, State};
+use crate::clock::now_ms;
 use crate::config::{Config, Mode};
 
 /// Arguments of `limpet run`.
@@ -194,7 +195,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     }
     drop(state);
     // Health checks, the admin listener, drain tracking (node lifecycle).
-    crate::lifecycle::start(&runtime, &mut tasks, &shutdown_rx)
+    super::start_lifecycle(&runtime, &mut tasks, &shutdown_rx)
         .await
         .map_err(StartError)?;
     Ok(Running {
@@ -241,7 +242,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             let _ = out.flush();
         }
         // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once.
-        crate::lifecycle::serve_signals(running.runtime()).await;
+        super::serve_signals(running.runtime()).await;
         tracing::info!("shutting down: draining listeners, saving snapshots");
         tokio::select! {
             () = running.stop() => {}

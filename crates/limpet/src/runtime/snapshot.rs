@@ -10,7 +10,8 @@ use std::path::Path;
 
 use limpet_core::table::{decode_snapshot, encode_snapshot};
 
-use super::{now_ms, Table};
+use super::Table;
+use crate::clock::now_ms;
 
 /// What loading a snapshot did, for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]

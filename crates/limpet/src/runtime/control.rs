@@ -5,18 +5,19 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use limpet_core::table::{AffinityStore, KeyRef, KeySpec};
-use limpet_core::AdminState;
+use limpet_core::{AdminState, Observation};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{lock, now_ms};
 use crate::admin::{
     drain_complete, BoxFuture, Control, ControlError, DrainView, EntryView, NodeCommand, NodeView,
     ReloadReport, TablePage, TableView,
 };
+use crate::clock::now_ms;
 use crate::config::Config;
 use crate::health::{CheckDetail, HealthSink};
+use crate::lifecycle::lock;
 use crate::metrics::Metrics;
 use crate::runtime::{Runtime, State, Table};
 
@@ -33,8 +34,13 @@ impl HealthSink for RuntimeSink {
         ok: bool,
         _detail: &CheckDetail,
     ) -> Option<limpet_core::Transition> {
-        // State::record counts and logs the transition (as for passive failures).
-        self.runtime.upgrade()?.state().record(node, ok)
+        // State::observe counts and logs the transition (as for passive failures).
+        let obs = if ok {
+            Observation::CheckPassed
+        } else {
+            Observation::CheckFailed
+        };
+        self.runtime.upgrade()?.state().observe_named(node, obs)
     }
 }
 
@@ -88,10 +94,11 @@ impl RuntimeControl {
             .node_views()
             .into_iter()
             .map(|v| {
-                let (seen, ago) = life.seen_stats(&v.name);
-                let tunnels = life.tunnels(&v.name);
+                let rt = life.node(&v.name);
+                let (seen, ago) = rt.seen_stats();
+                let tunnels = rt.tunnels();
                 let active = u64::from(v.active);
-                let drain = match v.admin {
+                let drain = match v.status.admin {
                     AdminState::Drain {
                         deadline_ms,
                         spread_ms,
@@ -107,15 +114,12 @@ impl RuntimeControl {
                     address: v.addr.to_string(),
                     weight: v.weight,
                     state: v.state.as_str(),
-                    admin: match v.admin {
+                    admin: match v.status.admin {
                         AdminState::Ready => "ready",
                         AdminState::Drain { .. } => "drain",
                         AdminState::Maint => "maint",
                     },
-                    healthy: state
-                        .node_id(&v.name)
-                        .and_then(|id| state.pool().node(id).map(|n| n.health().is_up()))
-                        .unwrap_or(false),
+                    healthy: v.status.health.is_up(),
                     drain,
                     active_connections: active.max(tunnels),
                     tunnels,
@@ -150,25 +154,23 @@ impl Control for RuntimeControl {
         state
             .set_admin(node, admin)
             .ok_or_else(|| ControlError::NotFound(format!("no node {node:?}")))?;
-        let n = life.command(node);
-        match cmd {
-            NodeCommand::Maint => life.close_now(node),
-            NodeCommand::Drain {
-                deadline: Some(d), ..
-            } => {
-                let runtime = Arc::downgrade(&self.runtime);
-                let name = node.to_owned();
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    let Some(rt) = runtime.upgrade() else { return };
-                    let life = Arc::clone(&rt.state().lifecycle);
-                    if life.current_command(&name) == n {
-                        tracing::info!(node = %name, "drain deadline: closing long-lived connections; pins re-pinned over the spread window");
-                        life.close_now(&name);
-                    }
-                });
-            }
-            _ => {}
+        // MAINT and drain deadlines end the node's sessions through the node runtime
+        // (`NodeRuntime::session_end`): each session watches it, whatever generation opened it.
+        let rt = life.node(node);
+        let n = rt.command();
+        if let NodeCommand::Drain {
+            deadline: Some(d), ..
+        } = cmd
+        {
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                if rt.current_command() == n {
+                    tracing::info!(
+                        node = rt.name(),
+                        "drain deadline: sessions re-pinned and closed over the spread window"
+                    );
+                }
+            });
         }
         self.view(&state)
             .into_iter()
@@ -355,11 +357,10 @@ async fn reload_locked(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
         changes.push("admin listener settings changed: they apply after a restart".into());
     }
     let next = state.rebuild(cfg)?;
-    // Removed nodes: MAINT in the state their open connections hold, so they close and the
-    // pins move; new connections never see them.
+    // Removed nodes: MAINT in their runtime, so the sessions still open to them close and
+    // the pins move; new connections never see them (a node added back starts fresh).
     for n in &removed {
         state.set_admin(n, AdminState::Maint);
-        state.lifecycle.close_now(n);
     }
     runtime.swap(next);
     let life = Arc::clone(&state.lifecycle);

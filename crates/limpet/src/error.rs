@@ -1,0 +1,151 @@
+//! Errors on the way to a node, carrying the facts the retry and health rules act on: at which
+//! stage the attempt failed, whether any byte of the request may have reached the node, and
+//! whether it was a timeout. HTTP and TCP build them where the failure happens; the rules
+//! read them in one place ([`UpstreamError::retry_safe`], [`UpstreamError::observation`]).
+//!
+//! | stage | bytes sent | passive health | retried on another node |
+//! |---|---|---|---|
+//! | connect (refused, unreachable, timeout) | no | failure | always |
+//! | TLS to the node | no | failure | always |
+//! | send: the connection was dead before the request went out | no | — (a stale keep-alive) | always |
+//! | send / answer head: reset or closed after the request went out | maybe | failure on a fresh connection | idempotent requests without a body only |
+//! | answer head: no answer within the answer timeout | yes | failure | idempotent requests without a body only |
+//! | answer head: not HTTP | yes | — | never (502) |
+//! | request body: the client's body failed | maybe | — | never (400) |
+
+use std::fmt;
+use std::io;
+
+use limpet_core::Observation;
+
+/// Where an attempt to reach a node failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Connect,
+    Tls,
+    /// Handing the request to the node's connection.
+    Send,
+    /// Waiting for the answer's head.
+    AnswerHead,
+    /// The client's request body (not the node's fault).
+    ClientBody,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Connect => "connect",
+            Stage::Tls => "tls",
+            Stage::Send => "send",
+            Stage::AnswerHead => "answer head",
+            Stage::ClientBody => "request body",
+        }
+    }
+}
+
+/// What went wrong at that stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// An I/O error (refused, reset, closed).
+    Io(io::ErrorKind),
+    Timeout,
+    /// The node's bytes were not valid HTTP.
+    Protocol,
+}
+
+/// An attempt that failed at a node. See the module docs for the rules.
+#[derive(Debug, Clone)]
+pub struct UpstreamError {
+    pub stage: Stage,
+    pub cause: Cause,
+    /// Whether any byte of the request may have reached the node.
+    pub sent: bool,
+    /// Whether the connection was a fresh one (not a kept-alive one that may have gone stale).
+    pub fresh: bool,
+    pub detail: String,
+}
+
+impl UpstreamError {
+    pub fn new(stage: Stage, cause: Cause, sent: bool, detail: impl fmt::Display) -> Self {
+        UpstreamError {
+            stage,
+            cause,
+            sent,
+            fresh: true,
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn io(stage: Stage, e: &io::Error) -> Self {
+        UpstreamError::new(stage, Cause::Io(e.kind()), false, e)
+    }
+
+    pub fn timeout(stage: Stage, sent: bool) -> Self {
+        UpstreamError::new(stage, Cause::Timeout, sent, "timed out")
+    }
+
+    /// Marks the attempt as made on a kept-alive connection.
+    pub fn on_pooled(mut self, pooled: bool) -> Self {
+        self.fresh = !pooled;
+        self
+    }
+
+    /// Whether the request may be sent to another node: nothing reached this one, or the
+    /// request may be sent twice (`replayable`: idempotent, no body, not an upgrade).
+    pub fn retry_safe(&self, replayable: bool) -> bool {
+        match (self.stage, self.cause) {
+            (Stage::ClientBody, _) | (_, Cause::Protocol) => false,
+            _ => !self.sent || replayable,
+        }
+    }
+
+    /// What passive health learns from the error, if anything.
+    pub fn observation(&self) -> Option<Observation> {
+        let node_fault = match (self.stage, self.cause) {
+            (Stage::Connect | Stage::Tls, _) => true,
+            (Stage::AnswerHead, Cause::Timeout) => true,
+            // A kept-alive connection the node closed meanwhile says nothing about the node.
+            (Stage::Send | Stage::AnswerHead, Cause::Io(_)) => self.fresh && self.sent,
+            _ => false,
+        };
+        node_fault.then_some(Observation::TrafficFailed)
+    }
+
+    pub fn is_timeout(&self) -> bool {
+        self.cause == Cause::Timeout
+    }
+}
+
+impl fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.stage.as_str(), self.detail)
+    }
+}
+
+impl std::error::Error for UpstreamError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_sent_is_always_retried_and_a_sent_request_only_when_replayable() {
+        let refused = UpstreamError::io(Stage::Connect, &io::ErrorKind::ConnectionRefused.into());
+        assert!(refused.retry_safe(false));
+        assert_eq!(refused.observation(), Some(Observation::TrafficFailed));
+        let timeout = UpstreamError::timeout(Stage::AnswerHead, true);
+        assert!(!timeout.retry_safe(false));
+        assert!(timeout.retry_safe(true));
+        assert_eq!(timeout.observation(), Some(Observation::TrafficFailed));
+        let garbage = UpstreamError::new(Stage::AnswerHead, Cause::Protocol, true, "bad");
+        assert!(!garbage.retry_safe(true));
+        assert_eq!(garbage.observation(), None);
+        let stale =
+            UpstreamError::new(Stage::Send, Cause::Io(io::ErrorKind::BrokenPipe), false, "")
+                .on_pooled(true);
+        assert!(stale.retry_safe(false));
+        assert_eq!(stale.observation(), None);
+        let body = UpstreamError::new(Stage::ClientBody, Cause::Io(io::ErrorKind::Other), true, "");
+        assert!(!body.retry_safe(true));
+    }
+}

@@ -1,0 +1,307 @@
+//! # Per-node runtime: what limpet knows of each node, for the life of the process
+//!
+//! A reload builds a new immutable topology (nodes, listeners, tables, settings), but a node
+//! is the same node before and after: its admin state, its health, its open connections and
+//! the signal its long-lived sessions watch belong to the node, not to a configuration. So
+//! they live here, in one [`NodeRuntime`] per node *name*, shared by every generation that
+//! names the node. A keep-alive connection opened before a reload routes with the runtime's
+//! current status, so it obeys every later MAINT, drain or DOWN like a new one.
+//!
+//! ```text
+//!  health checks ──► observe(Check*) ─┐
+//!  data plane    ──► observe(Traffic*)├─► status (core NodeStatus) ─► epoch++ ─► generations
+//!  admin / reload ─► set_admin ───────┘        │                       rebuild their Snapshot
+//!                                               └─► events ─► sessions re-check session_end
+//! ```
+//!
+//! The rules are the core's (`NodeStatus`, `Health`); this module only stores the status,
+//! serialises changes to it (one short lock per node, never across an await) and wakes the
+//! sessions that watch it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use limpet_core::seen::SeenWindow;
+use limpet_core::{
+    AdminState, HealthPolicy, NodeStatus, Observation, RepinReason, SessionEnd, Transition,
+};
+use tokio::sync::watch;
+
+use crate::clock;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is one synchronous core call: the data stays consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One node's runtime. See the module docs.
+#[derive(Debug)]
+pub struct NodeRuntime {
+    name: String,
+    status: Mutex<NodeStatus>,
+    /// The board's change counter, bumped with every status change.
+    epoch: Arc<AtomicU64>,
+    /// Bumped with every status change, and by [`poke`](Self::poke): long-lived sessions
+    /// wait on it and then re-check whether they must end.
+    events: watch::Sender<u64>,
+    /// Connections and TCP sessions open to the node now, whichever generation opened them.
+    active: AtomicU32,
+    tunnels: AtomicU64,
+    seen: Mutex<SeenWindow>,
+    /// Bumped on every operator command, so a stale drain timer knows it is stale.
+    command: AtomicU64,
+    /// When the node last changed state (ms), for "time in state".
+    since_ms: AtomicU64,
+}
+
+impl NodeRuntime {
+    fn new(name: &str, epoch: Arc<AtomicU64>, seen_window: Duration) -> Self {
+        NodeRuntime {
+            name: name.to_owned(),
+            status: Mutex::new(NodeStatus::default()),
+            epoch,
+            events: watch::channel(0).0,
+            active: AtomicU32::new(0),
+            tunnels: AtomicU64::new(0),
+            seen: Mutex::new(seen_window_of(seen_window)),
+            command: AtomicU64::new(0),
+            since_ms: AtomicU64::new(clock::now_ms()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's status now (a copy).
+    pub fn status(&self) -> NodeStatus {
+        *lock(&self.status)
+    }
+
+    /// Changes the status under the node's lock; when it changed, every generation's
+    /// snapshot is marked stale and the node's sessions re-check.
+    fn update<R>(&self, f: impl FnOnce(&mut NodeStatus) -> R) -> R {
+        let (r, changed, state_changed) = {
+            let mut s = lock(&self.status);
+            let before = *s;
+            let r = f(&mut s);
+            (r, *s != before, s.state() != before.state())
+        };
+        if changed {
+            self.epoch.fetch_add(1, Ordering::Release);
+            self.events.send_modify(|g| *g = g.wrapping_add(1));
+        }
+        if state_changed {
+            self.since_ms.store(clock::now_ms(), Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Records what was seen of the node (a check result, or live traffic).
+    pub fn observe(&self, obs: Observation) -> Option<Transition> {
+        let now = clock::now_ms();
+        self.update(|s| s.health.observe(obs, s.policy, now))
+    }
+
+    /// Takes the trial of a DOWN node due one; the claim holds `hold` (the connect timeout).
+    pub fn claim_trial(&self, hold: Duration) -> bool {
+        let now = clock::now_ms();
+        self.update(|s| s.health.claim_trial(s.policy, now, clock::ms(hold)))
+    }
+
+    pub fn set_admin(&self, admin: AdminState) {
+        self.update(|s| s.admin = admin);
+    }
+
+    pub fn force_health(&self, up: bool) -> Option<Transition> {
+        self.update(|s| s.health.force(up))
+    }
+
+    pub fn set_policy(&self, policy: HealthPolicy) {
+        self.update(|s| s.policy = policy);
+    }
+
+    /// Back to a fresh node's status (a node added again after a reload removed it).
+    pub fn reset(&self, policy: HealthPolicy) {
+        self.update(|s| {
+            *s = NodeStatus {
+                policy,
+                ..NodeStatus::default()
+            }
+        });
+    }
+
+    /// Makes the node's sessions re-check whether they must end now.
+    pub fn poke(&self) {
+        self.events.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// Resolves when a long-lived session with this spread key must end, with the reason:
+    /// at once on MAINT, on DOWN when `close_on_down`, and at the session's own moment past a
+    /// drain deadline (the moment routing re-pins the same key). Re-checks on every change.
+    pub async fn session_end(&self, spread_key: u64, close_on_down: bool) -> RepinReason {
+        // Subscribe before reading: a change between the read and the wait is not missed.
+        let mut events = self.events.subscribe();
+        loop {
+            let end = self
+                .status()
+                .session_end(clock::now_ms(), spread_key, close_on_down);
+            let changed = async {
+                if events.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            match end {
+                SessionEnd::Now(reason) => return reason,
+                SessionEnd::At(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(clock::instant_of(at)) => {}
+                        () = changed => {}
+                    }
+                }
+                SessionEnd::Never => changed.await,
+            }
+        }
+    }
+
+    /// Connections open to the node now.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection open until the guard drops.
+    pub fn open(self: &Arc<Self>) -> ConnGuard {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        ConnGuard {
+            node: Arc::clone(self),
+        }
+    }
+
+    /// Counts a tunnel open until the guard drops.
+    pub fn tunnel(self: &Arc<Self>) -> TunnelGuard {
+        self.tunnels.fetch_add(1, Ordering::Relaxed);
+        TunnelGuard {
+            node: Arc::clone(self),
+        }
+    }
+
+    pub fn tunnels(&self) -> u64 {
+        self.tunnels.load(Ordering::Relaxed)
+    }
+
+    /// A session with this well-mixed key was routed to the node.
+    pub fn seen(&self, key: u64) {
+        lock(&self.seen).record(key, clock::now_ms());
+    }
+
+    /// Distinct sessions seen in the window, and how long ago the last one was.
+    pub fn seen_stats(&self) -> (u64, Option<Duration>) {
+        let now = clock::now_ms();
+        let seen = lock(&self.seen);
+        (
+            seen.estimate(now),
+            seen.last_seen_ms()
+                .map(|t| Duration::from_millis(now.saturating_sub(t))),
+        )
+    }
+
+    /// Notes an operator command; returns its number (for drain timers).
+    pub fn command(&self) -> u64 {
+        self.command.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn current_command(&self) -> u64 {
+        self.command.load(Ordering::Relaxed)
+    }
+
+    /// How long the node has been in its current state.
+    pub fn in_state_for(&self) -> Duration {
+        Duration::from_millis(clock::now_ms().saturating_sub(self.since_ms.load(Ordering::Relaxed)))
+    }
+}
+
+fn seen_window_of(window: Duration) -> SeenWindow {
+    SeenWindow::new(
+        clock::ms(window),
+        limpet_core::seen::DEFAULT_SLOT_MS,
+        limpet_core::seen::DEFAULT_PRECISION,
+    )
+}
+
+/// A connection counted open to its node; dropping it counts it closed.
+#[derive(Debug)]
+pub struct ConnGuard {
+    node: Arc<NodeRuntime>,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        // Never below zero: every decrement pairs with the increment in `open`.
+        let _ = self
+            .node
+            .active
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+}
+
+/// A tunnel counted open; dropping it counts it closed.
+#[derive(Debug)]
+pub struct TunnelGuard {
+    node: Arc<NodeRuntime>,
+}
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        let _ = self
+            .node
+            .tunnels
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+}
+
+/// Every node runtime of the process, by name, and the change counter generations watch.
+#[derive(Debug)]
+pub struct NodeBoard {
+    nodes: Mutex<BTreeMap<String, Arc<NodeRuntime>>>,
+    epoch: Arc<AtomicU64>,
+    seen_window: Duration,
+}
+
+impl NodeBoard {
+    pub fn new(seen_window: Duration) -> Self {
+        NodeBoard {
+            nodes: Mutex::new(BTreeMap::new()),
+            epoch: Arc::new(AtomicU64::new(0)),
+            seen_window,
+        }
+    }
+
+    /// The runtime of the node with this name, created on first use.
+    pub fn node(&self, name: &str) -> Arc<NodeRuntime> {
+        let mut nodes = lock(&self.nodes);
+        if let Some(n) = nodes.get(name) {
+            return Arc::clone(n);
+        }
+        let n = Arc::new(NodeRuntime::new(
+            name,
+            Arc::clone(&self.epoch),
+            self.seen_window,
+        ));
+        nodes.insert(name.to_owned(), Arc::clone(&n));
+        // A new node changes what snapshots hold.
+        self.epoch.fetch_add(1, Ordering::Release);
+        n
+    }
+
+    /// The runtime of a node that exists, without creating one.
+    pub fn get(&self, name: &str) -> Option<Arc<NodeRuntime>> {
+        lock(&self.nodes).get(name).cloned()
+    }
+
+    /// The change counter: differs from a snapshot's once any status changed since.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+}
