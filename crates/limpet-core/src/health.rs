@@ -12,10 +12,15 @@
 //!
 //! - A *traffic failure* is a connect that is refused or times out, a TLS handshake to the
 //!   node that fails, or an answer that does not come within the answer timeout.
-//! - A *traffic success* is a completed connect (or an answer). Without checks it resets the
-//!   failure streak, and it is the success of a trial. With checks it counts for nothing: a
-//!   node whose kernel still accepts connections while its process is stopped completes every
-//!   connect, and must not be kept UP by that.
+//! - A *traffic success* is an answer (HTTP) or a completed connect (TCP, which has no
+//!   answer to wait for). Without checks it resets the failure streak and ends a trial. With
+//!   checks it counts for nothing: a node whose kernel still accepts connections while its
+//!   process is stopped completes every connect, and must not be kept UP by that.
+//! - A completed HTTP connect alone ([`Observation::Connected`]) only ends a trial (without
+//!   checks): the trial is decided before any byte is sent, so the request that makes it
+//!   never waits on a node that is not back. It does not reset the failure streak of an UP
+//!   node, so a node that accepts connections but never answers still goes DOWN on its
+//!   answer timeouts.
 //! - A *trial* is one connection attempt to a DOWN node (no checks) once its `retry_at` has
 //!   passed. [`Health::claim_trial`] hands it to one caller; while the claim holds, nobody
 //!   else tries. Every traffic failure seen while DOWN (a refused trial, or the late answer
@@ -54,8 +59,10 @@ pub enum Observation {
     CheckPassed,
     /// An active check failed (refused, timed out, wrong status, handshake error).
     CheckFailed,
-    /// Live traffic reached the node (a connect completed).
+    /// Live traffic was served: an HTTP answer arrived, or a TCP connect completed.
     TrafficOk,
+    /// An HTTP connect completed (nothing sent yet): ends a trial, proves nothing else.
+    Connected,
     /// Live traffic failed at the node: connect refused or timed out, TLS to the node failed,
     /// or no answer within the answer timeout.
     TrafficFailed,
@@ -151,6 +158,7 @@ impl Health {
                 self.streak = 0;
                 None
             }
+            (true, Observation::Connected) => None,
             // With checks, traffic that gets through proves nothing about the process.
             (true, Observation::TrafficOk) => {
                 if !policy.checked {
@@ -186,7 +194,7 @@ impl Health {
             }
             // A trial succeeded: one is enough (nginx). A forced DOWN is not tried, and a
             // connect that slipped through anyway does not lift it.
-            (false, Observation::TrafficOk) => {
+            (false, Observation::TrafficOk | Observation::Connected) => {
                 if policy.checked || self.retry_at_ms == u64::MAX {
                     None
                 } else {
@@ -327,6 +335,21 @@ mod tests {
         h.observe(TrafficOk, p, 0);
         assert_eq!(h.observe(TrafficFailed, p, 0), None);
         assert_eq!(h.streak(), 1);
+    }
+
+    #[test]
+    fn a_completed_connect_ends_a_trial_but_does_not_hold_a_node_up() {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
+        // A hung node without checks: connects complete, answers time out.
+        for _ in 0..2 {
+            assert_eq!(h.observe(Connected, p, 0), None);
+            assert_eq!(h.observe(TrafficFailed, p, 0), None);
+        }
+        assert_eq!(h.observe(Connected, p, 0), None);
+        assert_eq!(h.observe(TrafficFailed, p, 0), Some(Transition::WentDown));
+        assert!(h.claim_trial(p, 10_000, 1_000));
+        assert_eq!(h.observe(Connected, p, 10_001), Some(Transition::WentUp));
     }
 
     #[test]

@@ -11,16 +11,20 @@
 //!  raw head bytes ──► head::head_end / head::cookie_in_head ─┐
 //!                                                            ├─► cookie value (borrowed)
 //!  HeaderMap values ──► cookie::find_in_values ──────────────┘          │
-//!                                                                       ▼
-//!                                              Pool::pin_by_name (or a codec) ─► Pin
-//!                                                                       │
-//!   health results ──► Pool::record_success/failure ──┐                 ▼
-//!   operator       ──► Pool::set_admin ───────────────┴──► Pool::decide(pin, now) ─► Decision
-//!                                                                       │
-//!                                    Sticky(node) | Fresh{node, repin} | Unavailable
-//!                                                                       │
-//!                          Fresh ─► CookieSpec::set_cookie(value, tls) ─► Set-Cookie
+//!                                              Topology::pin_by_name (or a codec) ─► Pin
+//!  table key ──► AffinityTable::lookup ─► Pin                            │
+//!                                         └──────────► RouteInput ◄──────┘  + spread key, now
+//!  checks / traffic / operator ─► Health::observe,     │
+//!                       NodeStatus ─► Snapshot ───────►route() ─► Route { node, outcome,
+//!                                                                  cookie, home, table write,
+//!                                                                  trial, took_turn }
+//!                                     Route.cookie ─► CookieSpec::set_cookie ─► Set-Cookie
 //! ```
+//!
+//! [`route()`] is the only place a node is chosen. [`Health`] is the only place a node's
+//! health changes; [`NodeStatus`] combines it with the operator's [`AdminState`]. [`Pool`] owns
+//! statuses and a rotation for `limpet sim` and tests; the proxy keeps statuses per node in
+//! its own runtime and builds the same [`Snapshot`].
 //!
 //! Nodes are identified by name: the name is what a cookie carries (in the default mode), so a
 //! cookie can only choose among configured nodes, never name an address to connect to.

@@ -305,3 +305,95 @@ impl NodeBoard {
         self.epoch.load(Ordering::Acquire)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> Arc<NodeRuntime> {
+        NodeBoard::new(Duration::from_secs(60)).node("a")
+    }
+
+    /// A session's end on tokio's paused clock: `clock::now_ms` follows it.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_deadline_ends_each_session_at_its_own_moment() {
+        let rt = node();
+        let start = clock::now_ms();
+        rt.set_admin(AdminState::Drain {
+            deadline_ms: Some(start + 1_000),
+            spread_ms: 10_000,
+        });
+        let t0 = tokio::time::Instant::now();
+        // Spread key with f = 1/2: its moment is deadline + 5 s.
+        let reason = rt.session_end(1u64 << 63, false).await;
+        assert_eq!(reason, RepinReason::DrainEnded);
+        let waited = t0.elapsed();
+        assert!(
+            (Duration::from_millis(5_999)..=Duration::from_millis(6_050)).contains(&waited),
+            "ended after {waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn maint_and_down_end_sessions_when_they_happen() {
+        let rt = node();
+        let waiting = {
+            let rt = Arc::clone(&rt);
+            tokio::spawn(async move { rt.session_end(0, true).await })
+        };
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            !waiting.is_finished(),
+            "nothing ends a session of a healthy node"
+        );
+        rt.force_health(false);
+        assert_eq!(waiting.await.ok(), Some(RepinReason::NodeDown));
+        // Without close_on_down a DOWN node keeps its sessions; MAINT ends them anyway.
+        let waiting = {
+            let rt = Arc::clone(&rt);
+            tokio::spawn(async move { rt.session_end(0, false).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished());
+        rt.set_admin(AdminState::Maint);
+        assert_eq!(waiting.await.ok(), Some(RepinReason::NodeMaint));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_down_by_traffic_is_due_a_trial_after_fail_timeout() {
+        let rt = node();
+        rt.set_policy(HealthPolicy {
+            fall: 1,
+            fail_timeout_ms: 10_000,
+            ..HealthPolicy::default()
+        });
+        assert_eq!(
+            rt.observe(Observation::TrafficFailed),
+            Some(Transition::WentDown)
+        );
+        assert!(!rt.claim_trial(Duration::from_secs(1)));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            rt.claim_trial(Duration::from_secs(1)),
+            "due after fail_timeout"
+        );
+        assert!(
+            !rt.claim_trial(Duration::from_secs(1)),
+            "one trial at a time"
+        );
+        assert_eq!(rt.observe(Observation::TrafficOk), Some(Transition::WentUp));
+    }
+
+    #[test]
+    fn every_status_change_moves_the_epoch_and_nothing_else_does() {
+        let board = NodeBoard::new(Duration::from_secs(60));
+        let rt = board.node("a");
+        let e0 = board.epoch();
+        assert!(Arc::ptr_eq(&rt, &board.node("a")), "one runtime per name");
+        assert_eq!(board.epoch(), e0);
+        rt.observe(Observation::TrafficOk); // UP stays UP with a zero streak: no change
+        assert_eq!(board.epoch(), e0);
+        rt.set_admin(AdminState::Maint);
+        assert!(board.epoch() > e0);
+    }
+}

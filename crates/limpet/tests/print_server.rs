@@ -221,9 +221,10 @@ async fn a_node_marked_down_closes_its_tcp_sessions_at_once() {
     let _ = PATIENCE;
 }
 
-/// An HTTP listener with the limpet cookie AND the shared table: cookie first, then table.
+/// An HTTP listener with the limpet cookie AND the shared table: the table decides while its
+/// node can take the session, the cookie when it cannot, and the two never split a client.
 #[tokio::test]
-async fn cookie_first_then_table_and_the_table_follows_the_cookie() {
+async fn a_cookie_and_a_shared_table_never_split_the_session() {
     let pki = Pki::new();
     let (mut nodes, ports) = start_nodes(
         &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
@@ -269,12 +270,25 @@ table = "terminal"
     let (head, node) = get_with(connect_from(src.parse().expect("ip"), web).await, "").await;
     assert_eq!(node, home);
     assert!(head.contains(&format!("route={home}")), "{head}");
-    // A valid cookie wins over the table...
+    // A cookie naming another node (stale, or from before a TCP re-pin) does not split the
+    // session: the shared table wins while the TCP session is on `home`, and the cookie is
+    // rewritten.
     let cookie = format!("Cookie: route={other}\r\n");
+    let (head, node) = get_with(connect_from(src.parse().expect("ip"), web).await, &cookie).await;
+    assert_eq!(
+        node, home,
+        "the shared table wins over a disagreeing cookie"
+    );
+    assert!(head.contains(&format!("route={home}")), "{head}");
+    assert_eq!(tcp_session(src, raw).await.1, home);
+    // When the table's node cannot take the session (MAINT), the cookie's node does, and the
+    // shared pin moves with it, so the TCP port follows the client.
+    let state = running.runtime().state();
+    state.set_admin(&home, limpet_core::AdminState::Maint);
     let (_, node) = get_with(connect_from(src.parse().expect("ip"), web).await, &cookie).await;
-    assert_eq!(node, other, "cookie first");
-    // ...and moves the shared pin, so the TCP port follows the client.
+    assert_eq!(node, other, "a valid cookie when the table's node is out");
     assert_eq!(tcp_session(src, raw).await.1, other);
+    drop(state);
     running.stop().await;
     for n in &mut nodes {
         n.kill().await;

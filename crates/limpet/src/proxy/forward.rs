@@ -589,9 +589,8 @@ impl Attempt<'_> {
                 Some(s) => s,
                 None => match conns.connect().await {
                     Ok(s) => {
-                        // Without checks this counts (and ends a trial); with checks, a
-                        // completed connect proves nothing and the core ignores it.
-                        shared.state.observe(node, Observation::TrafficOk);
+                        // Ends a trial (without checks); proves nothing else.
+                        shared.state.observe(node, Observation::Connected);
                         s
                     }
                     Err(e) => {
@@ -632,6 +631,8 @@ impl Attempt<'_> {
                     if !self.upgrade {
                         conns.recycle(sender);
                     }
+                    // An answer: resets the failure streak (the core ignores it with checks).
+                    shared.state.observe(node, Observation::TrafficOk);
                     shared.state.lifecycle.metrics.upstream_latency(
                         &shared.def.name,
                         shared.node_name(node),
