@@ -154,7 +154,8 @@ pub struct TableIn {
     /// What the entry says (`Pin::None`: no entry).
     pub pin: Pin,
     /// Whether routing writes the entry. False for tables that learn from answers (an
-    /// application cookie the node sets): they are only looked up.
+    /// application cookie or a header the node sets): they are looked up, and written only
+    /// to re-pin an entry whose node cannot take it, so the session's later requests agree.
     pub writes: bool,
 }
 
@@ -183,7 +184,8 @@ pub struct RouteInput<'a> {
 pub enum Outcome {
     /// The cookie named a node that honours it.
     Sticky,
-    /// No usable cookie (or no cookie affinity); the table's entry named a node that honours it.
+    /// The table's entry named a node that honours it, and the cookie was missing, or named
+    /// another node that would honour it too (the shared table wins; the cookie is rewritten).
     TableHit,
     /// No pin at all: a fresh assignment (or this connection's earlier one).
     Fresh,
@@ -353,11 +355,13 @@ pub fn route(
         // 2. A shared table that disagrees with the cookie: the table is the session's truth.
         if let Some(t) = input.table.filter(|t| t.writes) {
             if let (Ok(Some((node, trial))), true) = (pin_reason(t.pin), c.pin != t.pin) {
+                // The cookie's own verdict still names the re-pin (stats, logs, home).
+                let why = pin_reason(c.pin).err();
                 return Route {
                     node: Some(node),
-                    outcome: Outcome::TableHit,
+                    outcome: why.map_or(Outcome::TableHit, Outcome::Repin),
                     cookie: CookieWrite::Set { issued_ms: None },
-                    home: HomeWrite::Keep,
+                    home: home_write(input, why, node),
                     table: None,
                     conn_pin: Some(node),
                     trial,
@@ -446,7 +450,8 @@ pub fn route(
             CookieWrite::None
         },
         home: home_write(input, cookie_reason, node),
-        table: learn(node),
+        // A learning table's entry to a node that is gone re-pins like any other table's.
+        table: (table_writes || table_reason.is_some()).then_some(node),
         conn_pin: has_cookie.then_some(node),
         trial,
         took_turn,

@@ -301,6 +301,10 @@ pub enum KeySpec {
     /// An application's own session cookie (e.g. `JSESSIONID`): learned from the node's
     /// `Set-Cookie`, looked up on later requests' `Cookie`.
     AppCookie(Box<str>),
+    /// A session id the node hands out in a response header and the client sends back in the
+    /// same request header (e.g. `Mcp-Session-Id` of the Model Context Protocol, SignalR's
+    /// connection token): learned from the node's answer, looked up on later requests.
+    LearnHeader(Box<str>),
 }
 
 impl KeySpec {
@@ -310,6 +314,14 @@ impl KeySpec {
             return Err(KeyError::InvalidName(name.into()));
         }
         Ok(KeySpec::Header(name.into()))
+    }
+
+    /// A learned-header key; `name` must be an HTTP token.
+    pub fn learn_header(name: &str) -> Result<Self, KeyError> {
+        if !is_cookie_name(name.as_bytes()) {
+            return Err(KeyError::InvalidName(name.into()));
+        }
+        Ok(KeySpec::LearnHeader(name.into()))
     }
 
     /// An application-cookie key; `name` must be a cookie name (an HTTP token).
@@ -325,15 +337,25 @@ impl KeySpec {
     pub fn request_header(&self) -> Option<&str> {
         match self {
             KeySpec::SourceIp(_) => None,
-            KeySpec::Header(name) => Some(name),
+            KeySpec::Header(name) | KeySpec::LearnHeader(name) => Some(name),
             KeySpec::AppCookie(_) => Some("cookie"),
         }
     }
 
-    /// Whether pins are learned from the node's response (application cookie) rather than
-    /// recorded when the request is routed.
+    /// The response header whose values [`response_key`](Self::response_key) reads:
+    /// `set-cookie` for an application cookie, the named header for a learned header.
+    pub fn response_header(&self) -> Option<&str> {
+        match self {
+            KeySpec::AppCookie(_) => Some("set-cookie"),
+            KeySpec::LearnHeader(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether pins are learned from the node's response (application cookie, learned
+    /// header) rather than recorded when the request is routed.
     pub fn learns_from_response(&self) -> bool {
-        matches!(self, KeySpec::AppCookie(_))
+        matches!(self, KeySpec::AppCookie(_) | KeySpec::LearnHeader(_))
     }
 
     /// The key of a request: `client` is the client address (the one PROXY protocol gave, if
@@ -345,29 +367,38 @@ impl KeySpec {
     {
         match self {
             KeySpec::SourceIp(prefix) => Some(KeyRef::ip(client, *prefix)),
-            KeySpec::Header(_) => {
-                let v = trim_ows(values.into_iter().next()?);
-                (!v.is_empty()).then(|| KeyRef::bytes(v))
-            }
+            KeySpec::Header(_) | KeySpec::LearnHeader(_) => first_value(values),
             KeySpec::AppCookie(name) => {
                 app_cookie_in_request(values, name.as_bytes()).map(KeyRef::bytes)
             }
         }
     }
 
-    /// The key a response teaches: for an application cookie, the value the node sets in
-    /// `Set-Cookie` (`set_cookie_values`, in order). `None` for other key kinds.
-    pub fn response_key<'a, I>(&self, set_cookie_values: I) -> Option<KeyRef<'a>>
+    /// The key a response teaches, from the values of
+    /// [`response_header`](Self::response_header) in order: for an application cookie, the
+    /// value the node sets in `Set-Cookie`; for a learned header, the header's first value.
+    /// `None` for other key kinds.
+    pub fn response_key<'a, I>(&self, values: I) -> Option<KeyRef<'a>>
     where
         I: IntoIterator<Item = &'a [u8]>,
     {
         match self {
             KeySpec::AppCookie(name) => {
-                app_cookie_in_set_cookies(set_cookie_values, name.as_bytes()).map(KeyRef::bytes)
+                app_cookie_in_set_cookies(values, name.as_bytes()).map(KeyRef::bytes)
             }
+            KeySpec::LearnHeader(_) => first_value(values),
             _ => None,
         }
     }
+}
+
+/// The first value of a header, surrounding white space trimmed; none when empty.
+fn first_value<'a, I>(values: I) -> Option<KeyRef<'a>>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    let v = trim_ows(values.into_iter().next()?);
+    (!v.is_empty()).then(|| KeyRef::bytes(v))
 }
 
 /// The value cookie `name` gets in one `Set-Cookie` value (`NAME=VALUE; attributes...`), or
@@ -486,6 +517,19 @@ mod tests {
         assert_eq!(spec.request_key(client, lines), Some(KeyRef::bytes(b"abc")));
         assert_eq!(spec.request_key(client, [&b"JSESSIONID="[..]]), None);
 
+        let learned = KeySpec::learn_header("Mcp-Session-Id").expect("valid");
+        assert!(learned.learns_from_response());
+        assert_eq!(learned.request_header(), Some("Mcp-Session-Id"));
+        assert_eq!(learned.response_header(), Some("Mcp-Session-Id"));
+        assert_eq!(
+            learned.response_key([&b" s-1 "[..]]),
+            Some(KeyRef::bytes(b"s-1"))
+        );
+        assert_eq!(
+            learned.request_key(client, [&b"s-1"[..]]),
+            Some(KeyRef::bytes(b"s-1"))
+        );
+        assert_eq!(learned.response_key([&b"  "[..]]), None);
         let spec = KeySpec::header("X-Tenant").expect("valid");
         assert_eq!(
             spec.request_key(client, [&b"  acme "[..], b"other"]),
@@ -502,6 +546,7 @@ mod tests {
             Some(KeyRef::v4(Ipv4Addr::new(192, 0, 2, 7)))
         );
         assert!(KeySpec::header("bad name").is_err());
+        assert!(KeySpec::learn_header("Mcp Session").is_err());
         assert!(KeySpec::app_cookie("a=b").is_err());
     }
 }
