@@ -20,7 +20,9 @@
 //!   checks): the trial is decided before any byte is sent, so the request that makes it
 //!   never waits on a node that is not back. It does not reset the failure streak of an UP
 //!   node, so a node that accepts connections but never answers still goes DOWN on its
-//!   answer timeouts.
+//!   answer timeouts. A node back by a connect alone is on probation: its failure streak
+//!   starts at `fall - 1`, so one more failure takes it DOWN again until an answer resets
+//!   the streak (a hung node costs one timed-out request per `fail_timeout`, not `fall`).
 //! - A *trial* is one connection attempt to a DOWN node (no checks) once its `retry_at` has
 //!   passed. [`Health::claim_trial`] hands it to one caller; while the claim holds, nobody
 //!   else tries. Every traffic failure seen while DOWN (a refused trial, or the late answer
@@ -199,6 +201,10 @@ impl Health {
                     None
                 } else {
                     *self = Health::default();
+                    if obs == Observation::Connected {
+                        // Probation: back on a connect alone, not yet on an answer.
+                        self.streak = policy.fall.max(1) - 1;
+                    }
                     Some(Transition::WentUp)
                 }
             }
@@ -350,6 +356,17 @@ mod tests {
         assert_eq!(h.observe(TrafficFailed, p, 0), Some(Transition::WentDown));
         assert!(h.claim_trial(p, 10_000, 1_000));
         assert_eq!(h.observe(Connected, p, 10_001), Some(Transition::WentUp));
+        // On probation: the next timed-out answer takes it DOWN again at once...
+        assert_eq!(
+            h.observe(TrafficFailed, p, 10_002),
+            Some(Transition::WentDown)
+        );
+        // ...while an answer after the trial ends the probation.
+        assert!(h.claim_trial(p, 20_002, 1_000));
+        assert_eq!(h.observe(Connected, p, 20_003), Some(Transition::WentUp));
+        assert_eq!(h.observe(TrafficOk, p, 20_004), None);
+        assert_eq!(h.streak(), 0);
+        assert_eq!(h.observe(TrafficFailed, p, 20_005), None);
     }
 
     #[test]

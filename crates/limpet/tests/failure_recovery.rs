@@ -1,0 +1,1274 @@
+//! Failure recovery end to end, on real loopback sockets:
+//!
+//! 1. A node taken DOWN by passive failures (no active checks) is tried again after
+//!    `fail_timeout` and serves again; a rolling restart of two nodes under cookie and
+//!    fresh-session GET load fails no request and leaves both nodes in rotation.
+//! 2. A hung node (its kernel completes handshakes, nothing ever answers) goes DOWN under
+//!    steady traffic within `fall × (interval + timeout)`, and new sessions are then served.
+//! 3. State set after a reload reaches connections opened before it: MAINT re-pins the next
+//!    request of pre-reload HTTP/1.1 and HTTP/2 connections and closes a pre-reload TCP
+//!    session; a DOWN by active checks closes one (`close_on_node_down`); a drain deadline
+//!    ends one by deadline + spread.
+
+mod admin_common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use admin_common::lifecycle::{
+    admin_json, backend_nodes, bare_client, node_view, nodes_toml, set_state, ConfigFile, Limpet,
+};
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use limpet::proxy::quick::ProxyArgs;
+use limpet::runtime::{Runtime, State};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+/// Upper bound for anything that should take milliseconds: a hang fails, never blocks.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+/// A built-in demo node (`limpet::backend`) on an address of our choosing, killed like a crash
+/// (listener closed, connections cut) by `kill` or on drop.
+struct Backend {
+    addr: SocketAddr,
+    kill: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Backend {
+    fn serve(name: &str, listener: TcpListener) -> Backend {
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("backend addr: {e}"));
+        let (tx, rx) = oneshot::channel();
+        let owned = name.to_owned();
+        let task = tokio::spawn(async move {
+            limpet::backend::serve(&owned, listener, async {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        Backend {
+            addr,
+            kill: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// A node on a fresh port of 127.0.0.1.
+    async fn start(name: &str) -> Backend {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind backend: {e}"));
+        Backend::serve(name, l)
+    }
+
+    /// A node (again) on exactly `addr`: the port a killed node had.
+    async fn start_at(name: &str, addr: SocketAddr) -> Backend {
+        // The old listener is closed by the time `kill` returns; allow the kernel a moment
+        // (bounded) in case it is slow to release the port.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match TcpListener::bind(addr).await {
+                Ok(l) => return Backend::serve(name, l),
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "rebind {addr}: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    async fn kill(&mut self) {
+        if let Some(tx) = self.kill.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+/// `limpet proxy` in this process, on the code path of `limpet::proxy::serve` (ProxyConfig →
+/// one-listener Config → State → Runtime → `serve_listener`), keeping the runtime so the test
+/// can read node states.
+struct Quick {
+    addr: SocketAddr,
+    runtime: Arc<Runtime>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Quick {
+    async fn start(mut cfg: limpet::proxy::ProxyConfig) -> Quick {
+        cfg.timeouts.drain = Duration::from_secs(1);
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind proxy: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("proxy addr: {e}"));
+        let config = cfg
+            .to_config(addr)
+            .unwrap_or_else(|e| panic!("proxy config: {e}"));
+        let state = State::new(config).unwrap_or_else(|e| panic!("state: {e}"));
+        let runtime = Runtime::new(state);
+        let (tx, rx) = oneshot::channel();
+        let rt = Arc::clone(&runtime);
+        let task = tokio::spawn(async move {
+            limpet::proxy::serve_listener(rt, "proxy", listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap_or_else(|e| panic!("proxy serve: {e}"));
+        });
+        Quick {
+            addr,
+            runtime,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// The state routing uses for `node` now (`UP`, `DOWN`, ...).
+    fn state_of(&self, node: &str) -> &'static str {
+        self.runtime
+            .state()
+            .node_views()
+            .into_iter()
+            .find(|v| v.name == node)
+            .map_or("?", |v| v.state.as_str())
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(PATIENCE, t).await;
+        }
+    }
+}
+
+impl Drop for Quick {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+/// `limpet proxy ARGS`, parsed the way the binary parses them.
+#[derive(Debug, Parser)]
+struct QuickCli {
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+/// A client that opens a new connection for every request and keeps no cookie: every
+/// request is a new session.
+fn fresh_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(PATIENCE)
+        .build()
+        .unwrap_or_else(|e| panic!("client: {e}"))
+}
+
+/// A browser-like client: keeps cookies and its connection.
+fn jar_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .cookie_store(true)
+        .timeout(PATIENCE)
+        .build()
+        .unwrap_or_else(|e| panic!("client: {e}"))
+}
+
+/// GET `url`: status and answering node, or the transport error.
+async fn get(client: &reqwest::Client, url: &str) -> Result<(u16, String), String> {
+    let r = client.get(url).send().await.map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let node = r
+        .headers()
+        .get(limpet::backend::NODE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    r.bytes().await.map_err(|e| e.to_string())?;
+    Ok((status, node))
+}
+
+/// What one answer said.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    node: String,
+    /// The affinity cookie pair (`route=...`) the answer sets, if any.
+    set_cookie: Option<String>,
+}
+
+async fn answer_of(resp: http::Response<hyper::body::Incoming>) -> Result<Answer, String> {
+    let status = resp.status().as_u16();
+    let node = resp
+        .headers()
+        .get(limpet::backend::NODE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let set_cookie = resp
+        .headers()
+        .get_all(http::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("route="))
+        .map(|v| v.split(';').next().unwrap_or("").to_owned());
+    resp.into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("answer body: {e}"))?;
+    Ok(Answer {
+        status,
+        node,
+        set_cookie,
+    })
+}
+
+fn request(uri: &str, cookie: Option<&str>) -> http::Request<Empty<Bytes>> {
+    let mut b = http::Request::get(uri).header(http::header::HOST, "recovery.test");
+    if let Some(c) = cookie {
+        b = b.header(http::header::COOKIE, c);
+    }
+    b.body(Empty::new())
+        .unwrap_or_else(|e| panic!("request: {e}"))
+}
+
+/// ONE HTTP/1.1 keep-alive connection: every request goes over the same TCP connection, and a
+/// closed connection is an error (never a silent reconnect).
+struct H1 {
+    sender: http1::SendRequest<Empty<Bytes>>,
+    conn: JoinHandle<()>,
+}
+
+impl H1 {
+    async fn open(addr: SocketAddr) -> H1 {
+        let s = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        let (sender, conn) = http1::handshake(TokioIo::new(s))
+            .await
+            .unwrap_or_else(|e| panic!("h1 handshake: {e}"));
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        H1 { sender, conn }
+    }
+
+    async fn get(&mut self, cookie: Option<&str>) -> Result<Answer, String> {
+        let sender = &mut self.sender;
+        tokio::time::timeout(PATIENCE, async move {
+            sender
+                .ready()
+                .await
+                .map_err(|e| format!("h1 connection not usable: {e}"))?;
+            let resp = sender
+                .send_request(request("/", cookie))
+                .await
+                .map_err(|e| format!("h1 request on the same connection: {e}"))?;
+            answer_of(resp).await
+        })
+        .await
+        .map_err(|_| "h1: no answer in time".to_owned())?
+    }
+}
+
+impl Drop for H1 {
+    fn drop(&mut self) {
+        self.conn.abort();
+    }
+}
+
+/// ONE HTTP/2 connection, prior knowledge (h2c), every request a stream on it.
+struct H2 {
+    sender: http2::SendRequest<Empty<Bytes>>,
+    uri: String,
+    conn: JoinHandle<()>,
+}
+
+impl H2 {
+    async fn open(addr: SocketAddr) -> H2 {
+        let s = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+            .await
+            .unwrap_or_else(|e| panic!("h2 handshake: {e}"));
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        H2 {
+            sender,
+            uri: format!("http://{addr}/"),
+            conn,
+        }
+    }
+
+    async fn get(&mut self, cookie: Option<&str>) -> Result<Answer, String> {
+        let (sender, uri) = (&mut self.sender, self.uri.as_str());
+        tokio::time::timeout(PATIENCE, async move {
+            sender
+                .ready()
+                .await
+                .map_err(|e| format!("h2 connection not usable: {e}"))?;
+            let resp = sender
+                .send_request(request(uri, cookie))
+                .await
+                .map_err(|e| format!("h2 request on the same connection: {e}"))?;
+            answer_of(resp).await
+        })
+        .await
+        .map_err(|_| "h2: no answer in time".to_owned())?
+    }
+}
+
+impl Drop for H2 {
+    fn drop(&mut self) {
+        self.conn.abort();
+    }
+}
+
+/// A TCP connection to `dst` from source address `src`.
+async fn connect_from(src: IpAddr, dst: SocketAddr) -> TcpStream {
+    let sock = TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+    sock.bind(SocketAddr::new(src, 0))
+        .unwrap_or_else(|e| panic!("bind {src}: {e}"));
+    tokio::time::timeout(PATIENCE, sock.connect(dst))
+        .await
+        .unwrap_or_else(|_| panic!("connect {dst} in time"))
+        .unwrap_or_else(|e| panic!("connect {dst}: {e}"))
+}
+
+/// One keep-alive GET through a TCP session to a demo node (which speaks HTTP): the node
+/// that answered. Reads exactly the answer (head and body), so the session can be used again.
+async fn tcp_get(s: &mut TcpStream) -> Result<String, String> {
+    let exchange = async {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: recovery.test\r\n\r\n")
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 2048];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = s.read(&mut chunk).await.map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err("session closed before an answer".to_owned());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let field = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        let len: usize = field("content-length:")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no content-length: {head}"))?;
+        while buf.len() < head_end + len {
+            let n = s
+                .read(&mut chunk)
+                .await
+                .map_err(|e| format!("read body: {e}"))?;
+            if n == 0 {
+                return Err("session closed in the body".to_owned());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        field(&format!("{}:", limpet::backend::NODE_HEADER))
+            .ok_or_else(|| format!("no node header: {head}"))
+    };
+    tokio::time::timeout(PATIENCE, exchange)
+        .await
+        .map_err(|_| "no answer in time".to_owned())?
+}
+
+/// Waits (at most `limit`) for the peer to close `s`: how long it took, or `None`.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(start + limit, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A TCP session through `raw` that landed on `want`, from the first source address of
+/// 127.0.0.`base`.. that a fresh assignment sends there. Returns the source address too.
+async fn tcp_session_on(raw: SocketAddr, want: &str, base: u8) -> (TcpStream, IpAddr) {
+    let mut seen = Vec::new();
+    for i in 0..8u8 {
+        let src = IpAddr::from([127, 0, 0, base + i]);
+        let mut s = connect_from(src, raw).await;
+        let node = tcp_get(&mut s)
+            .await
+            .unwrap_or_else(|e| panic!("TCP session from {src}: {e}"));
+        if node == want {
+            return (s, src);
+        }
+        seen.push(node);
+    }
+    panic!("no TCP session landed on {want}: {seen:?}");
+}
+
+/// POST /api/v1/reload: (status, report).
+async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
+    let r = bare_client()
+        .post(l.admin_url("/api/v1/reload"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("reload: {e}"));
+    let s = r.status().as_u16();
+    let b = r.bytes().await.unwrap_or_default();
+    (
+        s,
+        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// Polls the admin API (every 25 ms, until `deadline`) until `node` is in `state`: the time
+/// it took from `since`, or the last view seen.
+async fn await_state(
+    l: &Limpet,
+    node: &str,
+    state: &str,
+    since: Instant,
+    deadline: Instant,
+) -> Result<Duration, serde_json::Value> {
+    loop {
+        let v = node_view(l, node).await;
+        if v["state"] == state {
+            return Ok(since.elapsed());
+        }
+        if Instant::now() >= deadline {
+            return Err(v);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 1: a node DOWN by passive failures comes back (quick mode, no checks)
+// ---------------------------------------------------------------------------------------
+
+const FAIL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Scheduling slack on a busy two-core machine.
+const SLACK: Duration = Duration::from_millis(1500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its_restart() {
+    let mut node = Backend::start("n").await;
+    let node_addr = node.addr;
+    let cli = QuickCli::try_parse_from([
+        "limpet-proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--to",
+        &format!("n={node_addr}"),
+        "--fail-timeout",
+        "1s",
+    ])
+    .unwrap_or_else(|e| panic!("args: {e}"));
+    let cfg = cli
+        .proxy
+        .to_config()
+        .unwrap_or_else(|e| panic!("to_config: {e}"));
+    assert_eq!(
+        cfg.health.fail_timeout_ms, 1000,
+        "--fail-timeout reaches the config"
+    );
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let c = fresh_client();
+    assert_eq!(
+        get(&c, &proxy.url()).await,
+        Ok((200, "n".to_owned())),
+        "served before the crash"
+    );
+
+    // The node crashes: its connects are refused; `fall` of them take it DOWN. With one node
+    // every request answers 503 meanwhile (nowhere to fail over to).
+    node.kill().await;
+    let mut statuses = Vec::new();
+    for _ in 0..(fall + 5) {
+        statuses.push(get(&c, &proxy.url()).await.map(|(s, _)| s));
+        if proxy.state_of("n") == "DOWN" {
+            break;
+        }
+    }
+    assert_eq!(
+        proxy.state_of("n"),
+        "DOWN",
+        "refused connects take the node DOWN: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == Ok(503)),
+        "503 while the only node is dead: {statuses:?}"
+    );
+
+    // The node restarts on the same port. Within fail_timeout one connection tries it, the
+    // connect succeeds, and it serves again.
+    let mut node = Backend::start_at("n", node_addr).await;
+    let restarted = Instant::now();
+    let deadline = restarted + FAIL_TIMEOUT + SLACK;
+    let mut polls = Vec::new();
+    let back_after = loop {
+        let r = get(&c, &proxy.url()).await;
+        if r == Ok((200, "n".to_owned())) {
+            break restarted.elapsed();
+        }
+        polls.push(r);
+        assert!(
+            Instant::now() < deadline,
+            "no 200 within fail_timeout ({FAIL_TIMEOUT:?}) + {SLACK:?} of the restart; \
+             node state {}; answers: {polls:?}",
+            proxy.state_of("n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        polls.iter().all(|r| matches!(r, Ok((503, _)))),
+        "until the trial, the DOWN node is not used: {polls:?}"
+    );
+    assert_eq!(
+        proxy.state_of("n"),
+        "UP",
+        "the successful trial brings it UP"
+    );
+    // And it stays in service.
+    for _ in 0..3 {
+        assert_eq!(get(&c, &proxy.url()).await, Ok((200, "n".to_owned())));
+    }
+    eprintln!("node back {back_after:?} after its restart (fail_timeout {FAIL_TIMEOUT:?})");
+    proxy.stop().await;
+    node.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_get_load_fails_no_request_and_both_nodes_return() {
+    let mut nodes = vec![Backend::start("a").await, Backend::start("b").await];
+    let mut cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b"]
+            .iter()
+            .zip(&nodes)
+            .map(|(n, b)| limpet::proxy::NodeConfig {
+                name: (*n).to_owned(),
+                addr: b.addr,
+            })
+            .collect(),
+    );
+    cfg.health.fail_timeout_ms = 1000;
+    let proxy = Quick::start(cfg).await;
+    let url = proxy.url();
+
+    // Load: four cookie clients (sessions pinned to a node, each on its keep-alive
+    // connection) and one stream of new sessions (a new connection, no cookie, per request),
+    // all GET, all the time, until told to stop (and at most 5000 requests each).
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let failures: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut load = JoinSet::new();
+    for i in 0..5 {
+        let (url, stop, served, failures) = (
+            url.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&served),
+            Arc::clone(&failures),
+        );
+        load.spawn(async move {
+            let (c, who) = if i < 4 {
+                (jar_client(), format!("cookie client {i}"))
+            } else {
+                (fresh_client(), "new sessions".to_owned())
+            };
+            for _ in 0..5000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match get(&c, &url).await {
+                    Ok((200, _)) => {}
+                    other => failures
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(format!("{who}: {other:?}")),
+                }
+                served.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    }
+    let wait_served = |n: u64| {
+        let served = Arc::clone(&served);
+        async move {
+            let deadline = Instant::now() + PATIENCE;
+            while served.load(Ordering::Relaxed) < n {
+                assert!(Instant::now() < deadline, "the load stalled");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_served(40).await;
+
+    // Restart a, then b: each is killed, taken DOWN by the load, restarted on its port, and
+    // back UP (its trial succeeded) before the next one goes.
+    for (i, name) in ["a", "b"].into_iter().enumerate() {
+        let addr = nodes[i].addr;
+        nodes[i].kill().await;
+        let killed = Instant::now();
+        let deadline = killed + PATIENCE;
+        while proxy.state_of(name) != "DOWN" {
+            assert!(
+                Instant::now() < deadline,
+                "{name} never went DOWN under load"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let down_after = killed.elapsed();
+        // Some load while it is down.
+        let now = served.load(Ordering::Relaxed);
+        wait_served(now + 20).await;
+        nodes[i] = Backend::start_at(name, addr).await;
+        let restarted = Instant::now();
+        let deadline = restarted + FAIL_TIMEOUT + SLACK;
+        while proxy.state_of(name) != "UP" {
+            assert!(
+                Instant::now() < deadline,
+                "{name} not back UP within fail_timeout + slack of its restart"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        eprintln!(
+            "{name}: DOWN {down_after:?} after its kill, restarted {:?} after it, back UP \
+             {:?} after its restart",
+            restarted - killed,
+            restarted.elapsed()
+        );
+    }
+    let now = served.load(Ordering::Relaxed);
+    wait_served(now + 20).await;
+    stop.store(true, Ordering::Relaxed);
+    while let Some(r) = load.join_next().await {
+        r.unwrap_or_else(|e| panic!("load task: {e}"));
+    }
+    let failures = failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(
+        failures.is_empty(),
+        "{} of {} GETs failed during the rolling restart: {:?}",
+        failures.len(),
+        served.load(Ordering::Relaxed),
+        &failures[..failures.len().min(10)]
+    );
+
+    // Both nodes are in rotation again: new sessions reach both.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let (s, node) = get(&fresh_client(), &url)
+            .await
+            .unwrap_or_else(|e| panic!("fresh GET: {e}"));
+        assert_eq!(s, 200);
+        seen.insert(node);
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["a", "b"],
+        "fresh clients reach both nodes after the rolling restart"
+    );
+    proxy.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 2: a hung node goes DOWN under steady traffic
+// ---------------------------------------------------------------------------------------
+
+/// One new session: a new connection, `GET /` without cookie, `Connection: close`. The status
+/// (0 when none came) and how long the answer took.
+async fn new_session(addr: SocketAddr, limit: Duration) -> (u16, Duration) {
+    let start = Instant::now();
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: recovery.test\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out);
+        text.strip_prefix("HTTP/1.1 ")
+            .and_then(|r| r.get(..3))
+            .and_then(|c| c.parse::<u16>().ok())
+    };
+    let status = tokio::time::timeout(limit, exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    (status, start.elapsed())
+}
+
+/// Node a: a socket bound and listening on 127.0.0.2 that never accepts. The kernel completes
+/// every handshake into the backlog (as for a SIGSTOPped process); nothing ever answers.
+/// Node b: a demo node on the same port of 127.0.0.3. The socket, the port and b.
+async fn hung_a_and_live_b() -> (TcpListener, u16, Backend) {
+    for _ in 0..50 {
+        let hung = TcpListener::bind("127.0.0.2:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind hung node: {e}"));
+        let port = hung.local_addr().map(|a| a.port()).unwrap_or(0);
+        if let Ok(l) = TcpListener::bind(("127.0.0.3", port)).await {
+            return (hung, port, Backend::serve("b", l));
+        }
+    }
+    panic!("no common free port for the two nodes");
+}
+
+const HUNG_FALL: u64 = 3;
+const HUNG_INTERVAL_MS: u64 = 200;
+const HUNG_TIMEOUT_MS: u64 = 200;
+
+/// A limpet with nodes a and b, checked over HTTP every 200 ms (timeout 200 ms, fall 3,
+/// rise 2), and one listener `l` described by `listener` (its name, mode, timeouts).
+fn hung_config(port: u16, listener: &str) -> String {
+    format!(
+        "{}[health]\nfall = {HUNG_FALL}\nrise = 2\ninterval = \"{HUNG_INTERVAL_MS}ms\"\n\
+         timeout = \"{HUNG_TIMEOUT_MS}ms\"\n\n\
+         [[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n{listener}\
+         check = {{ kind = \"http\", path = \"/\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&[("a", "127.0.0.2"), ("b", "127.0.0.3")])
+    )
+}
+
+/// Drives steady traffic (a new session every 30 ms, at most 150) at `addr` until the admin
+/// API reports node a DOWN, and asserts that happens within fall × (interval + timeout) +
+/// slack of `started`. Returns when it did, and how many sessions ran before.
+async fn steady_sessions_until_a_is_down(
+    l: &Limpet,
+    addr: SocketAddr,
+    started: Instant,
+) -> Duration {
+    let bound = Duration::from_millis(HUNG_FALL * (HUNG_INTERVAL_MS + HUNG_TIMEOUT_MS)) + SLACK;
+    let mut before = JoinSet::new();
+    let mut down_after = None;
+    let mut last_view = serde_json::Value::Null;
+    for _ in 0..150 {
+        before.spawn(new_session(addr, Duration::from_secs(3)));
+        last_view = node_view(l, "a").await;
+        if last_view["state"] == "DOWN" {
+            down_after = Some(started.elapsed());
+            break;
+        }
+        if started.elapsed() > bound + Duration::from_secs(2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let sessions = before.len();
+    // Sessions that landed on the hung node may still hang: they are not what is measured.
+    before.abort_all();
+    let down_after = down_after.unwrap_or_else(|| {
+        panic!(
+            "the hung node was never reported DOWN under steady traffic ({sessions} new \
+             sessions in {:?}): {last_view}",
+            started.elapsed()
+        )
+    });
+    assert!(
+        down_after <= bound,
+        "DOWN after {down_after:?}, over fall × (interval + timeout) + slack = {bound:?}: \
+         {last_view}"
+    );
+    assert!(
+        sessions >= 5,
+        "traffic ran while the node hung ({sessions} sessions)"
+    );
+    eprintln!(
+        "hung node DOWN after {down_after:?} (bound {bound:?}), {sessions} sessions before; \
+         last check error: {}",
+        last_view["checks"][0]["last_error"]
+    );
+    down_after
+}
+
+/// N = 60 new sessions, one every 30 ms: at least 95 % answered 200 within 2 s each.
+async fn new_sessions_are_served(addr: SocketAddr) {
+    const N: usize = 60;
+    let mut after = JoinSet::new();
+    for _ in 0..N {
+        after.spawn(new_session(addr, Duration::from_secs(2)));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let mut results = Vec::new();
+    while let Some(r) = after.join_next().await {
+        results.push(r.unwrap_or_else(|e| panic!("session task: {e}")));
+    }
+    let ok = results
+        .iter()
+        .filter(|(s, t)| *s == 200 && *t <= Duration::from_secs(2))
+        .count();
+    assert!(
+        ok * 100 >= N * 95,
+        "only {ok} of {N} new sessions answered 200 within 2 s after a went DOWN: {results:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_goes_down_under_steady_traffic_and_new_sessions_are_served() {
+    let (hung, port, mut b) = hung_a_and_live_b().await;
+    // HTTP: a short answer timeout, so a request that meets the hung node fails over (GET)
+    // and counts as a failure.
+    let text = hung_config(
+        port,
+        "timeouts = { upstream_answer = \"300ms\", drain = \"1s\" }\n",
+    );
+    let cfg = ConfigFile::new("hung-http", &text);
+    let l = Limpet::start(&cfg).await;
+    let started = Instant::now();
+    steady_sessions_until_a_is_down(&l, l.addr("l"), started).await;
+    new_sessions_are_served(l.addr("l")).await;
+    let view = node_view(&l, "a").await;
+    assert_eq!(
+        view["state"], "DOWN",
+        "completed connects never bring a checked node back: {view}"
+    );
+    l.stop().await;
+    drop(hung);
+    b.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_goes_down_by_its_checks_although_every_tcp_connect_to_it_completes() {
+    // TCP: a relay has no answer timeout, so the only traffic signal is a connect that
+    // completes (into the hung node's backlog), one every ~60 ms, more often than checks fail.
+    // If a completed connect counted as a success it would reset the check failures and keep
+    // the hung node UP.
+    let (hung, port, mut b) = hung_a_and_live_b().await;
+    let text = hung_config(
+        port,
+        "mode = \"tcp\"\ntimeouts = { connect = \"1s\", drain = \"1s\" }\n",
+    );
+    let cfg = ConfigFile::new("hung-tcp", &text);
+    let l = Limpet::start(&cfg).await;
+    let started = Instant::now();
+    steady_sessions_until_a_is_down(&l, l.addr("l"), started).await;
+    new_sessions_are_served(l.addr("l")).await;
+    let view = node_view(&l, "a").await;
+    assert_eq!(
+        view["state"], "DOWN",
+        "completed connects never bring a checked node back: {view}"
+    );
+    l.stop().await;
+    drop(hung);
+    b.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fails() {
+    // Quick mode (no checks): a completed connect proves nothing, an answer that does not come
+    // within the answer timeout is a failure, so `fall` of them take the hung node DOWN; every
+    // GET that met it fails over to b.
+    let (hung, _port, mut b) = hung_a_and_live_b().await;
+    let hung_addr = hung
+        .local_addr()
+        .unwrap_or_else(|e| panic!("hung addr: {e}"));
+    let mut cfg = limpet::proxy::ProxyConfig::new(vec![
+        limpet::proxy::NodeConfig {
+            name: "a".into(),
+            addr: hung_addr,
+        },
+        limpet::proxy::NodeConfig {
+            name: "b".into(),
+            addr: b.addr,
+        },
+    ]);
+    const ANSWER: Duration = Duration::from_millis(300);
+    cfg.timeouts.upstream_answer = ANSWER;
+    // No trial within the test: a stays DOWN once it is.
+    cfg.health.fail_timeout_ms = 30_000;
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let started = Instant::now();
+    let bound = ANSWER * fall + SLACK;
+
+    // Steady new sessions (a new connection, no cookie), one every 30 ms, at most 150.
+    let mut before = JoinSet::new();
+    let mut down_after = None;
+    for _ in 0..150 {
+        let url = proxy.url();
+        before.spawn(async move {
+            let t = Instant::now();
+            (get(&fresh_client(), &url).await, t.elapsed())
+        });
+        if proxy.state_of("a") == "DOWN" {
+            down_after = Some(started.elapsed());
+            break;
+        }
+        if started.elapsed() > bound + Duration::from_secs(2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let mut results = Vec::new();
+    while let Some(r) = before.join_next().await {
+        results.push(r.unwrap_or_else(|e| panic!("session task: {e}")));
+    }
+    let down_after = down_after.unwrap_or_else(|| {
+        panic!(
+            "the hung node (no checks) never went DOWN on answer timeouts ({} requests in \
+             {:?}): {results:?}",
+            results.len(),
+            started.elapsed()
+        )
+    });
+    assert!(
+        down_after <= bound,
+        "DOWN after {down_after:?}, over fall × answer timeout + slack = {bound:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .all(|(r, _)| matches!(r, Ok((200, n)) if n == "b")),
+        "every GET that met the hung node failed over to b: {results:?}"
+    );
+    let waited = results.iter().filter(|(_, t)| *t >= ANSWER).count();
+    assert!(
+        waited >= 1,
+        "some requests met the hung node (waited the answer timeout): {results:?}"
+    );
+    new_sessions_are_served_at(&proxy.url()).await;
+    assert_eq!(proxy.state_of("a"), "DOWN", "no trial before fail_timeout");
+    eprintln!(
+        "hung node (no checks) DOWN after {down_after:?} (bound {bound:?}); {waited} of {} \
+         requests waited for its answer timeout",
+        results.len()
+    );
+    proxy.stop().await;
+    drop(hung);
+    b.kill().await;
+}
+
+/// [`new_sessions_are_served`] through an HTTP client: N = 60 new sessions (a new
+/// connection, no cookie), one every 30 ms, at least 95 % answered 200 within 2 s each.
+async fn new_sessions_are_served_at(url: &str) {
+    const N: usize = 60;
+    let mut after = JoinSet::new();
+    for _ in 0..N {
+        let url = url.to_owned();
+        after.spawn(async move {
+            let t = Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(2), async {
+                get(&fresh_client(), &url).await
+            })
+            .await;
+            (matches!(r, Ok(Ok((200, _)))), t.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let mut results = Vec::new();
+    while let Some(r) = after.join_next().await {
+        results.push(r.unwrap_or_else(|e| panic!("session task: {e}")));
+    }
+    let ok = results.iter().filter(|(ok, _)| *ok).count();
+    assert!(
+        ok * 100 >= N * 95,
+        "only {ok} of {N} new sessions answered 200 within 2 s after a went DOWN: {results:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 3: state set after a reload reaches connections opened before it
+// ---------------------------------------------------------------------------------------
+
+const AB: [(&str, &str); 2] = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+
+/// Nodes a and b, an HTTP listener (the limpet cookie) and a TCP listener on a source-IP
+/// table, both to `port`, plus `extra` lines under the TCP listener and `tail` at the end.
+fn two_listener_config(port: u16, raw_extra: &str, tail: &str) -> String {
+    format!(
+        "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         timeouts = {{ drain = \"1s\" }}\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         table = \"t\"\nclose_on_node_down = true\ntimeouts = {{ drain = \"1s\" }}\n{raw_extra}\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n{tail}",
+        nodes_toml(&AB)
+    )
+}
+
+/// Reloads (the config file rewritten with a trivial change) and checks it was taken.
+async fn reload_trivially(l: &Limpet, cfg: &ConfigFile, text: &str) {
+    cfg.write(&format!("{text}\n# reloaded by failure_recovery\n"));
+    let (s, report) = reload(l).await;
+    assert_eq!(s, 200, "reload refused: {report}");
+    assert_eq!(report["generation"], 1, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maint_after_a_reload_repins_pre_reload_h1_and_h2_connections_and_closes_tcp() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    let text = two_listener_config(port, "", "");
+    let cfg = ConfigFile::new("reload-maint", &text);
+    let l = Limpet::start(&cfg).await;
+    let (web, raw) = (l.addr("web"), l.addr("raw"));
+
+    // (a) An HTTP/1.1 keep-alive connection whose session is pinned to a (a connection's
+    // first answer pins it; new connections until one lands on a).
+    let mut h1_pin = None;
+    for _ in 0..6 {
+        let mut c = H1::open(web).await;
+        let a = c.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+        if a.node == "a" {
+            assert_eq!(a.set_cookie.as_deref(), Some("route=a"), "{a:?}");
+            h1_pin = Some(c);
+            break;
+        }
+    }
+    let mut h1 = h1_pin.unwrap_or_else(|| panic!("no HTTP/1.1 connection landed on a"));
+    // (b) The same over HTTP/2 (h2c, prior knowledge).
+    let mut h2_pin = None;
+    for _ in 0..6 {
+        let mut c = H2::open(web).await;
+        let a = c.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+        if a.node == "a" {
+            assert_eq!(a.set_cookie.as_deref(), Some("route=a"), "{a:?}");
+            h2_pin = Some(c);
+            break;
+        }
+    }
+    let mut h2 = h2_pin.unwrap_or_else(|| panic!("no HTTP/2 connection landed on a"));
+    // (c) A TCP session on a.
+    let (mut tcp, src) = tcp_session_on(raw, "a", 40).await;
+
+    reload_trivially(&l, &cfg, &text).await;
+
+    // All three outlived the reload and are still on a.
+    let a1 = h1
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (a1.status, a1.node.as_str(), a1.set_cookie),
+        (200, "a", None)
+    );
+    let a2 = h2
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (a2.status, a2.node.as_str(), a2.set_cookie),
+        (200, "a", None)
+    );
+    assert_eq!(tcp_get(&mut tcp).await.as_deref(), Ok("a"));
+
+    // MAINT, set through the new generation.
+    let v = set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert_eq!(v["state"], "MAINT", "{v}");
+    let maint_at = Instant::now();
+
+    // (c) closed promptly.
+    let closed = closed_within(&mut tcp, Duration::from_secs(2)).await;
+    assert!(
+        closed.is_some(),
+        "the pre-reload TCP session from {src} on a was not closed within 2 s of MAINT"
+    );
+    // (a), (b): the next request on the SAME connection goes to b and re-pins.
+    let a1 = h1
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("pre-reload HTTP/1.1 connection after MAINT: {e}"));
+    assert_eq!(
+        (a1.status, a1.node.as_str(), a1.set_cookie.as_deref()),
+        (200, "b", Some("route=b")),
+        "pre-reload HTTP/1.1 connection after MAINT"
+    );
+    let a2 = h2
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("pre-reload HTTP/2 connection after MAINT: {e}"));
+    assert_eq!(
+        (a2.status, a2.node.as_str(), a2.set_cookie.as_deref()),
+        (200, "b", Some("route=b")),
+        "pre-reload HTTP/2 connection after MAINT"
+    );
+    // And they stay on b with the new cookie.
+    let a1 = h1
+        .get(Some("route=b"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((a1.node.as_str(), a1.set_cookie), ("b", None));
+    eprintln!(
+        "TCP session closed {:?} after MAINT ({:?} since)",
+        closed,
+        maint_at.elapsed()
+    );
+    drop((h1, h2, tcp));
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    // a's checks probe a port of their own (`check_port`), so the check can fail while a's
+    // service, and the session relayed to it, stay up: only the DOWN can close the session.
+    let check_target = TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind check target: {e}"));
+    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
+    let check_task = tokio::spawn(async move {
+        while let Ok((s, _)) = check_target.accept().await {
+            drop(s);
+        }
+    });
+    const FALL: u64 = 2;
+    const INTERVAL_MS: u64 = 100;
+    const TIMEOUT_MS: u64 = 200;
+    let text = two_listener_config(
+        port,
+        "check = { kind = \"tcp\" }\n",
+        &format!(
+            "\n[health]\nfall = {FALL}\nrise = 1\ninterval = \"{INTERVAL_MS}ms\"\ntimeout = \"{TIMEOUT_MS}ms\"\n"
+        ),
+    )
+    .replace(
+        "name = \"a\"\naddress = \"127.0.0.2\"\n",
+        &format!("name = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n"),
+    );
+    let cfg = ConfigFile::new("reload-down", &text);
+    let l = Limpet::start(&cfg).await;
+    // a is checked, and passes.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let v = node_view(&l, "a").await;
+        if v["checks"][0]["checks"].as_u64().unwrap_or(0) >= 1 {
+            assert_eq!(v["checks"][0]["last"]["ok"], true, "{v}");
+            assert_eq!(v["state"], "UP", "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "a was never checked: {v}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (mut tcp, src) = tcp_session_on(l.addr("raw"), "a", 60).await;
+
+    reload_trivially(&l, &cfg, &text).await;
+    assert_eq!(
+        tcp_get(&mut tcp).await.as_deref(),
+        Ok("a"),
+        "the session outlived the reload"
+    );
+
+    // a's check target dies: its checks fail, a goes DOWN, its pre-reload session closes.
+    check_task.abort();
+    let _ = check_task.await;
+    let killed = Instant::now();
+    let limit = Duration::from_millis(FALL * (INTERVAL_MS + TIMEOUT_MS)) + SLACK;
+    let closed = closed_within(&mut tcp, limit).await;
+    let v = node_view(&l, "a").await;
+    assert!(
+        closed.is_some(),
+        "the pre-reload TCP session from {src} was not closed within {limit:?} of a's check \
+         target dying (close_on_node_down = true); a now: {v}"
+    );
+    let v = match await_state(&l, "a", "DOWN", killed, killed + PATIENCE).await {
+        Ok(_) => node_view(&l, "a").await,
+        Err(v) => panic!("a not DOWN: {v}"),
+    };
+    assert_eq!(v["healthy"], false, "{v}");
+    eprintln!("session closed {closed:?} after the check target died");
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_deadline_after_a_reload_ends_a_pre_reload_tcp_session_by_deadline_plus_spread() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    let text = two_listener_config(port, "", "");
+    let cfg = ConfigFile::new("reload-drain", &text);
+    let l = Limpet::start(&cfg).await;
+    let (mut tcp, src) = tcp_session_on(l.addr("raw"), "a", 80).await;
+
+    reload_trivially(&l, &cfg, &text).await;
+    assert_eq!(
+        tcp_get(&mut tcp).await.as_deref(),
+        Ok("a"),
+        "the session outlived the reload"
+    );
+
+    const DEADLINE: Duration = Duration::from_secs(1);
+    const SPREAD: Duration = Duration::from_secs(1);
+    let asked = Instant::now();
+    let v = set_state(
+        &l,
+        "a",
+        &format!(
+            r#"{{"state":"drain","deadline_secs":{},"spread_secs":{}}}"#,
+            DEADLINE.as_secs_f64(),
+            SPREAD.as_secs_f64()
+        ),
+    )
+    .await;
+    assert_eq!(v["state"], "DRAIN", "{v}");
+    // Before the deadline the session goes on.
+    assert_eq!(
+        tcp_get(&mut tcp).await.as_deref(),
+        Ok("a"),
+        "a draining node keeps its sessions until the deadline"
+    );
+    let limit = DEADLINE + SPREAD + SLACK;
+    let closed = closed_within(&mut tcp, limit).await;
+    let ended = asked.elapsed();
+    assert!(
+        closed.is_some(),
+        "the pre-reload TCP session from {src} was not ended within deadline {DEADLINE:?} + \
+         spread {SPREAD:?} + {SLACK:?}: {}",
+        admin_json(&l, "/api/v1/nodes/a").await
+    );
+    assert!(
+        ended + Duration::from_millis(50) >= DEADLINE,
+        "ended {ended:?} after the drain was asked, before its deadline {DEADLINE:?}"
+    );
+    eprintln!("session ended {ended:?} after the drain (deadline {DEADLINE:?}, spread {SPREAD:?})");
+    l.stop().await;
+}
