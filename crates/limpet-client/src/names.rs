@@ -98,6 +98,9 @@ impl CookieNames {
     pub const LIMPET: &'static str = "route";
     /// The prefix of every AWS Application Load Balancer stickiness cookie.
     pub const AWS_ALB_PREFIX: &'static str = "AWSALB";
+    /// The stickiness cookie of the AWS Classic Load Balancer (ELB) with duration-based
+    /// stickiness; not of the `AWSALB` family, so it needs its own name.
+    pub const AWS_CLASSIC_ELB: &'static str = "AWSELB";
     /// The name HAProxy configurations conventionally use (`cookie SERVERID insert`).
     pub const HAPROXY: &'static str = "SERVERID";
 
@@ -125,12 +128,13 @@ impl CookieNames {
     }
 }
 
-/// `route` (limpet), `AWSALB*` (AWS ALB), `SERVERID` (HAProxy).
+/// `route` (limpet), `AWSALB*` (AWS ALB), `AWSELB` (AWS Classic ELB), `SERVERID` (HAProxy).
 impl Default for CookieNames {
     fn default() -> Self {
         CookieNames::new([
             NamePattern::Exact(Self::LIMPET.to_owned()),
             NamePattern::Prefix(Self::AWS_ALB_PREFIX.to_owned()),
+            NamePattern::Exact(Self::AWS_CLASSIC_ELB.to_owned()),
             NamePattern::Exact(Self::HAPROXY.to_owned()),
         ])
     }
@@ -151,11 +155,13 @@ mod tests {
             "AWSALBTG",
             "AWSALBTGCORS",
             "AWSALBAPP-0",
+            "AWSELB",
         ] {
             assert!(names.matches(yes), "{yes}");
         }
         for no in [
-            "Route", "xroute", "route2", "AWSAL", "awsalb", "serverid", "session", "",
+            "Route", "xroute", "route2", "AWSAL", "awsalb", "serverid", "session", "", "awselb",
+            "AWSELBX",
         ] {
             assert!(!names.matches(no), "{no}");
         }

@@ -15,10 +15,14 @@
 //! | `/headers` | the request headers as received, one `name: value` line each |
 //! | `/slow?ms=N` | waits N ms (at most 60 s), then answers |
 //! | `/drop` | closes the connection without answering |
+//! | `/demo/...` | with [`DemoHooks`] only (`limpet demo`): the demo's control endpoint |
 //!
 //! [`serve`] takes an already-bound listener and a shutdown future. Shutdown acts like a
 //! crash, on purpose: the listener closes and every open connection is cut, which is what
-//! failover tests need.
+//! failover tests need. [`serve_with`] takes [`NodeOptions`]: `limpet demo` stops its nodes
+//! like a process that exits cleanly instead (in-flight answers complete; WebSockets are cut
+//! all the same), so the page's own "stop" request is answered even by the node it stops, and
+//! it gives them [`DemoHooks`]: the demo page with its buttons, and what the buttons call.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -53,31 +57,114 @@ pub const NODE_HEADER: &str = "x-limpet-node";
 /// Serves node `name` on `listener` until `shutdown` resolves; then closes the listener and
 /// cuts every connection.
 pub async fn serve(name: &str, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    serve_with(name, listener, shutdown, NodeOptions::default()).await;
+}
+
+/// A boxed future, so [`DemoHooks`] stays object-safe.
+pub type HookFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What `limpet demo` adds to its nodes: its page, and the control endpoint the page's
+/// buttons call. Every node of the demo shares one, so whichever node the proxy sends a
+/// request to can act on any node.
+pub trait DemoHooks: Send + Sync + 'static {
+    /// The page node `node` serves for `/index.html` (and `/` asked as HTML).
+    fn page(&self, node: &str) -> String;
+    /// Answers `method path?query` under `/demo/`: a status and a JSON body. `demo_header`
+    /// says whether the request carried `X-Limpet-Demo` (which a cross-site form cannot
+    /// send, so the hooks can refuse writes without it).
+    fn control<'a>(
+        &'a self,
+        method: &'a http::Method,
+        path: &'a str,
+        query: &'a str,
+        demo_header: bool,
+    ) -> HookFuture<'a, (StatusCode, String)>;
+}
+
+/// How [`serve_with`] runs a node.
+#[derive(Default)]
+pub struct NodeOptions {
+    /// Stop like a process that exits cleanly rather than like a crash: the listener closes,
+    /// WebSockets are cut, but a request being answered gets its answer (for at most
+    /// [`GRACEFUL_STOP`]) before its connection closes.
+    pub graceful_stop: bool,
+    /// The demo's page and control endpoint.
+    pub hooks: Option<Arc<dyn DemoHooks>>,
+    /// Told the moment the listener is closed on shutdown (from then on connects are
+    /// refused), before the connections are done.
+    pub listener_closed: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for NodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeOptions")
+            .field("graceful_stop", &self.graceful_stop)
+            .field("hooks", &self.hooks.is_some())
+            .field("listener_closed", &self.listener_closed.is_some())
+            .finish()
+    }
+}
+
+/// How long a graceful stop lets answers in flight finish before cutting them.
+pub const GRACEFUL_STOP: Duration = Duration::from_secs(5);
+
+/// [`serve`] with options: see [`NodeOptions`].
+pub async fn serve_with(
+    name: &str,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    options: NodeOptions,
+) {
     let name: Arc<str> = Arc::from(name);
+    let hooks = options.hooks;
+    let graceful = options.graceful_stop;
     let mut conns = JoinSet::new();
-    // Upgraded sockets leave hyper's connection task, so they watch this to be cut as well.
+    // Upgraded sockets leave hyper's connection task, so they watch this to be cut as well;
+    // with a graceful stop, connection tasks watch it to close once their answer is out.
     let (killed_tx, killed) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
+            // A stop wins over a connection waiting to be accepted.
+            biased;
             () = &mut shutdown => break,
             // Reap finished connections so the set does not grow without bound.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             r = listener.accept() => {
                 let Ok((stream, _)) = r else { continue };
                 let name = Arc::clone(&name);
+                let hooks = hooks.clone();
                 let killed = killed.clone();
+                let mut stopping = killed.clone();
                 conns.spawn(async move {
-                    let svc = service_fn(move |req| handle(Arc::clone(&name), killed.clone(), req));
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                        .await;
+                    let svc = service_fn(move |req| {
+                        handle(Arc::clone(&name), hooks.clone(), killed.clone(), req)
+                    });
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        () = async { let _ = stopping.wait_for(|k| *k).await; }, if graceful => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
                 });
             }
         }
     }
     drop(listener);
+    if let Some(tx) = options.listener_closed {
+        let _ = tx.send(());
+    }
     let _ = killed_tx.send(true);
+    if graceful {
+        let _ = tokio::time::timeout(GRACEFUL_STOP, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+    }
     conns.shutdown().await;
 }
 
@@ -130,10 +217,25 @@ impl std::error::Error for Dropped {}
 
 async fn handle(
     name: Arc<str>,
+    hooks: Option<Arc<dyn DemoHooks>>,
     killed: watch::Receiver<bool>,
     mut req: Request<Incoming>,
 ) -> Result<Response<NodeBody>, Dropped> {
     let path = req.uri().path().to_owned();
+    if let Some(hooks) = &hooks {
+        if path.starts_with("/demo/") {
+            let query = req.uri().query().unwrap_or("").to_owned();
+            let demo_header = req.headers().contains_key("x-limpet-demo");
+            let (status, body) = hooks
+                .control(req.method(), &path, &query, demo_header)
+                .await;
+            let mut resp = answer(&name, status, "application/json", full(body));
+            // Node states change from one second to the next.
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            return Ok(resp);
+        }
+    }
     let resp = match path.as_str() {
         "/ws" => websocket(&name, killed, &mut req),
         "/ws-refuse" => {
@@ -205,11 +307,15 @@ async fn handle(
                         .and_then(|v| v.to_str().ok())
                         .is_some_and(|v| v.contains("text/html")));
             if wants_html {
+                let html = match &hooks {
+                    Some(h) => h.page(&name),
+                    None => page(&name),
+                };
                 answer(
                     &name,
                     StatusCode::OK,
                     "text/html; charset=utf-8",
-                    full(page(&name)),
+                    full(html),
                 )
             } else {
                 text(&name, StatusCode::OK, format!("node {name}\n"))
@@ -311,7 +417,8 @@ impl Body for Repeat {
     }
 }
 
-fn escape(s: &str) -> String {
+/// HTML-escapes text (the demo page's node names).
+pub(crate) fn escape(s: &str) -> String {
     s.chars()
         .map(|c| match c {
             '<' => "&lt;".to_owned(),

@@ -15,7 +15,8 @@
 //! - [`sim`]: `limpet sim`, the line protocol of the cookie rules, sans-io engine plus stdin loop.
 //! - [`proxy`]: the HTTP reverse proxy (HTTP/1.1 and h2c, cookie affinity, WebSocket tunnels,
 //!   failover re-pin) and `limpet proxy`.
-//! - [`demo`]: `limpet demo`, the proxy in front of three built-in nodes.
+//! - [`demo`]: `limpet demo`: three built-in nodes, the proxy, the admin listener, and the page's
+//!   control endpoint (stop, start, drain a node and watch the session move).
 //! - [`backend`]: a small built-in HTTP node (`limpet demo`, tests).
 //! - [`health`]: active health checks (TCP, HTTP, TLS) feeding the core's health state machine.
 //! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.

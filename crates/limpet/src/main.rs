@@ -9,6 +9,7 @@
 //! - `limpet proxy`: the HTTP proxy in quick mode (`--listen`, `--to [NAME=]HOST:PORT`...).
 //! - `limpet run -c limpet.toml`: every listener of a config file; `limpet check` validates it.
 //! - `limpet probe`: checks that a balancer keeps each client session on one node.
+//! - `limpet cert`: writes a self-signed certificate and key for trying a TLS listener.
 
 use std::process::ExitCode;
 
@@ -43,6 +44,57 @@ enum Command {
     Check(limpet::runtime::run::CheckArgs),
     /// Check from the client side that a balancer keeps each session on one node (docs/probe.md).
     Probe(limpet::probe::ProbeArgs),
+    /// Write a self-signed certificate and key (PEM) for trying a TLS listener.
+    Cert(CertArgs),
+}
+
+/// Arguments of `limpet cert`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example: the certificate examples/print-server.toml names\n  \
+    limpet cert --out examples/certs --name ha-safeq --san print.example\n\n\
+    Clients do not trust a self-signed certificate: give them the .pem (curl --cacert) or\n\
+    tell them not to verify (curl -k). Use a certificate from your CA in production."
+)]
+struct CertArgs {
+    /// The directory to write into (created if missing); relative to the current directory.
+    #[arg(long, value_name = "DIR")]
+    out: std::path::PathBuf,
+    /// The file name: writes DIR/NAME.pem (certificate) and DIR/NAME.key (private key).
+    #[arg(long, value_name = "NAME")]
+    name: String,
+    /// A DNS name or IP address the certificate is valid for; repeatable.
+    /// Default: localhost, 127.0.0.1 and ::1.
+    #[arg(long = "san", value_name = "NAME")]
+    san: Vec<String>,
+    /// Replace existing files (by default they are kept and the command fails).
+    #[arg(long)]
+    force: bool,
+}
+
+/// `limpet cert`: exit 0 and the two paths on stdout, or exit 2 and why on stderr.
+fn cert(args: CertArgs) -> ExitCode {
+    let names = if args.san.is_empty() {
+        vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ]
+    } else {
+        args.san
+    };
+    match limpet::tls::write_self_signed(&args.out, &args.name, &names, args.force) {
+        Ok((cert, key)) => {
+            println!("certificate {}", cert.display());
+            println!("key         {}", key.display());
+            println!("valid for   {} (self-signed)", names.join(", "));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("limpet cert: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Logs go to stderr (stdout carries the bound address); `RUST_LOG` filters, default `info`.
@@ -77,5 +129,6 @@ fn main() -> ExitCode {
             init_tracing();
             limpet::probe::run(args)
         }
+        Command::Cert(args) => cert(args),
     }
 }

@@ -22,8 +22,25 @@
 //! | `limpet_table_entries` | gauge | table |
 //! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
 //!
+//! Every family is in the text from the first scrape, before anything happened: families
+//! are registered as `Eager` (their `# TYPE` line is written even without a series), and
+//! right before encoding the admin server creates the zero series of every label set it
+//! knows: reloads `ok` and `refused`; per node, health transitions `up` and `down`; per HTTP
+//! listener and node, every request class and the latency histogram; per HTTP listener, every
+//! pin outcome and reason; per table, evictions. So a first reload refused, a first 5xx or a
+//! first eviction is an increase from 0 that `rate()` and `increase()` see, not a new series.
+//!
 //! Next to the Prometheus families, a few process-wide totals ([`Totals`]) feed the stats
-//! page's counts and rates without parsing the text format.
+//! page's counts and rates without parsing the text format, and per-node traffic
+//! (`traffic`: requests, errors, bytes, answer-time quantiles and a five-minute history)
+//! feeds its node table and charts.
+
+mod traffic;
+
+pub use traffic::{
+    HistoryView, NodeHistoryView, NodeTraffic, TrafficView, HISTORY_SAMPLES, LATENCY_WINDOW,
+    RATE_WINDOW, SAMPLE_EVERY,
+};
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,11 +48,12 @@ use std::time::Duration;
 
 use limpet_core::{Decision, RepinReason, Transition};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
@@ -85,6 +103,39 @@ struct TableLabels {
 struct ResultLabels {
     result: &'static str,
 }
+
+/// A metric family written even while it has no series (`prometheus-client` leaves empty
+/// families out of the text), so a scrape shows every documented family from the start.
+#[derive(Debug)]
+struct Eager<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for Eager<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Every status class a request is counted under.
+const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+
+/// Every reason a pin is re-pinned for.
+const REPIN_REASONS: [RepinReason; 7] = [
+    RepinReason::UnknownNode,
+    RepinReason::NodeDown,
+    RepinReason::NodeMaint,
+    RepinReason::DrainEnded,
+    RepinReason::InvalidCookie,
+    RepinReason::ExpiredCookie,
+    RepinReason::ConnectFailed,
+];
 
 /// How a request's pin was handled, for [`Metrics::pin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +200,8 @@ pub struct Metrics {
     node_state: Family<NodeStateLabels, Gauge>,
     table_entries: Family<TableLabels, Gauge>,
     totals: Totals,
+    /// Per-node traffic for the stats page.
+    traffic: traffic::Traffic,
     /// Evictions per table as last read, so the counter grows by the difference.
     evictions_seen: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
@@ -173,6 +226,9 @@ pub struct NodeGauges<'a> {
     pub tunnels: u64,
     pub pins: u64,
     pub seen: u64,
+    /// The HTTP listeners forwarding to the node: its request and latency series are created
+    /// at zero for each.
+    pub http_listeners: Vec<&'a str>,
 }
 
 const STATES: [&str; 4] = ["UP", "DOWN", "DRAIN", "MAINT"];
@@ -197,64 +253,64 @@ impl Metrics {
         registry.register(
             "limpet_requests",
             "Requests answered, by listener, node and status class",
-            requests.clone(),
+            Eager(requests.clone()),
         );
         registry.register(
             "limpet_pins",
             "Pin outcomes of routing decisions: sticky, new, or re-pinned with a reason",
-            pins.clone(),
+            Eager(pins.clone()),
         );
         registry.register(
             "limpet_health_transitions",
             "Node health state changes",
-            transitions.clone(),
+            Eager(transitions.clone()),
         );
         registry.register(
             "limpet_upstream_latency_seconds",
             "Time from sending a request to a node to its answer head",
-            latency.clone(),
+            Eager(latency.clone()),
         );
         registry.register(
             "limpet_table_evictions",
             "Affinity table entries evicted by the size bound",
-            evictions.clone(),
+            Eager(evictions.clone()),
         );
         registry.register(
             "limpet_config_reloads",
             "Configuration reloads, applied or refused",
-            reloads.clone(),
+            Eager(reloads.clone()),
         );
         registry.register(
             "limpet_node_active_connections",
             "Connections and tunnels open to a node",
-            node_active.clone(),
+            Eager(node_active.clone()),
         );
         registry.register(
             "limpet_node_tunnels",
             "WebSocket and TCP tunnels open to a node",
-            node_tunnels.clone(),
+            Eager(node_tunnels.clone()),
         );
         registry.register(
             "limpet_node_pins",
             "Pins to a node held in affinity tables",
-            node_pins.clone(),
+            Eager(node_pins.clone()),
         );
         registry.register(
             "limpet_node_sessions_seen",
             "Distinct sessions seen on a node within the window (HyperLogLog estimate)",
-            node_seen.clone(),
+            Eager(node_seen.clone()),
         );
         registry.register(
             "limpet_node_state",
             "A node's state: 1 for the current one",
-            node_state.clone(),
+            Eager(node_state.clone()),
         );
         registry.register(
             "limpet_table_entries",
             "Entries held in an affinity table",
-            table_entries.clone(),
+            Eager(table_entries.clone()),
         );
-        Metrics {
+        let m = Metrics {
             registry,
             requests,
             pins,
@@ -269,8 +325,15 @@ impl Metrics {
             node_state,
             table_entries,
             totals: Totals::default(),
+            traffic: traffic::Traffic::default(),
             evictions_seen: Default::default(),
+        };
+        for ok in [true, false] {
+            let _ = m.reloads.get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "refused" },
+            });
         }
+        m
     }
 
     /// A request on `listener` was answered with `status` by `node` (or by limpet itself when
@@ -292,8 +355,12 @@ impl Metrics {
             })
             .inc();
         self.totals.requests.fetch_add(1, Ordering::Relaxed);
-        if !(100..500).contains(&status) {
+        let error = !(100..500).contains(&status);
+        if error {
             self.totals.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(node) = node {
+            self.node_traffic(node).request(error);
         }
     }
 
@@ -352,6 +419,28 @@ impl Metrics {
                 node: node.to_owned(),
             })
             .observe(elapsed.as_secs_f64());
+        self.node_traffic(node).answer_time(elapsed);
+    }
+
+    /// The traffic counters of `node`, for the data plane to count bytes into.
+    pub fn node_traffic(&self, node: &str) -> std::sync::Arc<NodeTraffic> {
+        self.traffic.node(node, crate::clock::now_ms)
+    }
+
+    /// What `node` is doing as of `now_ms` (`clock::now_ms` scale), for the admin API.
+    pub fn traffic(&self, node: &str, now_ms: u64) -> TrafficView {
+        self.traffic.view(node, now_ms)
+    }
+
+    /// Samples every node's traffic for the charts; the admin server calls it every
+    /// [`SAMPLE_EVERY`].
+    pub fn sample(&self, now_ms: u64) {
+        self.traffic.sample(now_ms);
+    }
+
+    /// The charts' points of every node sampled since limpet started.
+    pub fn history(&self, now_ms: u64) -> HistoryView {
+        self.traffic.history(now_ms)
     }
 
     /// `n` entries of `table` were evicted by its size bound.
@@ -374,7 +463,9 @@ impl Metrics {
 
     /// Replaces the per-node and per-table gauges with this snapshot (nodes and tables no
     /// longer configured disappear). Tables come as (name, entries, evictions so far); the
-    /// eviction counter grows by the difference since the last snapshot.
+    /// eviction counter grows by the difference since the last snapshot. Creates the zero
+    /// series of every counter label set the snapshot names (see the module docs); counters
+    /// of nodes and tables no longer configured keep their last value.
     pub fn set_gauges<'a>(
         &self,
         nodes: impl IntoIterator<Item = NodeGauges<'a>>,
@@ -391,7 +482,28 @@ impl Metrics {
         self.node_state.clear();
         self.table_entries.clear();
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let mut http_listeners = std::collections::BTreeSet::new();
         for n in nodes {
+            for to in ["up", "down"] {
+                let _ = self.transitions.get_or_create(&TransitionLabels {
+                    node: n.node.to_owned(),
+                    to,
+                });
+            }
+            for &listener in &n.http_listeners {
+                http_listeners.insert(listener);
+                for class in CLASSES {
+                    let _ = self.requests.get_or_create(&RequestLabels {
+                        listener: listener.to_owned(),
+                        node: n.node.to_owned(),
+                        class,
+                    });
+                }
+                let _ = self.latency.get_or_create(&LatencyLabels {
+                    listener: listener.to_owned(),
+                    node: n.node.to_owned(),
+                });
+            }
             let l = NodeLabels {
                 node: n.node.to_owned(),
             };
@@ -408,6 +520,18 @@ impl Metrics {
                     .set(i64::from(s == n.state));
             }
         }
+        for listener in http_listeners {
+            let outcomes = [("sticky", "none"), ("new", "none")]
+                .into_iter()
+                .chain(REPIN_REASONS.iter().map(|r| ("repinned", r.as_str())));
+            for (outcome, reason) in outcomes {
+                let _ = self.pins.get_or_create(&PinLabels {
+                    listener: listener.to_owned(),
+                    outcome,
+                    reason,
+                });
+            }
+        }
         let mut seen = self
             .evictions_seen
             .lock()
@@ -418,6 +542,9 @@ impl Metrics {
                     table: t.to_owned(),
                 })
                 .set(gauge(size));
+            let _ = self.evictions.get_or_create(&TableLabels {
+                table: t.to_owned(),
+            });
             let last = seen.insert(t.to_owned(), evicted).unwrap_or(0);
             // A table rebuilt by a reload starts its totals again: count from there.
             let delta = if evicted >= last {
@@ -485,6 +612,7 @@ mod tests {
                 tunnels: 1,
                 pins: 7,
                 seen: 12,
+                http_listeners: vec!["web"],
             }],
             [("by-ip", 9, 0)],
         );
@@ -516,5 +644,79 @@ mod tests {
         // A node gone from the snapshot disappears from the gauges.
         m.set_gauges([], []);
         assert!(!m.encode().contains(r#"limpet_node_pins{node="a"}"#));
+    }
+
+    /// The names of the families as scraped: a counter's samples end in `_total`.
+    const FAMILIES: [&str; 12] = [
+        "limpet_requests_total",
+        "limpet_pins_total",
+        "limpet_health_transitions_total",
+        "limpet_upstream_latency_seconds",
+        "limpet_table_evictions_total",
+        "limpet_config_reloads_total",
+        "limpet_node_active_connections",
+        "limpet_node_tunnels",
+        "limpet_node_pins",
+        "limpet_node_sessions_seen",
+        "limpet_node_state",
+        "limpet_table_entries",
+    ];
+
+    #[test]
+    fn every_family_is_written_before_anything_happened() {
+        // Nothing known at all: every family still has its TYPE line.
+        let text = Metrics::new().encode();
+        for f in FAMILIES {
+            let base = f.trim_end_matches("_total");
+            assert!(
+                text.contains(&format!("# TYPE {base} ")),
+                "no TYPE line for {f} in\n{text}"
+            );
+        }
+        assert!(text.contains(r#"limpet_config_reloads_total{result="refused"} 0"#));
+        // Once the admin server has named the nodes, listeners and tables: a zero series each.
+        let m = Metrics::new();
+        m.set_gauges(
+            [NodeGauges {
+                node: "a",
+                state: "UP",
+                http_listeners: vec!["web"],
+                ..NodeGauges::default()
+            }],
+            [("by-ip", 0, 0)],
+        );
+        let text = m.encode();
+        for f in FAMILIES {
+            let sample = if f == "limpet_upstream_latency_seconds" {
+                format!("{f}_count{{")
+            } else {
+                format!("{f}{{")
+            };
+            assert!(text.contains(&sample), "no series of {f} in\n{text}");
+        }
+        for want in [
+            r#"limpet_requests_total{listener="web",node="a",class="5xx"} 0"#,
+            r#"limpet_pins_total{listener="web",outcome="repinned",reason="node-down"} 0"#,
+            r#"limpet_health_transitions_total{node="a",to="down"} 0"#,
+            r#"limpet_table_evictions_total{table="by-ip"} 0"#,
+            r#"limpet_upstream_latency_seconds_count{listener="web",node="a"} 0"#,
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn requests_and_answer_times_feed_the_node_traffic() {
+        let m = Metrics::new();
+        m.request("web", Some("a"), 200);
+        m.request("web", Some("a"), 502);
+        m.request("web", Some("a"), 0);
+        m.request("web", None, 503);
+        m.upstream_latency("web", "a", Duration::from_millis(40));
+        m.node_traffic("a").add_out(1234);
+        let v = m.traffic("a", crate::clock::now_ms());
+        assert_eq!((v.requests, v.errors, v.bytes_out), (3, 2, 1234));
+        let p50 = v.answer_p50_ms.unwrap_or(0.0);
+        assert!((37.0..=43.0).contains(&p50), "{v:?}");
     }
 }

@@ -28,9 +28,15 @@
 //! that closes is reconnected after the client crate's backoff, scaled to start at
 //! `--backoff-min`.
 //!
-//! Exit codes: 0 when every session kept affinity (re-pins allowed), 1 when any session broke
-//! it, 2 for a usage error or when nothing could be judged (nothing answered, or no answer
-//! named its node). Flags, output and the JSON fields are documented in `docs/probe.md`.
+//! Exit codes: 0 when every session kept affinity (re-pins allowed) with at least two answers
+//! naming its node, 1 when any session broke it, 2 for a usage error or when the run cannot
+//! pass (nothing answered, or a session had fewer than two answers naming its node). Flags,
+//! output and the JSON fields are documented in `docs/probe.md`; `--help` repeats the exit
+//! codes with examples.
+//!
+//! `--header` and `--cookie` go on every request and upgrade of every session, beside the
+//! jar's balancer cookies (merged into one `Cookie` header), so an application behind a login
+//! can be probed; a balancer cookie name is refused there, since the jar owns those.
 //!
 //! Over `https://` (and so `wss://`) every session's HTTP client and WebSocket share one
 //! rustls config ([`tls`]): the system's roots plus `--ca`, or `--insecure`.
@@ -47,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use limpet_client::{Backoff, CookieNames, NamePattern};
-use reqwest::header::HeaderName;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, COOKIE};
 use reqwest::Url;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -64,8 +70,43 @@ const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Distinct error messages kept for the report.
 const MAX_ERRORS_KEPT: usize = 8;
 
+/// Printed after the flags by `limpet probe --help` (and `-h`): what a script reads from the
+/// exit code, and the commands a first user is after.
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  PASS: every session kept affinity (re-pins allowed), each with at least two
+     answers naming its node
+  1  FAIL: at least one session broke affinity (changed node without the balancer
+     rewriting its cookie)
+  2  usage error, or the run cannot pass: nothing answered, or a session had fewer
+     than two answers naming its node (wrong --node-header?)
+
+Examples:
+  limpet probe http://127.0.0.1:8080/ --ws /ws --sessions 6 --requests 4
+  limpet probe http://haproxy.internal/ --cookie-names SRV --node-header X-Served-By
+  limpet probe https://app.example/ --ws /socket --cookie-names 'AWSALB*' \\
+      --header 'Authorization: Bearer TOKEN' --cookie 'session=abc123'
+  limpet probe http://lb.internal/ --ws /ws --watch --interval 2s --json | tail -n1
+
+Full reference: docs/probe.md";
+
+/// Headers the probe writes itself (framing, the connection, the WebSocket handshake): one
+/// of the user's would break the request rather than identify it.
+const OWN_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "upgrade",
+    "content-length",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+];
+
 /// Arguments of `limpet probe`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = AFTER_HELP)]
 pub struct ProbeArgs {
     /// The balancer's URL (`http://...` or `https://...`). Discovery and every request GET
     /// it; the WebSocket is `ws://` or `wss://` to match.
@@ -86,14 +127,23 @@ pub struct ProbeArgs {
     /// The answer header that names the node that served it.
     #[arg(long, default_value = "X-Limpet-Node", value_name = "NAME")]
     pub node_header: String,
-    /// The balancer's cookie names, comma-separated; `NAME*` is a prefix. Replaces the default.
+    /// The balancer's cookie names, comma-separated; `NAME*` is a prefix. Replaces the default
+    /// (limpet, AWS ALB, AWS classic ELB, HAProxy's conventional name).
     #[arg(
         long,
         value_name = "LIST",
         value_delimiter = ',',
-        default_value = "route,AWSALB*,SERVERID"
+        default_value = "route,AWSALB*,AWSELB,SERVERID"
     )]
     pub cookie_names: Vec<NamePattern>,
+    /// Send this header with every request and upgrade of every session (e.g.
+    /// `'Authorization: Bearer TOKEN'` for an app behind a login). Repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Send this cookie with every request and upgrade of every session, beside the
+    /// balancer's (e.g. the application's session cookie). Repeatable.
+    #[arg(long = "cookie", value_name = "NAME=VALUE", value_parser = parse_cookie)]
+    pub cookies: Vec<(String, String)>,
     /// Keep the sessions going, one round per `--interval`, and report moves as they happen.
     #[arg(long)]
     pub watch: bool,
@@ -149,6 +199,105 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// `--header 'Name: value'`: a header name and a value (spaces around it trimmed). Headers the
+/// probe writes itself are refused.
+pub fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let Some((name, value)) = text.split_once(':') else {
+        return Err(format!("{text:?} is not 'NAME: VALUE'"));
+    };
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("{:?} is not a header name", name.trim()))?;
+    if OWN_HEADERS.contains(&name.as_str()) || name.as_str().starts_with("sec-websocket-") {
+        return Err(format!("{name} is a header the probe sets itself"));
+    }
+    let mut value = HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of {name} holds a character a header cannot carry"))?;
+    // Tokens and session cookies: kept out of any debug output.
+    value.set_sensitive(true);
+    Ok((name, value))
+}
+
+/// `--cookie name=value`: a cookie-name token and a value without `;` (spaces around both
+/// trimmed).
+pub fn parse_cookie(text: &str) -> Result<(String, String), String> {
+    let Some((name, value)) = text.split_once('=') else {
+        return Err(format!("{text:?} is not NAME=VALUE"));
+    };
+    let name = name.trim();
+    NamePattern::exact(name).map_err(|e| e.to_string())?;
+    let value = value.trim();
+    if value.contains(';') || HeaderValue::from_str(value).is_err() {
+        return Err(format!(
+            "the value of cookie {name} holds ';' or a character a header cannot carry"
+        ));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
+/// What the user asked to send with every request: a header map for the wire, and the names
+/// (never the values) for the report.
+#[derive(Debug, Default)]
+pub(crate) struct Extra {
+    /// The `--header` lines, then one `Cookie` line with the `--cookie` pairs.
+    pub(crate) headers: HeaderMap,
+    /// Lower-case header names, in order, each once (`cookie` included when sent).
+    pub(crate) header_names: Vec<String>,
+    /// Names of the cookies sent, from `--cookie` and any `--header 'Cookie: ...'`.
+    pub(crate) cookie_names: Vec<String>,
+}
+
+impl Extra {
+    /// Refuses a cookie of a balancer name: the session's jar owns those, and a pin of the
+    /// user's would put every session on one node before the balancer chose.
+    fn from_args(args: &ProbeArgs, names: &CookieNames) -> Result<Extra, String> {
+        let mut extra = Extra::default();
+        let mut add_cookie = |name: &str, flag: &str| -> Result<(), String> {
+            if names.matches(name) {
+                return Err(format!(
+                    "{flag}: {name} is a balancer cookie (see --cookie-names); each session's \
+                     jar holds it, so that every session starts unpinned"
+                ));
+            }
+            if !extra.cookie_names.iter().any(|n| n == name) {
+                extra.cookie_names.push(name.to_owned());
+            }
+            Ok(())
+        };
+        for (name, value) in &args.headers {
+            if name == COOKIE {
+                for pair in value.as_bytes().split(|&b| b == b';') {
+                    let pair = String::from_utf8_lossy(pair);
+                    let cookie = pair.split('=').next().unwrap_or_default().trim();
+                    if !cookie.is_empty() {
+                        add_cookie(cookie, "--header Cookie")?;
+                    }
+                }
+            }
+        }
+        for (name, _) in &args.cookies {
+            add_cookie(name, &format!("--cookie {name}"))?;
+        }
+        for (name, value) in &args.headers {
+            extra.headers.append(name.clone(), value.clone());
+        }
+        if !args.cookies.is_empty() {
+            let line: Vec<String> = args
+                .cookies
+                .iter()
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            let mut value = HeaderValue::from_str(&line.join("; "))
+                .map_err(|_| "--cookie: not a valid Cookie header".to_owned())?;
+            value.set_sensitive(true);
+            extra.headers.append(COOKIE, value);
+        }
+        for name in extra.headers.keys() {
+            extra.header_names.push(name.as_str().to_owned());
+        }
+        Ok(extra)
+    }
+}
+
 /// What to do, validated.
 #[derive(Debug)]
 pub(crate) struct Plan {
@@ -158,6 +307,8 @@ pub(crate) struct Plan {
     pub(crate) requests: u32,
     pub(crate) node_header: HeaderName,
     pub(crate) names: CookieNames,
+    /// `--header` and `--cookie`, sent with every request and upgrade.
+    pub(crate) extra: Extra,
     pub(crate) watch: bool,
     /// Rounds per session; `u32::MAX` for "until interrupted".
     pub(crate) rounds: u32,
@@ -204,6 +355,8 @@ impl Plan {
         if args.cookie_names.is_empty() {
             return Err("--cookie-names needs at least one name".into());
         }
+        let names = CookieNames::new(args.cookie_names.iter().cloned());
+        let extra = Extra::from_args(args, &names)?;
         let rounds = match (args.watch, args.rounds, args.duration) {
             (false, _, _) => 1,
             (true, Some(k), _) => k,
@@ -222,7 +375,8 @@ impl Plan {
             sessions: args.sessions,
             requests: args.requests,
             node_header,
-            names: CookieNames::new(args.cookie_names.iter().cloned()),
+            names,
+            extra,
             watch: args.watch,
             rounds,
             interval: args.interval,
@@ -421,10 +575,87 @@ mod tests {
         );
         assert_eq!((p.sessions, p.requests, p.rounds), (4, 5, 1));
         assert_eq!(p.node_header.as_str(), "x-limpet-node");
-        for name in ["route", "AWSALBTG", "SERVERID"] {
+        for name in ["route", "AWSALBTG", "AWSELB", "SERVERID"] {
             assert!(p.names.matches(name), "{name}");
         }
         assert!(!p.names.matches("sid"));
+        assert!(p.extra.headers.is_empty());
+    }
+
+    #[test]
+    fn default_cookie_names_are_the_client_crates() {
+        // One list of the balancers' names: the probe's default is the client jar's.
+        let p = plan(&["http://h/"]).expect("plan");
+        assert_eq!(p.names, CookieNames::default());
+    }
+
+    #[test]
+    fn headers_and_cookies_to_send() {
+        let p = plan(&[
+            "http://h/",
+            "--header",
+            "Authorization: Bearer t0k:en ",
+            "--header",
+            "X-Tenant:acme",
+            "--header",
+            "Cookie: lang=en",
+            "--cookie",
+            "sid=s3cr3t",
+            "--cookie",
+            " theme = dark",
+        ])
+        .expect("plan");
+        let h = &p.extra.headers;
+        assert_eq!(
+            h.get("authorization").map(HeaderValue::as_bytes),
+            Some(&b"Bearer t0k:en"[..])
+        );
+        assert_eq!(
+            h.get("x-tenant").map(HeaderValue::as_bytes),
+            Some(&b"acme"[..])
+        );
+        let cookies: Vec<&[u8]> = h
+            .get_all(COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        assert_eq!(cookies, [&b"lang=en"[..], b"sid=s3cr3t; theme=dark"]);
+        assert!(
+            h.values().all(HeaderValue::is_sensitive),
+            "kept out of logs"
+        );
+        assert_eq!(
+            p.extra.header_names,
+            ["authorization", "x-tenant", "cookie"]
+        );
+        assert_eq!(p.extra.cookie_names, ["lang", "sid", "theme"]);
+    }
+
+    #[test]
+    fn headers_and_cookies_refused() {
+        for argv in [
+            &["--header", "no colon"][..],
+            &["--header", "bad name: x"],
+            &["--header", "Host: other"],
+            &["--header", "Sec-WebSocket-Key: x"],
+            &["--header", "Connection: close"],
+            &["--header", "X-A: line\nbreak"],
+            &["--cookie", "novalue"],
+            &["--cookie", "=x"],
+            &["--cookie", "a b=x"],
+            &["--cookie", "a=x; b=y"],
+            // The jar owns the balancer's cookies: a pin of the user's would pre-pin sessions.
+            &["--cookie", "route=a"],
+            &["--cookie", "AWSALBTG=x"],
+            &["--header", "Cookie: sid=1; SERVERID=s1"],
+            &["--cookie-names", "SRV", "--cookie", "SRV=s1"],
+        ] {
+            let mut full = vec!["http://h/"];
+            full.extend_from_slice(argv);
+            assert!(plan(&full).is_err(), "{argv:?}");
+        }
+        // Under other --cookie-names, `route` is the application's own cookie.
+        assert!(plan(&["http://h/", "--cookie-names", "SRV", "--cookie", "route=a"]).is_ok());
     }
 
     #[test]

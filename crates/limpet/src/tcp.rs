@@ -307,7 +307,13 @@ struct Connected {
 /// routing again without every node that refused (each a passive failure; the table's entry
 /// moves with the route). A DOWN node due its trial is claimed first; a trial someone else
 /// holds is skipped.
-async fn connect(state: &State, li: usize, def: &ListenerDef, who: &Peer) -> Option<Connected> {
+async fn connect(
+    state: &State,
+    li: usize,
+    def: &ListenerDef,
+    who: &Peer,
+    local_port: u16,
+) -> Option<Connected> {
     let slot = state.listeners.get(li)?;
     let table = slot.table.as_deref();
     let ip = who.client.ip();
@@ -333,7 +339,7 @@ async fn connect(state: &State, li: usize, def: &ListenerDef, who: &Peer) -> Opt
             failed.push(node);
             continue;
         }
-        let addr = state.upstream(def, node)?;
+        let addr = state.upstream(def, node, local_port)?;
         let err = match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => {
                 state.observe(node, Observation::TrafficOk);
@@ -386,7 +392,8 @@ async fn session(
         }
         None => Box::new(stream),
     };
-    let Some(conn) = connect(&state, li, &def, &who).await else {
+    // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
+    let Some(conn) = connect(&state, li, &def, &who, local.port()).await else {
         tracing::warn!(listener = %def.name, client = %who.client, "no node available");
         return;
     };

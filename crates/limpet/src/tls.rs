@@ -278,3 +278,148 @@ pub fn upstream_name(server_name: Option<&str>, ip: std::net::IpAddr) -> ServerN
         .and_then(|n| ServerName::try_from(n.to_owned()).ok())
         .unwrap_or(ServerName::IpAddress(ip.into()))
 }
+
+/// A self-signed certificate and its private key, both PEM (`limpet cert`).
+#[derive(Clone)]
+pub struct SelfSigned {
+    /// One `CERTIFICATE` block.
+    pub cert_pem: String,
+    /// One `PRIVATE KEY` block (PKCS#8, ECDSA P-256).
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SelfSigned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of logs and panic messages.
+        f.debug_struct("SelfSigned")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Makes a self-signed certificate valid for `names` (DNS names or IP addresses, each a
+/// subject alternative name) with `common_name` as its subject. For trying a TLS listener
+/// before a real certificate exists: clients must be told to trust it (`curl --cacert`) or
+/// not to verify (`curl -k`).
+pub fn self_signed(common_name: &str, names: &[String]) -> Result<SelfSigned, TlsError> {
+    if names.is_empty() {
+        return Err(err(
+            TlsPart::Name,
+            "a certificate needs at least one name".into(),
+        ));
+    }
+    let mut params = rcgen::CertificateParams::new(names.to_vec())
+        .map_err(|e| err(TlsPart::Name, format!("bad certificate name: {e}")))?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    let key = rcgen::KeyPair::generate()
+        .map_err(|e| err(TlsPart::Key, format!("cannot generate a key: {e}")))?;
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| err(TlsPart::Cert, format!("cannot sign the certificate: {e}")))?;
+    Ok(SelfSigned {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Writes a [`self_signed`] certificate as `DIR/NAME.pem` and its key as `DIR/NAME.key`
+/// (readable by the owner only), creating `DIR` if needed; the paths a listener's
+/// `tls = { cert = "DIR/NAME.pem", key = "DIR/NAME.key" }` names. Existing files are kept
+/// unless `overwrite`, so a real certificate is never replaced by accident.
+pub fn write_self_signed(
+    dir: &Path,
+    name: &str,
+    names: &[String],
+    overwrite: bool,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let plain = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\'])
+        && !name.chars().any(char::is_control);
+    if !plain {
+        return Err(format!("{name:?} is not a plain file name"));
+    }
+    let cert_path = dir.join(format!("{name}.pem"));
+    let key_path = dir.join(format!("{name}.key"));
+    if !overwrite {
+        for p in [&cert_path, &key_path] {
+            if p.exists() {
+                return Err(format!(
+                    "{} exists; it is kept (--force replaces it)",
+                    p.display()
+                ));
+            }
+        }
+    }
+    let made = self_signed(name, names).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    write_private(&key_path, made.key_pem.as_bytes())?;
+    std::fs::write(&cert_path, made.cert_pem.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", cert_path.display()))?;
+    Ok((cert_path, key_path))
+}
+
+/// Writes a file only its owner can read (a private key).
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts
+        .open(path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    f.write_all(bytes)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    // `mode` applies only to a new file; an overwritten one is narrowed here.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_self_signed_certificate_loads_and_serves_its_names() {
+        let dir = std::env::temp_dir().join(format!("limpet-tls-cert-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let names = vec!["print.example".to_owned(), "127.0.0.1".to_owned()];
+        let (cert, key) =
+            write_self_signed(&dir, "ha-safeq", &names, false).expect("write certificate");
+        assert_eq!(cert, dir.join("ha-safeq.pem"));
+        assert_eq!(key, dir.join("ha-safeq.key"));
+        load_certified_key(&cert, &key).expect("the key matches the certificate");
+        let sni = ["print.example".to_owned()];
+        let spec = CertSpec {
+            cert: &cert,
+            key: &key,
+            names: &sni,
+        };
+        assert!(server_config(&[spec], &[b"http/1.1"]).is_ok());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "the key is readable by its owner only");
+        }
+        // A second run keeps what is there, unless asked to replace it.
+        assert!(write_self_signed(&dir, "ha-safeq", &names, false).is_err());
+        assert!(write_self_signed(&dir, "ha-safeq", &names, true).is_ok());
+        assert!(write_self_signed(&dir, "../x", &names, true).is_err());
+        assert!(self_signed("x", &[]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,5 +1,6 @@
 //! Config files: every error names the file, line, column and key, unknown keys come with a
-//! "did you mean", bad TLS files are config errors, and the shipped example validates.
+//! "did you mean" (for typos, and for HAProxy's and nginx's names), counts take HAProxy's
+//! `k`/`m` suffixes, bad TLS files are config errors, and the shipped example validates.
 
 mod common;
 
@@ -58,6 +59,191 @@ fn unknown_keys_are_errors_with_a_suggestion() {
         "{e}"
     );
     assert!(!e.contains("did you mean"), "{e}");
+}
+
+/// HAProxy and nginx habits, each as written in the table where an operator would write it:
+/// (text after the nodes, where the error points, the key, what the hint says).
+#[test]
+fn haproxy_and_nginx_names_get_the_limpet_key() {
+    const L: &str = "[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
+    let cases: &[(String, &str, &str, &str)] = &[
+        (
+            "[health]\ninter = \"5s\"\n".into(),
+            "inter",
+            "health.inter",
+            "did you mean `interval`? (HAProxy's `inter`)",
+        ),
+        (
+            format!("{L}inter = \"5s\"\n"),
+            "inter",
+            "listeners[0].inter",
+            "HAProxy's `inter` is `interval` in `[health]`",
+        ),
+        (
+            format!("{L}fall = 3\n"),
+            "fall",
+            "listeners[0].fall",
+            "`fall` goes in `[health]`",
+        ),
+        (
+            format!("{L}rise = 2\n"),
+            "rise",
+            "listeners[0].rise",
+            "`rise` goes in `[health]`",
+        ),
+        (
+            format!("{L}check = {{ kind = \"tcp\", fall = 3 }}\n"),
+            "fall = 3",
+            "listeners[0].check",
+            "`fall` goes in `[health]`",
+        ),
+        (
+            format!("{L}maxconn = 2000\n"),
+            "maxconn",
+            "listeners[0].maxconn",
+            "did you mean `max_connections`? (HAProxy's `maxconn`)",
+        ),
+        (
+            format!("{L}stick-table = \"t\"\n"),
+            "stick-table",
+            "listeners[0].stick-table",
+            "did you mean `table`? (HAProxy's `stick-table`); declare the table once in `[[tables]]`",
+        ),
+        (
+            "[stick-table]\nsize = 1\n".into(),
+            "stick-table",
+            "stick-table",
+            "did you mean `tables`? (HAProxy's `stick-table`)",
+        ),
+        (
+            format!("{L}timeout_server = \"30s\"\n"),
+            "timeout_server",
+            "listeners[0].timeout_server",
+            "HAProxy's `timeout server` is `upstream_answer` in `[listeners.timeouts]`",
+        ),
+        (
+            format!("{L}[listeners.timeouts]\nserver = \"30s\"\n"),
+            "server",
+            "listeners[0].timeouts.server",
+            "did you mean `upstream_answer`? (HAProxy's `timeout server`)",
+        ),
+        (
+            format!("{L}[listeners.timeouts]\nclient = \"30s\"\n"),
+            "client",
+            "listeners[0].timeouts.client",
+            "did you mean `idle`? (HAProxy's `timeout client`)",
+        ),
+        (
+            format!("{L}proxy_read_timeout = \"30s\"\n"),
+            "proxy_read_timeout",
+            "listeners[0].proxy_read_timeout",
+            "nginx's `proxy_read_timeout` is `upstream_answer` in `[listeners.timeouts]`",
+        ),
+        (
+            format!("{L}balance = \"static-rr\"\n"),
+            "\"static-rr\"",
+            "listeners[0].balance",
+            "did you mean `round-robin`? (HAProxy's `static-rr`)",
+        ),
+        (
+            format!("{L}balance = \"roundrobin\"\n"),
+            "\"roundrobin\"",
+            "listeners[0].balance",
+            "did you mean `round-robin`?",
+        ),
+        (
+            format!("{L}balance = \"source\"\n"),
+            "\"source\"",
+            "listeners[0].balance",
+            "HAProxy's `source`: pinning a client address is an affinity table",
+        ),
+        (
+            "[[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\ncheck = true\n".into(),
+            "check = true",
+            "nodes[1].check",
+            "`check` goes in `[[listeners]]`; checks belong to a listener",
+        ),
+        (
+            "[[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\nport = 8080\n".into(),
+            "port = 8080",
+            "nodes[1].port",
+            "did you mean `check_port`? (HAProxy's `port`); a node has no service port",
+        ),
+        (
+            format!("{L}max_fails = 3\n"),
+            "max_fails",
+            "listeners[0].max_fails",
+            "nginx's `max_fails` is `fall` in `[health]`",
+        ),
+        (
+            format!("{L}option_redispatch = true\n"),
+            "option_redispatch",
+            "listeners[0].option_redispatch",
+            "not needed: a pin to a node that is DOWN or in MAINT is always re-pinned",
+        ),
+    ];
+    for (tail, needle, key, hint) in cases {
+        let text = format!("{NODES}{tail}");
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!("{}{key}: unknown ", at(&text, needle))),
+            "place and key of {tail:?}: {e}"
+        );
+        assert!(e.contains(hint), "hint for {tail:?}: {e}");
+    }
+}
+
+#[test]
+fn counts_take_haproxy_suffixes() {
+    let text = |size: &str, max: &str| {
+        format!("{NODES}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsize = {size}\n[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\ntable = \"t\"\nmax_connections = {max}\n")
+    };
+    let ok = |size: &str, max: &str| {
+        Config::from_text(Path::new("limpet.toml"), &text(size, max))
+            .unwrap_or_else(|e| panic!("{size} {max}: {e}"))
+    };
+    // Binary, as HAProxy's `size 100k` (102400 entries): a number copied over means the same.
+    let cfg = ok("\"100k\"", "\"2k\"");
+    assert_eq!(cfg.table("t").map(|t| t.size), Some(102_400));
+    assert_eq!(cfg.listeners[0].limits.max_client_connections, 2048);
+    let cfg = ok("\"1m\"", "500");
+    assert_eq!(cfg.table("t").map(|t| t.size), Some(1_048_576));
+    assert_eq!(cfg.listeners[0].limits.max_client_connections, 500);
+    assert_eq!(
+        ok("100000", "\"1K\"").table("t").map(|t| t.size),
+        Some(100_000)
+    );
+
+    for (size, what) in [
+        ("\"100x\"", "is not a count"),
+        ("\"1.5k\"", "is not a count"),
+        ("-5", "is negative"),
+        ("1.5", "expected a count"),
+    ] {
+        let t = text(size, "1");
+        let e = error(&t);
+        assert!(
+            e.starts_with(&format!("{}tables[0].size: ", at(&t, size))),
+            "{size}: {e}"
+        );
+        assert!(e.contains(what), "{size}: {e}");
+    }
+    let t = text("1", "\"0k\"");
+    let e = error(&t);
+    assert!(
+        e.contains("listeners[0].max_connections: must be at least 1"),
+        "{e}"
+    );
+    // Durations keep their units: HAProxy's bare milliseconds are refused, with the reason.
+    let t = format!("{NODES}[health]\ninterval = 5000\n");
+    let e = error(&t);
+    assert!(
+        e.starts_with(&format!(
+            "{}health.interval: 5000 has no unit",
+            at(&t, "5000")
+        )),
+        "{e}"
+    );
 }
 
 #[test]
@@ -201,12 +387,13 @@ fn limpet_check_validates_the_shipped_example_and_reports_errors() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("configuration OK"), "{stdout}");
+    // What would run, as TOML (tests/config_check_listing.rs covers the listing itself).
     assert!(
-        stdout.contains("listener terminal-tls 0.0.0.0:5012,0.0.0.0:5022,0.0.0.0:5610 http+tls"),
+        stdout.contains("name = \"terminal-tls\"\nbind = [\"0.0.0.0:5012\", \"0.0.0.0:5022\", \"0.0.0.0:5610\"]\nmode = \"http\""),
         "{stdout}"
     );
     assert!(
-        stdout.contains("table terminal key source-ip /32 /128 expire 1800s size 100000"),
+        stdout.contains("name = \"terminal\"\nkey = \"source-ip\"\nipv4_prefix = 32\nipv6_prefix = 128\nexpire = \"30m\"\nsize = 100000\n"),
         "{stdout}"
     );
 

@@ -1,4 +1,5 @@
-//! `limpet demo` as a newcomer runs it: the real binary, curl with a cookie jar, Ctrl-C.
+//! `limpet demo` as a newcomer runs it: the real binary, curl with a cookie jar, the stats
+//! page it prints, Ctrl-C.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -32,11 +33,11 @@ fn header(out: &Output, name: &str) -> Option<String> {
 }
 
 #[test]
-fn demo_pins_a_cookie_jar_client_spreads_fresh_ones_and_stops_on_ctrl_c() {
+fn demo_pins_a_cookie_jar_client_spreads_fresh_ones_serves_its_stats_page_and_stops_on_ctrl_c() {
     // Port 0 instead of the default 8080, so the test never collides with a running demo.
     let mut child = Demo(
         Command::new(env!("CARGO_BIN_EXE_limpet"))
-            .args(["demo", "--listen", "127.0.0.1:0"])
+            .args(["demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -69,6 +70,19 @@ fn demo_pins_a_cookie_jar_client_spreads_fresh_ones_and_stops_on_ctrl_c() {
     assert!(
         welcome.contains(&format!("http://{addr}/index.html")),
         "prints the page URL"
+    );
+    // The admin listener runs too, on loopback, and its stats page answers.
+    let stats = welcome
+        .lines()
+        .find_map(|l| l.strip_prefix("stats page: "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("prints the stats page's address: {welcome}"));
+    assert!(stats.starts_with("http://127.0.0.1:"), "{stats}");
+    let page = curl(&["-i", stats]);
+    assert_eq!(
+        String::from_utf8_lossy(&page.stdout).lines().next(),
+        Some("HTTP/1.1 200 OK"),
+        "GET {stats}"
     );
 
     // Fresh clients (no jar) take turns over the three nodes.
@@ -113,6 +127,10 @@ fn demo_pins_a_cookie_jar_client_spreads_fresh_ones_and_stops_on_ctrl_c() {
     ]);
     let page = String::from_utf8_lossy(&page.stdout);
     assert!(page.contains("/ws"), "the page opens a WebSocket");
+    assert!(
+        page.contains("/demo/nodes"),
+        "the page calls the demo's control endpoint"
+    );
 
     // Ctrl-C stops everything cleanly.
     let pid = child.0.id().to_string();
@@ -134,4 +152,17 @@ fn demo_pins_a_cookie_jar_client_spreads_fresh_ones_and_stops_on_ctrl_c() {
         .expect("the demo exits after Ctrl-C")
         .expect("wait");
     assert!(exit.success(), "clean exit, got {exit:?}");
+}
+
+#[test]
+fn demo_refuses_an_admin_listener_off_loopback() {
+    // The demo's admin API has no token: anywhere but loopback it would be open to writes.
+    let out = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["demo", "--listen", "127.0.0.1:0", "--admin", "0.0.0.0:0"])
+        .output()
+        .expect("run limpet demo");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("loopback only"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing started: {out:?}");
 }

@@ -226,7 +226,11 @@ async fn a_request_with_an_id_no_node_issued_is_assigned_but_not_learned() {
     assert_eq!(status, 404);
     let state = running.runtime().state();
     let table = state.table("mcp").expect("table");
-    assert_eq!(table.lock().store().len(), 0, "nothing learned from a refused id");
+    assert_eq!(
+        table.lock().store().len(),
+        0,
+        "nothing learned from a refused id"
+    );
     drop(state);
     running.stop().await;
 }

@@ -1,13 +1,15 @@
 //! `limpet probe` (the built binary) against limpet's proxy and demo nodes running in this
 //! process on 127.0.0.1 port 0: it passes with stickiness on, fails with `--sticky none`,
 //! reports a re-pin (not a break) when the pinned node dies under `--watch`, and exits 2 when
-//! it cannot judge.
+//! it cannot judge, including when each session had a single answer naming its node. It
+//! probes an app behind a login with `--header` and `--cookie`, and names a `--ws` path that
+//! answers 200 for what it is.
 
 mod common;
 
 use std::collections::BTreeSet;
 
-use common::probe::{probe, Host, ProbeProc};
+use common::probe::{probe, Host, LoginNode, ProbeProc, LOGIN_COOKIE, LOGIN_TOKEN};
 use common::{config, nodes, Proxy};
 use limpet::proxy::{NodeConfig, ProxyConfig, Sticky};
 use serde_json::Value;
@@ -215,5 +217,210 @@ async fn exits_2_when_no_answer_names_its_node() {
     let r = run.report();
     assert_eq!(r["outcome"], "unjudged");
     assert_eq!(r["exit_code"], 2);
+
+    // Discovery alone names the node once per session: too little to pass, and said so.
+    let run = probe(&[&proxy.url("/"), "--requests", "0", "--json"]).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let r = run.report();
+    assert_eq!(
+        (&r["outcome"], &r["summary"]["answers"]),
+        (&"unjudged".into(), &4.into())
+    );
+    let hint = r["hint"].as_str().expect("a hint");
+    assert!(hint.contains("--requests 1"), "{hint}");
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_named_answer_per_session_is_unjudged_not_a_pass() {
+    // The reported case: a balancer that is not sticky, a node header the nodes do not set,
+    // and only each WebSocket's first frame naming a node (6 of 36 answers). It used to PASS.
+    let ns = nodes(&["a", "b", "c"]).await;
+    let mut cfg = config(&ns);
+    cfg.sticky = Sticky::None;
+    let proxy = Proxy::start(cfg).await;
+    let run = probe(&[
+        &proxy.url("/"),
+        "--ws",
+        "/ws",
+        "--node-header",
+        "X-Served-By",
+        "--sessions",
+        "6",
+        "--requests",
+        "4",
+        "--json",
+    ])
+    .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let r = run.report();
+    assert_eq!(r["outcome"], "unjudged", "{r}");
+    assert_eq!(r["exit_code"], 2);
+    let s = &r["summary"];
+    assert_eq!(
+        (
+            u(&s["answers"]),
+            u(&s["named_by_header"]),
+            u(&s["unidentified"])
+        ),
+        (6, 0, 30),
+        "{s}"
+    );
+    assert_eq!((u(&s["judged"]), u(&s["breaks"])), (0, 0), "{s}");
+    for session in r["sessions"].as_array().expect("sessions") {
+        assert_eq!(session["judged"], false, "{session}");
+    }
+    let hint = r["hint"].as_str().expect("a hint");
+    assert!(hint.contains("--node-header"), "{hint}");
+
+    // The human report says why, session by session, and what to try.
+    let run = probe(&[
+        &proxy.url("/"),
+        "--ws",
+        "/ws",
+        "--node-header",
+        "X-Served-By",
+        "--sessions",
+        "2",
+        "--requests",
+        "1",
+    ])
+    .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let out = &run.stdout;
+    assert!(!out.contains("PASS"), "{out}");
+    assert!(
+        out.contains("CANNOT JUDGE: 2 of 2 sessions had fewer than 2 answers naming a node"),
+        "{out}"
+    );
+    assert!(
+        out.contains("UNJUDGED, only 1 answer named its node"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "hint: no answer carried the node header x-served-by (only WebSocket first frames \
+             named a node): is --node-header right?"
+        ),
+        "{out}"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_and_cookie_options_reach_an_app_behind_a_login() {
+    let ns = [LoginNode::start("a").await, LoginNode::start("b").await];
+    let proxy = Proxy::start(ProxyConfig::new(
+        ns.iter()
+            .map(|n| NodeConfig {
+                name: n.name.clone(),
+                addr: n.addr,
+            })
+            .collect(),
+    ))
+    .await;
+    let totals = || {
+        ns.iter().fold((0, 0, 0), |(a, u, r), n| {
+            let (na, nu, nr) = n.counts.get();
+            (a + na, u + nu, r + nr)
+        })
+    };
+    // One session alone on a round-robin of two: had the jar's pin been lost beside the
+    // user's cookie, its answers would alternate node and break.
+    let url = proxy.url("/");
+    let base = [
+        url.as_str(),
+        "--ws",
+        "/ws",
+        "--sessions",
+        "1",
+        "--requests",
+        "4",
+        "--json",
+    ];
+
+    // Not logged in: every answer is the login's 401, naming no node.
+    let run = probe(&base).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let r = run.report();
+    assert_eq!(r["outcome"], "unjudged");
+    assert_eq!(r["summary"]["denied"], r["summary"]["unidentified"], "{r}");
+    let hint = r["hint"].as_str().expect("a hint");
+    assert!(
+        hint.contains("401 or 403") && hint.contains("--header") && hint.contains("--cookie"),
+        "{hint}"
+    );
+    let (answered, upgraded, refused) = totals();
+    assert_eq!((answered, upgraded), (0, 0));
+    assert!(
+        refused >= 6,
+        "discovery, upgrades and requests refused: {refused}"
+    );
+
+    // Half logged in (the token without the session cookie): still refused.
+    let auth = format!("Authorization: {LOGIN_TOKEN}");
+    let mut token_only = base.to_vec();
+    token_only.extend(["--header", auth.as_str()]);
+    let run = probe(&token_only).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let (_, _, refused) = totals();
+
+    let mut logged_in = token_only.clone();
+    logged_in.extend(["--cookie", LOGIN_COOKIE, "--header", "X-Tenant: acme"]);
+    let run = probe(&logged_in).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let r = run.report();
+    assert_eq!(r["outcome"], "kept", "{r}");
+    let s = &r["summary"];
+    assert_eq!((u(&s["answers"]), u(&s["breaks"])), (6, 0), "{s}");
+    // Every request and upgrade of the session, and the cookie-less upgrade, got through.
+    assert_eq!(
+        totals(),
+        (5, 2, refused),
+        "discovery + 4 requests, 2 upgrades, no refusal"
+    );
+    assert_eq!(r["fresh_upgrade"]["status"], 101);
+    assert_eq!(
+        r["headers"],
+        serde_json::json!(["authorization", "x-tenant", "cookie"])
+    );
+    assert_eq!(r["cookies"], serde_json::json!(["sid"]));
+    // Names are reported, values never.
+    assert!(
+        !run.stdout.contains("s3cr3t") && !run.stdout.contains("t0ken"),
+        "{}",
+        run.stdout
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_path_answering_200_is_named_for_what_it_is() {
+    // The demo nodes answer `/` with a page: a wrong `--ws` is a 200, not a 101.
+    let ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let run = probe(&[
+        &proxy.url("/"),
+        "--ws",
+        "/",
+        "--sessions",
+        "1",
+        "--requests",
+        "1",
+    ])
+    .await;
+    let out = &run.stdout;
+    assert!(
+        out.contains(
+            "error: the WebSocket path / answered 200 OK, not 101 Switching Protocols: is --ws / \
+             a WebSocket endpoint?"
+        ),
+        "{run:?}"
+    );
+    assert!(!out.contains("HTTP error"), "{out}");
+    assert!(
+        out.contains("cookie-less upgrade: refused with 200"),
+        "{out}"
+    );
     proxy.stop().await;
 }

@@ -21,6 +21,7 @@
 //! | DELETE | `/api/v1/tables/{table}` | **write**: clear the table |
 //! | POST | `/api/v1/reload` | **write**: reload the configuration file (422 with the reason when refused) |
 //! | GET | `/api/v1/stats` | totals of requests and pin outcomes, and the server's uptime (the page computes rates) |
+//! | GET | `/api/v1/history` | per node, one point per sample of the last five minutes: requests/s, errors/s, p99 answer time ([`HistoryView`]) |
 //!
 //! Errors are JSON `{"error": "..."}` with 400 (bad request), 401 (missing or wrong token),
 //! 404 (no such node, table or entry), 405, 413 (body over 16 KiB), 422 (reload refused).
@@ -32,6 +33,12 @@
 //! [`AdminSettings::validate`] refuses such a configuration, so limpet does not start with an
 //! open admin API on the network. Reads (the page, the JSON reads, `/metrics`) need no token.
 //! Tokens are compared in constant time.
+//!
+//! ## Traffic and history
+//!
+//! Each node's traffic (requests, errors, bytes, answer times) is counted by the data plane
+//! into [`crate::metrics`]; [`serve`] samples it every [`SAMPLE_EVERY`] into a five-minute
+//! ring for the stats page's charts, for as long as the admin listener runs.
 
 mod auth;
 mod server;
@@ -43,8 +50,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use limpet_core::{Health, HealthPolicy};
 use serde::Serialize;
 
+pub use crate::metrics::{HistoryView, TrafficView, SAMPLE_EVERY};
 pub use auth::{AdminSettings, AdminSettingsError, DEFAULT_ADMIN_LISTEN};
 pub use server::serve;
 
@@ -78,8 +87,60 @@ pub struct DrainView {
     pub complete: bool,
 }
 
-/// One node, as the admin API shows it.
+/// Where a node's health is heading: the fall/rise progress of a stats page.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HealthView {
+    /// Consecutive results counted toward the next flip: failures while UP, passing checks
+    /// while DOWN.
+    pub streak: u32,
+    pub fall: u32,
+    pub rise: u32,
+    /// Active checks judge the node: then only checks bring it back.
+    pub checked: bool,
+    /// DOWN without checks: milliseconds until traffic may try the node again (0: due now).
+    pub trial_in_ms: Option<u64>,
+    /// The same in words, as the stats page shows it: `going down 1/3`, `coming up 1/2`,
+    /// `trial in 7s`, `trial due`, `forced down`; `null` when nothing is under way.
+    pub progress: Option<String>,
+}
+
+impl HealthView {
+    /// The progress of `health` under `policy` at `now_ms`.
+    pub fn of(health: Health, policy: HealthPolicy, now_ms: u64) -> Self {
+        let trial_in_ms = health
+            .retry_at_ms(policy)
+            .map(|at| at.saturating_sub(now_ms));
+        let (fall, rise, streak) = (policy.fall.max(1), policy.rise.max(1), health.streak());
+        let progress = match (health.is_up(), policy.checked, trial_in_ms) {
+            (true, _, _) if streak > 0 => Some(format!("going down {streak}/{fall}")),
+            (true, _, _) => None,
+            (false, true, _) if streak > 0 => Some(format!("coming up {streak}/{rise}")),
+            (false, true, _) => None,
+            (false, false, Some(0)) => Some("trial due".to_owned()),
+            (false, false, Some(ms)) => Some(format!("trial in {}s", ms.div_ceil(1000))),
+            (false, false, None) => Some("forced down".to_owned()),
+        };
+        HealthView {
+            streak,
+            fall,
+            rise,
+            checked: policy.checked,
+            trial_in_ms,
+            progress,
+        }
+    }
+}
+
+/// A listener that forwards to a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListenerRef {
+    pub name: String,
+    /// `http` or `tcp`.
+    pub mode: &'static str,
+}
+
+/// One node, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeView {
     pub name: String,
     pub address: String,
@@ -90,6 +151,9 @@ pub struct NodeView {
     pub admin: &'static str,
     /// What checks and traffic say.
     pub healthy: bool,
+    /// Milliseconds since the node entered its current `state`.
+    pub in_state_ms: u64,
+    pub health: HealthView,
     pub drain: Option<DrainView>,
     /// Connections and tunnels open to the node now.
     pub active_connections: u64,
@@ -103,6 +167,10 @@ pub struct NodeView {
     /// Milliseconds since a session was last seen on the node.
     pub last_seen_ago_ms: Option<u64>,
     pub checks: Vec<CheckStatus>,
+    /// HTTP requests relayed to the node: counts, rates, bytes, answer times.
+    pub traffic: TrafficView,
+    /// The listeners that forward to the node.
+    pub listeners: Vec<ListenerRef>,
 }
 
 /// One affinity table.
@@ -225,6 +293,46 @@ pub fn describe(addr: SocketAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_progress_reads_like_a_stats_page() {
+        let policy = HealthPolicy {
+            fall: 3,
+            rise: 2,
+            fail_timeout_ms: 10_000,
+            checked: false,
+        };
+        let progress = |h: Health, p: HealthPolicy, now| HealthView::of(h, p, now).progress;
+        let mut h = Health::default();
+        assert_eq!(progress(h, policy, 0), None, "UP and steady");
+        h.observe(limpet_core::Observation::TrafficFailed, policy, 0);
+        assert_eq!(progress(h, policy, 0).as_deref(), Some("going down 1/3"));
+        h.observe(limpet_core::Observation::TrafficFailed, policy, 0);
+        h.observe(limpet_core::Observation::TrafficFailed, policy, 1_000);
+        assert!(!h.is_up());
+        // Without checks: the trial after fail_timeout, counted down in whole seconds.
+        assert_eq!(progress(h, policy, 1_000).as_deref(), Some("trial in 10s"));
+        let v = HealthView::of(h, policy, 4_500);
+        assert_eq!(
+            (v.trial_in_ms, v.progress.as_deref()),
+            (Some(6_500), Some("trial in 7s"))
+        );
+        assert_eq!(progress(h, policy, 11_000).as_deref(), Some("trial due"));
+        // With checks: passing checks bring it up, one at a time.
+        let checked = HealthPolicy {
+            checked: true,
+            ..policy
+        };
+        let mut h = Health::default();
+        h.force(false);
+        assert_eq!(progress(h, checked, 0), None, "DOWN, no check passed yet");
+        h.observe(limpet_core::Observation::CheckPassed, checked, 0);
+        assert_eq!(progress(h, checked, 0).as_deref(), Some("coming up 1/2"));
+        // Forced DOWN without checks is never tried.
+        let mut h = Health::default();
+        h.force(false);
+        assert_eq!(progress(h, policy, 0).as_deref(), Some("forced down"));
+    }
 
     #[test]
     fn drain_completion_needs_no_connection_and_an_idle_window() {

@@ -28,14 +28,39 @@ struct State {
     started: Instant,
 }
 
+/// The task sampling node traffic for the stats page's charts; stopped with the server,
+/// however the server's future ends.
+struct Sampler(tokio::task::JoinHandle<()>);
+
+impl Sampler {
+    fn start(metrics: Arc<crate::metrics::Metrics>) -> Self {
+        Sampler(tokio::spawn(async move {
+            let mut every = tokio::time::interval(super::SAMPLE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                metrics.sample(crate::clock::now_ms());
+            }
+        }))
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Serves the admin API on an already-bound listener until `shutdown` resolves; open
-/// connections then finish their current request.
+/// connections then finish their current request. Meanwhile samples node traffic every
+/// [`super::SAMPLE_EVERY`] for the stats page's charts.
 pub async fn serve(
     listener: TcpListener,
     control: Arc<dyn Control>,
     settings: AdminSettings,
     shutdown: impl Future<Output = ()>,
 ) {
+    let _sampler = Sampler::start(control.metrics());
     let state = Arc::new(State {
         control,
         settings,
@@ -165,6 +190,12 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                     tunnels: n.tunnels,
                     pins: n.table_pins,
                     seen: n.sessions_seen,
+                    http_listeners: n
+                        .listeners
+                        .iter()
+                        .filter(|l| l.mode == "http")
+                        .map(|l| l.name.as_str())
+                        .collect(),
                 }),
                 tables
                     .iter()
@@ -183,6 +214,9 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                 "uptime_ms": state.started.elapsed().as_millis() as u64,
             }),
         ),
+        (&Method::GET, ["api", "v1", "history"]) => {
+            json(StatusCode::OK, &c.metrics().history(crate::clock::now_ms()))
+        }
         (&Method::GET, ["api", "v1", "nodes"]) => json(StatusCode::OK, &c.nodes()),
         (&Method::GET, ["api", "v1", "nodes", name]) => {
             match c.nodes().into_iter().find(|n| n.name == *name) {
@@ -251,7 +285,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
             Err(e) => control_error(e),
         },
         (_, ["" | "ready" | "metrics"])
-        | (_, ["api", "v1", "stats" | "nodes" | "tables" | "reload"])
+        | (_, ["api", "v1", "stats" | "history" | "nodes" | "tables" | "reload"])
         | (_, ["api", "v1", "nodes", _] | ["api", "v1", "tables", _])
         | (_, ["api", "v1", "nodes", _, "state"] | ["api", "v1", "tables", _, "entry"]) => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")

@@ -62,7 +62,8 @@ impl Source<'_> {
     }
 
     /// Turns a deserializer error into one naming the key, with a "did you mean" for unknown
-    /// keys and variants.
+    /// keys and variants: a near-typo of a known name, or the limpet key for an HAProxy or
+    /// nginx name ([`super::hints`]).
     pub(crate) fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
         let span = e.span();
         let key = span
@@ -70,8 +71,9 @@ impl Source<'_> {
             .map(|s| key_path_at(self.text, s.start))
             .unwrap_or_default();
         let mut message = e.message().trim().to_owned();
-        if let Some(s) = suggestion(&message) {
-            message.push_str(&format!("; did you mean `{s}`?"));
+        if let Some(s) = suggestion(&message, &key) {
+            message.push_str("; ");
+            message.push_str(&s);
         }
         self.error(span, key, message)
     }
@@ -156,15 +158,19 @@ fn strip_comment(line: &str) -> &str {
     }
 }
 
-/// For "unknown field `x`, expected one of `a`, `b`" (or "unknown variant"), the expected name
-/// closest to `x` when it is close enough to be a typo.
-pub(crate) fn suggestion(message: &str) -> Option<String> {
+/// For "unknown field `x`, expected one of `a`, `b`" (or "unknown variant") at `key_path`:
+/// "did you mean `a`?" when `x` is close enough to a known name to be a typo, else what an
+/// HAProxy or nginx name `x` is in limpet.
+pub(crate) fn suggestion(message: &str, key_path: &str) -> Option<String> {
     if !(message.starts_with("unknown field") || message.starts_with("unknown variant")) {
         return None;
     }
     let mut names = message.split('`').skip(1).step_by(2);
     let got = names.next()?;
-    closest(got, names)
+    if let Some(s) = closest(got, names.clone()) {
+        return Some(format!("did you mean `{s}`?"));
+    }
+    super::hints::foreign_hint(got, &super::hints::table_of(key_path, got), names)
 }
 
 /// The candidate within edit distance max(1, len/3) of `got`, nearest first.
@@ -214,17 +220,34 @@ mod tests {
     #[test]
     fn suggestions_catch_typos_only() {
         assert_eq!(
-            suggestion("unknown field `expir`, expected one of `name`, `expire`, `size`")
-                .as_deref(),
-            Some("expire")
+            suggestion(
+                "unknown field `expir`, expected one of `name`, `expire`, `size`",
+                "tables[0].expir"
+            )
+            .as_deref(),
+            Some("did you mean `expire`?")
         );
         assert_eq!(
-            suggestion("unknown variant `leastcon`, expected `round-robin` or `leastconn`")
-                .as_deref(),
-            Some("leastconn")
+            suggestion(
+                "unknown variant `leastcon`, expected `round-robin` or `leastconn`",
+                "listeners[0].balance"
+            )
+            .as_deref(),
+            Some("did you mean `leastconn`?")
         );
-        assert_eq!(suggestion("unknown field `zzzzzz`, expected `name`"), None);
-        assert_eq!(suggestion("missing field `name`"), None);
+        assert_eq!(
+            suggestion("unknown field `zzzzzz`, expected `name`", "zzzzzz"),
+            None
+        );
+        assert_eq!(suggestion("missing field `name`", "nodes[0]"), None);
+        assert_eq!(
+            suggestion(
+                "unknown field `inter`, expected one of `fall`, `rise`, `interval`",
+                "health.inter"
+            )
+            .as_deref(),
+            Some("did you mean `interval`? (HAProxy's `inter`)")
+        );
     }
 
     #[test]

@@ -187,6 +187,13 @@ impl IpNet {
     }
 }
 
+/// CIDR notation, which [`IpNet`]'s `FromStr` reads back (`limpet check` prints it).
+impl std::fmt::Display for IpNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
 impl std::str::FromStr for IpNet {
     type Err = ConfigError;
 

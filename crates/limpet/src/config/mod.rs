@@ -3,24 +3,28 @@
 //! ```text
 //!  file text ──► toml + serde (raw: mirrors the file, unknown keys refused) ──► RawConfig
 //!      │            syntax/type errors: span ─► line:col, key path from the text, "did you mean"
+//!      │            (a near-typo, or the limpet key for an HAProxy/nginx name: hints.rs)
 //!      ▼
 //!  validate: names unique and resolvable, tables exist, files read, TLS built ──► Config
 //!      │            semantic errors: Spanned positions ─► file:line:col: key: message
 //!      ▼
-//!  runtime (limpet run) / printed summary (limpet check)
+//!  runtime (limpet run) / render: written back as TOML, defaults included (limpet check)
 //! ```
 //!
 //! The model (see `docs/config.md`): **nodes** are declared once (name, address, weight);
 //! **tables** are declared once (key, expire, size, snapshot); **listeners** bind addresses,
-//! forward to `node_port` on every node, and name their affinity (cookie, table or both).
+//! forward to `node_port` on every node (or, with `node_port = "same"`, to the port the client
+//! connected to), and name their affinity (cookie, table or both).
 //! Affinity belongs to the node, so a pin made through one listener holds on every listener
 //! that names the same table.
 //!
 //! Nothing here panics on any file; every problem is a [`ConfigError`].
 
 mod error;
+mod hints;
 pub mod listener;
 mod raw;
+mod render;
 mod validate;
 
 use std::net::{IpAddr, SocketAddr};
@@ -37,7 +41,8 @@ use crate::health::CheckSpec;
 pub use listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 
 pub use error::ConfigError;
-pub use raw::parse_duration;
+pub use raw::{parse_duration, parse_size};
+pub use render::REDACTED;
 
 /// A validated configuration: everything [`crate::runtime`] needs, files already read.
 #[derive(Debug, Clone)]
@@ -97,11 +102,12 @@ pub struct ListenerDef {
     pub name: String,
     pub bind: Vec<SocketAddr>,
     pub mode: Mode,
-    /// The port on every node this listener forwards to.
+    /// The port on every node this listener forwards to; 0 when there is no one port:
+    /// `node_port = "same"`, or quick mode (each node's own port, in `upstreams`).
     pub node_port: u16,
     /// Per node (pool order): the address this listener connects to. Built from the node's
     /// address and `node_port`; quick mode fills it with each node's own `HOST:PORT`.
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Upstreams,
     pub balance: Balance,
     /// The affinity table this listener shares, by name.
     pub table: Option<String>,
@@ -119,6 +125,55 @@ pub struct ListenerDef {
     pub limits: Limits,
     /// Seconds announced in `Retry-After` when no node can take a request (HTTP).
     pub retry_after_secs: u32,
+}
+
+/// Where a listener connects for each node, in pool order: a fixed address per node, or (for
+/// `node_port = "same"`) the node's IP with the port the client connected to, known only
+/// per accepted connection. Collecting addresses gives fixed ones, as quick mode does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstreams {
+    addrs: Vec<SocketAddr>,
+    same_port: bool,
+}
+
+impl Upstreams {
+    /// `node_port = "same"`: each node's IP, with the port of the connection being served.
+    pub fn same_port(ips: impl IntoIterator<Item = IpAddr>) -> Self {
+        Upstreams {
+            addrs: ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect(),
+            same_port: true,
+        }
+    }
+
+    /// Whether the port is the client's (`node_port = "same"`).
+    pub fn is_same_port(&self) -> bool {
+        self.same_port
+    }
+
+    /// The address for the node at `index` (pool order), for a client that connected to
+    /// `local_port` on limpet.
+    pub fn get(&self, index: usize, local_port: u16) -> Option<SocketAddr> {
+        let a = *self.addrs.get(index)?;
+        Some(if self.same_port {
+            SocketAddr::new(a.ip(), local_port)
+        } else {
+            a
+        })
+    }
+
+    /// Every node's address (pool order) for clients that connected to `local_port`.
+    pub fn for_port(&self, local_port: u16) -> impl Iterator<Item = SocketAddr> + '_ {
+        (0..self.addrs.len()).filter_map(move |i| self.get(i, local_port))
+    }
+}
+
+impl FromIterator<SocketAddr> for Upstreams {
+    fn from_iter<I: IntoIterator<Item = SocketAddr>>(iter: I) -> Self {
+        Upstreams {
+            addrs: iter.into_iter().collect(),
+            same_port: false,
+        }
+    }
 }
 
 /// TLS from a listener to its nodes.
@@ -162,78 +217,43 @@ impl Default for TcpDef {
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: path.to_owned(),
-            line: 0,
-            column: 0,
-            key: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
-        Self::from_text(path, &text)
+        Self::from_text(path, &read(path)?)
     }
 
     /// Validates config text; `path` names it in errors and anchors relative file paths
     /// (certificates, snapshots) at its directory.
     pub fn from_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        validate::validate(path, text)
+        validate::validate(path, text).map(|(cfg, _)| cfg)
+    }
+
+    /// `limpet check`: reads and validates a config file, and writes it back as it would
+    /// run, in TOML that `limpet check` accepts again: every default written out, file paths
+    /// absolute, secrets (admin token, cookie keys) replaced by [`REDACTED`].
+    pub fn resolved_toml(path: &Path) -> Result<String, ConfigError> {
+        Self::resolved_text(path, &read(path)?)
+    }
+
+    /// [`Config::resolved_toml`] of config text (`path` as for [`Config::from_text`]).
+    pub fn resolved_text(path: &Path, text: &str) -> Result<String, ConfigError> {
+        let (cfg, raw) = validate::validate(path, text)?;
+        let dir = path.parent().map(Path::to_owned).unwrap_or_default();
+        Ok(render::render(&cfg, &raw, &dir))
     }
 
     pub fn table(&self, name: &str) -> Option<&TableDef> {
         self.tables.iter().find(|t| t.name == name)
     }
+}
 
-    /// One line per item, for `limpet check`.
-    pub fn summary(&self) -> String {
-        use std::fmt::Write as _;
-        let mut s = String::new();
-        for n in &self.nodes {
-            let _ = writeln!(s, "node {} {} weight {}", n.name, n.addr, n.weight);
-        }
-        for t in &self.tables {
-            let key = match &t.key {
-                KeySpec::SourceIp(p) => format!("source-ip /{} /{}", p.v4(), p.v6()),
-                KeySpec::Header(h) => format!("header {h}"),
-                KeySpec::AppCookie(c) => format!("app-cookie {c}"),
-            };
-            let _ = writeln!(
-                s,
-                "table {} key {key} expire {}s size {}{}",
-                t.name,
-                t.expire.as_secs(),
-                t.size,
-                t.snapshot
-                    .as_ref()
-                    .map_or(String::new(), |p| format!(" snapshot {}", p.path.display()))
-            );
-        }
-        for l in &self.listeners {
-            let binds: Vec<String> = l.bind.iter().map(ToString::to_string).collect();
-            let _ = writeln!(
-                s,
-                "listener {} {} {}{} -> node port {}{}; affinity: {}",
-                l.name,
-                binds.join(","),
-                match l.mode {
-                    Mode::Http => "http",
-                    Mode::Tcp => "tcp",
-                },
-                if l.tls.is_some() { "+tls" } else { "" },
-                l.node_port,
-                if l.upstream_tls.is_some() {
-                    " (tls)"
-                } else {
-                    ""
-                },
-                match (&l.cookie, &l.table) {
-                    (Some(c), Some(t)) => format!("cookie {} then table {t}", c.spec.name),
-                    (Some(c), None) => format!("cookie {}", c.spec.name),
-                    (None, Some(t)) => format!("table {t}"),
-                    (None, None) => "none".to_owned(),
-                }
-            );
-        }
-        s
-    }
+/// A config file's text, or an error naming the file.
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_owned(),
+        line: 0,
+        column: 0,
+        key: String::new(),
+        message: format!("cannot read: {e}"),
+    })
 }
 
 /// The lifecycle settings of a configuration (`[admin]`, `[drain]`, checks).

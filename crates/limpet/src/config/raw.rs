@@ -3,6 +3,7 @@
 //! their errors carry the deserializer's position; everything that needs context (names that
 //! refer to each other, files to read) is left to `validate`, with `Spanned` positions.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
@@ -84,10 +85,13 @@ pub(crate) struct RawTable {
     pub(crate) key: Option<Spanned<String>>,
     pub(crate) header: Option<Spanned<String>>,
     pub(crate) app_cookie: Option<Spanned<String>>,
+    /// A session id the node sets in this response header (e.g. `Mcp-Session-Id`), sent
+    /// back by the client in the same request header.
+    pub(crate) learn_header: Option<Spanned<String>>,
     pub(crate) ipv4_prefix: Option<Spanned<u8>>,
     pub(crate) ipv6_prefix: Option<Spanned<u8>>,
     pub(crate) expire: Option<Spanned<Dur>>,
-    pub(crate) size: Option<Spanned<u64>>,
+    pub(crate) size: Option<Spanned<Size>>,
     pub(crate) snapshot: Option<Spanned<String>>,
     pub(crate) snapshot_interval: Option<Spanned<Dur>>,
 }
@@ -123,7 +127,7 @@ pub(crate) struct RawListener {
     pub(crate) name: Spanned<String>,
     pub(crate) bind: Spanned<OneOrMany>,
     pub(crate) mode: Option<RawMode>,
-    pub(crate) node_port: Spanned<u16>,
+    pub(crate) node_port: Spanned<RawNodePort>,
     pub(crate) balance: Option<RawBalance>,
     pub(crate) table: Option<Spanned<String>>,
     pub(crate) cookie: Option<RawCookie>,
@@ -133,7 +137,7 @@ pub(crate) struct RawListener {
     pub(crate) timeouts: Option<RawTimeouts>,
     pub(crate) close_on_node_down: Option<Spanned<bool>>,
     pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
-    pub(crate) max_connections: Option<Spanned<u64>>,
+    pub(crate) max_connections: Option<Spanned<Size>>,
     pub(crate) check: Option<RawCheck>,
 }
 
@@ -240,10 +244,119 @@ pub(crate) struct Dur(pub(crate) Duration);
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s)
-            .map(Dur)
-            .map_err(serde::de::Error::custom)
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Dur;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"5s\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Dur, E> {
+                parse_duration(s).map(Dur).map_err(E::custom)
+            }
+            // HAProxy reads `inter 5000` as milliseconds; a bare number here would be a guess.
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Dur, E> {
+                Err(E::custom(format!(
+                    "{n} has no unit: write a string such as \"{n}ms\" or \"{n}s\" (HAProxy reads bare numbers as milliseconds)"
+                )))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Dur, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A count or size: an integer, or a string with a `k`, `m` or `g` suffix (`"100k"`). The
+/// suffixes are binary, as in HAProxy (`size 100k` there is 102400 entries), so a number
+/// copied from an HAProxy configuration means the same here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Size(pub(crate) u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a count such as 100000 or \"100k\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Size, E> {
+                parse_size(s).map(Size).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Size, E> {
+                Ok(Size(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Size, E> {
+                u64::try_from(n)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("{n} is negative: a count is 0 or more")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Parses a count: digits, then optionally `k` (x1024), `m` (x1024²) or `g` (x1024³), either
+/// case, like HAProxy's sizes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "{s:?} is not a count (write e.g. 100000, \"100k\" or \"1m\"; k = 1024 and m = 1048576, as in HAProxy)"
+        )
+    };
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    if digits == 0 {
+        return Err(bad());
+    }
+    let n: u64 = t[..digits].parse().map_err(|_| bad())?;
+    let factor: u64 = match &t[digits..] {
+        "" => 1,
+        "k" | "K" => 1 << 10,
+        "m" | "M" => 1 << 20,
+        "g" | "G" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(factor).ok_or_else(bad)
+}
+
+/// A listener's `node_port`: a port, or `"same"` (the port the client connected to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RawNodePort {
+    Port(u16),
+    Same,
+}
+
+impl<'de> Deserialize<'de> for RawNodePort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawNodePort;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a port number or \"same\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawNodePort, E> {
+                match s {
+                    "same" => Ok(RawNodePort::Same),
+                    _ => match s.parse::<u16>() {
+                        Ok(p) => Ok(RawNodePort::Port(p)),
+                        Err(_) => Err(E::custom(format!(
+                            "{s:?}: `node_port` is a port number, or \"same\" for the port the client connected to"
+                        ))),
+                    },
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<RawNodePort, E> {
+                u16::try_from(n)
+                    .map(RawNodePort::Port)
+                    .map_err(|_| E::custom(format!("{n} is not a port (0 to 65535), nor \"same\"")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawNodePort, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -298,6 +411,28 @@ mod tests {
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
         for bad in ["", "5", "m", "5x", "-5s", "1.5s", "99999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes_like_haproxy() {
+        assert_eq!(parse_size("100000"), Ok(100_000));
+        assert_eq!(parse_size("100k"), Ok(102_400));
+        assert_eq!(parse_size("1m"), Ok(1_048_576));
+        assert_eq!(parse_size("2M"), Ok(2_097_152));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        for bad in [
+            "",
+            "k",
+            "1.5k",
+            "100 k",
+            "100kb",
+            "-1",
+            "1kk",
+            "99999999999999999999",
+            "20000000000g",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 }

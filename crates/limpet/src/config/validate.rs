@@ -17,18 +17,48 @@ use super::listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeout
 use super::raw::*;
 use super::{
     Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, SnapshotDef, TableDef, TcpDef,
-    UpstreamTls,
+    UpstreamTls, Upstreams,
 };
 use crate::tls::{self, CertSpec, TlsPart, UpstreamVerify};
 
-pub(super) fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
+/// The validated configuration, and the file as parsed (which `limpet check` writes back
+/// with what validation resolved).
+pub(super) fn validate(path: &Path, text: &str) -> Result<(Config, RawConfig), ConfigError> {
     let src = Source { file: path, text };
     let raw: RawConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
     let v = Validator {
         src,
         dir: path.parent().map(Path::to_owned).unwrap_or_default(),
     };
-    v.config(raw)
+    let cfg = v.config(&raw)?;
+    Ok((cfg, raw))
+}
+
+/// Active check timing, defaults applied: `(interval, timeout, jitter)`. HAProxy's `inter`
+/// default of 2 s; a check may take one interval; jitter a tenth of it.
+pub(super) fn check_timing(h: Option<&RawHealth>) -> (Duration, Duration, Duration) {
+    let get = |d: Option<&Spanned<Dur>>| d.map(|v| v.get_ref().0);
+    let interval = h
+        .and_then(|h| get(h.interval.as_ref()))
+        .unwrap_or(Duration::from_secs(2));
+    let timeout = h.and_then(|h| get(h.timeout.as_ref())).unwrap_or(interval);
+    let jitter = h
+        .and_then(|h| get(h.jitter.as_ref()))
+        .unwrap_or(interval / 10);
+    (interval, timeout, jitter)
+}
+
+/// Refuses the placeholder `limpet check` prints for a secret, so a listing pasted back as a
+/// config cannot run with a secret everyone can read.
+fn not_redacted(v: &str) -> Result<(), String> {
+    if v == super::REDACTED {
+        Err(format!(
+            "{:?} is the placeholder `limpet check` prints for a secret: put the real value back",
+            super::REDACTED
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 struct Validator<'a> {
@@ -64,7 +94,7 @@ impl Validator<'_> {
         }
     }
 
-    fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+    fn config(&self, raw: &RawConfig) -> Result<Config, ConfigError> {
         let mut health = HealthPolicy::default();
         if let Some(h) = &raw.health {
             for (v, key, slot) in [
@@ -121,7 +151,7 @@ impl Validator<'_> {
                 seen.push((*a, &l.name));
             }
         }
-        let lifecycle = self.lifecycle(&raw, &nodes, &listeners, health)?;
+        let lifecycle = self.lifecycle(raw, &nodes, &listeners, health)?;
         Ok(Config {
             path: self.src.file.to_owned(),
             nodes,
@@ -213,13 +243,18 @@ impl Validator<'_> {
                     format!("duplicate table name {name:?}"),
                 ));
             }
-            let set = [t.key.is_some(), t.header.is_some(), t.app_cookie.is_some()];
+            let set = [
+                t.key.is_some(),
+                t.header.is_some(),
+                t.app_cookie.is_some(),
+                t.learn_header.is_some(),
+            ];
             let tkey = match (&t.key, &t.header, &t.app_cookie) {
                 _ if set.iter().filter(|b| **b).count() > 1 => {
                     return Err(self.err(
                         &t.name,
                         key,
-                        "give one of `key = \"source-ip\"`, `header` or `app_cookie`, not several",
+                        "give one of `key = \"source-ip\"`, `header`, `app_cookie` or `learn_header`, not several",
                     ));
                 }
                 (Some(k), _, _) => {
@@ -238,9 +273,13 @@ impl Validator<'_> {
                     .map_err(|e| self.err(h, format!("{key}.header"), e.to_string()))?,
                 (None, None, Some(c)) => KeySpec::app_cookie(c.get_ref())
                     .map_err(|e| self.err(c, format!("{key}.app_cookie"), e.to_string()))?,
-                (None, None, None) => {
-                    return Err(self.err(&t.name, key, "a table needs a key: `key = \"source-ip\"`, `header = \"X-...\"` or `app_cookie = \"NAME\"`"));
-                }
+                (None, None, None) => match &t.learn_header {
+                    Some(l) => KeySpec::learn_header(l.get_ref())
+                        .map_err(|e| self.err(l, format!("{key}.learn_header"), e.to_string()))?,
+                    None => {
+                        return Err(self.err(&t.name, key, "a table needs a key: `key = \"source-ip\"`, `header = \"X-...\"`, `app_cookie = \"NAME\"` or `learn_header = \"X-...\"`"));
+                    }
+                },
             };
             if !matches!(tkey, KeySpec::SourceIp(_)) {
                 for (p, k) in [
@@ -265,7 +304,7 @@ impl Validator<'_> {
             };
             let size = match &t.size {
                 Some(s) => {
-                    let v = u32::try_from(*s.get_ref()).unwrap_or(u32::MAX);
+                    let v = u32::try_from(s.get_ref().0).unwrap_or(u32::MAX);
                     if let Err(e) = TableConfig::new(v, 1).validate() {
                         return Err(self.err(s, format!("{key}.size"), e.to_string()));
                     }
@@ -361,13 +400,32 @@ impl Validator<'_> {
             })?;
             bind.push(a);
         }
-        let node_port = *l.node_port.get_ref();
-        if node_port == 0 {
-            return Err(self.err(
-                &l.node_port,
-                format!("{key}.node_port"),
-                "port 0 cannot be connected to",
-            ));
+        let node_port = match *l.node_port.get_ref() {
+            RawNodePort::Port(0) => {
+                return Err(self.err(
+                    &l.node_port,
+                    format!("{key}.node_port"),
+                    "port 0 cannot be connected to",
+                ));
+            }
+            RawNodePort::Port(p) => Some(p),
+            RawNodePort::Same => None,
+        };
+        // A node that is this listener's own address would send every connection back to
+        // limpet, which forwards it again: refuse the loop before it starts.
+        for b in bind.iter().filter(|b| b.port() != 0) {
+            let to = node_port.unwrap_or(b.port());
+            let own = |ip: IpAddr| ip == b.ip() || (b.ip().is_unspecified() && ip.is_loopback());
+            if let Some(n) = nodes.iter().find(|n| to == b.port() && own(n.addr)) {
+                return Err(self.err(
+                    &l.node_port,
+                    format!("{key}.node_port"),
+                    format!(
+                        "node {:?} at {} port {to} is this listener's own address {b}: limpet would forward to itself",
+                        n.name, n.addr
+                    ),
+                ));
+            }
         }
         let table = match &l.table {
             None => None,
@@ -481,20 +539,29 @@ impl Validator<'_> {
         }
         let mut limits = Limits::default();
         if let Some(m) = &l.max_connections {
-            if *m.get_ref() == 0 {
+            let n = m.get_ref().0;
+            if n == 0 {
                 return Err(self.err(m, format!("{key}.max_connections"), "must be at least 1"));
             }
-            limits.max_client_connections = usize::try_from(*m.get_ref()).unwrap_or(usize::MAX);
+            // A semaphore holds at most usize::MAX >> 3 permits; far beyond any file limit.
+            if n > 1 << 32 {
+                return Err(self.err(
+                    m,
+                    format!("{key}.max_connections"),
+                    format!("{n} is more connections than a machine can hold (at most 4g)"),
+                ));
+            }
+            limits.max_client_connections = usize::try_from(n).unwrap_or(usize::MAX);
         }
         Ok(ListenerDef {
             name: l.name.get_ref().clone(),
             bind,
             mode,
-            node_port,
-            upstreams: nodes
-                .iter()
-                .map(|n| SocketAddr::new(n.addr, node_port))
-                .collect(),
+            node_port: node_port.unwrap_or(0),
+            upstreams: match node_port {
+                Some(p) => nodes.iter().map(|n| SocketAddr::new(n.addr, p)).collect(),
+                None => Upstreams::same_port(nodes.iter().map(|n| n.addr)),
+            },
             balance,
             table,
             cookie,
@@ -577,6 +644,9 @@ impl Validator<'_> {
                         "mode = \"signed\" needs `keys = [\"...\"]` (secrets, newest first)",
                     ));
                 };
+                for k in keys.get_ref() {
+                    not_redacted(k).map_err(|m| self.err(keys, format!("{key}.keys"), m))?;
+                }
                 CookieMode::Signed {
                     keys: keys
                         .get_ref()
@@ -773,15 +843,12 @@ impl Validator<'_> {
             Some(v) => Ok(Some(v.get_ref().0)),
             None => Ok(None),
         };
-        let mut interval = Duration::from_secs(2);
-        let (mut timeout, mut jitter) = (None, None);
         if let Some(h) = &raw.health {
-            if let Some(i) = dur(&h.interval, "health.interval", Duration::from_millis(100))? {
-                interval = i;
-            }
-            timeout = dur(&h.timeout, "health.timeout", Duration::from_millis(10))?;
-            jitter = dur(&h.jitter, "health.jitter", Duration::ZERO)?;
+            dur(&h.interval, "health.interval", Duration::from_millis(100))?;
+            dur(&h.timeout, "health.timeout", Duration::from_millis(10))?;
+            dur(&h.jitter, "health.jitter", Duration::ZERO)?;
         }
+        let (interval, timeout, jitter) = check_timing(raw.health.as_ref());
         if let Some(d) = &raw.drain {
             if let Some(v) = dur(&d.spread, "drain.spread", Duration::ZERO)? {
                 def.drain_spread = v;
@@ -804,6 +871,9 @@ impl Validator<'_> {
                 })?,
                 None => crate::admin::DEFAULT_ADMIN_LISTEN,
             };
+            if let Some(t) = &a.token {
+                not_redacted(t.get_ref()).map_err(|m| self.err(t, "admin.token", m))?;
+            }
             let settings = crate::admin::AdminSettings {
                 listen,
                 token: a.token.as_ref().map(|t| t.get_ref().clone()),
@@ -903,7 +973,13 @@ impl Validator<'_> {
                     .get(i)
                     .and_then(|r| r.check_port.as_ref().map(|p| *p.get_ref()))
                     .or(c.port)
-                    .unwrap_or(l.node_port);
+                    .or((!l.upstreams.is_same_port()).then_some(l.node_port));
+                let Some(port) = port else {
+                    return Err(bad(
+                        "port",
+                        format!("node_port = \"same\" forwards to whichever port the client used, so the check of node {:?} needs a port: give `port` here or `check_port` on the node", n.name),
+                    ));
+                };
                 let mut kind = kind.clone();
                 if let CheckKind::Tls(t) = &mut kind {
                     if c.server_name.is_none()
@@ -916,8 +992,8 @@ impl Validator<'_> {
                 }
                 let mut spec = CheckSpec::new(kind, SocketAddr::new(n.addr, port));
                 spec.interval = interval;
-                spec.timeout = timeout.unwrap_or(interval);
-                spec.jitter = jitter.unwrap_or(interval / 10);
+                spec.timeout = timeout;
+                spec.jitter = jitter;
                 spec.fall = health.fall;
                 spec.rise = health.rise;
                 def.checks.push((n.name.clone(), spec));

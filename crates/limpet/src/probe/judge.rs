@@ -19,6 +19,9 @@
 //!   old node says nothing about a later move.
 //! - A session **kept affinity** when it has no break. Re-pins are allowed: they are the
 //!   balancer moving a session cleanly, cookie and all.
+//! - A session is **judged** when at least [`MIN_NAMED_ANSWERS`] of its answers named their
+//!   node: with one, no move can show, so a balancer that is not sticky at all would pass.
+//!   A run passes only when every session is judged (a break fails it whatever the rest).
 //! - The **spread** counts each session once, under the node of its first identified answer
 //!   (its discovery, unless that failed): where the balancer puts a fresh session.
 //! - A **split** is an HTTP answer from another node than the one holding the session's open
@@ -36,6 +39,11 @@ pub const MAX_MOVES_KEPT: usize = 100;
 /// At most this many distinct nodes are listed per session (a server that names itself
 /// differently on every answer must not grow the report without bound).
 pub const MAX_NODES_KEPT: usize = 64;
+/// A session needs this many answers naming their node before it can pass: a move is a
+/// difference between two of them. (The reported case: a wrong node header, so only the
+/// WebSocket's first frame named a node, one per session, and a balancer that was not sticky
+/// passed.)
+pub const MIN_NAMED_ANSWERS: u32 = 2;
 
 /// Which request of a session produced an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -135,8 +143,14 @@ pub struct SessionVerdict {
     pub split: u32,
     /// Answers whose node was identified.
     pub answers: u32,
+    /// Of `answers`, those named by the node header (the rest by a WebSocket's first frame):
+    /// zero with answers elsewhere points at a wrong `--node-header`.
+    pub named_by_header: u32,
     /// Answers whose node could not be identified (no node header, no first text frame).
     pub unidentified: u32,
+    /// Of `unidentified`, those with status 401 or 403: a login in front of the app, which
+    /// `--header` or `--cookie` get past.
+    pub denied: u32,
     /// Requests and upgrades that got no answer at all.
     pub no_answer: u32,
     /// Accepted upgrades (101).
@@ -157,6 +171,11 @@ impl SessionVerdict {
     /// Every identified answer came from one node.
     pub fn stayed_on_one_node(&self) -> bool {
         self.nodes.len() <= 1
+    }
+
+    /// Enough answers named their node to show a move, had there been one.
+    pub fn judged(&self) -> bool {
+        self.answers >= MIN_NAMED_ANSWERS
     }
 }
 
@@ -194,14 +213,22 @@ impl SessionJudge {
         }
         self.rewrite_pending |= answer.rewritten;
         let Some(node) = &answer.node else {
-            if answer.status.is_some() {
+            if let Some(status) = answer.status {
                 v.unidentified = v.unidentified.saturating_add(1);
+                if matches!(status, 401 | 403) {
+                    v.denied = v.denied.saturating_add(1);
+                }
             } else {
                 v.no_answer = v.no_answer.saturating_add(1);
             }
             return None;
         };
         v.answers = v.answers.saturating_add(1);
+        // An accepted upgrade's node is its first text frame; every other answer's is the
+        // node header.
+        if !(answer.via == Via::Upgrade && answer.status == Some(101)) {
+            v.named_by_header = v.named_by_header.saturating_add(1);
+        }
         if answer.via != Via::Upgrade && self.socket_node.as_ref().is_some_and(|s| s != node) {
             v.split = v.split.saturating_add(1);
         }
@@ -293,11 +320,13 @@ impl Tally {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// Every session kept affinity (re-pins allowed), and at least one answer was identified.
+    /// Every session kept affinity (re-pins allowed) and was judged: at least
+    /// [`MIN_NAMED_ANSWERS`] of its answers named their node.
     Kept,
     /// At least one session broke affinity.
     Broken,
-    /// Answers came, but none named its node (wrong `--node-header`?): nothing to judge.
+    /// Answers came, but some session had fewer than [`MIN_NAMED_ANSWERS`] naming their node
+    /// (wrong `--node-header`?), and none broke: too little to pass.
     Unjudged,
     /// Nothing answered at all.
     Unreachable,
@@ -306,8 +335,10 @@ pub enum Outcome {
 /// The run's totals.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Summary {
-    /// Sessions judged.
+    /// Sessions run.
     pub sessions: u32,
+    /// Sessions with at least [`MIN_NAMED_ANSWERS`] answers naming their node.
+    pub judged: u32,
     /// Sessions without a break.
     pub kept_affinity: u32,
     /// Sessions all of whose identified answers came from one node.
@@ -322,8 +353,12 @@ pub struct Summary {
     pub split: u32,
     /// Identified answers over all sessions.
     pub answers: u32,
+    /// Of `answers`, those named by the node header.
+    pub named_by_header: u32,
     /// Answers whose node could not be identified.
     pub unidentified: u32,
+    /// Of `unidentified`, those with status 401 or 403.
+    pub denied: u32,
     /// Requests and upgrades without an answer.
     pub no_answer: u32,
     /// WebSocket closures.
@@ -333,16 +368,17 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Kept, broken, or why nothing could be judged.
+    /// Kept, broken, or why the run cannot pass. A break is evidence on its own; a pass
+    /// needs every session judged.
     pub fn outcome(&self) -> Outcome {
         if self.breaks > 0 {
             Outcome::Broken
-        } else if self.answers > 0 {
-            Outcome::Kept
-        } else if self.unidentified > 0 {
+        } else if self.answers == 0 && self.unidentified == 0 {
+            Outcome::Unreachable
+        } else if self.judged < self.sessions {
             Outcome::Unjudged
         } else {
-            Outcome::Unreachable
+            Outcome::Kept
         }
     }
 }
@@ -358,6 +394,9 @@ pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> 
         if v.stayed_on_one_node() {
             s.stayed_on_one_node = s.stayed_on_one_node.saturating_add(1);
         }
+        if v.judged() {
+            s.judged = s.judged.saturating_add(1);
+        }
         if let Some(n) = &v.first_node {
             let c = s.spread.entry(n.clone()).or_default();
             *c = c.saturating_add(1);
@@ -366,7 +405,9 @@ pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> 
         s.breaks = s.breaks.saturating_add(v.breaks);
         s.split = s.split.saturating_add(v.split);
         s.answers = s.answers.saturating_add(v.answers);
+        s.named_by_header = s.named_by_header.saturating_add(v.named_by_header);
         s.unidentified = s.unidentified.saturating_add(v.unidentified);
+        s.denied = s.denied.saturating_add(v.denied);
         s.no_answer = s.no_answer.saturating_add(v.no_answer);
         s.socket_closes = s.socket_closes.saturating_add(v.socket_closes);
         s.cookie_on_101.add(v.cookie_on_101);
@@ -532,6 +573,12 @@ mod tests {
         let v = judge(&events);
         assert_eq!((v.repins, v.breaks), (0, 0));
         assert_eq!((v.no_answer, v.unidentified, v.socket_closes), (1, 1, 1));
+        assert_eq!(v.denied, 0);
+        let login = judge(&[
+            unidentified(0, Some(401), false),
+            unidentified(0, Some(403), false),
+        ]);
+        assert_eq!((login.unidentified, login.denied), (2, 2));
         assert!(v.stayed_on_one_node());
     }
 
@@ -602,6 +649,59 @@ mod tests {
         let silent = summarise(&[judge(&[unidentified(0, None, false)])]);
         assert_eq!(silent.outcome(), Outcome::Unreachable);
         assert_eq!(summarise(&[]).outcome(), Outcome::Unreachable);
+    }
+
+    #[test]
+    fn one_named_answer_per_session_cannot_pass() {
+        // The reported case: a balancer that is not sticky, a node header nobody sets, and only
+        // each WebSocket's first frame naming a node. No move can show, so no pass.
+        let session = |node: &str| {
+            let mut events = vec![unidentified(0, Some(200), false), at(0, Via::Upgrade, node)];
+            events.extend((0..4).map(|_| unidentified(0, Some(200), false)));
+            judge(&events)
+        };
+        let sessions: Vec<SessionVerdict> = ["a", "b", "c"].map(session).into();
+        for v in &sessions {
+            assert!(v.kept_affinity() && !v.judged(), "{v:?}");
+            assert_eq!((v.answers, v.named_by_header, v.unidentified), (1, 0, 5));
+        }
+        let s = summarise(&sessions);
+        assert_eq!((s.judged, s.answers, s.named_by_header), (0, 3, 0));
+        assert_eq!(s.outcome(), Outcome::Unjudged);
+    }
+
+    #[test]
+    fn every_session_must_be_judged_and_a_break_still_fails() {
+        let judged = judge(&[pinned(0, Via::Discovery, "a"), at(0, Via::Request, "a")]);
+        let thin = judge(&[pinned(0, Via::Discovery, "b"), unidentified(0, None, false)]);
+        assert!(judged.judged() && !thin.judged());
+        let s = summarise(&[judged.clone(), thin.clone()]);
+        assert_eq!((s.sessions, s.judged), (2, 1));
+        assert_eq!(s.outcome(), Outcome::Unjudged);
+        let broken = judge(&[at(0, Via::Discovery, "a"), at(0, Via::Request, "b")]);
+        assert_eq!(
+            summarise(&[judged, thin, broken]).outcome(),
+            Outcome::Broken
+        );
+    }
+
+    #[test]
+    fn named_by_header_counts_all_but_accepted_upgrades() {
+        let refused = Event::Answer(Answer {
+            round: 0,
+            via: Via::Upgrade,
+            status: Some(503),
+            node: Some("a".into()),
+            cookie_set: false,
+            rewritten: false,
+        });
+        let v = judge(&[
+            at(0, Via::Discovery, "a"),
+            at(0, Via::Upgrade, "a"),
+            refused,
+            at(0, Via::Request, "a"),
+        ]);
+        assert_eq!((v.answers, v.named_by_header), (4, 3));
     }
 
     #[test]

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::judge::{Move, MoveKind, Outcome, SessionJudge, SessionVerdict, Summary};
+use super::judge::{
+    Move, MoveKind, Outcome, SessionJudge, SessionVerdict, Summary, MIN_NAMED_ANSWERS,
+};
 use super::session::FreshUpgrade;
 use super::Plan;
 
@@ -74,6 +76,7 @@ struct SessionLine<'a> {
     id: usize,
     kept_affinity: bool,
     stayed_on_one_node: bool,
+    judged: bool,
     #[serde(flatten)]
     verdict: &'a SessionVerdict,
 }
@@ -85,12 +88,18 @@ struct ReportLine<'a> {
     ws: Option<&'a str>,
     node_header: &'a str,
     cookie_names: Vec<String>,
+    /// Names of the `--header` lines sent (never their values).
+    headers: &'a [String],
+    /// Names of the `--cookie` pairs sent (never their values).
+    cookies: &'a [String],
     requests: u32,
     watch: bool,
     rounds: u32,
     interrupted: bool,
     outcome: Outcome,
     exit_code: u8,
+    /// What to try when the run could not pass; null otherwise.
+    hint: Option<String>,
     summary: &'a Summary,
     fresh_upgrade: Option<&'a FreshUpgrade>,
     sessions: Vec<SessionLine<'a>>,
@@ -239,12 +248,15 @@ fn report_line<'a>(r: &'a Report<'a>) -> ReportLine<'a> {
             .iter()
             .map(ToString::to_string)
             .collect(),
+        headers: &r.plan.extra.header_names,
+        cookies: &r.plan.extra.cookie_names,
         requests: r.plan.requests,
         watch: r.plan.watch,
         rounds: r.rounds,
         interrupted: r.interrupted,
         outcome: r.outcome,
         exit_code: r.exit_code,
+        hint: hint(r),
         summary: r.summary,
         fresh_upgrade: r.fresh,
         sessions: r
@@ -255,6 +267,7 @@ fn report_line<'a>(r: &'a Report<'a>) -> ReportLine<'a> {
                 id,
                 kept_affinity: v.kept_affinity(),
                 stayed_on_one_node: v.stayed_on_one_node(),
+                judged: v.judged(),
                 verdict: v,
             })
             .collect(),
@@ -262,10 +275,63 @@ fn report_line<'a>(r: &'a Report<'a>) -> ReportLine<'a> {
     }
 }
 
+/// What to try when a run cannot pass, from what its answers did and did not show.
+pub(crate) fn hint(r: &Report<'_>) -> Option<String> {
+    let s = r.summary;
+    let h = r.plan.node_header.as_str();
+    match r.outcome {
+        Outcome::Kept | Outcome::Broken => None,
+        Outcome::Unreachable => Some(format!(
+            "check the URL, and that the balancer listens there{}",
+            if r.plan.tls.is_some() {
+                " (and, for a private CA, --ca FILE)"
+            } else {
+                ""
+            }
+        )),
+        // Discovery alone: one answer per session whatever the balancer does.
+        Outcome::Unjudged if r.plan.requests == 0 && r.plan.ws_url.is_none() => Some(format!(
+            "with --requests 0 and no --ws each session has one answer, its discovery; a \
+             session needs {MIN_NAMED_ANSWERS} answers naming its node: ask for --requests 1 \
+             or more"
+        )),
+        // A login in front of the app answers for it, naming no node.
+        Outcome::Unjudged if s.denied > 0 => Some(format!(
+            "{} without a node {} 401 or 403: if the app is behind a login, pass its \
+             credentials with --header (e.g. 'Authorization: Bearer TOKEN') or --cookie \
+             (e.g. 'session=...')",
+            plural(s.denied, "answer", "answers"),
+            if s.denied == 1 { "was" } else { "were" },
+        )),
+        Outcome::Unjudged if s.named_by_header == 0 => Some(format!(
+            "no answer carried the node header {h}{}: is --node-header right? Pass the header \
+             your nodes set to name themselves with --node-header NAME",
+            if s.answers > 0 {
+                " (only WebSocket first frames named a node)"
+            } else {
+                ""
+            }
+        )),
+        Outcome::Unjudged => Some(format!(
+            "a session needs {MIN_NAMED_ANSWERS} answers naming its node to show it stayed; \
+             answers without the header {h} or without any answer do not count: is \
+             --node-header right on every node? See the errors above, or send more --requests"
+        )),
+    }
+}
+
 /// One session's verdict in words.
 fn session_words(v: &SessionVerdict) -> String {
     let mut s = if v.breaks > 0 {
         format!("BROKEN, {}", plural(v.breaks, "break", "breaks"))
+    } else if !v.judged() {
+        match v.answers {
+            0 => "UNJUDGED, no answer named its node".to_owned(),
+            n => format!(
+                "UNJUDGED, only {} named its node",
+                plural(n, "answer", "answers")
+            ),
+        }
     } else {
         "kept".to_owned()
     };
@@ -315,7 +381,8 @@ fn session_words(v: &SessionVerdict) -> String {
 }
 
 fn notable(v: &SessionVerdict) -> bool {
-    v.repins > 0
+    !v.judged()
+        || v.repins > 0
         || v.breaks > 0
         || v.unidentified > 0
         || v.no_answer > 0
@@ -354,6 +421,17 @@ pub(crate) fn human(r: &Report<'_>) -> String {
         },
         names.join(", ")
     );
+    let extra = &p.extra;
+    if !(extra.header_names.is_empty() && extra.cookie_names.is_empty()) {
+        let mut sent = Vec::new();
+        if !extra.header_names.is_empty() {
+            sent.push(format!("headers {}", extra.header_names.join(", ")));
+        }
+        if !extra.cookie_names.is_empty() {
+            sent.push(format!("cookies {}", extra.cookie_names.join(", ")));
+        }
+        let _ = writeln!(o, "sent with every request: {}", sent.join("; "));
+    }
     o.push('\n');
 
     let listed: Vec<(usize, &SessionVerdict)> = r
@@ -480,11 +558,18 @@ pub(crate) fn human(r: &Report<'_>) -> String {
             plural(s.breaks, "break", "breaks")
         ),
         Outcome::Unjudged => format!(
-            "CANNOT JUDGE: no answer named its node in header {} (is --node-header right?)",
-            p.node_header
+            "CANNOT JUDGE: {} of {} fewer than {MIN_NAMED_ANSWERS} answers naming a node ({} \
+             of {} answers named one)",
+            s.sessions - s.judged,
+            plural(s.sessions, "session had", "sessions had"),
+            s.answers,
+            s.answers.saturating_add(s.unidentified),
         ),
         Outcome::Unreachable => format!("CANNOT JUDGE: nothing answered at {}", p.url),
     };
     let _ = writeln!(o, "{verdict}");
+    if let Some(h) = hint(r) {
+        let _ = writeln!(o, "hint: {h}");
+    }
     o
 }

@@ -8,6 +8,10 @@
 //! crate's [`classify`] and [`Backoff`] call for. Everything it sees becomes an [`Event`] on the
 //! channel to the driver, which judges; a session never decides anything about affinity.
 //!
+//! Every request and upgrade carries the plan's `--header` and `--cookie` additions; the jar's
+//! balancer cookies are merged into the same `Cookie` header (reqwest consults its cookie store
+//! only for a request without one, so [`AffinityCookieStore::attach`] does the merge).
+//!
 //! Time per round: round 0 starts at once; round `r` at `start + r * interval`, or as soon as
 //! round `r - 1` is done if that is later. Between rounds the session watches its socket, so a
 //! closure is noticed when it happens, not at the next request.
@@ -25,6 +29,8 @@ use reqwest::header::{HeaderMap, HeaderName, SET_COOKIE};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::{header::LOCATION, Response as WsResponse};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
@@ -148,6 +154,45 @@ fn is_closing(msg: Option<Result<Message, WsError>>) -> bool {
     }
 }
 
+/// Why an upgrade got no socket, for the report: a refusal says what the path answered and,
+/// for the answers that mean the wrong path rather than a failing node, what to check.
+fn upgrade_error(url: &str, error: &WsError) -> String {
+    let WsError::Http(resp) = error else {
+        return format!("the WebSocket upgrade at {url} failed: {}", describe(error));
+    };
+    refusal(url, resp)
+}
+
+fn refusal(url: &str, resp: &WsResponse<Option<Vec<u8>>>) -> String {
+    let status = resp.status();
+    let path = reqwest::Url::parse(url).map_or_else(|_| url.to_owned(), |u| u.path().to_owned());
+    let shown = format!(
+        "{} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default()
+    );
+    let shown = shown.trim_end();
+    if status.is_success() {
+        // What a web page, an API or a catch-all route answers: the path is no WebSocket.
+        format!(
+            "the WebSocket path {path} answered {shown}, not 101 Switching Protocols: is \
+             --ws {path} a WebSocket endpoint?"
+        )
+    } else if status.is_redirection() {
+        let to = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map_or_else(String::new, |l| format!(" to {l}"));
+        format!(
+            "the WebSocket path {path} answered {shown}{to}, not 101 Switching Protocols; \
+             the probe follows no redirect: give --ws the path it points to"
+        )
+    } else {
+        format!("the WebSocket upgrade at {url} was refused: {shown}")
+    }
+}
+
 /// The answer to one upgrade attempt and the socket, if it opened.
 struct Upgrade {
     answer: Answer,
@@ -160,11 +205,16 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
     let before = snapshot(jar);
     // `None` over ws://: tokio-tungstenite's plain connector.
     let connector = plan.tls.clone().map(Connector::Rustls);
-    let attempt = tokio::time::timeout(
-        plan.timeout,
-        tungstenite::connect_async_with_connector(jar, url, connector),
-    )
-    .await;
+    let connect = async {
+        // The user's `--header`/`--cookie` additions; the jar's cookies are merged into the
+        // same `Cookie` header by `connect_async_with_connector`.
+        let mut request = url.into_client_request()?;
+        for (name, value) in &plan.extra.headers {
+            request.headers_mut().append(name.clone(), value.clone());
+        }
+        tungstenite::connect_async_with_connector(jar, request, connector).await
+    };
+    let attempt = tokio::time::timeout(plan.timeout, connect).await;
     let mut answer = Answer {
         round,
         via,
@@ -190,7 +240,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
                 answer.node = node_in(resp.headers(), &plan.node_header);
                 answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
             }
-            (None, outcome_of_error(&e), Some(describe(&e)))
+            (None, outcome_of_error(&e), Some(upgrade_error(url, &e)))
         }
         Err(_) => (
             None,
@@ -214,6 +264,8 @@ fn new_jar(plan: &Plan) -> Result<(SharedJar, reqwest::Client), String> {
     let origin = Origin::from_url(&plan.url).map_err(|e| e.to_string())?;
     let jar = SharedJar::new(AffinityJar::with_names(origin, plan.names.clone()));
     let store = Arc::new(AffinityCookieStore::new(jar.clone()));
+    // Requests with the user's own `Cookie` line bypass the store; `Session::get` attaches
+    // the jar to those itself.
     let mut http = reqwest::Client::builder();
     if let Some(tls) = &plan.tls {
         // The same trust as the WebSocket's; ALPN http/1.1 (see `tls`).
@@ -286,8 +338,23 @@ impl Session {
             cookie_set: false,
             rewritten: false,
         };
-        // reqwest hands the answer's Set-Cookie lines to the jar before `send` returns.
-        match self.http.get(self.plan.url.clone()).send().await {
+        let sent = self
+            .http
+            .get(self.plan.url.clone())
+            .headers(self.plan.extra.headers.clone())
+            .build()
+            .map(|mut request| {
+                // reqwest asks the store only when the request has no Cookie header; a user's
+                // `--cookie` gives it one, so the jar's cookies are merged in here.
+                AffinityCookieStore::new(self.jar.clone()).attach(&mut request);
+                request
+            });
+        // reqwest hands the answer's Set-Cookie lines to the jar before `execute` returns.
+        let result = match sent {
+            Ok(request) => self.http.execute(request).await,
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(mut resp) => {
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &self.plan.node_header);

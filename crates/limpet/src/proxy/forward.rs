@@ -265,21 +265,18 @@ fn route(ctx: &ConnCtx, p: &Presented, exclude: &mut Vec<NodeId>) -> Route {
     }
 }
 
-/// An application-cookie table learns the session the node just set (`Set-Cookie:
-/// JSESSIONID=...`), pinned to the node that set it; later requests carrying that cookie, on
-/// any listener naming the table, go there.
-fn learn_app_cookie(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
+/// A table that learns from answers learns the session the node just handed out
+/// (`Set-Cookie: JSESSIONID=...`, or `Mcp-Session-Id: ...`), pinned to the node that set it;
+/// later requests carrying it, on any listener naming the table, go there.
+fn learn_from_answer(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
     let Some(table) = &ctx.shared.table else {
         return;
     };
     let spec = table.key_spec();
-    if !spec.learns_from_response() {
+    let Some(name) = spec.response_header() else {
         return;
-    }
-    let values = answer
-        .get_all(header::SET_COOKIE)
-        .iter()
-        .map(HeaderValue::as_bytes);
+    };
+    let values = answer.get_all(name).iter().map(HeaderValue::as_bytes);
     if let Some(k) = spec.response_key(values) {
         table.lock().learn(k, node, clock::now_ms());
     }
@@ -385,6 +382,8 @@ async fn proxy(
     let replay =
         (is_idempotent(&head.method) && body.is_end_stream() && !upgrade).then(|| head.clone());
     let (up_body, body_done) = UpBody::streamed(body);
+    // Request body bytes, counted to the node that finally answers.
+    let request_bytes = up_body.tally();
 
     let mut attempt = Attempt {
         ctx,
@@ -456,7 +455,7 @@ async fn proxy(
     let (rparts, rbody) = resp.into_parts();
     let mut rheaders = rparts.headers;
     hdr::remove_hop_by_hop(&mut rheaders, switching);
-    learn_app_cookie(ctx, &rheaders, node);
+    learn_from_answer(ctx, &rheaders, node);
     if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
         let now = clock::now_ms();
         let topology = shared.state.topology();
@@ -495,7 +494,14 @@ async fn proxy(
         );
         return out;
     }
-    let body = ProxyBody::upstream(rbody);
+    let body = ProxyBody::upstream(rbody).counted(
+        shared
+            .state
+            .lifecycle
+            .metrics
+            .node_traffic(shared.node_name(node)),
+        &request_bytes,
+    );
     out.map(|_| match in_flight.1 {
         Some(guard) => body.with_node_guard(guard),
         None => body,

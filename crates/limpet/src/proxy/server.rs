@@ -55,12 +55,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The listener `name` of `state`.
+    /// The listener `name` of `state`, serving a socket bound to `local_port` (the port
+    /// `node_port = "same"` forwards to).
     fn new(
         state: Arc<State>,
         name: &str,
         ids: Arc<RequestIds>,
         draining: watch::Receiver<bool>,
+        local_port: u16,
     ) -> Result<Self, ConfigError> {
         let slot = state
             .listeners
@@ -71,7 +73,7 @@ impl Shared {
         let table = slot.table.clone();
         let conns = def
             .upstreams
-            .iter()
+            .for_port(local_port)
             .map(|addr| {
                 let tls = def.upstream_tls.as_ref().map(|u| {
                     (
@@ -80,7 +82,7 @@ impl Shared {
                     )
                 });
                 Arc::new(NodeConns::new(
-                    *addr,
+                    addr,
                     def.limits.max_idle_per_node,
                     def.timeouts.upstream_idle,
                     def.timeouts.connect,
@@ -339,9 +341,17 @@ pub async fn serve_listener(
 ) -> Result<(), ServeError> {
     let (drain_tx, drain_rx) = watch::channel(false);
     let ids = Arc::new(RequestIds::new());
+    // One socket, one port: every connection it accepts has this local port.
+    let port = listener.local_addr().map_or(0, |a| a.port());
     let mut shared = Arc::new(
-        Shared::new(runtime.state(), name, Arc::clone(&ids), drain_rx.clone())
-            .map_err(ServeError::Config)?,
+        Shared::new(
+            runtime.state(),
+            name,
+            Arc::clone(&ids),
+            drain_rx.clone(),
+            port,
+        )
+        .map_err(ServeError::Config)?,
     );
     let drain_timeout = shared.timeouts.drain;
     let mut builder = Arc::new(builder(&shared.limits, &shared.timeouts));
@@ -373,7 +383,7 @@ pub async fn serve_listener(
         let current = runtime.state();
         if !Arc::ptr_eq(&current, &shared.state) {
             // A reload swapped the state: new connections use the new settings.
-            match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone()) {
+            match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
                 Ok(s) => {
                     shared = Arc::new(s);
                     builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));

@@ -55,6 +55,7 @@ fn key_text(spec: &KeySpec) -> String {
         KeySpec::SourceIp(p) => format!("source-ip /{} /{}", p.v4(), p.v6()),
         KeySpec::Header(h) => format!("header {h}"),
         KeySpec::AppCookie(c) => format!("app-cookie {c}"),
+        KeySpec::LearnHeader(h) => format!("learn-header {h}"),
     }
 }
 
@@ -90,6 +91,22 @@ impl RuntimeControl {
         let life = &state.lifecycle;
         let board = life.board();
         let def = life.def();
+        let now = now_ms();
+        // Every listener forwards to every node (each has an upstream per node).
+        let listeners: Vec<crate::admin::ListenerRef> = state
+            .listeners
+            .iter()
+            .map(|l| {
+                let d = l.def.load();
+                crate::admin::ListenerRef {
+                    name: d.name.clone(),
+                    mode: match d.mode {
+                        crate::config::Mode::Http => "http",
+                        crate::config::Mode::Tcp => "tcp",
+                    },
+                }
+            })
+            .collect();
         state
             .node_views()
             .into_iter()
@@ -120,6 +137,8 @@ impl RuntimeControl {
                         AdminState::Maint => "maint",
                     },
                     healthy: v.status.health.is_up(),
+                    in_state_ms: ms(rt.in_state_for()),
+                    health: crate::admin::HealthView::of(v.status.health, v.status.policy, now),
                     drain,
                     active_connections: active.max(tunnels),
                     tunnels,
@@ -127,6 +146,8 @@ impl RuntimeControl {
                     sessions_seen: seen,
                     seen_window_secs: def.seen_window.as_secs(),
                     last_seen_ago_ms: ago.map(ms),
+                    traffic: life.metrics.traffic(&v.name, now),
+                    listeners: listeners.clone(),
                     name: v.name,
                 }
             })

@@ -444,9 +444,10 @@ impl State {
         self.node_rt(node).map(NodeRuntime::open)
     }
 
-    /// The address `listener` connects to for `node`.
-    pub fn upstream(&self, def: &ListenerDef, node: NodeId) -> Option<SocketAddr> {
-        def.upstreams.get(node.index()).copied()
+    /// The address `listener` connects to for `node`, for a client that connected to
+    /// `local_port` on limpet (which `node_port = "same"` forwards to).
+    pub fn upstream(&self, def: &ListenerDef, node: NodeId, local_port: u16) -> Option<SocketAddr> {
+        def.upstreams.get(node.index(), local_port)
     }
 }
 

@@ -55,14 +55,15 @@ pub struct CheckArgs {
     pub config: PathBuf,
 }
 
-/// `limpet check`: validates, prints what would run, exits 0; or prints the error
+/// `limpet check`: validates, prints what would run as TOML that `limpet check` accepts
+/// again (the verdict is its last line, a comment), exits 0; or prints the error
 /// (`file:line:col: key: message`) and exits 2.
 pub fn check(args: CheckArgs) -> ExitCode {
-    match Config::load(&args.config) {
-        Ok(cfg) => {
+    match Config::resolved_toml(&args.config) {
+        Ok(listing) => {
             let mut out = std::io::stdout().lock();
-            let _ = write!(out, "{}", cfg.summary());
-            let _ = writeln!(out, "{}: configuration OK", args.config.display());
+            let _ = write!(out, "{listing}");
+            let _ = writeln!(out, "\n# {}: configuration OK", args.config.display());
             ExitCode::SUCCESS
         }
         Err(e) => {

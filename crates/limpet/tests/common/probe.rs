@@ -183,3 +183,180 @@ impl Drop for Host {
         }
     }
 }
+
+/// The bearer token a [`LoginNode`] wants in `Authorization`.
+pub const LOGIN_TOKEN: &str = "Bearer t0ken";
+/// The session cookie a [`LoginNode`] wants, as `name=value`.
+pub const LOGIN_COOKIE: &str = "sid=s3cr3t";
+
+/// What a [`LoginNode`] has seen.
+#[derive(Debug, Default)]
+pub struct LoginCounts {
+    /// HTTP requests answered (logged in).
+    pub answered: std::sync::atomic::AtomicU32,
+    /// WebSocket upgrades accepted (logged in).
+    pub upgraded: std::sync::atomic::AtomicU32,
+    /// Requests and upgrades refused with 401 (not logged in).
+    pub refused: std::sync::atomic::AtomicU32,
+}
+
+impl LoginCounts {
+    /// (answered, upgraded, refused).
+    pub fn get(&self) -> (u32, u32, u32) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (
+            self.answered.load(SeqCst),
+            self.upgraded.load(SeqCst),
+            self.refused.load(SeqCst),
+        )
+    }
+}
+
+/// A node of an application behind a login: it serves only requests and upgrades carrying
+/// `Authorization: Bearer t0ken` and the cookie `sid=s3cr3t`; any other gets a 401 without
+/// the node header, as a login gate in front of the app would answer. Logged in, it is a demo
+/// node: `X-Limpet-Node: NAME` on every answer, and at `/ws` a WebSocket whose first text
+/// frame is its name. Stopped (listener and every connection) when dropped.
+pub struct LoginNode {
+    pub name: String,
+    pub addr: std::net::SocketAddr,
+    pub counts: std::sync::Arc<LoginCounts>,
+    task: tokio::task::JoinHandle<()>,
+    /// Cuts the upgraded sockets, which leave hyper's connection tasks.
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl LoginNode {
+    pub async fn start(name: &str) -> LoginNode {
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind login node");
+        let addr = listener.local_addr().expect("login node addr");
+        let counts = Arc::new(LoginCounts::default());
+        let node: Arc<str> = Arc::from(name);
+        let (c, n) = (Arc::clone(&counts), Arc::clone(&node));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            // Aborting this task drops the set, which aborts every connection and socket.
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    accepted = listener.accept() => {
+                        let Ok((stream, _)) = accepted else { continue };
+                        let (c, n, s) = (Arc::clone(&c), Arc::clone(&n), stopped.clone());
+                        conns.spawn(async move {
+                            let svc = hyper::service::service_fn(move |req| {
+                                login_answer(Arc::clone(&n), Arc::clone(&c), s.clone(), req)
+                            });
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                .with_upgrades()
+                                .await;
+                        });
+                    }
+                }
+            }
+        });
+        LoginNode {
+            name: name.to_owned(),
+            addr,
+            counts,
+            task,
+            stop,
+        }
+    }
+}
+
+impl Drop for LoginNode {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = self.stop.send(true);
+    }
+}
+
+type LoginBody = http_body_util::Full<bytes::Bytes>;
+
+fn logged_in(headers: &http::HeaderMap) -> bool {
+    let token = headers
+        .get(http::header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes() == LOGIN_TOKEN.as_bytes());
+    // Cookies may come as one line or several; the pair must be there whole.
+    let cookie = headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|line| line.split(';'))
+        .any(|pair| pair.trim() == LOGIN_COOKIE);
+    token && cookie
+}
+
+async fn login_answer(
+    node: std::sync::Arc<str>,
+    counts: std::sync::Arc<LoginCounts>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+    mut req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<LoginBody>, std::convert::Infallible> {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio_tungstenite::tungstenite::{handshake::derive_accept_key, protocol::Role};
+
+    let mut resp = http::Response::new(LoginBody::default());
+    if !logged_in(req.headers()) {
+        counts.refused.fetch_add(1, SeqCst);
+        *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
+        *resp.body_mut() = LoginBody::from("log in first\n");
+        return Ok(resp);
+    }
+    let key = req
+        .headers()
+        .get(http::header::SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()));
+    if let (Some(accept), "/ws") = (key, req.uri().path()) {
+        counts.upgraded.fetch_add(1, SeqCst);
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let name = node.to_string();
+        tokio::spawn(async move {
+            use futures_util::{SinkExt, StreamExt};
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                hyper_util::rt::TokioIo::new(upgraded),
+                Role::Server,
+                None,
+            )
+            .await;
+            let greet_and_hold = async {
+                if ws.send(name.into()).await.is_ok() {
+                    // Held open until the client closes it.
+                    while let Some(Ok(_)) = ws.next().await {}
+                }
+            };
+            tokio::select! {
+                () = greet_and_hold => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        });
+        *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        h.insert(
+            http::header::UPGRADE,
+            http::HeaderValue::from_static("websocket"),
+        );
+        h.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("upgrade"),
+        );
+        if let Ok(v) = http::HeaderValue::from_str(&accept) {
+            h.insert(http::header::SEC_WEBSOCKET_ACCEPT, v);
+        }
+    } else {
+        counts.answered.fetch_add(1, SeqCst);
+        *resp.body_mut() = LoginBody::from(format!("node {node}\n"));
+    }
+    if let Ok(v) = http::HeaderValue::from_str(&node) {
+        resp.headers_mut().insert("x-limpet-node", v);
+    }
+    Ok(resp)
+}
