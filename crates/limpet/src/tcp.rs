@@ -305,8 +305,8 @@ struct Connected {
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
 /// routing again without every node that refused (each a passive failure; the table's entry
-/// moves with the route). A DOWN node due its trial is claimed first; a trial someone else
-/// holds is skipped.
+/// moves with the route). The route claims a DOWN node's trial; one someone else holds is
+/// skipped.
 async fn connect(
     state: &State,
     li: usize,
@@ -332,13 +332,8 @@ async fn connect(
             exclude: &failed,
             now_ms: clock::now_ms(),
         };
-        let route = state.route(table.zip(key), input);
+        let route = state.route(table.zip(key), input, None, def.timeouts.connect);
         let node = route.node?;
-        let rt = state.node_rt(node)?;
-        if route.trial && !rt.claim_trial(def.timeouts.connect) {
-            failed.push(node);
-            continue;
-        }
         let addr = state.upstream(def, node, local_port)?;
         let err = match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => {

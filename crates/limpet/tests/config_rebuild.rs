@@ -103,6 +103,93 @@ fn fresh(state: &State) -> Option<String> {
             exclude: &[],
             now_ms: now_ms(),
         },
+        None,
+        std::time::Duration::from_secs(1),
     );
     r.node.map(|id| state.node_name(id).to_owned())
+}
+
+/// Two threads routing fresh sessions at once never take the same turn of the rotation: over
+/// two equal nodes, every turn goes to one node and the next to the other, so the counts come
+/// out exactly even (a turn read by both threads would send both sessions to one node).
+#[test]
+fn concurrent_fresh_routes_never_share_a_turn_of_the_rotation() {
+    const PER_THREAD: usize = 20_000;
+    let state = State::new(cfg(&["a", "b"], "30m")).expect("state");
+    let counts: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut on_a = 0;
+                    for _ in 0..PER_THREAD {
+                        if fresh(&state).as_deref() == Some("a") {
+                            on_a += 1;
+                        }
+                    }
+                    (on_a, PER_THREAD - on_a)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| panic!("worker panicked")))
+            .collect()
+    });
+    let a: usize = counts.iter().map(|c| c.0).sum();
+    let b: usize = counts.iter().map(|c| c.1).sum();
+    assert_eq!((a, b), (PER_THREAD, PER_THREAD), "per thread: {counts:?}");
+    assert_eq!(state.rotation(), 2 * PER_THREAD as u64);
+}
+
+/// A fresh route over `table`'s key `client` (source IP), its outcome and whether it is a trial.
+fn fresh_keyed(state: &State, client: &str) -> (Option<String>, bool) {
+    let ip: IpAddr = client.parse().unwrap_or_else(|e| panic!("{e}"));
+    let table = state.table("t").unwrap_or_else(|| panic!("no table"));
+    let r = state.route(
+        Some((table, KeyRef::ip(ip, Default::default()))),
+        RouteInput {
+            cookie: None,
+            failback: false,
+            conn_pin: None,
+            table: None,
+            spread_key: 0,
+            balance: Balance::RoundRobin,
+            exclude: &[],
+            now_ms: now_ms(),
+        },
+        None,
+        std::time::Duration::from_secs(1),
+    );
+    (r.node.map(|id| state.node_name(id).to_owned()), r.trial)
+}
+
+/// A DOWN node's trial is claimed inside the route, before anything is written: the session
+/// that wins it is pinned to the node on trial, and a second session routed while the trial
+/// is held goes elsewhere, with its table entry naming where it went (not the node on trial).
+#[tokio::test(start_paused = true)]
+async fn a_held_trial_sends_the_next_session_elsewhere_and_pins_it_there() {
+    let state = State::new(cfg(&["a", "b"], "30m")).expect("state");
+    let a = state.node_id("a").expect("a");
+    while state.observe(a, limpet_core::Observation::TrafficFailed).is_none() {}
+    assert_eq!(
+        state.node_views()[0].state,
+        NodeState::Down,
+        "a is DOWN by passive failures"
+    );
+    // Before fail_timeout, nothing goes to a.
+    assert_eq!(fresh_keyed(&state, "10.0.0.1"), (Some("b".into()), false));
+    tokio::time::advance(std::time::Duration::from_secs(11)).await;
+
+    assert_eq!(
+        fresh_keyed(&state, "10.0.0.2"),
+        (Some("a".into()), true),
+        "after fail_timeout the next fresh session tries a"
+    );
+    assert_eq!(pin(&state, "10.0.0.2").as_deref(), Some("a"));
+    assert_eq!(
+        fresh_keyed(&state, "10.0.0.3"),
+        (Some("b".into()), false),
+        "a's trial is held: the next session goes to b"
+    );
+    assert_eq!(pin(&state, "10.0.0.3").as_deref(), Some("b"));
 }

@@ -281,6 +281,15 @@ impl H1 {
         let s = TcpStream::connect(addr)
             .await
             .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        H1::over(s).await
+    }
+
+    /// One connection from source address `src` (a source-IP table keys on it).
+    async fn open_from(src: IpAddr, addr: SocketAddr) -> H1 {
+        H1::over(connect_from(src, addr).await).await
+    }
+
+    async fn over(s: TcpStream) -> H1 {
         let (sender, conn) = http1::handshake(TokioIo::new(s))
             .await
             .unwrap_or_else(|e| panic!("h1 handshake: {e}"));
@@ -1146,6 +1155,96 @@ async fn maint_after_a_reload_repins_pre_reload_h1_and_h2_connections_and_closes
         maint_at.elapsed()
     );
     drop((h1, h2, tcp));
+    l.stop().await;
+}
+
+/// Nodes a and b in this order, or b and a: a reload that renumbers the nodes.
+fn table_web_config(port: u16, order: &[(&str, &str)]) -> String {
+    format!(
+        "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         table = \"t\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(order)
+    )
+}
+
+/// A reload that reorders the nodes renumbers them, while the shared table keeps its pins by
+/// name: a keep-alive connection opened before the reload still routes over its own
+/// generation's numbering, so it must read and write the table through its own binding. It
+/// reads the client's pin as the same node, and a pin it writes is read by new connections as
+/// the same node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_reload_connection_reads_and_writes_pins_by_node_name_after_nodes_are_renumbered() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    let cfg = ConfigFile::new("reload-renumber", &table_web_config(port, &AB));
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+
+    // A client (source address) pinned to b, on a keep-alive connection.
+    let mut on_b = None;
+    for i in 0..6u8 {
+        let src = IpAddr::from([127, 0, 0, 60 + i]);
+        let mut c = H1::open_from(src, web).await;
+        let a = c.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+        if a.node == "b" {
+            on_b = Some((c, src));
+            break;
+        }
+    }
+    let (mut h1, src) = on_b.unwrap_or_else(|| panic!("no client landed on b"));
+    // A second client, whose pin the old connection will write after the reload.
+    let other = IpAddr::from([127, 0, 0, 70]);
+    let mut h1_other = H1::open_from(other, web).await;
+    h1_other.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+
+    // Reload with the nodes in the other order: a is now node 1, b node 0.
+    let reordered = [AB[1], AB[0]];
+    cfg.write(&table_web_config(port, &reordered));
+    let (s, report) = reload(&l).await;
+    assert_eq!(
+        (s, &report["generation"]),
+        (200, &serde_json::json!(1)),
+        "{report}"
+    );
+
+    // Read: the pre-reload connection's client stays on b.
+    let a = h1.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (a.status, a.node.as_str()),
+        (200, "b"),
+        "pre-reload connection after the reload"
+    );
+    let mut fresh = H1::open_from(src, web).await;
+    let a = fresh.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (a.status, a.node.as_str()),
+        (200, "b"),
+        "new connection of the same client"
+    );
+
+    // Write: the second client's pin is deleted, its pre-reload connection pins it afresh,
+    // and a new connection of that client (new generation) finds the same node.
+    let r = bare_client()
+        .delete(l.admin_url(&format!("/api/v1/tables/t/entry?key={other}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("delete: {e}"));
+    assert_eq!(r.status().as_u16(), 200, "delete the entry of {other}");
+    let repinned = h1_other.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(repinned.status, 200, "{repinned:?}");
+    let entry = admin_json(&l, &format!("/api/v1/tables/t/entry?key={other}")).await;
+    assert_eq!(
+        entry["node"],
+        repinned.node.as_str(),
+        "the table names the node that answered: {entry}"
+    );
+    let mut fresh = H1::open_from(other, web).await;
+    let a = fresh.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        a.node, repinned.node,
+        "new connection of the client the old one pinned"
+    );
+    drop((h1, h1_other, fresh));
     l.stop().await;
 }
 

@@ -176,17 +176,39 @@ impl<S: AffinityStore> AffinityTable<S> {
     /// The pin for `key`: [`Pin::None`] when the table has none, [`Pin::Unknown`] when it
     /// names a node the pool no longer has. A hit refreshes the entry.
     pub fn lookup(&mut self, key: KeyRef<'_>, now_ms: u64) -> Pin {
-        match self.store.get(key, now_ms) {
-            None => Pin::None,
-            Some(r) => self.binding.node(r).map_or(Pin::Unknown, Pin::Node),
-        }
+        lookup_in(&mut self.store, &self.binding, key, now_ms)
     }
 
     /// Pins `key` to `node` of the bound pool. `None` (nothing stored) for an id that is not
     /// from the bound pool.
     pub fn learn(&mut self, key: KeyRef<'_>, node: NodeId, now_ms: u64) -> Option<PutOutcome> {
-        let r = self.binding.node_ref(node)?;
-        Some(self.store.put(key, r, now_ms))
+        learn_in(&mut self.store, &self.binding, key, node, now_ms)
+    }
+
+    /// A binding of this table's entries to `pool`, without changing the table's own: for a
+    /// holder that keeps routing over an older pool while the table is shared with a newer
+    /// one (connections opened before a reload). Names are interned, so the binding stays
+    /// valid for the life of the store.
+    pub fn bind(&mut self, pool: &Topology) -> Binding {
+        let store = &mut self.store;
+        Binding::new(pool, |name| store.intern(name))
+    }
+
+    /// [`lookup`](Self::lookup) through `binding` (from [`bind`](Self::bind)) instead of the
+    /// table's own.
+    pub fn lookup_in(&mut self, binding: &Binding, key: KeyRef<'_>, now_ms: u64) -> Pin {
+        lookup_in(&mut self.store, binding, key, now_ms)
+    }
+
+    /// [`learn`](Self::learn) through `binding` (from [`bind`](Self::bind)).
+    pub fn learn_in(
+        &mut self,
+        binding: &Binding,
+        key: KeyRef<'_>,
+        node: NodeId,
+        now_ms: u64,
+    ) -> Option<PutOutcome> {
+        learn_in(&mut self.store, binding, key, node, now_ms)
     }
 
     /// Records what `decide` chose for a request keyed `key`: a fresh assignment becomes the
@@ -219,6 +241,24 @@ impl<S: AffinityStore> AffinityTable<S> {
     pub fn into_store(self) -> S {
         self.store
     }
+}
+
+fn lookup_in<S: AffinityStore>(store: &mut S, b: &Binding, key: KeyRef<'_>, now_ms: u64) -> Pin {
+    match store.get(key, now_ms) {
+        None => Pin::None,
+        Some(r) => b.node(r).map_or(Pin::Unknown, Pin::Node),
+    }
+}
+
+fn learn_in<S: AffinityStore>(
+    store: &mut S,
+    b: &Binding,
+    key: KeyRef<'_>,
+    node: NodeId,
+    now_ms: u64,
+) -> Option<PutOutcome> {
+    let r = b.node_ref(node)?;
+    Some(store.put(key, r, now_ms))
 }
 
 #[cfg(test)]

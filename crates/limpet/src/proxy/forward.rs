@@ -218,51 +218,27 @@ fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
 }
 
 /// Routes the request through the one core decision ([`crate::runtime::State::route`]),
-/// excluding the nodes that already failed for it. Carries out what the route asks of the
-/// connection (remember its node until the cookie comes back) and claims a DOWN node's
-/// trial; a trial someone else holds is skipped like a failed node.
-fn route(ctx: &ConnCtx, p: &Presented, exclude: &mut Vec<NodeId>) -> Route {
+/// excluding the nodes that already failed for it; the route claims this connection's pin and
+/// a DOWN node's trial itself.
+fn route(ctx: &ConnCtx, p: &Presented, exclude: &[NodeId]) -> Route {
     let shared = &ctx.shared;
-    loop {
-        let conn_pin = ctx.pinned();
-        let input = RouteInput {
-            cookie: p.cookie,
-            failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
-            conn_pin,
-            table: None,
-            spread_key: p.spread,
-            balance: shared.def.balance,
-            exclude,
-            now_ms: clock::now_ms(),
-        };
-        let table = shared
-            .table
-            .as_deref()
-            .zip(p.key.as_ref().map(TableKey::as_key_ref));
-        let r = shared.state.route(table, input);
-        // Concurrent first requests of one connection: the first to pin it wins, the others
-        // route again and follow it.
-        match (r.conn_pin, conn_pin) {
-            (Some(n), None) if !ctx.pin_if_unpinned(n) => continue,
-            (Some(n), Some(_)) => ctx.set_pinned(n),
-            _ => {}
-        }
-        if let (Some(n), true) = (r.node, r.trial) {
-            let claimed = shared
-                .state
-                .node_rt(n)
-                .is_some_and(|rt| rt.claim_trial(shared.timeouts.connect));
-            if !claimed {
-                exclude.push(n);
-                continue;
-            }
-            tracing::info!(
-                node = shared.node_name(n),
-                "trying a DOWN node again (fail_timeout passed)"
-            );
-        }
-        return r;
-    }
+    let input = RouteInput {
+        cookie: p.cookie,
+        failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
+        conn_pin: None,
+        table: None,
+        spread_key: p.spread,
+        balance: shared.def.balance,
+        exclude,
+        now_ms: clock::now_ms(),
+    };
+    let table = shared
+        .table
+        .as_deref()
+        .zip(p.key.as_ref().map(TableKey::as_key_ref));
+    shared
+        .state
+        .route(table, input, Some(&ctx.pin), shared.timeouts.connect)
 }
 
 /// A table that learns from answers learns the session the node just handed out
@@ -278,7 +254,7 @@ fn learn_from_answer(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
     };
     let values = answer.get_all(name).iter().map(HeaderValue::as_bytes);
     if let Some(k) = spec.response_key(values) {
-        table.lock().learn(k, node, clock::now_ms());
+        table.learn(k, node, clock::now_ms());
     }
 }
 
@@ -336,8 +312,8 @@ async fn proxy(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let p = presented(ctx, req.headers(), clock::now_ms());
-    let mut failed: Vec<NodeId> = Vec::new();
-    let first = route(ctx, &p, &mut failed);
+    let failed: Vec<NodeId> = Vec::new();
+    let first = route(ctx, &p, &failed);
     let Some(first_node) = first.node else {
         return unavailable(shared, id);
     };
@@ -549,7 +525,7 @@ impl Attempt<'_> {
         }
         tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
         self.failed.push(node);
-        let next = route(self.ctx, self.presented, &mut self.failed);
+        let next = route(self.ctx, self.presented, &self.failed);
         if next.node.is_none() {
             // Nowhere else to go: the answer reports this node's error.
             return Err(e.clone());

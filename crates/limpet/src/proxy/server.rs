@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use super::config::{ConfigError, IpNet, Limits, ProxyConfig, Timeouts};
 use super::forward;
 use super::upstream::NodeConns;
 use crate::config::ListenerDef;
-use crate::runtime::{Runtime, State, Table};
+use crate::runtime::{ConnPin, Runtime, State, Table};
 
 /// State shared by every connection of one listener: its settings and connections, and the
 /// runtime's pool and table (shared with every other listener).
@@ -159,8 +159,6 @@ impl RequestIds {
     }
 }
 
-const NO_PIN: u32 = u32::MAX;
-
 /// What one client connection shares between its requests (HTTP/2 streams, pipelined or
 /// keep-alive HTTP/1.1 requests).
 #[derive(Debug)]
@@ -172,7 +170,7 @@ pub(crate) struct ConnCtx {
     pub(crate) trusted: bool,
     /// The node assigned to this connection's first unpinned request, so requests sent
     /// before the client has the cookie land together.
-    pin: AtomicU32,
+    pub(crate) pin: ConnPin,
     active: AtomicUsize,
     served: AtomicU64,
     /// Milliseconds since `started` at the last request start or end.
@@ -195,33 +193,12 @@ impl ConnCtx {
             peer,
             tls,
             trusted,
-            pin: AtomicU32::new(NO_PIN),
+            pin: ConnPin::new(),
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
             started: Instant::now(),
         }
-    }
-
-    /// The node this connection was assigned, if any.
-    pub(crate) fn pinned(&self) -> Option<NodeId> {
-        match self.pin.load(Ordering::Acquire) {
-            NO_PIN => None,
-            n => Some(NodeId(n)),
-        }
-    }
-
-    /// Pins the connection to `node` unless a concurrent request pinned it first (then the
-    /// caller routes again and follows that one). Later re-pins (failover) overwrite.
-    pub(crate) fn pin_if_unpinned(&self, node: NodeId) -> bool {
-        self.pin
-            .compare_exchange(NO_PIN, node.0, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// Re-pins the connection (a failover moved its session).
-    pub(crate) fn set_pinned(&self, node: NodeId) {
-        self.pin.store(node.0, Ordering::Release);
     }
 
     fn touch(&self) {

@@ -12,7 +12,7 @@
 //!  listener 5555 ───┘│ tables["terminal"] (+ snapshot file)   listeners[i]: ListenerDef               │
 //!                    └───────────────────────────────────────────────────────────────────────────────┘
 //!  request / connection ─► RouteInput ─► State::route: table lock ─► lookup ─► limpet_core::route
-//!                        ─► apply: rotation turn, table write ─► Route ─► connect (trial claim first)
+//!                        ─► claims: rotation turn, connection pin, trial ─► table write ─► Route ─► connect
 //!  checks / traffic / admin ─► NodeRuntime (status) ─► epoch++ ─► every generation's snapshot
 //!                                                   └─► events ─► sessions re-check session_end
 //! ```
@@ -30,11 +30,12 @@ mod snapshot;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use limpet_core::table::{AffinityTable, KeyRef, KeySpec, LruTable, TableConfig};
+use limpet_core::table::{AffinityTable, Binding, KeyRef, KeySpec, LruTable, NodeRef, TableConfig};
 use limpet_core::{
     AdminState, HealthPolicy, NodeId, NodeState, NodeStatus, Observation, Route, RouteInput,
     Snapshot, TableIn, Topology, Transition,
@@ -64,11 +65,55 @@ pub struct NodeSlot {
     pub rt: Arc<NodeRuntime>,
 }
 
-/// One declared table, shared by every listener that names it.
+/// The node a client connection was given for an earlier request whose cookie has not come
+/// back yet (HTTP/2 streams and pipelined requests sent before the client had the cookie land
+/// together). Set only by [`State::route`].
+#[derive(Debug)]
+pub struct ConnPin(AtomicU32);
+
+impl ConnPin {
+    const NONE: u32 = u32::MAX;
+
+    pub fn new() -> ConnPin {
+        ConnPin(AtomicU32::new(Self::NONE))
+    }
+
+    pub fn get(&self) -> Option<NodeId> {
+        match self.0.load(Ordering::Acquire) {
+            Self::NONE => None,
+            n => Some(NodeId(n)),
+        }
+    }
+
+    /// Pins the connection unless a concurrent request pinned it first.
+    fn claim(&self, node: NodeId) -> bool {
+        self.0
+            .compare_exchange(Self::NONE, node.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Re-pins the connection (a failover moved its session).
+    fn set(&self, node: NodeId) {
+        self.0.store(node.0, Ordering::Release);
+    }
+}
+
+impl Default for ConnPin {
+    fn default() -> Self {
+        ConnPin::new()
+    }
+}
+
+/// One declared table as one generation sees it: the entries (shared by every listener that
+/// names the table, and with later generations while the key is unchanged) and this
+/// generation's binding of them to its own node ids. A connection opened before a reload
+/// routes over its own generation's ids, so it reads and writes pins through its own binding:
+/// a pin means the same node by name whichever generation wrote it.
 #[derive(Debug)]
 pub struct Table {
     pub def: TableDef,
-    inner: Mutex<AffinityTable<LruTable>>,
+    inner: Arc<Mutex<AffinityTable<LruTable>>>,
+    binding: Binding,
 }
 
 impl Table {
@@ -79,10 +124,29 @@ impl Table {
         )
         .with_hash_seed(random_seed());
         let store = LruTable::new(cfg).map_err(|e| format!("table {}: {e}", def.name))?;
+        let mut table = AffinityTable::new(store, topology);
+        let binding = table.bind(topology);
         Ok(Table {
-            inner: Mutex::new(AffinityTable::new(store, topology)),
+            inner: Arc::new(Mutex::new(table)),
+            binding,
             def,
         })
+    }
+
+    /// The same entries, bound to a newer generation's topology (a reload that kept the
+    /// table's key). The table's own binding follows the newest generation, for the admin
+    /// API and snapshots.
+    fn carried_over(&self, def: TableDef, topology: &Topology) -> Table {
+        let binding = {
+            let mut t = self.lock();
+            t.rebind(topology);
+            t.bind(topology)
+        };
+        Table {
+            def,
+            inner: Arc::clone(&self.inner),
+            binding,
+        }
     }
 
     pub fn key_spec(&self) -> &KeySpec {
@@ -92,6 +156,16 @@ impl Table {
     /// The table, locked for one synchronous operation.
     pub fn lock(&self) -> MutexGuard<'_, AffinityTable<LruTable>> {
         lock(&self.inner)
+    }
+
+    /// Pins `key` to `node` of this generation (a learned answer header).
+    pub fn learn(&self, key: KeyRef<'_>, node: NodeId, now_ms: u64) {
+        self.lock().learn_in(&self.binding, key, node, now_ms);
+    }
+
+    /// This generation's node for a stored identity.
+    pub fn node_of(&self, r: NodeRef) -> Option<NodeId> {
+        self.binding.node(r)
     }
 }
 
@@ -262,10 +336,10 @@ impl State {
         for (name, table) in next.tables.iter_mut() {
             if let Some(old) = self.tables.get(name) {
                 if old.def.key == table.def.key {
-                    // Share the old table: its entries are keyed by node name, so rebinding
-                    // to the new topology keeps every pin whose node still exists.
-                    old.lock().rebind(&next.topology);
-                    *table = Arc::clone(old);
+                    // Share the old entries: they are keyed by node name, so binding them to
+                    // the new topology keeps every pin whose node still exists, while the old
+                    // generation keeps its own binding for its connections.
+                    *table = Arc::new(old.carried_over(table.def.clone(), &next.topology));
                 }
             }
         }
@@ -323,28 +397,92 @@ impl State {
     }
 
     /// THE routing step of every protocol: looks the session's key up in `table` (when
-    /// there is one), routes with `limpet_core::route`, and carries out the bookkeeping the
-    /// route asks for (a turn of the rotation, the table write), all under the table's lock
-    /// so that two connections of one session cannot route on different entries.
-    pub fn route(&self, table: Option<(&Table, KeyRef<'_>)>, mut input: RouteInput<'_>) -> Route {
+    /// there is one), routes with `limpet_core::route`, and carries out what the route asks,
+    /// all under the table's lock so that two connections of one session cannot route on
+    /// different entries:
+    ///
+    /// 1. a turn of the rotation, taken with a compare-and-swap (two sessions routed at once
+    ///    never share a turn; the loser routes again on the next one);
+    /// 2. the client connection's pin (`conn`), claimed if it had none (concurrent first
+    ///    requests of one connection: the first wins, the others route again and follow it);
+    /// 3. the trial of a DOWN node due one, claimed for `trial_hold` (the connect timeout): a
+    ///    trial another connection holds makes this route again without that node;
+    /// 4. the table write.
+    ///
+    /// Nothing is written before every claim is won, so a route that is retried leaves no
+    /// trace.
+    pub fn route(
+        &self,
+        table: Option<(&Table, KeyRef<'_>)>,
+        mut input: RouteInput<'_>,
+        conn: Option<&ConnPin>,
+        trial_hold: Duration,
+    ) -> Route {
         let now = input.now_ms;
-        let mut held = table.map(|(t, k)| (t.lock(), k, !t.key_spec().learns_from_response()));
-        if let Some((t, k, writes)) = held.as_mut() {
+        let mut held = table.map(|(t, k)| {
+            (
+                t.lock(),
+                &t.binding,
+                k,
+                !t.key_spec().learns_from_response(),
+            )
+        });
+        if let Some((t, b, k, writes)) = held.as_mut() {
             input.table = Some(TableIn {
-                pin: t.lookup(*k, now),
+                pin: t.lookup_in(b, *k, now),
                 writes: *writes,
             });
         }
-        let cached = self.snapshot();
-        let turn = self.rotation.load(Ordering::Relaxed);
-        let r = limpet_core::route(&cached.snap, turn, &|n| self.active(n), &input);
-        if r.took_turn {
-            self.rotation.fetch_add(1, Ordering::Relaxed);
+        // Trials another connection holds (rare: allocated only then).
+        let mut taken: Vec<NodeId> = Vec::new();
+        // Each pass either returns, or loses a race that moved shared state on (a turn, the
+        // connection's pin) or adds a node to `taken`: bounded by the contention.
+        loop {
+            let with_taken;
+            let mut input = input;
+            if !taken.is_empty() {
+                with_taken = [input.exclude, &taken].concat();
+                input.exclude = &with_taken;
+            }
+            input.conn_pin = conn.and_then(ConnPin::get);
+            let cached = self.snapshot();
+            let turn = self.rotation.load(Ordering::Acquire);
+            let r = limpet_core::route(&cached.snap, turn, &|n| self.active(n), &input);
+            if r.took_turn
+                && self
+                    .rotation
+                    .compare_exchange(
+                        turn,
+                        turn.wrapping_add(1),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_err()
+            {
+                continue;
+            }
+            if let (Some(c), Some(n)) = (conn, r.conn_pin) {
+                match input.conn_pin {
+                    None if !c.claim(n) => continue,
+                    None => {}
+                    Some(_) => c.set(n),
+                }
+            }
+            if let (true, Some(n)) = (r.trial, r.node) {
+                if !self.node_rt(n).is_some_and(|rt| rt.claim_trial(trial_hold)) {
+                    taken.push(n);
+                    continue;
+                }
+                tracing::info!(
+                    node = self.node_name(n),
+                    "trying a DOWN node again (fail_timeout passed)"
+                );
+            }
+            if let (Some((t, b, k, _)), Some(node)) = (held.as_mut(), r.table) {
+                t.learn_in(b, *k, node, now);
+            }
+            return r;
         }
-        if let (Some((t, k, _)), Some(node)) = (held.as_mut(), r.table) {
-            t.learn(*k, node, now);
-        }
-        r
     }
 
     /// How many turns of the rotation fresh assignments took (carried over by reloads).
@@ -396,16 +534,16 @@ impl State {
         let now = crate::clock::now_ms();
         let mut pins: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); self.nodes.len()];
         for (name, table) in &self.tables {
-            let t = table.lock();
+            let g = table.lock();
             let mut page = 0;
             loop {
                 let entries =
-                    limpet_core::table::AffinityStore::entries(t.store(), page, 4096, now);
+                    limpet_core::table::AffinityStore::entries(g.store(), page, 4096, now);
                 if entries.is_empty() {
                     break;
                 }
                 for e in &entries {
-                    if let Some(id) = t.node_of(e.node) {
+                    if let Some(id) = table.node_of(e.node) {
                         if let Some(m) = pins.get_mut(id.index()) {
                             *m.entry(name.clone()).or_insert(0) += 1;
                         }
