@@ -297,16 +297,20 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-/// A connection to a node that succeeded.
+/// A connection to a node that succeeded, with its handshake done (PROXY header sent, TLS
+/// to the node established), and the session's spread key.
 struct Connected {
     node: NodeId,
-    stream: TcpStream,
+    stream: Box<dyn Io>,
+    spread: u64,
 }
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
-/// routing again without every node that refused (each a passive failure; the table's entry
-/// moves with the route). The route claims a DOWN node's trial; one someone else holds is
-/// skipped.
+/// routing again without every node that failed (each a passive failure; the table's entry
+/// moves with the route). An attempt is the whole way to a usable node stream (connect, the
+/// PROXY header, TLS to the node), and nothing of the client's has been sent before it
+/// succeeds, so every failure is safe to take to another node. The route claims a DOWN node's
+/// trial; one someone else holds is skipped.
 async fn connect(
     state: &State,
     li: usize,
@@ -335,20 +339,57 @@ async fn connect(
         let route = state.route(table.zip(key), input, None, def.timeouts.connect);
         let node = route.node?;
         let addr = state.upstream(def, node, local_port)?;
-        let err = match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
+        match attempt(def, who, addr).await {
+            Ok(stream) => {
+                // For a TCP listener a completed handshake is all traffic can prove.
                 state.observe(node, Observation::TrafficOk);
-                let _ = stream.set_nodelay(true);
-                return Some(Connected { node, stream });
+                return Some(Connected {
+                    node,
+                    stream,
+                    spread,
+                });
             }
-            Ok(Err(e)) => UpstreamError::io(Stage::Connect, &e),
-            Err(_) => UpstreamError::timeout(Stage::Connect, false),
-        };
-        tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "connect failed");
-        if let Some(obs) = err.observation() {
-            state.observe(node, obs);
+            Err(err) => {
+                tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "node attempt failed");
+                if let Some(obs) = err.observation() {
+                    state.observe(node, obs);
+                }
+                failed.push(node);
+            }
         }
-        failed.push(node);
+    }
+}
+
+/// One attempt at a node: connect, send the PROXY header, then TLS to the node when the
+/// listener asks for it. Each step is bounded by the connect timeout.
+async fn attempt(
+    def: &ListenerDef,
+    who: &Peer,
+    addr: SocketAddr,
+) -> Result<Box<dyn Io>, UpstreamError> {
+    let limit = def.timeouts.connect;
+    let mut stream = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
+        Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
+    };
+    let _ = stream.set_nodelay(true);
+    if let Some(h) = proxy_header_for(&def.proxy_protocol, who) {
+        match tokio::time::timeout(limit, stream.write_all(&h)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
+            Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
+        }
+    }
+    let Some(u) = &def.upstream_tls else {
+        return Ok(Box::new(stream));
+    };
+    let name = crate::tls::upstream_name(u.server_name.as_deref(), addr.ip());
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(&u.config));
+    match tokio::time::timeout(limit, connector.connect(name, stream)).await {
+        Ok(Ok(s)) => Ok(Box::new(s)),
+        Ok(Err(e)) => Err(UpstreamError::io(Stage::Tls, &e)),
+        Err(_) => Err(UpstreamError::timeout(Stage::Tls, false)),
     }
 }
 
@@ -399,41 +440,9 @@ async fn session(
     let node_name = rt.name().to_owned();
     // Node lifecycle: counted as a tunnel, seen as a session, ended by the node's state.
     let _tunnel = rt.tunnel();
-    let ip = who.client.ip();
-    let key = slot
-        .table
-        .as_deref()
-        .and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
-    let spread = crate::runtime::spread_of(key, ip, None);
+    let spread = conn.spread;
     rt.seen(spread);
-    let mut upstream = conn.stream;
-    if let Some(h) = proxy_header_for(&def.proxy_protocol, &who) {
-        if let Err(e) = upstream.write_all(&h).await {
-            tracing::debug!(listener = %def.name, node = %node_name, error = %e, "PROXY header not sent");
-            return;
-        }
-    }
-    let upstream: Box<dyn Io> = match &def.upstream_tls {
-        Some(u) => {
-            let ip = upstream
-                .peer_addr()
-                .map(|a| a.ip())
-                .unwrap_or(who.local.ip());
-            let name = crate::tls::upstream_name(u.server_name.as_deref(), ip);
-            let connector = tokio_rustls::TlsConnector::from(Arc::clone(&u.config));
-            match tokio::time::timeout(def.timeouts.connect, connector.connect(name, upstream))
-                .await
-            {
-                Ok(Ok(s)) => Box::new(s),
-                Ok(Err(e)) => {
-                    tracing::warn!(listener = %def.name, node = %node_name, error = %e, "TLS to node failed");
-                    return;
-                }
-                Err(_) => return,
-            }
-        }
-        None => Box::new(upstream),
-    };
+    let upstream = conn.stream;
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down`) and drain deadline.
     let close_on_down = def.tcp.close_on_node_down;

@@ -272,3 +272,58 @@ upstream_tls = {{ ca = "{ca}", server_name = "node.example" }}
         n.kill().await;
     }
 }
+
+/// TLS to the node is part of the attempt at a node on a TCP listener: a node whose
+/// certificate fails verification is a passive failure, and the session goes to another node
+/// (nothing of the client's was sent), so no session is lost and the failing node ends DOWN.
+#[tokio::test]
+async fn a_tcp_session_whose_node_tls_fails_moves_to_another_node() {
+    let pki = Pki::new();
+    // Both nodes serve a certificate for 127.0.0.3 only: a (127.0.0.2) fails verification.
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.3"]),
+    )
+    .await;
+    let dir = TempDir::new("upstream-tls-failover");
+    let text = format!(
+        r#"
+[[nodes]]
+name = "a"
+address = "127.0.0.2"
+
+[[nodes]]
+name = "b"
+address = "127.0.0.3"
+
+[[listeners]]
+name = "raw-tls-up"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {https}
+upstream_tls = {{ ca = "{ca}" }}
+"#,
+        https = ports.https,
+        ca = pki.ca_pem.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("raw-tls-up").expect("addr");
+    for i in 0..6u8 {
+        let src = format!("127.0.0.{}", 50 + i);
+        let s = connect_from(src.parse().expect("ip"), addr).await;
+        let (head, node) = get_over(s).await;
+        assert_eq!(node, "b", "session {i} from {src}: {head}");
+    }
+    let a = running
+        .runtime()
+        .state()
+        .node_views()
+        .into_iter()
+        .find(|v| v.name == "a")
+        .map(|v| v.state);
+    assert_eq!(a, Some(limpet_core::NodeState::Down), "a failed TLS every time");
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
