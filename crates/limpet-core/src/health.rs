@@ -126,6 +126,13 @@ impl Health {
         (!self.up && !policy.checked && self.retry_at_ms != u64::MAX).then_some(self.retry_at_ms)
     }
 
+    /// Whether `other` routes exactly like this one: the same state and the same trial time.
+    /// The failure or success streak does not route; the I/O layer rebuilds its routing
+    /// snapshot only when this changes, not on every streak step.
+    pub fn routes_like(&self, other: &Health) -> bool {
+        self.up == other.up && self.retry_at_ms == other.retry_at_ms
+    }
+
     pub fn availability(&self, policy: HealthPolicy, now_ms: u64) -> Availability {
         if self.up {
             Availability::Up

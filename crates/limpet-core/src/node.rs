@@ -68,6 +68,16 @@ pub struct NodeStatus {
     pub policy: HealthPolicy,
 }
 
+impl NodeStatus {
+    /// Whether `other` routes exactly like this status (everything but the health streak,
+    /// which counts toward a flip but does not route).
+    pub fn routes_like(&self, other: &NodeStatus) -> bool {
+        self.admin == other.admin
+            && self.policy == other.policy
+            && self.health.routes_like(&other.health)
+    }
+}
+
 /// Whether a pin to a node is honoured now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

@@ -154,13 +154,6 @@ pub fn close_reason(r: limpet_core::RepinReason) -> &'static str {
     }
 }
 
-/// Resolves at the next change of `rx`; never when its sender is gone.
-pub async fn changed(mut rx: watch::Receiver<u64>) {
-    if rx.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TunnelEnd {

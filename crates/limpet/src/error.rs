@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | connect (refused, unreachable, timeout) | no | failure | always |
 //! | TLS to the node | no | failure | always |
-//! | send: the connection was dead before the request went out | no | — (a stale keep-alive) | always |
+//! | send: the connection was dead before the request went out | no | failure on a fresh connection; — on a kept-alive one (stale) | always |
 //! | send / answer head: reset or closed after the request went out | maybe | failure on a fresh connection | idempotent requests without a body only |
 //! | answer head: no answer within the answer timeout | yes | failure | idempotent requests without a body only |
 //! | answer head: not HTTP | yes | — | never (502) |
@@ -104,8 +104,10 @@ impl UpstreamError {
         let node_fault = match (self.stage, self.cause) {
             (Stage::Connect | Stage::Tls, _) => true,
             (Stage::AnswerHead, Cause::Timeout) => true,
-            // A kept-alive connection the node closed meanwhile says nothing about the node.
-            (Stage::Send | Stage::AnswerHead, Cause::Io(_)) => self.fresh && self.sent,
+            // A kept-alive connection the node closed meanwhile says nothing about the node;
+            // a fresh one it closed before the request could go out does (accept, then drop).
+            (Stage::Send, Cause::Io(_)) => self.fresh,
+            (Stage::AnswerHead, Cause::Io(_)) => self.fresh && self.sent,
             _ => false,
         };
         node_fault.then_some(Observation::TrafficFailed)
@@ -145,6 +147,18 @@ mod tests {
                 .on_pooled(true);
         assert!(stale.retry_safe(false));
         assert_eq!(stale.observation(), None);
+        let dropped = UpstreamError::new(
+            Stage::Send,
+            Cause::Io(io::ErrorKind::ConnectionReset),
+            false,
+            "",
+        );
+        assert!(dropped.retry_safe(false));
+        assert_eq!(
+            dropped.observation(),
+            Some(Observation::TrafficFailed),
+            "a fresh connection the node dropped before the request went out is its fault"
+        );
         let body = UpstreamError::new(Stage::ClientBody, Cause::Io(io::ErrorKind::Other), true, "");
         assert!(!body.retry_safe(true));
     }

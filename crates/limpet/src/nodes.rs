@@ -41,10 +41,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct NodeRuntime {
     name: String,
     status: Mutex<NodeStatus>,
-    /// The board's change counter, bumped with every status change.
+    /// The board's change counter, bumped with every routing-relevant status change.
     epoch: Arc<AtomicU64>,
-    /// Bumped with every status change, and by [`poke`](Self::poke): long-lived sessions
-    /// wait on it and then re-check whether they must end.
+    /// Bumped with every routing-relevant status change: long-lived sessions wait on it and
+    /// then re-check whether they must end.
     events: watch::Sender<u64>,
     /// Connections and TCP sessions open to the node now, whichever generation opened them.
     active: AtomicU32,
@@ -80,14 +80,16 @@ impl NodeRuntime {
         *lock(&self.status)
     }
 
-    /// Changes the status under the node's lock; when it changed, every generation's
-    /// snapshot is marked stale and the node's sessions re-check.
+    /// Changes the status under the node's lock; when the change affects routing, every
+    /// generation's snapshot is marked stale and the node's sessions re-check. A streak step
+    /// (one more failure toward `fall`) does neither: under a burst of failures the snapshot
+    /// is not rebuilt per request.
     fn update<R>(&self, f: impl FnOnce(&mut NodeStatus) -> R) -> R {
         let (r, changed, state_changed) = {
             let mut s = lock(&self.status);
             let before = *s;
             let r = f(&mut s);
-            (r, *s != before, s.state() != before.state())
+            (r, !s.routes_like(&before), s.state() != before.state())
         };
         if changed {
             self.epoch.fetch_add(1, Ordering::Release);
@@ -131,11 +133,6 @@ impl NodeRuntime {
                 ..NodeStatus::default()
             }
         });
-    }
-
-    /// Makes the node's sessions re-check whether they must end now.
-    pub fn poke(&self) {
-        self.events.send_modify(|g| *g = g.wrapping_add(1));
     }
 
     /// Resolves when a long-lived session with this spread key must end, with the reason:

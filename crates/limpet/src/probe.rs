@@ -520,7 +520,7 @@ pub fn run(args: ProbeArgs) -> ExitCode {
     let verdicts: Vec<judge::SessionVerdict> =
         run.judges.into_iter().map(SessionJudge::finish).collect();
     let summary = judge::summarise(&verdicts);
-    let outcome = summary.outcome();
+    let outcome = summary.outcome_with_ws(plan.ws_url.is_some());
     out.finish(&Report {
         plan: &plan,
         sessions: &verdicts,

@@ -7,8 +7,9 @@
 //! interactively alike.
 //!
 //! Every decision comes from `limpet_core`: the head is cut with `head::head_end`, the cookie
-//! found with `head::cookie_in_head`, the node chosen by `Pool::decide`, the `Set-Cookie` written
-//! by `CookieSpec`. The proxy uses the same functions.
+//! found with `head::cookie_in_head`, the node chosen by `limpet_core::route` (through
+//! `Pool::decide`, which holds the sim's node statuses and rotation), the `Set-Cookie` written by
+//! `CookieSpec`. The proxy routes through the same `route`.
 //!
 //! Memory stays bounded whatever the input: a command line longer than `max_line` or a head
 //! longer than `max_head` is skipped as it streams by and answered with one `ERR` line.

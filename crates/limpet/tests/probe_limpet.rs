@@ -422,5 +422,11 @@ async fn a_websocket_path_answering_200_is_named_for_what_it_is() {
         out.contains("cookie-less upgrade: refused with 200"),
         "{out}"
     );
+    // The WebSocket was asked for and never checked: the run cannot pass.
+    assert!(
+        out.contains("CANNOT JUDGE: no WebSocket upgrade was accepted"),
+        "{out}"
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
     proxy.stop().await;
 }

@@ -321,7 +321,11 @@ upstream_tls = {{ ca = "{ca}" }}
         .into_iter()
         .find(|v| v.name == "a")
         .map(|v| v.state);
-    assert_eq!(a, Some(limpet_core::NodeState::Down), "a failed TLS every time");
+    assert_eq!(
+        a,
+        Some(limpet_core::NodeState::Down),
+        "a failed TLS every time"
+    );
     running.stop().await;
     for n in &mut nodes {
         n.kill().await;

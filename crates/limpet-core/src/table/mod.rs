@@ -11,15 +11,15 @@
 //! ```text
 //!  client addr / header values ──KeySpec::request_key──► KeyRef (borrowed, no allocation)
 //!                                                          │
-//!                          AffinityTable::lookup(key, now) ▼
+//!            AffinityTable::lookup_in(binding, key, now) ▼
 //!      AffinityStore::get ──► Option<NodeRef> ──Binding (by name)──► Pin::{None, Node, Unknown}
 //!                                                          │
-//!                                    Pool::decide(pin, now)▼
-//!                      Sticky(node) | Fresh{node, ..} | Unavailable
+//!                     crate::route (as RouteInput::table) ▼
+//!                      Route { node, outcome, table: Option<NodeId>, .. }
 //!                                                          │
-//!          Fresh ──AffinityTable::record / learn(key, node, now)──► AffinityStore::put
+//!   route.table ──AffinityTable::learn_in(binding, key, node, now)──► AffinityStore::put
 //!  node's Set-Cookie ──KeySpec::response_key──► learn (application-cookie tables)
-//!  reload: new Pool ──AffinityTable::rebind──► Binding rebuilt; entries untouched
+//!  reload: new Topology ──AffinityTable::bind──► a Binding per generation; entries untouched
 //!  timer:  AffinityStore::purge_expired(now, budget)      shutdown/interval: encode_snapshot
 //! ```
 //!
@@ -40,7 +40,7 @@
 //! issue) is an I/O-layer adapter in the binary, not a core type: it keeps an [`LruTable`] as
 //! its local cache and implements the same trait on it, writes puts through to the remote
 //! asynchronously, and on a local miss the binary's async table handle may consult the remote
-//! before calling `decide`. Listeners only ever see that handle, so adding the store touches no
+//! before calling `route`. Listeners only ever see that handle, so adding the store touches no
 //! listener. See `docs/affinity-tables.md`.
 
 mod hash;
@@ -147,8 +147,10 @@ pub trait AffinityStore: fmt::Debug {
     fn stats(&self) -> TableStats;
 }
 
-/// A store bound to the current pool: lookups answer with a [`Pin`] for
-/// [`Pool::decide`], and pins are recorded by [`NodeId`]. Rebind after every reload.
+/// A store bound to a topology: lookups answer with a [`Pin`] for [`crate::route`] (or
+/// [`Pool::decide`](crate::Pool::decide)), and pins are recorded by [`NodeId`]. Holders that
+/// route over several topologies at once (generations around a reload) keep a [`Binding`]
+/// each ([`bind`](Self::bind)) and use the `_in` methods.
 #[derive(Debug)]
 pub struct AffinityTable<S: AffinityStore = LruTable> {
     store: S,

@@ -5,7 +5,7 @@
 //! name list the store owns ([`NodeNames`], append-only). After each reload a [`Binding`] maps
 //! every `NodeRef` to the new pool's `NodeId` by name, once per reload, so a lookup resolves a
 //! pin with one array index. A pin to a name the new pool lacks resolves to
-//! [`Pin::Unknown`](crate::Pin::Unknown), and `Pool::decide` re-pins it.
+//! [`Pin::Unknown`](crate::Pin::Unknown), and `route` re-pins it.
 
 use rustc_hash::FxHashMap;
 

@@ -3,9 +3,10 @@
 //! One task per (node, check) probes the node's check address every `interval` (plus or minus
 //! a random `jitter`, and a random first offset, so the checks of many nodes never align), and
 //! reports every result to a [`HealthSink`]. The sink owns the state: in limpet it is the
-//! decision core's `Pool::record_success` / `record_failure`, which applies `fall` / `rise`
-//! and says whether the node flipped. Probing never decides anything; the same state machine
-//! also takes passive failures from live traffic.
+//! node's runtime, which feeds the decision core's `Health::observe` (`CheckPassed` /
+//! `CheckFailed`); that applies `fall` / `rise` and says whether the node flipped. Probing
+//! never decides anything; the same state machine also takes passive observations from live
+//! traffic.
 //!
 //! ```text
 //!  HealthChecks::spawn ─► task per (node, check) ─ sleep(next) ─► probe::run(kind, addr, timeout)

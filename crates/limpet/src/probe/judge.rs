@@ -365,6 +365,8 @@ pub struct Summary {
     pub socket_closes: u32,
     /// Per session, whether its first accepted upgrade carried the balancer's cookie.
     pub cookie_on_101: Tally,
+    /// Accepted WebSocket upgrades over all sessions.
+    pub upgrades: u32,
 }
 
 impl Summary {
@@ -379,6 +381,15 @@ impl Summary {
             Outcome::Unjudged
         } else {
             Outcome::Kept
+        }
+    }
+
+    /// [`outcome`](Self::outcome) for a run that asked for WebSockets (`--ws`): a run in which
+    /// no upgrade was accepted did not check what it was asked to check, so it cannot pass.
+    pub fn outcome_with_ws(&self, ws_asked: bool) -> Outcome {
+        match self.outcome() {
+            Outcome::Kept if ws_asked && self.upgrades == 0 => Outcome::Unjudged,
+            o => o,
         }
     }
 }
@@ -411,6 +422,7 @@ pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> 
         s.no_answer = s.no_answer.saturating_add(v.no_answer);
         s.socket_closes = s.socket_closes.saturating_add(v.socket_closes);
         s.cookie_on_101.add(v.cookie_on_101);
+        s.upgrades = s.upgrades.saturating_add(v.upgrades);
     }
     s
 }
@@ -668,6 +680,28 @@ mod tests {
         let s = summarise(&sessions);
         assert_eq!((s.judged, s.answers, s.named_by_header), (0, 3, 0));
         assert_eq!(s.outcome(), Outcome::Unjudged);
+    }
+
+    #[test]
+    fn a_ws_run_without_an_accepted_upgrade_cannot_pass() {
+        let http_only = summarise(&[judge(&[
+            pinned(0, Via::Discovery, "a"),
+            at(0, Via::Request, "a"),
+        ])]);
+        assert_eq!(http_only.outcome_with_ws(false), Outcome::Kept);
+        assert_eq!(http_only.outcome_with_ws(true), Outcome::Unjudged);
+        let with_ws = summarise(&[judge(&[
+            pinned(0, Via::Discovery, "a"),
+            at(0, Via::Upgrade, "a"),
+            at(0, Via::Request, "a"),
+        ])]);
+        assert_eq!(with_ws.upgrades, 1);
+        assert_eq!(with_ws.outcome_with_ws(true), Outcome::Kept);
+        let broken = summarise(&[judge(&[
+            at(0, Via::Discovery, "a"),
+            at(0, Via::Request, "b"),
+        ])]);
+        assert_eq!(broken.outcome_with_ws(true), Outcome::Broken);
     }
 
     #[test]

@@ -303,6 +303,11 @@ pub(crate) fn hint(r: &Report<'_>) -> Option<String> {
             plural(s.denied, "answer", "answers"),
             if s.denied == 1 { "was" } else { "were" },
         )),
+        Outcome::Unjudged if s.judged == s.sessions && r.plan.ws_url.is_some() && s.upgrades == 0 => Some(
+            "--ws was asked, but no WebSocket upgrade was accepted, so the WebSocket's affinity \
+             was not checked: see the errors above (is the --ws path right?)"
+                .to_owned(),
+        ),
         Outcome::Unjudged if s.named_by_header == 0 => Some(format!(
             "no answer carried the node header {h}{}: is --node-header right? Pass the header \
              your nodes set to name themselves with --node-header NAME",
@@ -557,6 +562,9 @@ pub(crate) fn human(r: &Report<'_>) -> String {
             plural(s.sessions, "session", "sessions"),
             plural(s.breaks, "break", "breaks")
         ),
+        Outcome::Unjudged if s.judged == s.sessions => {
+            "CANNOT JUDGE: no WebSocket upgrade was accepted".to_owned()
+        }
         Outcome::Unjudged => format!(
             "CANNOT JUDGE: {} of {} fewer than {MIN_NAMED_ANSWERS} answers naming a node ({} \
              of {} answers named one)",

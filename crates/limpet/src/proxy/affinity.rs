@@ -83,6 +83,13 @@ impl Affinity {
         self.codec.read(value, pool, now_ms)
     }
 
+    /// The issue time a cookie written now would carry, as a later request will read it back
+    /// (signed cookies keep whole seconds; plain ones carry none). The session's spread key
+    /// is derived from it, so the first request (no cookie yet) and every later one agree.
+    pub(crate) fn issue_time(&self, now_ms: u64) -> Option<u64> {
+        matches!(self.codec, CookieCodec::Signed(_)).then_some(now_ms / 1000 * 1000)
+    }
+
     /// Node to cookie value. `issued_ms` is now for a fresh pin, the token's first issue time
     /// for a refresh (so refreshing never extends a signed token's lifetime).
     pub(crate) fn encode(

@@ -190,6 +190,8 @@ struct Presented {
     cookie: Option<CookieIn>,
     key: Option<TableKey>,
     spread: u64,
+    /// The cookie's issue time, or the one a new cookie will carry (signed cookies).
+    issued_ms: Option<u64>,
 }
 
 fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
@@ -209,11 +211,16 @@ fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
         }
     });
     let key = table_key(ctx, headers);
-    let spread = crate::runtime::spread_of(key, ctx.peer.ip(), cookie.and_then(|c| c.issued_ms));
+    // A session without a (valid) cookie yet is given the issue time its cookie will carry.
+    let issued_ms = cookie
+        .and_then(|c| c.issued_ms)
+        .or_else(|| shared.affinity.as_ref().and_then(|a| a.issue_time(now)));
+    let spread = crate::runtime::spread_of(key, ctx.peer.ip(), issued_ms);
     Presented {
         cookie,
         key: key.map(KeyRef::to_key),
         spread,
+        issued_ms,
     }
 }
 
@@ -381,12 +388,6 @@ async fn proxy(
         return unavailable(shared, id);
     };
     log.node = Some(shared.node_name(node).to_owned());
-    if in_flight.0 != node {
-        in_flight = (node, shared.state.open(node));
-    }
-    if let Some(rt) = shared.state.node_rt(node) {
-        rt.seen(p.spread);
-    }
     let mut resp = match result {
         Ok(resp) => resp,
         Err(e) if e.stage == Stage::ClientBody => {
@@ -399,6 +400,8 @@ async fn proxy(
         // No node took the request: nothing was sent anywhere.
         Err(e) if !e.sent && e.stage != Stage::ClientBody => {
             tracing::debug!(id, error = %e, "no node reachable");
+            // No node served it: the answer is limpet's, not the last node tried.
+            log.node = None;
             return unavailable(shared, id);
         }
         Err(e) if e.is_timeout() && e.stage == Stage::AnswerHead => {
@@ -414,6 +417,12 @@ async fn proxy(
         }
     };
 
+    if in_flight.0 != node {
+        in_flight = (node, shared.state.open(node));
+    }
+    if let Some(rt) = shared.state.node_rt(node) {
+        rt.seen(p.spread);
+    }
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if switching && !upgrade {
         return local(
@@ -435,7 +444,12 @@ async fn proxy(
     if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
         let now = clock::now_ms();
         let topology = shared.state.topology();
-        let value = a.encode(topology, node, issued_ms.unwrap_or(now), now);
+        let value = a.encode(
+            topology,
+            node,
+            issued_ms.or(p.issued_ms).unwrap_or(now),
+            now,
+        );
         if let Some(v) = a.set_cookie(&value, ctx.tls) {
             rheaders.append(header::SET_COOKIE, v);
         }
@@ -565,7 +579,12 @@ impl Attempt<'_> {
                     "node without connections",
                 ));
             };
-            let pooled = if force_fresh { None } else { conns.checkout() };
+            // A trial must prove the node answers now: never on a connection kept from before.
+            let pooled = if force_fresh || self.route.trial {
+                None
+            } else {
+                conns.checkout()
+            };
             let was_pooled = pooled.is_some();
             let mut sender = match pooled {
                 Some(s) => s,

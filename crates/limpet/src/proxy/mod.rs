@@ -1,7 +1,8 @@
 //! # The HTTP reverse proxy with cookie affinity
 //!
 //! A client connection is served by hyper (HTTP/1.1 with keep-alive, or h2c with prior
-//! knowledge); every request asks `limpet_core::Pool` which node it goes to, is forwarded over
+//! knowledge); every request asks the one routing step (`State::route`, over `limpet_core::route`)
+//! which node it goes to, is forwarded over
 //! a pooled HTTP/1.1 connection to that node, and its answer streams back. Bodies are never
 //! buffered whole in either direction.
 //!
@@ -9,7 +10,7 @@
 //!  TcpListener ─► server::serve ── accept (max connections) ─► task per client connection
 //!                                                                 │ hyper-util auto
 //!                                                                 ▼
-//!  affinity::read(Cookie) ─► Pin ─► Pool::decide ─► forward::handle ─► upstream::NodeConns
+//!  affinity::read(Cookie) ─► Pin ─► State::route ─► forward::handle ─► upstream::NodeConns
 //!          ▲                  (ConnCtx: first choice pinned     │  (own keep-alive pool,
 //!          │                   to the client connection)        │   configured address only)
 //!          └── Set-Cookie (affinity::encode) ◄── answer ◄───────┘

@@ -37,7 +37,7 @@ use crate::runtime::{ConnPin, Runtime, State, Table};
 /// runtime's pool and table (shared with every other listener).
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// The runtime state this was built from: the one pool, the shared tables.
+    /// The runtime state (generation) this was built from: its topology, the shared tables.
     pub(crate) state: Arc<State>,
     pub(crate) def: Arc<ListenerDef>,
     /// The affinity table this listener names (shared with other listeners).

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::health::{CheckDetail, HealthSink};
 use crate::lifecycle::lock;
 use crate::metrics::Metrics;
-use crate::runtime::{Runtime, State, Table};
+use crate::runtime::{stopped, Runtime, State, Table};
 
 /// Health check results into the runtime's state machine.
 #[derive(Debug)]
@@ -398,10 +398,6 @@ async fn reload_locked(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
         generation: life.reloaded(),
         changes,
     })
-}
-
-async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// Starts the lifecycle of a running limpet: its health checks, its admin listener (when

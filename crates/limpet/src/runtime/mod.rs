@@ -274,6 +274,12 @@ impl State {
         let topology =
             Topology::with_weights(config.nodes.iter().map(|n| (n.name.as_str(), n.weight)))
                 .map_err(|e| e.to_string())?;
+        let mut tables = BTreeMap::new();
+        for t in &config.tables {
+            tables.insert(t.name.clone(), Arc::new(Table::new(t.clone(), &topology)?));
+        }
+        // Only once nothing else can fail: a refused reload leaves the node runtimes as they
+        // were.
         let nodes: Vec<NodeSlot> = config
             .nodes
             .iter()
@@ -287,10 +293,6 @@ impl State {
                 }
             })
             .collect();
-        let mut tables = BTreeMap::new();
-        for t in &config.tables {
-            tables.insert(t.name.clone(), Arc::new(Table::new(t.clone(), &topology)?));
-        }
         let listeners = config
             .listeners
             .iter()
