@@ -194,7 +194,7 @@ table = "by-id"
         "mode = \"tcp\"\nnode_port = 5555\nbalance = \"round-robin\"\ntable = \"terminal\"\nclose_on_node_down = false\n".to_owned(),
         "connect = \"1s500ms\"\nidle = \"10m\"\n".to_owned(),
         // A listener with a table and no cookie section has no cookie, said explicitly.
-        "table = \"by-id\"\ntrusted_proxies = []\nmax_connections = 10000\n\n[listeners.cookie]\nenabled = false\n".to_owned(),
+        "table = \"by-id\"\nclose_on_node_down = true\ntrusted_proxies = []\nmax_connections = 10000\n\n[listeners.cookie]\nenabled = false\n".to_owned(),
         "max_age = \"8h\"\nhttp_only = true\nsecure = false\nsame_site = \"strict\"\nkeep_in_request = false\nfailback = \"home\"\nmode = \"signed\"\n".to_owned(),
         "max_idle = \"30m\"\nmax_lifetime = \"12h\"\n".to_owned(),
     ] {

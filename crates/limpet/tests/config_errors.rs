@@ -116,6 +116,12 @@ fn haproxy_and_nginx_names_get_the_limpet_key() {
             "did you mean `tables`? (HAProxy's `stick-table`)",
         ),
         (
+            "[[tables]]\nname = \"t\"\nstore-response = \"Mcp-Session-Id\"\n".into(),
+            "store-response",
+            "tables[0].store-response",
+            "did you mean `learn_header`? (HAProxy's `store-response`); a table keyed on a header the node's answer sets",
+        ),
+        (
             format!("{L}timeout_server = \"30s\"\n"),
             "timeout_server",
             "listeners[0].timeout_server",

@@ -172,7 +172,10 @@ async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
         .await
         .unwrap_or_else(|_| panic!("no close frame"));
     match m {
-        Some(Ok(Message::Close(Some(f)))) => assert_eq!(f.code, CloseCode::Away),
+        Some(Ok(Message::Close(Some(f)))) => {
+            assert_eq!(f.code, CloseCode::Away);
+            assert_eq!(f.reason.as_ref(), "limpet shutting down");
+        }
         other => panic!("expected close 1001, got {other:?}"),
     }
     // The request in flight finishes.

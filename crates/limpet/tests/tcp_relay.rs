@@ -170,6 +170,19 @@ async fn close_on_node_down_can_be_turned_off() {
         .expect("echo in time")
         .expect("echo");
     assert_eq!(&b, b"still here");
+    // MAINT is the operator taking the node out: it closes the session whatever
+    // `close_on_node_down` says.
+    assert!(state
+        .set_admin(&home, limpet_core::AdminState::Maint)
+        .is_some());
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut rest))
+        .await
+        .expect("the session closes on MAINT");
+    assert!(
+        matches!(end, Ok(0)) || end.is_err(),
+        "closed, not relaying: {end:?} {rest:?}"
+    );
     drop(state);
     running.stop().await;
     for n in &mut nodes {

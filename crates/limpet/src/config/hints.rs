@@ -105,7 +105,7 @@ static ALIASES: &[Alias] = &[
     // Affinity.
     Alias {
         names: &[(H, "stick-table"), (H, "stick-tables")],
-        within: &[""],
+        within: &["", "nodes"],
         key: "tables",
         place: "`[[tables]]`",
         note: TABLE_NOTE,
@@ -137,6 +137,17 @@ static ALIASES: &[Alias] = &[
         key: "key",
         place: "`[[tables]]`",
         note: "`stick-table type ip` is `key = \"source-ip\"`; a header or cookie is `header = \"X-...\"` or `app_cookie = \"NAME\"`",
+    },
+    Alias {
+        names: &[
+            (H, "stick store-response"),
+            (H, "store-response"),
+            (N, "sticky learn"),
+        ],
+        within: &[],
+        key: "learn_header",
+        place: "`[[tables]]`",
+        note: "a table keyed on a header the node's answer sets (e.g. `learn_header = \"Mcp-Session-Id\"`): later requests carrying it go to that node",
     },
     Alias {
         names: &[(H, "appsession")],

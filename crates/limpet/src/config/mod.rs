@@ -201,7 +201,8 @@ pub struct ProxyProtocolDef {
 pub struct TcpDef {
     /// A session with no bytes either way for this long is closed.
     pub idle: Duration,
-    /// Close a node's open sessions the moment it goes DOWN or MAINT.
+    /// Close a node's open TCP sessions and tunnels the moment it goes DOWN (MAINT closes
+    /// them whatever this says).
     pub close_on_node_down: bool,
 }
 

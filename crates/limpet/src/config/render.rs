@@ -213,9 +213,7 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     if let Some(t) = &l.table {
         w!(o, "table = {}", q(t));
     }
-    if !http {
-        w!(o, "close_on_node_down = {}", l.tcp.close_on_node_down);
-    }
+    w!(o, "close_on_node_down = {}", l.tcp.close_on_node_down);
     if http || !l.trusted_proxies.is_empty() {
         w!(o, "trusted_proxies = {}", list(&l.trusted_proxies));
     }
@@ -256,10 +254,11 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
             .and_then(|u| u.server_name.as_deref())
         {
             Some(n) => w!(o, "server_name = {}", q(n)),
-            None => w!(
+            None if u.ca.is_some() => w!(
                 o,
                 "# no server_name: each node's IP address is sent and verified"
             ),
+            None => w!(o, "# no server_name, nothing verified"),
         }
     }
     let pp = &l.proxy_protocol;

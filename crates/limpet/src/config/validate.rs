@@ -513,13 +513,8 @@ impl Validator<'_> {
             }
         }
         if let Some(c) = &l.close_on_node_down {
-            if mode == Mode::Http {
-                return Err(self.err(
-                    c,
-                    format!("{key}.close_on_node_down"),
-                    "only for mode = \"tcp\" (HTTP requests re-pin one by one)",
-                ));
-            }
+            // TCP sessions, and on an HTTP listener its tunnels (WebSocket and other
+            // upgrades); HTTP requests re-pin one by one whatever it says.
             tcp.close_on_node_down = *c.get_ref();
         }
         if let Some(pp) = &l.proxy_protocol {

@@ -478,6 +478,7 @@ async fn proxy(
                 websocket,
                 node: Arc::clone(rt),
                 spread: p.spread,
+                close_on_down: shared.def.tcp.close_on_node_down,
                 _open: rt.open(),
                 _tunnel: rt.tunnel(),
             },

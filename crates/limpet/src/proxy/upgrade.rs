@@ -29,6 +29,8 @@ pub(crate) struct NodeTunnel {
     pub(crate) websocket: bool,
     pub(crate) node: Arc<crate::nodes::NodeRuntime>,
     pub(crate) spread: u64,
+    /// The listener's `close_on_node_down`: end the tunnel when the node goes DOWN.
+    pub(crate) close_on_down: bool,
     pub(crate) _open: crate::nodes::ConnGuard,
     pub(crate) _tunnel: crate::nodes::TunnelGuard,
 }
@@ -53,14 +55,16 @@ pub(crate) fn spawn_tunnel(
             websocket,
             node,
             spread,
+            close_on_down,
             _open,
             _tunnel,
         } = node;
         let closing = async move {
             tokio::select! {
                 () = crate::drain::turned_true(draining) => "limpet shutting down",
-                // WebSocket tunnels do not end on DOWN: the node's own close ends them.
-                r = node.session_end(spread, false) => crate::drain::close_reason(r),
+                // On DOWN too (by default): the session's HTTP requests already go to another
+                // node, and a tunnel left on the old one would split the session.
+                r = node.session_end(spread, close_on_down) => crate::drain::close_reason(r),
             }
         };
         if websocket {
