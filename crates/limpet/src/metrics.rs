@@ -149,6 +149,18 @@ pub enum PinOutcome {
 }
 
 impl PinOutcome {
+    /// The pin outcome of a route (`None` when no node could take it).
+    pub fn of_route(o: limpet_core::Outcome) -> Option<Self> {
+        use limpet_core::Outcome;
+        Some(match o {
+            // Failback honours the session's home pin.
+            Outcome::Sticky | Outcome::TableHit | Outcome::Failback => PinOutcome::Sticky,
+            Outcome::Fresh => PinOutcome::New,
+            Outcome::Repin(r) => PinOutcome::Repinned(r),
+            Outcome::None => return None,
+        })
+    }
+
     /// The outcome of a core decision (`None` for `Unavailable`).
     pub fn of(decision: &Decision) -> Option<Self> {
         match *decision {

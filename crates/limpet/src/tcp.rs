@@ -343,6 +343,9 @@ async fn connect(
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
                 state.observe(node, Observation::TrafficOk);
+                if let Some(o) = crate::metrics::PinOutcome::of_route(route.outcome) {
+                    state.lifecycle.metrics.pin(&def.name, o);
+                }
                 return Some(Connected {
                     node,
                     stream,
@@ -454,6 +457,11 @@ async fn session(
     };
     match relay(client, upstream, def.tcp.idle, stop).await {
         RelayEnd::Done(up, down) => {
+            // Counted when the session ends: the stats page's bytes of a node include its
+            // TCP sessions once they close.
+            let traffic = state.lifecycle.metrics.node_traffic(&node_name);
+            traffic.add_in(up);
+            traffic.add_out(down);
             tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended")
         }
         RelayEnd::Error(e) => {

@@ -189,3 +189,54 @@ async fn close_on_node_down_can_be_turned_off() {
         n.kill().await;
     }
 }
+
+/// TCP sessions show on the stats page and in metrics like HTTP requests do: each session's
+/// routing outcome is counted (new, then sticky through the table), and its bytes count toward
+/// its node once it ends.
+#[tokio::test]
+async fn tcp_sessions_count_their_pin_outcome_and_their_bytes() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        ports.tcp,
+        "",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let state = running.runtime().state();
+    let metrics = std::sync::Arc::clone(&state.lifecycle.metrics);
+    let (mut s, node) = tcp_session("127.0.0.61", addr).await;
+    s.write_all(b"twelve bytes").await.expect("write");
+    let mut b = [0u8; 12];
+    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    drop(s);
+    let (s2, again) = tcp_session("127.0.0.61", addr).await;
+    assert_eq!(again, node);
+    drop(s2);
+    let t = metrics.totals();
+    assert_eq!((t.new, t.sticky), (1, 1), "{t:?}");
+    // The relay ends once it sees the client's close: wait for it, bounded.
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    loop {
+        let v = metrics.traffic(&node, limpet::clock::now_ms());
+        // In: the 12 bytes sent. Out: the node's greeting lines and the echo.
+        if v.bytes_in >= 12 && v.bytes_out >= 12 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "bytes never counted: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(state);
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

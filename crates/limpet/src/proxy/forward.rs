@@ -51,17 +51,6 @@ fn outcome_text(outcome: Outcome, affinity: bool) -> String {
 }
 
 /// The outcome as the metrics count it.
-fn pin_outcome(o: Outcome) -> Option<crate::metrics::PinOutcome> {
-    use crate::metrics::PinOutcome;
-    Some(match o {
-        // Failback honours the session's home pin.
-        Outcome::Sticky | Outcome::TableHit | Outcome::Failback => PinOutcome::Sticky,
-        Outcome::Fresh => PinOutcome::New,
-        Outcome::Repin(r) => PinOutcome::Repinned(r),
-        Outcome::None => return None,
-    })
-}
-
 /// The access log line, filled in as the request progresses.
 struct Access<'a> {
     id: &'a str,
@@ -112,7 +101,7 @@ pub(crate) async fn handle(
     let (life, listener) = (&ctx.shared.state.lifecycle, &ctx.shared.def.name);
     life.metrics
         .request(listener, log.node.as_deref(), resp.status().as_u16());
-    if let Some(o) = outcome.and_then(pin_outcome) {
+    if let Some(o) = outcome.and_then(crate::metrics::PinOutcome::of_route) {
         life.metrics.pin(listener, o);
     }
     Ok(resp.map(|b| b.with_guard(guard)))
