@@ -5,10 +5,11 @@
 //!    fresh-session GET load fails no request and leaves both nodes in rotation.
 //! 2. A hung node (its kernel completes handshakes, nothing ever answers) goes DOWN under
 //!    steady traffic within `fall × (interval + timeout)`, and new sessions are then served.
-//! 3. State set after a reload reaches connections opened before it: MAINT re-pins the next
-//!    request of pre-reload HTTP/1.1 and HTTP/2 connections and closes a pre-reload TCP
-//!    session; a DOWN by active checks closes one (`close_on_node_down`); a drain deadline
-//!    ends one by deadline + spread.
+//! 3. State set after a reload reaches connections opened before it: MAINT, a DOWN by active
+//!    checks and a drain deadline each re-pin the next request of pre-reload HTTP/1.1 and
+//!    HTTP/2 connections and close a pre-reload TCP session (DOWN: `close_on_node_down`;
+//!    drain: by deadline + spread); a reload that renumbers the nodes keeps pre-reload
+//!    connections reading and writing pins by node name.
 
 mod admin_common;
 
@@ -1048,6 +1049,37 @@ fn two_listener_config(port: u16, raw_extra: &str, tail: &str) -> String {
     )
 }
 
+/// Pre-reload HTTP/1.1 and HTTP/2 connections whose requests carry the cookie `route=a`: each
+/// answered by a.
+async fn h1_and_h2_on_a(web: SocketAddr) -> (H1, H2) {
+    let mut h1 = H1::open(web).await;
+    let mut h2 = H2::open(web).await;
+    for (what, a) in [
+        ("HTTP/1.1", h1.get(Some("route=a")).await),
+        ("HTTP/2", h2.get(Some("route=a")).await),
+    ] {
+        let a = a.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!((a.status, a.node.as_str()), (200, "a"), "{what}: {a:?}");
+    }
+    (h1, h2)
+}
+
+/// The next request (cookie `route=a`) on each of the pre-reload connections is re-pinned to
+/// b: answered by b with `Set-Cookie: route=b`, on the same connection.
+async fn h1_and_h2_move_to_b(h1: &mut H1, h2: &mut H2, after: &str) {
+    for (what, a) in [
+        ("HTTP/1.1", h1.get(Some("route=a")).await),
+        ("HTTP/2", h2.get(Some("route=a")).await),
+    ] {
+        let a = a.unwrap_or_else(|e| panic!("pre-reload {what} connection after {after}: {e}"));
+        assert_eq!(
+            (a.status, a.node.as_str(), a.set_cookie.as_deref()),
+            (200, "b", Some("route=b")),
+            "pre-reload {what} connection after {after}"
+        );
+    }
+}
+
 /// Reloads (the config file rewritten with a trivial change) and checks it was taken.
 async fn reload_trivially(l: &Limpet, cfg: &ConfigFile, text: &str) {
     cfg.write(&format!("{text}\n# reloaded by failure_recovery\n"));
@@ -1249,7 +1281,7 @@ async fn a_pre_reload_connection_reads_and_writes_pins_by_node_name_after_nodes_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session() {
+async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session_and_moves_h1_and_h2() {
     let (_nodes, port) = backend_nodes(&AB).await;
     // a's checks probe a port of their own (`check_port`), so the check can fail while a's
     // service, and the session relayed to it, stay up: only the DOWN can close the session.
@@ -1291,6 +1323,7 @@ async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let (mut tcp, src) = tcp_session_on(l.addr("raw"), "a", 60).await;
+    let (mut h1, mut h2) = h1_and_h2_on_a(l.addr("web")).await;
 
     reload_trivially(&l, &cfg, &text).await;
     assert_eq!(
@@ -1316,17 +1349,21 @@ async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session() {
         Err(v) => panic!("a not DOWN: {v}"),
     };
     assert_eq!(v["healthy"], false, "{v}");
+    // The pre-reload HTTP connections follow the DOWN too.
+    h1_and_h2_move_to_b(&mut h1, &mut h2, "a went DOWN").await;
     eprintln!("session closed {closed:?} after the check target died");
     l.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_deadline_after_a_reload_ends_a_pre_reload_tcp_session_by_deadline_plus_spread() {
+async fn a_drain_deadline_after_a_reload_ends_pre_reload_tcp_h1_and_h2_sessions_by_deadline_plus_spread(
+) {
     let (_nodes, port) = backend_nodes(&AB).await;
     let text = two_listener_config(port, "", "");
     let cfg = ConfigFile::new("reload-drain", &text);
     let l = Limpet::start(&cfg).await;
     let (mut tcp, src) = tcp_session_on(l.addr("raw"), "a", 80).await;
+    let (mut h1, mut h2) = h1_and_h2_on_a(l.addr("web")).await;
 
     reload_trivially(&l, &cfg, &text).await;
     assert_eq!(
@@ -1368,6 +1405,13 @@ async fn a_drain_deadline_after_a_reload_ends_a_pre_reload_tcp_session_by_deadli
         ended + Duration::from_millis(50) >= DEADLINE,
         "ended {ended:?} after the drain was asked, before its deadline {DEADLINE:?}"
     );
+    // Past the deadline and the whole spread window, the pre-reload HTTP connections'
+    // sessions re-pin too. (Their moment in the window is their own, not the TCP session's,
+    // so the wait is for the window's end: a rule on the clock, tested on a virtual clock in
+    // the core and here end to end.)
+    let past = asked + DEADLINE + SPREAD + Duration::from_millis(50);
+    tokio::time::sleep_until(past).await;
+    h1_and_h2_move_to_b(&mut h1, &mut h2, "the drain deadline and spread").await;
     eprintln!("session ended {ended:?} after the drain (deadline {DEADLINE:?}, spread {SPREAD:?})");
     l.stop().await;
 }
