@@ -91,8 +91,19 @@ fn rebuild_keeps_the_rotation() {
 
 /// A fresh assignment through the one routing decision (no cookie, no table).
 fn fresh(state: &State) -> Option<String> {
+    route_keyed(state, None).0
+}
+
+/// A route with no cookie, over table `t` keyed by `client` (a source IP) when given: the
+/// node and whether the route is a trial.
+fn route_keyed(state: &State, client: Option<&str>) -> (Option<String>, bool) {
+    let key = client.map(|c| {
+        let ip: IpAddr = c.parse().unwrap_or_else(|e| panic!("{e}"));
+        KeyRef::ip(ip, Default::default())
+    });
+    let table = key.map(|k| (&**state.table("t").unwrap_or_else(|| panic!("no table")), k));
     let r = state.route(
-        None,
+        table,
         RouteInput {
             cookie: None,
             failback: false,
@@ -106,12 +117,9 @@ fn fresh(state: &State) -> Option<String> {
         None,
         std::time::Duration::from_secs(1),
     );
-    r.node.map(|id| state.node_name(id).to_owned())
+    (r.node.map(|id| state.node_name(id).to_owned()), r.trial)
 }
 
-/// Two threads routing fresh sessions at once never take the same turn of the rotation: over
-/// two equal nodes, every turn goes to one node and the next to the other, so the counts come
-/// out exactly even (a turn read by both threads would send both sessions to one node).
 #[test]
 fn concurrent_fresh_routes_never_share_a_turn_of_the_rotation() {
     const PER_THREAD: usize = 20_000;
@@ -141,28 +149,6 @@ fn concurrent_fresh_routes_never_share_a_turn_of_the_rotation() {
     assert_eq!(state.rotation(), 2 * PER_THREAD as u64);
 }
 
-/// A fresh route over `table`'s key `client` (source IP), its outcome and whether it is a trial.
-fn fresh_keyed(state: &State, client: &str) -> (Option<String>, bool) {
-    let ip: IpAddr = client.parse().unwrap_or_else(|e| panic!("{e}"));
-    let table = state.table("t").unwrap_or_else(|| panic!("no table"));
-    let r = state.route(
-        Some((table, KeyRef::ip(ip, Default::default()))),
-        RouteInput {
-            cookie: None,
-            failback: false,
-            conn_pin: None,
-            table: None,
-            spread_key: 0,
-            balance: Balance::RoundRobin,
-            exclude: &[],
-            now_ms: now_ms(),
-        },
-        None,
-        std::time::Duration::from_secs(1),
-    );
-    (r.node.map(|id| state.node_name(id).to_owned()), r.trial)
-}
-
 /// A DOWN node's trial is claimed inside the route, before anything is written: the session
 /// that wins it is pinned to the node on trial, and a second session routed while the trial
 /// is held goes elsewhere, with its table entry naming where it went (not the node on trial).
@@ -180,17 +166,20 @@ async fn a_held_trial_sends_the_next_session_elsewhere_and_pins_it_there() {
         "a is DOWN by passive failures"
     );
     // Before fail_timeout, nothing goes to a.
-    assert_eq!(fresh_keyed(&state, "10.0.0.1"), (Some("b".into()), false));
+    assert_eq!(
+        route_keyed(&state, Some("10.0.0.1")),
+        (Some("b".into()), false)
+    );
     tokio::time::advance(std::time::Duration::from_secs(11)).await;
 
     assert_eq!(
-        fresh_keyed(&state, "10.0.0.2"),
+        route_keyed(&state, Some("10.0.0.2")),
         (Some("a".into()), true),
         "after fail_timeout the next fresh session tries a"
     );
     assert_eq!(pin(&state, "10.0.0.2").as_deref(), Some("a"));
     assert_eq!(
-        fresh_keyed(&state, "10.0.0.3"),
+        route_keyed(&state, Some("10.0.0.3")),
         (Some("b".into()), false),
         "a's trial is held: the next session goes to b"
     );

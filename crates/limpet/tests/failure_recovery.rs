@@ -866,16 +866,11 @@ async fn new_sessions_are_served(addr: SocketAddr) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_node_goes_down_under_steady_traffic_and_new_sessions_are_served() {
+/// A checked listener (`listener` lines under it) over a hung a and a live b: under steady
+/// new sessions a goes DOWN within the bound, new sessions are then served, and a stays DOWN.
+async fn hung_node_goes_down_through(tag: &str, listener: &str) {
     let (hung, port, mut b) = hung_a_and_live_b().await;
-    // HTTP: a short answer timeout, so a request that meets the hung node fails over (GET)
-    // and counts as a failure.
-    let text = hung_config(
-        port,
-        "timeouts = { upstream_answer = \"300ms\", drain = \"1s\" }\n",
-    );
-    let cfg = ConfigFile::new("hung-http", &text);
+    let cfg = ConfigFile::new(tag, &hung_config(port, listener));
     let l = Limpet::start(&cfg).await;
     let started = Instant::now();
     steady_sessions_until_a_is_down(&l, l.addr("l"), started).await;
@@ -891,29 +886,27 @@ async fn a_hung_node_goes_down_under_steady_traffic_and_new_sessions_are_served(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_goes_down_under_steady_traffic_and_new_sessions_are_served() {
+    // HTTP: a short answer timeout, so a request that meets the hung node fails over (GET)
+    // and counts as a failure.
+    hung_node_goes_down_through(
+        "hung-http",
+        "timeouts = { upstream_answer = \"300ms\", drain = \"1s\" }\n",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_node_goes_down_by_its_checks_although_every_tcp_connect_to_it_completes() {
     // TCP: a relay has no answer timeout, so the only traffic signal is a connect that
     // completes (into the hung node's backlog), one every ~60 ms, more often than checks fail.
     // If a completed connect counted as a success it would reset the check failures and keep
     // the hung node UP.
-    let (hung, port, mut b) = hung_a_and_live_b().await;
-    let text = hung_config(
-        port,
+    hung_node_goes_down_through(
+        "hung-tcp",
         "mode = \"tcp\"\ntimeouts = { connect = \"1s\", drain = \"1s\" }\n",
-    );
-    let cfg = ConfigFile::new("hung-tcp", &text);
-    let l = Limpet::start(&cfg).await;
-    let started = Instant::now();
-    steady_sessions_until_a_is_down(&l, l.addr("l"), started).await;
-    new_sessions_are_served(l.addr("l")).await;
-    let view = node_view(&l, "a").await;
-    assert_eq!(
-        view["state"], "DOWN",
-        "completed connects never bring a checked node back: {view}"
-    );
-    l.stop().await;
-    drop(hung);
-    b.kill().await;
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
