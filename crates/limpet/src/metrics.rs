@@ -35,7 +35,10 @@
 //! (`traffic`: requests, errors, bytes, answer-time quantiles and a five-minute history)
 //! feeds its node table and charts.
 
+mod handles;
 mod traffic;
+
+pub use handles::ListenerMetrics;
 
 pub use traffic::{
     HistoryView, NodeHistoryView, NodeTraffic, TrafficView, HISTORY_SAMPLES, LATENCY_WINDOW,
@@ -44,7 +47,6 @@ pub use traffic::{
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use limpet_core::{Decision, RepinReason, Transition};
 use prometheus_client::encoding::text::encode;
@@ -348,34 +350,6 @@ impl Metrics {
         m
     }
 
-    /// A request on `listener` was answered with `status` by `node` (or by limpet itself when
-    /// `node` is `None`, e.g. a 503 when no node is available). `status` 0 means no answer.
-    pub fn request(&self, listener: &str, node: Option<&str>, status: u16) {
-        let class = match status {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            500..=599 => "5xx",
-            _ => "error",
-        };
-        self.requests
-            .get_or_create(&RequestLabels {
-                listener: listener.to_owned(),
-                node: node.unwrap_or("").to_owned(),
-                class,
-            })
-            .inc();
-        self.totals.requests.fetch_add(1, Ordering::Relaxed);
-        let error = !(100..500).contains(&status);
-        if error {
-            self.totals.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(node) = node {
-            self.node_traffic(node).request(error);
-        }
-    }
-
     /// A routing decision's pin outcome on `listener`.
     pub fn pin(&self, listener: &str, outcome: PinOutcome) {
         let (name, reason) = match outcome {
@@ -421,17 +395,6 @@ impl Metrics {
             })
             .inc();
         self.totals.transitions.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A node answered a request's head after `elapsed`.
-    pub fn upstream_latency(&self, listener: &str, node: &str, elapsed: Duration) {
-        self.latency
-            .get_or_create(&LatencyLabels {
-                listener: listener.to_owned(),
-                node: node.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
-        self.node_traffic(node).answer_time(elapsed);
     }
 
     /// The traffic counters of `node`, for the data plane to count bytes into.
@@ -598,12 +561,14 @@ impl Metrics {
 mod tests {
     use super::*;
     use limpet_core::NodeId;
+    use std::time::Duration;
 
     #[test]
     fn hooks_show_up_in_the_text_format() {
-        let m = Metrics::new();
-        m.request("web", Some("a"), 200);
-        m.request("web", None, 503);
+        let m = std::sync::Arc::new(Metrics::new());
+        let web = ListenerMetrics::new(&m, "web", ["a"]);
+        web.request(Some(NodeId(0)), 200);
+        web.request(None, 503);
         m.decision("web", &Decision::Sticky(NodeId(0)));
         m.decision(
             "web",
@@ -613,7 +578,7 @@ mod tests {
             },
         );
         m.health_transition("a", Transition::WentDown);
-        m.upstream_latency("web", "a", Duration::from_millis(3));
+        web.upstream_latency(NodeId(0), Duration::from_millis(3));
         m.table_evictions("by-ip", 2);
         m.reload(false);
         m.set_gauges(
@@ -719,12 +684,13 @@ mod tests {
 
     #[test]
     fn requests_and_answer_times_feed_the_node_traffic() {
-        let m = Metrics::new();
-        m.request("web", Some("a"), 200);
-        m.request("web", Some("a"), 502);
-        m.request("web", Some("a"), 0);
-        m.request("web", None, 503);
-        m.upstream_latency("web", "a", Duration::from_millis(40));
+        let m = std::sync::Arc::new(Metrics::new());
+        let web = ListenerMetrics::new(&m, "web", ["a"]);
+        web.request(Some(NodeId(0)), 200);
+        web.request(Some(NodeId(0)), 502);
+        web.request(Some(NodeId(0)), 0);
+        web.request(None, 503);
+        web.upstream_latency(NodeId(0), Duration::from_millis(40));
         m.node_traffic("a").add_out(1234);
         let v = m.traffic("a", crate::clock::now_ms());
         assert_eq!((v.requests, v.errors, v.bytes_out), (3, 2, 1234));

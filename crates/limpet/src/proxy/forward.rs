@@ -50,26 +50,34 @@ fn outcome_text(outcome: Outcome, affinity: bool) -> String {
     }
 }
 
-/// The outcome as the metrics count it.
-/// The access log line, filled in as the request progresses.
+/// The access log line, filled in as the request progresses. It keeps ids, not text: the
+/// line is only formatted when the access log is on.
 struct Access<'a> {
     id: &'a str,
     method: Method,
-    path: String,
-    node: Option<String>,
-    outcome: Option<String>,
+    uri: Uri,
+    node: Option<NodeId>,
+    outcome: Option<Outcome>,
     start: Instant,
 }
 
 impl Access<'_> {
-    fn emit(&self, status: StatusCode) {
-        let node = self.node.as_deref().unwrap_or("-");
-        let pin = self.outcome.as_deref().unwrap_or("-");
+    fn emit(&self, shared: &Shared, status: StatusCode) {
+        if !tracing::enabled!(target: "limpet::access", tracing::Level::INFO) {
+            return;
+        }
+        let node = self.node.map_or("-", |n| shared.node_name(n));
+        let pin = self.outcome.map_or_else(
+            || "-".to_owned(),
+            |o| outcome_text(o, shared.affinity.is_some() || shared.table.is_some()),
+        );
+        // The path only: query strings often carry tokens that do not belong in logs.
+        let path: String = self.uri.path().chars().take(256).collect();
         tracing::info!(
             target: "limpet::access",
             id = %self.id,
             method = %self.method,
-            path = %self.path,
+            path = %path,
             node = %node,
             status = status.as_u16(),
             pin = %pin,
@@ -88,21 +96,18 @@ pub(crate) async fn handle(
     let mut log = Access {
         id: &id,
         method: req.method().clone(),
-        // The path only: query strings often carry tokens that do not belong in logs.
-        path: req.uri().path().chars().take(256).collect(),
+        uri: req.uri().clone(),
         node: None,
         outcome: None,
         start: Instant::now(),
     };
-    let mut outcome = None;
-    let resp = proxy(&ctx, req, &mut log, &mut outcome).await;
-    log.emit(resp.status());
-    // Node lifecycle: metrics hooks.
-    let (life, listener) = (&ctx.shared.state.lifecycle, &ctx.shared.def.name);
-    life.metrics
-        .request(listener, log.node.as_deref(), resp.status().as_u16());
-    if let Some(o) = outcome.and_then(crate::metrics::PinOutcome::of_route) {
-        life.metrics.pin(listener, o);
+    let resp = proxy(&ctx, req, &mut log).await;
+    let shared = &ctx.shared;
+    log.emit(shared, resp.status());
+    // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
+    shared.metrics.request(log.node, resp.status().as_u16());
+    if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
+        shared.metrics.pin(o);
     }
     Ok(resp.map(|b| b.with_guard(guard)))
 }
@@ -276,7 +281,6 @@ async fn proxy(
     ctx: &Arc<ConnCtx>,
     mut req: Request<Incoming>,
     log: &mut Access<'_>,
-    outcome: &mut Option<Outcome>,
 ) -> Response<ProxyBody> {
     let shared = &ctx.shared;
     let id = log.id;
@@ -368,15 +372,11 @@ async fn proxy(
     };
     let result = attempt.run(head, up_body, body_done).await;
     let chosen = attempt.route;
-    *outcome = Some(chosen.outcome);
-    log.outcome = Some(outcome_text(
-        chosen.outcome,
-        shared.affinity.is_some() || shared.table.is_some(),
-    ));
+    log.outcome = Some(chosen.outcome);
     let Some(node) = chosen.node else {
         return unavailable(shared, id);
     };
-    log.node = Some(shared.node_name(node).to_owned());
+    log.node = Some(node);
     let mut resp = match result {
         Ok(resp) => resp,
         Err(e) if e.stage == Stage::ClientBody => {
@@ -474,14 +474,11 @@ async fn proxy(
         );
         return out;
     }
-    let body = ProxyBody::upstream(rbody).counted(
-        shared
-            .state
-            .lifecycle
-            .metrics
-            .node_traffic(shared.node_name(node)),
-        &request_bytes,
-    );
+    let body = ProxyBody::upstream(rbody);
+    let body = match shared.metrics.node_traffic(node) {
+        Some(t) => body.counted(Arc::clone(t), &request_bytes),
+        None => body,
+    };
     out.map(|_| match in_flight.1 {
         Some(guard) => body.with_node_guard(guard),
         None => body,
@@ -624,11 +621,7 @@ impl Attempt<'_> {
                     }
                     // An answer: resets the failure streak (the core ignores it with checks).
                     shared.state.observe(node, Observation::TrafficOk);
-                    shared.state.lifecycle.metrics.upstream_latency(
-                        &shared.def.name,
-                        shared.node_name(node),
-                        sent_at.elapsed(),
-                    );
+                    shared.metrics.upstream_latency(node, sent_at.elapsed());
                     return Ok(resp);
                 }
                 // No answer within the answer timeout: the node is hung or overloaded.

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     ids: Arc<RequestIds>,
     /// Turns true when the listener starts draining; tunnels watch it too.
     pub(crate) draining: watch::Receiver<bool>,
+    /// This listener's metric series over this generation's nodes, resolved once.
+    pub(crate) metrics: crate::metrics::ListenerMetrics,
 }
 
 impl Shared {
@@ -99,7 +101,13 @@ impl Shared {
                 "max header bytes must be at least 8192 and max connections at least 1".into(),
             ));
         }
+        let metrics = crate::metrics::ListenerMetrics::new(
+            &state.lifecycle.metrics,
+            &def.name,
+            state.nodes().iter().map(|n| n.name.as_str()),
+        );
         Ok(Shared {
+            metrics,
             trusted: def.trusted_proxies.clone(),
             limits: def.limits,
             timeouts: def.timeouts,
