@@ -115,7 +115,10 @@ impl Default for Limits {
             max_uri_bytes: 8 * 1024,
             max_client_connections: 10_000,
             h2_max_concurrent_streams: 128,
-            max_idle_per_node: 64,
+            // A bound, not a target: the pool only keeps connections that were in use, so it
+            // follows demand. 64 made HTTP/2 clients with 100+ streams in flight open and
+            // close a node connection for most requests.
+            max_idle_per_node: 1024,
         }
     }
 }
