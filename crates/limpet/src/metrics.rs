@@ -99,6 +99,12 @@ struct TableLabels {
     table: String,
 }
 
+/// `limpet_store_ops_total{op}`: commands sent to the shared store by kind (fleet mode).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreOpLabels {
+    pub op: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
@@ -199,6 +205,9 @@ pub struct Metrics {
     node_seen: Family<NodeLabels, Gauge>,
     node_state: Family<NodeStateLabels, Gauge>,
     table_entries: Family<TableLabels, Gauge>,
+    /// Fleet mode: a series only when a `[store]` is configured.
+    store_up: Family<Vec<(String, String)>, Gauge>,
+    store_ops: Family<StoreOpLabels, Counter>,
     totals: Totals,
     /// Per-node traffic for the stats page.
     traffic: traffic::Traffic,
@@ -250,6 +259,8 @@ impl Metrics {
         let node_seen = Family::<NodeLabels, Gauge>::default();
         let node_state = Family::<NodeStateLabels, Gauge>::default();
         let table_entries = Family::<TableLabels, Gauge>::default();
+        let store_up = Family::<Vec<(String, String)>, Gauge>::default();
+        let store_ops = Family::<StoreOpLabels, Counter>::default();
         registry.register(
             "limpet_requests",
             "Requests answered, by listener, node and status class",
@@ -310,6 +321,16 @@ impl Metrics {
             "Entries held in an affinity table",
             Eager(table_entries.clone()),
         );
+        registry.register(
+            "limpet_store_up",
+            "1 while the shared store (fleet mode) answers, 0 while its circuit breaker is open",
+            store_up.clone(),
+        );
+        registry.register(
+            "limpet_store_ops",
+            "Commands sent to the shared store, by kind (get, create, overwrite, refresh), and adopted pins, applied invalidations and errors",
+            store_ops.clone(),
+        );
         let m = Metrics {
             registry,
             requests,
@@ -324,6 +345,8 @@ impl Metrics {
             node_seen,
             node_state,
             table_entries,
+            store_up,
+            store_ops,
             totals: Totals::default(),
             traffic: traffic::Traffic::default(),
             evictions_seen: Default::default(),
@@ -334,6 +357,23 @@ impl Metrics {
             });
         }
         m
+    }
+
+    /// The store's up gauge (its series appears now) and op counters, for [`crate::store`].
+    pub fn store_handles(&self) -> (Gauge, Family<StoreOpLabels, Counter>) {
+        let up = self.store_up.get_or_create(&Vec::new()).clone();
+        for op in [
+            "get",
+            "create",
+            "overwrite",
+            "refresh",
+            "adopt",
+            "invalidation",
+            "error",
+        ] {
+            let _ = self.store_ops.get_or_create(&StoreOpLabels { op });
+        }
+        (up, self.store_ops.clone())
     }
 
     /// A request on `listener` was answered with `status` by `node` (or by limpet itself when

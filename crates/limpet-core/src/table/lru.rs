@@ -291,6 +291,32 @@ impl LruTable {
         })
     }
 
+    /// The live entries used at or after `since_ms`, most recently used first, at most `max`
+    /// of them: the walk starts at the head of the LRU list and stops at the first older
+    /// entry, so its cost is the number returned (a shared table's lazy expiry refresh).
+    pub fn used_since(&self, since_ms: u64, now_ms: u64, max: usize) -> Vec<(TableKey, NodeRef)> {
+        let reference = now_ms.max(self.clock_ms);
+        let mut out = Vec::new();
+        let mut at = self.head;
+        while at != NIL && out.len() < max {
+            let e = &self.slab[at as usize];
+            if self.base_ms + u64::from(e.stamp) < since_ms {
+                break;
+            }
+            if self.age(at, reference) < self.expire_ms {
+                out.push((e.key.clone(), e.node));
+            }
+            at = e.next;
+        }
+        out
+    }
+
+    /// Every live entry, most recently used first, at most `max` (a shared table's
+    /// publication of its pins after the store was away).
+    pub fn live_entries(&self, now_ms: u64, max: usize) -> Vec<(TableKey, NodeRef)> {
+        self.used_since(0, now_ms, max)
+    }
+
     /// Replaces the table's content with a decoded snapshot's entries. Entries that expired by
     /// `now_ms` under this table's `expire` are dropped, and so are the oldest ones beyond its
     /// `size`; the rest keep their idle time and LRU order. Traffic counters
