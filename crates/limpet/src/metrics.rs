@@ -324,12 +324,12 @@ impl Metrics {
         registry.register(
             "limpet_store_up",
             "1 while the shared store (fleet mode) answers, 0 while its circuit breaker is open",
-            store_up.clone(),
+            Eager(store_up.clone()),
         );
         registry.register(
             "limpet_store_ops",
             "Commands sent to the shared store, by kind (get, create, overwrite, refresh), and adopted pins, applied invalidations and errors",
-            store_ops.clone(),
+            Eager(store_ops.clone()),
         );
         let m = Metrics {
             registry,

@@ -6,12 +6,12 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::multiport::{
     config, connect_from, get_with, start_nodes, tcp_session, Pki, TempDir, TestNode,
 };
+use common::store_server::Redis;
 use common::PATIENCE;
 use limpet::runtime::{start, Running};
 use limpet_core::table::{IpPrefix, KeyRef};
@@ -22,93 +22,6 @@ const NODES: [(&str, &str); 3] = [
     ("KYIV", "127.0.0.3"),
     ("ODESA", "127.0.0.4"),
 ];
-
-/// A `redis-server` on 127.0.0.1, no persistence; SIGKILLed (like `kill -9`) on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    /// Picks a free port (bind 0, release) and starts there.
-    async fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        Redis::on(port).await
-    }
-
-    /// Starts on `port` and waits (bounded) until it answers PING.
-    async fn on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/test installs the Debian package redis-server)");
-        let r = Redis { child, port };
-        tokio::time::timeout(PATIENCE, async {
-            loop {
-                if let Ok(mut c) = r.conn().await {
-                    if redis::cmd("PING")
-                        .query_async::<String>(&mut c)
-                        .await
-                        .is_ok()
-                    {
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .expect("redis-server answers PING");
-        r
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    async fn conn(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
-            .await
-    }
-
-    /// `kill -9`: the process dies at once, connections are cut.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// The server's count of connections it ever accepted.
-    async fn connections_received(&self) -> u64 {
-        let mut c = self.conn().await.expect("connect");
-        let info: String = redis::cmd("INFO")
-            .arg("stats")
-            .query_async(&mut c)
-            .await
-            .expect("INFO");
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("total_connections_received")
-    }
-
-    async fn get(&self, key: &str) -> Option<String> {
-        let mut c = self.conn().await.ok()?;
-        redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// One limpet instance of the fleet.
 struct Instance {
@@ -545,4 +458,11 @@ fn a_bad_store_url_is_refused_with_its_place() {
     let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nshared = true\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\ntable = \"t\"\n";
     let e = limpet::config::Config::from_text(&path, text).expect_err("refused");
     assert_eq!((e.line, e.key.as_str()), (8, "tables[t].shared"), "{e}");
+    // The listing hides the password, and refuses the placeholder pasted back.
+    let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[store]\nurl = \"redis://limpet:s3cret@127.0.0.1:6379/2\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
+    let path = dir.write("limpet.toml", text);
+    let listing = limpet::config::Config::resolved_toml(&path).expect("valid");
+    assert!(!listing.contains("s3cret"), "{listing}");
+    let e = limpet::config::Config::from_text(&path, &listing).expect_err("placeholder refused");
+    assert_eq!(e.key, "store.url", "{e}");
 }
