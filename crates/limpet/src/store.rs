@@ -254,6 +254,12 @@ impl Store {
         e.expire_ms = expire_ms;
     }
 
+    /// Forgets the tables a reload removed or made local again (`shared`: the tables that
+    /// go through the store now), so they are neither refreshed nor published.
+    pub(crate) fn retain(&self, shared: &[&str]) {
+        lock(&self.tables).retain(|name, _| shared.contains(&&**name));
+    }
+
     /// Queues what a local write asks of the store. Never blocks: with the store down or the
     /// queue full, the pin is published by the resync once the store is back.
     pub(crate) fn send(&self, write: Write, table: &Arc<str>, key: KeyRef<'_>, node: &str) {

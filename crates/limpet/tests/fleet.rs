@@ -37,6 +37,17 @@ impl Instance {
         tcp: u16,
         node_order: &[usize],
     ) -> Instance {
+        Instance::start_with(tag, redis, http, tcp, node_order, "10m").await
+    }
+
+    async fn start_with(
+        tag: &str,
+        redis: &Redis,
+        http: u16,
+        tcp: u16,
+        node_order: &[usize],
+        expire: &str,
+    ) -> Instance {
         let dir = TempDir::new(tag);
         let mut text = String::new();
         for &i in node_order {
@@ -55,7 +66,7 @@ timeout = "50ms"
 [[tables]]
 name = "terminal"
 key = "source-ip"
-expire = "10m"
+expire = "{expire}"
 shared = true
 
 [[tables]]
@@ -465,4 +476,50 @@ fn a_bad_store_url_is_refused_with_its_place() {
     assert!(!listing.contains("s3cret"), "{listing}");
     let e = limpet::config::Config::from_text(&path, &listing).expect_err("placeholder refused");
     assert_eq!(e.key, "store.url", "{e}");
+}
+
+/// Sticky requests write nothing; the store's expiry is refreshed in batches, about twice per
+/// `expire`, so a pin in use outlives `expire` in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let a = Instance::start_with("expire", &redis, ports.http, ports.tcp, &[0, 1, 2], "1s").await;
+    let src = "127.0.9.10";
+    let first = a.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until("the pin reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    // Requests paced over 2.5 times the table's expire (the pacing is the load, not a wait
+    // for an event).
+    let started = tokio::time::Instant::now();
+    let mut requests = 0u64;
+    while started.elapsed() < Duration::from_millis(2500) && requests < 200 {
+        assert_eq!(a.http(src).await, first);
+        requests += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        redis.get(&key).await.as_deref(),
+        Some(first.as_str()),
+        "a used pin outlives expire in the store"
+    );
+    let st = a.status();
+    assert_eq!(
+        (st.creates, st.overwrites),
+        (1, 0),
+        "sticky requests write nothing: {st:?}"
+    );
+    assert!(st.refreshes >= 2, "the expiry was refreshed: {st:?}");
+    assert!(
+        st.refreshes <= 8 && st.refreshes * 4 < requests,
+        "refreshes batched, not per request ({requests} requests): {st:?}"
+    );
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
 }

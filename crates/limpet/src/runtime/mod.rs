@@ -462,6 +462,15 @@ impl State {
                 }
             }
         }
+        if let Some(s) = &next.store {
+            let shared: Vec<&str> = next
+                .tables
+                .values()
+                .filter(|t| t.is_shared())
+                .map(|t| t.def.name.as_str())
+                .collect();
+            s.retain(&shared);
+        }
         for (slot, def) in next.listeners.iter_mut().zip(next.config.listeners.iter()) {
             slot.table = def.table.as_ref().and_then(|t| next.tables.get(t).cloned());
         }
