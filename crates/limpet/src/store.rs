@@ -135,7 +135,8 @@ pub struct StoreStatus {
     pub errors: u64,
     /// Writes dropped while the store was down or its queue full (republished later).
     pub dropped: u64,
-    /// Connections this process opened to the store (commands and subscription).
+    /// Connections limpet itself opened to the store: the first command connection, each
+    /// subscription, and each recovery after the breaker opened (a reload opens none).
     pub connections: u64,
 }
 
@@ -688,6 +689,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                         last_probe = tokio::time::Instant::now();
                         if store.ping(store.def.timeout.max(store.def.connect_timeout)).await.is_ok() {
                             store.success();
+                            store.connections.fetch_add(1, Ordering::Relaxed);
                             store.set_up(true);
                             tracing::info!(store = %store.def.redacted_url(),
                                 "store available again: publishing the pins made meanwhile");

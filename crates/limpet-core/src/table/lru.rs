@@ -758,6 +758,27 @@ mod tests {
     }
 
     #[test]
+    fn used_since_walks_only_the_recently_used_entries() {
+        let mut t = table(8, 10_000);
+        let n = t.intern("a").expect("name");
+        for i in 0..5 {
+            t.put(k(i), n, T0 + u64::from(i) * 100);
+        }
+        // A hit moves key 1 to the front with a new stamp.
+        assert_eq!(t.get(k(1), T0 + 1_000), Some(n));
+        let recent: Vec<TableKey> = t
+            .used_since(T0 + 300, T0 + 1_000, usize::MAX)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(recent, vec![k(1).to_key(), k(4).to_key(), k(3).to_key()]);
+        assert_eq!(t.used_since(T0 + 300, T0 + 1_000, 2).len(), 2);
+        assert_eq!(t.live_entries(T0 + 1_000, usize::MAX).len(), 5);
+        // Expired entries are left out.
+        assert_eq!(t.live_entries(T0 + 10_250, usize::MAX).len(), 3);
+    }
+
+    #[test]
     fn entry_is_40_bytes() {
         assert_eq!(std::mem::size_of::<TableKey>(), 24);
         assert_eq!(std::mem::size_of::<Entry>(), 40);
