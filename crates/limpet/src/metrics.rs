@@ -110,6 +110,32 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// A gauge without labels whose sample exists only once what it measures is configured
+/// (`limpet_store_up` without a `[store]` is its `# TYPE` line alone, not a misleading 0).
+#[derive(Debug, Clone, Default)]
+struct ConfiguredGauge {
+    gauge: Gauge,
+    configured: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EncodeMetric for ConfiguredGauge {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if self.configured.load(Ordering::Relaxed) {
+            self.gauge.encode(encoder)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
 /// A metric family written even while it has no series (`prometheus-client` leaves empty
 /// families out of the text), so a scrape shows every documented family from the start.
 #[derive(Debug)]
@@ -206,7 +232,7 @@ pub struct Metrics {
     node_state: Family<NodeStateLabels, Gauge>,
     table_entries: Family<TableLabels, Gauge>,
     /// Fleet mode: a series only when a `[store]` is configured.
-    store_up: Family<Vec<(String, String)>, Gauge>,
+    store_up: ConfiguredGauge,
     store_ops: Family<StoreOpLabels, Counter>,
     totals: Totals,
     /// Per-node traffic for the stats page.
@@ -259,7 +285,7 @@ impl Metrics {
         let node_seen = Family::<NodeLabels, Gauge>::default();
         let node_state = Family::<NodeStateLabels, Gauge>::default();
         let table_entries = Family::<TableLabels, Gauge>::default();
-        let store_up = Family::<Vec<(String, String)>, Gauge>::default();
+        let store_up = ConfiguredGauge::default();
         let store_ops = Family::<StoreOpLabels, Counter>::default();
         registry.register(
             "limpet_requests",
@@ -324,7 +350,7 @@ impl Metrics {
         registry.register(
             "limpet_store_up",
             "1 while the shared store (fleet mode) answers, 0 while its circuit breaker is open",
-            Eager(store_up.clone()),
+            store_up.clone(),
         );
         registry.register(
             "limpet_store_ops",
@@ -361,7 +387,10 @@ impl Metrics {
 
     /// The store's up gauge (its series appears now) and op counters, for [`crate::store`].
     pub fn store_handles(&self) -> (Gauge, Family<StoreOpLabels, Counter>) {
-        let up = self.store_up.get_or_create(&Vec::new()).clone();
+        self.store_up
+            .configured
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let up = self.store_up.gauge.clone();
         for op in [
             "get",
             "create",

@@ -134,6 +134,29 @@ table = "sessions"
             .is_some_and(|s| s.is_up())
     }
 
+    /// GET `path` on the admin listener: the body.
+    async fn admin(&self, path: &str) -> String {
+        let admin = self
+            .running
+            .runtime()
+            .state()
+            .lifecycle
+            .admin_addr()
+            .expect("admin");
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(PATIENCE)
+            .build()
+            .expect("client")
+            .get(format!("http://{admin}{path}"))
+            .send()
+            .await
+            .expect("admin answers")
+            .text()
+            .await
+            .expect("body")
+    }
+
     fn status(&self) -> limpet::store::StoreStatus {
         self.running
             .runtime()
@@ -371,6 +394,11 @@ async fn killing_the_store_under_load_fails_no_request_and_a_restart_converges()
         assert!(!b.tcp(src).await.is_empty());
     }
     assert_eq!((a.status().gets, b.status().gets), (gets_a, gets_b));
+    // The operator sees it: admin API and metrics.
+    let v: serde_json::Value = serde_json::from_str(&a.admin("/api/v1/store").await).expect("json");
+    assert_eq!(v["up"], false, "{v}");
+    let metrics = b.admin("/metrics").await;
+    assert!(metrics.contains("\nlimpet_store_up 0\n"), "{metrics}");
     assert!(!a.status().up && a.status().dropped >= 6);
     // The store comes back (empty): the breakers close, the pins made meanwhile are published
     // with create-if-absent, and the fleet converges on one node per client.
@@ -450,7 +478,7 @@ async fn a_reload_keeps_the_store_connection() {
         .text()
         .await
         .expect("body");
-    assert!(metrics.contains("limpet_store_up 1"), "{metrics}");
+    assert!(metrics.contains("\nlimpet_store_up 1\n"), "{metrics}");
     assert!(
         metrics.contains("limpet_store_ops_total{op=\"create\"}"),
         "{metrics}"
