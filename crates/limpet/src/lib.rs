@@ -30,6 +30,8 @@
 //! - [`config`]: `limpet.toml` loaded and validated (raw -> validated types).
 //! - [`tls`]: rustls server and client configs (SNI, ALPN, CA or `verify = "none"`).
 //! - [`runtime`]: `limpet run`: one pool, shared tables, every listener of the config.
+//! - [`store`]: fleet mode: shared tables through Redis or Valkey (local cache, create-if-absent
+//!   first pins, re-pins published, circuit breaker).
 //! - [`tcp`]: TCP mode (relay, half-close, idle, failover, node-down close, PROXY protocol).
 
 pub mod admin;
@@ -47,5 +49,6 @@ pub mod probe;
 pub mod proxy;
 pub mod runtime;
 pub mod sim;
+pub mod store;
 pub mod tcp;
 pub mod tls;

@@ -101,9 +101,41 @@ struct TableLabels {
     table: String,
 }
 
+/// `limpet_store_ops_total{op}`: commands sent to the shared store by kind (fleet mode).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreOpLabels {
+    pub op: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
+}
+
+/// A gauge without labels whose sample exists only once what it measures is configured
+/// (`limpet_store_up` without a `[store]` is its `# TYPE` line alone, not a misleading 0).
+#[derive(Debug, Clone, Default)]
+struct ConfiguredGauge {
+    gauge: Gauge,
+    configured: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EncodeMetric for ConfiguredGauge {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if self.configured.load(Ordering::Relaxed) {
+            self.gauge.encode(encoder)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 /// A metric family written even while it has no series (`prometheus-client` leaves empty
@@ -213,6 +245,9 @@ pub struct Metrics {
     node_seen: Family<NodeLabels, Gauge>,
     node_state: Family<NodeStateLabels, Gauge>,
     table_entries: Family<TableLabels, Gauge>,
+    /// Fleet mode: a series only when a `[store]` is configured.
+    store_up: ConfiguredGauge,
+    store_ops: Family<StoreOpLabels, Counter>,
     totals: Totals,
     /// Per-node traffic for the stats page.
     traffic: traffic::Traffic,
@@ -264,6 +299,8 @@ impl Metrics {
         let node_seen = Family::<NodeLabels, Gauge>::default();
         let node_state = Family::<NodeStateLabels, Gauge>::default();
         let table_entries = Family::<TableLabels, Gauge>::default();
+        let store_up = ConfiguredGauge::default();
+        let store_ops = Family::<StoreOpLabels, Counter>::default();
         registry.register(
             "limpet_requests",
             "Requests answered, by listener, node and status class",
@@ -324,6 +361,16 @@ impl Metrics {
             "Entries held in an affinity table",
             Eager(table_entries.clone()),
         );
+        registry.register(
+            "limpet_store_up",
+            "1 while the shared store (fleet mode) answers, 0 while its circuit breaker is open",
+            store_up.clone(),
+        );
+        registry.register(
+            "limpet_store_ops",
+            "Commands sent to the shared store, by kind (get, create, overwrite, refresh), and adopted pins, applied invalidations and errors",
+            Eager(store_ops.clone()),
+        );
         let m = Metrics {
             registry,
             requests,
@@ -338,6 +385,8 @@ impl Metrics {
             node_seen,
             node_state,
             table_entries,
+            store_up,
+            store_ops,
             totals: Totals::default(),
             traffic: traffic::Traffic::default(),
             evictions_seen: Default::default(),
@@ -348,6 +397,26 @@ impl Metrics {
             });
         }
         m
+    }
+
+    /// The store's up gauge (its series appears now) and op counters, for [`crate::store`].
+    pub fn store_handles(&self) -> (Gauge, Family<StoreOpLabels, Counter>) {
+        self.store_up
+            .configured
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let up = self.store_up.gauge.clone();
+        for op in [
+            "get",
+            "create",
+            "overwrite",
+            "refresh",
+            "adopt",
+            "invalidation",
+            "error",
+        ] {
+            let _ = self.store_ops.get_or_create(&StoreOpLabels { op });
+        }
+        (up, self.store_ops.clone())
     }
 
     /// A routing decision's pin outcome on `listener`.

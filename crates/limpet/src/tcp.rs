@@ -323,6 +323,10 @@ async fn connect(
     let ip = who.client.ip();
     let key = table.and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
     let spread = crate::runtime::spread_of(key, ip, None);
+    // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
+    if let (Some(t), Some(k)) = (table, key) {
+        t.prefetch(k).await;
+    }
     let mut failed: Vec<NodeId> = Vec::new();
     // Each turn adds a node to `failed`, so this ends within the node count.
     loop {

@@ -104,6 +104,20 @@ impl<'a> KeyRef<'a> {
         }
     }
 
+    /// The key of a value longer than [`MAX_KEY_LEN`], from its digest (the 16 bytes
+    /// [`digest`](Self::digest) returns): how a shared store hands such a key back.
+    pub fn from_digest(d: [u8; 16]) -> KeyRef<'static> {
+        KeyRef(RefRepr::Digest(d))
+    }
+
+    /// The digest of a digest key (`None` for the other kinds).
+    pub fn digest(self) -> Option<[u8; 16]> {
+        match self.0 {
+            RefRepr::Digest(d) => Some(d),
+            _ => None,
+        }
+    }
+
     pub fn kind(self) -> KeyKind {
         match self.0 {
             RefRepr::V4(_) => KeyKind::V4,

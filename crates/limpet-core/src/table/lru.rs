@@ -291,6 +291,32 @@ impl LruTable {
         })
     }
 
+    /// The live entries used at or after `since_ms`, most recently used first, at most `max`
+    /// of them: the walk starts at the head of the LRU list and stops at the first older
+    /// entry, so its cost is the number returned (a shared table's lazy expiry refresh).
+    pub fn used_since(&self, since_ms: u64, now_ms: u64, max: usize) -> Vec<(TableKey, NodeRef)> {
+        let reference = now_ms.max(self.clock_ms);
+        let mut out = Vec::new();
+        let mut at = self.head;
+        while at != NIL && out.len() < max {
+            let e = &self.slab[at as usize];
+            if self.base_ms + u64::from(e.stamp) < since_ms {
+                break;
+            }
+            if self.age(at, reference) < self.expire_ms {
+                out.push((e.key.clone(), e.node));
+            }
+            at = e.next;
+        }
+        out
+    }
+
+    /// Every live entry, most recently used first, at most `max` (a shared table's
+    /// publication of its pins after the store was away).
+    pub fn live_entries(&self, now_ms: u64, max: usize) -> Vec<(TableKey, NodeRef)> {
+        self.used_since(0, now_ms, max)
+    }
+
     /// Replaces the table's content with a decoded snapshot's entries. Entries that expired by
     /// `now_ms` under this table's `expire` are dropped, and so are the oldest ones beyond its
     /// `size`; the rest keep their idle time and LRU order. Traffic counters
@@ -729,6 +755,27 @@ mod tests {
 
     fn k(i: u32) -> KeyRef<'static> {
         KeyRef::v4(Ipv4Addr::from(i))
+    }
+
+    #[test]
+    fn used_since_walks_only_the_recently_used_entries() {
+        let mut t = table(8, 10_000);
+        let n = t.intern("a").expect("name");
+        for i in 0..5 {
+            t.put(k(i), n, T0 + u64::from(i) * 100);
+        }
+        // A hit moves key 1 to the front with a new stamp.
+        assert_eq!(t.get(k(1), T0 + 1_000), Some(n));
+        let recent: Vec<TableKey> = t
+            .used_since(T0 + 300, T0 + 1_000, usize::MAX)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(recent, vec![k(1).to_key(), k(4).to_key(), k(3).to_key()]);
+        assert_eq!(t.used_since(T0 + 300, T0 + 1_000, 2).len(), 2);
+        assert_eq!(t.live_entries(T0 + 1_000, usize::MAX).len(), 5);
+        // Expired entries are left out.
+        assert_eq!(t.live_entries(T0 + 10_250, usize::MAX).len(), 3);
     }
 
     #[test]

@@ -36,12 +36,11 @@
 //! ## Other stores
 //!
 //! The trait is synchronous and knows nothing of slabs, LRU lists or memory: a store maps keys
-//! to node identities, expires them and pages through them. A shared store (Redis, in a later
-//! issue) is an I/O-layer adapter in the binary, not a core type: it keeps an [`LruTable`] as
-//! its local cache and implements the same trait on it, writes puts through to the remote
-//! asynchronously, and on a local miss the binary's async table handle may consult the remote
-//! before calling `route`. Listeners only ever see that handle, so adding the store touches no
-//! listener. See `docs/affinity-tables.md`.
+//! to node identities, expires them and pages through them. The shared store of fleet mode
+//! (Redis or Valkey) is an I/O-layer part of the binary, not a core type: every instance keeps
+//! its [`LruTable`] as the local cache that answers lookups, the binary queues each local write
+//! for the remote asynchronously (by node name), and on a local miss awaits one bounded GET
+//! before routing. See `docs/affinity-tables.md` and `docs/fleet.md`.
 
 mod hash;
 pub mod key;

@@ -257,6 +257,10 @@ pub trait Control: Send + Sync + 'static {
     /// Reloads the configuration: validated first, refused with the reason when invalid.
     fn reload(&self) -> BoxFuture<'_, Result<ReloadReport, ControlError>>;
     fn metrics(&self) -> Arc<Metrics>;
+    /// Fleet mode: the shared store's state (`None`: no `[store]`).
+    fn store(&self) -> Option<crate::store::StoreStatus> {
+        None
+    }
 }
 
 /// Whether a drain is complete: nothing open to the node, and no session seen on it for

@@ -241,6 +241,13 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                 Err(msg) => error(StatusCode::BAD_REQUEST, &msg),
             }
         }
+        (&Method::GET, ["api", "v1", "store"]) => match c.store() {
+            Some(st) => json(StatusCode::OK, &st),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "no [store] configured (fleet mode is off)",
+            ),
+        },
         (&Method::GET, ["api", "v1", "tables"]) => json(StatusCode::OK, &c.tables()),
         (&Method::GET, ["api", "v1", "tables", table]) => {
             let (offset, limit) = match (number(&query, "offset", 0), number(&query, "limit", 100))

@@ -57,6 +57,8 @@ pub struct Config {
     pub health: HealthPolicy,
     /// Active checks, `[admin]`, `[drain]` (docs/admin.md, docs/operations.md).
     pub lifecycle: LifecycleDef,
+    /// `[store]`: where shared tables go (fleet mode).
+    pub store: Option<StoreDef>,
 }
 
 /// A node: a machine, named once. Every listener reaches it at `addr:node_port`.
@@ -79,6 +81,46 @@ pub struct TableDef {
     /// Most entries; the least recently used goes first.
     pub size: u32,
     pub snapshot: Option<SnapshotDef>,
+    /// Pins go through the `[store]` too, shared with every instance of the fleet.
+    pub shared: bool,
+}
+
+/// `[store]`: the Redis or Valkey server shared tables go through (docs/fleet.md).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreDef {
+    /// `redis://[user:password@]host:port/db` or `rediss://` (TLS). Holds the password:
+    /// never logged, printed redacted.
+    pub url: String,
+    /// Prefix of every key and of the invalidation channel (several fleets on one server).
+    pub prefix: String,
+    /// Longest wait for one store operation; past it the operation counts as failed.
+    pub timeout: Duration,
+    /// Longest wait for a connection to the store.
+    pub connect_timeout: Duration,
+}
+
+impl StoreDef {
+    /// The url with its password replaced by [`REDACTED`] (for logs, listings, the admin API).
+    pub fn redacted_url(&self) -> String {
+        match url::Url::parse(&self.url) {
+            Ok(mut u) if u.password().is_some() => {
+                let _ = u.set_password(Some(REDACTED));
+                u.to_string()
+            }
+            _ => self.url.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreDef")
+            .field("url", &self.redacted_url())
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
 }
 
 /// Where and how often a table is saved.

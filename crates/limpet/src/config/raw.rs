@@ -21,6 +21,18 @@ pub(crate) struct RawConfig {
     pub(crate) health: Option<RawHealth>,
     pub(crate) admin: Option<RawAdmin>,
     pub(crate) drain: Option<RawDrain>,
+    pub(crate) store: Option<RawStore>,
+}
+
+/// `[store]`: the Redis or Valkey server that tables marked `shared` go through
+/// (docs/fleet.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub(crate) url: Spanned<String>,
+    pub(crate) prefix: Option<Spanned<String>>,
+    pub(crate) timeout: Option<Spanned<Dur>>,
+    pub(crate) connect_timeout: Option<Spanned<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,6 +106,8 @@ pub(crate) struct RawTable {
     pub(crate) size: Option<Spanned<Size>>,
     pub(crate) snapshot: Option<Spanned<String>>,
     pub(crate) snapshot_interval: Option<Spanned<Dur>>,
+    /// Share the table's pins with the other instances through `[store]` (fleet mode).
+    pub(crate) shared: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -142,6 +142,14 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
             ),
         }
     }
+    if let Some(st) = &cfg.store {
+        w!(o);
+        w!(o, "[store]");
+        w!(o, "url = {}", q(&st.redacted_url()));
+        w!(o, "prefix = {}", q(&st.prefix));
+        w!(o, "timeout = {}", dur(st.timeout));
+        w!(o, "connect_timeout = {}", dur(st.connect_timeout));
+    }
     for (i, n) in cfg.nodes.iter().enumerate() {
         let r = raw.nodes.get(i);
         w!(o);
@@ -176,6 +184,9 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
         }
         w!(o, "expire = {}", dur(t.expire));
         w!(o, "size = {}", t.size);
+        if t.shared {
+            w!(o, "shared = true");
+        }
         match &t.snapshot {
             Some(s) => {
                 w!(o, "snapshot = {}", abs(&s.path));

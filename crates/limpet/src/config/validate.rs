@@ -16,7 +16,7 @@ use super::error::{closest, ConfigError, Source};
 use super::listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 use super::raw::*;
 use super::{
-    Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, SnapshotDef, TableDef, TcpDef,
+    Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, SnapshotDef, StoreDef, TableDef, TcpDef,
     UpstreamTls, Upstreams,
 };
 use crate::tls::{self, CertSpec, TlsPart, UpstreamVerify};
@@ -117,7 +117,21 @@ impl Validator<'_> {
             }
         }
         let nodes = self.nodes(&raw.nodes)?;
+        let store = raw.store.as_ref().map(|s| self.store(s)).transpose()?;
         let tables = self.tables(&raw.tables)?;
+        if store.is_none() {
+            if let Some((t, at)) = raw
+                .tables
+                .iter()
+                .find_map(|t| t.shared.as_ref().filter(|s| *s.get_ref()).map(|s| (t, s)))
+            {
+                return Err(self.err(
+                    at,
+                    format!("tables[{}].shared", t.name.get_ref()),
+                    "a shared table needs a [store] (url = \"redis://host:6379/0\")",
+                ));
+            }
+        }
         let mut listeners = Vec::new();
         for (i, l) in raw.listeners.iter().enumerate() {
             let key = format!("listeners[{i}]");
@@ -159,6 +173,86 @@ impl Validator<'_> {
             listeners,
             health,
             lifecycle,
+            store,
+        })
+    }
+
+    /// `[store]`: a redis:// or rediss:// url the client accepts, a prefix, timeouts.
+    fn store(&self, raw: &RawStore) -> Result<StoreDef, ConfigError> {
+        let u = &raw.url;
+        let text = u.get_ref().trim();
+        let parsed = url::Url::parse(text).map_err(|e| {
+            self.err(
+                u,
+                "store.url",
+                format!("not a url ({e}): expected \"redis://host:6379/0\""),
+            )
+        })?;
+        if !matches!(parsed.scheme(), "redis" | "rediss") {
+            return Err(self.err(
+                u,
+                "store.url",
+                format!(
+                    "scheme {:?}: expected redis:// (or rediss:// for TLS)",
+                    parsed.scheme()
+                ),
+            ));
+        }
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(self.err(u, "store.url", "no host: expected \"redis://host:6379/0\""));
+        }
+        let path = parsed.path().trim_start_matches('/');
+        if !path.is_empty() && path.parse::<u16>().is_err() {
+            return Err(self.err(
+                u,
+                "store.url",
+                format!("database {path:?} is not a number (redis://host:port/DB)"),
+            ));
+        }
+        if let Some(p) = parsed.password() {
+            // The url keeps the password percent-encoded (`%3Credacted%3E`).
+            let decoded = p
+                .replace("%3C", "<")
+                .replace("%3E", ">")
+                .replace("%3c", "<")
+                .replace("%3e", ">");
+            not_redacted(&decoded).map_err(|m| self.err(u, "store.url", m))?;
+        }
+        // What the client itself makes of it (it is what connects).
+        redis::Client::open(text).map_err(|e| self.err(u, "store.url", e.to_string()))?;
+        let prefix = match &raw.prefix {
+            Some(p) => {
+                let v = p.get_ref();
+                if v.is_empty() || v.len() > 64 || v.bytes().any(|b| b <= b' ' || b == 0x7f) {
+                    return Err(self.err(
+                        p,
+                        "store.prefix",
+                        "1 to 64 printable characters without spaces, e.g. \"limpet:\"",
+                    ));
+                }
+                v.clone()
+            }
+            None => "limpet:".to_owned(),
+        };
+        let bounded = |d: &Option<Spanned<Dur>>, key: &str, default: Duration| match d {
+            Some(v)
+                if v.get_ref().0 < Duration::from_millis(1)
+                    || v.get_ref().0 > Duration::from_secs(10) =>
+            {
+                Err(self.err(v, key, "must be between 1ms and 10s"))
+            }
+            Some(v) => Ok(v.get_ref().0),
+            None => Ok(default),
+        };
+        Ok(StoreDef {
+            url: text.to_owned(),
+            prefix,
+            timeout: bounded(&raw.timeout, "store.timeout", Duration::from_millis(50))?,
+            connect_timeout: bounded(
+                &raw.connect_timeout,
+                "store.connect_timeout",
+                Duration::from_secs(1),
+            )?,
         })
     }
 
@@ -353,6 +447,7 @@ impl Validator<'_> {
                 expire,
                 size,
                 snapshot,
+                shared: t.shared.as_ref().is_some_and(|s| *s.get_ref()),
             });
         }
         Ok(out)

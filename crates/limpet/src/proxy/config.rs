@@ -117,6 +117,7 @@ impl ProxyConfig {
             listeners: vec![listener],
             health: self.health,
             lifecycle: Default::default(),
+            store: None,
         })
     }
 }

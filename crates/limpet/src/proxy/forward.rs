@@ -255,7 +255,7 @@ fn learn_from_answer(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
     };
     let values = answer.get_all(name).iter().map(HeaderValue::as_bytes);
     if let Some(k) = spec.response_key(values) {
-        table.learn(k, node, clock::now_ms());
+        table.learn(k, node, clock::now_ms(), ctx.shared.state.topology());
     }
 }
 
@@ -312,6 +312,10 @@ async fn proxy(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let p = presented(ctx, req.headers(), clock::now_ms());
+    // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
+    if let (Some(t), Some(k)) = (&shared.table, &p.key) {
+        t.prefetch(k.as_key_ref()).await;
+    }
     let failed: Vec<NodeId> = Vec::new();
     let first = route(ctx, &p, &failed);
     let Some(first_node) = first.node else {

@@ -288,6 +288,10 @@ impl Control for RuntimeControl {
     fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.runtime.state().lifecycle.metrics)
     }
+
+    fn store(&self) -> Option<crate::store::StoreStatus> {
+        self.runtime.state().store().map(|s| s.status())
+    }
 }
 
 /// Reloads the configuration file of the running state: validated first (a bad file is

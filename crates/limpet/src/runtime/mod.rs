@@ -35,7 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use limpet_core::table::{AffinityTable, Binding, KeyRef, KeySpec, LruTable, NodeRef, TableConfig};
+use limpet_core::table::{
+    AffinityTable, Binding, KeyRef, KeySpec, LruTable, NodeRef, PutOutcome, TableConfig,
+};
 use limpet_core::{
     AdminState, HealthPolicy, NodeId, NodeState, NodeStatus, Observation, Route, RouteInput,
     Snapshot, TableIn, Topology, Transition,
@@ -43,6 +45,7 @@ use limpet_core::{
 
 use crate::config::{Config, ListenerDef, TableDef};
 use crate::nodes::{ConnGuard, NodeRuntime};
+use crate::store::{Store, Write};
 
 pub use control::{reload, serve_signals, start as start_lifecycle, RuntimeControl, RuntimeSink};
 pub use run::{start, Running, StartError};
@@ -114,10 +117,16 @@ pub struct Table {
     pub def: TableDef,
     inner: Arc<Mutex<AffinityTable<LruTable>>>,
     binding: Binding,
+    /// A shared table's store (fleet mode) and its name as the store keys it.
+    shared: Option<(Arc<Store>, Arc<str>)>,
 }
 
 impl Table {
-    fn new(def: TableDef, topology: &Topology) -> Result<Self, String> {
+    fn new(
+        def: TableDef,
+        topology: &Topology,
+        shared: Option<&Arc<Store>>,
+    ) -> Result<Self, String> {
         let cfg = TableConfig::new(
             def.size,
             u64::try_from(def.expire.as_millis()).unwrap_or(u64::MAX),
@@ -126,11 +135,82 @@ impl Table {
         let store = LruTable::new(cfg).map_err(|e| format!("table {}: {e}", def.name))?;
         let mut table = AffinityTable::new(store, topology);
         let binding = table.bind(topology);
-        Ok(Table {
+        let mut t = Table {
             inner: Arc::new(Mutex::new(table)),
             binding,
+            shared: None,
             def,
-        })
+        };
+        t.link(shared);
+        Ok(t)
+    }
+
+    /// A table marked `shared` goes through the store, when there is one.
+    fn link(&mut self, store: Option<&Arc<Store>>) {
+        self.shared = match store {
+            Some(s) if self.def.shared => {
+                s.register(&self.def.name, &self.inner, self.expire_ms());
+                Some((Arc::clone(s), Arc::from(self.def.name.as_str())))
+            }
+            _ => None,
+        };
+    }
+
+    fn expire_ms(&self) -> u64 {
+        u64::try_from(self.def.expire.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the table's pins go through the store (fleet mode).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Before routing a key this instance holds no entry for (the session's first request
+    /// here): the fleet's pin from the store, into the local table. Awaits one GET bounded by
+    /// the store's `timeout`, and nothing when the key is held locally, the table is not
+    /// shared or the store is down. [`State::route`] itself never waits for the store.
+    pub async fn prefetch(&self, key: KeyRef<'_>) {
+        let Some((store, name)) = &self.shared else {
+            return;
+        };
+        if !store.is_up()
+            || self
+                .lock()
+                .store()
+                .peek(key, crate::clock::now_ms())
+                .is_some()
+        {
+            return;
+        }
+        let Some(node) = store.fetch(name, key).await else {
+            return;
+        };
+        let now = crate::clock::now_ms();
+        let mut t = self.lock();
+        let s = t.store_mut();
+        // A concurrent request may have pinned it meanwhile: its write is on its way to the
+        // store (and adopts the store's node if it lost).
+        if s.peek(key, now).is_none() {
+            if let Some(r) = limpet_core::table::AffinityStore::intern(s, &node) {
+                limpet_core::table::AffinityStore::put(s, key, r, now);
+            }
+        }
+    }
+
+    /// Tells the store what a local write did: a new pin is created if absent, a moved one
+    /// overwritten for the fleet; a pin put again on the same node sends nothing (the expiry
+    /// refresh is lazy and batched). Called under the table lock, so the store receives the
+    /// writes of a key in the order they were made.
+    fn published(&self, key: KeyRef<'_>, node: NodeId, out: Option<PutOutcome>, names: &Topology) {
+        let (Some((store, name)), Some(out)) = (&self.shared, out) else {
+            return;
+        };
+        let write = match out.previous {
+            None => Write::Create,
+            Some(prev) if self.binding.node(prev) != Some(node) => Write::Overwrite,
+            Some(_) => return,
+        };
+        store.send(write, name, key, names.name(node));
     }
 
     /// The same entries, bound to a newer generation's topology (a reload that kept the
@@ -142,11 +222,14 @@ impl Table {
             t.rebind(topology);
             t.bind(topology)
         };
-        Table {
+        let mut t = Table {
             def,
             inner: Arc::clone(&self.inner),
             binding,
-        }
+            shared: None,
+        };
+        t.link(self.shared.as_ref().map(|(s, _)| s));
+        t
     }
 
     pub fn key_spec(&self) -> &KeySpec {
@@ -158,9 +241,12 @@ impl Table {
         lock(&self.inner)
     }
 
-    /// Pins `key` to `node` of this generation (a learned answer header).
-    pub fn learn(&self, key: KeyRef<'_>, node: NodeId, now_ms: u64) {
-        self.lock().learn_in(&self.binding, key, node, now_ms);
+    /// Pins `key` to `node` of this generation (a learned answer header), `topology` being
+    /// this generation's (for the node's name, when the table is shared).
+    pub fn learn(&self, key: KeyRef<'_>, node: NodeId, now_ms: u64, topology: &Topology) {
+        let mut t = self.lock();
+        let out = t.learn_in(&self.binding, key, node, now_ms);
+        self.published(key, node, out, topology);
     }
 
     /// This generation's node for a stored identity.
@@ -221,6 +307,9 @@ pub struct State {
     /// Node lifecycle (node runtimes, checks, metrics): one per process, carried over by
     /// `rebuild`.
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    /// Fleet mode: the store shared tables go through. One per process, carried over by
+    /// `rebuild` (a reload keeps the connection).
+    store: Option<Arc<Store>>,
 }
 
 /// The session's spread key, one derivation for every protocol: from the table key when
@@ -263,20 +352,39 @@ impl State {
     /// A fresh state for a validated config: every node UP, every table empty.
     pub fn new(config: Config) -> Result<State, String> {
         let lifecycle = crate::lifecycle::Lifecycle::new(config.lifecycle.clone());
-        State::with_lifecycle(config, lifecycle)
+        State::with_lifecycle(config, lifecycle, None)
+    }
+
+    /// A fresh state whose shared tables go through `store` (fleet mode), with `lifecycle`
+    /// (the one the store's metrics were registered with).
+    pub fn with_store(
+        config: Config,
+        lifecycle: Arc<crate::lifecycle::Lifecycle>,
+        store: Arc<Store>,
+    ) -> Result<State, String> {
+        State::with_lifecycle(config, lifecycle, Some(store))
+    }
+
+    /// The store of fleet mode, if configured.
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
     }
 
     /// A state using this lifecycle (whose node runtimes it shares by name).
     fn with_lifecycle(
         config: Config,
         lifecycle: Arc<crate::lifecycle::Lifecycle>,
+        store: Option<Arc<Store>>,
     ) -> Result<State, String> {
         let topology =
             Topology::with_weights(config.nodes.iter().map(|n| (n.name.as_str(), n.weight)))
                 .map_err(|e| e.to_string())?;
         let mut tables = BTreeMap::new();
         for t in &config.tables {
-            tables.insert(t.name.clone(), Arc::new(Table::new(t.clone(), &topology)?));
+            tables.insert(
+                t.name.clone(),
+                Arc::new(Table::new(t.clone(), &topology, store.as_ref())?),
+            );
         }
         // Only once nothing else can fail: a refused reload leaves the node runtimes as they
         // were.
@@ -312,6 +420,7 @@ impl State {
             tables,
             listeners,
             lifecycle,
+            store,
             config: Arc::new(config),
         };
         Ok(state)
@@ -328,7 +437,17 @@ impl State {
             .filter(|n| !self.config.nodes.iter().any(|o| o.name == n.name))
             .map(|n| n.name.clone())
             .collect();
-        let mut next = State::with_lifecycle(config, Arc::clone(&self.lifecycle))?;
+        if let Some(s) = &self.store {
+            if config.store.as_ref() != Some(s.def()) {
+                tracing::warn!(
+                    "[store] changed or removed: the running connection is kept until a restart"
+                );
+            }
+        } else if config.store.is_some() {
+            tracing::warn!("[store] added: shared tables go through it after a restart");
+        }
+        let mut next =
+            State::with_lifecycle(config, Arc::clone(&self.lifecycle), self.store.clone())?;
         for name in &added {
             if let Some(rt) = next.node_id(name).and_then(|id| next.node_rt(id)) {
                 rt.reset(node_policy(&next.config, name));
@@ -344,6 +463,15 @@ impl State {
                     *table = Arc::new(old.carried_over(table.def.clone(), &next.topology));
                 }
             }
+        }
+        if let Some(s) = &next.store {
+            let shared: Vec<&str> = next
+                .tables
+                .values()
+                .filter(|t| t.is_shared())
+                .map(|t| t.def.name.as_str())
+                .collect();
+            s.retain(&shared);
         }
         for (slot, def) in next.listeners.iter_mut().zip(next.config.listeners.iter()) {
             slot.table = def.table.as_ref().and_then(|t| next.tables.get(t).cloned());
@@ -427,9 +555,10 @@ impl State {
                 &t.binding,
                 k,
                 !t.key_spec().learns_from_response(),
+                t,
             )
         });
-        if let Some((t, b, k, writes)) = held.as_mut() {
+        if let Some((t, b, k, writes, _)) = held.as_mut() {
             input.table = Some(TableIn {
                 pin: t.lookup_in(b, *k, now),
                 writes: *writes,
@@ -480,8 +609,9 @@ impl State {
                     "trying a DOWN node again (fail_timeout passed)"
                 );
             }
-            if let (Some((t, b, k, _)), Some(node)) = (held.as_mut(), r.table) {
-                t.learn_in(b, *k, node, now);
+            if let (Some((t, b, k, _, table)), Some(node)) = (held.as_mut(), r.table) {
+                let out = t.learn_in(b, *k, node, now);
+                table.published(*k, node, out, &self.topology);
             }
             return r;
         }

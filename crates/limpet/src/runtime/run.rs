@@ -1,7 +1,8 @@
 //! `limpet run -c limpet.toml` and `limpet check -c limpet.toml`.
 //!
 //! ```text
-//!  Config::load ─► State::new ─► snapshots loaded (bad ones reported, skipped)
+//!  Config::load ─► [store] connected (fleet mode) ─► State::new ─► snapshots loaded
+//!     (bad ones reported, skipped)
 //!     ─► bind every listener address (all before serving: a bind error stops the start)
 //!     ─► per socket: proxy::serve_listener (http) | tcp::serve (tcp)
 //!     ─► timers: snapshot interval, expired-entry purge
@@ -118,13 +119,26 @@ impl Running {
         for t in state.tables() {
             save_snapshot(t);
         }
+        if let Some(s) = state.store() {
+            s.stop();
+        }
     }
 }
 
 /// Starts everything `config` describes: loads snapshots, binds every listener address, and
 /// serves them. Returns once all are bound (so a caller can connect at once).
 pub async fn start(config: Config) -> Result<Running, StartError> {
-    let state = State::new(config).map_err(StartError)?;
+    let state = match config.store.clone() {
+        // Fleet mode: one store connection for the life of the process (reloads keep it).
+        Some(def) => {
+            let lifecycle = crate::lifecycle::Lifecycle::new(config.lifecycle.clone());
+            let store = crate::store::Store::start(def, &lifecycle.metrics)
+                .await
+                .map_err(StartError)?;
+            State::with_store(config, lifecycle, store).map_err(StartError)?
+        }
+        None => State::new(config).map_err(StartError)?,
+    };
     for t in state.tables() {
         load_snapshot(t);
     }

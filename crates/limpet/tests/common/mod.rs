@@ -9,6 +9,7 @@
 pub mod haproxy;
 pub mod multiport;
 pub mod probe;
+pub mod store_server;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,0 +1,836 @@
+//! # Fleet mode: affinity tables shared through Redis or Valkey
+//!
+//! Several limpet instances (behind a virtual IP, or DNS) share the pins of the tables marked
+//! `shared = true` through one `[store]`. The local [`LruTable`] stays the source of every
+//! answer: [`crate::runtime::State::route`] never waits for the store. This module does the
+//! store's I/O beside it (docs/fleet.md):
+//!
+//! ```text
+//!  State::route / Table::learn ─► local write ─► Store::send (try_send, never blocks)
+//!        ─► writer task: batches ─► one pipeline per batch, bounded by `timeout`
+//!             first pin  ─► SET key node NX PX expire GET ─► lost the race? adopt the winner
+//!             re-pin     ─► EVAL: SET key node PX expire + PUBLISH channel (one atomic step)
+//!  subscriber task ◄─ PUBLISH {prefix}pins ◄─ any instance's re-pin ─► local entry moved
+//!  local miss (first request of a key here) ─► Store::fetch: GET, bounded ─► local entry
+//!  every expire/2 ─► PEXPIRE of the entries used since (pipelined); a missing key ─► SET NX
+//!  circuit breaker: 2 failed round trips ─► down (logged once, admin, metric): no store I/O,
+//!        PING every second ─► up ─► every local pin published with SET NX (adopt losers)
+//! ```
+//!
+//! Ordering: a re-pin's SET and its PUBLISH run as one script, so every instance receives
+//! the re-pins of a key in the order the store applied them; each instance applies every
+//! message (its own too), so its local entry ends on the store's value.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use limpet_core::table::{AffinityStore, AffinityTable, KeyRef, LruTable, NodeRef, TableKey};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Value;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::now_ms;
+use crate::config::StoreDef;
+use crate::metrics::StoreOpLabels;
+
+/// Writes waiting for the writer task; past this, writes are dropped and the pins published
+/// later by the resync (a store that cannot keep up is treated like one that is away).
+const QUEUE: usize = 65_536;
+/// Most commands in one pipeline.
+const BATCH: usize = 512;
+/// Consecutive failed round trips that open the circuit breaker.
+const TRIP_AFTER: u32 = 2;
+/// How often a store marked down is tried again (one PING).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// The writer's housekeeping tick (probe, resync, refresh when due).
+const TICK: Duration = Duration::from_millis(200);
+
+/// A re-pin: the store's SET and the invalidation message in one atomic step, so messages
+/// reach every instance in the order the store applied the SETs.
+const REPIN_SCRIPT: &str =
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) return 1";
+
+/// Pins of one table with their node's name, as sent to the store.
+type Pins = Vec<(TableKey, String)>;
+
+/// The entries of one table (shared with every generation that carries it over).
+pub(crate) type Entries = Arc<Mutex<AffinityTable<LruTable>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a local write asks of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// A first pin: create-if-absent (`SET NX`), adopt the winner's node if it existed.
+    Create,
+    /// A re-pin (the node was DOWN, MAINT, unknown): overwrite for the whole fleet.
+    Overwrite,
+}
+
+#[derive(Debug)]
+struct Op {
+    write: Write,
+    table: Arc<str>,
+    key: TableKey,
+    node: Arc<str>,
+}
+
+#[derive(Debug)]
+struct Registered {
+    entries: Weak<Mutex<AffinityTable<LruTable>>>,
+    expire_ms: u64,
+    /// Entries used at or after this instant get their store expiry refreshed next.
+    refreshed_ms: u64,
+}
+
+/// Counters of store traffic (also in `/metrics` as `limpet_store_ops_total`).
+#[derive(Debug, Default)]
+struct Counts {
+    gets: AtomicU64,
+    get_hits: AtomicU64,
+    creates: AtomicU64,
+    adopted: AtomicU64,
+    overwrites: AtomicU64,
+    refreshes: AtomicU64,
+    invalidations: AtomicU64,
+    republished: AtomicU64,
+    errors: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// What the admin API shows of the store (`GET /api/v1/store`).
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreStatus {
+    /// The url, password redacted.
+    pub url: String,
+    pub prefix: String,
+    pub up: bool,
+    /// When `up` last changed (ms since the epoch).
+    pub since_ms: u64,
+    pub timeout_ms: u64,
+    /// Shared tables going through the store.
+    pub tables: Vec<String>,
+    /// Commands sent, by kind.
+    pub gets: u64,
+    pub get_hits: u64,
+    pub creates: u64,
+    /// First pins that lost the race: the local entry took the winner's node.
+    pub adopted: u64,
+    pub overwrites: u64,
+    pub refreshes: u64,
+    /// Re-pins of other instances applied to local entries.
+    pub invalidations: u64,
+    /// Pins published with create-if-absent after the store was away.
+    pub republished: u64,
+    pub errors: u64,
+    /// Writes dropped while the store was down or its queue full (republished later).
+    pub dropped: u64,
+    /// Connections limpet itself opened to the store: the first command connection, each
+    /// subscription, and each recovery after the breaker opened (a reload opens none).
+    pub connections: u64,
+}
+
+/// One process's link to the store: a connection manager for commands, a subscription for
+/// invalidations, the circuit breaker. Outlives reloads (a reload keeps the connection).
+pub struct Store {
+    def: StoreDef,
+    client: redis::Client,
+    conn: ConnectionManager,
+    channel: String,
+    ops: mpsc::Sender<Op>,
+    up: AtomicBool,
+    since_ms: AtomicU64,
+    failures: AtomicU32,
+    /// Pins not published (breaker open, queue full, a missed invalidation): publish every
+    /// local pin with create-if-absent when the store is up.
+    dirty: AtomicBool,
+    tables: Mutex<HashMap<Arc<str>, Registered>>,
+    counts: Counts,
+    connections: AtomicU64,
+    up_gauge: Gauge,
+    op_counters: Family<StoreOpLabels, Counter>,
+    stop: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("def", &self.def)
+            .field("up", &self.up.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Connects (one PING, bounded by `connect_timeout`; a store that is away at start only
+    /// opens the breaker) and starts the writer and subscriber tasks.
+    pub async fn start(
+        def: StoreDef,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Arc<Store>, String> {
+        let client = redis::Client::open(def.url.as_str())
+            .map_err(|e| format!("store {}: {e}", def.redacted_url()))?;
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(def.connect_timeout))
+            .set_response_timeout(Some(def.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), cfg)
+            .map_err(|e| format!("store {}: {e}", def.redacted_url()))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let (stop, _) = watch::channel(false);
+        let (up_gauge, op_counters) = metrics.store_handles();
+        let store = Arc::new(Store {
+            channel: format!("{}pins", def.prefix),
+            def,
+            client,
+            conn,
+            ops: tx,
+            up: AtomicBool::new(false),
+            since_ms: AtomicU64::new(now_ms()),
+            failures: AtomicU32::new(0),
+            dirty: AtomicBool::new(true),
+            tables: Mutex::new(HashMap::new()),
+            counts: Counts::default(),
+            connections: AtomicU64::new(0),
+            up_gauge,
+            op_counters,
+            stop,
+        });
+        match store.ping(store.def.connect_timeout).await {
+            Ok(()) => {
+                store.connections.fetch_add(1, Ordering::Relaxed);
+                store.set_up(true);
+                tracing::info!(store = %store.def.redacted_url(), "store connected");
+            }
+            Err(e) => {
+                store.set_up(false);
+                tracing::warn!(store = %store.def.redacted_url(), error = %e,
+                    "store unavailable at start: serving from local tables until it answers");
+            }
+        }
+        tokio::spawn(writer(Arc::clone(&store), rx));
+        tokio::spawn(subscriber(Arc::clone(&store)));
+        Ok(store)
+    }
+
+    pub fn def(&self) -> &StoreDef {
+        &self.def
+    }
+
+    /// Stops the tasks (the process is stopping).
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Makes `entries` (a shared table) go through the store. Called by every generation
+    /// that builds or carries over the table; the entries are the same across a reload.
+    pub(crate) fn register(&self, name: &str, entries: &Entries, expire_ms: u64) {
+        let mut t = lock(&self.tables);
+        let now = now_ms();
+        let e = t.entry(Arc::from(name)).or_insert_with(|| Registered {
+            entries: Weak::new(),
+            expire_ms,
+            refreshed_ms: now,
+        });
+        if !e.entries.ptr_eq(&Arc::downgrade(entries)) {
+            // New entries (first start, or a reload that changed the key): publish them.
+            self.dirty.store(true, Ordering::Release);
+        }
+        e.entries = Arc::downgrade(entries);
+        e.expire_ms = expire_ms;
+    }
+
+    /// Forgets the tables a reload removed or made local again (`shared`: the tables that
+    /// go through the store now), so they are neither refreshed nor published.
+    pub(crate) fn retain(&self, shared: &[&str]) {
+        lock(&self.tables).retain(|name, _| shared.contains(&&**name));
+    }
+
+    /// Queues what a local write asks of the store. Never blocks: with the store down or the
+    /// queue full, the pin is published by the resync once the store is back.
+    pub(crate) fn send(&self, write: Write, table: &Arc<str>, key: KeyRef<'_>, node: &str) {
+        if !self.is_up() {
+            self.dirty.store(true, Ordering::Release);
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let op = Op {
+            write,
+            table: Arc::clone(table),
+            key: key.to_key(),
+            node: Arc::from(node),
+        };
+        if self.ops.try_send(op).is_err() {
+            self.dirty.store(true, Ordering::Release);
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The fleet's pin of `key` for a key this instance has no entry for (the first request
+    /// of a session here: a failover of the virtual IP, or the other protocol's port on
+    /// another instance). One GET bounded by `timeout`; `None` when the store has none, is
+    /// down or too slow (then the request is routed fresh and the pin reconciled by the
+    /// create-if-absent write).
+    pub async fn fetch(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
+        if !self.is_up() {
+            return None;
+        }
+        let rkey = self.key(table, key);
+        let mut conn = self.conn.clone();
+        self.count("get", 1);
+        self.counts.gets.fetch_add(1, Ordering::Relaxed);
+        let r = tokio::time::timeout(
+            self.def.timeout,
+            redis::cmd("GET")
+                .arg(&rkey)
+                .query_async::<Option<Vec<u8>>>(&mut conn),
+        )
+        .await;
+        match r {
+            Ok(Ok(v)) => {
+                self.success();
+                let name = v.and_then(|b| String::from_utf8(b).ok())?;
+                self.counts.get_hits.fetch_add(1, Ordering::Relaxed);
+                Some(name)
+            }
+            Ok(Err(e)) => {
+                self.failure("GET", &e.to_string());
+                None
+            }
+            Err(_) => {
+                self.failure("GET", "timed out");
+                None
+            }
+        }
+    }
+
+    pub fn status(&self) -> StoreStatus {
+        let c = &self.counts;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut tables: Vec<String> = lock(&self.tables).keys().map(|k| k.to_string()).collect();
+        tables.sort();
+        StoreStatus {
+            url: self.def.redacted_url(),
+            prefix: self.def.prefix.clone(),
+            up: self.is_up(),
+            since_ms: self.since_ms.load(Ordering::Relaxed),
+            timeout_ms: u64::try_from(self.def.timeout.as_millis()).unwrap_or(u64::MAX),
+            tables,
+            gets: g(&c.gets),
+            get_hits: g(&c.get_hits),
+            creates: g(&c.creates),
+            adopted: g(&c.adopted),
+            overwrites: g(&c.overwrites),
+            refreshes: g(&c.refreshes),
+            invalidations: g(&c.invalidations),
+            republished: g(&c.republished),
+            errors: g(&c.errors),
+            dropped: g(&c.dropped),
+            connections: g(&self.connections),
+        }
+    }
+
+    /// `{prefix}{table}:{key}`: `ip:10.0.0.7`, `b:` and the value's bytes, `d:` and a
+    /// digest in hex.
+    fn key(&self, table: &str, key: KeyRef<'_>) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.def.prefix.len() + table.len() + 48);
+        k.extend_from_slice(self.def.prefix.as_bytes());
+        k.extend_from_slice(table.as_bytes());
+        k.push(b':');
+        encode_key(key, &mut k);
+        k
+    }
+
+    fn count(&self, op: &'static str, n: u64) {
+        self.op_counters
+            .get_or_create(&StoreOpLabels { op })
+            .inc_by(n);
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Release);
+        self.since_ms.store(now_ms(), Ordering::Relaxed);
+        self.up_gauge.set(i64::from(up));
+    }
+
+    fn success(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
+    /// A failed round trip; the second in a row opens the breaker (logged once).
+    fn failure(&self, what: &str, err: &str) {
+        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+        self.count("error", 1);
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= TRIP_AFTER && self.up.swap(false, Ordering::AcqRel) {
+            self.set_up(false);
+            self.dirty.store(true, Ordering::Release);
+            tracing::warn!(store = %self.def.redacted_url(), op = what, error = err,
+                "store unavailable: serving from local tables; pins are published when it is back");
+        } else {
+            tracing::debug!(op = what, error = err, "store operation failed");
+        }
+    }
+
+    async fn ping(&self, limit: Duration) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(limit, redis::cmd("PING").query_async::<String>(&mut conn)).await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
+    }
+
+    /// The entries of a registered table.
+    fn entries(&self, table: &str) -> Option<Entries> {
+        lock(&self.tables)
+            .get(table)
+            .and_then(|r| r.entries.upgrade())
+    }
+
+    fn expire_ms(&self, table: &str) -> u64 {
+        lock(&self.tables).get(table).map_or(1, |r| r.expire_ms)
+    }
+
+    /// The store had another node for a key this instance created (or published) with
+    /// `tried`: the local entry takes it, unless the entry moved on meanwhile.
+    fn adopt(&self, table: &str, key: KeyRef<'_>, tried: &str, winner: &[u8]) {
+        let (Some(entries), Ok(winner)) = (self.entries(table), std::str::from_utf8(winner)) else {
+            return;
+        };
+        if winner == tried {
+            return;
+        }
+        let now = now_ms();
+        let mut t = lock(&entries);
+        let s = t.store_mut();
+        let current = s.peek(key, now).and_then(|r| s.node_name(r));
+        if current == Some(tried) {
+            if let Some(w) = s.intern(winner) {
+                s.put(key, w, now);
+                self.counts.adopted.fetch_add(1, Ordering::Relaxed);
+                self.count("adopt", 1);
+            }
+        }
+    }
+
+    /// Another instance (or this one) re-pinned `key`: a local entry follows; a key this
+    /// instance has no entry for is left to the GET of its first request here.
+    fn apply(&self, payload: &[u8]) {
+        let mut parts = payload.splitn(3, |b| *b == b'\n');
+        let (Some(table), Some(node), Some(k)) = (parts.next(), parts.next(), parts.next()) else {
+            return;
+        };
+        let (Ok(table), Ok(node)) = (std::str::from_utf8(table), std::str::from_utf8(node)) else {
+            return;
+        };
+        let (Some(entries), Some(key)) = (self.entries(table), decode_key(k)) else {
+            return;
+        };
+        let now = now_ms();
+        let mut t = lock(&entries);
+        let s = t.store_mut();
+        let Some(current) = s.peek(key.as_key_ref(), now) else {
+            return;
+        };
+        if s.node_name(current) == Some(node) {
+            return;
+        }
+        if let Some(r) = s.intern(node) {
+            s.put(key.as_key_ref(), r, now);
+            self.counts.invalidations.fetch_add(1, Ordering::Relaxed);
+            self.count("invalidation", 1);
+        }
+    }
+
+    /// Sends one batch of writes as one pipeline.
+    async fn write(&self, ops: &[Op]) -> bool {
+        let mut pipe = redis::pipe();
+        for op in ops {
+            let k = self.key(&op.table, op.key.as_key_ref());
+            let px = self.expire_ms(&op.table);
+            match op.write {
+                Write::Create => {
+                    pipe.cmd("SET")
+                        .arg(k)
+                        .arg(op.node.as_bytes())
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(px)
+                        .arg("GET");
+                }
+                Write::Overwrite => {
+                    let mut msg = Vec::with_capacity(64);
+                    msg.extend_from_slice(op.table.as_bytes());
+                    msg.push(b'\n');
+                    msg.extend_from_slice(op.node.as_bytes());
+                    msg.push(b'\n');
+                    encode_key(op.key.as_key_ref(), &mut msg);
+                    pipe.cmd("EVAL")
+                        .arg(REPIN_SCRIPT)
+                        .arg(1)
+                        .arg(k)
+                        .arg(op.node.as_bytes())
+                        .arg(px)
+                        .arg(&self.channel)
+                        .arg(msg);
+                }
+            }
+        }
+        let creates = ops.iter().filter(|o| o.write == Write::Create).count() as u64;
+        let overwrites = ops.len() as u64 - creates;
+        let Some(replies) = self.round_trip(&pipe, "write").await else {
+            return false;
+        };
+        self.counts.creates.fetch_add(creates, Ordering::Relaxed);
+        self.counts
+            .overwrites
+            .fetch_add(overwrites, Ordering::Relaxed);
+        self.count("create", creates);
+        self.count("overwrite", overwrites);
+        for (op, v) in ops.iter().zip(&replies) {
+            if op.write == Write::Create {
+                if let Value::BulkString(b) = v {
+                    self.adopt(&op.table, op.key.as_key_ref(), &op.node, b);
+                }
+            }
+        }
+        true
+    }
+
+    async fn round_trip(&self, pipe: &redis::Pipeline, what: &str) -> Option<Vec<Value>> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.def.timeout, pipe.query_async::<Vec<Value>>(&mut conn))
+            .await
+        {
+            Ok(Ok(v)) => {
+                self.success();
+                Some(v)
+            }
+            Ok(Err(e)) => {
+                self.failure(what, &e.to_string());
+                None
+            }
+            Err(_) => {
+                self.failure(what, "timed out");
+                None
+            }
+        }
+    }
+
+    /// Publishes `pins` of `table` with create-if-absent, adopting the store's node where it
+    /// had another. False if a round trip failed.
+    async fn publish(&self, table: &Arc<str>, pins: Pins) -> bool {
+        let px = self.expire_ms(table);
+        for chunk in pins.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for (key, node) in chunk {
+                pipe.cmd("SET")
+                    .arg(self.key(table, key.as_key_ref()))
+                    .arg(node.as_bytes())
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(px)
+                    .arg("GET");
+            }
+            let Some(replies) = self.round_trip(&pipe, "publish").await else {
+                return false;
+            };
+            self.counts
+                .republished
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            self.count("create", chunk.len() as u64);
+            for ((key, node), v) in chunk.iter().zip(&replies) {
+                if let Value::BulkString(b) = v {
+                    self.adopt(table, key.as_key_ref(), node, b);
+                }
+            }
+        }
+        true
+    }
+
+    /// Every live local pin of every shared table, with its node's name.
+    fn local_pins(&self) -> Vec<(Arc<str>, Pins)> {
+        let now = now_ms();
+        let tables: Vec<(Arc<str>, Entries)> = lock(&self.tables)
+            .iter()
+            .filter_map(|(n, r)| Some((Arc::clone(n), r.entries.upgrade()?)))
+            .collect();
+        tables
+            .into_iter()
+            .map(|(name, entries)| {
+                let t = lock(&entries);
+                let s = t.store();
+                let pins = s
+                    .live_entries(now, usize::MAX)
+                    .into_iter()
+                    .filter_map(|(k, r): (TableKey, NodeRef)| Some((k, s.node_name(r)?.to_owned())))
+                    .collect();
+                (name, pins)
+            })
+            .collect()
+    }
+
+    /// After the store was away (or missed invalidations): publish every local pin with
+    /// create-if-absent; where the store had another node, take it. The fleet converges on
+    /// the first writer's node.
+    async fn resync(&self) {
+        self.dirty.store(false, Ordering::Release);
+        for (table, pins) in self.local_pins() {
+            if !self.publish(&table, pins).await {
+                self.dirty.store(true, Ordering::Release);
+                return;
+            }
+        }
+        tracing::info!(store = %self.def.redacted_url(), "local pins published to the store");
+    }
+
+    /// Lazy expiry refresh: per table every `expire / 2`, one PEXPIRE per entry used since
+    /// the last refresh (pipelined), so a key in use never has less than half its expiry
+    /// left in the store and a sticky request never writes. A key the store lost (expired,
+    /// restarted empty) is published again with create-if-absent.
+    async fn refresh_due(&self) {
+        let now = now_ms();
+        let due: Vec<(Arc<str>, Entries, u64, u64)> = lock(&self.tables)
+            .iter()
+            .filter(|(_, r)| now.saturating_sub(r.refreshed_ms) >= (r.expire_ms / 2).max(100))
+            .filter_map(|(n, r)| {
+                Some((
+                    Arc::clone(n),
+                    r.entries.upgrade()?,
+                    r.refreshed_ms,
+                    r.expire_ms,
+                ))
+            })
+            .collect();
+        for (table, entries, since, px) in due {
+            let pins: Pins = {
+                let t = lock(&entries);
+                let s = t.store();
+                s.used_since(since, now, usize::MAX)
+                    .into_iter()
+                    .filter_map(|(k, r)| Some((k, s.node_name(r)?.to_owned())))
+                    .collect()
+            };
+            let mut missing = Vec::new();
+            for chunk in pins.chunks(BATCH) {
+                let mut pipe = redis::pipe();
+                for (key, _) in chunk {
+                    pipe.cmd("PEXPIRE")
+                        .arg(self.key(&table, key.as_key_ref()))
+                        .arg(px);
+                }
+                let Some(replies) = self.round_trip(&pipe, "refresh").await else {
+                    return;
+                };
+                self.counts
+                    .refreshes
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                self.count("refresh", chunk.len() as u64);
+                for (pin, v) in chunk.iter().zip(&replies) {
+                    if matches!(v, Value::Int(0)) {
+                        missing.push(pin.clone());
+                    }
+                }
+            }
+            if !missing.is_empty() && !self.publish(&table, missing).await {
+                return;
+            }
+            if let Some(r) = lock(&self.tables).get_mut(&table) {
+                r.refreshed_ms = now;
+            }
+        }
+    }
+}
+
+/// The writer: batches of queued writes, and the housekeeping (probe while down, resync,
+/// expiry refresh).
+async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
+    let mut stop = store.stop.subscribe();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_probe = tokio::time::Instant::now();
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        tokio::select! {
+            () = crate::runtime::stopped(&mut stop) => return,
+            n = rx.recv_many(&mut batch, BATCH) => {
+                if n == 0 {
+                    return;
+                }
+                if store.is_up() {
+                    if !store.write(&batch).await {
+                        store.dirty.store(true, Ordering::Release);
+                    }
+                } else {
+                    store.dirty.store(true, Ordering::Release);
+                }
+                batch.clear();
+            }
+            _ = tick.tick() => {
+                if !store.is_up() {
+                    if last_probe.elapsed() >= PROBE_EVERY {
+                        last_probe = tokio::time::Instant::now();
+                        if store.ping(store.def.timeout.max(store.def.connect_timeout)).await.is_ok() {
+                            store.success();
+                            store.connections.fetch_add(1, Ordering::Relaxed);
+                            store.set_up(true);
+                            tracing::info!(store = %store.def.redacted_url(),
+                                "store available again: publishing the pins made meanwhile");
+                        }
+                    }
+                    continue;
+                }
+                // An idle store is checked every second, so a dead one is noticed (and
+                // shown) before a request needs it.
+                if last_probe.elapsed() >= PROBE_EVERY {
+                    last_probe = tokio::time::Instant::now();
+                    match store.ping(store.def.timeout).await {
+                        Ok(()) => store.success(),
+                        Err(e) => store.failure("PING", &e),
+                    }
+                    if !store.is_up() {
+                        continue;
+                    }
+                }
+                if store.dirty.load(Ordering::Acquire) {
+                    store.resync().await;
+                }
+                store.refresh_due().await;
+            }
+        }
+    }
+}
+
+/// The subscriber: applies every re-pin message. A lost subscription may have missed some,
+/// so each new one marks the local pins for a resync.
+async fn subscriber(store: Arc<Store>) {
+    let mut stop = store.stop.subscribe();
+    let mut first = true;
+    loop {
+        let sub = async {
+            let mut ps =
+                tokio::time::timeout(store.def.connect_timeout, store.client.get_async_pubsub())
+                    .await
+                    .map_err(|_| "timed out".to_owned())?
+                    .map_err(|e| e.to_string())?;
+            tokio::time::timeout(store.def.connect_timeout, ps.subscribe(&store.channel))
+                .await
+                .map_err(|_| "timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(ps)
+        };
+        let ps = tokio::select! {
+            () = crate::runtime::stopped(&mut stop) => return,
+            r = sub => r,
+        };
+        match ps {
+            Ok(ps) => {
+                store.connections.fetch_add(1, Ordering::Relaxed);
+                if !first {
+                    store.dirty.store(true, Ordering::Release);
+                }
+                first = false;
+                let mut msgs = ps.into_on_message();
+                loop {
+                    tokio::select! {
+                        () = crate::runtime::stopped(&mut stop) => return,
+                        m = msgs.next() => match m {
+                            Some(m) => store.apply(m.get_payload_bytes()),
+                            None => break,
+                        },
+                    }
+                }
+                tracing::debug!("store subscription lost");
+            }
+            Err(e) => tracing::debug!(error = %e, "store subscription failed"),
+        }
+        tokio::select! {
+            () = crate::runtime::stopped(&mut stop) => return,
+            () = tokio::time::sleep(PROBE_EVERY) => {}
+        }
+    }
+}
+
+/// A table key as the store's keys and messages carry it.
+fn encode_key(key: KeyRef<'_>, out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    if let Some(ip) = key.ip_addr() {
+        let _ = write!(out, "ip:{ip}");
+    } else if let Some(b) = key.as_bytes() {
+        out.extend_from_slice(b"b:");
+        out.extend_from_slice(b);
+    } else if let Some(d) = key.digest() {
+        out.extend_from_slice(b"d:");
+        for b in d {
+            let _ = write!(out, "{b:02x}");
+        }
+    }
+}
+
+/// The key [`encode_key`] wrote (from a message: any bytes).
+fn decode_key(b: &[u8]) -> Option<TableKey> {
+    if let Some(ip) = b.strip_prefix(b"ip:") {
+        let ip: IpAddr = std::str::from_utf8(ip).ok()?.parse().ok()?;
+        return Some(match ip {
+            IpAddr::V4(v4) => KeyRef::v4(v4).to_key(),
+            IpAddr::V6(v6) => KeyRef::v6(v6).to_key(),
+        });
+    }
+    if let Some(v) = b.strip_prefix(b"b:") {
+        if v.len() > limpet_core::table::MAX_KEY_LEN {
+            return None;
+        }
+        return Some(KeyRef::bytes(v).to_key());
+    }
+    let hex = b.strip_prefix(b"d:")?;
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut d = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        d[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(KeyRef::from_digest(d).to_key())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use limpet_core::table::IpPrefix;
+
+    #[test]
+    fn keys_round_trip_through_their_store_form() {
+        let long = vec![b'x'; 400];
+        for k in [
+            KeyRef::ip("10.0.0.7".parse().expect("ip"), IpPrefix::HOST),
+            KeyRef::ip("2001:db8::1".parse().expect("ip"), IpPrefix::HOST),
+            KeyRef::bytes(b"JSESSION\n:42"),
+            KeyRef::bytes(&long),
+        ] {
+            let mut out = Vec::new();
+            encode_key(k, &mut out);
+            assert_eq!(decode_key(&out), Some(k.to_key()), "{k:?}");
+        }
+        assert_eq!(decode_key(b"ip:not-an-ip"), None);
+        assert_eq!(decode_key(b"d:zz"), None);
+        assert_eq!(decode_key(b"?"), None);
+    }
+}

@@ -1,0 +1,101 @@
+//! A real `redis-server` for the fleet-mode tests and the fleet benchmark: started on a free
+//! loopback port (bind 0, release, start there), without persistence, waited for with PING,
+//! and SIGKILLed by PID (like `kill -9`) on `kill` or drop.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::PATIENCE;
+
+/// A `redis-server` on 127.0.0.1, no persistence; SIGKILLed (like `kill -9`) on drop.
+pub struct Redis {
+    child: Child,
+    pub port: u16,
+}
+
+impl Redis {
+    /// Picks a free port (bind 0, release) and starts there.
+    pub async fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        Redis::on(port).await
+    }
+
+    /// Starts on `port` and waits (bounded) until it answers PING.
+    pub async fn on(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/test installs the Debian package redis-server)");
+        let r = Redis { child, port };
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                if let Ok(mut c) = r.conn().await {
+                    if redis::cmd("PING")
+                        .query_async::<String>(&mut c)
+                        .await
+                        .is_ok()
+                    {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("redis-server answers PING");
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub async fn conn(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    /// `kill -9`: the process dies at once, connections are cut.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The server's count of connections it ever accepted.
+    pub async fn connections_received(&self) -> u64 {
+        self.stat("total_connections_received").await
+    }
+
+    /// A counter of `INFO stats` (e.g. `total_commands_processed`).
+    pub async fn stat(&self, name: &str) -> u64 {
+        let mut c = self.conn().await.expect("connect");
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut c)
+            .await
+            .expect("INFO");
+        info.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO stats has no {name}"))
+    }
+
+    pub async fn get(&self, key: &str) -> Option<String> {
+        let mut c = self.conn().await.ok()?;
+        redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,576 @@
+//! Fleet mode (issue 10): two limpet instances in this process share their source-IP and
+//! application-cookie tables through a real `redis-server` the test starts on a free
+//! loopback port (and kills by PID). Each instance has an HTTP and a TCP listener on the
+//! source-IP table and an HTTP listener on the application-cookie table.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use common::multiport::{
+    config, connect_from, get_with, start_nodes, tcp_session, Pki, TempDir, TestNode,
+};
+use common::store_server::Redis;
+use common::PATIENCE;
+use limpet::runtime::{start, Running};
+use limpet_core::table::{IpPrefix, KeyRef};
+use limpet_core::AdminState;
+
+const NODES: [(&str, &str); 3] = [
+    ("LVIV", "127.0.0.2"),
+    ("KYIV", "127.0.0.3"),
+    ("ODESA", "127.0.0.4"),
+];
+
+/// One limpet instance of the fleet.
+struct Instance {
+    running: Running,
+    _dir: TempDir,
+}
+
+impl Instance {
+    async fn start_with(
+        tag: &str,
+        redis: &Redis,
+        http: u16,
+        tcp: u16,
+        node_order: &[usize],
+        expire: &str,
+        timeout: &str,
+    ) -> Instance {
+        let dir = TempDir::new(tag);
+        let mut text = String::new();
+        for &i in node_order {
+            let (n, ip) = NODES[i];
+            text.push_str(&format!("[[nodes]]\nname = \"{n}\"\naddress = \"{ip}\"\n"));
+        }
+        text.push_str(&format!(
+            r#"
+[admin]
+listen = "127.0.0.1:0"
+
+[store]
+url = "{url}"
+timeout = "{timeout}"
+
+[[tables]]
+name = "terminal"
+key = "source-ip"
+expire = "{expire}"
+shared = true
+
+[[tables]]
+name = "sessions"
+app_cookie = "JSESSIONID"
+expire = "10m"
+shared = true
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+node_port = {http}
+table = "terminal"
+
+[[listeners]]
+name = "raw"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {tcp}
+table = "terminal"
+
+[[listeners]]
+name = "app"
+bind = "127.0.0.1:0"
+node_port = {http}
+table = "sessions"
+"#,
+            url = redis.url()
+        ));
+        let cfg = config(&dir, &text);
+        let running = start(cfg).await.expect("start");
+        Instance { running, _dir: dir }
+    }
+
+    fn addr(&self, l: &str) -> SocketAddr {
+        self.running.addr(l).expect("listener")
+    }
+
+    async fn http(&self, src: &str) -> String {
+        let s = connect_from(src.parse().expect("ip"), self.addr("web")).await;
+        get_with(s, "").await.1
+    }
+
+    async fn tcp(&self, src: &str) -> String {
+        tcp_session(src, self.addr("raw")).await.1
+    }
+
+    /// The local pin of a source address (what this instance answers from).
+    fn pin(&self, src: &str) -> Option<String> {
+        let state = self.running.runtime().state();
+        let t = state.table("terminal")?;
+        let ip: IpAddr = src.parse().ok()?;
+        let g = t.lock();
+        let r = g
+            .store()
+            .peek(KeyRef::ip(ip, IpPrefix::HOST), limpet::clock::now_ms())?;
+        g.store().names().name(r).map(str::to_owned)
+    }
+
+    fn store_up(&self) -> bool {
+        self.running
+            .runtime()
+            .state()
+            .store()
+            .is_some_and(|s| s.is_up())
+    }
+
+    /// GET `path` on the admin listener: the body.
+    async fn admin(&self, path: &str) -> String {
+        let admin = self
+            .running
+            .runtime()
+            .state()
+            .lifecycle
+            .admin_addr()
+            .expect("admin");
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(PATIENCE)
+            .build()
+            .expect("client")
+            .get(format!("http://{admin}{path}"))
+            .send()
+            .await
+            .expect("admin answers")
+            .text()
+            .await
+            .expect("body")
+    }
+
+    fn status(&self) -> limpet::store::StoreStatus {
+        self.running
+            .runtime()
+            .state()
+            .store()
+            .map(|s| s.status())
+            .expect("store")
+    }
+}
+
+/// Waits (bounded) until `cond` holds; `what` names the event in the failure.
+async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for: {what}"));
+}
+
+/// Two instances. The store timeout is ten times the default: on a loaded CI machine a
+/// loopback round trip past 50 ms would open the breaker and turn a test of the fleet into
+/// one of its fallback.
+async fn fleet(tag: &str) -> (Redis, Vec<TestNode>, Instance, Instance) {
+    fleet_with(tag, "500ms").await
+}
+
+/// Two instances with this store `timeout`.
+async fn fleet_with(tag: &str, timeout: &str) -> (Redis, Vec<TestNode>, Instance, Instance) {
+    let pki = Pki::new();
+    let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let a = Instance::start_with(
+        &format!("{tag}-a"),
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "10m",
+        timeout,
+    )
+    .await;
+    // The other instance lists its nodes in another order (its rotation differs), so fresh
+    // assignments of the two disagree unless the store makes them agree.
+    let b = Instance::start_with(
+        &format!("{tag}-b"),
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[2, 0, 1],
+        "10m",
+        timeout,
+    )
+    .await;
+    assert!(
+        a.store_up() && b.store_up(),
+        "both instances reach the store"
+    );
+    (redis, nodes, a, b)
+}
+
+async fn stop(redis: Redis, mut nodes: Vec<TestNode>, a: Instance, b: Instance) {
+    a.running.stop().await;
+    b.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+    drop(redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_alternating_instances_and_ports_stays_on_one_node() {
+    let (redis, nodes, a, b) = fleet("alternate").await;
+    for i in 0..6 {
+        let src = format!("127.0.1.{}", 10 + i);
+        // Alternate which instance and which protocol sees the client first.
+        let first = if i % 2 == 0 {
+            a.http(&src).await
+        } else {
+            b.tcp(&src).await
+        };
+        let key = format!("limpet:terminal:ip:{src}");
+        until("the first pin reaches the store", async || {
+            redis.get(&key).await.is_some()
+        })
+        .await;
+        assert_eq!(redis.get(&key).await.as_deref(), Some(first.as_str()));
+        for round in 0..3 {
+            assert_eq!(b.http(&src).await, first, "{src} via B http, round {round}");
+            assert_eq!(a.tcp(&src).await, first, "{src} via A tcp, round {round}");
+            assert_eq!(b.tcp(&src).await, first, "{src} via B tcp, round {round}");
+            assert_eq!(a.http(&src).await, first, "{src} via A http, round {round}");
+        }
+    }
+    // The application's session cookie: learned from the node's answer through A, found
+    // through B.
+    let app_a = a.addr("app");
+    let app_b = b.addr("app");
+    let (head, node) = get_with(
+        connect_from("127.0.1.99".parse().expect("ip"), app_a).await,
+        "",
+    )
+    .await;
+    assert!(head.contains(&format!("JSESSIONID=sess-{node}")), "{head}");
+    let key = format!("limpet:sessions:b:sess-{node}");
+    until("the learned session reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    let cookie = format!("Cookie: JSESSIONID=sess-{node}\r\n");
+    for src in ["127.0.2.1", "127.0.2.2", "127.0.2.3"] {
+        let (_, got) = get_with(connect_from(src.parse().expect("ip"), app_b).await, &cookie).await;
+        assert_eq!(got, node, "session cookie through B from {src}");
+    }
+    let st = b.status();
+    assert!(st.get_hits >= 1, "B answered from the store: {st:?}");
+    stop(redis, nodes, a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_requests_through_both_instances_agree() {
+    // A store timeout long enough to wait out the write pause below.
+    let (redis, nodes, a, b) = fleet_with("race", "2s").await;
+    let srcs: Vec<String> = (0..16).map(|i| format!("127.0.3.{}", 10 + i)).collect();
+    // Make the race certain: the store answers reads but holds writes for a moment, so both
+    // instances find no pin, route fresh (their rotations differ) and send their
+    // create-if-absent writes before either lands; the store then runs them one after the
+    // other, and one of each pair loses.
+    let mut c = redis.conn().await.expect("connect");
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(600)
+        .arg("WRITE")
+        .query_async::<()>(&mut c)
+        .await
+        .expect("CLIENT PAUSE");
+    let mut disagreed = 0;
+    for src in &srcs {
+        let (x, y) = tokio::join!(a.http(src), b.http(src));
+        if x != y {
+            disagreed += 1;
+        }
+    }
+    assert!(
+        disagreed > 0,
+        "no first answers disagreed: the test did not race"
+    );
+    // The pin converges: both local tables and the store name one node per client...
+    for src in &srcs {
+        let key = format!("limpet:terminal:ip:{src}");
+        until(&format!("{src} converges"), async || {
+            let stored = redis.get(&key).await;
+            stored.is_some() && a.pin(src) == stored && b.pin(src) == stored
+        })
+        .await;
+    }
+    // ...and every later request agrees, through either instance and either protocol.
+    for src in &srcs {
+        let n = a.http(src).await;
+        assert_eq!(b.http(src).await, n, "{src}");
+        assert_eq!(a.tcp(src).await, n, "{src}");
+        assert_eq!(b.tcp(src).await, n, "{src}");
+    }
+    let adopted = a.status().adopted + b.status().adopted;
+    assert!(
+        adopted > 0,
+        "an instance that lost the race adopted the winner's node"
+    );
+    stop(redis, nodes, a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_in_maint_on_one_instance_re_pins_the_client_for_both() {
+    let (redis, nodes, a, b) = fleet("maint").await;
+    let src = "127.0.4.10";
+    let first = a.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until("the pin reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    assert_eq!(b.http(src).await, first);
+    // Node state is per instance: MAINT on A only.
+    a.running
+        .runtime()
+        .state()
+        .set_admin(&first, AdminState::Maint)
+        .expect("node");
+    let moved = a.http(src).await;
+    assert_ne!(moved, first, "A re-pins the client off the MAINT node");
+    // The overwrite reaches B (published re-pin), which follows although the node is UP
+    // there.
+    until("B's local pin follows the re-pin", async || {
+        b.pin(src).as_deref() == Some(moved.as_str())
+    })
+    .await;
+    assert_eq!(redis.get(&key).await.as_deref(), Some(moved.as_str()));
+    assert_eq!(b.http(src).await, moved);
+    assert_eq!(b.tcp(src).await, moved);
+    assert!(b.status().invalidations >= 1);
+    stop(redis, nodes, a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_store_under_load_fails_no_request_and_a_restart_converges() {
+    let (mut redis, nodes, a, b) = fleet("kill").await;
+    let port = redis.port;
+    let srcs: Vec<String> = (0..8).map(|i| format!("127.0.5.{}", 10 + i)).collect();
+    let mut pinned = Vec::new();
+    for src in &srcs {
+        let n = a.http(src).await;
+        let key = format!("limpet:terminal:ip:{src}");
+        until("the pin reaches the store", async || {
+            redis.get(&key).await.is_some()
+        })
+        .await;
+        pinned.push(n);
+    }
+    // Bounded load through both instances and both protocols; the store dies a third of the
+    // way in. Every request must be answered by the client's node.
+    let started = tokio::time::Instant::now();
+    let mut answered = 0;
+    for i in 0..240usize {
+        if i == 80 {
+            redis.kill();
+        }
+        let k = i % srcs.len();
+        let got = match i % 4 {
+            0 => a.http(&srcs[k]).await,
+            1 => b.http(&srcs[k]).await,
+            2 => a.tcp(&srcs[k]).await,
+            _ => b.tcp(&srcs[k]).await,
+        };
+        assert_eq!(got, pinned[k], "request {i} from {}", srcs[k]);
+        answered += 1;
+        // Now and then a client never seen before (its first request asks the store, which
+        // may be dead): answered all the same.
+        if i % 20 == 5 {
+            let src = format!("127.0.8.{}", i / 20 + 10);
+            let inst = if i % 40 == 5 { &a } else { &b };
+            assert!(!inst.http(&src).await.is_empty(), "new client {src}");
+            answered += 1;
+        }
+        assert!(started.elapsed() < PATIENCE, "load loop too slow");
+    }
+    assert_eq!(answered, 252);
+    until("both instances mark the store down", async || {
+        !a.store_up() && !b.store_up()
+    })
+    .await;
+    // New clients while the store is away: pinned locally, each instance on its own, and
+    // without a store round trip (the breaker is open: no request waits for a timeout).
+    let (gets_a, gets_b) = (a.status().gets, b.status().gets);
+    let fresh: Vec<String> = (0..6).map(|i| format!("127.0.6.{}", 10 + i)).collect();
+    for src in &fresh {
+        assert!(!a.http(src).await.is_empty());
+        assert!(!b.tcp(src).await.is_empty());
+    }
+    assert_eq!((a.status().gets, b.status().gets), (gets_a, gets_b));
+    // The operator sees it: admin API and metrics.
+    let v: serde_json::Value = serde_json::from_str(&a.admin("/api/v1/store").await).expect("json");
+    assert_eq!(v["up"], false, "{v}");
+    let metrics = b.admin("/metrics").await;
+    assert!(metrics.contains("\nlimpet_store_up 0\n"), "{metrics}");
+    assert!(!a.status().up && a.status().dropped >= 6);
+    // The store comes back (empty): the breakers close, the pins made meanwhile are published
+    // with create-if-absent, and the fleet converges on one node per client.
+    let redis = Redis::on(port).await;
+    until("both instances mark the store up", async || {
+        a.store_up() && b.store_up()
+    })
+    .await;
+    for src in srcs.iter().chain(&fresh) {
+        let key = format!("limpet:terminal:ip:{src}");
+        // An instance that never saw the client holds no entry: it asks the store.
+        until(&format!("{src} converges after the restart"), async || {
+            let stored = redis.get(&key).await;
+            let agrees = |p: Option<String>| p.is_none() || p == stored;
+            stored.is_some() && agrees(a.pin(src)) && agrees(b.pin(src))
+        })
+        .await;
+        let n = a.http(src).await;
+        assert_eq!(b.http(src).await, n, "{src}");
+        assert_eq!(b.tcp(src).await, n, "{src}");
+    }
+    assert!(a.status().errors >= 1 && a.status().republished >= 1);
+    stop(redis, nodes, a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_store_connection() {
+    let (redis, nodes, a, b) = fleet("reload").await;
+    let src = "127.0.7.10";
+    let first = a.http(src).await;
+    let before = redis.connections_received().await;
+    let conns = a.status().connections;
+    let report = limpet::runtime::reload(a.running.runtime())
+        .await
+        .expect("reload");
+    let _ = report;
+    // The admin API shows the store up, and neither limpet nor the server saw a new
+    // connection (the reload kept the store's).
+    let admin = a
+        .running
+        .runtime()
+        .state()
+        .lifecycle
+        .admin_addr()
+        .expect("admin");
+    let body = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .get(format!("http://{admin}/api/v1/store"))
+        .send()
+        .await
+        .expect("GET /api/v1/store")
+        .text()
+        .await
+        .expect("body");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["up"], true, "{body}");
+    assert_eq!(v["connections"], conns, "{body}");
+    let after = redis.connections_received().await;
+    // Our own INFO connection is the one new connection the server saw.
+    assert_eq!(after, before + 1, "the reload opened no store connection");
+    // The reloaded generation still shares the table.
+    assert_eq!(a.http(src).await, first);
+    let src2 = "127.0.7.11";
+    let n = a.http(src2).await;
+    let key = format!("limpet:terminal:ip:{src2}");
+    until(
+        "a pin made after the reload reaches the store",
+        async || redis.get(&key).await.is_some(),
+    )
+    .await;
+    assert_eq!(b.tcp(src2).await, n);
+    let metrics = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(metrics.contains("\nlimpet_store_up 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("limpet_store_ops_total{op=\"create\"}"),
+        "{metrics}"
+    );
+    stop(redis, nodes, a, b).await;
+}
+
+#[test]
+fn a_bad_store_url_is_refused_with_its_place() {
+    let dir = TempDir::new("store-url");
+    let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[store]\nurl = \"http://127.0.0.1:6379\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
+    let path = dir.write("limpet.toml", text);
+    let e = limpet::config::Config::from_text(&path, text).expect_err("refused");
+    assert_eq!((e.line, e.key.as_str()), (6, "store.url"), "{e}");
+    assert!(e.message.contains("redis://"), "{e}");
+    let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nshared = true\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\ntable = \"t\"\n";
+    let e = limpet::config::Config::from_text(&path, text).expect_err("refused");
+    assert_eq!((e.line, e.key.as_str()), (8, "tables[t].shared"), "{e}");
+    // The listing hides the password, and refuses the placeholder pasted back.
+    let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[store]\nurl = \"redis://limpet:s3cret@127.0.0.1:6379/2\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
+    let path = dir.write("limpet.toml", text);
+    let listing = limpet::config::Config::resolved_toml(&path).expect("valid");
+    assert!(!listing.contains("s3cret"), "{listing}");
+    let e = limpet::config::Config::from_text(&path, &listing).expect_err("placeholder refused");
+    assert_eq!(e.key, "store.url", "{e}");
+}
+
+/// Sticky requests write nothing; the store's expiry is refreshed in batches, about twice per
+/// `expire`, so a pin in use outlives `expire` in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let a = Instance::start_with(
+        "expire",
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "2s",
+        "500ms",
+    )
+    .await;
+    let src = "127.0.9.10";
+    let first = a.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until("the pin reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    // Requests paced over 2.5 times the table's expire (the pacing is the load, not a wait
+    // for an event).
+    let started = tokio::time::Instant::now();
+    let mut requests = 0u64;
+    while started.elapsed() < Duration::from_millis(5000) && requests < 400 {
+        assert_eq!(a.http(src).await, first);
+        requests += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        redis.get(&key).await.as_deref(),
+        Some(first.as_str()),
+        "a used pin outlives expire in the store"
+    );
+    let st = a.status();
+    assert_eq!(
+        (st.creates, st.overwrites),
+        (1, 0),
+        "sticky requests write nothing: {st:?}"
+    );
+    assert!(st.refreshes >= 2, "the expiry was refreshed: {st:?}");
+    assert!(
+        st.refreshes <= 8 && st.refreshes * 4 < requests,
+        "refreshes batched, not per request ({requests} requests): {st:?}"
+    );
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
