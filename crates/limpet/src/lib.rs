@@ -21,6 +21,8 @@
 //! - [`health`]: active health checks (TCP, HTTP, TLS) feeding the core's health state machine.
 //! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.
 //! - [`drain`]: closing WebSocket tunnels cleanly (close 1001 between frames) at a drain deadline.
+//! - [`relay`]: the one relay of every tunnel (TCP sessions, WebSocket and other upgrades):
+//!   idle and stalled-writer timers per direction, close signals that interrupt a blocked write.
 //! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
 //! - [`nodes`]: the per-node runtime (status, counts, session signals), outliving reloads.
 //! - [`error`]: upstream errors with their stage, for the retry and health rules.
@@ -45,6 +47,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod probe;
 pub mod proxy;
+pub mod relay;
 pub mod runtime;
 pub mod sim;
 pub mod tcp;

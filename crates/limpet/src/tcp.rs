@@ -13,15 +13,14 @@
 //!                                           (NodeRuntime::session_end), or shutdown.
 //! ```
 //!
-//! Half-close: when one side ends its stream (FIN), the relay shuts down the write side of
-//! the other and keeps copying the other direction until it ends too (`copy_bidirectional`).
-//! Idle: a session with no byte either way for `timeouts.idle` is closed.
+//! The relay is [`crate::relay`], the one WebSocket tunnels use too. Half-close: when one
+//! side ends its stream (FIN), the relay shuts down the write side of the other and keeps
+//! copying the other direction until it ends too. Idle: a session with no byte either way for
+//! `timeouts.idle`, or with bytes one side has not read for that long, is closed.
 
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,11 +31,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
+use crate::relay::{relay, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -179,116 +178,6 @@ pub fn proxy_header_for(pp: &ProxyProtocolDef, who: &Peer) -> Option<Vec<u8>> {
         proxy_protocol::Version::V2 => proxy_protocol::write_v2(who.client, who.local, &mut out),
     }
     Some(out)
-}
-
-/// Why a relay ended.
-#[derive(Debug)]
-pub enum RelayEnd {
-    /// Both directions finished: bytes copied client to node, node to client.
-    Done(u64, u64),
-    Error(io::Error),
-    Idle,
-    /// Stopped from outside (node down, shutdown).
-    Stopped,
-}
-
-/// Last activity of a relay, in ms since its start, shared by both directions.
-#[derive(Debug)]
-struct Activity {
-    start: Instant,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        self.last_ms
-            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    fn idle_for(&self) -> Duration {
-        let now = self.start.elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
-    }
-}
-
-/// A stream that notes each successful read or write in the relay's activity.
-struct Watched<S> {
-    inner: S,
-    activity: Arc<Activity>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.touch();
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Copies bytes both ways until both directions are done, nothing moved for `idle`, or
-/// `stop` resolves. Dropping the streams on return closes both connections.
-pub async fn relay<A: Io, B: Io>(
-    client: A,
-    node: B,
-    idle: Duration,
-    stop: impl Future<Output = ()>,
-) -> RelayEnd {
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    });
-    let mut a = Watched {
-        inner: client,
-        activity: Arc::clone(&activity),
-    };
-    let mut b = Watched {
-        inner: node,
-        activity: Arc::clone(&activity),
-    };
-    let idle_watch = async {
-        loop {
-            let quiet = activity.idle_for();
-            if quiet >= idle {
-                return;
-            }
-            tokio::time::sleep(idle - quiet).await;
-        }
-    };
-    tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut a, &mut b) => match r {
-            Ok((up, down)) => RelayEnd::Done(up, down),
-            Err(e) => RelayEnd::Error(e),
-        },
-        () = idle_watch => RelayEnd::Idle,
-        () = stop => RelayEnd::Stopped,
-    }
 }
 
 /// Resolves once `rx` says true (or its sender is gone). The `watch::Ref` that `wait_for`
@@ -439,11 +328,14 @@ async fn session(
     let close_on_down = def.tcp.close_on_node_down;
     let stop = async {
         tokio::select! {
-            r = rt.session_end(spread, close_on_down) => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state"),
-            () = stopped(&mut shutdown) => {}
+            r = rt.session_end(spread, close_on_down) => {
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
+                r.as_str()
+            }
+            () = stopped(&mut shutdown) => "limpet shutting down",
         }
     };
-    match relay(client, upstream, def.tcp.idle, stop).await {
+    match relay(client, upstream, def.tcp.idle, Framing::Bytes, stop).await {
         RelayEnd::Done(up, down) => {
             tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended")
         }
@@ -453,7 +345,10 @@ async fn session(
         RelayEnd::Idle => {
             tracing::debug!(listener = %def.name, node = %node_name, "session idle: closed")
         }
-        RelayEnd::Stopped => {}
+        RelayEnd::Stalled(dir) => {
+            tracing::debug!(listener = %def.name, node = %node_name, ?dir, "session stalled (a side stopped reading): closed")
+        }
+        RelayEnd::Stopped(_) => {}
     }
 }
 
