@@ -138,6 +138,8 @@ pub(crate) struct RawListener {
     pub(crate) close_on_node_down: Option<Spanned<bool>>,
     pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
     pub(crate) max_connections: Option<Spanned<Size>>,
+    /// Concurrent HTTP/2 streams per client connection.
+    pub(crate) h2_max_concurrent_streams: Option<Spanned<Size>>,
     pub(crate) check: Option<RawCheck>,
 }
 
@@ -233,6 +235,8 @@ pub(crate) struct RawTimeouts {
     pub(crate) idle: Option<Dur>,
     pub(crate) header_read: Option<Dur>,
     pub(crate) upstream_answer: Option<Dur>,
+    pub(crate) request_body_idle: Option<Dur>,
+    pub(crate) answer_body_idle: Option<Dur>,
     pub(crate) tunnel_idle: Option<Dur>,
     pub(crate) drain: Option<Dur>,
     pub(crate) proxy_header: Option<Dur>,

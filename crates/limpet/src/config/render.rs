@@ -220,6 +220,13 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
         w!(o, "trusted_proxies = {}", list(&l.trusted_proxies));
     }
     w!(o, "max_connections = {}", l.limits.max_client_connections);
+    if http {
+        w!(
+            o,
+            "h2_max_concurrent_streams = {}",
+            l.limits.h2_max_concurrent_streams
+        );
+    }
     if let Some(c) = &r.check {
         check(o, c, l);
     }
@@ -283,6 +290,8 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     w!(o, "header_read = {}", dur(t.header_read));
     if http {
         w!(o, "upstream_answer = {}", dur(t.upstream_answer));
+        w!(o, "request_body_idle = {}", dur(t.request_body_idle));
+        w!(o, "answer_body_idle = {}", dur(t.answer_body_idle));
         w!(o, "tunnel_idle = {}", dur(t.tunnel_idle));
     }
     w!(o, "drain = {}", dur(t.drain));

@@ -34,6 +34,9 @@ pub(super) fn validate(path: &Path, text: &str) -> Result<(Config, RawConfig), C
     Ok((cfg, raw))
 }
 
+/// Shortest signed-cookie key a config file may hold (docs/config.md).
+const MIN_COOKIE_KEY_BYTES: usize = 32;
+
 /// Active check timing, defaults applied: `(interval, timeout, jitter)`. HAProxy's `inter`
 /// default of 2 s; a check may take one interval; jitter a tenth of it.
 pub(super) fn check_timing(h: Option<&RawHealth>) -> (Duration, Duration, Duration) {
@@ -490,6 +493,8 @@ impl Validator<'_> {
             set(&t.connect, &mut timeouts.connect);
             set(&t.header_read, &mut timeouts.header_read);
             set(&t.upstream_answer, &mut timeouts.upstream_answer);
+            set(&t.request_body_idle, &mut timeouts.request_body_idle);
+            set(&t.answer_body_idle, &mut timeouts.answer_body_idle);
             set(&t.tunnel_idle, &mut timeouts.tunnel_idle);
             set(&t.drain, &mut timeouts.drain);
             set(&t.proxy_header, &mut proxy_protocol.header_timeout);
@@ -502,6 +507,8 @@ impl Validator<'_> {
                 (t.idle, "idle"),
                 (t.header_read, "header_read"),
                 (t.upstream_answer, "upstream_answer"),
+                (t.request_body_idle, "request_body_idle"),
+                (t.answer_body_idle, "answer_body_idle"),
                 (t.tunnel_idle, "tunnel_idle"),
                 (t.proxy_header, "proxy_header"),
             ] {
@@ -552,6 +559,16 @@ impl Validator<'_> {
                 ));
             }
             limits.max_client_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(m) = &l.h2_max_concurrent_streams {
+            let k = format!("{key}.h2_max_concurrent_streams");
+            if mode != Mode::Http {
+                return Err(self.err(m, k, "only for mode = \"http\""));
+            }
+            limits.h2_max_concurrent_streams = match u32::try_from(m.get_ref().0) {
+                Ok(n) if (1..=65_535).contains(&n) => n,
+                _ => return Err(self.err(m, k, "must be 1 to 65535")),
+            };
         }
         Ok(ListenerDef {
             name: l.name.get_ref().clone(),
@@ -644,8 +661,20 @@ impl Validator<'_> {
                         "mode = \"signed\" needs `keys = [\"...\"]` (secrets, newest first)",
                     ));
                 };
-                for k in keys.get_ref() {
+                for (i, k) in keys.get_ref().iter().enumerate() {
                     not_redacted(k).map_err(|m| self.err(keys, format!("{key}.keys"), m))?;
+                    // HMAC-SHA256 keys shorter than its 32-byte output weaken it; the core
+                    // accepts 16 (tests, the library API), a config file never less than 32.
+                    if k.len() < MIN_COOKIE_KEY_BYTES {
+                        return Err(self.err(
+                            keys,
+                            format!("{key}.keys[{i}]"),
+                            format!(
+                                "is {} bytes: signed-cookie keys need at least {MIN_COOKIE_KEY_BYTES} (e.g. `openssl rand -base64 32`)",
+                                k.len()
+                            ),
+                        ));
+                    }
                 }
                 CookieMode::Signed {
                     keys: keys

@@ -1,7 +1,7 @@
 //! One request, from the client's head to the answer's head.
 //!
 //! ```text
-//!  request ─► checks (target length, framing, CONNECT) ─► 400/405/414
+//!  request ─► checks (target length, framing, Host rules, CONNECT) ─► 400/405/414
 //!     ─► presented (cookie, home cookie, table key, spread key) ─► route (the core's one
 //!        decision, via State::route) ─► node, outcome, cookies, table write ─► 503 if none
 //!     ─► rewrite head (strip our cookie, hop-by-hop, X-Forwarded-*, Host, origin-form)
@@ -305,6 +305,10 @@ async fn proxy(
         );
     }
 
+    if let Some(why) = hdr::host_problem(req.uri(), req.headers()) {
+        return local_close(StatusCode::BAD_REQUEST, id, why);
+    }
+
     let upgrade = is_upgrade_request(&req);
     let websocket = req
         .headers()
@@ -357,7 +361,7 @@ async fn proxy(
     // A copy to replay elsewhere, kept only when replaying is allowed at all.
     let replay =
         (is_idempotent(&head.method) && body.is_end_stream() && !upgrade).then(|| head.clone());
-    let (up_body, body_done) = UpBody::streamed(body);
+    let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.request_body_idle);
     // Request body bytes, counted to the node that finally answers.
     let request_bytes = up_body.tally();
 
@@ -389,6 +393,14 @@ async fn proxy(
     }
     let mut resp = match result {
         Ok(resp) => resp,
+        Err(e) if e.stage == Stage::ClientBody && e.is_timeout() => {
+            // HAProxy's `timeout client` answer for a body that stopped coming.
+            return local_close(
+                StatusCode::REQUEST_TIMEOUT,
+                id,
+                "request body not received in time",
+            );
+        }
         Err(e) if e.stage == Stage::ClientBody => {
             return local_close(
                 StatusCode::BAD_REQUEST,
@@ -470,7 +482,7 @@ async fn proxy(
         );
         return out;
     }
-    let body = ProxyBody::upstream(rbody).counted(
+    let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle).counted(
         shared
             .state
             .lifecycle
@@ -644,12 +656,14 @@ impl Attempt<'_> {
                     }
                     let err = e.into_error();
                     if err.is_user() || err.is_body_write_aborted() {
-                        return Err(UpstreamError::new(
-                            Stage::ClientBody,
-                            Cause::Io(std::io::ErrorKind::Other),
-                            true,
-                            err,
-                        ));
+                        // The client's body failed or went quiet: not the node's fault. The
+                        // node connection is dropped with the unfinished request.
+                        let cause = if super::body::is_body_idle(&err) {
+                            Cause::Timeout
+                        } else {
+                            Cause::Io(std::io::ErrorKind::Other)
+                        };
+                        return Err(UpstreamError::new(Stage::ClientBody, cause, true, err));
                     }
                     let cause = if err.is_parse() || err.is_parse_status() {
                         Cause::Protocol

@@ -8,8 +8,10 @@
 //!    └─► task per connection: PROXY header (trusted peers) ─► TLS accept (TLS listeners)
 //!          └─► hyper-util auto (HTTP/1.1 or HTTP/2)
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
-//!          ├─► idle watch: no request in flight for keep_alive_idle ─► graceful close
-//!          └─► shutdown signal ─► graceful close (finish in-flight, then close)
+//!          ├─► idle watch: no request in flight for keep_alive_idle (header_read before the
+//!          │     first request) ─► graceful close ─► socket dropped if the client stays
+//!          │     (a stalled HTTP/2 header block never lets the connection end by itself)
+//!          └─► shutdown signal ─► graceful close (finish in-flight, then close; cut at drain)
 //! ```
 
 use std::future::Future;
@@ -428,6 +430,13 @@ pub async fn serve_listener(
 
 /// Serves one client connection (plain or TLS) until it ends, idles out or the listener
 /// drains.
+///
+/// A graceful close (GOAWAY on HTTP/2) asks the client to go; it does not make it go. A
+/// client that never answers, or one stuck in the middle of a header block (HEADERS without
+/// END_HEADERS, after which HTTP/2 allows no other frame), would keep the socket and its
+/// `max_connections` slot for good. So the socket is dropped once the connection has stayed
+/// without a request in flight for [`CLOSE_GRACE`] after an idle close, or after `drain` on
+/// shutdown.
 async fn serve_connection<I: crate::tcp::Io + 'static>(
     ctx: Arc<ConnCtx>,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -441,17 +450,43 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let result = tokio::select! {
-        r = conn.as_mut() => r,
+        r = conn.as_mut() => Some(r),
         () = idle_watch(&ctx) => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
+            ctx.touch();
+            tokio::select! {
+                r = conn.as_mut() => Some(r),
+                () = quiet_for(&ctx, grace) => None,
+            }
         }
         () = async { let _ = draining.wait_for(|d| *d).await; } => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
         }
     };
-    if let Err(e) = result {
-        tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended with an error");
+    match result {
+        Some(Err(e)) => {
+            tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended with an error")
+        }
+        Some(Ok(())) => {}
+        None => {
+            tracing::debug!(peer = %ctx.peer, "client did not close after a graceful close: socket dropped")
+        }
+    }
+}
+
+/// How long a connection asked to close (GOAWAY) may stay without a request in flight before
+/// its socket is dropped: enough for a request that crossed the GOAWAY to arrive.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves once the connection has had no request in flight for `limit`.
+async fn quiet_for(ctx: &ConnCtx, limit: Duration) {
+    loop {
+        match ctx.idle_for() {
+            Some(idle) if idle >= limit => return,
+            Some(idle) => tokio::time::sleep(limit - idle).await,
+            None => tokio::time::sleep(limit).await,
+        }
     }
 }
