@@ -305,7 +305,7 @@ async fn proxy(
         );
     }
 
-    if let Some(why) = hdr::host_problem(req.uri(), req.headers()) {
+    if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
         return local_close(StatusCode::BAD_REQUEST, id, why);
     }
 

@@ -22,14 +22,25 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// Headers a `Connection` line cannot remove.
 const END_TO_END: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::CONTENT_TYPE];
 
-/// Why a request's `Host` is refused (400), as HAProxy refuses it: several `Host` fields, or a
-/// target or `:authority` naming another host than `Host` (two parsers would disagree on which
-/// site is asked for).
-pub(crate) fn host_problem(uri: &http::Uri, headers: &HeaderMap) -> Option<&'static str> {
+/// Why a request's `Host` is refused (400), as HAProxy refuses it: several `Host` fields, or
+/// an HTTP/1 absolute-form target naming another host than `Host` (two parsers would disagree
+/// on which site is asked for: RFC 9112 3.2.2 says the target wins, most servers read `Host`).
+///
+/// HTTP/2 is left as it was: `:authority` is always there, common clients add a `Host` of
+/// their own (`curl -H Host:`, hyper), and a node only ever sees `Host`: the `Host` field
+/// wins when present, `:authority` fills it in when not.
+pub(crate) fn host_problem(
+    version: http::Version,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+) -> Option<&'static str> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
         return Some("several Host headers");
+    }
+    if version >= http::Version::HTTP_2 {
+        return None;
     }
     match (uri.authority(), host) {
         (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
