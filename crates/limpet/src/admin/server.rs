@@ -169,8 +169,18 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                 "writes need `Authorization: Bearer <token>`",
             );
         }
+        // With or without a token: a browser page elsewhere must not write here.
+        if let Some(why) = super::auth::cross_site_refusal(&method, req.headers()) {
+            return error(StatusCode::FORBIDDEN, why);
+        }
     }
     let c = &state.control;
+    // HEAD answers as GET does; hyper sends the head without the body.
+    let method = if method == Method::HEAD {
+        Method::GET
+    } else {
+        method
+    };
     match (&method, segs.as_slice()) {
         (&Method::GET, [""]) => text(
             StatusCode::OK,
