@@ -170,7 +170,10 @@ fn fresh_keyed(state: &State, client: &str) -> (Option<String>, bool) {
 async fn a_held_trial_sends_the_next_session_elsewhere_and_pins_it_there() {
     let state = State::new(cfg(&["a", "b"], "30m")).expect("state");
     let a = state.node_id("a").expect("a");
-    while state.observe(a, limpet_core::Observation::TrafficFailed).is_none() {}
+    while state
+        .observe(a, limpet_core::Observation::TrafficFailed)
+        .is_none()
+    {}
     assert_eq!(
         state.node_views()[0].state,
         NodeState::Down,
