@@ -27,6 +27,9 @@
 //!
 //! Half-close: when one side ends its stream (FIN), the other side's write half is shut down
 //! and the other direction keeps going until it ends too.
+//!
+//! [`WriteDeadline`] is the same stalled-writer rule for the HTTP answer path, where hyper
+//! does the writing: a client connection whose write stays blocked for `client_idle` fails.
 
 use std::future::Future;
 use std::io;
@@ -329,4 +332,137 @@ async fn close_websocket<NR, CW, CR>(
         .await;
     }
     let _ = tokio::time::timeout(CLOSE_GRACE, cw.shutdown()).await;
+}
+
+/// A client connection whose writes may not stay blocked for longer than its limit: the
+/// HTTP answer path's counterpart of the relay's stalled-writer rule (HAProxy's `timeout
+/// client` while sending). hyper writes an answer only as fast as the client reads it, and
+/// while a write is blocked nothing else of the connection runs: no body timer is polled.
+/// Here the blocked write itself fails with `TimedOut` once the client has taken nothing
+/// for the limit, which ends the connection and releases the node connection behind it.
+///
+/// The limit is shared ([`WriteLimit`]) so that an upgraded connection hands the rule over
+/// to the relay's own per-direction timer (`tunnel_idle`) instead of keeping this one.
+#[derive(Debug)]
+pub struct WriteDeadline<I> {
+    io: I,
+    limit: WriteLimit,
+    /// Armed at the first write that could not proceed, dropped at the next that did.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// The write limit of one client connection, in milliseconds (`u64::MAX`: none).
+#[derive(Debug, Clone)]
+pub struct WriteLimit(std::sync::Arc<AtomicU64>);
+
+impl WriteLimit {
+    pub fn new(limit: Duration) -> Self {
+        WriteLimit(std::sync::Arc::new(AtomicU64::new(
+            u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+        )))
+    }
+
+    /// No limit from now on (the connection became a tunnel).
+    pub fn lift(&self) {
+        self.0.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
+impl<I> WriteDeadline<I> {
+    pub fn new(io: I, limit: WriteLimit) -> Self {
+        WriteDeadline {
+            io,
+            limit,
+            timer: None,
+        }
+    }
+
+    /// The write could not proceed: pending until the limit, then an error.
+    fn blocked<T>(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<T>> {
+        use std::task::Poll;
+        let Some(limit) = self.limit.get() else {
+            self.timer = None;
+            return Poll::Pending;
+        };
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed<T>(
+        &mut self,
+        r: std::task::Poll<io::Result<T>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<T>> {
+        match r {
+            std::task::Poll::Pending => self.blocked(cx),
+            ready => {
+                self.timer = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for WriteDeadline<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progressed(r, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progressed(r, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.progressed(r, cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }

@@ -185,7 +185,7 @@ impl Drop for SilentNode {
 async fn http1_request_body_that_stops_gets_408_and_the_node_connection_is_released() {
     let mut node = SilentNode::start(b"").await;
     let mut cfg = node.config();
-    cfg.timeouts.request_body_idle = Duration::from_millis(300);
+    cfg.timeouts.client_idle = Duration::from_millis(300);
     let proxy = Proxy::start(cfg).await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
     s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789")
@@ -243,7 +243,7 @@ mod tokio_stream_like {
 async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {
     let mut node = SilentNode::start(b"").await;
     let mut cfg = node.config();
-    cfg.timeouts.request_body_idle = Duration::from_millis(300);
+    cfg.timeouts.client_idle = Duration::from_millis(300);
     let proxy = Proxy::start(cfg).await;
     let mut sender = h2_client(proxy.addr).await;
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
@@ -353,9 +353,10 @@ async fn an_answer_body_that_stops_is_cut_and_the_node_connection_released() {
     proxy.stop().await;
 }
 
-/// A WebSocket node that floods the client with binary frames until its socket fails; it
-/// reads (and drops) what the client sends. Reports once one write has blocked for a while
-/// (the queue towards the client is full) and when a write fails (the tunnel was closed).
+/// A node that answers a request head with `head` (a 101, or a 200 with a huge length) and
+/// then floods the client with binary WebSocket frames until its socket fails; it reads (and
+/// drops) what the client sends. Reports once one write has blocked for a while (the queue
+/// towards the client is full) and when a write fails (limpet closed the connection).
 struct FloodNode {
     addr: SocketAddr,
     blocked: Option<oneshot::Receiver<()>>,
@@ -363,8 +364,10 @@ struct FloodNode {
     task: tokio::task::JoinHandle<()>,
 }
 
+const WS_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+
 impl FloodNode {
-    async fn start() -> FloodNode {
+    async fn start(answer: &'static [u8]) -> FloodNode {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (blocked_tx, blocked) = oneshot::channel();
@@ -386,9 +389,7 @@ impl FloodNode {
                 let mut sink = [0u8; 4096];
                 while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
             });
-            let ok = w
-                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
-                .await;
+            let ok = w.write_all(answer).await;
             if ok.is_err() {
                 return;
             }
@@ -457,7 +458,7 @@ async fn ws_upgrade(addr: SocketAddr) -> TcpStream {
 /// though the other direction is busy: the tunnel is closed.
 #[tokio::test]
 async fn a_websocket_client_that_stops_reading_is_closed_after_tunnel_idle() {
-    let mut node = FloodNode::start().await;
+    let mut node = FloodNode::start(WS_101).await;
     let mut cfg = ProxyConfig::new(vec![NodeConfig {
         name: "flood".into(),
         addr: node.addr,
@@ -486,7 +487,7 @@ async fn a_websocket_client_that_stops_reading_is_closed_after_tunnel_idle() {
 /// client that stopped reading.
 #[tokio::test]
 async fn shutdown_interrupts_a_tunnel_blocked_writing_to_a_client() {
-    let mut node = FloodNode::start().await;
+    let mut node = FloodNode::start(WS_101).await;
     let mut cfg = ProxyConfig::new(vec![NodeConfig {
         name: "flood".into(),
         addr: node.addr,
@@ -559,6 +560,39 @@ async fn connection_listing_host_never_removes_host() {
     assert!(
         !lower.contains("x-secret"),
         "listed names still go: {answer}"
+    );
+    proxy.stop().await;
+}
+
+/// Deliverable 1: a client that stops reading an HTTP answer. hyper's write to it blocks;
+/// after `client_idle` the write fails, the connection closes and the node connection behind
+/// it is released.
+#[tokio::test]
+async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle() {
+    let mut node =
+        FloodNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n").await;
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "flood".into(),
+        addr: node.addr,
+    }]);
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = [0u8; 12];
+    tokio::time::timeout(SOON, client.read_exact(&mut first))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    // No more reading from here.
+    let failed = node.failed.take().expect("receiver");
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "the stalled answer's node connection was released"
     );
     proxy.stop().await;
 }

@@ -135,9 +135,11 @@ pub struct Timeouts {
     pub connect: Duration,
     /// From sending a request to a node until its answer head arrives: 504 after it.
     pub upstream_answer: Duration,
-    /// While a request body is being read, the longest wait for its next bytes: the client
-    /// gets 408 and the node connection is closed (HAProxy's `timeout client`).
-    pub request_body_idle: Duration,
+    /// The longest the client may leave limpet waiting in the middle of an exchange
+    /// (HAProxy's `timeout client`): for the next bytes of a request body it announced (then
+    /// 408, and the node connection is closed), or to take the next bytes of an answer
+    /// (a write to it blocked this long closes the connection). Tunnels use `tunnel_idle`.
+    pub client_idle: Duration,
     /// While an answer body is being relayed, the longest wait for the node's next bytes: the
     /// answer is cut and the node connection closed (HAProxy's `timeout server`).
     pub answer_body_idle: Duration,
@@ -158,7 +160,7 @@ impl Default for Timeouts {
             keep_alive_idle: Duration::from_secs(60),
             connect: Duration::from_secs(3),
             upstream_answer: Duration::from_secs(60),
-            request_body_idle: Duration::from_secs(60),
+            client_idle: Duration::from_secs(60),
             answer_body_idle: Duration::from_secs(60),
             tunnel_idle: Duration::from_secs(300),
             upstream_idle: Duration::from_secs(30),

@@ -235,7 +235,7 @@ pub(crate) struct RawTimeouts {
     pub(crate) idle: Option<Dur>,
     pub(crate) header_read: Option<Dur>,
     pub(crate) upstream_answer: Option<Dur>,
-    pub(crate) request_body_idle: Option<Dur>,
+    pub(crate) client_idle: Option<Dur>,
     pub(crate) answer_body_idle: Option<Dur>,
     pub(crate) tunnel_idle: Option<Dur>,
     pub(crate) drain: Option<Dur>,

@@ -290,7 +290,7 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     w!(o, "header_read = {}", dur(t.header_read));
     if http {
         w!(o, "upstream_answer = {}", dur(t.upstream_answer));
-        w!(o, "request_body_idle = {}", dur(t.request_body_idle));
+        w!(o, "client_idle = {}", dur(t.client_idle));
         w!(o, "answer_body_idle = {}", dur(t.answer_body_idle));
         w!(o, "tunnel_idle = {}", dur(t.tunnel_idle));
     }

@@ -493,7 +493,7 @@ impl Validator<'_> {
             set(&t.connect, &mut timeouts.connect);
             set(&t.header_read, &mut timeouts.header_read);
             set(&t.upstream_answer, &mut timeouts.upstream_answer);
-            set(&t.request_body_idle, &mut timeouts.request_body_idle);
+            set(&t.client_idle, &mut timeouts.client_idle);
             set(&t.answer_body_idle, &mut timeouts.answer_body_idle);
             set(&t.tunnel_idle, &mut timeouts.tunnel_idle);
             set(&t.drain, &mut timeouts.drain);
@@ -507,7 +507,7 @@ impl Validator<'_> {
                 (t.idle, "idle"),
                 (t.header_read, "header_read"),
                 (t.upstream_answer, "upstream_answer"),
-                (t.request_body_idle, "request_body_idle"),
+                (t.client_idle, "client_idle"),
                 (t.answer_body_idle, "answer_body_idle"),
                 (t.tunnel_idle, "tunnel_idle"),
                 (t.proxy_header, "proxy_header"),

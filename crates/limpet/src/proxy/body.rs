@@ -4,7 +4,7 @@
 //! - [`UpBody`] goes to a node: the client's body, or nothing for a replayed bodiless request.
 //!   It reports when the client's body has been read to its end, which starts the upstream
 //!   answer clock (a long upload is not an unanswered request). A client that stops sending
-//!   its body for `request_body_idle` ends it with [`BodyIdle`]: the node connection is
+//!   its body for `client_idle` ends it with [`BodyIdle`]: the node connection is
 //!   closed and the client gets 408.
 //! - [`ProxyBody`] goes to the client: the node's answer, or a short answer limpet wrote. It
 //!   holds the connection's "request in flight" mark until hyper drops it, so the keep-alive

@@ -361,7 +361,7 @@ async fn proxy(
     // A copy to replay elsewhere, kept only when replaying is allowed at all.
     let replay =
         (is_idempotent(&head.method) && body.is_end_stream() && !upgrade).then(|| head.clone());
-    let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.request_body_idle);
+    let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
     // Request body bytes, counted to the node that finally answers.
     let request_bytes = up_body.tally();
 
@@ -467,6 +467,9 @@ async fn proxy(
     if let (Some(client), Some(upstream), Some(rt)) =
         (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
     {
+        // From here the relay's per-direction rule (`tunnel_idle`) bounds writes to the
+        // client.
+        ctx.write_limit.lift();
         upgrade::spawn_tunnel(
             client,
             upstream,

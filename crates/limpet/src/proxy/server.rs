@@ -8,6 +8,7 @@
 //!    └─► task per connection: PROXY header (trusted peers) ─► TLS accept (TLS listeners)
 //!          └─► hyper-util auto (HTTP/1.1 or HTTP/2)
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
+//!          ├─► writes blocked for client_idle (a client that stopped reading) ─► closed
 //!          ├─► idle watch: no request in flight for keep_alive_idle (header_read before the
 //!          │     first request) ─► graceful close ─► socket dropped if the client stays
 //!          │     (a stalled HTTP/2 header block never lets the connection end by itself)
@@ -173,6 +174,9 @@ pub(crate) struct ConnCtx {
     /// The node assigned to this connection's first unpinned request, so requests sent
     /// before the client has the cookie land together.
     pub(crate) pin: ConnPin,
+    /// How long a write to this client may stay blocked (`client_idle`); lifted when the
+    /// connection becomes a tunnel, whose relay has its own per-direction rule.
+    pub(crate) write_limit: crate::relay::WriteLimit,
     active: AtomicUsize,
     served: AtomicU64,
     /// Milliseconds since `started` at the last request start or end.
@@ -191,15 +195,16 @@ impl ConnCtx {
     ) -> Self {
         let trusted = shared.trusted.iter().any(|n| n.contains(tcp_peer.ip()));
         ConnCtx {
-            shared,
             peer,
             tls,
             trusted,
             pin: ConnPin::new(),
+            write_limit: crate::relay::WriteLimit::new(shared.timeouts.client_idle),
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
             started: Instant::now(),
+            shared,
         }
     }
 
@@ -447,6 +452,8 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         let ctx = Arc::clone(&ctx);
         service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
     };
+    // A client that stops reading an answer fails the blocked write after `client_idle`.
+    let io = crate::relay::WriteDeadline::new(io, ctx.write_limit.clone());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let result = tokio::select! {
