@@ -21,6 +21,8 @@
 //! - [`health`]: active health checks (TCP, HTTP, TLS) feeding the core's health state machine.
 //! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.
 //! - [`drain`]: closing WebSocket tunnels cleanly (close 1001 between frames) at a drain deadline.
+//! - [`net`]: the accept rule every listener shares; out of file descriptors logged once per
+//!   interval and never held against a node.
 //! - [`relay`]: the one relay of every tunnel (TCP sessions, WebSocket and other upgrades):
 //!   idle and stalled-writer timers per direction, close signals that interrupt a blocked write.
 //! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
@@ -44,6 +46,7 @@ pub mod error;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
+pub mod net;
 pub mod nodes;
 pub mod probe;
 pub mod proxy;

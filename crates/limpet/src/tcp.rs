@@ -190,6 +190,8 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
 struct Connected {
     node: NodeId,
     stream: TcpStream,
+    /// The session's slot among the node's `max_connections`.
+    _admitted: Option<crate::nodes::Admitted>,
 }
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
@@ -224,15 +226,34 @@ async fn connect(
         let route = state.route(table.zip(key), input, None, def.timeouts.connect);
         let node = route.node?;
         let addr = state.upstream(def, node, local_port)?;
+        // A node at its max_connections: the session waits in its queue, as HTTP requests
+        // do; refused (queue full or timed out), the client's connection is closed.
+        let admitted = match state.node_rt(node) {
+            Some(rt) => match rt.admit(def.timeouts.queue).await {
+                Ok(a) => Some(a),
+                Err(r) => {
+                    tracing::warn!(listener = %def.name, node = state.node_name(node), reason = r.as_str(), "session refused");
+                    return None;
+                }
+            },
+            None => None,
+        };
         let err = match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => {
                 state.observe(node, Observation::TrafficOk);
                 let _ = stream.set_nodelay(true);
-                return Some(Connected { node, stream });
+                return Some(Connected {
+                    node,
+                    stream,
+                    _admitted: admitted,
+                });
             }
             Ok(Err(e)) => UpstreamError::io(Stage::Connect, &e),
             Err(_) => UpstreamError::timeout(Stage::Connect, false),
         };
+        if err.cause == crate::error::Cause::Local {
+            crate::net::LOCAL_FDS.note(&def.name);
+        }
         tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "connect failed");
         if let Some(obs) = err.observation() {
             state.observe(node, obs);
@@ -377,14 +398,7 @@ pub async fn serve(
         };
         let (stream, peer) = tokio::select! {
             () = stopped(&mut shutdown) => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(listener = %name, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            s = crate::net::accept(&listener, &name) => s,
         };
         // Reap finished sessions so the set does not grow with every connection ever made.
         while sessions.try_join_next().is_some() {}

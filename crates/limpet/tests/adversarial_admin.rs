@@ -312,3 +312,136 @@ async fn maint_interrupts_a_websocket_tunnel_blocked_in_a_write() {
     );
     l.stop().await;
 }
+
+/// An HTTP node on 127.0.0.2 that answers every request after `delay`, counting the requests
+/// it is working on at once (the most ever, too) and reporting each request head it gets.
+struct CountingNode {
+    port: u16,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    heads: tokio::sync::mpsc::Receiver<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingNode {
+    async fn start(delay: Duration) -> CountingNode {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.2:0").await.expect("bind");
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let most = Arc::new(AtomicUsize::new(0));
+        let now = Arc::new(AtomicUsize::new(0));
+        let (tx, heads) = tokio::sync::mpsc::channel(64);
+        let counted = Arc::clone(&most);
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (most, now, tx) = (Arc::clone(&counted), Arc::clone(&now), tx.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut seen = Vec::new();
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                        // One request at a time per connection (no pipelining from limpet).
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(at_once, Ordering::SeqCst);
+                            let _ = tx.try_send(());
+                            tokio::time::sleep(delay).await;
+                            now.fetch_sub(1, Ordering::SeqCst);
+                            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        CountingNode {
+            port,
+            most,
+            heads,
+            task,
+        }
+    }
+}
+
+impl Drop for CountingNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn limited_config(port: u16, node: &str, queue: &str) -> String {
+    format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n{node}\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\ntimeouts = {{ queue = \"{queue}\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n"
+    )
+}
+
+/// Deliverable 2: a node's `max_connections` makes a burst wait in the node's queue instead
+/// of opening a connection per request (HAProxy's `maxconn`); every request is served.
+#[tokio::test]
+async fn a_burst_waits_in_the_node_queue_within_max_connections() {
+    let node = CountingNode::start(Duration::from_millis(50)).await;
+    let cfg = ConfigFile::new(
+        "adv-maxconn",
+        &limited_config(node.port, "max_connections = 2", "10s"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    // Twelve clients at once, each on its own connection.
+    let burst = (0..12).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            bare_client()
+                .get(&url)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    });
+    for r in futures_util::future::join_all(burst).await {
+        assert_eq!(r.expect("task").expect("answer"), 200);
+    }
+    let most = node.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&most),
+        "at most 2 requests at the node at once, saw {most}"
+    );
+    l.stop().await;
+}
+
+/// Deliverable 2: a request that waits longer than `timeouts.queue` for a slot gets 503
+/// with Retry-After (HAProxy's `timeout queue`).
+#[tokio::test]
+async fn a_request_queued_past_the_queue_timeout_gets_503() {
+    let mut node = CountingNode::start(Duration::from_secs(30)).await;
+    let cfg = ConfigFile::new(
+        "adv-queue-timeout",
+        &limited_config(node.port, "max_connections = 1", "300ms"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    // The first request takes the only slot (the node has its head).
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { bare_client().get(&url).send().await.map(|r| r.status()) }
+    });
+    tokio::time::timeout(SOON, node.heads.recv())
+        .await
+        .expect("the first request reached the node")
+        .expect("head");
+    let r = tokio::time::timeout(SOON, bare_client().get(&url).send())
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    first.abort();
+    l.stop().await;
+}

@@ -71,14 +71,7 @@ pub async fn serve(
     loop {
         let (stream, _peer) = tokio::select! {
             () = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            s = crate::net::accept(&listener, "admin") => s,
         };
         let state = Arc::clone(&state);
         let mut stop = stop_rx.clone();

@@ -147,6 +147,9 @@ pub struct Timeouts {
     /// so is one where either direction has bytes it could not write for this long (a peer
     /// that stopped reading). See [`crate::relay`].
     pub tunnel_idle: Duration,
+    /// How long a request or session waits for a slot of a node at its `max_connections`
+    /// (HAProxy's `timeout queue`; unset, the `connect` timeout, as in HAProxy): 503 after it.
+    pub queue: Duration,
     /// An idle pooled connection to a node older than this is not reused.
     pub upstream_idle: Duration,
     /// On shutdown, how long in-flight connections get to finish before being cut.
@@ -163,6 +166,7 @@ impl Default for Timeouts {
             client_idle: Duration::from_secs(60),
             answer_body_idle: Duration::from_secs(60),
             tunnel_idle: Duration::from_secs(300),
+            queue: Duration::from_secs(3),
             upstream_idle: Duration::from_secs(30),
             drain: Duration::from_secs(10),
         }

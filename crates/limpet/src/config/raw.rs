@@ -75,6 +75,10 @@ pub(crate) struct RawNode {
     pub(crate) weight: Option<Spanned<u32>>,
     /// The port active checks of this node probe (HAProxy's `check port`).
     pub(crate) check_port: Option<Spanned<u16>>,
+    /// Connections open to the node at once, over every listener (HAProxy's `maxconn`).
+    pub(crate) max_connections: Option<Spanned<Size>>,
+    /// Requests or sessions that may wait for one of them (HAProxy's `maxqueue`).
+    pub(crate) max_queue: Option<Spanned<Size>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -240,6 +244,7 @@ pub(crate) struct RawTimeouts {
     pub(crate) tunnel_idle: Option<Dur>,
     pub(crate) drain: Option<Dur>,
     pub(crate) proxy_header: Option<Dur>,
+    pub(crate) queue: Option<Dur>,
 }
 
 /// A duration written as a string: `"30m"`, `"5s"`, `"250ms"`, `"1h30m"`, `"2d"`.

@@ -159,6 +159,10 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
         if let Some(p) = r.and_then(|r| r.check_port.as_ref()) {
             w!(o, "check_port = {}", p.get_ref());
         }
+        if let Some(m) = n.max_connections {
+            w!(o, "max_connections = {m}");
+            w!(o, "max_queue = {}", n.max_queue);
+        }
     }
     for t in &cfg.tables {
         w!(o);
@@ -296,6 +300,7 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     }
     w!(o, "drain = {}", dur(t.drain));
     w!(o, "proxy_header = {}", dur(pp.header_timeout));
+    w!(o, "queue = {}", dur(t.queue));
 }
 
 /// A listener's check, on one line (an inline table), its defaults filled in.

@@ -198,10 +198,30 @@ impl Validator<'_> {
                 }
                 None => 1,
             };
+            let count = |v: &Option<Spanned<Size>>, k: &str| -> Result<Option<u32>, ConfigError> {
+                match v {
+                    None => Ok(None),
+                    Some(v) => match u32::try_from(v.get_ref().0) {
+                        Ok(n) if n >= 1 => Ok(Some(n)),
+                        _ => Err(self.err(v, format!("{key}.{k}"), "must be 1 to 4g")),
+                    },
+                }
+            };
+            let max_connections = count(&n.max_connections, "max_connections")?;
+            let max_queue = count(&n.max_queue, "max_queue")?;
+            if let (Some(q), None) = (&n.max_queue, max_connections) {
+                return Err(self.err(
+                    q,
+                    format!("{key}.max_queue"),
+                    "a queue is for a node with max_connections",
+                ));
+            }
             out.push(NodeDef {
                 name: name.clone(),
                 addr,
                 weight,
+                max_connections,
+                max_queue: max_queue.unwrap_or(crate::config::DEFAULT_MAX_QUEUE),
             });
         }
         Ok(out)
@@ -498,6 +518,8 @@ impl Validator<'_> {
             set(&t.tunnel_idle, &mut timeouts.tunnel_idle);
             set(&t.drain, &mut timeouts.drain);
             set(&t.proxy_header, &mut proxy_protocol.header_timeout);
+            // HAProxy: `timeout queue` unset is `timeout connect`.
+            timeouts.queue = t.queue.or(t.connect).map_or(timeouts.queue, |d| d.0);
             if let Some(d) = t.idle {
                 timeouts.keep_alive_idle = d.0;
                 tcp.idle = d.0;
@@ -511,6 +533,7 @@ impl Validator<'_> {
                 (t.answer_body_idle, "answer_body_idle"),
                 (t.tunnel_idle, "tunnel_idle"),
                 (t.proxy_header, "proxy_header"),
+                (t.queue, "queue"),
             ] {
                 if d.is_some_and(|d| d.0.is_zero()) {
                     return Err(

@@ -250,6 +250,8 @@ pub struct ProxyBody {
     _active: Option<ActiveGuard>,
     /// Counts the request as open to its node until the answer body is done.
     _node: Option<crate::nodes::ConnGuard>,
+    /// The request's slot among its node's `max_connections`, held until the body is done.
+    _admitted: Option<crate::nodes::Admitted>,
     /// The node's traffic, counting the answer's bytes.
     traffic: Option<Arc<NodeTraffic>>,
 }
@@ -261,6 +263,7 @@ impl ProxyBody {
             inner: Inner::Upstream(body, IdleClock::new(idle)),
             _active: None,
             _node: None,
+            _admitted: None,
             traffic: None,
         }
     }
@@ -270,6 +273,7 @@ impl ProxyBody {
             inner: Inner::Local(Full::new(text.into())),
             _active: None,
             _node: None,
+            _admitted: None,
             traffic: None,
         }
     }
@@ -284,6 +288,12 @@ impl ProxyBody {
     pub(crate) fn counted(mut self, node: Arc<NodeTraffic>, request: &BodyTally) -> Self {
         request.bind(Arc::clone(&node));
         self.traffic = Some(node);
+        self
+    }
+
+    /// Holds the node slot until the body is done.
+    pub(crate) fn with_admission(mut self, admitted: Option<crate::nodes::Admitted>) -> Self {
+        self._admitted = admitted;
         self
     }
 

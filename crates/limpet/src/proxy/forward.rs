@@ -373,9 +373,11 @@ async fn proxy(
         replay,
         upgrade,
         id,
+        admitted: None,
     };
     let result = attempt.run(head, up_body, body_done).await;
     let chosen = attempt.route;
+    let admitted = attempt.admitted.take();
     *outcome = Some(chosen.outcome);
     log.outcome = Some(outcome_text(
         chosen.outcome,
@@ -481,6 +483,7 @@ async fn proxy(
                 spread: p.spread,
                 _open: rt.open(),
                 _tunnel: rt.tunnel(),
+                _admitted: admitted,
             },
         );
         return out;
@@ -493,6 +496,7 @@ async fn proxy(
             .node_traffic(shared.node_name(node)),
         &request_bytes,
     );
+    let body = body.with_admission(admitted);
     out.map(|_| match in_flight.1 {
         Some(guard) => body.with_node_guard(guard),
         None => body,
@@ -528,6 +532,8 @@ struct Attempt<'a> {
     replay: Option<Head>,
     upgrade: bool,
     id: &'a str,
+    /// The answering node's slot among its `max_connections` (see `NodeRuntime::admit`).
+    admitted: Option<crate::nodes::Admitted>,
 }
 
 impl Attempt<'_> {
@@ -535,6 +541,9 @@ impl Attempt<'_> {
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
         let state = &self.ctx.shared.state;
+        if e.cause == Cause::Local {
+            crate::net::LOCAL_FDS.note("connect to a node");
+        }
         if let Some(obs) = e.observation() {
             state.observe(node, obs);
         }
@@ -579,6 +588,14 @@ impl Attempt<'_> {
                     false,
                     "node without connections",
                 ));
+            };
+            // A node at its max_connections: wait in its queue (no failover: a busy node is
+            // not a failed one, and moving a pinned session would break its affinity).
+            let admitted = match shared.state.node_rt(node) {
+                Some(rt) => Some(rt.admit(shared.timeouts.queue).await.map_err(|r| {
+                    UpstreamError::new(Stage::Queue, Cause::Timeout, false, r.as_str())
+                })?),
+                None => None,
             };
             let pooled = if force_fresh { None } else { conns.checkout() };
             let was_pooled = pooled.is_some();
@@ -625,6 +642,7 @@ impl Attempt<'_> {
             };
             let err = match outcome {
                 Ok(resp) => {
+                    self.admitted = admitted;
                     if !self.upgrade {
                         conns.recycle(sender);
                     }

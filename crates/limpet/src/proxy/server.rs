@@ -354,15 +354,7 @@ pub async fn serve_listener(
         };
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning on the error.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            s = crate::net::accept(&listener, name) => s,
         };
         let current = runtime.state();
         if !Arc::ptr_eq(&current, &shared.state) {

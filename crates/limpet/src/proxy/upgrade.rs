@@ -27,6 +27,8 @@ pub(crate) struct NodeTunnel {
     pub(crate) spread: u64,
     pub(crate) _open: crate::nodes::ConnGuard,
     pub(crate) _tunnel: crate::nodes::TunnelGuard,
+    /// The tunnel's slot among the node's `max_connections`.
+    pub(crate) _admitted: Option<crate::nodes::Admitted>,
 }
 
 /// Starts the tunnel in its own task; the request's task returns the 101 right away.
@@ -51,6 +53,7 @@ pub(crate) fn spawn_tunnel(
             spread,
             _open,
             _tunnel,
+            _admitted,
         } = node;
         let closing = async move {
             tokio::select! {
