@@ -1,5 +1,13 @@
-//! Shared pieces of the network seam: accepting clients, and what running out of file
-//! descriptors does.
+//! Shared pieces of the network seam: accepting a client, connecting to a node, and what
+//! running out of file descriptors does. HTTP (`crate::proxy`) and TCP (`crate::tcp`)
+//! listeners both take a client through [`accept_client`] (PROXY header from trusted peers,
+//! then TLS) and reach a node through [`connect_node`] and [`node_tls`], so each of those
+//! rules and timeouts is written once; the relay between them is [`crate::relay`].
+//!
+//! ```text
+//!  accept (one rule for errors) ─► accept_client: PROXY header? ─► TLS accept? (header_read)
+//!  connect_node (connect timeout, no Nagle) ─► [PROXY header, TCP] ─► node_tls? (connect)
+//! ```
 //!
 //! Every listener (HTTP, TCP, admin) accepts through [`accept`], so an accept error has one
 //! rule: back off briefly instead of spinning, and log it at most once per
@@ -10,11 +18,15 @@
 //! flap DOWN/UP because limpet ran out of sockets.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+
+use crate::config::ListenerDef;
+use crate::error::{Stage, UpstreamError};
+use crate::tcp::{Io, Peer};
 
 /// At most one log line per this interval for each kind of local resource error.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -80,6 +92,104 @@ pub async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAdd
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
+    }
+}
+
+/// A client ready to be served: who it is, and its byte stream (TLS already accepted on a
+/// TLS listener).
+pub struct Client {
+    /// From a trusted PROXY header, else the connection's own addresses.
+    pub who: Peer,
+    /// The address the TCP connection came from (trust decisions use this one).
+    pub tcp_peer: SocketAddr,
+    /// limpet's own socket address the client reached (`node_port = "same"` uses its port).
+    pub local: SocketAddr,
+    pub io: Box<dyn Io>,
+    pub tls: bool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("who", &self.who)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Takes an accepted connection through a listener's client side: Nagle off, the PROXY
+/// header from a trusted peer (within `proxy_header`), then the TLS handshake on a TLS
+/// listener (within `header_read`, like the request head that follows it). `Err` says why
+/// the connection is refused, for a debug log line.
+pub async fn accept_client(
+    stream: TcpStream,
+    peer: SocketAddr,
+    def: &ListenerDef,
+) -> Result<Client, String> {
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
+    let (who, stream) = crate::tcp::read_proxy_header(stream, peer, local, &def.proxy_protocol)
+        .await
+        .map_err(|e| format!("PROXY header refused: {e}"))?;
+    let (io, tls): (Box<dyn Io>, bool) = match &def.tls {
+        Some(cfg) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
+            match tokio::time::timeout(def.timeouts.header_read, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => (Box::new(s), true),
+                Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}")),
+                Err(_) => return Err("TLS handshake timed out".into()),
+            }
+        }
+        None => (Box::new(stream), false),
+    };
+    Ok(Client {
+        who,
+        tcp_peer: peer,
+        local,
+        io,
+        tls,
+    })
+}
+
+/// A TCP connection to a node within `timeout`, Nagle off (small writes, heads and WebSocket
+/// frames, must not wait). Out of file descriptors is noted once per interval and carries
+/// no verdict on the node.
+pub async fn connect_node(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, UpstreamError> {
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            if crate::error::out_of_fds(&e) {
+                LOCAL_FDS.note("connect to a node");
+            }
+            return Err(UpstreamError::io(Stage::Connect, &e));
+        }
+        Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// TLS to a node (`tls`: the client config and the name to send and verify) within
+/// `timeout`; the plain stream when the listener does not use TLS to its nodes.
+pub async fn node_tls<S>(
+    stream: S,
+    tls: Option<(
+        &Arc<rustls::ClientConfig>,
+        rustls_pki_types::ServerName<'static>,
+    )>,
+    timeout: Duration,
+) -> Result<Box<dyn Io>, UpstreamError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Some((cfg, name)) = tls else {
+        return Ok(Box::new(stream));
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(cfg));
+    match tokio::time::timeout(timeout, connector.connect(name, stream)).await {
+        Ok(Ok(s)) => Ok(Box::new(s)),
+        Ok(Err(e)) => Err(UpstreamError::io(Stage::Tls, &e)),
+        Err(_) => Err(UpstreamError::timeout(Stage::Tls, false)),
     }
 }
 

@@ -13,7 +13,8 @@
 //!                                           (NodeRuntime::session_end), or shutdown.
 //! ```
 //!
-//! The relay is [`crate::relay`], the one WebSocket tunnels use too. Half-close: when one
+//! Accepting the client and connecting to the node go through [`crate::net`], and the relay
+//! is [`crate::relay`]: the same code HTTP listeners and WebSocket tunnels use. Half-close: when one
 //! side ends its stream (FIN), the relay shuts down the write side of the other and keeps
 //! copying the other direction until it ends too. Idle: a session with no byte either way for
 //! `timeouts.idle`, or with bytes one side has not read for that long, is closed.
@@ -34,7 +35,6 @@ use tokio::task::JoinSet;
 
 use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
-use crate::error::{Stage, UpstreamError};
 use crate::relay::{relay, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
@@ -238,22 +238,17 @@ async fn connect(
             },
             None => None,
         };
-        let err = match tokio::time::timeout(def.timeouts.connect, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
+        let err = match crate::net::connect_node(addr, def.timeouts.connect).await {
+            Ok(stream) => {
                 state.observe(node, Observation::TrafficOk);
-                let _ = stream.set_nodelay(true);
                 return Some(Connected {
                     node,
                     stream,
                     _admitted: admitted,
                 });
             }
-            Ok(Err(e)) => UpstreamError::io(Stage::Connect, &e),
-            Err(_) => UpstreamError::timeout(Stage::Connect, false),
+            Err(e) => e,
         };
-        if err.cause == crate::error::Cause::Local {
-            crate::net::LOCAL_FDS.note(&def.name);
-        }
         tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "connect failed");
         if let Some(obs) = err.observation() {
             state.observe(node, obs);
@@ -274,29 +269,14 @@ async fn session(
         return;
     };
     let def = slot.def.load_full();
-    let local = stream.local_addr().unwrap_or(peer);
-    let _ = stream.set_nodelay(true);
-    let (who, stream) = match read_proxy_header(stream, peer, local, &def.proxy_protocol).await {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::debug!(listener = %def.name, %peer, error = %e, "PROXY header refused");
+    let accepted = match crate::net::accept_client(stream, peer, &def).await {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
             return;
         }
     };
-    let client: Box<dyn Io> = match &def.tls {
-        Some(cfg) => {
-            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
-            match tokio::time::timeout(def.timeouts.header_read, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => Box::new(s),
-                Ok(Err(e)) => {
-                    tracing::debug!(listener = %def.name, %peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            }
-        }
-        None => Box::new(stream),
-    };
+    let (who, local, client) = (accepted.who, accepted.local, accepted.io);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
     let Some(conn) = connect(&state, li, &def, &who, local.port()).await else {
         tracing::warn!(listener = %def.name, client = %who.client, "no node available");
@@ -323,26 +303,22 @@ async fn session(
             return;
         }
     }
-    let upstream: Box<dyn Io> = match &def.upstream_tls {
-        Some(u) => {
-            let ip = upstream
-                .peer_addr()
-                .map(|a| a.ip())
-                .unwrap_or(who.local.ip());
-            let name = crate::tls::upstream_name(u.server_name.as_deref(), ip);
-            let connector = tokio_rustls::TlsConnector::from(Arc::clone(&u.config));
-            match tokio::time::timeout(def.timeouts.connect, connector.connect(name, upstream))
-                .await
-            {
-                Ok(Ok(s)) => Box::new(s),
-                Ok(Err(e)) => {
-                    tracing::warn!(listener = %def.name, node = %node_name, error = %e, "TLS to node failed");
-                    return;
-                }
-                Err(_) => return,
-            }
+    let tls = def.upstream_tls.as_ref().map(|u| {
+        let ip = upstream
+            .peer_addr()
+            .map(|a| a.ip())
+            .unwrap_or(who.local.ip());
+        (
+            &u.config,
+            crate::tls::upstream_name(u.server_name.as_deref(), ip),
+        )
+    });
+    let upstream = match crate::net::node_tls(upstream, tls, def.timeouts.connect).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(listener = %def.name, node = %node_name, error = %e, "TLS to node failed");
+            return;
         }
-        None => Box::new(upstream),
     };
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down`) and drain deadline.

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!  accept (one permit of max_client_connections each)
-//!    └─► task per connection: PROXY header (trusted peers) ─► TLS accept (TLS listeners)
+//!    └─► task per connection: crate::net::accept_client (PROXY header from trusted peers,
+//!        TLS accept on TLS listeners; shared with TCP listeners)
 //!          └─► hyper-util auto (HTTP/1.1 or HTTP/2)
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
 //!          ├─► writes blocked for client_idle (a client that stopped reading) ─► closed
@@ -369,47 +370,18 @@ pub async fn serve_listener(
                 }
             }
         }
-        let _ = stream.set_nodelay(true);
         let shared = Arc::clone(&shared);
         let builder = Arc::clone(&builder);
         let done = done_tx.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _done = done;
-            let local = stream.local_addr().unwrap_or(peer);
-            let (who, stream) = match crate::tcp::read_proxy_header(
-                stream,
-                peer,
-                local,
-                &shared.def.proxy_protocol,
-            )
-            .await
-            {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "PROXY header refused");
-                    return;
+            match crate::net::accept_client(stream, peer, &shared.def).await {
+                Ok(c) => {
+                    let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
+                    serve_connection(ctx, builder, c.io).await;
                 }
-            };
-            match shared.def.tls.clone() {
-                Some(cfg) => {
-                    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-                    let tls =
-                        tokio::time::timeout(shared.timeouts.header_read, acceptor.accept(stream))
-                            .await;
-                    match tls {
-                        Ok(Ok(s)) => {
-                            let ctx = Arc::new(ConnCtx::new(shared, who.client, peer, true));
-                            serve_connection(ctx, builder, s).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                }
-                None => {
-                    let ctx = Arc::new(ConnCtx::new(shared, who.client, peer, false));
-                    serve_connection(ctx, builder, stream).await;
-                }
+                Err(why) => tracing::debug!(%peer, why, "client connection refused"),
             }
         });
     }
