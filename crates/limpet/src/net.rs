@@ -5,11 +5,11 @@
 //! rules and timeouts is written once; the relay between them is [`crate::relay`].
 //!
 //! ```text
-//!  accept (one rule for errors) ─► accept_client: PROXY header? ─► TLS accept? (header_read)
+//!  accept_loop (permits, shutdown; one rule for errors) ─► accept_client: PROXY header? ─► TLS accept? (header_read)
 //!  connect_node (connect timeout, no Nagle) ─► [PROXY header, TCP] ─► node_tls? (connect)
 //! ```
 //!
-//! Every listener (HTTP, TCP, admin) accepts through [`accept`], so an accept error has one
+//! Every listener (HTTP, TCP, admin) accepts through [`accept_loop`], so an accept error has one
 //! rule: back off briefly instead of spinning, and log it at most once per
 //! [`LOG_EVERY`] with the count of the errors not logged. Out of file descriptors
 //! (EMFILE/ENFILE) is the common one under a connection flood; it recovers by itself as
@@ -76,6 +76,39 @@ pub static LOCAL_FDS: RateLimitedLog = RateLimitedLog::new(
 
 /// Other accept errors.
 static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
+
+/// The accept loop of every listener (HTTP, TCP, admin): until `shutdown` resolves, takes
+/// one permit of `permits` (a listener's `max_connections`; further clients wait in the
+/// kernel backlog) and then the next client, and hands both to `serve`, which spawns what
+/// serves it. Returns once `shutdown` resolved; the caller drains.
+pub async fn accept_loop<F>(
+    listener: &TcpListener,
+    name: &str,
+    permits: Option<Arc<tokio::sync::Semaphore>>,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream, SocketAddr, Option<tokio::sync::OwnedSemaphorePermit>),
+{
+    tokio::pin!(shutdown);
+    loop {
+        let permit = match &permits {
+            Some(p) => tokio::select! {
+                () = &mut shutdown => return,
+                p = Arc::clone(p).acquire_owned() => match p {
+                    Ok(p) => Some(p),
+                    Err(_) => return,
+                },
+            },
+            None => None,
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => return,
+            s = accept(listener, name) => s,
+        };
+        serve(stream, peer, permit);
+    }
+}
 
 /// The next client of `listener` (named `name` in logs). Errors are logged per the module
 /// rule and retried after a short pause; this never returns an error.

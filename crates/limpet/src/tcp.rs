@@ -355,7 +355,7 @@ pub async fn serve(
     runtime: Arc<Runtime>,
     name: String,
     listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let max = {
         let state = runtime.state();
@@ -367,31 +367,31 @@ pub async fn serve(
     };
     let permits = Arc::new(Semaphore::new(max));
     let mut sessions = JoinSet::new();
-    loop {
-        let permit = tokio::select! {
-            () = stopped(&mut shutdown) => break,
-            p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-        };
-        let (stream, peer) = tokio::select! {
-            () = stopped(&mut shutdown) => break,
-            s = crate::net::accept(&listener, &name) => s,
-        };
-        // Reap finished sessions so the set does not grow with every connection ever made.
-        while sessions.try_join_next().is_some() {}
-        let state = runtime.state();
-        let Some(li) = state
-            .listeners
-            .iter()
-            .position(|l| l.def.load().name == name)
-        else {
-            continue;
-        };
-        let shutdown = shutdown.clone();
-        sessions.spawn(async move {
-            let _permit = permit;
-            session(state, li, stream, peer, shutdown).await;
-        });
-    }
+    let mut stop = shutdown.clone();
+    crate::net::accept_loop(
+        &listener,
+        &name,
+        Some(permits),
+        async move { stopped(&mut stop).await },
+        |stream, peer, permit| {
+            // Reap finished sessions so the set does not grow with every connection ever made.
+            while sessions.try_join_next().is_some() {}
+            let state = runtime.state();
+            let Some(li) = state
+                .listeners
+                .iter()
+                .position(|l| l.def.load().name == name)
+            else {
+                return;
+            };
+            let shutdown = shutdown.clone();
+            sessions.spawn(async move {
+                let _permit = permit;
+                session(state, li, stream, peer, shutdown).await;
+            });
+        },
+    )
+    .await;
     drop(listener);
     let drain = {
         let state = runtime.state();

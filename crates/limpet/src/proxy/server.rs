@@ -344,47 +344,42 @@ pub async fn serve_listener(
     // Every connection task holds a clone; recv() returns None once all are gone.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
 
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            p = Arc::clone(&permits).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            s = crate::net::accept(&listener, name) => s,
-        };
-        let current = runtime.state();
-        if !Arc::ptr_eq(&current, &shared.state) {
-            // A reload swapped the state: new connections use the new settings.
-            match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
-                Ok(s) => {
-                    shared = Arc::new(s);
-                    builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));
-                }
-                Err(e) => {
-                    tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
+    crate::net::accept_loop(
+        &listener,
+        name,
+        Some(permits),
+        shutdown,
+        |stream, peer, permit| {
+            let current = runtime.state();
+            if !Arc::ptr_eq(&current, &shared.state) {
+                // A reload swapped the state: new connections use the new settings.
+                match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
+                    Ok(s) => {
+                        shared = Arc::new(s);
+                        builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));
+                    }
+                    Err(e) => {
+                        tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
+                    }
                 }
             }
-        }
-        let shared = Arc::clone(&shared);
-        let builder = Arc::clone(&builder);
-        let done = done_tx.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _done = done;
-            match crate::net::accept_client(stream, peer, &shared.def).await {
-                Ok(c) => {
-                    let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
-                    serve_connection(ctx, builder, c.io).await;
+            let shared = Arc::clone(&shared);
+            let builder = Arc::clone(&builder);
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let _done = done;
+                match crate::net::accept_client(stream, peer, &shared.def).await {
+                    Ok(c) => {
+                        let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
+                        serve_connection(ctx, builder, c.io).await;
+                    }
+                    Err(why) => tracing::debug!(%peer, why, "client connection refused"),
                 }
-                Err(why) => tracing::debug!(%peer, why, "client connection refused"),
-            }
-        });
-    }
+            });
+        },
+    )
+    .await;
     drop(listener);
     let _ = drain_tx.send(true);
     drop(done_tx);
