@@ -119,6 +119,24 @@ async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {
     proxy.stop().await;
 }
 
+/// A connection that never sends a byte costs little while it waits (its HTTP state is built
+/// only at the first byte) but is still closed at the request-head timeout, freeing its slot.
+#[tokio::test]
+async fn a_silent_connection_is_closed_within_the_head_timeout_and_frees_its_slot() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
+    closed_within(&mut s, SOON)
+        .await
+        .expect("a silent connection is closed");
+    assert!(next.await.expect("task"), "the next client is served");
+    proxy.stop().await;
+}
+
 /// A node that never answers and reports, for each connection, when limpet closed it.
 struct SilentNode {
     addr: SocketAddr,
