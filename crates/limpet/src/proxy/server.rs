@@ -369,20 +369,13 @@ pub async fn serve_listener(
             tokio::spawn(async move {
                 let _permit = permit;
                 let _done = done;
-                // An idle client costs little until its first byte: the connection's state
-                // (TLS, hyper's HTTP/1 or HTTP/2 machinery) is built, on the heap, only then.
-                // One that sends nothing within `header_read` is closed, and so is one still
-                // silent when the listener drains.
-                let mut draining = shared.draining.clone();
-                tokio::select! {
-                    r = tokio::time::timeout(shared.timeouts.header_read, stream.readable()) => {
-                        if !matches!(r, Ok(Ok(()))) {
-                            return;
-                        }
+                match crate::net::accept_client(stream, peer, &shared.def).await {
+                    Ok(c) => {
+                        let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
+                        serve_connection(ctx, builder, c.io).await;
                     }
-                    () = crate::tcp::stopped(&mut draining) => return,
+                    Err(why) => tracing::debug!(%peer, why, "client connection refused"),
                 }
-                Box::pin(serve_client(shared, builder, stream, peer)).await;
             });
         },
     )
@@ -397,23 +390,6 @@ pub async fn serve_listener(
         tracing::warn!("drain timeout: closing remaining connections");
     }
     Ok(())
-}
-
-/// A client that has sent its first bytes: accepted ([`crate::net::accept_client`]) and
-/// served.
-async fn serve_client(
-    shared: Arc<Shared>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-) {
-    match crate::net::accept_client(stream, peer, &shared.def).await {
-        Ok(c) => {
-            let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
-            serve_connection(ctx, builder, c.io).await;
-        }
-        Err(why) => tracing::debug!(%peer, why, "client connection refused"),
-    }
 }
 
 /// Serves one client connection (plain or TLS) until it ends, idles out or the listener
