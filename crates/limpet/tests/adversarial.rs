@@ -614,3 +614,84 @@ async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle
     );
     proxy.stop().await;
 }
+
+/// Reads frames until a GOAWAY arrives or the connection closes; `true` if either happened
+/// within `limit`.
+async fn goaway_or_close_within(s: &mut TcpStream, limit: Duration) -> bool {
+    tokio::time::timeout(limit, async {
+        loop {
+            let mut head = [0u8; 9];
+            if s.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() || head[3] == 7 {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Regression (held before issue 13 too): a CONTINUATION flood, a header block that never
+/// ends and grows without bound, is cut off; other clients are served.
+#[tokio::test]
+async fn h2_continuation_flood_is_cut_off() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    hello.extend(h2_frame(1, 0, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    // Literal header fields without indexing, 1 KiB each, never END_HEADERS: 16 MiB at most.
+    let mut field = vec![0x00, 0x01, b'x', 0x7f, 0x81, 0x07];
+    field.extend(std::iter::repeat_n(b'v', 1024));
+    let cont = h2_frame(9, 0, 1, &field);
+    let (mut r, mut w) = s.into_split();
+    let flood = tokio::spawn(async move {
+        for _ in 0..16 * 1024 {
+            if w.write_all(&cont).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sink = Vec::new();
+    let ended = tokio::time::timeout(SOON, r.read_to_end(&mut sink)).await;
+    assert!(ended.is_ok(), "the flooding connection is closed");
+    flood.abort();
+    assert!(
+        served_within(proxy.addr, PATIENCE).await,
+        "others are served"
+    );
+    proxy.stop().await;
+}
+
+/// Regression (held before issue 13 too): HTTP/2 rapid reset (streams opened and reset at
+/// once, CVE-2023-44487) ends in a GOAWAY or a closed connection; others are served.
+#[tokio::test]
+async fn h2_rapid_reset_ends_the_connection() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // 1000 streams: HEADERS (END_STREAM | END_HEADERS), then RST_STREAM CANCEL.
+    for i in 0..1000u32 {
+        let id = 2 * i + 1;
+        out.extend(h2_frame(1, 0x5, id, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+        out.extend(h2_frame(3, 0, id, &8u32.to_be_bytes()));
+    }
+    let _ = s.write_all(&out).await;
+    assert!(
+        goaway_or_close_within(&mut s, SOON).await,
+        "a rapid reset gets GOAWAY or a close"
+    );
+    assert!(
+        served_within(proxy.addr, PATIENCE).await,
+        "others are served"
+    );
+    proxy.stop().await;
+}
