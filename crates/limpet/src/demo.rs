@@ -461,7 +461,7 @@ impl DemoNodes {
     async fn admin_state(&self, node: &str, command: Value) -> Result<String, String> {
         let url = format!("http://{}/api/v1/nodes/{node}/state", self.admin);
         let text = command.to_string();
-        let call = format!("curl -X POST -d '{text}' {url}");
+        let call = format!("curl -X POST -H 'Content-Type: application/json' -d '{text}' {url}");
         let resp = self
             .client
             .post(&url)
@@ -679,7 +679,7 @@ fn print_welcome(demo: &Demo) {
          stats page: {stats} (limpet's admin listener, loopback only)\n\
          The same drain from a shell, through the admin API:\n\
          \n\
-         \x20 curl -X POST -d '{{\"state\":\"drain\",\"deadline_secs\":5}}' http://{admin}/api/v1/nodes/alpha/state\n\
+         \x20 curl -X POST -H 'Content-Type: application/json' -d '{{\"state\":\"drain\",\"deadline_secs\":5}}' http://{admin}/api/v1/nodes/alpha/state\n\
          \n\
          Ctrl-C stops everything.\n",
         names = NODES.join(", "),

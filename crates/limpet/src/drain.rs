@@ -16,11 +16,10 @@
 //!  client ──► read ──► write ──► node      (stops at the deadline; the node sees its socket close)
 //! ```
 
+use std::future::Future;
 use std::time::Duration;
 
-use std::future::Future;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 /// Follows WebSocket frame boundaries in one direction of a tunnel. Sans-io: bytes in,
@@ -159,7 +158,7 @@ pub fn close_reason(r: limpet_core::RepinReason) -> &'static str {
 pub enum TunnelEnd {
     /// One side closed, or an I/O error.
     Closed,
-    /// Nothing moved for the idle timeout.
+    /// Nothing moved for the idle timeout, or one direction could not write for it.
     Idle,
     /// The close signal fired: the client got a close frame 1001 (WebSocket) or its
     /// connection was closed.
@@ -167,9 +166,10 @@ pub enum TunnelEnd {
 }
 
 /// Relays a WebSocket tunnel (`client` <-> `node`, after the 101) until one side closes, the
-/// tunnel is idle for `idle`, or `close` resolves (drain deadline, MAINT, shutdown), in which
-/// case the client gets a close frame 1001 at a frame boundary, with the reason `close`
-/// resolved to (e.g. "node drain deadline", "limpet shutting down").
+/// tunnel stops making progress for `idle` (see [`crate::relay`]), or `close` resolves (drain
+/// deadline, MAINT, shutdown), in which case the client gets a close frame 1001 at a frame
+/// boundary, with the reason `close` resolved to (e.g. "node drain deadline", "limpet
+/// shutting down").
 pub async fn relay_websocket<C, N>(
     client: C,
     node: N,
@@ -180,82 +180,12 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
     N: AsyncRead + AsyncWrite + Unpin,
 {
-    tokio::pin!(close);
-    let (mut cr, mut cw) = tokio::io::split(client);
-    let (mut nr, mut nw) = tokio::io::split(node);
-    let mut tracker = FrameTracker::new();
-    let mut up = vec![0u8; 16 * 1024];
-    let mut down = vec![0u8; 16 * 1024];
-    let mut client_open = true;
-    let mut node_open = true;
-    let reason = loop {
-        if !client_open && !node_open {
-            return TunnelEnd::Closed;
-        }
-        tokio::select! {
-            r = cr.read(&mut up), if client_open => match r {
-                Ok(0) | Err(_) => {
-                    client_open = false;
-                    let _ = nw.shutdown().await;
-                    if !node_open { return TunnelEnd::Closed; }
-                }
-                Ok(n) => if nw.write_all(&up[..n]).await.is_err() { return TunnelEnd::Closed; },
-            },
-            r = nr.read(&mut down), if node_open => match r {
-                Ok(0) | Err(_) => {
-                    node_open = false;
-                    let _ = cw.shutdown().await;
-                    if !client_open { return TunnelEnd::Closed; }
-                }
-                Ok(n) => {
-                    tracker.consume(&down[..n]);
-                    if cw.write_all(&down[..n]).await.is_err() { return TunnelEnd::Closed; }
-                }
-            },
-            () = tokio::time::sleep(idle) => return TunnelEnd::Idle,
-            r = &mut close => break r,
-        }
-    };
-    // The deadline: finish the node's frame in flight, then the close frame.
-    let grace = Duration::from_secs(2);
-    let finished = tokio::time::timeout(grace, async {
-        while !tracker.at_boundary() && node_open {
-            let n = match nr.read(&mut down).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => n,
-            };
-            let upto = tracker.boundary_within(&down[..n]).unwrap_or(n);
-            tracker.consume(&down[..upto]);
-            if cw.write_all(&down[..upto]).await.is_err() {
-                return false;
-            }
-            // Bytes after the boundary belong to frames the client will not get.
-        }
-        true
-    })
-    .await
-    .unwrap_or(false);
-    if finished && client_open {
-        let _ = cw.write_all(&close_frame_going_away(reason)).await;
-        let _ = cw.flush().await;
-        // Give the client a moment to answer with its own close frame (not forwarded): the
-        // handshake is complete once it has, or once the client closes.
-        let mut from_client = FrameTracker::new();
-        let _ = tokio::time::timeout(grace, async {
-            while !from_client.close_seen() {
-                match cr.read(&mut up).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        from_client.consume(&up[..n]);
-                    }
-                }
-            }
-        })
-        .await;
+    use crate::relay::{relay, Framing, RelayEnd};
+    match relay(client, node, idle, Framing::WebSocket, close).await {
+        RelayEnd::Done(..) | RelayEnd::Error(_) => TunnelEnd::Closed,
+        RelayEnd::Idle | RelayEnd::Stalled(_) => TunnelEnd::Idle,
+        RelayEnd::Stopped(_) => TunnelEnd::Deadline,
     }
-    let _ = cw.shutdown().await;
-    let _ = nw.shutdown().await;
-    TunnelEnd::Deadline
 }
 
 #[cfg(test)]

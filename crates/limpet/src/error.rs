@@ -29,6 +29,9 @@ pub enum Stage {
     AnswerHead,
     /// The client's request body (not the node's fault).
     ClientBody,
+    /// Waiting for a slot of a node at its `max_connections` (a busy node is not a failed
+    /// one: no failover, no health observation).
+    Queue,
 }
 
 impl Stage {
@@ -39,6 +42,7 @@ impl Stage {
             Stage::Send => "send",
             Stage::AnswerHead => "answer head",
             Stage::ClientBody => "request body",
+            Stage::Queue => "queue",
         }
     }
 }
@@ -51,6 +55,17 @@ pub enum Cause {
     Timeout,
     /// The node's bytes were not valid HTTP.
     Protocol,
+    /// limpet itself is out of file descriptors (EMFILE, ENFILE): says nothing about the
+    /// node, so passive health learns nothing from it (a node must not flap DOWN/UP because
+    /// limpet ran out of sockets).
+    Local,
+}
+
+/// Whether `e` says this process (or the machine) ran out of file descriptors.
+pub fn out_of_fds(e: &io::Error) -> bool {
+    // EMFILE (per process) and ENFILE (system-wide) are 24 and 23 on Linux, the BSDs and
+    // macOS alike.
+    matches!(e.raw_os_error(), Some(23 | 24))
 }
 
 /// An attempt that failed at a node. See the module docs for the rules.
@@ -77,7 +92,12 @@ impl UpstreamError {
     }
 
     pub fn io(stage: Stage, e: &io::Error) -> Self {
-        UpstreamError::new(stage, Cause::Io(e.kind()), false, e)
+        let cause = if out_of_fds(e) {
+            Cause::Local
+        } else {
+            Cause::Io(e.kind())
+        };
+        UpstreamError::new(stage, cause, false, e)
     }
 
     pub fn timeout(stage: Stage, sent: bool) -> Self {
@@ -94,7 +114,7 @@ impl UpstreamError {
     /// request may be sent twice (`replayable`: idempotent, no body, not an upgrade).
     pub fn retry_safe(&self, replayable: bool) -> bool {
         match (self.stage, self.cause) {
-            (Stage::ClientBody, _) | (_, Cause::Protocol) => false,
+            (Stage::ClientBody | Stage::Queue, _) | (_, Cause::Protocol) => false,
             _ => !self.sent || replayable,
         }
     }
@@ -102,6 +122,7 @@ impl UpstreamError {
     /// What passive health learns from the error, if anything.
     pub fn observation(&self) -> Option<Observation> {
         let node_fault = match (self.stage, self.cause) {
+            (_, Cause::Local) => false,
             (Stage::Connect | Stage::Tls, _) => true,
             (Stage::AnswerHead, Cause::Timeout) => true,
             // A kept-alive connection the node closed meanwhile says nothing about the node;
@@ -129,6 +150,15 @@ impl std::error::Error for UpstreamError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_file_descriptors_is_never_the_nodes_fault() {
+        for errno in [23, 24] {
+            let e = UpstreamError::io(Stage::Connect, &io::Error::from_raw_os_error(errno));
+            assert_eq!(e.cause, Cause::Local);
+            assert_eq!(e.observation(), None, "errno {errno}");
+        }
+    }
 
     #[test]
     fn nothing_sent_is_always_retried_and_a_sent_request_only_when_replayable() {

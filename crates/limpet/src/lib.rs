@@ -21,6 +21,10 @@
 //! - [`health`]: active health checks (TCP, HTTP, TLS) feeding the core's health state machine.
 //! - [`admin`]: the admin listener: JSON API, `/metrics`, the live stats page.
 //! - [`drain`]: closing WebSocket tunnels cleanly (close 1001 between frames) at a drain deadline.
+//! - [`net`]: the accept rule every listener shares; out of file descriptors logged once per
+//!   interval and never held against a node.
+//! - [`relay`]: the one relay of every tunnel (TCP sessions, WebSocket and other upgrades):
+//!   idle and stalled-writer timers per direction, close signals that interrupt a blocked write.
 //! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
 //! - [`nodes`]: the per-node runtime (status, counts, session signals), outliving reloads.
 //! - [`error`]: upstream errors with their stage, for the retry and health rules.
@@ -44,9 +48,11 @@ pub mod error;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
+pub mod net;
 pub mod nodes;
 pub mod probe;
 pub mod proxy;
+pub mod relay;
 pub mod runtime;
 pub mod sim;
 pub mod store;

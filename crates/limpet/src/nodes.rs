@@ -54,6 +54,8 @@ pub struct NodeRuntime {
     command: AtomicU64,
     /// When the node last changed state (ms), for "time in state".
     since_ms: AtomicU64,
+    /// The node's connection limit and its queue (HAProxy's `maxconn` / `maxqueue`).
+    admission: Admission,
 }
 
 impl NodeRuntime {
@@ -68,6 +70,7 @@ impl NodeRuntime {
             seen: Mutex::new(seen_window_of(seen_window)),
             command: AtomicU64::new(0),
             since_ms: AtomicU64::new(clock::now_ms()),
+            admission: Admission::default(),
         }
     }
 
@@ -213,9 +216,139 @@ impl NodeRuntime {
         self.command.load(Ordering::Relaxed)
     }
 
+    /// Sets the node's connection limit (`None`: unlimited) and how many requests or
+    /// sessions may wait for a free slot. A reload may change both; waiters then see the new
+    /// limit the next time a slot frees (or at once when it grew).
+    pub fn set_limits(&self, max_connections: Option<u32>, max_queue: u32) {
+        let a = &self.admission;
+        a.limit
+            .store(max_connections.unwrap_or(0), Ordering::Relaxed);
+        a.max_queue.store(max_queue, Ordering::Relaxed);
+        a.freed.notify_waiters();
+    }
+
+    /// A slot among the node's `max_connections`, waiting in the node's queue for at most
+    /// `queue_timeout` when none is free (HAProxy's `timeout queue`). A node without a limit
+    /// admits at once. The slot is held until the [`Admitted`] drops (the answer's body is
+    /// done, the tunnel or session ended), so a burst waits instead of opening a socket per
+    /// request.
+    pub async fn admit(self: &Arc<Self>, queue_timeout: Duration) -> Result<Admitted, Refused> {
+        let a = &self.admission;
+        if a.limit.load(Ordering::Relaxed) == 0 {
+            return Ok(Admitted { node: None });
+        }
+        // Newcomers do not overtake the queue.
+        if a.waiting.load(Ordering::Acquire) == 0 && a.try_take() {
+            return Ok(Admitted {
+                node: Some(Arc::clone(self)),
+            });
+        }
+        let queued = a.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&a.waiting);
+        if queued >= a.max_queue.load(Ordering::Relaxed) {
+            return Err(Refused::QueueFull);
+        }
+        let waited = tokio::time::timeout(queue_timeout, async {
+            loop {
+                let freed = a.freed.notified();
+                tokio::pin!(freed);
+                // Registered before the check, so a slot freed in between is not missed.
+                freed.as_mut().enable();
+                if a.try_take() {
+                    return;
+                }
+                freed.await;
+            }
+        })
+        .await;
+        match waited {
+            Ok(()) => Ok(Admitted {
+                node: Some(Arc::clone(self)),
+            }),
+            Err(_) => Err(Refused::QueueTimeout),
+        }
+    }
+
+    /// Connections counted against the node's limit now (0 without a limit).
+    pub fn admitted(&self) -> u32 {
+        *lock(&self.admission.in_use)
+    }
+
     /// How long the node has been in its current state.
     pub fn in_state_for(&self) -> Duration {
         Duration::from_millis(clock::now_ms().saturating_sub(self.since_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A node's connection limit and queue. See [`NodeRuntime::admit`].
+#[derive(Debug, Default)]
+struct Admission {
+    /// 0: unlimited.
+    limit: AtomicU32,
+    max_queue: AtomicU32,
+    in_use: Mutex<u32>,
+    waiting: AtomicU32,
+    /// Woken when a slot frees or the limit changes.
+    freed: tokio::sync::Notify,
+}
+
+impl Admission {
+    fn try_take(&self) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut in_use = lock(&self.in_use);
+        if limit == 0 || *in_use < limit {
+            *in_use += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Counts a waiter in the queue until dropped (admitted, timed out or cancelled).
+struct Waiting<'a>(&'a AtomicU32);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A slot among a node's `max_connections`; dropping it frees the slot for the next waiter.
+#[derive(Debug)]
+pub struct Admitted {
+    /// None: the node has no limit.
+    node: Option<Arc<NodeRuntime>>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(n) = &self.node {
+            let a = &n.admission;
+            {
+                let mut in_use = lock(&a.in_use);
+                *in_use = in_use.saturating_sub(1);
+            }
+            a.freed.notify_one();
+        }
+    }
+}
+
+/// Why a node did not admit a request or session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// `max_queue` requests already wait for this node.
+    QueueFull,
+    /// No slot freed within the queue timeout.
+    QueueTimeout,
+}
+
+impl Refused {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::QueueFull => "node queue full",
+            Refused::QueueTimeout => "queue timeout",
+        }
     }
 }
 
@@ -309,6 +442,49 @@ mod tests {
 
     fn node() -> Arc<NodeRuntime> {
         NodeBoard::new(Duration::from_secs(60)).node("a")
+    }
+
+    /// HAProxy's maxconn / maxqueue / timeout queue on paused time: a full node makes the
+    /// next request wait, a freed slot admits it, the queue is bounded, a wait is timed out.
+    #[tokio::test(start_paused = true)]
+    async fn max_connections_queue_and_queue_timeout() {
+        let rt = node();
+        let wait = Duration::from_secs(5);
+        // No limit: admitted at once, nothing counted.
+        let free = rt.admit(wait).await;
+        assert!(free.is_ok());
+        assert_eq!(rt.admitted(), 0);
+        drop(free);
+
+        rt.set_limits(Some(1), 1);
+        let first = rt.admit(wait).await.expect("a free slot");
+        assert_eq!(rt.admitted(), 1);
+        // The second waits in the queue...
+        let second = tokio::spawn({
+            let rt = Arc::clone(&rt);
+            async move { rt.admit(wait).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!second.is_finished(), "waits for the slot");
+        // ...which is full: a third is refused at once.
+        assert_eq!(rt.admit(wait).await.err(), Some(Refused::QueueFull));
+        // The slot frees: the waiter gets it, before its queue timeout.
+        let t0 = tokio::time::Instant::now();
+        drop(first);
+        let second = second.await.expect("task").expect("admitted");
+        assert!(t0.elapsed() < wait);
+        assert_eq!(rt.admitted(), 1);
+        // Nobody frees it: the next one waits the queue timeout, then is refused.
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(rt.admit(wait).await.err(), Some(Refused::QueueTimeout));
+        assert_eq!(t0.elapsed(), wait);
+        drop(second);
+        assert_eq!(rt.admitted(), 0);
+        // A reload lifting the limit admits at once again.
+        let held = rt.admit(wait).await.expect("slot");
+        rt.set_limits(None, 1);
+        assert!(rt.admit(wait).await.is_ok());
+        drop(held);
     }
 
     /// A session's end on tokio's paused clock: `clock::now_ms` follows it.

@@ -13,15 +13,15 @@
 //!                                           (NodeRuntime::session_end), or shutdown.
 //! ```
 //!
-//! Half-close: when one side ends its stream (FIN), the relay shuts down the write side of
-//! the other and keeps copying the other direction until it ends too (`copy_bidirectional`).
-//! Idle: a session with no byte either way for `timeouts.idle` is closed.
+//! Accepting the client and connecting to the node go through [`crate::net`], and the relay
+//! is [`crate::relay`]: the same code HTTP listeners and WebSocket tunnels use. Half-close: when one
+//! side ends its stream (FIN), the relay shuts down the write side of the other and keeps
+//! copying the other direction until it ends too. Idle: a session with no byte either way for
+//! `timeouts.idle`, or with bytes one side has not read for that long, is closed.
 
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,11 +32,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
+use crate::relay::{relay, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -181,116 +181,6 @@ pub fn proxy_header_for(pp: &ProxyProtocolDef, who: &Peer) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Why a relay ended.
-#[derive(Debug)]
-pub enum RelayEnd {
-    /// Both directions finished: bytes copied client to node, node to client.
-    Done(u64, u64),
-    Error(io::Error),
-    Idle,
-    /// Stopped from outside (node down, shutdown).
-    Stopped,
-}
-
-/// Last activity of a relay, in ms since its start, shared by both directions.
-#[derive(Debug)]
-struct Activity {
-    start: Instant,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        self.last_ms
-            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    fn idle_for(&self) -> Duration {
-        let now = self.start.elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
-    }
-}
-
-/// A stream that notes each successful read or write in the relay's activity.
-struct Watched<S> {
-    inner: S,
-    activity: Arc<Activity>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.touch();
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Copies bytes both ways until both directions are done, nothing moved for `idle`, or
-/// `stop` resolves. Dropping the streams on return closes both connections.
-pub async fn relay<A: Io, B: Io>(
-    client: A,
-    node: B,
-    idle: Duration,
-    stop: impl Future<Output = ()>,
-) -> RelayEnd {
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    });
-    let mut a = Watched {
-        inner: client,
-        activity: Arc::clone(&activity),
-    };
-    let mut b = Watched {
-        inner: node,
-        activity: Arc::clone(&activity),
-    };
-    let idle_watch = async {
-        loop {
-            let quiet = activity.idle_for();
-            if quiet >= idle {
-                return;
-            }
-            tokio::time::sleep(idle - quiet).await;
-        }
-    };
-    tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut a, &mut b) => match r {
-            Ok((up, down)) => RelayEnd::Done(up, down),
-            Err(e) => RelayEnd::Error(e),
-        },
-        () = idle_watch => RelayEnd::Idle,
-        () = stop => RelayEnd::Stopped,
-    }
-}
-
 /// Resolves once `rx` says true (or its sender is gone). The `watch::Ref` that `wait_for`
 /// returns is not `Send`, so it must not live in a `select!` output.
 pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
@@ -303,6 +193,8 @@ struct Connected {
     node: NodeId,
     stream: Box<dyn Io>,
     spread: u64,
+    /// The session's slot among the node's `max_connections`.
+    _admitted: Option<crate::nodes::Admitted>,
 }
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
@@ -343,6 +235,18 @@ async fn connect(
         let route = state.route(table.zip(key), input, None, def.timeouts.connect);
         let node = route.node?;
         let addr = state.upstream(def, node, local_port)?;
+        // A node at its max_connections: the session waits in its queue, as HTTP requests
+        // do; refused (queue full or timed out), the client's connection is closed.
+        let admitted = match state.node_rt(node) {
+            Some(rt) => match rt.admit(def.timeouts.queue).await {
+                Ok(a) => Some(a),
+                Err(r) => {
+                    tracing::warn!(listener = %def.name, node = state.node_name(node), reason = r.as_str(), "session refused");
+                    return None;
+                }
+            },
+            None => None,
+        };
         match attempt(def, who, addr).await {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
@@ -354,6 +258,7 @@ async fn connect(
                     node,
                     stream,
                     spread,
+                    _admitted: admitted,
                 });
             }
             Err(err) => {
@@ -367,20 +272,17 @@ async fn connect(
     }
 }
 
-/// One attempt at a node: connect, send the PROXY header, then TLS to the node when the
-/// listener asks for it. Each step is bounded by the connect timeout.
+/// One attempt at a node through the network seam every listener shares
+/// ([`crate::net::connect_node`], [`crate::net::node_tls`]): connect, send the PROXY header,
+/// then TLS to the node when the listener asks for it. Each step is bounded by the connect
+/// timeout.
 async fn attempt(
     def: &ListenerDef,
     who: &Peer,
     addr: SocketAddr,
 ) -> Result<Box<dyn Io>, UpstreamError> {
     let limit = def.timeouts.connect;
-    let mut stream = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
-        Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
-    };
-    let _ = stream.set_nodelay(true);
+    let mut stream = crate::net::connect_node(addr, limit).await?;
     if let Some(h) = proxy_header_for(&def.proxy_protocol, who) {
         match tokio::time::timeout(limit, stream.write_all(&h)).await {
             Ok(Ok(())) => {}
@@ -388,16 +290,13 @@ async fn attempt(
             Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
         }
     }
-    let Some(u) = &def.upstream_tls else {
-        return Ok(Box::new(stream));
-    };
-    let name = crate::tls::upstream_name(u.server_name.as_deref(), addr.ip());
-    let connector = tokio_rustls::TlsConnector::from(Arc::clone(&u.config));
-    match tokio::time::timeout(limit, connector.connect(name, stream)).await {
-        Ok(Ok(s)) => Ok(Box::new(s)),
-        Ok(Err(e)) => Err(UpstreamError::io(Stage::Tls, &e)),
-        Err(_) => Err(UpstreamError::timeout(Stage::Tls, false)),
-    }
+    let tls = def.upstream_tls.as_ref().map(|u| {
+        (
+            &u.config,
+            crate::tls::upstream_name(u.server_name.as_deref(), addr.ip()),
+        )
+    });
+    crate::net::node_tls(stream, tls, limit).await
 }
 
 /// Serves one client connection of TCP listener `li`.
@@ -412,29 +311,14 @@ async fn session(
         return;
     };
     let def = slot.def.load_full();
-    let local = stream.local_addr().unwrap_or(peer);
-    let _ = stream.set_nodelay(true);
-    let (who, stream) = match read_proxy_header(stream, peer, local, &def.proxy_protocol).await {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::debug!(listener = %def.name, %peer, error = %e, "PROXY header refused");
+    let accepted = match crate::net::accept_client(stream, peer, &def).await {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
             return;
         }
     };
-    let client: Box<dyn Io> = match &def.tls {
-        Some(cfg) => {
-            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
-            match tokio::time::timeout(def.timeouts.header_read, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => Box::new(s),
-                Ok(Err(e)) => {
-                    tracing::debug!(listener = %def.name, %peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            }
-        }
-        None => Box::new(stream),
-    };
+    let (who, local, client) = (accepted.who, accepted.local, accepted.io);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
     let Some(conn) = connect(&state, li, &def, &who, local.port()).await else {
         tracing::warn!(listener = %def.name, client = %who.client, "no node available");
@@ -455,11 +339,14 @@ async fn session(
     let close_on_down = def.tcp.close_on_node_down;
     let stop = async {
         tokio::select! {
-            r = rt.session_end(spread, close_on_down) => tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state"),
-            () = stopped(&mut shutdown) => {}
+            r = rt.session_end(spread, close_on_down) => {
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
+                r.as_str()
+            }
+            () = stopped(&mut shutdown) => "limpet shutting down",
         }
     };
-    match relay(client, upstream, def.tcp.idle, stop).await {
+    match relay(client, upstream, def.tcp.idle, Framing::Bytes, stop).await {
         RelayEnd::Done(up, down) => {
             // Counted when the session ends: the stats page's bytes of a node include its
             // TCP sessions once they close.
@@ -474,7 +361,10 @@ async fn session(
         RelayEnd::Idle => {
             tracing::debug!(listener = %def.name, node = %node_name, "session idle: closed")
         }
-        RelayEnd::Stopped => {}
+        RelayEnd::Stalled(dir) => {
+            tracing::debug!(listener = %def.name, node = %node_name, ?dir, "session stalled (a side stopped reading): closed")
+        }
+        RelayEnd::Stopped(_) => {}
     }
 }
 
@@ -484,7 +374,7 @@ pub async fn serve(
     runtime: Arc<Runtime>,
     name: String,
     listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let max = {
         let state = runtime.state();
@@ -496,38 +386,31 @@ pub async fn serve(
     };
     let permits = Arc::new(Semaphore::new(max));
     let mut sessions = JoinSet::new();
-    loop {
-        let permit = tokio::select! {
-            () = stopped(&mut shutdown) => break,
-            p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-        };
-        let (stream, peer) = tokio::select! {
-            () = stopped(&mut shutdown) => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(listener = %name, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        // Reap finished sessions so the set does not grow with every connection ever made.
-        while sessions.try_join_next().is_some() {}
-        let state = runtime.state();
-        let Some(li) = state
-            .listeners
-            .iter()
-            .position(|l| l.def.load().name == name)
-        else {
-            continue;
-        };
-        let shutdown = shutdown.clone();
-        sessions.spawn(async move {
-            let _permit = permit;
-            session(state, li, stream, peer, shutdown).await;
-        });
-    }
+    let mut stop = shutdown.clone();
+    crate::net::accept_loop(
+        &listener,
+        &name,
+        Some(permits),
+        async move { stopped(&mut stop).await },
+        |stream, peer, permit| {
+            // Reap finished sessions so the set does not grow with every connection ever made.
+            while sessions.try_join_next().is_some() {}
+            let state = runtime.state();
+            let Some(li) = state
+                .listeners
+                .iter()
+                .position(|l| l.def.load().name == name)
+            else {
+                return;
+            };
+            let shutdown = shutdown.clone();
+            sessions.spawn(async move {
+                let _permit = permit;
+                session(state, li, stream, peer, shutdown).await;
+            });
+        },
+    )
+    .await;
     drop(listener);
     let drain = {
         let state = runtime.state();

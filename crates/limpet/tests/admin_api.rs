@@ -202,6 +202,7 @@ async fn writes_need_the_token_beyond_loopback() {
     assert_eq!((s, v["state"].as_str()), (200, Some("MAINT")));
     let r = bare_client()
         .post(format!("{base}/api/v1/reload"))
+        .header("content-type", "application/json")
         .bearer_auth(TOKEN)
         .send()
         .await

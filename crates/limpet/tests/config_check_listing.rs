@@ -50,10 +50,10 @@ fn a_small_file_is_listed_with_every_default_and_reads_back_the_same() {
         "[drain]\nspread = \"1m\"\nidle = \"1m\"\nseen_window = \"10m\"\n",
         "[[nodes]]\nname = \"a\"\naddress = \"10.0.0.1\"\nweight = 1\n",
         "bind = [\"0.0.0.0:80\"]\nmode = \"http\"\nnode_port = 8080\nbalance = \"round-robin\"\n",
-        "max_connections = 10000\n",
+        "max_connections = 10000\nh2_max_concurrent_streams = 100\n",
         "[listeners.cookie]\nenabled = true\nname = \"route\"\npath = \"/\"\n",
         "http_only = true\nsecure = false\nsame_site = \"lax\"\nkeep_in_request = false\nfailback = \"none\"\nmode = \"name\"\n",
-        "[listeners.timeouts]\nconnect = \"3s\"\nidle = \"1m\"\nheader_read = \"15s\"\nupstream_answer = \"1m\"\ntunnel_idle = \"5m\"\ndrain = \"10s\"\nproxy_header = \"5s\"\n",
+        "[listeners.timeouts]\nconnect = \"3s\"\nidle = \"1m\"\nheader_read = \"15s\"\nupstream_answer = \"1m\"\nclient_idle = \"1m\"\nanswer_body_idle = \"1m\"\ntunnel_idle = \"5m\"\ndrain = \"10s\"\nproxy_header = \"5s\"\n",
     ] {
         assert!(first.contains(default), "missing {default:?} in:\n{first}");
     }
@@ -184,7 +184,7 @@ table = "by-id"
         format!("snapshot = \"{}\"\nsnapshot_interval = \"5m\"\n", abs.join("terminal.snapshot").display()),
         "header = \"X-Terminal-Id\"\nexpire = \"8h\"\nsize = 100000\n".to_owned(),
         "node_port = \"same\"\nbalance = \"leastconn\"\ntable = \"terminal\"\n".to_owned(),
-        "trusted_proxies = [\"10.0.0.0/8\"]\nmax_connections = 2048\n".to_owned(),
+        "trusted_proxies = [\"10.0.0.0/8\"]\nmax_connections = 2048\nh2_max_concurrent_streams = 100\n".to_owned(),
         "check = { kind = \"http\", port = 8081, path = \"/health\", method = \"GET\", expect = \"200\" }\n".to_owned(),
         format!("cert = \"{}\"\nkey = \"{}\"\n", abs.join("site.pem").display(), abs.join("site.key").display()),
         "names = [\"other.example\"]\n".to_owned(),
@@ -194,7 +194,7 @@ table = "by-id"
         "mode = \"tcp\"\nnode_port = 5555\nbalance = \"round-robin\"\ntable = \"terminal\"\nclose_on_node_down = false\n".to_owned(),
         "connect = \"1s500ms\"\nidle = \"10m\"\n".to_owned(),
         // A listener with a table and no cookie section has no cookie, said explicitly.
-        "table = \"by-id\"\nclose_on_node_down = true\ntrusted_proxies = []\nmax_connections = 10000\n\n[listeners.cookie]\nenabled = false\n".to_owned(),
+        "table = \"by-id\"\nclose_on_node_down = true\ntrusted_proxies = []\nmax_connections = 10000\nh2_max_concurrent_streams = 100\n\n[listeners.cookie]\nenabled = false\n".to_owned(),
         "max_age = \"8h\"\nhttp_only = true\nsecure = false\nsame_site = \"strict\"\nkeep_in_request = false\nfailback = \"home\"\nmode = \"signed\"\n".to_owned(),
         "max_idle = \"30m\"\nmax_lifetime = \"12h\"\n".to_owned(),
     ] {

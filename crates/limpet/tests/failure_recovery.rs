@@ -465,6 +465,7 @@ async fn tcp_session_on(raw: SocketAddr, want: &str, base: u8) -> (TcpStream, Ip
 async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
     let r = bare_client()
         .post(l.admin_url("/api/v1/reload"))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap_or_else(|e| panic!("reload: {e}"));

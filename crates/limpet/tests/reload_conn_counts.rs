@@ -107,6 +107,7 @@ async fn wait_active(l: &Limpet, want: &[(&str, u32)]) {
 async fn reload(l: &Limpet) {
     let r = bare_client()
         .post(l.admin_url("/api/v1/reload"))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -26,6 +26,7 @@ fn config(port: u16, nodes: &[(&str, &str)], b_weight: u32) -> String {
 async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
     let r = bare_client()
         .post(l.admin_url("/api/v1/reload"))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));

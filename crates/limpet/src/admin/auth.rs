@@ -1,5 +1,7 @@
 //! Who may write through the admin API, and the start-up rule that an admin listener off
-//! loopback has a token.
+//! loopback has a token. Also the cross-site rule ([`cross_site_refusal`]): a token is the
+//! only guard off loopback, but on loopback without one, a page any browser on the
+//! operator's machine opens could otherwise post to the API.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -83,11 +85,66 @@ impl AdminSettings {
             return true;
         };
         let Some(h) = header else { return false };
-        let Some(given) = h.strip_prefix(b"Bearer ") else {
+        // The scheme is case-insensitive (RFC 9110 11.1), and at least one space follows it.
+        let Some((scheme, rest)) = h.split_first_chunk::<7>() else {
             return false;
         };
+        if !scheme.eq_ignore_ascii_case(b"bearer ") {
+            return false;
+        }
+        let given = rest.trim_ascii();
         constant_time_eq(given, token.as_bytes())
     }
+}
+
+/// Why a write must be refused as cross-site, if it must. Browsers can send a `POST` to any
+/// address without asking (a "simple" request: `text/plain`, form encodings) and without
+/// the page being able to read the answer; they cannot send other content types or methods
+/// without a CORS preflight, which the admin API never approves. So:
+/// - a `POST` must carry `Content-Type: application/json` (the stats page sends it);
+/// - an `Origin` header, when present, must be this listener's own (`http://` + the `Host`
+///   the request was sent to); `Origin: null` (sandboxed pages, some redirects) is refused;
+/// - `Sec-Fetch-Site`, when present, must be `same-origin` or `none` (typed by the user).
+///
+/// Clients that are not browsers (curl, scripts) send none of these headers and are not
+/// affected beyond the content type.
+pub(crate) fn cross_site_refusal(
+    method: &http::Method,
+    headers: &http::HeaderMap,
+) -> Option<&'static str> {
+    use http::header;
+    if method == http::Method::POST {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Some("writes need `Content-Type: application/json`");
+        }
+    }
+    if let Some(site) = headers.get("sec-fetch-site") {
+        let ok = site.as_bytes().eq_ignore_ascii_case(b"same-origin")
+            || site.as_bytes().eq_ignore_ascii_case(b"none");
+        if !ok {
+            return Some("cross-site writes are refused");
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let own = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .zip(origin.to_str().ok())
+            .is_some_and(|(host, origin)| {
+                origin
+                    .strip_prefix("http://")
+                    .is_some_and(|o| o.eq_ignore_ascii_case(host))
+            });
+        if !own {
+            return Some("cross-site writes are refused");
+        }
+    }
+    None
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -130,11 +187,60 @@ mod tests {
     }
 
     #[test]
+    fn cross_site_writes_are_refused_same_origin_ones_pass() {
+        use http::{HeaderMap, HeaderValue, Method};
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.append(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        let json = ("content-type", "application/json");
+        let host = ("host", "127.0.0.1:9900");
+        assert_eq!(cross_site_refusal(&Method::POST, &h(&[json, host])), None);
+        assert_eq!(
+            cross_site_refusal(
+                &Method::POST,
+                &h(&[("content-type", "Application/JSON; charset=utf-8"), host])
+            ),
+            None
+        );
+        assert!(
+            cross_site_refusal(&Method::POST, &h(&[("content-type", "text/plain"), host]))
+                .is_some()
+        );
+        assert!(cross_site_refusal(&Method::POST, &h(&[host])).is_some());
+        let same = ("origin", "http://127.0.0.1:9900");
+        assert_eq!(
+            cross_site_refusal(&Method::POST, &h(&[json, host, same])),
+            None
+        );
+        let evil = ("origin", "http://evil.example");
+        assert!(cross_site_refusal(&Method::POST, &h(&[json, host, evil])).is_some());
+        assert!(cross_site_refusal(&Method::DELETE, &h(&[host, evil])).is_some());
+        assert!(cross_site_refusal(&Method::POST, &h(&[json, host, ("origin", "null")])).is_some());
+        for ok in ["same-origin", "none"] {
+            let m = h(&[json, host, ("sec-fetch-site", ok)]);
+            assert_eq!(cross_site_refusal(&Method::POST, &m), None, "{ok}");
+        }
+        for bad in ["cross-site", "same-site"] {
+            let m = h(&[json, host, ("sec-fetch-site", bad)]);
+            assert!(cross_site_refusal(&Method::POST, &m).is_some(), "{bad}");
+        }
+        assert_eq!(cross_site_refusal(&Method::DELETE, &h(&[host])), None);
+    }
+
+    #[test]
     fn writes_need_the_exact_bearer_token() {
         let s = settings("0.0.0.0:9900", Some("0123456789abcdef"));
         assert!(s.authorizes(Some(b"Bearer 0123456789abcdef")));
         assert!(!s.authorizes(Some(b"Bearer 0123456789abcdeF")));
         assert!(!s.authorizes(Some(b"0123456789abcdef")));
+        assert!(s.authorizes(Some(b"bearer 0123456789abcdef")));
+        assert!(s.authorizes(Some(b"BEARER  0123456789abcdef")));
+        assert!(!s.authorizes(Some(b"Basic 0123456789abcdef")));
+        assert!(!s.authorizes(Some(b"Bearer")));
         assert!(!s.authorizes(None));
         assert!(settings("127.0.0.1:1", None).authorizes(None));
     }

@@ -23,8 +23,9 @@
 //! | GET | `/api/v1/stats` | totals of requests and pin outcomes, and the server's uptime (the page computes rates) |
 //! | GET | `/api/v1/history` | per node, one point per sample of the last five minutes: requests/s, errors/s, p99 answer time ([`HistoryView`]) |
 //!
-//! Errors are JSON `{"error": "..."}` with 400 (bad request), 401 (missing or wrong token),
-//! 404 (no such node, table or entry), 405, 413 (body over 16 KiB), 422 (reload refused).
+//! `HEAD` answers wherever `GET` does. Errors are JSON `{"error": "..."}` with 400 (bad
+//! request), 401 (missing or wrong token), 403 (a cross-site write), 404 (no such node, table
+//! or entry), 405, 413 (body over 16 KiB), 422 (reload refused).
 //!
 //! ## Authorization
 //!
@@ -32,7 +33,9 @@
 //! must be configured whenever the listener is not on a loopback address:
 //! [`AdminSettings::validate`] refuses such a configuration, so limpet does not start with an
 //! open admin API on the network. Reads (the page, the JSON reads, `/metrics`) need no token.
-//! Tokens are compared in constant time.
+//! Tokens are compared in constant time; the Bearer scheme is case-insensitive. Token or not,
+//! a write from another site is refused (`auth::cross_site_refusal`): a `POST` needs
+//! `Content-Type: application/json`, and a foreign `Origin` or `Sec-Fetch-Site` gets 403.
 //!
 //! ## Traffic and history
 //!

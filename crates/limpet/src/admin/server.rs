@@ -21,6 +21,10 @@ use super::{AdminSettings, Control, ControlError, NodeCommand};
 
 const MAX_BODY: usize = 16 * 1024;
 const MAX_PAGE: usize = 1000;
+/// Admin connections served at once; more wait in the kernel backlog.
+const MAX_CONNECTIONS: usize = 256;
+/// A request head must arrive within it; a blocked write to the client fails after it.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct State {
     control: Arc<dyn Control>,
@@ -67,40 +71,45 @@ pub async fn serve(
         started: Instant::now(),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _peer) = tokio::select! {
-            () = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+    // The admin listener is for a few operators and scrapers: its connections are bounded
+    // like a proxy listener's, so a flood there cannot take the descriptors traffic needs.
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    crate::net::accept_loop(
+        &listener,
+        "admin",
+        Some(permits),
+        shutdown,
+        |stream, _peer, permit| {
+            let state = Arc::clone(&state);
+            let mut stop = stop_rx.clone();
+            // A client that stops reading an answer (a large table page) is cut like a proxy
+            // client is.
+            let stream = crate::relay::WriteDeadline::new(
+                stream,
+                crate::relay::WriteLimit::new(HEAD_TIMEOUT),
+            );
+            tokio::spawn(async move {
+                let _permit = permit;
+                let svc = service_fn(move |req| {
+                    let state = Arc::clone(&state);
+                    async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), svc);
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => { let _ = r; }
+                    () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
                 }
-            },
-        };
-        let state = Arc::clone(&state);
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, req).await) }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => { let _ = r; }
-                () = async { let _ = stop.wait_for(|s| *s).await; } => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
-    }
+        },
+    )
+    .await;
     let _ = stop_tx.send(true);
 }
 
@@ -169,8 +178,18 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                 "writes need `Authorization: Bearer <token>`",
             );
         }
+        // With or without a token: a browser page elsewhere must not write here.
+        if let Some(why) = super::auth::cross_site_refusal(&method, req.headers()) {
+            return error(StatusCode::FORBIDDEN, why);
+        }
     }
     let c = &state.control;
+    // HEAD answers as GET does; hyper sends the head without the body.
+    let method = if method == Method::HEAD {
+        Method::GET
+    } else {
+        method
+    };
     match (&method, segs.as_slice()) {
         (&Method::GET, [""]) => text(
             StatusCode::OK,

@@ -102,6 +102,23 @@ static ALIASES: &[Alias] = &[
         place: LISTENERS,
         note: "",
     },
+    Alias {
+        names: &[(H, "maxqueue")],
+        within: &[],
+        key: "max_queue",
+        place: "`[[nodes]]`",
+        note: "with `max_connections` on the node",
+    },
+    Alias {
+        names: &[
+            (H, "tune.h2.max-concurrent-streams"),
+            (N, "http2_max_concurrent_streams"),
+        ],
+        within: &[],
+        key: "h2_max_concurrent_streams",
+        place: LISTENERS,
+        note: "",
+    },
     // Affinity.
     Alias {
         names: &[(H, "stick-table"), (H, "stick-tables")],
@@ -244,6 +261,13 @@ static ALIASES: &[Alias] = &[
         names: &[(H, "timeout http-request"), (N, "client_header_timeout")],
         within: &[],
         key: "header_read",
+        place: TIMEOUTS,
+        note: "",
+    },
+    Alias {
+        names: &[(H, "timeout queue")],
+        within: &[],
+        key: "queue",
         place: TIMEOUTS,
         note: "",
     },

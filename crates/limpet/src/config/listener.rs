@@ -101,7 +101,9 @@ pub struct Limits {
     pub max_uri_bytes: usize,
     /// Client connections served at once; further connections wait in the kernel backlog.
     pub max_client_connections: usize,
-    /// Concurrent HTTP/2 streams per client connection.
+    /// Concurrent HTTP/2 streams per client connection (HAProxy's
+    /// `tune.h2.max-concurrent-streams`, 100). Each stream holds at most one node connection,
+    /// so this also bounds the node connections one client connection can hold.
     pub h2_max_concurrent_streams: u32,
     /// Idle keep-alive connections kept per node.
     pub max_idle_per_node: usize,
@@ -114,7 +116,7 @@ impl Default for Limits {
             max_headers: 100,
             max_uri_bytes: 8 * 1024,
             max_client_connections: 10_000,
-            h2_max_concurrent_streams: 128,
+            h2_max_concurrent_streams: 100,
             // A bound, not a target: the pool only keeps connections that were in use, so it
             // follows demand. 64 made HTTP/2 clients with 100+ streams in flight open and
             // close a node connection for most requests.
@@ -136,8 +138,21 @@ pub struct Timeouts {
     pub connect: Duration,
     /// From sending a request to a node until its answer head arrives: 504 after it.
     pub upstream_answer: Duration,
-    /// An upgraded tunnel (WebSocket) with no bytes either way for this long is closed.
+    /// The longest the client may leave limpet waiting in the middle of an exchange
+    /// (HAProxy's `timeout client`): for the next bytes of a request body it announced (then
+    /// 408, and the node connection is closed), or to take the next bytes of an answer
+    /// (a write to it blocked this long closes the connection). Tunnels use `tunnel_idle`.
+    pub client_idle: Duration,
+    /// While an answer body is being relayed, the longest wait for the node's next bytes: the
+    /// answer is cut and the node connection closed (HAProxy's `timeout server`).
+    pub answer_body_idle: Duration,
+    /// An upgraded tunnel (WebSocket) with no bytes either way for this long is closed, and
+    /// so is one where either direction has bytes it could not write for this long (a peer
+    /// that stopped reading). See [`crate::relay`].
     pub tunnel_idle: Duration,
+    /// How long a request or session waits for a slot of a node at its `max_connections`
+    /// (HAProxy's `timeout queue`; unset, the `connect` timeout, as in HAProxy): 503 after it.
+    pub queue: Duration,
     /// An idle pooled connection to a node older than this is not reused.
     pub upstream_idle: Duration,
     /// On shutdown, how long in-flight connections get to finish before being cut.
@@ -151,7 +166,10 @@ impl Default for Timeouts {
             keep_alive_idle: Duration::from_secs(60),
             connect: Duration::from_secs(3),
             upstream_answer: Duration::from_secs(60),
+            client_idle: Duration::from_secs(60),
+            answer_body_idle: Duration::from_secs(60),
             tunnel_idle: Duration::from_secs(300),
+            queue: Duration::from_secs(3),
             upstream_idle: Duration::from_secs(30),
             drain: Duration::from_secs(10),
         }

@@ -67,7 +67,15 @@ pub struct NodeDef {
     pub name: String,
     pub addr: IpAddr,
     pub weight: u32,
+    /// Connections open to the node at once over every listener (`None`: no limit); more
+    /// wait in the node's queue (HAProxy's `maxconn`).
+    pub max_connections: Option<u32>,
+    /// How many may wait in that queue (HAProxy's `maxqueue`); more are refused at once.
+    pub max_queue: u32,
 }
+
+/// The default `max_queue` of a node with `max_connections`.
+pub const DEFAULT_MAX_QUEUE: u32 = 1024;
 
 /// An affinity table, shared by name between listeners.
 #[derive(Debug, Clone, PartialEq, Eq)]

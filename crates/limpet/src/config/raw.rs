@@ -87,6 +87,10 @@ pub(crate) struct RawNode {
     pub(crate) weight: Option<Spanned<u32>>,
     /// The port active checks of this node probe (HAProxy's `check port`).
     pub(crate) check_port: Option<Spanned<u16>>,
+    /// Connections open to the node at once, over every listener (HAProxy's `maxconn`).
+    pub(crate) max_connections: Option<Spanned<Size>>,
+    /// Requests or sessions that may wait for one of them (HAProxy's `maxqueue`).
+    pub(crate) max_queue: Option<Spanned<Size>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +156,8 @@ pub(crate) struct RawListener {
     pub(crate) close_on_node_down: Option<Spanned<bool>>,
     pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
     pub(crate) max_connections: Option<Spanned<Size>>,
+    /// Concurrent HTTP/2 streams per client connection.
+    pub(crate) h2_max_concurrent_streams: Option<Spanned<Size>>,
     pub(crate) check: Option<RawCheck>,
 }
 
@@ -247,9 +253,12 @@ pub(crate) struct RawTimeouts {
     pub(crate) idle: Option<Dur>,
     pub(crate) header_read: Option<Dur>,
     pub(crate) upstream_answer: Option<Dur>,
+    pub(crate) client_idle: Option<Dur>,
+    pub(crate) answer_body_idle: Option<Dur>,
     pub(crate) tunnel_idle: Option<Dur>,
     pub(crate) drain: Option<Dur>,
     pub(crate) proxy_header: Option<Dur>,
+    pub(crate) queue: Option<Dur>,
 }
 
 /// A duration written as a string: `"30m"`, `"5s"`, `"250ms"`, `"1h30m"`, `"2d"`.

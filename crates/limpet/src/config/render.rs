@@ -167,6 +167,10 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
         if let Some(p) = r.and_then(|r| r.check_port.as_ref()) {
             w!(o, "check_port = {}", p.get_ref());
         }
+        if let Some(m) = n.max_connections {
+            w!(o, "max_connections = {m}");
+            w!(o, "max_queue = {}", n.max_queue);
+        }
     }
     for t in &cfg.tables {
         w!(o);
@@ -229,6 +233,13 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
         w!(o, "trusted_proxies = {}", list(&l.trusted_proxies));
     }
     w!(o, "max_connections = {}", l.limits.max_client_connections);
+    if http {
+        w!(
+            o,
+            "h2_max_concurrent_streams = {}",
+            l.limits.h2_max_concurrent_streams
+        );
+    }
     if let Some(c) = &r.check {
         check(o, c, l);
     }
@@ -293,10 +304,13 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     w!(o, "header_read = {}", dur(t.header_read));
     if http {
         w!(o, "upstream_answer = {}", dur(t.upstream_answer));
+        w!(o, "client_idle = {}", dur(t.client_idle));
+        w!(o, "answer_body_idle = {}", dur(t.answer_body_idle));
         w!(o, "tunnel_idle = {}", dur(t.tunnel_idle));
     }
     w!(o, "drain = {}", dur(t.drain));
     w!(o, "proxy_header = {}", dur(pp.header_timeout));
+    w!(o, "queue = {}", dur(t.queue));
 }
 
 /// A listener's check, on one line (an inline table), its defaults filled in.

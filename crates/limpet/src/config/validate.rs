@@ -34,6 +34,9 @@ pub(super) fn validate(path: &Path, text: &str) -> Result<(Config, RawConfig), C
     Ok((cfg, raw))
 }
 
+/// Shortest signed-cookie key a config file may hold (docs/config.md).
+const MIN_COOKIE_KEY_BYTES: usize = 32;
+
 /// Active check timing, defaults applied: `(interval, timeout, jitter)`. HAProxy's `inter`
 /// default of 2 s; a check may take one interval; jitter a tenth of it.
 pub(super) fn check_timing(h: Option<&RawHealth>) -> (Duration, Duration, Duration) {
@@ -289,10 +292,30 @@ impl Validator<'_> {
                 }
                 None => 1,
             };
+            let count = |v: &Option<Spanned<Size>>, k: &str| -> Result<Option<u32>, ConfigError> {
+                match v {
+                    None => Ok(None),
+                    Some(v) => match u32::try_from(v.get_ref().0) {
+                        Ok(n) if n >= 1 => Ok(Some(n)),
+                        _ => Err(self.err(v, format!("{key}.{k}"), "must be 1 to 4g")),
+                    },
+                }
+            };
+            let max_connections = count(&n.max_connections, "max_connections")?;
+            let max_queue = count(&n.max_queue, "max_queue")?;
+            if let (Some(q), None) = (&n.max_queue, max_connections) {
+                return Err(self.err(
+                    q,
+                    format!("{key}.max_queue"),
+                    "a queue is for a node with max_connections",
+                ));
+            }
             out.push(NodeDef {
                 name: name.clone(),
                 addr,
                 weight,
+                max_connections,
+                max_queue: max_queue.unwrap_or(crate::config::DEFAULT_MAX_QUEUE),
             });
         }
         Ok(out)
@@ -585,9 +608,13 @@ impl Validator<'_> {
             set(&t.connect, &mut timeouts.connect);
             set(&t.header_read, &mut timeouts.header_read);
             set(&t.upstream_answer, &mut timeouts.upstream_answer);
+            set(&t.client_idle, &mut timeouts.client_idle);
+            set(&t.answer_body_idle, &mut timeouts.answer_body_idle);
             set(&t.tunnel_idle, &mut timeouts.tunnel_idle);
             set(&t.drain, &mut timeouts.drain);
             set(&t.proxy_header, &mut proxy_protocol.header_timeout);
+            // HAProxy: `timeout queue` unset is `timeout connect`.
+            timeouts.queue = t.queue.or(t.connect).map_or(timeouts.queue, |d| d.0);
             if let Some(d) = t.idle {
                 timeouts.keep_alive_idle = d.0;
                 tcp.idle = d.0;
@@ -597,8 +624,11 @@ impl Validator<'_> {
                 (t.idle, "idle"),
                 (t.header_read, "header_read"),
                 (t.upstream_answer, "upstream_answer"),
+                (t.client_idle, "client_idle"),
+                (t.answer_body_idle, "answer_body_idle"),
                 (t.tunnel_idle, "tunnel_idle"),
                 (t.proxy_header, "proxy_header"),
+                (t.queue, "queue"),
             ] {
                 if d.is_some_and(|d| d.0.is_zero()) {
                     return Err(
@@ -642,6 +672,16 @@ impl Validator<'_> {
                 ));
             }
             limits.max_client_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(m) = &l.h2_max_concurrent_streams {
+            let k = format!("{key}.h2_max_concurrent_streams");
+            if mode != Mode::Http {
+                return Err(self.err(m, k, "only for mode = \"http\""));
+            }
+            limits.h2_max_concurrent_streams = match u32::try_from(m.get_ref().0) {
+                Ok(n) if (1..=65_535).contains(&n) => n,
+                _ => return Err(self.err(m, k, "must be 1 to 65535")),
+            };
         }
         Ok(ListenerDef {
             name: l.name.get_ref().clone(),
@@ -734,8 +774,20 @@ impl Validator<'_> {
                         "mode = \"signed\" needs `keys = [\"...\"]` (secrets, newest first)",
                     ));
                 };
-                for k in keys.get_ref() {
+                for (i, k) in keys.get_ref().iter().enumerate() {
                     not_redacted(k).map_err(|m| self.err(keys, format!("{key}.keys"), m))?;
+                    // HMAC-SHA256 keys shorter than its 32-byte output weaken it; the core
+                    // accepts 16 (tests, the library API), a config file never less than 32.
+                    if k.len() < MIN_COOKIE_KEY_BYTES {
+                        return Err(self.err(
+                            keys,
+                            format!("{key}.keys[{i}]"),
+                            format!(
+                                "is {} bytes: signed-cookie keys need at least {MIN_COOKIE_KEY_BYTES} (e.g. `openssl rand -base64 32`)",
+                                k.len()
+                            ),
+                        ));
+                    }
                 }
                 CookieMode::Signed {
                     keys: keys

@@ -493,6 +493,17 @@ async fn run_check(
         tokio::time::sleep_until(next).await;
         let started = Instant::now();
         let detail = probe(&spec.kind, spec.addr, spec.timeout).await;
+        if detail
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(probe::LOCAL_FAILURE))
+        {
+            // limpet could not even open a socket: no verdict on the node (it must not
+            // flap DOWN because this process ran out of file descriptors).
+            crate::net::LOCAL_FDS.note("health check");
+            next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
+            continue;
+        }
         let t = sink.record(&node, detail.ok, &detail);
         board.update(&node, &label, &detail, t.is_some());
         match t {

@@ -48,6 +48,10 @@ struct Failure {
     status: Option<u16>,
 }
 
+/// The prefix of a probe error that limpet caused itself (out of file descriptors): the
+/// check loop records no verdict on the node for it.
+pub(crate) const LOCAL_FAILURE: &str = "limpet out of file descriptors";
+
 impl Failure {
     fn new(error: String) -> Self {
         Failure {
@@ -58,9 +62,13 @@ impl Failure {
 }
 
 async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
-    let s = TcpStream::connect(addr)
-        .await
-        .map_err(|e| Failure::new(format!("connect: {e}")))?;
+    let s = TcpStream::connect(addr).await.map_err(|e| {
+        if crate::error::out_of_fds(&e) {
+            Failure::new(format!("{LOCAL_FAILURE}: {e}"))
+        } else {
+            Failure::new(format!("connect: {e}"))
+        }
+    })?;
     let _ = s.set_nodelay(true);
     Ok(s)
 }

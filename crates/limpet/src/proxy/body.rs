@@ -3,24 +3,30 @@
 //!
 //! - [`UpBody`] goes to a node: the client's body, or nothing for a replayed bodiless request.
 //!   It reports when the client's body has been read to its end, which starts the upstream
-//!   answer clock (a long upload is not an unanswered request).
+//!   answer clock (a long upload is not an unanswered request). A client that stops sending
+//!   its body for `client_idle` ends it with [`BodyIdle`]: the node connection is
+//!   closed and the client gets 408.
 //! - [`ProxyBody`] goes to the client: the node's answer, or a short answer limpet wrote. It
 //!   holds the connection's "request in flight" mark until hyper drops it, so the keep-alive
-//!   idle clock only runs while nothing is in flight.
+//!   idle clock only runs while nothing is in flight. A node that stops sending its answer
+//!   body for `answer_body_idle` ends it with [`BodyIdle`]: the answer is cut.
 //!
 //! Both count body bytes for the stats page's per-node traffic: the answer's bytes go to the
 //! node that sent it ([`ProxyBody::counted`]); the request's bytes are read before failover
 //! has settled which node takes them, so they wait in a [`BodyTally`] that the answer binds
 //! to its node (a body with bytes goes to one node only: only bodiless requests are replayed).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
 
 use super::server::ActiveGuard;
 use crate::metrics::NodeTraffic;
@@ -60,6 +66,76 @@ impl BodyTally {
     }
 }
 
+/// Errors of the proxy's bodies: hyper's own, or [`BodyIdle`].
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A body's peer sent nothing for its idle timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BodyIdle;
+
+impl std::fmt::Display for BodyIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("body idle timeout")
+    }
+}
+
+impl std::error::Error for BodyIdle {}
+
+/// Whether `e` (or what caused it) is a [`BodyIdle`].
+pub(crate) fn is_body_idle(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<BodyIdle>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// The idle clock of a streamed body: armed lazily the first time the body has nothing to
+/// give (a body that always has bytes ready never allocates a timer), pushed back by every
+/// frame.
+#[derive(Debug)]
+struct IdleClock {
+    limit: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// A frame passed since the timer was last set.
+    moved: bool,
+}
+
+impl IdleClock {
+    fn new(limit: Duration) -> Self {
+        IdleClock {
+            limit,
+            timer: None,
+            moved: false,
+        }
+    }
+
+    fn moved(&mut self) {
+        self.moved = true;
+    }
+
+    /// Called when the body is pending: whether it has been quiet for too long.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = Instant::now() + self.limit;
+        let timer = match &mut self.timer {
+            Some(t) => {
+                if self.moved {
+                    t.as_mut().reset(deadline);
+                }
+                t
+            }
+            None => self
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        self.moved = false;
+        timer.as_mut().poll(cx).is_ready()
+    }
+}
+
 /// The body of a request to a node.
 #[derive(Debug)]
 pub(crate) struct UpBody {
@@ -67,17 +143,20 @@ pub(crate) struct UpBody {
     /// Set to true once `inner` ended; dropped (closing the channel) with the body.
     done: Option<watch::Sender<bool>>,
     tally: Arc<BodyTally>,
+    idle: Option<IdleClock>,
 }
 
 impl UpBody {
     /// The client's streamed body and a receiver that resolves once it has been read through.
-    pub(crate) fn streamed(inner: Incoming) -> (Self, watch::Receiver<bool>) {
+    /// The client's streamed body, ended with [`BodyIdle`] once nothing came for `idle`.
+    pub(crate) fn streamed(inner: Incoming, idle: Duration) -> (Self, watch::Receiver<bool>) {
         let (tx, rx) = watch::channel(false);
         (
             UpBody {
                 inner: Some(inner),
                 done: Some(tx),
                 tally: Arc::default(),
+                idle: Some(IdleClock::new(idle)),
             },
             rx,
         )
@@ -88,6 +167,7 @@ impl UpBody {
             inner: None,
             done: None,
             tally: Arc::default(),
+            idle: None,
         }
     }
 
@@ -105,26 +185,45 @@ impl UpBody {
 
 impl Body for UpBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let Some(inner) = self.inner.as_mut() else {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        let polled = Pin::new(inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None | Some(Err(_))) => self.finish(),
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish();
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    self.tally.add(data.len() as u64);
+                    this.tally.add(data.len() as u64);
                 }
+                if let Some(c) = &mut this.idle {
+                    c.moved();
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Pending => {}
+            Poll::Pending => {
+                if this.idle.as_mut().is_some_and(|c| c.expired(cx)) {
+                    // The client went quiet mid-body: end it, which closes the node
+                    // connection (hyper never reuses one whose request did not finish).
+                    this.inner = None;
+                    this.finish();
+                    return Poll::Ready(Some(Err(Box::new(BodyIdle))));
+                }
+                Poll::Pending
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -140,7 +239,7 @@ impl Body for UpBody {
 
 #[derive(Debug)]
 enum Inner {
-    Upstream(Incoming),
+    Upstream(Incoming, IdleClock),
     Local(Full<Bytes>),
 }
 
@@ -151,16 +250,20 @@ pub struct ProxyBody {
     _active: Option<ActiveGuard>,
     /// Counts the request as open to its node until the answer body is done.
     _node: Option<crate::nodes::ConnGuard>,
+    /// The request's slot among its node's `max_connections`, held until the body is done.
+    _admitted: Option<crate::nodes::Admitted>,
     /// The node's traffic, counting the answer's bytes.
     traffic: Option<Arc<NodeTraffic>>,
 }
 
 impl ProxyBody {
-    pub(crate) fn upstream(body: Incoming) -> Self {
+    /// The node's answer body, cut with [`BodyIdle`] once nothing came for `idle`.
+    pub(crate) fn upstream(body: Incoming, idle: Duration) -> Self {
         ProxyBody {
-            inner: Inner::Upstream(body),
+            inner: Inner::Upstream(body, IdleClock::new(idle)),
             _active: None,
             _node: None,
+            _admitted: None,
             traffic: None,
         }
     }
@@ -170,6 +273,7 @@ impl ProxyBody {
             inner: Inner::Local(Full::new(text.into())),
             _active: None,
             _node: None,
+            _admitted: None,
             traffic: None,
         }
     }
@@ -187,6 +291,12 @@ impl ProxyBody {
         self
     }
 
+    /// Holds the node slot until the body is done.
+    pub(crate) fn with_admission(mut self, admitted: Option<crate::nodes::Admitted>) -> Self {
+        self._admitted = admitted;
+        self
+    }
+
     /// Keeps the node's open-connection count up until the body is done.
     pub(crate) fn with_node_guard(mut self, guard: crate::nodes::ConnGuard) -> Self {
         self._node = Some(guard);
@@ -196,23 +306,29 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         match &mut this.inner {
-            Inner::Upstream(b) => {
-                let polled = Pin::new(b).poll_frame(cx);
-                if let (Poll::Ready(Some(Ok(frame))), Some(t)) = (&polled, &this.traffic) {
-                    if let Some(data) = frame.data_ref() {
+            Inner::Upstream(b, idle) => match Pin::new(b).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let (Some(t), Some(data)) = (&this.traffic, frame.data_ref()) {
                         t.add_out(data.len() as u64);
                     }
+                    idle.moved();
+                    Poll::Ready(Some(Ok(frame)))
                 }
-                polled
-            }
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+                Poll::Ready(None) => Poll::Ready(None),
+                // The node went quiet mid-answer: cut the answer (the client sees it end
+                // early, as HAProxy's `timeout server` does).
+                Poll::Pending if idle.expired(cx) => Poll::Ready(Some(Err(Box::new(BodyIdle)))),
+                Poll::Pending => Poll::Pending,
+            },
             Inner::Local(b) => match Pin::new(b).poll_frame(cx) {
                 Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
                 Poll::Ready(Some(Err(never))) => match never {},
@@ -224,14 +340,14 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Upstream(b) => b.is_end_stream(),
+            Inner::Upstream(b, _) => b.is_end_stream(),
             Inner::Local(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Upstream(b) => b.size_hint(),
+            Inner::Upstream(b, _) => b.size_hint(),
             Inner::Local(b) => b.size_hint(),
         }
     }

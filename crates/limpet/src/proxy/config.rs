@@ -111,6 +111,8 @@ impl ProxyConfig {
                     name: n.name.clone(),
                     addr: n.addr.ip(),
                     weight: 1,
+                    max_connections: None,
+                    max_queue: crate::config::DEFAULT_MAX_QUEUE,
                 })
                 .collect(),
             tables: Vec::new(),

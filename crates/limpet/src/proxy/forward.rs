@@ -1,7 +1,7 @@
 //! One request, from the client's head to the answer's head.
 //!
 //! ```text
-//!  request ─► checks (target length, framing, CONNECT) ─► 400/405/414
+//!  request ─► checks (target length, framing, Host rules, CONNECT) ─► 400/405/414
 //!     ─► presented (cookie, home cookie, table key, spread key) ─► route (the core's one
 //!        decision, via State::route) ─► node, outcome, cookies, table write ─► 503 if none
 //!     ─► rewrite head (strip our cookie, hop-by-hop, X-Forwarded-*, Host, origin-form)
@@ -305,6 +305,10 @@ async fn proxy(
         );
     }
 
+    if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
+        return local_close(StatusCode::BAD_REQUEST, id, why);
+    }
+
     let upgrade = is_upgrade_request(&req);
     let websocket = req
         .headers()
@@ -361,7 +365,7 @@ async fn proxy(
     // A copy to replay elsewhere, kept only when replaying is allowed at all.
     let replay =
         (is_idempotent(&head.method) && body.is_end_stream() && !upgrade).then(|| head.clone());
-    let (up_body, body_done) = UpBody::streamed(body);
+    let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
     // Request body bytes, counted to the node that finally answers.
     let request_bytes = up_body.tally();
 
@@ -373,9 +377,11 @@ async fn proxy(
         replay,
         upgrade,
         id,
+        admitted: None,
     };
     let result = attempt.run(head, up_body, body_done).await;
     let chosen = attempt.route;
+    let admitted = attempt.admitted.take();
     log.outcome = Some(chosen.outcome);
     let Some(node) = chosen.node else {
         return unavailable(shared, id);
@@ -383,6 +389,14 @@ async fn proxy(
     log.node = Some(node);
     let mut resp = match result {
         Ok(resp) => resp,
+        Err(e) if e.stage == Stage::ClientBody && e.is_timeout() => {
+            // HAProxy's `timeout client` answer for a body that stopped coming.
+            return local_close(
+                StatusCode::REQUEST_TIMEOUT,
+                id,
+                "request body not received in time",
+            );
+        }
         Err(e) if e.stage == Stage::ClientBody => {
             return local_close(
                 StatusCode::BAD_REQUEST,
@@ -462,6 +476,9 @@ async fn proxy(
     if let (Some(client), Some(upstream), Some(rt)) =
         (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
     {
+        // From here the relay's per-direction rule (`tunnel_idle`) bounds writes to the
+        // client.
+        ctx.write_limit.lift();
         upgrade::spawn_tunnel(
             client,
             upstream,
@@ -474,15 +491,17 @@ async fn proxy(
                 close_on_down: shared.def.tcp.close_on_node_down,
                 _open: rt.open(),
                 _tunnel: rt.tunnel(),
+                _admitted: admitted,
             },
         );
         return out;
     }
-    let body = ProxyBody::upstream(rbody);
+    let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle);
     let body = match shared.metrics.node_traffic(node) {
         Some(t) => body.counted(Arc::clone(t), &request_bytes),
         None => body,
     };
+    let body = body.with_admission(admitted);
     out.map(|_| match in_flight.1 {
         Some(guard) => body.with_node_guard(guard),
         None => body,
@@ -518,6 +537,8 @@ struct Attempt<'a> {
     replay: Option<Head>,
     upgrade: bool,
     id: &'a str,
+    /// The answering node's slot among its `max_connections` (see `NodeRuntime::admit`).
+    admitted: Option<crate::nodes::Admitted>,
 }
 
 impl Attempt<'_> {
@@ -525,6 +546,9 @@ impl Attempt<'_> {
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
         let state = &self.ctx.shared.state;
+        if e.cause == Cause::Local {
+            crate::net::LOCAL_FDS.note("connect to a node");
+        }
         if let Some(obs) = e.observation() {
             state.observe(node, obs);
         }
@@ -569,6 +593,14 @@ impl Attempt<'_> {
                     false,
                     "node without connections",
                 ));
+            };
+            // A node at its max_connections: wait in its queue (no failover: a busy node is
+            // not a failed one, and moving a pinned session would break its affinity).
+            let admitted = match shared.state.node_rt(node) {
+                Some(rt) => Some(rt.admit(shared.timeouts.queue).await.map_err(|r| {
+                    UpstreamError::new(Stage::Queue, Cause::Timeout, false, r.as_str())
+                })?),
+                None => None,
             };
             // A trial must prove the node answers now: never on a connection kept from before.
             let pooled = if force_fresh || self.route.trial {
@@ -620,6 +652,7 @@ impl Attempt<'_> {
             };
             let err = match outcome {
                 Ok(resp) => {
+                    self.admitted = admitted;
                     if !self.upgrade {
                         conns.recycle(sender);
                     }
@@ -650,12 +683,14 @@ impl Attempt<'_> {
                     }
                     let err = e.into_error();
                     if err.is_user() || err.is_body_write_aborted() {
-                        return Err(UpstreamError::new(
-                            Stage::ClientBody,
-                            Cause::Io(std::io::ErrorKind::Other),
-                            true,
-                            err,
-                        ));
+                        // The client's body failed or went quiet: not the node's fault. The
+                        // node connection is dropped with the unfinished request.
+                        let cause = if super::body::is_body_idle(&err) {
+                            Cause::Timeout
+                        } else {
+                            Cause::Io(std::io::ErrorKind::Other)
+                        };
+                        return Err(UpstreamError::new(Stage::ClientBody, cause, true, err));
                     }
                     let cause = if err.is_parse() || err.is_parse_status() {
                         Cause::Protocol

@@ -1,5 +1,6 @@
-//! Header rewriting on the way to a node and back: hop-by-hop removal, `X-Forwarded-*`,
-//! `Host` for HTTP/2 clients, and the `Cache-Control` that keeps shared caches from storing a
+//! Header rewriting on the way to a node and back: hop-by-hop removal (never of `Host` and
+//! the other [`END_TO_END`] headers), `X-Forwarded-*`, the `Host` rules, `Host` for HTTP/2
+//! clients, and the `Cache-Control` that keeps shared caches from storing a
 //! pin.
 
 use std::net::IpAddr;
@@ -17,6 +18,37 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+
+/// Headers a `Connection` line cannot remove.
+const END_TO_END: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::CONTENT_TYPE];
+
+/// Why a request's `Host` is refused (400), as HAProxy refuses it: several `Host` fields, or
+/// an HTTP/1 absolute-form target naming another host than `Host` (two parsers would disagree
+/// on which site is asked for: RFC 9112 3.2.2 says the target wins, most servers read `Host`).
+///
+/// HTTP/2 is left as it was: `:authority` is always there, common clients add a `Host` of
+/// their own (`curl -H Host:`, hyper), and a node only ever sees `Host`: the `Host` field
+/// wins when present, `:authority` fills it in when not.
+pub(crate) fn host_problem(
+    version: http::Version,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+) -> Option<&'static str> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Some("several Host headers");
+    }
+    if version >= http::Version::HTTP_2 {
+        return None;
+    }
+    match (uri.authority(), host) {
+        (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
+            Some("the request target and Host name different hosts")
+        }
+        _ => None,
+    }
+}
 
 pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -37,6 +69,12 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .collect();
     for name in listed {
         if keep_upgrade && name == header::UPGRADE {
+            continue;
+        }
+        // A name listed in Connection is the sender's claim that the header is hop-by-hop;
+        // these never are: the node needs them to know what is asked and how long it is
+        // (`Connection: close, Host` would otherwise strip the Host the node routes on).
+        if END_TO_END.contains(&name) {
             continue;
         }
         headers.remove(name);

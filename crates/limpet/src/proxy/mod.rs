@@ -20,15 +20,17 @@
 //! Modules:
 //! - [`config`]: the settings as plain data ([`ProxyConfig`]); quick mode and config files
 //!   fill the same types.
-//! - `server`: accept loop, per-connection state, idle and drain handling; [`serve`] (a
+//! - `server`: per-connection state, idle, write-stall and drain handling (accepting is
+//!   [`crate::net`]'s, shared with TCP and admin listeners); [`serve`] (a
 //!   one-listener runtime of its own) and [`serve_listener`] (one listener of a shared
 //!   [`crate::runtime::Runtime`]: the pool and tables shared with the other listeners).
-//! - `forward`: one request: checks, decision, head rewriting, failover, access log.
+//! - `forward`: one request: checks (framing, Host rules), decision, the node's queue,
+//!   head rewriting, failover, access log.
 //! - `affinity`: the cookie seam (value to pin, node to value), stripping the cookie.
-//! - `headers`: hop-by-hop, `X-Forwarded-*`, `Cache-Control`.
-//! - `upstream`: connections to nodes.
-//! - `upgrade`: tunnels after 101.
-//! - `body`: streaming body types of both edges.
+//! - `headers`: hop-by-hop, the Host rules, `X-Forwarded-*`, `Cache-Control`.
+//! - `upstream`: connections to nodes (connect and TLS through [`crate::net`]).
+//! - `upgrade`: tunnels after 101, relayed by [`crate::relay`].
+//! - `body`: streaming body types of both edges, with their idle timers.
 //! - [`quick`]: `limpet proxy --to ...` arguments to a [`ProxyConfig`].
 
 mod affinity;

@@ -5,11 +5,15 @@
 //!
 //! ```text
 //!  accept (one permit of max_client_connections each)
-//!    └─► task per connection: PROXY header (trusted peers) ─► TLS accept (TLS listeners)
+//!    └─► task per connection: crate::net::accept_client (PROXY header from trusted peers,
+//!        TLS accept on TLS listeners; shared with TCP listeners)
 //!          └─► hyper-util auto (HTTP/1.1 or HTTP/2)
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
-//!          ├─► idle watch: no request in flight for keep_alive_idle ─► graceful close
-//!          └─► shutdown signal ─► graceful close (finish in-flight, then close)
+//!          ├─► writes blocked for client_idle (a client that stopped reading) ─► closed
+//!          ├─► idle watch: no request in flight for keep_alive_idle (header_read before the
+//!          │     first request) ─► graceful close ─► socket dropped if the client stays
+//!          │     (a stalled HTTP/2 header block never lets the connection end by itself)
+//!          └─► shutdown signal ─► graceful close (finish in-flight, then close; cut at drain)
 //! ```
 
 use std::future::Future;
@@ -179,6 +183,9 @@ pub(crate) struct ConnCtx {
     /// The node assigned to this connection's first unpinned request, so requests sent
     /// before the client has the cookie land together.
     pub(crate) pin: ConnPin,
+    /// How long a write to this client may stay blocked (`client_idle`); lifted when the
+    /// connection becomes a tunnel, whose relay has its own per-direction rule.
+    pub(crate) write_limit: crate::relay::WriteLimit,
     active: AtomicUsize,
     served: AtomicU64,
     /// Milliseconds since `started` at the last request start or end.
@@ -197,15 +204,16 @@ impl ConnCtx {
     ) -> Self {
         let trusted = shared.trusted.iter().any(|n| n.contains(tcp_peer.ip()));
         ConnCtx {
-            shared,
             peer,
             tls,
             trusted,
             pin: ConnPin::new(),
+            write_limit: crate::relay::WriteLimit::new(shared.timeouts.client_idle),
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
             started: Instant::now(),
+            shared,
         }
     }
 
@@ -344,84 +352,42 @@ pub async fn serve_listener(
     // Every connection task holds a clone; recv() returns None once all are gone.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
 
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            p = Arc::clone(&permits).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning on the error.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let current = runtime.state();
-        if !Arc::ptr_eq(&current, &shared.state) {
-            // A reload swapped the state: new connections use the new settings.
-            match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
-                Ok(s) => {
-                    shared = Arc::new(s);
-                    builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));
-                }
-                Err(e) => {
-                    tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
-                }
-            }
-        }
-        let _ = stream.set_nodelay(true);
-        let shared = Arc::clone(&shared);
-        let builder = Arc::clone(&builder);
-        let done = done_tx.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _done = done;
-            let local = stream.local_addr().unwrap_or(peer);
-            let (who, stream) = match crate::tcp::read_proxy_header(
-                stream,
-                peer,
-                local,
-                &shared.def.proxy_protocol,
-            )
-            .await
-            {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "PROXY header refused");
-                    return;
-                }
-            };
-            match shared.def.tls.clone() {
-                Some(cfg) => {
-                    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-                    let tls =
-                        tokio::time::timeout(shared.timeouts.header_read, acceptor.accept(stream))
-                            .await;
-                    match tls {
-                        Ok(Ok(s)) => {
-                            let ctx = Arc::new(ConnCtx::new(shared, who.client, peer, true));
-                            serve_connection(ctx, builder, s).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    crate::net::accept_loop(
+        &listener,
+        name,
+        Some(permits),
+        shutdown,
+        |stream, peer, permit| {
+            let current = runtime.state();
+            if !Arc::ptr_eq(&current, &shared.state) {
+                // A reload swapped the state: new connections use the new settings.
+                match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
+                    Ok(s) => {
+                        shared = Arc::new(s);
+                        builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));
+                    }
+                    Err(e) => {
+                        tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
                     }
                 }
-                None => {
-                    let ctx = Arc::new(ConnCtx::new(shared, who.client, peer, false));
-                    serve_connection(ctx, builder, stream).await;
-                }
             }
-        });
-    }
+            let shared = Arc::clone(&shared);
+            let builder = Arc::clone(&builder);
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let _done = done;
+                match crate::net::accept_client(stream, peer, &shared.def).await {
+                    Ok(c) => {
+                        let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
+                        serve_connection(ctx, builder, c.io).await;
+                    }
+                    Err(why) => tracing::debug!(%peer, why, "client connection refused"),
+                }
+            });
+        },
+    )
+    .await;
     drop(listener);
     let _ = drain_tx.send(true);
     drop(done_tx);
@@ -436,6 +402,13 @@ pub async fn serve_listener(
 
 /// Serves one client connection (plain or TLS) until it ends, idles out or the listener
 /// drains.
+///
+/// A graceful close (GOAWAY on HTTP/2) asks the client to go; it does not make it go. A
+/// client that never answers, or one stuck in the middle of a header block (HEADERS without
+/// END_HEADERS, after which HTTP/2 allows no other frame), would keep the socket and its
+/// `max_connections` slot for good. So the socket is dropped once the connection has stayed
+/// without a request in flight for [`CLOSE_GRACE`] after an idle close, or after `drain` on
+/// shutdown.
 async fn serve_connection<I: crate::tcp::Io + 'static>(
     ctx: Arc<ConnCtx>,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -446,20 +419,48 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         let ctx = Arc::clone(&ctx);
         service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
     };
+    // A client that stops reading an answer fails the blocked write after `client_idle`.
+    let io = crate::relay::WriteDeadline::new(io, ctx.write_limit.clone());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let result = tokio::select! {
-        r = conn.as_mut() => r,
+        r = conn.as_mut() => Some(r),
         () = idle_watch(&ctx) => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
+            ctx.touch();
+            tokio::select! {
+                r = conn.as_mut() => Some(r),
+                () = quiet_for(&ctx, grace) => None,
+            }
         }
         () = async { let _ = draining.wait_for(|d| *d).await; } => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
         }
     };
-    if let Err(e) = result {
-        tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended with an error");
+    match result {
+        Some(Err(e)) => {
+            tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended with an error")
+        }
+        Some(Ok(())) => {}
+        None => {
+            tracing::debug!(peer = %ctx.peer, "client did not close after a graceful close: socket dropped")
+        }
+    }
+}
+
+/// How long a connection asked to close (GOAWAY) may stay without a request in flight before
+/// its socket is dropped: enough for a request that crossed the GOAWAY to arrive.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves once the connection has had no request in flight for `limit`.
+async fn quiet_for(ctx: &ConnCtx, limit: Duration) {
+    loop {
+        match ctx.idle_for() {
+            Some(idle) if idle >= limit => return,
+            Some(idle) => tokio::time::sleep(limit - idle).await,
+            None => tokio::time::sleep(limit).await,
+        }
     }
 }

@@ -23,7 +23,6 @@ use std::time::Duration;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::UpBody;
@@ -105,28 +104,13 @@ impl NodeConns {
         None
     }
 
-    /// A new connection to the node, able to hand its socket over after a 101.
+    /// A new connection to the node, able to hand its socket over after a 101. Connect and
+    /// TLS are the network seam's ([`crate::net`]), shared with TCP listeners.
     pub(crate) async fn connect(&self) -> Result<Sender, UpstreamError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr))
-            .await
-            .map_err(|_| UpstreamError::timeout(Stage::Connect, false))?
-            .map_err(|e| UpstreamError::io(Stage::Connect, &e))?;
-        // Small writes (heads, WebSocket frames) must not wait for Nagle.
-        let _ = stream.set_nodelay(true);
-        match &self.tls {
-            None => handshake(stream).await,
-            Some((cfg, name)) => {
-                let connector = tokio_rustls::TlsConnector::from(Arc::clone(cfg));
-                let tls = tokio::time::timeout(
-                    self.connect_timeout,
-                    connector.connect(name.clone(), stream),
-                )
-                .await
-                .map_err(|_| UpstreamError::timeout(Stage::Tls, false))?
-                .map_err(|e| UpstreamError::io(Stage::Tls, &e))?;
-                handshake(tls).await
-            }
-        }
+        let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
+        let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
+        let io = crate::net::node_tls(stream, tls, self.connect_timeout).await?;
+        handshake(io).await
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again

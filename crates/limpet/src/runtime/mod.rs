@@ -394,6 +394,7 @@ impl State {
             .map(|n| {
                 let rt = lifecycle.node(&n.name);
                 rt.set_policy(node_policy(&config, &n.name));
+                rt.set_limits(n.max_connections, n.max_queue);
                 NodeSlot {
                     name: n.name.clone(),
                     addr: n.addr,

@@ -216,6 +216,7 @@ pub async fn get(
 pub async fn set_state(l: &Limpet, node: &str, body: &str) -> serde_json::Value {
     let r = bare_client()
         .post(l.admin_url(&format!("/api/v1/nodes/{node}/state")))
+        .header("content-type", "application/json")
         .body(body.to_owned())
         .send()
         .await

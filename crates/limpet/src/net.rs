@@ -1,0 +1,244 @@
+//! Shared pieces of the network seam: accepting a client, connecting to a node, and what
+//! running out of file descriptors does. HTTP (`crate::proxy`) and TCP (`crate::tcp`)
+//! listeners both take a client through [`accept_client`] (PROXY header from trusted peers,
+//! then TLS) and reach a node through [`connect_node`] and [`node_tls`], so each of those
+//! rules and timeouts is written once; the relay between them is [`crate::relay`].
+//!
+//! ```text
+//!  accept_loop (permits, shutdown; one rule for errors) ─► accept_client: PROXY header? ─► TLS accept? (header_read)
+//!  connect_node (connect timeout, no Nagle) ─► [PROXY header, TCP] ─► node_tls? (connect)
+//! ```
+//!
+//! Every listener (HTTP, TCP, admin) accepts through [`accept_loop`], so an accept error has one
+//! rule: back off briefly instead of spinning, and log it at most once per
+//! [`LOG_EVERY`] with the count of the errors not logged. Out of file descriptors
+//! (EMFILE/ENFILE) is the common one under a connection flood; it recovers by itself as
+//! connections close, and it is never held against a node: connect and health-check failures
+//! it causes carry no verdict on the node (`crate::error::Cause::Local`), so nodes do not
+//! flap DOWN/UP because limpet ran out of sockets.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+use crate::config::ListenerDef;
+use crate::error::{Stage, UpstreamError};
+use crate::tcp::{Io, Peer};
+
+/// At most one log line per this interval for each kind of local resource error.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The pause after a failed accept: long enough not to spin on an error that persists,
+/// short enough that a freed descriptor is used at once.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A warning logged at most once per [`LOG_EVERY`], with the count of repeats it swallowed.
+#[derive(Debug)]
+pub struct RateLimitedLog {
+    what: &'static str,
+    /// When it last logged, and how many notes were not logged since.
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl RateLimitedLog {
+    pub const fn new(what: &'static str) -> Self {
+        RateLimitedLog {
+            what,
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Notes one occurrence (`context`: where); returns whether it was logged.
+    pub fn note(&self, context: &str) -> bool {
+        let now = Instant::now();
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let due =
+            st.0.is_none_or(|last| now.duration_since(last) >= LOG_EVERY);
+        if !due {
+            st.1 += 1;
+            return false;
+        }
+        let swallowed = std::mem::take(&mut st.1);
+        st.0 = Some(now);
+        drop(st);
+        tracing::warn!(context, repeats_not_logged = swallowed, "{}", self.what);
+        true
+    }
+}
+
+/// Out of file descriptors, wherever limpet noticed it (accept, connect, health check).
+pub static LOCAL_FDS: RateLimitedLog = RateLimitedLog::new(
+    "out of file descriptors: raise the limit (ulimit -n, LimitNOFILE) or lower max_connections",
+);
+
+/// Other accept errors.
+static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
+
+/// The accept loop of every listener (HTTP, TCP, admin): until `shutdown` resolves, takes
+/// one permit of `permits` (a listener's `max_connections`; further clients wait in the
+/// kernel backlog) and then the next client, and hands both to `serve`, which spawns what
+/// serves it. Returns once `shutdown` resolved; the caller drains.
+pub async fn accept_loop<F>(
+    listener: &TcpListener,
+    name: &str,
+    permits: Option<Arc<tokio::sync::Semaphore>>,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream, SocketAddr, Option<tokio::sync::OwnedSemaphorePermit>),
+{
+    tokio::pin!(shutdown);
+    loop {
+        let permit = match &permits {
+            Some(p) => tokio::select! {
+                () = &mut shutdown => return,
+                p = Arc::clone(p).acquire_owned() => match p {
+                    Ok(p) => Some(p),
+                    Err(_) => return,
+                },
+            },
+            None => None,
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => return,
+            s = accept(listener, name) => s,
+        };
+        serve(stream, peer, permit);
+    }
+}
+
+/// The next client of `listener` (named `name` in logs). Errors are logged per the module
+/// rule and retried after a short pause; this never returns an error.
+pub async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(s) => return s,
+            Err(e) => {
+                if crate::error::out_of_fds(&e) {
+                    LOCAL_FDS.note(name);
+                } else if ACCEPT_ERRORS.note(name) {
+                    tracing::debug!(listener = name, error = %e, "accept error");
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// A client ready to be served: who it is, and its byte stream (TLS already accepted on a
+/// TLS listener).
+pub struct Client {
+    /// From a trusted PROXY header, else the connection's own addresses.
+    pub who: Peer,
+    /// The address the TCP connection came from (trust decisions use this one).
+    pub tcp_peer: SocketAddr,
+    /// limpet's own socket address the client reached (`node_port = "same"` uses its port).
+    pub local: SocketAddr,
+    pub io: Box<dyn Io>,
+    pub tls: bool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("who", &self.who)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Takes an accepted connection through a listener's client side: Nagle off, the PROXY
+/// header from a trusted peer (within `proxy_header`), then the TLS handshake on a TLS
+/// listener (within `header_read`, like the request head that follows it). `Err` says why
+/// the connection is refused, for a debug log line.
+pub async fn accept_client(
+    stream: TcpStream,
+    peer: SocketAddr,
+    def: &ListenerDef,
+) -> Result<Client, String> {
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
+    let (who, stream) = crate::tcp::read_proxy_header(stream, peer, local, &def.proxy_protocol)
+        .await
+        .map_err(|e| format!("PROXY header refused: {e}"))?;
+    let (io, tls): (Box<dyn Io>, bool) = match &def.tls {
+        Some(cfg) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
+            match tokio::time::timeout(def.timeouts.header_read, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => (Box::new(s), true),
+                Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}")),
+                Err(_) => return Err("TLS handshake timed out".into()),
+            }
+        }
+        None => (Box::new(stream), false),
+    };
+    Ok(Client {
+        who,
+        tcp_peer: peer,
+        local,
+        io,
+        tls,
+    })
+}
+
+/// A TCP connection to a node within `timeout`, Nagle off (small writes, heads and WebSocket
+/// frames, must not wait). Out of file descriptors is noted once per interval and carries
+/// no verdict on the node.
+pub async fn connect_node(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, UpstreamError> {
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            if crate::error::out_of_fds(&e) {
+                LOCAL_FDS.note("connect to a node");
+            }
+            return Err(UpstreamError::io(Stage::Connect, &e));
+        }
+        Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// TLS to a node (`tls`: the client config and the name to send and verify) within
+/// `timeout`; the plain stream when the listener does not use TLS to its nodes.
+pub async fn node_tls<S>(
+    stream: S,
+    tls: Option<(
+        &Arc<rustls::ClientConfig>,
+        rustls_pki_types::ServerName<'static>,
+    )>,
+    timeout: Duration,
+) -> Result<Box<dyn Io>, UpstreamError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Some((cfg, name)) = tls else {
+        return Ok(Box::new(stream));
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(cfg));
+    match tokio::time::timeout(timeout, connector.connect(name, stream)).await {
+        Ok(Ok(s)) => Ok(Box::new(s)),
+        Ok(Err(e)) => Err(UpstreamError::io(Stage::Tls, &e)),
+        Err(_) => Err(UpstreamError::timeout(Stage::Tls, false)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_errors_is_logged_once_per_interval() {
+        let log = RateLimitedLog::new("test");
+        assert!(log.note("a"), "the first is logged");
+        for _ in 0..1000 {
+            assert!(!log.note("a"));
+        }
+        tokio::time::advance(LOG_EVERY).await;
+        assert!(log.note("a"), "then once per interval");
+        assert!(!log.note("a"));
+    }
+}

@@ -1,0 +1,468 @@
+//! # The one relay: bytes both ways between a client and a node, with timers and close signals
+//!
+//! Every tunnel limpet keeps open goes through [`relay`]: TCP listener sessions
+//! (`crate::tcp`) and upgraded HTTP connections (`crate::proxy::upgrade`, WebSocket or not).
+//! Each timer and close signal is written here once, so those tunnels cannot drift apart.
+//!
+//! ```text
+//!  client ─► read ─► buffer ─► write ─► node        (pump "up")
+//!  client ◄─ write ◄─ buffer ◄─ read ◄─ node        (pump "down"; WebSocket: FrameTracker
+//!                                                    follows frame boundaries of what was written)
+//!  watchdog: ends the relay when nothing moved either way for `idle`, or when one pump has
+//!            held bytes it could not write for `idle` (its reader stopped reading)
+//!  stop:     close signal (MAINT, drain deadline, shutdown) ─► both pumps dropped at once,
+//!            even mid-write; a WebSocket client then gets close 1001 at a frame boundary
+//! ```
+//!
+//! Why per direction: a client that sends pings but never reads keeps the tunnel "active"
+//! by any shared clock, while the node-to-client pump sits blocked in a write and the queue
+//! grows in the kernel. HAProxy's `timeout tunnel` closes such a tunnel; so does this.
+//!
+//! The pumps are futures polled by the relay's own `select!`, never detached tasks: a pump
+//! blocked in a write is simply dropped when the watchdog or the close signal wins. Their
+//! state (buffer, position, frame tracker) lives outside those futures, so after a close
+//! signal the relay still knows exactly which bytes the client has, and can finish the
+//! WebSocket frame in flight before writing the close frame. Reads and writes are
+//! cancel-safe (`read`/`write`, never `write_all`): a dropped pump loses no byte count.
+//!
+//! Half-close: when one side ends its stream (FIN), the other side's write half is shut down
+//! and the other direction keeps going until it ends too.
+//!
+//! [`WriteDeadline`] is the same stalled-writer rule for the HTTP answer path, where hyper
+//! does the writing: a client connection whose write stays blocked for `client_idle` fails.
+
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::drain::{close_frame_going_away, FrameTracker};
+
+/// Bytes each pump holds at most (what one read can bring in before it is written on).
+const PUMP_BUF: usize = 16 * 1024;
+
+/// How long a WebSocket client gets, after a close signal, to receive the end of the frame
+/// in flight and to answer the close frame.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// What is relayed: plain bytes, or WebSocket frames (closed cleanly on a close signal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Bytes,
+    WebSocket,
+}
+
+/// The two directions of a relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to node.
+    Up,
+    /// Node to client.
+    Down,
+}
+
+/// Why a relay ended.
+#[derive(Debug)]
+pub enum RelayEnd {
+    /// Both directions finished: bytes copied client to node, node to client.
+    Done(u64, u64),
+    Error(io::Error),
+    /// Nothing moved either way for the idle time.
+    Idle,
+    /// This direction held bytes it could not write for the idle time: its reader stopped
+    /// reading.
+    Stalled(Direction),
+    /// The close signal fired, with its reason.
+    Stopped(&'static str),
+}
+
+/// When each direction last moved a byte, and whether it holds bytes not yet written.
+#[derive(Debug)]
+struct Clock {
+    start: Instant,
+    /// Per direction: ms since `start` of the last read or write.
+    moved_ms: [AtomicU64; 2],
+    /// Per direction: bytes read and not yet written (and flushed).
+    holding: [AtomicBool; 2],
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock {
+            start: Instant::now(),
+            moved_ms: [AtomicU64::new(0), AtomicU64::new(0)],
+            holding: [AtomicBool::new(false), AtomicBool::new(false)],
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn moved(&self, d: usize, holding: bool) {
+        self.moved_ms[d].store(self.now_ms(), Ordering::Relaxed);
+        self.holding[d].store(holding, Ordering::Relaxed);
+    }
+
+    /// Resolves when the relay must end for lack of progress.
+    async fn expired(&self, idle: Duration) -> RelayEnd {
+        let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let now = self.now_ms();
+            let moved = [0, 1].map(|d| self.moved_ms[d].load(Ordering::Relaxed));
+            // Quiet both ways.
+            let mut due = moved[0].max(moved[1]).saturating_add(idle_ms);
+            let mut end = RelayEnd::Idle;
+            // A direction stuck on bytes it cannot write, whatever the other one does.
+            for (d, dir) in [(0, Direction::Up), (1, Direction::Down)] {
+                if self.holding[d].load(Ordering::Relaxed) {
+                    let stall = moved[d].saturating_add(idle_ms);
+                    if stall < due {
+                        due = stall;
+                        end = RelayEnd::Stalled(dir);
+                    }
+                }
+            }
+            if now >= due {
+                return end;
+            }
+            tokio::time::sleep(Duration::from_millis(due - now)).await;
+        }
+    }
+}
+
+/// One direction's state, kept outside its future so a dropped pump loses nothing.
+struct Pump {
+    dir: usize,
+    buf: Box<[u8]>,
+    /// `buf[pos..len]` is read and not yet written.
+    pos: usize,
+    len: usize,
+    bytes: u64,
+    done: bool,
+    /// WebSocket node-to-client: frame boundaries of the bytes written to the client.
+    frames: Option<FrameTracker>,
+}
+
+impl Pump {
+    fn new(dir: Direction, frames: bool) -> Self {
+        Pump {
+            dir: match dir {
+                Direction::Up => 0,
+                Direction::Down => 1,
+            },
+            buf: vec![0u8; PUMP_BUF].into_boxed_slice(),
+            pos: 0,
+            len: 0,
+            bytes: 0,
+            done: false,
+            frames: frames.then(FrameTracker::new),
+        }
+    }
+
+    /// Writes what the buffer holds, noting each write on the clock and in the tracker.
+    async fn write_held<W: AsyncWrite + Unpin>(
+        &mut self,
+        w: &mut W,
+        clock: &Clock,
+    ) -> io::Result<()> {
+        while self.pos < self.len {
+            let n = w.write(&self.buf[self.pos..self.len]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            if let Some(t) = &mut self.frames {
+                t.consume(&self.buf[self.pos..self.pos + n]);
+            }
+            self.pos += n;
+            self.bytes += n as u64;
+            clock.moved(self.dir, true);
+        }
+        w.flush().await?;
+        clock.moved(self.dir, false);
+        Ok(())
+    }
+
+    /// Copies until the reader ends (then shuts the writer down) or an error.
+    async fn run<R, W>(&mut self, r: &mut R, w: &mut W, clock: &Clock) -> io::Result<()>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        loop {
+            self.write_held(w, clock).await?;
+            let n = r.read(&mut self.buf).await?;
+            if n == 0 {
+                self.done = true;
+                // Half-close: the other side learns this side is done writing.
+                return w.shutdown().await;
+            }
+            self.pos = 0;
+            self.len = n;
+            clock.moved(self.dir, true);
+        }
+    }
+}
+
+/// Relays `client` <-> `node` until both directions are done, the relay stops making
+/// progress for `idle` (quiet both ways, or one direction unable to write), an I/O error,
+/// or `stop` resolves with a reason. Dropping the streams on return closes both connections.
+///
+/// With [`Framing::WebSocket`], a `stop` is clean: the frame the client is in the middle of
+/// receiving is finished, then a close frame 1001 carrying the reason is written, and the
+/// client gets a moment to answer it.
+pub async fn relay<C, N, S>(
+    client: C,
+    node: N,
+    idle: Duration,
+    framing: Framing,
+    stop: S,
+) -> RelayEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    N: AsyncRead + AsyncWrite + Unpin,
+    S: Future<Output = &'static str>,
+{
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut nr, mut nw) = tokio::io::split(node);
+    let clock = Clock::new();
+    let mut up = Pump::new(Direction::Up, false);
+    let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
+    tokio::pin!(stop);
+    let end = {
+        let up_run = up.run(&mut cr, &mut nw, &clock);
+        let down_run = down.run(&mut nr, &mut cw, &clock);
+        tokio::pin!(up_run, down_run);
+        let (mut up_done, mut down_done) = (false, false);
+        loop {
+            tokio::select! {
+                r = &mut up_run, if !up_done => match r {
+                    Ok(()) => up_done = true,
+                    Err(e) => break RelayEnd::Error(e),
+                },
+                r = &mut down_run, if !down_done => match r {
+                    Ok(()) => down_done = true,
+                    Err(e) => break RelayEnd::Error(e),
+                },
+                end = clock.expired(idle) => break end,
+                reason = &mut stop => break RelayEnd::Stopped(reason),
+            }
+            if up_done && down_done {
+                break RelayEnd::Done(0, 0);
+            }
+        }
+    };
+    match end {
+        RelayEnd::Done(..) => RelayEnd::Done(up.bytes, down.bytes),
+        RelayEnd::Stopped(reason) if framing == Framing::WebSocket && !down.done => {
+            close_websocket(&mut down, &mut nr, &mut cw, &mut cr, &clock, reason).await;
+            let _ = nw.shutdown().await;
+            RelayEnd::Stopped(reason)
+        }
+        other => other,
+    }
+}
+
+/// After a close signal: finish the WebSocket frame the client is in the middle of, write
+/// close 1001, and give the client [`CLOSE_GRACE`] to answer. A client that does not read
+/// is not waited for beyond the grace.
+async fn close_websocket<NR, CW, CR>(
+    down: &mut Pump,
+    nr: &mut NR,
+    cw: &mut CW,
+    cr: &mut CR,
+    clock: &Clock,
+    reason: &'static str,
+) where
+    NR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    CR: AsyncRead + Unpin,
+{
+    let finished = tokio::time::timeout(CLOSE_GRACE, async {
+        loop {
+            let Some(t) = &down.frames else { return false };
+            if t.at_boundary() {
+                return true;
+            }
+            if down.pos < down.len {
+                // Pass only up to the end of the frame in flight: bytes after it belong to
+                // frames the client will not get.
+                if let Some(upto) = t.boundary_within(&down.buf[down.pos..down.len]) {
+                    down.len = down.pos + upto;
+                }
+                if down.write_held(cw, clock).await.is_err() {
+                    return false;
+                }
+                continue;
+            }
+            match nr.read(&mut down.buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    down.pos = 0;
+                    down.len = n;
+                }
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    if finished {
+        let _ = tokio::time::timeout(CLOSE_GRACE, async {
+            cw.write_all(&close_frame_going_away(reason)).await?;
+            cw.flush().await
+        })
+        .await;
+        // The handshake is complete once the client has sent its own close frame (not
+        // forwarded), or closed.
+        let mut from_client = FrameTracker::new();
+        let mut buf = [0u8; 1024];
+        let _ = tokio::time::timeout(CLOSE_GRACE, async {
+            while !from_client.close_seen() {
+                match cr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        from_client.consume(&buf[..n]);
+                    }
+                }
+            }
+        })
+        .await;
+    }
+    let _ = tokio::time::timeout(CLOSE_GRACE, cw.shutdown()).await;
+}
+
+/// A client connection whose writes may not stay blocked for longer than its limit: the
+/// HTTP answer path's counterpart of the relay's stalled-writer rule (HAProxy's `timeout
+/// client` while sending). hyper writes an answer only as fast as the client reads it, and
+/// while a write is blocked nothing else of the connection runs: no body timer is polled.
+/// Here the blocked write itself fails with `TimedOut` once the client has taken nothing
+/// for the limit, which ends the connection and releases the node connection behind it.
+///
+/// The limit is shared ([`WriteLimit`]) so that an upgraded connection hands the rule over
+/// to the relay's own per-direction timer (`tunnel_idle`) instead of keeping this one.
+#[derive(Debug)]
+pub struct WriteDeadline<I> {
+    io: I,
+    limit: WriteLimit,
+    /// Armed at the first write that could not proceed, dropped at the next that did.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// The write limit of one client connection, in milliseconds (`u64::MAX`: none).
+#[derive(Debug, Clone)]
+pub struct WriteLimit(std::sync::Arc<AtomicU64>);
+
+impl WriteLimit {
+    pub fn new(limit: Duration) -> Self {
+        WriteLimit(std::sync::Arc::new(AtomicU64::new(
+            u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+        )))
+    }
+
+    /// No limit from now on (the connection became a tunnel).
+    pub fn lift(&self) {
+        self.0.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
+impl<I> WriteDeadline<I> {
+    pub fn new(io: I, limit: WriteLimit) -> Self {
+        WriteDeadline {
+            io,
+            limit,
+            timer: None,
+        }
+    }
+
+    /// The write could not proceed: pending until the limit, then an error.
+    fn blocked<T>(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<T>> {
+        use std::task::Poll;
+        let Some(limit) = self.limit.get() else {
+            self.timer = None;
+            return Poll::Pending;
+        };
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed<T>(
+        &mut self,
+        r: std::task::Poll<io::Result<T>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<T>> {
+        match r {
+            std::task::Poll::Pending => self.blocked(cx),
+            ready => {
+                self.timer = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for WriteDeadline<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progressed(r, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progressed(r, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.progressed(r, cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

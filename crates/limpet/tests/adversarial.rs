@@ -1,0 +1,697 @@
+//! Adversarial cases against the HTTP proxy (issue 13): slow and stalled peers on every I/O
+//! path, HTTP/2 abuse, and the Host rules. Each case is what an attacker would try, on real
+//! loopback sockets, with short configured timeouts so no case waits long; every wait is
+//! bounded. The smuggling cases live in `proxy_limits.rs` and run in the same suite.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{config, nodes, raw_exchange, Proxy, PATIENCE};
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use limpet::proxy::{NodeConfig, ProxyConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+/// How long a case may take to see a timeout of a few hundred ms act; far below the minutes
+/// the unbounded paths used to hold.
+const SOON: Duration = Duration::from_secs(5);
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap_or(0);
+    let mut f = len.to_be_bytes()[1..].to_vec();
+    f.push(kind);
+    f.push(flags);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads until the peer closes the connection; `Err` if it has not within `limit`.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> Result<Duration, ()> {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(limit, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .map_err(|_| ())?;
+    Ok(start.elapsed())
+}
+
+/// A request on a new connection, with `Connection: close`: served within `limit`?
+async fn served_within(addr: SocketAddr, limit: Duration) -> bool {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    matches!(
+        tokio::time::timeout(limit, s.read_to_end(&mut out)).await,
+        Ok(Ok(_))
+    ) && out.starts_with(b"HTTP/1.1 200")
+}
+
+/// Finding 1: HEADERS without END_HEADERS, then silence. The connection must be closed (not
+/// only sent a GOAWAY) within about the request-head timeout, and its `max_connections`
+/// slot freed for the next client.
+#[tokio::test]
+async fn h2_headers_without_end_headers_then_silence_closes_the_connection_and_frees_its_slot() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    // :method GET, :scheme http, :path /, :authority t; no END_HEADERS, no END_STREAM.
+    hello.extend(h2_frame(1, 0, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    // The next client waits in the backlog for the only slot.
+    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
+
+    let took = closed_within(&mut s, SOON)
+        .await
+        .expect("the stalled HTTP/2 connection is closed, not only GOAWAY'd");
+    assert!(
+        took < Duration::from_millis(300) + Duration::from_millis(1500),
+        "closed {took:?} after the header block stalled"
+    );
+    assert!(
+        next.await.expect("task"),
+        "the freed slot serves the next client"
+    );
+    proxy.stop().await;
+}
+
+/// Finding 1, HTTP/1: half a head, then silence: closed within the head timeout, slot freed.
+#[tokio::test]
+async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-A: ")
+        .await
+        .expect("write");
+    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
+    closed_within(&mut s, SOON)
+        .await
+        .expect("a stalled head is closed");
+    assert!(next.await.expect("task"), "the next client is served");
+    proxy.stop().await;
+}
+
+/// A connection that never sends a byte costs little while it waits (its HTTP state is built
+/// only at the first byte) but is still closed at the request-head timeout, freeing its slot.
+#[tokio::test]
+async fn a_silent_connection_is_closed_within_the_head_timeout_and_frees_its_slot() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
+    closed_within(&mut s, SOON)
+        .await
+        .expect("a silent connection is closed");
+    assert!(next.await.expect("task"), "the next client is served");
+    proxy.stop().await;
+}
+
+/// A node that never answers and reports, for each connection, when limpet closed it.
+struct SilentNode {
+    addr: SocketAddr,
+    closed: mpsc::Receiver<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SilentNode {
+    /// `answer`: bytes written once the request head arrived (then silence).
+    async fn start(answer: &'static [u8]) -> SilentNode {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, closed) = mpsc::channel(16);
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut seen = Vec::new();
+                    let mut answered = false;
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                        if !answered && seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                            answered = true;
+                            if s.write_all(answer).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = tx.send(()).await;
+                });
+            }
+        });
+        SilentNode { addr, closed, task }
+    }
+
+    fn config(&self) -> ProxyConfig {
+        ProxyConfig::new(vec![NodeConfig {
+            name: "silent".into(),
+            addr: self.addr,
+        }])
+    }
+
+    async fn connection_closed_within(&mut self, limit: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(limit, self.closed.recv()).await,
+            Ok(Some(()))
+        )
+    }
+}
+
+impl Drop for SilentNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Finding 2, HTTP/1: a request body that stops arriving gets 408, and the node connection
+/// holding the half-sent request is closed.
+#[tokio::test]
+async fn http1_request_body_that_stops_gets_408_and_the_node_connection_is_released() {
+    let mut node = SilentNode::start(b"").await;
+    let mut cfg = node.config();
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789")
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    let answered = tokio::time::timeout(SOON, s.read_to_end(&mut out)).await;
+    assert!(answered.is_ok(), "answered and closed in time");
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection is released"
+    );
+    proxy.stop().await;
+}
+
+/// An HTTP/2 connection to the proxy, driven by hyper's client.
+async fn h2_client(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<StreamBody<tokio_stream_like::Rx>> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+/// A request body fed from a channel: frames arrive when the test sends them.
+mod tokio_stream_like {
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use hyper::body::Frame;
+    use tokio::sync::mpsc;
+
+    pub(crate) struct Rx(pub(crate) mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+    impl futures_util::Stream for Rx {
+        type Item = Result<Frame<Bytes>, Infallible>;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx)
+        }
+    }
+}
+
+/// Finding 2, HTTP/2: a stream whose body stops gets 408; the node connection is released.
+#[tokio::test]
+async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {
+    let mut node = SilentNode::start(b"").await;
+    let mut cfg = node.config();
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut sender = h2_client(proxy.addr).await;
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    tx.send(Ok(Frame::data(Bytes::from_static(b"0123456789"))))
+        .await
+        .expect("first bytes");
+    let req = http::Request::post(format!("http://{}/upload", proxy.addr))
+        .header("content-length", "100")
+        .body(StreamBody::new(tokio_stream_like::Rx(rx)))
+        .expect("request");
+    let resp = tokio::time::timeout(SOON, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(resp.status(), 408);
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection is released"
+    );
+    drop(tx);
+    proxy.stop().await;
+}
+
+/// The server's SETTINGS_MAX_CONCURRENT_STREAMS, read from its first SETTINGS frame.
+async fn h2_max_streams(addr: SocketAddr) -> Option<u32> {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&hello).await.expect("write");
+    tokio::time::timeout(SOON, async {
+        loop {
+            let mut head = [0u8; 9];
+            s.read_exact(&mut head).await.ok()?;
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            s.read_exact(&mut payload).await.ok()?;
+            if head[3] == 4 && head[4] & 1 == 0 {
+                return payload.chunks_exact(6).find_map(|e| {
+                    (u16::from_be_bytes([e[0], e[1]]) == 3)
+                        .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+                });
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Finding 2: one client connection may hold at most 100 streams (so at most 100 node
+/// connections) by default, as HAProxy allows; the listener can set another number.
+#[tokio::test]
+async fn h2_concurrent_streams_default_to_100_and_are_configurable() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    assert_eq!(h2_max_streams(proxy.addr).await, Some(100));
+    proxy.stop().await;
+    let mut cfg = config(&ns);
+    cfg.limits.h2_max_concurrent_streams = 7;
+    let proxy = Proxy::start(cfg).await;
+    assert_eq!(h2_max_streams(proxy.addr).await, Some(7));
+    proxy.stop().await;
+}
+
+/// Finding 2: no answer head in time is a 504, over HTTP/2 as over HTTP/1.
+#[tokio::test]
+async fn answer_head_timeout_is_504_over_http2() {
+    let mut node = SilentNode::start(b"").await;
+    let mut cfg = node.config();
+    cfg.timeouts.upstream_answer = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut sender = h2_client(proxy.addr).await;
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    drop(tx);
+    let req = http::Request::get(format!("http://{}/", proxy.addr))
+        .body(StreamBody::new(tokio_stream_like::Rx(rx)))
+        .expect("request");
+    let resp = tokio::time::timeout(SOON, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(resp.status(), 504);
+    assert!(node.connection_closed_within(SOON).await);
+    proxy.stop().await;
+}
+
+/// An answer body that stops mid-way is cut after `answer_body_idle` (HAProxy's `timeout
+/// server`), and the node connection is released.
+#[tokio::test]
+async fn an_answer_body_that_stops_is_cut_and_the_node_connection_released() {
+    let mut node =
+        SilentNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789").await;
+    let mut cfg = node.config();
+    cfg.timeouts.answer_body_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let resp = common::plain_client()
+        .get(proxy.url("/"))
+        .send()
+        .await
+        .expect("answer head");
+    assert_eq!(resp.status(), 200);
+    let body = tokio::time::timeout(SOON, resp.bytes())
+        .await
+        .expect("the stalled answer ends in time");
+    assert!(body.is_err(), "cut short, not completed: {body:?}");
+    assert!(node.connection_closed_within(SOON).await);
+    proxy.stop().await;
+}
+
+/// A node that answers a request head with `head` (a 101, or a 200 with a huge length) and
+/// then floods the client with binary WebSocket frames until its socket fails; it reads (and
+/// drops) what the client sends. Reports once one write has blocked for a while (the queue
+/// towards the client is full) and when a write fails (limpet closed the connection).
+struct FloodNode {
+    addr: SocketAddr,
+    blocked: Option<oneshot::Receiver<()>>,
+    failed: Option<oneshot::Receiver<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const WS_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+
+impl FloodNode {
+    async fn start(answer: &'static [u8]) -> FloodNode {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (blocked_tx, blocked) = oneshot::channel();
+        let (failed_tx, failed) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            let (mut r, mut w) = s.into_split();
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match r.read(&mut b).await {
+                    Ok(1) => head.push(b[0]),
+                    _ => return,
+                }
+            }
+            let reader = tokio::spawn(async move {
+                let mut sink = [0u8; 4096];
+                while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+            let ok = w.write_all(answer).await;
+            if ok.is_err() {
+                return;
+            }
+            let mut frame = vec![0x82, 126, 0x40, 0x00];
+            frame.extend(std::iter::repeat_n(0x5a, 0x4000));
+            let mut blocked_tx = Some(blocked_tx);
+            // Bounded: at most 64 MiB, far more than any socket buffers hold.
+            for _ in 0..4096 {
+                match tokio::time::timeout(Duration::from_millis(200), w.write_all(&frame)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        if let Some(tx) = blocked_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        // Keep trying: the write either goes through or fails once the
+                        // tunnel is closed.
+                        if w.write_all(&frame).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            let _ = failed_tx.send(());
+            reader.abort();
+        });
+        FloodNode {
+            addr,
+            blocked: Some(blocked),
+            failed: Some(failed),
+            task,
+        }
+    }
+}
+
+impl Drop for FloodNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Opens a WebSocket through the proxy on a raw socket and reads the 101 head only.
+async fn ws_upgrade(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    tokio::time::timeout(SOON, async {
+        while !head.ends_with(b"\r\n\r\n") {
+            match s.read(&mut b).await {
+                Ok(1) => head.push(b[0]),
+                _ => break,
+            }
+        }
+    })
+    .await
+    .expect("101 in time");
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    s
+}
+
+/// Finding 3: a WebSocket client that keeps sending pings but never reads. Its direction
+/// stalls (the node's frames cannot be written to it), which `tunnel_idle` detects even
+/// though the other direction is busy: the tunnel is closed.
+#[tokio::test]
+async fn a_websocket_client_that_stops_reading_is_closed_after_tunnel_idle() {
+    let mut node = FloodNode::start(WS_101).await;
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "flood".into(),
+        addr: node.addr,
+    }]);
+    cfg.timeouts.tunnel_idle = Duration::from_millis(500);
+    let proxy = Proxy::start(cfg).await;
+    let mut client = ws_upgrade(proxy.addr).await;
+    let failed = node.failed.take().expect("receiver");
+    // Masked, empty pings every 100 ms: the client side is never quiet.
+    let pinging = async {
+        for _ in 0..200 {
+            if client.write_all(&[0x89, 0x80, 0, 0, 0, 0]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        r = failed => assert!(r.is_ok(), "the node saw its tunnel closed"),
+        () = pinging => panic!("the tunnel to a client that stopped reading stayed open"),
+    }
+    proxy.stop().await;
+}
+
+/// Deliverable 1: a close signal (here: shutdown) interrupts a relay blocked writing to a
+/// client that stopped reading.
+#[tokio::test]
+async fn shutdown_interrupts_a_tunnel_blocked_writing_to_a_client() {
+    let mut node = FloodNode::start(WS_101).await;
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "flood".into(),
+        addr: node.addr,
+    }]);
+    cfg.timeouts.tunnel_idle = Duration::from_secs(600);
+    cfg.timeouts.drain = Duration::from_millis(500);
+    let proxy = Proxy::start(cfg).await;
+    let _client = ws_upgrade(proxy.addr).await;
+    let blocked = node.blocked.take().expect("receiver");
+    tokio::time::timeout(PATIENCE, blocked)
+        .await
+        .expect("the queue to the client fills")
+        .expect("blocked");
+    let failed = node.failed.take().expect("receiver");
+    proxy.stop().await;
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "the blocked tunnel was closed by shutdown"
+    );
+}
+
+/// Finding 5: several Host headers are refused.
+#[tokio::test]
+async fn several_host_headers_get_400() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET /headers HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    proxy.stop().await;
+}
+
+/// Finding 5: an absolute-form target naming another host than `Host` is refused; one that
+/// agrees is served.
+#[tokio::test]
+async fn absolute_form_authority_differing_from_host_gets_400() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET http://other.example/headers HTTP/1.1\r\nHost: site.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET http://Site.example/headers HTTP/1.1\r\nHost: site.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    proxy.stop().await;
+}
+
+/// Finding 5: `Connection: close, Host` does not strip the Host the node needs.
+#[tokio::test]
+async fn connection_listing_host_never_removes_host() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET /headers HTTP/1.1\r\nHost: site.example\r\nConnection: close, Host, X-Secret\r\nX-Secret: 1\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.contains("\nhost: site.example"), "{answer}");
+    assert!(
+        !lower.contains("x-secret"),
+        "listed names still go: {answer}"
+    );
+    proxy.stop().await;
+}
+
+/// Deliverable 1: a client that stops reading an HTTP answer. hyper's write to it blocks;
+/// after `client_idle` the write fails, the connection closes and the node connection behind
+/// it is released.
+#[tokio::test]
+async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle() {
+    let mut node =
+        FloodNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n").await;
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "flood".into(),
+        addr: node.addr,
+    }]);
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = [0u8; 12];
+    tokio::time::timeout(SOON, client.read_exact(&mut first))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    // No more reading from here.
+    let failed = node.failed.take().expect("receiver");
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "the stalled answer's node connection was released"
+    );
+    proxy.stop().await;
+}
+
+/// Reads frames until a GOAWAY arrives or the connection closes; `true` if either happened
+/// within `limit`.
+async fn goaway_or_close_within(s: &mut TcpStream, limit: Duration) -> bool {
+    tokio::time::timeout(limit, async {
+        loop {
+            let mut head = [0u8; 9];
+            if s.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() || head[3] == 7 {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Regression (held before issue 13 too): a CONTINUATION flood, a header block that never
+/// ends and grows without bound, is cut off; other clients are served.
+#[tokio::test]
+async fn h2_continuation_flood_is_cut_off() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    hello.extend(h2_frame(1, 0, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    // Literal header fields without indexing, 1 KiB each, never END_HEADERS: 16 MiB at most.
+    let mut field = vec![0x00, 0x01, b'x', 0x7f, 0x81, 0x07];
+    field.extend(std::iter::repeat_n(b'v', 1024));
+    let cont = h2_frame(9, 0, 1, &field);
+    let (mut r, mut w) = s.into_split();
+    let flood = tokio::spawn(async move {
+        for _ in 0..16 * 1024 {
+            if w.write_all(&cont).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sink = Vec::new();
+    let ended = tokio::time::timeout(SOON, r.read_to_end(&mut sink)).await;
+    assert!(ended.is_ok(), "the flooding connection is closed");
+    flood.abort();
+    assert!(
+        served_within(proxy.addr, PATIENCE).await,
+        "others are served"
+    );
+    proxy.stop().await;
+}
+
+/// Regression (held before issue 13 too): HTTP/2 rapid reset (streams opened and reset at
+/// once, CVE-2023-44487) ends in a GOAWAY or a closed connection; others are served.
+#[tokio::test]
+async fn h2_rapid_reset_ends_the_connection() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // 1000 streams: HEADERS (END_STREAM | END_HEADERS), then RST_STREAM CANCEL.
+    for i in 0..1000u32 {
+        let id = 2 * i + 1;
+        out.extend(h2_frame(1, 0x5, id, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+        out.extend(h2_frame(3, 0, id, &8u32.to_be_bytes()));
+    }
+    let _ = s.write_all(&out).await;
+    assert!(
+        goaway_or_close_within(&mut s, SOON).await,
+        "a rapid reset gets GOAWAY or a close"
+    );
+    assert!(
+        served_within(proxy.addr, PATIENCE).await,
+        "others are served"
+    );
+    proxy.stop().await;
+}

@@ -1,0 +1,447 @@
+//! Adversarial cases against the real runtime (issue 13): cross-site writes to the admin API
+//! without a token, the admin API's HEAD and Bearer rules, TCP relays to a client that stops
+//! reading (idle per direction, MAINT interrupting a blocked write), and signed-cookie keys
+//! too short to be safe. Real sockets on loopback, short configured timeouts, bounded waits.
+
+mod admin_common;
+
+use std::time::Duration;
+
+use admin_common::lifecycle::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+const SOON: Duration = Duration::from_secs(5);
+const TOKEN: &str = "s3cret-admin-token-0123";
+
+fn http_config(port: u16, admin: &str) -> String {
+    format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n",
+        nodes_toml(&[("a", "127.0.0.2")])
+    )
+}
+
+async fn post_state(l: &Limpet, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut req = bare_client()
+        .post(l.admin_url("/api/v1/nodes/a/state"))
+        .body(body.to_owned());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap_or_else(|e| panic!("{e}"));
+    let s = r.status().as_u16();
+    (s, r.text().await.unwrap_or_default())
+}
+
+/// Finding 4: with no token (the loopback default), a browser page elsewhere cannot write:
+/// `text/plain` (a "simple" cross-site POST) and any foreign `Origin` or `Sec-Fetch-Site`
+/// are refused; the node's state does not change. The listener's own origin can write.
+#[tokio::test]
+async fn admin_refuses_cross_site_writes_without_a_token() {
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new("adv-admin", &http_config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let maint = r#"{"state":"maint"}"#;
+    let refused: [&[(&str, &str)]; 5] = [
+        &[
+            ("content-type", "text/plain"),
+            ("origin", "http://evil.example"),
+        ],
+        &[("content-type", "text/plain")],
+        &[
+            ("content-type", "application/json"),
+            ("origin", "http://evil.example"),
+        ],
+        &[
+            ("content-type", "application/json"),
+            ("sec-fetch-site", "cross-site"),
+        ],
+        &[("content-type", "application/json"), ("origin", "null")],
+    ];
+    for h in refused {
+        let (s, body) = post_state(&l, h, maint).await;
+        assert_eq!(s, 403, "{h:?}: {body}");
+        assert_eq!(node_view(&l, "a").await["state"], "UP", "{h:?}");
+    }
+    let own = format!("http://{}", l.admin);
+    let (s, body) = post_state(
+        &l,
+        &[
+            ("content-type", "application/json"),
+            ("origin", &own),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        maint,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(node_view(&l, "a").await["state"], "MAINT");
+    l.stop().await;
+}
+
+/// Finding 7: `HEAD` answers wherever `GET` does; the Bearer scheme is case-insensitive.
+#[tokio::test]
+async fn admin_head_works_and_bearer_is_case_insensitive() {
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new(
+        "adv-admin-head",
+        &http_config(port, &format!("token = \"{TOKEN}\"")),
+    );
+    let l = Limpet::start(&cfg).await;
+    for path in [
+        "/",
+        "/ready",
+        "/metrics",
+        "/api/v1/nodes",
+        "/api/v1/nodes/a",
+    ] {
+        let r = bare_client()
+            .head(l.admin_url(path))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200, "HEAD {path}");
+        assert!(
+            r.bytes().await.unwrap_or_default().is_empty(),
+            "HEAD {path}"
+        );
+    }
+    let auth = format!("bearer {TOKEN}");
+    let (s, body) = post_state(
+        &l,
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+        r#"{"state":"maint"}"#,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    l.stop().await;
+}
+
+/// A raw TCP node that floods whoever connects and drops what it reads. Reports once a
+/// write has blocked for a while (the queue towards the client is full) and once a write
+/// fails (the relay was closed).
+struct FloodNode {
+    port: u16,
+    blocked: Option<oneshot::Receiver<()>>,
+    failed: Option<oneshot::Receiver<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FloodNode {
+    /// On 127.0.0.2 (the node address of the config), port 0. `websocket`: answer an
+    /// upgrade request with 101 first, then flood.
+    async fn start(websocket: bool) -> FloodNode {
+        let listener = TcpListener::bind("127.0.0.2:0").await.expect("bind");
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let (blocked_tx, blocked) = oneshot::channel();
+        let (failed_tx, failed) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            let (mut r, mut w) = s.into_split();
+            if websocket {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match r.read(&mut b).await {
+                        Ok(1) => head.push(b[0]),
+                        _ => return,
+                    }
+                }
+                let ok = w
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+                    .await;
+                if ok.is_err() {
+                    return;
+                }
+            }
+            let reader = tokio::spawn(async move {
+                let mut sink = [0u8; 4096];
+                while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+            let chunk = vec![0x5au8; 16 * 1024];
+            let mut blocked_tx = Some(blocked_tx);
+            // Bounded: at most 64 MiB, far more than any socket buffers hold.
+            for _ in 0..4096 {
+                match tokio::time::timeout(Duration::from_millis(200), w.write_all(&chunk)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        if let Some(tx) = blocked_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        if w.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            let _ = failed_tx.send(());
+            reader.abort();
+        });
+        FloodNode {
+            port,
+            blocked: Some(blocked),
+            failed: Some(failed),
+            task,
+        }
+    }
+}
+
+impl Drop for FloodNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn tcp_config(port: u16, idle: &str) -> String {
+    format!(
+        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\ntimeouts = {{ idle = \"{idle}\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&[("a", "127.0.0.2")])
+    )
+}
+
+/// Finding 3 (TCP): a client that keeps sending but never reads. The node-to-client
+/// direction stalls, which the idle timeout detects even though the other direction is busy.
+#[tokio::test]
+async fn a_tcp_client_that_stops_reading_is_closed_after_idle() {
+    let mut node = FloodNode::start(false).await;
+    let cfg = ConfigFile::new("adv-tcp-stall", &tcp_config(node.port, "500ms"));
+    let l = Limpet::start(&cfg).await;
+    let mut client = TcpStream::connect(l.addr("raw")).await.expect("connect");
+    let failed = node.failed.take().expect("receiver");
+    let sending = async {
+        for _ in 0..200 {
+            if client.write_all(b"ping\n").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        r = failed => assert!(r.is_ok(), "the node saw its session closed"),
+        () = sending => panic!("the session of a client that stopped reading stayed open"),
+    }
+    l.stop().await;
+}
+
+/// Deliverable 1: MAINT interrupts a TCP relay blocked writing to a client that stopped
+/// reading (the idle timeout is far away).
+#[tokio::test]
+async fn maint_interrupts_a_tcp_relay_blocked_in_a_write() {
+    let mut node = FloodNode::start(false).await;
+    let cfg = ConfigFile::new("adv-tcp-maint", &tcp_config(node.port, "10m"));
+    let l = Limpet::start(&cfg).await;
+    let _client = TcpStream::connect(l.addr("raw")).await.expect("connect");
+    let blocked = node.blocked.take().expect("receiver");
+    tokio::time::timeout(PATIENCE, blocked)
+        .await
+        .expect("the queue to the client fills")
+        .expect("blocked");
+    let failed = node.failed.take().expect("receiver");
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "MAINT closed the blocked session"
+    );
+    l.stop().await;
+}
+
+/// Finding 7: signed-cookie keys shorter than 32 bytes are a config error naming the file,
+/// line and key.
+#[test]
+fn short_signed_cookie_keys_are_refused_with_file_line_and_key() {
+    let text = format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 8080\n\n[listeners.cookie]\nmode = \"signed\"\nkeys = [\"0123456789abcdef0123456789abcdef\", \"twenty-bytes-secret!\"]\n",
+        nodes_toml(&[("a", "127.0.0.2")])
+    );
+    let path = std::path::Path::new("/etc/limpet/short.toml");
+    let err = match limpet::config::Config::from_text(path, &text) {
+        Ok(_) => panic!("a 20-byte key was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("short.toml:"), "{err}");
+    assert!(err.contains("listeners[0].cookie.keys[1]"), "{err}");
+    assert!(err.contains("20 bytes") && err.contains("32"), "{err}");
+    // 32 bytes each: accepted.
+    let ok = text.replace("twenty-bytes-secret!", "0123456789abcdef0123456789abcdeX");
+    assert!(limpet::config::Config::from_text(path, &ok).is_ok());
+}
+
+/// Deliverable 1: MAINT interrupts a WebSocket tunnel blocked writing to a client that
+/// stopped reading (the tunnel idle timeout is far away).
+#[tokio::test]
+async fn maint_interrupts_a_websocket_tunnel_blocked_in_a_write() {
+    let mut node = FloodNode::start(true).await;
+    let cfg = ConfigFile::new(
+        "adv-ws-maint",
+        &format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\ntimeouts = {{ tunnel_idle = \"10m\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("a", "127.0.0.2")]),
+            node.port
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let mut client = TcpStream::connect(l.addr("web")).await.expect("connect");
+    client
+        .write_all(b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        .await
+        .expect("write");
+    // The 101's first bytes, then no more reading.
+    let mut first = [0u8; 12];
+    tokio::time::timeout(SOON, client.read_exact(&mut first))
+        .await
+        .expect("101 in time")
+        .expect("read");
+    assert_eq!(&first, b"HTTP/1.1 101");
+    let blocked = node.blocked.take().expect("receiver");
+    tokio::time::timeout(PATIENCE, blocked)
+        .await
+        .expect("the queue to the client fills")
+        .expect("blocked");
+    let failed = node.failed.take().expect("receiver");
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "MAINT closed the blocked tunnel"
+    );
+    l.stop().await;
+}
+
+/// An HTTP node on 127.0.0.2 that answers every request after `delay`, counting the requests
+/// it is working on at once (the most ever, too) and reporting each request head it gets.
+struct CountingNode {
+    port: u16,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    heads: tokio::sync::mpsc::Receiver<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingNode {
+    async fn start(delay: Duration) -> CountingNode {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.2:0").await.expect("bind");
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let most = Arc::new(AtomicUsize::new(0));
+        let now = Arc::new(AtomicUsize::new(0));
+        let (tx, heads) = tokio::sync::mpsc::channel(64);
+        let counted = Arc::clone(&most);
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (most, now, tx) = (Arc::clone(&counted), Arc::clone(&now), tx.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut seen = Vec::new();
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                        // One request at a time per connection (no pipelining from limpet).
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(at_once, Ordering::SeqCst);
+                            let _ = tx.try_send(());
+                            tokio::time::sleep(delay).await;
+                            now.fetch_sub(1, Ordering::SeqCst);
+                            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        CountingNode {
+            port,
+            most,
+            heads,
+            task,
+        }
+    }
+}
+
+impl Drop for CountingNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn limited_config(port: u16, node: &str, queue: &str) -> String {
+    format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n{node}\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\ntimeouts = {{ queue = \"{queue}\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n"
+    )
+}
+
+/// Deliverable 2: a node's `max_connections` makes a burst wait in the node's queue instead
+/// of opening a connection per request (HAProxy's `maxconn`); every request is served.
+#[tokio::test]
+async fn a_burst_waits_in_the_node_queue_within_max_connections() {
+    let node = CountingNode::start(Duration::from_millis(50)).await;
+    let cfg = ConfigFile::new(
+        "adv-maxconn",
+        &limited_config(node.port, "max_connections = 2", "10s"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    // Twelve clients at once, each on its own connection.
+    let burst = (0..12).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            bare_client()
+                .get(&url)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    });
+    for r in futures_util::future::join_all(burst).await {
+        assert_eq!(r.expect("task").expect("answer"), 200);
+    }
+    let most = node.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&most),
+        "at most 2 requests at the node at once, saw {most}"
+    );
+    l.stop().await;
+}
+
+/// Deliverable 2: a request that waits longer than `timeouts.queue` for a slot gets 503
+/// with Retry-After (HAProxy's `timeout queue`).
+#[tokio::test]
+async fn a_request_queued_past_the_queue_timeout_gets_503() {
+    let mut node = CountingNode::start(Duration::from_secs(30)).await;
+    let cfg = ConfigFile::new(
+        "adv-queue-timeout",
+        &limited_config(node.port, "max_connections = 1", "300ms"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    // The first request takes the only slot (the node has its head).
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { bare_client().get(&url).send().await.map(|r| r.status()) }
+    });
+    tokio::time::timeout(SOON, node.heads.recv())
+        .await
+        .expect("the first request reached the node")
+        .expect("head");
+    let r = tokio::time::timeout(SOON, bare_client().get(&url).send())
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    first.abort();
+    l.stop().await;
+}
