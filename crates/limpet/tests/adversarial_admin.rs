@@ -80,6 +80,49 @@ async fn admin_refuses_cross_site_writes_without_a_token() {
     l.stop().await;
 }
 
+/// DNS rebinding: a page on evil.example whose name is made to resolve to 127.0.0.1 is "same
+/// origin" to the browser, which then sends `Host: evil.example:PORT` with a matching
+/// `Origin` and `Sec-Fetch-Site: same-origin`. A tokenless admin listener refuses any
+/// request not addressed to an IP literal or localhost, reads included (421), and the node's
+/// state does not change.
+#[tokio::test]
+async fn a_tokenless_admin_refuses_a_rebound_host() {
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new("adv-admin-rebind", &http_config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let evil = format!("evil.example:{}", l.admin.port());
+    let origin = format!("http://{evil}");
+    let (s, body) = post_state(
+        &l,
+        &[
+            ("host", &evil),
+            ("content-type", "application/json"),
+            ("origin", &origin),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        r#"{"state":"maint"}"#,
+    )
+    .await;
+    assert_eq!(s, 421, "{body}");
+    let read = bare_client()
+        .get(l.admin_url("/api/v1/nodes"))
+        .header("host", &evil)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read.status().as_u16(), 421, "reads too");
+    assert_eq!(node_view(&l, "a").await["state"], "UP");
+    // Addressed by IP (what node_view just did) or as localhost, it answers.
+    let local = bare_client()
+        .get(l.admin_url("/api/v1/nodes"))
+        .header("host", format!("localhost:{}", l.admin.port()))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(local.status().as_u16(), 200);
+    l.stop().await;
+}
+
 /// Finding 7: `HEAD` answers wherever `GET` does; the Bearer scheme is case-insensitive.
 #[tokio::test]
 async fn admin_head_works_and_bearer_is_case_insensitive() {

@@ -147,6 +147,29 @@ pub(crate) fn cross_site_refusal(
     None
 }
 
+/// Without a token the admin listener trusts being on loopback; DNS rebinding would turn that
+/// into trust in any web page (a name the attacker controls resolves to 127.0.0.1, and the
+/// browser then calls the page "same origin"). So a tokenless listener answers only requests
+/// addressed to it by an IP literal or `localhost` in `Host`, as a browser or curl on this
+/// machine sends; anything else is refused before it is read (Kubernetes, Jupyter and Docker
+/// do the same).
+pub(crate) fn rebinding_refusal(headers: &http::HeaderMap) -> Option<&'static str> {
+    let Some(host) = headers.get(http::header::HOST) else {
+        // HTTP/1.0 without Host: no browser sends that.
+        return None;
+    };
+    let host = host.to_str().unwrap_or("");
+    // Strip the port: `[::1]:9900`, `127.0.0.1:9900`, `localhost:9900`.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    let local = name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok();
+    (!local).then_some(
+        "the admin listener without a token answers requests to an IP address or localhost only",
+    )
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
@@ -163,6 +186,36 @@ mod tests {
             listen: listen.parse().unwrap_or(DEFAULT_ADMIN_LISTEN),
             token: token.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn a_tokenless_admin_answers_ip_literals_and_localhost_only() {
+        let with_host = |h: &str| {
+            let mut m = http::HeaderMap::new();
+            m.insert(
+                http::header::HOST,
+                http::HeaderValue::from_str(h).unwrap_or(http::HeaderValue::from_static("x")),
+            );
+            rebinding_refusal(&m)
+        };
+        for ok in [
+            "127.0.0.1:9900",
+            "localhost:9900",
+            "[::1]:9900",
+            "LOCALHOST",
+            "10.1.2.3",
+        ] {
+            assert_eq!(with_host(ok), None, "{ok}");
+        }
+        for bad in [
+            "evil.example:9900",
+            "evil.example",
+            "127.0.0.1.nip.io:9900",
+            "[evil]:1",
+        ] {
+            assert!(with_host(bad).is_some(), "{bad}");
+        }
+        assert_eq!(rebinding_refusal(&http::HeaderMap::new()), None);
     }
 
     #[test]

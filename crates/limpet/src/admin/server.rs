@@ -166,6 +166,11 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
         .map(percent_decode)
         .collect();
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+    if state.settings.token.is_none() {
+        if let Some(why) = super::auth::rebinding_refusal(req.headers()) {
+            return error(StatusCode::MISDIRECTED_REQUEST, why);
+        }
+    }
     let write = !matches!(method, Method::GET | Method::HEAD);
     if write {
         let auth = req
