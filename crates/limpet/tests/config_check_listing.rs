@@ -146,7 +146,6 @@ server_name = "nodes.internal"
 
 [listeners.proxy_protocol]
 accept_from = ["10.0.0.5", "192.168.0.0/16"]
-send = "v2"
 
 [listeners.timeouts]
 upstream_answer = "90s"
@@ -158,6 +157,7 @@ mode = "tcp"
 node_port = 5555
 table = "terminal"
 close_on_node_down = false
+proxy_protocol = {{ send = "v2" }}
 timeouts = {{ idle = "10m", connect = "1500ms" }}
 
 [[listeners]]
@@ -189,7 +189,8 @@ table = "by-id"
         format!("cert = \"{}\"\nkey = \"{}\"\n", abs.join("site.pem").display(), abs.join("site.key").display()),
         "names = [\"other.example\"]\n".to_owned(),
         "server_name = \"nodes.internal\"\n".to_owned(),
-        "accept_from = [\"10.0.0.5/32\", \"192.168.0.0/16\"]\nsend = \"v2\"\n".to_owned(),
+        "accept_from = [\"10.0.0.5/32\", \"192.168.0.0/16\"]\n\n[listeners.timeouts]".to_owned(),
+        "accept_from = []\nsend = \"v2\"\n".to_owned(),
         "upstream_answer = \"1m30s\"\n".to_owned(),
         "mode = \"tcp\"\nnode_port = 5555\nbalance = \"round-robin\"\ntable = \"terminal\"\nclose_on_node_down = false\n".to_owned(),
         "connect = \"1s500ms\"\nidle = \"10m\"\n".to_owned(),

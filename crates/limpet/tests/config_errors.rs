@@ -424,3 +424,23 @@ fn limpet_check_validates_the_shipped_example_and_reports_errors() {
         "{stderr}"
     );
 }
+
+/// An HTTP listener cannot send a PROXY header: its node connections are shared by every
+/// client, so the header would name the wrong one. Refused with file, line and key.
+#[test]
+fn proxy_protocol_send_is_refused_on_an_http_listener() {
+    let text = format!(
+        "{NODES}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n\
+         proxy_protocol = {{ send = \"v2\" }}\n"
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].proxy_protocol.send: only for mode = \"tcp\"",
+            at(&text, "\"v2\"")
+        )),
+        "{e}"
+    );
+    let tcp = text.replace("node_port = 80\n", "node_port = 80\nmode = \"tcp\"\n");
+    assert!(Config::from_text(Path::new("limpet.toml"), &tcp).is_ok());
+}

@@ -236,7 +236,7 @@ pub(crate) struct RawUpstreamTls {
 pub(crate) struct RawProxyProtocol {
     #[serde(default)]
     pub(crate) accept_from: Vec<Spanned<String>>,
-    pub(crate) send: Option<RawPpVersion>,
+    pub(crate) send: Option<Spanned<RawPpVersion>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

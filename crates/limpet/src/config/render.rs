@@ -290,7 +290,9 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     match pp.send {
         Some(limpet_core::proxy_protocol::Version::V1) => w!(o, "send = \"v1\""),
         Some(limpet_core::proxy_protocol::Version::V2) => w!(o, "send = \"v2\""),
-        None => w!(o, "# no send: nodes get no PROXY header"),
+        None if !http => w!(o, "# no send: nodes get no PROXY header"),
+        // HTTP listeners cannot send one (their node connections are shared).
+        None => {}
     }
     let t = &l.timeouts;
     w!(o);

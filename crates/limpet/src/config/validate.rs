@@ -648,7 +648,17 @@ impl Validator<'_> {
                     .accept_from
                     .push(self.net(a, &format!("{key}.proxy_protocol.accept_from"))?);
             }
-            proxy_protocol.send = pp.send.map(|v| match v {
+            if let (Some(send), Mode::Http) = (&pp.send, mode) {
+                // A PROXY header names one client, and an HTTP listener's node connections
+                // are shared by every client (kept alive, reused): it would name the wrong one.
+                return Err(self.err(
+                    send,
+                    format!("{key}.proxy_protocol.send"),
+                    "only for mode = \"tcp\": an HTTP listener's node connections are shared \
+                     between clients, so its nodes get the client's address in X-Forwarded-For",
+                ));
+            }
+            proxy_protocol.send = pp.send.as_ref().map(|v| match v.get_ref() {
                 RawPpVersion::V1 => proxy_protocol::Version::V1,
                 RawPpVersion::V2 => proxy_protocol::Version::V2,
             });
