@@ -226,6 +226,23 @@ where
     N: AsyncRead + AsyncWrite + Unpin,
     S: Future<Output = &'static str>,
 {
+    relay_counted(client, node, idle, framing, stop).await.0
+}
+
+/// [`relay`], also returning the bytes moved client to node and node to client however it
+/// ended (a session cut by MAINT or an idle timeout moved bytes too).
+pub async fn relay_counted<C, N, S>(
+    client: C,
+    node: N,
+    idle: Duration,
+    framing: Framing,
+    stop: S,
+) -> (RelayEnd, u64, u64)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    N: AsyncRead + AsyncWrite + Unpin,
+    S: Future<Output = &'static str>,
+{
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut nr, mut nw) = tokio::io::split(node);
     let clock = Clock::new();
@@ -255,7 +272,7 @@ where
             }
         }
     };
-    match end {
+    let end = match end {
         RelayEnd::Done(..) => RelayEnd::Done(up.bytes, down.bytes),
         RelayEnd::Stopped(reason) if framing == Framing::WebSocket && !down.done => {
             close_websocket(&mut down, &mut nr, &mut cw, &mut cr, &clock, reason).await;
@@ -263,7 +280,8 @@ where
             RelayEnd::Stopped(reason)
         }
         other => other,
-    }
+    };
+    (end, up.bytes, down.bytes)
 }
 
 /// After a close signal: finish the WebSocket frame the client is in the middle of, write

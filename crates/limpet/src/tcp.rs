@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
-use crate::relay::{relay, Framing, RelayEnd};
+use crate::relay::{relay_counted, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -346,13 +346,14 @@ async fn session(
             () = stopped(&mut shutdown) => "limpet shutting down",
         }
     };
-    match relay(client, upstream, def.tcp.idle, Framing::Bytes, stop).await {
+    let (end, up, down) = relay_counted(client, upstream, def.tcp.idle, Framing::Bytes, stop).await;
+    // Counted when the session ends, however it ends: the stats page's bytes of a node
+    // include its TCP sessions once they close.
+    let traffic = state.lifecycle.metrics.node_traffic(&node_name);
+    traffic.add_in(up);
+    traffic.add_out(down);
+    match end {
         RelayEnd::Done(up, down) => {
-            // Counted when the session ends: the stats page's bytes of a node include its
-            // TCP sessions once they close.
-            let traffic = state.lifecycle.metrics.node_traffic(&node_name);
-            traffic.add_in(up);
-            traffic.add_out(down);
             tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended")
         }
         RelayEnd::Error(e) => {

@@ -241,3 +241,52 @@ async fn tcp_sessions_count_their_pin_outcome_and_their_bytes() {
         n.kill().await;
     }
 }
+
+/// A session that limpet ends (here by MAINT) counts its bytes too, not only one the client
+/// closed.
+#[tokio::test]
+async fn a_session_ended_by_maint_counts_its_bytes() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        ports.tcp,
+        "",
+    );
+    let running = start(cfg).await.expect("start");
+    let state = running.runtime().state();
+    let metrics = std::sync::Arc::clone(&state.lifecycle.metrics);
+    let (mut s, node) = tcp_session("127.0.0.62", running.addr("raw").expect("addr")).await;
+    s.write_all(b"twelve bytes").await.expect("write");
+    let mut b = [0u8; 12];
+    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert!(state
+        .set_admin(&node, limpet_core::AdminState::Maint)
+        .is_some());
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut rest))
+        .await
+        .expect("the session closes on MAINT");
+    // The relay counts as it returns, right after closing: wait for it, bounded.
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    loop {
+        let v = metrics.traffic(&node, limpet::clock::now_ms());
+        if v.bytes_in >= 12 && v.bytes_out >= 12 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "bytes of a MAINT-ended session never counted: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(state);
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
