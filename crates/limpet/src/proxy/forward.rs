@@ -476,9 +476,6 @@ async fn proxy(
     if let (Some(client), Some(upstream), Some(rt)) =
         (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
     {
-        // From here the relay's per-direction rule (`tunnel_idle`) bounds writes to the
-        // client.
-        ctx.write_limit.lift();
         upgrade::spawn_tunnel(
             client,
             upstream,
@@ -492,6 +489,8 @@ async fn proxy(
                 _open: rt.open(),
                 _tunnel: rt.tunnel(),
                 _admitted: admitted,
+                write_limit: ctx.write_limit.clone(),
+                start_limit: shared.timeouts.client_idle,
             },
         );
         return out;

@@ -31,6 +31,11 @@ pub(crate) struct NodeTunnel {
     pub(crate) _tunnel: crate::nodes::TunnelGuard,
     /// The tunnel's slot among the node's `max_connections`.
     pub(crate) _admitted: Option<crate::nodes::Admitted>,
+    /// The client connection's write limit (`client_idle`): it bounds the write of the 101
+    /// and is lifted only once the tunnel runs, when the relay's own rule takes over.
+    pub(crate) write_limit: crate::relay::WriteLimit,
+    /// How long the two upgrades may take to complete (the 101 written to the client).
+    pub(crate) start_limit: Duration,
 }
 
 /// Starts the tunnel in its own task; the request's task returns the 101 right away.
@@ -42,13 +47,6 @@ pub(crate) fn spawn_tunnel(
     node: NodeTunnel,
 ) {
     tokio::spawn(async move {
-        let (client, upstream) = match tokio::join!(client, upstream) {
-            (Ok(c), Ok(u)) => (c, u),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::debug!(error = %e, "upgrade did not complete");
-                return;
-            }
-        };
         let NodeTunnel {
             websocket,
             node,
@@ -57,6 +55,8 @@ pub(crate) fn spawn_tunnel(
             _open,
             _tunnel,
             _admitted,
+            write_limit,
+            start_limit,
         } = node;
         let closing = async move {
             tokio::select! {
@@ -66,6 +66,31 @@ pub(crate) fn spawn_tunnel(
                 r = node.session_end(spread, close_on_down) => crate::drain::close_reason(r),
             }
         };
+        tokio::pin!(closing);
+        // The upgrades complete once hyper has written the 101 to the client: a client that
+        // does not read it holds the node connection and its slot, so this is bounded, and
+        // a close signal ends it too.
+        let started = tokio::select! {
+            r = tokio::time::timeout(start_limit, async { tokio::join!(client, upstream) }) => r,
+            reason = &mut closing => {
+                tracing::debug!(reason, "tunnel closed before it started");
+                return;
+            }
+        };
+        let (client, upstream) = match started {
+            Ok((Ok(c), Ok(u))) => (c, u),
+            Ok((Err(e), _) | (_, Err(e))) => {
+                tracing::debug!(error = %e, "upgrade did not complete");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("upgrade did not complete in time: the 101 was not delivered");
+                return;
+            }
+        };
+        // From here the relay's per-direction rule (`tunnel_idle`) bounds writes to the
+        // client.
+        write_limit.lift();
         let framing = if websocket {
             Framing::WebSocket
         } else {
