@@ -695,3 +695,54 @@ async fn h2_rapid_reset_ends_the_connection() {
     );
     proxy.stop().await;
 }
+
+/// An upload to a node that stopped reading (a frozen process: its kernel accepted the
+/// connection, then its socket buffers filled) is bounded: the write to the node that cannot
+/// proceed for `upstream_answer` fails, the client gets 504 (or its upload is cut), and the
+/// node connection is closed. Before, the answer clock only started once the body was sent,
+/// so nothing bounded this wait.
+#[tokio::test]
+async fn an_upload_to_a_node_that_stopped_reading_is_bounded() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // The frozen node: accepts, holds the socket, never reads.
+    let (held_tx, mut held) = mpsc::channel::<TcpStream>(4);
+    let frozen = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            if held_tx.send(s).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "frozen".into(),
+        addr,
+    }]);
+    cfg.timeouts.upstream_answer = Duration::from_millis(500);
+    let proxy = Proxy::start(cfg).await;
+    // More than the sockets on the way can buffer.
+    let body = vec![b'x'; 64 << 20];
+    let r = tokio::time::timeout(
+        SOON,
+        common::plain_client()
+            .post(format!("http://{}/upload", proxy.addr))
+            .body(body)
+            .send(),
+    )
+    .await
+    .expect("the upload is answered or cut in time, not held");
+    if let Ok(resp) = r {
+        assert_eq!(resp.status(), 504, "a node that does not read is a timeout");
+    }
+    // limpet closed its side of the node connection: reading it to the end finishes.
+    let mut s = tokio::time::timeout(SOON, held.recv())
+        .await
+        .expect("the node got a connection")
+        .expect("a connection");
+    assert!(
+        closed_within(&mut s, SOON).await.is_ok(),
+        "the node connection was not closed"
+    );
+    proxy.stop().await;
+    frozen.abort();
+}

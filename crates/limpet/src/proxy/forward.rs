@@ -507,6 +507,19 @@ async fn proxy(
     })
 }
 
+/// Whether an I/O error behind a hyper error is a timeout (the node connection's write
+/// deadline).
+fn timed_out(err: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// HTTP/2 may split one cookie header into many fields; an HTTP/1.1 node expects one line
 /// (RFC 9113 8.2.3).
 fn join_cookie_lines(headers: &mut HeaderMap) {
@@ -610,7 +623,16 @@ impl Attempt<'_> {
             let was_pooled = pooled.is_some();
             let mut sender = match pooled {
                 Some(s) => s,
-                None => match conns.connect().await {
+                // Writes to the node are bounded like its answer (`upstream_answer`); an
+                // upgrade's connection becomes a tunnel, bounded like one (`tunnel_idle`).
+                None => match conns
+                    .connect(if self.upgrade {
+                        shared.timeouts.tunnel_idle
+                    } else {
+                        shared.timeouts.upstream_answer
+                    })
+                    .await
+                {
                     Ok(s) => {
                         // Ends a trial (without checks); proves nothing else.
                         shared.state.observe(node, Observation::Connected);
@@ -693,6 +715,9 @@ impl Attempt<'_> {
                     }
                     let cause = if err.is_parse() || err.is_parse_status() {
                         Cause::Protocol
+                    } else if timed_out(&err) {
+                        // A write to the node blocked past its limit: it stopped reading.
+                        Cause::Timeout
                     } else {
                         Cause::Io(std::io::ErrorKind::ConnectionReset)
                     };

@@ -106,11 +106,20 @@ impl NodeConns {
 
     /// A new connection to the node, able to hand its socket over after a 101. Connect and
     /// TLS are the network seam's ([`crate::net`]), shared with TCP listeners.
-    pub(crate) async fn connect(&self) -> Result<Sender, UpstreamError> {
+    ///
+    /// A write to the node blocked for `write_limit` fails the connection: a node that
+    /// stopped reading (a frozen process whose socket buffers filled during an upload) must
+    /// not hold the request, its client and its node slot for ever. The answer clock only
+    /// starts once the body is sent, so without this nothing would bound that wait.
+    pub(crate) async fn connect(&self, write_limit: Duration) -> Result<Sender, UpstreamError> {
         let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
         let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
         let io = crate::net::node_tls(stream, tls, self.connect_timeout).await?;
-        handshake(io).await
+        handshake(crate::relay::WriteDeadline::new(
+            io,
+            crate::relay::WriteLimit::new(write_limit),
+        ))
+        .await
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again
