@@ -12,14 +12,20 @@
 //!             re-pin     ─► EVAL: SET key node PX expire + PUBLISH channel (one atomic step)
 //!  subscriber task ◄─ PUBLISH {prefix}pins ◄─ any instance's re-pin ─► local entry moved
 //!  local miss (first request of a key here) ─► Store::fetch: GET, bounded ─► local entry
-//!  every expire/2 ─► PEXPIRE of the entries used since (pipelined); a missing key ─► SET NX
+//!  every expire/2 ─► GETEX key PX expire of the entries used since (pipelined): another
+//!        node stored ─► adopted (a missed re-pin); a missing key ─► SET NX
 //!  circuit breaker: 2 failed round trips ─► down (logged once, admin, metric): no store I/O,
-//!        PING every second ─► up ─► every local pin published with SET NX (adopt losers)
+//!        fresh connection, PING every second ─► up ─► every local pin published with SET NX
+//!        (adopt losers), read and sent a chunk at a time
+//!  subscription: PING every second; no answer within the bound ─► resubscribe ─► resync
 //! ```
 //!
 //! Ordering: a re-pin's SET and its PUBLISH run as one script, so every instance receives
 //! the re-pins of a key in the order the store applied them; each instance applies every
-//! message (its own too), so its local entry ends on the store's value.
+//! message (its own too), so its local entry ends on the store's value. A message missed
+//! anyway (a subscription cut or half-open, a re-pin made before the first SUBSCRIBE) is
+//! caught by the resync each (re)subscription triggers, and at the latest by the next expiry
+//! refresh of the key, which reads the stored node back.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -28,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use limpet_core::table::{AffinityStore, AffinityTable, KeyRef, LruTable, NodeRef, TableKey};
+use limpet_core::table::{AffinityStore, AffinityTable, KeyRef, LruTable, TableKey};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -104,6 +110,7 @@ struct Counts {
     refreshes: AtomicU64,
     invalidations: AtomicU64,
     republished: AtomicU64,
+    resyncs: AtomicU64,
     errors: AtomicU64,
     dropped: AtomicU64,
 }
@@ -132,6 +139,11 @@ pub struct StoreStatus {
     pub invalidations: u64,
     /// Pins published with create-if-absent after the store was away.
     pub republished: u64,
+    /// Full resyncs done (every local pin published: after the store or the subscription
+    /// was away, or a table newly shared).
+    pub resyncs: u64,
+    /// A resync is due or running.
+    pub resync_pending: bool,
     pub errors: u64,
     /// Writes dropped while the store was down or its queue full (republished later).
     pub dropped: u64,
@@ -145,7 +157,10 @@ pub struct StoreStatus {
 pub struct Store {
     def: StoreDef,
     client: redis::Client,
-    conn: ConnectionManager,
+    /// Replaced by a fresh one when the breaker opens and after each failed probe: the
+    /// manager reconnects on a dropped connection, but not on timeouts, so a half-open
+    /// connection (a store host gone without a RST) would otherwise be kept for ever.
+    conn: Mutex<ConnectionManager>,
     channel: String,
     ops: mpsc::Sender<Op>,
     up: AtomicBool,
@@ -154,6 +169,8 @@ pub struct Store {
     /// Pins not published (breaker open, queue full, a missed invalidation): publish every
     /// local pin with create-if-absent when the store is up.
     dirty: AtomicBool,
+    /// A resync is running (set before `dirty` is cleared, for [`StoreStatus::resync_pending`]).
+    resyncing: AtomicBool,
     tables: Mutex<HashMap<Arc<str>, Registered>>,
     counts: Counts,
     connections: AtomicU64,
@@ -180,13 +197,9 @@ impl Store {
     ) -> Result<Arc<Store>, String> {
         let client = redis::Client::open(def.url.as_str())
             .map_err(|e| format!("store {}: {e}", def.redacted_url()))?;
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(def.connect_timeout))
-            .set_response_timeout(Some(def.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), cfg)
-            .map_err(|e| format!("store {}: {e}", def.redacted_url()))?;
+        let conn = Mutex::new(
+            manager(&client, &def).map_err(|e| format!("store {}: {e}", def.redacted_url()))?,
+        );
         let (tx, rx) = mpsc::channel(QUEUE);
         let (stop, _) = watch::channel(false);
         let (up_gauge, op_counters) = metrics.store_handles();
@@ -200,6 +213,7 @@ impl Store {
             since_ms: AtomicU64::new(now_ms()),
             failures: AtomicU32::new(0),
             dirty: AtomicBool::new(true),
+            resyncing: AtomicBool::new(false),
             tables: Mutex::new(HashMap::new()),
             counts: Counts::default(),
             connections: AtomicU64::new(0),
@@ -228,6 +242,19 @@ impl Store {
         &self.def
     }
 
+    /// The command connection (a cheap handle on the shared manager).
+    fn conn(&self) -> ConnectionManager {
+        lock(&self.conn).clone()
+    }
+
+    /// Drops the command connection for a fresh one (connected lazily by the next command).
+    fn reconnect(&self) {
+        match manager(&self.client, &self.def) {
+            Ok(m) => *lock(&self.conn) = m,
+            Err(e) => tracing::debug!(error = %e, "store connection not rebuilt"),
+        }
+    }
+
     /// Stops the tasks (the process is stopping).
     pub fn stop(&self) {
         let _ = self.stop.send(true);
@@ -237,8 +264,10 @@ impl Store {
         self.up.load(Ordering::Acquire)
     }
 
-    /// Makes `entries` (a shared table) go through the store. Called by every generation
-    /// that builds or carries over the table; the entries are the same across a reload.
+    /// Makes `entries` (a shared table) go through the store. Called once per generation for
+    /// the table it finally uses (built, or carried over: then the same entries as before).
+    /// Only entries new to the store that already hold pins (a table made shared by a reload)
+    /// mark a resync: a reload that changes nothing about the store sends nothing.
     pub(crate) fn register(&self, name: &str, entries: &Entries, expire_ms: u64) {
         let mut t = lock(&self.tables);
         let now = now_ms();
@@ -247,8 +276,7 @@ impl Store {
             expire_ms,
             refreshed_ms: now,
         });
-        if !e.entries.ptr_eq(&Arc::downgrade(entries)) {
-            // New entries (first start, or a reload that changed the key): publish them.
+        if !e.entries.ptr_eq(&Arc::downgrade(entries)) && !lock(entries).store().is_empty() {
             self.dirty.store(true, Ordering::Release);
         }
         e.entries = Arc::downgrade(entries);
@@ -291,7 +319,7 @@ impl Store {
             return None;
         }
         let rkey = self.key(table, key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         self.count("get", 1);
         self.counts.gets.fetch_add(1, Ordering::Relaxed);
         let r = tokio::time::timeout(
@@ -339,6 +367,9 @@ impl Store {
             refreshes: g(&c.refreshes),
             invalidations: g(&c.invalidations),
             republished: g(&c.republished),
+            resyncs: g(&c.resyncs),
+            resync_pending: self.dirty.load(Ordering::SeqCst)
+                || self.resyncing.load(Ordering::SeqCst),
             errors: g(&c.errors),
             dropped: g(&c.dropped),
             connections: g(&self.connections),
@@ -380,6 +411,7 @@ impl Store {
         if n >= TRIP_AFTER && self.up.swap(false, Ordering::AcqRel) {
             self.set_up(false);
             self.dirty.store(true, Ordering::Release);
+            self.reconnect();
             tracing::warn!(store = %self.def.redacted_url(), op = what, error = err,
                 "store unavailable: serving from local tables; pins are published when it is back");
         } else {
@@ -388,7 +420,7 @@ impl Store {
     }
 
     async fn ping(&self, limit: Duration) -> Result<(), String> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         match tokio::time::timeout(limit, redis::cmd("PING").query_async::<String>(&mut conn)).await
         {
             Ok(Ok(_)) => Ok(()),
@@ -515,7 +547,7 @@ impl Store {
     }
 
     async fn round_trip(&self, pipe: &redis::Pipeline, what: &str) -> Option<Vec<Value>> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         match tokio::time::timeout(self.def.timeout, pipe.query_async::<Vec<Value>>(&mut conn))
             .await
         {
@@ -565,46 +597,64 @@ impl Store {
         true
     }
 
-    /// Every live local pin of every shared table, with its node's name.
-    fn local_pins(&self) -> Vec<(Arc<str>, Pins)> {
-        let now = now_ms();
-        let tables: Vec<(Arc<str>, Entries)> = lock(&self.tables)
+    /// The shared tables' live entries.
+    fn registered(&self) -> Vec<(Arc<str>, Entries)> {
+        lock(&self.tables)
             .iter()
             .filter_map(|(n, r)| Some((Arc::clone(n), r.entries.upgrade()?)))
-            .collect();
-        tables
-            .into_iter()
-            .map(|(name, entries)| {
-                let t = lock(&entries);
-                let s = t.store();
-                let pins = s
-                    .live_entries(now, usize::MAX)
-                    .into_iter()
-                    .filter_map(|(k, r): (TableKey, NodeRef)| Some((k, s.node_name(r)?.to_owned())))
-                    .collect();
-                (name, pins)
-            })
             .collect()
     }
 
     /// After the store was away (or missed invalidations): publish every local pin with
     /// create-if-absent; where the store had another node, take it. The fleet converges on
-    /// the first writer's node.
+    /// the first writer's node. The pins are read a chunk at a time, the table locked only
+    /// for the chunk, so routing never waits for a whole big table; an entry added or moved
+    /// meanwhile went to the store by its own write, and one a chunk missed (the order
+    /// shifts as entries are removed) by its next expiry refresh.
     async fn resync(&self) {
-        self.dirty.store(false, Ordering::Release);
-        for (table, pins) in self.local_pins() {
-            if !self.publish(&table, pins).await {
-                self.dirty.store(true, Ordering::Release);
-                return;
-            }
+        self.resyncing.store(true, Ordering::SeqCst);
+        self.dirty.store(false, Ordering::SeqCst);
+        let done = self.publish_all().await;
+        self.resyncing.store(false, Ordering::SeqCst);
+        if done {
+            self.counts.resyncs.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(store = %self.def.redacted_url(), "local pins published to the store");
+        } else {
+            self.dirty.store(true, Ordering::SeqCst);
         }
-        tracing::info!(store = %self.def.redacted_url(), "local pins published to the store");
     }
 
-    /// Lazy expiry refresh: per table every `expire / 2`, one PEXPIRE per entry used since
-    /// the last refresh (pipelined), so a key in use never has less than half its expiry
-    /// left in the store and a sticky request never writes. A key the store lost (expired,
-    /// restarted empty) is published again with create-if-absent.
+    /// The resync's work: false if a round trip failed.
+    async fn publish_all(&self) -> bool {
+        for (table, entries) in self.registered() {
+            let mut page = 0usize;
+            loop {
+                let pins: Pins = {
+                    let t = lock(&entries);
+                    let s = t.store();
+                    if page.saturating_mul(BATCH) >= s.len() {
+                        break;
+                    }
+                    s.entries(page, BATCH, now_ms())
+                        .into_iter()
+                        .filter_map(|e| Some((e.key, s.node_name(e.node)?.to_owned())))
+                        .collect()
+                };
+                page += 1;
+                if !pins.is_empty() && !self.publish(&table, pins).await {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Lazy expiry refresh: per table every `expire / 2`, one `GETEX key PX expire` per entry
+    /// used since the last refresh (pipelined), so a key in use never has less than half its
+    /// expiry left in the store and a sticky request never writes. The reply is the stored
+    /// node: another one than the local entry's means a re-pin this instance missed (a lost
+    /// message), and the local entry takes it unless it moved meanwhile. A key the store lost
+    /// (expired, restarted empty) is published again with create-if-absent.
     async fn refresh_due(&self) {
         let now = now_ms();
         let due: Vec<(Arc<str>, Entries, u64, u64)> = lock(&self.tables)
@@ -632,8 +682,9 @@ impl Store {
             for chunk in pins.chunks(BATCH) {
                 let mut pipe = redis::pipe();
                 for (key, _) in chunk {
-                    pipe.cmd("PEXPIRE")
+                    pipe.cmd("GETEX")
                         .arg(self.key(&table, key.as_key_ref()))
+                        .arg("PX")
                         .arg(px);
                 }
                 let Some(replies) = self.round_trip(&pipe, "refresh").await else {
@@ -644,8 +695,12 @@ impl Store {
                     .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 self.count("refresh", chunk.len() as u64);
                 for (pin, v) in chunk.iter().zip(&replies) {
-                    if matches!(v, Value::Int(0)) {
-                        missing.push(pin.clone());
+                    match v {
+                        Value::BulkString(stored) => {
+                            self.adopt(&table, pin.0.as_key_ref(), &pin.1, stored);
+                        }
+                        Value::Nil => missing.push(pin.clone()),
+                        _ => {}
                     }
                 }
             }
@@ -693,6 +748,9 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                             store.set_up(true);
                             tracing::info!(store = %store.def.redacted_url(),
                                 "store available again: publishing the pins made meanwhile");
+                        } else {
+                            // The next probe on a fresh connection: this one may be half-open.
+                            store.reconnect();
                         }
                     }
                     continue;
@@ -709,6 +767,20 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                         continue;
                     }
                 }
+                // Writes queued before the refresh reads the local entries go first, so the
+                // store has a local re-pin before the refresh compares its node with it.
+                while let Ok(op) = rx.try_recv() {
+                    batch.push(op);
+                    if batch.len() == BATCH {
+                        break;
+                    }
+                }
+                if !batch.is_empty() {
+                    if !store.write(&batch).await {
+                        store.dirty.store(true, Ordering::Release);
+                    }
+                    batch.clear();
+                }
                 if store.dirty.load(Ordering::Acquire) {
                     store.resync().await;
                 }
@@ -718,36 +790,40 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
     }
 }
 
-/// The subscriber: applies every re-pin message. A lost subscription may have missed some,
-/// so each new one marks the local pins for a resync.
+/// The subscriber: applies every re-pin message. Every subscription, the first included,
+/// marks the local pins for a resync: a re-pin published before it (between the start's
+/// resync and the SUBSCRIBE, or while the last one was cut) was missed. The subscription is
+/// pinged every second; one that does not answer within `max(timeout, connect_timeout)`
+/// (half-open: the store's host gone without a RST) is dropped and made again, so a lost
+/// subscription is noticed within about a second plus that bound.
 async fn subscriber(store: Arc<Store>) {
     let mut stop = store.stop.subscribe();
-    let mut first = true;
+    let check = store.def.timeout.max(store.def.connect_timeout);
     loop {
         let sub = async {
-            let mut ps =
+            let ps =
                 tokio::time::timeout(store.def.connect_timeout, store.client.get_async_pubsub())
                     .await
                     .map_err(|_| "timed out".to_owned())?
                     .map_err(|e| e.to_string())?;
-            tokio::time::timeout(store.def.connect_timeout, ps.subscribe(&store.channel))
+            let (mut sink, msgs) = ps.split();
+            tokio::time::timeout(store.def.connect_timeout, sink.subscribe(&store.channel))
                 .await
                 .map_err(|_| "timed out".to_owned())?
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>(ps)
+            Ok::<_, String>((sink, msgs))
         };
         let ps = tokio::select! {
             () = crate::runtime::stopped(&mut stop) => return,
             r = sub => r,
         };
         match ps {
-            Ok(ps) => {
+            Ok((mut sink, mut msgs)) => {
+                store.dirty.store(true, Ordering::SeqCst);
                 store.connections.fetch_add(1, Ordering::Relaxed);
-                if !first {
-                    store.dirty.store(true, Ordering::Release);
-                }
-                first = false;
-                let mut msgs = ps.into_on_message();
+                let mut ping = tokio::time::interval(PROBE_EVERY);
+                ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                ping.tick().await;
                 loop {
                     tokio::select! {
                         () = crate::runtime::stopped(&mut stop) => return,
@@ -755,6 +831,19 @@ async fn subscriber(store: Arc<Store>) {
                             Some(m) => store.apply(m.get_payload_bytes()),
                             None => break,
                         },
+                        _ = ping.tick() => {
+                            match tokio::time::timeout(check, sink.ping::<Value>()).await {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => {
+                                    tracing::debug!(error = %e, "store subscription ping failed");
+                                    break;
+                                }
+                                Err(_) => {
+                                    tracing::debug!("store subscription ping timed out");
+                                    break;
+                                }
+                            }
+                        }
                     }
                 }
                 tracing::debug!("store subscription lost");
@@ -766,6 +855,25 @@ async fn subscriber(store: Arc<Store>) {
             () = tokio::time::sleep(PROBE_EVERY) => {}
         }
     }
+}
+
+/// The command connection: connects lazily, bounded by `connect_timeout`. Its own response
+/// timeout is a fifth shorter than `timeout`, the bound every caller puts around a round
+/// trip, so the manager's error (and its reconnect on a dropped connection) comes first.
+fn manager(client: &redis::Client, def: &StoreDef) -> redis::RedisResult<ConnectionManager> {
+    let cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(def.connect_timeout))
+        .set_response_timeout(Some(response_timeout(def.timeout)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(1));
+    ConnectionManager::new_lazy_with_config(client.clone(), cfg)
+}
+
+/// The manager's response timeout inside the caller's `timeout`.
+fn response_timeout(timeout: Duration) -> Duration {
+    timeout
+        .saturating_sub(timeout / 5)
+        .max(Duration::from_millis(1))
 }
 
 /// A table key as the store's keys and messages carry it.

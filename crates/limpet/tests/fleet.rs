@@ -39,6 +39,19 @@ impl Instance {
         expire: &str,
         timeout: &str,
     ) -> Instance {
+        Instance::start_at(tag, &redis.url(), http, tcp, node_order, expire, timeout).await
+    }
+
+    /// An instance whose store is at `url`.
+    async fn start_at(
+        tag: &str,
+        url: &str,
+        http: u16,
+        tcp: u16,
+        node_order: &[usize],
+        expire: &str,
+        timeout: &str,
+    ) -> Instance {
         let dir = TempDir::new(tag);
         let mut text = String::new();
         for &i in node_order {
@@ -85,7 +98,7 @@ bind = "127.0.0.1:0"
 node_port = {http}
 table = "sessions"
 "#,
-            url = redis.url()
+            url = url
         ));
         let cfg = config(&dir, &text);
         let running = start(cfg).await.expect("start");
@@ -146,6 +159,16 @@ table = "sessions"
             .text()
             .await
             .expect("body")
+    }
+
+    /// Waits (bounded) until the store's start is over: the subscription made and the resync
+    /// it triggers done, so what the test does next is not published by that resync.
+    async fn settled(&self) {
+        until("the store's start resync is done", async || {
+            let st = self.status();
+            st.up && st.connections >= 2 && !st.resync_pending && st.resyncs >= 1
+        })
+        .await;
     }
 
     fn status(&self) -> limpet::store::StoreStatus {
@@ -537,6 +560,7 @@ async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
         "500ms",
     )
     .await;
+    a.settled().await;
     let src = "127.0.9.10";
     let first = a.http(src).await;
     let key = format!("limpet:terminal:ip:{src}");
@@ -565,11 +589,300 @@ async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
         "sticky requests write nothing: {st:?}"
     );
     assert!(st.refreshes >= 2, "the expiry was refreshed: {st:?}");
+    // The key never expired: a refresh that came too late would have found it missing and
+    // created it again (counted as republished).
+    assert_eq!(st.republished, 0, "refreshed on time: {st:?}");
     assert!(
         st.refreshes <= 8 && st.refreshes * 4 < requests,
         "refreshes batched, not per request ({requests} requests): {st:?}"
     );
     a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A pin changed in the store without the message reaching this instance (a lost
+/// subscription, a message missed): the next expiry refresh reads the stored node back and
+/// the instance follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let a = Instance::start_with(
+        "missed",
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "2s",
+        "500ms",
+    )
+    .await;
+    a.settled().await;
+    let src = "127.0.11.10";
+    let first = a.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until("the pin reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    // Another instance's re-pin whose message this one never got: a plain SET, no PUBLISH.
+    let other = NODES
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n != first)
+        .expect("another node");
+    let mut c = redis.conn().await.expect("connect");
+    redis::cmd("SET")
+        .arg(&key)
+        .arg(other)
+        .arg("PX")
+        .arg(2000)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("SET");
+    // The client keeps using its pin (so it is refreshed, every second with expire 2s); the
+    // refresh finds the other node stored and the instance routes there.
+    until("the instance follows the stored node", async || {
+        a.http(src).await == other
+    })
+    .await;
+    assert_eq!(a.pin(src).as_deref(), Some(other));
+    assert_eq!(a.tcp(src).await, other);
+    assert_eq!(redis.get(&key).await.as_deref(), Some(other));
+    let st = a.status();
+    assert_eq!(st.invalidations, 0, "no message was published: {st:?}");
+    assert!(
+        st.adopted >= 1,
+        "the refresh adopted the stored node: {st:?}"
+    );
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A reload that changes nothing about the store keeps the carried tables' pins without
+/// sending any of them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_with_pins_sends_no_store_writes() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let a = Instance::start_with(
+        "reload-quiet",
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "10m",
+        "500ms",
+    )
+    .await;
+    a.settled().await;
+    let srcs: Vec<String> = (0..24).map(|i| format!("127.0.12.{}", 10 + i)).collect();
+    let mut pinned = Vec::new();
+    for src in &srcs {
+        pinned.push(a.http(src).await);
+    }
+    for src in &srcs {
+        let key = format!("limpet:terminal:ip:{src}");
+        until("the pin reaches the store", async || {
+            redis.get(&key).await.is_some()
+        })
+        .await;
+    }
+    a.settled().await;
+    let before = a.status();
+    let sets = redis.command_calls("set").await;
+    let evals = redis.command_calls("eval").await;
+    let pings = redis.command_calls("ping").await;
+    limpet::runtime::reload(a.running.runtime())
+        .await
+        .expect("reload");
+    // A resync would run on the writer's next tick: wait for two of its pings (and the
+    // subscription's) after the reload, each a second apart, so at least one full tick ran.
+    until("the writer ticks after the reload", async || {
+        redis.command_calls("ping").await >= pings + 4
+    })
+    .await;
+    let after = a.status();
+    assert_eq!(
+        redis.command_calls("set").await,
+        sets,
+        "no SET after the reload"
+    );
+    assert_eq!(redis.command_calls("eval").await, evals, "no re-pin");
+    assert!(!after.resync_pending, "{after:?}");
+    assert_eq!(
+        (after.resyncs, after.republished, after.creates),
+        (before.resyncs, before.republished, before.creates),
+        "the reload published nothing: {before:?} -> {after:?}"
+    );
+    // The pins were carried over, and new ones still reach the store.
+    for (src, n) in srcs.iter().zip(&pinned) {
+        assert_eq!(&a.http(src).await, n, "{src}");
+    }
+    let src = "127.0.12.200";
+    let n = a.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until(
+        "a pin made after the reload reaches the store",
+        async || redis.get(&key).await.as_deref() == Some(n.as_str()),
+    )
+    .await;
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A TCP relay to the store that can turn every connection it carries into a half-open one:
+/// bytes are read and dropped in both directions, nothing is closed (a store host gone
+/// without a RST, a firewall dropping the flow). Connections made after that are relayed.
+struct BlackHole {
+    port: u16,
+    holed: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BlackHole {
+    async fn start(to: u16) -> BlackHole {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let holed: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let list = Arc::clone(&holed);
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = l.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                    continue;
+                };
+                let hole = Arc::new(AtomicBool::new(false));
+                list.lock().expect("lock").push(Arc::clone(&hole));
+                let (dr, dw) = down.into_split();
+                let (ur, uw) = up.into_split();
+                for (mut r, mut w, hole) in [
+                    (
+                        Box::new(dr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(uw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                        Arc::clone(&hole),
+                    ),
+                    (Box::new(ur), Box::new(dw), hole),
+                ] {
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match r.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if hole.load(Ordering::Acquire) {
+                                continue;
+                            }
+                            if w.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        BlackHole { port, holed, task }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Every connection relayed so far goes silent (neither end is told).
+    fn swallow_all(&self) {
+        for h in self.holed.lock().expect("lock").iter() {
+            h.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The store's connections go half-open (no RST, no FIN): the command connection is
+/// replaced once the breaker opens, and the subscription's ping notices its own, so a
+/// re-pin of another instance reaches this one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_store_connections_are_replaced() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let hole = BlackHole::start(redis.port).await;
+    let a = Instance::start_at(
+        "halfopen-a",
+        &hole.url(),
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "10m",
+        "200ms",
+    )
+    .await;
+    let b = Instance::start_with(
+        "halfopen-b",
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[2, 0, 1],
+        "10m",
+        "500ms",
+    )
+    .await;
+    a.settled().await;
+    b.settled().await;
+    let src = "127.0.13.10";
+    let first = a.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until("the pin reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    assert_eq!(b.http(src).await, first);
+    let conns = a.status().connections;
+    hole.swallow_all();
+    // The command connection: PINGs time out, the breaker opens, the next probe runs on a
+    // fresh connection (through the relay, which carries new connections).
+    until("A marks the store down", async || !a.store_up()).await;
+    // And the subscription: its ping times out and it is made again; both new connections
+    // counted, and the resync the new subscription asks for done.
+    until("A reconnects both connections", async || {
+        let st = a.status();
+        st.up && st.connections >= conns + 2 && !st.resync_pending
+    })
+    .await;
+    // A re-pin on B now reaches A only through the new subscription (A's refresh is minutes
+    // away, and no resync is pending).
+    b.running
+        .runtime()
+        .state()
+        .set_admin(&first, AdminState::Maint)
+        .expect("node");
+    let moved = b.http(src).await;
+    assert_ne!(moved, first);
+    until("A follows B's re-pin", async || {
+        a.pin(src).as_deref() == Some(moved.as_str())
+    })
+    .await;
+    assert_eq!(a.http(src).await, moved);
+    assert!(a.status().invalidations >= 1, "{:?}", a.status());
+    a.running.stop().await;
+    b.running.stop().await;
     for n in &mut nodes {
         n.kill().await;
     }

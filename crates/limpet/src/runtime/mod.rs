@@ -145,15 +145,22 @@ impl Table {
         Ok(t)
     }
 
-    /// A table marked `shared` goes through the store, when there is one.
+    /// A table marked `shared` goes through the store, when there is one. Its writes go to
+    /// the store from now on; the store itself learns of the entries (reads, refreshes,
+    /// re-pins of other instances) by [`Table::register`], once the generation knows which
+    /// table it keeps (a fresh one or the carried-over one).
     fn link(&mut self, store: Option<&Arc<Store>>) {
         self.shared = match store {
-            Some(s) if self.def.shared => {
-                s.register(&self.def.name, &self.inner, self.expire_ms());
-                Some((Arc::clone(s), Arc::from(self.def.name.as_str())))
-            }
+            Some(s) if self.def.shared => Some((Arc::clone(s), Arc::from(self.def.name.as_str()))),
             _ => None,
         };
+    }
+
+    /// Hands a shared table's entries to the store (see [`Table::link`]).
+    fn register(&self) {
+        if let Some((s, _)) = &self.shared {
+            s.register(&self.def.name, &self.inner, self.expire_ms());
+        }
     }
 
     fn expire_ms(&self) -> u64 {
@@ -216,7 +223,13 @@ impl Table {
     /// The same entries, bound to a newer generation's topology (a reload that kept the
     /// table's key). The table's own binding follows the newest generation, for the admin
     /// API and snapshots.
-    fn carried_over(&self, def: TableDef, topology: &Topology) -> Table {
+    /// `store` is the new generation's: a reload that marks a table `shared` links it.
+    fn carried_over(
+        &self,
+        def: TableDef,
+        topology: &Topology,
+        store: Option<&Arc<Store>>,
+    ) -> Table {
         let binding = {
             let mut t = self.lock();
             t.rebind(topology);
@@ -228,7 +241,7 @@ impl Table {
             binding,
             shared: None,
         };
-        t.link(self.shared.as_ref().map(|(s, _)| s));
+        t.link(store);
         t
     }
 
@@ -362,7 +375,11 @@ impl State {
         lifecycle: Arc<crate::lifecycle::Lifecycle>,
         store: Arc<Store>,
     ) -> Result<State, String> {
-        State::with_lifecycle(config, lifecycle, Some(store))
+        let state = State::with_lifecycle(config, lifecycle, Some(store))?;
+        for t in state.tables.values() {
+            t.register();
+        }
+        Ok(state)
     }
 
     /// The store of fleet mode, if configured.
@@ -370,7 +387,9 @@ impl State {
         self.store.as_ref()
     }
 
-    /// A state using this lifecycle (whose node runtimes it shares by name).
+    /// A state using this lifecycle (whose node runtimes it shares by name). Its shared
+    /// tables are linked to the store but not registered with it: the caller registers the
+    /// ones it keeps.
     fn with_lifecycle(
         config: Config,
         lifecycle: Arc<crate::lifecycle::Lifecycle>,
@@ -461,9 +480,18 @@ impl State {
                     // Share the old entries: they are keyed by node name, so binding them to
                     // the new topology keeps every pin whose node still exists, while the old
                     // generation keeps its own binding for its connections.
-                    *table = Arc::new(old.carried_over(table.def.clone(), &next.topology));
+                    *table = Arc::new(old.carried_over(
+                        table.def.clone(),
+                        &next.topology,
+                        next.store.as_ref(),
+                    ));
                 }
             }
+        }
+        // Only the tables this generation keeps go to the store: a fresh table a carried one
+        // replaced never receives the store's reads or the fleet's re-pins.
+        for t in next.tables.values() {
+            t.register();
         }
         if let Some(s) = &next.store {
             let shared: Vec<&str> = next

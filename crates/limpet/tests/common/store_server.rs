@@ -88,6 +88,23 @@ impl Redis {
             .unwrap_or_else(|| panic!("INFO stats has no {name}"))
     }
 
+    /// How many times the server ran `command` (lower case, e.g. `set`, `ping`), from
+    /// `INFO commandstats`; 0 before its first call.
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let mut c = self.conn().await.expect("connect");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     pub async fn get(&self, key: &str) -> Option<String> {
         let mut c = self.conn().await.ok()?;
         redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
