@@ -746,3 +746,39 @@ async fn an_upload_to_a_node_that_stopped_reading_is_bounded() {
     proxy.stop().await;
     frozen.abort();
 }
+
+/// An HTTP/2 client that never opens its flow-control window (SETTINGS_INITIAL_WINDOW_SIZE 0)
+/// asks for an answer with a body: hyper never polls the answer body, so none of its idle
+/// clocks run, while the answer holds its node connection. After `client_idle` the client
+/// connection is closed and the node connection released.
+#[tokio::test]
+async fn an_h2_client_that_never_opens_its_window_is_closed_after_client_idle() {
+    static ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nsome of the body";
+    let mut node = SilentNode::start(ANSWER).await;
+    let mut cfg = node.config();
+    cfg.timeouts.client_idle = Duration::from_millis(500);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    // SETTINGS: INITIAL_WINDOW_SIZE (0x4) = 0.
+    hello.extend(h2_frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    // HEADERS, END_STREAM | END_HEADERS: GET http://t/ (static-table HPACK).
+    hello.extend(h2_frame(0x1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    let started = Instant::now();
+    let closed = closed_within(&mut s, SOON).await;
+    assert!(
+        closed.is_ok(),
+        "the connection holding a stalled answer was not closed within {SOON:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "closed before client_idle: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection was not released"
+    );
+    proxy.stop().await;
+}

@@ -136,6 +136,50 @@ impl IdleClock {
     }
 }
 
+/// When hyper last asked an HTTP/2 answer for more, and whether that ask is still waiting on
+/// the node. hyper polls an HTTP/2 answer body only while the client's flow-control window
+/// lets it send: a client that never opens its window, or stops reading, leaves the body
+/// unpolled (so its own idle clocks never run) while the answer holds its node connection and
+/// slot. The client connection's stall watch reads these clocks (see `server::stall_watch`).
+#[derive(Debug)]
+pub(crate) struct AnswerClock {
+    start: Instant,
+    /// Milliseconds since `start` at the last poll.
+    polled_ms: std::sync::atomic::AtomicU64,
+    /// The last poll is waiting for the node (its own `answer_body_idle` bounds that).
+    waiting_on_node: std::sync::atomic::AtomicBool,
+}
+
+impl AnswerClock {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(AnswerClock {
+            start: Instant::now(),
+            polled_ms: std::sync::atomic::AtomicU64::new(0),
+            waiting_on_node: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn polled(&self, waiting_on_node: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.polled_ms.store(ms, Relaxed);
+        self.waiting_on_node.store(waiting_on_node, Relaxed);
+    }
+
+    /// How long the client side has not asked for more of this answer (`None` while the
+    /// answer waits for the node).
+    pub(crate) fn stalled_for(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.waiting_on_node.load(Relaxed) {
+            return None;
+        }
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Some(Duration::from_millis(
+            now.saturating_sub(self.polled_ms.load(Relaxed)),
+        ))
+    }
+}
+
 /// The body of a request to a node.
 #[derive(Debug)]
 pub(crate) struct UpBody {
@@ -254,6 +298,8 @@ pub struct ProxyBody {
     _admitted: Option<crate::nodes::Admitted>,
     /// The node's traffic, counting the answer's bytes.
     traffic: Option<Arc<NodeTraffic>>,
+    /// HTTP/2: when the client side last asked for more (read by the stall watch).
+    clock: Option<Arc<AnswerClock>>,
 }
 
 impl ProxyBody {
@@ -265,6 +311,7 @@ impl ProxyBody {
             _node: None,
             _admitted: None,
             traffic: None,
+            clock: None,
         }
     }
 
@@ -275,6 +322,7 @@ impl ProxyBody {
             _node: None,
             _admitted: None,
             traffic: None,
+            clock: None,
         }
     }
 
@@ -288,6 +336,12 @@ impl ProxyBody {
     pub(crate) fn counted(mut self, node: Arc<NodeTraffic>, request: &BodyTally) -> Self {
         request.bind(Arc::clone(&node));
         self.traffic = Some(node);
+        self
+    }
+
+    /// Reports every poll to `clock` (HTTP/2 answers; see [`AnswerClock`]).
+    pub(crate) fn watched(mut self, clock: Arc<AnswerClock>) -> Self {
+        self.clock = Some(clock);
         self
     }
 
@@ -313,6 +367,31 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        let r = this.poll_inner(cx);
+        if let Some(c) = &this.clock {
+            c.polled(r.is_pending());
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Upstream(b, _) => b.is_end_stream(),
+            Inner::Local(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Upstream(b, _) => b.size_hint(),
+            Inner::Local(b) => b.size_hint(),
+        }
+    }
+}
+
+impl ProxyBody {
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         match &mut this.inner {
             Inner::Upstream(b, idle) => match Pin::new(b).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -335,20 +414,6 @@ impl Body for ProxyBody {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Upstream(b, _) => b.is_end_stream(),
-            Inner::Local(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Inner::Upstream(b, _) => b.size_hint(),
-            Inner::Local(b) => b.size_hint(),
         }
     }
 }

@@ -92,6 +92,7 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let guard = ActiveGuard::new(&ctx);
+    let h2 = req.version() == Version::HTTP_2;
     let id = ctx.shared.next_request_id();
     let mut log = Access {
         id: &id,
@@ -109,7 +110,14 @@ pub(crate) async fn handle(
     if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
         shared.metrics.pin(o);
     }
-    Ok(resp.map(|b| b.with_guard(guard)))
+    Ok(resp.map(|b| {
+        let b = b.with_guard(guard);
+        if h2 {
+            ctx.watch_answer(b)
+        } else {
+            b
+        }
+    }))
 }
 
 /// A short answer written by limpet itself, carrying the request id the log line has.

@@ -186,6 +186,10 @@ pub(crate) struct ConnCtx {
     /// How long a write to this client may stay blocked (`client_idle`); lifted when the
     /// connection becomes a tunnel, whose relay has its own per-direction rule.
     pub(crate) write_limit: crate::relay::WriteLimit,
+    /// HTTP/2: the clocks of the answers in flight, for [`stall_watch`].
+    answers: std::sync::Mutex<Vec<std::sync::Weak<super::body::AnswerClock>>>,
+    /// Wakes [`stall_watch`] at the first answer it has to watch.
+    first_answer: tokio::sync::Notify,
     active: AtomicUsize,
     served: AtomicU64,
     /// Milliseconds since `started` at the last request start or end.
@@ -209,12 +213,29 @@ impl ConnCtx {
             trusted,
             pin: ConnPin::new(),
             write_limit: crate::relay::WriteLimit::new(shared.timeouts.client_idle),
+            answers: std::sync::Mutex::new(Vec::new()),
+            first_answer: tokio::sync::Notify::new(),
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
             started: Instant::now(),
             shared,
         }
+    }
+
+    /// Watches an HTTP/2 answer for the client stalling it (see [`stall_watch`]).
+    pub(crate) fn watch_answer(&self, body: super::body::ProxyBody) -> super::body::ProxyBody {
+        // An answer with nothing to send is never polled for data: nothing to watch.
+        if hyper::body::Body::is_end_stream(&body) {
+            return body;
+        }
+        let clock = super::body::AnswerClock::new();
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.push(Arc::downgrade(&clock));
+        if answers.len() == 1 {
+            self.first_answer.notify_one();
+        }
+        body.watched(clock)
     }
 
     fn touch(&self) {
@@ -251,6 +272,38 @@ impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.0.touch();
         self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Resolves once an HTTP/2 answer of this connection has had data to give and the client has
+/// not taken any for `client_idle`: its flow-control window stayed shut (a client that never
+/// opens it, or stopped reading). The connection is then dropped, which releases every node
+/// connection and slot its answers hold, as HAProxy's `timeout client` does. (HTTP/1 needs
+/// none of this: a stalled client blocks the socket write, which `client_idle` bounds.)
+async fn stall_watch(ctx: &ConnCtx) {
+    let limit = ctx.shared.timeouts.client_idle;
+    let step = (limit / 4).max(Duration::from_millis(25));
+    loop {
+        let empty = {
+            let mut answers = ctx.answers.lock().unwrap_or_else(|e| e.into_inner());
+            let mut stalled = false;
+            answers.retain(|w| match w.upgrade() {
+                Some(c) => {
+                    stalled |= c.stalled_for().is_some_and(|d| d >= limit);
+                    true
+                }
+                None => false,
+            });
+            if stalled {
+                return;
+            }
+            answers.is_empty()
+        };
+        if empty {
+            ctx.first_answer.notified().await;
+        } else {
+            tokio::time::sleep(step).await;
+        }
     }
 }
 
@@ -437,6 +490,10 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         () = async { let _ = draining.wait_for(|d| *d).await; } => {
             conn.as_mut().graceful_shutdown();
             tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
+        }
+        () = stall_watch(&ctx) => {
+            tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle: connection closed");
+            Some(Ok(()))
         }
     };
     match result {
