@@ -570,6 +570,11 @@ mod tests {
         }
     }
 
+    /// A table entry naming `pin`; `writes`: routing writes it (not a learned table).
+    fn table(pin: Pin, writes: bool) -> Option<TableIn> {
+        Some(TableIn { pin, writes })
+    }
+
     fn cookie(pin: Pin) -> Option<CookieIn> {
         Some(CookieIn {
             pin,
@@ -610,10 +615,7 @@ mod tests {
             &|_| 0,
             &RouteInput {
                 cookie: cookie(Pin::Node(A)),
-                table: Some(TableIn {
-                    pin: Pin::Node(A),
-                    writes: true,
-                }),
+                table: table(Pin::Node(A), true),
                 failback: true,
                 ..input(&[A])
             },
@@ -635,10 +637,7 @@ mod tests {
             &|_| 0,
             &RouteInput {
                 cookie: cookie(Pin::None),
-                table: Some(TableIn {
-                    pin: Pin::Node(B),
-                    writes: true,
-                }),
+                table: table(Pin::Node(B), true),
                 ..input(&[])
             },
         );
@@ -658,10 +657,7 @@ mod tests {
             &|_| 0,
             &RouteInput {
                 cookie: cookie(Pin::Node(A)),
-                table: Some(TableIn {
-                    pin: Pin::Node(B),
-                    writes: true,
-                }),
+                table: table(Pin::Node(B), true),
                 ..input(&[])
             },
         );
@@ -674,10 +670,7 @@ mod tests {
             &|_| 0,
             &RouteInput {
                 cookie: cookie(Pin::Node(A)),
-                table: Some(TableIn {
-                    pin: Pin::Node(B),
-                    writes: false,
-                }),
+                table: table(Pin::Node(B), false),
                 ..input(&[])
             },
         );

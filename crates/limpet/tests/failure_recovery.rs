@@ -1151,24 +1151,7 @@ async fn maint_after_a_reload_repins_pre_reload_h1_and_h2_connections_and_closes
         "the pre-reload TCP session from {src} on a was not closed within 2 s of MAINT"
     );
     // (a), (b): the next request on the SAME connection goes to b and re-pins.
-    let a1 = h1
-        .get(Some("route=a"))
-        .await
-        .unwrap_or_else(|e| panic!("pre-reload HTTP/1.1 connection after MAINT: {e}"));
-    assert_eq!(
-        (a1.status, a1.node.as_str(), a1.set_cookie.as_deref()),
-        (200, "b", Some("route=b")),
-        "pre-reload HTTP/1.1 connection after MAINT"
-    );
-    let a2 = h2
-        .get(Some("route=a"))
-        .await
-        .unwrap_or_else(|e| panic!("pre-reload HTTP/2 connection after MAINT: {e}"));
-    assert_eq!(
-        (a2.status, a2.node.as_str(), a2.set_cookie.as_deref()),
-        (200, "b", Some("route=b")),
-        "pre-reload HTTP/2 connection after MAINT"
-    );
+    h1_and_h2_move_to_b(&mut h1, &mut h2, "MAINT").await;
     // And they stay on b with the new cookie.
     let a1 = h1
         .get(Some("route=b"))

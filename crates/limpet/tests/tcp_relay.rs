@@ -164,13 +164,7 @@ async fn close_on_node_down_can_be_turned_off() {
     let state = running.runtime().state();
     assert!(state.force_health(&home, false).is_some());
     // The session carries on: the node itself is fine, and the operator asked to keep it.
-    s.write_all(b"still here").await.expect("write");
-    let mut b = [0u8; 10];
-    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
-        .await
-        .expect("echo in time")
-        .expect("echo");
-    assert_eq!(&b, b"still here");
+    echo(&mut s, b"still here").await;
     // MAINT is the operator taking the node out: it closes the session whatever
     // `close_on_node_down` says.
     assert!(state
@@ -209,32 +203,15 @@ async fn tcp_sessions_count_their_pin_outcome_and_their_bytes() {
     let state = running.runtime().state();
     let metrics = std::sync::Arc::clone(&state.lifecycle.metrics);
     let (mut s, node) = tcp_session("127.0.0.61", addr).await;
-    s.write_all(b"twelve bytes").await.expect("write");
-    let mut b = [0u8; 12];
-    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
-        .await
-        .expect("echo in time")
-        .expect("echo");
+    echo(&mut s, b"twelve bytes").await;
     drop(s);
     let (s2, again) = tcp_session("127.0.0.61", addr).await;
     assert_eq!(again, node);
     drop(s2);
     let t = metrics.totals();
     assert_eq!((t.new, t.sticky), (1, 1), "{t:?}");
-    // The relay ends once it sees the client's close: wait for it, bounded.
-    let deadline = tokio::time::Instant::now() + common::PATIENCE;
-    loop {
-        let v = metrics.traffic(&node, limpet::clock::now_ms());
-        // In: the 12 bytes sent. Out: the node's greeting lines and the echo.
-        if v.bytes_in >= 12 && v.bytes_out >= 12 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "bytes never counted: {v:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // In: the 12 bytes sent. Out: the node's greeting line and the echo.
+    bytes_counted(&metrics, &node, 12).await;
     drop(state);
     running.stop().await;
     for n in &mut nodes {
@@ -258,12 +235,7 @@ async fn a_session_ended_by_maint_counts_its_bytes() {
     let state = running.runtime().state();
     let metrics = std::sync::Arc::clone(&state.lifecycle.metrics);
     let (mut s, node) = tcp_session("127.0.0.62", running.addr("raw").expect("addr")).await;
-    s.write_all(b"twelve bytes").await.expect("write");
-    let mut b = [0u8; 12];
-    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
-        .await
-        .expect("echo in time")
-        .expect("echo");
+    echo(&mut s, b"twelve bytes").await;
     assert!(state
         .set_admin(&node, limpet_core::AdminState::Maint)
         .is_some());
@@ -271,22 +243,38 @@ async fn a_session_ended_by_maint_counts_its_bytes() {
     let _ = tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut rest))
         .await
         .expect("the session closes on MAINT");
-    // The relay counts as it returns, right after closing: wait for it, bounded.
-    let deadline = tokio::time::Instant::now() + common::PATIENCE;
-    loop {
-        let v = metrics.traffic(&node, limpet::clock::now_ms());
-        if v.bytes_in >= 12 && v.bytes_out >= 12 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "bytes of a MAINT-ended session never counted: {v:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    bytes_counted(&metrics, &node, 12).await;
     drop(state);
     running.stop().await;
     for n in &mut nodes {
         n.kill().await;
+    }
+}
+
+/// Sends `bytes` on the session and reads the echo back (bounded).
+async fn echo(s: &mut tokio::net::TcpStream, bytes: &[u8]) {
+    s.write_all(bytes).await.expect("write");
+    let mut b = vec![0u8; bytes.len()];
+    tokio::time::timeout(common::PATIENCE, s.read_exact(&mut b))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(b, bytes);
+}
+
+/// Waits (bounded) until `node`'s traffic counts at least `n` bytes each way: the relay
+/// counts as it returns, just after the session closed.
+async fn bytes_counted(metrics: &limpet::metrics::Metrics, node: &str, n: u64) {
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    loop {
+        let v = metrics.traffic(node, limpet::clock::now_ms());
+        if v.bytes_in >= n && v.bytes_out >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "bytes never counted: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -566,9 +566,6 @@ impl Attempt<'_> {
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
         let state = &self.ctx.shared.state;
-        if e.cause == Cause::Local {
-            crate::net::LOCAL_FDS.note("connect to a node");
-        }
         if let Some(obs) = e.observation() {
             state.observe(node, obs);
         }
