@@ -377,15 +377,19 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
 ) {
-    let max = {
-        let state = runtime.state();
-        state
-            .listeners
-            .iter()
-            .find(|l| l.def.load().name == name)
-            .map_or(10_000, |l| l.def.load().limits.max_client_connections)
-    };
-    let permits = Arc::new(Semaphore::new(max));
+    let permits = crate::runtime::listener_permits(&runtime, &name);
+    serve_on(runtime, name, listener, shutdown, permits).await;
+}
+
+/// [`serve`] with the listener's connection permits given: several sockets of one listener
+/// (one per worker thread, `crate::runtime::workers`) share its `max_connections`.
+pub async fn serve_on(
+    runtime: Arc<Runtime>,
+    name: String,
+    listener: TcpListener,
+    shutdown: watch::Receiver<bool>,
+    permits: Arc<Semaphore>,
+) {
     let mut sessions = JoinSet::new();
     let mut stop = shutdown.clone();
     crate::net::accept_loop(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::multiport::*;
 use common::PATIENCE;
+use limpet::runtime::run::start_with;
 use limpet::runtime::{start, Running};
 use tokio::io::AsyncReadExt;
 
@@ -22,6 +23,11 @@ struct Scenario {
 
 impl Scenario {
     async fn start() -> Scenario {
+        Scenario::start_with(1).await
+    }
+
+    /// The scenario served by `workers` threads (`--threads`), each on its own sockets.
+    async fn start_with(workers: usize) -> Scenario {
         let pki = Pki::new();
         let node_tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
         let (nodes, ports) =
@@ -77,7 +83,7 @@ table = "terminal"
             key = key.display(),
         );
         let cfg = config(&dir, &text);
-        let running = start(cfg).await.expect("start");
+        let running = start_with(cfg, workers).await.expect("start");
         Scenario {
             running,
             nodes,
@@ -119,6 +125,51 @@ async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) {
     })
     .await;
     assert!(r.is_ok(), "session still open after {within:?}");
+}
+
+/// Thread per core: two worker threads, each with its own socket of every listener. Both
+/// serve (each worker's listener instance numbers its requests with its own id prefix, which
+/// the node echoes), and still one client lands on one node on every port, whichever thread
+/// each of its connections reached: the table is shared. Stopping drains both threads.
+#[tokio::test]
+async fn on_two_worker_threads_both_serve_and_one_client_keeps_one_node_everywhere() {
+    let sc = Scenario::start_with(2).await;
+    let http = sc.addr("terminal-http");
+    // Distinct source ports spread over the two sockets (the kernel hashes the 4-tuple);
+    // 40 connections all landing on one socket would take odds of 2^-39.
+    let mut prefixes = std::collections::BTreeSet::new();
+    let mut nodes = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let s = connect_from("127.0.0.21".parse().expect("ip"), http).await;
+        let (head, node) = get_over(s).await;
+        let id = head
+            .to_ascii_lowercase()
+            .lines()
+            .find_map(|l| l.strip_prefix("x-seen-request-id: ").map(str::to_owned))
+            .expect("the node saw a request id");
+        assert_eq!(id.len(), 16, "request id {id:?}");
+        prefixes.insert(id[..8].to_owned());
+        nodes.insert(node);
+    }
+    assert_eq!(
+        prefixes.len(),
+        2,
+        "both worker threads served: {prefixes:?}"
+    );
+    assert_eq!(nodes.len(), 1, "one client, one node: {nodes:?}");
+    let node = nodes.into_iter().next().expect("a node");
+    for _ in 0..5 {
+        assert_eq!(
+            sc.all_three("127.0.0.21").await,
+            [node.clone(), node.clone(), node.clone()]
+        );
+    }
+    // Another client may land elsewhere, but again on one node everywhere.
+    let other = sc.all_three("127.0.0.22").await;
+    assert!(other.iter().all(|n| *n == other[0]), "{other:?}");
+    tokio::time::timeout(PATIENCE, sc.stop())
+        .await
+        .expect("both worker threads drain and stop");
 }
 
 #[tokio::test]

@@ -130,6 +130,19 @@ fn strip_named(headers: &mut HeaderMap, name: &[u8]) {
     {
         return;
     }
+    // One Cookie line (HTTP/1.1 always): replaced or removed in place, no list built.
+    let mut lines = headers.get_all(COOKIE).iter();
+    if let (Some(only), None) = (lines.next(), lines.next()) {
+        match strip_value(only, name) {
+            Some(v) => {
+                headers.insert(COOKIE, v);
+            }
+            None => {
+                headers.remove(COOKIE);
+            }
+        }
+        return;
+    }
     let kept: Vec<HeaderValue> = headers
         .get_all(COOKIE)
         .iter()

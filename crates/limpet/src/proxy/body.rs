@@ -190,10 +190,26 @@ pub(crate) struct UpBody {
     idle: Option<IdleClock>,
 }
 
+/// Resolves once the client's body has been read through: at once for a request without one.
+pub(crate) struct BodyDone(Option<watch::Receiver<bool>>);
+
+impl BodyDone {
+    pub(crate) async fn wait(&mut self) {
+        if let Some(rx) = &mut self.0 {
+            // A closed channel means the body is gone: done either way.
+            let _ = rx.wait_for(|d| *d).await;
+        }
+    }
+}
+
 impl UpBody {
     /// The client's streamed body and a receiver that resolves once it has been read through.
     /// The client's streamed body, ended with [`BodyIdle`] once nothing came for `idle`.
-    pub(crate) fn streamed(inner: Incoming, idle: Duration) -> (Self, watch::Receiver<bool>) {
+    pub(crate) fn streamed(inner: Incoming, idle: Duration) -> (Self, BodyDone) {
+        if inner.is_end_stream() {
+            // No body (most requests): nothing to stream, time or wait for.
+            return (UpBody::empty(), BodyDone(None));
+        }
         let (tx, rx) = watch::channel(false);
         (
             UpBody {
@@ -202,7 +218,7 @@ impl UpBody {
                 tally: Arc::default(),
                 idle: Some(IdleClock::new(idle)),
             },
-            rx,
+            BodyDone(Some(rx)),
         )
     }
 

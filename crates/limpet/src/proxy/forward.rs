@@ -30,7 +30,6 @@ use limpet_core::table::{KeyRef, TableKey};
 use limpet_core::{
     CookieIn, CookieWrite, HomeWrite, NodeId, Observation, Outcome, Pin, Route, RouteInput,
 };
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::body::{ProxyBody, UpBody};
@@ -95,7 +94,7 @@ pub(crate) async fn handle(
     let h2 = req.version() == Version::HTTP_2;
     let id = ctx.shared.next_request_id();
     let mut log = Access {
-        id: &id,
+        id: id.as_str(),
         method: req.method().clone(),
         uri: req.uri().clone(),
         node: None,
@@ -356,7 +355,7 @@ async fn proxy(
             headers.insert(header::HOST, v);
         }
     }
-    hdr::set_forwarded(&mut headers, ctx.peer.ip(), ctx.tls, ctx.trusted);
+    hdr::set_forwarded(&mut headers, &ctx.forwarded_for, ctx.tls, ctx.trusted);
     if let Ok(v) = HeaderValue::from_str(id) {
         headers.insert(&X_REQUEST_ID, v);
     }
@@ -585,7 +584,7 @@ impl Attempt<'_> {
         &mut self,
         head: Head,
         body: UpBody,
-        mut body_done: watch::Receiver<bool>,
+        mut body_done: super::body::BodyDone,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let shared = &self.ctx.shared;
         let answer_timeout = shared.timeouts.upstream_answer;
@@ -669,7 +668,7 @@ impl Attempt<'_> {
             // The answer clock starts once the client's body is fully sent: a slow upload is
             // not a slow node.
             let clock = async {
-                let _ = body_done.wait_for(|d| *d).await;
+                body_done.wait().await;
                 tokio::time::sleep(answer_timeout).await;
             };
             let outcome = tokio::select! {

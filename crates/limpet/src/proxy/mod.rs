@@ -48,4 +48,6 @@ pub use config::{
     ConfigError, CookieConfig, CookieMode, Failback, IpNet, Limits, NodeConfig, ProxyConfig,
     Sticky, Timeouts,
 };
-pub use server::{serve, serve_listener, ServeError};
+pub use server::{
+    runtime_of, serve, serve_listener, serve_listener_on, ServeError, QUICK_LISTENER,
+};

@@ -4,9 +4,11 @@
 //! limpet proxy --listen 127.0.0.1:8080 --to a=10.0.0.1:80 --to 10.0.0.2:80 [--sticky none]
 //! ```
 //!
-//! Arguments become a [`ProxyConfig`] (the same type a config file will fill), a runtime with
-//! the requested worker threads is built, the listener bound, its address printed on stdout
-//! (`listening on 127.0.0.1:PORT`, so scripts can use port 0), and [`serve`] runs until Ctrl-C.
+//! Arguments become a [`ProxyConfig`] (the same type a config file will fill), the listener is
+//! bound, its address printed on stdout (`listening on 127.0.0.1:PORT`, so scripts can use
+//! port 0), and [`serve`] runs until Ctrl-C; with `--threads N` > 1 (the default is one per
+//! core), N worker threads serve it, each on its own `SO_REUSEPORT` socket
+//! (`crate::runtime::workers`).
 //! Every argument error exits with code 2 and one line saying what is wrong.
 
 use std::io::Write;
@@ -48,7 +50,7 @@ pub struct ProxyArgs {
     /// one connection tries it again (nginx's `fail_timeout`).
     #[arg(long = "fail-timeout", default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
     pub fail_timeout: std::time::Duration,
-    /// Worker threads (default: one per core).
+    /// Worker threads, each serving its own SO_REUSEPORT socket (default: one per core).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
     /// A peer whose X-Forwarded-For is extended rather than replaced (address or CIDR).
@@ -152,14 +154,21 @@ pub fn run(args: ProxyArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match crate::runtime::tokio_runtime(args.threads) {
+    let rt = match crate::runtime::tokio_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("limpet proxy: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let workers = crate::runtime::workers::count(args.threads);
+    for n in &cfg.nodes {
+        tracing::info!(node = %n.name, addr = %n.addr, "node");
+    }
     rt.block_on(async move {
+        if workers > 1 {
+            return serve_on_workers(cfg, &args.listen, workers).await;
+        }
         let listener = match tokio::net::TcpListener::bind(&args.listen).await {
             Ok(l) => l,
             Err(e) => {
@@ -170,13 +179,7 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         let local = listener
             .local_addr()
             .map_or_else(|_| args.listen.clone(), |a| a.to_string());
-        for n in &cfg.nodes {
-            tracing::info!(node = %n.name, addr = %n.addr, "node");
-        }
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening on {local}");
-        let _ = out.flush();
-        drop(out);
+        say_listening(&local);
         let shutdown = async {
             stop_signal().await;
             tracing::info!("shutting down: draining connections");
@@ -189,6 +192,64 @@ pub fn run(args: ProxyArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// `listening on ADDR` on stdout, at once (scripts wait for it).
+fn say_listening(local: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening on {local}");
+    let _ = out.flush();
+}
+
+/// `limpet proxy --threads N` (N > 1): the listener served by N worker threads, each with its
+/// own `SO_REUSEPORT` socket (`crate::runtime::workers`); this thread waits for the signal.
+async fn serve_on_workers(cfg: ProxyConfig, listen: &str, workers: usize) -> ExitCode {
+    let addr = match tokio::net::lookup_host(listen).await.map(|mut a| a.next()) {
+        Ok(Some(a)) => a,
+        Ok(None) | Err(_) => {
+            eprintln!("limpet proxy: cannot listen on {listen}: no such address");
+            return ExitCode::from(2);
+        }
+    };
+    let sockets = match crate::runtime::workers::bind_reuseport(addr, workers) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("limpet proxy: cannot listen on {listen}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let local = sockets
+        .first()
+        .and_then(|l| l.local_addr().ok())
+        .unwrap_or(addr);
+    let runtime = match super::runtime_of(cfg, local) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("limpet proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sockets = crate::runtime::workers::Sockets {
+        name: super::QUICK_LISTENER.to_owned(),
+        mode: crate::config::Mode::Http,
+        local,
+        per_worker: sockets,
+        permits: crate::runtime::listener_permits(&runtime, super::QUICK_LISTENER),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let done = match crate::runtime::workers::spawn(&runtime, vec![sockets], workers, &stop_rx) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("limpet proxy: cannot start worker threads: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    say_listening(&local.to_string());
+    stop_signal().await;
+    tracing::info!("shutting down: draining connections");
+    let _ = stop_tx.send(true);
+    let _ = done.await;
+    ExitCode::SUCCESS
 }
 
 /// Ctrl-C, or SIGTERM (what service managers and `kill` send).

@@ -130,7 +130,7 @@ impl Shared {
         self.state.node_name(node)
     }
 
-    pub(crate) fn next_request_id(&self) -> String {
+    pub(crate) fn next_request_id(&self) -> RequestId {
         self.ids.next()
     }
 }
@@ -165,9 +165,32 @@ impl RequestIds {
         }
     }
 
-    fn next(&self) -> String {
+    fn next(&self) -> RequestId {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:08x}{:08x}", self.prefix, n as u32)
+        RequestId::new(self.prefix, n as u32)
+    }
+}
+
+/// One request's id: 16 lowercase hex digits (the process prefix, then the counter), kept
+/// inline. Written by hand because it is made on every request and `format!` with padding
+/// cost more than the rest of the id's life (measured with callgrind, bench/README.md).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RequestId([u8; 16]);
+
+impl RequestId {
+    fn new(prefix: u32, n: u32) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let v = (u64::from(prefix) << 32) | u64::from(n);
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = HEX[((v >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        RequestId(out)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or("")
     }
 }
 
@@ -180,6 +203,8 @@ pub(crate) struct ConnCtx {
     pub(crate) tls: bool,
     /// The peer may hand us `X-Forwarded-*` we extend.
     pub(crate) trusted: bool,
+    /// `peer` as `X-Forwarded-For` writes it, made once for all the connection's requests.
+    pub(crate) forwarded_for: http::HeaderValue,
     /// The node assigned to this connection's first unpinned request, so requests sent
     /// before the client has the cookie land together.
     pub(crate) pin: ConnPin,
@@ -211,6 +236,7 @@ impl ConnCtx {
             peer,
             tls,
             trusted,
+            forwarded_for: super::headers::forwarded_for(peer.ip()),
             pin: ConnPin::new(),
             write_limit: crate::relay::WriteLimit::new(shared.timeouts.client_idle),
             answers: std::sync::Mutex::new(Vec::new()),
@@ -371,9 +397,23 @@ pub async fn serve(
     let bind = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    serve_listener(
+        runtime_of(config, bind)?,
+        QUICK_LISTENER,
+        listener,
+        shutdown,
+    )
+    .await
+}
+
+/// The name of the one listener of [`serve`] and `limpet proxy`.
+pub const QUICK_LISTENER: &str = "proxy";
+
+/// The runtime of a one-listener proxy bound at `bind` ([`serve`], `limpet proxy`).
+pub fn runtime_of(config: ProxyConfig, bind: SocketAddr) -> Result<Arc<Runtime>, ServeError> {
     let cfg = config.to_config(bind).map_err(ServeError::Config)?;
     let state = State::new(cfg).map_err(|e| ServeError::Config(ConfigError(e)))?;
-    serve_listener(Runtime::new(state), "proxy", listener, shutdown).await
+    Ok(Runtime::new(state))
 }
 
 /// Serves HTTP listener `name` of `runtime` on an already-bound socket until `shutdown`
@@ -384,6 +424,21 @@ pub async fn serve_listener(
     name: &str,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let permits = crate::runtime::listener_permits(&runtime, name);
+    serve_listener_on(runtime, name, listener, shutdown, permits).await
+}
+
+/// [`serve_listener`] with the listener's connection permits given: several sockets of one
+/// listener (one per worker thread, `crate::runtime::workers`) share its `max_connections`.
+/// Each call has its own node connection pools (in its `Shared`), so a worker thread only
+/// ever uses connections its own runtime drives.
+pub async fn serve_listener_on(
+    runtime: Arc<Runtime>,
+    name: &str,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    permits: Arc<Semaphore>,
 ) -> Result<(), ServeError> {
     let (drain_tx, drain_rx) = watch::channel(false);
     let ids = Arc::new(RequestIds::new());
@@ -401,7 +456,6 @@ pub async fn serve_listener(
     );
     let drain_timeout = shared.timeouts.drain;
     let mut builder = Arc::new(builder(&shared.limits, &shared.timeouts));
-    let permits = Arc::new(Semaphore::new(shared.limits.max_client_connections));
     // Every connection task holds a clone; recv() returns None once all are gone.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
 
@@ -519,5 +573,19 @@ async fn quiet_for(ctx: &ConnCtx, limit: Duration) {
             Some(idle) => tokio::time::sleep(limit - idle).await,
             None => tokio::time::sleep(limit).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestId;
+
+    #[test]
+    fn request_ids_are_the_prefix_then_the_counter_in_hex() {
+        assert_eq!(
+            RequestId::new(0xdead_beef, 0x0000_002a).as_str(),
+            format!("{:08x}{:08x}", 0xdead_beef_u32, 42)
+        );
+        assert_eq!(RequestId::new(0, u32::MAX).as_str(), "00000000ffffffff");
     }
 }

@@ -27,6 +27,7 @@
 mod control;
 pub mod run;
 mod snapshot;
+pub mod workers;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -775,19 +776,25 @@ impl Runtime {
     }
 }
 
-/// The tokio runtime of `limpet run` and `limpet proxy`. With one thread it is a
-/// current-thread runtime: the same single worker without the work-stealing machinery, which
-/// costs a single-threaded proxy for nothing. Otherwise a multi-thread runtime with `threads`
-/// workers (default: one per core).
-pub fn tokio_runtime(threads: Option<u16>) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(usize::from(n));
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
-    builder.enable_all().build()
+/// The main tokio runtime of `limpet run` and `limpet proxy`: one current-thread runtime.
+/// With `--threads 1` it serves the listeners too; with more, it keeps the control side
+/// (signals, reloads, admin, health checks, store, timers) and the listeners are served by
+/// [`workers`], one current-thread runtime per thread. No work-stealing runtime anywhere:
+/// its cross-thread wake-ups cost a proxy more than they give (see bench/README.md).
+pub fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// The connection permits of listener `name` (its `max_connections`), one set for all the
+/// sockets that serve it.
+pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<tokio::sync::Semaphore> {
+    let state = runtime.state();
+    let max = state
+        .listeners
+        .iter()
+        .find(|l| l.def.load().name == name)
+        .map_or(10_000, |l| l.def.load().limits.max_client_connections);
+    Arc::new(tokio::sync::Semaphore::new(max))
 }

@@ -5,6 +5,7 @@
 //!     (bad ones reported, skipped)
 //!     ─► bind every listener address (all before serving: a bind error stops the start)
 //!     ─► per socket: proxy::serve_listener (http) | tcp::serve (tcp)
+//!        (with --threads N > 1: one SO_REUSEPORT socket per worker thread, `super::workers`)
 //!     ─► timers: snapshot interval, expired-entry purge
 //!  Ctrl-C / SIGTERM ─► shutdown watch ─► listeners drain ─► snapshots saved
 //! ```
@@ -25,7 +26,7 @@ use tokio::task::JoinSet;
 
 use super::{load_snapshot, save_snapshot, Runtime, State};
 use crate::clock::now_ms;
-use crate::config::{Config, Mode};
+use crate::config::Config;
 
 /// Arguments of `limpet run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -38,7 +39,8 @@ pub struct RunArgs {
         default_value = "limpet.toml"
     )]
     pub config: PathBuf,
-    /// Worker threads (default: one per core).
+    /// Worker threads, each serving its own SO_REUSEPORT socket of every listener (default:
+    /// one per core). With 1, one thread does everything.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
 }
@@ -126,8 +128,15 @@ impl Running {
 }
 
 /// Starts everything `config` describes: loads snapshots, binds every listener address, and
-/// serves them. Returns once all are bound (so a caller can connect at once).
+/// serves them on the caller's runtime. Returns once all are bound (so a caller can connect
+/// at once).
 pub async fn start(config: Config) -> Result<Running, StartError> {
+    start_with(config, 1).await
+}
+
+/// [`start`] with `workers` threads serving the listeners ([`super::workers`]); with one,
+/// the caller's runtime serves them.
+pub async fn start_with(config: Config, workers: usize) -> Result<Running, StartError> {
     let state = match config.store.clone() {
         // Fleet mode: one store connection for the life of the process (reloads keep it).
         Some(def) => {
@@ -144,8 +153,30 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     }
     let runtime = Runtime::new(state);
     let state = runtime.state();
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    let mut addrs = Vec::new();
+    if workers > 1 {
+        let mut sockets = Vec::new();
+        for slot in &state.listeners {
+            let def = slot.def.load_full();
+            for addr in &def.bind {
+                let s = super::workers::bind(&runtime, &def.name, def.mode, *addr, workers)
+                    .map_err(|e| {
+                        StartError(format!("listener {:?}: cannot bind {addr}: {e}", def.name))
+                    })?;
+                addrs.push((def.name.clone(), s.local));
+                sockets.push(s);
+            }
+        }
+        let done = super::workers::spawn(&runtime, sockets, workers, &shutdown_rx)
+            .map_err(|e| StartError(format!("cannot start worker threads: {e}")))?;
+        tasks.spawn(async move {
+            let _ = done.await;
+        });
+    }
     let mut bound = Vec::new();
-    for slot in &state.listeners {
+    for slot in state.listeners.iter().filter(|_| workers <= 1) {
         let def = slot.def.load_full();
         for addr in &def.bind {
             let l = TcpListener::bind(addr).await.map_err(|e| {
@@ -155,28 +186,17 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             bound.push((def.name.clone(), def.mode, local, l));
         }
     }
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
-    let mut addrs = Vec::new();
     for (name, mode, local, l) in bound {
         addrs.push((name.clone(), local));
-        let rt = Arc::clone(&runtime);
-        let mut stop = shutdown_rx.clone();
-        match mode {
-            Mode::Http => {
-                tasks.spawn(async move {
-                    let shutdown = async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    };
-                    if let Err(e) = crate::proxy::serve_listener(rt, &name, l, shutdown).await {
-                        tracing::error!(listener = %name, error = %e, "listener stopped");
-                    }
-                });
-            }
-            Mode::Tcp => {
-                tasks.spawn(crate::tcp::serve(rt, name, l, stop));
-            }
-        }
+        let permits = super::listener_permits(&runtime, &name);
+        tasks.spawn(super::workers::serve_socket(
+            Arc::clone(&runtime),
+            name,
+            mode,
+            l,
+            shutdown_rx.clone(),
+            permits,
+        ));
     }
     for t in state.tables() {
         let table = Arc::clone(t);
@@ -231,15 +251,16 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match crate::runtime::tokio_runtime(args.threads) {
+    let rt = match crate::runtime::tokio_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("limpet run: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let workers = super::workers::count(args.threads);
     rt.block_on(async move {
-        let running = match start(cfg).await {
+        let running = match start_with(cfg, workers).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("limpet run: {e}");

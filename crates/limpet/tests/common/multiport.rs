@@ -195,8 +195,15 @@ async fn respond<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, name: Arc<str>) {
         } else {
             format!("set-cookie: JSESSIONID=sess-{name}; Path=/\r\n")
         };
+        // The request id limpet gave the request, echoed so tests can see which listener
+        // instance (worker thread) served it.
+        let id = head
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("x-request-id: "))
+            .unwrap_or("-")
+            .to_owned();
         let resp = format!(
-            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nx-limpet-node: {name}\r\n{session}{}\r\n{body}",
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nx-limpet-node: {name}\r\nx-seen-request-id: {id}\r\n{session}{}\r\n{body}",
             body.len(),
             if close { "connection: close\r\n" } else { "" }
         );

@@ -1,0 +1,220 @@
+//! Thread per core: with `--threads N` (N ≥ 2; the default is one per core), N worker
+//! threads each run a current-thread tokio runtime and serve their own `SO_REUSEPORT` socket
+//! of every listener address. The kernel spreads new connections over the sockets, and a
+//! connection stays on the thread that accepted it for its whole life: its requests, its node
+//! connections and their wake-ups never cross threads.
+//!
+//! ```text
+//!  main thread (current-thread runtime): signals, reloads, admin API, health checks, store,
+//!     table timers ─── shares ──► Runtime (ArcSwap<State>): node runtime, affinity tables
+//!  worker k (current-thread runtime), per listener address:
+//!     its own SO_REUSEPORT socket ─► proxy::serve_listener_on | tcp::serve_on
+//!        (its own node connection pools and metric handles; the listener's permits shared)
+//!  shutdown watch ─► every worker drains its connections ─► thread exits ─► `done` resolves
+//! ```
+//!
+//! What stays shared is what must agree across connections: node state, pins, the routing
+//! rotation, the listener's `max_connections`. What is per worker is what only makes a
+//! request cheaper: the idle node connections, which a worker's own runtime drives.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::{oneshot, watch, Semaphore};
+
+use super::Runtime;
+use crate::config::Mode;
+
+/// How many worker threads `--threads` asks for: `None` is one per core. One means no
+/// workers: the main runtime serves the listeners itself.
+pub fn count(threads: Option<u16>) -> usize {
+    threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        usize::from,
+    )
+}
+
+/// `n` listening sockets on one address, each with `SO_REUSEPORT`, so each worker accepts on
+/// its own. Port 0 is resolved by the first bind; the others take the same port.
+pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut out = Vec::with_capacity(n);
+    let mut at = addr;
+    for _ in 0..n.max(1) {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(at),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.bind(&at.into())?;
+        // tokio's `TcpListener::bind` backlog.
+        socket.listen(1024)?;
+        socket.set_nonblocking(true)?;
+        let listener: std::net::TcpListener = socket.into();
+        if let Ok(local) = listener.local_addr() {
+            at = local;
+        }
+        out.push(listener);
+    }
+    Ok(out)
+}
+
+/// One listener address, bound once per worker.
+#[derive(Debug)]
+pub struct Sockets {
+    pub name: String,
+    pub mode: Mode,
+    /// Where the sockets bound (port 0 resolved).
+    pub local: SocketAddr,
+    /// One per worker, in worker order.
+    pub per_worker: Vec<std::net::TcpListener>,
+    /// The listener's `max_connections`, shared by all its sockets.
+    pub permits: Arc<Semaphore>,
+}
+
+/// Binds `addr` of listener `name` once per worker.
+pub fn bind(
+    runtime: &Runtime,
+    name: &str,
+    mode: Mode,
+    addr: SocketAddr,
+    workers: usize,
+) -> std::io::Result<Sockets> {
+    let per_worker = bind_reuseport(addr, workers)?;
+    let local = per_worker
+        .first()
+        .and_then(|l| l.local_addr().ok())
+        .unwrap_or(addr);
+    Ok(Sockets {
+        name: name.to_owned(),
+        mode,
+        local,
+        per_worker,
+        permits: super::listener_permits(runtime, name),
+    })
+}
+
+/// Starts `workers` threads serving `sockets` until `shutdown` turns true. The returned
+/// receiver resolves once every worker has drained and exited.
+pub fn spawn(
+    runtime: &Arc<Runtime>,
+    sockets: Vec<Sockets>,
+    workers: usize,
+    shutdown: &watch::Receiver<bool>,
+) -> std::io::Result<oneshot::Receiver<()>> {
+    // Deal the sockets out: worker k takes the k-th socket of every listener address.
+    let mut per_worker: Vec<Vec<WorkerSocket>> = (0..workers).map(|_| Vec::new()).collect();
+    for s in sockets {
+        for (k, l) in s.per_worker.into_iter().enumerate() {
+            if let Some(w) = per_worker.get_mut(k) {
+                w.push(WorkerSocket {
+                    name: s.name.clone(),
+                    mode: s.mode,
+                    listener: l,
+                    permits: Arc::clone(&s.permits),
+                });
+            }
+        }
+    }
+    let (all_done, done_rx) = oneshot::channel();
+    let mut threads = Vec::with_capacity(workers);
+    for (k, listeners) in per_worker.into_iter().enumerate() {
+        let runtime = Arc::clone(runtime);
+        let shutdown = shutdown.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("limpet-worker-{k}"))
+            .spawn(move || worker(k, &runtime, listeners, &shutdown))?;
+        threads.push(thread);
+    }
+    // Joining blocks: a thread of its own reports when all are gone.
+    std::thread::Builder::new()
+        .name("limpet-workers-join".to_owned())
+        .spawn(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+            let _ = all_done.send(());
+        })?;
+    Ok(done_rx)
+}
+
+/// A worker's own socket of one listener address.
+struct WorkerSocket {
+    name: String,
+    mode: Mode,
+    listener: std::net::TcpListener,
+    permits: Arc<Semaphore>,
+}
+
+/// One worker thread: its own current-thread runtime, serving its sockets until shutdown.
+fn worker(
+    k: usize,
+    runtime: &Arc<Runtime>,
+    listeners: Vec<WorkerSocket>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(worker = k, error = %e, "worker thread cannot start its runtime");
+            return;
+        }
+    };
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for WorkerSocket {
+            name,
+            mode,
+            listener,
+            permits,
+        } in listeners
+        {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(worker = k, listener = %name, error = %e, "cannot serve socket");
+                    continue;
+                }
+            };
+            tasks.spawn(serve_socket(
+                Arc::clone(runtime),
+                name,
+                mode,
+                listener,
+                shutdown.clone(),
+                permits,
+            ));
+        }
+        while tasks.join_next().await.is_some() {}
+    });
+}
+
+/// Serves one socket of listener `name` until `stop` turns true, then drains it: the HTTP
+/// proxy or the TCP relay, as the listener's mode says. `permits` is the listener's
+/// `max_connections`, shared by all its sockets.
+pub(crate) async fn serve_socket(
+    runtime: Arc<Runtime>,
+    name: String,
+    mode: Mode,
+    listener: tokio::net::TcpListener,
+    mut stop: watch::Receiver<bool>,
+    permits: Arc<Semaphore>,
+) {
+    match mode {
+        Mode::Http => {
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) =
+                crate::proxy::serve_listener_on(runtime, &name, listener, shutdown, permits).await
+            {
+                tracing::error!(listener = %name, error = %e, "listener stopped");
+            }
+        }
+        Mode::Tcp => crate::tcp::serve_on(runtime, name, listener, stop, permits).await,
+    }
+}
