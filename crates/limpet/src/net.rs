@@ -154,13 +154,22 @@ impl std::fmt::Debug for Client {
 /// header from a trusted peer (within `proxy_header`), then the TLS handshake on a TLS
 /// listener (within `header_read`, like the request head that follows it). `Err` says why
 /// the connection is refused, for a debug log line.
+///
+/// `bound` is the listening socket's address: a connection to a listener bound to one address
+/// has that local address, so only a wildcard listener (`0.0.0.0`, `[::]`) asks the kernel
+/// (one `getsockname` saved per connection, which `Connection: close` traffic pays each time).
 pub async fn accept_client(
     stream: TcpStream,
     peer: SocketAddr,
+    bound: SocketAddr,
     def: &ListenerDef,
 ) -> Result<Client, String> {
     let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().unwrap_or(peer);
+    let local = if bound.ip().is_unspecified() {
+        stream.local_addr().unwrap_or(peer)
+    } else {
+        bound
+    };
     let (who, stream) = crate::tcp::read_proxy_header(stream, peer, local, &def.proxy_protocol)
         .await
         .map_err(|e| format!("PROXY header refused: {e}"))?;

@@ -402,6 +402,11 @@ impl<I> WriteDeadline<I> {
         }
     }
 
+    /// The wrapped stream (to look at it, not to write around the deadline).
+    pub fn get_ref(&self) -> &I {
+        &self.io
+    }
+
     /// The write could not proceed: pending until the limit, then an error.
     fn blocked<T>(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<T>> {
         use std::task::Poll;

@@ -303,15 +303,14 @@ async fn attempt(
 async fn session(
     state: Arc<State>,
     li: usize,
-    stream: TcpStream,
-    peer: SocketAddr,
+    (stream, peer, bound): (TcpStream, SocketAddr, SocketAddr),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let Some(slot) = state.listeners.get(li) else {
         return;
     };
     let def = slot.def.load_full();
-    let accepted = match crate::net::accept_client(stream, peer, &def).await {
+    let accepted = match crate::net::accept_client(stream, peer, bound, &def).await {
         Ok(c) => c,
         Err(why) => {
             tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
@@ -392,6 +391,10 @@ pub async fn serve_on(
 ) {
     let mut sessions = JoinSet::new();
     let mut stop = shutdown.clone();
+    // The listening address, for [`crate::net::accept_client`].
+    let bound = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     crate::net::accept_loop(
         &listener,
         &name,
@@ -411,7 +414,7 @@ pub async fn serve_on(
             let shutdown = shutdown.clone();
             sessions.spawn(async move {
                 let _permit = permit;
-                session(state, li, stream, peer, shutdown).await;
+                session(state, li, (stream, peer, bound), shutdown).await;
             });
         },
     )

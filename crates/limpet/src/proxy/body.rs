@@ -299,8 +299,50 @@ impl Body for UpBody {
 
 #[derive(Debug)]
 enum Inner {
-    Upstream(Incoming, IdleClock),
+    Upstream(NodeAnswer, IdleClock),
     Local(Full<Bytes>),
+}
+
+/// A node's answer body: from hyper's client connection, or read from the node's socket by
+/// the request's own task ([`super::node_h1`]).
+#[derive(Debug)]
+pub(crate) enum NodeAnswer {
+    Hyper(Incoming),
+    Direct(super::node_h1::NodeBody),
+}
+
+impl Body for NodeAnswer {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            NodeAnswer::Hyper(b) => match Pin::new(b).poll_frame(cx) {
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+                Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+            NodeAnswer::Direct(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            NodeAnswer::Hyper(b) => b.is_end_stream(),
+            NodeAnswer::Direct(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            NodeAnswer::Hyper(b) => b.size_hint(),
+            NodeAnswer::Direct(b) => b.size_hint(),
+        }
+    }
 }
 
 /// The body of an answer to a client.
@@ -320,7 +362,7 @@ pub struct ProxyBody {
 
 impl ProxyBody {
     /// The node's answer body, cut with [`BodyIdle`] once nothing came for `idle`.
-    pub(crate) fn upstream(body: Incoming, idle: Duration) -> Self {
+    pub(crate) fn upstream(body: NodeAnswer, idle: Duration) -> Self {
         ProxyBody {
             inner: Inner::Upstream(body, IdleClock::new(idle)),
             _active: None,
@@ -417,7 +459,7 @@ impl ProxyBody {
                     idle.moved();
                     Poll::Ready(Some(Ok(frame)))
                 }
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
                 Poll::Ready(None) => Poll::Ready(None),
                 // The node went quiet mid-answer: cut the answer (the client sees it end
                 // early, as HAProxy's `timeout server` does).

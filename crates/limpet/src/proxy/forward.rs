@@ -32,7 +32,7 @@ use limpet_core::{
 };
 use tokio::time::Instant;
 
-use super::body::{ProxyBody, UpBody};
+use super::body::{NodeAnswer, ProxyBody, UpBody};
 use super::headers::{self as hdr, X_REQUEST_ID};
 use super::server::{ActiveGuard, ConnCtx, Shared};
 use super::upgrade;
@@ -370,8 +370,14 @@ async fn proxy(
         headers,
     };
     // A copy to replay elsewhere, kept only when replaying is allowed at all.
-    let replay =
-        (is_idempotent(&head.method) && body.is_end_stream() && !upgrade).then(|| head.clone());
+    // A replayable request is kept whole (each attempt sends a copy, or writes it from
+    // there on the request-driven path); any other is handed to its first attempt.
+    let replayable = is_idempotent(&head.method) && body.is_end_stream() && !upgrade;
+    let (replay, head) = if replayable {
+        (Some(head), None)
+    } else {
+        (None, Some(head))
+    };
     let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
     // Request body bytes, counted to the node that finally answers.
     let request_bytes = up_body.tally();
@@ -582,14 +588,14 @@ impl Attempt<'_> {
     /// Sends the request, failing over per the module rules.
     async fn run(
         &mut self,
-        head: Head,
+        head: Option<Head>,
         body: UpBody,
         mut body_done: super::body::BodyDone,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<NodeAnswer>, UpstreamError> {
         let shared = &self.ctx.shared;
         let answer_timeout = shared.timeouts.upstream_answer;
         // The request not yet handed to any connection, or handed back unsent.
-        let mut pending: Option<Request<UpBody>> = Some(head.into_request(body));
+        let mut pending: Option<Request<UpBody>> = head.map(|h| h.into_request(body));
         let mut force_fresh = self.upgrade;
         // Each turn either returns or adds a node to `failed` (or spends the one
         // fresh-connection retry), so the loop ends within 2 * nodes turns.
@@ -618,6 +624,40 @@ impl Attempt<'_> {
                 })?),
                 None => None,
             };
+            // A bodiless replayable request to a plaintext node: driven from this task
+            // (`node_h1`); everything else through hyper's client below.
+            if let (Some(head), false, true) = (&self.replay, self.upgrade, conns.plain()) {
+                let err = match self
+                    .direct(conns, node, head, answer_timeout, force_fresh)
+                    .await
+                {
+                    Ok(resp) => {
+                        self.admitted = admitted;
+                        return Ok(resp.map(NodeAnswer::Direct));
+                    }
+                    Err(Direct::Stale) => {
+                        // The node closed the kept-alive connection while it was idle:
+                        // the request never reached it; once more on a fresh connection.
+                        force_fresh = true;
+                        continue;
+                    }
+                    Err(Direct::ConnectFailed(e)) => {
+                        self.fail_over(node, &e)?;
+                        force_fresh = false;
+                        continue;
+                    }
+                    Err(Direct::Failed(e)) => e,
+                };
+                if err.retry_safe(true) {
+                    self.fail_over(node, &err)?;
+                    force_fresh = false;
+                    continue;
+                }
+                if let Some(obs) = err.observation() {
+                    shared.state.observe(node, obs);
+                }
+                return Err(err);
+            }
             // A trial must prove the node answers now: never on a connection kept from before.
             let pooled = if force_fresh || self.route.trial {
                 None
@@ -684,7 +724,7 @@ impl Attempt<'_> {
                     // An answer: resets the failure streak (the core ignores it with checks).
                     shared.state.observe(node, Observation::TrafficOk);
                     shared.metrics.upstream_latency(node, sent_at.elapsed());
-                    return Ok(resp);
+                    return Ok(resp.map(NodeAnswer::Hyper));
                 }
                 // No answer within the answer timeout: the node is hung or overloaded.
                 Err(None) => UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled),
@@ -738,6 +778,65 @@ impl Attempt<'_> {
                 shared.state.observe(node, obs);
             }
             return Err(err);
+        }
+    }
+}
+
+/// How an attempt on the request-driven path ended without an answer.
+enum Direct {
+    /// A kept-alive connection turned out closed before any answer byte: retry fresh.
+    Stale,
+    /// No connection to the node (connect failed): fail over, as on the hyper path.
+    ConnectFailed(UpstreamError),
+    /// Sent, or partly: the failover rules decide.
+    Failed(UpstreamError),
+}
+
+impl Attempt<'_> {
+    /// One attempt of a bodiless replayable request on the request-driven path
+    /// ([`super::node_h1`]): a kept-alive connection of the node (none for a trial or after
+    /// a stale one), the head written and the answer head read within `upstream_answer`.
+    async fn direct(
+        &self,
+        conns: &Arc<super::upstream::NodeConns>,
+        node: NodeId,
+        head: &Head,
+        answer_timeout: std::time::Duration,
+        force_fresh: bool,
+    ) -> Result<Response<super::node_h1::NodeBody>, Direct> {
+        let shared = &self.ctx.shared;
+        let pooled = if force_fresh || self.route.trial {
+            None
+        } else {
+            conns.checkout_h1()
+        };
+        let was_pooled = pooled.is_some();
+        let conn = match pooled {
+            Some(c) => c,
+            None => match conns.connect_h1(answer_timeout).await {
+                Ok(c) => {
+                    // Ends a trial (without checks); proves nothing else.
+                    shared.state.observe(node, Observation::Connected);
+                    c
+                }
+                Err(e) => return Err(Direct::ConnectFailed(e)),
+            },
+        };
+        let sent_at = Instant::now();
+        let exchange = conn.exchange(&head.method, &head.uri, &head.headers, conns);
+        match tokio::time::timeout(answer_timeout, exchange).await {
+            Ok(Ok(resp)) => {
+                // An answer: resets the failure streak (the core ignores it with checks).
+                shared.state.observe(node, Observation::TrafficOk);
+                shared.metrics.upstream_latency(node, sent_at.elapsed());
+                Ok(resp)
+            }
+            Ok(Err(e)) if was_pooled && e.closed_before_answer => Err(Direct::Stale),
+            Ok(Err(e)) => Err(Direct::Failed(e.error.on_pooled(was_pooled))),
+            // No answer within the answer timeout: the node is hung or overloaded.
+            Err(_) => Err(Direct::Failed(
+                UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled),
+            )),
         }
     }
 }

@@ -29,6 +29,8 @@
 //! - `affinity`: the cookie seam (value to pin, node to value), stripping the cookie.
 //! - `headers`: hop-by-hop, the Host rules, `X-Forwarded-*`, `Cache-Control`.
 //! - `upstream`: connections to nodes (connect and TLS through [`crate::net`]).
+//! - `node_h1`: HTTP/1.1 to a node driven from the request's own task, for bodiless
+//!   replayable requests to plaintext nodes (the rest goes through hyper's client).
 //! - `upgrade`: tunnels after 101, relayed by [`crate::relay`].
 //! - `body`: streaming body types of both edges, with their idle timers.
 //! - [`quick`]: `limpet proxy --to ...` arguments to a [`ProxyConfig`].
@@ -38,6 +40,7 @@ mod body;
 pub mod config;
 mod forward;
 mod headers;
+mod node_h1;
 pub mod quick;
 mod server;
 mod upgrade;

@@ -443,7 +443,10 @@ pub async fn serve_listener_on(
     let (drain_tx, drain_rx) = watch::channel(false);
     let ids = Arc::new(RequestIds::new());
     // One socket, one port: every connection it accepts has this local port.
-    let port = listener.local_addr().map_or(0, |a| a.port());
+    let bound = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let port = bound.port();
     let mut shared = Arc::new(
         Shared::new(
             runtime.state(),
@@ -484,7 +487,7 @@ pub async fn serve_listener_on(
             tokio::spawn(async move {
                 let _permit = permit;
                 let _done = done;
-                match crate::net::accept_client(stream, peer, &shared.def).await {
+                match crate::net::accept_client(stream, peer, bound, &shared.def).await {
                     Ok(c) => {
                         let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
                         serve_connection(ctx, builder, c.io).await;

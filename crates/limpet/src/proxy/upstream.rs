@@ -13,6 +13,10 @@
 //!  answer received ─► spawn "wait until ready" ─► back on the idle stack
 //! ```
 //!
+//! Bodiless replayable requests to plaintext nodes take the request-driven path instead
+//! ([`super::node_h1`]): its connections have their own idle stack here
+//! ([`NodeConns::checkout_h1`], [`NodeConns::recycle_h1`]), each up to `max_idle`.
+//!
 //! The address connected to is always the node's configured one: nothing in a request can
 //! name where limpet connects.
 
@@ -26,6 +30,7 @@ use rustls_pki_types::ServerName;
 use tokio::time::Instant;
 
 use super::body::UpBody;
+use super::node_h1::H1Conn;
 use crate::error::{Cause, Stage, UpstreamError};
 
 pub(crate) type Sender = http1::SendRequest<UpBody>;
@@ -41,6 +46,8 @@ pub(crate) struct NodeConns {
     /// TLS to the node: the client config and the name to send and verify.
     tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     idle: Mutex<Vec<Idle>>,
+    /// Idle connections of the request-driven path ([`super::node_h1`]), newest last.
+    idle_h1: Mutex<Vec<(H1Conn, Instant)>>,
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
@@ -79,6 +86,7 @@ impl NodeConns {
             addr,
             tls,
             idle: Mutex::new(Vec::new()),
+            idle_h1: Mutex::new(Vec::new()),
             max_idle,
             idle_timeout,
             connect_timeout,
@@ -120,6 +128,47 @@ impl NodeConns {
             crate::relay::WriteLimit::new(write_limit),
         ))
         .await
+    }
+
+    /// Whether the request-driven path ([`super::node_h1`]) can reach this node: plaintext
+    /// only (TLS to nodes stays on hyper's client).
+    pub(crate) fn plain(&self) -> bool {
+        self.tls.is_none()
+    }
+
+    /// A kept-alive connection of the request-driven path, if one is left and still good
+    /// (closed, expired or unexpectedly readable ones are dropped on the way).
+    pub(crate) fn checkout_h1(&self) -> Option<H1Conn> {
+        let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((conn, since)) = idle.pop() {
+            if since.elapsed() < self.idle_timeout && conn.idle_ok() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// A new plaintext connection for the request-driven path, its writes bounded like
+    /// [`NodeConns::connect`]'s.
+    pub(crate) async fn connect_h1(&self, write_limit: Duration) -> Result<H1Conn, UpstreamError> {
+        let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
+        Ok(H1Conn::new(crate::relay::WriteDeadline::new(
+            stream,
+            crate::relay::WriteLimit::new(write_limit),
+        )))
+    }
+
+    /// Puts a connection of the request-driven path back, its answer fully read: at once,
+    /// no task (up to `max_idle`, the oldest dropped first).
+    pub(crate) fn recycle_h1(&self, conn: H1Conn) {
+        if self.max_idle == 0 {
+            return;
+        }
+        let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() >= self.max_idle {
+            idle.remove(0);
+        }
+        idle.push((conn, Instant::now()));
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again

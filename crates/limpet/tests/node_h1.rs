@@ -1,0 +1,298 @@
+//! The request-driven HTTP/1.1 path to nodes (`proxy::node_h1`: bodiless replayable requests
+//! to plaintext nodes), against scripted nodes that answer with exact bytes: every way
+//! RFC 9112 delimits an answer body, interim answers, malformed and cut answers, and nodes
+//! that close kept-alive connections. Each test also counts the node's connections, since
+//! reusing a connection that must not be reused (or not reusing one that may) is the bug this
+//! path can have that hyper's client does not.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::{config, plain_client, Proxy, PATIENCE};
+use limpet::proxy::NodeConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// What a scripted node does with the n-th request it is sent (counted over all its
+/// connections): the bytes it answers, and whether it closes the connection after them.
+type Script = Arc<dyn Fn(usize, &str) -> (Vec<u8>, bool) + Send + Sync>;
+
+struct ScriptedNode {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl ScriptedNode {
+    async fn start(script: Script) -> ScriptedNode {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind node");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let script = Arc::clone(&script);
+                let requests = Arc::clone(&requests);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end);
+                        let n = requests.fetch_add(1, Ordering::SeqCst);
+                        let (answer, close) = script(n, &head);
+                        if s.write_all(&answer).await.is_err() || close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ScriptedNode {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn config(&self) -> NodeConfig {
+        NodeConfig {
+            name: "s".into(),
+            addr: self.addr,
+        }
+    }
+}
+
+impl Drop for ScriptedNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn proxy_for(node: &ScriptedNode) -> Proxy {
+    let mut cfg = config(&[]);
+    cfg.nodes = vec![node.config()];
+    Proxy::start(cfg).await
+}
+
+fn fixed(answer: &'static [u8], close: bool) -> Script {
+    Arc::new(move |_, _| (answer.to_vec(), close))
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (u16, String) {
+    let resp = client.get(url).send().await.expect("answer");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.expect("body"))
+}
+
+#[tokio::test]
+async fn chunked_answers_with_extensions_and_trailers_arrive_whole_and_keep_the_connection() {
+    let node = ScriptedNode::start(fixed(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 42\r\n\r\n",
+        false,
+    ))
+    .await;
+    let proxy = proxy_for(&node).await;
+    let client = plain_client();
+    for _ in 0..3 {
+        assert_eq!(
+            get(&client, &proxy.url("/")).await,
+            (200, "hello world".into())
+        );
+    }
+    assert_eq!(node.connections(), 1, "one node connection for all three");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_answer_delimited_by_close_is_relayed_and_its_connection_never_reused() {
+    let node = ScriptedNode::start(fixed(b"HTTP/1.1 200 OK\r\n\r\nuntil close", true)).await;
+    let proxy = proxy_for(&node).await;
+    let client = plain_client();
+    for _ in 0..2 {
+        assert_eq!(
+            get(&client, &proxy.url("/")).await,
+            (200, "until close".into())
+        );
+    }
+    assert_eq!(node.connections(), 2);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn bodiless_answers_keep_the_connection() {
+    // HEAD (with the length a GET would have), then 204, then 304, then a GET: one
+    // connection; a body read where there is none would swallow the next answer.
+    let script: Script = Arc::new(|n, _| {
+        let answer: &[u8] = match n {
+            0 => b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n",
+            1 => b"HTTP/1.1 204 No Content\r\n\r\n",
+            2 => b"HTTP/1.1 304 Not Modified\r\ncontent-length: 10\r\n\r\n",
+            _ => b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlast",
+        };
+        (answer.to_vec(), false)
+    });
+    let node = ScriptedNode::start(script).await;
+    let proxy = proxy_for(&node).await;
+    let client = plain_client();
+    let head = client.head(proxy.url("/")).send().await.expect("HEAD");
+    assert_eq!(head.status().as_u16(), 200);
+    assert_eq!(get(&client, &proxy.url("/")).await, (204, String::new()));
+    assert_eq!(get(&client, &proxy.url("/")).await, (304, String::new()));
+    assert_eq!(get(&client, &proxy.url("/")).await, (200, "last".into()));
+    assert_eq!(node.connections(), 1);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn interim_answers_are_skipped() {
+    let node = ScriptedNode::start(fixed(
+        b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        false,
+    ))
+    .await;
+    let proxy = proxy_for(&node).await;
+    assert_eq!(
+        get(&plain_client(), &proxy.url("/")).await,
+        (200, "ok".into())
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_answers_are_502_and_the_connection_is_dropped() {
+    for bad in [
+        &b"HTTP/1.1 200 OK\r\ncontent-length: 1x\r\n\r\nx"[..],
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nxyz",
+        b"HTTP/9.9 200 OK\r\n\r\n",
+        b"not http at all\r\n\r\n",
+    ] {
+        let node = ScriptedNode::start(fixed(bad, false)).await;
+        let proxy = proxy_for(&node).await;
+        let client = plain_client();
+        let (status, _) = get(&client, &proxy.url("/")).await;
+        assert_eq!(status, 502, "{}", String::from_utf8_lossy(bad));
+        let _ = get(&client, &proxy.url("/")).await;
+        assert_eq!(
+            node.connections(),
+            2,
+            "a connection that spoke garbage is not reused"
+        );
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_answer_cut_short_ends_the_client_answer_and_the_proxy_goes_on() {
+    let script: Script = Arc::new(|n, _| match n {
+        0 => (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc".to_vec(),
+            true,
+        ),
+        _ => (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            false,
+        ),
+    });
+    let node = ScriptedNode::start(script).await;
+    let proxy = proxy_for(&node).await;
+    let client = plain_client();
+    // Never passed off as complete: the client's connection ends before the answer does
+    // (hyper may not have flushed the head yet when the cut comes).
+    match client.get(proxy.url("/")).send().await {
+        Ok(resp) => assert!(resp.bytes().await.is_err(), "a cut answer read as whole"),
+        Err(e) => assert!(e.is_request(), "{e}"),
+    }
+    // That client connection is gone with its cut answer; a new one is served.
+    assert_eq!(
+        get(&plain_client(), &proxy.url("/")).await,
+        (200, "ok".into())
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_answer_streams_through_in_many_reads() {
+    const LEN: usize = 3 * 1024 * 1024 + 17;
+    let script: Script = Arc::new(|_, _| {
+        let mut a = format!("HTTP/1.1 200 OK\r\ncontent-length: {LEN}\r\n\r\n").into_bytes();
+        a.extend((0..LEN).map(|i| (i % 251) as u8));
+        (a, false)
+    });
+    let node = ScriptedNode::start(script).await;
+    let proxy = proxy_for(&node).await;
+    let client = plain_client();
+    for _ in 0..2 {
+        let body = tokio::time::timeout(PATIENCE, async {
+            client
+                .get(proxy.url("/"))
+                .send()
+                .await
+                .expect("answer")
+                .bytes()
+                .await
+                .expect("body")
+        })
+        .await
+        .expect("in time");
+        assert_eq!(body.len(), LEN);
+        assert!(body.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    }
+    assert_eq!(node.connections(), 1);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_closing_kept_alive_connections_costs_no_request_and_no_re_pin() {
+    // The node answers with keep-alive and then closes anyway, as a node whose keep-alive
+    // timeout ran out does: the next request meets a closed kept-alive connection, which is
+    // either seen closed at checkout or fails before any answer byte; both must end in a
+    // fresh connection to the same node, never in an error or a move.
+    let node = ScriptedNode::start(fixed(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        true,
+    ))
+    .await;
+    let other = common::Node::start("other").await;
+    let mut cfg = config(&[]);
+    cfg.nodes = vec![node.config(), other.config()];
+    let proxy = Proxy::start(cfg).await;
+    let client = plain_client();
+    // Pin to the scripted node ("s").
+    let cookie = "route=s";
+    for i in 0..20 {
+        let resp = client
+            .get(proxy.url("/"))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(resp.status().as_u16(), 200, "request {i}");
+        assert!(
+            common::set_cookie(&resp).is_none(),
+            "request {i} was re-pinned"
+        );
+        assert_eq!(resp.text().await.expect("body"), "ok");
+    }
+    assert_eq!(node.connections(), 20);
+    proxy.stop().await;
+}
