@@ -440,8 +440,10 @@ async fn proxy(
     if in_flight.0 != node {
         in_flight = (node, shared.state.open(node));
     }
-    if let Some(rt) = shared.state.node_rt(node) {
-        rt.seen(p.spread);
+    if ctx.first_sighting(node, p.spread) {
+        if let Some(rt) = shared.state.node_rt(node) {
+            rt.seen(p.spread);
+        }
     }
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if switching && !upgrade {

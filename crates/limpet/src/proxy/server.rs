@@ -219,6 +219,9 @@ pub(crate) struct ConnCtx {
     served: AtomicU64,
     /// Milliseconds since `started` at the last request start or end.
     last_touch_ms: AtomicU64,
+    /// The last (session, node, second) this connection reported to its node's sessions-seen
+    /// window: see [`ConnCtx::first_sighting`].
+    last_sighting: AtomicU64,
     started: Instant,
 }
 
@@ -244,9 +247,23 @@ impl ConnCtx {
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
+            last_sighting: AtomicU64::new(0),
             started: Instant::now(),
             shared,
         }
+    }
+
+    /// Whether this request is the connection's first sighting of `spread` (the session) on
+    /// `node` this second. The node's sessions-seen window counts distinct sessions, so the
+    /// same session again within the second changes nothing but its "last seen", which a
+    /// second's precision serves: the keep-alive requests of one session skip the window's
+    /// lock, which threads would otherwise share on every request.
+    pub(crate) fn first_sighting(&self, node: limpet_core::NodeId, spread: u64) -> bool {
+        let second = crate::clock::now_ms() / 1000;
+        let tag = spread
+            ^ (node.index() as u64).rotate_left(40)
+            ^ second.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.last_sighting.swap(tag, Ordering::Relaxed) != tag
     }
 
     /// Watches an HTTP/2 answer for the client stalling it (see [`stall_watch`]).
