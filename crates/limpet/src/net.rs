@@ -78,9 +78,14 @@ pub static LOCAL_FDS: RateLimitedLog = RateLimitedLog::new(
 static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
 
 /// The accept loop of every listener (HTTP, TCP, admin): until `shutdown` resolves, takes
-/// one permit of `permits` (a listener's `max_connections`; further clients wait in the
-/// kernel backlog) and then the next client, and hands both to `serve`, which spawns what
-/// serves it. Returns once `shutdown` resolved; the caller drains.
+/// the next client and then one permit of `permits` (a listener's `max_connections`), and
+/// hands both to `serve`, which spawns what serves it. At the limit, the client just accepted
+/// waits for a permit and further clients wait in the kernel backlog. Returns once `shutdown`
+/// resolved; the caller drains.
+///
+/// Accepting before taking the permit matters with worker threads: the sockets of one
+/// listener (one per worker) share its permits, and a worker waiting for a client must not
+/// hold a permit that a client arriving on another worker's socket needs.
 pub async fn accept_loop<F>(
     listener: &TcpListener,
     name: &str,
@@ -92,6 +97,10 @@ pub async fn accept_loop<F>(
 {
     tokio::pin!(shutdown);
     loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => return,
+            s = accept(listener, name) => s,
+        };
         let permit = match &permits {
             Some(p) => tokio::select! {
                 () = &mut shutdown => return,
@@ -101,10 +110,6 @@ pub async fn accept_loop<F>(
                 },
             },
             None => None,
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => return,
-            s = accept(listener, name) => s,
         };
         serve(stream, peer, permit);
     }

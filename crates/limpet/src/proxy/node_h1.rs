@@ -38,8 +38,9 @@ use super::upstream::NodeConns;
 use crate::error::{Cause, Stage, UpstreamError};
 use crate::relay::WriteDeadline;
 
-/// The largest answer head (and chunk-size line, and trailer section) accepted.
-const MAX_HEAD: usize = 64 * 1024;
+/// The largest answer head (and chunk-size line, and trailer section) accepted: hyper's
+/// client's limit (its default `max_buf_size`), so both paths to a node take the same heads.
+const MAX_HEAD: usize = 400 * 1024;
 /// The most header fields in an answer head (hyper's default).
 const MAX_HEADERS: usize = 100;
 /// Bytes asked of the socket per read.
@@ -331,7 +332,7 @@ fn parse_head(
             .map_err(|_| H1Error::protocol("bad header value in the answer"))?;
         headers.append(name, value);
     }
-    let (framing, framing_reusable) = framing_of(status, &headers, head_request)?;
+    let (framing, framing_reusable) = framing_of(version, status, &headers, head_request)?;
     let keep_alive = framing_reusable && keeps_alive(version, &headers);
     let mut parts = Response::new(()).into_parts().0;
     parts.status = status;
@@ -342,6 +343,7 @@ fn parse_head(
 
 /// The body's framing (RFC 9112 6.3), and whether it leaves the connection reusable.
 fn framing_of(
+    version: Version,
     status: StatusCode,
     headers: &HeaderMap,
     head_request: bool,
@@ -354,6 +356,10 @@ fn framing_of(
         return Ok((Framing::Empty, status != StatusCode::SWITCHING_PROTOCOLS));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            // RFC 9112 6.1: faulty framing; hyper's client refuses it too.
+            return Err(H1Error::protocol("Transfer-Encoding in an HTTP/1.0 answer"));
+        }
         let last = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
@@ -758,6 +764,7 @@ mod tests {
             "HTTP/2.0 200 OK\r\n\r\n",
             "HTTP/1.1 2000 OK\r\n\r\n",
             "HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
+            "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n",
         ] {
             assert!(head(h, false).is_err(), "{h:?} accepted");
         }

@@ -204,14 +204,24 @@ fn say_listening(local: &str) {
 /// `limpet proxy --threads N` (N > 1): the listener served by N worker threads, each with its
 /// own `SO_REUSEPORT` socket (`crate::runtime::workers`); this thread waits for the signal.
 async fn serve_on_workers(cfg: ProxyConfig, listen: &str, workers: usize) -> ExitCode {
-    let addr = match tokio::net::lookup_host(listen).await.map(|mut a| a.next()) {
-        Ok(Some(a)) => a,
-        Ok(None) | Err(_) => {
-            eprintln!("limpet proxy: cannot listen on {listen}: no such address");
-            return ExitCode::from(2);
-        }
+    let addrs: Vec<SocketAddr> = match tokio::net::lookup_host(listen).await {
+        Ok(a) => a.collect(),
+        Err(_) => Vec::new(),
     };
-    let sockets = match crate::runtime::workers::bind_reuseport(addr, workers) {
+    // As `TcpListener::bind`: the first address that binds.
+    let mut bound = Err(std::io::Error::new(
+        std::io::ErrorKind::AddrNotAvailable,
+        "no such address",
+    ));
+    let mut addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    for a in addrs {
+        addr = a;
+        bound = crate::runtime::workers::bind_reuseport(a, workers);
+        if bound.is_ok() {
+            break;
+        }
+    }
+    let sockets = match bound {
         Ok(s) => s,
         Err(e) => {
             eprintln!("limpet proxy: cannot listen on {listen}: {e}");

@@ -47,7 +47,7 @@ pub(crate) struct NodeConns {
     tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     idle: Mutex<Vec<Idle>>,
     /// Idle connections of the request-driven path ([`super::node_h1`]), newest last.
-    idle_h1: Mutex<Vec<(H1Conn, Instant)>>,
+    idle_h1: Mutex<std::collections::VecDeque<(H1Conn, Instant)>>,
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
@@ -86,7 +86,7 @@ impl NodeConns {
             addr,
             tls,
             idle: Mutex::new(Vec::new()),
-            idle_h1: Mutex::new(Vec::new()),
+            idle_h1: Mutex::new(std::collections::VecDeque::new()),
             max_idle,
             idle_timeout,
             connect_timeout,
@@ -140,12 +140,25 @@ impl NodeConns {
     /// (closed, expired or unexpectedly readable ones are dropped on the way).
     pub(crate) fn checkout_h1(&self) -> Option<H1Conn> {
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && conn.idle_ok() {
+        self.prune_h1(&mut idle);
+        while let Some((conn, _)) = idle.pop_back() {
+            if conn.idle_ok() {
                 return Some(conn);
             }
         }
         None
+    }
+
+    /// Drops the idle connections past `upstream_idle`, oldest first. Nothing watches an idle
+    /// connection of this path (no task per connection), so one the node closed is only
+    /// found when taken, or dropped here once expired: each checkout and recycle prunes.
+    fn prune_h1(&self, idle: &mut std::collections::VecDeque<(H1Conn, Instant)>) {
+        while idle
+            .front()
+            .is_some_and(|(_, since)| since.elapsed() >= self.idle_timeout)
+        {
+            idle.pop_front();
+        }
     }
 
     /// A new plaintext connection for the request-driven path, its writes bounded like
@@ -165,10 +178,11 @@ impl NodeConns {
             return;
         }
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
+        self.prune_h1(&mut idle);
         if idle.len() >= self.max_idle {
-            idle.remove(0);
+            idle.pop_front();
         }
-        idle.push((conn, Instant::now()));
+        idle.push_back((conn, Instant::now()));
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again
