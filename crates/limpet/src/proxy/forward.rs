@@ -638,8 +638,10 @@ impl Attempt<'_> {
                         return Ok(resp.map(NodeAnswer::Direct));
                     }
                     Err(Direct::Stale) => {
-                        // The node closed the kept-alive connection while it was idle:
-                        // the request never reached it; once more on a fresh connection.
+                        // The kept-alive connection ended before any answer byte: the node
+                        // closed it while idle (the keep-alive race, not the node's fault). The
+                        // request is replayable: once more, on a fresh connection to the same
+                        // node, so the session stays where it is pinned.
                         force_fresh = true;
                         continue;
                     }
