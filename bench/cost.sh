@@ -120,7 +120,7 @@ esac
 
 # ---- tools -------------------------------------------------------------------------------
 tools=(nginx wrk curl ss taskset awk timeout getconf)
-[[ " ${modes[*]} " == *" h2c-"* ]] && tools+=(h2load)
+[[ " ${modes[*]} " == *" h2c-"* || " ${modes[*]} " == *" h2-tls "* ]] && tools+=(h2load)
 wants haproxy && tools+=(haproxy)
 skips strace || tools+=(strace)
 skips callgrind || tools+=(valgrind callgrind_control)

@@ -2,7 +2,7 @@
 # Side-by-side HTTP benchmark: limpet vs HAProxy 2.6, same backends, same load, same core.
 #
 # One run starts two identical nginx backends on loopback, then for each proxy in turn and each
-# listener it needs (HTTP, TCP): starts it pinned to one core, checks that it really balances
+# listener it needs (HTTP, TCP, TLS): starts it pinned to one core, checks that it really balances
 # and honours pins, warms it up, and drives every chosen mode through it:
 #   sticky     HTTP/1.1 keep-alive, a valid pin cookie on every request (`route=a` /
 #              `SERVERID=a`): a pinned client going straight to its node
@@ -14,6 +14,9 @@
 #   h2c-m10    HTTP/2 cleartext, prior knowledge, pinned by cookie: h2load -c16 -m10
 #   h2c-m1     the same, h2load -c16 -m1
 #   h2c-c4m16  the same, h2load -c4 -m16
+#   https      HTTPS/1.1 keep-alive, pinned by cookie: TLS to the proxy, plaintext HTTP/1.1 to
+#              the backends (limpet: a config-file listener with `tls`; HAProxy: `bind ... ssl`)
+#   h2-tls     HTTP/2 over TLS (ALPN h2), pinned by cookie: h2load -c16 -m10, same listener
 # It prints requests/s and latency (p50, p99) for each, and limpet/HAProxy ratios.
 # See bench/README.md for what is measured and how to read it.
 #
@@ -96,7 +99,7 @@ wants() { [[ " ${proxies[*]} " == *" $1 "* ]]; }
 
 # ---- tools -------------------------------------------------------------------------------
 tools=(nginx wrk curl ss taskset awk timeout)
-[[ " ${modes[*]} " == *" h2c-"* ]] && tools+=(h2load)
+[[ " ${modes[*]} " == *" h2c-"* || " ${modes[*]} " == *" h2-tls "* ]] && tools+=(h2load)
 wants haproxy && tools+=(haproxy)
 need_tools "${tools[@]}"
 
@@ -174,6 +177,9 @@ table() {
                 "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" "" \
                 "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")"
         fi
+    done
+    for proxy in "${proxies[@]}"; do
+        [[ -n ${tls_info[$proxy]:-} ]] && echo "TLS negotiated with $proxy (h2load): ${tls_info[$proxy]}"
     done
     echo
     for mode in "${modes[@]}"; do printf '%-10s %s\n' "$mode" "${mode_desc[$mode]}"; done

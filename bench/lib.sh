@@ -18,7 +18,7 @@ is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 # ---- modes -------------------------------------------------------------------------------
 # Every mode both proxies are driven in. `group` is the listener a mode needs (the proxy is
 # started once per group); `tool` what drives it.
-all_modes=(sticky plain close tcp tcp-close h2c-m10 h2c-m1 h2c-c4m16)
+all_modes=(sticky plain close tcp tcp-close h2c-m10 h2c-m1 h2c-c4m16 https h2-tls)
 declare -A mode_desc=(
     [sticky]="HTTP/1.1 keep-alive, pinned by cookie"
     [plain]="HTTP/1.1 keep-alive, no cookie: fresh pin + Set-Cookie each request"
@@ -28,9 +28,11 @@ declare -A mode_desc=(
     [h2c-m10]="HTTP/2 cleartext (prior knowledge), h2load -c16 -m10, pinned by cookie"
     [h2c-m1]="HTTP/2 cleartext (prior knowledge), h2load -c16 -m1, pinned by cookie"
     [h2c-c4m16]="HTTP/2 cleartext (prior knowledge), h2load -c4 -m16, pinned by cookie"
+    [https]="HTTPS/1.1 keep-alive (TLS to the proxy only), pinned by cookie"
+    [h2-tls]="HTTP/2 over TLS (ALPN h2), h2load -c16 -m10, pinned by cookie"
 )
-mode_group() { case $1 in tcp | tcp-close) echo tcp ;; *) echo http ;; esac; }
-mode_tool() { case $1 in h2c-*) echo h2load ;; *) echo wrk ;; esac; }
+mode_group() { case $1 in tcp | tcp-close) echo tcp ;; https | h2-tls) echo tls ;; *) echo http ;; esac; }
+mode_tool() { case $1 in h2c-* | h2-tls) echo h2load ;; *) echo wrk ;; esac; }
 
 # parse_modes "a,b,c": sets the array `modes` (in the order of all_modes), or dies.
 parse_modes() {
@@ -49,10 +51,11 @@ parse_modes() {
     return 0
 }
 
-# Groups the chosen modes need, in order: http first, then tcp.
+# Groups the chosen modes need, in order: http, tcp, then tls (an HTTP listener with TLS to
+# clients; plaintext HTTP/1.1 to the nodes, as in the other modes).
 mode_groups() {
     local g m need
-    for g in http tcp; do
+    for g in http tcp tls; do
         need=0
         for m in "${modes[@]}"; do [[ $(mode_group "$m") == "$g" ]] && need=1; done
         ((need)) && echo "$g"
@@ -64,7 +67,8 @@ mode_groups() {
 # need_tools TOOL...: dies naming the Debian packages that bring the missing ones.
 declare -A pkg_of=([nginx]=nginx-light [wrk]=wrk [curl]=curl [ss]=iproute2 [taskset]=util-linux
     [awk]=mawk [haproxy]=haproxy [h2load]=nghttp2-client [strace]=strace [valgrind]=valgrind
-    [callgrind_control]=valgrind [perf]=linux-perf [getconf]=libc-bin [timeout]=coreutils)
+    [callgrind_control]=valgrind [perf]=linux-perf [getconf]=libc-bin [timeout]=coreutils
+    [openssl]=openssl)
 need_tools() {
     local tool missing=() hint=""
     for tool in "$@"; do
@@ -253,13 +257,52 @@ proxy_start_secs=10
 # connection per request. HAPROXY_REUSE=safe measures that.
 haproxy_reuse=${HAPROXY_REUSE:-always}
 
-start_haproxy() {
-    local group=$1 dir=$work/haproxy-$1
+# bench_cert: one self-signed certificate (ECDSA P-256, for localhost and 127.0.0.1) for both
+# proxies' TLS listeners, made once per run: by `limpet cert` when there is a limpet binary,
+# else by openssl (same key type). Sets tls_cert, tls_key and tls_pem (HAProxy's crt file:
+# certificate and key in one PEM).
+tls_cert=""
+bench_cert() {
+    local dir=$work/tls
+    [[ -n $tls_cert ]] && return 0
     mkdir -p "$dir"
-    if [[ $group == http ]]; then
+    tls_cert=$dir/bench.pem tls_key=$dir/bench.key tls_pem=$dir/bench-haproxy.pem
+    if [[ -x $limpet_bin ]]; then
+        "$limpet_bin" cert --out "$dir" --name bench >"$dir/cert.log" 2>&1 ||
+            die "limpet cert failed:"$'\n'"$(cat "$dir/cert.log")"
+    else
+        need_tools openssl
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+            -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+            -keyout "$tls_key" -out "$tls_cert" >"$dir/cert.log" 2>&1 ||
+            die "openssl could not make a certificate:"$'\n'"$(cat "$dir/cert.log")"
+    fi
+    cat "$tls_cert" "$tls_key" >"$tls_pem"
+}
+
+start_haproxy() {
+    local group=$1 dir=$work/haproxy-$1 binds proto=http
+    mkdir -p "$dir"
+    if [[ $group == http || $group == tls ]]; then
         # Matches what limpet does per request: cookie insert + strip (indirect), no-cache on
         # answers that set it (nocache), X-Forwarded-For/-Proto/-Host, keep-alive both sides,
-        # no per-request log. One thread. HTTP/2 cleartext on its own bind (`proto h2`).
+        # no per-request log. One thread. http: HTTP/2 cleartext on its own bind (`proto h2`).
+        # tls: one bind terminating TLS, offering h2 and http/1.1 by ALPN (as limpet's TLS
+        # listener does); plaintext HTTP/1.1 to the servers as in the http group. Same
+        # certificate as limpet (ECDSA P-256). `prefer-client-ciphers`: limpet follows the
+        # client's cipher order, HAProxy by default its own, so without it they would negotiate
+        # different ciphers with the same client (h2load prefers AES-128-GCM, which limpet
+        # takes; HAProxy would pick AES-256-GCM). With it both do the same cipher work: h2load
+        # gets AES-128-GCM, wrk (OpenSSL's default order) AES-256-GCM from both. What h2load
+        # negotiated is printed ("<proxy> TLS: ..." on stderr, and under the table).
+        if [[ $group == http ]]; then
+            binds="    bind 127.0.0.1:$proxy_port"$'\n'"    bind 127.0.0.1:$proxy_h2_port proto h2"
+        else
+            bench_cert
+            binds="    bind 127.0.0.1:$proxy_port ssl crt $tls_pem alpn h2,http/1.1"
+            binds+=" prefer-client-ciphers"
+            proto=https
+        fi
         cat >"$dir/haproxy.cfg" <<EOF
 global
     nbthread 1
@@ -275,10 +318,9 @@ defaults
     timeout server 30s
     timeout http-keep-alive 60s
 frontend fe
-    bind 127.0.0.1:$proxy_port
-    bind 127.0.0.1:$proxy_h2_port proto h2
+$binds
     option forwardfor
-    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Forwarded-Proto $proto
     http-request set-header X-Forwarded-Host %[req.hdr(host)]
     default_backend be
 backend be
@@ -336,8 +378,31 @@ start_limpet() {
             --listen "127.0.0.1:$proxy_port" --to "a=$backend_addr_a:$backend_port" \
             --to "b=$backend_addr_b:$backend_port" --threads 1 >"$dir/limpet.log" 2>&1 &
     else
-        # A TCP listener needs a config file: nodes, a source-ip table, the listener.
-        cat >"$dir/limpet.toml" <<EOF
+        if [[ $group == tls ]]; then
+            # A TLS listener needs a config file: the two nodes and an HTTP listener with TLS
+            # to clients (ALPN h2, http/1.1), the default limpet cookie (`route`) as in quick
+            # mode, no table.
+            bench_cert
+            cat >"$dir/limpet.toml" <<EOF
+[[nodes]]
+name = "a"
+address = "$backend_addr_a"
+
+[[nodes]]
+name = "b"
+address = "$backend_addr_b"
+
+[[listeners]]
+name = "https"
+bind = "127.0.0.1:$proxy_port"
+mode = "http"
+node_port = $backend_port
+balance = "round-robin"
+tls = { cert = "$tls_cert", key = "$tls_key" }
+EOF
+        else
+            # A TCP listener needs a config file: nodes, a source-ip table, the listener.
+            cat >"$dir/limpet.toml" <<EOF
 [[nodes]]
 name = "a"
 address = "$backend_addr_a"
@@ -361,6 +426,7 @@ node_port = $backend_port
 balance = "round-robin"
 table = "src"
 EOF
+        fi
         "$limpet_bin" check -c "$dir/limpet.toml" >"$dir/check.log" 2>&1 || {
             cat "$dir/check.log" >&2
             die "limpet check rejected its config ($dir/limpet.toml)"
@@ -384,9 +450,11 @@ mode_port() {
 # check_proxy PROXY GROUP: checks that the proxy does the work being measured.
 # http: fresh requests get a pin cookie and spread over both backends; a pin cookie sends the
 # request to the pinned backend; the same over HTTP/2 prior knowledge (answered in HTTP/2).
+# tls: the same over HTTPS/1.1 and, with h2-tls, over HTTP/2 negotiated by ALPN (curl -k: the
+# certificate is self-signed).
 # tcp: two client addresses land on the two backends, and each stays on its backend.
 check_proxy() {
-    local proxy=$1 group=$2 cookie out i seen="" h2port first
+    local proxy=$1 group=$2 cookie out i seen="" h2port first url h1=() h2=()
     local curl_=(curl -sS -m 10 -D - -o /dev/null)
     if [[ $group == tcp ]]; then
         for i in 4 5; do
@@ -405,29 +473,36 @@ check_proxy() {
         return 0
     fi
     cookie=$(cookie_name "$proxy")
+    if [[ $group == tls ]]; then
+        url="https://127.0.0.1:$proxy_port/" h1=(-k --http1.1) h2=(-k --http2)
+    else
+        url="http://127.0.0.1:$proxy_port/" h2=(--http2-prior-knowledge)
+    fi
     for i in 1 2; do
-        out=$("${curl_[@]}" "http://127.0.0.1:$proxy_port/") || die "$proxy: request failed"
+        out=$("${curl_[@]}" "${h1[@]}" "$url") || die "$proxy: request to $url failed"
         [[ $out == "HTTP/1.1 200"* ]] || die "$proxy: expected 200, got: ${out%%$'\r'*}"
         grep -qi "^set-cookie: $cookie=" <<<"$out" || die "$proxy: fresh request got no '$cookie' cookie:"$'\n'"$out"
         seen+=$(grep -i '^x-backend:' <<<"$out" | tr -d '\r' | awk '{print $2}')
     done
     [[ $seen == ab || $seen == ba ]] || die "$proxy: two fresh requests should land on a and b, got '$seen'"
     for i in a b; do
-        out=$("${curl_[@]}" -H "Cookie: $cookie=$i" "http://127.0.0.1:$proxy_port/") || die "$proxy: request failed"
+        out=$("${curl_[@]}" "${h1[@]}" -H "Cookie: $cookie=$i" "$url") || die "$proxy: request failed"
         grep -qi "^x-backend: $i" <<<"$out" || die "$proxy: 'Cookie: $cookie=$i' did not land on $i:"$'\n'"$out"
     done
-    if [[ " ${modes[*]} " == *" h2c-"* ]]; then
-        h2port=$(mode_port "$proxy" h2c-m10)
-        out=$("${curl_[@]}" --http2-prior-knowledge "http://127.0.0.1:$h2port/") ||
-            die "$proxy: HTTP/2 prior-knowledge request failed (does it take h2c?)"
-        [[ $out == "HTTP/2 200"* ]] || die "$proxy: expected an HTTP/2 200, got: ${out%%$'\r'*}"
-        grep -qi "^set-cookie: $cookie=" <<<"$out" || die "$proxy: fresh HTTP/2 request got no '$cookie' cookie:"$'\n'"$out"
-        for i in a b; do
-            out=$("${curl_[@]}" --http2-prior-knowledge -H "Cookie: $cookie=$i" "http://127.0.0.1:$h2port/") ||
-                die "$proxy: HTTP/2 request failed"
-            grep -qi "^x-backend: $i" <<<"$out" || die "$proxy: HTTP/2 'Cookie: $cookie=$i' did not land on $i:"$'\n'"$out"
-        done
+    if [[ $group == http && " ${modes[*]} " == *" h2c-"* ]]; then
+        url="http://127.0.0.1:$(mode_port "$proxy" h2c-m10)/"
+    elif [[ $group == tls && " ${modes[*]} " == *" h2-tls "* ]]; then
+        url="https://127.0.0.1:$(mode_port "$proxy" h2-tls)/"
+    else
+        return 0
     fi
+    out=$("${curl_[@]}" "${h2[@]}" "$url") || die "$proxy: HTTP/2 request to $url failed (does it take HTTP/2 there?)"
+    [[ $out == "HTTP/2 200"* ]] || die "$proxy: expected an HTTP/2 200 from $url, got: ${out%%$'\r'*}"
+    grep -qi "^set-cookie: $cookie=" <<<"$out" || die "$proxy: fresh HTTP/2 request got no '$cookie' cookie:"$'\n'"$out"
+    for i in a b; do
+        out=$("${curl_[@]}" "${h2[@]}" -H "Cookie: $cookie=$i" "$url") || die "$proxy: HTTP/2 request failed"
+        grep -qi "^x-backend: $i" <<<"$out" || die "$proxy: HTTP/2 'Cookie: $cookie=$i' did not land on $i:"$'\n'"$out"
+    done
     return 0
 }
 
@@ -569,19 +644,23 @@ run_load() {
     load_result+=" other_pct=$((op > oc ? op : oc)) other_proxy_pct=$op other_client_pct=$oc"
 }
 
+declare -A tls_info
 # The tool runs in the background and is waited for, so a Ctrl-C is handled at once (a trap
 # does not run while bash waits on a foreground child) and cleanup stops it. `timeout` bounds
 # it whatever happens.
 run_load_tool() {
     local proxy=$1 mode=$2 secs=$3 conns=${4:-64} port cookie="" close=0 out=$work/load.out pid c m
+    local scheme=http proto=h2c
     port=$(mode_port "$proxy" "$mode")
-    [[ $mode == sticky || $mode == close || $mode == h2c-* ]] && cookie="$(cookie_name "$proxy")=a"
+    [[ $(mode_group "$mode") == tls ]] && scheme=https proto=h2
+    [[ $mode == sticky || $mode == close || $mode == h2c-* || $mode == https || $mode == h2-tls ]] &&
+        cookie="$(cookie_name "$proxy")=a"
     [[ $mode == close || $mode == tcp-close ]] && close=1
     [[ -f $work/report.lua ]] || write_wrk_script
     if [[ $(mode_tool "$mode") == wrk ]]; then
         BENCH_COOKIE=$cookie BENCH_CLOSE=$close timeout -s KILL $((secs + 30)) taskset -c "$client_core" \
             wrk -t "${wrk_threads:-1}" -c "$conns" -d "${secs}s" --timeout 5s \
-            -s "$work/report.lua" "http://127.0.0.1:$port/" >"$out" 2>&1 &
+            -s "$work/report.lua" "$scheme://127.0.0.1:$port/" >"$out" 2>&1 &
         pid=$!
         pids+=("$pid")
         wait "$pid" || die "wrk failed or timed out ($proxy $mode):"$'\n'"$(cat "$out")"
@@ -595,18 +674,25 @@ run_load_tool() {
         h2c-m10) c=16 m=10 ;;
         h2c-m1) c=16 m=1 ;;
         h2c-c4m16) c=4 m=16 ;;
+        h2-tls) c=16 m=10 ;;
         *) die "no h2load settings for mode $mode" ;;
     esac
     rm -f "$work/h2load.log"
     timeout -s KILL $((secs + 30)) taskset -c "$client_core" \
         h2load -t 1 -c "$c" -m "$m" -D "$secs" -H "cookie: $cookie" --log-file "$work/h2load.log" \
-        "http://127.0.0.1:$port/" >"$out" 2>&1 &
+        "$scheme://127.0.0.1:$port/" >"$out" 2>&1 &
     pid=$!
     pids+=("$pid")
     wait "$pid" || die "h2load failed or timed out ($proxy $mode):"$'\n'"$(cat "$out")"
     load_snap after
     forget_pid "$pid"
-    grep -q '^Application protocol: h2c' "$out" || die "h2load did not speak h2c to $proxy:"$'\n'"$(cat "$out")"
+    grep -qE "^Application protocol: $proto[[:space:]]*\$" "$out" ||
+        die "h2load did not speak $proto to $proxy:"$'\n'"$(cat "$out")"
+    # What TLS the two proxies negotiated (version, cipher, key exchange), said once per proxy.
+    if [[ $proto == h2 && -z ${tls_info[$proxy]:-} ]]; then
+        tls_info[$proxy]=$(awk '/^(TLS Protocol|Cipher|Server Temp Key):/ { sub(/^[^:]*: /, ""); printf "%s%s", sep, $0; sep = ", " }' "$out")
+        say "  $proxy TLS: ${tls_info[$proxy]}"
+    fi
     # "finished in 5.00s, 12345.60 req/s, ..."; "requests: T total, S started, D done, OK
     # succeeded, F failed, E errored, TO timeout"; "status codes: N 2xx, ...". Latency
     # percentiles from the per-request log (column 3: microseconds to the end of the answer).
