@@ -280,6 +280,20 @@ bench_cert() {
     cat "$tls_cert" "$tls_key" >"$tls_pem"
 }
 
+# The two nodes of a limpet config file (TCP and TLS groups): nginx a and b, each on its own
+# loopback address, on the same port.
+limpet_nodes_toml() {
+    cat <<EOF
+[[nodes]]
+name = "a"
+address = "$backend_addr_a"
+
+[[nodes]]
+name = "b"
+address = "$backend_addr_b"
+EOF
+}
+
 start_haproxy() {
     local group=$1 dir=$work/haproxy-$1 binds proto=http
     mkdir -p "$dir"
@@ -383,14 +397,9 @@ start_limpet() {
             # to clients (ALPN h2, http/1.1), the default limpet cookie (`route`) as in quick
             # mode, no table.
             bench_cert
-            cat >"$dir/limpet.toml" <<EOF
-[[nodes]]
-name = "a"
-address = "$backend_addr_a"
-
-[[nodes]]
-name = "b"
-address = "$backend_addr_b"
+            {
+                limpet_nodes_toml
+                cat <<EOF
 
 [[listeners]]
 name = "https"
@@ -400,16 +409,12 @@ node_port = $backend_port
 balance = "round-robin"
 tls = { cert = "$tls_cert", key = "$tls_key" }
 EOF
+            } >"$dir/limpet.toml"
         else
             # A TCP listener needs a config file: nodes, a source-ip table, the listener.
-            cat >"$dir/limpet.toml" <<EOF
-[[nodes]]
-name = "a"
-address = "$backend_addr_a"
-
-[[nodes]]
-name = "b"
-address = "$backend_addr_b"
+            {
+                limpet_nodes_toml
+                cat <<EOF
 
 # HAProxy: stick-table type ip size 100k expire 30m / stick on src
 [[tables]]
@@ -426,6 +431,7 @@ node_port = $backend_port
 balance = "round-robin"
 table = "src"
 EOF
+            } >"$dir/limpet.toml"
         fi
         "$limpet_bin" check -c "$dir/limpet.toml" >"$dir/check.log" 2>&1 || {
             cat "$dir/check.log" >&2
