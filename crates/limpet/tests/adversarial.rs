@@ -413,24 +413,7 @@ impl FloodNode {
             }
             let mut frame = vec![0x82, 126, 0x40, 0x00];
             frame.extend(std::iter::repeat_n(0x5a, 0x4000));
-            let mut blocked_tx = Some(blocked_tx);
-            // Bounded: at most 64 MiB, far more than any socket buffers hold.
-            for _ in 0..4096 {
-                match tokio::time::timeout(Duration::from_millis(200), w.write_all(&frame)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => break,
-                    Err(_) => {
-                        if let Some(tx) = blocked_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        // Keep trying: the write either goes through or fails once the
-                        // tunnel is closed.
-                        if w.write_all(&frame).await.is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
+            common::flood::flood(&mut w, &frame, blocked_tx).await;
             let _ = failed_tx.send(());
             reader.abort();
         });

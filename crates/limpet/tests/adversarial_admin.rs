@@ -208,22 +208,7 @@ impl FloodNode {
                 while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
             });
             let chunk = vec![0x5au8; 16 * 1024];
-            let mut blocked_tx = Some(blocked_tx);
-            // Bounded: at most 64 MiB, far more than any socket buffers hold.
-            for _ in 0..4096 {
-                match tokio::time::timeout(Duration::from_millis(200), w.write_all(&chunk)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => break,
-                    Err(_) => {
-                        if let Some(tx) = blocked_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        if w.write_all(&chunk).await.is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
+            admin_common::flood::flood(&mut w, &chunk, blocked_tx).await;
             let _ = failed_tx.send(());
             reader.abort();
         });

@@ -543,31 +543,61 @@ fn a_bad_store_url_is_refused_with_its_place() {
     assert_eq!(e.key, "store.url", "{e}");
 }
 
+/// One instance on its own store, with every node, the table's `expire` given and the store
+/// timeout of [`fleet`]: the setting of the tests that watch one instance's store traffic.
+struct Alone {
+    nodes: Vec<TestNode>,
+    redis: Redis,
+    a: Instance,
+}
+
+impl Alone {
+    async fn start(tag: &str, expire: &str) -> Alone {
+        let pki = Pki::new();
+        let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+        let redis = Redis::start().await;
+        let a = Instance::start_with(
+            tag,
+            &redis,
+            ports.http,
+            ports.tcp,
+            &[0, 1, 2],
+            expire,
+            "500ms",
+        )
+        .await;
+        a.settled().await;
+        Alone { nodes, redis, a }
+    }
+
+    /// Pins `src` over HTTP and waits (bounded) until the pin is in the store; returns the
+    /// node and the store key.
+    async fn pin_in_store(&self, src: &str) -> (String, String) {
+        let node = self.a.http(src).await;
+        let key = format!("limpet:terminal:ip:{src}");
+        until("the pin reaches the store", async || {
+            self.redis.get(&key).await.is_some()
+        })
+        .await;
+        (node, key)
+    }
+
+    async fn stop(mut self) {
+        self.a.running.stop().await;
+        for n in &mut self.nodes {
+            n.kill().await;
+        }
+    }
+}
+
 /// Sticky requests write nothing; the store's expiry is refreshed in batches, about twice per
 /// `expire`, so a pin in use outlives `expire` in the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
-    let redis = Redis::start().await;
-    let a = Instance::start_with(
-        "expire",
-        &redis,
-        ports.http,
-        ports.tcp,
-        &[0, 1, 2],
-        "2s",
-        "500ms",
-    )
-    .await;
-    a.settled().await;
+    let sc = Alone::start("expire", "2s").await;
+    let (a, redis) = (&sc.a, &sc.redis);
     let src = "127.0.9.10";
-    let first = a.http(src).await;
-    let key = format!("limpet:terminal:ip:{src}");
-    until("the pin reaches the store", async || {
-        redis.get(&key).await.is_some()
-    })
-    .await;
+    let (first, key) = sc.pin_in_store(src).await;
     // Requests paced over 2.5 times the table's expire (the pacing is the load, not a wait
     // for an event).
     let started = tokio::time::Instant::now();
@@ -596,10 +626,7 @@ async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
         st.refreshes <= 8 && st.refreshes * 4 < requests,
         "refreshes batched, not per request ({requests} requests): {st:?}"
     );
-    a.running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    sc.stop().await;
 }
 
 /// A pin changed in the store without the message reaching this instance (a lost
@@ -607,27 +634,10 @@ async fn expiry_refreshes_are_batched_and_keep_a_used_pin_alive() {
 /// the instance follows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
-    let redis = Redis::start().await;
-    let a = Instance::start_with(
-        "missed",
-        &redis,
-        ports.http,
-        ports.tcp,
-        &[0, 1, 2],
-        "2s",
-        "500ms",
-    )
-    .await;
-    a.settled().await;
+    let sc = Alone::start("missed", "2s").await;
+    let (a, redis) = (&sc.a, &sc.redis);
     let src = "127.0.11.10";
-    let first = a.http(src).await;
-    let key = format!("limpet:terminal:ip:{src}");
-    until("the pin reaches the store", async || {
-        redis.get(&key).await.is_some()
-    })
-    .await;
+    let (first, key) = sc.pin_in_store(src).await;
     // Another instance's re-pin whose message this one never got: a plain SET, no PUBLISH.
     let other = NODES
         .iter()
@@ -658,30 +668,15 @@ async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh(
         st.adopted >= 1,
         "the refresh adopted the stored node: {st:?}"
     );
-    a.running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    sc.stop().await;
 }
 
 /// A reload that changes nothing about the store keeps the carried tables' pins without
 /// sending any of them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_with_pins_sends_no_store_writes() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
-    let redis = Redis::start().await;
-    let a = Instance::start_with(
-        "reload-quiet",
-        &redis,
-        ports.http,
-        ports.tcp,
-        &[0, 1, 2],
-        "10m",
-        "500ms",
-    )
-    .await;
-    a.settled().await;
+    let sc = Alone::start("reload-quiet", "10m").await;
+    let (a, redis) = (&sc.a, &sc.redis);
     let srcs: Vec<String> = (0..24).map(|i| format!("127.0.12.{}", 10 + i)).collect();
     let mut pinned = Vec::new();
     for src in &srcs {
@@ -733,10 +728,7 @@ async fn a_reload_with_pins_sends_no_store_writes() {
         async || redis.get(&key).await.as_deref() == Some(n.as_str()),
     )
     .await;
-    a.running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    sc.stop().await;
 }
 
 /// A TCP relay to the store that can turn every connection it carries into a half-open one:

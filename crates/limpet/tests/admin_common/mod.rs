@@ -3,4 +3,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+#[path = "../common/flood.rs"]
+pub mod flood;
 pub mod lifecycle;

@@ -6,6 +6,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod flood;
 pub mod haproxy;
 pub mod multiport;
 pub mod probe;
