@@ -6,15 +6,19 @@
 # Same setup as bench/http.sh (bench/lib.sh): two nginx backends on loopback, each proxy pinned
 # to one core with one thread, checked to balance and pin before anything is measured. Then for
 # each proxy and each chosen mode (see bench/http.sh for the modes):
-#   1. a run of --duration s: utime/stime of the proxy (/proc/PID/stat) and its voluntary +
+#   1. a run of --duration s: utime/stime and page faults of the proxy (/proc/PID/stat), its voluntary +
 #      involuntary context switches (/proc/PID/task/*/status) before and after, divided by the
-#      requests the load tool completed: user µs, sys µs and context switches per request;
+#      requests the load tool completed: user µs, sys µs, page faults and context switches per request;
 #   2. a run of --strace-duration s with `strace -c -f -p PID` attached: syscalls per request,
 #      and the top ones (strace slows the proxy; this run's req/s is not reported);
 #   3. a run of --probe-duration s with perf uprobes on the allocator entry points, counted by
 #      `perf stat -p PID`: allocations per request (limpet: mi_malloc_aligned, mi_zalloc_aligned,
 #      mi_realloc_aligned of its static mimalloc, and libc malloc/calloc/realloc; HAProxy: libc
 #      malloc/calloc/realloc and __pool_alloc, its own pools);
+#   3b. with --events LIST, a run of --probe-duration s counting those perf events (kernel
+#      tracepoints, e.g. net:net_dev_xmit for packets sent, sched:sched_wakeup, or software
+#      events) with `perf stat -p PID`: events per request, for what happens inside the kernel
+#      that neither the syscall count nor the CPU time explains;
 #   4. the proxy restarted under `valgrind --tool=callgrind`, counters zeroed, a run of
 #      --callgrind-duration s, counters dumped (callgrind_control): instructions per request
 #      (deterministic), and the allocator calls callgrind saw (used for allocations when
@@ -31,6 +35,7 @@
 #   --warmup SECS            discarded run after each proxy start (default 1)
 #   --connections N          wrk connections (default 64; h2load modes have theirs in their name)
 #   --skip LIST              leave out some of: strace,probes,callgrind
+#   --events LIST            perf events to count per request (comma-separated; default none)
 #   --alloc-method M         auto (uprobes, else callgrind; default), perf, or callgrind
 #   --proxy-core C           core the proxy runs on (default 0)
 #   --client-core C          core wrk/h2load and the nginx backends run on (default 1)
@@ -63,6 +68,7 @@ warmup=1
 connections=64
 skip=""
 alloc_method=auto
+events=""
 proxy_core=0
 client_core=1
 limpet_bin=${LIMPET:-$repo/target/release/limpet}
@@ -82,6 +88,7 @@ while [[ $# -gt 0 ]]; do
         --connections) connections=${2:?}; shift 2 ;;
         --skip) skip=${2:?}; shift 2 ;;
         --alloc-method) alloc_method=${2:?}; shift 2 ;;
+        --events) events=${2:?}; shift 2 ;;
         --proxy-core) proxy_core=${2:?}; shift 2 ;;
         --client-core) client_core=${2:?}; shift 2 ;;
         --limpet) limpet_bin=${2:?}; shift 2 ;;
@@ -124,7 +131,7 @@ tools=(nginx wrk curl ss taskset awk timeout getconf)
 wants haproxy && tools+=(haproxy)
 skips strace || tools+=(strace)
 skips callgrind || tools+=(valgrind callgrind_control)
-skips probes || tools+=(perf)
+skips probes && [[ -z $events ]] || tools+=(perf)
 need_tools "${tools[@]}"
 if ((EUID != 0)); then
     skips strace || say "warning: not root: strace -p may be refused (kernel.yama.ptrace_scope)"
@@ -151,6 +158,16 @@ proc_ctx() {
     echo "$n"
 }
 
+# proc_faults PID: minor + major page faults, all threads (fields 10 and 12 of /proc/PID/stat).
+# Faults are kernel time that no syscall count shows: an allocator that hands memory back to
+# the kernel and touches it again pays one per page.
+proc_faults() {
+    local stat f
+    read -r stat <"/proc/$1/stat" || die "cannot read /proc/$1/stat"
+    read -r -a f <<<"${stat##*) }"
+    echo $((f[7] + f[9]))
+}
+
 declare -A r # r[proxy.mode.key]
 
 # calc EXPR with awk (floating point); variables as NAME=VALUE arguments.
@@ -169,7 +186,7 @@ note_errors() {
 
 # ---- 1. CPU time and context switches -----------------------------------------------------
 measure_cpu() {
-    local proxy=$1 mode=$2 u0 s0 u1 s1 c0 c1 t0 t1 req k=$1.$2 try
+    local proxy=$1 mode=$2 u0 s0 u1 s1 c0 c1 f0 f1 t0 t1 req k=$1.$2 try
     wait_quiet
     for try in 0 1 2; do
         if ((try)); then
@@ -179,11 +196,13 @@ measure_cpu() {
         fi
         read -r u0 s0 < <(proc_cpu "$proxy_pid")
         c0=$(proc_ctx "$proxy_pid")
+        f0=$(proc_faults "$proxy_pid")
         t0=$EPOCHREALTIME
         run_load "$proxy" "$mode" "$duration" "$connections"
         t1=$EPOCHREALTIME
         read -r u1 s1 < <(proc_cpu "$proxy_pid")
         c1=$(proc_ctx "$proxy_pid")
+        f1=$(proc_faults "$proxy_pid")
     done
     note_errors "$proxy" "$mode"
     req=$(field requests "$load_result")
@@ -196,9 +215,10 @@ measure_cpu() {
     r[$k.user_us]=$(calc '(u1 - u0) / hz * 1e6 / n' u0="$u0" u1="$u1" hz="$clk_tck" n="$req")
     r[$k.sys_us]=$(calc '(s1 - s0) / hz * 1e6 / n' s0="$s0" s1="$s1" hz="$clk_tck" n="$req")
     r[$k.ctx]=$(calc '(c1 - c0) / n' c0="$c0" c1="$c1" n="$req")
+    r[$k.faults]=$(calc '(f1 - f0) / n' f0="$f0" f1="$f1" n="$req")
     r[$k.cpu_pct]=$(calc '((u1 - u0) + (s1 - s0)) / hz / (t1 - t0) * 100' u0="$u0" u1="$u1" s0="$s0" \
         s1="$s1" hz="$clk_tck" t0="$t0" t1="$t1")
-    say "  cpu: $load_result user_us=${r[$k.user_us]} sys_us=${r[$k.sys_us]} ctx=${r[$k.ctx]} cpu%=${r[$k.cpu_pct]}"
+    say "  cpu: $load_result user_us=${r[$k.user_us]} sys_us=${r[$k.sys_us]} ctx=${r[$k.ctx]} faults=${r[$k.faults]} cpu%=${r[$k.cpu_pct]}"
 }
 
 # ---- 2. syscalls (strace -c) ---------------------------------------------------------------
@@ -268,16 +288,25 @@ setup_probes() {
         [[ -n $libc ]] || return 1
         for fn in malloc calloc realloc; do add_probe haproxy "h_libc_$fn" "$fn" "$libc" || return 1; done
     fi
-    # Counting, not sampling, attached to one process: this is what must work here.
-    mkfifo "$work/perf.ctl" "$work/perf.ack"
-    exec {perf_ctl}<>"$work/perf.ctl" {perf_ack}<>"$work/perf.ack"
     return 0
 }
 
+# perf stat runs started disabled and driven through these fifos, so that exactly one load run
+# is counted.
+perf_fifos=0
+open_perf_fifos() {
+    ((perf_fifos)) && return 0
+    mkfifo "$work/perf.ctl" "$work/perf.ack"
+    exec {perf_ctl}<>"$work/perf.ctl" {perf_ack}<>"$work/perf.ack"
+    perf_fifos=1
+}
+
 use_probes=0
+[[ -z $events ]] || open_perf_fifos
 if ! skips probes; then
     if setup_probes; then
         use_probes=1
+        open_perf_fifos
     else
         say "perf uprobes unavailable (see below); allocations will come from callgrind"
         tail -n 5 "$work/perf-probe.log" >&2 2>/dev/null || true
@@ -296,11 +325,12 @@ perf_cmd() {
     [[ $reply == ack* ]] || die "perf stat answered '$reply' to '$1'"
 }
 
-measure_allocs_perf() {
-    local proxy=$1 mode=$2 k=$1.$2 out=$work/perf.$1.$2 ppid req
-    # Started disabled (-D -1): counting begins on `enable` and stops on `disable`, both
-    # acknowledged, so exactly the load run is counted.
-    timeout -s INT $((probe_secs + 60)) perf stat -x, -e "${probe_events[$proxy]}" -p "$proxy_pid" \
+# perf_count_run PROXY MODE EVENTS OUT: `perf stat` of EVENTS on the proxy over one load run
+# of --probe-duration, its CSV in OUT. Started disabled (-D -1): counting begins on `enable`
+# and stops on `disable`, both acknowledged, so exactly the load run is counted.
+perf_count_run() {
+    local proxy=$1 mode=$2 ev=$3 out=$4 ppid
+    timeout -s INT $((probe_secs + 60)) perf stat -x, -e "$ev" -p "$proxy_pid" \
         -D -1 --control "fd:$perf_ctl,$perf_ack" -o "$out" >"$out.log" 2>&1 &
     ppid=$!
     pids+=("$ppid")
@@ -311,6 +341,11 @@ measure_allocs_perf() {
     wait "$ppid" 2>/dev/null || true
     forget_pid "$ppid"
     note_errors "$proxy" "$mode"
+}
+
+measure_allocs_perf() {
+    local proxy=$1 mode=$2 k=$1.$2 out=$work/perf.$1.$2 req
+    perf_count_run "$proxy" "$mode" "${probe_events[$proxy]}" "$out"
     req=$(field requests "$load_result")
     # Lines: COUNT,UNIT,EVENT,... (COUNT is "<not counted>" when the event could not count).
     r[$k.allocs_perf_detail]=$(awk -F, -v n="$req" -v labels="$(for e in "${!probe_label[@]}"; do printf '%s=%s;' "$e" "${probe_label[$e]}"; done)" '
@@ -320,6 +355,19 @@ measure_allocs_perf() {
         END { if (bad || !shown) exit 1 }' "$out") || die "perf stat counted nothing for $proxy: $(cat "$out" "$out.log")"
     r[$k.allocs_perf]=$(awk -v d="${r[$k.allocs_perf_detail]}" 'BEGIN { c = split(d, p, " "); for (i = 1; i <= c; i++) { split(p[i], kv, ":"); s += kv[2] } printf "%.2f", s }')
     say "  uprobes: $load_result allocs/req=${r[$k.allocs_perf]} (${r[$k.allocs_perf_detail]})"
+}
+
+# measure_events PROXY MODE: the --events counted over one load run, per request.
+measure_events() {
+    local proxy=$1 mode=$2 k=$1.$2 out=$work/events.$1.$2 req
+    perf_count_run "$proxy" "$mode" "$events" "$out"
+    req=$(field requests "$load_result")
+    # Lines: COUNT,UNIT,EVENT,... (COUNT is "<not counted>" or "<not supported>" when it could
+    # not). Kept as EVENT=PER_REQUEST: event names hold colons.
+    r[$k.events]=$(awk -F, -v n="$req" '
+        NF >= 3 && $3 != "" { printf "%s%s=%s", (shown++ ? " " : ""), $3, ($1 ~ /^[0-9]+$/ ? sprintf("%.3f", $1 / n) : "null") }
+        END { if (!shown) exit 1 }' "$out") || die "perf stat counted nothing for $proxy: $(cat "$out" "$out.log")"
+    say "  events: $load_result ${r[$k.events]}"
 }
 
 # ---- 4. instructions and allocator calls (callgrind) -----------------------------------------
@@ -397,6 +445,7 @@ for proxy in "${proxies[@]}"; do
             measure_cpu "$proxy" "$mode"
             skips strace || measure_syscalls "$proxy" "$mode"
             ((use_probes)) && measure_allocs_perf "$proxy" "$mode"
+            [[ -z $events ]] || measure_events "$proxy" "$mode"
         done
         stop_proxy "$proxy_pid"
     done
@@ -433,23 +482,24 @@ table() {
     echo "$nginx_version; wrk $wrk_version (-t1 -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
     echo "cpu ${duration}s, strace ${strace_secs}s, uprobes ${probe_secs}s, callgrind ${callgrind_secs}s per mode"
     echo
-    printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %9s %9s %8s\n' mode proxy "req/s" "cpu%" "oth%" "user us" "sys us" "ctx sw" syscalls instr allocs
+    printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %9s %9s %8s\n' mode proxy "req/s" "cpu%" "oth%" "user us" "sys us" "ctx sw" faults syscalls instr allocs
     for mode in "${modes[@]}"; do
         for proxy in "${proxies[@]}"; do
             k=$proxy.$mode
-            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %9s %9s %8s%s\n' "$mode" "$proxy" \
+            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %9s %9s %8s%s\n' "$mode" "$proxy" \
                 "$(num %.0f "$(get "$k.rps")")" "$(num %.0f "$(get "$k.cpu_pct")")" "$(get "$k.other_pct")" \
                 "$(num %.2f "$(get "$k.user_us")")" "$(num %.2f "$(get "$k.sys_us")")" \
-                "$(num %.3f "$(get "$k.ctx")")" "$(num %.2f "$(get "$k.syscalls")")" \
+                "$(num %.3f "$(get "$k.ctx")")" "$(num %.3f "$(get "$k.faults")")" "$(num %.2f "$(get "$k.syscalls")")" \
                 "$(num %.0f "$(get "$k.instr")")" "$(num %.1f "$(allocs_of "$k")")" \
                 "$( ((${r[$k.errors]:-0} == 0)) || echo "  (${r[$k.errors]} errors!)")"
         done
         if ((${#proxies[@]} == 2)); then
-            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %9s %9s %8s\n' "$mode" ratio \
+            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %9s %9s %8s\n' "$mode" ratio \
                 "$(ratio_or_dash "$(get "limpet.$mode.rps")" "$(get "haproxy.$mode.rps")")" "" "" \
                 "$(ratio_or_dash "$(get "limpet.$mode.user_us")" "$(get "haproxy.$mode.user_us")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.sys_us")" "$(get "haproxy.$mode.sys_us")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.ctx")" "$(get "haproxy.$mode.ctx")")" \
+                "$(ratio_or_dash "$(get "limpet.$mode.faults")" "$(get "haproxy.$mode.faults")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.syscalls")" "$(get "haproxy.$mode.syscalls")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.instr")" "$(get "haproxy.$mode.instr")")" \
                 "$(ratio_or_dash "$(allocs_of "limpet.$mode")" "$(allocs_of "haproxy.$mode")")"
@@ -458,7 +508,7 @@ table() {
     echo
     echo "Per request. From the cpu run: req/s, cpu% (the proxy's CPU use, 100 = one core) and oth% (the share"
     echo "of the proxy's or the client core, the larger, used by anything else: above a few %, disturbed)."
-    echo "user/sys us: CPU microseconds; ctx sw: context switches; syscalls: strace -c;"
+    echo "user/sys us: CPU microseconds; ctx sw: context switches; faults: page faults; syscalls: strace -c;"
     echo "instr: instructions (callgrind); allocs: allocator calls ($( ((use_probes)) && echo "perf uprobes" || echo "callgrind calls"))."
     ((${#proxies[@]} == 2)) && echo "ratio = limpet / haproxy: below 1 favours limpet (req/s: above 1)."
     echo
@@ -469,6 +519,15 @@ table() {
         done
     done
     echo
+    if [[ -n $events ]]; then
+        echo "perf events per request:"
+        for mode in "${modes[@]}"; do
+            for proxy in "${proxies[@]}"; do
+                printf '  %-10s %-8s %s\n' "$mode" "$proxy" "${r[$proxy.$mode.events]:--}"
+            done
+        done
+        echo
+    fi
     echo "Allocator calls per request by entry point, those above 0.00 (uprobes | callgrind):"
     for mode in "${modes[@]}"; do
         for proxy in "${proxies[@]}"; do
@@ -486,9 +545,9 @@ nonzero() { # "a:1.00 b:0.00" -> "a:1.00"
     echo "${out[*]:--}"
 }
 
-json_pairs() { # "a:1 b:2" -> {"a": 1, "b": 2}
-    awk -v d="$1" 'BEGIN { c = split(d, p, " "); printf "{"
-        for (i = 1; i <= c; i++) { split(p[i], kv, ":"); printf "%s\"%s\": %s", (i > 1 ? ", " : ""), kv[1], kv[2] }
+json_pairs() { # "a:1 b:2" -> {"a": 1, "b": 2}; with SEP as $2 ("a=1"), another separator
+    awk -v d="$1" -v sep="${2:-:}" 'BEGIN { c = split(d, p, " "); printf "{"
+        for (i = 1; i <= c; i++) { split(p[i], kv, sep); printf "%s\"%s\": %s", (i > 1 ? ", " : ""), kv[1], kv[2] }
         printf "}" }'
 }
 
@@ -507,12 +566,13 @@ json_out() {
             ((first)) || printf ','
             first=0
             printf '\n    {"proxy": "%s", "mode": "%s"' "$proxy" "$mode"
-            for key in rps cpu_pct other_pct other_proxy_pct other_client_pct user_us sys_us ctx syscalls instr allocs_perf allocs_cg requests errors; do
+            for key in rps cpu_pct other_pct other_proxy_pct other_client_pct user_us sys_us ctx faults syscalls instr allocs_perf allocs_cg requests errors; do
                 printf ', "%s": %s' "$key" "$(get "$k.$key")"
             done
             printf ', "syscalls_top": %s' "$(json_pairs "${r[$k.sc_top]:-}")"
             printf ', "allocs_perf_by_fn": %s' "$(json_pairs "${r[$k.allocs_perf_detail]:-}")"
-            printf ', "allocs_cg_by_fn": %s}' "$(json_pairs "${r[$k.allocs_cg_detail]:-}")"
+            printf ', "allocs_cg_by_fn": %s' "$(json_pairs "${r[$k.allocs_cg_detail]:-}")"
+            printf ', "events": %s}' "$(json_pairs "${r[$k.events]:-}" =)"
         done
     done
     printf '\n  ]\n}\n'
