@@ -26,7 +26,11 @@
 //! cancel-safe (`read`/`write`, never `write_all`): a dropped pump loses no byte count.
 //!
 //! Half-close: when one side ends its stream (FIN), the other side's write half is shut down
-//! and the other direction keeps going until it ends too.
+//! and the other direction keeps going until it ends too. The last FIN of a relay between
+//! plain TCP sockets rides on `close`: once both sides have ended their streams, shutting a
+//! socket's write half just before closing it sends the same FIN with one more syscall
+//! (HAProxy closes without it too). A TLS side is always shut down: it owes its peer a
+//! `close_notify` first.
 //!
 //! [`WriteDeadline`] is the same stalled-writer rule for the HTTP answer path, where hyper
 //! does the writing: a client connection whose write stays blocked for `client_idle` fails.
@@ -61,6 +65,15 @@ pub enum Framing {
     WebSocket,
 }
 
+/// Which sides of a relay are plain TCP sockets, whose close alone ends their stream cleanly
+/// (a FIN) once nothing is left to read from them. A TLS side is not: closing it without
+/// `close_notify` looks like a truncation to its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinOnClose {
+    pub client: bool,
+    pub node: bool,
+}
+
 /// The two directions of a relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -93,6 +106,8 @@ struct Clock {
     moved_ms: [AtomicU64; 2],
     /// Per direction: bytes read and not yet written (and flushed).
     holding: [AtomicBool; 2],
+    /// Per direction: its reader ended its stream.
+    ended: [AtomicBool; 2],
 }
 
 impl Clock {
@@ -101,6 +116,7 @@ impl Clock {
             start: Instant::now(),
             moved_ms: [AtomicU64::new(0), AtomicU64::new(0)],
             holding: [AtomicBool::new(false), AtomicBool::new(false)],
+            ended: [AtomicBool::new(false), AtomicBool::new(false)],
         }
     }
 
@@ -202,8 +218,17 @@ impl Pump {
         }
     }
 
-    /// Copies until the reader ends (then shuts the writer down) or an error.
-    async fn run<R, W>(&mut self, r: &mut R, w: &mut W, clock: &Clock) -> io::Result<()>
+    /// Copies until the reader ends (then shuts the writer down) or an error. `fin_on_close`:
+    /// the writer is a plain TCP socket, left for the relay's close to end when the other
+    /// direction has already ended (its peer's stream is read to the end, so the close sends
+    /// a FIN, not a reset).
+    async fn run<R, W>(
+        &mut self,
+        r: &mut R,
+        w: &mut W,
+        clock: &Clock,
+        fin_on_close: bool,
+    ) -> io::Result<()>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
@@ -214,6 +239,11 @@ impl Pump {
             let n = r.read(&mut self.buf).await?;
             if n == 0 {
                 self.done = true;
+                clock.ended[self.dir].store(true, Ordering::Relaxed);
+                if fin_on_close && clock.ended[1 - self.dir].load(Ordering::Relaxed) {
+                    // Both streams have ended: the relay returns and closing `w` sends its FIN.
+                    return Ok(());
+                }
                 // Half-close: the other side learns this side is done writing.
                 return w.shutdown().await;
             }
@@ -243,16 +273,20 @@ where
     N: AsyncRead + AsyncWrite + Unpin,
     S: Future<Output = &'static str>,
 {
-    relay_counted(client, node, idle, framing, stop).await.0
+    relay_counted(client, node, idle, framing, FinOnClose::default(), stop)
+        .await
+        .0
 }
 
 /// [`relay`], also returning the bytes moved client to node and node to client however it
-/// ended (a session cut by MAINT or an idle timeout moved bytes too).
+/// ended (a session cut by MAINT or an idle timeout moved bytes too), with the sides whose
+/// last FIN may ride on their close said (`fin_on_close`).
 pub async fn relay_counted<C, N, S>(
     client: C,
     node: N,
     idle: Duration,
     framing: Framing,
+    fin_on_close: FinOnClose,
     stop: S,
 ) -> (RelayEnd, u64, u64)
 where
@@ -267,8 +301,8 @@ where
     let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
     tokio::pin!(stop);
     let end = {
-        let up_run = up.run(&mut cr, &mut nw, &clock);
-        let down_run = down.run(&mut nr, &mut cw, &clock);
+        let up_run = up.run(&mut cr, &mut nw, &clock, fin_on_close.node);
+        let down_run = down.run(&mut nr, &mut cw, &clock, fin_on_close.client);
         tokio::pin!(up_run, down_run);
         let (mut up_done, mut down_done) = (false, false);
         loop {

@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
-use crate::relay::{relay_counted, Framing, RelayEnd};
+use crate::relay::{relay_counted, FinOnClose, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -317,7 +317,8 @@ async fn session(
             return;
         }
     };
-    let (who, local, client) = (accepted.who, accepted.local, accepted.io);
+    let (who, local, client, client_tls) =
+        (accepted.who, accepted.local, accepted.io, accepted.tls);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
     let Some(conn) = connect(&state, li, &def, &who, local.port()).await else {
         tracing::warn!(listener = %def.name, client = %who.client, "no node available");
@@ -345,7 +346,19 @@ async fn session(
             () = stopped(&mut shutdown) => "limpet shutting down",
         }
     };
-    let (end, up, down) = relay_counted(client, upstream, def.tcp.idle, Framing::Bytes, stop).await;
+    let fin_on_close = FinOnClose {
+        client: !client_tls,
+        node: def.upstream_tls.is_none(),
+    };
+    let (end, up, down) = relay_counted(
+        client,
+        upstream,
+        def.tcp.idle,
+        Framing::Bytes,
+        fin_on_close,
+        stop,
+    )
+    .await;
     // Counted when the session ends, however it ends: the stats page's bytes of a node
     // include its TCP sessions once they close.
     let traffic = state.lifecycle.metrics.node_traffic(&node_name);

@@ -69,6 +69,49 @@ async fn half_close_is_passed_on_and_both_directions_finish() {
     }
 }
 
+/// The other order: the node ends its stream first and keeps reading. The client gets the
+/// node's bytes and then EOF, can still send, and when it ends too the node reads every byte
+/// and a clean end of stream (the relay's last FIN rides on its close: a reset here would
+/// fail the node's read).
+#[tokio::test]
+async fn the_node_ends_first_and_still_reads_the_clients_last_bytes_then_a_clean_end() {
+    let node = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind node");
+    let port = node.local_addr().expect("node addr").port();
+    let node_side = tokio::spawn(async move {
+        let (mut s, _) = node.accept().await.expect("accept");
+        s.write_all(b"greeting").await.expect("node write");
+        s.shutdown().await.expect("node half-close");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.map(|_| got)
+    });
+    let dir = TempDir::new("tcp");
+    let running = start(tcp_config(&dir, &[("a", "127.0.0.2")], port, ""))
+        .await
+        .expect("start");
+    let mut s = tokio::net::TcpStream::connect(running.addr("raw").expect("addr"))
+        .await
+        .expect("connect");
+    let mut first = Vec::new();
+    tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut first))
+        .await
+        .expect("the node's FIN is passed on")
+        .expect("read");
+    assert_eq!(first, b"greeting");
+    s.write_all(b"last bytes after the node's FIN")
+        .await
+        .expect("still writable");
+    s.shutdown().await.expect("client half-close");
+    let got = tokio::time::timeout(common::PATIENCE, node_side)
+        .await
+        .expect("the node's read ends")
+        .expect("node task")
+        .expect("the node's stream ends cleanly, not with a reset");
+    assert_eq!(got, b"last bytes after the node's FIN");
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn an_idle_session_is_closed() {
     let (mut nodes, ports, _pki) = two_nodes().await;
