@@ -20,6 +20,8 @@
 //! Modules:
 //! - [`config`]: the settings as plain data ([`ProxyConfig`]); quick mode and config files
 //!   fill the same types.
+//! - `client_io`: the client connection's stream under hyper: its first read taken whole,
+//!   answers written at the end of the event-loop turn.
 //! - `server`: per-connection state, idle, write-stall and drain handling (accepting is
 //!   [`crate::net`]'s, shared with TCP and admin listeners); [`serve`] (a
 //!   one-listener runtime of its own) and [`serve_listener`] (one listener of a shared
@@ -37,6 +39,7 @@
 
 mod affinity;
 mod body;
+mod client_io;
 pub mod config;
 mod forward;
 mod headers;

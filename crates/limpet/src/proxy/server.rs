@@ -7,8 +7,8 @@
 //!  accept (one permit of max_client_connections each)
 //!    └─► task per connection: crate::net::accept_client (PROXY header from trusted peers,
 //!        TLS accept on TLS listeners; shared with TCP listeners)
-//!          └─► hyper-util auto (HTTP/1.1 or HTTP/2; the first read taken whole,
-//!              net::ReadAhead; answers written at the end of the turn, net::BatchedWrites)
+//!          └─► hyper-util auto (HTTP/1.1 or HTTP/2) over client_io::ClientIo (the first
+//!              read taken whole; answers written at the end of the event-loop turn)
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
 //!          ├─► writes blocked for client_idle (a client that stopped reading) ─► closed
 //!          ├─► idle watch: no request in flight for keep_alive_idle (header_read before the
@@ -548,9 +548,9 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
     };
     // A client that stops reading an answer fails the blocked write after `client_idle`;
-    // answers go out at the end of the event-loop turn (see `BatchedWrites`).
-    let io = crate::net::BatchedWrites::new(crate::relay::WriteDeadline::new(
-        crate::net::ReadAhead::new(io),
+    // reads and writes reach the socket as `ClientIo` says.
+    let io = super::client_io::ClientIo::new(crate::relay::WriteDeadline::new(
+        io,
         ctx.write_limit.clone(),
     ));
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
