@@ -673,13 +673,15 @@ impl Attempt<'_> {
                 Some(s) => s,
                 // Writes to the node are bounded like its answer (`upstream_answer`); an
                 // upgrade's connection becomes a tunnel, bounded like one (`tunnel_idle`).
-                None => match conns
-                    .connect(if self.upgrade {
-                        shared.timeouts.tunnel_idle
-                    } else {
-                        shared.timeouts.upstream_answer
-                    })
-                    .await
+                // Boxed: the connect future is the largest of this function's awaits, and
+                // inline it would grow every request's future (moved by value into hyper's
+                // connection or an HTTP/2 stream's task) by that much, for a rare path.
+                None => match Box::pin(conns.connect(if self.upgrade {
+                    shared.timeouts.tunnel_idle
+                } else {
+                    shared.timeouts.upstream_answer
+                }))
+                .await
                 {
                     Ok(s) => {
                         // Ends a trial (without checks); proves nothing else.

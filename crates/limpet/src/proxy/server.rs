@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use limpet_core::NodeId;
 use tokio::net::TcpListener;
@@ -389,8 +389,25 @@ impl std::fmt::Display for ServeError {
 
 impl std::error::Error for ServeError {}
 
-fn builder(limits: &Limits, timeouts: &Timeouts) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
+/// Spawns what hyper hands off (each HTTP/2 stream of a client connection is a task) on the
+/// current runtime, boxed first. The future of a stream holds the whole request's state (4-5
+/// KiB); spawned as it is, tokio moves it by value through several calls into the task, a
+/// copy each time. Boxed, the copy is made once and the task holds a pointer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BoxingExecutor;
+
+impl<F> hyper::rt::Executor<F> for BoxingExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(Box::pin(fut));
+    }
+}
+
+fn builder(limits: &Limits, timeouts: &Timeouts) -> auto::Builder<BoxingExecutor> {
+    let mut b = auto::Builder::new(BoxingExecutor);
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read)
@@ -539,7 +556,7 @@ pub async fn serve_listener_on(
 /// shutdown.
 async fn serve_connection<I: crate::tcp::Io + 'static>(
     ctx: Arc<ConnCtx>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<auto::Builder<BoxingExecutor>>,
     io: I,
 ) {
     let mut draining = ctx.shared.draining.clone();
