@@ -26,12 +26,15 @@
 //!   -> 0.15 on `plain`, system CPU per request 5% lower, requests/s 4% (`sticky`) and 6%
 //!   (`plain`) higher. Holding back writes to nodes the same way gained nothing.
 //!
-//! Only the first write of a flush yields (the write after a yield goes through), so a long
-//! answer costs one extra task poll per write. A connection's very first write does not
-//! yield: `Connection: close` has nothing to batch it with, and the yield cost 3-4% of its
+//! Every write yields once before it goes through (the attempt after the yield writes), so a
+//! long answer costs one extra task poll per write, and a write that found the socket full
+//! yields once more when it is woken. A connection's very first write does not yield:
+//! `Connection: close` has nothing to batch it with, and the yield cost 3-4% of its
 //! requests/s. This sits outside the write deadline, so a yield is never taken for a blocked
-//! write. Under tokio's multi-threaded runtime (the demo) a task that wakes itself is polled
-//! again next: there the yield costs a poll and batches nothing.
+//! write. Writes are batched only on a current-thread runtime (limpet's workers and main
+//! runtime), where it was measured; under tokio's multi-threaded runtime (the demo) a task
+//! that wakes itself may also wake a parked worker, the very cost this avoids, so there
+//! writes go straight out.
 
 use std::io;
 use std::pin::Pin;
@@ -44,15 +47,23 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// of a larger head as usual.
 const READ_AHEAD: usize = 4 * 1024;
 
+/// Whether batching writes pays on the runtime this runs on: a current-thread one (see the
+/// module doc).
+pub(crate) fn batching_pays() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+}
+
 /// An HTTP client connection's stream: first read whole, writes at the end of the turn (see
 /// the module doc).
 pub(crate) struct ClientIo<S> {
     inner: S,
-    /// Read ahead and not handed out yet: `ahead[pos..len]` (freed once all handed out).
-    ahead: Option<Box<[u8]>>,
+    /// Read ahead: `ahead[pos..]` is not handed out yet (freed once all of it is).
+    ahead: Vec<u8>,
     pos: usize,
-    len: usize,
     first_read: bool,
+    /// Writes wait for the end of the turn (see the module doc).
+    batch_writes: bool,
     /// This write has yielded once already (or is the connection's first): the next attempt
     /// goes through.
     yielded: bool,
@@ -61,41 +72,43 @@ pub(crate) struct ClientIo<S> {
 impl<S> std::fmt::Debug for ClientIo<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientIo")
-            .field("ahead", &(self.len - self.pos))
+            .field("ahead", &(self.ahead.len() - self.pos))
             .field("first_read", &self.first_read)
+            .field("batch_writes", &self.batch_writes)
             .field("yielded", &self.yielded)
             .finish_non_exhaustive()
     }
 }
 
 impl<S> ClientIo<S> {
-    pub(crate) fn new(inner: S) -> Self {
+    /// `batch_writes`: hold writes to the end of the turn (only on a current-thread runtime,
+    /// see [`batching_pays`]).
+    pub(crate) fn new(inner: S, batch_writes: bool) -> Self {
         ClientIo {
             inner,
-            ahead: None,
+            ahead: Vec::new(),
             pos: 0,
-            len: 0,
             first_read: true,
+            batch_writes,
             yielded: true,
         }
     }
 
     /// Hands out what was read ahead; frees the buffer once it is all out.
     fn hand_out(&mut self, out: &mut ReadBuf<'_>) {
-        if let Some(ahead) = &self.ahead {
-            let n = (self.len - self.pos).min(out.remaining());
-            out.put_slice(&ahead[self.pos..self.pos + n]);
-            self.pos += n;
-        }
-        if self.pos == self.len {
-            self.ahead = None;
+        let n = (self.ahead.len() - self.pos).min(out.remaining());
+        out.put_slice(&self.ahead[self.pos..self.pos + n]);
+        self.pos += n;
+        if self.pos == self.ahead.len() {
+            self.ahead = Vec::new();
+            self.pos = 0;
         }
     }
 
     /// `Pending` (the task woken at once, so it runs again after the other ready tasks) the
     /// first time; `Ready` the time after.
     fn poll_turn_end(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.yielded {
+        if !self.batch_writes || self.yielded {
             self.yielded = false;
             Poll::Ready(())
         } else {
@@ -113,33 +126,31 @@ impl<S: AsyncRead + Unpin> AsyncRead for ClientIo<S> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if !this.first_read {
-            if this.ahead.is_some() {
-                this.hand_out(out);
-                return Poll::Ready(Ok(()));
-            }
-            return Pin::new(&mut this.inner).poll_read(cx, out);
+        if this.pos < this.ahead.len() {
+            this.hand_out(out);
+            return Poll::Ready(Ok(()));
         }
-        if out.remaining() >= READ_AHEAD {
+        if !this.first_read || out.remaining() >= READ_AHEAD {
+            // Past the first read, or asked for enough: straight through. (A first read
+            // that was pending with a small buffer may leave an empty one behind.)
             this.first_read = false;
+            this.ahead = Vec::new();
             return Pin::new(&mut this.inner).poll_read(cx, out);
         }
-        // The first read, asked small: take READ_AHEAD (the buffer stays while the read is
-        // pending, so it is made once).
-        let ahead = this
-            .ahead
-            .get_or_insert_with(|| vec![0u8; READ_AHEAD].into_boxed_slice());
-        let mut rb = ReadBuf::new(ahead);
-        match Pin::new(&mut this.inner).poll_read(cx, &mut rb) {
+        // The first read, asked small: take READ_AHEAD into the buffer's spare capacity (not
+        // zeroed; kept while the read is pending, so it is made once).
+        if this.ahead.capacity() == 0 {
+            this.ahead.reserve_exact(READ_AHEAD);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.ahead) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Err(e)) => {
                 this.first_read = false;
-                this.ahead = None;
+                this.ahead = Vec::new();
                 Poll::Ready(Err(e))
             }
-            Poll::Ready(Ok(())) => {
+            Poll::Ready(Ok(_)) => {
                 this.first_read = false;
-                this.len = rb.filled().len();
                 this.pos = 0;
                 this.hand_out(out);
                 Poll::Ready(Ok(()))
@@ -269,7 +280,7 @@ mod tests {
     async fn the_preface_check_and_the_head_come_from_one_read() {
         let head = b"GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: wrk\r\n\r\n";
         // 24 bytes (the HTTP/2 preface check), then hyper's large reads.
-        let r = ClientIo::new(scripted(&[Some(head)]));
+        let r = ClientIo::new(scripted(&[Some(head)]), true);
         let (got, reads) = read_all(r, &[24, 8192]).await;
         assert_eq!(got, head);
         assert_eq!(reads, 2, "one read for the whole head, one for the EOF");
@@ -278,33 +289,42 @@ mod tests {
     #[tokio::test]
     async fn a_pending_first_read_then_more_than_the_read_ahead_loses_nothing() {
         let big: Vec<u8> = (0..READ_AHEAD * 2 + 7).map(|i| (i % 251) as u8).collect();
-        let r = ClientIo::new(scripted(&[None, Some(&big), Some(b"tail")]));
+        let r = ClientIo::new(scripted(&[None, Some(&big), Some(b"tail")]), true);
         let (got, _) = read_all(r, &[24, 100, 8192]).await;
         let mut want = big.clone();
         want.extend_from_slice(b"tail");
         assert_eq!(got, want);
     }
 
+    /// A first read asked small that is pending, then retried with a large buffer: the bytes
+    /// go straight into it, and no empty read-ahead is taken for the end of the stream later.
     #[tokio::test]
-    async fn a_large_first_read_goes_straight_through() {
-        let r = ClientIo::new(scripted(&[Some(b"abc"), Some(b"def")]));
-        let (got, reads) = read_all(r, &[READ_AHEAD]).await;
-        assert_eq!(got, b"abcdef");
-        assert_eq!(reads, 3);
+    async fn a_pending_small_first_read_retried_large_is_no_false_end() {
+        let mut r = ClientIo::new(scripted(&[None, Some(b"head"), Some(b"more")]), true);
+        let mut small = [0u8; 24];
+        let first = std::future::poll_fn(|cx| {
+            let mut rb = ReadBuf::new(&mut small);
+            Poll::Ready(Pin::new(&mut r).poll_read(cx, &mut rb).is_pending())
+        })
+        .await;
+        assert!(first, "the scripted first read is pending");
+        let (got, _) = read_all(r, &[READ_AHEAD]).await;
+        assert_eq!(got, b"headmore");
     }
 
-    #[tokio::test]
-    async fn an_answer_is_written_after_the_tasks_ready_in_the_same_turn() {
+    /// Two tasks made ready together on one thread: a writer of three answers through a
+    /// `ClientIo` (spawned first), and another task that notes itself. The log of both.
+    async fn order_of_writes_and_other_task(batch_writes: bool) -> Vec<String> {
         let stream = scripted(&[]);
         let log = Rc::clone(&stream.log);
         let local = tokio::task::LocalSet::new();
         local
             .run_until(async {
-                let mut w = ClientIo::new(stream);
+                let mut w = ClientIo::new(stream, batch_writes);
                 let writer = tokio::task::spawn_local(async move {
-                    w.write_all(b"answer 1").await.expect("write");
-                    w.write_all(b"answer 2").await.expect("write");
-                    w.write_all(b"answer 3").await.expect("write");
+                    for answer in [&b"answer 1"[..], b"answer 2", b"answer 3"] {
+                        w.write_all(answer).await.expect("write");
+                    }
                 });
                 let others = Rc::clone(&log);
                 let other = tokio::task::spawn_local(async move {
@@ -314,8 +334,35 @@ mod tests {
                 other.await.expect("other");
             })
             .await;
+        let log = log.borrow().clone();
+        log
+    }
+
+    #[tokio::test]
+    async fn writes_go_straight_out_when_not_batching() {
         assert_eq!(
-            *log.borrow(),
+            order_of_writes_and_other_task(false).await,
+            [
+                "write answer 1",
+                "write answer 2",
+                "write answer 3",
+                "other task"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_large_first_read_goes_straight_through() {
+        let r = ClientIo::new(scripted(&[Some(b"abc"), Some(b"def")]), true);
+        let (got, reads) = read_all(r, &[READ_AHEAD]).await;
+        assert_eq!(got, b"abcdef");
+        assert_eq!(reads, 3);
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_written_after_the_tasks_ready_in_the_same_turn() {
+        assert_eq!(
+            order_of_writes_and_other_task(true).await,
             [
                 "write answer 1",
                 "other task",

@@ -566,10 +566,10 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     };
     // A client that stops reading an answer fails the blocked write after `client_idle`;
     // reads and writes reach the socket as `ClientIo` says.
-    let io = super::client_io::ClientIo::new(crate::relay::WriteDeadline::new(
-        io,
-        ctx.write_limit.clone(),
-    ));
+    let io = super::client_io::ClientIo::new(
+        crate::relay::WriteDeadline::new(io, ctx.write_limit.clone()),
+        super::client_io::batching_pays(),
+    );
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let result = tokio::select! {
