@@ -78,26 +78,15 @@ json=0
 keep=0
 
 while [[ $# -gt 0 ]]; do
+    bench_option "$@"
+    if ((opt_words)); then shift "$opt_words"; continue; fi
     case $1 in
-        --modes) mode_list=${2:?}; shift 2 ;;
-        --duration) duration=${2:?}; shift 2 ;;
         --strace-duration) strace_secs=${2:?}; shift 2 ;;
         --probe-duration) probe_secs=${2:?}; shift 2 ;;
         --callgrind-duration) callgrind_secs=${2:?}; shift 2 ;;
-        --warmup) warmup=${2:?}; shift 2 ;;
-        --connections) connections=${2:?}; shift 2 ;;
         --skip) skip=${2:?}; shift 2 ;;
         --alloc-method) alloc_method=${2:?}; shift 2 ;;
         --events) events=${2:?}; shift 2 ;;
-        --proxy-core) proxy_core=${2:?}; shift 2 ;;
-        --client-core) client_core=${2:?}; shift 2 ;;
-        --limpet) limpet_bin=${2:?}; shift 2 ;;
-        --build) build=1; shift ;;
-        --only) only=${2:?}; shift 2 ;;
-        --json) json=1; shift ;;
-        --keep) keep=1; shift ;;
-        --quiet-wait) quiet_wait=${2:?}; shift 2 ;;
-        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done

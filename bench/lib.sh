@@ -31,6 +31,29 @@ declare -A mode_desc=(
     [https]="HTTPS/1.1 keep-alive (TLS to the proxy only), pinned by cookie"
     [h2-tls]="HTTP/2 over TLS (ALPN h2), h2load -c16 -m10, pinned by cookie"
 )
+# bench_option "$@": takes one option that bench/http.sh and bench/cost.sh share (the modes,
+# the load, the cores, the binary, the output) into its variable, and sets opt_words to the
+# words it took: 0 when "$1" is not one of them (the script's own, or unknown).
+bench_option() {
+    opt_words=2
+    case $1 in
+        --modes) mode_list=${2:?} ;;
+        --duration) duration=${2:?} ;;
+        --warmup) warmup=${2:?} ;;
+        --connections) connections=${2:?} ;;
+        --proxy-core) proxy_core=${2:?} ;;
+        --client-core) client_core=${2:?} ;;
+        --limpet) limpet_bin=${2:?} ;;
+        --only) only=${2:?} ;;
+        --quiet-wait) quiet_wait=${2:?} ;;
+        --build) build=1; opt_words=1 ;;
+        --json) json=1; opt_words=1 ;;
+        --keep) keep=1; opt_words=1 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) opt_words=0 ;;
+    esac
+}
+
 mode_group() { case $1 in tcp | tcp-close) echo tcp ;; https | h2-tls) echo tls ;; *) echo http ;; esac; }
 mode_tool() { case $1 in h2c-* | h2-tls) echo h2load ;; *) echo wrk ;; esac; }
 
@@ -294,6 +317,23 @@ address = "$backend_addr_b"
 EOF
 }
 
+# haproxy_head DIR MODE: the global and defaults sections every bench config of HAProxy
+# starts with (one thread; MODE is http or tcp).
+haproxy_head() {
+    cat <<EOF
+global
+    nbthread 1
+    maxconn 8192
+    pidfile $1/haproxy.pid
+defaults
+    mode $2
+    maxconn 8192
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+EOF
+}
+
 start_haproxy() {
     local group=$1 dir=$work/haproxy-$1 binds proto=http
     mkdir -p "$dir"
@@ -317,19 +357,11 @@ start_haproxy() {
             binds+=" prefer-client-ciphers"
             proto=https
         fi
-        cat >"$dir/haproxy.cfg" <<EOF
-global
-    nbthread 1
-    maxconn 8192
-    pidfile $dir/haproxy.pid
-defaults
-    mode http
-    maxconn 8192
+        {
+            haproxy_head "$dir" http
+            cat <<EOF
     option http-keep-alive
     http-reuse $haproxy_reuse
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
     timeout http-keep-alive 60s
 frontend fe
 $binds
@@ -343,20 +375,13 @@ backend be
     server a $backend_addr_a:$backend_port cookie a
     server b $backend_addr_b:$backend_port cookie b
 EOF
+        } >"$dir/haproxy.cfg"
     else
         # Source-address affinity as limpet's source-ip table: round-robin for a new address,
         # then the table's server (stick-table on src, same size and expiry).
-        cat >"$dir/haproxy.cfg" <<EOF
-global
-    nbthread 1
-    maxconn 8192
-    pidfile $dir/haproxy.pid
-defaults
-    mode tcp
-    maxconn 8192
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
+        {
+            haproxy_head "$dir" tcp
+            cat <<EOF
 frontend fe
     bind 127.0.0.1:$proxy_port
     default_backend be
@@ -367,6 +392,7 @@ backend be
     server a $backend_addr_a:$backend_port
     server b $backend_addr_b:$backend_port
 EOF
+        } >"$dir/haproxy.cfg"
     fi
     haproxy -c -q -f "$dir/haproxy.cfg" >"$dir/check.log" 2>&1 || {
         cat "$dir/check.log" >&2
