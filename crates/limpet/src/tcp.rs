@@ -64,6 +64,20 @@ impl<S> Prefixed<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The stream behind the prefix, to read from it directly (bytes read that way are the
+    /// caller's to put back).
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Puts `bytes` in front of what is left to read. Only once the prefix is all read: the
+    /// HTTP client side puts back what its first read took ahead.
+    pub fn put_back(&mut self, bytes: Vec<u8>) {
+        debug_assert!(self.pos >= self.prefix.len(), "the prefix is not all read");
+        self.prefix = bytes;
+        self.pos = 0;
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
@@ -94,6 +108,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)

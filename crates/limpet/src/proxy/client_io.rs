@@ -42,6 +42,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::tcp::Prefixed;
+
 /// How much a client connection's first read takes: a whole request head of a typical client
 /// (curl and load tools send about 100 bytes, browsers up to a few KiB); hyper reads the rest
 /// of a larger head as usual.
@@ -57,10 +59,10 @@ pub(crate) fn batching_pays() -> bool {
 /// An HTTP client connection's stream: first read whole, writes at the end of the turn (see
 /// the module doc).
 pub(crate) struct ClientIo<S> {
-    inner: S,
-    /// Read ahead: `ahead[pos..]` is not handed out yet (freed once all of it is).
+    /// The stream, with what the first read took ahead put back in front of it.
+    io: Prefixed<S>,
+    /// The first read's buffer while that read is pending.
     ahead: Vec<u8>,
-    pos: usize,
     first_read: bool,
     /// Writes wait for the end of the turn (see the module doc).
     batch_writes: bool,
@@ -72,7 +74,6 @@ pub(crate) struct ClientIo<S> {
 impl<S> std::fmt::Debug for ClientIo<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientIo")
-            .field("ahead", &(self.ahead.len() - self.pos))
             .field("first_read", &self.first_read)
             .field("batch_writes", &self.batch_writes)
             .field("yielded", &self.yielded)
@@ -85,23 +86,11 @@ impl<S> ClientIo<S> {
     /// see [`batching_pays`]).
     pub(crate) fn new(inner: S, batch_writes: bool) -> Self {
         ClientIo {
-            inner,
+            io: Prefixed::new(Vec::new(), inner),
             ahead: Vec::new(),
-            pos: 0,
             first_read: true,
             batch_writes,
             yielded: true,
-        }
-    }
-
-    /// Hands out what was read ahead; frees the buffer once it is all out.
-    fn hand_out(&mut self, out: &mut ReadBuf<'_>) {
-        let n = (self.ahead.len() - self.pos).min(out.remaining());
-        out.put_slice(&self.ahead[self.pos..self.pos + n]);
-        self.pos += n;
-        if self.pos == self.ahead.len() {
-            self.ahead = Vec::new();
-            self.pos = 0;
         }
     }
 
@@ -126,34 +115,37 @@ impl<S: AsyncRead + Unpin> AsyncRead for ClientIo<S> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if this.pos < this.ahead.len() {
-            this.hand_out(out);
-            return Poll::Ready(Ok(()));
-        }
         if !this.first_read || out.remaining() >= READ_AHEAD {
-            // Past the first read, or asked for enough: straight through. (A first read
-            // that was pending with a small buffer may leave an empty one behind.)
+            // Past the first read (what it took ahead comes first), or asked for enough:
+            // straight through. (A first read that was pending with a small buffer may leave
+            // an empty one behind.)
             this.first_read = false;
             this.ahead = Vec::new();
-            return Pin::new(&mut this.inner).poll_read(cx, out);
+            return Pin::new(&mut this.io).poll_read(cx, out);
         }
         // The first read, asked small: take READ_AHEAD into the buffer's spare capacity (not
         // zeroed; kept while the read is pending, so it is made once).
         if this.ahead.capacity() == 0 {
             this.ahead.reserve_exact(READ_AHEAD);
         }
-        match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.ahead) {
+        match tokio_util::io::poll_read_buf(Pin::new(this.io.get_mut()), cx, &mut this.ahead) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Err(e)) => {
                 this.first_read = false;
                 this.ahead = Vec::new();
                 Poll::Ready(Err(e))
             }
+            Poll::Ready(Ok(0)) => {
+                // The end of the stream, as it is.
+                this.first_read = false;
+                this.ahead = Vec::new();
+                Poll::Ready(Ok(()))
+            }
             Poll::Ready(Ok(_)) => {
                 this.first_read = false;
-                this.pos = 0;
-                this.hand_out(out);
-                Poll::Ready(Ok(()))
+                this.io.put_back(std::mem::take(&mut this.ahead));
+                // Served from what was just put back: no read of the stream.
+                Pin::new(&mut this.io).poll_read(cx, out)
             }
         }
     }
@@ -166,7 +158,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         std::task::ready!(self.poll_turn_end(cx));
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -175,19 +167,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         std::task::ready!(self.poll_turn_end(cx));
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -273,7 +265,7 @@ mod tests {
             }
             got.extend_from_slice(&buf[..n]);
         }
-        (got, r.inner.reads)
+        (got, r.io.get_ref().reads)
     }
 
     #[tokio::test]
