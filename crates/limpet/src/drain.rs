@@ -19,7 +19,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 /// Follows WebSocket frame boundaries in one direction of a tunnel. Sans-io: bytes in,
@@ -177,8 +176,8 @@ pub async fn relay_websocket<C, N>(
     close: impl Future<Output = &'static str>,
 ) -> TunnelEnd
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    N: AsyncRead + AsyncWrite + Unpin,
+    C: crate::tcp::Io,
+    N: crate::tcp::Io,
 {
     use crate::relay::{relay, Framing, RelayEnd};
     match relay(client, node, idle, Framing::WebSocket, close).await {

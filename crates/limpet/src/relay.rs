@@ -30,20 +30,27 @@
 //! plain TCP sockets rides on `close`: once both sides have ended their streams, shutting a
 //! socket's write half just before closing it sends the same FIN with one more syscall
 //! (HAProxy closes without it too). A TLS side is always shut down: it owes its peer a
-//! `close_notify` first.
+//! `close_notify` first. When a read shows that the stream ended right after the bytes it
+//! brought (the FIN came with them, as when a node answers `Connection: close`), those bytes
+//! are written as the last ([`Io::poll_write_last`]): on a plain TCP socket they wait for the
+//! FIN and leave in one segment with it, two packets fewer per short session.
 //!
 //! [`WriteDeadline`] is the same stalled-writer rule for the HTTP answer path, where hyper
 //! does the writing: a client connection whose write stays blocked for `client_idle` fails.
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
 use crate::drain::{close_frame_going_away, FrameTracker};
+use crate::tcp::Io;
 
 /// A pump's buffer to start with (what one read can bring in before it is written on). Small:
 /// most tunnels move small messages. Buffers are never zeroed: reads go into their spare
@@ -158,6 +165,75 @@ impl Clock {
     }
 }
 
+/// One side of a relay, shared by its two pumps: one reads from it, the other writes to it.
+/// What `tokio::io::split` does, keeping [`Io::poll_write_last`] for the writing pump. Both
+/// pumps are polled by the relay's one task, one after the other, so the lock is never
+/// contended.
+struct Half<T>(Arc<Mutex<T>>);
+
+impl<T> Half<T> {
+    fn pair(io: T) -> (Half<T>, Half<T>) {
+        let shared = Arc::new(Mutex::new(io));
+        (Half(Arc::clone(&shared)), Half(shared))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, T> {
+        // A poisoned lock only means a poll panicked on the other half; the stream is as
+        // usable as the panic left it, and the relay is ending anyway.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: Io> AsyncRead for Half<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.lock()).poll_read(cx, buf)
+    }
+}
+
+impl<T: Io> AsyncWrite for Half<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.lock()).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.lock()).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.lock().is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.lock()).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.lock()).poll_shutdown(cx)
+    }
+}
+
+impl<T: Io> Io for Half<T> {
+    fn poll_write_last(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.lock()).poll_write_last(cx, buf)
+    }
+}
+
 /// One direction's state, kept outside its future so a dropped pump loses nothing.
 struct Pump {
     dir: usize,
@@ -167,6 +243,10 @@ struct Pump {
     pos: usize,
     bytes: u64,
     done: bool,
+    /// The reader's stream ended right after the bytes held: they are its last.
+    last: bool,
+    /// An error the reader returned after bytes still held: returned once they are written.
+    read_error: Option<io::Error>,
     /// WebSocket node-to-client: frame boundaries of the bytes written to the client.
     frames: Option<FrameTracker>,
 }
@@ -182,18 +262,22 @@ impl Pump {
             pos: 0,
             bytes: 0,
             done: false,
+            last: false,
+            read_error: None,
             frames: frames.then(FrameTracker::new),
         }
     }
 
-    /// Writes what the buffer holds, noting each write on the clock and in the tracker.
-    async fn write_held<W: AsyncWrite + Unpin>(
-        &mut self,
-        w: &mut W,
-        clock: &Clock,
-    ) -> io::Result<()> {
+    /// Writes what the buffer holds, noting each write on the clock and in the tracker. The
+    /// reader's last bytes go out with [`Io::poll_write_last`], to leave with the FIN.
+    async fn write_held<W: Io>(&mut self, w: &mut W, clock: &Clock) -> io::Result<()> {
         while self.pos < self.buf.len() {
-            let n = w.write(&self.buf[self.pos..]).await?;
+            let held = &self.buf[self.pos..];
+            let n = if self.last {
+                std::future::poll_fn(|cx| Pin::new(&mut *w).poll_write_last(cx, held)).await?
+            } else {
+                w.write(held).await?
+            };
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -214,7 +298,43 @@ impl Pump {
     async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> io::Result<usize> {
         self.buf.clear();
         self.pos = 0;
+        if let Some(e) = self.read_error.take() {
+            return Err(e);
+        }
+        if self.last {
+            return Ok(0);
+        }
         r.read_buf(&mut self.buf).await
+    }
+
+    /// After a read that left room in the buffer: reads on without waiting, to learn whether
+    /// the stream ended right after what came ([`Pump::last`]). A node answering
+    /// `Connection: close` writes and closes at once, so its FIN is usually there already;
+    /// known before the bytes are written, the two leave in one segment. When nothing more
+    /// has come, the read answers from tokio's readiness, without a syscall; when the FIN
+    /// has, its read is the one the next [`Pump::fill`] would have made.
+    async fn read_on<R: AsyncRead + Unpin>(&mut self, r: &mut R) {
+        while self.buf.len() < self.buf.capacity() {
+            let more = std::future::poll_fn(|cx| {
+                match tokio_util::io::poll_read_buf(Pin::new(&mut *r), cx, &mut self.buf) {
+                    Poll::Pending => Poll::Ready(None),
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                }
+            })
+            .await;
+            match more {
+                None => return,
+                Some(Ok(0)) => {
+                    self.last = true;
+                    return;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    self.read_error = Some(e);
+                    return;
+                }
+            }
+        }
     }
 
     /// Once the buffer is written out: a larger one if the last read filled it (see
@@ -240,7 +360,7 @@ impl Pump {
     ) -> io::Result<()>
     where
         R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
+        W: Io,
     {
         loop {
             self.write_held(w, clock).await?;
@@ -257,6 +377,7 @@ impl Pump {
                 return w.shutdown().await;
             }
             clock.moved(self.dir, true);
+            self.read_on(r).await;
         }
     }
 }
@@ -276,8 +397,8 @@ pub async fn relay<C, N, S>(
     stop: S,
 ) -> RelayEnd
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    N: AsyncRead + AsyncWrite + Unpin,
+    C: Io,
+    N: Io,
     S: Future<Output = &'static str>,
 {
     relay_counted(client, node, idle, framing, FinOnClose::default(), stop)
@@ -297,12 +418,12 @@ pub async fn relay_counted<C, N, S>(
     stop: S,
 ) -> (RelayEnd, u64, u64)
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    N: AsyncRead + AsyncWrite + Unpin,
+    C: Io,
+    N: Io,
     S: Future<Output = &'static str>,
 {
-    let (mut cr, mut cw) = tokio::io::split(client);
-    let (mut nr, mut nw) = tokio::io::split(node);
+    let (mut cr, mut cw) = Half::pair(client);
+    let (mut nr, mut nw) = Half::pair(node);
     let clock = Clock::new();
     let mut up = Pump::new(Direction::Up, false);
     let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
@@ -354,7 +475,7 @@ async fn close_websocket<NR, CW, CR>(
     reason: &'static str,
 ) where
     NR: AsyncRead + Unpin,
-    CW: AsyncWrite + Unpin,
+    CW: Io,
     CR: AsyncRead + Unpin,
 {
     let finished = tokio::time::timeout(CLOSE_GRACE, async {
@@ -545,6 +666,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
     }
 }
 
+// The HTTP paths write through hyper, which never ends a stream with `poll_write_last`.
+impl<I: Io> Io for WriteDeadline<I> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,6 +701,154 @@ mod tests {
         let before = p.buf.capacity();
         p.grow_if_filled();
         assert_eq!((p.buf.capacity(), p.buf.len()), (before, before));
+    }
+
+    /// A writer that records each write, whether it came as the stream's last bytes
+    /// ([`Io::poll_write_last`]), and its shutdown; each event also goes to `events`.
+    struct Recorder {
+        writes: Vec<(Vec<u8>, bool)>,
+        shut: bool,
+        events: tokio::sync::mpsc::UnboundedSender<()>,
+    }
+
+    impl Recorder {
+        fn new() -> (Self, tokio::sync::mpsc::UnboundedReceiver<()>) {
+            let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+            let r = Recorder {
+                writes: Vec::new(),
+                shut: false,
+                events,
+            };
+            (r, rx)
+        }
+
+        fn record(&mut self, buf: &[u8], last: bool) -> Poll<io::Result<usize>> {
+            self.writes.push((buf.to_vec(), last));
+            let _ = self.events.send(());
+            Poll::Ready(Ok(buf.len()))
+        }
+    }
+
+    impl AsyncRead for Recorder {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.get_mut().record(buf, false)
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.get_mut().shut = true;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl Io for Recorder {
+        fn poll_write_last(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.get_mut().record(buf, true)
+        }
+    }
+
+    /// A stream whose end has already come when its last bytes are read: those bytes are
+    /// written as its last (to leave with the FIN), then the writer is shut down.
+    #[tokio::test]
+    async fn bytes_the_end_of_stream_follows_at_once_are_written_as_the_last() {
+        let mut p = Pump::new(Direction::Down, false);
+        let (mut w, _events) = Recorder::new();
+        let answer = b"HTTP/1.1 200 OK\r\n\r\nok";
+        let mut node: &[u8] = answer;
+        p.run(&mut node, &mut w, &Clock::new(), false)
+            .await
+            .expect("relayed");
+        assert_eq!(w.writes, vec![(answer.to_vec(), true)]);
+        assert!(w.shut, "then the half-close");
+        assert_eq!(p.bytes, answer.len() as u64);
+    }
+
+    /// Bytes with more to come are written as they are; only the bytes the end follows are
+    /// the last. The end of a stream that comes later, after an empty read, is a plain
+    /// shutdown.
+    #[tokio::test]
+    async fn only_the_bytes_right_before_the_end_are_the_last() {
+        let (mut node, mut node_side) = tokio::io::duplex(1024);
+        let (mut w, mut events) = Recorder::new();
+        let mut p = Pump::new(Direction::Down, false);
+        let clock = Clock::new();
+        let feed = async {
+            node_side.write_all(b"first").await.expect("write");
+            events.recv().await.expect("the first write");
+            node_side.write_all(b"second").await.expect("write");
+            drop(node_side);
+        };
+        let (ran, ()) = tokio::join!(p.run(&mut node, &mut w, &clock, false), feed);
+        ran.expect("relayed");
+        assert_eq!(
+            w.writes,
+            vec![(b"first".to_vec(), false), (b"second".to_vec(), true)]
+        );
+        assert!(w.shut);
+
+        // The end alone, after the bytes were written: nothing is written as the last.
+        let (mut node, mut node_side) = tokio::io::duplex(1024);
+        let (mut w, mut events) = Recorder::new();
+        let mut p = Pump::new(Direction::Down, false);
+        let feed = async {
+            node_side.write_all(b"only").await.expect("write");
+            events.recv().await.expect("the write");
+            drop(node_side);
+        };
+        let (ran, ()) = tokio::join!(p.run(&mut node, &mut w, &clock, false), feed);
+        ran.expect("relayed");
+        assert_eq!(w.writes, vec![(b"only".to_vec(), false)]);
+        assert!(w.shut);
+    }
+
+    /// A read error right after bytes: the bytes are still written, then the error ends the
+    /// pump (as when the error came at the next read), without a shutdown.
+    #[tokio::test]
+    async fn bytes_read_before_an_error_are_written_before_the_error_ends_the_pump() {
+        struct ThenReset(Option<&'static [u8]>);
+        impl AsyncRead for ThenReset {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.0.take() {
+                    Some(b) => {
+                        buf.put_slice(b);
+                        Poll::Ready(Ok(()))
+                    }
+                    None => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+                }
+            }
+        }
+        let (mut w, _events) = Recorder::new();
+        let mut p = Pump::new(Direction::Up, false);
+        let err = p
+            .run(&mut ThenReset(Some(b"abc")), &mut w, &Clock::new(), false)
+            .await
+            .expect_err("the reset");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        assert_eq!(w.writes, vec![(b"abc".to_vec(), false)]);
+        assert!(!w.shut);
     }
 
     /// Reads land in the buffer's spare capacity: what a read brought is exactly the bytes

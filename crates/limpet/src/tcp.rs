@@ -40,8 +40,71 @@ use crate::relay::{relay_counted, FinOnClose, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {
+    /// `poll_write` for bytes the stream's end follows at once (its shutdown, or its close
+    /// once nothing is left to read). A plain TCP socket holds them back (`MSG_MORE`) so that
+    /// they leave in one segment with the FIN: a short session (a `Connection: close`
+    /// answer through a TCP listener) then costs two packets fewer, the separate FIN and the
+    /// peer's ACK of the data. HAProxy does the same. Other streams just write.
+    fn poll_write_last(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write(cx, buf)
+    }
+}
+
+impl Io for TcpStream {
+    #[cfg(target_os = "linux")]
+    fn poll_write_last(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let s: &TcpStream = self.get_mut();
+        loop {
+            std::task::ready!(s.poll_write_ready(cx))?;
+            // What tokio's own write does (a send that would block clears the readiness),
+            // with MSG_MORE: the kernel queues the bytes until the FIN, or a later write
+            // without the flag, pushes them out.
+            match s.try_io(tokio::io::Interest::WRITABLE, || {
+                socket2::SockRef::from(s).send_with_flags(buf, libc::MSG_MORE | libc::MSG_NOSIGNAL)
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+}
+
+impl<S: Io> Io for Prefixed<S> {
+    fn poll_write_last(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_last(cx, buf)
+    }
+}
+
+impl<S: Io + ?Sized> Io for Box<S> {
+    fn poll_write_last(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut **self).poll_write_last(cx, buf)
+    }
+}
+
+// TLS sides write their records as they are: the stream's end is a `close_notify` record
+// first, which the shutdown writes.
+impl<S: Io> Io for tokio_rustls::server::TlsStream<S> {}
+impl<S: Io> Io for tokio_rustls::client::TlsStream<S> {}
+// Upgraded HTTP connections (WebSocket and other tunnels) are relayed as they come out of
+// hyper.
+impl<T> Io for hyper_util::rt::TokioIo<T> where T: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
 
 /// A stream with bytes already read from it put back in front (what followed a PROXY header,
 /// or what turned out not to be one).
@@ -471,4 +534,51 @@ pub async fn serve_on(
     })
     .await;
     sessions.abort_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair on loopback: (ours, the peer's).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (ours, theirs) = tokio::join!(TcpStream::connect(addr), l.accept());
+        (ours.expect("connect"), theirs.expect("accept").0)
+    }
+
+    async fn write_last(s: &mut TcpStream, buf: &[u8]) -> usize {
+        std::future::poll_fn(|cx| Pin::new(&mut *s).poll_write_last(cx, buf))
+            .await
+            .expect("written")
+    }
+
+    /// The last bytes of a plain TCP stream wait in the kernel for its end, then leave with
+    /// it: the peer has nothing to read after the write, and the bytes then the end of the
+    /// stream after the shutdown, or after the close alone. (On loopback a segment sent is
+    /// in the peer's queue when `send` returns, so "nothing yet" is the bytes held back.)
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn last_bytes_are_held_for_the_fin_and_leave_with_the_shutdown_or_the_close() {
+        for close_only in [false, true] {
+            let (mut ours, mut theirs) = pair().await;
+            ours.set_nodelay(true).expect("nodelay");
+            assert_eq!(write_last(&mut ours, b"last words").await, 10);
+            let mut buf = [0u8; 16];
+            assert_eq!(
+                theirs.try_read(&mut buf).map_err(|e| e.kind()),
+                Err(io::ErrorKind::WouldBlock),
+                "held back until the end (close_only: {close_only})"
+            );
+            if close_only {
+                drop(ours);
+            } else {
+                ours.shutdown().await.expect("shutdown");
+            }
+            let mut got = Vec::new();
+            theirs.read_to_end(&mut got).await.expect("read");
+            assert_eq!(got, b"last words", "close_only: {close_only}");
+        }
+    }
 }
