@@ -23,9 +23,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use limpet_core::NodeId;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -406,19 +407,25 @@ where
     }
 }
 
-fn builder(limits: &Limits, timeouts: &Timeouts) -> auto::Builder<BoxingExecutor> {
-    let mut b = auto::Builder::new(BoxingExecutor);
-    b.http1()
-        .timer(TokioTimer::new())
+/// hyper's two servers, set up once per listener generation: a connection goes to one or
+/// the other by its first bytes ([`super::client_io::ClientIo::opens_http2`]).
+pub(crate) struct Builder {
+    h1: http1::Builder,
+    h2: http2::Builder<BoxingExecutor>,
+}
+
+fn builder(limits: &Limits, timeouts: &Timeouts) -> Builder {
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read)
         .max_buf_size(limits.max_header_bytes)
         .max_headers(limits.max_headers)
         .keep_alive(true);
-    b.http2()
-        .timer(TokioTimer::new())
+    let mut h2 = http2::Builder::new(BoxingExecutor);
+    h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(limits.h2_max_concurrent_streams);
-    b
+    Builder { h1, h2 }
 }
 
 /// Serves the proxy on an already-bound listener until `shutdown` resolves, then stops
@@ -571,7 +578,7 @@ pub async fn serve_listener_on(
 /// shutdown.
 async fn serve_connection<I: crate::tcp::Io + 'static>(
     ctx: Arc<ConnCtx>,
-    builder: Arc<auto::Builder<BoxingExecutor>>,
+    builder: Arc<Builder>,
     io: I,
 ) {
     let mut draining = ctx.shared.draining.clone();
@@ -581,16 +588,47 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     };
     // A client that stops reading an answer fails the blocked write after `client_idle`;
     // reads and writes reach the socket as `ClientIo` says.
-    let io = super::client_io::ClientIo::new(
+    let mut io = super::client_io::ClientIo::new(
         crate::relay::WriteDeadline::new(io, ctx.write_limit.clone()),
         super::client_io::batching_pays(),
     );
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    // HTTP/2 by prior knowledge or HTTP/1.1, told by the first bytes. A client that sends
+    // nothing is closed after `header_read`, and one that sent nothing yet when the listener
+    // drains is closed at once, as hyper would close a connection with no request.
+    let h2 = tokio::select! {
+        // The bytes are usually there already: then no timer is set for this wait.
+        biased;
+        r = io.opens_http2() => match r {
+            Ok(h2) => h2,
+            Err(e) => {
+                tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended before its first bytes");
+                return;
+            }
+        },
+        () = idle_watch(&ctx) => return,
+        () = async { let _ = draining.wait_for(|d| *d).await; } => return,
+    };
+    let io = TokioIo::new(io);
+    let conn = if h2 {
+        Either::Right(builder.h2.serve_connection(io, svc))
+    } else {
+        Either::Left(builder.h1.serve_connection(io, svc).with_upgrades())
+    };
     tokio::pin!(conn);
+    // Asks the connection to close once its requests in flight are answered (GOAWAY on
+    // HTTP/2).
+    macro_rules! graceful_shutdown {
+        () => {
+            match conn.as_mut().as_pin_mut() {
+                Either::Left(h1) => h1.graceful_shutdown(),
+                Either::Right(h2) => h2.graceful_shutdown(),
+            }
+        };
+    }
     let result = tokio::select! {
         r = conn.as_mut() => Some(r),
         () = idle_watch(&ctx) => {
-            conn.as_mut().graceful_shutdown();
+            graceful_shutdown!();
             let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
             ctx.touch();
             tokio::select! {
@@ -599,7 +637,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
             }
         }
         () = async { let _ = draining.wait_for(|d| *d).await; } => {
-            conn.as_mut().graceful_shutdown();
+            graceful_shutdown!();
             tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
         }
         () = stall_watch(&ctx) => {
