@@ -115,7 +115,11 @@ struct Clock {
     moved_ms: [AtomicU64; 2],
     /// Per direction: bytes read and not yet written (and flushed).
     holding: [AtomicBool; 2],
-    /// Per direction: its reader ended its stream.
+    /// Per direction: its reader ended its stream and the end has been passed on (the
+    /// writer shut down, or left for the relay's close). Set only then, so that the other
+    /// direction never leaves its own end to the close while this one is still in a
+    /// shutdown that has not completed (a TLS `close_notify` waiting on a full window):
+    /// bytes held for the FIN would wait with it.
     ended: [AtomicBool; 2],
 }
 
@@ -368,13 +372,15 @@ impl Pump {
             let n = self.fill(r).await?;
             if n == 0 {
                 self.done = true;
-                clock.ended[self.dir].store(true, Ordering::Relaxed);
                 if fin_on_close && clock.ended[1 - self.dir].load(Ordering::Relaxed) {
                     // Both streams have ended: the relay returns and closing `w` sends its FIN.
+                    clock.ended[self.dir].store(true, Ordering::Relaxed);
                     return Ok(());
                 }
                 // Half-close: the other side learns this side is done writing.
-                return w.shutdown().await;
+                w.shutdown().await?;
+                clock.ended[self.dir].store(true, Ordering::Relaxed);
+                return Ok(());
             }
             clock.moved(self.dir, true);
             self.read_on(r).await;
@@ -708,6 +714,8 @@ mod tests {
     struct Recorder {
         writes: Vec<(Vec<u8>, bool)>,
         shut: bool,
+        /// A shutdown that never completes (a TLS `close_notify` the peer does not take).
+        shutdown_stuck: bool,
         events: tokio::sync::mpsc::UnboundedSender<()>,
     }
 
@@ -717,6 +725,7 @@ mod tests {
             let r = Recorder {
                 writes: Vec::new(),
                 shut: false,
+                shutdown_stuck: false,
                 events,
             };
             (r, rx)
@@ -751,6 +760,9 @@ mod tests {
             Poll::Ready(Ok(()))
         }
         fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            if self.shutdown_stuck {
+                return Poll::Pending;
+            }
             self.get_mut().shut = true;
             Poll::Ready(Ok(()))
         }
@@ -818,6 +830,43 @@ mod tests {
         ran.expect("relayed");
         assert_eq!(w.writes, vec![(b"only".to_vec(), false)]);
         assert!(w.shut);
+    }
+
+    /// A direction may leave its end to the relay's close only once the other has passed its
+    /// own end on. While the other is still in a shutdown that has not completed, it shuts
+    /// down itself: its last bytes, held for the FIN, must not wait for the relay to end.
+    #[tokio::test]
+    async fn an_end_is_left_to_the_close_only_once_the_other_end_was_passed_on() {
+        let clock = Clock::new();
+        // Down: the node ended; its shutdown towards the client does not complete.
+        let (mut to_client, _e1) = Recorder::new();
+        to_client.shutdown_stuck = true;
+        let mut down = Pump::new(Direction::Down, false);
+        let mut node: &[u8] = b"";
+        let down_run = down.run(&mut node, &mut to_client, &clock, true);
+        tokio::pin!(down_run);
+        let pending =
+            std::future::poll_fn(|cx| Poll::Ready(down_run.as_mut().poll(cx).is_pending()));
+        assert!(pending.await, "stuck in its shutdown");
+        // Up: the client's last bytes and its end, to a plain TCP node.
+        let (mut to_node, _e2) = Recorder::new();
+        let mut up = Pump::new(Direction::Up, false);
+        let mut client: &[u8] = b"bye";
+        up.run(&mut client, &mut to_node, &clock, true)
+            .await
+            .expect("relayed");
+        assert_eq!(to_node.writes, vec![(b"bye".to_vec(), true)]);
+        assert!(to_node.shut, "shut down now, not left to the close");
+
+        // Once the other end was passed on, the close sends the FIN.
+        let (mut to_node, _e3) = Recorder::new();
+        let mut up = Pump::new(Direction::Up, false);
+        let mut client: &[u8] = b"bye";
+        clock.ended[1].store(true, Ordering::Relaxed);
+        up.run(&mut client, &mut to_node, &clock, true)
+            .await
+            .expect("relayed");
+        assert!(!to_node.shut, "left to the close");
     }
 
     /// A read error right after bytes: the bytes are still written, then the error ends the

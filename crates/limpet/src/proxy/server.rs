@@ -476,8 +476,11 @@ pub async fn serve_listener(
 /// which the connections it accepts inherit (HAProxy does this on HTTP listeners). Without
 /// it a new connection's first request is acknowledged at once, one packet more per
 /// connection. Not for TCP listeners: a client there may send several small writes before
-/// any answer comes, and with Nagle on its side each would wait for a delayed ACK. Best
-/// effort: a socket that refuses it only costs that packet.
+/// any answer comes, and with Nagle on its side each would wait for a delayed ACK. On an
+/// HTTP connection that does the same (a head and a body in two writes, with Nagle on) or
+/// that becomes a tunnel, it costs at most one delayed ACK (about 40 ms) once: Linux leaves
+/// this mode when its delayed-ACK timer first fires. Best effort: a socket that refuses it
+/// only costs that packet.
 fn delay_first_acks(listener: &TcpListener) {
     #[cfg(target_os = "linux")]
     if let Err(e) = socket2::SockRef::from(listener).set_tcp_quickack(false) {
@@ -593,8 +596,8 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         super::client_io::batching_pays(),
     );
     // HTTP/2 by prior knowledge or HTTP/1.1, told by the first bytes. A client that sends
-    // nothing is closed after `header_read`, and one that sent nothing yet when the listener
-    // drains is closed at once, as hyper would close a connection with no request.
+    // nothing is closed after `header_read`, and one that has sent nothing yet when the
+    // listener drains is closed at once, as hyper closes a connection with no request.
     let h2 = tokio::select! {
         // The bytes are usually there already: then no timer is set for this wait.
         biased;
@@ -625,7 +628,11 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
             }
         };
     }
+    // The connection first: a request whose bytes have come is read (from memory) before a
+    // drain that is already signalled asks the connection to close, so it is answered, not
+    // dropped (hyper closes an HTTP/1 connection at once if it has read nothing yet).
     let result = tokio::select! {
+        biased;
         r = conn.as_mut() => Some(r),
         () = idle_watch(&ctx) => {
             graceful_shutdown!();
@@ -673,7 +680,7 @@ async fn quiet_for(ctx: &ConnCtx, limit: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::RequestId;
+    use super::*;
 
     #[test]
     fn request_ids_are_the_prefix_then_the_counter_in_hex() {
@@ -682,6 +689,81 @@ mod tests {
             format!("{:08x}{:08x}", 0xdead_beef_u32, 42)
         );
         assert_eq!(RequestId::new(0, u32::MAX).as_str(), "00000000ffffffff");
+    }
+
+    /// A request whose bytes had come before the listener started draining is answered:
+    /// the connection is served from those bytes before the drain asks it to close (hyper
+    /// closes an HTTP/1 connection at once when it has read nothing). Each round is a
+    /// connection whose task first runs after the drain signal; without the connection
+    /// polled first, about half of them went unanswered.
+    #[tokio::test]
+    async fn a_request_that_came_before_the_drain_is_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind node");
+        let node_addr = node.local_addr().expect("node addr");
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = node.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0
+                            || s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                .await
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let cfg = ProxyConfig::new(vec![super::super::config::NodeConfig {
+            name: "a".to_owned(),
+            addr: node_addr,
+        }]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let runtime = runtime_of(cfg, addr).expect("runtime");
+        for round in 0..8 {
+            let (drain_tx, drain_rx) = watch::channel(false);
+            let shared = Arc::new(
+                Shared::new(
+                    runtime.state(),
+                    QUICK_LISTENER,
+                    Arc::new(RequestIds::new()),
+                    drain_rx,
+                    addr.port(),
+                )
+                .expect("listener settings"),
+            );
+            let builder = Arc::new(builder(&shared.limits, &shared.timeouts));
+            let (client, accepted) =
+                tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+            let (mut client, (server_side, peer)) =
+                (client.expect("connect"), accepted.expect("accept"));
+            client
+                .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .expect("request");
+            drain_tx.send(true).expect("drain");
+            let ctx = Arc::new(ConnCtx::new(shared, peer, peer, false));
+            let served = tokio::spawn(serve_connection(ctx, builder, server_side));
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer))
+                .await
+                .expect("the connection ends")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(
+                answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
+                "round {round}: {answer:?}"
+            );
+            served.await.expect("served");
+        }
     }
 
     /// An HTTP listener's socket has `TCP_QUICKACK` off (on by default). What that does, one
