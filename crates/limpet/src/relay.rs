@@ -311,12 +311,12 @@ impl Pump {
         r.read_buf(&mut self.buf).await
     }
 
-    /// After a read that left room in the buffer: reads on without waiting, to learn whether
-    /// the stream ended right after what came ([`Pump::last`]). A node answering
-    /// `Connection: close` writes and closes at once, so its FIN is usually there already;
-    /// known before the bytes are written, the two leave in one segment. When nothing more
-    /// has come, the read answers from tokio's readiness, without a syscall; when the FIN
-    /// has, its read is the one the next [`Pump::fill`] would have made.
+    /// After a read that left room in the buffer, for a plain TCP writer: reads on without
+    /// waiting, to learn whether the stream ended right after what came ([`Pump::last`]). A
+    /// node answering `Connection: close` writes and closes at once, so its FIN is usually
+    /// there already; known before the bytes are written, the two leave in one segment. When
+    /// nothing more has come, the read answers from tokio's readiness, without a syscall;
+    /// when the FIN has, its read is the one the next [`Pump::fill`] would have made.
     async fn read_on<R: AsyncRead + Unpin>(&mut self, r: &mut R) {
         while self.buf.len() < self.buf.capacity() {
             let more = std::future::poll_fn(|cx| {
@@ -383,7 +383,11 @@ impl Pump {
                 return Ok(());
             }
             clock.moved(self.dir, true);
-            self.read_on(r).await;
+            // Only a plain TCP writer sends its last bytes with the FIN: for the others
+            // (TLS, upgraded streams) looking ahead would buy nothing.
+            if fin_on_close {
+                self.read_on(r).await;
+            }
         }
     }
 }
@@ -786,12 +790,22 @@ mod tests {
         let (mut w, _events) = Recorder::new();
         let answer = b"HTTP/1.1 200 OK\r\n\r\nok";
         let mut node: &[u8] = answer;
-        p.run(&mut node, &mut w, &Clock::new(), false)
+        p.run(&mut node, &mut w, &Clock::new(), true)
             .await
             .expect("relayed");
         assert_eq!(w.writes, vec![(answer.to_vec(), true)]);
         assert!(w.shut, "then the half-close");
         assert_eq!(p.bytes, answer.len() as u64);
+
+        // A writer that is not a plain TCP socket gets them as any other bytes.
+        let mut p = Pump::new(Direction::Down, false);
+        let (mut w, _events) = Recorder::new();
+        let mut node: &[u8] = answer;
+        p.run(&mut node, &mut w, &Clock::new(), false)
+            .await
+            .expect("relayed");
+        assert_eq!(w.writes, vec![(answer.to_vec(), false)]);
+        assert!(w.shut);
     }
 
     /// Bytes with more to come are written as they are; only the bytes the end follows are
@@ -809,7 +823,7 @@ mod tests {
             node_side.write_all(b"second").await.expect("write");
             drop(node_side);
         };
-        let (ran, ()) = tokio::join!(p.run(&mut node, &mut w, &clock, false), feed);
+        let (ran, ()) = tokio::join!(p.run(&mut node, &mut w, &clock, true), feed);
         ran.expect("relayed");
         assert_eq!(
             w.writes,
@@ -826,7 +840,7 @@ mod tests {
             events.recv().await.expect("the write");
             drop(node_side);
         };
-        let (ran, ()) = tokio::join!(p.run(&mut node, &mut w, &clock, false), feed);
+        let (ran, ()) = tokio::join!(p.run(&mut node, &mut w, &clock, true), feed);
         ran.expect("relayed");
         assert_eq!(w.writes, vec![(b"only".to_vec(), false)]);
         assert!(w.shut);
@@ -892,7 +906,7 @@ mod tests {
         let (mut w, _events) = Recorder::new();
         let mut p = Pump::new(Direction::Up, false);
         let err = p
-            .run(&mut ThenReset(Some(b"abc")), &mut w, &Clock::new(), false)
+            .run(&mut ThenReset(Some(b"abc")), &mut w, &Clock::new(), true)
             .await
             .expect_err("the reset");
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
