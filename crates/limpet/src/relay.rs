@@ -272,16 +272,39 @@ impl Pump {
         }
     }
 
-    /// Writes what the buffer holds, noting each write on the clock and in the tracker. The
-    /// reader's last bytes go out with [`Io::poll_write_last`], to leave with the FIN.
+    /// Writes what the buffer holds, noting it on the clock and in the tracker. The reader's
+    /// last bytes go out with [`Io::poll_write_last`], to leave with the FIN.
+    ///
+    /// The clock is read only when this pump is about to wait with bytes held (a write or
+    /// flush that cannot proceed), and once all is written. Both rules of [`Clock::expired`]
+    /// need no more: a read followed by writes that go through at once is one moment, and
+    /// a pump that must wait notes that moment (the read, or its last progress, of the same
+    /// poll) before it does. Noting every read, write and flush cost three clock reads per
+    /// message and direction where one serves.
     async fn write_held<W: Io>(&mut self, w: &mut W, clock: &Clock) -> io::Result<()> {
+        let dir = self.dir;
+        // Whether the clock shows this pump waiting with bytes held since its last progress.
+        let mut noted = false;
+        let note_wait = |pending: bool, noted: &mut bool| {
+            if pending && !*noted {
+                clock.moved(dir, true);
+                *noted = true;
+            }
+        };
         while self.pos < self.buf.len() {
             let held = &self.buf[self.pos..];
-            let n = if self.last {
-                std::future::poll_fn(|cx| Pin::new(&mut *w).poll_write_last(cx, held)).await?
-            } else {
-                w.write(held).await?
-            };
+            let last = self.last;
+            let n = std::future::poll_fn(|cx| {
+                let w = Pin::new(&mut *w);
+                let p = if last {
+                    w.poll_write_last(cx, held)
+                } else {
+                    w.poll_write(cx, held)
+                };
+                note_wait(p.is_pending(), &mut noted);
+                p
+            })
+            .await?;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -290,10 +313,16 @@ impl Pump {
             }
             self.pos += n;
             self.bytes += n as u64;
-            clock.moved(self.dir, true);
+            // Progress: a wait from here on starts now.
+            noted = false;
         }
-        w.flush().await?;
-        clock.moved(self.dir, false);
+        std::future::poll_fn(|cx| {
+            let p = Pin::new(&mut *w).poll_flush(cx);
+            note_wait(p.is_pending(), &mut noted);
+            p
+        })
+        .await?;
+        clock.moved(dir, false);
         Ok(())
     }
 
@@ -382,7 +411,7 @@ impl Pump {
                 clock.ended[self.dir].store(true, Ordering::Relaxed);
                 return Ok(());
             }
-            clock.moved(self.dir, true);
+            // No clock read for the read itself: `write_held` notes it (see there).
             // Only a plain TCP writer sends its last bytes with the FIN: for the others
             // (TLS, upgraded streams) looking ahead would buy nothing.
             if fin_on_close {
@@ -780,6 +809,71 @@ mod tests {
         ) -> Poll<io::Result<usize>> {
             self.get_mut().record(buf, true)
         }
+    }
+
+    impl Io for tokio::io::DuplexStream {}
+
+    /// The stall rule counts from the moment a pump began waiting to write, not from its
+    /// last earlier progress, while the other direction keeps the relay busy: bytes the
+    /// client took at once at 0 s, then at 5 s bytes it never takes, with the client sending
+    /// every second throughout. The relay ends as stalled towards the client `idle` after
+    /// 5 s. (A pump that noted nothing before waiting would never be seen stalled; one that
+    /// counted from its last progress would end at `idle` after 0 s.)
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_counts_from_when_the_write_began_to_wait() {
+        let idle = Duration::from_secs(10);
+        let (client, mut client_peer) = tokio::io::duplex(64);
+        let (node, mut node_peer) = tokio::io::duplex(64 * 1024);
+        let start = Instant::now();
+        let relay = relay(client, node, idle, Framing::Bytes, std::future::pending());
+        let peers = async {
+            node_peer.write_all(b"hello").await.expect("node writes");
+            let mut got = [0u8; 5];
+            client_peer
+                .read_exact(&mut got)
+                .await
+                .expect("client reads");
+            assert_eq!(&got, b"hello");
+            let pings = async {
+                loop {
+                    client_peer.write_all(b".").await.expect("client writes");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            };
+            let node_side = async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                // More than the client's pipe holds: the write to it waits from here.
+                node_peer
+                    .write_all(&[7u8; 4096])
+                    .await
+                    .expect("node writes");
+                let mut sink = [0u8; 64];
+                loop {
+                    if node_peer.read(&mut sink).await.expect("pings") == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            };
+            tokio::join!(pings, node_side);
+        };
+        let end = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::select! {
+                end = relay => end,
+                () = peers => unreachable!("the peers never finish"),
+            }
+        })
+        .await
+        .expect("the relay ended");
+        let took = start.elapsed();
+        assert!(
+            matches!(end, RelayEnd::Stalled(Direction::Down)),
+            "stalled towards the client: {end:?}"
+        );
+        let wait_began = Duration::from_secs(5);
+        assert!(
+            took >= wait_began + idle && took < wait_began + idle + Duration::from_secs(1),
+            "ended {took:?} after the start"
+        );
     }
 
     /// A stream whose end has already come when its last bytes are read: those bytes are
