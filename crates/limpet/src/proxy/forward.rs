@@ -57,7 +57,9 @@ struct Access<'a> {
     uri: Uri,
     node: Option<NodeId>,
     outcome: Option<Outcome>,
-    start: Instant,
+    /// When the request came, read only while the access log is on (a clock read per
+    /// request otherwise spent on a line nobody writes).
+    start: Option<Instant>,
 }
 
 impl Access<'_> {
@@ -80,7 +82,7 @@ impl Access<'_> {
             node = %node,
             status = status.as_u16(),
             pin = %pin,
-            ms = self.start.elapsed().as_secs_f64() * 1000.0,
+            ms = self.start.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1000.0),
         );
     }
 }
@@ -99,7 +101,7 @@ pub(crate) async fn handle(
         uri: req.uri().clone(),
         node: None,
         outcome: None,
-        start: Instant::now(),
+        start: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(Instant::now),
     };
     let resp = proxy(&ctx, req, &mut log).await;
     let shared = &ctx.shared;
@@ -227,8 +229,9 @@ fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
 
 /// Routes the request through the one core decision ([`crate::runtime::State::route`]),
 /// excluding the nodes that already failed for it; the route claims this connection's pin and
-/// a DOWN node's trial itself.
-fn route(ctx: &ConnCtx, p: &Presented, exclude: &[NodeId]) -> Route {
+/// a DOWN node's trial itself. `now_ms`: the request's reading for its first route; a
+/// failover reads the clock again (the failed attempt took time).
+fn route(ctx: &ConnCtx, p: &Presented, exclude: &[NodeId], now_ms: u64) -> Route {
     let shared = &ctx.shared;
     let input = RouteInput {
         cookie: p.cookie,
@@ -238,7 +241,7 @@ fn route(ctx: &ConnCtx, p: &Presented, exclude: &[NodeId]) -> Route {
         spread_key: p.spread,
         balance: shared.def.balance,
         exclude,
-        now_ms: clock::now_ms(),
+        now_ms,
     };
     let table = shared
         .table
@@ -322,13 +325,15 @@ async fn proxy(
         .get(header::UPGRADE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let p = presented(ctx, req.headers(), clock::now_ms());
+    // One clock reading for what the request presents, its first route and its sighting.
+    let now = clock::now_ms();
+    let p = presented(ctx, req.headers(), now);
     // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
     if let (Some(t), Some(k)) = (&shared.table, &p.key) {
         t.prefetch(k.as_key_ref()).await;
     }
     let failed: Vec<NodeId> = Vec::new();
-    let first = route(ctx, &p, &failed);
+    let first = route(ctx, &p, &failed, now);
     let Some(first_node) = first.node else {
         return unavailable(shared, id);
     };
@@ -440,7 +445,7 @@ async fn proxy(
     if in_flight.0 != node {
         in_flight = (node, shared.state.open(node));
     }
-    if ctx.first_sighting(node, p.spread) {
+    if ctx.first_sighting(node, p.spread, now) {
         if let Some(rt) = shared.state.node_rt(node) {
             rt.seen(p.spread);
         }
@@ -578,7 +583,7 @@ impl Attempt<'_> {
         }
         tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
         self.failed.push(node);
-        let next = route(self.ctx, self.presented, &self.failed);
+        let next = route(self.ctx, self.presented, &self.failed, clock::now_ms());
         if next.node.is_none() {
             // Nowhere else to go: the answer reports this node's error.
             return Err(e.clone());

@@ -22,6 +22,7 @@
 //! a malformed chunk is a protocol error (502, or the answer cut), never a guess.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -297,9 +298,16 @@ fn parse_head(
     bytes: &[u8],
     head_request: bool,
 ) -> Result<Option<(http::response::Parts, Framing, bool, usize)>, H1Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let len = match resp.parse(bytes) {
+    // Slots httparse fills as it parses: zeroing all of them first, as `Response::new` over
+    // `EMPTY_HEADER`s needs, was an eighth of this function's instructions (callgrind).
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        bytes,
+        &mut fields,
+    );
+    let len = match parsed {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {

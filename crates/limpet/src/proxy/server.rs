@@ -260,8 +260,14 @@ impl ConnCtx {
     /// same session again within the second changes nothing but its "last seen", which a
     /// second's precision serves: the keep-alive requests of one session skip the window's
     /// lock, which threads would otherwise share on every request.
-    pub(crate) fn first_sighting(&self, node: limpet_core::NodeId, spread: u64) -> bool {
-        let second = crate::clock::now_ms() / 1000;
+    /// `now_ms` is the request's own reading: a second's precision is all this needs.
+    pub(crate) fn first_sighting(
+        &self,
+        node: limpet_core::NodeId,
+        spread: u64,
+        now_ms: u64,
+    ) -> bool {
+        let second = now_ms / 1000;
         let tag = spread
             ^ (node.index() as u64).rotate_left(40)
             ^ second.wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -140,7 +140,7 @@ impl NodeConns {
     /// (closed, expired or unexpectedly readable ones are dropped on the way).
     pub(crate) fn checkout_h1(&self) -> Option<H1Conn> {
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
-        self.prune_h1(&mut idle);
+        self.prune_h1(&mut idle, Instant::now());
         while let Some((conn, _)) = idle.pop_back() {
             if conn.idle_ok() {
                 return Some(conn);
@@ -152,10 +152,11 @@ impl NodeConns {
     /// Drops the idle connections past `upstream_idle`, oldest first. Nothing watches an idle
     /// connection of this path (no task per connection), so one the node closed is only
     /// found when taken, or dropped here once expired: each checkout and recycle prunes.
-    fn prune_h1(&self, idle: &mut std::collections::VecDeque<(H1Conn, Instant)>) {
+    /// `now` is the caller's: a recycle stamps the connection with the same reading.
+    fn prune_h1(&self, idle: &mut std::collections::VecDeque<(H1Conn, Instant)>, now: Instant) {
         while idle
             .front()
-            .is_some_and(|(_, since)| since.elapsed() >= self.idle_timeout)
+            .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= self.idle_timeout)
         {
             idle.pop_front();
         }
@@ -177,12 +178,13 @@ impl NodeConns {
         if self.max_idle == 0 {
             return;
         }
+        let now = Instant::now();
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
-        self.prune_h1(&mut idle);
+        self.prune_h1(&mut idle, now);
         if idle.len() >= self.max_idle {
             idle.pop_front();
         }
-        idle.push_back((conn, Instant::now()));
+        idle.push_back((conn, now));
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again
