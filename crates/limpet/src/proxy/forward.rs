@@ -326,6 +326,9 @@ async fn proxy(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     // One clock reading for what the request presents, its first route and its sighting.
+    // A shared table's prefetch may come between the reading and the route: it is bounded
+    // by the store's timeout (50 ms by default), the table's clock never goes back, and a
+    // DOWN node's trial is claimed on a reading of its own.
     let now = clock::now_ms();
     let p = presented(ctx, req.headers(), now);
     // Fleet mode: a key this instance holds no pin for asks the store first (bounded).

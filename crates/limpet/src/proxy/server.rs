@@ -260,7 +260,12 @@ impl ConnCtx {
     /// same session again within the second changes nothing but its "last seen", which a
     /// second's precision serves: the keep-alive requests of one session skip the window's
     /// lock, which threads would otherwise share on every request.
-    /// `now_ms` is the request's own reading: a second's precision is all this needs.
+    ///
+    /// `now_ms` is the reading the request took when it came, not one at its answer (a
+    /// clock read per request saved): a session is reported in the second its request
+    /// came. The node records the sighting at its own reading; only when two requests of
+    /// one session overlap on one connection (HTTP/2) and came in the same second is the
+    /// later answer's report skipped, so "last seen" can lag by that request's wait.
     pub(crate) fn first_sighting(
         &self,
         node: limpet_core::NodeId,
