@@ -110,7 +110,7 @@ impl Affinity {
     /// Removes every pair of our cookie from the request's `Cookie` headers, unless configured
     /// to keep it. Other pairs pass byte for byte; a header left empty is dropped.
     pub(crate) fn strip(&self, headers: &mut HeaderMap) {
-        if self.cfg.keep_in_request || !headers.contains_key(COOKIE) {
+        if self.cfg.keep_in_request {
             return;
         }
         strip_named(headers, self.name());
@@ -122,7 +122,26 @@ impl Affinity {
 
 /// Removes every pair named `name` from the request's `Cookie` headers.
 fn strip_named(headers: &mut HeaderMap, name: &[u8]) {
-    // Fast path: no Cookie line mentions the name, nothing to rebuild.
+    // One Cookie line (HTTP/1.1 always): replaced or removed in place, no list built, the
+    // value searched once.
+    let mut lines = headers.get_all(COOKIE).iter();
+    match (lines.next(), lines.next()) {
+        (None, _) => return,
+        (Some(only), None) => {
+            match strip_value(only, name) {
+                Stripped::Unchanged => {}
+                Stripped::Replaced(v) => {
+                    headers.insert(COOKIE, v);
+                }
+                Stripped::Emptied => {
+                    headers.remove(COOKIE);
+                }
+            }
+            return;
+        }
+        (Some(_), Some(_)) => {}
+    }
+    // Several lines (HTTP/2 may split a cookie header): rebuilt only when one mentions it.
     if !headers
         .get_all(COOKIE)
         .iter()
@@ -130,23 +149,14 @@ fn strip_named(headers: &mut HeaderMap, name: &[u8]) {
     {
         return;
     }
-    // One Cookie line (HTTP/1.1 always): replaced or removed in place, no list built.
-    let mut lines = headers.get_all(COOKIE).iter();
-    if let (Some(only), None) = (lines.next(), lines.next()) {
-        match strip_value(only, name) {
-            Some(v) => {
-                headers.insert(COOKIE, v);
-            }
-            None => {
-                headers.remove(COOKIE);
-            }
-        }
-        return;
-    }
     let kept: Vec<HeaderValue> = headers
         .get_all(COOKIE)
         .iter()
-        .filter_map(|v| strip_value(v, name))
+        .filter_map(|v| match strip_value(v, name) {
+            Stripped::Unchanged => Some(v.clone()),
+            Stripped::Replaced(new) => Some(new),
+            Stripped::Emptied => None,
+        })
         .collect();
     headers.remove(COOKIE);
     for v in kept {
@@ -154,19 +164,34 @@ fn strip_named(headers: &mut HeaderMap, name: &[u8]) {
     }
 }
 
-/// One `Cookie` value without the pairs named `name`; `None` when nothing is left.
-fn strip_value(value: &HeaderValue, name: &[u8]) -> Option<HeaderValue> {
+/// What [`strip_value`] made of one `Cookie` value.
+#[derive(Debug)]
+enum Stripped {
+    /// No pair was named `name`: the value stays as it is.
+    Unchanged,
+    /// The pairs left.
+    Replaced(HeaderValue),
+    /// Nothing is left.
+    Emptied,
+}
+
+/// One `Cookie` value without the pairs named `name`.
+fn strip_value(value: &HeaderValue, name: &[u8]) -> Stripped {
     let bytes = value.as_bytes();
     if memchr::memmem::find(bytes, name).is_none() {
-        return Some(value.clone());
+        return Stripped::Unchanged;
     }
-    let mut out = Vec::with_capacity(bytes.len());
+    // Allocated only once a pair is kept: a line holding only our pair (the usual one
+    // from a browser that has no other cookie for the site) costs nothing here.
+    let mut out = Vec::new();
+    let mut removed = false;
     for pair in bytes.split(|&b| b == b';') {
         let pair_name = match memchr::memchr(b'=', pair) {
             Some(eq) => trim(&pair[..eq]),
             None => &[][..],
         };
         if pair_name == name {
+            removed = true;
             continue;
         }
         if !out.is_empty() {
@@ -174,12 +199,16 @@ fn strip_value(value: &HeaderValue, name: &[u8]) -> Option<HeaderValue> {
         }
         out.extend_from_slice(pair);
     }
+    if !removed {
+        // The name was only part of another pair's name or value.
+        return Stripped::Unchanged;
+    }
     let out = trim(&out);
     if out.is_empty() {
-        return None;
+        return Stripped::Emptied;
     }
     // A subset of a valid value is valid; keep the original if that ever fails.
-    Some(HeaderValue::from_bytes(out).unwrap_or_else(|_| value.clone()))
+    Stripped::Replaced(HeaderValue::from_bytes(out).unwrap_or_else(|_| value.clone()))
 }
 
 fn trim(mut s: &[u8]) -> &[u8] {
@@ -197,8 +226,13 @@ mod tests {
     use super::*;
 
     fn strip(v: &str) -> Option<String> {
-        strip_value(&HeaderValue::from_str(v).ok()?, b"route")
-            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        let value = HeaderValue::from_str(v).ok()?;
+        let kept = match strip_value(&value, b"route") {
+            Stripped::Unchanged => value,
+            Stripped::Replaced(h) => h,
+            Stripped::Emptied => return None,
+        };
+        Some(String::from_utf8_lossy(kept.as_bytes()).into_owned())
     }
 
     #[test]
@@ -227,5 +261,37 @@ mod tests {
         a.strip(&mut h);
         let got: Vec<_> = h.get_all(COOKIE).iter().collect();
         assert_eq!(got, [HeaderValue::from_static("x=1")]);
+    }
+
+    /// One `Cookie` line (every HTTP/1.1 request): only our pair goes a line that holds
+    /// only it, the rest of a line is kept byte for byte, and a line that merely mentions
+    /// the name stays as it was (the same value, not a rebuilt one).
+    #[test]
+    fn strip_on_one_line_removes_replaces_or_keeps_it() {
+        let pool = limpet_core::Pool::new(["b1"]).unwrap_or_else(|e| panic!("{e}"));
+        let a = Affinity::new(CookieConfig::default(), &pool).unwrap_or_else(|e| panic!("{e}"));
+        let stripped = |line: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            h.insert(http::header::HOST, HeaderValue::from_static("site"));
+            if let Some(l) = line {
+                h.insert(COOKIE, HeaderValue::from_static(l));
+            }
+            a.strip(&mut h);
+            assert_eq!(
+                h.get(http::header::HOST).map(HeaderValue::as_bytes),
+                Some(&b"site"[..])
+            );
+            let lines: Vec<String> = h
+                .get_all(COOKIE)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect();
+            lines
+        };
+        assert!(stripped(Some("route=b1")).is_empty(), "the line goes");
+        assert_eq!(stripped(Some("theme=dark; route=b1")), ["theme=dark"]);
+        assert_eq!(stripped(Some("route=b1;  a=1")), ["a=1"]);
+        assert_eq!(stripped(Some("xroute=1; a=route")), ["xroute=1; a=route"]);
+        assert!(stripped(None).is_empty(), "no Cookie line, nothing added");
     }
 }
