@@ -56,6 +56,45 @@ pub(crate) struct H1Conn {
     end: usize,
     /// The request head being written (kept for its capacity).
     out: Vec<u8>,
+    /// The header names of this connection's last answer.
+    names: NameCache,
+}
+
+/// The most header names a [`NameCache`] keeps: a node's usual answer has about ten.
+const NAMES_CACHED: usize = 32;
+
+/// The header names of a connection's last answer, by position. A node sends the same names
+/// in the same order answer after answer, so a name whose bytes are those at its position
+/// last time is that same name: cloned from here after a byte comparison, where
+/// `HeaderName::from_bytes` validates, lowercases and, for a name the `http` crate does not
+/// know (`X-Backend`), allocates (callgrind: about 200 instructions a field, a fifth of
+/// reading an answer head). Any other name is parsed as before and takes the position.
+#[derive(Debug, Default)]
+struct NameCache(Vec<(Box<[u8]>, HeaderName)>);
+
+impl NameCache {
+    /// The name of field `i`, whose bytes are `raw`.
+    fn name(
+        &mut self,
+        i: usize,
+        raw: &[u8],
+    ) -> Result<HeaderName, http::header::InvalidHeaderName> {
+        if let Some((bytes, name)) = self.0.get(i) {
+            if **bytes == *raw {
+                return Ok(name.clone());
+            }
+        }
+        let name = HeaderName::from_bytes(raw)?;
+        if i < NAMES_CACHED {
+            let entry = (Box::from(raw), name.clone());
+            if let Some(slot) = self.0.get_mut(i) {
+                *slot = entry;
+            } else if i == self.0.len() {
+                self.0.push(entry);
+            }
+        }
+        Ok(name)
+    }
 }
 
 impl std::fmt::Debug for H1Conn {
@@ -141,6 +180,7 @@ impl H1Conn {
             start: 0,
             end: 0,
             out: Vec::with_capacity(512),
+            names: NameCache::default(),
         }
     }
 
@@ -249,7 +289,9 @@ impl H1Conn {
     ) -> Result<(http::response::Parts, Framing, bool), H1Error> {
         let mut answered = false;
         loop {
-            match parse_head(self.buffered(), head_request)? {
+            // The buffer by its fields, not `buffered()`: the name cache is borrowed beside it.
+            let bytes = &self.buf[self.start..self.end];
+            match parse_head(bytes, head_request, &mut self.names)? {
                 Some((parts, framing, keep_alive, len)) => {
                     self.consume(len);
                     let status = parts.status;
@@ -297,6 +339,7 @@ fn encode_head(out: &mut Vec<u8>, method: &Method, target: &http::Uri, headers: 
 fn parse_head(
     bytes: &[u8],
     head_request: bool,
+    names: &mut NameCache,
 ) -> Result<Option<(http::response::Parts, Framing, bool, usize)>, H1Error> {
     // Slots httparse fills as it parses: zeroing all of them first, as `Response::new` over
     // `EMPTY_HEADER`s needs, was an eighth of this function's instructions (callgrind).
@@ -328,8 +371,9 @@ fn parse_head(
     let head = Bytes::copy_from_slice(&bytes[..len]);
     let base = bytes.as_ptr() as usize;
     let mut headers = HeaderMap::with_capacity(resp.headers.len());
-    for f in resp.headers.iter() {
-        let name = HeaderName::from_bytes(f.name.as_bytes())
+    for (i, f) in resp.headers.iter().enumerate() {
+        let name = names
+            .name(i, f.name.as_bytes())
             .map_err(|_| H1Error::protocol("bad header name in the answer"))?;
         let at = (f.value.as_ptr() as usize).wrapping_sub(base);
         let value = head
@@ -703,7 +747,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str, head_request: bool) -> Result<(u16, Framing, bool, usize), String> {
-        match parse_head(text.as_bytes(), head_request) {
+        match parse_head(text.as_bytes(), head_request, &mut NameCache::default()) {
             Ok(Some((p, f, k, len))) => Ok((p.status.as_u16(), f, k, len)),
             Ok(None) => Err("partial".into()),
             Err(e) => Err(e.error.detail),
@@ -786,10 +830,53 @@ mod tests {
         assert!(head(&format!("HTTP/1.1 200 OK\r\n{many}\r\n"), false).is_err());
     }
 
+    /// A connection's name cache changes nothing in what an answer head parses to: answers
+    /// through one cache, whose names repeat, change case, move, grow past the cache or
+    /// shrink, give the same fields in the same order as each parsed with a fresh cache; the
+    /// cache keeps at most [`NAMES_CACHED`] names.
+    #[test]
+    fn the_name_cache_gives_what_a_fresh_parse_gives() {
+        let many: String = (0..NAMES_CACHED + 8)
+            .map(|i| format!("X-F{i}: {i}\r\n"))
+            .collect();
+        let heads = [
+            "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: x\r\nX-Backend: a\r\ncontent-length: 0\r\n\r\n".to_owned(),
+            "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: y\r\nX-Backend: b\r\ncontent-length: 0\r\n\r\n".to_owned(),
+            "HTTP/1.1 200 OK\r\nserver: nginx\r\nDATE: y\r\nx-backend: b\r\ncontent-length: 0\r\n\r\n".to_owned(),
+            // Another name of the same length at the same place.
+            "HTTP/1.1 200 OK\r\nserver: nginx\r\nVary: y\r\nx-backend: b\r\ncontent-length: 0\r\n\r\n".to_owned(),
+            "HTTP/1.1 200 OK\r\nX-Backend: c\r\nServer: nginx\r\ncontent-length: 0\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n".to_owned(),
+            format!("HTTP/1.1 200 OK\r\n{many}content-length: 0\r\n\r\n"),
+            "HTTP/1.1 204 No Content\r\nX-Backend: d\r\n\r\n".to_owned(),
+        ];
+        let fields = |p: &http::response::Parts| -> Vec<(String, Vec<u8>)> {
+            p.headers
+                .iter()
+                .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                .collect()
+        };
+        let mut cache = NameCache::default();
+        for h in &heads {
+            let cached = parse_head(h.as_bytes(), false, &mut cache);
+            let fresh = parse_head(h.as_bytes(), false, &mut NameCache::default());
+            let (Ok(Some((c, ..))), Ok(Some((f, ..)))) = (cached, fresh) else {
+                panic!("parsed: {h}");
+            };
+            assert_eq!(fields(&c), fields(&f), "{h}");
+            assert!(cache.0.len() <= NAMES_CACHED);
+        }
+        assert_eq!(
+            cache.0.len(),
+            NAMES_CACHED,
+            "filled by the long head, then kept"
+        );
+    }
+
     #[test]
     fn header_values_are_kept_as_sent() {
         let text = "HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\nX-Node:  n1 \r\ncontent-length: 0\r\n\r\n";
-        let Ok(Some((p, _, _, _))) = parse_head(text.as_bytes(), false) else {
+        let Ok(Some((p, _, _, _))) = parse_head(text.as_bytes(), false, &mut NameCache::default())
+        else {
             panic!("parsed");
         };
         let cookies: Vec<&[u8]> = p
