@@ -292,6 +292,8 @@ mod tests {
         assert_eq!(stripped(Some("theme=dark; route=b1")), ["theme=dark"]);
         assert_eq!(stripped(Some("route=b1;  a=1")), ["a=1"]);
         assert_eq!(stripped(Some("xroute=1; a=route")), ["xroute=1; a=route"]);
+        // As sent, not rebuilt from its pairs (which would drop the empty first one).
+        assert_eq!(stripped(Some(";xroute=1")), [";xroute=1"]);
         assert!(stripped(None).is_empty(), "no Cookie line, nothing added");
     }
 }

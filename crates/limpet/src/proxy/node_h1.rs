@@ -62,6 +62,10 @@ pub(crate) struct H1Conn {
 
 /// The most header names a [`NameCache`] keeps: a node's usual answer has about ten.
 const NAMES_CACHED: usize = 32;
+/// The longest name a [`NameCache`] keeps (the usual ones are under 32 bytes): a node that
+/// sends long names gets them parsed each time, and cannot make an idle connection hold
+/// them.
+const NAME_CACHED_MAX: usize = 64;
 
 /// The header names of a connection's last answer, by position. A node sends the same names
 /// in the same order answer after answer, so a name whose bytes are those at its position
@@ -69,6 +73,11 @@ const NAMES_CACHED: usize = 32;
 /// `HeaderName::from_bytes` validates, lowercases and, for a name the `http` crate does not
 /// know (`X-Backend`), allocates (callgrind: about 200 instructions a field, a fifth of
 /// reading an answer head). Any other name is parsed as before and takes the position.
+///
+/// Costs: about 50 to 200 bytes a name, so about 1 KB for a usual answer and at most about 7 KB,
+/// held by each kept-alive node connection; answers whose names do not keep their places
+/// (an optional field near the top) miss, and pay one small allocation a field more than
+/// parsing alone.
 #[derive(Debug, Default)]
 struct NameCache(Vec<(Box<[u8]>, HeaderName)>);
 
@@ -85,7 +94,7 @@ impl NameCache {
             }
         }
         let name = HeaderName::from_bytes(raw)?;
-        if i < NAMES_CACHED {
+        if i < NAMES_CACHED && raw.len() <= NAME_CACHED_MAX {
             let entry = (Box::from(raw), name.clone());
             if let Some(slot) = self.0.get_mut(i) {
                 *slot = entry;
@@ -870,6 +879,15 @@ mod tests {
             NAMES_CACHED,
             "filled by the long head, then kept"
         );
+        // A name longer than the cache keeps is parsed, and never held.
+        let long = "x".repeat(NAME_CACHED_MAX + 1);
+        let mut cache = NameCache::default();
+        let text = format!("HTTP/1.1 204 No Content\r\n{long}: 1\r\n\r\n");
+        let Ok(Some((p, ..))) = parse_head(text.as_bytes(), false, &mut cache) else {
+            panic!("parsed");
+        };
+        assert!(p.headers.contains_key(long.as_str()));
+        assert!(cache.0.is_empty(), "not kept");
     }
 
     #[test]
