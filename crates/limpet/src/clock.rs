@@ -23,8 +23,14 @@ fn anchor() -> &'static (u64, Instant) {
 
 /// Milliseconds since the Unix epoch: the core's `now_ms`.
 pub fn now_ms() -> u64 {
-    let (wall, at) = *anchor();
-    let since = Instant::now().saturating_duration_since(at);
+    ms_at(Instant::now())
+}
+
+/// [`now_ms`] at `at`, a reading the caller took already (one clock read serving both
+/// scales).
+pub fn ms_at(at: Instant) -> u64 {
+    let (wall, anchor) = *anchor();
+    let since = at.saturating_duration_since(anchor);
     wall.saturating_add(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 

@@ -106,8 +106,12 @@ impl NodeRuntime {
 
     /// Records what was seen of the node (a check result, or live traffic).
     pub fn observe(&self, obs: Observation) -> Option<Transition> {
-        let now = clock::now_ms();
-        self.update(|s| s.health.observe(obs, s.policy, now))
+        self.observe_at(obs, clock::now_ms())
+    }
+
+    /// [`observe`](Self::observe) at `now_ms`, a reading the caller took.
+    pub fn observe_at(&self, obs: Observation, now_ms: u64) -> Option<Transition> {
+        self.update(|s| s.health.observe(obs, s.policy, now_ms))
     }
 
     /// Takes the trial of a DOWN node due one; the claim holds `hold` (the connect timeout).

@@ -470,10 +470,22 @@ where
     let end = {
         let up_run = up.run(&mut cr, &mut nw, &clock, fin_on_close.node);
         let down_run = down.run(&mut nr, &mut cw, &clock, fin_on_close.client);
-        tokio::pin!(up_run, down_run);
+        // The close signal and the idle clock, polled only when one of them was woken, not
+        // on every wake of a pump (`crate::wake`).
+        let control = crate::wake::OnWake::new(async {
+            tokio::select! {
+                biased;
+                reason = &mut stop => RelayEnd::Stopped(reason),
+                end = clock.expired(idle) => end,
+            }
+        });
+        tokio::pin!(up_run, down_run, control);
         let (mut up_done, mut down_done) = (false, false);
         loop {
+            // In order: a pump's future only ends with its direction, so polling the pumps
+            // first starves nothing, and saves drawing a random start on every wake.
             tokio::select! {
+                biased;
                 r = &mut up_run, if !up_done => match r {
                     Ok(()) => up_done = true,
                     Err(e) => break RelayEnd::Error(e),
@@ -482,8 +494,7 @@ where
                     Ok(()) => down_done = true,
                     Err(e) => break RelayEnd::Error(e),
                 },
-                end = clock.expired(idle) => break end,
-                reason = &mut stop => break RelayEnd::Stopped(reason),
+                end = &mut control => break end,
             }
             if up_done && down_done {
                 break RelayEnd::Done(0, 0);

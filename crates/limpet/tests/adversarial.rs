@@ -119,6 +119,69 @@ async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {
     proxy.stop().await;
 }
 
+/// One answer on a kept-alive connection, read to the end of its `Content-Length` body.
+async fn read_one_answer(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        assert!(n > 0, "closed before the answer was whole");
+        got.extend_from_slice(&buf[..n]);
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a Content-Length answer");
+        if got.len() >= end + 4 + len {
+            return String::from_utf8_lossy(&got).into_owned();
+        }
+    }
+}
+
+/// HTTP/1 after a first request: the request-head clock starts when the connection turns
+/// idle, so half of the next head, or none of it, is closed within the head timeout, well
+/// before the (longer) keep-alive idle timeout, and the slot is freed.
+#[tokio::test]
+async fn http1_the_next_head_on_a_kept_alive_connection_has_the_head_timeout() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.timeouts.keep_alive_idle = Duration::from_secs(60);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+    for half_a_head in [&b"GET / HTTP/1.1\r\nHost: t\r\nX-A: "[..], b""] {
+        let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let answer = read_one_answer(&mut s).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let idle_from = Instant::now();
+        s.write_all(half_a_head).await.expect("write");
+        closed_within(&mut s, SOON)
+            .await
+            .expect("closed within the head timeout, not the keep-alive one");
+        let took = idle_from.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_millis(300 + 1500),
+            "closed {took:?} after the answer ({} bytes of a head sent)",
+            half_a_head.len()
+        );
+        assert!(
+            served_within(proxy.addr, PATIENCE).await,
+            "the freed slot serves the next client"
+        );
+    }
+    proxy.stop().await;
+}
+
 /// A connection that never sends a byte costs little while it waits (its HTTP state is built
 /// only at the first byte) but is still closed at the request-head timeout, freeing its slot.
 #[tokio::test]

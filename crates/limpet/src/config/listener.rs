@@ -129,8 +129,8 @@ impl Default for Limits {
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     /// From the moment a connection waits for a request head until the whole head arrived
-    /// (slow-loris). hyper starts this clock as soon as an HTTP/1 connection is idle, so it
-    /// also bounds the idle time between keep-alive requests.
+    /// (slow-loris). On HTTP/1 this clock starts as soon as the connection is idle (the end
+    /// of the last answer), so it also bounds the idle time between keep-alive requests.
     pub header_read: Duration,
     /// A client connection with no request in flight for this long is closed.
     pub keep_alive_idle: Duration,

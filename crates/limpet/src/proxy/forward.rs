@@ -92,7 +92,10 @@ pub(crate) async fn handle(
     ctx: Arc<ConnCtx>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    let guard = ActiveGuard::new(&ctx);
+    // The request's one clock reading as it comes: the connection's idle clock, what the
+    // request presents and its first route, and the access log's duration.
+    let arrived = Instant::now();
+    let guard = ActiveGuard::new(&ctx, arrived);
     let h2 = req.version() == Version::HTTP_2;
     let id = ctx.shared.next_request_id();
     let mut log = Access {
@@ -101,9 +104,9 @@ pub(crate) async fn handle(
         uri: req.uri().clone(),
         node: None,
         outcome: None,
-        start: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(Instant::now),
+        start: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then_some(arrived),
     };
-    let resp = proxy(&ctx, req, &mut log).await;
+    let resp = proxy(&ctx, req, &mut log, arrived).await;
     let shared = &ctx.shared;
     log.emit(shared, resp.status());
     // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
@@ -291,6 +294,7 @@ async fn proxy(
     ctx: &Arc<ConnCtx>,
     mut req: Request<Incoming>,
     log: &mut Access<'_>,
+    arrived: Instant,
 ) -> Response<ProxyBody> {
     let shared = &ctx.shared;
     let id = log.id;
@@ -329,7 +333,7 @@ async fn proxy(
     // A shared table's prefetch may come between the reading and the route: it is bounded
     // by the store's timeout (50 ms by default), the table's clock never goes back, and a
     // DOWN node's trial is claimed on a reading of its own.
-    let now = clock::now_ms();
+    let now = clock::ms_at(arrived);
     let p = presented(ctx, req.headers(), now);
     // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
     if let (Some(t), Some(k)) = (&shared.table, &p.key) {
@@ -735,9 +739,7 @@ impl Attempt<'_> {
                     if !self.upgrade {
                         conns.recycle(sender);
                     }
-                    // An answer: resets the failure streak (the core ignores it with checks).
-                    shared.state.observe(node, Observation::TrafficOk);
-                    shared.metrics.upstream_latency(node, sent_at.elapsed());
+                    answered(shared, node, sent_at);
                     return Ok(resp.map(NodeAnswer::Hyper));
                 }
                 // No answer within the answer timeout: the node is hung or overloaded.
@@ -796,6 +798,19 @@ impl Attempt<'_> {
     }
 }
 
+/// An answer head from `node` to a request sent at `sent_at`: the node's health sees live
+/// traffic served (it resets the failure streak; the core ignores it with checks) and the
+/// latency is counted, on one clock reading.
+fn answered(shared: &Shared, node: NodeId, sent_at: Instant) {
+    let now = Instant::now();
+    shared
+        .state
+        .observe_at(node, Observation::TrafficOk, clock::ms_at(now));
+    shared
+        .metrics
+        .upstream_latency(node, now.saturating_duration_since(sent_at));
+}
+
 /// How an attempt on the request-driven path ended without an answer.
 enum Direct {
     /// A kept-alive connection turned out closed before any answer byte: retry fresh.
@@ -819,10 +834,13 @@ impl Attempt<'_> {
         force_fresh: bool,
     ) -> Result<Response<super::node_h1::NodeBody>, Direct> {
         let shared = &self.ctx.shared;
+        // One reading for the idle connections' expiry, the send time and the answer's
+        // deadline (a connect in between takes a new one).
+        let mut sent_at = Instant::now();
         let pooled = if force_fresh || self.route.trial {
             None
         } else {
-            conns.checkout_h1()
+            conns.checkout_h1(sent_at)
         };
         let was_pooled = pooled.is_some();
         let conn = match pooled {
@@ -831,18 +849,16 @@ impl Attempt<'_> {
                 Ok(c) => {
                     // Ends a trial (without checks); proves nothing else.
                     shared.state.observe(node, Observation::Connected);
+                    sent_at = Instant::now();
                     c
                 }
                 Err(e) => return Err(Direct::ConnectFailed(e)),
             },
         };
-        let sent_at = Instant::now();
         let exchange = conn.exchange(&head.method, &head.uri, &head.headers, conns);
-        match tokio::time::timeout(answer_timeout, exchange).await {
+        match tokio::time::timeout_at(sent_at + answer_timeout, exchange).await {
             Ok(Ok(resp)) => {
-                // An answer: resets the failure streak (the core ignores it with checks).
-                shared.state.observe(node, Observation::TrafficOk);
-                shared.metrics.upstream_latency(node, sent_at.elapsed());
+                answered(shared, node, sent_at);
                 Ok(resp)
             }
             Ok(Err(e)) if was_pooled && e.closed_before_answer => Err(Direct::Stale),

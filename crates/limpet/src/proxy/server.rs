@@ -12,9 +12,11 @@
 //!          ├─► forward::handle per request, sharing this connection's ConnCtx
 //!          ├─► writes blocked for client_idle (a client that stopped reading) ─► closed
 //!          ├─► idle watch: no request in flight for keep_alive_idle (header_read before the
-//!          │     first request) ─► graceful close ─► socket dropped if the client stays
+//!          │     first request, and between HTTP/1 requests when it is lower: the wait for
+//!          │     the next head) ─► graceful close ─► socket dropped if the client stays
 //!          │     (a stalled HTTP/2 header block never lets the connection end by itself)
 //!          └─► shutdown signal ─► graceful close (finish in-flight, then close; cut at drain)
+//!        (the watchers are polled only when one of them is woken: crate::wake::OnWake)
 //! ```
 
 use std::future::Future;
@@ -217,6 +219,9 @@ pub(crate) struct ConnCtx {
     answers: std::sync::Mutex<Vec<std::sync::Weak<super::body::AnswerClock>>>,
     /// Wakes [`stall_watch`] at the first answer it has to watch.
     first_answer: tokio::sync::Notify,
+    /// The connection's watchers' wake flag (`crate::wake::OnWake::on`; the context is their
+    /// waker, so that no connection allocates one).
+    control: crate::wake::Signal,
     active: AtomicUsize,
     served: AtomicU64,
     /// Milliseconds since `started` at the last request start or end.
@@ -246,6 +251,7 @@ impl ConnCtx {
             write_limit: crate::relay::WriteLimit::new(shared.timeouts.client_idle),
             answers: std::sync::Mutex::new(Vec::new()),
             first_answer: tokio::sync::Notify::new(),
+            control: crate::wake::Signal::new(),
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
@@ -295,7 +301,12 @@ impl ConnCtx {
     }
 
     fn touch(&self) {
-        let ms = self.started.elapsed().as_millis() as u64;
+        self.touch_at(Instant::now());
+    }
+
+    /// [`touch`](Self::touch) with a reading the caller took.
+    fn touch_at(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.started).as_millis() as u64;
         self.last_touch_ms.store(ms, Ordering::Relaxed);
     }
 
@@ -310,16 +321,34 @@ impl ConnCtx {
     }
 }
 
+impl AsRef<crate::wake::Signal> for ConnCtx {
+    fn as_ref(&self) -> &crate::wake::Signal {
+        &self.control
+    }
+}
+
+/// The waker of the connection's watchers (`serve_connection`).
+impl std::task::Wake for ConnCtx {
+    fn wake(self: Arc<Self>) {
+        self.control.fire();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.control.fire();
+    }
+}
+
 /// Marks a request in flight on its connection from the moment it arrives until its answer
 /// body is dropped.
 #[derive(Debug)]
 pub(crate) struct ActiveGuard(Arc<ConnCtx>);
 
 impl ActiveGuard {
-    pub(crate) fn new(ctx: &Arc<ConnCtx>) -> Self {
+    /// `arrived`: the request's clock reading as it came.
+    pub(crate) fn new(ctx: &Arc<ConnCtx>, arrived: Instant) -> Self {
         ctx.active.fetch_add(1, Ordering::AcqRel);
         ctx.served.fetch_add(1, Ordering::Relaxed);
-        ctx.touch();
+        ctx.touch_at(arrived);
         ActiveGuard(Arc::clone(ctx))
     }
 }
@@ -366,16 +395,23 @@ async fn stall_watch(ctx: &ConnCtx) {
 /// Resolves once the connection has had no request in flight for long enough: the header
 /// read timeout before its first request (a connection that never sends one, even during
 /// protocol detection, is a slow-loris), the keep-alive idle timeout after.
-async fn idle_watch(ctx: &ConnCtx) {
+///
+/// HTTP/1 (`h1`): between requests a connection waits for the next head, so the header read
+/// timeout bounds that wait too, from the end of the last answer, whether nothing came or
+/// half a head did: the lower of the two limits. This is the request-head clock of an
+/// HTTP/1 connection; hyper's own (`header_read_timeout`) is not set, as it would take a
+/// boxed timer and a clock reading for every request for the same rule.
+async fn idle_watch(ctx: &ConnCtx, h1: bool) {
     let t = ctx.shared.timeouts;
     // Re-check at least this often, so a first request arriving mid-sleep switches the limit
     // from header_read to keep_alive_idle without waiting out the longer one.
     let step = t.header_read.min(t.keep_alive_idle);
+    let between = if h1 { step } else { t.keep_alive_idle };
     loop {
         let limit = if ctx.served.load(Ordering::Relaxed) == 0 {
             t.header_read
         } else {
-            t.keep_alive_idle
+            between
         };
         match ctx.idle_for() {
             Some(idle) if idle >= limit => return,
@@ -425,10 +461,11 @@ pub(crate) struct Builder {
     h2: http2::Builder<BoxingExecutor>,
 }
 
-fn builder(limits: &Limits, timeouts: &Timeouts) -> Builder {
+fn builder(limits: &Limits) -> Builder {
     let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header_read)
+    // `idle_watch` is the request-head clock of HTTP/1 connections (hyper's would take a
+    // boxed timer per request for the same rule).
+    h1.header_read_timeout(None)
         .max_buf_size(limits.max_header_bytes)
         .max_headers(limits.max_headers)
         .keep_alive(true);
@@ -529,7 +566,7 @@ pub async fn serve_listener_on(
         .map_err(ServeError::Config)?,
     );
     let drain_timeout = shared.timeouts.drain;
-    let mut builder = Arc::new(builder(&shared.limits, &shared.timeouts));
+    let mut builder = Arc::new(builder(&shared.limits));
     // Every connection task holds a clone; recv() returns None once all are gone.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
 
@@ -545,7 +582,7 @@ pub async fn serve_listener_on(
                 match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
                     Ok(s) => {
                         shared = Arc::new(s);
-                        builder = Arc::new(self::builder(&shared.limits, &shared.timeouts));
+                        builder = Arc::new(self::builder(&shared.limits));
                     }
                     Err(e) => {
                         tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
@@ -619,7 +656,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
                 return;
             }
         },
-        () = idle_watch(&ctx) => return,
+        () = idle_watch(&ctx, true) => return,
         () = async { let _ = draining.wait_for(|d| *d).await; } => return,
     };
     let io = TokioIo::new(io);
@@ -639,28 +676,42 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
             }
         };
     }
+    // The watchers beside the connection, polled only when one of them was woken (not on
+    // each of the connection's own wakes, about three per request: `crate::wake`).
+    let control = crate::wake::OnWake::on(Arc::clone(&ctx), async {
+        tokio::select! {
+            biased;
+            () = idle_watch(&ctx, !h2) => Control::Idle,
+            () = async { let _ = draining.wait_for(|d| *d).await; } => Control::Drain,
+            // HTTP/1 needs none (see `stall_watch`).
+            () = stall_watch(&ctx), if h2 => Control::Stall,
+        }
+    });
+    tokio::pin!(control);
     // The connection first: a request whose bytes have come is read (from memory) before a
     // drain that is already signalled asks the connection to close, so it is answered, not
     // dropped (hyper closes an HTTP/1 connection at once if it has read nothing yet).
     let result = tokio::select! {
         biased;
         r = conn.as_mut() => Some(r),
-        () = idle_watch(&ctx) => {
-            graceful_shutdown!();
-            let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
-            ctx.touch();
-            tokio::select! {
-                r = conn.as_mut() => Some(r),
-                () = quiet_for(&ctx, grace) => None,
+        c = &mut control => match c {
+            Control::Idle => {
+                graceful_shutdown!();
+                let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
+                ctx.touch();
+                tokio::select! {
+                    r = conn.as_mut() => Some(r),
+                    () = quiet_for(&ctx, grace) => None,
+                }
             }
-        }
-        () = async { let _ = draining.wait_for(|d| *d).await; } => {
-            graceful_shutdown!();
-            tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
-        }
-        () = stall_watch(&ctx) => {
-            tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle: connection closed");
-            Some(Ok(()))
+            Control::Drain => {
+                graceful_shutdown!();
+                tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
+            }
+            Control::Stall => {
+                tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle: connection closed");
+                Some(Ok(()))
+            }
         }
     };
     match result {
@@ -672,6 +723,16 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
             tracing::debug!(peer = %ctx.peer, "client did not close after a graceful close: socket dropped")
         }
     }
+}
+
+/// Which of a connection's watchers fired first.
+enum Control {
+    /// No request in flight for too long ([`idle_watch`]).
+    Idle,
+    /// The listener started draining.
+    Drain,
+    /// An HTTP/2 answer stalled by the client ([`stall_watch`]).
+    Stall,
 }
 
 /// How long a connection asked to close (GOAWAY) may stay without a request in flight before
@@ -751,7 +812,7 @@ mod tests {
                 )
                 .expect("listener settings"),
             );
-            let builder = Arc::new(builder(&shared.limits, &shared.timeouts));
+            let builder = Arc::new(builder(&shared.limits));
             let (client, accepted) =
                 tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
             let (mut client, (server_side, peer)) =

@@ -137,10 +137,11 @@ impl NodeConns {
     }
 
     /// A kept-alive connection of the request-driven path, if one is left and still good
-    /// (closed, expired or unexpectedly readable ones are dropped on the way).
-    pub(crate) fn checkout_h1(&self) -> Option<H1Conn> {
+    /// (closed, expired or unexpectedly readable ones are dropped on the way). `now`: the
+    /// caller's reading.
+    pub(crate) fn checkout_h1(&self, now: Instant) -> Option<H1Conn> {
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
-        self.prune_h1(&mut idle, Instant::now());
+        self.prune_h1(&mut idle, now);
         while let Some((conn, _)) = idle.pop_back() {
             if conn.idle_ok() {
                 return Some(conn);

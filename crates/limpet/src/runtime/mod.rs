@@ -654,8 +654,14 @@ impl State {
 
     /// Records what was seen of a node; logs and counts a transition.
     pub fn observe(&self, node: NodeId, obs: Observation) -> Option<Transition> {
+        self.observe_at(node, obs, crate::clock::now_ms())
+    }
+
+    /// [`observe`](Self::observe) at `now_ms`, a reading the caller took (the request path
+    /// shares one between the answer's latency and its health observation).
+    pub fn observe_at(&self, node: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
         let rt = self.node_rt(node)?;
-        let t = rt.observe(obs);
+        let t = rt.observe_at(obs, now_ms);
         if let Some(t) = t {
             self.lifecycle.transition(rt.name(), t);
             match t {
