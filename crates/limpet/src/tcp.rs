@@ -549,10 +549,11 @@ pub async fn serve_on(
                 return;
             };
             let shutdown = shutdown.clone();
-            sessions.spawn(async move {
+            // Boxed before it is spawned, as HTTP connections are (`proxy::server`).
+            sessions.spawn(Box::pin(async move {
                 let _permit = permit;
                 session(state, li, (stream, peer, bound), shutdown).await;
-            });
+            }));
         },
     )
     .await;

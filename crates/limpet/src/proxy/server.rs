@@ -592,7 +592,11 @@ pub async fn serve_listener_on(
             let shared = Arc::clone(&shared);
             let builder = Arc::clone(&builder);
             let done = done_tx.clone();
-            tokio::spawn(async move {
+            // Boxed before it is spawned: the connection's future is several KiB, and tokio
+            // moves a spawned future by value through several calls into its task and again
+            // at each change of the task's stage (callgrind, `close`: about 3,900
+            // instructions of `memcpy` per connection against one allocation).
+            tokio::spawn(Box::pin(async move {
                 let _permit = permit;
                 let _done = done;
                 match crate::net::accept_client(stream, peer, bound, &shared.def).await {
@@ -602,7 +606,7 @@ pub async fn serve_listener_on(
                     }
                     Err(why) => tracing::debug!(%peer, why, "client connection refused"),
                 }
-            });
+            }));
         },
     )
     .await;
