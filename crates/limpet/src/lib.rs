@@ -37,8 +37,8 @@
 //! - [`store`]: fleet mode: shared tables through Redis or Valkey (local cache, create-if-absent
 //!   first pins, re-pins published, circuit breaker).
 //! - [`tcp`]: TCP mode (relay, half-close, idle, failover, node-down close, PROXY protocol).
-//! - [`wake`]: watchers (idle clocks, drain and node-state signals) polled only when woken,
-//!   beside a connection's or a relay's I/O.
+//! - [`wake`]: futures polled only when woken: the watchers (idle clocks, drain and
+//!   node-state signals) beside a connection's or a relay's I/O, and a relay's pumps.
 
 pub mod admin;
 pub mod backend;

@@ -468,10 +468,16 @@ where
     let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
     tokio::pin!(stop);
     let end = {
-        let up_run = up.run(&mut cr, &mut nw, &clock, fin_on_close.node);
-        let down_run = down.run(&mut nr, &mut cw, &clock, fin_on_close.client);
+        // Each pump polled only when its own sockets woke it, not on every wake of the
+        // other one (`crate::wake`): a pump moves only on its read or write readiness. Each
+        // has a wake flag of its own (`OnWake::new`), never one inside a side: a waker
+        // left registered in a socket's readiness would then own that socket, a cycle that
+        // keeps the session's sockets open after the relay ends.
+        let up_run = crate::wake::OnWake::new(up.run(&mut cr, &mut nw, &clock, fin_on_close.node));
+        let down_run =
+            crate::wake::OnWake::new(down.run(&mut nr, &mut cw, &clock, fin_on_close.client));
         // The close signal and the idle clock, polled only when one of them was woken, not
-        // on every wake of a pump (`crate::wake`).
+        // on every wake of a pump.
         let control = crate::wake::OnWake::new(async {
             tokio::select! {
                 biased;

@@ -1,5 +1,7 @@
-//! Futures polled only when they were woken: for the watchers that sit beside a connection's
-//! or a relay's I/O in one `select!` (idle and stall clocks, drain and node-state signals).
+//! Futures polled only when they were woken: for the branches of one `select!` that most
+//! wakes are not for. The watchers beside a connection's or a relay's I/O (idle and stall
+//! clocks, drain and node-state signals), and each of a relay's two pumps (a wake for one
+//! direction is not one for the other).
 //!
 //! A `select!` polls every branch each time its task is woken, whichever branch the wake was
 //! for. A kept-alive connection's task wakes about three times per request (the request
@@ -18,7 +20,7 @@
 //! ```
 //!
 //! Only for futures whose progress comes through their own wakers (timers, channels,
-//! `Notify`, `watch`): a future that would make progress on a poll without having been woken
+//! `Notify`, `watch`, socket readiness): a future that would make progress on a poll without having been woken
 //! (one that reads shared state only when polled, with nothing to wake it) would wait forever.
 
 use std::future::Future;
@@ -100,6 +102,11 @@ where
 {
     /// `inner` woken through `owner`, whose [`Wake`] must [`Signal::fire`] the signal it
     /// gives. One `OnWake` per owner at a time: two would share the one flag.
+    ///
+    /// The waker owns `owner`: `inner` must register it only where its own futures hold
+    /// it (timers, `Notify`, `watch`: dropped with them), never in something `owner` owns
+    /// and that outlives `inner`, such as a socket's readiness slot, or `owner` would own
+    /// itself and never be dropped.
     pub fn on(owner: Arc<O>, inner: F) -> Self {
         let waker = Waker::from(Arc::clone(&owner));
         OnWake {
