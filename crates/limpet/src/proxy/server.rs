@@ -660,6 +660,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
                 return;
             }
         },
+        // No request yet, so the limit is `header_read` whichever the protocol turns out.
         () = idle_watch(&ctx, true) => return,
         () = async { let _ = draining.wait_for(|d| *d).await; } => return,
     };
