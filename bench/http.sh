@@ -27,6 +27,10 @@
 #   --connections N     wrk connections (default 64; h2load modes have theirs in their name)
 #   --wrk-threads N     wrk threads (default 1)
 #   --rounds N          repeat everything N times, report medians (default 1; 3+ for README figures)
+#   --order ORDER       interleaved (default): each mode's runs of the two proxies back to back,
+#                       the proxy that goes first alternating from mode to mode and round to round,
+#                       each run on a freshly started proxy; grouped: all of one proxy's modes, then
+#                       all of the other's, each proxy started once per listener group and round
 #   --proxy-core C      core the proxy runs on (default 0)
 #   --client-core C     core wrk/h2load and the nginx backends run on (default 1)
 #   --limpet PATH       limpet binary (default: $LIMPET, else target/release/limpet)
@@ -56,6 +60,7 @@ warmup=2
 connections=64
 wrk_threads=1
 rounds=1
+order_kind=interleaved
 proxy_core=0
 client_core=1
 limpet_bin=${LIMPET:-$repo/target/release/limpet}
@@ -70,6 +75,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --wrk-threads) wrk_threads=${2:?}; shift 2 ;;
         --rounds) rounds=${2:?}; shift 2 ;;
+        --order) order_kind=${2:?}; shift 2 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -77,6 +83,7 @@ for v in quiet_wait duration warmup connections wrk_threads rounds proxy_core cl
     is_uint "${!v}" || die "--${v//_/-} wants a whole number, got '${!v}'"
 done
 ((duration > 0 && connections > 0 && wrk_threads > 0 && rounds > 0)) || die "duration, connections, threads and rounds must be > 0"
+[[ $order_kind == interleaved || $order_kind == grouped ]] || die "--order takes interleaved or grouped, got '$order_kind'"
 ((connections >= wrk_threads)) || die "wrk needs at least one connection per thread"
 parse_modes "$mode_list"
 case $only in
@@ -108,10 +115,42 @@ declare -A results # results[proxy.mode] = "k=v,k=v,...;" records, one per round
 mapfile -t groups < <(mode_groups)
 
 say "limpet bench: modes ${modes[*]}; ${duration}s each (wrk -t$wrk_threads -c$connections), $rounds round(s); proxy on core $proxy_core, load+nginx on core $client_core"
+# measure PROXY MODE ROUND: one measured run, recorded for the medians.
+measure() {
+    say "round $3/$rounds: $1 $2..."
+    measured_load "$1" "$2" "$duration" "$connections"
+    say "  $load_result"
+    results[$1.$2]+="${load_result// /,};"
+}
+
+# Interleaved, a mode's two runs are seconds apart, so a load that comes and goes on this
+# shared machine (minutes at a time) falls on both or neither; grouped, they were up to a few
+# minutes apart. Each interleaved run starts its proxy afresh and warms it up first.
+checked=""
 for ((round = 1; round <= rounds; round++)); do
     order=("${proxies[@]}")
     # Alternate which proxy goes first, so drift (thermal, other load) does not favour one.
     if ((round % 2 == 0 && ${#order[@]} == 2)); then order=("${order[1]}" "${order[0]}"); fi
+    if [[ $order_kind == interleaved ]]; then
+        for group in "${groups[@]}"; do
+            for mode in "${modes[@]}"; do
+                [[ $(mode_group "$mode") == "$group" ]] || continue
+                for proxy in "${order[@]}"; do
+                    "start_$proxy" "$group"
+                    if [[ " $checked " != *" $proxy.$group "* ]]; then
+                        check_proxy "$proxy" "$group"
+                        checked+=" $proxy.$group"
+                    fi
+                    if ((warmup > 0)); then run_load "$proxy" "$mode" "$warmup" "$connections"; fi
+                    measure "$proxy" "$mode" "$round"
+                    stop_proxy "$proxy_pid"
+                done
+                # The next mode starts with the other proxy.
+                if ((${#order[@]} == 2)); then order=("${order[1]}" "${order[0]}"); fi
+            done
+        done
+        continue
+    fi
     for proxy in "${order[@]}"; do
         for group in "${groups[@]}"; do
             "start_$proxy" "$group"
@@ -121,10 +160,7 @@ for ((round = 1; round <= rounds; round++)); do
                 [[ $(mode_group "$mode") == "$group" ]] || continue
                 if ((first && warmup > 0)); then run_load "$proxy" "$mode" "$warmup" "$connections"; fi
                 first=0
-                say "round $round/$rounds: $proxy $mode..."
-                measured_load "$proxy" "$mode" "$duration" "$connections"
-                say "  $load_result"
-                results[$proxy.$mode]+="${load_result// /,};"
+                measure "$proxy" "$mode" "$round"
             done
             stop_proxy "$proxy_pid"
         done
@@ -146,9 +182,22 @@ done
 
 ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
 
+# round_ratios MODE KEY: limpet / HAProxy for each round's pair of runs, in round order
+# ("0.97 1.02 1.01"): how far one pair can stray from the median is this machine's noise.
+round_ratios() {
+    local l h i out=()
+    IFS=';' read -r -a l <<<"${results[limpet.$1]%;}"
+    IFS=';' read -r -a h <<<"${results[haproxy.$1]%;}"
+    for ((i = 0; i < ${#l[@]} && i < ${#h[@]}; i++)); do
+        out+=("$(awk -v a="$(field "$2" "${l[i]//,/ }")" -v b="$(field "$2" "${h[i]//,/ }")" \
+            'BEGIN { if (b > 0) printf "%.2f", a / b; else print "null" }')")
+    done
+    echo "${out[*]}"
+}
+
 table() {
     local mode proxy k
-    echo "limpet vs HAProxy: ${duration}s per mode, median of $rounds round(s), proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
+    echo "limpet vs HAProxy: ${duration}s per mode, median of $rounds round(s) ($order_kind), proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
     [[ -n $haproxy_version ]] && echo "$haproxy_version"
     echo "limpet: $limpet_info"
     echo "$nginx_version; wrk $wrk_version (-t$wrk_threads -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
@@ -162,9 +211,10 @@ table() {
                 "${med[$k.errors]}" "${med[$k.other_pct]}"
         done
         if ((${#proxies[@]} == 2)); then
-            printf '%-10s %-8s %11sx %9s %8sx\n' "$mode" "ratio" \
+            printf '%-10s %-8s %11sx %9s %8sx   rounds: %s (p99 %s)\n' "$mode" "ratio" \
                 "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" "" \
-                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")"
+                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" \
+                "$(round_ratios "$mode" rps)" "$(round_ratios "$mode" p99_us)"
         fi
     done
     for proxy in "${proxies[@]}"; do
@@ -181,10 +231,10 @@ table() {
 }
 
 json_out() {
-    local first=1 proxy mode k
+    local first=1 proxy mode k rr pr
     printf '{\n  "wrk": {"threads": %d, "connections": %d, "version": "%s"},\n' \
         "$wrk_threads" "$connections" "$wrk_version"
-    printf '  "h2load_version": "%s",\n  "duration_s": %d,\n  "rounds": %d,\n' "$h2load_version" "$duration" "$rounds"
+    printf '  "h2load_version": "%s",\n  "duration_s": %d,\n  "rounds": %d,\n  "order": "%s",\n' "$h2load_version" "$duration" "$rounds" "$order_kind"
     printf '  "cores": {"proxy": %d, "client": %d, "total": %d},\n' "$proxy_core" "$client_core" "$ncpu"
     printf '  "haproxy_version": "%s",\n  "nginx_version": "%s",\n  "limpet_rev": "%s",\n  "limpet_binary": "%s",\n' \
         "$haproxy_version" "$nginx_version" "$limpet_rev" "$limpet_bin"
@@ -207,9 +257,12 @@ json_out() {
         for mode in "${modes[@]}"; do
             ((first)) || printf ', '
             first=0
-            printf '"%s": {"rps": %s, "p99": %s}' "$mode" \
+            rr=$(round_ratios "$mode" rps)
+            pr=$(round_ratios "$mode" p99_us)
+            printf '"%s": {"rps": %s, "p99": %s, "rounds_rps": [%s], "rounds_p99": [%s]}' "$mode" \
                 "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" \
-                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")"
+                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" \
+                "${rr// /, }" "${pr// /, }"
         done
         printf '}'
     fi

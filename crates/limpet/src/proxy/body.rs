@@ -186,7 +186,9 @@ pub(crate) struct UpBody {
     inner: Option<Incoming>,
     /// Set to true once `inner` ended; dropped (closing the channel) with the body.
     done: Option<watch::Sender<bool>>,
-    tally: Arc<BodyTally>,
+    /// The bytes read so far; none for a request without a body (there is nothing to count,
+    /// and the allocation was one of every request's).
+    tally: Option<Arc<BodyTally>>,
     idle: Option<IdleClock>,
 }
 
@@ -215,7 +217,7 @@ impl UpBody {
             UpBody {
                 inner: Some(inner),
                 done: Some(tx),
-                tally: Arc::default(),
+                tally: Some(Arc::default()),
                 idle: Some(IdleClock::new(idle)),
             },
             BodyDone(Some(rx)),
@@ -226,14 +228,15 @@ impl UpBody {
         UpBody {
             inner: None,
             done: None,
-            tally: Arc::default(),
+            tally: None,
             idle: None,
         }
     }
 
-    /// The count of this body's bytes, for the answer to bind to its node.
-    pub(crate) fn tally(&self) -> Arc<BodyTally> {
-        Arc::clone(&self.tally)
+    /// The count of this body's bytes, for the answer to bind to its node; none for a
+    /// request without a body.
+    pub(crate) fn tally(&self) -> Option<Arc<BodyTally>> {
+        self.tally.clone()
     }
 
     fn finish(&mut self) {
@@ -266,7 +269,9 @@ impl Body for UpBody {
             }
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.tally.add(data.len() as u64);
+                    if let Some(t) = &this.tally {
+                        t.add(data.len() as u64);
+                    }
                 }
                 if let Some(c) = &mut this.idle {
                     c.moved();
@@ -391,8 +396,10 @@ impl ProxyBody {
 
     /// Counts this answer's body bytes, and the request's (`request`, from
     /// [`UpBody::tally`]), to the node that answered.
-    pub(crate) fn counted(mut self, node: Arc<NodeTraffic>, request: &BodyTally) -> Self {
-        request.bind(Arc::clone(&node));
+    pub(crate) fn counted(mut self, node: Arc<NodeTraffic>, request: Option<&BodyTally>) -> Self {
+        if let Some(request) = request {
+            request.bind(Arc::clone(&node));
+        }
         self.traffic = Some(node);
         self
     }

@@ -53,8 +53,8 @@ fn outcome_text(outcome: Outcome, affinity: bool) -> String {
 /// line is only formatted when the access log is on.
 struct Access<'a> {
     id: &'a str,
-    method: Method,
-    uri: Uri,
+    /// The request's method and target, kept only while the access log is on.
+    line: Option<(Method, Uri)>,
     node: Option<NodeId>,
     outcome: Option<Outcome>,
     /// When the request came, read only while the access log is on (a clock read per
@@ -67,17 +67,21 @@ impl Access<'_> {
         if !tracing::enabled!(target: "limpet::access", tracing::Level::INFO) {
             return;
         }
+        let Some((method, uri)) = &self.line else {
+            // The access log was switched on while this request was on its way.
+            return;
+        };
         let node = self.node.map_or("-", |n| shared.node_name(n));
         let pin = self.outcome.map_or_else(
             || "-".to_owned(),
             |o| outcome_text(o, shared.affinity.is_some() || shared.table.is_some()),
         );
         // The path only: query strings often carry tokens that do not belong in logs.
-        let path: String = self.uri.path().chars().take(256).collect();
+        let path: String = uri.path().chars().take(256).collect();
         tracing::info!(
             target: "limpet::access",
             id = %self.id,
-            method = %self.method,
+            method = %method,
             path = %path,
             node = %node,
             status = status.as_u16(),
@@ -98,13 +102,13 @@ pub(crate) async fn handle(
     let guard = ActiveGuard::new(&ctx, arrived);
     let h2 = req.version() == Version::HTTP_2;
     let id = ctx.shared.next_request_id();
+    let logged = tracing::enabled!(target: "limpet::access", tracing::Level::INFO);
     let mut log = Access {
         id: id.as_str(),
-        method: req.method().clone(),
-        uri: req.uri().clone(),
+        line: logged.then(|| (req.method().clone(), req.uri().clone())),
         node: None,
         outcome: None,
-        start: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then_some(arrived),
+        start: logged.then_some(arrived),
     };
     let resp = proxy(&ctx, req, &mut log, arrived).await;
     let shared = &ctx.shared;
@@ -524,7 +528,7 @@ async fn proxy(
     }
     let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle);
     let body = match shared.metrics.node_traffic(node) {
-        Some(t) => body.counted(Arc::clone(t), &request_bytes),
+        Some(t) => body.counted(Arc::clone(t), request_bytes.as_deref()),
         None => body,
     };
     let body = body.with_admission(admitted);
