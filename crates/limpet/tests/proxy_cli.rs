@@ -94,3 +94,66 @@ async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
     );
     drop(child);
 }
+
+/// With the access log on, each request gets one line naming its method, its path without
+/// the query (which often carries tokens), its status, its node and its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_writes_one_line_per_request_without_the_query() {
+    let ns = nodes(&["a"]).await;
+    let mut child = Child(
+        limpet()
+            .args(["proxy", "--listen", "127.0.0.1:0", "--threads", "1"])
+            .arg("--to")
+            .arg(format!("solo={}", ns[0].addr))
+            .env("RUST_LOG", "warn,limpet::access=info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn limpet"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let stderr = child.0.stderr.take().expect("stderr");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("read stdout");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let resp = plain_client()
+        .get(format!("http://{addr}/print/job?token=secret123"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 200);
+    // The line is written as the answer head goes out; read stderr until it comes (a
+    // failure drops `child`, which ends stderr and the read).
+    let read = tokio::task::spawn_blocking(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("limpet::access"))
+    });
+    let logged = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("an access log line within 10 s")
+        .expect("join")
+        .expect("an access log line");
+    for part in [
+        "method=GET",
+        "path=/print/job",
+        "status=200",
+        "node=solo",
+        "ms=",
+    ] {
+        assert!(logged.contains(part), "{part} missing from {logged:?}");
+    }
+    assert!(!logged.contains("secret123"), "query logged: {logged:?}");
+    drop(child);
+}

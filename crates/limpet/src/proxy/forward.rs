@@ -53,13 +53,19 @@ fn outcome_text(outcome: Outcome, affinity: bool) -> String {
 /// line is only formatted when the access log is on.
 struct Access<'a> {
     id: &'a str,
-    /// The request's method and target, kept only while the access log is on.
-    line: Option<(Method, Uri)>,
+    /// Kept only while the access log is on (a `Uri` clone per request otherwise spent on a
+    /// line nobody writes).
+    line: Option<Line>,
     node: Option<NodeId>,
     outcome: Option<Outcome>,
-    /// When the request came, read only while the access log is on (a clock read per
-    /// request otherwise spent on a line nobody writes).
-    start: Option<Instant>,
+}
+
+/// What the access log line tells of the request itself.
+struct Line {
+    method: Method,
+    uri: Uri,
+    /// When the request came (its reading as it arrived).
+    start: Instant,
 }
 
 impl Access<'_> {
@@ -67,7 +73,7 @@ impl Access<'_> {
         if !tracing::enabled!(target: "limpet::access", tracing::Level::INFO) {
             return;
         }
-        let Some((method, uri)) = &self.line else {
+        let Some(line) = &self.line else {
             // The access log was switched on while this request was on its way.
             return;
         };
@@ -77,16 +83,16 @@ impl Access<'_> {
             |o| outcome_text(o, shared.affinity.is_some() || shared.table.is_some()),
         );
         // The path only: query strings often carry tokens that do not belong in logs.
-        let path: String = uri.path().chars().take(256).collect();
+        let path: String = line.uri.path().chars().take(256).collect();
         tracing::info!(
             target: "limpet::access",
             id = %self.id,
-            method = %method,
+            method = %line.method,
             path = %path,
             node = %node,
             status = status.as_u16(),
             pin = %pin,
-            ms = self.start.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1000.0),
+            ms = line.start.elapsed().as_secs_f64() * 1000.0,
         );
     }
 }
@@ -102,13 +108,15 @@ pub(crate) async fn handle(
     let guard = ActiveGuard::new(&ctx, arrived);
     let h2 = req.version() == Version::HTTP_2;
     let id = ctx.shared.next_request_id();
-    let logged = tracing::enabled!(target: "limpet::access", tracing::Level::INFO);
     let mut log = Access {
         id: id.as_str(),
-        line: logged.then(|| (req.method().clone(), req.uri().clone())),
+        line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| Line {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            start: arrived,
+        }),
         node: None,
         outcome: None,
-        start: logged.then_some(arrived),
     };
     let resp = proxy(&ctx, req, &mut log, arrived).await;
     let shared = &ctx.shared;
