@@ -44,16 +44,12 @@ impl Drop for Child {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
-    let ns = nodes(&["ignored-a", "ignored-b"]).await;
+/// Starts `limpet proxy --listen 127.0.0.1:0 --threads 1` with `cmd`'s further arguments, and
+/// returns it with the address its first stdout line names.
+async fn start_quick(mut cmd: Command) -> (Child, String) {
     let mut child = Child(
-        limpet()
-            .args(["proxy", "--listen", "127.0.0.1:0", "--threads", "1"])
-            .args(["--to", &ns[0].addr.to_string(), "--to"])
-            .arg(format!("named={}", ns[1].addr))
+        cmd.args(["--listen", "127.0.0.1:0", "--threads", "1"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("spawn limpet"),
     );
@@ -70,6 +66,17 @@ async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
+    (child, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
+    let ns = nodes(&["ignored-a", "ignored-b"]).await;
+    let mut cmd = limpet();
+    cmd.args(["proxy", "--to", &ns[0].addr.to_string(), "--to"])
+        .arg(format!("named={}", ns[1].addr))
+        .stderr(Stdio::null());
+    let (child, addr) = start_quick(cmd).await;
 
     let expected = limpet::proxy::quick::stable_name(&ns[0].addr.to_string());
     let mut cookies = Vec::new();
@@ -100,32 +107,15 @@ async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_writes_one_line_per_request_without_the_query() {
     let ns = nodes(&["a"]).await;
-    let mut child = Child(
-        limpet()
-            .args(["proxy", "--listen", "127.0.0.1:0", "--threads", "1"])
-            .arg("--to")
-            .arg(format!("solo={}", ns[0].addr))
-            .env("RUST_LOG", "warn,limpet::access=info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn limpet"),
-    );
-    let stdout = child.0.stdout.take().expect("stdout");
+    let mut cmd = limpet();
+    cmd.arg("proxy")
+        .arg("--to")
+        .arg(format!("solo={}", ns[0].addr))
+        .env("RUST_LOG", "warn,limpet::access=info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped());
+    let (mut child, addr) = start_quick(cmd).await;
     let stderr = child.0.stderr.take().expect("stderr");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("join")
-    .expect("read stdout");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
     let resp = plain_client()
         .get(format!("http://{addr}/print/job?token=secret123"))
         .send()
