@@ -9,7 +9,8 @@
 #
 # MODE=silent (default): the clients send nothing. MODE=keepalive: each client sends one
 # request, reads the answer, and then stays idle on its keep-alive connection (the proxies
-# forward to a small Python node started by the script).
+# forward to a small Python node started by the script); measured 2 s after the last one
+# connected, then again after 3 s of light traffic on other connections (see below).
 #
 # Usage: bench/idle_rss.sh [N]        (default 10000)
 # HAProxy needs a descriptor limit above 2 N + a few hundred (it reserves one per client and
@@ -67,6 +68,21 @@ after = rss()
 open_ = sum(1 for s in socks if s.fileno() >= 0)
 per = (after - before) * 1024 / n
 print(f"{name:8} {mode:9} {n} idle connections: RSS {before/1024:.1f} -> {after/1024:.1f} MiB, {per:.0f} bytes per connection")
+if mode == "keepalive":
+    # Then light traffic beside the idle connections (one short connection every 10 ms for
+    # 3 s), as a proxy with idle clients mostly has: an allocator may keep freed memory
+    # until it next runs (mimalloc purges freed pages lazily, on later allocator calls).
+    t = time.time()
+    while time.time() - t < 3:
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        while c.recv(4096):
+            pass
+        c.close()
+        time.sleep(0.01)
+    later = rss()
+    per = (later - before) * 1024 / n
+    print(f"{name:8} {mode:9} {n} idle connections, after 3 s of light traffic beside them: RSS {later/1024:.1f} MiB, {per:.0f} bytes per connection")
 for s in socks:
     s.close()
 PY

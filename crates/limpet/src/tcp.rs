@@ -135,12 +135,30 @@ impl<S> Prefixed<S> {
         &mut self.inner
     }
 
-    /// Puts `bytes` in front of what is left to read. Only once the prefix is all read: the
-    /// HTTP client side puts back what its first read took ahead.
-    pub fn put_back(&mut self, bytes: Vec<u8>) {
-        debug_assert!(self.pos >= self.prefix.len(), "the prefix is not all read");
+    /// Puts `bytes` in front of what is left to read: what the HTTP client side's first read
+    /// took ahead, or what an HTTP/1 connection had read but not yet parsed when it was
+    /// parked (`proxy::client_io`).
+    pub fn put_back(&mut self, mut bytes: Vec<u8>) {
+        if self.pos < self.prefix.len() {
+            bytes.extend_from_slice(&self.prefix[self.pos..]);
+        }
         self.prefix = bytes;
         self.pos = 0;
+    }
+
+    /// What is left to read of the prefix.
+    pub fn unread(&self) -> &[u8] {
+        self.prefix.get(self.pos..).unwrap_or_default()
+    }
+
+    /// Puts `bytes` behind what is left to read of the prefix (bytes just read from the
+    /// stream itself, behind bytes read earlier).
+    pub fn append(&mut self, bytes: &[u8]) {
+        if self.pos > 0 {
+            self.prefix.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.prefix.extend_from_slice(bytes);
     }
 }
 

@@ -101,13 +101,17 @@ where
     O: Wake + AsRef<Signal> + Send + Sync + 'static,
 {
     /// `inner` woken through `owner`, whose [`Wake`] must [`Signal::fire`] the signal it
-    /// gives. One `OnWake` per owner at a time: two would share the one flag.
+    /// gives. One `OnWake` per owner at a time: two would share the one flag. One after
+    /// another is fine: each one's first poll reaches its inner future, whatever the last
+    /// one left in the flag (an HTTP/1 connection gets new watchers each time it is made
+    /// again after being parked).
     ///
     /// The waker owns `owner`: `inner` must register it only where its own futures hold
     /// it (timers, `Notify`, `watch`: dropped with them), never in something `owner` owns
     /// and that outlives `inner`, such as a socket's readiness slot, or `owner` would own
     /// itself and never be dropped.
     pub fn on(owner: Arc<O>, inner: F) -> Self {
+        (*owner).as_ref().woken.store(true, Ordering::Release);
         let waker = Waker::from(Arc::clone(&owner));
         OnWake {
             inner,
@@ -198,6 +202,26 @@ mod tests {
             "its own wake lets it run"
         );
         assert_eq!(polls.load(Ordering::Relaxed), 2);
+    }
+
+    /// An owner's next `OnWake`, made after the last one was polled (its flag taken), still
+    /// reaches its inner future on its first poll.
+    #[test]
+    fn a_later_on_wake_of_the_same_owner_is_polled_at_first() {
+        let owner = Arc::new(Signal::new());
+        let mut cx = Context::from_waker(Waker::noop());
+        let (polls, ready) = (AtomicUsize::new(0), AtomicBool::new(false));
+        for round in 1..=2 {
+            let mut f = std::pin::pin!(OnWake::on(
+                Arc::clone(&owner),
+                Counted {
+                    polls: &polls,
+                    ready: &ready,
+                }
+            ));
+            assert!(f.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(polls.load(Ordering::Relaxed), round, "round {round}");
+        }
     }
 
     #[test]

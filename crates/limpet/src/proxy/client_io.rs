@@ -1,22 +1,27 @@
 //! The byte stream of an HTTP client connection as hyper sees it: the accepted stream (TLS
 //! or not) under the write deadline, with two changes to when reads and writes reach the
-//! socket. Neither changes what is read or written.
+//! socket. Neither changes what is read or written. It also outlives hyper's HTTP/1
+//! connection when an idle one is parked (`server`): its shutdown is then only a flush
+//! ([`Parking`]), [`ClientIo::wait_for_bytes`] waits for the client with nothing allocated,
+//! and what hyper had read but not parsed is put back in front.
 //!
 //! ```text
 //!  ClientIo::opens_http2 (first bytes, READ_AHEAD) ─► hyper http1 (with upgrades) | http2
 //!    └─► ClientIo: first bytes read again from memory · each write after this turn's ready tasks
 //!          └─► relay::WriteDeadline (client_idle) ─► the accepted stream
+//!  parked: ClientIo::wait_for_bytes ─► a new hyper http1 connection on the same ClientIo
 //! ```
 //!
 //! - **The first bytes are read once, whole.** Whether a connection speaks HTTP/2 by prior
 //!   knowledge or HTTP/1.1 is told by its first bytes ([`ClientIo::opens_http2`]), read
-//!   [`READ_AHEAD`] at a time and then read again by hyper from memory. hyper-util's `auto`
-//!   builder, which limpet used before, reads exactly the 24 bytes of the HTTP/2 preface and
-//!   hands them to hyper alone, so hyper's HTTP/1 read buffer took 24 bytes, then had to grow
-//!   (a reallocation and an 8 KiB copy) to read the rest of the head: on every connection,
-//!   which a `Connection: close` client pays on every request. Here hyper's first read takes
-//!   the whole head. Measured: `recvfrom` 3.05 -> 2.01 per `close` request when the read
-//!   ahead came in (strace); choosing hyper's server here instead of through `auto` took a
+//!   [`READ_AHEAD`] at a time (into the stack, then kept at the size that came, so a client
+//!   that has sent nothing holds no buffer) and then read again by hyper from memory.
+//!   hyper-util's `auto` builder, which limpet used before, reads exactly the 24 bytes of
+//!   the HTTP/2 preface and hands them to hyper alone, so hyper's HTTP/1 read buffer took 24
+//!   bytes, then had to grow (a reallocation and an 8 KiB copy) to read the rest of the
+//!   head: on every connection, which a `Connection: close` client pays on every request.
+//!   Here hyper's first read takes the whole head. Measured: `recvfrom` 3.05 -> 2.01 per `close` request when the
+//!   read ahead came in (strace); choosing hyper's server here instead of through `auto` took a
 //!   `close` request from 52,182 to 49,048 instructions and 32.4 to 30.3 allocations
 //!   (callgrind, with `headers::forwarded_for`'s own IPv4 text), the reallocation having been
 //!   3.8% of them.
@@ -44,6 +49,8 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -65,6 +72,26 @@ pub(crate) fn batching_pays() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
+/// Set while an idle HTTP/1 connection is being parked: hyper's connection is asked to close
+/// so that it gives its buffers back, and the close it then makes must not reach the socket
+/// ([`ClientIo`]'s shutdown only flushes while it is set).
+#[derive(Debug, Default)]
+pub(crate) struct Parking(AtomicBool);
+
+impl Parking {
+    pub(crate) fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Relaxed);
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What holds a connection's [`Parking`] flag (its `ConnCtx`): shared with the stream, so no
+/// connection allocates one.
+pub(crate) type ParkingRef = Arc<dyn AsRef<Parking> + Send + Sync>;
+
 /// An HTTP client connection's stream: first read whole, writes at the end of the turn (see
 /// the module doc).
 pub(crate) struct ClientIo<S> {
@@ -75,6 +102,8 @@ pub(crate) struct ClientIo<S> {
     /// This write has yielded once already (or is the connection's first): the next attempt
     /// goes through.
     yielded: bool,
+    /// While its flag is set, a shutdown only flushes (see [`Parking`]).
+    parking: Option<ParkingRef>,
 }
 
 impl<S> std::fmt::Debug for ClientIo<S> {
@@ -94,7 +123,20 @@ impl<S> ClientIo<S> {
             io: Prefixed::new(Vec::new(), inner),
             batch_writes,
             yielded: true,
+            parking: None,
         }
+    }
+
+    /// The flag that turns a shutdown into a flush while the connection is parked.
+    pub(crate) fn with_parking(mut self, parking: ParkingRef) -> Self {
+        self.parking = Some(parking);
+        self
+    }
+
+    /// Puts back what hyper had read but not parsed when it let the connection go (a head
+    /// that had only begun to come): it is read again first.
+    pub(crate) fn put_back(&mut self, bytes: Vec<u8>) {
+        self.io.put_back(bytes);
     }
 
     /// `Pending` (the task woken at once, so it runs again after the other ready tasks) the
@@ -114,27 +156,46 @@ impl<S> ClientIo<S> {
 impl<S: AsyncRead + Unpin> ClientIo<S> {
     /// Reads the connection's first bytes and tells whether they open HTTP/2 by prior
     /// knowledge (the preface) or not (HTTP/1.1). Reads until the bytes have told: mostly
-    /// once, [`READ_AHEAD`] at most; a stream that ends first is HTTP/1.1 (hyper then sees
+    /// once, [`READ_AHEAD`] at a time; a stream that ends first is HTTP/1.1 (hyper then sees
     /// its bytes and its end). Every byte read is read again through `poll_read`, first.
     /// Cancel-safe in effect: the connection is dropped if this is.
     pub(crate) async fn opens_http2(&mut self) -> io::Result<bool> {
-        use tokio::io::AsyncReadExt;
-        let mut first = Vec::with_capacity(READ_AHEAD);
-        let h2 = loop {
-            let n = self.io.get_mut().read_buf(&mut first).await?;
+        loop {
+            let more = self.wait_for_bytes().await?;
+            let first = self.io.unread();
             let seen = first.len().min(H2_PREFACE.len());
             if first.get(..seen) != H2_PREFACE.get(..seen) {
-                break false;
+                return Ok(false);
             }
             if seen == H2_PREFACE.len() {
-                break true;
+                return Ok(true);
             }
-            if n == 0 {
-                break false;
+            if !more {
+                return Ok(false);
             }
-        };
-        self.io.put_back(first);
-        Ok(h2)
+        }
+    }
+
+    /// Waits for the client's next bytes: `true` once it has sent some (they are read again
+    /// through `poll_read`, after any put back), `false` once it has ended its stream.
+    /// Nothing is allocated while it waits: the read goes into the stack, [`READ_AHEAD`] at
+    /// most, and only the bytes that came are kept. The first bytes of a connection
+    /// ([`ClientIo::opens_http2`]) and a parked connection's next ones are read this way, so
+    /// a client that sends nothing holds no buffer.
+    pub(crate) async fn wait_for_bytes(&mut self) -> io::Result<bool> {
+        std::future::poll_fn(|cx| {
+            // Not zeroed first: a read fills only what it reports (4 KiB of zeroes per
+            // connection were 4,000 instructions of a `Connection: close` request).
+            let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_AHEAD];
+            let mut buf = ReadBuf::uninit(&mut stack);
+            std::task::ready!(Pin::new(self.io.get_mut()).poll_read(cx, &mut buf))?;
+            if buf.filled().is_empty() {
+                return Poll::Ready(Ok(false));
+            }
+            self.io.append(buf.filled());
+            Poll::Ready(Ok(true))
+        })
+        .await
     }
 }
 
@@ -176,6 +237,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self
+            .parking
+            .as_ref()
+            .is_some_and(|p| (**p).as_ref().is_set())
+        {
+            return Pin::new(&mut self.io).poll_flush(cx);
+        }
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
@@ -243,9 +311,11 @@ mod tests {
             Poll::Ready(Ok(buf.len()))
         }
         fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.log.borrow_mut().push("flush".to_owned());
             Poll::Ready(Ok(()))
         }
         fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.log.borrow_mut().push("shutdown".to_owned());
             Poll::Ready(Ok(()))
         }
     }
@@ -327,6 +397,46 @@ mod tests {
         let mut want = big.clone();
         want.extend_from_slice(b"tail");
         assert_eq!(got, want);
+    }
+
+    /// A parked connection's wait: bytes put back (what hyper had not parsed) come first,
+    /// the client's next bytes behind them; an end of stream reads as `false`.
+    #[tokio::test]
+    async fn a_parked_wait_keeps_what_was_put_back_in_front_of_what_comes() {
+        let mut r = ClientIo::new(scripted(&[None, Some(b"ond HTTP/1.1\r\n\r\n")]), true);
+        r.put_back(b"GET /sec".to_vec());
+        assert!(
+            r.wait_for_bytes().await.expect("wait"),
+            "the client sent more"
+        );
+        let mut got = vec![0u8; 64];
+        let n = r.read(&mut got).await.expect("read");
+        assert_eq!(&got[..n], b"GET /second HTTP/1.1\r\n\r\n");
+        assert!(
+            !r.wait_for_bytes().await.expect("wait"),
+            "then ended its stream"
+        );
+    }
+
+    /// While its parking flag is set a shutdown only flushes; otherwise it shuts the stream.
+    #[tokio::test]
+    async fn a_shutdown_while_parking_leaves_the_stream_open() {
+        struct Flag(Parking);
+        impl AsRef<Parking> for Flag {
+            fn as_ref(&self) -> &Parking {
+                &self.0
+            }
+        }
+        let stream = scripted(&[]);
+        let log = Rc::clone(&stream.log);
+        let flag = Arc::new(Flag(Parking::default()));
+        let mut w = ClientIo::new(stream, false).with_parking(Arc::clone(&flag) as ParkingRef);
+        flag.0.set(true);
+        w.shutdown().await.expect("parked shutdown");
+        assert_eq!(*log.borrow(), ["flush"]);
+        flag.0.set(false);
+        w.shutdown().await.expect("shutdown");
+        assert_eq!(*log.borrow(), ["flush", "shutdown"]);
     }
 
     /// Two tasks made ready together on one thread: a writer of three answers through a

@@ -22,8 +22,9 @@
 //!   fill the same types.
 //! - `client_io`: the client connection's stream under hyper: its first read taken whole,
 //!   answers written at the end of the event-loop turn.
-//! - `server`: per-connection state, idle, write-stall and drain handling (accepting is
-//!   [`crate::net`]'s, shared with TCP and admin listeners); [`serve`] (a
+//! - `server`: per-connection state; idle, write-stall and drain handling; idle HTTP/1
+//!   connections parked (hyper's connection and its buffers let go, the socket kept).
+//!   Accepting is [`crate::net`]'s, shared with TCP and admin listeners. [`serve`] (a
 //!   one-listener runtime of its own) and [`serve_listener`] (one listener of a shared
 //!   [`crate::runtime::Runtime`]: the pool and tables shared with the other listeners).
 //! - `forward`: one request: checks (framing, Host rules), decision, the node's queue,
