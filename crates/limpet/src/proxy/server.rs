@@ -711,8 +711,9 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         () = idle_watch(&ctx, true) => return,
         () = async { let _ = draining.wait_for(|d| *d).await; } => return,
     };
-    // hyper's connections are boxed, so that what a parked connection keeps (this future)
-    // does not have their size: 3.5 KiB inline (the HTTP/2 one is 1.5 KiB), 1.3 boxed.
+    // hyper's connections are boxed, so that what a parked connection keeps (its task's
+    // future) does not have their size: 3,552 bytes with them inline, 2,320 boxed
+    // (`-Zprint-type-sizes`; the HTTP/2 one alone is 1,528).
     if h2 {
         let mut conn = Box::pin(builder.h2.serve_connection(TokioIo::new(io), svc));
         let _ = run_connection(&ctx, &mut draining, conn.as_mut(), false).await;
