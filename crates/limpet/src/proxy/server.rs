@@ -852,9 +852,9 @@ async fn run_connection<C: ServerConn>(
             Control::Park => {
                 // No request in flight: hyper closes at once, between two messages (a head
                 // that has only begun to come is handed back with the stream), and the
-                // close it makes only flushes. A request still sending its body after its
-                // answer (no longer counted in flight) is read to its end first, within
-                // the idle limit as before.
+                // close it makes only flushes. Were hyper not between messages (a body still
+                // coming after an answer limpet gave without reading it), it would go on to
+                // the message's end first; the idle limit holds meanwhile.
                 ctx.parking.set(true);
                 conn.as_mut().graceful_shutdown();
                 tokio::select! {
