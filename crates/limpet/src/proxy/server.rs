@@ -697,19 +697,14 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     // HTTP/2 by prior knowledge or HTTP/1.1, told by the first bytes. A client that sends
     // nothing is closed after `header_read`, and one that has sent nothing yet when the
     // listener drains is closed at once, as hyper closes a connection with no request.
-    let h2 = tokio::select! {
-        // The bytes are usually there already: then no timer is set for this wait.
-        biased;
-        r = io.opens_http2() => match r {
-            Ok(h2) => h2,
-            Err(e) => {
-                tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended before its first bytes");
-                return;
-            }
-        },
-        // No request yet, so the limit is `header_read` whichever the protocol turns out.
-        () = idle_watch(&ctx, true) => return,
-        () = async { let _ = draining.wait_for(|d| *d).await; } => return,
+    // No request yet, so the limit is `header_read` whichever the protocol turns out.
+    let h2 = match until_idle_or_drain(&ctx, &mut draining, io.opens_http2()).await {
+        Some(Ok(h2)) => h2,
+        Some(Err(e)) => {
+            tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended before its first bytes");
+            return;
+        }
+        None => return,
     };
     // hyper's connections are boxed, so that what a parked connection keeps (its task's
     // future) does not have their size: 3,552 bytes with them inline, 2,320 boxed
@@ -752,19 +747,36 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         drop(read_buf);
         // The same limits hold while parked: `idle_watch` reads the connection's own clock,
         // which parking does not touch.
-        let more = tokio::select! {
-            biased;
-            r = io.wait_for_bytes() => r.unwrap_or(false),
-            () = idle_watch(&ctx, true) => false,
-            () = async { let _ = draining.wait_for(|d| *d).await; } => false,
-        };
-        if !more {
+        let more = until_idle_or_drain(&ctx, &mut draining, io.wait_for_bytes()).await;
+        if !matches!(more, Some(Ok(true))) {
             // What hyper does with an idle connection it closes.
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut io).await;
             tracing::debug!(peer = %ctx.peer, parks = ctx.parks.load(Ordering::Relaxed), "parked client connection closed");
             return;
         }
     }
+}
+
+/// A wait on an HTTP/1 connection with no hyper connection on it (for its first bytes, or
+/// parked): what `wait` gives, or `None` once the connection has idled out ([`idle_watch`]'s
+/// HTTP/1 limits) or the listener drains. The bytes are usually there already: then no timer
+/// is set.
+async fn until_idle_or_drain<T>(
+    ctx: &ConnCtx,
+    draining: &mut watch::Receiver<bool>,
+    wait: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        r = wait => Some(r),
+        () = idle_watch(ctx, true) => None,
+        () = drained(draining) => None,
+    }
+}
+
+/// Resolves once the listener drains.
+async fn drained(draining: &mut watch::Receiver<bool>) {
+    let _ = draining.wait_for(|d| *d).await;
 }
 
 /// hyper's two server connections, as [`run_connection`] drives them.
@@ -818,7 +830,7 @@ async fn run_connection<C: ServerConn>(
         tokio::select! {
             biased;
             () = idle_watch(ctx, h1) => Control::Idle,
-            () = async { let _ = draining.wait_for(|d| *d).await; } => Control::Drain,
+            () = drained(draining) => Control::Drain,
             // HTTP/1 needs none (see `stall_watch`).
             () = stall_watch(ctx), if !h1 => Control::Stall,
             () = park_watch(ctx, served_before), if h1 => Control::Park,
