@@ -23,6 +23,8 @@
 //! - [`drain`]: closing WebSocket tunnels cleanly (close 1001 between frames) at a drain deadline.
 //! - [`net`]: the accept rule every listener shares; out of file descriptors logged once per
 //!   interval and never held against a node.
+//! - [`socket`]: the listening and the accepted client socket, which joins the reactor only
+//!   once it has to wait (a `Connection: close` client never does).
 //! - [`relay`]: the one relay of every tunnel (TCP sessions, WebSocket and other upgrades):
 //!   idle and stalled-writer timers per direction, close signals that interrupt a blocked write.
 //! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
@@ -57,6 +59,7 @@ pub mod proxy;
 pub mod relay;
 pub mod runtime;
 pub mod sim;
+pub mod socket;
 pub mod store;
 pub mod tcp;
 pub mod tls;

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::config::ListenerDef;
 use crate::error::{Stage, UpstreamError};
+use crate::socket::{ClientSocket, Listener};
 use crate::tcp::{Io, Peer};
 
 /// At most one log line per this interval for each kind of local resource error.
@@ -86,20 +87,31 @@ static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
 /// Accepting before taking the permit matters with worker threads: the sockets of one
 /// listener (one per worker) share its permits, and a worker waiting for a client must not
 /// hold a permit that a client arriving on another worker's socket needs.
+///
+/// The listener is taken over (a [`Listener`]: accepted sockets join the reactor only when
+/// they first wait) and closed when this returns, so that new clients are refused from then
+/// on while the caller drains.
 pub async fn accept_loop<F>(
-    listener: &TcpListener,
+    listener: TcpListener,
     name: &str,
     permits: Option<Arc<tokio::sync::Semaphore>>,
     shutdown: impl std::future::Future<Output = ()>,
     mut serve: F,
 ) where
-    F: FnMut(TcpStream, SocketAddr, Option<tokio::sync::OwnedSemaphorePermit>),
+    F: FnMut(ClientSocket, SocketAddr, Option<tokio::sync::OwnedSemaphorePermit>),
 {
+    let listener = match Listener::new(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(listener = name, error = %e, "listener could not be registered; it accepts nothing");
+            return;
+        }
+    };
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => return,
-            s = accept(listener, name) => s,
+            s = accept(&listener, name) => s,
         };
         let permit = match &permits {
             Some(p) => tokio::select! {
@@ -117,7 +129,7 @@ pub async fn accept_loop<F>(
 
 /// The next client of `listener` (named `name` in logs). Errors are logged per the module
 /// rule and retried after a short pause; this never returns an error.
-pub async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+pub async fn accept(listener: &Listener, name: &str) -> (ClientSocket, SocketAddr) {
     loop {
         match listener.accept().await {
             Ok(s) => return s,
@@ -155,8 +167,8 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// Takes an accepted connection through a listener's client side: Nagle off, the PROXY
-/// header from a trusted peer (within `proxy_header`), then the TLS handshake on a TLS
+/// Takes an accepted connection (Nagle already off: [`Listener`]) through a listener's
+/// client side: the PROXY header from a trusted peer (within `proxy_header`), then the TLS handshake on a TLS
 /// listener (within `header_read`, like the request head that follows it). `Err` says why
 /// the connection is refused, for a debug log line.
 ///
@@ -164,12 +176,11 @@ impl std::fmt::Debug for Client {
 /// has that local address, so only a wildcard listener (`0.0.0.0`, `[::]`) asks the kernel
 /// (one `getsockname` saved per connection, which `Connection: close` traffic pays each time).
 pub async fn accept_client(
-    stream: TcpStream,
+    stream: ClientSocket,
     peer: SocketAddr,
     bound: SocketAddr,
     def: &ListenerDef,
 ) -> Result<Client, String> {
-    let _ = stream.set_nodelay(true);
     let local = if bound.ip().is_unspecified() {
         stream.local_addr().unwrap_or(peer)
     } else {

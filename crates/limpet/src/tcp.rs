@@ -68,14 +68,18 @@ impl Io for TcpStream {
             // What tokio's own write does (a send that would block clears the readiness),
             // with MSG_MORE: the kernel queues the bytes until the FIN, or a later write
             // without the flag, pushes them out.
-            match s.try_io(tokio::io::Interest::WRITABLE, || {
-                socket2::SockRef::from(s).send_with_flags(buf, libc::MSG_MORE | libc::MSG_NOSIGNAL)
-            }) {
+            match s.try_io(tokio::io::Interest::WRITABLE, || send_more(s, buf)) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 r => return Poll::Ready(r),
             }
         }
     }
+}
+
+/// A send with `MSG_MORE` (see [`Io::poll_write_last`]), on any TCP socket.
+#[cfg(target_os = "linux")]
+pub(crate) fn send_more(s: impl std::os::fd::AsFd, buf: &[u8]) -> io::Result<usize> {
+    socket2::SockRef::from(&s).send_with_flags(buf, libc::MSG_MORE | libc::MSG_NOSIGNAL)
 }
 
 impl<S: Io> Io for Prefixed<S> {
@@ -259,12 +263,12 @@ pub struct Peer {
 /// its bytes are simply payload. A trusted peer that sends no header (its first bytes cannot
 /// start one) is served with its own address; a malformed header, or none complete within
 /// `header_timeout`, refuses the connection.
-pub async fn read_proxy_header(
-    mut stream: TcpStream,
+pub async fn read_proxy_header<S: AsyncRead + Unpin>(
+    mut stream: S,
     peer: SocketAddr,
     local: SocketAddr,
     pp: &ProxyProtocolDef,
-) -> io::Result<(Peer, Prefixed<TcpStream>)> {
+) -> io::Result<(Peer, Prefixed<S>)> {
     let direct = Peer {
         client: peer,
         local,
@@ -445,13 +449,18 @@ async fn attempt(
 async fn session(
     state: Arc<State>,
     li: usize,
-    (stream, peer, bound): (TcpStream, SocketAddr, SocketAddr),
+    (stream, peer, bound): (crate::socket::ClientSocket, SocketAddr, SocketAddr),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let Some(slot) = state.listeners.get(li) else {
         return;
     };
     let def = slot.def.load_full();
+    let mut stream = stream;
+    if let Err(e) = stream.join_reactor() {
+        tracing::debug!(listener = %def.name, %peer, error = %e, "client connection refused");
+        return;
+    }
     let accepted = match crate::net::accept_client(stream, peer, bound, &def).await {
         Ok(c) => c,
         Err(why) => {
@@ -551,7 +560,7 @@ pub async fn serve_on(
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     crate::net::accept_loop(
-        &listener,
+        listener,
         &name,
         Some(permits),
         async move { stopped(&mut stop).await },
@@ -575,7 +584,6 @@ pub async fn serve_on(
         },
     )
     .await;
-    drop(listener);
     let drain = {
         let state = runtime.state();
         state

@@ -75,7 +75,7 @@ pub async fn serve(
     // like a proxy listener's, so a flood there cannot take the descriptors traffic needs.
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     crate::net::accept_loop(
-        &listener,
+        listener,
         "admin",
         Some(permits),
         shutdown,

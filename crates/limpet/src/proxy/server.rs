@@ -512,10 +512,21 @@ fn builder(limits: &Limits) -> Builder {
     let mut h1 = http1::Builder::new();
     // `idle_watch` is the request-head clock of HTTP/1 connections (hyper's would take a
     // boxed timer per request for the same rule).
+    //
+    // `half_close`: a client's FIN ends what it sends, not what it waits for, so a request
+    // is answered when the client half-closed after it (HAProxy's default; nginx, which
+    // aborts, has `proxy_ignore_client_abort` for it). Without it hyper reads the client
+    // socket while the node answers, to notice an EOF, and aborts the request on one:
+    // `nc -N` and tools that half-close lose their answer, and the read makes every
+    // client socket join the reactor (`crate::socket`), two `epoll_ctl` per
+    // `Connection: close` request that HAProxy does not make. A client that went away
+    // altogether is noticed when its answer is written, once the node answered (within
+    // `timeouts.response`).
     h1.header_read_timeout(None)
         .max_buf_size(limits.max_header_bytes)
         .max_headers(limits.max_headers)
-        .keep_alive(true);
+        .keep_alive(true)
+        .half_close(true);
     let mut h2 = http2::Builder::new(BoxingExecutor);
     h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
@@ -618,7 +629,7 @@ pub async fn serve_listener_on(
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
 
     crate::net::accept_loop(
-        &listener,
+        listener,
         name,
         Some(permits),
         shutdown,
@@ -657,7 +668,6 @@ pub async fn serve_listener_on(
         },
     )
     .await;
-    drop(listener);
     let _ = drain_tx.send(true);
     drop(done_tx);
     if tokio::time::timeout(drain_timeout, done_rx.recv())
@@ -1102,6 +1112,42 @@ mod tests {
             assert!(n > 0, "the connection ended before its answer: {text:?}");
             got.extend_from_slice(&buf[..n]);
         }
+    }
+
+    /// A client that half-closes once its request is sent (`nc -N`, HTTP/1.0 tools, a
+    /// `Connection: close` client done writing) gets its answer, as from HAProxy and as
+    /// RFC 9112 allows: the client's FIN ends what it sends, not what it waits for. Served
+    /// through the listener's own accept, so the request is read from a socket that has not
+    /// joined the reactor.
+    #[tokio::test]
+    async fn a_client_that_half_closes_after_its_request_still_gets_its_answer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (runtime, listener) = proxy_to(echo_node().await).await;
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve_listener(runtime, QUICK_LISTENER, listener, async {
+            let _ = stopped.await;
+        }));
+        for close in [false, true] {
+            let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let head = if close {
+                "GET /half HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+            } else {
+                "GET /half HTTP/1.1\r\nHost: a\r\n\r\n"
+            };
+            client.write_all(head.as_bytes()).await.expect("request");
+            client.shutdown().await.expect("half-closed");
+            let mut answer = Vec::new();
+            client
+                .read_to_end(&mut answer)
+                .await
+                .expect("read to the end");
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
+            assert!(answer.ends_with("GET /half HTTP/1.1"), "{answer:?}");
+        }
+        let _ = stop.send(());
+        served.await.expect("served").expect("drained");
     }
 
     /// An idle HTTP/1 connection is parked (hyper's connection and its buffers let go, the
