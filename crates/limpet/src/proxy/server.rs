@@ -987,13 +987,13 @@ mod tests {
         assert_eq!(RequestId::new(0, u32::MAX).as_str(), "00000000ffffffff");
     }
 
-    /// A request whose bytes had come before the listener started draining is answered:
-    /// the connection is served from those bytes before the drain asks it to close (hyper
-    /// closes an HTTP/1 connection at once when it has read nothing). Each round is a
-    /// connection whose task first runs after the drain signal; without the connection
-    /// polled first, about half of them went unanswered.
-    /// A node that answers each request with its request line as the body.
-    async fn echo_node() -> SocketAddr {
+    /// A node that answers each request head it reads (on any of its connections) with
+    /// what `answer` makes of it, in order; `None` closes that connection.
+    async fn node_answering<F, A>(answer: F) -> SocketAddr
+    where
+        F: Fn(Vec<u8>) -> A + Clone + Send + 'static,
+        A: Future<Output = Option<Vec<u8>>> + Send,
+    {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let node = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -1001,6 +1001,7 @@ mod tests {
         let addr = node.local_addr().expect("node addr");
         tokio::spawn(async move {
             while let Ok((mut s, _)) = node.accept().await {
+                let answer = answer.clone();
                 tokio::spawn(async move {
                     let mut got = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -1011,14 +1012,10 @@ mod tests {
                         got.extend_from_slice(&buf[..n]);
                         while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
                             let head: Vec<u8> = got.drain(..end + 4).collect();
-                            let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-                            let mut answer = format!(
-                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
-                                line.len()
-                            )
-                            .into_bytes();
-                            answer.extend_from_slice(line);
-                            if s.write_all(&answer).await.is_err() {
+                            let Some(bytes) = answer(head).await else {
+                                return;
+                            };
+                            if s.write_all(&bytes).await.is_err() {
                                 return;
                             }
                         }
@@ -1027,6 +1024,18 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// A node that answers each request with its request line as the body.
+    async fn echo_node() -> SocketAddr {
+        node_answering(|head| async move {
+            let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+            let mut answer =
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", line.len()).into_bytes();
+            answer.extend_from_slice(line);
+            Some(answer)
+        })
+        .await
     }
 
     /// A proxy runtime for one node `a` at `node`, and the listener its client connections
@@ -1146,6 +1155,67 @@ mod tests {
             assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
             assert!(answer.ends_with("GET /half HTTP/1.1"), "{answer:?}");
         }
+        let _ = stop.send(());
+        served.await.expect("served").expect("drained");
+    }
+
+    /// Clients that go away hurt no one else: one reset before its socket was ever read, one
+    /// reset while its request is at the node (noticed when its answer is written, since a
+    /// FIN or reset is not watched for meanwhile: `half_close`). The listener goes on
+    /// accepting, and the next client is answered by the same node.
+    #[tokio::test]
+    async fn clients_that_reset_before_or_during_their_request_leave_the_listener_serving() {
+        use tokio::io::AsyncWriteExt;
+        // The node tells each request head it reads, and answers it once let go.
+        let (heads_tx, mut heads) = mpsc::unbounded_channel::<()>();
+        let answers = Arc::new(Semaphore::new(0));
+        let node_addr = {
+            let answers = Arc::clone(&answers);
+            node_answering(move |_head| {
+                let (heads_tx, answers) = (heads_tx.clone(), Arc::clone(&answers));
+                async move {
+                    let _ = heads_tx.send(());
+                    answers.acquire().await.ok()?.forget();
+                    Some(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec())
+                }
+            })
+            .await
+        };
+        let (runtime, listener) = proxy_to(node_addr).await;
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve_listener(runtime, QUICK_LISTENER, listener, async {
+            let _ = stopped.await;
+        }));
+        let reset = |c: tokio::net::TcpStream| {
+            socket2::SockRef::from(&c)
+                .set_linger(Some(Duration::ZERO))
+                .expect("linger 0");
+            drop(c);
+        };
+
+        reset(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+
+        let mut gone = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        gone.write_all(b"GET /gone HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("request");
+        heads.recv().await.expect("the request reached the node");
+        reset(gone);
+        answers.add_permits(1);
+
+        let mut next = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        next.write_all(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("request");
+        heads
+            .recv()
+            .await
+            .expect("the next request reached the node");
+        answers.add_permits(1);
+        let answer = read_answer(&mut next).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
+        assert!(answer.ends_with("ok"), "{answer:?}");
         let _ = stop.send(());
         served.await.expect("served").expect("drained");
     }
@@ -1298,6 +1368,11 @@ mod tests {
         }
     }
 
+    /// A request whose bytes had come before the listener started draining is answered:
+    /// the connection is served from those bytes before the drain asks it to close (hyper
+    /// closes an HTTP/1 connection at once when it has read nothing). Each round is a
+    /// connection whose task first runs after the drain signal; without the connection
+    /// polled first, about half of them went unanswered.
     #[tokio::test]
     async fn a_request_that_came_before_the_drain_is_answered() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
