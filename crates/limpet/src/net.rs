@@ -168,9 +168,9 @@ impl std::fmt::Debug for Client {
 }
 
 /// Takes an accepted connection (Nagle already off: [`Listener`]) through a listener's
-/// client side: the PROXY header from a trusted peer (within `proxy_header`), then the TLS handshake on a TLS
-/// listener (within `header_read`, like the request head that follows it). `Err` says why
-/// the connection is refused, for a debug log line.
+/// client side: the PROXY header from a trusted peer (within `proxy_header`), then the TLS
+/// handshake on a TLS listener (within `header_read`, like the request head that follows
+/// it). `Err` says why the connection is refused, for a debug log line.
 ///
 /// `bound` is the listening socket's address: a connection to a listener bound to one address
 /// has that local address, so only a wildcard listener (`0.0.0.0`, `[::]`) asks the kernel

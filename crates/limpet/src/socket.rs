@@ -75,13 +75,6 @@ impl Listener {
         })
     }
 
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        socket2::SockRef::from(&self.fd)
-            .local_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not an IP listener"))
-    }
-
     /// The next connection. Several connections waiting are taken in one wake-up: the
     /// readiness is cleared only by an accept that would block.
     pub async fn accept(&self) -> io::Result<(ClientSocket, SocketAddr)> {
@@ -102,12 +95,6 @@ impl Listener {
                 Err(e) => return Err(e),
             }
         }
-    }
-}
-
-impl std::os::fd::AsFd for Listener {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.fd.as_fd()
     }
 }
 
@@ -167,15 +154,6 @@ impl ClientSocket {
     /// the readiness the reactor reports instead of trying the socket once more.
     pub fn join_reactor(&mut self) -> io::Result<()> {
         self.register().map(|_| ())
-    }
-
-    /// The socket as a tokio `TcpStream` (registered now if it was not yet).
-    pub fn into_tokio(mut self) -> io::Result<TcpStream> {
-        self.register()?;
-        match self.0 {
-            Stage::Registered(s) => Ok(s),
-            _ => Err(failed()),
-        }
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
