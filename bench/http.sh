@@ -172,7 +172,7 @@ declare -A med
 for proxy in "${proxies[@]}"; do
     for mode in "${modes[@]}"; do
         IFS=';' read -r -a recs <<<"${results[$proxy.$mode]%;}"
-        for key in rps p50_us p99_us max_us requests errors other_pct other_proxy_pct other_client_pct; do
+        for key in rps p50_us p99_us max_us requests errors other_pct other_proxy_pct other_client_pct cpu_pct per_core_rps; do
             vals=()
             for rec in "${recs[@]}"; do vals+=("$(field "$key" "${rec//,/ }")"); done
             med[$proxy.$mode.$key]=$(median "${vals[@]}")
@@ -195,6 +195,34 @@ round_ratios() {
     echo "${out[*]}"
 }
 
+# ratio_ci MODE KEY: the geometric mean of the round ratios (round_ratios) and its 95 %
+# confidence interval, "gm lo hi" (Student's t on the logs: the rounds are pairs seconds apart,
+# so each pair's ratio is one sample of this machine's noise around the true ratio), or
+# "gm - -" with one round. An interval that holds 1 says the two proxies are not told apart by
+# this run; one above or below 1 says which is faster, noise accounted for.
+ratio_ci() {
+    # shellcheck disable=SC2046 # one word per round
+    awk 'BEGIN {
+        split("12.706 4.303 3.182 2.776 2.571 2.447 2.365 2.306 2.262 2.228 2.201 2.179 2.160 2.145 2.131", t, " ")
+        n = 0
+        for (i = 1; i < ARGC; i++) if (ARGV[i] > 0) { l[++n] = log(ARGV[i]); s += l[n] }
+        if (n == 0) { print "null null null"; exit }
+        m = s / n
+        if (n == 1) { printf "%.3f - -\n", exp(m); exit }
+        for (i = 1; i <= n; i++) v += (l[i] - m) ^ 2
+        q = (n - 1 <= 15) ? t[n - 1] : (n - 1 <= 30 ? 2.05 : 1.96)
+        h = q * sqrt(v / (n - 1) / n)
+        printf "%.3f %.3f %.3f\n", exp(m), exp(m - h), exp(m + h)
+    }' $(round_ratios "$1" "$2")
+}
+
+# ci_text MODE KEY: ratio_ci as "0.98-1.06" (or "-").
+ci_text() {
+    local gm lo hi
+    read -r gm lo hi < <(ratio_ci "$1" "$2")
+    if [[ $lo == - || $lo == null ]]; then echo "-"; else echo "$lo-$hi"; fi
+}
+
 table() {
     local mode proxy k
     echo "limpet vs HAProxy: ${duration}s per mode, median of $rounds round(s) ($order_kind), proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
@@ -202,19 +230,24 @@ table() {
     echo "limpet: $limpet_info"
     echo "$nginx_version; wrk $wrk_version (-t$wrk_threads -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
     echo
-    printf '%-10s %-8s %12s %9s %9s %9s %8s %7s\n' mode proxy "req/s" "p50 ms" "p99 ms" "max ms" errors "other%"
+    printf '%-10s %-8s %12s %9s %9s %9s %8s %7s %6s %12s\n' mode proxy "req/s" "p50 ms" "p99 ms" "max ms" errors "other%" "cpu%" "req/core-s"
     for mode in "${modes[@]}"; do
         for proxy in "${proxies[@]}"; do
             k=$proxy.$mode
-            printf '%-10s %-8s %12.0f %9s %9s %9s %8s %7s\n' "$mode" "$proxy" "${med[$k.rps]}" \
+            printf '%-10s %-8s %12.0f %9s %9s %9s %8s %7s %6.0f %12.0f\n' "$mode" "$proxy" "${med[$k.rps]}" \
                 "$(ms "${med[$k.p50_us]}")" "$(ms "${med[$k.p99_us]}")" "$(ms "${med[$k.max_us]}")" \
-                "${med[$k.errors]}" "${med[$k.other_pct]}"
+                "${med[$k.errors]}" "${med[$k.other_pct]}" "${med[$k.cpu_pct]}" "${med[$k.per_core_rps]}"
         done
         if ((${#proxies[@]} == 2)); then
-            printf '%-10s %-8s %11sx %9s %8sx   rounds: %s (p99 %s)\n' "$mode" "ratio" \
+            printf '%-10s %-8s %11sx %9s %8sx %24s %11sx\n' "$mode" "ratio" \
                 "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" "" \
-                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" \
-                "$(round_ratios "$mode" rps)" "$(round_ratios "$mode" p99_us)"
+                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" "" \
+                "$(ratio "${med[limpet.$mode.per_core_rps]}" "${med[haproxy.$mode.per_core_rps]}")"
+            printf '%-10s %-8s rounds: %s (p99 %s; per core %s)\n' "" "" \
+                "$(round_ratios "$mode" rps)" "$(round_ratios "$mode" p99_us)" \
+                "$(round_ratios "$mode" per_core_rps)"
+            printf '%-10s %-8s 95%% CI of the round ratios: req/s %s, p99 %s, per core %s\n' "" "" \
+                "$(ci_text "$mode" rps)" "$(ci_text "$mode" p99_us)" "$(ci_text "$mode" per_core_rps)"
         fi
     done
     for proxy in "${proxies[@]}"; do
@@ -228,10 +261,24 @@ table() {
     echo "errors = socket errors, timeouts and non-2xx answers (should be 0)."
     echo "other% = share of the proxy's core or of the client core (the larger) used by anything but this"
     echo "benchmark during the run (other processes, steal): above a few %, that line is disturbed."
+    if ((${#proxies[@]} == 2)); then
+        echo "95% CI: of the geometric mean of the round ratios (Student's t on their logs): an interval"
+        echo "holding 1 means this run does not tell the proxies apart; with --rounds 1 there is none."
+    fi
+    echo "cpu% = the proxy's own CPU use (100 = one core); below ~95 the client core, not the proxy, set"
+    echo "req/s. req/core-s = req/s * 100 / cpu%: the requests one whole proxy core moves at that cost."
+}
+
+# ci_json MODE KEY: ratio_ci as {"gm": …, "lo": …, "hi": …} (null bounds with one round).
+ci_json() {
+    local gm lo hi
+    read -r gm lo hi < <(ratio_ci "$1" "$2")
+    [[ $lo == - ]] && lo=null hi=null
+    printf '{"gm": %s, "lo": %s, "hi": %s}' "$gm" "$lo" "$hi"
 }
 
 json_out() {
-    local first=1 proxy mode k rr pr
+    local first=1 proxy mode k rr pr cr
     printf '{\n  "wrk": {"threads": %d, "connections": %d, "version": "%s"},\n' \
         "$wrk_threads" "$connections" "$wrk_version"
     printf '  "h2load_version": "%s",\n  "duration_s": %d,\n  "rounds": %d,\n  "order": "%s",\n' "$h2load_version" "$duration" "$rounds" "$order_kind"
@@ -244,10 +291,10 @@ json_out() {
             k=$proxy.$mode
             ((first)) || printf ','
             first=0
-            printf '\n    {"proxy": "%s", "mode": "%s", "rps": %s, "p50_ms": %s, "p99_ms": %s, "max_ms": %s, "requests": %s, "errors": %s, "other_pct": %s, "other_proxy_pct": %s, "other_client_pct": %s}' \
+            printf '\n    {"proxy": "%s", "mode": "%s", "rps": %s, "p50_ms": %s, "p99_ms": %s, "max_ms": %s, "requests": %s, "errors": %s, "other_pct": %s, "other_proxy_pct": %s, "other_client_pct": %s, "cpu_pct": %s, "per_core_rps": %s}' \
                 "$proxy" "$mode" "${med[$k.rps]}" "$(ms "${med[$k.p50_us]}")" "$(ms "${med[$k.p99_us]}")" \
                 "$(ms "${med[$k.max_us]}")" "${med[$k.requests]}" "${med[$k.errors]}" "${med[$k.other_pct]}" \
-                "${med[$k.other_proxy_pct]}" "${med[$k.other_client_pct]}"
+                "${med[$k.other_proxy_pct]}" "${med[$k.other_client_pct]}" "${med[$k.cpu_pct]}" "${med[$k.per_core_rps]}"
         done
     done
     printf '\n  ]'
@@ -259,10 +306,13 @@ json_out() {
             first=0
             rr=$(round_ratios "$mode" rps)
             pr=$(round_ratios "$mode" p99_us)
-            printf '"%s": {"rps": %s, "p99": %s, "rounds_rps": [%s], "rounds_p99": [%s]}' "$mode" \
+            cr=$(round_ratios "$mode" per_core_rps)
+            printf '"%s": {"rps": %s, "p99": %s, "per_core_rps": %s, "rounds_rps": [%s], "rounds_p99": [%s], "rounds_per_core_rps": [%s], "ci95_rps": %s, "ci95_p99": %s, "ci95_per_core_rps": %s}' "$mode" \
                 "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" \
                 "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" \
-                "${rr// /, }" "${pr// /, }"
+                "$(ratio "${med[limpet.$mode.per_core_rps]}" "${med[haproxy.$mode.per_core_rps]}")" \
+                "${rr// /, }" "${pr// /, }" "${cr// /, }" \
+                "$(ci_json "$mode" rps)" "$(ci_json "$mode" p99_us)" "$(ci_json "$mode" per_core_rps)"
         done
         printf '}'
     fi
