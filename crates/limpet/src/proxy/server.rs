@@ -25,7 +25,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,26 +148,43 @@ fn limits_invalid(l: &Limits) -> bool {
     l.max_header_bytes < 8192 || l.max_client_connections == 0
 }
 
-/// Request ids: a per-process prefix and a counter, so ids from two limpet instances (or two
-/// runs) do not collide in shared logs, and no id costs more than an atomic increment.
+/// Request ids: a prefix per listener socket and a counter, so ids from two limpet instances
+/// (or two runs, or two worker threads of one) do not collide in shared logs, and no id costs
+/// more than an atomic increment.
 #[derive(Debug)]
 struct RequestIds {
     prefix: u32,
     next: AtomicU64,
 }
 
+/// The [`RequestIds`] made so far in this process: one per listener socket, so one per worker
+/// thread (and per generation).
+static ID_INSTANCES: AtomicU32 = AtomicU32::new(0);
+
 impl RequestIds {
     fn new() -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
+        let instance = ID_INSTANCES.fetch_add(1, Ordering::Relaxed);
+        Self::seeded(nanos, std::process::id(), instance)
+    }
+
+    /// The ids of the `instance`-th listener socket of process `pid`, started at `nanos`.
+    /// The time and pid set the process apart from others (and from its own earlier runs);
+    /// the instance sets its workers apart: two worker threads that start at one clock
+    /// reading (a coarse clock, or two cores at once) would otherwise count the same ids from
+    /// the same prefix.
+    fn seeded(nanos: u64, pid: u32, instance: u32) -> Self {
         // splitmix64 finaliser: spreads time and pid over all bits. Not a secret, just distinct.
-        let mut z = nanos ^ (u64::from(std::process::id()) << 32);
+        let mut z = nanos ^ (u64::from(pid) << 32);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
+        // An odd multiplier is one-to-one on u32: instances of one seed never share a prefix.
+        let offset = instance.wrapping_mul(0x9e37_79b9);
         RequestIds {
-            prefix: z as u32,
+            prefix: (z as u32).wrapping_add(offset),
             next: AtomicU64::new(1),
         }
     }
@@ -178,7 +195,7 @@ impl RequestIds {
     }
 }
 
-/// One request's id: 16 lowercase hex digits (the process prefix, then the counter), kept
+/// One request's id: 16 lowercase hex digits (the socket's prefix, then the counter), kept
 /// inline. Written by hand because it is made on every request and `format!` with padding
 /// cost more than the rest of the id's life (measured with callgrind, bench/README.md).
 #[derive(Clone, Copy, Debug)]
@@ -985,6 +1002,19 @@ mod tests {
             format!("{:08x}{:08x}", 0xdead_beef_u32, 42)
         );
         assert_eq!(RequestId::new(0, u32::MAX).as_str(), "00000000ffffffff");
+    }
+
+    /// Worker threads start together: two listener sockets of one process seeded at one
+    /// clock reading still number their requests apart, and so do the sockets made here.
+    #[test]
+    fn listener_sockets_of_one_process_never_share_an_id_prefix() {
+        let prefixes: std::collections::HashSet<u32> = (0..64)
+            .map(|i| RequestIds::seeded(1_764_000_000_000_000_000, 4242, i).prefix)
+            .collect();
+        assert_eq!(prefixes.len(), 64, "one clock reading, 64 sockets");
+        let a = RequestIds::new();
+        let b = RequestIds::new();
+        assert_ne!(a.next().as_str()[..8], b.next().as_str()[..8]);
     }
 
     /// A node that answers each request head it reads (on any of its connections) with
