@@ -161,30 +161,36 @@ struct RequestIds {
 /// thread (and per generation).
 static ID_INSTANCES: AtomicU32 = AtomicU32::new(0);
 
+/// The prefix every socket's prefix is offset from: the process's start time and pid, spread
+/// over all bits (splitmix64 finaliser), so other instances and runs differ. Not a secret,
+/// just distinct.
+fn process_prefix(nanos: u64, pid: u32) -> u32 {
+    let mut z = nanos ^ (u64::from(pid) << 32);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    z as u32
+}
+
 impl RequestIds {
     fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let instance = ID_INSTANCES.fetch_add(1, Ordering::Relaxed);
-        Self::seeded(nanos, std::process::id(), instance)
+        static BASE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let base = *BASE.get_or_init(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            process_prefix(nanos, std::process::id())
+        });
+        Self::numbered(base, ID_INSTANCES.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The ids of the `instance`-th listener socket of process `pid`, started at `nanos`.
-    /// The time and pid set the process apart from others (and from its own earlier runs);
-    /// the instance sets its workers apart: two worker threads that start at one clock
-    /// reading (a coarse clock, or two cores at once) would otherwise count the same ids from
-    /// the same prefix.
-    fn seeded(nanos: u64, pid: u32, instance: u32) -> Self {
-        // splitmix64 finaliser: spreads time and pid over all bits. Not a secret, just distinct.
-        let mut z = nanos ^ (u64::from(pid) << 32);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        // An odd multiplier is one-to-one on u32: instances of one seed never share a prefix.
-        let offset = instance.wrapping_mul(0x9e37_79b9);
+    /// The ids of the process's `instance`-th listener socket. The offset is the instance
+    /// times an odd constant, one-to-one on u32: two sockets of one process (two worker
+    /// threads starting together, or a reload's new generation) never share a prefix, which
+    /// a clock reading per socket could not promise.
+    fn numbered(base: u32, instance: u32) -> Self {
         RequestIds {
-            prefix: (z as u32).wrapping_add(offset),
+            prefix: base.wrapping_add(instance.wrapping_mul(0x9e37_79b9)),
             next: AtomicU64::new(1),
         }
     }
@@ -1004,12 +1010,14 @@ mod tests {
         assert_eq!(RequestId::new(0, u32::MAX).as_str(), "00000000ffffffff");
     }
 
-    /// Worker threads start together: two listener sockets of one process seeded at one
-    /// clock reading still number their requests apart, and so do the sockets made here.
+    /// Worker threads start together: the listener sockets of one process number their
+    /// requests apart, whatever the clock read, and so do the sockets made here.
     #[test]
     fn listener_sockets_of_one_process_never_share_an_id_prefix() {
         let prefixes: std::collections::HashSet<u32> = (0..64)
-            .map(|i| RequestIds::seeded(1_764_000_000_000_000_000, 4242, i).prefix)
+            .map(|i| {
+                RequestIds::numbered(process_prefix(1_764_000_000_000_000_000, 4242), i).prefix
+            })
             .collect();
         assert_eq!(prefixes.len(), 64, "one clock reading, 64 sockets");
         let a = RequestIds::new();
