@@ -98,42 +98,51 @@ impl Access<'_> {
 }
 
 /// The hyper service of a client connection: never fails, every problem is an answer.
-pub(crate) async fn handle(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold its arguments twice"
+)]
+pub(crate) fn handle(
     ctx: Arc<ConnCtx>,
     req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
-    // The request's one clock reading as it comes: the connection's idle clock, what the
-    // request presents and its first route, and the access log's duration.
-    let arrived = Instant::now();
-    let guard = ActiveGuard::new(&ctx, arrived);
-    let h2 = req.version() == Version::HTTP_2;
-    let id = ctx.shared.next_request_id();
-    let mut log = Access {
-        id: id.as_str(),
-        line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| Line {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            start: arrived,
-        }),
-        node: None,
-        outcome: None,
-    };
-    let resp = proxy(&ctx, req, &mut log, arrived).await;
-    let shared = &ctx.shared;
-    log.emit(shared, resp.status());
-    // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
-    shared.metrics.request(log.node, resp.status().as_u16());
-    if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
-        shared.metrics.pin(o);
-    }
-    Ok(resp.map(|b| {
-        let b = b.with_guard(guard);
-        if h2 {
-            ctx.watch_answer(b)
-        } else {
-            b
+) -> impl std::future::Future<Output = Result<Response<ProxyBody>, Infallible>> {
+    // A block, not an `async fn`: an `async fn` keeps each argument twice in its future
+    // (the argument and the local it is moved into), and this future is every request's
+    // task on HTTP/2 (moved, boxed and held for the whole request).
+    async move {
+        // The request's one clock reading as it comes: the connection's idle clock, what the
+        // request presents and its first route, and the access log's duration.
+        let arrived = Instant::now();
+        let guard = ActiveGuard::new(&ctx, arrived);
+        let h2 = req.version() == Version::HTTP_2;
+        let id = ctx.shared.next_request_id();
+        let mut log = Access {
+            id: id.as_str(),
+            line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| Line {
+                method: req.method().clone(),
+                uri: req.uri().clone(),
+                start: arrived,
+            }),
+            node: None,
+            outcome: None,
+        };
+        let resp = proxy(&ctx, req, &mut log, arrived).await;
+        let shared = &ctx.shared;
+        log.emit(shared, resp.status());
+        // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
+        shared.metrics.request(log.node, resp.status().as_u16());
+        if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
+            shared.metrics.pin(o);
         }
-    }))
+        Ok(resp.map(|b| {
+            let b = b.with_guard(guard);
+            if h2 {
+                ctx.watch_answer(b)
+            } else {
+                b
+            }
+        }))
+    }
 }
 
 /// A short answer written by limpet itself, carrying the request id the log line has.
@@ -302,248 +311,266 @@ impl Head {
     }
 }
 
-async fn proxy(
-    ctx: &Arc<ConnCtx>,
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold its arguments twice"
+)]
+fn proxy<'a, 'b: 'a>(
+    ctx: &'a Arc<ConnCtx>,
     mut req: Request<Incoming>,
-    log: &mut Access<'_>,
+    log: &'a mut Access<'b>,
     arrived: Instant,
-) -> Response<ProxyBody> {
-    let shared = &ctx.shared;
-    let id = log.id;
+) -> impl std::future::Future<Output = Response<ProxyBody>> + use<'a, 'b> {
+    // A block for the reason `handle` is one: `req` is held once, not twice.
+    async move {
+        let shared = &ctx.shared;
+        let id = log.id;
 
-    // Checks hyper does not make. Framing problems close the connection: once two parsers
-    // could disagree on where this request ends, nothing after it on the connection is safe.
-    if req.method() == Method::CONNECT {
-        return local(StatusCode::METHOD_NOT_ALLOWED, id, "CONNECT is not proxied");
-    }
-    let target_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
-    if target_len > shared.limits.max_uri_bytes {
-        return local(StatusCode::URI_TOO_LONG, id, "request target too long");
-    }
-    if req.version() <= Version::HTTP_11
-        && req.headers().contains_key(header::TRANSFER_ENCODING)
-        && req.headers().contains_key(header::CONTENT_LENGTH)
-    {
-        return local_close(
-            StatusCode::BAD_REQUEST,
-            id,
-            "both Content-Length and Transfer-Encoding",
-        );
-    }
-
-    if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
-        return local_close(StatusCode::BAD_REQUEST, id, why);
-    }
-
-    let upgrade = is_upgrade_request(&req);
-    let websocket = req
-        .headers()
-        .get(header::UPGRADE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    // One clock reading for what the request presents, its first route and its sighting.
-    // A shared table's prefetch may come between the reading and the route: it is bounded
-    // by the store's timeout (50 ms by default), the table's clock never goes back, and a
-    // DOWN node's trial is claimed on a reading of its own.
-    let now = clock::ms_at(arrived);
-    let p = presented(ctx, req.headers(), now);
-    // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
-    if let (Some(t), Some(k)) = (&shared.table, &p.key) {
-        t.prefetch(k.as_key_ref()).await;
-    }
-    let failed: Vec<NodeId> = Vec::new();
-    let first = route(ctx, &p, &failed, now);
-    let Some(first_node) = first.node else {
-        return unavailable(shared, id);
-    };
-    // Counted open to its node from now until the answer body is done (drain accounting).
-    let mut in_flight = (first_node, shared.state.open(first_node));
-
-    // The head every attempt sends.
-    let (parts, body) = req.into_parts();
-    let mut headers = parts.headers;
-    if let Some(a) = &shared.affinity {
-        a.strip(&mut headers);
-    }
-    if parts.version == Version::HTTP_2 {
-        join_cookie_lines(&mut headers);
-    }
-    hdr::remove_hop_by_hop(&mut headers, upgrade);
-    if !headers.contains_key(header::HOST) {
-        // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
-        if let Some(v) = parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        // Checks hyper does not make. Framing problems close the connection: once two parsers
+        // could disagree on where this request ends, nothing after it on the connection is safe.
+        if req.method() == Method::CONNECT {
+            return local(StatusCode::METHOD_NOT_ALLOWED, id, "CONNECT is not proxied");
+        }
+        let target_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+        if target_len > shared.limits.max_uri_bytes {
+            return local(StatusCode::URI_TOO_LONG, id, "request target too long");
+        }
+        if req.version() <= Version::HTTP_11
+            && req.headers().contains_key(header::TRANSFER_ENCODING)
+            && req.headers().contains_key(header::CONTENT_LENGTH)
         {
-            headers.insert(header::HOST, v);
-        }
-    }
-    hdr::set_forwarded(&mut headers, &ctx.forwarded_for, ctx.tls, ctx.trusted);
-    if let Ok(v) = HeaderValue::from_str(id) {
-        headers.insert(&X_REQUEST_ID, v);
-    }
-    let uri = parts
-        .uri
-        .path_and_query()
-        .and_then(|pq| Uri::builder().path_and_query(pq.clone()).build().ok())
-        .unwrap_or_else(|| Uri::from_static("/"));
-    let head = Head {
-        method: parts.method,
-        uri,
-        headers,
-    };
-    // A copy to replay elsewhere, kept only when replaying is allowed at all.
-    // A replayable request is kept whole (each attempt sends a copy, or writes it from
-    // there on the request-driven path); any other is handed to its first attempt.
-    let replayable = is_idempotent(&head.method) && body.is_end_stream() && !upgrade;
-    let (replay, head) = if replayable {
-        (Some(head), None)
-    } else {
-        (None, Some(head))
-    };
-    let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
-    // Request body bytes, counted to the node that finally answers.
-    let request_bytes = up_body.tally();
-
-    let mut attempt = Attempt {
-        ctx,
-        presented: &p,
-        route: first,
-        failed,
-        replay,
-        upgrade,
-        id,
-        admitted: None,
-    };
-    let result = attempt.run(head, up_body, body_done).await;
-    let chosen = attempt.route;
-    let admitted = attempt.admitted.take();
-    log.outcome = Some(chosen.outcome);
-    let Some(node) = chosen.node else {
-        return unavailable(shared, id);
-    };
-    log.node = Some(node);
-    let mut resp = match result {
-        Ok(resp) => resp,
-        Err(e) if e.stage == Stage::ClientBody && e.is_timeout() => {
-            // HAProxy's `timeout client` answer for a body that stopped coming.
-            return local_close(
-                StatusCode::REQUEST_TIMEOUT,
-                id,
-                "request body not received in time",
-            );
-        }
-        Err(e) if e.stage == Stage::ClientBody => {
             return local_close(
                 StatusCode::BAD_REQUEST,
                 id,
-                "request body could not be read",
-            )
+                "both Content-Length and Transfer-Encoding",
+            );
         }
-        // No node took the request: nothing was sent anywhere.
-        Err(e) if !e.sent && e.stage != Stage::ClientBody => {
-            tracing::debug!(id, error = %e, "no node reachable");
-            // No node served it: the answer is limpet's, not the last node tried.
-            log.node = None;
-            return unavailable(shared, id);
-        }
-        Err(e) if e.is_timeout() && e.stage == Stage::AnswerHead => {
-            return local(
-                StatusCode::GATEWAY_TIMEOUT,
-                id,
-                "node did not answer in time",
-            )
-        }
-        Err(e) => {
-            tracing::debug!(id, error = %e, "upstream error");
-            return local(StatusCode::BAD_GATEWAY, id, "bad answer from node");
-        }
-    };
 
-    if in_flight.0 != node {
-        in_flight = (node, shared.state.open(node));
-    }
-    if ctx.first_sighting(node, p.spread, now) {
-        if let Some(rt) = shared.state.node_rt(node) {
-            rt.seen(p.spread);
+        if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
+            return local_close(StatusCode::BAD_REQUEST, id, why);
         }
-    }
-    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if switching && !upgrade {
-        return local(
-            StatusCode::BAD_GATEWAY,
-            id,
-            "node switched protocols unasked",
-        );
-    }
-    let mut out = Response::builder()
-        .status(resp.status())
-        .version(Version::HTTP_11)
-        .body(ProxyBody::local(""))
-        .unwrap_or_else(|_| Response::new(ProxyBody::local("")));
-    let upstream_upgrade = switching.then(|| hyper::upgrade::on(&mut resp));
-    let (rparts, rbody) = resp.into_parts();
-    let mut rheaders = rparts.headers;
-    hdr::remove_hop_by_hop(&mut rheaders, switching);
-    learn_from_answer(ctx, &rheaders, node);
-    if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
-        let now = clock::now_ms();
-        let topology = shared.state.topology();
-        let value = a.encode(
-            topology,
-            node,
-            issued_ms.or(p.issued_ms).unwrap_or(now),
-            now,
-        );
-        if let Some(v) = a.set_cookie(&value, ctx.tls) {
-            rheaders.append(header::SET_COOKIE, v);
+
+        let upgrade = is_upgrade_request(&req);
+        let websocket = req
+            .headers()
+            .get(header::UPGRADE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        // One clock reading for what the request presents, its first route and its sighting.
+        // A shared table's prefetch may come between the reading and the route: it is bounded
+        // by the store's timeout (50 ms by default), the table's clock never goes back, and a
+        // DOWN node's trial is claimed on a reading of its own.
+        let now = clock::ms_at(arrived);
+        let p = presented(ctx, req.headers(), now);
+        // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
+        if let (Some(t), Some(k)) = (&shared.table, &p.key) {
+            t.prefetch(k.as_key_ref()).await;
         }
-        let home = match chosen.home {
-            HomeWrite::Set(was) => a.set_home_cookie(&a.encode(topology, was, now, now), ctx.tls),
-            HomeWrite::Clear => a.clear_home_cookie(ctx.tls),
-            HomeWrite::Keep => None,
+        let failed: Vec<NodeId> = Vec::new();
+        let first = route(ctx, &p, &failed, now);
+        let Some(first_node) = first.node else {
+            return unavailable(shared, id);
         };
-        if let Some(v) = home {
-            rheaders.append(header::SET_COOKIE, v);
+        // Counted open to its node from now until the answer body is done (drain accounting).
+        let mut in_flight = (first_node, shared.state.open(first_node));
+
+        // The head every attempt sends. In a block: what is left of `parts` (its
+        // extensions) is dropped here, not held across the attempts' await in every
+        // request's future.
+        let (head, body) = {
+            let (parts, body) = req.into_parts();
+            let mut headers = parts.headers;
+            if let Some(a) = &shared.affinity {
+                a.strip(&mut headers);
+            }
+            if parts.version == Version::HTTP_2 {
+                join_cookie_lines(&mut headers);
+            }
+            hdr::remove_hop_by_hop(&mut headers, upgrade);
+            if !headers.contains_key(header::HOST) {
+                // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
+                if let Some(v) = parts
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                {
+                    headers.insert(header::HOST, v);
+                }
+            }
+            hdr::set_forwarded(&mut headers, &ctx.forwarded_for, ctx.tls, ctx.trusted);
+            if let Ok(v) = HeaderValue::from_str(id) {
+                headers.insert(&X_REQUEST_ID, v);
+            }
+            let uri = parts
+                .uri
+                .path_and_query()
+                .and_then(|pq| Uri::builder().path_and_query(pq.clone()).build().ok())
+                .unwrap_or_else(|| Uri::from_static("/"));
+            (
+                Head {
+                    method: parts.method,
+                    uri,
+                    headers,
+                },
+                body,
+            )
+        };
+        // A copy to replay elsewhere, kept only when replaying is allowed at all.
+        // A replayable request is kept whole (each attempt sends a copy, or writes it from
+        // there on the request-driven path); any other is handed to its first attempt.
+        let replayable = is_idempotent(&head.method) && body.is_end_stream() && !upgrade;
+        let (replay, head) = if replayable {
+            (Some(head), None)
+        } else {
+            (None, Some(head))
+        };
+        let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
+        // Request body bytes, counted to the node that finally answers.
+        let request_bytes = up_body.tally();
+
+        let mut attempt = Attempt {
+            ctx,
+            presented: &p,
+            route: first,
+            failed,
+            replay,
+            upgrade,
+            id,
+            admitted: None,
+        };
+        let result = attempt
+            .run(head.map(|h| h.into_request(up_body)), body_done)
+            .await;
+        let chosen = attempt.route;
+        let admitted = attempt.admitted.take();
+        log.outcome = Some(chosen.outcome);
+        let Some(node) = chosen.node else {
+            return unavailable(shared, id);
+        };
+        log.node = Some(node);
+        let mut resp = match result {
+            Ok(resp) => resp,
+            Err(e) if e.stage == Stage::ClientBody && e.is_timeout() => {
+                // HAProxy's `timeout client` answer for a body that stopped coming.
+                return local_close(
+                    StatusCode::REQUEST_TIMEOUT,
+                    id,
+                    "request body not received in time",
+                );
+            }
+            Err(e) if e.stage == Stage::ClientBody => {
+                return local_close(
+                    StatusCode::BAD_REQUEST,
+                    id,
+                    "request body could not be read",
+                )
+            }
+            // No node took the request: nothing was sent anywhere.
+            Err(e) if !e.sent && e.stage != Stage::ClientBody => {
+                tracing::debug!(id, error = %e, "no node reachable");
+                // No node served it: the answer is limpet's, not the last node tried.
+                log.node = None;
+                return unavailable(shared, id);
+            }
+            Err(e) if e.is_timeout() && e.stage == Stage::AnswerHead => {
+                return local(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    id,
+                    "node did not answer in time",
+                )
+            }
+            Err(e) => {
+                tracing::debug!(id, error = %e, "upstream error");
+                return local(StatusCode::BAD_GATEWAY, id, "bad answer from node");
+            }
+        };
+
+        if in_flight.0 != node {
+            in_flight = (node, shared.state.open(node));
         }
-        hdr::add_no_cache_set_cookie(&mut rheaders);
+        if ctx.first_sighting(node, p.spread, now) {
+            if let Some(rt) = shared.state.node_rt(node) {
+                rt.seen(p.spread);
+            }
+        }
+        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching && !upgrade {
+            return local(
+                StatusCode::BAD_GATEWAY,
+                id,
+                "node switched protocols unasked",
+            );
+        }
+        let mut out = Response::builder()
+            .status(resp.status())
+            .version(Version::HTTP_11)
+            .body(ProxyBody::local(""))
+            .unwrap_or_else(|_| Response::new(ProxyBody::local("")));
+        let upstream_upgrade = switching.then(|| hyper::upgrade::on(&mut resp));
+        let (rparts, rbody) = resp.into_parts();
+        let mut rheaders = rparts.headers;
+        hdr::remove_hop_by_hop(&mut rheaders, switching);
+        learn_from_answer(ctx, &rheaders, node);
+        if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
+            let now = clock::now_ms();
+            let topology = shared.state.topology();
+            let value = a.encode(
+                topology,
+                node,
+                issued_ms.or(p.issued_ms).unwrap_or(now),
+                now,
+            );
+            if let Some(v) = a.set_cookie(&value, ctx.tls) {
+                rheaders.append(header::SET_COOKIE, v);
+            }
+            let home = match chosen.home {
+                HomeWrite::Set(was) => {
+                    a.set_home_cookie(&a.encode(topology, was, now, now), ctx.tls)
+                }
+                HomeWrite::Clear => a.clear_home_cookie(ctx.tls),
+                HomeWrite::Keep => None,
+            };
+            if let Some(v) = home {
+                rheaders.append(header::SET_COOKIE, v);
+            }
+            hdr::add_no_cache_set_cookie(&mut rheaders);
+        }
+        *out.headers_mut() = rheaders;
+        // hyper answers in the client's version; the node's is irrelevant.
+        *out.version_mut() = Version::HTTP_11;
+        if let (Some(client), Some(upstream), Some(rt)) =
+            (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
+        {
+            upgrade::spawn_tunnel(
+                client,
+                upstream,
+                shared.timeouts.tunnel_idle,
+                shared.draining.clone(),
+                upgrade::NodeTunnel {
+                    websocket,
+                    node: Arc::clone(rt),
+                    spread: p.spread,
+                    close_on_down: shared.def.tcp.close_on_node_down,
+                    _open: rt.open(),
+                    _tunnel: rt.tunnel(),
+                    _admitted: admitted,
+                    write_limit: ctx.write_limit.clone(),
+                    start_limit: shared.timeouts.client_idle,
+                },
+            );
+            return out;
+        }
+        let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle);
+        let body = match shared.metrics.node_traffic(node) {
+            Some(t) => body.counted(Arc::clone(t), request_bytes.as_deref()),
+            None => body,
+        };
+        let body = body.with_admission(admitted);
+        out.map(|_| match in_flight.1 {
+            Some(guard) => body.with_node_guard(guard),
+            None => body,
+        })
     }
-    *out.headers_mut() = rheaders;
-    // hyper answers in the client's version; the node's is irrelevant.
-    *out.version_mut() = Version::HTTP_11;
-    if let (Some(client), Some(upstream), Some(rt)) =
-        (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
-    {
-        upgrade::spawn_tunnel(
-            client,
-            upstream,
-            shared.timeouts.tunnel_idle,
-            shared.draining.clone(),
-            upgrade::NodeTunnel {
-                websocket,
-                node: Arc::clone(rt),
-                spread: p.spread,
-                close_on_down: shared.def.tcp.close_on_node_down,
-                _open: rt.open(),
-                _tunnel: rt.tunnel(),
-                _admitted: admitted,
-                write_limit: ctx.write_limit.clone(),
-                start_limit: shared.timeouts.client_idle,
-            },
-        );
-        return out;
-    }
-    let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle);
-    let body = match shared.metrics.node_traffic(node) {
-        Some(t) => body.counted(Arc::clone(t), request_bytes.as_deref()),
-        None => body,
-    };
-    let body = body.with_admission(admitted);
-    out.map(|_| match in_flight.1 {
-        Some(guard) => body.with_node_guard(guard),
-        None => body,
-    })
 }
 
 /// Whether an I/O error behind a hyper error is a timeout (the node connection's write
@@ -592,7 +619,7 @@ struct Attempt<'a> {
     admitted: Option<crate::nodes::Admitted>,
 }
 
-impl Attempt<'_> {
+impl<'a> Attempt<'a> {
     /// The node failed this request: passive health learns what the error says, and the
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
@@ -611,74 +638,203 @@ impl Attempt<'_> {
         Ok(())
     }
 
-    /// Sends the request, failing over per the module rules.
-    async fn run(
-        &mut self,
-        head: Option<Head>,
-        body: UpBody,
+    /// Sends the request (`pending`: the request not yet handed to any connection, or
+    /// handed back unsent; `None` when only `replay` is sent), failing over per the
+    /// module rules. A block, not an `async fn`, for the reason `handle` is one.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold its arguments twice"
+    )]
+    fn run<'s>(
+        &'s mut self,
+        mut pending: Option<Request<UpBody>>,
         mut body_done: super::body::BodyDone,
-    ) -> Result<Response<NodeAnswer>, UpstreamError> {
-        let shared = &self.ctx.shared;
-        let answer_timeout = shared.timeouts.upstream_answer;
-        // The request not yet handed to any connection, or handed back unsent.
-        let mut pending: Option<Request<UpBody>> = head.map(|h| h.into_request(body));
-        let mut force_fresh = self.upgrade;
-        // Each turn either returns or adds a node to `failed` (or spends the one
-        // fresh-connection retry), so the loop ends within 2 * nodes turns.
-        loop {
-            let Some(node) = self.route.node else {
-                return Err(UpstreamError::new(
-                    Stage::Connect,
-                    Cause::Io(std::io::ErrorKind::NotFound),
-                    false,
-                    "no node available",
-                ));
-            };
-            let Some(conns) = shared.conns.get(node.index()) else {
-                return Err(UpstreamError::new(
-                    Stage::Connect,
-                    Cause::Io(std::io::ErrorKind::NotFound),
-                    false,
-                    "node without connections",
-                ));
-            };
-            // A node at its max_connections: wait in its queue (no failover: a busy node is
-            // not a failed one, and moving a pinned session would break its affinity).
-            let admitted = match shared.state.node_rt(node) {
-                Some(rt) => Some(rt.admit(shared.timeouts.queue).await.map_err(|r| {
-                    UpstreamError::new(Stage::Queue, Cause::Timeout, false, r.as_str())
-                })?),
-                None => None,
-            };
-            // A bodiless replayable request to a plaintext node: driven from this task
-            // (`node_h1`); everything else through hyper's client below.
-            if let (Some(head), false, true) = (&self.replay, self.upgrade, conns.plain()) {
-                let err = match self
-                    .direct(conns, node, head, answer_timeout, force_fresh)
-                    .await
-                {
-                    Ok(resp) => {
-                        self.admitted = admitted;
-                        return Ok(resp.map(NodeAnswer::Direct));
-                    }
-                    Err(Direct::Stale) => {
-                        // The kept-alive connection ended before any answer byte: the node
-                        // closed it while idle (the keep-alive race, not the node's fault). The
-                        // request is replayable: once more, on a fresh connection to the same
-                        // node, so the session stays where it is pinned.
-                        force_fresh = true;
-                        continue;
-                    }
-                    Err(Direct::ConnectFailed(e)) => {
-                        self.fail_over(node, &e)?;
+    ) -> impl std::future::Future<Output = Result<Response<NodeAnswer>, UpstreamError>> + use<'s, 'a>
+    {
+        async move {
+            let shared = &self.ctx.shared;
+            let answer_timeout = shared.timeouts.upstream_answer;
+            let mut force_fresh = self.upgrade;
+            // Each turn either returns or adds a node to `failed` (or spends the one
+            // fresh-connection retry), so the loop ends within 2 * nodes turns.
+            loop {
+                let Some(node) = self.route.node else {
+                    return Err(UpstreamError::new(
+                        Stage::Connect,
+                        Cause::Io(std::io::ErrorKind::NotFound),
+                        false,
+                        "no node available",
+                    ));
+                };
+                let Some(conns) = shared.conns.get(node.index()) else {
+                    return Err(UpstreamError::new(
+                        Stage::Connect,
+                        Cause::Io(std::io::ErrorKind::NotFound),
+                        false,
+                        "node without connections",
+                    ));
+                };
+                // A node at its max_connections: wait in its queue (no failover: a busy node is
+                // not a failed one, and moving a pinned session would break its affinity).
+                let admitted = match shared.state.node_rt(node) {
+                    Some(rt) => Some(rt.admit(shared.timeouts.queue).await.map_err(|r| {
+                        UpstreamError::new(Stage::Queue, Cause::Timeout, false, r.as_str())
+                    })?),
+                    None => None,
+                };
+                // A bodiless replayable request to a plaintext node: driven from this task
+                // (`node_h1`); everything else through hyper's client below.
+                if let (Some(head), false, true) = (&self.replay, self.upgrade, conns.plain()) {
+                    let err = match self
+                        .direct(conns, node, head, answer_timeout, force_fresh)
+                        .await
+                    {
+                        Ok(resp) => {
+                            self.admitted = admitted;
+                            return Ok(resp.map(NodeAnswer::Direct));
+                        }
+                        Err(Direct::Stale) => {
+                            // The kept-alive connection ended before any answer byte: the node
+                            // closed it while idle (the keep-alive race, not the node's fault). The
+                            // request is replayable: once more, on a fresh connection to the same
+                            // node, so the session stays where it is pinned.
+                            force_fresh = true;
+                            continue;
+                        }
+                        Err(Direct::ConnectFailed(e)) => {
+                            self.fail_over(node, &e)?;
+                            force_fresh = false;
+                            continue;
+                        }
+                        Err(Direct::Failed(e)) => e,
+                    };
+                    if err.retry_safe(true) {
+                        self.fail_over(node, &err)?;
                         force_fresh = false;
                         continue;
                     }
-                    Err(Direct::Failed(e)) => e,
+                    if let Some(obs) = err.observation() {
+                        shared.state.observe(node, obs);
+                    }
+                    return Err(err);
+                }
+                // A trial must prove the node answers now: never on a connection kept from before.
+                let pooled = if force_fresh || self.route.trial {
+                    None
+                } else {
+                    conns.checkout()
                 };
-                if err.retry_safe(true) {
+                let was_pooled = pooled.is_some();
+                let mut sender = match pooled {
+                    Some(s) => s,
+                    // Writes to the node are bounded like its answer (`upstream_answer`); an
+                    // upgrade's connection becomes a tunnel, bounded like one (`tunnel_idle`).
+                    // Boxed: the connect future is the largest of this function's awaits, and
+                    // inline it would grow every request's future (moved by value into hyper's
+                    // connection or an HTTP/2 stream's task) by that much, for a rare path.
+                    None => match Box::pin(conns.connect(if self.upgrade {
+                        shared.timeouts.tunnel_idle
+                    } else {
+                        shared.timeouts.upstream_answer
+                    }))
+                    .await
+                    {
+                        Ok(s) => {
+                            // Ends a trial (without checks); proves nothing else.
+                            shared.state.observe(node, Observation::Connected);
+                            s
+                        }
+                        Err(e) => {
+                            self.fail_over(node, &e)?;
+                            force_fresh = self.upgrade;
+                            continue;
+                        }
+                    },
+                };
+                let req = match pending.take() {
+                    Some(r) => r,
+                    None => match &self.replay {
+                        Some(h) => h.clone().into_request(UpBody::empty()),
+                        None => {
+                            return Err(UpstreamError::new(
+                                Stage::Send,
+                                Cause::Io(std::io::ErrorKind::Other),
+                                true,
+                                "request cannot be replayed",
+                            ))
+                        }
+                    },
+                };
+                let sent_at = Instant::now();
+                let send = sender.try_send_request(req);
+                // The answer clock starts once the client's body is fully sent: a slow upload is
+                // not a slow node.
+                let clock = async {
+                    body_done.wait().await;
+                    tokio::time::sleep(answer_timeout).await;
+                };
+                let outcome = tokio::select! {
+                    r = send => r.map_err(Some),
+                    () = clock => Err(None),
+                };
+                let err = match outcome {
+                    Ok(resp) => {
+                        self.admitted = admitted;
+                        if !self.upgrade {
+                            conns.recycle(sender);
+                        }
+                        answered(shared, node, sent_at);
+                        return Ok(resp.map(NodeAnswer::Hyper));
+                    }
+                    // No answer within the answer timeout: the node is hung or overloaded.
+                    Err(None) => {
+                        UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled)
+                    }
+                    Err(Some(mut e)) => {
+                        if let Some(req) = e.take_message() {
+                            // Nothing of the request left: the connection was already dead.
+                            pending = Some(req);
+                            if was_pooled {
+                                force_fresh = true;
+                                continue;
+                            }
+                            let err = UpstreamError::new(
+                                Stage::Send,
+                                Cause::Io(std::io::ErrorKind::ConnectionReset),
+                                false,
+                                e.into_error(),
+                            );
+                            self.fail_over(node, &err)?;
+                            force_fresh = self.upgrade;
+                            continue;
+                        }
+                        let err = e.into_error();
+                        if err.is_user() || err.is_body_write_aborted() {
+                            // The client's body failed or went quiet: not the node's fault. The
+                            // node connection is dropped with the unfinished request.
+                            let cause = if super::body::is_body_idle(&err) {
+                                Cause::Timeout
+                            } else {
+                                Cause::Io(std::io::ErrorKind::Other)
+                            };
+                            return Err(UpstreamError::new(Stage::ClientBody, cause, true, err));
+                        }
+                        let cause = if err.is_parse() || err.is_parse_status() {
+                            Cause::Protocol
+                        } else if timed_out(&err) {
+                            // A write to the node blocked past its limit: it stopped reading.
+                            Cause::Timeout
+                        } else {
+                            Cause::Io(std::io::ErrorKind::ConnectionReset)
+                        };
+                        // Request bytes may have reached the node; no answer byte was relayed.
+                        UpstreamError::new(Stage::AnswerHead, cause, true, err)
+                            .on_pooled(was_pooled)
+                    }
+                };
+                if err.retry_safe(self.replay.is_some()) {
                     self.fail_over(node, &err)?;
-                    force_fresh = false;
+                    force_fresh = self.upgrade;
                     continue;
                 }
                 if let Some(obs) = err.observation() {
@@ -686,126 +842,6 @@ impl Attempt<'_> {
                 }
                 return Err(err);
             }
-            // A trial must prove the node answers now: never on a connection kept from before.
-            let pooled = if force_fresh || self.route.trial {
-                None
-            } else {
-                conns.checkout()
-            };
-            let was_pooled = pooled.is_some();
-            let mut sender = match pooled {
-                Some(s) => s,
-                // Writes to the node are bounded like its answer (`upstream_answer`); an
-                // upgrade's connection becomes a tunnel, bounded like one (`tunnel_idle`).
-                // Boxed: the connect future is the largest of this function's awaits, and
-                // inline it would grow every request's future (moved by value into hyper's
-                // connection or an HTTP/2 stream's task) by that much, for a rare path.
-                None => match Box::pin(conns.connect(if self.upgrade {
-                    shared.timeouts.tunnel_idle
-                } else {
-                    shared.timeouts.upstream_answer
-                }))
-                .await
-                {
-                    Ok(s) => {
-                        // Ends a trial (without checks); proves nothing else.
-                        shared.state.observe(node, Observation::Connected);
-                        s
-                    }
-                    Err(e) => {
-                        self.fail_over(node, &e)?;
-                        force_fresh = self.upgrade;
-                        continue;
-                    }
-                },
-            };
-            let req = match pending.take() {
-                Some(r) => r,
-                None => match &self.replay {
-                    Some(h) => h.clone().into_request(UpBody::empty()),
-                    None => {
-                        return Err(UpstreamError::new(
-                            Stage::Send,
-                            Cause::Io(std::io::ErrorKind::Other),
-                            true,
-                            "request cannot be replayed",
-                        ))
-                    }
-                },
-            };
-            let sent_at = Instant::now();
-            let send = sender.try_send_request(req);
-            // The answer clock starts once the client's body is fully sent: a slow upload is
-            // not a slow node.
-            let clock = async {
-                body_done.wait().await;
-                tokio::time::sleep(answer_timeout).await;
-            };
-            let outcome = tokio::select! {
-                r = send => r.map_err(Some),
-                () = clock => Err(None),
-            };
-            let err = match outcome {
-                Ok(resp) => {
-                    self.admitted = admitted;
-                    if !self.upgrade {
-                        conns.recycle(sender);
-                    }
-                    answered(shared, node, sent_at);
-                    return Ok(resp.map(NodeAnswer::Hyper));
-                }
-                // No answer within the answer timeout: the node is hung or overloaded.
-                Err(None) => UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled),
-                Err(Some(mut e)) => {
-                    if let Some(req) = e.take_message() {
-                        // Nothing of the request left: the connection was already dead.
-                        pending = Some(req);
-                        if was_pooled {
-                            force_fresh = true;
-                            continue;
-                        }
-                        let err = UpstreamError::new(
-                            Stage::Send,
-                            Cause::Io(std::io::ErrorKind::ConnectionReset),
-                            false,
-                            e.into_error(),
-                        );
-                        self.fail_over(node, &err)?;
-                        force_fresh = self.upgrade;
-                        continue;
-                    }
-                    let err = e.into_error();
-                    if err.is_user() || err.is_body_write_aborted() {
-                        // The client's body failed or went quiet: not the node's fault. The
-                        // node connection is dropped with the unfinished request.
-                        let cause = if super::body::is_body_idle(&err) {
-                            Cause::Timeout
-                        } else {
-                            Cause::Io(std::io::ErrorKind::Other)
-                        };
-                        return Err(UpstreamError::new(Stage::ClientBody, cause, true, err));
-                    }
-                    let cause = if err.is_parse() || err.is_parse_status() {
-                        Cause::Protocol
-                    } else if timed_out(&err) {
-                        // A write to the node blocked past its limit: it stopped reading.
-                        Cause::Timeout
-                    } else {
-                        Cause::Io(std::io::ErrorKind::ConnectionReset)
-                    };
-                    // Request bytes may have reached the node; no answer byte was relayed.
-                    UpstreamError::new(Stage::AnswerHead, cause, true, err).on_pooled(was_pooled)
-                }
-            };
-            if err.retry_safe(self.replay.is_some()) {
-                self.fail_over(node, &err)?;
-                force_fresh = self.upgrade;
-                continue;
-            }
-            if let Some(obs) = err.observation() {
-                shared.state.observe(node, obs);
-            }
-            return Err(err);
         }
     }
 }
