@@ -37,6 +37,9 @@
 #   --skip LIST              leave out some of: strace,probes,callgrind
 #   --events LIST            perf events to count per request (comma-separated; default none)
 #   --alloc-method M         auto (uprobes, else callgrind; default), perf, or callgrind
+#   --callgrind-args ARGS    more valgrind options for the callgrind run, split on spaces, e.g.
+#                            '--cache-sim=yes' or '--branch-sim=yes' (their events are in the
+#                            dump's summary line; with --keep, read them there)
 #   --proxy-core C           core the proxy runs on (default 0)
 #   --client-core C          core wrk/h2load and the nginx backends run on (default 1)
 #   --limpet PATH            limpet binary (default: $LIMPET, else target/release/limpet)
@@ -69,6 +72,7 @@ connections=64
 skip=""
 alloc_method=auto
 events=""
+callgrind_args=""
 proxy_core=0
 client_core=1
 limpet_bin=${LIMPET:-$repo/target/release/limpet}
@@ -87,6 +91,7 @@ while [[ $# -gt 0 ]]; do
         --skip) skip=${2:?}; shift 2 ;;
         --alloc-method) alloc_method=${2:?}; shift 2 ;;
         --events) events=${2:?}; shift 2 ;;
+        --callgrind-args) callgrind_args=${2:?}; shift 2 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -385,6 +390,8 @@ measure_callgrind_group() {
     local proxy=$1 group=$2 mode first=1 dump=0 base req ir detail k fns
     proxy_wrap=(valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.$proxy.$group.%p"
         --compress-strings=no --compress-pos=no --dump-instr=no --log-file="$work/valgrind.$proxy.$group.log")
+    # shellcheck disable=SC2206 # split on spaces on purpose: several options in one argument
+    if [[ -n $callgrind_args ]]; then proxy_wrap+=($callgrind_args); fi
     proxy_start_secs=120
     "start_$proxy" "$group"
     proxy_wrap=()
