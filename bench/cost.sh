@@ -390,8 +390,10 @@ measure_callgrind_group() {
     local proxy=$1 group=$2 mode first=1 dump=0 base req ir detail k fns
     proxy_wrap=(valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.$proxy.$group.%p"
         --compress-strings=no --compress-pos=no --dump-instr=no --log-file="$work/valgrind.$proxy.$group.log")
-    # shellcheck disable=SC2206 # split on spaces on purpose: several options in one argument
-    if [[ -n $callgrind_args ]]; then proxy_wrap+=($callgrind_args); fi
+    # Several options in one argument: split on spaces (no glob expansion).
+    local -a extra=()
+    read -ra extra <<<"$callgrind_args"
+    proxy_wrap+=("${extra[@]}")
     proxy_start_secs=120
     "start_$proxy" "$group"
     proxy_wrap=()

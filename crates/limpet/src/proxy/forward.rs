@@ -315,7 +315,7 @@ impl Head {
     clippy::manual_async_fn,
     reason = "an async fn would hold its arguments twice"
 )]
-fn proxy<'a, 'b: 'a>(
+fn proxy<'a, 'b>(
     ctx: &'a Arc<ConnCtx>,
     mut req: Request<Incoming>,
     log: &'a mut Access<'b>,
