@@ -32,11 +32,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 train_duration=3
 modes=""
-
-die() {
-    echo "bench/pgo.sh: $*" >&2
-    exit 1
-}
+bench_name=bench/pgo.sh
+# For its die and is_uint only (sourcing starts nothing; http.sh sources it again itself).
+# shellcheck source=bench/lib.sh
+source "$here/lib.sh"
 
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -46,6 +45,7 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
+is_uint "$train_duration" && ((train_duration > 0)) || die "--train-duration takes whole seconds above 0"
 
 # The newest llvm-profdata at hand: rustup's (matches rustc's LLVM), else Debian's, newest
 # version first. LLVM 14's (Debian's default llvm-profdata) cannot read these profiles.
