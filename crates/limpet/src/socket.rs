@@ -20,13 +20,18 @@
 //!
 //! Measured (`bench/cost.sh --modes close`, with Nagle turned off on the listening socket,
 //! see [`Listener`]): syscalls per `Connection: close` request 10.47 -> 7.26 (HAProxy 8.82),
-//! allocations 28.5 -> 26.3, instructions 41,386 -> 43,075 (callgrind counts each byte of
-//! the zeroing below as an instruction: `rep stosb`).
+//! allocations 28.5 -> 26.3.
 //!
-//! Reads made before the socket is registered go into initialised memory
-//! (`ReadBuf::initialize_unfilled_to`), at most [`UNREGISTERED_READ`] at a time: reading into
-//! the uninitialised memory the caller hands over needs `unsafe`, which this crate forbids.
+//! Reads made before the socket is registered need initialised memory: reading into the
+//! uninitialised memory the caller hands over (hyper's fresh read buffer) needs `unsafe`,
+//! which this crate forbids, and initialising it (`ReadBuf::initialize_unfilled_to`) zeroed
+//! [`UNREGISTERED_READ`] bytes per connection for a request of about a hundred: about 4,100
+//! of a `Connection: close` request's 43,400 to 45,700 instructions (callgrind counts each
+//! byte of a `rep stosb` as one; in CPU time far less). They go instead into a buffer of the
+//! thread's, zeroed once when the thread first reads, and only the bytes read are copied
+//! out; a caller's buffer already initialised (a zeroed array) is read into as is.
 
+use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -37,9 +42,44 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The most an unregistered socket reads at once: a whole request head of a typical client
 /// (load tools and curl send about 100 bytes, browsers up to a few KiB), and as much as the
-/// HTTP listener's first read asks for (`proxy::client_io`'s read ahead). It is zeroed first
-/// (see the module doc), so it is not made larger than that.
+/// HTTP listener's first read asks for (`proxy::client_io`'s read ahead). The size of each
+/// thread's [`READ_SCRATCH`].
 pub const UNREGISTERED_READ: usize = 4 * 1024;
+
+thread_local! {
+    /// Where an unregistered socket's read lands before it is copied into the caller's
+    /// buffer (see the module doc). Only borrowed for one `read` and its copy, never
+    /// across an await.
+    static READ_SCRATCH: RefCell<Box<[u8]>> =
+        RefCell::new(vec![0; UNREGISTERED_READ].into_boxed_slice());
+}
+
+/// One read of an unregistered socket into `buf`, at most [`UNREGISTERED_READ`] bytes,
+/// without zeroing any of `buf`: into `buf` itself where that much of it is initialised
+/// already, else through the thread's scratch buffer.
+fn read_unregistered(s: &std::net::TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<()> {
+    let room = buf.remaining().min(UNREGISTERED_READ);
+    let initialised = buf.initialized().len().saturating_sub(buf.filled().len());
+    if initialised >= room {
+        let n = (&*s).read(buf.initialize_unfilled_to(room))?;
+        buf.advance(n);
+        return Ok(());
+    }
+    READ_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let n = (&*s).read(&mut scratch[..room])?;
+            buf.put_slice(&scratch[..n]);
+            Ok(())
+        }
+        // Not reachable (nothing reads a socket while holding the scratch buffer); if it
+        // were, zeroing is the slower way, not a wrong one.
+        Err(_) => {
+            let n = (&*s).read(buf.initialize_unfilled_to(room))?;
+            buf.advance(n);
+            Ok(())
+        }
+    })
+}
 
 /// A listening socket, registered with tokio's reactor. Accepting through it does not
 /// register the accepted socket (see the module doc).
@@ -221,12 +261,8 @@ impl AsyncRead for ClientSocket {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if let Stage::Unregistered(s) = &this.0 {
-            let room = buf.remaining().min(UNREGISTERED_READ);
-            match (&*s).read(buf.initialize_unfilled_to(room)) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
+            match read_unregistered(s, buf) {
+                Ok(()) => return Poll::Ready(Ok(())),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
@@ -406,6 +442,46 @@ mod tests {
         );
         assert!(written, "the write had to wait");
         assert_eq!(read, big.len());
+    }
+
+    /// hyper hands an unregistered socket uninitialised memory: the read lands in it without
+    /// any of it being zeroed (only the bytes read become initialised), one read takes at
+    /// most [`UNREGISTERED_READ`], and what is larger comes whole over several reads.
+    #[tokio::test]
+    async fn an_unregistered_read_into_uninitialised_memory_zeroes_none_of_it() {
+        async fn read_into_uninit(s: &mut ClientSocket, room: usize) -> (Vec<u8>, usize) {
+            let mut memory = vec![std::mem::MaybeUninit::<u8>::uninit(); room];
+            let mut buf = ReadBuf::uninit(&mut memory);
+            std::future::poll_fn(|cx| Pin::new(&mut *s).poll_read(cx, &mut buf))
+                .await
+                .expect("read");
+            (buf.filled().to_vec(), buf.initialized().len())
+        }
+        let (l, addr) = listener().await;
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+        client.write_all(head).await.expect("sent");
+        let (mut s, _) = l.accept().await.expect("accepted");
+
+        let (got, initialised) = read_into_uninit(&mut s, 2 * UNREGISTERED_READ).await;
+        assert_eq!(got, head);
+        assert_eq!(initialised, head.len(), "nothing beyond the bytes read");
+        assert!(!s.is_registered(), "the bytes were there");
+
+        let big: Vec<u8> = (0..3 * UNREGISTERED_READ + 17)
+            .map(|i| u8::try_from(i % 251).expect("below 251"))
+            .collect();
+        client.write_all(&big).await.expect("sent");
+        let (got, initialised) = read_into_uninit(&mut s, 2 * UNREGISTERED_READ).await;
+        assert_eq!(got, big[..UNREGISTERED_READ], "one read's worth");
+        assert_eq!(initialised, UNREGISTERED_READ);
+        let mut rest = Vec::new();
+        while rest.len() < big.len() - UNREGISTERED_READ {
+            let (got, initialised) = read_into_uninit(&mut s, 1000).await;
+            assert_eq!(initialised, got.len());
+            rest.extend_from_slice(&got);
+        }
+        assert_eq!(rest, big[UNREGISTERED_READ..], "in order, nothing lost");
     }
 
     /// Several clients waiting are all accepted; a socket's stages do not mix them up.
