@@ -60,25 +60,24 @@ thread_local! {
 fn read_unregistered(s: &std::net::TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<()> {
     let room = buf.remaining().min(UNREGISTERED_READ);
     let initialised = buf.initialized().len().saturating_sub(buf.filled().len());
-    if initialised >= room {
-        let n = (&*s).read(buf.initialize_unfilled_to(room))?;
-        buf.advance(n);
-        return Ok(());
+    if initialised < room {
+        // `None` is not reachable (nothing reads a socket while holding the scratch buffer);
+        // if it were, zeroing below is the slower way, not a wrong one.
+        let through_scratch = READ_SCRATCH.with(|scratch| {
+            let mut scratch = scratch.try_borrow_mut().ok()?;
+            Some(
+                (&*s)
+                    .read(&mut scratch[..room])
+                    .map(|n| buf.put_slice(&scratch[..n])),
+            )
+        });
+        if let Some(read) = through_scratch {
+            return read;
+        }
     }
-    READ_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut scratch) => {
-            let n = (&*s).read(&mut scratch[..room])?;
-            buf.put_slice(&scratch[..n]);
-            Ok(())
-        }
-        // Not reachable (nothing reads a socket while holding the scratch buffer); if it
-        // were, zeroing is the slower way, not a wrong one.
-        Err(_) => {
-            let n = (&*s).read(buf.initialize_unfilled_to(room))?;
-            buf.advance(n);
-            Ok(())
-        }
-    })
+    let n = (&*s).read(buf.initialize_unfilled_to(room))?;
+    buf.advance(n);
+    Ok(())
 }
 
 /// A listening socket, registered with tokio's reactor. Accepting through it does not
