@@ -33,7 +33,7 @@ use limpet_core::{
 use tokio::time::Instant;
 
 use super::body::{NodeAnswer, ProxyBody, UpBody};
-use super::headers::{self as hdr, X_REQUEST_ID};
+use super::headers::{self as hdr, Forwarding, X_REQUEST_ID};
 use super::server::{ActiveGuard, ConnCtx, Shared};
 use super::upgrade;
 use crate::clock;
@@ -293,20 +293,25 @@ fn learn_from_answer(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
     }
 }
 
-/// The parts of the request that every attempt sends.
+/// The parts of the request that every attempt sends: the client's fields as forwarded, and
+/// limpet's own beside them ([`Forwarding`]).
 #[derive(Clone)]
-struct Head {
+struct Head<'a> {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    forwarding: Forwarding<'a>,
 }
 
-impl Head {
+impl Head<'_> {
+    /// The request hyper's client sends: limpet's fields inserted into the one map.
     fn into_request(self, body: UpBody) -> Request<UpBody> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
-        *req.headers_mut() = self.headers;
+        let mut headers = self.headers;
+        self.forwarding.insert_into(&mut headers);
+        *req.headers_mut() = headers;
         req
     }
 }
@@ -387,20 +392,15 @@ fn proxy<'a, 'b>(
                 join_cookie_lines(&mut headers);
             }
             hdr::remove_hop_by_hop(&mut headers, upgrade);
-            if !headers.contains_key(header::HOST) {
-                // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
-                if let Some(v) = parts
-                    .uri
-                    .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                {
-                    headers.insert(header::HOST, v);
-                }
-            }
-            hdr::set_forwarded(&mut headers, &ctx.forwarded_for, ctx.tls, ctx.trusted);
-            if let Ok(v) = HeaderValue::from_str(id) {
-                headers.insert(&X_REQUEST_ID, v);
-            }
+            // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
+            let forwarding = Forwarding::new(
+                &mut headers,
+                parts.uri.authority(),
+                &ctx.forwarded_for,
+                ctx.tls,
+                ctx.trusted,
+                id,
+            );
             let uri = parts
                 .uri
                 .path_and_query()
@@ -411,6 +411,7 @@ fn proxy<'a, 'b>(
                     method: parts.method,
                     uri,
                     headers,
+                    forwarding,
                 },
                 body,
             )
@@ -612,7 +613,7 @@ struct Attempt<'a> {
     route: Route,
     failed: Vec<NodeId>,
     /// A copy of the head to replay elsewhere, kept only when replaying is allowed at all.
-    replay: Option<Head>,
+    replay: Option<Head<'a>>,
     upgrade: bool,
     id: &'a str,
     /// The answering node's slot among its `max_connections` (see `NodeRuntime::admit`).
@@ -877,7 +878,7 @@ impl Attempt<'_> {
         &self,
         conns: &Arc<super::upstream::NodeConns>,
         node: NodeId,
-        head: &Head,
+        head: &Head<'_>,
         answer_timeout: std::time::Duration,
         force_fresh: bool,
     ) -> Result<Response<super::node_h1::NodeBody>, Direct> {
@@ -903,7 +904,13 @@ impl Attempt<'_> {
                 Err(e) => return Err(Direct::ConnectFailed(e)),
             },
         };
-        let exchange = conn.exchange(&head.method, &head.uri, &head.headers, conns);
+        let exchange = conn.exchange(
+            &head.method,
+            &head.uri,
+            &head.headers,
+            &head.forwarding,
+            conns,
+        );
         match tokio::time::timeout_at(sent_at + answer_timeout, exchange).await {
             Ok(Ok(resp)) => {
                 answered(shared, node, sent_at);

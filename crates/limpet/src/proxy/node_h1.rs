@@ -35,6 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::body::BoxError;
+use super::headers::Forwarding;
 use super::upstream::NodeConns;
 use crate::error::{Cause, Stage, UpstreamError};
 use crate::relay::WriteDeadline;
@@ -261,10 +262,11 @@ impl H1Conn {
         method: &Method,
         target: &http::Uri,
         headers: &HeaderMap,
+        forwarding: &Forwarding<'_>,
         conns: &Arc<NodeConns>,
     ) -> Result<Response<NodeBody>, H1Error> {
         self.out.clear();
-        encode_head(&mut self.out, method, target, headers);
+        encode_head(&mut self.out, method, target, headers, forwarding);
         let mut written = 0;
         while written < self.out.len() {
             let n = std::future::poll_fn(|cx| {
@@ -330,8 +332,14 @@ impl H1Conn {
 }
 
 /// `METHOD target HTTP/1.1` and the header fields, as hyper's client writes them (names
-/// lowercase as the map keeps them).
-fn encode_head(out: &mut Vec<u8>, method: &Method, target: &http::Uri, headers: &HeaderMap) {
+/// lowercase as the map keeps them): the client's, then limpet's own ([`Forwarding`]).
+fn encode_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &http::Uri,
+    headers: &HeaderMap,
+    forwarding: &Forwarding<'_>,
+) {
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     match target.path_and_query() {
@@ -339,12 +347,18 @@ fn encode_head(out: &mut Vec<u8>, method: &Method, target: &http::Uri, headers: 
         None => out.push(b'/'),
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut host = None;
     for (name, value) in headers {
+        // A tag comparison: `Host` is one of the map's standard names.
+        if name == header::HOST {
+            host = Some(value);
+        }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    forwarding.write(out, host);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -932,15 +946,20 @@ mod tests {
         h.insert(header::HOST, HeaderValue::from_static("shop"));
         h.append("x-a", HeaderValue::from_static("1"));
         h.append("x-a", HeaderValue::from_static("2"));
+        let peer = super::super::headers::forwarded_for([10, 0, 0, 1].into());
+        let forwarding = Forwarding::new(&mut h, None, &peer, false, false, "1f-3");
         encode_head(
             &mut out,
             &Method::GET,
             &"/cart?x=1".parse().expect("uri"),
             &h,
+            &forwarding,
         );
         assert_eq!(
             String::from_utf8_lossy(&out),
-            "GET /cart?x=1 HTTP/1.1\r\nhost: shop\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
+            "GET /cart?x=1 HTTP/1.1\r\nhost: shop\r\nx-a: 1\r\nx-a: 2\r\n\
+             x-forwarded-for: 10.0.0.1\r\nx-forwarded-proto: http\r\n\
+             x-forwarded-host: shop\r\nx-request-id: 1f-3\r\n\r\n"
         );
     }
 }
