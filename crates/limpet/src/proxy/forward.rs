@@ -379,10 +379,11 @@ fn proxy<'a, 'b>(
         // Counted open to its node from now until the answer body is done (drain accounting).
         let mut in_flight = (first_node, shared.state.open(first_node));
 
-        // The head every attempt sends. In a block: what is left of `parts` (its
-        // extensions) is dropped here, not held across the attempts' await in every
-        // request's future.
-        let (head, body) = {
+        // The head every attempt sends, and the request as handed to its first attempt. In a
+        // block: `parts`, the head and the body are moved on or dropped here, and a binding
+        // in scope across the attempts' await below would keep its slot in every request's
+        // future (about 450 bytes more, copied in with the future), moved or not.
+        let (replay, pending, body_done, request_bytes) = {
             let (parts, body) = req.into_parts();
             let mut headers = parts.headers;
             if let Some(a) = &shared.affinity {
@@ -406,28 +407,31 @@ fn proxy<'a, 'b>(
                 .path_and_query()
                 .and_then(|pq| Uri::builder().path_and_query(pq.clone()).build().ok())
                 .unwrap_or_else(|| Uri::from_static("/"));
-            (
-                Head {
-                    method: parts.method,
-                    uri,
-                    headers,
-                    forwarding,
-                },
-                body,
-            )
+            let head = Head {
+                method: parts.method,
+                uri,
+                headers,
+                forwarding,
+            };
+            // A copy to replay elsewhere, kept only when replaying is allowed at all.
+            // A replayable request is kept whole (each attempt sends a copy, or writes it
+            // from there on the request-driven path); any other is handed to its first
+            // attempt.
+            let replayable = is_idempotent(&head.method) && body.is_end_stream() && !upgrade;
+            let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
+            // Request body bytes, counted to the node that finally answers.
+            let request_bytes = up_body.tally();
+            if replayable {
+                (Some(head), None, body_done, request_bytes)
+            } else {
+                (
+                    None,
+                    Some(head.into_request(up_body)),
+                    body_done,
+                    request_bytes,
+                )
+            }
         };
-        // A copy to replay elsewhere, kept only when replaying is allowed at all.
-        // A replayable request is kept whole (each attempt sends a copy, or writes it from
-        // there on the request-driven path); any other is handed to its first attempt.
-        let replayable = is_idempotent(&head.method) && body.is_end_stream() && !upgrade;
-        let (replay, head) = if replayable {
-            (Some(head), None)
-        } else {
-            (None, Some(head))
-        };
-        let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
-        // Request body bytes, counted to the node that finally answers.
-        let request_bytes = up_body.tally();
 
         let mut attempt = Attempt {
             ctx,
@@ -439,9 +443,7 @@ fn proxy<'a, 'b>(
             id,
             admitted: None,
         };
-        let result = attempt
-            .run(head.map(|h| h.into_request(up_body)), body_done)
-            .await;
+        let result = attempt.run(pending, body_done).await;
         let chosen = attempt.route;
         let admitted = attempt.admitted.take();
         log.outcome = Some(chosen.outcome);
@@ -886,31 +888,36 @@ impl Attempt<'_> {
         // One reading for the idle connections' expiry, the send time and the answer's
         // deadline (a connect in between takes a new one).
         let mut sent_at = Instant::now();
-        let pooled = if force_fresh || self.route.trial {
-            None
-        } else {
-            conns.checkout_h1(sent_at)
+        // In a block: the connection is moved into the exchange, and bindings that outlived
+        // the exchange's await would keep its slots (136 bytes each) in every request's future.
+        let (exchange, was_pooled) = {
+            let pooled = if force_fresh || self.route.trial {
+                None
+            } else {
+                conns.checkout_h1(sent_at)
+            };
+            let was_pooled = pooled.is_some();
+            let conn = match pooled {
+                Some(c) => c,
+                None => match conns.connect_h1(answer_timeout).await {
+                    Ok(c) => {
+                        // Ends a trial (without checks); proves nothing else.
+                        shared.state.observe(node, Observation::Connected);
+                        sent_at = Instant::now();
+                        c
+                    }
+                    Err(e) => return Err(Direct::ConnectFailed(e)),
+                },
+            };
+            let exchange = conn.exchange(
+                &head.method,
+                &head.uri,
+                &head.headers,
+                &head.forwarding,
+                conns,
+            );
+            (exchange, was_pooled)
         };
-        let was_pooled = pooled.is_some();
-        let conn = match pooled {
-            Some(c) => c,
-            None => match conns.connect_h1(answer_timeout).await {
-                Ok(c) => {
-                    // Ends a trial (without checks); proves nothing else.
-                    shared.state.observe(node, Observation::Connected);
-                    sent_at = Instant::now();
-                    c
-                }
-                Err(e) => return Err(Direct::ConnectFailed(e)),
-            },
-        };
-        let exchange = conn.exchange(
-            &head.method,
-            &head.uri,
-            &head.headers,
-            &head.forwarding,
-            conns,
-        );
         match tokio::time::timeout_at(sent_at + answer_timeout, exchange).await {
             Ok(Ok(resp)) => {
                 answered(shared, node, sent_at);

@@ -257,45 +257,52 @@ impl H1Conn {
 
     /// Writes the request head (a bodiless request: no framing header of its own) and reads
     /// the answer head. The body is read afterwards through [`NodeBody`].
-    pub(crate) async fn exchange(
+    ///
+    /// The head is encoded here, when the exchange is made, and the future holds only the
+    /// connection: an `async fn` would keep the connection twice (the argument and the local
+    /// it is moved into) and the head's parts besides, in every request's future.
+    pub(crate) fn exchange<'c>(
         mut self,
         method: &Method,
         target: &http::Uri,
         headers: &HeaderMap,
         forwarding: &Forwarding<'_>,
-        conns: &Arc<NodeConns>,
-    ) -> Result<Response<NodeBody>, H1Error> {
+        conns: &'c Arc<NodeConns>,
+    ) -> impl std::future::Future<Output = Result<Response<NodeBody>, H1Error>> + use<'c> {
         self.out.clear();
         encode_head(&mut self.out, method, target, headers, forwarding);
-        let mut written = 0;
-        while written < self.out.len() {
-            let n = std::future::poll_fn(|cx| {
-                Pin::new(&mut self.io).poll_write(cx, &self.out[written..])
-            })
-            .await
-            .map_err(|e| H1Error::io(Stage::Send, written > 0, false, &e))?;
-            if n == 0 {
-                return Err(H1Error::io(
-                    Stage::Send,
-                    written > 0,
-                    false,
-                    &io::Error::from(io::ErrorKind::WriteZero),
-                ));
+        let head_request = method == Method::HEAD;
+        async move {
+            let mut written = 0;
+            while written < self.out.len() {
+                let n = std::future::poll_fn(|cx| {
+                    Pin::new(&mut self.io).poll_write(cx, &self.out[written..])
+                })
+                .await
+                .map_err(|e| H1Error::io(Stage::Send, written > 0, false, &e))?;
+                if n == 0 {
+                    return Err(H1Error::io(
+                        Stage::Send,
+                        written > 0,
+                        false,
+                        &io::Error::from(io::ErrorKind::WriteZero),
+                    ));
+                }
+                written += n;
             }
-            written += n;
+            let head = self.read_head(head_request).await?;
+            let (parts, framing, keep_alive) = head;
+            let mut body = NodeBody {
+                conn: Some(self),
+                framing,
+                keep_alive,
+                conns: Arc::clone(conns),
+            };
+            // An answer without a body is done now: the connection goes back at once, since
+            // hyper may never poll a body that says it is empty.
+            body.settle();
+            Ok(Response::from_parts(parts, body))
         }
-        let head = self.read_head(method == Method::HEAD).await?;
-        let (parts, framing, keep_alive) = head;
-        let mut body = NodeBody {
-            conn: Some(self),
-            framing,
-            keep_alive,
-            conns: Arc::clone(conns),
-        };
-        // An answer without a body is done now: the connection goes back at once, since
-        // hyper may never poll a body that says it is empty.
-        body.settle();
-        Ok(Response::from_parts(parts, body))
     }
 
     /// Reads and parses the answer head; interim (1xx) answers other than 101 are skipped.
