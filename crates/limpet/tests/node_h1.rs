@@ -138,6 +138,49 @@ async fn an_answer_delimited_by_close_is_relayed_and_its_connection_never_reused
     proxy.stop().await;
 }
 
+/// The node's hop-by-hop fields never reach the client, whether its `Connection` line lists
+/// only hop-by-hop names (read for keep-alive and left out of the answer's map) or names a
+/// field of its own too (removed with that field); and both keep the node connection.
+#[tokio::test]
+async fn a_nodes_connection_line_and_the_fields_it_names_stay_hop_by_hop() {
+    let script: Script = Arc::new(|n, _| {
+        let answer: &[u8] = if n % 2 == 0 {
+            b"HTTP/1.1 200 OK\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\
+              content-length: 2\r\n\r\nok"
+        } else {
+            b"HTTP/1.1 200 OK\r\nconnection: keep-alive, x-hop\r\nx-hop: secret\r\n\
+              x-kept: 1\r\ncontent-length: 2\r\n\r\nok"
+        };
+        (answer.to_vec(), false)
+    });
+    let node = ScriptedNode::start(script).await;
+    let proxy = proxy_for(&node).await;
+    let client = plain_client();
+    for n in 0..4 {
+        let resp = client.get(proxy.url("/")).send().await.expect("answer");
+        assert_eq!(resp.status().as_u16(), 200);
+        let headers = resp.headers().clone();
+        assert_eq!(resp.text().await.expect("body"), "ok");
+        for hop in ["keep-alive", "x-hop"] {
+            assert!(
+                !headers.contains_key(hop),
+                "answer {n}: {hop} reached the client"
+            );
+        }
+        // limpet's own server writes no Connection on a kept-alive HTTP/1.1 answer.
+        assert_eq!(
+            headers.get("connection"),
+            None,
+            "answer {n}: the node's Connection line reached the client"
+        );
+        if n % 2 == 1 {
+            assert_eq!(headers.get("x-kept").map(|v| v.as_bytes()), Some(&b"1"[..]));
+        }
+    }
+    assert_eq!(node.connections(), 1, "one node connection for all four");
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn bodiless_answers_keep_the_connection() {
     // HEAD (with the length a GET would have), then 204, then 304, then a GET: one

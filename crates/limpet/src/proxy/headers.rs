@@ -134,11 +134,18 @@ fn lists_other_names(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::CONNECTION)
         .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|v| !lists_only_hop_names(v.as_bytes()))
+}
+
+/// Whether one `Connection` value lists only hop-by-hop names: removing the hop-by-hop
+/// headers removes all it names, so the line itself is all that needs to go.
+pub(crate) fn lists_only_hop_names(value: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)
-        .any(|t| {
-            !t.is_empty()
-                && !HOP_NAMES
+        .all(|t| {
+            t.is_empty()
+                || HOP_NAMES
                     .iter()
                     .any(|h| t.eq_ignore_ascii_case(h.as_bytes()))
         })
