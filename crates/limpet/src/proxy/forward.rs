@@ -32,6 +32,7 @@ use limpet_core::{
 };
 use tokio::time::Instant;
 
+use super::affinity::CookieEdit;
 use super::body::{NodeAnswer, ProxyBody, UpBody};
 use super::headers::{self as hdr, Forwarding, X_REQUEST_ID};
 use super::server::{ActiveGuard, ConnCtx, Shared};
@@ -386,9 +387,10 @@ fn proxy<'a, 'b>(
         let (replay, pending, body_done, request_bytes) = {
             let (parts, body) = req.into_parts();
             let mut headers = parts.headers;
-            if let Some(a) = &shared.affinity {
-                a.strip(&mut headers);
-            }
+            let cookie = match &shared.affinity {
+                Some(a) => a.strip(&mut headers),
+                None => CookieEdit::Keep,
+            };
             if parts.version == Version::HTTP_2 {
                 join_cookie_lines(&mut headers);
             }
@@ -401,6 +403,7 @@ fn proxy<'a, 'b>(
                 ctx.tls,
                 ctx.trusted,
                 id,
+                cookie,
             );
             let uri = parts
                 .uri

@@ -7,6 +7,8 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::affinity::CookieEdit;
+
 const HOP_COUNT: usize = 7;
 
 /// Headers that describe one connection, never the message (RFC 9110 7.6.1), plus the legacy
@@ -140,6 +142,11 @@ fn lists_other_names(headers: &HeaderMap) -> bool {
 /// Whether one `Connection` value lists only hop-by-hop names: removing the hop-by-hop
 /// headers removes all it names, so the line itself is all that needs to go.
 pub(crate) fn lists_only_hop_names(value: &[u8]) -> bool {
+    // The line nearly every kept-alive answer carries, without splitting it into tokens
+    // (a third of what the general case costs, callgrind).
+    if value.eq_ignore_ascii_case(b"keep-alive") {
+        return true;
+    }
     value
         .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)
@@ -203,7 +210,8 @@ fn ipv4_text(ip: std::net::Ipv4Addr) -> Vec<u8> {
 
 /// The fields limpet adds to a request it forwards: `Host` for an HTTP/2 client that sent
 /// none, `X-Forwarded-For/-Proto/-Host` and `X-Request-Id`. They are kept beside the client's
-/// fields instead of inserted among them: the node-side HTTP/1.1 writer (`super::node_h1`)
+/// fields instead of inserted among them, and so is what becomes of the client's `Cookie`
+/// line once our pairs are out ([`CookieEdit`]): the node-side HTTP/1.1 writer (`super::node_h1`)
 /// writes them after the client's fields straight into the head's bytes
 /// ([`Forwarding::write`]), and only hyper's client path, which needs one map, gets them
 /// inserted ([`Forwarding::insert_into`]). Five inserts into a `HeaderMap` (each a hash, a
@@ -223,11 +231,15 @@ pub(crate) struct Forwarding<'a> {
     /// no trusted peer's is kept).
     copy_host: bool,
     request_id: &'a str,
+    /// The client's `Cookie` line without our pairs.
+    cookie: CookieEdit,
 }
 
 /// Which of the fields [`Forwarding`] writes the client sent too.
 #[derive(Default)]
 struct Sent {
+    /// `Host` itself (whether `:authority` must stand in for it).
+    host_field: bool,
     forwarded_for: bool,
     proto: bool,
     host: bool,
@@ -240,6 +252,11 @@ impl Sent {
     fn scan(headers: &HeaderMap) -> Self {
         let mut sent = Self::default();
         for k in headers.keys() {
+            // A tag comparison: `Host` is one of the map's standard names.
+            if k == header::HOST {
+                sent.host_field = true;
+                continue;
+            }
             match k.as_str() {
                 "x-forwarded-for" => sent.forwarded_for = true,
                 "x-forwarded-proto" => sent.proto = true,
@@ -268,14 +285,15 @@ impl<'a> Forwarding<'a> {
         tls: bool,
         trusted: bool,
         request_id: &'a str,
+        cookie: CookieEdit,
     ) -> Self {
         let sent = Sent::scan(headers);
-        let host = if headers.contains_key(header::HOST) {
+        let host = if sent.host_field {
             None
         } else {
             authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         };
-        let has_host = host.is_some() || headers.contains_key(header::HOST);
+        let has_host = host.is_some() || sent.host_field;
         let mut forwarded_for = None;
         if sent.forwarded_for {
             if trusted {
@@ -314,36 +332,58 @@ impl<'a> Forwarding<'a> {
             proto: (!keep_proto).then_some(if tls { "https" } else { "http" }),
             copy_host: !keep_host && has_host,
             request_id,
+            cookie,
         }
     }
 
-    /// Writes the fields as `name: value` lines after the client's. `host` is the value of
-    /// the client's own `Host` field, if it sent one (the writer meets it on its way through
-    /// the client's fields, so no lookup is needed here).
-    pub(crate) fn write(&self, out: &mut Vec<u8>, host: Option<&HeaderValue>) {
-        let mut line = |name: &str, value: &[u8]| {
-            out.extend_from_slice(name.as_bytes());
+    /// Writes the request's fields as `name: value` lines: the client's as forwarded (its
+    /// `Cookie` line as [`CookieEdit`] says), then limpet's own.
+    pub(crate) fn write_fields(&self, out: &mut Vec<u8>, headers: &HeaderMap) {
+        let mut host = None;
+        for (name, value) in headers {
+            // Tag comparisons: `Host` and `Cookie` are among the map's standard names.
+            if name == header::HOST {
+                host = Some(value);
+            }
+            let value = if name == header::COOKIE {
+                match &self.cookie {
+                    CookieEdit::Keep => value,
+                    CookieEdit::Drop => continue,
+                    CookieEdit::Replace(v) => v,
+                }
+            } else {
+                value
+            };
+            out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        // Each name is written with its `: ` in one piece: three copies a field, not four.
+        let mut line = |name_colon: &[u8], value: &[u8]| {
+            out.extend_from_slice(name_colon);
             out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
         };
         if let Some(h) = &self.host {
-            line("host", h.as_bytes());
+            line(b"host: ", h.as_bytes());
         }
-        line("x-forwarded-for", self.forwarded_for.as_bytes());
+        line(b"x-forwarded-for: ", self.forwarded_for.as_bytes());
         if let Some(p) = self.proto {
-            line("x-forwarded-proto", p.as_bytes());
+            line(b"x-forwarded-proto: ", p.as_bytes());
         }
         if self.copy_host {
             if let Some(h) = self.host.as_ref().or(host) {
-                line("x-forwarded-host", h.as_bytes());
+                line(b"x-forwarded-host: ", h.as_bytes());
             }
         }
-        line("x-request-id", self.request_id.as_bytes());
+        line(b"x-request-id: ", self.request_id.as_bytes());
     }
 
-    /// Inserts the fields into `headers`, for hyper's client path.
+    /// Inserts the fields into `headers` (and edits its `Cookie` line), for hyper's client
+    /// path.
     pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
+        self.cookie.apply(headers);
         if let Some(h) = self.host {
             headers.insert(header::HOST, h);
         }
@@ -497,7 +537,15 @@ mod tests {
         trusted: bool,
     ) -> HeaderMap {
         let authority = authority.map(|a| a.parse::<http::uri::Authority>().expect("authority"));
-        let f = Forwarding::new(&mut h, authority.as_ref(), peer, tls, trusted, "00ab-1");
+        let f = Forwarding::new(
+            &mut h,
+            authority.as_ref(),
+            peer,
+            tls,
+            trusted,
+            "00ab-1",
+            CookieEdit::Keep,
+        );
         f.insert_into(&mut h);
         h
     }
@@ -577,17 +625,11 @@ mod tests {
         assert_eq!(value(&h, &header::HOST), None);
     }
 
-    /// The fields of a forwarded request as `node_h1` writes them: the client's, then
-    /// [`Forwarding::write`]'s, read back as (name, value) pairs.
+    /// The fields of a forwarded request as `node_h1` writes them ([`Forwarding::write_fields`]),
+    /// read back as (name, value) pairs.
     fn written(h: &HeaderMap, f: &Forwarding<'_>) -> Vec<(String, Vec<u8>)> {
         let mut out = Vec::new();
-        for (k, v) in h {
-            out.extend_from_slice(k.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        f.write(&mut out, h.get(header::HOST));
+        f.write_fields(&mut out, h);
         out.split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .map(|l| {
@@ -601,7 +643,8 @@ mod tests {
 
     proptest::proptest! {
         /// Both ways to a node carry the same fields: what `node_h1` writes is what hyper's
-        /// client gets in its map, whatever the client sent and however it is trusted.
+        /// client gets in its map, whatever the client sent, however it is trusted and
+        /// whatever becomes of its `Cookie` line.
         #[test]
         fn written_fields_are_the_inserted_ones(
             host in proptest::option::of("[a-z]{1,4}"),
@@ -612,9 +655,23 @@ mod tests {
             xri in proptest::option::of("[a-z0-9]{1,5}"),
             tls in proptest::prelude::any::<bool>(),
             trusted in proptest::prelude::any::<bool>(),
+            cookie in proptest::option::of("[a-z]{1,3}=[a-z0-9]{1,3}(; [a-z]{1,3}=[a-z0-9]{1,3}){0,2}"),
+            edit in 0u8..3,
         ) {
             let mut h = HeaderMap::new();
             h.append("x-other", HeaderValue::from_static("1"));
+            // An edit is only ever made of a Cookie line the request has (`Affinity::strip`).
+            let edit = match (&cookie, edit) {
+                (Some(c), _) => {
+                    h.append(header::COOKIE, HeaderValue::from_str(c).expect("cookie"));
+                    match edit {
+                        0 => CookieEdit::Keep,
+                        1 => CookieEdit::Drop,
+                        _ => CookieEdit::Replace(HeaderValue::from_static("kept=1")),
+                    }
+                }
+                (None, _) => CookieEdit::Keep,
+            };
             let fields = host.iter().map(|v| (header::HOST, v))
                 .chain(xff.iter().map(|v| (X_FORWARDED_FOR.clone(), v)))
                 .chain(xfp.iter().map(|v| (X_FORWARDED_PROTO.clone(), v)))
@@ -625,7 +682,7 @@ mod tests {
             }
             let authority = authority.map(|a| a.parse::<http::uri::Authority>().expect("authority"));
             let peer = forwarded_for([10, 0, 0, 1].into());
-            let f = Forwarding::new(&mut h, authority.as_ref(), &peer, tls, trusted, "7f-2");
+            let f = Forwarding::new(&mut h, authority.as_ref(), &peer, tls, trusted, "7f-2", edit);
             let mut got = written(&h, &f);
             let mut inserted = h.clone();
             f.insert_into(&mut inserted);

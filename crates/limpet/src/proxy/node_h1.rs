@@ -354,18 +354,7 @@ fn encode_head(
         None => out.push(b'/'),
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut host = None;
-    for (name, value) in headers {
-        // A tag comparison: `Host` is one of the map's standard names.
-        if name == header::HOST {
-            host = Some(value);
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    forwarding.write(out, host);
+    forwarding.write_fields(out, headers);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -1007,7 +996,15 @@ mod tests {
         h.append("x-a", HeaderValue::from_static("1"));
         h.append("x-a", HeaderValue::from_static("2"));
         let peer = super::super::headers::forwarded_for([10, 0, 0, 1].into());
-        let forwarding = Forwarding::new(&mut h, None, &peer, false, false, "1f-3");
+        let forwarding = Forwarding::new(
+            &mut h,
+            None,
+            &peer,
+            false,
+            false,
+            "1f-3",
+            super::super::affinity::CookieEdit::Keep,
+        );
         encode_head(
             &mut out,
             &Method::GET,
