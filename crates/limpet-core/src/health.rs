@@ -133,6 +133,14 @@ impl Health {
         self.up == other.up && self.retry_at_ms == other.retry_at_ms
     }
 
+    /// Whether an [`Observation::TrafficOk`] would leave this health exactly as it is,
+    /// whenever it came: an UP node with no failure counted, or one that only checks move.
+    /// The data plane reports an answer on every request; this is what lets it skip a report
+    /// that changes nothing instead of taking the node's lock for it.
+    pub fn traffic_ok_changes_nothing(&self, policy: HealthPolicy) -> bool {
+        self.up && (policy.checked || self.streak == 0)
+    }
+
     pub fn availability(&self, policy: HealthPolicy, now_ms: u64) -> Availability {
         if self.up {
             Availability::Up
@@ -254,6 +262,36 @@ impl Health {
 mod tests {
     use super::*;
     use Observation::*;
+
+    proptest::proptest! {
+        /// Whatever led to a health, when it says a `TrafficOk` changes nothing, one changes
+        /// nothing (so skipping the report is the same as making it).
+        #[test]
+        fn traffic_ok_changes_nothing_when_it_says_so(
+            steps in proptest::collection::vec((0u8..5, 0u64..30_000), 0..40),
+            checked in proptest::prelude::any::<bool>(),
+            fall in 1u32..4,
+        ) {
+            let policy = HealthPolicy { checked, fall, ..HealthPolicy::default() };
+            let mut h = Health::default();
+            let mut now = 0;
+            for (obs, dt) in steps {
+                now += dt;
+                let obs = [CheckPassed, CheckFailed, TrafficOk, Connected, TrafficFailed][usize::from(obs)];
+                h.observe(obs, policy, now);
+                if h.traffic_ok_changes_nothing(policy) {
+                    let mut after = h;
+                    proptest::prop_assert_eq!(after.observe(TrafficOk, policy, now), None);
+                    proptest::prop_assert_eq!(after, h);
+                } else if h.is_up() {
+                    // The one other UP case: a failure streak that an answer resets.
+                    let mut after = h;
+                    after.observe(TrafficOk, policy, now);
+                    proptest::prop_assert_ne!(after, h);
+                }
+            }
+        }
+    }
 
     fn checked() -> HealthPolicy {
         HealthPolicy {

@@ -19,7 +19,7 @@
 //! sessions that watch it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,6 +31,11 @@ use tokio::sync::watch;
 
 use crate::clock;
 
+/// See [`NodeRuntime`]'s `quiet_ok`.
+fn quiet_ok(s: &NodeStatus) -> bool {
+    s.health.traffic_ok_changes_nothing(s.policy)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section is one synchronous core call: the data stays consistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -41,6 +46,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct NodeRuntime {
     name: String,
     status: Mutex<NodeStatus>,
+    /// Whether a `TrafficOk` report would change nothing (the core's
+    /// `Health::traffic_ok_changes_nothing`), stored under the status lock at every change.
+    /// The data plane reports an answer on every request: with this, a report that changes
+    /// nothing takes no lock, so worker threads answering from the same node do not meet on
+    /// its mutex for it. A report that races a change reads as made just before it.
+    quiet_ok: AtomicBool,
     /// The board's change counter, bumped with every routing-relevant status change.
     epoch: Arc<AtomicU64>,
     /// Bumped with every routing-relevant status change: long-lived sessions wait on it and
@@ -63,6 +74,7 @@ impl NodeRuntime {
         NodeRuntime {
             name: name.to_owned(),
             status: Mutex::new(NodeStatus::default()),
+            quiet_ok: AtomicBool::new(quiet_ok(&NodeStatus::default())),
             epoch,
             events: watch::channel(0).0,
             active: AtomicU32::new(0),
@@ -92,6 +104,7 @@ impl NodeRuntime {
             let mut s = lock(&self.status);
             let before = *s;
             let r = f(&mut s);
+            self.quiet_ok.store(quiet_ok(&s), Ordering::Release);
             (r, !s.routes_like(&before), s.state() != before.state())
         };
         if changed {
@@ -111,6 +124,9 @@ impl NodeRuntime {
 
     /// [`observe`](Self::observe) at `now_ms`, a reading the caller took.
     pub fn observe_at(&self, obs: Observation, now_ms: u64) -> Option<Transition> {
+        if obs == Observation::TrafficOk && self.quiet_ok.load(Ordering::Acquire) {
+            return None;
+        }
         self.update(|s| s.health.observe(obs, s.policy, now_ms))
     }
 
@@ -446,6 +462,30 @@ mod tests {
 
     fn node() -> Arc<NodeRuntime> {
         NodeBoard::new(Duration::from_secs(60)).node("a")
+    }
+
+    /// An answer's report skips the node's lock only when it changes nothing: one after a
+    /// failure still resets the streak, and one on a DOWN node (a trial) still brings it up.
+    #[test]
+    fn traffic_ok_is_skipped_only_when_it_changes_nothing() {
+        let rt = node();
+        assert_eq!(rt.observe_at(Observation::TrafficOk, 1), None);
+        assert_eq!(rt.status().health.streak(), 0);
+        assert_eq!(rt.observe_at(Observation::TrafficFailed, 2), None);
+        assert_eq!(rt.status().health.streak(), 1, "one failure counted");
+        assert_eq!(rt.observe_at(Observation::TrafficOk, 3), None);
+        assert_eq!(rt.status().health.streak(), 0, "an answer resets it");
+        for t in 4..4 + u64::from(HealthPolicy::default().fall) {
+            rt.observe_at(Observation::TrafficFailed, t);
+        }
+        assert!(!rt.status().health.is_up());
+        let later = 10 + HealthPolicy::default().fail_timeout_ms;
+        assert_eq!(
+            rt.observe_at(Observation::TrafficOk, later),
+            Some(Transition::WentUp),
+            "a trial's answer brings the node back"
+        );
+        assert!(rt.status().health.is_up());
     }
 
     /// HAProxy's maxconn / maxqueue / timeout queue on paused time: a full node makes the
