@@ -213,7 +213,7 @@ fn ipv4_text(ip: std::net::Ipv4Addr) -> Vec<u8> {
 /// fields instead of inserted among them, and so is what becomes of the client's `Cookie`
 /// line once our pairs are out ([`CookieEdit`]): the node-side HTTP/1.1 writer (`super::node_h1`)
 /// writes them after the client's fields straight into the head's bytes
-/// ([`Forwarding::write`]), and only hyper's client path, which needs one map, gets them
+/// ([`Forwarding::write_fields`]), and only hyper's client path, which needs one map, gets them
 /// inserted ([`Forwarding::insert_into`]). Five inserts into a `HeaderMap` (each a hash, a
 /// probe and, as the map outgrows its table, a rehash) and two values copied out were about
 /// 3% of an HTTP/2 request's instructions and 4% of a keep-alive HTTP/1.1 one's (callgrind).
