@@ -6,7 +6,9 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{config, jar_client, node_of, nodes, plain_client, raw_exchange, set_cookie, Proxy};
+use common::{
+    body_of, config, jar_client, node_of, nodes, plain_client, raw_exchange, set_cookie, Proxy,
+};
 use limpet::proxy::Sticky;
 
 #[tokio::test]
@@ -147,18 +149,15 @@ async fn the_node_sees_other_cookies_untouched_and_not_ours() {
                 r
             }
         };
-        let body = request("theme=dark; route=a;lang=en ;  x=\"q\"")
-            .header("x-forwarded-for", "6.6.6.6")
-            .header("x-forwarded-proto", "https")
-            .header("connection", "x-secret")
-            .header("x-secret", "hop")
-            .header("te", "trailers")
-            .send()
-            .await
-            .expect("request")
-            .text()
-            .await
-            .expect("body");
+        let body = body_of(
+            request("theme=dark; route=a;lang=en ;  x=\"q\"")
+                .header("x-forwarded-for", "6.6.6.6")
+                .header("x-forwarded-proto", "https")
+                .header("connection", "x-secret")
+                .header("x-secret", "hop")
+                .header("te", "trailers"),
+        )
+        .await;
         let lines: Vec<&str> = body.lines().collect();
         assert!(
             lines.contains(&"cookie: theme=dark;lang=en ;  x=\"q\""),
@@ -190,13 +189,7 @@ async fn the_node_sees_other_cookies_untouched_and_not_ours() {
         );
 
         // A Cookie header holding only our cookie disappears.
-        let body = request("route=a")
-            .send()
-            .await
-            .expect("request")
-            .text()
-            .await
-            .expect("body");
+        let body = body_of(request("route=a")).await;
         assert!(!body.contains("cookie:"), "{method}: {body}");
     }
     proxy.stop().await;
@@ -208,16 +201,13 @@ async fn trusted_proxies_extend_x_forwarded_for() {
     let mut cfg = config(&ns);
     cfg.trusted_proxies = vec!["127.0.0.0/8".parse().expect("cidr")];
     let proxy = Proxy::start(cfg).await;
-    let body = plain_client()
-        .get(proxy.url("/headers"))
-        .header("x-forwarded-for", "203.0.113.9")
-        .header("x-forwarded-proto", "https")
-        .send()
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("body");
+    let body = body_of(
+        plain_client()
+            .get(proxy.url("/headers"))
+            .header("x-forwarded-for", "203.0.113.9")
+            .header("x-forwarded-proto", "https"),
+    )
+    .await;
     assert!(
         body.contains("x-forwarded-for: 203.0.113.9, 127.0.0.1"),
         "{body}"

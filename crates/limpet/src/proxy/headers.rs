@@ -242,7 +242,7 @@ struct Sent {
     host_field: bool,
     forwarded_for: bool,
     proto: bool,
-    host: bool,
+    forwarded_host: bool,
     request_id: bool,
 }
 
@@ -260,7 +260,7 @@ impl Sent {
             match k.as_str() {
                 "x-forwarded-for" => sent.forwarded_for = true,
                 "x-forwarded-proto" => sent.proto = true,
-                "x-forwarded-host" => sent.host = true,
+                "x-forwarded-host" => sent.forwarded_host = true,
                 "x-request-id" => sent.request_id = true,
                 _ => {}
             }
@@ -316,11 +316,11 @@ impl<'a> Forwarding<'a> {
             headers.remove(&X_FORWARDED_FOR);
         }
         let keep_proto = trusted && sent.proto;
-        let keep_host = trusted && sent.host;
+        let keep_host = trusted && sent.forwarded_host;
         if sent.proto && !keep_proto {
             headers.remove(&X_FORWARDED_PROTO);
         }
-        if sent.host && !keep_host {
+        if sent.forwarded_host && !keep_host {
             headers.remove(&X_FORWARDED_HOST);
         }
         if sent.request_id {

@@ -141,6 +141,16 @@ pub fn plain_client() -> reqwest::Client {
         .expect("client")
 }
 
+/// Sends `req` and reads its answer's body as text (the node's echo of what it was sent).
+pub async fn body_of(req: reqwest::RequestBuilder) -> String {
+    req.send()
+        .await
+        .expect("answer")
+        .text()
+        .await
+        .expect("body")
+}
+
 pub fn node_of(resp: &reqwest::Response) -> String {
     resp.headers()
         .get("x-limpet-node")
