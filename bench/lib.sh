@@ -664,7 +664,8 @@ measured_load() {
 # other_proxy_pct=… other_client_pct=… cpu_pct=… per_core_rps=…" (errors: socket errors,
 # timeouts and non-2xx answers; other_proxy_pct, other_client_pct: CPU of the proxy's core, of
 # the client core, taken by anything but our processes during the run; other_pct: the larger;
-# cpu_pct: the proxy's own CPU use, 100 = one core; per_core_rps: rps * 100 / cpu_pct).
+# client_us: the client core's busy µs per request; cpu_pct: the proxy's own CPU use, 100 =
+# one core; per_core_rps: rps * 100 / cpu_pct).
 # CONNECTIONS is for wrk modes (h2load modes have theirs in their name).
 run_load() {
     local op oc
@@ -675,6 +676,10 @@ run_load() {
     oc=$(other_pct "${snap[before.cb]}" "${snap[before.ct]}" "${snap[after.cb]}" "${snap[after.ct]}" \
         "${snap[before.c]}" "${snap[after.c]}")
     load_result+=" other_pct=$((op > oc ? op : oc)) other_proxy_pct=$op other_client_pct=$oc"
+    # The client core's busy ticks (all of it, ours or not) per request, in µs: saturated near
+    # 1e6 / rps; equal for both proxies, the client core set req/s for both.
+    load_result+=" $(awk -v b0="${snap[before.cb]}" -v b1="${snap[after.cb]}" -v n="$(field requests "$load_result")" \
+        -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "client_us=%.2f", (n > 0) ? (b1 - b0) * 1e6 / hz / n : 0 }')"
     # The proxy's CPU use in % of one core, and the requests/s it would move with a whole core
     # to itself at that cost: where the load tool's core is the bottleneck (the proxy below
     # ~95 %), req/s says more about the client core than about the proxy; this says what a

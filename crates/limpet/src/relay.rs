@@ -722,8 +722,18 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
     }
 }
 
-// The HTTP paths write through hyper, which never ends a stream with `poll_write_last`.
-impl<I: Io> Io for WriteDeadline<I> {}
+/// An HTTP client connection's last answer is written with `poll_write_last`
+/// (`proxy::client_io`), under the same deadline as any write.
+impl<I: Io> Io for WriteDeadline<I> {
+    fn poll_write_last(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_write_last(cx, buf);
+        self.progressed(r, cx)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -339,3 +339,121 @@ async fn a_node_closing_kept_alive_connections_costs_no_request_and_no_re_pin() 
     assert_eq!(node.connections(), 20);
     proxy.stop().await;
 }
+
+/// A raw client: sends `request` on a new connection and returns the connection.
+async fn send_raw(proxy: &Proxy, request: &[u8]) -> tokio::net::TcpStream {
+    let mut c = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    c.write_all(request).await.expect("request sent");
+    c
+}
+
+/// Everything the proxy sends until it ends the stream.
+async fn to_the_end(c: &mut tokio::net::TcpStream) -> String {
+    let mut all = Vec::new();
+    tokio::time::timeout(PATIENCE, c.read_to_end(&mut all))
+        .await
+        .expect("the proxy ended the stream in time")
+        .expect("read");
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+/// What the proxy sends until it ends with `end` (the stream staying open).
+async fn read_until(c: &mut tokio::net::TcpStream, end: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    while !got.ends_with(end) {
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(PATIENCE, c.read(&mut chunk))
+            .await
+            .expect("came in time")
+            .expect("read");
+        assert!(n > 0, "ended early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..n]);
+    }
+    got
+}
+
+/// A connection's last answer, whole in hand, leaves with the FIN (`client_io`): it still
+/// arrives whole and the stream ends, for HTTP/1.1 `Connection: close` and for HTTP/1.0.
+/// An HTTP/1.0 request that asks to be kept alive is, and its answer is not held back: the
+/// next request on the connection is answered too.
+#[tokio::test]
+async fn a_closing_connections_last_answer_arrives_whole_with_the_end_of_the_stream() {
+    let node = ScriptedNode::start(fixed(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+        false,
+    ))
+    .await;
+    let proxy = proxy_for(&node).await;
+    for request in [
+        &b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"[..],
+        b"GET / HTTP/1.0\r\nhost: x\r\n\r\n",
+    ] {
+        let mut c = send_raw(&proxy, request).await;
+        let answer = to_the_end(&mut c).await;
+        assert!(answer.starts_with("HTTP/1."), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nhello"), "{answer}");
+    }
+
+    let mut c = send_raw(
+        &proxy,
+        b"GET / HTTP/1.0\r\nhost: x\r\nconnection: keep-alive\r\n\r\n",
+    )
+    .await;
+    let got = read_until(&mut c, b"hello").await;
+    c.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("second request sent");
+    let second = to_the_end(&mut c).await;
+    assert!(
+        second.ends_with("\r\n\r\nhello"),
+        "{second:?} after {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    proxy.stop().await;
+}
+
+/// An answer to a `Connection: close` request that is still coming from its node is not
+/// marked the connection's last (only one whole in hand is): it reaches the client in
+/// parts as its node sends them, and then ends.
+#[tokio::test]
+async fn a_streamed_answer_to_a_closing_request_reaches_the_client_in_parts_then_ends() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind node");
+    let addr = listener.local_addr().expect("addr");
+    let (go, gone) = tokio::sync::oneshot::channel::<()>();
+    let node = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            if s.read(&mut b).await.expect("read") == 0 {
+                return;
+            }
+            head.push(b[0]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfirst")
+            .await
+            .expect("first part");
+        let _ = gone.await;
+        s.write_all(b" rest").await.expect("the rest");
+        // Held open: the answer's end is its length.
+        let _ = s.read(&mut [0u8; 1]).await;
+    });
+    let mut cfg = config(&[]);
+    cfg.nodes = vec![NodeConfig {
+        name: "s".into(),
+        addr,
+    }];
+    let proxy = Proxy::start(cfg).await;
+    let mut c = send_raw(
+        &proxy,
+        b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    read_until(&mut c, b"first").await;
+    go.send(()).expect("node waiting");
+    assert_eq!(to_the_end(&mut c).await, " rest");
+    node.abort();
+    proxy.stop().await;
+}

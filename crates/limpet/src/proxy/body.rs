@@ -410,6 +410,17 @@ impl ProxyBody {
         self
     }
 
+    /// Whether all of the body is in memory already, so that writing it waits for nothing:
+    /// a local answer, an empty one, or a node's answer whose bytes have all come
+    /// ([`super::node_h1::NodeBody::whole_in_hand`]).
+    pub(crate) fn whole_in_hand(&self) -> bool {
+        match &self.inner {
+            Inner::Local(_) => true,
+            Inner::Upstream(NodeAnswer::Direct(b), _) => b.whole_in_hand(),
+            Inner::Upstream(NodeAnswer::Hyper(b), _) => b.is_end_stream(),
+        }
+    }
+
     /// Holds the node slot until the body is done.
     pub(crate) fn with_admission(mut self, admitted: Option<crate::nodes::Admitted>) -> Self {
         self._admitted = admitted;

@@ -127,7 +127,17 @@ pub(crate) fn handle(
             node: None,
             outcome: None,
         };
+        // Read before the request is handed on: hyper closes the connection after this
+        // answer (HTTP/1 only; an upgrade's tunnel writes on after its 101). Only bodiless
+        // requests: hyper may still be reading an unread body when the answer is written.
+        let last = !h2
+            && req.body().is_end_stream()
+            && !is_upgrade_request(&req)
+            && hdr::client_closes(&req);
         let resp = proxy(&ctx, req, &mut log, arrived).await;
+        if last && resp.body().whole_in_hand() {
+            ctx.hints.set_last_answer();
+        }
         let shared = &ctx.shared;
         log.emit(shared, resp.status());
         // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.

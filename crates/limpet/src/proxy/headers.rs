@@ -80,6 +80,27 @@ pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-for
 pub(crate) static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// Whether hyper's HTTP/1 server closes the connection after answering `req`, by hyper's own
+/// rule (hyper 1.12, `Server::parse` in `proto::h1::role`): a `close` token on any
+/// `Connection` line closes it; otherwise HTTP/1.1 keeps it alive, and HTTP/1.0 only with a
+/// `keep-alive` token. A line that is not text is passed over, as hyper reads lines with
+/// `to_str`. It must not say "closes" where hyper keeps the connection: the last answer's
+/// bytes wait for the FIN (`client_io::StreamHints::set_last_answer`).
+pub(crate) fn client_closes<B>(req: &http::Request<B>) -> bool {
+    let lines = || req.headers().get_all(header::CONNECTION).iter();
+    let has = |v: &HeaderValue, token: &str| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    };
+    match req.version() {
+        http::Version::HTTP_11 => lines().any(|v| has(v, "close")),
+        http::Version::HTTP_10 => {
+            !lines().any(|v| has(v, "keep-alive")) || lines().any(|v| has(v, "close"))
+        }
+        _ => false,
+    }
+}
+
 /// Removes hop-by-hop headers, including every header the `Connection` lines name. For an
 /// upgrade (`keep_upgrade`), `Upgrade` stays and `Connection: upgrade` is written back, since
 /// the upgrade must be negotiated with the node itself.

@@ -537,6 +537,19 @@ fn malformed(what: &'static str) -> BoxError {
 }
 
 impl NodeBody {
+    /// Whether the whole body has been read from the node already: it is empty, or has a
+    /// length that the bytes read past the head cover.
+    pub(crate) fn whole_in_hand(&self) -> bool {
+        match self.framing {
+            Framing::Empty | Framing::Done => true,
+            Framing::Length(n) => self
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.buffered().len() as u64 >= n),
+            Framing::Chunked(_) | Framing::UntilClose => false,
+        }
+    }
+
     /// Once the body is complete: the connection goes back to its pool if it may be reused
     /// and holds nothing more (bytes after the answer mean the node is not speaking HTTP/1.1
     /// as we understand it).

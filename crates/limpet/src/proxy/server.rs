@@ -243,8 +243,9 @@ pub(crate) struct ConnCtx {
     pub(crate) write_limit: crate::relay::WriteLimit,
     /// HTTP/2: the clocks of the answers in flight, for [`stall_watch`].
     answers: AnswerClocks,
-    /// Set while the connection is being parked (see [`PARK_AFTER`]).
-    pub(crate) parking: super::client_io::Parking,
+    /// What the service tells the stream: set while the connection is being parked (see
+    /// [`PARK_AFTER`]), and when the answer written next is its last.
+    pub(crate) hints: super::client_io::StreamHints,
     /// How many times it was parked.
     parks: AtomicU64,
     /// The connection's watchers' wake flag (`crate::wake::OnWake::on`; the context is their
@@ -278,7 +279,7 @@ impl ConnCtx {
             pin: ConnPin::new(),
             write_limit: crate::relay::WriteLimit::new(shared.timeouts.client_idle),
             answers: AnswerClocks::default(),
-            parking: super::client_io::Parking::default(),
+            hints: super::client_io::StreamHints::default(),
             parks: AtomicU64::new(0),
             control: crate::wake::Signal::new(),
             active: AtomicUsize::new(0),
@@ -352,9 +353,9 @@ impl AsRef<crate::wake::Signal> for ConnCtx {
     }
 }
 
-impl AsRef<super::client_io::Parking> for ConnCtx {
-    fn as_ref(&self) -> &super::client_io::Parking {
-        &self.parking
+impl AsRef<super::client_io::StreamHints> for ConnCtx {
+    fn as_ref(&self) -> &super::client_io::StreamHints {
+        &self.hints
     }
 }
 
@@ -747,7 +748,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         let _ = run_connection(&ctx, &mut draining, conn.as_mut(), false).await;
         return;
     }
-    let mut io = io.with_parking(Arc::clone(&ctx) as super::client_io::ParkingRef);
+    let mut io = io.with_hints(Arc::clone(&ctx) as super::client_io::HintsRef);
     let mut svc = svc;
     loop {
         let mut conn = Box::new(
@@ -760,7 +761,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
             return;
         }
         // Parked: hyper let the connection go at a message boundary without closing it.
-        ctx.parking.set(false);
+        ctx.hints.set_parking(false);
         ctx.parks.fetch_add(1, Ordering::Relaxed);
         let Some(parts) = (*conn).into_parts() else {
             return; // upgraded meanwhile: the tunnel has the stream
@@ -900,7 +901,7 @@ async fn run_connection<C: ServerConn>(
                 // close it makes only flushes. Were hyper not between messages (a body still
                 // coming after an answer limpet gave without reading it), it would go on to
                 // the message's end first; the idle limit holds meanwhile.
-                ctx.parking.set(true);
+                ctx.hints.set_parking(true);
                 conn.as_mut().graceful_shutdown();
                 tokio::select! {
                     biased;
@@ -1159,6 +1160,110 @@ mod tests {
             assert!(n > 0, "the connection ended before its answer: {text:?}");
             got.extend_from_slice(&buf[..n]);
         }
+    }
+
+    /// An answer is marked its connection's last, to leave with the FIN
+    /// (`client_io::StreamHints::set_last_answer`), only when hyper closes the connection
+    /// after it and all of it is in hand (a node's answer that has all come, or limpet's own):
+    /// not on a connection kept alive, not for a request with a body (hyper may still be
+    /// reading it), not for an answer still coming.
+    #[tokio::test]
+    async fn only_a_closing_connections_answer_whole_in_hand_is_marked_its_last() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let whole = echo_node().await;
+        // (request, whether hyper closes after it, whether the answer is marked last)
+        let cases = [
+            ("GET /a HTTP/1.1\r\nHost: a\r\n\r\n", false, false),
+            (
+                "GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                true,
+                true,
+            ),
+            (
+                "GET /a HTTP/1.1\r\nHost: a\r\nConnection: x, Close\r\n\r\n",
+                true,
+                true,
+            ),
+            (
+                "GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n",
+                true,
+                true,
+            ),
+            ("GET /a HTTP/1.0\r\nHost: a\r\n\r\n", true, true),
+            (
+                "GET /a HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+                false,
+                false,
+            ),
+            (
+                "POST /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi",
+                true,
+                false,
+            ),
+        ];
+        for (head, closes, last) in cases {
+            let (mut client, ctx, _drain, served) = one_connection(whole).await;
+            client.write_all(head.as_bytes()).await.expect("request");
+            let answer = read_answer(&mut client).await;
+            assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
+            assert_eq!(ctx.hints.last_answer(), last, "{head:?}");
+            // What hyper did: a second request is answered, or meets the end.
+            let second = client
+                .write_all(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await;
+            let mut buf = [0u8; 1024];
+            let ended = second.is_err() || matches!(client.read(&mut buf).await, Ok(0) | Err(_));
+            assert_eq!(ended, closes, "{head:?}");
+            drop(client);
+            served.await.expect("served");
+        }
+
+        // limpet's own answers are whole in hand too: the node refuses connections.
+        let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let dead_addr = dead.local_addr().expect("addr");
+        drop(dead);
+        let cases = [
+            (
+                "GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                true,
+            ),
+            (
+                "POST /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi",
+                false,
+            ),
+        ];
+        for (head, last) in cases {
+            let (mut client, ctx, _drain, served) = one_connection(dead_addr).await;
+            client.write_all(head.as_bytes()).await.expect("request");
+            let answer = read_answer(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 5"), "{answer:?}");
+            assert_eq!(ctx.hints.last_answer(), last, "{head:?}");
+            drop(client);
+            served.await.expect("served");
+        }
+
+        // The node sends the head and the first part of the body, then nothing more.
+        let streaming = node_answering(|_| async {
+            Some(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfirst".to_vec())
+        })
+        .await;
+        let (mut client, ctx, _drain, served) = one_connection(streaming).await;
+        client
+            .write_all(b"GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("request");
+        let mut got = Vec::new();
+        while !got.ends_with(b"first") {
+            let mut buf = [0u8; 1024];
+            let n = client.read(&mut buf).await.expect("read");
+            assert!(n > 0, "ended early: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(!ctx.hints.last_answer(), "the rest is still to come");
+        drop(client);
+        served.abort();
     }
 
     /// A client that half-closes once its request is sent (`nc -N`, HTTP/1.0 tools, a
