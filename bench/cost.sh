@@ -9,6 +9,8 @@
 #   1. a run of --duration s: utime/stime and page faults of the proxy (/proc/PID/stat), its voluntary +
 #      involuntary context switches (/proc/PID/task/*/status) before and after, divided by the
 #      requests the load tool completed: user µs, sys µs, page faults and context switches per request;
+#      and the TCP segments the whole machine sent meanwhile (/proc/net/snmp, Tcp OutSegs: the
+#      client's, the proxy's and the nodes', all on loopback) per request;
 #   2. a run of --strace-duration s with `strace -c -f -p PID` attached: syscalls per request,
 #      and the top ones (strace slows the proxy; this run's req/s is not reported);
 #   3. a run of --probe-duration s with perf uprobes on the allocator entry points, counted by
@@ -164,6 +166,13 @@ proc_faults() {
 
 declare -A r # r[proxy.mode.key]
 
+# tcp_out_segs: TCP segments the machine has sent so far (/proc/net/snmp, Tcp OutSegs). Every
+# party's: how a proxy ends and acknowledges its connections shows in the client's and the
+# nodes' segments too.
+tcp_out_segs() {
+    awk '$1 == "Tcp:" { if (!c) { for (i = 2; i <= NF; i++) if ($i == "OutSegs") c = i } else { print $c; exit } }' /proc/net/snmp
+}
+
 # calc EXPR with awk (floating point); variables as NAME=VALUE arguments.
 calc() {
     local expr=$1 args=() a
@@ -180,7 +189,7 @@ note_errors() {
 
 # ---- 1. CPU time and context switches -----------------------------------------------------
 measure_cpu() {
-    local proxy=$1 mode=$2 u0 s0 u1 s1 c0 c1 f0 f1 t0 t1 req k=$1.$2 try
+    local proxy=$1 mode=$2 u0 s0 u1 s1 c0 c1 f0 f1 g0 g1 t0 t1 req k=$1.$2 try
     wait_quiet
     for try in 0 1 2; do
         if ((try)); then
@@ -191,12 +200,14 @@ measure_cpu() {
         read -r u0 s0 < <(proc_cpu "$proxy_pid")
         c0=$(proc_ctx "$proxy_pid")
         f0=$(proc_faults "$proxy_pid")
+        g0=$(tcp_out_segs)
         t0=$EPOCHREALTIME
         run_load "$proxy" "$mode" "$duration" "$connections"
         t1=$EPOCHREALTIME
         read -r u1 s1 < <(proc_cpu "$proxy_pid")
         c1=$(proc_ctx "$proxy_pid")
         f1=$(proc_faults "$proxy_pid")
+        g1=$(tcp_out_segs)
     done
     note_errors "$proxy" "$mode"
     req=$(field requests "$load_result")
@@ -210,9 +221,10 @@ measure_cpu() {
     r[$k.sys_us]=$(calc '(s1 - s0) / hz * 1e6 / n' s0="$s0" s1="$s1" hz="$clk_tck" n="$req")
     r[$k.ctx]=$(calc '(c1 - c0) / n' c0="$c0" c1="$c1" n="$req")
     r[$k.faults]=$(calc '(f1 - f0) / n' f0="$f0" f1="$f1" n="$req")
+    r[$k.segs]=$(calc '(g1 - g0) / n' g0="$g0" g1="$g1" n="$req")
     r[$k.cpu_pct]=$(calc '((u1 - u0) + (s1 - s0)) / hz / (t1 - t0) * 100' u0="$u0" u1="$u1" s0="$s0" \
         s1="$s1" hz="$clk_tck" t0="$t0" t1="$t1")
-    say "  cpu: $load_result user_us=${r[$k.user_us]} sys_us=${r[$k.sys_us]} ctx=${r[$k.ctx]} faults=${r[$k.faults]} cpu%=${r[$k.cpu_pct]}"
+    say "  cpu: $load_result user_us=${r[$k.user_us]} sys_us=${r[$k.sys_us]} ctx=${r[$k.ctx]} faults=${r[$k.faults]} segs=${r[$k.segs]} cpu%=${r[$k.cpu_pct]}"
 }
 
 # ---- 2. syscalls (strace -c) ---------------------------------------------------------------
@@ -480,24 +492,26 @@ table() {
     echo "$nginx_version; wrk $wrk_version (-t1 -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
     echo "cpu ${duration}s, strace ${strace_secs}s, uprobes ${probe_secs}s, callgrind ${callgrind_secs}s per mode"
     echo
-    printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %9s %9s %8s\n' mode proxy "req/s" "cpu%" "oth%" "user us" "sys us" "ctx sw" faults syscalls instr allocs
+    printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %6s %9s %9s %8s\n' mode proxy "req/s" "cpu%" "oth%" "user us" "sys us" "ctx sw" faults segs syscalls instr allocs
     for mode in "${modes[@]}"; do
         for proxy in "${proxies[@]}"; do
             k=$proxy.$mode
-            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %9s %9s %8s%s\n' "$mode" "$proxy" \
+            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %6s %9s %9s %8s%s\n' "$mode" "$proxy" \
                 "$(num %.0f "$(get "$k.rps")")" "$(num %.0f "$(get "$k.cpu_pct")")" "$(get "$k.other_pct")" \
                 "$(num %.2f "$(get "$k.user_us")")" "$(num %.2f "$(get "$k.sys_us")")" \
-                "$(num %.3f "$(get "$k.ctx")")" "$(num %.3f "$(get "$k.faults")")" "$(num %.2f "$(get "$k.syscalls")")" \
+                "$(num %.3f "$(get "$k.ctx")")" "$(num %.3f "$(get "$k.faults")")" "$(num %.1f "$(get "$k.segs")")" \
+                "$(num %.2f "$(get "$k.syscalls")")" \
                 "$(num %.0f "$(get "$k.instr")")" "$(num %.1f "$(allocs_of "$k")")" \
                 "$( ((${r[$k.errors]:-0} == 0)) || echo "  (${r[$k.errors]} errors!)")"
         done
         if ((${#proxies[@]} == 2)); then
-            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %9s %9s %8s\n' "$mode" ratio \
+            printf '%-10s %-8s %9s %5s %5s %8s %8s %7s %7s %6s %9s %9s %8s\n' "$mode" ratio \
                 "$(ratio_or_dash "$(get "limpet.$mode.rps")" "$(get "haproxy.$mode.rps")")" "" "" \
                 "$(ratio_or_dash "$(get "limpet.$mode.user_us")" "$(get "haproxy.$mode.user_us")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.sys_us")" "$(get "haproxy.$mode.sys_us")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.ctx")" "$(get "haproxy.$mode.ctx")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.faults")" "$(get "haproxy.$mode.faults")")" \
+                "$(ratio_or_dash "$(get "limpet.$mode.segs")" "$(get "haproxy.$mode.segs")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.syscalls")" "$(get "haproxy.$mode.syscalls")")" \
                 "$(ratio_or_dash "$(get "limpet.$mode.instr")" "$(get "haproxy.$mode.instr")")" \
                 "$(ratio_or_dash "$(allocs_of "limpet.$mode")" "$(allocs_of "haproxy.$mode")")"
@@ -506,7 +520,8 @@ table() {
     echo
     echo "Per request. From the cpu run: req/s, cpu% (the proxy's CPU use, 100 = one core) and oth% (the share"
     echo "of the proxy's or the client core, the larger, used by anything else: above a few %, disturbed)."
-    echo "user/sys us: CPU microseconds; ctx sw: context switches; faults: page faults; syscalls: strace -c;"
+    echo "user/sys us: CPU microseconds; ctx sw: context switches; faults: page faults; segs: TCP segments"
+    echo "sent by the whole machine (client, proxy, nodes: /proc/net/snmp); syscalls: strace -c;"
     echo "instr: instructions (callgrind); allocs: allocator calls ($( ((use_probes)) && echo "perf uprobes" || echo "callgrind calls"))."
     ((${#proxies[@]} == 2)) && echo "ratio = limpet / haproxy: below 1 favours limpet (req/s: above 1)."
     echo
@@ -564,7 +579,7 @@ json_out() {
             ((first)) || printf ','
             first=0
             printf '\n    {"proxy": "%s", "mode": "%s"' "$proxy" "$mode"
-            for key in rps cpu_pct other_pct other_proxy_pct other_client_pct user_us sys_us ctx faults syscalls instr allocs_perf allocs_cg requests errors; do
+            for key in rps cpu_pct other_pct other_proxy_pct other_client_pct user_us sys_us ctx faults segs syscalls instr allocs_perf allocs_cg requests errors; do
                 printf ', "%s": %s' "$key" "$(get "$k.$key")"
             done
             printf ', "syscalls_top": %s' "$(json_pairs "${r[$k.sc_top]:-}")"
