@@ -74,7 +74,7 @@
 //!
 //! ## Pool changes
 //!
-//! A [`SignedCodec`] is built for one [`Pool`]: its maps give that pool's [`NodeId`]s. Rebuild it
+//! A [`SignedCodec`] is built for one [`Pool`](crate::pool::Pool): its maps give that pool's [`NodeId`]s. Rebuild it
 //! ([`CookieCodec::for_pool`]) whenever the pool is rebuilt, and swap both together. As a guard,
 //! a codec used with a pool whose node names differ from the ones it was built for reads such
 //! pins as [`Pin::Unknown`] rather than sending the client to whichever node now has that id.

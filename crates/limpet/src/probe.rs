@@ -39,7 +39,7 @@
 //! can be probed; a balancer cookie name is refused there, since the jar owns those.
 //!
 //! Over `https://` (and so `wss://`) every session's HTTP client and WebSocket share one
-//! rustls config ([`tls`]): the system's roots plus `--ca`, or `--insecure`.
+//! rustls config (`tls`): the system's roots plus `--ca`, or `--insecure`.
 
 pub mod judge;
 mod output;

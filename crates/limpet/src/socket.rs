@@ -43,7 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// The most an unregistered socket reads at once: a whole request head of a typical client
 /// (load tools and curl send about 100 bytes, browsers up to a few KiB), and as much as the
 /// HTTP listener's first read asks for (`proxy::client_io`'s read ahead). The size of each
-/// thread's [`READ_SCRATCH`].
+/// thread's `READ_SCRATCH`.
 pub const UNREGISTERED_READ: usize = 4 * 1024;
 
 thread_local! {

@@ -112,7 +112,7 @@ impl<T> Io for hyper_util::rt::TokioIo<T> where T: hyper::rt::Read + hyper::rt::
 
 /// A stream with bytes already read from it put back in front (what followed a PROXY header,
 /// or what turned out not to be one). Every accepted client stream is one, so it is also
-/// where small vectored writes become one plain write ([`COALESCE_MAX`]).
+/// where small vectored writes become one plain write (`COALESCE_MAX`).
 #[derive(Debug)]
 pub struct Prefixed<S> {
     prefix: Vec<u8>,
@@ -195,7 +195,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
-    /// Small writes in several slices go out as one plain write (see [`COALESCE_MAX`]).
+    /// Small writes in several slices go out as one plain write (see `COALESCE_MAX`).
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -230,7 +230,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 /// (`bench/cost.sh --only limpet`, alternating runs): system CPU per request -3 to -5% and
 /// requests/s +2.5% on `sticky` and `plain`, +2.7% on `https`, +1.4% on `h2-tls`. Larger
 /// writes stay vectored: there the copy would cost more than it saves.
-const COALESCE_MAX: usize = 4 * 1024;
+pub(crate) const COALESCE_MAX: usize = 4 * 1024;
 
 /// `write` of `bufs` copied into one buffer, when they come to at most [`COALESCE_MAX`] in
 /// all; `None` (nothing written) when they are larger.

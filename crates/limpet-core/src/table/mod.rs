@@ -146,7 +146,7 @@ pub trait AffinityStore: fmt::Debug {
     fn stats(&self) -> TableStats;
 }
 
-/// A store bound to a topology: lookups answer with a [`Pin`] for [`crate::route`] (or
+/// A store bound to a topology: lookups answer with a [`Pin`] for [`crate::route()`] (or
 /// [`Pool::decide`](crate::Pool::decide)), and pins are recorded by [`NodeId`]. Holders that
 /// route over several topologies at once (generations around a reload) keep a [`Binding`]
 /// each ([`bind`](Self::bind)) and use the `_in` methods.

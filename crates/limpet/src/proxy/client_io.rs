@@ -107,7 +107,10 @@ impl StreamHints {
     /// and the client's ACK of the answer (`nstat` `TcpOutSegs`: 11.0 -> 9.0 per request).
     ///
     /// Only for an answer whole in hand: the bytes of an answer still streaming would wait
-    /// in the kernel for the shutdown, however long the rest takes to come.
+    /// in the kernel for the shutdown, however long the rest takes to come (until a probe
+    /// timer, some 200 ms, pushes them). An answer of more than [`crate::tcp::COALESCE_MAX`]
+    /// that hyper writes in slices goes out as it is, its FIN apart. Never cleared: the
+    /// connection is closing, and is never parked once this is set (`server::park_watch`).
     pub(crate) fn set_last_answer(&self) {
         self.last_answer.store(true, Ordering::Relaxed);
     }

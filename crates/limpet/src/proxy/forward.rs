@@ -128,11 +128,14 @@ pub(crate) fn handle(
             outcome: None,
         };
         // Read before the request is handed on: hyper closes the connection after this
-        // answer (HTTP/1 only; an upgrade's tunnel writes on after its 101). Only bodiless
-        // requests: hyper may still be reading an unread body when the answer is written.
+        // answer (HTTP/1 only). Not after CONNECT or any request with `Upgrade`, even one
+        // that does not list it in `Connection`: hyper hands such a connection to the
+        // upgrade after the answer instead of shutting it down. Only bodiless requests:
+        // hyper may still be reading an unread body when the answer is written.
         let last = !h2
             && req.body().is_end_stream()
-            && !is_upgrade_request(&req)
+            && req.method() != Method::CONNECT
+            && !req.headers().contains_key(header::UPGRADE)
             && hdr::client_closes(&req);
         let resp = proxy(&ctx, req, &mut log, arrived).await;
         if last && resp.body().whole_in_hand() {

@@ -961,6 +961,10 @@ async fn park_watch(ctx: &ConnCtx, served_before: u64) {
     loop {
         match ctx.idle_for() {
             Some(idle) if idle < PARK_AFTER => tokio::time::sleep(PARK_AFTER - idle).await,
+            // A connection whose last answer is out is closing: its shutdown must reach the
+            // socket, where the answer's bytes wait for the FIN
+            // (`client_io::StreamHints::set_last_answer`).
+            Some(_) if ctx.hints.last_answer() => tokio::time::sleep(PARK_AFTER).await,
             Some(_) if ctx.served.load(Ordering::Relaxed) > served_before => return,
             _ => tokio::time::sleep(PARK_AFTER).await,
         }
@@ -1166,7 +1170,7 @@ mod tests {
     /// (`client_io::StreamHints::set_last_answer`), only when hyper closes the connection
     /// after it and all of it is in hand (a node's answer that has all come, or limpet's own):
     /// not on a connection kept alive, not for a request with a body (hyper may still be
-    /// reading it), not for an answer still coming.
+    /// reading it), not after CONNECT or `Upgrade`, not for an answer still coming.
     #[tokio::test]
     async fn only_a_closing_connections_answer_whole_in_hand_is_marked_its_last() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1242,6 +1246,22 @@ mod tests {
             assert_eq!(ctx.hints.last_answer(), last, "{head:?}");
             drop(client);
             served.await.expect("served");
+        }
+
+        // Never after CONNECT or a request with `Upgrade`, listed in `Connection` or not:
+        // hyper hands the connection to the upgrade after the answer, it does not shut it
+        // down.
+        for head in [
+            "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\nConnection: close\r\n\r\n",
+            "GET /a HTTP/1.1\r\nHost: a\r\nUpgrade: x\r\nConnection: close\r\n\r\n",
+        ] {
+            let (mut client, ctx, _drain, served) = one_connection(whole).await;
+            client.write_all(head.as_bytes()).await.expect("request");
+            let answer = read_answer(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 "), "{answer:?}");
+            assert!(!ctx.hints.last_answer(), "{head:?}");
+            drop(client);
+            served.abort();
         }
 
         // The node sends the head and the first part of the body, then nothing more.
@@ -1393,6 +1413,23 @@ mod tests {
                 "parked once more"
             );
         }
+    }
+
+    /// An idle connection that has served a request is parked after `PARK_AFTER`, but never
+    /// one whose last answer is out: that one is closing, and its shutdown must reach the
+    /// socket, where the answer waits for the FIN.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_whose_last_answer_is_out_is_never_parked() {
+        let (runtime, listener) = proxy_to(echo_node().await).await;
+        let (_client, _server_side, ctx, _builder, _drain) = accepted(&runtime, &listener).await;
+        drop(ActiveGuard::new(&ctx, Instant::now()));
+        let parks = || tokio::time::timeout(PARK_AFTER * 4, park_watch(&ctx, 0));
+        assert!(
+            parks().await.is_ok(),
+            "an idle kept-alive connection is parked"
+        );
+        ctx.hints.set_last_answer();
+        assert!(parks().await.is_err(), "a closing one is not");
     }
 
     /// A connection that is busy is not parked: requests closer together than `PARK_AFTER`
