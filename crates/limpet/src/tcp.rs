@@ -202,10 +202,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let mut inner = Pin::new(&mut self.inner);
-        if let [one] = bufs {
-            return inner.poll_write(cx, one);
-        }
-        match coalesced(bufs, |one| inner.as_mut().poll_write(cx, one)) {
+        match as_one_write(bufs, |one| inner.as_mut().poll_write(cx, one)) {
             Some(written) => written,
             None => inner.poll_write_vectored(cx, bufs),
         }
@@ -232,9 +229,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 /// writes stay vectored: there the copy would cost more than it saves.
 pub(crate) const COALESCE_MAX: usize = 4 * 1024;
 
-/// `write` of `bufs` copied into one buffer, when they come to at most [`COALESCE_MAX`] in
-/// all; `None` (nothing written) when they are larger.
-pub(crate) fn coalesced<R>(bufs: &[io::IoSlice<'_>], write: impl FnOnce(&[u8]) -> R) -> Option<R> {
+/// `write` of `bufs` as one slice: the one there is, or all of them copied into one buffer
+/// when they come to at most [`COALESCE_MAX`]; `None` (nothing written) when they are more.
+pub(crate) fn as_one_write<R>(
+    bufs: &[io::IoSlice<'_>],
+    write: impl FnOnce(&[u8]) -> R,
+) -> Option<R> {
+    if let [one] = bufs {
+        return Some(write(one));
+    }
     if bufs.iter().map(|b| b.len()).sum::<usize>() > COALESCE_MAX {
         return None;
     }

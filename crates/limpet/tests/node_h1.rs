@@ -376,8 +376,8 @@ async fn read_until(c: &mut tokio::net::TcpStream, end: &[u8]) -> Vec<u8> {
 
 /// A connection's last answer, whole in hand, leaves with the FIN (`client_io`): it still
 /// arrives whole and the stream ends, for HTTP/1.1 `Connection: close` and for HTTP/1.0.
-/// An HTTP/1.0 request that asks to be kept alive is, and its answer is not held back: the
-/// next request on the connection is answered too.
+/// An HTTP/1.0 request that asks to be kept alive is: its answer comes, and the next request
+/// on the connection is answered too.
 #[tokio::test]
 async fn a_closing_connections_last_answer_arrives_whole_with_the_end_of_the_stream() {
     let node = ScriptedNode::start(fixed(

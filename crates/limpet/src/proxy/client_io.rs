@@ -263,7 +263,7 @@ impl<S: Io> AsyncWrite for ClientIo<S> {
     }
 
     /// The last answer's slices are written as one, when they are small enough to be copied
-    /// together ([`crate::tcp::coalesced`]), so that all of them wait for the FIN.
+    /// together ([`crate::tcp::as_one_write`]), so that all of them wait for the FIN.
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -273,10 +273,8 @@ impl<S: Io> AsyncWrite for ClientIo<S> {
         let last = self.hinted(StreamHints::last_answer);
         let mut io = Pin::new(&mut self.io);
         if last {
-            if let [one] = bufs {
-                return io.poll_write_last(cx, one);
-            }
-            if let Some(r) = crate::tcp::coalesced(bufs, |one| io.as_mut().poll_write_last(cx, one))
+            if let Some(r) =
+                crate::tcp::as_one_write(bufs, |one| io.as_mut().poll_write_last(cx, one))
             {
                 return r;
             }

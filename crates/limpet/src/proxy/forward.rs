@@ -132,11 +132,12 @@ pub(crate) fn handle(
         // that does not list it in `Connection`: hyper hands such a connection to the
         // upgrade after the answer instead of shutting it down. Only bodiless requests:
         // hyper may still be reading an unread body when the answer is written.
+        // `client_closes` first: false for a kept-alive request, it spares the rest.
         let last = !h2
+            && hdr::client_closes(&req)
             && req.body().is_end_stream()
             && req.method() != Method::CONNECT
-            && !req.headers().contains_key(header::UPGRADE)
-            && hdr::client_closes(&req);
+            && !req.headers().contains_key(header::UPGRADE);
         let resp = proxy(&ctx, req, &mut log, arrived).await;
         if last && resp.body().whole_in_hand() {
             ctx.hints.set_last_answer();
