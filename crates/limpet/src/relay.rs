@@ -840,6 +840,41 @@ mod tests {
 
     impl Io for tokio::io::DuplexStream {}
 
+    /// An HTTP connection's last answer (written with `poll_write_last`, to leave with the
+    /// FIN) goes to the stream as its last bytes, under the same deadline as any write: to a
+    /// client that has stopped reading, it fails with `TimedOut` once nothing went for the
+    /// limit, and the connection ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_last_answer_goes_as_the_last_bytes_and_fails_at_the_limit_if_the_client_stalls() {
+        let (recorder, _events) = Recorder::new();
+        let mut w = WriteDeadline::new(recorder, WriteLimit::new(Duration::from_secs(5)));
+        let n = std::future::poll_fn(|cx| Pin::new(&mut w).poll_write_last(cx, b"answer"))
+            .await
+            .expect("written");
+        assert_eq!(n, 6);
+        assert_eq!(w.get_ref().writes, [(b"answer".to_vec(), true)]);
+
+        let limit = Duration::from_secs(5);
+        let (stream, _client) = tokio::io::duplex(16);
+        let mut w = WriteDeadline::new(stream, WriteLimit::new(limit));
+        let start = Instant::now();
+        let mut taken = 0;
+        let e = loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut w).poll_write_last(cx, &[7u8; 64])).await
+            {
+                Ok(n) => taken += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(taken, 16, "what the client's pipe held");
+        let took = start.elapsed();
+        assert!(
+            took >= limit && took < limit + Duration::from_secs(1),
+            "{took:?}"
+        );
+    }
+
     /// The stall rule counts from the moment a pump began waiting to write, not from its
     /// last earlier progress, while the other direction keeps the relay busy: bytes the
     /// client took at once at 0 s, then at 5 s bytes it never takes, with the client sending
