@@ -36,6 +36,10 @@
 #   --limpet PATH       limpet binary (default: $LIMPET, else target/release/limpet)
 #   --build             run `cargo build --release -p limpet` first
 #   --only NAME         run one proxy only: limpet or haproxy (no ratios)
+#   --versus BIN        measure limpet against another limpet binary (the proxy named "base",
+#                       started exactly as limpet) instead of HAProxy: a before/after of two
+#                       builds in one sitting, interleaved, with the same ratios and intervals;
+#                       with the same binary twice, what this machine's noise alone reads
 #   --json              print the results as JSON on stdout (the table goes to stderr)
 #   --quiet-wait SECS   before each measured run, wait for both cores to be idle (other work,
 #                       e.g. a compile, gone), and redo a run disturbed all the same (other%
@@ -66,6 +70,7 @@ client_core=1
 limpet_bin=${LIMPET:-$repo/target/release/limpet}
 build=0
 only=""
+base_bin=""
 json=0
 keep=0
 
@@ -76,6 +81,7 @@ while [[ $# -gt 0 ]]; do
         --wrk-threads) wrk_threads=${2:?}; shift 2 ;;
         --rounds) rounds=${2:?}; shift 2 ;;
         --order) order_kind=${2:?}; shift 2 ;;
+        --versus) base_bin=${2:?}; shift 2 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -91,6 +97,13 @@ case $only in
     limpet | haproxy) proxies=("$only") ;;
     *) die "--only takes limpet or haproxy" ;;
 esac
+if [[ -n $base_bin ]]; then
+    [[ -z $only ]] || die "--versus and --only do not go together"
+    proxies=(limpet base)
+fi
+# The proxy limpet is measured against, and how the table names it.
+other=${proxies[1]:-}
+if [[ $other == base ]]; then other_label="base ($base_bin)"; else other_label=HAProxy; fi
 wants() { [[ " ${proxies[*]} " == *" $1 "* ]]; }
 
 # ---- tools -------------------------------------------------------------------------------
@@ -103,6 +116,10 @@ collect_versions
 ((proxy_core < ncpu && client_core < ncpu)) || die "cores $proxy_core/$client_core do not exist (this machine has $ncpu)"
 ((proxy_core != client_core)) || say "warning: proxy and client share core $proxy_core; figures will be lower and noisier"
 wants limpet && check_limpet_bin "$build"
+if wants base; then
+    [[ -x $base_bin ]] || die "no limpet binary at $base_bin (--versus)"
+    "$base_bin" proxy --help >/dev/null 2>&1 || die "$base_bin has no working 'proxy' subcommand"
+fi
 if wants haproxy; then
     [[ $haproxy_version == *"version 2.6"* ]] || say "warning: issue 3 compares against HAProxy 2.6; this is: $haproxy_version"
 fi
@@ -182,12 +199,12 @@ done
 
 ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
 
-# round_ratios MODE KEY: limpet / HAProxy for each round's pair of runs, in round order
+# round_ratios MODE KEY: limpet / HAProxy (or base) for each round's pair of runs, in round order
 # ("0.97 1.02 1.01"): how far one pair can stray from the median is this machine's noise.
 round_ratios() {
     local l h i out=()
     IFS=';' read -r -a l <<<"${results[limpet.$1]%;}"
-    IFS=';' read -r -a h <<<"${results[haproxy.$1]%;}"
+    IFS=';' read -r -a h <<<"${results[$other.$1]%;}"
     for ((i = 0; i < ${#l[@]} && i < ${#h[@]}; i++)); do
         out+=("$(awk -v a="$(field "$2" "${l[i]//,/ }")" -v b="$(field "$2" "${h[i]//,/ }")" \
             'BEGIN { if (b > 0) printf "%.2f", a / b; else print "null" }')")
@@ -225,8 +242,8 @@ ci_text() {
 
 table() {
     local mode proxy k
-    echo "limpet vs HAProxy: ${duration}s per mode, median of $rounds round(s) ($order_kind), proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
-    [[ -n $haproxy_version ]] && echo "$haproxy_version"
+    echo "limpet vs $other_label: ${duration}s per mode, median of $rounds round(s) ($order_kind), proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
+    [[ -n $haproxy_version && $other != base ]] && echo "$haproxy_version"
     echo "limpet: $limpet_info"
     echo "$nginx_version; wrk $wrk_version (-t$wrk_threads -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
     echo
@@ -240,9 +257,9 @@ table() {
         done
         if ((${#proxies[@]} == 2)); then
             printf '%-10s %-8s %11sx %9s %8sx %24s %11sx\n' "$mode" "ratio" \
-                "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" "" \
-                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" "" \
-                "$(ratio "${med[limpet.$mode.per_core_rps]}" "${med[haproxy.$mode.per_core_rps]}")"
+                "$(ratio "${med[limpet.$mode.rps]}" "${med[$other.$mode.rps]}")" "" \
+                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[$other.$mode.p99_us]}")" "" \
+                "$(ratio "${med[limpet.$mode.per_core_rps]}" "${med[$other.$mode.per_core_rps]}")"
             printf '%-10s %-8s rounds: %s (p99 %s; per core %s)\n' "" "" \
                 "$(round_ratios "$mode" rps)" "$(round_ratios "$mode" p99_us)" \
                 "$(round_ratios "$mode" per_core_rps)"
@@ -256,7 +273,7 @@ table() {
     echo
     for mode in "${modes[@]}"; do printf '%-10s %s\n' "$mode" "${mode_desc[$mode]}"; done
     if ((${#proxies[@]} == 2)); then
-        echo "ratio = limpet / haproxy: req/s above 1 and p99 below 1 favour limpet."
+        echo "ratio = limpet / $other: req/s above 1 and p99 below 1 favour limpet."
     fi
     echo "errors = socket errors, timeouts and non-2xx answers (should be 0)."
     echo "other% = share of the proxy's core or of the client core (the larger) used by anything but this"
@@ -283,8 +300,8 @@ json_out() {
         "$wrk_threads" "$connections" "$wrk_version"
     printf '  "h2load_version": "%s",\n  "duration_s": %d,\n  "rounds": %d,\n  "order": "%s",\n' "$h2load_version" "$duration" "$rounds" "$order_kind"
     printf '  "cores": {"proxy": %d, "client": %d, "total": %d},\n' "$proxy_core" "$client_core" "$ncpu"
-    printf '  "haproxy_version": "%s",\n  "nginx_version": "%s",\n  "limpet_rev": "%s",\n  "limpet_binary": "%s",\n' \
-        "$haproxy_version" "$nginx_version" "$limpet_rev" "$limpet_bin"
+    printf '  "haproxy_version": "%s",\n  "nginx_version": "%s",\n  "limpet_rev": "%s",\n  "limpet_binary": "%s",\n  "versus": "%s",\n' \
+        "$haproxy_version" "$nginx_version" "$limpet_rev" "$limpet_bin" "${base_bin:-haproxy}"
     printf '  "results": ['
     for mode in "${modes[@]}"; do
         for proxy in "${proxies[@]}"; do
@@ -308,9 +325,9 @@ json_out() {
             pr=$(round_ratios "$mode" p99_us)
             cr=$(round_ratios "$mode" per_core_rps)
             printf '"%s": {"rps": %s, "p99": %s, "per_core_rps": %s, "rounds_rps": [%s], "rounds_p99": [%s], "rounds_per_core_rps": [%s], "ci95_rps": %s, "ci95_p99": %s, "ci95_per_core_rps": %s}' "$mode" \
-                "$(ratio "${med[limpet.$mode.rps]}" "${med[haproxy.$mode.rps]}")" \
-                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[haproxy.$mode.p99_us]}")" \
-                "$(ratio "${med[limpet.$mode.per_core_rps]}" "${med[haproxy.$mode.per_core_rps]}")" \
+                "$(ratio "${med[limpet.$mode.rps]}" "${med[$other.$mode.rps]}")" \
+                "$(ratio "${med[limpet.$mode.p99_us]}" "${med[$other.$mode.p99_us]}")" \
+                "$(ratio "${med[limpet.$mode.per_core_rps]}" "${med[$other.$mode.per_core_rps]}")" \
                 "${rr// /, }" "${pr// /, }" "${cr// /, }" \
                 "$(ci_json "$mode" rps)" "$(ci_json "$mode" p99_us)" "$(ci_json "$mode" per_core_rps)"
         done

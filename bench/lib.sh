@@ -407,14 +407,20 @@ EOF
     fi
 }
 
-start_limpet() {
-    local group=$1 dir=$work/limpet-$1
+start_limpet() { start_limpet_as limpet "$limpet_bin" "$1"; }
+
+# The second limpet build of `bench/http.sh --versus BIN`, started exactly as the first.
+start_base() { start_limpet_as base "$base_bin" "$1"; }
+
+# start_limpet_as NAME BIN GROUP: limpet binary BIN as the proxy NAME for GROUP's listener.
+start_limpet_as() {
+    local name=$1 bin=$2 group=$3 dir=$work/$1-$3
     mkdir -p "$dir"
     # Per-request log lines off, as for HAProxy (which has no log target here). Override with
     # LIMPET_RUST_LOG to measure their cost.
     if [[ $group == http ]]; then
         # Quick mode. Its one HTTP listener takes HTTP/1.1 and HTTP/2 prior knowledge alike.
-        RUST_LOG=${LIMPET_RUST_LOG:-warn} taskset -c "$proxy_core" "${proxy_wrap[@]}" "$limpet_bin" proxy \
+        RUST_LOG=${LIMPET_RUST_LOG:-warn} taskset -c "$proxy_core" "${proxy_wrap[@]}" "$bin" proxy \
             --listen "127.0.0.1:$proxy_port" --to "a=$backend_addr_a:$backend_port" \
             --to "b=$backend_addr_b:$backend_port" --threads 1 >"$dir/limpet.log" 2>&1 &
     else
@@ -459,19 +465,19 @@ table = "src"
 EOF
             } >"$dir/limpet.toml"
         fi
-        "$limpet_bin" check -c "$dir/limpet.toml" >"$dir/check.log" 2>&1 || {
+        "$bin" check -c "$dir/limpet.toml" >"$dir/check.log" 2>&1 || {
             cat "$dir/check.log" >&2
             die "limpet check rejected its config ($dir/limpet.toml)"
         }
-        RUST_LOG=${LIMPET_RUST_LOG:-warn} taskset -c "$proxy_core" "${proxy_wrap[@]}" "$limpet_bin" run \
+        RUST_LOG=${LIMPET_RUST_LOG:-warn} taskset -c "$proxy_core" "${proxy_wrap[@]}" "$bin" run \
             -c "$dir/limpet.toml" --threads 1 >"$dir/limpet.log" 2>&1 &
     fi
     proxy_pid=$!
     pids+=("$proxy_pid")
-    wait_port 127.0.0.1 "$proxy_port" "$proxy_pid" "$dir/limpet.log" "limpet ($group listener)" "$proxy_start_secs"
+    wait_port 127.0.0.1 "$proxy_port" "$proxy_pid" "$dir/limpet.log" "$name ($group listener)" "$proxy_start_secs"
 }
 
-cookie_name() { if [[ $1 == limpet ]]; then echo route; else echo SERVERID; fi; }
+cookie_name() { if [[ $1 == haproxy ]]; then echo SERVERID; else echo route; fi; }
 
 # The port a mode's load goes to.
 mode_port() {
