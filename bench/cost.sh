@@ -44,6 +44,7 @@
 #                            dump's summary line; with --keep, read them there)
 #   --proxy-core C           core the proxy runs on (default 0)
 #   --client-core C          core wrk/h2load and the nginx backends run on (default 1)
+#   --nginx-core C           core the nginx backends run on instead (default: the client core)
 #   --limpet PATH            limpet binary (default: $LIMPET, else target/release/limpet)
 #   --build                  run `cargo build --release -p limpet` first
 #   --only NAME              run one proxy only: limpet or haproxy
@@ -77,6 +78,7 @@ events=""
 callgrind_args=""
 proxy_core=0
 client_core=1
+nginx_core=""
 limpet_bin=${LIMPET:-$repo/target/release/limpet}
 build=0
 only=""
@@ -135,8 +137,7 @@ if ((EUID != 0)); then
 fi
 
 collect_versions
-((proxy_core < ncpu && client_core < ncpu)) || die "cores $proxy_core/$client_core do not exist (this machine has $ncpu)"
-((proxy_core != client_core)) || say "warning: proxy and client share core $proxy_core"
+check_cores
 wants limpet && check_limpet_bin "$build"
 clk_tck=$(getconf CLK_TCK)
 
@@ -441,7 +442,7 @@ measure_callgrind_group() {
 start_backends
 mapfile -t groups < <(mode_groups)
 t_start=$SECONDS
-say "limpet cost: modes ${modes[*]}; cpu ${duration}s, strace ${strace_secs}s, uprobes ${probe_secs}s, callgrind ${callgrind_secs}s per mode; proxy on core $proxy_core, load+nginx on core $client_core"
+say "limpet cost: modes ${modes[*]}; cpu ${duration}s, strace ${strace_secs}s, uprobes ${probe_secs}s, callgrind ${callgrind_secs}s per mode; $(layout)"
 for proxy in "${proxies[@]}"; do
     for group in "${groups[@]}"; do
         "start_$proxy" "$group"
@@ -486,7 +487,7 @@ ratio_or_dash() { # limpet/haproxy as "1.234x", or "-" when a figure is missing
 
 table() {
     local mode proxy k
-    echo "limpet vs HAProxy, cost per request: proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
+    echo "limpet vs HAProxy, cost per request: $(layout), proxies with 1 thread"
     [[ -n $haproxy_version ]] && echo "$haproxy_version"
     echo "limpet: $limpet_info"
     echo "$nginx_version; wrk $wrk_version (-t1 -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
@@ -569,7 +570,7 @@ json_out() {
     printf '{\n  "durations_s": {"cpu": %d, "strace": %d, "uprobes": %d, "callgrind": %d},\n' \
         "$duration" "$strace_secs" "$probe_secs" "$callgrind_secs"
     printf '  "wrk": {"connections": %d, "version": "%s"},\n  "h2load_version": "%s",\n' "$connections" "$wrk_version" "$h2load_version"
-    printf '  "cores": {"proxy": %d, "client": %d, "total": %d},\n' "$proxy_core" "$client_core" "$ncpu"
+    printf '  "cores": {"proxy": %d, "client": %d, "nginx": %d, "total": %d},\n' "$proxy_core" "$client_core" "$nginx_core" "$ncpu"
     printf '  "haproxy_version": "%s",\n  "nginx_version": "%s",\n  "limpet_rev": "%s",\n  "limpet_binary": "%s",\n' \
         "$haproxy_version" "$nginx_version" "$limpet_rev" "$limpet_bin"
     printf '  "allocs_from": "%s",\n  "results": [' "$( ((use_probes)) && echo uprobes || echo callgrind)"

@@ -33,6 +33,11 @@
 #                       all of the other's, each proxy started once per listener group and round
 #   --proxy-core C      core the proxy runs on (default 0)
 #   --client-core C     core wrk/h2load and the nginx backends run on (default 1)
+#   --nginx-core C      core the nginx backends run on instead (default: the client core); with
+#                       the proxy's core, the proxy and the backends share one core and the load
+#                       tool has the other to itself: the proxy's cost per request then sets
+#                       req/s in every mode, where the default layout lets the client core set
+#                       it in most
 #   --limpet PATH       limpet binary (default: $LIMPET, else target/release/limpet)
 #   --build             run `cargo build --release -p limpet` first
 #   --only NAME         run one proxy only: limpet or haproxy (no ratios)
@@ -67,6 +72,7 @@ rounds=1
 order_kind=interleaved
 proxy_core=0
 client_core=1
+nginx_core=""
 limpet_bin=${LIMPET:-$repo/target/release/limpet}
 build=0
 only=""
@@ -113,8 +119,7 @@ wants haproxy && tools+=(haproxy)
 need_tools "${tools[@]}"
 
 collect_versions
-((proxy_core < ncpu && client_core < ncpu)) || die "cores $proxy_core/$client_core do not exist (this machine has $ncpu)"
-((proxy_core != client_core)) || say "warning: proxy and client share core $proxy_core; figures will be lower and noisier"
+check_cores
 wants limpet && check_limpet_bin "$build"
 if wants base; then
     [[ -x $base_bin ]] || die "no limpet binary at $base_bin (--versus)"
@@ -131,7 +136,7 @@ start_backends
 declare -A results # results[proxy.mode] = "k=v,k=v,...;" records, one per round
 mapfile -t groups < <(mode_groups)
 
-say "limpet bench: modes ${modes[*]}; ${duration}s each (wrk -t$wrk_threads -c$connections), $rounds round(s); proxy on core $proxy_core, load+nginx on core $client_core"
+say "limpet bench: modes ${modes[*]}; ${duration}s each (wrk -t$wrk_threads -c$connections), $rounds round(s); $(layout)"
 # measure PROXY MODE ROUND: one measured run, recorded for the medians.
 measure() {
     say "round $3/$rounds: $1 $2..."
@@ -242,7 +247,7 @@ ci_text() {
 
 table() {
     local mode proxy k
-    echo "limpet vs $other_label: ${duration}s per mode, median of $rounds round(s) ($order_kind), proxies on core $proxy_core (1 thread), load+nginx on core $client_core"
+    echo "limpet vs $other_label: ${duration}s per mode, median of $rounds round(s) ($order_kind), $(layout), proxies with 1 thread"
     [[ -n $haproxy_version && $other != base ]] && echo "$haproxy_version"
     echo "limpet: $limpet_info"
     echo "$nginx_version; wrk $wrk_version (-t$wrk_threads -c$connections); h2load ${h2load_version:-n/a}; ${cpu_model:-unknown cpu}, $ncpu cores"
@@ -282,8 +287,13 @@ table() {
         echo "95% CI: of the geometric mean of the round ratios (Student's t on their logs): an interval"
         echo "holding 1 means this run does not tell the proxies apart; with --rounds 1 there is none."
     fi
-    echo "cpu% = the proxy's own CPU use (100 = one core); below ~95 the client core, not the proxy, set"
-    echo "req/s. req/core-s = req/s * 100 / cpu%: the requests one whole proxy core moves at that cost."
+    if ((nginx_core == client_core)); then
+        echo "cpu% = the proxy's own CPU use (100 = one core); below ~95 the client core, not the proxy, set"
+        echo "req/s. req/core-s = req/s * 100 / cpu%: the requests one whole proxy core moves at that cost."
+    else
+        echo "cpu% = the proxy's own CPU use (100 = one core), the nginx backends' not counted."
+        echo "req/core-s = req/s * 100 / cpu%: the requests one whole proxy core moves at that cost."
+    fi
 }
 
 # ci_json MODE KEY: ratio_ci as {"gm": …, "lo": …, "hi": …} (null bounds with one round).
@@ -299,7 +309,7 @@ json_out() {
     printf '{\n  "wrk": {"threads": %d, "connections": %d, "version": "%s"},\n' \
         "$wrk_threads" "$connections" "$wrk_version"
     printf '  "h2load_version": "%s",\n  "duration_s": %d,\n  "rounds": %d,\n  "order": "%s",\n' "$h2load_version" "$duration" "$rounds" "$order_kind"
-    printf '  "cores": {"proxy": %d, "client": %d, "total": %d},\n' "$proxy_core" "$client_core" "$ncpu"
+    printf '  "cores": {"proxy": %d, "client": %d, "nginx": %d, "total": %d},\n' "$proxy_core" "$client_core" "$nginx_core" "$ncpu"
     printf '  "haproxy_version": "%s",\n  "nginx_version": "%s",\n  "limpet_rev": "%s",\n  "limpet_binary": "%s",\n  "versus": "%s",\n' \
         "$haproxy_version" "$nginx_version" "$limpet_rev" "$limpet_bin" "${base_bin:-haproxy}"
     printf '  "results": ['

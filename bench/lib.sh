@@ -43,6 +43,7 @@ bench_option() {
         --connections) connections=${2:?} ;;
         --proxy-core) proxy_core=${2:?} ;;
         --client-core) client_core=${2:?} ;;
+        --nginx-core) nginx_core=${2:?} ;;
         --limpet) limpet_bin=${2:?} ;;
         --only) only=${2:?} ;;
         --quiet-wait) quiet_wait=${2:?} ;;
@@ -102,6 +103,28 @@ need_tools() {
         hint=" (an apt install may still be running: see /tmp/apt.log)"
     fi
     die "missing: ${missing[*]}. Install with: apt-get install -y $(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')$hint"
+}
+
+# check_cores: the cores exist (after collect_versions, which sets ncpu); the nginx backends
+# go on the client core unless --nginx-core says otherwise.
+check_cores() {
+    nginx_core=${nginx_core:-$client_core}
+    is_uint "$nginx_core" || die "--nginx-core wants a whole number, got '$nginx_core'"
+    ((proxy_core < ncpu && client_core < ncpu && nginx_core < ncpu)) ||
+        die "cores $proxy_core/$client_core/$nginx_core do not exist (this machine has $ncpu)"
+    ((proxy_core != client_core)) || say "warning: proxy and client share core $proxy_core; figures will be lower and noisier"
+    return 0
+}
+
+# layout: which core runs what, for the header lines.
+layout() {
+    if ((nginx_core == client_core)); then
+        echo "proxy on core $proxy_core, load+nginx on core $client_core"
+    elif ((nginx_core == proxy_core)); then
+        echo "proxy+nginx on core $proxy_core, load on core $client_core"
+    else
+        echo "proxy on core $proxy_core, load on core $client_core, nginx on core $nginx_core"
+    fi
 }
 
 # check_limpet_bin BUILD(0|1): builds if asked, checks the binary is usable and current.
@@ -251,7 +274,7 @@ http {
     }
 }
 EOF
-    taskset -c "$client_core" nginx -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" \
+    taskset -c "$nginx_core" nginx -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" \
         >"$dir/stdout.log" 2>&1 &
     pids+=($!)
     backend_pids+=($!)
@@ -568,16 +591,23 @@ other_pct() {
         'BEGIN { o = (t1 > t0) ? ((b1 - b0) - (p1 - p0)) / (t1 - t0) * 100 : 0; if (o < 0) o = 0; printf "%.0f", o }'
 }
 
-# client_ticks: CPU ticks so far of our processes on the client core: the nginx backends
-# (masters and their workers) and the load tools this shell has waited for (its cutime and
-# cstime, fields 16 and 17 of /proc/$$/stat: a finished wrk or h2load is counted once its
-# `timeout` is reaped).
+# client_ticks: CPU ticks so far of our processes on the client core: the load tools this
+# shell has waited for (its cutime and cstime, fields 16 and 17 of /proc/$$/stat: a finished
+# wrk or h2load is counted once its `timeout` is reaped), and the nginx backends when they
+# run there (the default layout).
 backend_pids=()
 client_ticks() {
-    local p c stat f n=0
+    local stat f n
     read -r stat <"/proc/$$/stat"
     read -r -a f <<<"${stat##*) }"
     n=$((f[13] + f[14]))
+    if ((nginx_core == client_core)); then n=$((n + $(backend_ticks))); fi
+    echo "$n"
+}
+
+# backend_ticks: CPU ticks so far of the nginx backends, masters and their workers.
+backend_ticks() {
+    local p c stat f n=0
     for p in "${backend_pids[@]}"; do
         for c in "$p" $(cat "/proc/$p/task/$p/children" 2>/dev/null || true); do
             read -r stat <"/proc/$c/stat" 2>/dev/null || continue
@@ -596,6 +626,9 @@ load_snap() {
     read -r b t < <(core_ticks "$proxy_core")
     read -r u s < <(proc_cpu "$proxy_pid")
     snap[$1.pb]=$b snap[$1.pt]=$t snap[$1.p]=$((u + s))
+    # Ours on the proxy's core: the proxy, and the backends when they run there.
+    snap[$1.po]=${snap[$1.p]}
+    if ((nginx_core == proxy_core)); then snap[$1.po]=$((snap[$1.p] + $(backend_ticks))); fi
     read -r b t < <(core_ticks "$client_core")
     snap[$1.cb]=$b snap[$1.ct]=$t snap[$1.c]=$(client_ticks)
 }
@@ -678,7 +711,7 @@ run_load() {
     load_snap before
     run_load_tool "$@"
     op=$(other_pct "${snap[before.pb]}" "${snap[before.pt]}" "${snap[after.pb]}" "${snap[after.pt]}" \
-        "${snap[before.p]}" "${snap[after.p]}")
+        "${snap[before.po]}" "${snap[after.po]}")
     oc=$(other_pct "${snap[before.cb]}" "${snap[before.ct]}" "${snap[after.cb]}" "${snap[after.ct]}" \
         "${snap[before.c]}" "${snap[after.c]}")
     load_result+=" other_pct=$((op > oc ? op : oc)) other_proxy_pct=$op other_client_pct=$oc"
