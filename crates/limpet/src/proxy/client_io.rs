@@ -324,6 +324,12 @@ mod tests {
             self.0.lock().expect("log").push(what);
         }
 
+        /// Notes a write as `what` with its bytes, and takes them all.
+        fn wrote(&self, what: &str, buf: &[u8]) -> Poll<io::Result<usize>> {
+            self.note(format!("{what} {}", String::from_utf8_lossy(buf)));
+            Poll::Ready(Ok(buf.len()))
+        }
+
         fn seen(&self) -> Vec<String> {
             self.0.lock().expect("log").clone()
         }
@@ -368,9 +374,7 @@ mod tests {
             _cx: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<io::Result<usize>> {
-            self.log
-                .note(format!("write {}", String::from_utf8_lossy(buf)));
-            Poll::Ready(Ok(buf.len()))
+            self.log.wrote("write", buf)
         }
         fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             self.log.note("flush".to_owned());
@@ -388,9 +392,7 @@ mod tests {
             _cx: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<io::Result<usize>> {
-            self.log
-                .note(format!("write last {}", String::from_utf8_lossy(buf)));
-            Poll::Ready(Ok(buf.len()))
+            self.log.wrote("write last", buf)
         }
     }
 
