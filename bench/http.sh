@@ -45,6 +45,11 @@
 #                       started exactly as limpet) instead of HAProxy: a before/after of two
 #                       builds in one sitting, interleaved, with the same ratios and intervals;
 #                       with the same binary twice, what this machine's noise alone reads
+#   --same-load PCT     after each mode's pair of runs, run both proxies again at one fixed
+#                       offered load, PCT % of the lower of the two req/s just measured (wrk:
+#                       an even schedule of sends; h2load: --rps), and report their latency
+#                       at that same load: the p99 the done-when of issue 12 compares, where a
+#                       proxy's cost per request shows as its queueing, not as its throughput
 #   --json              print the results as JSON on stdout (the table goes to stderr)
 #   --quiet-wait SECS   before each measured run, wait for both cores to be idle (other work,
 #                       e.g. a compile, gone), and redo a run disturbed all the same (other%
@@ -79,6 +84,7 @@ only=""
 base_bin=""
 json=0
 keep=0
+same_load=0
 
 while [[ $# -gt 0 ]]; do
     bench_option "$@"
@@ -88,15 +94,18 @@ while [[ $# -gt 0 ]]; do
         --rounds) rounds=${2:?}; shift 2 ;;
         --order) order_kind=${2:?}; shift 2 ;;
         --versus) base_bin=${2:?}; shift 2 ;;
+        --same-load) same_load=${2:?}; shift 2 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
-for v in quiet_wait duration warmup connections wrk_threads rounds proxy_core client_core; do
+for v in quiet_wait duration warmup connections wrk_threads rounds proxy_core client_core same_load; do
     is_uint "${!v}" || die "--${v//_/-} wants a whole number, got '${!v}'"
 done
 ((duration > 0 && connections > 0 && wrk_threads > 0 && rounds > 0)) || die "duration, connections, threads and rounds must be > 0"
 [[ $order_kind == interleaved || $order_kind == grouped ]] || die "--order takes interleaved or grouped, got '$order_kind'"
 ((connections >= wrk_threads)) || die "wrk needs at least one connection per thread"
+((same_load < 100)) || die "--same-load takes a share of the lower req/s in %, 1 to 99 (0: off)"
+((same_load == 0)) || [[ $order_kind == interleaved ]] || die "--same-load needs --order interleaved"
 parse_modes "$mode_list"
 case $only in
     "") proxies=(limpet haproxy) ;;
@@ -145,6 +154,39 @@ measure() {
     results[$1.$2]+="${load_result// /,};"
 }
 
+# round_rps PROXY MODE: the req/s of PROXY's last measured run of MODE (this round's).
+round_rps() {
+    local recs
+    IFS=';' read -r -a recs <<<"${results[$1.$2]%;}"
+    field rps "${recs[-1]//,/ }"
+}
+
+# measure_same_load MODE ROUND: the proxies again, each at one offered load, same_load % of
+# the lower req/s of this round's pair (with --only, of its own), in the order they just ran;
+# recorded as mode "MODE@load", with the offered rate. Waits for quiet like any measured run,
+# but does not redo a run for its other%: below saturation that reads 5-20 % in the HTTP/1
+# and TCP modes with nothing else running (the kernel's network work that at full load runs
+# inside our processes' own time), so a redo would measure the same again.
+measure_same_load() {
+    local proxy lowest="" r
+    for proxy in "${order[@]}"; do
+        r=$(round_rps "$proxy" "$1")
+        if [[ -z $lowest ]] || awk -v a="$r" -v b="$lowest" 'BEGIN { exit !(a < b) }'; then lowest=$r; fi
+    done
+    load_rate=$(awk -v r="$lowest" -v p="$same_load" 'BEGIN { printf "%.0f", r * p / 100 }')
+    for proxy in "${order[@]}"; do
+        "start_$proxy" "$(mode_group "$1")"
+        if ((warmup > 0)); then run_load "$proxy" "$1" "$warmup" "$connections"; fi
+        say "round $2/$rounds: $proxy $1 at $load_rate req/s..."
+        wait_quiet
+        run_load "$proxy" "$1" "$duration" "$connections"
+        say "  $load_result"
+        results[$proxy.$1@load]+="${load_result// /,},offered=$load_rate;"
+        stop_proxy "$proxy_pid"
+    done
+    load_rate=""
+}
+
 # Interleaved, a mode's two runs are seconds apart, so a load that comes and goes on this
 # shared machine (minutes at a time) falls on both or neither; grouped, they were up to a few
 # minutes apart. Each interleaved run starts its proxy afresh and warms it up first.
@@ -167,6 +209,7 @@ for ((round = 1; round <= rounds; round++)); do
                     measure "$proxy" "$mode" "$round"
                     stop_proxy "$proxy_pid"
                 done
+                if ((same_load > 0)); then measure_same_load "$mode" "$round"; fi
                 # The next mode starts with the other proxy.
                 if ((${#order[@]} == 2)); then order=("${order[1]}" "${order[0]}"); fi
             done
@@ -189,12 +232,14 @@ for ((round = 1; round <= rounds; round++)); do
     done
 done
 
-# Medians per proxy and mode.
+# Medians per proxy and mode (and per mode at the same load, "MODE@load").
 declare -A med
+measured_modes=("${modes[@]}")
+if ((same_load > 0)); then for mode in "${modes[@]}"; do measured_modes+=("$mode@load"); done; fi
 for proxy in "${proxies[@]}"; do
-    for mode in "${modes[@]}"; do
+    for mode in "${measured_modes[@]}"; do
         IFS=';' read -r -a recs <<<"${results[$proxy.$mode]%;}"
-        for key in rps p50_us p99_us max_us requests errors other_pct other_proxy_pct other_client_pct cpu_pct per_core_rps; do
+        for key in rps p50_us p99_us max_us requests errors other_pct other_proxy_pct other_client_pct cpu_pct per_core_rps offered; do
             vals=()
             for rec in "${recs[@]}"; do vals+=("$(field "$key" "${rec//,/ }")"); done
             med[$proxy.$mode.$key]=$(median "${vals[@]}")
@@ -245,6 +290,22 @@ ci_text() {
     if [[ $lo == - || $lo == null ]]; then echo "-"; else echo "$lo-$hi"; fi
 }
 
+# same_load_lines MODE: the --same-load runs of MODE, a line per proxy and the ratios.
+same_load_lines() {
+    local proxy k m=$1@load
+    for proxy in "${proxies[@]}"; do
+        k=$proxy.$m
+        printf '%-10s %-8s at %.0f req/s offered (%d%% of the lower): %.0f req/s, p50 %s ms, p99 %s ms, max %s ms, errors %s, other%% %s, cpu%% %.0f\n' \
+            "" "$proxy" "${med[$k.offered]}" "$same_load" "${med[$k.rps]}" "$(ms "${med[$k.p50_us]}")" \
+            "$(ms "${med[$k.p99_us]}")" "$(ms "${med[$k.max_us]}")" "${med[$k.errors]}" "${med[$k.other_pct]}" "${med[$k.cpu_pct]}"
+    done
+    ((${#proxies[@]} == 2)) || return 0
+    printf '%-10s %-8s at the same load: p99 %sx (rounds %s; 95%% CI %s), cpu%% %sx (95%% CI %s)\n' "" "ratio" \
+        "$(ratio "${med[limpet.$m.p99_us]}" "${med[$other.$m.p99_us]}")" "$(round_ratios "$m" p99_us)" \
+        "$(ci_text "$m" p99_us)" "$(ratio "${med[limpet.$m.cpu_pct]}" "${med[$other.$m.cpu_pct]}")" \
+        "$(ci_text "$m" cpu_pct)"
+}
+
 table() {
     local mode proxy k
     echo "limpet vs $other_label: ${duration}s per mode, median of $rounds round(s) ($order_kind), $(layout), proxies with 1 thread"
@@ -271,6 +332,7 @@ table() {
             printf '%-10s %-8s 95%% CI of the round ratios: req/s %s, p99 %s, per core %s\n' "" "" \
                 "$(ci_text "$mode" rps)" "$(ci_text "$mode" p99_us)" "$(ci_text "$mode" per_core_rps)"
         fi
+        ((same_load > 0)) && same_load_lines "$mode"
     done
     for proxy in "${proxies[@]}"; do
         [[ -n ${tls_info[$proxy]:-} ]] && echo "TLS negotiated with $proxy (h2load): ${tls_info[$proxy]}"
@@ -286,6 +348,14 @@ table() {
     if ((${#proxies[@]} == 2)); then
         echo "95% CI: of the geometric mean of the round ratios (Student's t on their logs): an interval"
         echo "holding 1 means this run does not tell the proxies apart; with --rounds 1 there is none."
+    fi
+    if ((same_load > 0)); then
+        echo "at ... offered: each proxy again at one fixed load, $same_load% of the lower req/s of the round's"
+        echo "pair, the same for both: p99 there is what a request waits at equal load, and cpu% what that"
+        echo "load costs each proxy (below 1 favours limpet for both). The req/s after it is what was"
+        echo "achieved: where the load tool's core cannot pace that many (wrk pays a timer and two"
+        echo "epoll_ctl per paced request), it falls short of the offered load alike for both. other% reads"
+        echo "5-20 there in the HTTP/1 and TCP modes with nothing else running; same-load runs are not redone."
     fi
     if ((nginx_core == client_core)); then
         echo "cpu% = the proxy's own CPU use (100 = one core); below ~95 the client core, not the proxy, set"
@@ -342,6 +412,31 @@ json_out() {
                 "$(ci_json "$mode" rps)" "$(ci_json "$mode" p99_us)" "$(ci_json "$mode" per_core_rps)"
         done
         printf '}'
+    fi
+    if ((same_load > 0)); then
+        printf ',\n  "same_load": {"pct": %d, "modes": {' "$same_load"
+        first=1
+        for mode in "${modes[@]}"; do
+            ((first)) || printf ','
+            first=0
+            printf '\n    "%s": {' "$mode"
+            for proxy in "${proxies[@]}"; do
+                k=$proxy.$mode@load
+                printf '"%s": {"offered_rps": %s, "rps": %s, "p50_ms": %s, "p99_ms": %s, "max_ms": %s, "errors": %s, "other_pct": %s, "cpu_pct": %s}, ' \
+                    "$proxy" "${med[$k.offered]}" "${med[$k.rps]}" "$(ms "${med[$k.p50_us]}")" "$(ms "${med[$k.p99_us]}")" \
+                    "$(ms "${med[$k.max_us]}")" "${med[$k.errors]}" "${med[$k.other_pct]}" "${med[$k.cpu_pct]}"
+            done
+            if ((${#proxies[@]} == 2)); then
+                pr=$(round_ratios "$mode@load" p99_us)
+                printf '"ratios": {"p99": %s, "cpu_pct": %s, "rounds_p99": [%s], "ci95_p99": %s, "ci95_cpu_pct": %s}}' \
+                    "$(ratio "${med[limpet.$mode@load.p99_us]}" "${med[$other.$mode@load.p99_us]}")" \
+                    "$(ratio "${med[limpet.$mode@load.cpu_pct]}" "${med[$other.$mode@load.cpu_pct]}")" \
+                    "${pr// /, }" "$(ci_json "$mode@load" p99_us)" "$(ci_json "$mode@load" cpu_pct)"
+            else
+                printf '"ratios": null}'
+            fi
+        done
+        printf '\n  }}'
     fi
     printf '\n}\n'
 }

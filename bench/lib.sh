@@ -644,6 +644,31 @@ if os.getenv("BENCH_CLOSE") == "1" then
   wrk.headers["Connection"] = "close"
 end
 
+-- A fixed offered load (BENCH_RATE requests/s for this thread): each request waits for the
+-- next slot of an even schedule, one slot per request. A slot missed because every
+-- connection was waiting for an answer is not made up for (no burst to catch up): the
+-- achieved rate says whether the load was offered whole. wrk's delay() is whole
+-- milliseconds, so the sends of one millisecond leave together; the average rate is exact.
+local rate = tonumber(os.getenv("BENCH_RATE") or "")
+if rate ~= nil and rate > 0 then
+  local ffi = require("ffi")
+  ffi.cdef[[
+    typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+    int clock_gettime(int clk_id, bench_timespec *tp);
+  ]]
+  local ts = ffi.new("bench_timespec")
+  local gap = 1000 / rate
+  local next_at = nil
+  function delay()
+    ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+    local now = tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+    if next_at == nil or next_at < now then next_at = now end
+    local wait = next_at - now
+    next_at = next_at + gap
+    return math.floor(wait + 0.5)
+  end
+end
+
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("BENCH rps=%.1f p50_us=%.0f p99_us=%.0f max_us=%.0f requests=%d errors=%d\n",
@@ -705,7 +730,10 @@ measured_load() {
 # the client core, taken by anything but our processes during the run; other_pct: the larger;
 # client_us: the client core's busy µs per request; cpu_pct: the proxy's own CPU use, 100 =
 # one core; per_core_rps: rps * 100 / cpu_pct).
-# CONNECTIONS is for wrk modes (h2load modes have theirs in their name).
+# CONNECTIONS is for wrk modes (h2load modes have theirs in their name). With load_rate set
+# (bench/http.sh --same-load), the load tool offers that many requests/s in all instead of
+# as many as the proxy takes.
+load_rate=""
 run_load() {
     local op oc
     load_snap before
@@ -743,7 +771,9 @@ run_load_tool() {
     [[ $mode == close || $mode == tcp-close ]] && close=1
     [[ -f $work/report.lua ]] || write_wrk_script
     if [[ $(mode_tool "$mode") == wrk ]]; then
-        BENCH_COOKIE=$cookie BENCH_CLOSE=$close timeout -s KILL $((secs + 30)) taskset -c "$client_core" \
+        # --same-load: each wrk thread offers its share of load_rate.
+        BENCH_RATE=$(awk -v r="${load_rate:-0}" -v t="${wrk_threads:-1}" 'BEGIN { print r / t }') \
+            BENCH_COOKIE=$cookie BENCH_CLOSE=$close timeout -s KILL $((secs + 30)) taskset -c "$client_core" \
             wrk -t "${wrk_threads:-1}" -c "$conns" -d "${secs}s" --timeout 5s \
             -s "$work/report.lua" "$scheme://127.0.0.1:$port/" >"$out" 2>&1 &
         pid=$!
@@ -763,8 +793,11 @@ run_load_tool() {
         *) die "no h2load settings for mode $mode" ;;
     esac
     rm -f "$work/h2load.log"
+    local rps=()
+    # --same-load: each of the c clients offers its share of load_rate (h2load's own pacing).
+    if [[ -n ${load_rate:-} ]]; then rps=("--rps=$(awk -v r="$load_rate" -v c="$c" 'BEGIN { printf "%.1f", r / c }')"); fi
     timeout -s KILL $((secs + 30)) taskset -c "$client_core" \
-        h2load -t 1 -c "$c" -m "$m" -D "$secs" -H "cookie: $cookie" --log-file "$work/h2load.log" \
+        h2load -t 1 -c "$c" -m "$m" -D "$secs" "${rps[@]}" -H "cookie: $cookie" --log-file "$work/h2load.log" \
         "$scheme://127.0.0.1:$port/" >"$out" 2>&1 &
     pid=$!
     pids+=("$pid")
