@@ -353,9 +353,10 @@ table() {
         echo "at ... offered: each proxy again at one fixed load, $same_load% of the lower req/s of the round's"
         echo "pair, the same for both: p99 there is what a request waits at equal load, and cpu% what that"
         echo "load costs each proxy (below 1 favours limpet for both). The req/s after it is what was"
-        echo "achieved: where the load tool's core cannot pace that many (wrk pays a timer and two"
-        echo "epoll_ctl per paced request), it falls short of the offered load alike for both. other% reads"
-        echo "5-20 there in the HTTP/1 and TCP modes with nothing else running; same-load runs are not redone."
+        echo "achieved: where the load tool's core cannot pace that many (wrk makes four epoll_ctl and a"
+        echo "timer per paced request, two epoll_ctl unpaced), it falls short of the offered load alike"
+        echo "for both. other% reads 5-20 there in the HTTP/1 and TCP modes with nothing else running;"
+        echo "same-load runs are not redone for it."
     fi
     if ((nginx_core == client_core)); then
         echo "cpu% = the proxy's own CPU use (100 = one core); below ~95 the client core, not the proxy, set"
