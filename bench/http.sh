@@ -165,8 +165,8 @@ round_rps() {
 # the lower req/s of this round's pair (with --only, of its own), in the order they just ran;
 # recorded as mode "MODE@load", with the offered rate. Waits for quiet like any measured run,
 # but does not redo a run for its other%: below saturation that reads 5-20 % in the HTTP/1
-# and TCP modes with nothing else running (the kernel's network work that at full load runs
-# inside our processes' own time), so a redo would measure the same again.
+# and TCP modes with nothing else running (most likely the kernel's network work done outside
+# our processes' own time, which at full load runs inside it), so a redo measures the same.
 measure_same_load() {
     local proxy lowest="" r
     for proxy in "${order[@]}"; do
@@ -292,11 +292,12 @@ ci_text() {
 
 # same_load_lines MODE: the --same-load runs of MODE, a line per proxy and the ratios.
 same_load_lines() {
-    local proxy k m=$1@load
+    local proxy k m=$1@load of="of the lower"
+    ((${#proxies[@]} == 2)) || of="of its own"
     for proxy in "${proxies[@]}"; do
         k=$proxy.$m
-        printf '%-10s %-8s at %.0f req/s offered (%d%% of the lower): %.0f req/s, p50 %s ms, p99 %s ms, max %s ms, errors %s, other%% %s, cpu%% %.0f\n' \
-            "" "$proxy" "${med[$k.offered]}" "$same_load" "${med[$k.rps]}" "$(ms "${med[$k.p50_us]}")" \
+        printf '%-10s %-8s at %.0f req/s offered (%d%% %s): %.0f req/s, p50 %s ms, p99 %s ms, max %s ms, errors %s, other%% %s, cpu%% %.0f\n' \
+            "" "$proxy" "${med[$k.offered]}" "$same_load" "$of" "${med[$k.rps]}" "$(ms "${med[$k.p50_us]}")" \
             "$(ms "${med[$k.p99_us]}")" "$(ms "${med[$k.max_us]}")" "${med[$k.errors]}" "${med[$k.other_pct]}" "${med[$k.cpu_pct]}"
     done
     ((${#proxies[@]} == 2)) || return 0
