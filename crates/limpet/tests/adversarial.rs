@@ -99,6 +99,104 @@ async fn h2_headers_without_end_headers_then_silence_closes_the_connection_and_f
     proxy.stop().await;
 }
 
+/// Reads HTTP/2 frames until stream `id`'s answer has ended (a frame of it with END_STREAM).
+async fn read_h2_answer(s: &mut TcpStream, id: u32) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut at = 0;
+        while let Some(head) = got.get(at..at + 9) {
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let (kind, flags) = (head[3], head[4]);
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            if got.len() < at + 9 + len {
+                break;
+            }
+            if stream == id && (kind == 0 || kind == 1) && flags & 0x1 != 0 {
+                return;
+            }
+            at += 9 + len;
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        assert!(n > 0, "closed before stream {id}'s answer ended");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A proxy with a 300 ms head timeout and a 30 s idle one (one client connection at most,
+/// with `one_slot`), its node (kept for as long as the proxy is used), and an HTTP/2
+/// connection to it whose stream 1 has been answered.
+async fn h2_connection_after_one_answer(one_slot: bool) -> (Proxy, Vec<common::Node>, TcpStream) {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.timeouts.keep_alive_idle = Duration::from_secs(30);
+    if one_slot {
+        cfg.limits.max_client_connections = 1;
+    }
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    // :method GET, :scheme http, :path /, :authority t; END_HEADERS and END_STREAM.
+    hello.extend(h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    read_h2_answer(&mut s, 1).await;
+    (proxy, ns, s)
+}
+
+/// The failure model's slow head, on a later HTTP/2 stream: once a request has been
+/// answered, HEADERS without END_HEADERS on the next stream, then silence. h2 surfaces no
+/// request for a head that is not whole, so the connection looked idle between requests and
+/// stayed open for `idle` (30 s here); the head gets `header_read` as the first one does.
+#[tokio::test]
+async fn h2_a_later_stream_s_unfinished_head_closes_the_connection_at_the_head_timeout() {
+    let (proxy, _nodes, mut s) = h2_connection_after_one_answer(true).await;
+    // Stream 3: no END_HEADERS, then nothing.
+    s.write_all(&h2_frame(1, 0, 3, &[0x82, 0x86, 0x84]))
+        .await
+        .expect("write");
+    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
+    let took = closed_within(&mut s, SOON)
+        .await
+        .expect("the connection with an unfinished head is closed long before `idle`");
+    assert!(
+        took < Duration::from_millis(300) + Duration::from_millis(1500),
+        "closed {took:?} after the head began"
+    );
+    assert!(
+        took >= Duration::from_millis(300),
+        "not before the head timeout: {took:?}"
+    );
+    assert!(
+        next.await.expect("task"),
+        "the freed slot serves the next client"
+    );
+    proxy.stop().await;
+}
+
+/// An HTTP/2 connection idle between requests, with only PINGs from its client, is not a
+/// slow head: it stays open past `header_read` and serves its next request.
+#[tokio::test]
+async fn h2_pings_between_requests_are_not_a_slow_head() {
+    let (proxy, _nodes, mut s) = h2_connection_after_one_answer(false).await;
+    // Three PINGs, 200 ms apart: 600 ms without a request, twice `header_read`.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        s.write_all(&h2_frame(6, 0, 0, &[0; 8]))
+            .await
+            .expect("ping");
+    }
+    s.write_all(&h2_frame(1, 0x5, 3, &[0x82, 0x86, 0x84, 0xbe]))
+        .await
+        .expect("write");
+    read_h2_answer(&mut s, 3).await;
+    proxy.stop().await;
+}
+
 /// Finding 1, HTTP/1: half a head, then silence: closed within the head timeout, slot freed.
 #[tokio::test]
 async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {

@@ -53,7 +53,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -88,6 +88,9 @@ pub(crate) struct StreamHints {
     /// Set when the answer hyper writes next is the connection's last and whole in hand (see
     /// [`StreamHints::set_last_answer`]).
     last_answer: AtomicBool,
+    /// HTTP/2: when the request head the client has begun and not finished began (`now_ms`
+    /// scale), 0 while none is: see [`H2Heads`].
+    head_since_ms: AtomicU64,
 }
 
 impl StreamHints {
@@ -118,6 +121,112 @@ impl StreamHints {
     pub(crate) fn last_answer(&self) -> bool {
         self.last_answer.load(Ordering::Relaxed)
     }
+
+    /// HTTP/2: how long the request head the client has begun and not finished has been
+    /// coming, at `now_ms`; `None` while there is none.
+    pub(crate) fn head_open_for(&self, now_ms: u64) -> Option<std::time::Duration> {
+        let since = self.head_since_ms.load(Ordering::Relaxed);
+        (since != 0).then(|| std::time::Duration::from_millis(now_ms.saturating_sub(since)))
+    }
+
+    fn set_head_since(&self, ms: u64) {
+        self.head_since_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// HTTP/2: where the client's frames stand, read as hyper reads them, to tell whether a
+/// request head has begun and not ended: a HEADERS or CONTINUATION frame not whole yet, or a
+/// header block whose END_HEADERS has not come. h2 keeps such a head to itself until it is
+/// whole, so no request is in flight and the connection would count as idle between
+/// requests (`idle`, 60 s) while the head trickles or stalls; the failure model gives a
+/// request head `header_read`, on every stream (`server::idle_watch` reads it here). A frame
+/// of a head counts from its type byte: the three length bytes before it could begin any
+/// frame, and a DATA frame's stall is the request body's timeout (`client_idle`), not this.
+///
+/// Only frame headers are read (9 bytes a frame, the payloads skipped), and the clock only
+/// when a read ends inside a head, which a client sending whole frames never does.
+#[derive(Debug)]
+pub(crate) struct H2Heads {
+    /// Bytes of the connection preface still to pass (it is no frame).
+    preface_left: usize,
+    /// The header of the frame being read, `have` bytes of it so far.
+    head: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to pass.
+    left: usize,
+    /// The current frame is part of a request head (HEADERS or CONTINUATION).
+    in_head_frame: bool,
+    /// A header block has begun without its END_HEADERS.
+    block_open: bool,
+    /// What the hints say now: a head was open at the end of the last read.
+    marked: bool,
+}
+
+impl Default for H2Heads {
+    fn default() -> Self {
+        H2Heads {
+            preface_left: H2_PREFACE.len(),
+            head: [0; 9],
+            have: 0,
+            left: 0,
+            in_head_frame: false,
+            block_open: false,
+            marked: false,
+        }
+    }
+}
+
+impl H2Heads {
+    const HEADERS: u8 = 0x1;
+    const CONTINUATION: u8 = 0x9;
+    const END_HEADERS: u8 = 0x4;
+
+    /// Takes the next bytes the client sent, in order.
+    fn feed(&mut self, mut bytes: &[u8]) {
+        let skip = self.preface_left.min(bytes.len());
+        self.preface_left -= skip;
+        bytes = bytes.get(skip..).unwrap_or_default();
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(bytes.len());
+                self.left -= n;
+                bytes = bytes.get(n..).unwrap_or_default();
+                if self.left == 0 {
+                    self.in_head_frame = false;
+                }
+                continue;
+            }
+            let n = (self.head.len() - self.have).min(bytes.len());
+            if let (Some(to), Some(from)) =
+                (self.head.get_mut(self.have..self.have + n), bytes.get(..n))
+            {
+                to.copy_from_slice(from);
+            }
+            self.have += n;
+            bytes = bytes.get(n..).unwrap_or_default();
+            if self.have < self.head.len() {
+                break;
+            }
+            self.have = 0;
+            let [l0, l1, l2, kind, flags, ..] = self.head;
+            let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+            if Self::is_head(kind) {
+                self.block_open = flags & Self::END_HEADERS == 0;
+                self.in_head_frame = len > 0;
+            }
+            self.left = len;
+        }
+    }
+
+    /// A request head has begun and not ended (a frame of it, or its block, unfinished). A
+    /// frame counts from its type byte, the fourth of its header.
+    fn open(&self) -> bool {
+        self.block_open || self.in_head_frame || (self.have >= 4 && Self::is_head(self.head[3]))
+    }
+
+    fn is_head(kind: u8) -> bool {
+        kind == Self::HEADERS || kind == Self::CONTINUATION
+    }
 }
 
 /// What holds a connection's [`StreamHints`] (its `ConnCtx`): shared with the stream, so no
@@ -135,8 +244,11 @@ pub(crate) struct ClientIo<S> {
     /// goes through.
     yielded: bool,
     /// What the connection's service tells the stream: while parking, a shutdown only
-    /// flushes; the last answer's bytes are written to leave with the FIN.
+    /// flushes; the last answer's bytes are written to leave with the FIN; HTTP/2, when a
+    /// request head began that has not ended.
     hints: Option<HintsRef>,
+    /// HTTP/2: the request heads in the client's frames ([`ClientIo::watch_h2_heads`]).
+    heads: Option<H2Heads>,
 }
 
 impl<S> std::fmt::Debug for ClientIo<S> {
@@ -157,6 +269,33 @@ impl<S> ClientIo<S> {
             batch_writes,
             yielded: true,
             hints: None,
+            heads: None,
+        }
+    }
+
+    /// HTTP/2: from its first bytes on (the preface included), tells the hints when a
+    /// request head has begun and not ended ([`H2Heads`]).
+    pub(crate) fn watch_h2_heads(mut self) -> Self {
+        self.heads = Some(H2Heads::default());
+        self
+    }
+
+    /// Reads `bytes` (just read by hyper) for request heads, and tells the hints when one
+    /// opens or ends.
+    fn saw(&mut self, bytes: &[u8]) {
+        let Some(heads) = self.heads.as_mut() else {
+            return;
+        };
+        heads.feed(bytes);
+        let open = heads.open();
+        if open == heads.marked {
+            return;
+        }
+        heads.marked = open;
+        if let Some(h) = &self.hints {
+            (**h)
+                .as_ref()
+                .set_head_since(if open { crate::clock::now_ms() } else { 0 });
         }
     }
 
@@ -242,7 +381,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for ClientIo<S> {
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, out)
+        let before = out.filled().len();
+        std::task::ready!(Pin::new(&mut self.io).poll_read(cx, out))?;
+        if self.heads.is_some() {
+            self.saw(out.filled().get(before..).unwrap_or_default());
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -492,6 +636,119 @@ mod tests {
             !r.wait_for_bytes().await.expect("wait"),
             "then ended its stream"
         );
+    }
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(payload.len()).expect("small");
+        let mut f = len.to_be_bytes()[1..].to_vec();
+        f.push(kind);
+        f.push(flags);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// `bytes` fed to a tracker in pieces of `size`: whether a head was open after each.
+    fn open_after_each(bytes: &[u8], size: usize) -> Vec<bool> {
+        let mut heads = H2Heads::default();
+        bytes
+            .chunks(size)
+            .map(|c| {
+                heads.feed(c);
+                heads.open()
+            })
+            .collect()
+    }
+
+    /// A head is open from its HEADERS frame's type byte to the end of the frame that
+    /// carries END_HEADERS, however the bytes are cut; the preface, SETTINGS, PING, DATA
+    /// and WINDOW_UPDATE never open one.
+    #[test]
+    fn a_request_head_is_open_from_its_type_byte_to_its_end_headers() {
+        let mut conn = H2_PREFACE.to_vec();
+        conn.extend(frame(4, 0, 0, &[]));
+        conn.extend(frame(6, 0, 0, &[0; 8]));
+        assert!(
+            !open_after_each(&conn, 1).into_iter().any(|o| o),
+            "no head in the preface, SETTINGS or PING"
+        );
+        // HEADERS without END_HEADERS, then a CONTINUATION with it, then a DATA frame.
+        let headers_at = conn.len();
+        conn.extend(frame(1, 0, 1, &[0x82, 0x86]));
+        let continuation_at = conn.len();
+        conn.extend(frame(9, 0x4, 1, &[0x84]));
+        let done_at = conn.len();
+        conn.extend(frame(0, 0x1, 1, b"body"));
+        conn.extend(frame(8, 0, 0, &[0, 0, 1, 0]));
+        let open = open_after_each(&conn, 1);
+        for (i, o) in open.iter().enumerate() {
+            let want = (headers_at + 3..done_at - 1).contains(&i);
+            assert_eq!(*o, want, "after byte {i} (HEADERS at {headers_at}, CONTINUATION at {continuation_at}, END_HEADERS whole at {done_at})");
+        }
+        // Whole frames in one read each: open only between the two frames of the block.
+        let mut heads = H2Heads::default();
+        heads.feed(&conn[..continuation_at]);
+        assert!(heads.open(), "block open after HEADERS without END_HEADERS");
+        heads.feed(&conn[continuation_at..]);
+        assert!(!heads.open(), "closed by the CONTINUATION's END_HEADERS");
+        // A HEADERS frame with END_HEADERS, cut in its payload, is open until it is whole.
+        let mut heads = H2Heads::default();
+        let mut one = H2_PREFACE.to_vec();
+        one.extend(frame(1, 0x5, 1, &[0x82, 0x86, 0x84]));
+        heads.feed(&one[..one.len() - 1]);
+        assert!(heads.open(), "a HEADERS frame not whole is an open head");
+        heads.feed(&one[one.len() - 1..]);
+        assert!(!heads.open(), "whole with END_HEADERS: closed");
+    }
+
+    /// Any bytes at all, a frame claiming 16 MiB included, are taken without a panic, and a
+    /// frame's payload is skipped by its length, never read as frames.
+    #[test]
+    fn any_bytes_are_taken_and_payloads_skipped() {
+        let mut heads = H2Heads::default();
+        heads.feed(H2_PREFACE);
+        // A DATA frame whose payload looks like an open HEADERS frame.
+        heads.feed(&frame(0, 0, 1, &frame(1, 0, 3, &[1, 2, 3])));
+        assert!(!heads.open(), "a payload is not read as frames");
+        heads.feed(&[0xff, 0xff, 0xff, 1, 0, 0, 0, 0, 5]);
+        heads.feed(&[0xab; 4096]);
+        assert!(heads.open(), "inside a 16 MiB HEADERS frame");
+        let mut junk = H2Heads::default();
+        for b in 0..=255u8 {
+            junk.feed(&[b; 37]);
+        }
+        let _ = junk.open();
+    }
+
+    /// The hints learn when a head opens (the clock of the moment) and when it ends, from
+    /// the bytes hyper reads through the stream.
+    #[tokio::test(start_paused = true)]
+    async fn the_hints_know_how_long_a_head_has_been_open() {
+        let mut bytes = H2_PREFACE.to_vec();
+        bytes.extend(frame(4, 0, 0, &[]));
+        let head = frame(1, 0x5, 1, &[0x82, 0x86, 0x84]);
+        bytes.extend(&head[..5]);
+        let stream = scripted(&[Some(&bytes), None, Some(&head[5..])]);
+        let hints = Arc::new(Hinted(StreamHints::default()));
+        let mut io = ClientIo::new(stream, false)
+            .watch_h2_heads()
+            .with_hints(Arc::clone(&hints) as HintsRef);
+        let mut buf = vec![0u8; 256];
+        let n = io.read(&mut buf).await.expect("read");
+        assert_eq!(n, bytes.len());
+        let t0 = crate::clock::now_ms();
+        assert_eq!(
+            hints.0.head_open_for(t0),
+            Some(std::time::Duration::ZERO),
+            "open as the read ended inside the HEADERS frame"
+        );
+        assert_eq!(
+            hints.0.head_open_for(t0 + 700),
+            Some(std::time::Duration::from_millis(700))
+        );
+        let n = io.read(&mut buf).await.expect("read");
+        assert_eq!(n, head.len() - 5);
+        assert_eq!(hints.0.head_open_for(t0 + 700), None, "whole: no head open");
     }
 
     /// A connection's [`StreamHints`], as its `ConnCtx` holds them.

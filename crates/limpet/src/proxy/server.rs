@@ -472,13 +472,31 @@ async fn stall_watch(ctx: &ConnCtx) {
 /// half a head did: the lower of the two limits. This is the request-head clock of an
 /// HTTP/1 connection; hyper's own (`header_read_timeout`) is not set, as it would take a
 /// boxed timer and a clock reading for every request for the same rule.
+///
+/// HTTP/2: a request head the client has begun and not finished (a HEADERS frame not whole,
+/// or a header block without its END_HEADERS: `client_io::H2Heads`) may take `header_read`
+/// from its first bytes, whatever else is in flight; h2 surfaces no request until its head
+/// is whole, so without this a stalled head on a later stream would count as idle time and
+/// hold the connection for `idle`. It is looked at every quarter of `header_read`, so it is
+/// closed within 1.25 `header_read`.
 async fn idle_watch(ctx: &ConnCtx, h1: bool) {
     let t = ctx.shared.timeouts;
     // Re-check at least this often, so a first request arriving mid-sleep switches the limit
     // from header_read to keep_alive_idle without waiting out the longer one.
-    let step = t.header_read.min(t.keep_alive_idle);
+    let mut step = t.header_read.min(t.keep_alive_idle);
+    if !h1 {
+        step = step.min((t.header_read / 4).max(Duration::from_millis(25)));
+    }
     let between = if h1 { step } else { t.keep_alive_idle };
     loop {
+        if !h1 {
+            if let Some(open) = ctx.hints.head_open_for(crate::clock::now_ms()) {
+                if open >= t.header_read {
+                    tracing::debug!(peer = %ctx.peer, "an HTTP/2 request head unfinished for header_read: connection closed");
+                    return;
+                }
+            }
+        }
         let limit = if ctx.served.load(Ordering::Relaxed) == 0 {
             t.header_read
         } else {
@@ -744,6 +762,10 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     // future) does not have their size: 3,552 bytes with them inline, 2,320 boxed
     // (`-Zprint-type-sizes`; the HTTP/2 one alone is 1,528).
     if h2 {
+        // Its request heads are watched for `idle_watch` (a head begun and not ended).
+        let io = io
+            .watch_h2_heads()
+            .with_hints(Arc::clone(&ctx) as super::client_io::HintsRef);
         let mut conn = Box::pin(builder.h2.serve_connection(TokioIo::new(io), svc));
         let _ = run_connection(&ctx, &mut draining, conn.as_mut(), false).await;
         return;
