@@ -266,6 +266,32 @@ fn bad_values_name_their_key_and_line() {
     );
     assert!(e.contains("is not a duration"), "{e}");
 
+    // A duration too long for a deadline (each segment fits, the sum would overflow
+    // `Instant` arithmetic or the checks' jitter): refused, with its key and line.
+    let long = "9223372036854775ms".repeat(3);
+    for (key, text) in [
+        (
+            "health.interval",
+            format!("{NODES}[health]\ninterval = \"{long}\"\n"),
+        ),
+        (
+            "health.jitter",
+            format!("{NODES}[health]\njitter = \"3651d\"\n"),
+        ),
+    ] {
+        let e = error(&text);
+        let value = text
+            .lines()
+            .last()
+            .and_then(|l| l.split_once("= "))
+            .map_or("", |(_, v)| v);
+        assert!(
+            e.starts_with(&format!("{}{key}: ", at(&text, value))),
+            "{e}"
+        );
+        assert!(e.contains("longer than 3650d"), "{e}");
+    }
+
     let text = "[[nodes]]\nname = \"a\"\naddress = \"10.0.0.1:80\"\n[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
     let e = error(text);
     assert!(

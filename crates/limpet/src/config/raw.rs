@@ -383,7 +383,13 @@ impl<'de> Deserialize<'de> for RawNodePort {
     }
 }
 
-/// Parses `<number><unit>` segments (`ms`, `s`, `m`, `h`, `d`), summed.
+/// The longest duration a config takes: ten years. Longer ones are refused, not clamped: a
+/// deadline that far off overflows `Instant` arithmetic (`Instant + Duration` panics) and
+/// the health checks' microsecond jitter (`i64`), and no timeout needs it.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
+
+/// Parses `<number><unit>` segments (`ms`, `s`, `m`, `h`, `d`), summed; at most ten years
+/// (`3650d`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad =
         || format!("{s:?} is not a duration (write e.g. \"30m\", \"5s\", \"250ms\", \"1h30m\")");
@@ -419,6 +425,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .checked_add(Duration::from_millis(add))
             .ok_or_else(bad)?;
     }
+    if total > MAX_DURATION {
+        return Err(format!(
+            "{s:?} is longer than 3650d, the longest duration limpet takes"
+        ));
+    }
     Ok(total)
 }
 
@@ -434,6 +445,16 @@ mod tests {
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
         for bad in ["", "5", "m", "5x", "-5s", "1.5s", "99999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration("3650d"), Ok(MAX_DURATION));
+        // Each segment fits, the sum does not: refused, not left to overflow a deadline.
+        for long in [
+            "3650d1ms",
+            "18446744073709551615ms",
+            &"9223372036854775ms".repeat(3),
+        ] {
+            let e = parse_duration(long).expect_err(long);
+            assert!(e.contains("longer than 3650d"), "{long}: {e}");
         }
     }
 

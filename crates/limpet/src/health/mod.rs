@@ -464,15 +464,17 @@ pub fn next_delay(interval: Duration, jitter: Duration, rng: &mut impl Rng) -> D
     if jitter.is_zero() {
         return interval;
     }
-    let j = jitter.as_micros() as i64;
+    // A config's durations are at most ten years (`config::raw::MAX_DURATION`), about
+    // 3.2e14 µs: far inside `i64`, so neither the range nor the sum can overflow.
+    let j = i64::try_from(jitter.as_micros()).unwrap_or(i64::MAX / 4);
     let offset = rng.gen_range(-j..=j);
-    let base = interval.as_micros() as i64;
-    Duration::from_micros((base + offset).max(1_000) as u64)
+    let base = i64::try_from(interval.as_micros()).unwrap_or(i64::MAX / 4);
+    Duration::from_micros(u64::try_from(base.saturating_add(offset).max(1_000)).unwrap_or(1_000))
 }
 
 /// The wait before a check's first run: a uniformly random part of one interval.
 pub fn first_delay(interval: Duration, rng: &mut impl Rng) -> Duration {
-    let us = interval.as_micros() as u64;
+    let us = u64::try_from(interval.as_micros()).unwrap_or(u64::MAX);
     if us == 0 {
         return Duration::ZERO;
     }
