@@ -43,6 +43,49 @@ async fn fresh_clients_spread_over_all_nodes_and_a_jar_client_stays() {
     proxy.stop().await;
 }
 
+/// The failure model's "node answers 5xx": the answer reaches the client as the node gave
+/// it (status, body, the node's own header), from the pinned node and no other (not retried
+/// elsewhere), and the session stays pinned: no Set-Cookie, and after more 5xx answers in a
+/// row than `fall` the next request still goes to that node (a 5xx is an answer, not a
+/// failure of the node).
+#[tokio::test]
+async fn a_node_s_5xx_answers_pass_through_and_the_session_stays_pinned() {
+    let ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let client = jar_client();
+    let first = client.get(proxy.url("/")).send().await.expect("get");
+    let pinned = node_of(&first);
+    assert!(set_cookie(&first).is_some(), "pinned by the first answer");
+    for status in [500u16, 502, 503, 500, 500, 504] {
+        let resp = client
+            .get(proxy.url(&format!("/status/{status}")))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status().as_u16(), status, "the node's status as it is");
+        assert_eq!(
+            node_of(&resp),
+            pinned,
+            "from the pinned node, not retried elsewhere"
+        );
+        assert!(set_cookie(&resp).is_none(), "a 5xx does not move the pin");
+        assert_eq!(
+            resp.text().await.expect("body"),
+            format!("node {pinned}: status {status}\n"),
+            "the node's own body"
+        );
+    }
+    let after = client.get(proxy.url("/")).send().await.expect("get");
+    assert_eq!(after.status(), 200);
+    assert_eq!(
+        node_of(&after),
+        pinned,
+        "still pinned after six 5xx answers"
+    );
+    assert!(set_cookie(&after).is_none());
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn set_cookie_attributes_and_cache_control() {
     let ns = nodes(&["a"]).await;
