@@ -41,14 +41,7 @@ async fn every_documented_family_is_scraped_before_anything_happened() {
         ),
     );
     let l = Limpet::start(&cfg).await;
-    let text = bare_client()
-        .get(l.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = metrics_text(&l).await;
     l.stop().await;
 
     for (name, kind) in &families {

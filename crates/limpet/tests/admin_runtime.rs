@@ -91,14 +91,7 @@ async fn drain_keeps_pins_then_the_deadline_repins_and_maint_repins_at_once() {
     assert_eq!((node.as_str(), set.as_deref()), ("b", Some("route=b")));
 
     // The outcomes are counted.
-    let metrics = bare_client()
-        .get(l.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_default();
+    let metrics = metrics_text(&l).await;
     for want in [
         r#"limpet_pins_total{listener="web",outcome="repinned",reason="drain-ended"} 1"#,
         r#"limpet_pins_total{listener="web",outcome="repinned",reason="node-maint"} 1"#,
@@ -217,17 +210,7 @@ async fn an_http_check_takes_a_dead_node_down_and_the_api_shows_why() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     nodes[1].kill().await;
-    let v = loop {
-        let v = node_view(&l, "b").await;
-        if v["state"] == "DOWN" {
-            break v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "b never went DOWN: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let v = wait_state(&l, "b", "DOWN").await;
     assert_eq!(v["healthy"], false);
     assert!(
         v["checks"][0]["last_error"]
@@ -244,19 +227,45 @@ async fn an_http_check_takes_a_dead_node_down_and_the_api_shows_why() {
             "a"
         );
     }
-    let metrics = bare_client()
-        .get(l.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_default();
+    let metrics = metrics_text(&l).await;
     assert!(
         metrics.contains(r#"limpet_health_transitions_total{node="b",to="down"} 1"#),
         "{metrics}"
     );
+
+    // The failure model's flapping node: back (UP after `rise`), then dead again (DOWN
+    // after `fall`). Each change is counted, in the API and in the metrics.
+    let ip = nodes[1].ip;
+    nodes[1] = backend_node_again("b", ip, port).await;
+    wait_state(&l, "b", "UP").await;
+    nodes[1].kill().await;
+    let v = wait_state(&l, "b", "DOWN").await;
+    assert_eq!(v["checks"][0]["transitions"], 3, "down, up, down: {v}");
+    let metrics = metrics_text(&l).await;
+    for line in [
+        r#"limpet_health_transitions_total{node="b",to="down"} 2"#,
+        r#"limpet_health_transitions_total{node="b",to="up"} 1"#,
+        r#"limpet_health_transitions_total{node="a",to="down"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
     l.stop().await;
+}
+
+/// Waits (bounded) until node `name`'s state is `state`; its view then.
+async fn wait_state(l: &Limpet, name: &str, state: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = node_view(l, name).await;
+        if v["state"] == state {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never went {state}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -99,14 +99,7 @@ async fn reloads_under_load_fail_no_request_and_keep_every_pin() {
     );
     assert_eq!(served.load(Ordering::Relaxed), 8 * 150);
     assert_eq!(node_view(&l, "b").await["state"], "DRAIN", "state kept");
-    let metrics = bare_client()
-        .get(l.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_default();
+    let metrics = metrics_text(&l).await;
     assert!(
         metrics.contains(r#"limpet_config_reloads_total{result="ok"} 5"#),
         "{metrics}"

@@ -57,6 +57,14 @@ fn serve(name: &str, ip: IpAddr, l: TcpListener) -> BackendNode {
     }
 }
 
+/// Starts demo node `name` again on `ip:port` (after [`BackendNode::kill`]).
+pub async fn backend_node_again(name: &str, ip: IpAddr, port: u16) -> BackendNode {
+    let l = TcpListener::bind(SocketAddr::new(ip, port))
+        .await
+        .unwrap_or_else(|e| panic!("rebind {ip}:{port}: {e}"));
+    serve(name, ip, l)
+}
+
 /// Starts demo nodes on these loopback addresses, all on one port (returned).
 pub async fn backend_nodes(nodes: &[(&str, &str)]) -> (Vec<BackendNode>, u16) {
     'attempt: for _ in 0..50 {
@@ -224,6 +232,18 @@ pub async fn set_state(l: &Limpet, node: &str, body: &str) -> serde_json::Value 
     assert_eq!(r.status().as_u16(), 200, "set {node} {body}");
     let b = r.bytes().await.unwrap_or_default();
     serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
+}
+
+/// The admin listener's `/metrics` text.
+pub async fn metrics_text(l: &Limpet) -> String {
+    bare_client()
+        .get(l.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub async fn admin_json(l: &Limpet, path: &str) -> serde_json::Value {
