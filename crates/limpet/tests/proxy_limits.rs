@@ -335,3 +335,62 @@ async fn shutdown_drains_in_flight_requests() {
     // And the listener is gone.
     assert!(TcpStream::connect(addr).await.is_err());
 }
+
+/// The failure model's shutdown: in-flight requests get `timeouts.drain`, no more. A request
+/// whose node never answers is cut at the drain deadline: the proxy has stopped by then, the
+/// client gets no answer, and the node's connection is closed.
+#[tokio::test]
+async fn shutdown_cuts_a_request_still_in_flight_at_the_drain_deadline() {
+    const DRAIN: Duration = Duration::from_millis(300);
+    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = node.local_addr().expect("addr");
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+    // A node that takes the request and never answers; it reports when its connection ends.
+    let hung = tokio::spawn(async move {
+        let (mut s, _) = node.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the proxy closed before the head was whole");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let _ = seen_tx.send(());
+        // Returns once the proxy closes its side.
+        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+    });
+    let mut cfg = limpet::proxy::ProxyConfig::new(vec![NodeConfig {
+        name: "hung".into(),
+        addr,
+    }]);
+    cfg.timeouts.drain = DRAIN;
+    let proxy = Proxy::start(cfg).await;
+    let url = proxy.url("/");
+    let client = tokio::spawn(async move { plain_client().get(url).send().await });
+    tokio::time::timeout(PATIENCE, seen_rx)
+        .await
+        .expect("the request reaches the node")
+        .expect("seen");
+
+    let stopping = tokio::time::Instant::now();
+    proxy.stop().await;
+    let took = stopping.elapsed();
+    assert!(
+        took >= DRAIN && took < DRAIN + Duration::from_millis(1500),
+        "stopped {took:?} after the shutdown began (drain {DRAIN:?})"
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(5), client)
+        .await
+        .expect("the client's request ends with the shutdown")
+        .expect("task");
+    assert!(
+        answer.is_err(),
+        "no answer was given, so the request fails: {answer:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), hung)
+        .await
+        .expect("the node's connection is closed")
+        .expect("node task");
+}
