@@ -166,6 +166,16 @@ impl Quick {
             .map_or("?", |v| v.state.as_str())
     }
 
+    /// When traffic may next try `node`, DOWN without checks (`now_ms` scale); `None` if UP.
+    fn trial_at(&self, node: &str) -> Option<u64> {
+        self.runtime
+            .state()
+            .node_views()
+            .into_iter()
+            .find(|v| v.name == node)
+            .and_then(|v| v.status.health.retry_at_ms(v.status.policy))
+    }
+
     async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -503,6 +513,18 @@ async fn await_state(
 // ---------------------------------------------------------------------------------------
 
 const FAIL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The config `limpet proxy --listen 127.0.0.1:0 ARGS...` runs with.
+fn quick_config(args: &[&str]) -> limpet::proxy::ProxyConfig {
+    let argv = ["limpet-proxy", "--listen", "127.0.0.1:0"]
+        .into_iter()
+        .chain(args.iter().copied());
+    QuickCli::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("args: {e}"))
+        .proxy
+        .to_config()
+        .unwrap_or_else(|e| panic!("to_config: {e}"))
+}
 /// Scheduling slack on a busy two-core machine.
 const SLACK: Duration = Duration::from_millis(1500);
 
@@ -510,20 +532,7 @@ const SLACK: Duration = Duration::from_millis(1500);
 async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its_restart() {
     let mut node = Backend::start("n").await;
     let node_addr = node.addr;
-    let cli = QuickCli::try_parse_from([
-        "limpet-proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--to",
-        &format!("n={node_addr}"),
-        "--fail-timeout",
-        "1s",
-    ])
-    .unwrap_or_else(|e| panic!("args: {e}"));
-    let cfg = cli
-        .proxy
-        .to_config()
-        .unwrap_or_else(|e| panic!("to_config: {e}"));
+    let cfg = quick_config(&["--to", &format!("n={node_addr}"), "--fail-timeout", "1s"]);
     assert_eq!(
         cfg.health.fail_timeout_ms, 1000,
         "--fail-timeout reaches the config"
@@ -593,6 +602,65 @@ async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its
     eprintln!("node back {back_after:?} after its restart (fail_timeout {FAIL_TIMEOUT:?})");
     proxy.stop().await;
     node.kill().await;
+}
+
+/// The failure model's "node comes back, no active checks", when it has not come back: the
+/// trial after `fail_timeout` finds it still refusing, the trial's request fails over to the
+/// other node (the client sees a 200), and the node stays DOWN with its next trial a
+/// `fail_timeout` later. No request fails at any point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trial_of_a_node_still_dead_fails_over_and_the_node_stays_down() {
+    let mut dead = Backend::start("n").await;
+    let alive = Backend::start("m").await;
+    let cfg = quick_config(&[
+        "--to",
+        &format!("n={}", dead.addr),
+        "--to",
+        &format!("m={}", alive.addr),
+        "--fail-timeout",
+        "1s",
+    ]);
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let c = fresh_client();
+    dead.kill().await;
+    // Fresh clients go round both nodes; n's refused connects fail over to m until it is DOWN.
+    for _ in 0..(2 * fall + 10) {
+        assert_eq!(get(&c, &proxy.url()).await, Ok((200, "m".to_owned())));
+        if proxy.state_of("n") == "DOWN" {
+            break;
+        }
+    }
+    assert_eq!(proxy.state_of("n"), "DOWN", "refused connects take n DOWN");
+    let first = proxy.trial_at("n").expect("a trial is planned");
+
+    // Requests go on; once the trial is due one of them tries n, is refused, and fails over.
+    let deadline = Instant::now() + FAIL_TIMEOUT + SLACK;
+    let next = loop {
+        assert_eq!(
+            get(&c, &proxy.url()).await,
+            Ok((200, "m".to_owned())),
+            "every request is served, the trial's too"
+        );
+        match proxy.trial_at("n") {
+            Some(at) if at > first => break at,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no trial within fail_timeout ({FAIL_TIMEOUT:?}) + {SLACK:?}; n is {}",
+            proxy.state_of("n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(proxy.state_of("n"), "DOWN", "a refused trial keeps n DOWN");
+    let waited = next - first;
+    assert!(
+        waited >= 1000 && waited < 1000 + SLACK.as_millis() as u64,
+        "the trial came a fail_timeout after n went DOWN, and the next one is planned a \
+         fail_timeout after it: the two {waited} ms apart"
+    );
+    proxy.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
