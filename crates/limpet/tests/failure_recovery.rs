@@ -565,6 +565,11 @@ async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its
         statuses.iter().all(|s| *s == Ok(503)),
         "503 while the only node is dead: {statuses:?}"
     );
+    assert_eq!(
+        statuses.len(),
+        fall as usize,
+        "DOWN at the `fall`-th refused connect, not before or after: {statuses:?}"
+    );
 
     // The node restarts on the same port. Within fail_timeout one connection tries it, the
     // connect succeeds, and it serves again.
