@@ -99,31 +99,31 @@ async fn h2_headers_without_end_headers_then_silence_closes_the_connection_and_f
     proxy.stop().await;
 }
 
+/// The next HTTP/2 frame from `s`, as (type, flags, stream, payload); `None` once it closed.
+async fn read_h2_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).await.ok()?;
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await.ok()?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some((head[3], head[4], stream, payload))
+}
+
 /// Reads HTTP/2 frames until stream `id`'s answer has ended (a frame of it with END_STREAM).
 async fn read_h2_answer(s: &mut TcpStream, id: u32) {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let mut at = 0;
-        while let Some(head) = got.get(at..at + 9) {
-            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-            let (kind, flags) = (head[3], head[4]);
-            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-            if got.len() < at + 9 + len {
-                break;
-            }
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (kind, flags, stream, _) = read_h2_frame(s)
+                .await
+                .unwrap_or_else(|| panic!("closed before stream {id}'s answer ended"));
             if stream == id && (kind == 0 || kind == 1) && flags & 0x1 != 0 {
                 return;
             }
-            at += 9 + len;
         }
-        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
-            .await
-            .expect("answer in time")
-            .expect("read");
-        assert!(n > 0, "closed before stream {id}'s answer ended");
-        got.extend_from_slice(&buf[..n]);
-    }
+    })
+    .await
+    .expect("answer in time");
 }
 
 /// A proxy with a 300 ms head timeout and a 30 s idle one (one client connection at most,
@@ -454,12 +454,8 @@ async fn h2_max_streams(addr: SocketAddr) -> Option<u32> {
     s.write_all(&hello).await.expect("write");
     tokio::time::timeout(SOON, async {
         loop {
-            let mut head = [0u8; 9];
-            s.read_exact(&mut head).await.ok()?;
-            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-            let mut payload = vec![0u8; len];
-            s.read_exact(&mut payload).await.ok()?;
-            if head[3] == 4 && head[4] & 1 == 0 {
+            let (kind, flags, _, payload) = read_h2_frame(&mut s).await?;
+            if kind == 4 && flags & 1 == 0 {
                 return payload.chunks_exact(6).find_map(|e| {
                     (u16::from_be_bytes([e[0], e[1]]) == 3)
                         .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
@@ -484,6 +480,96 @@ async fn h2_concurrent_streams_default_to_100_and_are_configurable() {
     cfg.limits.h2_max_concurrent_streams = 7;
     let proxy = Proxy::start(cfg).await;
     assert_eq!(h2_max_streams(proxy.addr).await, Some(7));
+    proxy.stop().await;
+}
+
+/// Finding 2, enforced: a client that opens more streams than the listener allows (it
+/// ignores the SETTINGS it acknowledged, as an attacker would) has the extra ones refused
+/// (RST_STREAM), and they open no node connection: at most the limit reach the node.
+#[tokio::test]
+async fn h2_streams_beyond_the_limit_are_refused_and_reach_no_node() {
+    const LIMIT: usize = 4;
+    // A node that takes each request and never answers; it reports every head it gets.
+    let node = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = node.local_addr().expect("addr");
+    let (heads_tx, mut heads) = mpsc::channel(64);
+    let _node = tokio::spawn(async move {
+        while let Ok((mut s, _)) = node.accept().await {
+            let heads_tx = heads_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut seen = Vec::new();
+                let mut told = false;
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if !told && seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        told = true;
+                        let _ = heads_tx.send(()).await;
+                    }
+                }
+            });
+        }
+    });
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "hold".into(),
+        addr,
+    }]);
+    cfg.limits.h2_max_concurrent_streams = u32::try_from(LIMIT).expect("small");
+    let proxy = Proxy::start(cfg).await;
+
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&hello).await.expect("write");
+    // The proxy's SETTINGS, acknowledged: its limit is in force.
+    let settings = tokio::time::timeout(SOON, async {
+        loop {
+            let (kind, flags, _, _) = read_h2_frame(&mut s).await.expect("frame");
+            if kind == 4 && flags & 1 == 0 {
+                return;
+            }
+        }
+    });
+    settings.await.expect("the proxy's SETTINGS");
+    let mut streams = h2_frame(4, 1, 0, &[]);
+    let ids: Vec<u32> = (0..LIMIT as u32 + 2).map(|i| 2 * i + 1).collect();
+    for id in &ids {
+        // :method GET, :scheme http, :path /, :authority t; END_HEADERS and END_STREAM.
+        streams.extend(h2_frame(1, 0x5, *id, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    }
+    s.write_all(&streams).await.expect("write");
+
+    let extra = &ids[LIMIT..];
+    let mut refused = Vec::new();
+    tokio::time::timeout(SOON, async {
+        while refused.len() < extra.len() {
+            let (kind, _, stream, payload) = read_h2_frame(&mut s).await.expect("frame");
+            if kind == 3 {
+                assert!(
+                    extra.contains(&stream),
+                    "stream {stream} reset, within the limit"
+                );
+                assert_eq!(payload, 7u32.to_be_bytes(), "REFUSED_STREAM");
+                refused.push(stream);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("extra streams {extra:?} not refused; refused {refused:?}"));
+    for i in 0..LIMIT {
+        tokio::time::timeout(SOON, heads.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {i} of {LIMIT} requests reached the node"));
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), heads.recv())
+            .await
+            .is_err(),
+        "a request beyond the limit reached the node"
+    );
     proxy.stop().await;
 }
 
