@@ -518,6 +518,8 @@ async fn h2_streams_beyond_the_limit_are_refused_and_reach_no_node() {
         addr,
     }]);
     cfg.limits.h2_max_concurrent_streams = u32::try_from(LIMIT).expect("small");
+    // The held requests are cut at shutdown, not waited for.
+    cfg.timeouts.drain = Duration::from_millis(200);
     let proxy = Proxy::start(cfg).await;
 
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
