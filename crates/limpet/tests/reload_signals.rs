@@ -197,3 +197,74 @@ async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
     // Nothing accepts any more.
     assert!(tokio::net::TcpStream::connect(web).await.is_err());
 }
+
+/// The node `client_ip`'s request lands on (a fresh client from that address).
+async fn node_for(client_ip: &str, web: SocketAddr) -> String {
+    let ip: std::net::IpAddr = client_ip.parse().unwrap_or_else(|e| panic!("{e}"));
+    let c = reqwest::Client::builder()
+        .local_address(ip)
+        .timeout(PATIENCE)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = c
+        .get(format!("http://{web}/"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    r.headers()
+        .get("x-limpet-node")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The failure model's crash and restart: a `limpet run` killed with SIGKILL (no shutdown,
+/// no final save) comes back with the pins of its last periodic snapshot, which it writes
+/// every `snapshot_interval` (1 s here, the least allowed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_and_restart_brings_the_pins_back_from_the_periodic_snapshot() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let text = format!(
+        "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"t.snapshot\"\n\
+         snapshot_interval = \"1s\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+         node_port = {port}\ntable = \"t\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES[..2])
+    );
+    let cfg = ConfigFile::new("crash", &text);
+    let snap = cfg.dir.join("t.snapshot");
+    let (proc, web, _) = run(&cfg).await;
+    // Two clients, pinned in rotation order: the second is on the node a fresh start does
+    // not give first.
+    let first = node_for("127.0.0.91", web).await;
+    let second = node_for("127.0.0.92", web).await;
+    assert_ne!(first, second);
+    let pinned_at = std::time::SystemTime::now();
+
+    // A save after the pins, within the interval and some slack.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1000 + 2000);
+    loop {
+        let saved_after = std::fs::metadata(&snap)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > pinned_at);
+        if saved_after {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no snapshot saved within snapshot_interval (1 s) + 2 s of the pins"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The crash: SIGKILL, reaped.
+    signal(&proc.0, "KILL");
+    drop(proc);
+
+    let (_proc, web, _) = run(&cfg).await;
+    assert_eq!(
+        node_for("127.0.0.92", web).await,
+        second,
+        "the second client comes first after the restart and keeps its node"
+    );
+    assert_eq!(node_for("127.0.0.91", web).await, first);
+}

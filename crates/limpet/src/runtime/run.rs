@@ -205,21 +205,30 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
             // Expired entries are also dropped by lookups that meet them; this bounds the
             // memory of entries nobody looks up again, with bounded work per tick.
             let purge_every = Duration::from_secs(10);
+            // `snapshot_interval` on its own clock, not rounded up to the purge's ticks (a
+            // 1 s interval used to save every 10 s).
             let save_every = table.def.snapshot.as_ref().and_then(|s| s.interval);
-            let mut last_save = tokio::time::Instant::now();
+            let start = tokio::time::Instant::now();
+            let mut next_purge = start + purge_every;
+            let mut next_save = save_every.map(|every| start + every);
             loop {
+                let wake = next_save.map_or(next_purge, |at| at.min(next_purge));
                 tokio::select! {
                     () = super::stopped(&mut stop) => return,
-                    () = tokio::time::sleep(purge_every) => {}
+                    () = tokio::time::sleep_until(wake) => {}
                 }
-                limpet_core::table::AffinityStore::purge_expired(
-                    table.lock().store_mut(),
-                    now_ms(),
-                    10_000,
-                );
-                if let Some(every) = save_every {
-                    if last_save.elapsed() >= every {
-                        last_save = tokio::time::Instant::now();
+                let now = tokio::time::Instant::now();
+                if now >= next_purge {
+                    next_purge = now + purge_every;
+                    limpet_core::table::AffinityStore::purge_expired(
+                        table.lock().store_mut(),
+                        now_ms(),
+                        10_000,
+                    );
+                }
+                if let (Some(at), Some(every)) = (next_save, save_every) {
+                    if now >= at {
+                        next_save = Some(now + every);
                         let t = Arc::clone(&table);
                         // File I/O off the async workers.
                         let _ = tokio::task::spawn_blocking(move || save_snapshot(&t)).await;
