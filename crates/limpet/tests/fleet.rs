@@ -233,6 +233,17 @@ async fn fleet_with(tag: &str, timeout: &str) -> (Redis, Vec<TestNode>, Instance
     (redis, nodes, a, b)
 }
 
+/// `src`'s first request through `inst`; returns its node once the pin is in the store.
+async fn pin_in_store(inst: &Instance, redis: &Redis, src: &str) -> String {
+    let n = inst.http(src).await;
+    let key = format!("limpet:terminal:ip:{src}");
+    until("the pin reaches the store", async || {
+        redis.get(&key).await.is_some()
+    })
+    .await;
+    n
+}
+
 async fn stop(redis: Redis, mut nodes: Vec<TestNode>, a: Instance, b: Instance) {
     a.running.stop().await;
     b.running.stop().await;
@@ -382,13 +393,7 @@ async fn killing_the_store_under_load_fails_no_request_and_a_restart_converges()
     let srcs: Vec<String> = (0..8).map(|i| format!("127.0.5.{}", 10 + i)).collect();
     let mut pinned = Vec::new();
     for src in &srcs {
-        let n = a.http(src).await;
-        let key = format!("limpet:terminal:ip:{src}");
-        until("the pin reaches the store", async || {
-            redis.get(&key).await.is_some()
-        })
-        .await;
-        pinned.push(n);
+        pinned.push(pin_in_store(&a, &redis, src).await);
     }
     // Bounded load through both instances and both protocols; the store dies a third of the
     // way in. Every request must be answered by the client's node.
@@ -458,6 +463,53 @@ async fn killing_the_store_under_load_fails_no_request_and_a_restart_converges()
         assert_eq!(b.tcp(src).await, n, "{src}");
     }
     assert!(a.status().errors >= 1 && a.status().republished >= 1);
+    stop(redis, nodes, a, b).await;
+}
+
+/// The failure model's slow store: a store that stops answering (SIGSTOP: connections open,
+/// nothing comes back) costs a request at most the store's operation timeout (200 ms here),
+/// and no request fails: pinned clients keep their node, new ones are pinned locally. Once
+/// it answers again, both instances see it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_answering_costs_a_request_at_most_its_timeout() {
+    const OP_TIMEOUT: Duration = Duration::from_millis(200);
+    const SLACK: Duration = Duration::from_millis(800);
+    let (redis, nodes, a, b) = fleet_with("slow", "200ms").await;
+    let srcs: Vec<String> = (0..4).map(|i| format!("127.0.7.{}", 10 + i)).collect();
+    let mut pinned = Vec::new();
+    for src in &srcs {
+        let n = pin_in_store(&a, &redis, src).await;
+        // b learns it from the store: both instances hold it locally before the store hangs.
+        assert_eq!(b.http(src).await, n, "{src} through b");
+        pinned.push(n);
+    }
+    redis.pause();
+    for i in 0..16usize {
+        let k = i % srcs.len();
+        let inst = if i % 2 == 0 { &a } else { &b };
+        let t = tokio::time::Instant::now();
+        assert_eq!(inst.http(&srcs[k]).await, pinned[k], "request {i}");
+        assert!(
+            t.elapsed() < OP_TIMEOUT + SLACK,
+            "request {i}: {:?}",
+            t.elapsed()
+        );
+        // A client never seen: its first request asks the hung store, and is answered
+        // once the operation timeout has passed at most.
+        let fresh = format!("127.0.9.{}", 10 + i);
+        let t = tokio::time::Instant::now();
+        assert!(!inst.http(&fresh).await.is_empty(), "new client {fresh}");
+        assert!(
+            t.elapsed() < OP_TIMEOUT + SLACK,
+            "new client {fresh}: {:?}",
+            t.elapsed()
+        );
+    }
+    redis.resume();
+    until("both instances see the store up", async || {
+        a.store_up() && b.store_up()
+    })
+    .await;
     stop(redis, nodes, a, b).await;
 }
 

@@ -68,6 +68,26 @@ impl Redis {
         let _ = self.child.wait();
     }
 
+    /// `kill -STOP`: the process stops answering; its connections stay open and nothing
+    /// comes back on them (a store that hangs, not one that is gone).
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// `kill -CONT`: it answers again, the requests that waited first.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} redis-server");
+    }
+
     /// The server's count of connections it ever accepted.
     pub async fn connections_received(&self) -> u64 {
         self.stat("total_connections_received").await
