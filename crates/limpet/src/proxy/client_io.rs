@@ -1,6 +1,6 @@
 //! The byte stream of an HTTP client connection as hyper sees it: the accepted stream (TLS
 //! or not) under the write deadline, with three changes to when reads and writes reach the
-//! socket. None changes what is read or written. It also outlives hyper's HTTP/1
+//! socket and one watch on what an HTTP/2 client sends. None changes what is read or written. It also outlives hyper's HTTP/1
 //! connection when an idle one is parked (`server`): its shutdown is then only a flush
 //! ([`StreamHints`]), [`ClientIo::wait_for_bytes`] waits for the client with nothing
 //! allocated, and what hyper had read but not parsed is put back in front.
@@ -36,6 +36,10 @@
 //!   alternating runs each): processes woken per request 0.14 -> 0.09 on `sticky` and 0.27
 //!   -> 0.15 on `plain`, system CPU per request 5% lower, requests/s 4% (`sticky`) and 6%
 //!   (`plain`) higher. Holding back writes to nodes the same way gained nothing.
+//! - **HTTP/2 request heads are watched, not changed.** The frame headers of what the client
+//!   sends are read as hyper reads them ([`H2Heads`]), so that a request head begun and not
+//!   finished is given `header_read` (`server::idle_watch`): h2 shows no request until its
+//!   head is whole.
 //! - **A connection's last answer leaves with its FIN.** When the service says the answer
 //!   it returns is the connection's last and whole in hand
 //!   ([`StreamHints::set_last_answer`]), its bytes are written to wait for the shutdown that
