@@ -77,26 +77,42 @@ async fn h2_headers_without_end_headers_then_silence_closes_the_connection_and_f
     let proxy = Proxy::start(cfg).await;
 
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    // No END_HEADERS, no END_STREAM.
+    s.write_all(&h2_opening(0)).await.expect("write");
+    closed_at_the_head_timeout_and_the_slot_freed(&mut s, proxy.addr, Duration::ZERO).await;
+    proxy.stop().await;
+}
+
+/// A connection's first bytes in HTTP/2: the preface, empty SETTINGS, and stream 1's HEADERS
+/// (:method GET, :scheme http, :path /, :authority t) with `flags` (0x4 END_HEADERS, 0x1
+/// END_STREAM).
+fn h2_opening(flags: u8) -> Vec<u8> {
     let mut hello = H2_PREFACE.to_vec();
     hello.extend(h2_frame(4, 0, 0, &[]));
-    // :method GET, :scheme http, :path /, :authority t; no END_HEADERS, no END_STREAM.
-    hello.extend(h2_frame(1, 0, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
-    s.write_all(&hello).await.expect("write");
-    // The next client waits in the backlog for the only slot.
-    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
+    hello.extend(h2_frame(1, flags, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    hello
+}
 
-    let took = closed_within(&mut s, SOON)
+/// With a head of `s` stalled and a 300 ms head timeout: `s` is closed (not only sent a
+/// GOAWAY) within the timeout and some slack, not before `not_before`, and the next client,
+/// waiting in the backlog for the listener's only slot, is served.
+async fn closed_at_the_head_timeout_and_the_slot_freed(
+    s: &mut TcpStream,
+    addr: SocketAddr,
+    not_before: Duration,
+) {
+    let next = tokio::spawn(served_within(addr, PATIENCE));
+    let took = closed_within(s, SOON)
         .await
         .expect("the stalled HTTP/2 connection is closed, not only GOAWAY'd");
     assert!(
-        took < Duration::from_millis(300) + Duration::from_millis(1500),
-        "closed {took:?} after the header block stalled"
+        took >= not_before && took < Duration::from_millis(300 + 1500),
+        "closed {took:?} after the head stalled"
     );
     assert!(
         next.await.expect("task"),
         "the freed slot serves the next client"
     );
-    proxy.stop().await;
 }
 
 /// The next HTTP/2 frame from `s`, as (type, flags, stream, payload); `None` once it closed.
@@ -139,11 +155,7 @@ async fn h2_connection_after_one_answer(one_slot: bool) -> (Proxy, Vec<common::N
     }
     let proxy = Proxy::start(cfg).await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
-    let mut hello = H2_PREFACE.to_vec();
-    hello.extend(h2_frame(4, 0, 0, &[]));
-    // :method GET, :scheme http, :path /, :authority t; END_HEADERS and END_STREAM.
-    hello.extend(h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
-    s.write_all(&hello).await.expect("write");
+    s.write_all(&h2_opening(0x5)).await.expect("write");
     read_h2_answer(&mut s, 1).await;
     (proxy, ns, s)
 }
@@ -159,22 +171,9 @@ async fn h2_a_later_stream_s_unfinished_head_closes_the_connection_at_the_head_t
     s.write_all(&h2_frame(1, 0, 3, &[0x82, 0x86, 0x84]))
         .await
         .expect("write");
-    let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
-    let took = closed_within(&mut s, SOON)
-        .await
-        .expect("the connection with an unfinished head is closed long before `idle`");
-    assert!(
-        took < Duration::from_millis(300) + Duration::from_millis(1500),
-        "closed {took:?} after the head began"
-    );
-    assert!(
-        took >= Duration::from_millis(300),
-        "not before the head timeout: {took:?}"
-    );
-    assert!(
-        next.await.expect("task"),
-        "the freed slot serves the next client"
-    );
+    // The head's clock starts with its bytes, so never before the timeout.
+    closed_at_the_head_timeout_and_the_slot_freed(&mut s, proxy.addr, Duration::from_millis(300))
+        .await;
     proxy.stop().await;
 }
 
