@@ -21,6 +21,7 @@
 //! | `limpet_node_state` | gauge | node, state (1 for the current state, 0 otherwise) |
 //! | `limpet_table_entries` | gauge | table |
 //! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
+//! | `limpet_out_of_fds_total` | counter | at (`accept`, `connect`, `check`) |
 //!
 //! Every family is in the text from the first scrape, before anything happened: families
 //! are registered as `Eager` (their `# TYPE` line is written even without a series), and
@@ -51,7 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use limpet_core::{Decision, RepinReason, Transition};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -135,6 +136,32 @@ impl EncodeMetric for ConfiguredGauge {
 
     fn is_empty(&self) -> bool {
         false
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AtLabels {
+    at: &'static str,
+}
+
+/// `limpet_out_of_fds_total{at}`: read at each scrape from the process-wide
+/// [`crate::net::LOCAL_FDS`], which accept loops, node connects and health checks count into
+/// (they run before and beside any `Metrics`), every `at` from 0.
+#[derive(Debug)]
+struct OutOfFdsCounters;
+
+impl EncodeMetric for OutOfFdsCounters {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for at in crate::net::FdsAt::ALL {
+            let labels = AtLabels { at: at.as_str() };
+            ConstCounter::new(crate::net::LOCAL_FDS.count(at))
+                .encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
     }
 }
 
@@ -370,6 +397,11 @@ impl Metrics {
             "limpet_store_ops",
             "Commands sent to the shared store, by kind (get, create, overwrite, refresh), and adopted pins, applied invalidations and errors",
             Eager(store_ops.clone()),
+        );
+        registry.register(
+            "limpet_out_of_fds",
+            "Times limpet could not open a socket because file descriptors ran out, by where: accept (the client waits in the backlog), connect (to a node; no verdict on it), check (skipped; no verdict)",
+            OutOfFdsCounters,
         );
         let m = Metrics {
             registry,

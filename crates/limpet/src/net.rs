@@ -18,6 +18,7 @@
 //! flap DOWN/UP because limpet ran out of sockets.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,10 +71,61 @@ impl RateLimitedLog {
     }
 }
 
+/// Where limpet ran out of file descriptors: the label of `limpet_out_of_fds_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdsAt {
+    /// Accepting a client (the client waits in the listen backlog).
+    Accept,
+    /// Opening a connection to a node (the request fails over or gets 503; no verdict).
+    Connect,
+    /// Opening an active health check's socket (the check is skipped; no verdict).
+    Check,
+}
+
+impl FdsAt {
+    pub const ALL: [FdsAt; 3] = [FdsAt::Accept, FdsAt::Connect, FdsAt::Check];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FdsAt::Accept => "accept",
+            FdsAt::Connect => "connect",
+            FdsAt::Check => "check",
+        }
+    }
+}
+
+/// Every time this process ran out of file descriptors, counted by where ([`FdsAt`], for
+/// the metrics) and logged at most once per [`LOG_EVERY`] whatever the place.
+#[derive(Debug)]
+pub struct OutOfFds {
+    log: RateLimitedLog,
+    counts: [AtomicU64; 3],
+}
+
+impl OutOfFds {
+    const fn new() -> Self {
+        OutOfFds {
+            log: RateLimitedLog::new(
+                "out of file descriptors: raise the limit (ulimit -n, LimitNOFILE) or lower max_connections",
+            ),
+            counts: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    /// Notes one occurrence at `at` (`context`: the listener or the node's role, for the log).
+    pub fn note(&self, at: FdsAt, context: &str) {
+        self.counts[at as usize].fetch_add(1, Ordering::Relaxed);
+        self.log.note(context);
+    }
+
+    /// How many times this process ran out at `at` since it started.
+    pub fn count(&self, at: FdsAt) -> u64 {
+        self.counts[at as usize].load(Ordering::Relaxed)
+    }
+}
+
 /// Out of file descriptors, wherever limpet noticed it (accept, connect, health check).
-pub static LOCAL_FDS: RateLimitedLog = RateLimitedLog::new(
-    "out of file descriptors: raise the limit (ulimit -n, LimitNOFILE) or lower max_connections",
-);
+pub static LOCAL_FDS: OutOfFds = OutOfFds::new();
 
 /// Other accept errors.
 static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
@@ -135,7 +187,7 @@ pub async fn accept(listener: &Listener, name: &str) -> (ClientSocket, SocketAdd
             Ok(s) => return s,
             Err(e) => {
                 if crate::error::out_of_fds(&e) {
-                    LOCAL_FDS.note(name);
+                    LOCAL_FDS.note(FdsAt::Accept, name);
                 } else if ACCEPT_ERRORS.note(name) {
                     tracing::debug!(listener = name, error = %e, "accept error");
                 }
@@ -217,7 +269,7 @@ pub async fn connect_node(addr: SocketAddr, timeout: Duration) -> Result<TcpStre
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             if crate::error::out_of_fds(&e) {
-                LOCAL_FDS.note("connect to a node");
+                LOCAL_FDS.note(FdsAt::Connect, "connect to a node");
             }
             return Err(UpstreamError::io(Stage::Connect, &e));
         }

@@ -1,40 +1,52 @@
-//! Running out of file descriptors (issue 13, finding 2): requests fail while limpet cannot
-//! open a socket to the node, but the node is not held responsible: once descriptors are
-//! free again, the next request is served at once (the node was never taken DOWN).
+//! Running out of file descriptors (issue 13, finding 2; failure-model.md: "logged once per
+//! interval; never flips node health; recovers by itself"), at each place limpet opens a
+//! socket:
+//! - connecting to a node: requests fail while limpet cannot open a socket to the node, but
+//!   the node is not held responsible and the next request after is served at once;
+//! - accepting a client: the client waits in the listen backlog, limpet retries on a backoff
+//!   (it does not spin), clients already connected keep being served, and the waiting client
+//!   is served once descriptors are free;
+//! - active health checks: a check that cannot open its socket is skipped, so the node stays
+//!   UP however many intervals it lasts.
 //!
-//! A test binary of its own: it lowers this process's descriptor limit (with `prlimit`, on
-//! its own PID) and fills it, which would disturb any other test sharing the process.
+//! Each place is counted in `limpet_out_of_fds_total{at}`, which these tests read in-process
+//! ([`LOCAL_FDS`]) while the admin API cannot accept, and through `/metrics` after.
+//!
+//! A test binary of its own: a test lowers this process's descriptor limit (with `prlimit`,
+//! on its own PID) and fills it, which would disturb any other test sharing the process. The
+//! tests here take turns ([`ONE_AT_A_TIME`]) for the same reason.
 
 mod common;
+/// The real runtime with its admin listener (the helpers of the admin tests).
+#[path = "admin_common/lifecycle.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod lifecycle;
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{config, nodes, Proxy, PATIENCE};
 use http_body_util::{BodyExt, Empty};
+use limpet::net::{FdsAt, LOCAL_FDS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
-#[tokio::test]
-async fn out_of_file_descriptors_never_takes_a_node_down() {
-    let ns = nodes(&["a"]).await;
-    let mut cfg = config(&ns);
-    // Every request opens a fresh node connection (nothing pooled to hide the failure).
-    cfg.limits.max_idle_per_node = 0;
-    let proxy = Proxy::start(cfg).await;
-    // One keep-alive client connection, opened while descriptors are plenty.
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("handshake");
-    tokio::spawn(conn);
-    assert_eq!(get(&mut sender).await, 200);
+/// Only one test at a time runs with the descriptors exhausted.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-    // Lower this process's limit and fill it.
+/// This process out of file descriptors until dropped: the limit lowered to 512 and filled
+/// with `/dev/null` handles (held only to be closed on drop).
+struct Exhausted {
+    _hogs: Vec<std::fs::File>,
+}
+
+fn exhaust() -> Exhausted {
     let pid = std::process::id().to_string();
     let limit = std::process::Command::new("prlimit")
         .args(["--pid", &pid, "--nofile=512"])
         .status()
-        .expect("prlimit");
+        .unwrap_or_else(|e| panic!("prlimit: {e}"));
     assert!(limit.success());
     let mut hogs = Vec::new();
     for _ in 0..1024 {
@@ -47,11 +59,65 @@ async fn out_of_file_descriptors_never_takes_a_node_down() {
         }
     }
     assert!(std::fs::File::open("/dev/null").is_err(), "limit reached");
+    Exhausted { _hogs: hogs }
+}
 
+/// Waits (within [`PATIENCE`]) until limpet ran out at `at` `n` more times than `from`. The
+/// count is a plain counter with nothing to await, so it is polled.
+async fn noted(at: FdsAt, from: u64, n: u64) -> u64 {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let c = LOCAL_FDS.count(at);
+        if c >= from + n {
+            return c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} noted {} times, not {n}",
+            at.as_str(),
+            c - from
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A kept-alive HTTP/1.1 connection to `addr`, opened while descriptors are plenty.
+async fn keep_alive(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("handshake: {e}"));
+    tokio::spawn(conn);
+    sender
+}
+
+#[tokio::test]
+async fn out_of_file_descriptors_never_takes_a_node_down() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    // Every request opens a fresh node connection (nothing pooled to hide the failure).
+    cfg.limits.max_idle_per_node = 0;
+    let proxy = Proxy::start(cfg).await;
+    let mut sender = keep_alive(proxy.addr).await;
+    assert_eq!(get(&mut sender).await, 200);
+
+    let connects = LOCAL_FDS.count(FdsAt::Connect);
+    let hogs = exhaust();
     // More failures than the fall count (3): none is the node's.
     for _ in 0..5 {
         assert_eq!(get(&mut sender).await, 503, "no socket to the node");
     }
+    assert!(
+        LOCAL_FDS.count(FdsAt::Connect) >= connects + 5,
+        "each failed connect counted"
+    );
     drop(hogs);
     assert_eq!(
         get(&mut sender).await,
@@ -61,15 +127,113 @@ async fn out_of_file_descriptors_never_takes_a_node_down() {
     proxy.stop().await;
 }
 
+#[tokio::test]
+async fn a_client_arriving_while_out_of_file_descriptors_waits_in_the_backlog_and_is_served() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    // A client already in, whose node connection is now pooled.
+    let mut sender = keep_alive(proxy.addr).await;
+    assert_eq!(get(&mut sender).await, 200);
+    // The arriving client's socket is made while descriptors are plenty; connecting it needs
+    // none (the kernel completes the handshake into limpet's backlog).
+    let arriving = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+
+    let accepts = LOCAL_FDS.count(FdsAt::Accept);
+    let hogs = exhaust();
+    let started = Instant::now();
+    let mut arriving = arriving
+        .connect(proxy.addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
+    arriving
+        .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    noted(FdsAt::Accept, accepts, 3).await;
+    assert_eq!(
+        get(&mut sender).await,
+        200,
+        "a client already connected is served while accepts fail"
+    );
+    // A backoff between tries, not a spin: one try, then at most one per 50 ms.
+    let tries = LOCAL_FDS.count(FdsAt::Accept) - accepts;
+    let bound = u64::try_from(started.elapsed().as_millis() / 50).unwrap_or(u64::MAX) + 2;
+    assert!(tries <= bound, "{tries} accept tries, at most {bound}");
+
+    drop(hogs);
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, arriving.read_to_end(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("the waiting client is served once descriptors are free"))
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn active_checks_while_out_of_file_descriptors_never_take_a_node_down() {
+    use lifecycle::{backend_nodes, metrics_text, node_view, nodes_toml, ConfigFile, Limpet};
+    const FALL: u64 = 2;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let nodes = [("a", "127.0.0.2")];
+    let (_nodes, port) = backend_nodes(&nodes).await;
+    let cfg = ConfigFile::new(
+        "fds-checks",
+        &format!(
+            "{}[health]\nfall = {FALL}\nrise = 2\ninterval = \"100ms\"\ntimeout = \"1s\"\n\n\
+             [[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             check = {{ kind = \"tcp\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&nodes)
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let state_of_a = || {
+        l.running
+            .as_ref()
+            .map(|r| r.runtime().state())
+            .and_then(|s| s.node_views().into_iter().find(|v| v.name == "a"))
+            .map_or("?", |v| v.state.as_str())
+    };
+
+    let checks = LOCAL_FDS.count(FdsAt::Check);
+    let hogs = exhaust();
+    // Twice `fall` checks that could not open their socket.
+    noted(FdsAt::Check, checks, 2 * FALL).await;
+    assert_eq!(state_of_a(), "UP", "while out of descriptors");
+    drop(hogs);
+
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["state"], "UP", "{view}");
+    assert_eq!(
+        view["checks"][0]["failures"], 0,
+        "a skipped check is no failed check: {view}"
+    );
+    let text = metrics_text(&l).await;
+    assert!(
+        text.contains(r#"limpet_health_transitions_total{node="a",to="down"} 0"#),
+        "{text}"
+    );
+    let counted = text
+        .lines()
+        .find_map(|line| line.strip_prefix(r#"limpet_out_of_fds_total{at="check"} "#))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no check count in /metrics:\n{text}"));
+    assert!(counted >= checks + 2 * FALL, "{counted} in /metrics");
+    l.stop().await;
+}
+
 async fn get(sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>) -> u16 {
     let req = http::Request::get("/")
         .header("host", "t")
         .body(Empty::new())
-        .expect("request");
+        .unwrap_or_else(|e| panic!("request: {e}"));
     let resp = tokio::time::timeout(PATIENCE, sender.send_request(req))
         .await
-        .expect("answered in time")
-        .expect("answer");
+        .unwrap_or_else(|_| panic!("answered in time"))
+        .unwrap_or_else(|e| panic!("answer: {e}"));
     let status = resp.status().as_u16();
     let _ = resp.into_body().collect().await;
     status

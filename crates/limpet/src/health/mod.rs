@@ -502,7 +502,7 @@ async fn run_check(
         {
             // limpet could not even open a socket: no verdict on the node (it must not
             // flap DOWN because this process ran out of file descriptors).
-            crate::net::LOCAL_FDS.note("health check");
+            crate::net::LOCAL_FDS.note(crate::net::FdsAt::Check, "health check");
             next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
             continue;
         }
