@@ -466,6 +466,59 @@ async fn killing_the_store_under_load_fails_no_request_and_a_restart_converges()
     stop(redis, nodes, a, b).await;
 }
 
+/// The failure model's store return, against a key another instance wrote first: the pins
+/// an instance made while the store was away are published with create-if-absent, so the
+/// store keeps the first writer's node and the returning instance adopts it (the fleet
+/// converges on one node per client, never two). The store comes back from a save holding
+/// the other instance's pin, so which write is first is not left to a race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_returning_with_another_instance_s_pin_keeps_it_and_the_returning_instance_adopts_it(
+) {
+    let (mut redis, nodes, a, b) = fleet("return-first-writer").await;
+    let port = redis.port;
+    redis.kill();
+    // New clients' first requests ask the store; failed round trips open a's breaker.
+    let mut n = 0;
+    until("a marks the store down", async || {
+        n += 1;
+        assert!(n <= 50, "50 new clients and the store still up");
+        assert!(!a.http(&format!("127.0.10.{n}")).await.is_empty());
+        !a.store_up()
+    })
+    .await;
+    let src = "127.0.9.10";
+    let local = a.http(src).await;
+    assert_eq!(
+        a.pin(src).as_deref(),
+        Some(local.as_str()),
+        "pinned locally"
+    );
+    let first = NODES
+        .iter()
+        .map(|(name, _)| *name)
+        .find(|name| *name != local)
+        .expect("another node");
+    let key = format!("limpet:terminal:ip:{src}");
+    let dir = TempDir::new("store-seed");
+    let redis = Redis::on_seeded(port, dir.path(), &[(&key, first)]).await;
+    let republished = a.status().republished;
+    until("a adopts the node the store already held", async || {
+        a.pin(src).as_deref() == Some(first)
+    })
+    .await;
+    assert_eq!(
+        redis.get(&key).await.as_deref(),
+        Some(first),
+        "create-if-absent left the first writer's node"
+    );
+    let status = a.status();
+    assert!(status.up && status.republished > republished && status.adopted >= 1);
+    assert_eq!(a.http(src).await, first);
+    assert_eq!(b.http(src).await, first);
+    assert_eq!(b.tcp(src).await, first);
+    stop(redis, nodes, a, b).await;
+}
+
 /// The failure model's slow store: a store that stops answering (SIGSTOP: connections open,
 /// nothing comes back) costs a request at most the store's operation timeout (200 ms here),
 /// and no request fails: pinned clients keep their node, new ones are pinned locally. Once

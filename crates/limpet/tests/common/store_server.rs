@@ -16,18 +16,45 @@ pub struct Redis {
 impl Redis {
     /// Picks a free port (bind 0, release) and starts there.
     pub async fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        Redis::on(port).await
+        Redis::on(free_port()).await
     }
 
     /// Starts on `port` and waits (bounded) until it answers PING.
     pub async fn on(port: u16) -> Redis {
+        Redis::spawn(port, &[]).await
+    }
+
+    /// Starts on `port` holding `keys` (with a 10-minute expiry) from its first answer on, as a
+    /// store restarted from its own save would: a throwaway server on a free port writes
+    /// them and `SAVE`s into `dir`, and this one loads that file before it serves.
+    pub async fn on_seeded(port: u16, dir: &std::path::Path, keys: &[(&str, &str)]) -> Redis {
+        let dir = dir.to_str().expect("utf-8 temp dir");
+        let file = ["--dir", dir, "--dbfilename", "seed.rdb"];
+        let mut seed = Redis::spawn(free_port(), &file).await;
+        let mut c = seed.conn().await.expect("seed connection");
+        for (k, v) in keys {
+            redis::cmd("SET")
+                .arg(k)
+                .arg(v)
+                .arg("PX")
+                .arg(600_000)
+                .query_async::<()>(&mut c)
+                .await
+                .expect("SET seed key");
+        }
+        redis::cmd("SAVE")
+            .query_async::<()>(&mut c)
+            .await
+            .expect("SAVE");
+        seed.kill();
+        Redis::spawn(port, &file).await
+    }
+
+    async fn spawn(port: u16, args: &[&str]) -> Redis {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -129,6 +156,14 @@ impl Redis {
         let mut c = self.conn().await.ok()?;
         redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
     }
+}
+
+/// A loopback port free now (bound to 0, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 impl Drop for Redis {
