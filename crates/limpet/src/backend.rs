@@ -131,7 +131,12 @@ pub async fn serve_with(
             // Reap finished connections so the set does not grow without bound.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             r = listener.accept() => {
-                let Ok((stream, _)) = r else { continue };
+                let Ok((stream, _)) = r else {
+                    // Out of descriptors, most likely: pause as limpet's listeners do
+                    // rather than spin on an error that persists.
+                    tokio::time::sleep(crate::net::ACCEPT_BACKOFF).await;
+                    continue;
+                };
                 let name = Arc::clone(&name);
                 let hooks = hooks.clone();
                 let killed = killed.clone();

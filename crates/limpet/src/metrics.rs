@@ -400,7 +400,7 @@ impl Metrics {
         );
         registry.register(
             "limpet_out_of_fds",
-            "Times limpet could not open a socket because file descriptors ran out, by where: accept (the client waits in the backlog), connect (to a node; no verdict on it), check (skipped; no verdict)",
+            "Times limpet ran out of file descriptors on a client or node socket, by where: accept (tries, every 50 ms while a client waits in the backlog), connect (to a node; no verdict on it), check (skipped; no verdict)",
             OutOfFdsCounters,
         );
         let m = Metrics {

@@ -35,7 +35,7 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The pause after a failed accept: long enough not to spin on an error that persists,
 /// short enough that a freed descriptor is used at once.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A warning logged at most once per [`LOG_EVERY`], with the count of repeats it swallowed.
 #[derive(Debug)]
@@ -74,9 +74,11 @@ impl RateLimitedLog {
 /// Where limpet ran out of file descriptors: the label of `limpet_out_of_fds_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FdsAt {
-    /// Accepting a client (the client waits in the listen backlog).
+    /// An accept try (the client waits in the listen backlog; tried again every
+    /// [`ACCEPT_BACKOFF`], so one waiting client counts about 20 a second).
     Accept,
-    /// Opening a connection to a node (the request fails over or gets 503; no verdict).
+    /// Opening a connection to a node: no verdict on it (an HTTP request fails over or gets
+    /// 503; a TCP session is closed).
     Connect,
     /// Opening an active health check's socket (the check is skipped; no verdict).
     Check,
@@ -99,7 +101,9 @@ impl FdsAt {
 #[derive(Debug)]
 pub struct OutOfFds {
     log: RateLimitedLog,
-    counts: [AtomicU64; 3],
+    /// Indexed by `FdsAt as usize`: its variants have the discriminants 0, 1, 2, in the
+    /// order of [`FdsAt::ALL`].
+    counts: [AtomicU64; FdsAt::ALL.len()],
 }
 
 impl OutOfFds {

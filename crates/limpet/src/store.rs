@@ -131,7 +131,9 @@ pub struct StoreStatus {
     pub gets: u64,
     pub get_hits: u64,
     pub creates: u64,
-    /// First pins that lost the race: the local entry took the winner's node.
+    /// Local entries that took the store's node where it held another: a first pin or a
+    /// pin published on the store's return that lost to an earlier writer, or a re-pin
+    /// missed and found by the expiry refresh.
     pub adopted: u64,
     pub overwrites: u64,
     pub refreshes: u64,

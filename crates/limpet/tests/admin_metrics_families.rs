@@ -65,6 +65,7 @@ async fn every_documented_family_is_scraped_before_anything_happened() {
         r#"limpet_pins_total{listener="web",outcome="repinned",reason="node-down"} 0"#,
         r#"limpet_upstream_latency_seconds_count{listener="web",node="b"} 0"#,
         r#"limpet_out_of_fds_total{at="accept"} 0"#,
+        r#"limpet_out_of_fds_total{at="connect"} 0"#,
         r#"limpet_out_of_fds_total{at="check"} 0"#,
     ] {
         assert!(text.contains(zero), "missing {zero}:\n{text}");

@@ -14,7 +14,7 @@
 //!
 //! A test binary of its own: a test lowers this process's descriptor limit (with `prlimit`,
 //! on its own PID) and fills it, which would disturb any other test sharing the process. The
-//! tests here take turns ([`ONE_AT_A_TIME`]) for the same reason.
+//! tests here take turns ([`alone`]) for the same reason.
 
 mod common;
 /// The real runtime with its admin listener (the helpers of the admin tests).
@@ -33,21 +33,53 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Only one test at a time runs with the descriptors exhausted.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// This process out of file descriptors until dropped: the limit lowered to 512 and filled
-/// with `/dev/null` handles (held only to be closed on drop).
+/// Runs `test` alone, on a runtime of its own built once it has its turn: building a runtime
+/// opens descriptors (epoll, eventfd), which fails while another test has them exhausted.
+fn alone(test: impl std::future::Future<Output = ()>) {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+        .block_on(test);
+}
+
+/// This process out of file descriptors until dropped: its soft limit lowered to 512 and
+/// filled with `/dev/null` handles; on drop they are closed and the soft limit put back.
 struct Exhausted {
-    _hogs: Vec<std::fs::File>,
+    hogs: Vec<std::fs::File>,
+    /// The soft and hard limits before (`prlimit` text, e.g. `1048576`).
+    soft: String,
+    hard: String,
+}
+
+fn prlimit(nofile: &str) {
+    let pid = std::process::id().to_string();
+    let set = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, &format!("--nofile={nofile}")])
+        .status()
+        .unwrap_or_else(|e| panic!("prlimit: {e}"));
+    assert!(set.success(), "prlimit --nofile={nofile}");
 }
 
 fn exhaust() -> Exhausted {
     let pid = std::process::id().to_string();
-    let limit = std::process::Command::new("prlimit")
-        .args(["--pid", &pid, "--nofile=512"])
-        .status()
+    let now = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile", "--raw", "--noheadings"])
+        .args(["--output", "SOFT,HARD"])
+        .output()
         .unwrap_or_else(|e| panic!("prlimit: {e}"));
-    assert!(limit.success());
+    let now = String::from_utf8_lossy(&now.stdout).into_owned();
+    let mut limits = now.split_whitespace().map(str::to_owned);
+    let (Some(soft), Some(hard)) = (limits.next(), limits.next()) else {
+        panic!("prlimit printed {now:?}");
+    };
+    // Only the soft limit: an unprivileged process cannot raise its hard limit again.
+    prlimit(&format!("512:{hard}"));
     let mut hogs = Vec::new();
     for _ in 0..1024 {
         match std::fs::File::open("/dev/null") {
@@ -59,7 +91,15 @@ fn exhaust() -> Exhausted {
         }
     }
     assert!(std::fs::File::open("/dev/null").is_err(), "limit reached");
-    Exhausted { _hogs: hogs }
+    Exhausted { hogs, soft, hard }
+}
+
+impl Drop for Exhausted {
+    fn drop(&mut self) {
+        // Descriptors first: running prlimit needs some.
+        self.hogs.clear();
+        prlimit(&format!("{}:{}", self.soft, self.hard));
+    }
 }
 
 /// Waits (within [`PATIENCE`]) until limpet ran out at `at` `n` more times than `from`. The
@@ -97,132 +137,135 @@ async fn keep_alive(
     sender
 }
 
-#[tokio::test]
-async fn out_of_file_descriptors_never_takes_a_node_down() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let ns = nodes(&["a"]).await;
-    let mut cfg = config(&ns);
-    // Every request opens a fresh node connection (nothing pooled to hide the failure).
-    cfg.limits.max_idle_per_node = 0;
-    let proxy = Proxy::start(cfg).await;
-    let mut sender = keep_alive(proxy.addr).await;
-    assert_eq!(get(&mut sender).await, 200);
+#[test]
+fn out_of_file_descriptors_never_takes_a_node_down() {
+    alone(async {
+        let ns = nodes(&["a"]).await;
+        let mut cfg = config(&ns);
+        // Every request opens a fresh node connection (nothing pooled to hide the failure).
+        cfg.limits.max_idle_per_node = 0;
+        let proxy = Proxy::start(cfg).await;
+        let mut sender = keep_alive(proxy.addr).await;
+        assert_eq!(get(&mut sender).await, 200);
 
-    let connects = LOCAL_FDS.count(FdsAt::Connect);
-    let hogs = exhaust();
-    // More failures than the fall count (3): none is the node's.
-    for _ in 0..5 {
-        assert_eq!(get(&mut sender).await, 503, "no socket to the node");
-    }
-    assert!(
-        LOCAL_FDS.count(FdsAt::Connect) >= connects + 5,
-        "each failed connect counted"
-    );
-    drop(hogs);
-    assert_eq!(
-        get(&mut sender).await,
-        200,
-        "recovers by itself; the node is still UP"
-    );
-    proxy.stop().await;
+        let connects = LOCAL_FDS.count(FdsAt::Connect);
+        let hogs = exhaust();
+        // More failures than the fall count (3): none is the node's.
+        for _ in 0..5 {
+            assert_eq!(get(&mut sender).await, 503, "no socket to the node");
+        }
+        assert!(
+            LOCAL_FDS.count(FdsAt::Connect) >= connects + 5,
+            "each failed connect counted"
+        );
+        drop(hogs);
+        assert_eq!(
+            get(&mut sender).await,
+            200,
+            "recovers by itself; the node is still UP"
+        );
+        proxy.stop().await;
+    });
 }
 
-#[tokio::test]
-async fn a_client_arriving_while_out_of_file_descriptors_waits_in_the_backlog_and_is_served() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let ns = nodes(&["a"]).await;
-    let proxy = Proxy::start(config(&ns)).await;
-    // A client already in, whose node connection is now pooled.
-    let mut sender = keep_alive(proxy.addr).await;
-    assert_eq!(get(&mut sender).await, 200);
-    // The arriving client's socket is made while descriptors are plenty; connecting it needs
-    // none (the kernel completes the handshake into limpet's backlog).
-    let arriving = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+#[test]
+fn a_client_arriving_while_out_of_file_descriptors_waits_in_the_backlog_and_is_served() {
+    alone(async {
+        let ns = nodes(&["a"]).await;
+        let proxy = Proxy::start(config(&ns)).await;
+        // A client already in, whose node connection is now pooled.
+        let mut sender = keep_alive(proxy.addr).await;
+        assert_eq!(get(&mut sender).await, 200);
+        // The arriving client's socket is made while descriptors are plenty; connecting it needs
+        // none (the kernel completes the handshake into limpet's backlog).
+        let arriving = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
 
-    let accepts = LOCAL_FDS.count(FdsAt::Accept);
-    let hogs = exhaust();
-    let started = Instant::now();
-    let mut arriving = arriving
-        .connect(proxy.addr)
-        .await
-        .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
-    arriving
-        .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("write: {e}"));
-    noted(FdsAt::Accept, accepts, 3).await;
-    assert_eq!(
-        get(&mut sender).await,
-        200,
-        "a client already connected is served while accepts fail"
-    );
-    // A backoff between tries, not a spin: one try, then at most one per 50 ms.
-    let tries = LOCAL_FDS.count(FdsAt::Accept) - accepts;
-    let bound = u64::try_from(started.elapsed().as_millis() / 50).unwrap_or(u64::MAX) + 2;
-    assert!(tries <= bound, "{tries} accept tries, at most {bound}");
+        let accepts = LOCAL_FDS.count(FdsAt::Accept);
+        let hogs = exhaust();
+        let started = Instant::now();
+        let mut arriving = arriving
+            .connect(proxy.addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
+        arriving
+            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("write: {e}"));
+        noted(FdsAt::Accept, accepts, 3).await;
+        assert_eq!(
+            get(&mut sender).await,
+            200,
+            "a client already connected is served while accepts fail"
+        );
+        // A backoff between tries, not a spin: one try, then at most one per 50 ms.
+        let tries = LOCAL_FDS.count(FdsAt::Accept) - accepts;
+        let bound = u64::try_from(started.elapsed().as_millis() / 50).unwrap_or(u64::MAX) + 2;
+        assert!(tries <= bound, "{tries} accept tries, at most {bound}");
 
-    drop(hogs);
-    let mut answer = Vec::new();
-    tokio::time::timeout(PATIENCE, arriving.read_to_end(&mut answer))
-        .await
-        .unwrap_or_else(|_| panic!("the waiting client is served once descriptors are free"))
-        .unwrap_or_else(|e| panic!("read: {e}"));
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    proxy.stop().await;
+        drop(hogs);
+        let mut answer = Vec::new();
+        tokio::time::timeout(PATIENCE, arriving.read_to_end(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("the waiting client is served once descriptors are free"))
+            .unwrap_or_else(|e| panic!("read: {e}"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        proxy.stop().await;
+    });
 }
 
-#[tokio::test]
-async fn active_checks_while_out_of_file_descriptors_never_take_a_node_down() {
+#[test]
+fn active_checks_while_out_of_file_descriptors_never_take_a_node_down() {
     use lifecycle::{backend_nodes, metrics_text, node_view, nodes_toml, ConfigFile, Limpet};
     const FALL: u64 = 2;
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let nodes = [("a", "127.0.0.2")];
-    let (_nodes, port) = backend_nodes(&nodes).await;
-    let cfg = ConfigFile::new(
-        "fds-checks",
-        &format!(
-            "{}[health]\nfall = {FALL}\nrise = 2\ninterval = \"100ms\"\ntimeout = \"1s\"\n\n\
+    alone(async {
+        let nodes = [("a", "127.0.0.2")];
+        let (_nodes, port) = backend_nodes(&nodes).await;
+        let cfg = ConfigFile::new(
+            "fds-checks",
+            &format!(
+                "{}[health]\nfall = {FALL}\nrise = 2\ninterval = \"100ms\"\ntimeout = \"1s\"\n\n\
              [[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
              check = {{ kind = \"tcp\" }}\n\n\
              [admin]\nlisten = \"127.0.0.1:0\"\n",
-            nodes_toml(&nodes)
-        ),
-    );
-    let l = Limpet::start(&cfg).await;
-    let state_of_a = || {
-        l.running
-            .as_ref()
-            .map(|r| r.runtime().state())
-            .and_then(|s| s.node_views().into_iter().find(|v| v.name == "a"))
-            .map_or("?", |v| v.state.as_str())
-    };
+                nodes_toml(&nodes)
+            ),
+        );
+        let l = Limpet::start(&cfg).await;
+        let state_of_a = || {
+            l.running
+                .as_ref()
+                .map(|r| r.runtime().state())
+                .and_then(|s| s.node_views().into_iter().find(|v| v.name == "a"))
+                .map_or("?", |v| v.state.as_str())
+        };
 
-    let checks = LOCAL_FDS.count(FdsAt::Check);
-    let hogs = exhaust();
-    // Twice `fall` checks that could not open their socket.
-    noted(FdsAt::Check, checks, 2 * FALL).await;
-    assert_eq!(state_of_a(), "UP", "while out of descriptors");
-    drop(hogs);
+        let checks = LOCAL_FDS.count(FdsAt::Check);
+        let hogs = exhaust();
+        // Twice `fall` checks that could not open their socket.
+        noted(FdsAt::Check, checks, 2 * FALL).await;
+        assert_eq!(state_of_a(), "UP", "while out of descriptors");
+        drop(hogs);
 
-    let view = node_view(&l, "a").await;
-    assert_eq!(view["state"], "UP", "{view}");
-    assert_eq!(
-        view["checks"][0]["failures"], 0,
-        "a skipped check is no failed check: {view}"
-    );
-    let text = metrics_text(&l).await;
-    assert!(
-        text.contains(r#"limpet_health_transitions_total{node="a",to="down"} 0"#),
-        "{text}"
-    );
-    let counted = text
-        .lines()
-        .find_map(|line| line.strip_prefix(r#"limpet_out_of_fds_total{at="check"} "#))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no check count in /metrics:\n{text}"));
-    assert!(counted >= checks + 2 * FALL, "{counted} in /metrics");
-    l.stop().await;
+        let view = node_view(&l, "a").await;
+        assert_eq!(view["state"], "UP", "{view}");
+        assert_eq!(
+            view["checks"][0]["failures"], 0,
+            "a skipped check is no failed check: {view}"
+        );
+        let text = metrics_text(&l).await;
+        assert!(
+            text.contains(r#"limpet_health_transitions_total{node="a",to="down"} 0"#),
+            "{text}"
+        );
+        let counted = text
+            .lines()
+            .find_map(|line| line.strip_prefix(r#"limpet_out_of_fds_total{at="check"} "#))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no check count in /metrics:\n{text}"));
+        assert!(counted >= checks + 2 * FALL, "{counted} in /metrics");
+        l.stop().await;
+    });
 }
 
 async fn get(sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>) -> u16 {

@@ -472,7 +472,7 @@ async fn killing_the_store_under_load_fails_no_request_and_a_restart_converges()
 /// converges on one node per client, never two). The store comes back from a save holding
 /// the other instance's pin, so which write is first is not left to a race.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_returning_with_another_instance_s_pin_keeps_it_and_the_returning_instance_adopts_it(
+async fn a_store_returning_with_a_pin_another_instance_made_first_keeps_it_and_the_returning_instance_adopts_it(
 ) {
     let (mut redis, nodes, a, b) = fleet("return-first-writer").await;
     let port = redis.port;
@@ -514,6 +514,14 @@ async fn a_store_returning_with_another_instance_s_pin_keeps_it_and_the_returnin
     let status = a.status();
     assert!(status.up && status.republished > republished && status.adopted >= 1);
     assert_eq!(a.http(src).await, first);
+    // b never saw the client: once its breaker closed too, it asks the store (were it asked
+    // before, its local pin would go out with create-if-absent and adopt `first` as well).
+    until("b marks the store up", async || b.store_up()).await;
+    let _ = b.http(src).await;
+    until("b holds the store's node", async || {
+        b.pin(src).as_deref() == Some(first)
+    })
+    .await;
     assert_eq!(b.http(src).await, first);
     assert_eq!(b.tcp(src).await, first);
     stop(redis, nodes, a, b).await;
