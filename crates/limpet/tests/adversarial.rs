@@ -978,6 +978,73 @@ async fn an_upload_to_a_node_that_stopped_reading_is_bounded() {
     frozen.abort();
 }
 
+/// The same stall on a stream opened after limpet closed the connection for idling: h2 takes
+/// new streams until the client acks the GOAWAY's PING, so a client that never does can open
+/// one in the close's grace, with its window shut. Its answer is bounded as on an open
+/// connection: closed after `client_idle` and the node connection released (it used to be
+/// held for good: the close waited for the connection to be quiet, which it never was).
+#[tokio::test]
+async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_closed_after_client_idle(
+) {
+    static ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nsome of the body";
+    let mut node = SilentNode::start(ANSWER).await;
+    let mut cfg = node.config();
+    // Idle before a first request: closed after header_read, with as long a grace.
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.timeouts.client_idle = Duration::from_millis(500);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    // SETTINGS: INITIAL_WINDOW_SIZE (0x4) = 0.
+    hello.extend(h2_frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    s.write_all(&hello).await.expect("write");
+    tokio::time::timeout(SOON, async {
+        while read_h2_frame(&mut s)
+            .await
+            .expect("open until the GOAWAY")
+            .0
+            != 0x7
+        {}
+    })
+    .await
+    .expect("a GOAWAY after header_read");
+    // In the grace, without acking the PING: GET http://t/ (static-table HPACK).
+    s.write_all(&h2_frame(
+        0x1,
+        0x5,
+        1,
+        &[0x82, 0x86, 0x84, 0x41, 0x01, b't'],
+    ))
+    .await
+    .expect("write");
+    let started = Instant::now();
+    tokio::time::timeout(SOON, async {
+        while read_h2_frame(&mut s)
+            .await
+            .expect("open until stream 1's head")
+            .0
+            != 0x1
+        {}
+    })
+    .await
+    .expect("stream 1 is answered (its head: DATA waits for the window)");
+    let closed = closed_within(&mut s, SOON).await;
+    assert!(
+        closed.is_ok(),
+        "the connection holding a stalled answer was not closed within {SOON:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "closed before client_idle: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection was not released"
+    );
+    proxy.stop().await;
+}
+
 /// An HTTP/2 client that never opens its flow-control window (SETTINGS_INITIAL_WINDOW_SIZE 0)
 /// asks for an answer with a body: hyper never polls the answer body, so none of its idle
 /// clocks run, while the answer holds its node connection. After `client_idle` the client

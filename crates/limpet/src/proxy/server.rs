@@ -904,9 +904,15 @@ async fn run_connection<C: ServerConn>(
                 conn.as_mut().graceful_shutdown();
                 let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
                 ctx.touch();
+                // A request that crossed the GOAWAY (h2 takes new streams until the client
+                // acks the GOAWAY's PING) is in flight, so `quiet_for` waits for it: its
+                // answer is bounded as on an open connection, a stalled one by the stall
+                // watch (without it, a client that keeps its window shut would hold the
+                // connection, its node connection and its slots for good).
                 tokio::select! {
                     r = conn.as_mut() => Some(r),
                     () = quiet_for(ctx, grace) => None,
+                    () = stall_watch(ctx), if !h1 => None,
                 }
             }
             Control::Drain => {
