@@ -714,11 +714,16 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
         self.progressed(r, cx)
     }
 
+    /// A close is a write too: TLS sends its close_notify after the records still buffered,
+    /// which a peer that stopped reading never takes. Under the same deadline, so a relay
+    /// or connection that closes its side (a tunnel stopped by a node going DOWN, a parked
+    /// connection idling out) is not held by the peer.
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        let r = std::pin::Pin::new(&mut self.io).poll_shutdown(cx);
+        self.progressed(r, cx)
     }
 }
 
@@ -869,6 +874,55 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert_eq!(taken, 16, "what the client's pipe held");
         let took = start.elapsed();
+        assert!(
+            took >= limit && took < limit + Duration::from_secs(1),
+            "{took:?}"
+        );
+    }
+
+    /// Closing a TLS stream whose peer stopped reading: the close_notify waits behind the
+    /// records the peer never took, and the close fails with `TimedOut` at the write limit
+    /// instead of waiting for good (real rustls on both ends of an in-memory pipe).
+    #[tokio::test(start_paused = true)]
+    async fn closing_a_tls_stream_the_peer_stopped_reading_fails_at_the_limit() {
+        let dir = std::env::temp_dir().join(format!("limpet-relay-tls-{}", std::process::id()));
+        let names = ["node".to_owned()];
+        let (cert, key) =
+            crate::tls::write_self_signed(&dir, "node", &names, true).expect("certificate");
+        let spec = crate::tls::CertSpec {
+            cert: &cert,
+            key: &key,
+            names: &[],
+        };
+        let server = crate::tls::server_config(&[spec], &[]).expect("server config");
+        let _ = std::fs::remove_dir_all(&dir);
+        let client = crate::health::insecure_tls_config().expect("client config");
+        let (ours, theirs) = tokio::io::duplex(4096);
+        let name = rustls_pki_types::ServerName::try_from("node").expect("name");
+        let (ours, theirs) = tokio::join!(
+            tokio_rustls::TlsConnector::from(client).connect(name, ours),
+            tokio_rustls::TlsAcceptor::from(Arc::new(server)).accept(theirs),
+        );
+        let (ours, _theirs) = (ours.expect("client handshake"), theirs.expect("handshake"));
+
+        let limit = Duration::from_secs(5);
+        let mut w = WriteDeadline::new(ours, WriteLimit::new(limit));
+        // Fill the pipe: the peer reads nothing more. The limit counts from the write that
+        // could not proceed; the close after it waits on the same clock.
+        let blocked_since = loop {
+            let start = Instant::now();
+            match tokio::time::timeout(Duration::from_millis(10), w.write(&[7u8; 1024])).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("write: {e}"),
+                Err(_) => break start,
+            }
+        };
+        let e = tokio::time::timeout(limit * 3, w.shutdown())
+            .await
+            .expect("the close ends at the write limit, not never")
+            .expect_err("the peer took nothing");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        let took = blocked_since.elapsed();
         assert!(
             took >= limit && took < limit + Duration::from_secs(1),
             "{took:?}"
