@@ -34,6 +34,39 @@ async fn post_state(l: &Limpet, headers: &[(&str, &str)], body: &str) -> (u16, S
     (s, r.text().await.unwrap_or_default())
 }
 
+/// A write whose body stops: the head came, the declared length did not. hyper's head timeout
+/// ends at the head, so the admin API bounds the body itself: 408 at the head timeout (10 s)
+/// and the connection closed, so that such clients cannot take the admin listener's 256
+/// connections for good. On paused time.
+#[tokio::test(start_paused = true)]
+async fn an_admin_write_whose_body_stops_gets_408_at_the_head_timeout() {
+    const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new("admin-slow-body", &http_config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let mut s = TcpStream::connect(l.admin).await.expect("connect");
+    let head = format!(
+        "POST /api/v1/nodes/a/state HTTP/1.1\r\nHost: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{{\"state\"",
+        l.admin
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    let start = tokio::time::Instant::now();
+    let mut out = Vec::new();
+    tokio::time::timeout(HEAD_TIMEOUT * 3, s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed, not held")
+        .expect("read");
+    let took = start.elapsed();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(
+        took >= HEAD_TIMEOUT && took < HEAD_TIMEOUT + Duration::from_secs(1),
+        "{took:?}"
+    );
+    l.stop().await;
+}
+
 /// Finding 4: with no token (the loopback default), a browser page elsewhere cannot write:
 /// `text/plain` (a "simple" cross-site POST) and any foreign `Origin` or `Sec-Fetch-Site`
 /// are refused; the node's state does not change. The listener's own origin can write.

@@ -23,7 +23,8 @@ const MAX_BODY: usize = 16 * 1024;
 const MAX_PAGE: usize = 1000;
 /// Admin connections served at once; more wait in the kernel backlog.
 const MAX_CONNECTIONS: usize = 256;
-/// A request head must arrive within it; a blocked write to the client fails after it.
+/// A request head must arrive within it, and a write's body; a blocked write to the client
+/// fails after it.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct State {
@@ -102,8 +103,9 @@ pub async fn serve(
                 tokio::select! {
                     r = conn.as_mut() => { let _ = r; }
                     () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                        // The answer in flight may finish, within the head timeout.
                         conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
+                        let _ = tokio::time::timeout(HEAD_TIMEOUT, conn).await;
                     }
                 }
             });
@@ -325,13 +327,21 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
     }
 }
 
+/// A write's body, whole within [`HEAD_TIMEOUT`] (hyper's head timeout stops at the head: a
+/// client that sends a length and then not the bytes would hold one of the listener's
+/// connections for good); 408 after, and hyper closes the connection with its body unread.
 async fn read_body(req: Request<Incoming>) -> Result<Bytes, (StatusCode, String)> {
-    match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    let read = Limited::new(req.into_body(), MAX_BODY).collect();
+    match tokio::time::timeout(HEAD_TIMEOUT, read).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             Err((StatusCode::PAYLOAD_TOO_LARGE, "body over 16 KiB".into()))
         }
-        Err(e) => Err((StatusCode::BAD_REQUEST, format!("body: {e}"))),
+        Ok(Err(e)) => Err((StatusCode::BAD_REQUEST, format!("body: {e}"))),
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            format!("body not received within {} s", HEAD_TIMEOUT.as_secs()),
+        )),
     }
 }
 
