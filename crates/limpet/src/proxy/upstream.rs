@@ -101,6 +101,7 @@ impl NodeConns {
     /// A ready idle connection, if one is left. Closed or expired ones are dropped on the way.
     pub(crate) fn checkout(&self) -> Option<Sender> {
         let mut idle = self.lock();
+        self.prune(&mut idle);
         while let Some(entry) = idle.pop() {
             if entry.since.elapsed() < self.idle_timeout
                 && entry.sender.is_ready()
@@ -110,6 +111,19 @@ impl NodeConns {
             }
         }
         None
+    }
+
+    /// Drops the idle connections past `upstream_idle`, oldest first (the stack's bottom).
+    /// Taking the newest first keeps the stack's bottom idle under steady traffic, so expiry
+    /// is not left to a checkout reaching it: each checkout and recycle prunes, as the
+    /// request-driven path does ([`NodeConns::prune_h1`]). A dropped handle ends its
+    /// connection's task, which closes the socket.
+    fn prune(&self, idle: &mut Vec<Idle>) {
+        let expired = idle
+            .iter()
+            .take_while(|e| e.since.elapsed() >= self.idle_timeout)
+            .count();
+        idle.drain(..expired);
     }
 
     /// A new connection to the node, able to hand its socket over after a 101. Connect and
@@ -200,6 +214,7 @@ impl NodeConns {
                 return;
             }
             let mut idle = me.lock();
+            me.prune(&mut idle);
             if idle.len() >= me.max_idle {
                 // Drop the oldest: the newest are the most likely to still be open.
                 idle.remove(0);
@@ -209,5 +224,64 @@ impl NodeConns {
                 since: Instant::now(),
             });
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Steady traffic takes the newest idle connection each time; an older one left at the
+    /// stack's bottom is dropped once past `upstream_idle`, not kept until the node closes
+    /// it. Real connections to a demo node on loopback, on paused time.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_steady_traffic_never_takes_expires() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let node = tokio::spawn(async move {
+            crate::backend::serve("a", listener, async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        let idle_timeout = Duration::from_millis(300);
+        let conns = Arc::new(NodeConns::new(
+            addr,
+            4,
+            idle_timeout,
+            Duration::from_secs(1),
+            None,
+        ));
+        let limit = Duration::from_secs(1);
+        let (older, newer) = (conns.connect(limit).await, conns.connect(limit).await);
+        conns.recycle(older.expect("connect"));
+        conns.recycle(newer.expect("connect"));
+        // The recycle tasks put them back once ready (a look every paused millisecond: the
+        // count has nothing to await).
+        tokio::time::timeout(limit, async {
+            while conns.lock().len() != 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("both idle");
+        // Every 100 ms the newest is taken and put back; the older one stays at the bottom.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let sender = conns.checkout().expect("the newest");
+            conns.recycle(sender);
+        }
+        // The last recycle has landed by then (it only waits for readiness).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            conns.lock().len(),
+            1,
+            "the older connection dropped past upstream_idle"
+        );
+        let _ = stop.send(());
+        let _ = node.await;
     }
 }
