@@ -168,3 +168,89 @@ async fn a_removed_node_is_maint_for_its_pins() {
     );
     l.stop().await;
 }
+
+/// A FIFO at `path` in place of the config file: a read of it blocks until a writer comes,
+/// as a read from a hung network mount does.
+fn fifo_in_place_of(path: &std::path::Path) {
+    std::fs::remove_file(path).unwrap_or_else(|e| panic!("{e}"));
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+}
+
+/// A reload whose file read never returns is refused after `RELOAD_LOAD_LIMIT` (30 s, on
+/// paused time) with the file named, the running config serving meanwhile, and the next
+/// reload is not locked out by it.
+#[tokio::test(start_paused = true)]
+async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_one_runs() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let text = config(port, &NODES[..2], 1);
+    let cfg = ConfigFile::new("reload-blocked", &text);
+    let l = Limpet::start(&cfg).await;
+    let runtime = std::sync::Arc::clone(l.running.as_ref().expect("running").runtime());
+    fifo_in_place_of(&cfg.path);
+    let started = tokio::time::Instant::now();
+    let reloading = tokio::spawn({
+        let runtime = std::sync::Arc::clone(&runtime);
+        async move { limpet::runtime::reload(&runtime).await }
+    });
+    // The reload is in its read once a writer can open the FIFO without waiting (only with
+    // a reader there); kept open and silent, it holds the read.
+    let mut writer = loop {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&cfg.path)
+        {
+            Ok(w) => break w,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    // Paused time does not move by itself while a blocking task runs (the read): moved by
+    // hand, to just before the limit and then to it.
+    let limit = limpet::runtime::RELOAD_LOAD_LIMIT;
+    tokio::time::advance(limit - std::time::Duration::from_millis(1)).await;
+    assert!(!reloading.is_finished(), "refused before the limit");
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    for _ in 0..1000 {
+        if reloading.is_finished() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(reloading.is_finished(), "refused at the limit");
+    let e = reloading
+        .await
+        .expect("reload task")
+        .expect_err("no file to read");
+    let took = started.elapsed();
+    assert!(
+        e.contains("not read and checked within 30 s") && e.contains("limpet.toml"),
+        "{e}"
+    );
+    assert!(
+        took >= limpet::runtime::RELOAD_LOAD_LIMIT
+            && took < limpet::runtime::RELOAD_LOAD_LIMIT + std::time::Duration::from_secs(1),
+        "{took:?}"
+    );
+    assert_eq!(
+        get(&bare_client(), &format!("http://{}/", l.addr("web")), None)
+            .await
+            .0,
+        200,
+        "the running config serves"
+    );
+    // The blocked read gets its bytes (its result is dropped), and with the file back the
+    // next reload runs.
+    std::io::Write::write_all(&mut writer, text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    drop(writer);
+    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
+    cfg.write(&config(port, &NODES, 1));
+    let report = limpet::runtime::reload(&runtime).await.expect("applied");
+    assert!(report.generation >= 1);
+    assert_eq!(runtime.state().nodes().len(), 3);
+    l.stop().await;
+}

@@ -268,3 +268,50 @@ async fn a_crash_and_restart_brings_the_pins_back_from_the_periodic_snapshot() {
     );
     assert_eq!(node_for("127.0.0.91", web).await, first);
 }
+
+/// SIGTERM while a SIGHUP's reload cannot read its file (a FIFO with a writer that sends
+/// nothing, as a hung network mount would hold it): the reload waits on a task of its own,
+/// so the stop is taken at once, and the exit does not wait for the blocked read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_reload_whose_read_never_returns_exits_at_once() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("blocked-reload", &config(port, &NODES[..2]));
+    let (mut proc, _web, _admin) = run(&cfg).await;
+    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
+    let made = Command::new("mkfifo")
+        .arg(&cfg.path)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+    signal(&proc.0, "HUP");
+    // A writer can open the FIFO without waiting only once a reader has: then limpet's
+    // reload is in its read, which waits for bytes that never come while this is open.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let _writer = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&cfg.path)
+        {
+            Ok(w) => break w,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no reader: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    signal(&proc.0, "TERM");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let code = loop {
+        if let Some(s) = proc.0.try_wait().unwrap_or(None) {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "limpet did not exit within 5 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(code.success(), "{code:?}");
+}

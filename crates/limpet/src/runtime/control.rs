@@ -314,11 +314,25 @@ pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
     result
 }
 
+/// How long a reload may take to read and check the file. Reading can block (a config on a
+/// hung network mount, a FIFO) and checking resolves node host names, bounded only by the
+/// resolver's own timeouts: past this the reload is refused and the next one may run (the
+/// blocked read is left to finish on its thread).
+pub const RELOAD_LOAD_LIMIT: Duration = Duration::from_secs(30);
+
 async fn reload_locked(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
     let state = runtime.state();
     let path = state.config.path.clone();
-    let cfg = tokio::task::spawn_blocking(move || Config::load(&path))
+    let load = tokio::task::spawn_blocking(move || Config::load(&path));
+    let cfg = tokio::time::timeout(RELOAD_LOAD_LIMIT, load)
         .await
+        .map_err(|_| {
+            format!(
+                "{}: not read and checked within {} s (a blocked read or slow name resolution)",
+                state.config.path.display(),
+                RELOAD_LOAD_LIMIT.as_secs()
+            )
+        })?
         .map_err(|e| format!("reload task failed: {e}"))?
         .map_err(|e| e.to_string())?;
     let old = &state.config;
@@ -475,7 +489,12 @@ pub async fn serve_signals(runtime: &Arc<Runtime>) {
                     _ = term.recv() => return,
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: reloading the configuration");
-                        let _ = reload(runtime).await;
+                        // On a task of its own: a stop signal is taken at once, even while a
+                        // reload waits (reloads run one at a time, `Lifecycle::reloading`).
+                        let runtime = Arc::clone(runtime);
+                        tokio::spawn(async move {
+                            let _ = reload(&runtime).await;
+                        });
                     }
                 }
             }

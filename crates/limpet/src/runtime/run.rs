@@ -268,7 +268,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     let workers = super::workers::count(args.threads);
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let running = match start_with(cfg, workers).await {
             Ok(r) => r,
             Err(e) => {
@@ -294,5 +294,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             () = crate::proxy::quick::stop_signal() => tracing::warn!("second signal: exiting now"),
         }
         ExitCode::SUCCESS
-    })
+    });
+    // Not a plain drop, which waits for every blocking task: a reload's read that never
+    // returns (`RELOAD_LOAD_LIMIT`) must not keep the process from exiting.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
 }
