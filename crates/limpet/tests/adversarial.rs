@@ -978,6 +978,37 @@ async fn an_upload_to_a_node_that_stopped_reading_is_bounded() {
     frozen.abort();
 }
 
+/// The HTTP/2 preface and SETTINGS with INITIAL_WINDOW_SIZE (0x4) 0: answers get no DATA.
+fn h2_hello_with_its_window_shut() -> Vec<u8> {
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    hello
+}
+
+/// With an answer stalled since `started` by a shut window and `client_idle` 500 ms: the
+/// client connection `s` is closed, not before `client_idle`, and the node connection
+/// released.
+async fn stalled_answer_closed_after_client_idle(
+    s: &mut TcpStream,
+    started: Instant,
+    node: &mut SilentNode,
+) {
+    let closed = closed_within(s, SOON).await;
+    assert!(
+        closed.is_ok(),
+        "the connection holding a stalled answer was not closed within {SOON:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "closed before client_idle: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection was not released"
+    );
+}
+
 /// The same stall on a stream opened after limpet closed the connection for idling: h2 takes
 /// new streams until the client acks the GOAWAY's PING, so a client that never does can open
 /// one in the close's grace, with its window shut. Its answer is bounded as on an open
@@ -994,10 +1025,9 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
     cfg.timeouts.client_idle = Duration::from_millis(500);
     let proxy = Proxy::start(cfg).await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
-    let mut hello = H2_PREFACE.to_vec();
-    // SETTINGS: INITIAL_WINDOW_SIZE (0x4) = 0.
-    hello.extend(h2_frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
-    s.write_all(&hello).await.expect("write");
+    s.write_all(&h2_hello_with_its_window_shut())
+        .await
+        .expect("write");
     tokio::time::timeout(SOON, async {
         while read_h2_frame(&mut s)
             .await
@@ -1028,20 +1058,7 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
     })
     .await
     .expect("stream 1 is answered (its head: DATA waits for the window)");
-    let closed = closed_within(&mut s, SOON).await;
-    assert!(
-        closed.is_ok(),
-        "the connection holding a stalled answer was not closed within {SOON:?}"
-    );
-    assert!(
-        started.elapsed() >= Duration::from_millis(400),
-        "closed before client_idle: {:?}",
-        started.elapsed()
-    );
-    assert!(
-        node.connection_closed_within(SOON).await,
-        "the node connection was not released"
-    );
+    stalled_answer_closed_after_client_idle(&mut s, started, &mut node).await;
     proxy.stop().await;
 }
 
@@ -1057,26 +1074,11 @@ async fn an_h2_client_that_never_opens_its_window_is_closed_after_client_idle() 
     cfg.timeouts.client_idle = Duration::from_millis(500);
     let proxy = Proxy::start(cfg).await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
-    let mut hello = H2_PREFACE.to_vec();
-    // SETTINGS: INITIAL_WINDOW_SIZE (0x4) = 0.
-    hello.extend(h2_frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    let mut hello = h2_hello_with_its_window_shut();
     // HEADERS, END_STREAM | END_HEADERS: GET http://t/ (static-table HPACK).
     hello.extend(h2_frame(0x1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
     s.write_all(&hello).await.expect("write");
     let started = Instant::now();
-    let closed = closed_within(&mut s, SOON).await;
-    assert!(
-        closed.is_ok(),
-        "the connection holding a stalled answer was not closed within {SOON:?}"
-    );
-    assert!(
-        started.elapsed() >= Duration::from_millis(400),
-        "closed before client_idle: {:?}",
-        started.elapsed()
-    );
-    assert!(
-        node.connection_closed_within(SOON).await,
-        "the node connection was not released"
-    );
+    stalled_answer_closed_after_client_idle(&mut s, started, &mut node).await;
     proxy.stop().await;
 }
