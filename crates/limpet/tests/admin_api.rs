@@ -1,6 +1,6 @@
 //! The admin API of the real runtime over HTTP on loopback: reads, node state writes, errors,
-//! metrics and the page, bearer-token authorization of writes beyond loopback, and the
-//! refusal to start an admin listener off loopback without a token.
+//! metrics and the page, bearer-token authorization of writes (and of table entry reads)
+//! beyond loopback, and the refusal to start an admin listener off loopback without a token.
 
 mod admin_common;
 
@@ -198,6 +198,24 @@ async fn writes_need_the_token_beyond_loopback() {
     }
     let (_, v) = get_json(&format!("{base}/api/v1/nodes/a")).await;
     assert_eq!(v["state"], "UP", "reads need no token; nothing changed");
+    // Except a table's entries, keyed by what pins sessions (session ids, client addresses).
+    let (s, _) = get_json(&format!("{base}/api/v1/tables")).await;
+    assert_eq!(s, 200, "table sizes stay open");
+    for path in ["/api/v1/tables/t", "/api/v1/tables/t/entry?key=1"] {
+        let (s, v) = get_json(&format!("{base}{path}")).await;
+        assert_eq!(s, 401, "{path}: {v}");
+        let r = bare_client()
+            .get(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            r.status().as_u16(),
+            404,
+            "{path} with the token: past the check, to the route (this config has no table t)"
+        );
+    }
     let (s, v) = post_state(&l, "a", r#"{"state":"maint"}"#, Some(TOKEN)).await;
     assert_eq!((s, v["state"].as_str()), (200, Some("MAINT")));
     let r = bare_client()

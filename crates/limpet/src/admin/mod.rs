@@ -32,7 +32,9 @@
 //! Writes carry `Authorization: Bearer <token>` whenever a token is configured, and a token
 //! must be configured whenever the listener is not on a loopback address:
 //! [`AdminSettings::validate`] refuses such a configuration, so limpet does not start with an
-//! open admin API on the network. Reads (the page, the JSON reads, `/metrics`) need no token.
+//! open admin API on the network. Reads (the page, the JSON reads, `/metrics`) need no token,
+//! except a table's entries (`/api/v1/tables/{table}` and its `entry`), whose keys can be
+//! session ids: with a token configured they are read with it.
 //! Tokens are compared in constant time; the Bearer scheme is case-insensitive. Token or not,
 //! a write from another site is refused (`auth::cross_site_refusal`): a `POST` needs
 //! `Content-Type: application/json`, and a foreign `Origin` or `Sec-Fetch-Site` gets 403.

@@ -174,7 +174,15 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
         }
     }
     let write = !matches!(method, Method::GET | Method::HEAD);
-    if write {
+    // A table's entries are keyed by what pins a session: a client address, or an
+    // application's session id (a cookie, a learned header), which would let whoever reads
+    // it take the session over. Where a token is configured they are read with it, as
+    // HAProxy's `show table` needs its admin socket; sizes (`/api/v1/tables`) stay open.
+    let reads_keys = matches!(
+        segs.as_slice(),
+        ["api", "v1", "tables", _] | ["api", "v1", "tables", _, "entry"]
+    );
+    if write || reads_keys {
         let auth = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -182,11 +190,18 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
         if !state.settings.authorizes(auth) {
             return error(
                 StatusCode::UNAUTHORIZED,
-                "writes need `Authorization: Bearer <token>`",
+                if write {
+                    "writes need `Authorization: Bearer <token>`"
+                } else {
+                    "table entries (session keys) are read with `Authorization: Bearer <token>`"
+                },
             );
         }
         // With or without a token: a browser page elsewhere must not write here.
-        if let Some(why) = super::auth::cross_site_refusal(&method, req.headers()) {
+        if let Some(why) = write
+            .then(|| super::auth::cross_site_refusal(&method, req.headers()))
+            .flatten()
+        {
             return error(StatusCode::FORBIDDEN, why);
         }
     }
