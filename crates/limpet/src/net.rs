@@ -238,7 +238,9 @@ pub async fn accept_client(
     def: &ListenerDef,
 ) -> Result<Client, String> {
     let local = if bound.ip().is_unspecified() {
-        stream.local_addr().unwrap_or(peer)
+        // Were the kernel ever not to say, the listener's own address (its port is the
+        // one reached), never the peer's: `node_port = "same"` connects to this port.
+        stream.local_addr().unwrap_or(bound)
     } else {
         bound
     };
