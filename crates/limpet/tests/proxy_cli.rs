@@ -97,7 +97,7 @@ async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
     assert!(cookies[1].starts_with("route=named;"), "{cookies:?}");
     assert!(
         !cookies[0].contains("127.0.0.1"),
-        "derived names hide the address"
+        "derived names do not show the address"
     );
     drop(child);
 }

@@ -36,8 +36,9 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: String,
     /// A node: `HOST:PORT`, or `NAME=HOST:PORT` to choose the name its cookie carries.
-    /// Without a name, a stable name derived from the address is used (it does not reveal the
-    /// address). Repeat for each node; the order is the rotation order.
+    /// Without a name, a stable name derived from the address is used: it does not show the
+    /// address, but someone who can guess node addresses can test a guess against it; give a
+    /// name where that matters. Repeat for each node; the order is the rotation order.
     #[arg(long = "to", value_name = "[NAME=]HOST:PORT", required = true, value_parser = parse_target)]
     pub to: Vec<Target>,
     /// How clients are pinned to nodes.
@@ -95,8 +96,13 @@ fn parse_net(s: &str) -> Result<IpNet, String> {
 }
 
 /// A node name derived from its address: `n-` and 6 hex digits of a fixed-seed FNV-1a hash
-/// of the address as written. Stable across restarts and instances, and it reveals nothing
-/// about the address beyond what a hash does.
+/// of the address as written. Stable across restarts, instances and reorderings of `--to`
+/// (so pins survive them), and the cookie does not show the address. It is not secret: the
+/// hash has no key, so whoever can guess the node addresses (a private range and a few
+/// ports) can test guesses against a cookie. A key would have to be shared by every
+/// instance and kept across restarts for the names to stay stable; an operator who needs
+/// the cookie to tell nothing names the nodes (`NAME=HOST:PORT`), as with HAProxy's
+/// `cookie` values.
 pub fn stable_name(addr: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in addr.trim().to_ascii_lowercase().bytes() {
