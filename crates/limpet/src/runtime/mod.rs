@@ -332,18 +332,43 @@ pub struct State {
 /// there is one (so every listener sharing the table places the session alike), else from
 /// the client address and the cookie's issue time. See `limpet_core::spread_key`.
 pub fn spread_of(key: Option<KeyRef<'_>>, client: IpAddr, issued_ms: Option<u64>) -> u64 {
-    let octets = |ip: IpAddr| match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
-    let client = octets(client);
+    let client = Octets::of(client);
     match key {
         Some(k) => match (k.ip_addr(), k.as_bytes()) {
-            (Some(ip), _) => limpet_core::spread_key(Some(&octets(ip)), &client, None),
-            (None, Some(b)) => limpet_core::spread_key(Some(b), &client, None),
-            (None, None) => limpet_core::spread_key(None, &client, issued_ms),
+            (Some(ip), _) => {
+                limpet_core::spread_key(Some(Octets::of(ip).bytes()), client.bytes(), None)
+            }
+            (None, Some(b)) => limpet_core::spread_key(Some(b), client.bytes(), None),
+            (None, None) => limpet_core::spread_key(None, client.bytes(), issued_ms),
         },
-        None => limpet_core::spread_key(None, &client, issued_ms),
+        None => limpet_core::spread_key(None, client.bytes(), issued_ms),
+    }
+}
+
+/// An address's octets on the stack ([`spread_of`] runs on every request: no allocation).
+struct Octets {
+    buf: [u8; 16],
+    len: usize,
+}
+
+impl Octets {
+    fn of(ip: IpAddr) -> Self {
+        let mut buf = [0u8; 16];
+        let len = match ip {
+            IpAddr::V4(v4) => {
+                buf[..4].copy_from_slice(&v4.octets());
+                4
+            }
+            IpAddr::V6(v6) => {
+                buf = v6.octets();
+                16
+            }
+        };
+        Octets { buf, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
@@ -805,4 +830,34 @@ pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<tokio::sync::Semap
         .find(|l| l.def.load().name == name)
         .map_or(10_000, |l| l.def.load().limits.max_client_connections);
     Arc::new(tokio::sync::Semaphore::new(max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use limpet_core::table::IpPrefix;
+
+    /// The spread key is the core's hash of the address octets as they always were (4 bytes
+    /// for IPv4, 16 for IPv6), so sessions placed before stay placed alike.
+    #[test]
+    fn spread_of_hashes_the_octets_of_each_address_family() {
+        let v4: IpAddr = "192.0.2.7".parse().expect("v4");
+        let v6: IpAddr = "2001:db8::7".parse().expect("v6");
+        let v6_octets = match v6 {
+            IpAddr::V6(a) => a.octets(),
+            IpAddr::V4(_) => unreachable!("v6"),
+        };
+        assert_eq!(
+            spread_of(None, v4, Some(42)),
+            limpet_core::spread_key(None, &[192, 0, 2, 7], Some(42))
+        );
+        assert_eq!(
+            spread_of(None, v6, None),
+            limpet_core::spread_key(None, &v6_octets, None)
+        );
+        assert_eq!(
+            spread_of(Some(KeyRef::ip(v6, IpPrefix::HOST)), v4, None),
+            limpet_core::spread_key(Some(&v6_octets), &[192, 0, 2, 7], None)
+        );
+    }
 }
