@@ -511,7 +511,9 @@ where
         RelayEnd::Done(..) => RelayEnd::Done(up.bytes, down.bytes),
         RelayEnd::Stopped(reason) if framing == Framing::WebSocket && !down.done => {
             close_websocket(&mut down, &mut nr, &mut cw, &mut cr, &clock, reason).await;
-            let _ = nw.shutdown().await;
+            // Courtesy to the node, bounded like the rest of the close (a node that stopped
+            // reading would otherwise hold it up to its write limit, `tunnel_idle`).
+            let _ = tokio::time::timeout(CLOSE_GRACE, nw.shutdown()).await;
             RelayEnd::Stopped(reason)
         }
         other => other,

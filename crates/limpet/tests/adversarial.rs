@@ -1020,8 +1020,9 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
     static ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nsome of the body";
     let mut node = SilentNode::start(ANSWER).await;
     let mut cfg = node.config();
-    // Idle before a first request: closed after header_read, with as long a grace.
-    cfg.timeouts.header_read = Duration::from_millis(300);
+    // Idle before a first request: closed after header_read, with as long a grace (at most
+    // 1 s) for the stream below to come in.
+    cfg.timeouts.header_read = Duration::from_secs(1);
     cfg.timeouts.client_idle = Duration::from_millis(500);
     let proxy = Proxy::start(cfg).await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");

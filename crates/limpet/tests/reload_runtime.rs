@@ -181,8 +181,9 @@ fn fifo_in_place_of(path: &std::path::Path) {
 }
 
 /// A reload whose file read never returns is refused after `RELOAD_LOAD_LIMIT` (30 s, on
-/// paused time) with the file named, the running config serving meanwhile, and the next
-/// reload is not locked out by it.
+/// paused time) with the file named, the running config serving meanwhile. The next reload
+/// waits for that read rather than start a second one (refused again while it is blocked),
+/// and runs once it has returned.
 #[tokio::test(start_paused = true)]
 async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_one_runs() {
     let (_nodes, port) = backend_nodes(&NODES[..2]).await;
@@ -198,6 +199,7 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
     });
     // The reload is in its read once a writer can open the FIFO without waiting (only with
     // a reader there); kept open and silent, it holds the read.
+    let deadline = std::time::Instant::now() + PATIENCE;
     let mut writer = loop {
         use std::os::unix::fs::OpenOptionsExt;
         match std::fs::OpenOptions::new()
@@ -206,7 +208,10 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
             .open(&cfg.path)
         {
             Ok(w) => break w,
-            Err(_) => tokio::task::yield_now().await,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no reader: {e}");
+                tokio::task::yield_now().await;
+            }
         }
     };
     // Paused time does not move by itself while a blocking task runs (the read): moved by
@@ -242,6 +247,32 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
             .0,
         200,
         "the running config serves"
+    );
+    // The next reload first waits for that read, within the same limit: refused again, and
+    // no second thread is left blocked on the file.
+    let again = tokio::spawn({
+        let runtime = std::sync::Arc::clone(&runtime);
+        async move { limpet::runtime::reload(&runtime).await }
+    });
+    // Into its wait (time stands still meanwhile: the blocked read holds auto-advance off).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::advance(limit).await;
+    for _ in 0..1000 {
+        if again.is_finished() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(again.is_finished(), "refused at the limit");
+    let e = again
+        .await
+        .expect("reload task")
+        .expect_err("still blocked");
+    assert!(
+        e.contains("the previous reload's read has not returned"),
+        "{e}"
     );
     // The blocked read gets its bytes (its result is dropped), and with the file back the
     // next reload runs.

@@ -1,6 +1,7 @@
 //! The real `limpet run` binary and signals: SIGHUP reloads the configuration (a bad one is
 //! refused and the running one stays); SIGTERM stops accepting, lets the request in flight
-//! finish, closes the WebSocket tunnel with 1001, and exits 0.
+//! finish, closes the WebSocket tunnel with 1001, and exits 0, also while a SIGHUP's reload
+//! is blocked reading its file; a crash is survived through the periodic snapshot.
 
 mod admin_common;
 
@@ -277,7 +278,11 @@ async fn sigterm_during_a_reload_whose_read_never_returns_exits_at_once() {
     use std::os::unix::fs::OpenOptionsExt;
     let (_nodes, port) = backend_nodes(&NODES).await;
     let cfg = ConfigFile::new("blocked-reload", &config(port, &NODES[..2]));
-    let (mut proc, _web, _admin) = run(&cfg).await;
+    let (mut proc, _web, admin) = run(&cfg).await;
+    // An answer from the admin API: the signal handlers are installed (before it, a SIGHUP
+    // would kill the process).
+    let nodes = json(&format!("http://{admin}/api/v1/nodes")).await;
+    assert_eq!(nodes.as_array().map(Vec::len), Some(2));
     std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
     let made = Command::new("mkfifo")
         .arg(&cfg.path)

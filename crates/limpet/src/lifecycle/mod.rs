@@ -44,8 +44,10 @@ pub struct Lifecycle {
     pub(crate) checks: Mutex<HealthChecks>,
     pub(crate) admin_addr: OnceLock<SocketAddr>,
     reloads: AtomicU64,
-    /// One reload at a time.
-    pub(crate) reloading: tokio::sync::Mutex<()>,
+    /// One reload at a time. Holds the read of a reload refused at `RELOAD_LOAD_LIMIT`
+    /// while it has not returned: the next reload waits for it (within the same limit)
+    /// rather than start another, so a hung file leaves at most one thread blocked.
+    pub(crate) reloading: tokio::sync::Mutex<Option<crate::runtime::ConfigLoad>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,7 +63,7 @@ impl Lifecycle {
             checks: Mutex::new(HealthChecks::new()),
             admin_addr: OnceLock::new(),
             reloads: AtomicU64::new(0),
-            reloading: tokio::sync::Mutex::new(()),
+            reloading: tokio::sync::Mutex::new(None),
         })
     }
 

@@ -300,8 +300,8 @@ impl Control for RuntimeControl {
 /// sessions and tunnels close, their pins re-pin); health checks are updated in place.
 pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
     let life = Arc::clone(&runtime.state().lifecycle);
-    let _one = life.reloading.lock().await;
-    let result = reload_locked(runtime).await;
+    let mut blocked = life.reloading.lock().await;
+    let result = reload_locked(runtime, &mut blocked).await;
     life.metrics.reload(result.is_ok());
     match &result {
         Ok(r) => {
@@ -316,25 +316,47 @@ pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
 
 /// How long a reload may take to read and check the file. Reading can block (a config on a
 /// hung network mount, a FIFO) and checking resolves node host names, bounded only by the
-/// resolver's own timeouts: past this the reload is refused and the next one may run (the
-/// blocked read is left to finish on its thread).
+/// resolver's own timeouts: past this the reload is refused. The blocked read is left to
+/// finish on its thread, and the next reload first waits for it, within the same limit.
 pub const RELOAD_LOAD_LIMIT: Duration = Duration::from_secs(30);
 
-async fn reload_locked(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
+/// A reload's read and check of the file, on a blocking thread.
+pub type ConfigLoad = tokio::task::JoinHandle<Result<Config, crate::config::ConfigError>>;
+
+async fn reload_locked(
+    runtime: &Arc<Runtime>,
+    blocked: &mut Option<ConfigLoad>,
+) -> Result<ReloadReport, String> {
     let state = runtime.state();
     let path = state.config.path.clone();
-    let load = tokio::task::spawn_blocking(move || Config::load(&path));
-    let cfg = tokio::time::timeout(RELOAD_LOAD_LIMIT, load)
-        .await
-        .map_err(|_| {
-            format!(
-                "{}: not read and checked within {} s (a blocked read or slow name resolution)",
-                state.config.path.display(),
-                RELOAD_LOAD_LIMIT.as_secs()
-            )
-        })?
-        .map_err(|e| format!("reload task failed: {e}"))?
-        .map_err(|e| e.to_string())?;
+    let too_slow = |what: &str| {
+        format!(
+            "{}: {what} within {} s (a blocked read or slow name resolution)",
+            path.display(),
+            RELOAD_LOAD_LIMIT.as_secs()
+        )
+    };
+    if let Some(previous) = blocked.as_mut() {
+        // Its result is stale: only its thread is waited for.
+        if tokio::time::timeout(RELOAD_LOAD_LIMIT, previous)
+            .await
+            .is_err()
+        {
+            return Err(too_slow("the previous reload's read has not returned"));
+        }
+        *blocked = None;
+    }
+    let load_path = path.clone();
+    let mut load = tokio::task::spawn_blocking(move || Config::load(&load_path));
+    let cfg = match tokio::time::timeout(RELOAD_LOAD_LIMIT, &mut load).await {
+        Ok(done) => done
+            .map_err(|e| format!("reload task failed: {e}"))?
+            .map_err(|e| e.to_string())?,
+        Err(_) => {
+            *blocked = Some(load);
+            return Err(too_slow("not read and checked"));
+        }
+    };
     let old = &state.config;
     // Listeners are bound once, at start.
     for l in &cfg.listeners {
@@ -483,19 +505,23 @@ pub async fn serve_signals(runtime: &Arc<Runtime>) {
             signal(SignalKind::hangup()),
             signal(SignalKind::terminate()),
         ) {
+            // Reloads on tasks of their own: a stop signal is taken at once, even while a
+            // reload waits (they run one at a time, `Lifecycle::reloading`). Dropped when
+            // this returns, which aborts one still waiting: limpet is stopping, and a reload
+            // applied mid-drain would restart the health checks the drain stopped.
+            let mut reloads = JoinSet::new();
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return,
                     _ = term.recv() => return,
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: reloading the configuration");
-                        // On a task of its own: a stop signal is taken at once, even while a
-                        // reload waits (reloads run one at a time, `Lifecycle::reloading`).
                         let runtime = Arc::clone(runtime);
-                        tokio::spawn(async move {
+                        reloads.spawn(async move {
                             let _ = reload(&runtime).await;
                         });
                     }
+                    Some(_) = reloads.join_next(), if !reloads.is_empty() => {}
                 }
             }
         }
