@@ -169,15 +169,19 @@ async fn a_removed_node_is_maint_for_its_pins() {
     l.stop().await;
 }
 
-/// A FIFO at `path` in place of the config file: a read of it blocks until a writer comes,
-/// as a read from a hung network mount does.
-fn fifo_in_place_of(path: &std::path::Path) {
-    std::fs::remove_file(path).unwrap_or_else(|e| panic!("{e}"));
-    let made = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
-    assert!(made.success());
+/// The error of `reload`, a task whose limit has just passed: it ends within a few
+/// yields (paused time, moved by hand), refused.
+async fn refused_now(
+    reload: tokio::task::JoinHandle<Result<limpet::admin::ReloadReport, String>>,
+) -> String {
+    for _ in 0..1000 {
+        if reload.is_finished() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(reload.is_finished(), "refused at the limit");
+    reload.await.expect("reload task").expect_err("refused")
 }
 
 /// A reload whose file read never returns is refused after `RELOAD_LOAD_LIMIT` (30 s, on
@@ -197,40 +201,15 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
         let runtime = std::sync::Arc::clone(&runtime);
         async move { limpet::runtime::reload(&runtime).await }
     });
-    // The reload is in its read once a writer can open the FIFO without waiting (only with
-    // a reader there); kept open and silent, it holds the read.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    let mut writer = loop {
-        use std::os::unix::fs::OpenOptionsExt;
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&cfg.path)
-        {
-            Ok(w) => break w,
-            Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "no reader: {e}");
-                tokio::task::yield_now().await;
-            }
-        }
-    };
+    // Once the reload is in its read, kept waiting by a silent writer.
+    let mut writer = fifo_writer_once_read(&cfg.path).await;
     // Paused time does not move by itself while a blocking task runs (the read): moved by
     // hand, to just before the limit and then to it.
     let limit = limpet::runtime::RELOAD_LOAD_LIMIT;
     tokio::time::advance(limit - std::time::Duration::from_millis(1)).await;
     assert!(!reloading.is_finished(), "refused before the limit");
     tokio::time::advance(std::time::Duration::from_millis(1)).await;
-    for _ in 0..1000 {
-        if reloading.is_finished() {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(reloading.is_finished(), "refused at the limit");
-    let e = reloading
-        .await
-        .expect("reload task")
-        .expect_err("no file to read");
+    let e = refused_now(reloading).await;
     let took = started.elapsed();
     assert!(
         e.contains("not read and checked within 30 s") && e.contains("limpet.toml"),
@@ -259,17 +238,7 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
         tokio::task::yield_now().await;
     }
     tokio::time::advance(limit).await;
-    for _ in 0..1000 {
-        if again.is_finished() {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(again.is_finished(), "refused at the limit");
-    let e = again
-        .await
-        .expect("reload task")
-        .expect_err("still blocked");
+    let e = refused_now(again).await;
     assert!(
         e.contains("the previous reload's read has not returned"),
         "{e}"

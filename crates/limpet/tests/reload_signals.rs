@@ -275,7 +275,6 @@ async fn a_crash_and_restart_brings_the_pins_back_from_the_periodic_snapshot() {
 /// so the stop is taken at once, and the exit does not wait for the blocked read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_reload_whose_read_never_returns_exits_at_once() {
-    use std::os::unix::fs::OpenOptionsExt;
     let (_nodes, port) = backend_nodes(&NODES).await;
     let cfg = ConfigFile::new("blocked-reload", &config(port, &NODES[..2]));
     let (mut proc, _web, admin) = run(&cfg).await;
@@ -283,29 +282,10 @@ async fn sigterm_during_a_reload_whose_read_never_returns_exits_at_once() {
     // would kill the process).
     let nodes = json(&format!("http://{admin}/api/v1/nodes")).await;
     assert_eq!(nodes.as_array().map(Vec::len), Some(2));
-    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
-    let made = Command::new("mkfifo")
-        .arg(&cfg.path)
-        .status()
-        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
-    assert!(made.success());
+    fifo_in_place_of(&cfg.path);
     signal(&proc.0, "HUP");
-    // A writer can open the FIFO without waiting only once a reader has: then limpet's
-    // reload is in its read, which waits for bytes that never come while this is open.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    let _writer = loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&cfg.path)
-        {
-            Ok(w) => break w,
-            Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "no reader: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    // limpet's reload in its read, which waits for bytes that never come while this is open.
+    let _writer = fifo_writer_once_read(&cfg.path).await;
     signal(&proc.0, "TERM");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let code = loop {

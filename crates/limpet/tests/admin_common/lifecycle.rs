@@ -260,3 +260,36 @@ pub async fn admin_json(l: &Limpet, path: &str) -> serde_json::Value {
 pub async fn node_view(l: &Limpet, name: &str) -> serde_json::Value {
     admin_json(l, &format!("/api/v1/nodes/{name}")).await
 }
+
+/// A FIFO in place of the config file at `path`: a read of it blocks until a writer comes,
+/// as a read from a hung network mount does.
+pub fn fifo_in_place_of(path: &std::path::Path) {
+    std::fs::remove_file(path).unwrap_or_else(|e| panic!("{e}"));
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+}
+
+/// The write end of the FIFO at `path`, once limpet has it open for reading (a writer
+/// opens a FIFO without waiting only then; within [`PATIENCE`]). Held open and silent, it
+/// keeps limpet's read waiting; its bytes and close end that read. Looks again after a
+/// yield, not a sleep: on paused time, a blocked read keeps the clock from moving.
+pub async fn fifo_writer_once_read(path: &std::path::Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(w) => return w,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no reader: {e}");
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
