@@ -198,11 +198,10 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
             );
         }
         // With or without a token: a browser page elsewhere must not write here.
-        if let Some(why) = write
-            .then(|| super::auth::cross_site_refusal(&method, req.headers()))
-            .flatten()
-        {
-            return error(StatusCode::FORBIDDEN, why);
+        if write {
+            if let Some(why) = super::auth::cross_site_refusal(&method, req.headers()) {
+                return error(StatusCode::FORBIDDEN, why);
+            }
         }
     }
     let c = &state.control;

@@ -98,15 +98,13 @@ impl NodeConns {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A ready idle connection, if one is left. Closed or expired ones are dropped on the way.
+    /// A ready idle connection, if one is left. Expired ones are pruned first (what is left
+    /// is younger, the stack being oldest first); closed ones are dropped on the way.
     pub(crate) fn checkout(&self) -> Option<Sender> {
         let mut idle = self.lock();
         self.prune(&mut idle);
         while let Some(entry) = idle.pop() {
-            if entry.since.elapsed() < self.idle_timeout
-                && entry.sender.is_ready()
-                && !entry.sender.is_closed()
-            {
+            if entry.sender.is_ready() && !entry.sender.is_closed() {
                 return Some(entry.sender);
             }
         }
@@ -119,9 +117,10 @@ impl NodeConns {
     /// request-driven path does ([`NodeConns::prune_h1`]). A dropped handle ends its
     /// connection's task, which closes the socket.
     fn prune(&self, idle: &mut Vec<Idle>) {
+        let now = Instant::now();
         let expired = idle
             .iter()
-            .take_while(|e| e.since.elapsed() >= self.idle_timeout)
+            .take_while(|e| now.saturating_duration_since(e.since) >= self.idle_timeout)
             .count();
         idle.drain(..expired);
     }

@@ -321,7 +321,7 @@ pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
 pub const RELOAD_LOAD_LIMIT: Duration = Duration::from_secs(30);
 
 /// A reload's read and check of the file, on a blocking thread.
-pub type ConfigLoad = tokio::task::JoinHandle<Result<Config, crate::config::ConfigError>>;
+pub(crate) type ConfigLoad = tokio::task::JoinHandle<Result<Config, crate::config::ConfigError>>;
 
 async fn reload_locked(
     runtime: &Arc<Runtime>,

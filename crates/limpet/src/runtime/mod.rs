@@ -48,9 +48,9 @@ use crate::config::{Config, ListenerDef, TableDef};
 use crate::nodes::{ConnGuard, NodeRuntime};
 use crate::store::{Store, Write};
 
+pub(crate) use control::ConfigLoad;
 pub use control::{
-    reload, serve_signals, start as start_lifecycle, ConfigLoad, RuntimeControl, RuntimeSink,
-    RELOAD_LOAD_LIMIT,
+    reload, serve_signals, start as start_lifecycle, RuntimeControl, RuntimeSink, RELOAD_LOAD_LIMIT,
 };
 pub use run::{start, Running, StartError};
 pub use snapshot::{load_snapshot, save_snapshot, SnapshotLoad};
