@@ -15,19 +15,21 @@
 //! - A *traffic success* is an answer (HTTP) or a completed connect (TCP, which has no
 //!   answer to wait for). Without checks it resets the failure streak and ends a trial. With
 //!   checks it counts for nothing: a node whose kernel still accepts connections while its
-//!   process is stopped completes every connect, and must not be kept UP by that.
-//! - A completed HTTP connect alone ([`Observation::Connected`]) only ends a trial (without
-//!   checks): the trial is decided before any byte is sent, so the request that makes it
-//!   never waits on a node that is not back. It does not reset the failure streak of an UP
-//!   node, so a node that accepts connections but never answers still goes DOWN on its
-//!   answer timeouts. A node back by a connect alone is on probation: its failure streak
-//!   starts at `fall - 1`, so one more failure takes it DOWN again until an answer resets
-//!   the streak (a hung node costs one timed-out request per `fail_timeout`, not `fall`).
-//! - A *trial* is one connection attempt to a DOWN node (no checks) once its `retry_at` has
-//!   passed. [`Health::claim_trial`] hands it to one caller; while the claim holds, nobody
-//!   else tries. Every traffic failure seen while DOWN (a refused trial, or the late answer
-//!   timeout of a request sent while the node was still UP) starts the wait again. The caller connects first and fails over if the trial is refused, so the
-//!   request that makes the trial is never the one that suffers.
+//!   process is stopped completes every connect, and must not be kept UP by that. For the
+//!   same reason a completed HTTP connect is no success at all: an HTTP node is back when
+//!   it answers.
+//! - A *trial* is one request to a DOWN node (no checks) once its `retry_at` has passed.
+//!   [`Health::claim_trial`] hands it to one caller; while the claim holds (the caller's
+//!   connect and answer timeouts), nobody else tries, so a node that is not back costs one
+//!   request per `fail_timeout`, never the traffic of a whole probation. The caller
+//!   connects first and fails over if the trial is refused; a hung node's trial waits for
+//!   its answer timeout, and an idempotent request is then replayed elsewhere.
+//! - Only a trial's success brings the node back: a success that no claimed trial made
+//!   is an attempt that was already in flight when the node went DOWN, and proves nothing
+//!   about the node now (taken as one, each late answer of a node dying under load would
+//!   flap it UP, and the next failure DOWN again). Every traffic failure seen while DOWN (a
+//!   refused trial, or the late answer timeout of a request sent while the node was still
+//!   UP) starts the wait again and ends the trial.
 //! - The operator's (or the sim's) forced DOWN is never tried: it holds until forced UP or a
 //!   check brings the node back.
 
@@ -63,8 +65,6 @@ pub enum Observation {
     CheckFailed,
     /// Live traffic was served: an HTTP answer arrived, or a TCP connect completed.
     TrafficOk,
-    /// An HTTP connect completed (nothing sent yet): ends a trial, proves nothing else.
-    Connected,
     /// Live traffic failed at the node: connect refused or timed out, TLS to the node failed,
     /// or no answer within the answer timeout.
     TrafficFailed,
@@ -80,6 +80,9 @@ pub struct Health {
     /// While down without checks: when the next trial may start. `u64::MAX`: never (a forced
     /// DOWN).
     retry_at_ms: u64,
+    /// While down without checks: a trial was claimed since the node went DOWN or last
+    /// failed, so a success now is that trial's (or at least a sign of life after it).
+    trying: bool,
 }
 
 /// A change of health state.
@@ -105,6 +108,7 @@ impl Default for Health {
             up: true,
             streak: 0,
             retry_at_ms: 0,
+            trying: false,
         }
     }
 }
@@ -153,13 +157,15 @@ impl Health {
 
     /// Takes the trial of a DOWN node whose `fail_timeout` has passed: true for the one
     /// caller that gets it, which must then report the outcome ([`Observation::TrafficOk`]
-    /// or [`Observation::TrafficFailed`]). The claim holds for `hold_ms` (the caller's
-    /// connect timeout): a trial whose outcome is never reported is simply due again then.
+    /// or [`Observation::TrafficFailed`]). The claim holds for `hold_ms` (the longest the
+    /// caller may take to know: its connect and answer timeouts): a trial whose outcome is
+    /// never reported is simply due again then.
     pub fn claim_trial(&mut self, policy: HealthPolicy, now_ms: u64, hold_ms: u64) -> bool {
         if self.availability(policy, now_ms) != Availability::TrialDue {
             return false;
         }
         self.retry_at_ms = now_ms.saturating_add(hold_ms.max(1));
+        self.trying = true;
         true
     }
 
@@ -175,7 +181,6 @@ impl Health {
                 self.streak = 0;
                 None
             }
-            (true, Observation::Connected) => None,
             // With checks, traffic that gets through proves nothing about the process.
             (true, Observation::TrafficOk) => {
                 if !policy.checked {
@@ -190,6 +195,7 @@ impl Health {
                         up: false,
                         streak: 0,
                         retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
+                        trying: false,
                     };
                     Some(Transition::WentDown)
                 } else {
@@ -210,22 +216,20 @@ impl Health {
                 None
             }
             // A trial succeeded: one is enough (nginx). A forced DOWN is not tried, and a
-            // connect that slipped through anyway does not lift it.
-            (false, Observation::TrafficOk | Observation::Connected) => {
-                if policy.checked || self.retry_at_ms == u64::MAX {
+            // success no trial made (an attempt in flight when the node went DOWN) does not
+            // lift it.
+            (false, Observation::TrafficOk) => {
+                if policy.checked || self.retry_at_ms == u64::MAX || !self.trying {
                     None
                 } else {
                     *self = Health::default();
-                    if obs == Observation::Connected {
-                        // Probation: back on a connect alone, not yet on an answer.
-                        self.streak = policy.fall.max(1) - 1;
-                    }
                     Some(Transition::WentUp)
                 }
             }
             (false, Observation::TrafficFailed) => {
                 if !policy.checked && self.retry_at_ms != u64::MAX {
                     self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
+                    self.trying = false;
                 }
                 None
             }
@@ -242,6 +246,7 @@ impl Health {
             up,
             streak: 0,
             retry_at_ms: if up { 0 } else { u64::MAX },
+            trying: false,
         };
         match (was, up) {
             (true, false) => Some(Transition::WentDown),
@@ -252,8 +257,8 @@ impl Health {
 
     fn debug_check(&self) {
         debug_assert!(
-            !self.up || self.retry_at_ms == 0,
-            "an UP node has no trial time"
+            !self.up || (self.retry_at_ms == 0 && !self.trying),
+            "an UP node has no trial"
         );
     }
 }
@@ -268,7 +273,7 @@ mod tests {
         /// nothing (so skipping the report is the same as making it).
         #[test]
         fn traffic_ok_changes_nothing_when_it_says_so(
-            steps in proptest::collection::vec((0u8..5, 0u64..30_000), 0..40),
+            steps in proptest::collection::vec((0u8..4, 0u64..30_000), 0..40),
             checked in proptest::prelude::any::<bool>(),
             fall in 1u32..4,
         ) {
@@ -277,7 +282,7 @@ mod tests {
             let mut now = 0;
             for (obs, dt) in steps {
                 now += dt;
-                let obs = [CheckPassed, CheckFailed, TrafficOk, Connected, TrafficFailed][usize::from(obs)];
+                let obs = [CheckPassed, CheckFailed, TrafficOk, TrafficFailed][usize::from(obs)];
                 h.observe(obs, policy, now);
                 if h.traffic_ok_changes_nothing(policy) {
                     let mut after = h;
@@ -389,29 +394,47 @@ mod tests {
     }
 
     #[test]
-    fn a_completed_connect_ends_a_trial_but_does_not_hold_a_node_up() {
+    fn a_hung_node_s_trial_keeps_it_down_until_an_answer_comes() {
         let p = HealthPolicy::default();
         let mut h = Health::default();
-        // A hung node without checks: connects complete, answers time out.
+        // A hung node without checks: every answer times out.
         for _ in 0..2 {
-            assert_eq!(h.observe(Connected, p, 0), None);
             assert_eq!(h.observe(TrafficFailed, p, 0), None);
         }
-        assert_eq!(h.observe(Connected, p, 0), None);
         assert_eq!(h.observe(TrafficFailed, p, 0), Some(Transition::WentDown));
-        assert!(h.claim_trial(p, 10_000, 1_000));
-        assert_eq!(h.observe(Connected, p, 10_001), Some(Transition::WentUp));
-        // On probation: the next timed-out answer takes it DOWN again at once...
-        assert_eq!(
-            h.observe(TrafficFailed, p, 10_002),
-            Some(Transition::WentDown)
-        );
-        // ...while an answer after the trial ends the probation.
-        assert!(h.claim_trial(p, 20_002, 1_000));
-        assert_eq!(h.observe(Connected, p, 20_003), Some(Transition::WentUp));
-        assert_eq!(h.observe(TrafficOk, p, 20_004), None);
+        // Its trial (claimed for the connect and answer timeouts) times out too: still
+        // DOWN, and nobody else tried it meanwhile.
+        assert!(h.claim_trial(p, 10_000, 6_000));
+        assert!(!h.claim_trial(p, 12_000, 6_000), "one trial at a time");
+        assert_eq!(h.observe(TrafficFailed, p, 16_000), None);
+        assert!(!h.is_up());
+        assert_eq!(h.retry_at_ms(p), Some(26_000), "the wait starts again");
+        // The next trial is answered: back UP, with no failure counted.
+        assert!(h.claim_trial(p, 26_000, 6_000));
+        assert_eq!(h.observe(TrafficOk, p, 26_001), Some(Transition::WentUp));
         assert_eq!(h.streak(), 0);
-        assert_eq!(h.observe(TrafficFailed, p, 20_005), None);
+    }
+
+    #[test]
+    fn a_success_no_trial_made_does_not_bring_a_node_back() {
+        let p = HealthPolicy {
+            fall: 1,
+            ..HealthPolicy::default()
+        };
+        let mut h = Health::default();
+        assert_eq!(h.observe(TrafficFailed, p, 0), Some(Transition::WentDown));
+        // Answers of requests sent while it was still UP, arriving now or after its
+        // fail_timeout: no trial was claimed, so they prove nothing.
+        assert_eq!(h.observe(TrafficOk, p, 1), None);
+        assert_eq!(h.observe(TrafficOk, p, 10_500), None);
+        assert!(!h.is_up());
+        assert!(h.claim_trial(p, 11_000, 1_000));
+        // A failure seen meanwhile (a late answer timeout) ends the trial: its success,
+        // if it comes, no longer counts, and the wait starts again.
+        assert_eq!(h.observe(TrafficFailed, p, 11_100), None);
+        assert_eq!(h.observe(TrafficOk, p, 11_200), None);
+        assert!(h.claim_trial(p, 21_100, 1_000));
+        assert_eq!(h.observe(TrafficOk, p, 21_200), Some(Transition::WentUp));
     }
 
     #[test]

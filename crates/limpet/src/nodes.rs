@@ -130,7 +130,9 @@ impl NodeRuntime {
         self.update(|s| s.health.observe(obs, s.policy, now_ms))
     }
 
-    /// Takes the trial of a DOWN node due one; the claim holds `hold` (the connect timeout).
+    /// Takes the trial of a DOWN node due one; the claim holds `hold` (the longest the
+    /// trial's outcome may take to be known: the connect timeout, and for HTTP the answer
+    /// timeout too).
     pub fn claim_trial(&self, hold: Duration) -> bool {
         let now = clock::now_ms();
         self.update(|s| s.health.claim_trial(s.policy, now, clock::ms(hold)))
@@ -159,18 +161,35 @@ impl NodeRuntime {
     }
 
     /// Resolves when a long-lived session with this spread key must end, with the reason:
-    /// at once on MAINT, on DOWN when `close_on_down`, and at the session's own moment past a
-    /// drain deadline (the moment routing re-pins the same key). Re-checks on every change.
-    pub async fn session_end(&self, spread_key: u64, close_on_down: bool) -> RepinReason {
+    /// at once on MAINT, on DOWN when `close_on_down()` says so, and at the session's own
+    /// moment past a drain deadline (the moment routing re-pins the same key). Re-checks on
+    /// every change of the node and every reload (`reloads` moves): `close_on_down` is the
+    /// listener's setting as the running config has it then, so a reload that turns it on
+    /// ends the sessions of a node already DOWN.
+    pub async fn session_end(
+        &self,
+        spread_key: u64,
+        close_on_down: impl Fn() -> bool,
+        mut reloads: watch::Receiver<u32>,
+    ) -> RepinReason {
         // Subscribe before reading: a change between the read and the wait is not missed.
         let mut events = self.events.subscribe();
+        reloads.mark_unchanged();
         loop {
             let end = self
                 .status()
-                .session_end(clock::now_ms(), spread_key, close_on_down);
+                .session_end(clock::now_ms(), spread_key, close_on_down());
             let changed = async {
-                if events.changed().await.is_err() {
-                    std::future::pending::<()>().await;
+                tokio::select! {
+                    r = events.changed() => if r.is_err() {
+                        std::future::pending::<()>().await;
+                    },
+                    r = reloads.changed() => if r.is_err() {
+                        // No more reloads (the runtime is gone): node changes only.
+                        if events.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    },
                 }
             };
             match end {
@@ -480,6 +499,7 @@ mod tests {
         }
         assert!(!rt.status().health.is_up());
         let later = 10 + HealthPolicy::default().fail_timeout_ms;
+        assert!(rt.update(|s| s.health.claim_trial(s.policy, later, 1_000)));
         assert_eq!(
             rt.observe_at(Observation::TrafficOk, later),
             Some(Transition::WentUp),
@@ -542,7 +562,7 @@ mod tests {
         });
         let t0 = tokio::time::Instant::now();
         // Spread key with f = 1/2: its moment is deadline + 5 s.
-        let reason = rt.session_end(1u64 << 63, false).await;
+        let reason = rt.session_end(1u64 << 63, || false, no_reloads()).await;
         assert_eq!(reason, RepinReason::DrainEnded);
         let waited = t0.elapsed();
         assert!(
@@ -556,7 +576,7 @@ mod tests {
         let rt = node();
         let waiting = {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.session_end(0, true).await })
+            tokio::spawn(async move { rt.session_end(0, || true, no_reloads()).await })
         };
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(
@@ -568,12 +588,45 @@ mod tests {
         // Without close_on_down a DOWN node keeps its sessions; MAINT ends them anyway.
         let waiting = {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.session_end(0, false).await })
+            tokio::spawn(async move { rt.session_end(0, || false, no_reloads()).await })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiting.is_finished());
         rt.set_admin(AdminState::Maint);
         assert_eq!(waiting.await.ok(), Some(RepinReason::NodeMaint));
+    }
+
+    /// Reloads that never come: the sender is gone.
+    fn no_reloads() -> watch::Receiver<u32> {
+        watch::channel(0).1
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_that_turns_close_on_down_on_ends_the_sessions_of_a_node_already_down() {
+        let rt = node();
+        let close_on_down = Arc::new(AtomicBool::new(false));
+        let (reloads, reloaded) = watch::channel(0u32);
+        rt.force_health(false);
+        let waiting = {
+            let (rt, close_on_down) = (Arc::clone(&rt), Arc::clone(&close_on_down));
+            tokio::spawn(async move {
+                rt.session_end(0, || close_on_down.load(Ordering::Relaxed), reloaded)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            !waiting.is_finished(),
+            "without close_on_down a DOWN node keeps its session"
+        );
+        // The setting changes with no change of the node: the reload alone is the event.
+        close_on_down.store(true, Ordering::Relaxed);
+        reloads.send_replace(1);
+        let reason = tokio::time::timeout(Duration::from_secs(1), waiting).await;
+        assert_eq!(
+            reason.ok().and_then(Result::ok),
+            Some(RepinReason::NodeDown)
+        );
     }
 
     #[tokio::test(start_paused = true)]

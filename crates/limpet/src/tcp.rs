@@ -459,6 +459,7 @@ async fn attempt(
 
 /// Serves one client connection of TCP listener `li`.
 async fn session(
+    runtime: Arc<Runtime>,
     state: Arc<State>,
     li: usize,
     (stream, peer, bound): (crate::socket::ClientSocket, SocketAddr, SocketAddr),
@@ -498,11 +499,13 @@ async fn session(
     rt.seen(spread);
     let upstream = conn.stream;
     // The node's runtime outlives reloads: a session opened before one still ends on every
-    // later MAINT, DOWN (`close_on_node_down`) and drain deadline.
-    let close_on_down = def.tcp.close_on_node_down;
+    // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
+    // deadline.
+    let close_on_down =
+        crate::runtime::CloseOnDown::new(runtime, &def.name, def.tcp.close_on_node_down);
     let stop = async {
         tokio::select! {
-            r = rt.session_end(spread, close_on_down) => {
+            r = rt.session_end(spread, || close_on_down.now(), close_on_down.reloads()) => {
                 tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
                 r.as_str()
             }
@@ -588,10 +591,11 @@ pub async fn serve_on(
                 return;
             };
             let shutdown = shutdown.clone();
+            let runtime = Arc::clone(&runtime);
             // Boxed before it is spawned, as HTTP connections are (`proxy::server`).
             sessions.spawn(Box::pin(async move {
                 let _permit = permit;
-                session(state, li, (stream, peer, bound), shutdown).await;
+                session(runtime, state, li, (stream, peer, bound), shutdown).await;
             }));
         },
     )

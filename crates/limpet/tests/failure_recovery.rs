@@ -10,6 +10,10 @@
 //!    HTTP/2 connections and close a pre-reload TCP session (DOWN: `close_on_node_down`;
 //!    drain: by deadline + spread); a reload that renumbers the nodes keeps pre-reload
 //!    connections reading and writing pins by node name.
+//! 4. A reload's topology and settings reach what was opened before it: a pre-reload
+//!    connection's next request goes to a moved node's new address and honours a cookie to an
+//!    added node; a reload that turns `close_on_node_down` on closes a session on a node
+//!    already DOWN.
 
 mod admin_common;
 
@@ -1068,6 +1072,96 @@ async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fail
     b.kill().await;
 }
 
+/// Without checks, a hung node's trial is decided by its answer, and while the trial waits
+/// for it nobody else is sent there: sessions pinned to the node keep being served by b, and
+/// only the trial requests (one per `fail_timeout` + answer timeout) wait on the hung node.
+/// Decided by the trial's connect instead, the node would be UP for the whole answer timeout
+/// after each trial, and every pinned session would wait on it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_checks_a_hung_node_s_trials_make_one_request_wait_not_every_session() {
+    let (hung, _port, mut b) = hung_a_and_live_b().await;
+    let hung_addr = hung
+        .local_addr()
+        .unwrap_or_else(|e| panic!("hung addr: {e}"));
+    let mut cfg = limpet::proxy::ProxyConfig::new(vec![
+        limpet::proxy::NodeConfig {
+            name: "a".into(),
+            addr: hung_addr,
+        },
+        limpet::proxy::NodeConfig {
+            name: "b".into(),
+            addr: b.addr,
+        },
+    ]);
+    const ANSWER: Duration = Duration::from_millis(300);
+    const FAIL_TIMEOUT: Duration = Duration::from_millis(400);
+    const RUN: Duration = Duration::from_millis(2_500);
+    const SESSIONS: usize = 6;
+    cfg.timeouts.upstream_answer = ANSWER;
+    cfg.health.fall = 1;
+    cfg.health.fail_timeout_ms = FAIL_TIMEOUT.as_millis() as u64;
+    let proxy = Quick::start(cfg).await;
+
+    // a goes DOWN on its first answer timeout.
+    let mut first = H1::open(proxy.addr).await;
+    let a = first
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (a.status, a.node.as_str()),
+        (200, "b"),
+        "replayed on b: {a:?}"
+    );
+    assert_eq!(proxy.state_of("a"), "DOWN");
+
+    // Sessions pinned to a keep asking for it (their cookie says a), each on its own
+    // connection, one request at a time, for RUN.
+    let started = Instant::now();
+    let mut sessions = JoinSet::new();
+    for _ in 0..SESSIONS {
+        let addr = proxy.addr;
+        sessions.spawn(async move {
+            let mut c = H1::open(addr).await;
+            let mut seen = Vec::new();
+            while started.elapsed() < RUN {
+                let t = Instant::now();
+                let a = c.get(Some("route=a")).await;
+                seen.push((a.map(|a| (a.status, a.node)), t.elapsed()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seen
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(r) = sessions.join_next().await {
+        results.extend(r.unwrap_or_else(|e| panic!("session task: {e}")));
+    }
+    assert!(
+        results
+            .iter()
+            .all(|(r, _)| matches!(r, Ok((200, n)) if n == "b")),
+        "every request was served by b: {results:?}"
+    );
+    let waited = results.iter().filter(|(_, t)| *t >= ANSWER).count();
+    // A trial at most every fail_timeout + answer timeout (its answer timeout restarts
+    // the wait), each one request's wait.
+    let trials = (RUN.as_millis() / (FAIL_TIMEOUT + ANSWER).as_millis()) as usize + 1;
+    assert!(
+        (1..=trials).contains(&waited),
+        "{waited} of {} requests waited on the hung node; its trials allow 1 to {trials}",
+        results.len()
+    );
+    eprintln!(
+        "{waited} of {} requests of {SESSIONS} pinned sessions waited on the hung node's trials",
+        results.len()
+    );
+    drop(first);
+    proxy.stop().await;
+    drop(hung);
+    b.kill().await;
+}
+
 /// [`new_sessions_are_served`] through an HTTP client: N = 60 new sessions (a new
 /// connection, no cookie), one every 30 ms, at least 95 % answered 200 within 2 s each.
 async fn new_sessions_are_served_at(url: &str) {
@@ -1251,10 +1345,9 @@ fn table_web_config(port: u16, order: &[(&str, &str)]) -> String {
 }
 
 /// A reload that reorders the nodes renumbers them, while the shared table keeps its pins by
-/// name: a keep-alive connection opened before the reload still routes over its own
-/// generation's numbering, so it must read and write the table through its own binding. It
-/// reads the client's pin as the same node, and a pin it writes is read by new connections as
-/// the same node.
+/// name: a keep-alive connection opened before the reload, whose next request routes over the
+/// new generation's numbering, reads the client's pin as the same node, and a pin it writes is
+/// read by new connections as the same node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pre_reload_connection_reads_and_writes_pins_by_node_name_after_nodes_are_renumbered() {
     let (_nodes, port) = backend_nodes(&AB).await;
@@ -1463,5 +1556,149 @@ async fn a_drain_deadline_after_a_reload_ends_pre_reload_tcp_h1_and_h2_sessions_
     tokio::time::sleep_until(past).await;
     h1_and_h2_move_to_b(&mut h1, &mut h2, "the drain deadline and spread").await;
     eprintln!("session ended {ended:?} after the drain (deadline {DEADLINE:?}, spread {SPREAD:?})");
+    l.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A reload's topology and settings reach connections and sessions opened before it
+// ---------------------------------------------------------------------------------------
+
+/// Three backends, each answering with the address it listens on, so an answer tells which
+/// address a node's request reached.
+const AT: [(&str, &str); 3] = [
+    ("at-2", "127.0.0.2"),
+    ("at-3", "127.0.0.3"),
+    ("at-4", "127.0.0.4"),
+];
+
+/// limpet's nodes (`nodes`: name and address) in front of the [`AT`] backends, one listener.
+fn moved_config(port: u16, nodes: &[(&str, &str)]) -> String {
+    format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(nodes)
+    )
+}
+
+/// A connection opened before a reload routes its next requests over the reloaded topology:
+/// a node the reload moved is reached at its new address (its old one may be a machine being
+/// retired, whose refusals would otherwise count against the node), and a cookie naming a
+/// node the reload added is honoured instead of being re-pinned away. On HTTP/1.1 and on
+/// HTTP/2, each on one connection throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_reload_connection_follows_a_moved_node_and_honours_an_added_one() {
+    let (_backends, port) = backend_nodes(&AT).await;
+    let before = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+    let cfg = ConfigFile::new("reload-moved", &moved_config(port, &before));
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+    let mut h1 = H1::open(web).await;
+    let mut h2 = H2::open(web).await;
+    for (what, a) in [
+        ("HTTP/1.1", h1.get(Some("route=b")).await),
+        ("HTTP/2", h2.get(Some("route=b")).await),
+    ] {
+        let a = a.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            (a.status, a.node.as_str(), a.set_cookie),
+            (200, "at-3", None),
+            "{what}: b at its first address"
+        );
+    }
+
+    // b moves to 127.0.0.4; c is added at b's old address.
+    let after = [("a", "127.0.0.2"), ("b", "127.0.0.4"), ("c", "127.0.0.3")];
+    cfg.write(&moved_config(port, &after));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+
+    for round in 0..2 {
+        for (what, b, c) in [
+            (
+                "HTTP/1.1",
+                h1.get(Some("route=b")).await,
+                h1.get(Some("route=c")).await,
+            ),
+            (
+                "HTTP/2",
+                h2.get(Some("route=b")).await,
+                h2.get(Some("route=c")).await,
+            ),
+        ] {
+            let b = b.unwrap_or_else(|e| panic!("pre-reload {what} connection: {e}"));
+            assert_eq!(
+                (b.status, b.node.as_str(), b.set_cookie),
+                (200, "at-4", None),
+                "pre-reload {what} connection, round {round}: b at its new address, still pinned"
+            );
+            let c = c.unwrap_or_else(|e| panic!("pre-reload {what} connection: {e}"));
+            assert_eq!(
+                (c.status, c.node.as_str(), c.set_cookie),
+                (200, "at-3", None),
+                "pre-reload {what} connection, round {round}: the pin to the added node c held"
+            );
+        }
+    }
+    drop((h1, h2));
+    l.stop().await;
+}
+
+/// `close_on_node_down` is read from the running config when it matters: a TCP session
+/// opened with it off stays open when its node goes DOWN, and the reload that turns it on
+/// closes the session, with no further change of the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_turns_close_on_node_down_on_closes_a_session_on_a_node_already_down() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    // a's checks probe a port of their own, so a can go DOWN while its service, and the
+    // session relayed to it, stay up.
+    let check_target = TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind check target: {e}"));
+    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
+    let check_task = tokio::spawn(async move {
+        while let Ok((s, _)) = check_target.accept().await {
+            drop(s);
+        }
+    });
+    let text = |close: bool| {
+        two_listener_config(
+            port,
+            "check = { kind = \"tcp\" }\n",
+            "\n[health]\nfall = 1\nrise = 1\ninterval = \"100ms\"\ntimeout = \"200ms\"\n",
+        )
+        .replace(
+            "close_on_node_down = true",
+            &format!("close_on_node_down = {close}"),
+        )
+        .replace(
+            "name = \"a\"\naddress = \"127.0.0.2\"\n",
+            &format!("name = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n"),
+        )
+    };
+    let cfg = ConfigFile::new("reload-close-on-down", &text(false));
+    let l = Limpet::start(&cfg).await;
+    let (mut tcp, src) = tcp_session_on(l.addr("raw"), "a", 80).await;
+
+    check_task.abort();
+    let _ = check_task.await;
+    let killed = Instant::now();
+    if let Err(v) = await_state(&l, "a", "DOWN", killed, killed + PATIENCE).await {
+        panic!("a not DOWN: {v}");
+    }
+    assert_eq!(
+        tcp_get(&mut tcp).await.as_deref(),
+        Ok("a"),
+        "with close_on_node_down off, the session from {src} outlives a's DOWN"
+    );
+
+    cfg.write(&text(true));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let closed = closed_within(&mut tcp, SLACK).await;
+    assert!(
+        closed.is_some(),
+        "the session from {src} on DOWN a was not closed within {SLACK:?} of the reload that \
+         turned close_on_node_down on"
+    );
     l.stop().await;
 }

@@ -116,7 +116,10 @@ pub(crate) fn handle(
         let arrived = Instant::now();
         let guard = ActiveGuard::new(&ctx, arrived);
         let h2 = req.version() == Version::HTTP_2;
-        let id = ctx.shared.next_request_id();
+        // The listener's current generation, for the whole request (a reload since the
+        // connection's last request is followed from this one on).
+        let shared = ctx.shared();
+        let id = shared.next_request_id();
         let mut log = Access {
             id: id.as_str(),
             line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| Line {
@@ -138,12 +141,11 @@ pub(crate) fn handle(
             && req.body().is_end_stream()
             && req.method() != Method::CONNECT
             && !req.headers().contains_key(header::UPGRADE);
-        let resp = proxy(&ctx, req, &mut log, arrived).await;
+        let resp = proxy(&ctx, &shared, req, &mut log, arrived).await;
         if last && resp.body().whole_in_hand() {
             ctx.hints.set_last_answer();
         }
-        let shared = &ctx.shared;
-        log.emit(shared, resp.status());
+        log.emit(&shared, resp.status());
         // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
         shared.metrics.request(log.node, resp.status().as_u16());
         if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
@@ -215,8 +217,8 @@ fn is_idempotent(m: &Method) -> bool {
 
 /// The listener's table key for this request: the client address, a header, or the
 /// application cookie, as the table is keyed. Borrowed from the headers, never allocated.
-fn table_key<'a>(ctx: &ConnCtx, headers: &'a HeaderMap) -> Option<KeyRef<'a>> {
-    let table = ctx.shared.table.as_ref()?;
+fn table_key<'a>(ctx: &ConnCtx, shared: &Shared, headers: &'a HeaderMap) -> Option<KeyRef<'a>> {
+    let table = shared.table.as_ref()?;
     let spec = table.key_spec();
     let values = spec
         .request_header()
@@ -236,8 +238,7 @@ struct Presented {
     issued_ms: Option<u64>,
 }
 
-fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
-    let shared = &ctx.shared;
+fn presented(ctx: &ConnCtx, shared: &Shared, headers: &HeaderMap, now: u64) -> Presented {
     let topology = shared.state.topology();
     let cookie = shared.affinity.as_ref().map(|a| {
         let read = a.read(topology, headers, now);
@@ -252,7 +253,7 @@ fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
             },
         }
     });
-    let key = table_key(ctx, headers);
+    let key = table_key(ctx, shared, headers);
     // A session without a (valid) cookie yet is given the issue time its cookie will carry.
     let issued_ms = cookie
         .and_then(|c| c.issued_ms)
@@ -270,8 +271,7 @@ fn presented(ctx: &ConnCtx, headers: &HeaderMap, now: u64) -> Presented {
 /// excluding the nodes that already failed for it; the route claims this connection's pin and
 /// a DOWN node's trial itself. `now_ms`: the request's reading for its first route; a
 /// failover reads the clock again (the failed attempt took time).
-fn route(ctx: &ConnCtx, p: &Presented, exclude: &[NodeId], now_ms: u64) -> Route {
-    let shared = &ctx.shared;
+fn route(ctx: &ConnCtx, shared: &Shared, p: &Presented, exclude: &[NodeId], now_ms: u64) -> Route {
     let input = RouteInput {
         cookie: p.cookie,
         failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
@@ -286,16 +286,16 @@ fn route(ctx: &ConnCtx, p: &Presented, exclude: &[NodeId], now_ms: u64) -> Route
         .table
         .as_deref()
         .zip(p.key.as_ref().map(TableKey::as_key_ref));
-    shared
-        .state
-        .route(table, input, Some(&ctx.pin), shared.timeouts.connect)
+    // A DOWN node's trial is decided by its answer: claimed for as long as that may take.
+    let trial_hold = shared.timeouts.connect + shared.timeouts.upstream_answer;
+    shared.state.route(table, input, Some(&ctx.pin), trial_hold)
 }
 
 /// A table that learns from answers learns the session the node just handed out
 /// (`Set-Cookie: JSESSIONID=...`, or `Mcp-Session-Id: ...`), pinned to the node that set it;
 /// later requests carrying it, on any listener naming the table, go there.
-fn learn_from_answer(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
-    let Some(table) = &ctx.shared.table else {
+fn learn_from_answer(shared: &Shared, answer: &HeaderMap, node: NodeId) {
+    let Some(table) = &shared.table else {
         return;
     };
     let spec = table.key_spec();
@@ -304,7 +304,7 @@ fn learn_from_answer(ctx: &ConnCtx, answer: &HeaderMap, node: NodeId) {
     };
     let values = answer.get_all(name).iter().map(HeaderValue::as_bytes);
     if let Some(k) = spec.response_key(values) {
-        table.learn(k, node, clock::now_ms(), ctx.shared.state.topology());
+        table.learn(k, node, clock::now_ms(), shared.state.topology());
     }
 }
 
@@ -337,13 +337,13 @@ impl Head<'_> {
 )]
 fn proxy<'a, 'b>(
     ctx: &'a Arc<ConnCtx>,
+    shared: &'a Shared,
     mut req: Request<Incoming>,
     log: &'a mut Access<'b>,
     arrived: Instant,
 ) -> impl std::future::Future<Output = Response<ProxyBody>> + use<'a, 'b> {
     // A block for the reason `handle` is one: `req` is held once, not twice.
     async move {
-        let shared = &ctx.shared;
         let id = log.id;
 
         // Checks hyper does not make. Framing problems close the connection: once two parsers
@@ -381,13 +381,13 @@ fn proxy<'a, 'b>(
         // by the store's timeout (50 ms by default), the table's clock never goes back, and a
         // DOWN node's trial is claimed on a reading of its own.
         let now = clock::ms_at(arrived);
-        let p = presented(ctx, req.headers(), now);
+        let p = presented(ctx, shared, req.headers(), now);
         // Fleet mode: a key this instance holds no pin for asks the store first (bounded).
         if let (Some(t), Some(k)) = (&shared.table, &p.key) {
             t.prefetch(k.as_key_ref()).await;
         }
         let failed: Vec<NodeId> = Vec::new();
-        let first = route(ctx, &p, &failed, now);
+        let first = route(ctx, shared, &p, &failed, now);
         let Some(first_node) = first.node else {
             return unavailable(shared, id);
         };
@@ -452,6 +452,7 @@ fn proxy<'a, 'b>(
 
         let mut attempt = Attempt {
             ctx,
+            shared,
             presented: &p,
             route: first,
             failed,
@@ -530,7 +531,7 @@ fn proxy<'a, 'b>(
         let (rparts, rbody) = resp.into_parts();
         let mut rheaders = rparts.headers;
         hdr::remove_hop_by_hop(&mut rheaders, switching);
-        learn_from_answer(ctx, &rheaders, node);
+        learn_from_answer(shared, &rheaders, node);
         if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
             let now = clock::now_ms();
             let topology = shared.state.topology();
@@ -570,7 +571,7 @@ fn proxy<'a, 'b>(
                     websocket,
                     node: Arc::clone(rt),
                     spread: p.spread,
-                    close_on_down: shared.def.tcp.close_on_node_down,
+                    close_on_down: ctx.close_on_down(&shared.def),
                     _open: rt.open(),
                     _tunnel: rt.tunnel(),
                     _admitted: admitted,
@@ -627,6 +628,8 @@ fn join_cookie_lines(headers: &mut HeaderMap) {
 /// the failover rules of the module docs, decided from each [`UpstreamError`].
 struct Attempt<'a> {
     ctx: &'a ConnCtx,
+    /// The request's generation of the listener's settings ([`ConnCtx::shared`]).
+    shared: &'a Shared,
     presented: &'a Presented,
     /// The route being tried; on return, the node that answered (or was last tried).
     route: Route,
@@ -643,13 +646,19 @@ impl<'a> Attempt<'a> {
     /// The node failed this request: passive health learns what the error says, and the
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
-        let state = &self.ctx.shared.state;
+        let state = &self.shared.state;
         if let Some(obs) = e.observation() {
             state.observe(node, obs);
         }
         tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
         self.failed.push(node);
-        let next = route(self.ctx, self.presented, &self.failed, clock::now_ms());
+        let next = route(
+            self.ctx,
+            self.shared,
+            self.presented,
+            &self.failed,
+            clock::now_ms(),
+        );
         if next.node.is_none() {
             // Nowhere else to go: the answer reports this node's error.
             return Err(e.clone());
@@ -672,7 +681,7 @@ impl<'a> Attempt<'a> {
     ) -> impl std::future::Future<Output = Result<Response<NodeAnswer>, UpstreamError>> + use<'s, 'a>
     {
         async move {
-            let shared = &self.ctx.shared;
+            let shared = self.shared;
             let answer_timeout = shared.timeouts.upstream_answer;
             let mut force_fresh = self.upgrade;
             // Each turn either returns or adds a node to `failed` (or spends the one
@@ -759,11 +768,7 @@ impl<'a> Attempt<'a> {
                     }))
                     .await
                     {
-                        Ok(s) => {
-                            // Ends a trial (without checks); proves nothing else.
-                            shared.state.observe(node, Observation::Connected);
-                            s
-                        }
+                        Ok(s) => s,
                         Err(e) => {
                             self.fail_over(node, &e)?;
                             force_fresh = self.upgrade;
@@ -901,7 +906,7 @@ impl Attempt<'_> {
         answer_timeout: std::time::Duration,
         force_fresh: bool,
     ) -> Result<Response<super::node_h1::NodeBody>, Direct> {
-        let shared = &self.ctx.shared;
+        let shared = self.shared;
         // One reading for the idle connections' expiry, the send time and the answer's
         // deadline (a connect in between takes a new one).
         let mut sent_at = Instant::now();
@@ -918,8 +923,6 @@ impl Attempt<'_> {
                 Some(c) => c,
                 None => match conns.connect_h1(answer_timeout).await {
                     Ok(c) => {
-                        // Ends a trial (without checks); proves nothing else.
-                        shared.state.observe(node, Observation::Connected);
                         sent_at = Instant::now();
                         c
                     }

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -142,6 +143,89 @@ impl Shared {
     }
 }
 
+/// One listener socket's [`Shared`], kept current with the runtime's state: built again
+/// once per reload, by the first connection or request that sees the reload. Every request
+/// routes over the generation current when it came ([`ConnCtx::shared`]), on a connection
+/// opened before the reload too: a node the reload added is one its cookie can choose, a
+/// node it moved is reached at its new address, a node it removed is one no request goes to.
+pub(crate) struct Generations {
+    runtime: Arc<Runtime>,
+    name: String,
+    ids: Arc<RequestIds>,
+    draining: watch::Receiver<bool>,
+    /// The socket's local port (`node_port = "same"`).
+    port: u16,
+    current: ArcSwap<Shared>,
+    /// The generation whose settings for this listener were refused: the previous ones
+    /// serve, and it is not built again on each request.
+    refused: AtomicU32,
+}
+
+impl std::fmt::Debug for Generations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generations")
+            .field("name", &self.name)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Generations {
+    fn new(
+        runtime: Arc<Runtime>,
+        name: &str,
+        ids: Arc<RequestIds>,
+        draining: watch::Receiver<bool>,
+        port: u16,
+    ) -> Result<Self, ConfigError> {
+        let first = Shared::new(
+            runtime.state(),
+            name,
+            Arc::clone(&ids),
+            draining.clone(),
+            port,
+        )?;
+        Ok(Generations {
+            runtime,
+            name: name.to_owned(),
+            ids,
+            draining,
+            port,
+            current: ArcSwap::from_pointee(first),
+            refused: AtomicU32::new(u32::MAX),
+        })
+    }
+
+    /// The listener's settings and connections for the runtime's current state.
+    fn current(&self) -> Arc<Shared> {
+        let current = self.current.load_full();
+        let now = self.runtime.generation();
+        if current.state.generation() == now || self.refused.load(Ordering::Relaxed) == now {
+            return current;
+        }
+        let state = self.runtime.state();
+        let generation = state.generation();
+        match Shared::new(
+            state,
+            &self.name,
+            Arc::clone(&self.ids),
+            self.draining.clone(),
+            self.port,
+        ) {
+            Ok(next) => {
+                let next = Arc::new(next);
+                self.current.store(Arc::clone(&next));
+                next
+            }
+            Err(e) => {
+                tracing::warn!(listener = %self.name, error = %e, "reloaded listener settings refused; keeping the previous ones");
+                self.refused.store(generation, Ordering::Relaxed);
+                current
+            }
+        }
+    }
+}
+
 /// hyper refuses (panics on) a read buffer below 8 KiB; a zero permit count would never
 /// accept.
 fn limits_invalid(l: &Limits) -> bool {
@@ -228,7 +312,10 @@ impl RequestId {
 /// keep-alive HTTP/1.1 requests).
 #[derive(Debug)]
 pub(crate) struct ConnCtx {
-    pub(crate) shared: Arc<Shared>,
+    /// The generation of the listener's settings this connection's last request used
+    /// ([`ConnCtx::shared`]).
+    shared: ArcSwap<Shared>,
+    generations: Arc<Generations>,
     pub(crate) peer: SocketAddr,
     pub(crate) tls: bool,
     /// The peer may hand us `X-Forwarded-*` we extend.
@@ -265,11 +352,12 @@ impl ConnCtx {
     /// `peer` is the client (from a PROXY header when one was accepted); `tcp_peer` the
     /// address the connection came from, which decides whether its `X-Forwarded-*` is trusted.
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        generations: Arc<Generations>,
         peer: SocketAddr,
         tcp_peer: SocketAddr,
         tls: bool,
     ) -> Self {
+        let shared = generations.current();
         let trusted = shared.trusted.iter().any(|n| n.contains(tcp_peer.ip()));
         ConnCtx {
             peer,
@@ -287,8 +375,38 @@ impl ConnCtx {
             last_touch_ms: AtomicU64::new(0),
             last_sighting: AtomicU64::new(0),
             started: Instant::now(),
-            shared,
+            shared: ArcSwap::new(shared),
+            generations,
         }
+    }
+
+    /// The listener's `close_on_node_down` for a tunnel opened now under `def`, read again
+    /// from the running config when its node changes or limpet reloads.
+    pub(crate) fn close_on_down(&self, def: &ListenerDef) -> crate::runtime::CloseOnDown {
+        crate::runtime::CloseOnDown::new(
+            Arc::clone(&self.generations.runtime),
+            &def.name,
+            def.tcp.close_on_node_down,
+        )
+    }
+
+    /// The listener's settings and connections for a request that comes now: the
+    /// generation of the runtime's current state, so that a connection opened before a
+    /// reload follows it from its next request on (the connection's pin carried over to
+    /// the new generation's node ids). A request keeps what this returned for its whole
+    /// life, so that its node ids, connections and metrics are of one generation. One
+    /// atomic load when nothing was reloaded.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        let mine = self.shared.load_full();
+        if mine.state.generation() == self.generations.runtime.generation() {
+            return mine;
+        }
+        let next = self.generations.current();
+        if !Arc::ptr_eq(&next, &mine) {
+            self.pin.carry(&mine.state, &next.state);
+            self.shared.store(Arc::clone(&next));
+        }
+        next
     }
 
     /// Whether this request is the connection's first sighting of `spread` (the session) on
@@ -453,7 +571,7 @@ impl AnswerClocks {
 /// connection (counted with a print in the watch: about 29,000 looks in a 4 s `h2load -c16
 /// -m10` run of about 280,000 requests).
 async fn stall_watch(ctx: &ConnCtx) {
-    let limit = ctx.shared.timeouts.client_idle;
+    let limit = ctx.shared().timeouts.client_idle;
     let step = (limit / 4).max(Duration::from_millis(25));
     loop {
         if ctx.answers.scan(limit) {
@@ -480,7 +598,7 @@ async fn stall_watch(ctx: &ConnCtx) {
 /// hold the connection for `idle`. It is looked at every quarter of `header_read`, so it is
 /// closed within 1.25 `header_read`.
 async fn idle_watch(ctx: &ConnCtx, h1: bool) {
-    let t = ctx.shared.timeouts;
+    let t = ctx.shared().timeouts;
     // Re-check at least this often, so a first request arriving mid-sleep switches the limit
     // from header_read to keep_alive_idle without waiting out the longer one.
     let mut step = t.header_read.min(t.keep_alive_idle);
@@ -655,16 +773,9 @@ pub async fn serve_listener_on(
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let port = bound.port();
-    let mut shared = Arc::new(
-        Shared::new(
-            runtime.state(),
-            name,
-            Arc::clone(&ids),
-            drain_rx.clone(),
-            port,
-        )
-        .map_err(ServeError::Config)?,
-    );
+    let generations =
+        Arc::new(Generations::new(runtime, name, ids, drain_rx, port).map_err(ServeError::Config)?);
+    let mut shared = generations.current();
     let drain_timeout = shared.timeouts.drain;
     let mut builder = Arc::new(builder(&shared.limits));
     // Every connection task holds a clone; recv() returns None once all are gone.
@@ -676,20 +787,14 @@ pub async fn serve_listener_on(
         Some(permits),
         shutdown,
         |stream, peer, permit| {
-            let current = runtime.state();
-            if !Arc::ptr_eq(&current, &shared.state) {
-                // A reload swapped the state: new connections use the new settings.
-                match Shared::new(current, name, Arc::clone(&ids), drain_rx.clone(), port) {
-                    Ok(s) => {
-                        shared = Arc::new(s);
-                        builder = Arc::new(self::builder(&shared.limits));
-                    }
-                    Err(e) => {
-                        tracing::warn!(listener = name, error = %e, "reloaded listener settings refused; keeping the previous ones")
-                    }
-                }
+            let current = generations.current();
+            if !Arc::ptr_eq(&current, &shared) {
+                // A reload: new connections get the new hyper settings.
+                builder = Arc::new(self::builder(&current.limits));
+                shared = current;
             }
-            let shared = Arc::clone(&shared);
+            let generations = Arc::clone(&generations);
+            let def = Arc::clone(&shared.def);
             let builder = Arc::clone(&builder);
             let done = done_tx.clone();
             // Boxed before it is spawned: the connection's future is several KiB, and tokio
@@ -699,9 +804,10 @@ pub async fn serve_listener_on(
             tokio::spawn(Box::pin(async move {
                 let _permit = permit;
                 let _done = done;
-                match crate::net::accept_client(stream, peer, bound, &shared.def).await {
+                match crate::net::accept_client(stream, peer, bound, &def).await {
                     Ok(c) => {
-                        let ctx = Arc::new(ConnCtx::new(shared, c.who.client, c.tcp_peer, c.tls));
+                        let ctx =
+                            Arc::new(ConnCtx::new(generations, c.who.client, c.tcp_peer, c.tls));
                         serve_connection(ctx, builder, c.io).await;
                     }
                     Err(why) => tracing::debug!(%peer, why, "client connection refused"),
@@ -735,7 +841,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     builder: Arc<Builder>,
     io: I,
 ) {
-    let mut draining = ctx.shared.draining.clone();
+    let mut draining = ctx.shared().draining.clone();
     let svc = {
         let ctx = Arc::clone(&ctx);
         service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
@@ -902,7 +1008,7 @@ async fn run_connection<C: ServerConn>(
         c = &mut control => match c {
             Control::Idle => {
                 conn.as_mut().graceful_shutdown();
-                let grace = CLOSE_GRACE.min(ctx.shared.timeouts.header_read);
+                let grace = CLOSE_GRACE.min(ctx.shared().timeouts.header_read);
                 ctx.touch();
                 // A request that crossed the GOAWAY (h2 takes new streams until the client
                 // acks the GOAWAY's PING) is in flight, so `quiet_for` waits for it: its
@@ -917,7 +1023,7 @@ async fn run_connection<C: ServerConn>(
             }
             Control::Drain => {
                 conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(ctx.shared.timeouts.drain, conn.as_mut()).await.ok()
+                tokio::time::timeout(ctx.shared().timeouts.drain, conn.as_mut()).await.ok()
             }
             Control::Stall => {
                 tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle: connection closed");
@@ -1126,7 +1232,7 @@ mod tests {
     /// A client connection to `listener`, not yet served: the client's end, the accepted
     /// end, the connection's context and builder, and the drain switch of its listener.
     async fn accepted(
-        runtime: &Runtime,
+        runtime: &Arc<Runtime>,
         listener: &tokio::net::TcpListener,
     ) -> (
         tokio::net::TcpStream,
@@ -1137,9 +1243,9 @@ mod tests {
     ) {
         let addr = listener.local_addr().expect("addr");
         let (drain_tx, drain_rx) = watch::channel(false);
-        let shared = Arc::new(
-            Shared::new(
-                runtime.state(),
+        let generations = Arc::new(
+            Generations::new(
+                Arc::clone(runtime),
                 QUICK_LISTENER,
                 Arc::new(RequestIds::new()),
                 drain_rx,
@@ -1147,11 +1253,11 @@ mod tests {
             )
             .expect("listener settings"),
         );
-        let builder = Arc::new(builder(&shared.limits));
+        let builder = Arc::new(builder(&generations.current().limits));
         let (client, accepted) =
             tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         let (client, (server_side, peer)) = (client.expect("connect"), accepted.expect("accept"));
-        let ctx = Arc::new(ConnCtx::new(shared, peer, peer, false));
+        let ctx = Arc::new(ConnCtx::new(generations, peer, peer, false));
         (client, server_side, ctx, builder, drain_tx)
     }
 
@@ -1563,7 +1669,7 @@ mod tests {
                 .expect("read to the end");
             assert_eq!(n, 0, "nothing written to a parked connection: {rest:?}");
             let waited = idle_at.elapsed();
-            let limit = ctx.shared.timeouts.header_read;
+            let limit = ctx.shared().timeouts.header_read;
             if drain {
                 assert!(
                     waited < limit,

@@ -25,8 +25,9 @@ pub(crate) struct NodeTunnel {
     pub(crate) websocket: bool,
     pub(crate) node: Arc<crate::nodes::NodeRuntime>,
     pub(crate) spread: u64,
-    /// The listener's `close_on_node_down`: end the tunnel when the node goes DOWN.
-    pub(crate) close_on_down: bool,
+    /// The listener's `close_on_node_down` (as the running config has it when the node
+    /// changes): end the tunnel when the node goes DOWN.
+    pub(crate) close_on_down: crate::runtime::CloseOnDown,
     pub(crate) _open: crate::nodes::ConnGuard,
     pub(crate) _tunnel: crate::nodes::TunnelGuard,
     /// The tunnel's slot among the node's `max_connections`.
@@ -63,7 +64,9 @@ pub(crate) fn spawn_tunnel(
                 () = crate::drain::turned_true(draining) => "limpet shutting down",
                 // On DOWN too (by default): the session's HTTP requests already go to another
                 // node, and a tunnel left on the old one would split the session.
-                r = node.session_end(spread, close_on_down) => crate::drain::close_reason(r),
+                r = node.session_end(spread, || close_on_down.now(), close_on_down.reloads()) => {
+                    crate::drain::close_reason(r)
+                }
             }
         };
         tokio::pin!(closing);

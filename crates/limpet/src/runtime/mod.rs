@@ -17,9 +17,13 @@
 //!                                                   └─► events ─► sessions re-check session_end
 //! ```
 //!
-//! [`Runtime`] holds the current `State` in an `ArcSwap`; a connection keeps the `Arc<State>`
-//! it started with (its listener settings, its table), but every node state it reads comes
-//! from the node runtimes, so it obeys every later state change.
+//! [`Runtime`] holds the current `State` in an `ArcSwap`. A request keeps the `Arc<State>`
+//! current when it came for its whole life (one generation's node ids, connections and
+//! settings); a client connection moves to the newest generation at its next request (one
+//! atomic load of [`Runtime::generation`] tells it a reload happened), and a tunnel or TCP
+//! session keeps its node but reads its listener's `close_on_node_down` from the running
+//! config ([`CloseOnDown`]). Every node state comes from the node runtimes, so all of them
+//! obey every later state change.
 //!
 //! Locks: a table lock is held across one lookup, one `route` and one write, never across an
 //! await; node runtimes lock per node for one status change.
@@ -75,33 +79,69 @@ pub struct NodeSlot {
 /// The node a client connection was given for an earlier request whose cookie has not come
 /// back yet (HTTP/2 streams and pipelined requests sent before the client had the cookie land
 /// together). Set only by [`State::route`].
+///
+/// Node ids are a generation's (a reload may number the nodes anew), so the pin keeps the
+/// generation it was set in: a route of another generation reads no pin, and a connection
+/// that moves to a newer generation carries its pin over by name ([`ConnPin::carry`]).
 #[derive(Debug)]
-pub struct ConnPin(AtomicU32);
+pub struct ConnPin(AtomicU64);
 
 impl ConnPin {
-    const NONE: u32 = u32::MAX;
+    const NONE: u64 = u64::MAX;
 
     pub fn new() -> ConnPin {
-        ConnPin(AtomicU32::new(Self::NONE))
+        ConnPin(AtomicU64::new(Self::NONE))
     }
 
-    pub fn get(&self) -> Option<NodeId> {
-        match self.0.load(Ordering::Acquire) {
-            Self::NONE => None,
-            n => Some(NodeId(n)),
-        }
+    fn pack(generation: u32, node: NodeId) -> u64 {
+        (u64::from(generation) << 32) | u64::from(node.0)
     }
 
-    /// Pins the connection unless a concurrent request pinned it first.
-    fn claim(&self, node: NodeId) -> bool {
+    /// What the pin holds (to claim it from), and its node if set in `generation`.
+    fn read(&self, generation: u32) -> (u64, Option<NodeId>) {
+        let v = self.0.load(Ordering::Acquire);
+        let node = (v != Self::NONE && (v >> 32) as u32 == generation).then_some(NodeId(v as u32));
+        (v, node)
+    }
+
+    /// The node pinned in `generation`, if any.
+    pub fn get(&self, generation: u32) -> Option<NodeId> {
+        self.read(generation).1
+    }
+
+    /// Pins the connection unless a concurrent request changed the pin since it read `seen`.
+    fn claim(&self, seen: u64, generation: u32, node: NodeId) -> bool {
         self.0
-            .compare_exchange(Self::NONE, node.0, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                seen,
+                Self::pack(generation, node),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
     }
 
     /// Re-pins the connection (a failover moved its session).
-    fn set(&self, node: NodeId) {
-        self.0.store(node.0, Ordering::Release);
+    fn set(&self, generation: u32, node: NodeId) {
+        self.0
+            .store(Self::pack(generation, node), Ordering::Release);
+    }
+
+    /// Moves a pin set in `from`'s generation to the same node, by name, in `to`'s; a pin
+    /// to a node `to` no longer has is dropped. A request of `to` that pinned meanwhile
+    /// keeps its pin.
+    pub fn carry(&self, from: &State, to: &State) {
+        let (seen, node) = self.read(from.generation);
+        let Some(node) = node else {
+            return;
+        };
+        let _ = match to.node_id(from.node_name(node)) {
+            Some(n) => self.claim(seen, to.generation, n),
+            None => self
+                .0
+                .compare_exchange(seen, Self::NONE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok(),
+        };
     }
 }
 
@@ -113,7 +153,7 @@ impl Default for ConnPin {
 
 /// One declared table as one generation sees it: the entries (shared by every listener that
 /// names the table, and with later generations while the key is unchanged) and this
-/// generation's binding of them to its own node ids. A connection opened before a reload
+/// generation's binding of them to its own node ids. A request that came before a reload
 /// routes over its own generation's ids, so it reads and writes pins through its own binding:
 /// a pin means the same node by name whichever generation wrote it.
 #[derive(Debug)]
@@ -314,6 +354,8 @@ struct Cached {
 /// listeners' settings. Immutable once built, except the rotation and the snapshot cache.
 #[derive(Debug)]
 pub struct State {
+    /// This generation's number, one per state built in the process ([`State::generation`]).
+    generation: u32,
     topology: Topology,
     nodes: Vec<NodeSlot>,
     snapshot: ArcSwap<Cached>,
@@ -459,6 +501,7 @@ impl State {
             })
             .collect();
         let state = State {
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
             snapshot: ArcSwap::from_pointee(Cached {
                 epoch: u64::MAX,
                 snap: Snapshot::default(),
@@ -535,6 +578,13 @@ impl State {
             slot.table = def.table.as_ref().and_then(|t| next.tables.get(t).cloned());
         }
         Ok(next)
+    }
+
+    /// This state's number: distinct for every state built in the process, and rising with
+    /// each reload. A connection tells from it, with one load, that a reload happened
+    /// since it last looked ([`Runtime::generation`]).
+    pub fn generation(&self) -> u32 {
+        self.generation
     }
 
     /// Names, weights and ids of this generation's nodes (what codecs and tables bind to).
@@ -633,7 +683,8 @@ impl State {
                 with_taken = [input.exclude, &taken].concat();
                 input.exclude = &with_taken;
             }
-            input.conn_pin = conn.and_then(ConnPin::get);
+            let seen = conn.map(|c| c.read(self.generation));
+            input.conn_pin = seen.and_then(|(_, n)| n);
             let cached = self.snapshot();
             let turn = self.rotation.load(Ordering::Acquire);
             let r = limpet_core::route(&cached.snap, turn, &|n| self.active(n), &input);
@@ -650,11 +701,11 @@ impl State {
             {
                 continue;
             }
-            if let (Some(c), Some(n)) = (conn, r.conn_pin) {
+            if let (Some(c), Some((seen, _)), Some(n)) = (conn, seen, r.conn_pin) {
                 match input.conn_pin {
-                    None if !c.claim(n) => continue,
+                    None if !c.claim(seen, self.generation, n) => continue,
                     None => {}
-                    Some(_) => c.set(n),
+                    Some(_) => c.set(self.generation, n),
                 }
             }
             if let (true, Some(n)) = (r.trial, r.node) {
@@ -785,28 +836,91 @@ impl State {
     }
 }
 
+/// The numbers of [`State::generation`]: one per state built in the process.
+static GENERATIONS: AtomicU32 = AtomicU32::new(0);
+
 /// The running limpet: the current [`State`], swapped whole on reload.
 #[derive(Debug)]
 pub struct Runtime {
     state: ArcSwap<State>,
+    /// The current state's [`State::generation`], readable without touching the state.
+    generation: AtomicU32,
+    /// Moves at each reload: long-lived sessions re-read their listener's settings.
+    reloads: tokio::sync::watch::Sender<u32>,
 }
 
 impl Runtime {
     pub fn new(state: State) -> Arc<Runtime> {
         Arc::new(Runtime {
+            generation: AtomicU32::new(state.generation),
+            reloads: tokio::sync::watch::Sender::new(state.generation),
             state: ArcSwap::from_pointee(state),
         })
     }
 
-    /// The current state. Hold the `Arc` for the life of one connection, not longer.
+    /// Changes at each reload (the new generation).
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u32> {
+        self.reloads.subscribe()
+    }
+
+    /// The current state. Hold the `Arc` for one connection or one request, not longer.
     pub fn state(&self) -> Arc<State> {
         self.state.load_full()
+    }
+
+    /// The current state's generation: what a connection compares with its own state's
+    /// on each request, one atomic load, to learn that a reload happened.
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Installs a state built by [`State::rebuild`]. Listeners are bound once at start, so a
     /// reload that adds or moves bind addresses needs a restart (the caller checks).
     pub fn swap(&self, next: State) {
+        let generation = next.generation;
         self.state.store(Arc::new(next));
+        // After the store: whoever sees the new number finds the new state.
+        self.generation.store(generation, Ordering::Release);
+        self.reloads.send_replace(generation);
+    }
+}
+
+/// A listener's `close_on_node_down` as the running config has it: read again by a tunnel
+/// or TCP session opened earlier each time its node changes and at each reload
+/// ([`crate::nodes::NodeRuntime::session_end`]), so that a reload changing the setting
+/// reaches the sessions already open.
+#[derive(Debug, Clone)]
+pub struct CloseOnDown {
+    runtime: Arc<Runtime>,
+    listener: String,
+    /// The setting when the session opened: kept if the listener is ever missing.
+    opened_with: bool,
+}
+
+impl CloseOnDown {
+    /// The setting of `listener`, as `opened_with` now and as the running config later.
+    pub fn new(runtime: Arc<Runtime>, listener: &str, opened_with: bool) -> CloseOnDown {
+        CloseOnDown {
+            runtime,
+            listener: listener.to_owned(),
+            opened_with,
+        }
+    }
+
+    /// The setting now.
+    pub fn now(&self) -> bool {
+        let state = self.runtime.state.load();
+        state
+            .listeners
+            .iter()
+            .map(|l| l.def.load())
+            .find(|d| d.name == self.listener)
+            .map_or(self.opened_with, |d| d.tcp.close_on_node_down)
+    }
+
+    /// What moves at each reload.
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u32> {
+        self.runtime.reloads()
     }
 }
 
@@ -837,6 +951,49 @@ pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<tokio::sync::Semap
 mod tests {
     use super::*;
     use limpet_core::table::IpPrefix;
+
+    /// A state of nodes named `nodes`, in that order.
+    fn state_of(nodes: &[&str]) -> State {
+        let cfg = crate::proxy::ProxyConfig::new(
+            (2u8..)
+                .zip(nodes)
+                .map(|(i, n)| crate::proxy::NodeConfig {
+                    name: (*n).to_owned(),
+                    addr: SocketAddr::from(([127, 0, 0, i], 8080)),
+                })
+                .collect(),
+        );
+        let config = cfg
+            .to_config(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("config");
+        State::new(config).expect("state")
+    }
+
+    /// A connection's pin is read only by routes of the generation that set it (node ids are
+    /// a generation's), and a connection moving to a newer one carries it over by name.
+    #[test]
+    fn a_connection_pin_is_read_in_its_generation_and_carried_over_by_name() {
+        let old = state_of(&["a", "b"]);
+        let renumbered = state_of(&["c", "b", "a"]);
+        assert_ne!(old.generation(), renumbered.generation());
+        let a_old = old.node_id("a").expect("a");
+        let pin = ConnPin::new();
+        pin.set(old.generation(), a_old);
+        assert_eq!(pin.get(old.generation()), Some(a_old));
+        assert_eq!(
+            pin.get(renumbered.generation()),
+            None,
+            "another generation's ids"
+        );
+        pin.carry(&old, &renumbered);
+        assert_eq!(pin.get(renumbered.generation()), renumbered.node_id("a"));
+        assert_ne!(renumbered.node_id("a"), Some(a_old), "a was renumbered");
+        // A pin to a node the next generation does not have is dropped.
+        let without_a = state_of(&["b", "c"]);
+        pin.carry(&renumbered, &without_a);
+        assert_eq!(pin.get(without_a.generation()), None);
+        assert_eq!(pin.get(renumbered.generation()), None);
+    }
 
     /// The spread key is the core's hash of the address octets as they always were (4 bytes
     /// for IPv4, 16 for IPv6), so sessions placed before stay placed alike.
