@@ -97,10 +97,18 @@ fn cert(args: CertArgs) -> ExitCode {
     }
 }
 
-/// Logs go to stderr (stdout carries the bound address); `RUST_LOG` filters, default `info`.
+/// What is logged without `RUST_LOG`: limpet's own lines from `info` up; the protocol
+/// libraries' only from `error`. Their warnings are about what a client sent (an HTTP/2 PING
+/// ACK nobody asked for, a malformed SNI), one line per frame or handshake at the client's
+/// pace: a client could fill a disk with them. limpet answers such input itself, and says
+/// what matters about it at its own levels.
+const DEFAULT_LOG_FILTER: &str = "info,h2=error,hyper=error,rustls=error,tokio_rustls=error";
+
+/// Logs go to stderr (stdout carries the bound address); `RUST_LOG` filters, default
+/// [`DEFAULT_LOG_FILTER`].
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

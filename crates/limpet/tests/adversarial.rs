@@ -793,6 +793,54 @@ async fn absolute_form_authority_differing_from_host_gets_400() {
     proxy.stop().await;
 }
 
+/// RFC 9112 3.2: an HTTP/1.1 request without `Host`, or with one that is not a host and
+/// port, gets 400 and reaches no node; an HTTP/1.0 request may come without one, and reaches
+/// the node (spoken to in HTTP/1.1) with the empty `Host` the RFC prescribes for a target
+/// without authority, never with none.
+#[tokio::test]
+async fn http1_1_without_a_valid_host_gets_400_and_http1_0_without_one_reaches_the_node_with_an_empty_host(
+) {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    for head in [
+        &b"GET /headers HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
+        b"GET http://site.example/headers HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: user:pw@site.example\r\nConnection: close\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n",
+    ] {
+        let answer = raw_exchange(proxy.addr, head).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400"),
+            "{:?}: {answer}",
+            String::from_utf8_lossy(head)
+        );
+    }
+    let answer = raw_exchange(proxy.addr, b"GET /headers HTTP/1.0\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    let lower = answer.to_ascii_lowercase();
+    assert!(
+        lower.contains("\nhost: \n"),
+        "the node got an empty Host: {answer}"
+    );
+    assert!(
+        !lower.contains("x-forwarded-host"),
+        "no X-Forwarded-Host for an empty Host: {answer}"
+    );
+    // A Host with a port, and an empty one, are valid.
+    for head in [
+        &b"GET /headers HTTP/1.1\r\nHost: site.example:8080\r\nConnection: close\r\n\r\n"[..],
+        b"GET /headers HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n",
+    ] {
+        let answer = raw_exchange(proxy.addr, head).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{:?}: {answer}",
+            String::from_utf8_lossy(head)
+        );
+    }
+    proxy.stop().await;
+}
+
 /// Finding 5: `Connection: close, Host` does not strip the Host the node needs.
 #[tokio::test]
 async fn connection_listing_host_never_removes_host() {

@@ -147,3 +147,72 @@ async fn the_access_log_writes_one_line_per_request_without_the_query() {
     assert!(!logged.contains("secret123"), "query logged: {logged:?}");
     drop(child);
 }
+
+/// A client's protocol noise is not the log's: unsolicited HTTP/2 PING ACKs (each of which
+/// the HTTP/2 library warns about) write nothing at the default log level, however many come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_h2_ping_acks_write_no_log_line_at_the_default_level() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ns = nodes(&["a"]).await;
+    let mut cmd = limpet();
+    cmd.arg("proxy")
+        .arg("--to")
+        .arg(format!("solo={}", ns[0].addr))
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped());
+    let (mut child, addr) = start_quick(cmd).await;
+    // Read as it comes: a pipe nobody reads would block limpet's writes to it once full.
+    let mut stderr = child.0.stderr.take().expect("stderr");
+    let log = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+        log
+    });
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    for _ in 0..500 {
+        // PING, ACK flag, stream 0: an answer to a PING limpet never sent.
+        out.extend_from_slice(&[0, 0, 8, 6, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]);
+    }
+    // A PING of the client's own, answered only once every frame before it was read.
+    out.extend_from_slice(&[0, 0, 8, 6, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(b"marker!!");
+    s.write_all(&out).await.expect("write frames");
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            // The answer to the marker PING: a PING frame with the ACK flag and its payload.
+            if buf
+                .windows(17)
+                .any(|w| w[..9] == [0, 0, 8, 6, 1, 0, 0, 0, 0] && &w[9..] == b"marker!!")
+            {
+                return true;
+            }
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .expect("an answer to the marker PING within 10 s");
+    assert!(
+        answered,
+        "the connection closed before the marker PING's ACK"
+    );
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let log = log.join().expect("stderr reader");
+    assert!(
+        !log.contains("PING") && !log.contains("h2::"),
+        "client-sent frames reached the log: {} lines, first: {:?}",
+        log.lines().count(),
+        log.lines().find(|l| l.contains("h2::"))
+    );
+    drop(child);
+}

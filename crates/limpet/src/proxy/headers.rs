@@ -47,9 +47,11 @@ fn hop_index(name: &str) -> Option<usize> {
 /// Headers a `Connection` line cannot remove.
 const END_TO_END: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::CONTENT_TYPE];
 
-/// Why a request's `Host` is refused (400), as HAProxy refuses it: several `Host` fields, or
-/// an HTTP/1 absolute-form target naming another host than `Host` (two parsers would disagree
-/// on which site is asked for: RFC 9112 3.2.2 says the target wins, most servers read `Host`).
+/// Why a request's `Host` is refused (400): several `Host` fields, or an HTTP/1 absolute-form
+/// target naming another host than `Host` (two parsers would disagree on which site is asked
+/// for: RFC 9112 3.2.2 says the target wins, most servers read `Host`), as HAProxy refuses
+/// them; and, as nginx does, an HTTP/1.1 request without `Host` or a `Host` that is not a
+/// host and port (RFC 9112 3.2).
 ///
 /// HTTP/2 is left as it was: `:authority` is always there, common clients add a `Host` of
 /// their own (`curl -H Host:`, hyper), and a node only ever sees `Host`: the `Host` field
@@ -64,8 +66,21 @@ pub(crate) fn host_problem(
     if hosts.next().is_some() {
         return Some("several Host headers");
     }
+    // RFC 9110 7.2: `uri-host [ ":" port ]`, or empty when the target has no authority; no
+    // user information, no spaces (RFC 9112 3.2: a server answers 400 to any other).
+    if let Some(h) = host {
+        if !h.is_empty()
+            && (h.as_bytes().contains(&b'@')
+                || http::uri::Authority::try_from(h.as_bytes()).is_err())
+        {
+            return Some("invalid Host");
+        }
+    }
     if version >= http::Version::HTTP_2 {
         return None;
+    }
+    if version == http::Version::HTTP_11 && host.is_none() {
+        return Some("HTTP/1.1 request without Host");
     }
     match (uri.authority(), host) {
         (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
@@ -309,12 +324,19 @@ impl<'a> Forwarding<'a> {
         cookie: CookieEdit,
     ) -> Self {
         let sent = Sent::scan(headers);
+        // Nodes are spoken to in HTTP/1.1, which requires a Host line: the target's
+        // authority, or an empty one when the request has none (an HTTP/1.0 request without
+        // Host, an HTTP/2 one without `:authority`), as RFC 9112 3.2 says a client sends then.
         let host = if sent.host_field {
             None
         } else {
-            authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            Some(
+                authority
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                    .unwrap_or_else(|| HeaderValue::from_static("")),
+            )
         };
-        let has_host = host.is_some() || sent.host_field;
+        let has_host = host.as_ref().is_some_and(|h| !h.is_empty()) || sent.host_field;
         let mut forwarded_for = None;
         if sent.forwarded_for {
             if trusted {
