@@ -26,7 +26,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -314,7 +314,7 @@ impl RequestId {
 pub(crate) struct ConnCtx {
     /// The generation of the listener's settings this connection's last request used
     /// ([`ConnCtx::shared`]).
-    shared: ArcSwap<Shared>,
+    shared: std::sync::Mutex<Arc<Shared>>,
     generations: Arc<Generations>,
     pub(crate) peer: SocketAddr,
     pub(crate) tls: bool,
@@ -351,13 +351,14 @@ pub(crate) struct ConnCtx {
 impl ConnCtx {
     /// `peer` is the client (from a PROXY header when one was accepted); `tcp_peer` the
     /// address the connection came from, which decides whether its `X-Forwarded-*` is trusted.
+    /// `shared` is `generations`' current one (the accept loop has it at hand).
     pub(crate) fn new(
         generations: Arc<Generations>,
+        shared: Arc<Shared>,
         peer: SocketAddr,
         tcp_peer: SocketAddr,
         tls: bool,
     ) -> Self {
-        let shared = generations.current();
         let trusted = shared.trusted.iter().any(|n| n.contains(tcp_peer.ip()));
         ConnCtx {
             peer,
@@ -375,7 +376,7 @@ impl ConnCtx {
             last_touch_ms: AtomicU64::new(0),
             last_sighting: AtomicU64::new(0),
             started: Instant::now(),
-            shared: ArcSwap::new(shared),
+            shared: std::sync::Mutex::new(shared),
             generations,
         }
     }
@@ -397,16 +398,17 @@ impl ConnCtx {
     /// life, so that its node ids, connections and metrics are of one generation. One
     /// atomic load when nothing was reloaded.
     pub(crate) fn shared(&self) -> Arc<Shared> {
-        let mine = self.shared.load_full();
-        if mine.state.generation() == self.generations.runtime.generation() {
-            return mine;
+        // A lock of the connection's own (uncontended but for concurrent HTTP/2 streams of
+        // one worker thread): cheaper per request than an `ArcSwap` load.
+        let mut mine = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        if mine.state.generation() != self.generations.runtime.generation() {
+            let next = self.generations.current();
+            if !Arc::ptr_eq(&next, &mine) {
+                self.pin.carry(&mine.state, &next.state);
+                *mine = next;
+            }
         }
-        let next = self.generations.current();
-        if !Arc::ptr_eq(&next, &mine) {
-            self.pin.carry(&mine.state, &next.state);
-            self.shared.store(Arc::clone(&next));
-        }
-        next
+        Arc::clone(&mine)
     }
 
     /// Whether this request is the connection's first sighting of `spread` (the session) on
@@ -794,7 +796,7 @@ pub async fn serve_listener_on(
                 shared = current;
             }
             let generations = Arc::clone(&generations);
-            let def = Arc::clone(&shared.def);
+            let current = Arc::clone(&shared);
             let builder = Arc::clone(&builder);
             let done = done_tx.clone();
             // Boxed before it is spawned: the connection's future is several KiB, and tokio
@@ -804,10 +806,15 @@ pub async fn serve_listener_on(
             tokio::spawn(Box::pin(async move {
                 let _permit = permit;
                 let _done = done;
-                match crate::net::accept_client(stream, peer, bound, &def).await {
+                match crate::net::accept_client(stream, peer, bound, &current.def).await {
                     Ok(c) => {
-                        let ctx =
-                            Arc::new(ConnCtx::new(generations, c.who.client, c.tcp_peer, c.tls));
+                        let ctx = Arc::new(ConnCtx::new(
+                            generations,
+                            current,
+                            c.who.client,
+                            c.tcp_peer,
+                            c.tls,
+                        ));
                         serve_connection(ctx, builder, c.io).await;
                     }
                     Err(why) => tracing::debug!(%peer, why, "client connection refused"),
@@ -1257,7 +1264,8 @@ mod tests {
         let (client, accepted) =
             tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         let (client, (server_side, peer)) = (client.expect("connect"), accepted.expect("accept"));
-        let ctx = Arc::new(ConnCtx::new(generations, peer, peer, false));
+        let current = generations.current();
+        let ctx = Arc::new(ConnCtx::new(generations, current, peer, peer, false));
         (client, server_side, ctx, builder, drain_tx)
     }
 
