@@ -11,6 +11,8 @@
 //!      └─ empty ─► connect(addr of the node, connect timeout) ─► TLS (if the listener says)
 //!                   ─► http1 handshake ─► spawn conn
 //!  answer received ─► spawn "wait until ready" ─► back on the idle stack
+//!  idle stacks not empty ─► a sweep every min(upstream_idle, 5 s): expired ones and ones
+//!                           the node closed are dropped (their sockets closed)
 //! ```
 //!
 //! Bodiless replayable requests to plaintext nodes take the request-driven path instead
@@ -21,6 +23,7 @@
 //! name where limpet connects.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,7 +54,14 @@ pub(crate) struct NodeConns {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    /// A sweep task runs ([`NodeConns::sweep_soon`]).
+    sweeping: AtomicBool,
 }
+
+/// The longest between two sweeps of a node's idle connections: what a connection the node
+/// closed may stay half-closed here (CLOSE-WAIT) without traffic, as HAProxy purges its idle
+/// connections every `pool-purge-delay` (5 s).
+const SWEEP_EVERY_MAX: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for NodeConns {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -90,7 +100,62 @@ impl NodeConns {
             max_idle,
             idle_timeout,
             connect_timeout,
+            sweeping: AtomicBool::new(false),
         }
+    }
+
+    /// Starts the sweep of the idle connections unless one runs. Checkouts and recycles
+    /// prune too, but without traffic to the node nothing else would: a connection past
+    /// `upstream_idle` would stay open, and one the node closed would stay half-open, each
+    /// holding a descriptor, until the next request to that node. The task holds the pool
+    /// weakly (a reload's dropped listener generation ends it) and ends once nothing is idle.
+    fn sweep_soon(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        let every = self
+            .idle_timeout
+            .min(SWEEP_EVERY_MAX)
+            .max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(me) = pool.upgrade() else {
+                    return;
+                };
+                if me.sweep() > 0 {
+                    continue;
+                }
+                me.sweeping.store(false, Ordering::Release);
+                // A recycle between the sweep and the store saw a sweep running and did not
+                // start one: this one goes on if it finds anything now.
+                if me.idle_count() == 0 || me.sweeping.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Drops the idle connections that expired or that the node closed (or sent stray
+    /// bytes on); how many are left.
+    fn sweep(&self) -> usize {
+        let now = Instant::now();
+        let h1 = {
+            let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
+            self.prune_h1(&mut idle, now);
+            idle.retain(|(conn, _)| conn.idle_ok());
+            idle.len()
+        };
+        let mut idle = self.lock();
+        self.prune(&mut idle);
+        idle.retain(|e| !e.sender.is_closed());
+        h1 + idle.len()
+    }
+
+    fn idle_count(&self) -> usize {
+        let h1 = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner()).len();
+        h1 + self.lock().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
@@ -188,10 +253,11 @@ impl NodeConns {
 
     /// Puts a connection of the request-driven path back, its answer fully read: at once,
     /// no task (up to `max_idle`, the oldest dropped first).
-    pub(crate) fn recycle_h1(&self, conn: H1Conn) {
+    pub(crate) fn recycle_h1(self: &Arc<Self>, conn: H1Conn) {
         if self.max_idle == 0 {
             return;
         }
+        self.sweep_soon();
         let now = Instant::now();
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
         self.prune_h1(&mut idle, now);
@@ -222,6 +288,8 @@ impl NodeConns {
                 sender,
                 since: Instant::now(),
             });
+            drop(idle);
+            me.sweep_soon();
         });
     }
 }
@@ -282,5 +350,66 @@ mod tests {
         );
         let _ = stop.send(());
         let _ = node.await;
+    }
+
+    /// Without any traffic, an idle connection of the request-driven path is closed once
+    /// past `upstream_idle`, and one the node closed is dropped at the next sweep, well
+    /// before: neither waits for a request to that node. Real sockets, paused time.
+    #[tokio::test(start_paused = true)]
+    async fn idle_connections_are_swept_without_traffic() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let idle_timeout = Duration::from_secs(30);
+        let conns = Arc::new(NodeConns::new(
+            addr,
+            4,
+            idle_timeout,
+            Duration::from_secs(1),
+            None,
+        ));
+        let limit = Duration::from_secs(1);
+        let (kept, closed) = (
+            conns.connect_h1(limit).await.expect("connect"),
+            conns.connect_h1(limit).await.expect("connect"),
+        );
+        let (mut kept_node, _) = listener.accept().await.expect("accept");
+        let (closed_node, _) = listener.accept().await.expect("accept");
+        conns.recycle_h1(kept);
+        conns.recycle_h1(closed);
+        assert_eq!(conns.idle_count(), 2);
+        let t0 = Instant::now();
+        // The node closes one of them; the next sweep (at most 5 s on) drops it.
+        drop(closed_node);
+        tokio::time::timeout(2 * SWEEP_EVERY_MAX, async {
+            while conns.idle_count() != 1 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("the connection the node closed is dropped without a request");
+        assert!(
+            t0.elapsed() <= SWEEP_EVERY_MAX + Duration::from_millis(100),
+            "dropped {:?} after the node closed it",
+            t0.elapsed()
+        );
+        // The other is closed by limpet once past upstream_idle (plus at most one sweep):
+        // the node reads the end of the stream.
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(
+            idle_timeout + 2 * SWEEP_EVERY_MAX,
+            tokio::io::AsyncReadExt::read(&mut kept_node, &mut byte),
+        )
+        .await
+        .expect("the expired connection is closed without a request")
+        .expect("read");
+        assert_eq!(read, 0, "limpet closed it");
+        let waited = t0.elapsed();
+        assert!(
+            (idle_timeout..=idle_timeout + SWEEP_EVERY_MAX).contains(&waited),
+            "closed {waited:?} after it went idle"
+        );
+        assert_eq!(conns.idle_count(), 0);
     }
 }
