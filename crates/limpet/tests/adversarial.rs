@@ -416,6 +416,49 @@ mod tokio_stream_like {
     }
 }
 
+/// The header field count limit (`max_headers`, 100) holds for HTTP/2 as for HTTP/1:
+/// 431 on the stream, nothing sent to a node, and the connection serves the next stream.
+#[tokio::test]
+async fn h2_requests_over_the_header_field_limit_get_431_and_reach_no_node() {
+    // The node: a socket that notes each connection made to it.
+    let node = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "a".into(),
+        addr: node.local_addr().expect("addr"),
+    }]);
+    // Were it forwarded, the request would wait this long for an answer that never comes.
+    cfg.timeouts.upstream_answer = Duration::from_secs(1);
+    let proxy = Proxy::start(cfg).await;
+    let mut sender = h2_client(proxy.addr).await;
+    let request = |fields: usize| {
+        let mut req = hyper::Request::get(format!("http://{}/", proxy.addr));
+        for i in 0..fields {
+            req = req.header(format!("x-field-{i}"), "1");
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        drop(tx);
+        req.body(StreamBody::new(tokio_stream_like::Rx(rx)))
+            .expect("request")
+    };
+    let resp = sender.send_request(request(150)).await.expect("answer");
+    assert_eq!(resp.status(), 431);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), node.accept())
+            .await
+            .is_err(),
+        "a node connection was made for the refused request"
+    );
+    // The connection goes on: a request within the limit reaches the node.
+    let next = tokio::spawn(sender.send_request(request(90)));
+    let accepted = tokio::time::timeout(Duration::from_secs(5), node.accept()).await;
+    assert!(
+        matches!(accepted, Ok(Ok(_))),
+        "the next stream, within the limit, reaches the node"
+    );
+    next.abort();
+    proxy.stop().await;
+}
+
 /// Finding 2, HTTP/2: a stream whose body stops gets 408; the node connection is released.
 #[tokio::test]
 async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {

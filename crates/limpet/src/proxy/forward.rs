@@ -355,6 +355,17 @@ fn proxy<'a, 'b>(
         if target_len > shared.limits.max_uri_bytes {
             return local(StatusCode::URI_TOO_LONG, id, "request target too long");
         }
+        // hyper holds HTTP/1 to `max_headers` as it parses; HTTP/2 has only a size limit
+        // (SETTINGS_MAX_HEADER_LIST_SIZE), under which a thousand small fields fit. The same
+        // count for both, as HAProxy's `tune.http.maxhdr`; the stream's answer, not the
+        // connection's end.
+        if req.headers().len() > shared.limits.max_headers {
+            return local(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                id,
+                "too many header fields",
+            );
+        }
         if req.version() <= Version::HTTP_11
             && req.headers().contains_key(header::TRANSFER_ENCODING)
             && req.headers().contains_key(header::CONTENT_LENGTH)
