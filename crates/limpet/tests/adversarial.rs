@@ -459,6 +459,41 @@ async fn h2_requests_over_the_header_field_limit_get_431_and_reach_no_node() {
     proxy.stop().await;
 }
 
+/// A node answer with both `Content-Length` and `Transfer-Encoding: chunked` is read by the
+/// chunks (RFC 9112 6.3), and forwarded without the `Content-Length`, whole: on the
+/// request-driven path (GET) and on hyper's (POST) alike.
+#[tokio::test]
+async fn a_node_answer_with_both_lengths_reaches_the_client_whole_without_its_content_length() {
+    let node = SilentNode::start(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nTransfer-Encoding: chunked\r\n\r\n\
+          3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    let proxy = Proxy::start(node.config()).await;
+    for head in [
+        &b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    ] {
+        let answer = raw_exchange(proxy.addr, head).await;
+        let what = String::from_utf8_lossy(head)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{what}: {answer:?}");
+        let lower = answer.to_ascii_lowercase();
+        assert!(!lower.contains("content-length: 50"), "{what}: {answer:?}");
+        // The body as the client reads it: chunked (or up to the close), with all of abc.
+        let body = &answer[answer.find("\r\n\r\n").map_or(0, |i| i + 4)..];
+        assert!(
+            body.contains("abc")
+                && (lower.contains("transfer-encoding: chunked") && body.ends_with("0\r\n\r\n")),
+            "{what}: the whole body, properly framed: {answer:?}"
+        );
+    }
+    proxy.stop().await;
+}
+
 /// Finding 2, HTTP/2: a stream whose body stops gets 408; the node connection is released.
 #[tokio::test]
 async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {

@@ -541,6 +541,12 @@ fn proxy<'a, 'b>(
         let upstream_upgrade = switching.then(|| hyper::upgrade::on(&mut resp));
         let (rparts, rbody) = resp.into_parts();
         let mut rheaders = rparts.headers;
+        // A node answer with both: its body was read by Transfer-Encoding, and RFC 9112 6.3
+        // says a sender removes the Content-Length before forwarding it (left in, the client
+        // would read the decoded body by a length it does not have).
+        if rheaders.contains_key(header::TRANSFER_ENCODING) {
+            rheaders.remove(header::CONTENT_LENGTH);
+        }
         hdr::remove_hop_by_hop(&mut rheaders, switching);
         learn_from_answer(shared, &rheaders, node);
         if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
