@@ -494,6 +494,29 @@ async fn a_node_answer_with_both_lengths_reaches_the_client_whole_without_its_co
     proxy.stop().await;
 }
 
+/// Nothing is lost: a GET's chunked body reaches the node (hyper's client would frame a GET
+/// with no stated length as bodiless), as a POST's does.
+#[tokio::test]
+async fn a_chunked_get_body_reaches_the_node() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    for method in ["GET", "POST"] {
+        let head = format!(
+            "{method} /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let answer = raw_exchange(proxy.addr, head.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{method}: {answer}");
+        // The node counts the body bytes it received.
+        assert_eq!(
+            answer.split_once("\r\n\r\n").map(|(_, body)| body),
+            Some("5\n"),
+            "{method}: {answer}"
+        );
+    }
+    proxy.stop().await;
+}
+
 /// Finding 2, HTTP/2: a stream whose body stops gets 408; the node connection is released.
 #[tokio::test]
 async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {

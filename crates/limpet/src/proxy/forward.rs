@@ -321,10 +321,20 @@ struct Head<'a> {
 impl Head<'_> {
     /// The request hyper's client sends: limpet's fields inserted into the one map.
     fn into_request(self, body: UpBody) -> Request<UpBody> {
+        let mut headers = self.headers;
+        // A body of no stated length goes chunked, whatever the method: hyper's client frames
+        // a GET, HEAD or CONNECT without `Content-Length` or `Transfer-Encoding` as bodiless,
+        // and the client's `Transfer-Encoding` went with the hop-by-hop fields, so a chunked
+        // GET's body would be dropped on the way.
+        if !body.is_end_stream() && !headers.contains_key(header::CONTENT_LENGTH) {
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
         let mut req = Request::new(body);
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
-        let mut headers = self.headers;
         self.forwarding.insert_into(&mut headers);
         *req.headers_mut() = headers;
         req
