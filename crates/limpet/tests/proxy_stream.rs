@@ -77,7 +77,10 @@ async fn stream_both_ways(bytes: u64) -> (u64, u64) {
     let mut sender = connect(&proxy).await;
 
     // Warm up: first connection, pools and buffers exist before the baseline.
+    // hyper's low-level client sends no Host of its own (HTTP/1.1 requires one), and this
+    // target in absolute form, whose authority the Host must name.
     let req = http::Request::post(format!("http://{}/upload", proxy.addr))
+        .header(http::header::HOST, proxy.addr.to_string())
         .body(Generated { left: 1 << 20 })
         .expect("request");
     let resp = sender.send_request(req).await.expect("warm-up");
@@ -86,6 +89,7 @@ async fn stream_both_ways(bytes: u64) -> (u64, u64) {
 
     sender.ready().await.expect("ready");
     let req = http::Request::post(format!("http://{}/upload", proxy.addr))
+        .header(http::header::HOST, proxy.addr.to_string())
         .body(Generated { left: bytes })
         .expect("request");
     let resp = tokio::time::timeout(PATIENCE * 30, sender.send_request(req))
@@ -106,6 +110,7 @@ async fn stream_both_ways(bytes: u64) -> (u64, u64) {
         .expect("handshake");
     tokio::spawn(conn);
     let req = http::Request::get(format!("http://{}/download?bytes={bytes}", proxy.addr))
+        .header(http::header::HOST, proxy.addr.to_string())
         .body(Empty::<Bytes>::new())
         .expect("request");
     let resp = getter.send_request(req).await.expect("download");
