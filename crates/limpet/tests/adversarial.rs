@@ -942,6 +942,57 @@ async fn http1_1_without_a_valid_host_gets_400_and_http1_0_without_one_reaches_t
     proxy.stop().await;
 }
 
+/// The asterisk form is for OPTIONS only (RFC 9112 3.2.4): `GET *` gets 400 and reaches no
+/// node; `OPTIONS *` is forwarded.
+#[tokio::test]
+async fn the_asterisk_form_is_refused_for_any_method_but_options() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let answer = raw_exchange(
+        proxy.addr,
+        b"OPTIONS * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        !answer.starts_with("HTTP/1.1 400"),
+        "OPTIONS * is forwarded: {answer}"
+    );
+    proxy.stop().await;
+}
+
+/// RFC 9113 8.3.1: an HTTP/2 `:authority` with user information is malformed: 400, and the
+/// connection's other streams go on.
+#[tokio::test]
+async fn h2_authority_with_user_information_gets_400() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let mut sender = h2_client(proxy.addr).await;
+    let request = |uri: String| {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        drop(tx);
+        hyper::Request::get(uri)
+            .body(StreamBody::new(tokio_stream_like::Rx(rx)))
+            .expect("request")
+    };
+    let resp = sender
+        .send_request(request(format!("http://user:pw@{}/", proxy.addr)))
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 400);
+    let resp = sender
+        .send_request(request(format!("http://{}/", proxy.addr)))
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 200);
+    proxy.stop().await;
+}
+
 /// Finding 5: `Connection: close, Host` does not strip the Host the node needs.
 #[tokio::test]
 async fn connection_listing_host_never_removes_host() {

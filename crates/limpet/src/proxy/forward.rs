@@ -390,6 +390,15 @@ fn proxy<'a, 'b>(
         if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
             return local_close(StatusCode::BAD_REQUEST, id, why);
         }
+        // The asterisk form names no resource: only OPTIONS may use it (RFC 9112 3.2.4, RFC
+        // 9113 8.3.1), as nginx holds.
+        if req.uri().path() == "*" && req.method() != Method::OPTIONS {
+            return local_close(
+                StatusCode::BAD_REQUEST,
+                id,
+                "the asterisk form is for OPTIONS only",
+            );
+        }
 
         let upgrade = is_upgrade_request(&req);
         let websocket = req

@@ -72,7 +72,11 @@ pub(crate) fn host_problem(
         return Some("invalid Host");
     }
     if version >= http::Version::HTTP_2 {
-        return None;
+        // RFC 9113 8.3.1: `:authority` carries no user information.
+        return uri
+            .authority()
+            .is_some_and(|a| a.as_str().contains('@'))
+            .then_some("user information in :authority");
     }
     if version == http::Version::HTTP_11 && host.is_none() {
         return Some("HTTP/1.1 request without Host");
