@@ -24,6 +24,10 @@
 //!   request per `fail_timeout`, never the traffic of a whole probation. The caller
 //!   connects first and fails over if the trial is refused; a hung node's trial waits for
 //!   its answer timeout, and an idempotent request is then replayed elsewhere.
+//! - A node back from a trial is on probation: its failure streak starts at `fall - 1`, so
+//!   one more failure takes it DOWN again until a success resets the streak (a TCP
+//!   listener's trial is decided by a connect, which a stopped process's kernel completes;
+//!   an HTTP request to such a node then costs one answer timeout, not `fall`).
 //! - Only a trial's success brings the node back: a success that no claimed trial made
 //!   is an attempt that was already in flight when the node went DOWN, and proves nothing
 //!   about the node now (taken as one, each late answer of a node dying under load would
@@ -222,7 +226,14 @@ impl Health {
                 if policy.checked || self.retry_at_ms == u64::MAX || !self.trying {
                     None
                 } else {
-                    *self = Health::default();
+                    // Back on probation: its failure streak starts at `fall - 1`, so one
+                    // more failure takes it DOWN again until another success resets it. A
+                    // node whose trial was a TCP listener's connect may be a stopped
+                    // process's kernel: its first timed-out HTTP answer ends that.
+                    *self = Health {
+                        streak: policy.fall.max(1) - 1,
+                        ..Health::default()
+                    };
                     Some(Transition::WentUp)
                 }
             }
@@ -409,10 +420,29 @@ mod tests {
         assert_eq!(h.observe(TrafficFailed, p, 16_000), None);
         assert!(!h.is_up());
         assert_eq!(h.retry_at_ms(p), Some(26_000), "the wait starts again");
-        // The next trial is answered: back UP, with no failure counted.
+        // The next trial is answered: back UP, on probation (one failure from DOWN)
+        // until another answer.
         assert!(h.claim_trial(p, 26_000, 6_000));
         assert_eq!(h.observe(TrafficOk, p, 26_001), Some(Transition::WentUp));
+        assert_eq!(h.streak(), p.fall - 1);
+        assert_eq!(h.observe(TrafficOk, p, 26_002), None);
         assert_eq!(h.streak(), 0);
+        // A node brought back by a trial that proved little (a TCP connect to a stopped
+        // process): its first failure takes it DOWN again.
+        for t in [26_003, 26_004] {
+            h.observe(TrafficFailed, p, t);
+        }
+        assert_eq!(
+            h.observe(TrafficFailed, p, 26_005),
+            Some(Transition::WentDown)
+        );
+        assert!(h.claim_trial(p, 36_005, 1_000));
+        assert_eq!(h.observe(TrafficOk, p, 36_006), Some(Transition::WentUp));
+        assert_eq!(
+            h.observe(TrafficFailed, p, 36_007),
+            Some(Transition::WentDown),
+            "on probation"
+        );
     }
 
     #[test]

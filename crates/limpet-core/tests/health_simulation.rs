@@ -414,9 +414,10 @@ impl Sim<'_> {
                     if !self.trial_pending {
                         return Err("a DOWN node's connect completed outside a trial".into());
                     }
+                    // Back on probation: one failure from DOWN.
                     s = Shadow {
                         up: true,
-                        fails: 0,
+                        fails: policy.fall.max(1) - 1,
                         passes: 0,
                         retry_at: None,
                     };

@@ -141,6 +141,9 @@ struct ModelNode {
     streak: u32,
     /// While DOWN: when the next trial may start; `None` for a forced DOWN (never tried).
     retry_at: Option<u64>,
+    /// While DOWN: a trial was claimed since it went DOWN or last failed (only then does a
+    /// success bring it back).
+    trying: bool,
 }
 
 #[derive(Debug)]
@@ -441,9 +444,10 @@ impl Model {
     }
 
     /// Health without checks. A traffic success resets the streak, or brings a DOWN node
-    /// (not forced) back UP; a failure counts toward `fall` while UP and takes the node DOWN
-    /// at `fall`, with its first trial `fail_timeout` later; while DOWN (not forced) it
-    /// starts that wait again. Returns the new state when it flipped.
+    /// (not forced) whose trial was claimed back UP, on probation (its streak at
+    /// `fall - 1`); a failure counts toward `fall` while UP and takes the node DOWN at
+    /// `fall`, with its first trial `fail_timeout` later; while DOWN (not forced) it starts
+    /// that wait again and ends the trial. Returns the new state when it flipped.
     fn observe(&mut self, n: NodeId, ok: bool, now: u64) -> Option<bool> {
         let (fall, wait) = (self.fall, self.fail_timeout);
         let node = &mut self.nodes[n.index()];
@@ -460,17 +464,24 @@ impl Model {
                 node.up = false;
                 node.streak = 0;
                 node.retry_at = Some(now + wait);
+                node.trying = false;
                 Some(false)
             }
             (false, true) => {
                 node.retry_at?;
+                if !node.trying {
+                    return None;
+                }
                 node.up = true;
+                node.streak = fall.max(1) - 1;
                 node.retry_at = None;
+                node.trying = false;
                 Some(true)
             }
             (false, false) => {
                 if let Some(t) = node.retry_at.as_mut() {
                     *t = now + wait;
+                    node.trying = false;
                 }
                 None
             }
@@ -483,7 +494,9 @@ impl Model {
         if !self.trial_due(n, now) {
             return false;
         }
-        self.nodes[n.index()].retry_at = Some(now + TRIAL_HOLD_MS);
+        let node = &mut self.nodes[n.index()];
+        node.retry_at = Some(now + TRIAL_HOLD_MS);
+        node.trying = true;
         true
     }
 
@@ -493,6 +506,7 @@ impl Model {
         node.up = up;
         node.streak = 0;
         node.retry_at = None;
+        node.trying = false;
     }
 }
 
@@ -631,6 +645,7 @@ impl Sim<'_> {
                         up: true,
                         streak: 0,
                         retry_at: None,
+                        trying: false,
                     };
                     n
                 ],

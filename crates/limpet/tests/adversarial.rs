@@ -430,17 +430,21 @@ async fn h2_requests_over_the_header_field_limit_get_431_and_reach_no_node() {
     cfg.timeouts.upstream_answer = Duration::from_secs(1);
     let proxy = Proxy::start(cfg).await;
     let mut sender = h2_client(proxy.addr).await;
-    let request = |fields: usize| {
+    let request = |fields: usize, cookies: usize| {
         let mut req = hyper::Request::get(format!("http://{}/", proxy.addr));
         for i in 0..fields {
             req = req.header(format!("x-field-{i}"), "1");
+        }
+        // One field per cookie, as browsers send them over HTTP/2: they count as one.
+        for i in 0..cookies {
+            req = req.header("cookie", format!("c{i}=1"));
         }
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         drop(tx);
         req.body(StreamBody::new(tokio_stream_like::Rx(rx)))
             .expect("request")
     };
-    let resp = sender.send_request(request(150)).await.expect("answer");
+    let resp = sender.send_request(request(150, 0)).await.expect("answer");
     assert_eq!(resp.status(), 431);
     assert!(
         tokio::time::timeout(Duration::from_millis(300), node.accept())
@@ -448,8 +452,9 @@ async fn h2_requests_over_the_header_field_limit_get_431_and_reach_no_node() {
             .is_err(),
         "a node connection was made for the refused request"
     );
-    // The connection goes on: a request within the limit reaches the node.
-    let next = tokio::spawn(sender.send_request(request(90)));
+    // The connection goes on: a request within the limit (its 120 cookie crumbs one
+    // field) reaches the node.
+    let next = tokio::spawn(sender.send_request(request(90, 120)));
     let accepted = tokio::time::timeout(Duration::from_secs(5), node.accept()).await;
     assert!(
         matches!(accepted, Ok(Ok(_))),

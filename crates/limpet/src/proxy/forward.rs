@@ -207,6 +207,14 @@ fn is_upgrade_request<B>(req: &Request<B>) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// Whether `headers` hold more than `max` fields, an HTTP/2 request's `Cookie` crumbs
+/// counted as the one field they are joined into (browsers send one field per cookie over
+/// HTTP/2, RFC 9113 8.2.3, and one line over HTTP/1.1, where hyper counts it once).
+fn too_many_fields(headers: &HeaderMap, max: usize) -> bool {
+    let crumbs = headers.get_all(header::COOKIE).iter().count();
+    headers.len() - crumbs.saturating_sub(1) > max
+}
+
 /// RFC 9110 9.2.2. Only these may be sent twice when the first attempt's fate is unknown.
 fn is_idempotent(m: &Method) -> bool {
     matches!(
@@ -369,7 +377,9 @@ fn proxy<'a, 'b>(
         // (SETTINGS_MAX_HEADER_LIST_SIZE), under which a thousand small fields fit. The same
         // count for both, as HAProxy's `tune.http.maxhdr`; the stream's answer, not the
         // connection's end.
-        if req.headers().len() > shared.limits.max_headers {
+        if req.headers().len() > shared.limits.max_headers
+            && too_many_fields(req.headers(), shared.limits.max_headers)
+        {
             return local(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 id,

@@ -159,6 +159,9 @@ pub(crate) struct Generations {
     /// The generation whose settings for this listener were refused: the previous ones
     /// serve, and it is not built again on each request.
     refused: AtomicU32,
+    /// Held while a generation is built: one build per reload, whose result every
+    /// connection then shares (two would split the node connection pools).
+    building: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Generations {
@@ -193,11 +196,19 @@ impl Generations {
             port,
             current: ArcSwap::from_pointee(first),
             refused: AtomicU32::new(u32::MAX),
+            building: std::sync::Mutex::new(()),
         })
     }
 
     /// The listener's settings and connections for the runtime's current state.
     fn current(&self) -> Arc<Shared> {
+        let current = self.current.load_full();
+        let now = self.runtime.generation();
+        if current.state.generation() == now || self.refused.load(Ordering::Relaxed) == now {
+            return current;
+        }
+        let _building = self.building.lock().unwrap_or_else(PoisonError::into_inner);
+        // Another thread may have built it meanwhile.
         let current = self.current.load_full();
         let now = self.runtime.generation();
         if current.state.generation() == now || self.refused.load(Ordering::Relaxed) == now {

@@ -257,7 +257,6 @@ impl NodeConns {
         if self.max_idle == 0 {
             return;
         }
-        self.sweep_soon();
         let now = Instant::now();
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
         self.prune_h1(&mut idle, now);
@@ -265,6 +264,9 @@ impl NodeConns {
             idle.pop_front();
         }
         idle.push_back((conn, now));
+        drop(idle);
+        // After the push: a sweep ending meanwhile counts it and goes on.
+        self.sweep_soon();
     }
 
     /// Puts a connection back once its answer is fully read (hyper makes it ready again

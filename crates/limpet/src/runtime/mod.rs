@@ -104,6 +104,12 @@ impl ConnPin {
         (v, node)
     }
 
+    /// Whether `seen` is a pin set in a generation newer than `generation`: a request still
+    /// routing over an older one (it came before the reload) leaves it as it is.
+    fn newer(seen: u64, generation: u32) -> bool {
+        seen != Self::NONE && (seen >> 32) as u32 > generation
+    }
+
     /// The node pinned in `generation`, if any.
     pub fn get(&self, generation: u32) -> Option<NodeId> {
         self.read(generation).1
@@ -703,6 +709,7 @@ impl State {
             }
             if let (Some(c), Some((seen, _)), Some(n)) = (conn, seen, r.conn_pin) {
                 match input.conn_pin {
+                    None if ConnPin::newer(seen, self.generation) => {}
                     None if !c.claim(seen, self.generation, n) => continue,
                     None => {}
                     Some(_) => c.set(self.generation, n),
@@ -987,6 +994,11 @@ mod tests {
         );
         pin.carry(&old, &renumbered);
         assert_eq!(pin.get(renumbered.generation()), renumbered.node_id("a"));
+        // A request still routing over the older generation leaves the newer pin alone.
+        let (seen, none) = pin.read(old.generation());
+        assert_eq!(none, None);
+        assert!(ConnPin::newer(seen, old.generation()));
+        assert!(!ConnPin::newer(seen, renumbered.generation()));
         assert_ne!(renumbered.node_id("a"), Some(a_old), "a was renumbered");
         // A pin to a node the next generation does not have is dropped.
         let without_a = state_of(&["b", "c"]);
