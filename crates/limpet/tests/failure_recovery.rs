@@ -1423,20 +1423,33 @@ async fn a_pre_reload_connection_reads_and_writes_pins_by_node_name_after_nodes_
     l.stop().await;
 }
 
+/// A port on a's address that node a's checks can probe apart from its service (its
+/// `check_port`): it accepts until the returned task is aborted, then refuses, so a goes DOWN
+/// by its checks while its service, and the sessions relayed to it, stay up.
+async fn check_target_of_a() -> (u16, JoinHandle<()>) {
+    let check_target = TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind check target: {e}"));
+    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
+    let task = tokio::spawn(async move {
+        while let Ok((s, _)) = check_target.accept().await {
+            drop(s);
+        }
+    });
+    (check_port, task)
+}
+
+/// Node a's lines with its checks sent to `check_port`.
+fn a_checked_at(check_port: u16) -> String {
+    format!("name = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session_and_moves_h1_and_h2() {
     let (_nodes, port) = backend_nodes(&AB).await;
     // a's checks probe a port of their own (`check_port`), so the check can fail while a's
     // service, and the session relayed to it, stay up: only the DOWN can close the session.
-    let check_target = TcpListener::bind("127.0.0.2:0")
-        .await
-        .unwrap_or_else(|e| panic!("bind check target: {e}"));
-    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
-    let check_task = tokio::spawn(async move {
-        while let Ok((s, _)) = check_target.accept().await {
-            drop(s);
-        }
-    });
+    let (check_port, check_task) = check_target_of_a().await;
     const FALL: u64 = 2;
     const INTERVAL_MS: u64 = 100;
     const TIMEOUT_MS: u64 = 200;
@@ -1449,7 +1462,7 @@ async fn a_check_down_after_a_reload_closes_a_pre_reload_tcp_session_and_moves_h
     )
     .replace(
         "name = \"a\"\naddress = \"127.0.0.2\"\n",
-        &format!("name = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n"),
+        &a_checked_at(check_port),
     );
     let cfg = ConfigFile::new("reload-down", &text);
     let l = Limpet::start(&cfg).await;
@@ -1651,15 +1664,7 @@ async fn a_reload_that_turns_close_on_node_down_on_closes_a_session_on_a_node_al
     let (_nodes, port) = backend_nodes(&AB).await;
     // a's checks probe a port of their own, so a can go DOWN while its service, and the
     // session relayed to it, stay up.
-    let check_target = TcpListener::bind("127.0.0.2:0")
-        .await
-        .unwrap_or_else(|e| panic!("bind check target: {e}"));
-    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
-    let check_task = tokio::spawn(async move {
-        while let Ok((s, _)) = check_target.accept().await {
-            drop(s);
-        }
-    });
+    let (check_port, check_task) = check_target_of_a().await;
     let text = |close: bool| {
         two_listener_config(
             port,
@@ -1672,7 +1677,7 @@ async fn a_reload_that_turns_close_on_node_down_on_closes_a_session_on_a_node_al
         )
         .replace(
             "name = \"a\"\naddress = \"127.0.0.2\"\n",
-            &format!("name = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n"),
+            &a_checked_at(check_port),
         )
     };
     let cfg = ConfigFile::new("reload-close-on-down", &text(false));

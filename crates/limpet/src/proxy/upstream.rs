@@ -300,6 +300,17 @@ impl NodeConns {
 mod tests {
     use super::*;
 
+    /// A plaintext pool to `addr` keeping up to 4 idle connections for `idle_timeout`.
+    fn pool(addr: SocketAddr, idle_timeout: Duration) -> Arc<NodeConns> {
+        Arc::new(NodeConns::new(
+            addr,
+            4,
+            idle_timeout,
+            Duration::from_secs(1),
+            None,
+        ))
+    }
+
     /// Steady traffic takes the newest idle connection each time; an older one left at the
     /// stack's bottom is dropped once past `upstream_idle`, not kept until the node closes
     /// it. Real connections to a demo node on loopback, on paused time.
@@ -317,13 +328,7 @@ mod tests {
             .await;
         });
         let idle_timeout = Duration::from_millis(300);
-        let conns = Arc::new(NodeConns::new(
-            addr,
-            4,
-            idle_timeout,
-            Duration::from_secs(1),
-            None,
-        ));
+        let conns = pool(addr, idle_timeout);
         let limit = Duration::from_secs(1);
         let (older, newer) = (conns.connect(limit).await, conns.connect(limit).await);
         conns.recycle(older.expect("connect"));
@@ -364,13 +369,7 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let idle_timeout = Duration::from_secs(30);
-        let conns = Arc::new(NodeConns::new(
-            addr,
-            4,
-            idle_timeout,
-            Duration::from_secs(1),
-            None,
-        ));
+        let conns = pool(addr, idle_timeout);
         let limit = Duration::from_secs(1);
         let (kept, closed) = (
             conns.connect_h1(limit).await.expect("connect"),
