@@ -9,7 +9,7 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `limpet_requests_total` | counter | listener, node, class (`1xx`..`5xx`, `error` when no answer) |
+//! | `limpet_requests_total` | counter | listener, node, class (`1xx`..`5xx`, `error` when no answer, a failed attempt that went on to another node included) |
 //! | `limpet_pins_total` | counter | listener, outcome (`sticky`, `new`, `repinned`), reason (`RepinReason::as_str`, or `none`) |
 //! | `limpet_health_transitions_total` | counter | node, to (`up`, `down`) |
 //! | `limpet_upstream_latency_seconds` | histogram | listener, node (time to the node's answer head) |

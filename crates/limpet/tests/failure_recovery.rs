@@ -1152,6 +1152,19 @@ async fn without_checks_a_hung_node_s_trials_make_one_request_wait_not_every_ses
         "{waited} of {} requests waited on the hung node; its trials allow 1 to {trials}",
         results.len()
     );
+    // Each request that waited on a and was answered by b counts as an error of a's (the
+    // first one that took a DOWN too): a hung node shows its timeouts.
+    let a = proxy
+        .runtime
+        .state()
+        .lifecycle
+        .metrics
+        .traffic("a", limpet::clock::now_ms());
+    assert_eq!(
+        (a.requests, a.errors),
+        (waited as u64 + 1, waited as u64 + 1),
+        "a's failed attempts are its errors"
+    );
     eprintln!(
         "{waited} of {} requests of {SESSIONS} pinned sessions waited on the hung node's trials",
         results.len()

@@ -206,7 +206,8 @@ async fn stats_page_at_1280_px_with_ten_nodes_shows_what_each_node_does() {
                 assert_eq!(s, if path == "/" { 200 } else { 500 });
             }
         }
-        // Three refused connects take node10 DOWN (each request fails over to a live node);
+        // Three refused connects take node10 DOWN (each request fails over to a live node,
+        // and counts as one of node10's errors);
         // then one to node09, stopped now, puts it on its way down (its request fails over
         // too, never to node10, which waits for its trial).
         for _ in 0..3 {
@@ -250,7 +251,8 @@ async fn stats_page_at_1280_px_with_ten_nodes_shows_what_each_node_does() {
             "row('node10').dataset.state === 'DOWN' \
              && (m => m !== null && m[1] >= 1 && m[1] <= 60)\
                   (text('node10', 'state').match(/^DOWN [0-9]+s\\ntrial in ([0-9]+)s$/)) \
-             && cell('node10', 'requests').dataset.total === '0'",
+             && cell('node10', 'requests').dataset.total === '3' \
+             && cell('node10', 'errors').dataset.total === '3'",
         )
         .await?;
         // The chart gets its first sample (every 5 s) with the traffic in it.

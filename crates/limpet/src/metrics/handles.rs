@@ -123,6 +123,18 @@ impl ListenerMetrics {
         }
     }
 
+    /// An attempt at `node` that failed before the request went on to another node (a
+    /// refused connect, an answer that did not come in time): the node did not answer it, so
+    /// it counts against the node as an error (`class="error"`, and the errors of its stats
+    /// and API view), where an operator looks for a node that times out. Not in the totals,
+    /// which count each client request once, by the node that answered it.
+    pub fn attempt_failed(&self, node: NodeId) {
+        if let Some(h) = self.nodes.get(node.index()) {
+            h.requests[class_of(0)].inc();
+            h.traffic.request(true);
+        }
+    }
+
     /// A routing decision's pin outcome.
     pub fn pin(&self, outcome: PinOutcome) {
         let totals = &self.metrics.totals;
@@ -189,5 +201,28 @@ mod tests {
         assert_eq!((b.requests, b.errors), (2, 1));
         assert_eq!(class_of(0), 5);
         assert_eq!(repin_index(RepinReason::ConnectFailed), 6);
+    }
+
+    /// A request that failed on a and was answered by b: an error of a's, a request of b's,
+    /// one client request in the totals.
+    #[test]
+    fn a_failed_attempt_counts_against_its_node_not_the_totals() {
+        let m = Arc::new(Metrics::new());
+        let l = ListenerMetrics::new(&m, "web", ["a", "b"]);
+        l.attempt_failed(NodeId(0));
+        l.request(Some(NodeId(1)), 200);
+        let text = m.encode();
+        for line in [
+            r#"limpet_requests_total{listener="web",node="a",class="error"} 1"#,
+            r#"limpet_requests_total{listener="web",node="b",class="2xx"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        let now = crate::clock::now_ms();
+        let (a, b) = (m.traffic("a", now), m.traffic("b", now));
+        assert_eq!((a.requests, a.errors), (1, 1));
+        assert_eq!((b.requests, b.errors), (1, 0));
+        let t = m.totals();
+        assert_eq!((t.requests, t.errors), (1, 0));
     }
 }

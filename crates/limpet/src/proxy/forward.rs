@@ -709,6 +709,8 @@ impl<'a> Attempt<'a> {
             // Nowhere else to go: the answer reports this node's error.
             return Err(e.clone());
         }
+        // Answered elsewhere, if at all: this node's failure is counted here.
+        self.shared.metrics.attempt_failed(node);
         self.route = next;
         Ok(())
     }
