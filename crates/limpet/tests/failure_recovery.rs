@@ -987,16 +987,12 @@ async fn a_hung_node_goes_down_by_its_checks_although_every_tcp_connect_to_it_co
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fails() {
-    // Quick mode (no checks): a completed connect proves nothing, an answer that does not come
-    // within the answer timeout is a failure, so `fall` of them take the hung node DOWN; every
-    // GET that met it fails over to b.
-    let (hung, _port, mut b) = hung_a_and_live_b().await;
+/// Quick mode (no checks) in front of the hung node a and the live node b.
+fn hung_and_live_config(hung: &TcpListener, b: &Backend) -> limpet::proxy::ProxyConfig {
     let hung_addr = hung
         .local_addr()
         .unwrap_or_else(|e| panic!("hung addr: {e}"));
-    let mut cfg = limpet::proxy::ProxyConfig::new(vec![
+    limpet::proxy::ProxyConfig::new(vec![
         limpet::proxy::NodeConfig {
             name: "a".into(),
             addr: hung_addr,
@@ -1005,7 +1001,16 @@ async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fail
             name: "b".into(),
             addr: b.addr,
         },
-    ]);
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fails() {
+    // Quick mode (no checks): a completed connect proves nothing, an answer that does not come
+    // within the answer timeout is a failure, so `fall` of them take the hung node DOWN; every
+    // GET that met it fails over to b.
+    let (hung, _port, mut b) = hung_a_and_live_b().await;
+    let mut cfg = hung_and_live_config(&hung, &b);
     const ANSWER: Duration = Duration::from_millis(300);
     cfg.timeouts.upstream_answer = ANSWER;
     // No trial within the test: a stays DOWN once it is.
@@ -1080,19 +1085,7 @@ async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fail
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_checks_a_hung_node_s_trials_make_one_request_wait_not_every_session() {
     let (hung, _port, mut b) = hung_a_and_live_b().await;
-    let hung_addr = hung
-        .local_addr()
-        .unwrap_or_else(|e| panic!("hung addr: {e}"));
-    let mut cfg = limpet::proxy::ProxyConfig::new(vec![
-        limpet::proxy::NodeConfig {
-            name: "a".into(),
-            addr: hung_addr,
-        },
-        limpet::proxy::NodeConfig {
-            name: "b".into(),
-            addr: b.addr,
-        },
-    ]);
+    let mut cfg = hung_and_live_config(&hung, &b);
     const ANSWER: Duration = Duration::from_millis(300);
     const FAIL_TIMEOUT: Duration = Duration::from_millis(400);
     const RUN: Duration = Duration::from_millis(2_500);

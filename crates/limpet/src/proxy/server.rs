@@ -200,18 +200,23 @@ impl Generations {
         })
     }
 
+    /// Whether `shared` is what the runtime's current state asks for: built from it, or
+    /// the last one when its settings for this listener were refused.
+    fn serves(&self, shared: &Shared) -> bool {
+        let now = self.runtime.generation();
+        shared.state.generation() == now || self.refused.load(Ordering::Relaxed) == now
+    }
+
     /// The listener's settings and connections for the runtime's current state.
     fn current(&self) -> Arc<Shared> {
         let current = self.current.load_full();
-        let now = self.runtime.generation();
-        if current.state.generation() == now || self.refused.load(Ordering::Relaxed) == now {
+        if self.serves(&current) {
             return current;
         }
         let _building = self.building.lock().unwrap_or_else(PoisonError::into_inner);
         // Another thread may have built it meanwhile.
         let current = self.current.load_full();
-        let now = self.runtime.generation();
-        if current.state.generation() == now || self.refused.load(Ordering::Relaxed) == now {
+        if self.serves(&current) {
             return current;
         }
         let state = self.runtime.state();
