@@ -27,7 +27,14 @@ pub enum RepinReason {
     DrainEnded,
     InvalidCookie,
     ExpiredCookie,
+    /// The node failed this request before answering: no connection (refused, timed out,
+    /// TLS failed), or the connection died before the request could go out.
     ConnectFailed,
+    /// The node took the request and gave no answer head within the answer timeout.
+    AnswerTimeout,
+    /// The node took the request, then closed or reset the connection, or answered with
+    /// bytes that are not HTTP, before any answer byte reached the client.
+    AnswerFailed,
 }
 
 impl RepinReason {
@@ -40,6 +47,8 @@ impl RepinReason {
             RepinReason::InvalidCookie => "invalid-cookie",
             RepinReason::ExpiredCookie => "expired-cookie",
             RepinReason::ConnectFailed => "connect-failed",
+            RepinReason::AnswerTimeout => "answer-timeout",
+            RepinReason::AnswerFailed => "answer-failed",
         }
     }
 }

@@ -22,7 +22,7 @@
 use crate::decision::{Decision, Pin};
 use crate::health::{HealthPolicy, Observation, Transition};
 use crate::node::{AdminState, Node, NodeId, NodeState, NodeStatus, MAX_WEIGHT};
-use crate::route::{self, CookieIn, Outcome, Route, RouteInput, Snapshot};
+use crate::route::{self, CookieIn, Excluded, Outcome, Route, RouteInput, Snapshot};
 use crate::topology::Topology;
 
 /// How a fresh assignment picks among the nodes that take one.
@@ -268,7 +268,7 @@ impl Pool {
     }
 
     /// A fresh round-robin assignment avoiding `exclude`, through [`route::route`].
-    pub fn assign(&mut self, exclude: &[NodeId], now_ms: u64) -> Option<NodeId> {
+    pub fn assign(&mut self, exclude: &[Excluded], now_ms: u64) -> Option<NodeId> {
         self.route(
             &RouteInput {
                 cookie: None,
@@ -310,7 +310,18 @@ mod tests {
             .unwrap_or_else(|| panic!("no node {name}"))
     }
 
-    fn fresh_input(balance: Balance, exclude: &[NodeId]) -> RouteInput<'_> {
+    /// `nodes` excluded as failed connects.
+    fn failed(nodes: &[NodeId]) -> Vec<Excluded> {
+        nodes
+            .iter()
+            .map(|&node| Excluded {
+                node,
+                why: RepinReason::ConnectFailed,
+            })
+            .collect()
+    }
+
+    fn fresh_input(balance: Balance, exclude: &[Excluded]) -> RouteInput<'_> {
         RouteInput {
             cookie: None,
             failback: false,
@@ -421,8 +432,8 @@ mod tests {
     fn assign_skips_excluded_nodes() {
         let mut p = pool(&["a", "b", "c"]);
         let (a, b, c) = (id(&p, "a"), id(&p, "b"), id(&p, "c"));
-        assert_eq!(p.assign(&[a], 0), Some(b));
-        assert_eq!(p.assign(&[a, b, c], 0), None);
+        assert_eq!(p.assign(&failed(&[a]), 0), Some(b));
+        assert_eq!(p.assign(&failed(&[a, b, c]), 0), None);
         assert_eq!(p.rotation(), 1);
     }
 
@@ -506,7 +517,8 @@ mod tests {
             }
         };
         let lc = |p: &mut Pool, exclude: &[NodeId], f: &dyn Fn(NodeId) -> u32| {
-            p.route(&fresh_input(Balance::LeastConn, exclude), f).node
+            p.route(&fresh_input(Balance::LeastConn, &failed(exclude)), f)
+                .node
         };
         // a: 1/1, b: 2/2, c: 0/1 -> c
         assert_eq!(lc(&mut p, &[], &counts(1, 2, 0)), Some(c));

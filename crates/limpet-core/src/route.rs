@@ -30,7 +30,8 @@
 //!    ever try it), then the listener's balance over the UP nodes.
 //!
 //! Pins to nodes in `exclude` (nodes that already failed for this request) are re-pinned
-//! with [`RepinReason::ConnectFailed`]; that is how failover routes again.
+//! with the reason each was excluded for ([`Excluded`]: how the node failed, e.g.
+//! [`RepinReason::AnswerTimeout`]); that is how failover routes again.
 //!
 //! The session's *spread key* is derived once ([`spread_key`]): from the table key when the
 //! listener has a table, else from the client address and the cookie's issue time. Every
@@ -174,9 +175,26 @@ pub struct RouteInput<'a> {
     /// The session's place in a drain's re-pin window; see [`spread_key`].
     pub spread_key: u64,
     pub balance: Balance,
-    /// Nodes that already failed for this request or connection.
-    pub exclude: &'a [NodeId],
+    /// Nodes that already failed for this request or connection, each with how.
+    pub exclude: &'a [Excluded],
     pub now_ms: u64,
+}
+
+/// A node the route must not choose, and why: a pin to it is re-pinned for `why`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Excluded {
+    pub node: NodeId,
+    /// How the node failed for this request ([`RepinReason::ConnectFailed`],
+    /// [`RepinReason::AnswerTimeout`], [`RepinReason::AnswerFailed`]), or, for a node left
+    /// out for another reason (its trial taken by another connection), that reason.
+    pub why: RepinReason,
+}
+
+impl Excluded {
+    /// Why `node` is in `list`, if it is.
+    pub fn find(list: &[Excluded], node: NodeId) -> Option<RepinReason> {
+        list.iter().find(|e| e.node == node).map(|e| e.why)
+    }
 }
 
 /// How the route's node was chosen.
@@ -305,8 +323,8 @@ pub fn route(
 ) -> Route {
     let now = input.now_ms;
     let verdict = |id: NodeId| -> Verdict {
-        if input.exclude.contains(&id) {
-            return Verdict::Repin(RepinReason::ConnectFailed);
+        if let Some(why) = Excluded::find(input.exclude, id) {
+            return Verdict::Repin(why);
         }
         match snap.status(id) {
             Some(s) => s.verdict(now, input.spread_key),
@@ -336,7 +354,7 @@ pub fn route(
         // 1. Failback: home is UP again and the session is elsewhere.
         if input.failback {
             if let Pin::Node(home) = c.home {
-                let home_up = !input.exclude.contains(&home)
+                let home_up = Excluded::find(input.exclude, home).is_none()
                     && snap.status(home).is_some_and(NodeStatus::takes_fresh);
                 if home_up && c.pin != Pin::Node(home) {
                     return Route {
@@ -459,7 +477,7 @@ pub fn route(
 }
 
 /// The home-cookie rule. A session re-pinned away from its cookie's node because of that node
-/// (DOWN, MAINT, drain ended, connect failed) remembers the node as home, unless it already
+/// (DOWN, MAINT, drain ended, failed this request) remembers the node as home, unless it already
 /// has a home (moved twice: the first node stays home).
 fn home_write(input: &RouteInput<'_>, reason: Option<RepinReason>, to: NodeId) -> HomeWrite {
     let Some(c) = input.cookie.filter(|_| input.failback) else {
@@ -472,6 +490,8 @@ fn home_write(input: &RouteInput<'_>, reason: Option<RepinReason>, to: NodeId) -
                 | RepinReason::NodeMaint
                 | RepinReason::DrainEnded
                 | RepinReason::ConnectFailed
+                | RepinReason::AnswerTimeout
+                | RepinReason::AnswerFailed
         )
     );
     match (c.pin, c.home) {
@@ -489,7 +509,7 @@ fn fresh(
     active: &dyn Fn(NodeId) -> u32,
     input: &RouteInput<'_>,
 ) -> Option<(NodeId, bool, bool)> {
-    let excluded = |n: NodeId| input.exclude.contains(&n);
+    let excluded = |n: NodeId| Excluded::find(input.exclude, n).is_some();
     if let Some(i) = snap
         .statuses
         .iter()
@@ -557,7 +577,7 @@ mod tests {
         }
     }
 
-    fn input<'a>(exclude: &'a [NodeId]) -> RouteInput<'a> {
+    fn input<'a>(exclude: &'a [Excluded]) -> RouteInput<'a> {
         RouteInput {
             cookie: None,
             failback: false,
@@ -606,8 +626,43 @@ mod tests {
         assert!(!r.took_turn);
     }
 
+    /// `node` failed this request in the way `why` says.
+    fn failed(node: NodeId, why: RepinReason) -> Excluded {
+        Excluded { node, why }
+    }
+
     #[test]
-    fn an_excluded_pin_repins_as_connect_failed_and_the_table_follows() {
+    fn an_excluded_pin_repins_for_how_its_node_failed_and_the_table_follows() {
+        let s = snap(&[up(), up(), up()]);
+        for why in [
+            RepinReason::ConnectFailed,
+            RepinReason::AnswerTimeout,
+            RepinReason::AnswerFailed,
+        ] {
+            let r = route(
+                &s,
+                0,
+                &|_| 0,
+                &RouteInput {
+                    cookie: cookie(Pin::Node(A)),
+                    table: table(Pin::Node(A), true),
+                    failback: true,
+                    ..input(&[failed(A, why)])
+                },
+            );
+            assert_eq!(r.node, Some(B), "{why:?}");
+            assert_eq!(r.outcome, Outcome::Repin(why));
+            assert_eq!(r.table, Some(B));
+            assert_eq!(r.home, HomeWrite::Set(A), "{why:?}");
+            assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
+            assert!(r.took_turn);
+        }
+    }
+
+    /// The pin's node timed out, and the fresh node then refused: the re-pin still says why
+    /// the pinned node was left, not what happened to the node tried after it.
+    #[test]
+    fn the_repin_reason_is_the_pinned_node_s_failure_not_the_last_one() {
         let s = snap(&[up(), up(), up()]);
         let r = route(
             &s,
@@ -615,17 +670,14 @@ mod tests {
             &|_| 0,
             &RouteInput {
                 cookie: cookie(Pin::Node(A)),
-                table: table(Pin::Node(A), true),
-                failback: true,
-                ..input(&[A])
+                ..input(&[
+                    failed(A, RepinReason::AnswerTimeout),
+                    failed(B, RepinReason::ConnectFailed),
+                ])
             },
         );
-        assert_eq!(r.node, Some(B));
-        assert_eq!(r.outcome, Outcome::Repin(RepinReason::ConnectFailed));
-        assert_eq!(r.table, Some(B));
-        assert_eq!(r.home, HomeWrite::Set(A));
-        assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
-        assert!(r.took_turn);
+        assert_eq!(r.node, Some(C));
+        assert_eq!(r.outcome, Outcome::Repin(RepinReason::AnswerTimeout));
     }
 
     #[test]
@@ -699,7 +751,7 @@ mod tests {
             &|_| 0,
             &RouteInput {
                 now_ms: 10_000,
-                ..input(&[A])
+                ..input(&[failed(A, RepinReason::ConnectFailed)])
             },
         );
         assert_eq!((failed.node, failed.trial), (Some(B), false));

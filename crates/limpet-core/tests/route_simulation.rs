@@ -83,9 +83,9 @@ use limpet_core::table::{
     AffinityTable, IpPrefix, KeySpec, LruTable, TableConfig, TableKey, MAX_EXPIRE_MS,
 };
 use limpet_core::{
-    route, spread_key, AdminState, Balance, CookieIn, CookieWrite, HealthPolicy, HomeWrite, NodeId,
-    Observation, Outcome, Pin, Pool, RepinReason, Route, RouteInput, SessionEnd, TableIn,
-    Transition,
+    route, spread_key, AdminState, Balance, CookieIn, CookieWrite, Excluded, HealthPolicy,
+    HomeWrite, NodeId, Observation, Outcome, Pin, Pool, RepinReason, Route, RouteInput, SessionEnd,
+    TableIn, Transition,
 };
 
 const T0: u64 = 1_700_000_000_000;
@@ -716,6 +716,14 @@ impl Sim<'_> {
         } else {
             Pin::None
         };
+        // The simulation's only node failure for a request is a refused connect.
+        let excluded: Vec<Excluded> = exclude
+            .iter()
+            .map(|&node| Excluded {
+                node,
+                why: RepinReason::ConnectFailed,
+            })
+            .collect();
         let input = RouteInput {
             cookie: http.then_some(CookieIn {
                 pin,
@@ -731,7 +739,7 @@ impl Sim<'_> {
             }),
             spread_key: client.spread,
             balance: Balance::RoundRobin,
-            exclude,
+            exclude: &excluded,
             now_ms: self.now,
         };
         let ask = Ask {

@@ -16,7 +16,7 @@
 use std::fmt;
 use std::io;
 
-use limpet_core::Observation;
+use limpet_core::{Observation, RepinReason};
 
 /// Where an attempt to reach a node failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +132,17 @@ impl UpstreamError {
             _ => false,
         };
         node_fault.then_some(Observation::TrafficFailed)
+    }
+
+    /// What a session pinned to the node is re-pinned for when this error moves its request
+    /// elsewhere: no connection, no answer in time, or a connection lost (or broken) after
+    /// the request went out.
+    pub fn repin_reason(&self) -> RepinReason {
+        match (self.stage, self.cause) {
+            (Stage::AnswerHead, Cause::Timeout) => RepinReason::AnswerTimeout,
+            (Stage::AnswerHead, _) => RepinReason::AnswerFailed,
+            _ => RepinReason::ConnectFailed,
+        }
     }
 
     pub fn is_timeout(&self) -> bool {

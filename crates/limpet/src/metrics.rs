@@ -188,7 +188,7 @@ impl<M: EncodeMetric> EncodeMetric for Eager<M> {
 const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
 
 /// Every reason a pin is re-pinned for.
-const REPIN_REASONS: [RepinReason; 7] = [
+const REPIN_REASONS: [RepinReason; 9] = [
     RepinReason::UnknownNode,
     RepinReason::NodeDown,
     RepinReason::NodeMaint,
@@ -196,6 +196,8 @@ const REPIN_REASONS: [RepinReason; 7] = [
     RepinReason::InvalidCookie,
     RepinReason::ExpiredCookie,
     RepinReason::ConnectFailed,
+    RepinReason::AnswerTimeout,
+    RepinReason::AnswerFailed,
 ];
 
 /// How a request's pin was handled, for [`Metrics::pin`].

@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use limpet_core::proxy_protocol::{self, Header, ParseError};
-use limpet_core::{NodeId, Observation, RouteInput};
+use limpet_core::{Excluded, NodeId, Observation, RouteInput};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -377,7 +377,7 @@ async fn connect(
     if let (Some(t), Some(k)) = (table, key) {
         t.prefetch(k).await;
     }
-    let mut failed: Vec<NodeId> = Vec::new();
+    let mut failed: Vec<Excluded> = Vec::new();
     // Each turn adds a node to `failed`, so this ends within the node count.
     loop {
         let input = RouteInput {
@@ -424,7 +424,10 @@ async fn connect(
                 if let Some(obs) = err.observation() {
                     state.observe(node, obs);
                 }
-                failed.push(node);
+                failed.push(Excluded {
+                    node,
+                    why: err.repin_reason(),
+                });
             }
         }
     }

@@ -14,6 +14,8 @@
 //!    connection's next request goes to a moved node's new address and honours a cookie to an
 //!    added node; a reload that turns `close_on_node_down` on closes a session on a node
 //!    already DOWN.
+//! 5. A session moved off its node is re-pinned for how the node failed it (no answer in
+//!    time, connection lost, connection refused).
 
 mod admin_common;
 
@@ -1074,6 +1076,88 @@ async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fail
     );
     proxy.stop().await;
     drop(hung);
+    b.kill().await;
+}
+
+/// A session moved off its node says why in its re-pin (`limpet_pins_total{reason}`, and the
+/// `re-pinned(...)` log field): its node took the request and never answered
+/// (`answer-timeout`), took it and closed the connection without an answer byte
+/// (`answer-failed`), or refused the connection (`connect-failed`). Each GET is answered by b
+/// and the answer re-pins the session there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moved_off_its_node_is_re_pinned_for_how_the_node_failed() {
+    let (hung, _port, mut b) = hung_a_and_live_b().await;
+    // Node c: reads the request, then closes the connection without answering.
+    let dropper = TcpListener::bind("127.0.0.4:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind dropping node: {e}"));
+    let c_addr = dropper
+        .local_addr()
+        .unwrap_or_else(|e| panic!("dropping node addr: {e}"));
+    let drops = tokio::spawn(async move {
+        while let Ok((mut s, _)) = dropper.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    let mut cfg = hung_and_live_config(&hung, &b);
+    cfg.nodes.push(limpet::proxy::NodeConfig {
+        name: "c".into(),
+        addr: c_addr,
+    });
+    cfg.timeouts.upstream_answer = Duration::from_millis(300);
+    // One failure per node in this test: none goes DOWN (which would re-pin as node-down).
+    cfg.health.fall = 5;
+    let proxy = Quick::start(cfg).await;
+    let repins = |reason: &str| -> u64 {
+        let text = proxy.runtime.state().lifecycle.metrics.encode();
+        let series = format!(r#"outcome="repinned",reason="{reason}"}} "#);
+        text.lines()
+            .filter(|l| l.starts_with("limpet_pins_total{") && l.contains(&series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    for reason in ["answer-timeout", "answer-failed", "connect-failed"] {
+        assert_eq!(repins(reason), 0, "{reason} before any request");
+    }
+
+    let mut h1 = H1::open(proxy.addr).await;
+    for (cookie, reason) in [("route=a", "answer-timeout"), ("route=c", "answer-failed")] {
+        let got = h1
+            .get(Some(cookie))
+            .await
+            .unwrap_or_else(|e| panic!("GET with {cookie}: {e}"));
+        assert_eq!(
+            (got.status, got.node.as_str(), got.set_cookie.as_deref()),
+            (200, "b", Some("route=b")),
+            "GET with {cookie}"
+        );
+        assert_eq!(
+            repins(reason),
+            1,
+            "GET with {cookie} re-pinned for {reason}"
+        );
+    }
+    // a's socket closed: its connects are refused now.
+    drop(hung);
+    let got = h1
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("GET with route=a, refused: {e}"));
+    assert_eq!(
+        (got.status, got.node.as_str(), got.set_cookie.as_deref()),
+        (200, "b", Some("route=b"))
+    );
+    assert_eq!(repins("connect-failed"), 1);
+    assert_eq!(
+        (repins("answer-timeout"), repins("answer-failed")),
+        (1, 1),
+        "each re-pin counted once, under its own reason"
+    );
+    proxy.stop().await;
+    drops.abort();
     b.kill().await;
 }
 

@@ -35,7 +35,7 @@ pub struct ListenerMetrics {
     sticky: Counter,
     new: Counter,
     /// By [`REPIN_REASONS`] order.
-    repinned: [Counter; 7],
+    repinned: [Counter; REPIN_REASONS.len()],
 }
 
 /// The index of a status's class in [`CLASSES`] (0 means no answer).

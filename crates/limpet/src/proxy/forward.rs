@@ -28,7 +28,8 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 use limpet_core::table::{KeyRef, TableKey};
 use limpet_core::{
-    CookieIn, CookieWrite, HomeWrite, NodeId, Observation, Outcome, Pin, Route, RouteInput,
+    CookieIn, CookieWrite, Excluded, HomeWrite, NodeId, Observation, Outcome, Pin, Route,
+    RouteInput,
 };
 use tokio::time::Instant;
 
@@ -279,7 +280,13 @@ fn presented(ctx: &ConnCtx, shared: &Shared, headers: &HeaderMap, now: u64) -> P
 /// excluding the nodes that already failed for it; the route claims this connection's pin and
 /// a DOWN node's trial itself. `now_ms`: the request's reading for its first route; a
 /// failover reads the clock again (the failed attempt took time).
-fn route(ctx: &ConnCtx, shared: &Shared, p: &Presented, exclude: &[NodeId], now_ms: u64) -> Route {
+fn route(
+    ctx: &ConnCtx,
+    shared: &Shared,
+    p: &Presented,
+    exclude: &[Excluded],
+    now_ms: u64,
+) -> Route {
     let input = RouteInput {
         cookie: p.cookie,
         failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
@@ -426,7 +433,7 @@ fn proxy<'a, 'b>(
         if let (Some(t), Some(k)) = (&shared.table, &p.key) {
             t.prefetch(k.as_key_ref()).await;
         }
-        let failed: Vec<NodeId> = Vec::new();
+        let failed: Vec<Excluded> = Vec::new();
         let first = route(ctx, shared, &p, &failed, now);
         let Some(first_node) = first.node else {
             return unavailable(shared, id);
@@ -679,7 +686,7 @@ struct Attempt<'a> {
     presented: &'a Presented,
     /// The route being tried; on return, the node that answered (or was last tried).
     route: Route,
-    failed: Vec<NodeId>,
+    failed: Vec<Excluded>,
     /// A copy of the head to replay elsewhere, kept only when replaying is allowed at all.
     replay: Option<Head<'a>>,
     upgrade: bool,
@@ -697,7 +704,10 @@ impl<'a> Attempt<'a> {
             state.observe(node, obs);
         }
         tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
-        self.failed.push(node);
+        self.failed.push(Excluded {
+            node,
+            why: e.repin_reason(),
+        });
         let next = route(
             self.ctx,
             self.shared,

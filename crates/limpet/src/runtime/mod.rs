@@ -44,8 +44,8 @@ use limpet_core::table::{
     AffinityTable, Binding, KeyRef, KeySpec, LruTable, NodeRef, PutOutcome, TableConfig,
 };
 use limpet_core::{
-    AdminState, HealthPolicy, NodeId, NodeState, NodeStatus, Observation, Route, RouteInput,
-    Snapshot, TableIn, Topology, Transition,
+    AdminState, Excluded, HealthPolicy, NodeId, NodeState, NodeStatus, Observation, RepinReason,
+    Route, RouteInput, Snapshot, TableIn, Topology, Transition,
 };
 
 use crate::config::{Config, ListenerDef, TableDef};
@@ -678,8 +678,9 @@ impl State {
                 writes: *writes,
             });
         }
-        // Trials another connection holds (rare: allocated only then).
-        let mut taken: Vec<NodeId> = Vec::new();
+        // Trials another connection holds (rare: allocated only then). Such a node is DOWN:
+        // a pin to it moves as from any DOWN node.
+        let mut taken: Vec<Excluded> = Vec::new();
         // Each pass either returns, or loses a race that moved shared state on (a turn, the
         // connection's pin) or adds a node to `taken`: bounded by the contention.
         loop {
@@ -717,7 +718,10 @@ impl State {
             }
             if let (true, Some(n)) = (r.trial, r.node) {
                 if !self.node_rt(n).is_some_and(|rt| rt.claim_trial(trial_hold)) {
-                    taken.push(n);
+                    taken.push(Excluded {
+                        node: n,
+                        why: RepinReason::NodeDown,
+                    });
                     continue;
                 }
                 tracing::info!(
