@@ -169,6 +169,64 @@ async fn a_removed_node_is_maint_for_its_pins() {
     l.stop().await;
 }
 
+/// The reload's answer names every setting that changed, by key, with both values: a
+/// node's weight, passive health, a listener's timeout and its check. A reload of the same
+/// file names none. A reload that changes a listener's mode is refused (its sockets are
+/// served by an HTTP or a TCP loop chosen at start), and the running configuration stays.
+#[tokio::test]
+async fn a_reload_names_each_changed_setting_and_refuses_a_mode_change() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let base = config(port, &NODES[..2], 1);
+    let cfg = ConfigFile::new("reload-changes", &base);
+    let l = Limpet::start(&cfg).await;
+    let changes = |v: &serde_json::Value| -> Vec<String> {
+        v["changes"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_else(|| panic!("no changes list in {v}"))
+    };
+
+    let (s, v) = reload(&l).await;
+    assert_eq!((s, changes(&v)), (200, Vec::<String>::new()), "{v}");
+
+    let changed = format!("[health]\nfall = 5\n\n{}", config(port, &NODES[..2], 3)).replace(
+        "node_port = ",
+        "check = { kind = \"http\", path = \"/health\" }\n\
+         timeouts = { upstream_answer = \"5s\" }\nnode_port = ",
+    );
+    cfg.write(&changed);
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        changes(&v),
+        [
+            "health.fall: 3 -> 5",
+            "node b: weight: 1 -> 3",
+            "listener web: check: set to { expect = \"200-399\", kind = \"http\", method = \"GET\", \
+             path = \"/health\" }",
+            r#"listener web: timeouts.upstream_answer: "1m" -> "5s""#,
+        ],
+        "{v}"
+    );
+
+    cfg.write(&changed.replace("node_port = ", "mode = \"tcp\"\nnode_port = "));
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(
+        v.to_string().contains("mode changed: that needs a restart"),
+        "{v}"
+    );
+    // Still HTTP, on the configuration of the last good reload.
+    let url = format!("http://{}/", l.addr("web"));
+    let (st, _, set) = get(&bare_client(), &url, None).await;
+    assert_eq!((st, set.is_some()), (200, true));
+    l.stop().await;
+}
+
 /// The error of `reload`, a task whose limit has just passed: it ends within a few
 /// yields (paused time, moved by hand), refused.
 async fn refused_now(

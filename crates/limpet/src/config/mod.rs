@@ -20,6 +20,7 @@
 //!
 //! Nothing here panics on any file; every problem is a [`ConfigError`].
 
+mod diff;
 mod error;
 mod hints;
 pub mod listener;
@@ -40,6 +41,7 @@ use crate::admin::AdminSettings;
 use crate::health::CheckSpec;
 pub use listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 
+pub use diff::setting_changes;
 pub use error::ConfigError;
 pub use raw::{parse_duration, parse_size};
 pub use render::REDACTED;
@@ -59,6 +61,10 @@ pub struct Config {
     pub lifecycle: LifecycleDef,
     /// `[store]`: where shared tables go (fleet mode).
     pub store: Option<StoreDef>,
+    /// The configuration as `limpet check` lists it (every default written out, secrets
+    /// redacted): what a reload compares ([`setting_changes`]). Empty for a configuration
+    /// not read from a file (quick mode, the demo).
+    pub listing: String,
 }
 
 /// A node: a machine, named once. Every listener reaches it at `addr:node_port`.
@@ -274,7 +280,10 @@ impl Config {
     /// Validates config text; `path` names it in errors and anchors relative file paths
     /// (certificates, snapshots) at its directory.
     pub fn from_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        validate::validate(path, text).map(|(cfg, _)| cfg)
+        let (mut cfg, raw) = validate::validate(path, text)?;
+        let dir = path.parent().map(Path::to_owned).unwrap_or_default();
+        cfg.listing = render::render(&cfg, &raw, &dir);
+        Ok(cfg)
     }
 
     /// `limpet check`: reads and validates a config file, and writes it back as it would
@@ -286,9 +295,7 @@ impl Config {
 
     /// [`Config::resolved_toml`] of config text (`path` as for [`Config::from_text`]).
     pub fn resolved_text(path: &Path, text: &str) -> Result<String, ConfigError> {
-        let (cfg, raw) = validate::validate(path, text)?;
-        let dir = path.parent().map(Path::to_owned).unwrap_or_default();
-        Ok(render::render(&cfg, &raw, &dir))
+        Self::from_text(path, text).map(|cfg| cfg.listing)
     }
 
     pub fn table(&self, name: &str) -> Option<&TableDef> {

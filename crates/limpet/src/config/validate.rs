@@ -177,6 +177,7 @@ impl Validator<'_> {
             health,
             lifecycle,
             store,
+            listing: String::new(),
         })
     }
 

@@ -120,6 +120,7 @@ impl ProxyConfig {
             health: self.health,
             lifecycle: Default::default(),
             store: None,
+            listing: String::new(),
         })
     }
 }

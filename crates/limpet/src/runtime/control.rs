@@ -373,6 +373,13 @@ async fn reload_locked(
                     l.name
                 ))
             }
+            // Its sockets are served by an HTTP or a TCP accept loop, chosen at start.
+            Some(o) if o.mode != l.mode => {
+                return Err(format!(
+                    "listener {:?}: mode changed: that needs a restart",
+                    l.name
+                ))
+            }
             Some(_) => {}
         }
     }
@@ -386,6 +393,8 @@ async fn reload_locked(
             o.name
         ));
     }
+    // Every setting that changed inside what both have, by its key.
+    let settings = crate::config::setting_changes(&old.listing, &cfg.listing);
     let mut changes = Vec::new();
     let removed: Vec<String> = old
         .nodes
@@ -396,7 +405,18 @@ async fn reload_locked(
     for n in &cfg.nodes {
         match old.nodes.iter().find(|o| o.name == n.name) {
             None => changes.push(format!("node {} added", n.name)),
-            Some(o) if o != n => changes.push(format!("node {} changed", n.name)),
+            // A node given by host name lists the same name; what it resolves to moved.
+            Some(o)
+                if o.addr != n.addr
+                    && !settings
+                        .iter()
+                        .any(|c| c.starts_with(&format!("node {}: address:", n.name))) =>
+            {
+                changes.push(format!(
+                    "node {}: its address is {} now (was {})",
+                    n.name, n.addr, o.addr
+                ))
+            }
             Some(_) => {}
         }
     }
@@ -409,13 +429,16 @@ async fn reload_locked(
             Some(o) if o.key != t.key => {
                 changes.push(format!("table {} key changed: entries dropped", t.name))
             }
-            Some(o) if o != t => changes.push(format!("table {} settings changed", t.name)),
             Some(_) => {}
         }
     }
+    changes.extend(settings);
     let new_def = cfg.lifecycle.clone();
     if new_def.admin != state.lifecycle.def().admin {
         changes.push("admin listener settings changed: they apply after a restart".into());
+    }
+    if cfg.store != old.store {
+        changes.push("[store] settings changed: they apply after a restart".into());
     }
     let next = state.rebuild(cfg)?;
     // Removed nodes: MAINT in their runtime, so the sessions still open to them close and
