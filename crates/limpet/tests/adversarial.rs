@@ -522,6 +522,83 @@ async fn a_chunked_get_body_reaches_the_node() {
     proxy.stop().await;
 }
 
+/// A request body in a transfer coding other than chunked (`gzip, chunked`) gets 501, as
+/// nginx answers (RFC 9112 6.1): hyper decodes only the chunks, and a node handed the rest
+/// would take the still-compressed bytes for the body.
+#[tokio::test]
+async fn a_request_in_a_transfer_coding_other_than_chunked_gets_501() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    for te in [
+        "gzip, chunked",
+        "gzip,chunked",
+        "chunked\r\nTransfer-Encoding: deflate, chunked",
+    ] {
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {te}\r\n\
+             Connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let answer = raw_exchange(proxy.addr, head.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 501"), "{te:?}: {answer}");
+    }
+    // Plain chunked still goes through (the node counts the body bytes).
+    let answer = raw_exchange(
+        proxy.addr,
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\
+          Connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n5\n"), "{answer}");
+    proxy.stop().await;
+}
+
+/// A node answer in a transfer coding other than chunked keeps it for an HTTP/1.1 client
+/// (`Transfer-Encoding: gzip, chunked`, the bytes as the node sent them), on both paths to
+/// the node (GET and POST); an HTTP/2 client, whose protocol cannot say it, gets 502 rather
+/// than the encoded bytes passed off as the body.
+#[tokio::test]
+async fn a_node_answer_in_another_transfer_coding_keeps_it_for_http1_1_and_is_502_for_http2() {
+    // The node answers once per connection, then keeps it open in silence: each case gets
+    // a node and a proxy of its own, so that none reuses another's node connection.
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    for head in [
+        &b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    ] {
+        let node = SilentNode::start(ANSWER).await;
+        let proxy = Proxy::start(node.config()).await;
+        let answer = raw_exchange(proxy.addr, head).await;
+        let what = String::from_utf8_lossy(&head[..4]).into_owned();
+        let lower = answer.to_ascii_lowercase();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{what}: {answer:?}");
+        assert!(
+            lower.contains("transfer-encoding: gzip, chunked\r\n"),
+            "{what}: the coding is kept: {answer:?}"
+        );
+        assert!(
+            answer.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"),
+            "{what}: the bytes as the node sent them: {answer:?}"
+        );
+        proxy.stop().await;
+    }
+    let node = SilentNode::start(ANSWER).await;
+    let proxy = Proxy::start(node.config()).await;
+    let mut sender = h2_client(proxy.addr).await;
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    drop(tx);
+    let req = http::Request::get(format!("http://{}/", proxy.addr))
+        .body(StreamBody::new(tokio_stream_like::Rx(rx)))
+        .expect("request");
+    let resp = tokio::time::timeout(SOON, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(resp.status(), 502);
+    proxy.stop().await;
+}
+
 /// Finding 2, HTTP/2: a stream whose body stops gets 408; the node connection is released.
 #[tokio::test]
 async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {

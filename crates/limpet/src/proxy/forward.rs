@@ -395,13 +395,24 @@ fn proxy<'a, 'b>(
         }
         if req.version() <= Version::HTTP_11
             && req.headers().contains_key(header::TRANSFER_ENCODING)
-            && req.headers().contains_key(header::CONTENT_LENGTH)
         {
-            return local_close(
-                StatusCode::BAD_REQUEST,
-                id,
-                "both Content-Length and Transfer-Encoding",
-            );
+            if req.headers().contains_key(header::CONTENT_LENGTH) {
+                return local_close(
+                    StatusCode::BAD_REQUEST,
+                    id,
+                    "both Content-Length and Transfer-Encoding",
+                );
+            }
+            // A coding other than chunked (`gzip, chunked`): hyper decodes the chunks only,
+            // and the node would take the still-encoded bytes for the body. RFC 9112 6.1
+            // says 501, as nginx answers.
+            if hdr::other_transfer_codings(req.headers()).is_some() {
+                return local_close(
+                    StatusCode::NOT_IMPLEMENTED,
+                    id,
+                    "transfer coding other than chunked",
+                );
+            }
         }
 
         if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
@@ -423,6 +434,7 @@ fn proxy<'a, 'b>(
             .get(header::UPGRADE)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let client_version = req.version();
         // One clock reading for what the request presents, its first route and its sighting.
         // A shared table's prefetch may come between the reading and the route: it is bounded
         // by the store's timeout (50 ms by default), the table's clock never goes back, and a
@@ -580,10 +592,26 @@ fn proxy<'a, 'b>(
         // A node answer with both: its body was read by Transfer-Encoding, and RFC 9112 6.3
         // says a sender removes the Content-Length before forwarding it (left in, the client
         // would read the decoded body by a length it does not have).
+        // Codings other than chunked (`gzip, chunked`) say how the body is encoded on this
+        // hop: carried on to an HTTP/1.1 client (hyper adds `chunked` and frames the body);
+        // HTTP/2 and HTTP/1.0 cannot carry them, and without them the client would take the
+        // encoded bytes for the body.
+        let mut codings = None;
         if rheaders.contains_key(header::TRANSFER_ENCODING) {
             rheaders.remove(header::CONTENT_LENGTH);
+            codings = hdr::other_transfer_codings(&rheaders);
+            if codings.is_some() && client_version != Version::HTTP_11 && !rbody.is_end_stream() {
+                return local(
+                    StatusCode::BAD_GATEWAY,
+                    id,
+                    "node answer in a transfer coding the client's protocol cannot carry",
+                );
+            }
         }
         hdr::remove_hop_by_hop(&mut rheaders, switching);
+        if let Some(c) = codings {
+            rheaders.insert(header::TRANSFER_ENCODING, c);
+        }
         learn_from_answer(shared, &rheaders, node);
         if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
             let now = clock::now_ms();

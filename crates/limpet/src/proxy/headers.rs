@@ -140,6 +140,30 @@ pub(crate) fn client_closes<B>(req: &http::Request<B>) -> bool {
     }
 }
 
+/// The transfer codings of a message's `Transfer-Encoding` other than `chunked`, in order
+/// (`gzip, chunked` gives `gzip`), or `None` when it names none. They say how the body is
+/// encoded on this hop; a proxy that reframes the body must carry them on or refuse it, or
+/// the next hop reads encoded bytes as the body itself.
+pub(crate) fn other_transfer_codings(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut codings: Vec<u8> = Vec::new();
+    for c in headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
+    {
+        if !codings.is_empty() {
+            codings.extend_from_slice(b", ");
+        }
+        codings.extend_from_slice(c);
+    }
+    if codings.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&codings).ok()
+}
+
 /// Removes hop-by-hop headers, including every header the `Connection` lines name. For an
 /// upgrade (`keep_upgrade`), `Upgrade` stays and `Connection: upgrade` is written back, since
 /// the upgrade must be negotiated with the node itself.
