@@ -38,6 +38,15 @@ pub enum RepinReason {
 }
 
 impl RepinReason {
+    /// The node failed one of the session's requests (rather than being DOWN, in MAINT,
+    /// drained or unknown, which its own state says).
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            RepinReason::ConnectFailed | RepinReason::AnswerTimeout | RepinReason::AnswerFailed
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             RepinReason::UnknownNode => "unknown-node",

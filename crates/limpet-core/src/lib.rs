@@ -49,8 +49,8 @@ pub use health::{Availability, Health, HealthPolicy, Observation, Transition};
 pub use node::{AdminState, Node, NodeId, NodeState, NodeStatus, SessionEnd, Verdict, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};
 pub use route::{
-    route, spread_key, CookieIn, CookieWrite, Excluded, HomeWrite, Outcome, Route, RouteInput,
-    Snapshot, TableIn,
+    leaves, route, spread_key, CookieIn, CookieWrite, Excluded, HomeWrite, Outcome, Route,
+    RouteInput, Snapshot, TableIn,
 };
 pub use table::{
     AffinityStore, AffinityTable, KeyRef, KeySpec, LruTable, NodeRef, TableConfig, TableKey,

@@ -476,6 +476,31 @@ pub fn route(
     }
 }
 
+/// The node `route` moves the session off because that node failed one of its requests:
+/// the session's pin (its cookie's or its table entry's node) is excluded for a failure
+/// ([`RepinReason::is_failure`]) and the route goes elsewhere. The node may still be UP, so
+/// nothing in its state ends the session's other connections there (a TCP session, a
+/// tunnel); the caller ends them, or the session would live on two nodes. A node left for
+/// its state (DOWN, MAINT, a drain) is not reported: its state ends them.
+pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<NodeId> {
+    let Outcome::Repin(why) = route.outcome else {
+        return None;
+    };
+    if !why.is_failure() {
+        return None;
+    }
+    [input.cookie.map(|c| c.pin), input.table.map(|t| t.pin)]
+        .into_iter()
+        .find_map(|pin| match pin {
+            Some(Pin::Node(n))
+                if Some(n) != route.node && Excluded::find(input.exclude, n) == Some(why) =>
+            {
+                Some(n)
+            }
+            _ => None,
+        })
+}
+
 /// The home-cookie rule. A session re-pinned away from its cookie's node because of that node
 /// (DOWN, MAINT, drain ended, failed this request) remembers the node as home, unless it already
 /// has a home (moved twice: the first node stays home).
@@ -657,6 +682,64 @@ mod tests {
             assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
             assert!(r.took_turn);
         }
+    }
+
+    /// A session whose pinned node failed its request leaves that node (its other
+    /// connections there must end); one moved for its node's state, or with no pin, leaves
+    /// none.
+    #[test]
+    fn a_route_leaves_the_pinned_node_only_when_that_node_failed_the_request() {
+        let s = snap(&[up(), up(), down_passive(0)]);
+        let moved = |input: RouteInput<'_>| leaves(&input, &route(&s, 0, &|_| 0, &input));
+        let timed_out = [failed(A, RepinReason::AnswerTimeout)];
+        // By cookie, by table, by both.
+        assert_eq!(
+            moved(RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                ..input(&timed_out)
+            }),
+            Some(A)
+        );
+        assert_eq!(
+            moved(RouteInput {
+                table: table(Pin::Node(A), true),
+                ..input(&timed_out)
+            }),
+            Some(A)
+        );
+        assert_eq!(
+            moved(RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                table: table(Pin::Node(A), true),
+                ..input(&[failed(A, RepinReason::ConnectFailed)])
+            }),
+            Some(A)
+        );
+        // Not pinned to the node that failed: a fresh request that failed on A leaves nothing.
+        assert_eq!(moved(input(&timed_out)), None);
+        assert_eq!(
+            moved(RouteInput {
+                cookie: cookie(Pin::Node(B)),
+                ..input(&timed_out)
+            }),
+            None
+        );
+        // Moved for the node's state: DOWN ends its sessions by itself.
+        assert_eq!(
+            moved(RouteInput {
+                cookie: cookie(Pin::Node(C)),
+                ..input(&[])
+            }),
+            None
+        );
+        // A trial held by another connection re-pins as node-down: not a failure.
+        assert_eq!(
+            moved(RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                ..input(&[failed(A, RepinReason::NodeDown)])
+            }),
+            None
+        );
     }
 
     /// The pin's node timed out, and the fresh node then refused: the re-pin still says why

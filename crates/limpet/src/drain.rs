@@ -148,6 +148,8 @@ pub fn close_reason(r: limpet_core::RepinReason) -> &'static str {
         RepinReason::DrainEnded => "node drain deadline",
         RepinReason::NodeMaint => "node in maintenance",
         RepinReason::NodeDown => "node down",
+        // The session's requests already go to another node: it moves there whole.
+        r if r.is_failure() => "session moved to another node",
         _ => "node gone",
     }
 }

@@ -67,6 +67,43 @@ pub struct NodeRuntime {
     since_ms: AtomicU64,
     /// The node's connection limit and its queue (HAProxy's `maxconn` / `maxqueue`).
     admission: Admission,
+    /// Sessions moved off the node because it failed one of their requests, while it may
+    /// still be UP ([`limpet_core::leaves`]): their long-lived connections here end too.
+    moves: Mutex<Moves>,
+}
+
+/// The sessions most recently moved off a node, by spread key, each with a sequence number:
+/// a long-lived session ends when a move of its own key comes after it started watching.
+/// Bounded: a session's task is woken at each move and looks at once, so only a session not
+/// polled for [`MOVES_KEPT`] moves in a row could miss its own.
+#[derive(Debug, Default)]
+struct Moves {
+    /// The sequence number the next move gets.
+    next: u64,
+    recent: std::collections::VecDeque<(u64, u64, RepinReason)>,
+}
+
+/// How many moves a node keeps for its sessions to find theirs.
+const MOVES_KEPT: usize = 1024;
+
+impl Moves {
+    fn record(&mut self, spread_key: u64, why: RepinReason) {
+        if self.recent.len() == MOVES_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((self.next, spread_key, why));
+        self.next += 1;
+    }
+
+    /// Why the session with `spread_key` was moved by a move numbered `from` or later.
+    fn of(&self, spread_key: u64, from: u64) -> Option<RepinReason> {
+        self.recent
+            .iter()
+            .rev()
+            .take_while(|(seq, _, _)| *seq >= from)
+            .find(|(_, key, _)| *key == spread_key)
+            .map(|(_, _, why)| *why)
+    }
 }
 
 impl NodeRuntime {
@@ -83,7 +120,15 @@ impl NodeRuntime {
             command: AtomicU64::new(0),
             since_ms: AtomicU64::new(clock::now_ms()),
             admission: Admission::default(),
+            moves: Mutex::new(Moves::default()),
         }
+    }
+
+    /// The session with this spread key was moved off the node because the node failed one
+    /// of its requests (`why`): its long-lived sessions here end (see [`Self::session_end`]).
+    pub fn session_moved(&self, spread_key: u64, why: RepinReason) {
+        lock(&self.moves).record(spread_key, why);
+        self.events.send_modify(|g| *g = g.wrapping_add(1));
     }
 
     pub fn name(&self) -> &str {
@@ -175,7 +220,17 @@ impl NodeRuntime {
         // Subscribe before reading: a change between the read and the wait is not missed.
         let mut events = self.events.subscribe();
         reloads.mark_unchanged();
+        // Moves from now on are this session's concern; earlier ones moved other sessions of
+        // the key (or this key before this session was routed here).
+        let watched_from = lock(&self.moves).next;
         loop {
+            // Its session moved to another node (the node failed one of its requests): it
+            // must not stay here, or the session would live on two nodes. Under the same
+            // setting as DOWN: a listener that keeps sessions on a DOWN node keeps these.
+            let moved = lock(&self.moves).of(spread_key, watched_from);
+            if let Some(why) = moved.filter(|_| close_on_down()) {
+                return why;
+            }
             let end = self
                 .status()
                 .session_end(clock::now_ms(), spread_key, close_on_down());
@@ -478,6 +533,7 @@ impl NodeBoard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use limpet_core::NodeState;
 
     fn node() -> Arc<NodeRuntime> {
         NodeBoard::new(Duration::from_secs(60)).node("a")
@@ -627,6 +683,54 @@ mod tests {
             reason.ok().and_then(Result::ok),
             Some(RepinReason::NodeDown)
         );
+    }
+
+    /// A session moved off an UP node (the node failed one of its requests) ends its
+    /// long-lived sessions of that key there, and only those: another key's session stays,
+    /// a session of the key opened after the move stays, and with `close_on_node_down` off
+    /// nothing ends (as for DOWN).
+    #[tokio::test(start_paused = true)]
+    async fn a_session_moved_off_the_node_ends_its_sessions_there_and_only_those() {
+        let rt = node();
+        let (_reloads, reloaded) = watch::channel(0u32);
+        let watch = |key: u64, close: bool| {
+            let (rt, reloaded) = (Arc::clone(&rt), reloaded.clone());
+            tokio::spawn(async move { rt.session_end(key, move || close, reloaded).await })
+        };
+        let (moved, other, kept) = (watch(7, true), watch(8, true), watch(7, false));
+        tokio::task::yield_now().await;
+        rt.session_moved(7, RepinReason::AnswerTimeout);
+        let reason = tokio::time::timeout(Duration::from_secs(1), moved).await;
+        assert_eq!(
+            reason.ok().and_then(Result::ok),
+            Some(RepinReason::AnswerTimeout)
+        );
+        let later = watch(7, true);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!other.is_finished(), "another session's key");
+        assert!(!kept.is_finished(), "close_on_node_down off");
+        assert!(!later.is_finished(), "opened after the move");
+        assert_eq!(
+            rt.status().state(),
+            NodeState::Up,
+            "the node itself is untouched"
+        );
+    }
+
+    #[test]
+    fn moves_keep_the_latest_and_find_a_key_from_a_sequence_number_on() {
+        let mut m = Moves::default();
+        m.record(1, RepinReason::ConnectFailed);
+        m.record(2, RepinReason::AnswerFailed);
+        assert_eq!(m.of(1, 0), Some(RepinReason::ConnectFailed));
+        assert_eq!(m.of(1, 1), None, "moved before the session watched");
+        assert_eq!(m.of(2, 1), Some(RepinReason::AnswerFailed));
+        for k in 0..MOVES_KEPT as u64 {
+            m.record(100 + k, RepinReason::AnswerTimeout);
+        }
+        assert_eq!(m.recent.len(), MOVES_KEPT, "bounded");
+        assert_eq!(m.of(2, 0), None, "the oldest are dropped");
+        assert_eq!(m.of(100, 0), Some(RepinReason::AnswerTimeout));
     }
 
     #[tokio::test(start_paused = true)]

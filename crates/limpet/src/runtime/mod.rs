@@ -733,6 +733,13 @@ impl State {
                 let out = t.learn_in(b, *k, node, now);
                 table.published(*k, node, out, &self.topology);
             }
+            // The session moves off a node that failed its request: its TCP sessions and
+            // tunnels there end, so the session lives on one node.
+            if let Some(rt) = limpet_core::leaves(&input, &r).and_then(|n| self.node_rt(n)) {
+                if let limpet_core::Outcome::Repin(why) = r.outcome {
+                    rt.session_moved(input.spread_key, why);
+                }
+            }
             return r;
         }
     }

@@ -10,6 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use limpet::config::Config;
 use rustls::pki_types::ServerName;
@@ -171,7 +172,8 @@ where
 }
 
 /// Answers every HTTP/1.1 request on `io` with `node NAME` (keep-alive until the client asks
-/// to close or closes).
+/// to close or closes); `GET /slow?ms=N&on=NAME` waits N ms first on node NAME (a slow page
+/// of an UP node), and answers at once on the others.
 async fn respond<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, name: Arc<str>) {
     let mut buf = Vec::new();
     loop {
@@ -187,6 +189,15 @@ async fn respond<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, name: Arc<str>) {
         };
         let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
         buf.drain(..end);
+        let slow = head
+            .strip_prefix("get /slow?ms=")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|q| q.split_once("&on="))
+            .filter(|(_, on)| on.eq_ignore_ascii_case(&name))
+            .and_then(|(ms, _)| ms.parse::<u64>().ok());
+        if let Some(ms) = slow {
+            tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
+        }
         let body = format!("node {name}");
         let close = head.contains("connection: close");
         // Like an application server: a session cookie for a client that has none yet.
@@ -363,11 +374,14 @@ pub async fn get_over<I: AsyncRead + AsyncWrite + Unpin>(io: I) -> (String, Stri
 }
 
 /// [`get_over`] with extra header lines (each ending in `\r\n`).
-pub async fn get_with<I: AsyncRead + AsyncWrite + Unpin>(
-    mut io: I,
-    extra: &str,
-) -> (String, String) {
+pub async fn get_with<I: AsyncRead + AsyncWrite + Unpin>(io: I, extra: &str) -> (String, String) {
     let req = format!("GET / HTTP/1.1\r\nHost: print.example\r\n{extra}Connection: close\r\n\r\n");
+    get_raw(io, &req).await
+}
+
+/// Sends `req` (a whole request that asks to close) over `io`; the answer head and the node
+/// name from the answer body.
+pub async fn get_raw<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, req: &str) -> (String, String) {
     io.write_all(req.as_bytes()).await.expect("send request");
     let mut out = Vec::new();
     let _ = tokio::time::timeout(PATIENCE, io.read_to_end(&mut out))
