@@ -1,7 +1,8 @@
 //! The real `limpet run` binary and signals: SIGHUP reloads the configuration (a bad one is
 //! refused and the running one stays); SIGTERM stops accepting, lets the request in flight
-//! finish, closes the WebSocket tunnel with 1001, and exits 0, also while a SIGHUP's reload
-//! is blocked reading its file; a crash is survived through the periodic snapshot.
+//! finish, closes the WebSocket tunnel with 1001 (after the frame in flight), and exits 0,
+//! also while a SIGHUP's reload is blocked reading its file; a crash is survived through the
+//! periodic snapshot.
 
 mod admin_common;
 
@@ -299,4 +300,155 @@ async fn sigterm_during_a_reload_whose_read_never_returns_exits_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(code.success(), "{code:?}");
+}
+
+/// The node of [`sigterm_finishes_the_websocket_frame_in_flight_then_closes_with_1001`]: one
+/// WebSocket whose first message is a binary frame of `FRAME` bytes, sent in two halves, the
+/// second when `go` fires. Returns once the connection ends.
+async fn half_a_frame_node(node: tokio::net::TcpListener, go: tokio::sync::oneshot::Receiver<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok((mut s, _)) = node.accept().await else {
+        return;
+    };
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let key = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sec-websocket-key: ")
+                .or(l.strip_prefix("Sec-WebSocket-Key: "))
+        })
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let mut out = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Accept: {accept}\r\n\r\n"
+    )
+    .into_bytes();
+    out.extend_from_slice(&[0x82, 127]);
+    out.extend_from_slice(&(FRAME as u64).to_be_bytes());
+    out.extend_from_slice(&[0x5a; FRAME / 2]);
+    if s.write_all(&out).await.is_err() {
+        return;
+    }
+    let _ = go.await;
+    if s.write_all(&[0x5a; FRAME - FRAME / 2]).await.is_err() {
+        return;
+    }
+    while let Ok(n) = s.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+const FRAME: usize = 200_000;
+
+/// SIGTERM in the middle of a WebSocket frame: the client gets the rest of the frame, then
+/// close 1001 `limpet shutting down`, and limpet exits 0. A tunnel's task outlives the
+/// request that opened it, and the process used to exit ~10 ms after the signal, cutting
+/// the frame with no close frame at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_websocket_frame_in_flight_then_closes_with_1001() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let node = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind node: {e}"));
+    let port = node.local_addr().map(|a| a.port()).unwrap_or(0);
+    let (go, went) = tokio::sync::oneshot::channel();
+    let node_task = tokio::spawn(half_a_frame_node(node, went));
+    let cfg = ConfigFile::new("sigterm-frame", &config(port, &NODES[..1]));
+    let (mut proc, web, _admin) = run(&cfg).await;
+
+    let mut c = tokio::net::TcpStream::connect(web)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    c.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("upgrade: {e}"));
+    // The 101, and the frame's first half under way.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let body_at = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                if got.len() >= i + 4 + 10 + FRAME / 4 {
+                    return i + 4;
+                }
+            }
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => panic!("closed before the frame: {got:?}"),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no 101 and half a frame"));
+    assert!(
+        got.starts_with(b"HTTP/1.1 101"),
+        "{:?}",
+        String::from_utf8_lossy(&got[..body_at])
+    );
+
+    signal(&proc.0, "TERM");
+    // Once limpet refuses new connections it has taken the signal, with the frame half
+    // sent; then the node sends the rest.
+    tokio::time::timeout(PATIENCE, async {
+        while tokio::net::TcpStream::connect(web).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("limpet still accepts after SIGTERM"));
+    let _ = go.send(());
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the tunnel was not closed"));
+    let frames = &got[body_at..];
+    assert!(
+        frames.len() >= 10 + FRAME,
+        "the whole frame: {} of {} bytes",
+        frames.len().saturating_sub(10),
+        FRAME
+    );
+    assert_eq!(&frames[..2], &[0x82, 127]);
+    assert!(frames[10..10 + FRAME].iter().all(|&b| b == 0x5a));
+    let close = &frames[10 + FRAME..];
+    let reason = b"limpet shutting down";
+    assert!(
+        close.len() >= 4 + reason.len() && close[0] == 0x88 && close[2..4] == [0x03, 0xe9],
+        "then close 1001: {close:?}"
+    );
+    assert_eq!(&close[4..4 + reason.len()], reason);
+    let exited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(Some(status)) = proc.0.try_wait() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("limpet did not exit"));
+    assert!(exited.success(), "{exited:?}");
+    node_task.abort();
 }

@@ -659,6 +659,7 @@ fn proxy<'a, 'b>(
                     write_limit: ctx.write_limit.clone(),
                     start_limit: shared.timeouts.client_idle,
                 },
+                &shared.tunnels,
             );
             return out;
         }

@@ -37,6 +37,7 @@ use limpet_core::NodeId;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use super::affinity::Affinity;
 use super::config::{ConfigError, IpNet, Limits, ProxyConfig, Timeouts};
@@ -64,6 +65,10 @@ pub(crate) struct Shared {
     ids: Arc<RequestIds>,
     /// Turns true when the listener starts draining; tunnels watch it too.
     pub(crate) draining: watch::Receiver<bool>,
+    /// The listener socket's tunnels (WebSockets and other upgrades), which outlive the
+    /// requests that opened them: shutdown waits for them to close (close 1001 at a frame
+    /// boundary) before the runtime goes.
+    pub(crate) tunnels: TaskTracker,
     /// This listener's metric series over this generation's nodes, resolved once.
     pub(crate) metrics: crate::metrics::ListenerMetrics,
 }
@@ -76,6 +81,7 @@ impl Shared {
         name: &str,
         ids: Arc<RequestIds>,
         draining: watch::Receiver<bool>,
+        tunnels: TaskTracker,
         local_port: u16,
     ) -> Result<Self, ConfigError> {
         let slot = state
@@ -131,6 +137,7 @@ impl Shared {
             affinity,
             ids,
             draining,
+            tunnels,
         })
     }
 
@@ -153,6 +160,7 @@ pub(crate) struct Generations {
     name: String,
     ids: Arc<RequestIds>,
     draining: watch::Receiver<bool>,
+    tunnels: TaskTracker,
     /// The socket's local port (`node_port = "same"`).
     port: u16,
     current: ArcSwap<Shared>,
@@ -179,6 +187,7 @@ impl Generations {
         name: &str,
         ids: Arc<RequestIds>,
         draining: watch::Receiver<bool>,
+        tunnels: TaskTracker,
         port: u16,
     ) -> Result<Self, ConfigError> {
         let first = Shared::new(
@@ -186,6 +195,7 @@ impl Generations {
             name,
             Arc::clone(&ids),
             draining.clone(),
+            tunnels.clone(),
             port,
         )?;
         Ok(Generations {
@@ -193,6 +203,7 @@ impl Generations {
             name: name.to_owned(),
             ids,
             draining,
+            tunnels,
             port,
             current: ArcSwap::from_pointee(first),
             refused: AtomicU32::new(u32::MAX),
@@ -226,6 +237,7 @@ impl Generations {
             &self.name,
             Arc::clone(&self.ids),
             self.draining.clone(),
+            self.tunnels.clone(),
             self.port,
         ) {
             Ok(next) => {
@@ -792,8 +804,11 @@ pub async fn serve_listener_on(
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let port = bound.port();
-    let generations =
-        Arc::new(Generations::new(runtime, name, ids, drain_rx, port).map_err(ServeError::Config)?);
+    let tunnels = TaskTracker::new();
+    let generations = Arc::new(
+        Generations::new(runtime, name, ids, drain_rx, tunnels.clone(), port)
+            .map_err(ServeError::Config)?,
+    );
     let mut shared = generations.current();
     let drain_timeout = shared.timeouts.drain;
     let mut builder = Arc::new(builder(&shared.limits));
@@ -842,9 +857,16 @@ pub async fn serve_listener_on(
     .await;
     let _ = drain_tx.send(true);
     drop(done_tx);
-    if tokio::time::timeout(drain_timeout, done_rx.recv())
-        .await
-        .is_err()
+    // Connections, then the tunnels they opened: a tunnel's task outlives its connection's,
+    // and returning before it closed would let the runtime drop it mid-frame, without its
+    // close 1001.
+    tunnels.close();
+    if tokio::time::timeout(drain_timeout, async {
+        let _ = done_rx.recv().await;
+        tunnels.wait().await;
+    })
+    .await
+    .is_err()
     {
         tracing::warn!("drain timeout: closing remaining connections");
     }
@@ -1273,6 +1295,7 @@ mod tests {
                 QUICK_LISTENER,
                 Arc::new(RequestIds::new()),
                 drain_rx,
+                TaskTracker::new(),
                 addr.port(),
             )
             .expect("listener settings"),

@@ -46,8 +46,9 @@ pub(crate) fn spawn_tunnel(
     idle: Duration,
     draining: watch::Receiver<bool>,
     node: NodeTunnel,
+    tunnels: &tokio_util::task::TaskTracker,
 ) {
-    tokio::spawn(async move {
+    tunnels.spawn(async move {
         let NodeTunnel {
             websocket,
             node,
