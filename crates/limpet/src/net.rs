@@ -104,6 +104,9 @@ pub struct OutOfFds {
     /// Indexed by `FdsAt as usize`: its variants have the discriminants 0, 1, 2, in the
     /// order of [`FdsAt::ALL`].
     counts: [AtomicU64; FdsAt::ALL.len()],
+    /// Woken at every occurrence: the idle node connection pools drop what they keep
+    /// ([`OutOfFds::pressure`]).
+    pressure: tokio::sync::Notify,
 }
 
 impl OutOfFds {
@@ -113,6 +116,7 @@ impl OutOfFds {
                 "out of file descriptors: raise the limit (ulimit -n, LimitNOFILE) or lower max_connections",
             ),
             counts: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            pressure: tokio::sync::Notify::const_new(),
         }
     }
 
@@ -120,6 +124,15 @@ impl OutOfFds {
     pub fn note(&self, at: FdsAt, context: &str) {
         self.counts[at as usize].fetch_add(1, Ordering::Relaxed);
         self.log.note(context);
+        self.pressure.notify_waiters();
+    }
+
+    /// Resolves at the next occurrence. Idle kept-alive node connections each hold a
+    /// descriptor: out of them, the pools drop the ones unused for a second at once rather
+    /// than at their expiry (`upstream_idle`), so new clients get descriptors back, as
+    /// HAProxy's `tune.pool-high-fd-ratio` closes idle connections when descriptors run low.
+    pub async fn pressure(&self) {
+        self.pressure.notified().await;
     }
 
     /// How many times this process ran out at `at` since it started.

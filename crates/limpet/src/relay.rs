@@ -236,6 +236,10 @@ impl<T: Io> Io for Half<T> {
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut *self.lock()).poll_write_last(cx, buf)
     }
+
+    fn abort_on_close(&self) {
+        self.lock().abort_on_close();
+    }
 }
 
 /// One direction's state, kept outside its future so a dropped pump loses nothing.
@@ -514,6 +518,14 @@ where
             // Courtesy to the node, bounded like the rest of the close (a node that stopped
             // reading would otherwise hold it up to its write limit, `tunnel_idle`).
             let _ = tokio::time::timeout(CLOSE_GRACE, nw.shutdown()).await;
+            RelayEnd::Stopped(reason)
+        }
+        // A byte stream cut by a close signal (MAINT, DOWN, a moved session, a drain's or a
+        // shutdown's end) has no message boundary to stop at: both sides are reset, so that
+        // neither takes what it got so far for the whole stream.
+        RelayEnd::Stopped(reason) if framing == Framing::Bytes => {
+            cw.abort_on_close();
+            nw.abort_on_close();
             RelayEnd::Stopped(reason)
         }
         other => other,

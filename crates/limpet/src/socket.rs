@@ -327,6 +327,14 @@ impl crate::tcp::Io for ClientSocket {
         }
         this.poll_registered(|s| s.poll_write_last(cx, buf))
     }
+
+    fn abort_on_close(&self) {
+        match &self.0 {
+            Stage::Unregistered(s) => crate::tcp::zero_linger(s),
+            Stage::Registered(s) => crate::tcp::zero_linger(s),
+            Stage::Failed => {}
+        }
+    }
 }
 
 #[cfg(test)]

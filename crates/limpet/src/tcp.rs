@@ -53,9 +53,25 @@ pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {
     ) -> Poll<io::Result<usize>> {
         self.poll_write(cx, buf)
     }
+
+    /// The stream is being cut, not ended: its close resets the connection (an RST, with
+    /// `SO_LINGER` 0) instead of sending a FIN. A peer in the middle of an upload then sees
+    /// the transfer aborted; a FIN would tell it the stream ended whole, and a print server
+    /// would print a truncated job. Streams with no socket of their own do nothing.
+    fn abort_on_close(&self) {}
+}
+
+/// [`Io::abort_on_close`] of any TCP socket. Best effort: a socket that refuses the option
+/// ends with a FIN.
+pub(crate) fn zero_linger(s: impl std::os::fd::AsFd) {
+    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
 }
 
 impl Io for TcpStream {
+    fn abort_on_close(&self) {
+        zero_linger(self);
+    }
+
     #[cfg(target_os = "linux")]
     fn poll_write_last(
         self: Pin<&mut Self>,
@@ -90,6 +106,10 @@ impl<S: Io> Io for Prefixed<S> {
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_last(cx, buf)
     }
+
+    fn abort_on_close(&self) {
+        self.inner.abort_on_close();
+    }
 }
 
 impl<S: Io + ?Sized> Io for Box<S> {
@@ -100,12 +120,24 @@ impl<S: Io + ?Sized> Io for Box<S> {
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut **self).poll_write_last(cx, buf)
     }
+
+    fn abort_on_close(&self) {
+        (**self).abort_on_close();
+    }
 }
 
 // TLS sides write their records as they are: the stream's end is a `close_notify` record
-// first, which the shutdown writes.
-impl<S: Io> Io for tokio_rustls::server::TlsStream<S> {}
-impl<S: Io> Io for tokio_rustls::client::TlsStream<S> {}
+// first, which the shutdown writes. Cut, the socket under them resets.
+impl<S: Io> Io for tokio_rustls::server::TlsStream<S> {
+    fn abort_on_close(&self) {
+        self.get_ref().0.abort_on_close();
+    }
+}
+impl<S: Io> Io for tokio_rustls::client::TlsStream<S> {
+    fn abort_on_close(&self) {
+        self.get_ref().0.abort_on_close();
+    }
+}
 // Upgraded HTTP connections (WebSocket and other tunnels) are relayed as they come out of
 // hyper.
 impl<T> Io for hyper_util::rt::TokioIo<T> where T: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
@@ -419,6 +451,9 @@ async fn connect(
                     _admitted: admitted,
                 });
             }
+            // limpet out of file descriptors: says nothing about the node, and another node
+            // would fail the same way; the client's connection is closed, its pin kept.
+            Err(err) if err.cause == crate::error::Cause::Local => return None,
             Err(err) => {
                 tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "node attempt failed");
                 if let Some(obs) = err.observation() {
@@ -460,13 +495,14 @@ async fn attempt(
     crate::net::node_tls(stream, tls, limit).await
 }
 
-/// Serves one client connection of TCP listener `li`.
+/// Serves one client connection of TCP listener `li`. `cut` turns true when a shutdown's
+/// drain is over: the session, if still open, is cut then (reset on both sides).
 async fn session(
     runtime: Arc<Runtime>,
     state: Arc<State>,
     li: usize,
     (stream, peer, bound): (crate::socket::ClientSocket, SocketAddr, SocketAddr),
-    mut shutdown: watch::Receiver<bool>,
+    mut cut: watch::Receiver<bool>,
 ) {
     let Some(slot) = state.listeners.get(li) else {
         return;
@@ -512,7 +548,7 @@ async fn session(
                 tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
                 r.as_str()
             }
-            () = stopped(&mut shutdown) => "limpet shutting down",
+            () = stopped(&mut cut) => "limpet shutting down",
         }
     };
     let fin_on_close = FinOnClose {
@@ -551,7 +587,9 @@ async fn session(
 }
 
 /// Serves TCP listener `name` on an already-bound socket until `shutdown` turns true, then
-/// stops accepting, gives open sessions `timeouts.drain` to end, and closes the rest.
+/// stops accepting, gives open sessions `timeouts.drain` to end by themselves (as HAProxy's
+/// soft stop and nginx's graceful shutdown let established streams finish), and cuts the
+/// rest: a transfer in progress is not cut short at the signal.
 pub async fn serve(
     runtime: Arc<Runtime>,
     name: String,
@@ -573,6 +611,8 @@ pub async fn serve_on(
 ) {
     let mut sessions = JoinSet::new();
     let mut stop = shutdown.clone();
+    // Turned true once the drain is over: the sessions still open are cut.
+    let (cut_tx, cut) = watch::channel(false);
     // The listening address, for [`crate::net::accept_client`].
     let bound = listener
         .local_addr()
@@ -593,12 +633,12 @@ pub async fn serve_on(
             else {
                 return;
             };
-            let shutdown = shutdown.clone();
+            let cut = cut.clone();
             let runtime = Arc::clone(&runtime);
             // Boxed before it is spawned, as HTTP connections are (`proxy::server`).
             sessions.spawn(Box::pin(async move {
                 let _permit = permit;
-                session(runtime, state, li, (stream, peer, bound), shutdown).await;
+                session(runtime, state, li, (stream, peer, bound), cut).await;
             }));
         },
     )
@@ -611,13 +651,24 @@ pub async fn serve_on(
             .find(|l| l.def.load().name == name)
             .map_or(Duration::from_secs(10), |l| l.def.load().timeouts.drain)
     };
-    // Sessions watch shutdown themselves and end at once; this bounds the stragglers.
-    let _ = tokio::time::timeout(drain, async {
+    let all_ended = tokio::time::timeout(drain, async {
         while sessions.join_next().await.is_some() {}
     })
     .await;
+    if all_ended.is_err() {
+        tracing::info!(listener = %name, open = sessions.len(), "drain over: cutting the sessions still open");
+        let _ = cut_tx.send(true);
+        // A cut session resets its sockets and returns at once; this bounds a stuck one.
+        let _ = tokio::time::timeout(CUT_GRACE, async {
+            while sessions.join_next().await.is_some() {}
+        })
+        .await;
+    }
     sessions.abort_all();
 }
+
+/// How long sessions cut at the end of a drain get to close before their tasks are dropped.
+const CUT_GRACE: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

@@ -281,3 +281,138 @@ async fn get(sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>)
     let _ = resp.into_body().collect().await;
     status
 }
+
+/// Out of descriptors, a session pinned to b stays pinned to b and b is charged nothing:
+/// limpet's own shortage says nothing about b. The request gets 503 with no node tried in
+/// b's place and no `Set-Cookie` moving the session, and b's error count stays 0. Once
+/// descriptors are free, the same cookie is served by b.
+#[test]
+fn out_of_file_descriptors_moves_no_session_and_charges_no_node() {
+    use lifecycle::{backend_nodes, nodes_toml, ConfigFile, Limpet};
+    alone(async {
+        let nodes = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+        let (_nodes, port) = backend_nodes(&nodes).await;
+        let cfg = ConfigFile::new(
+            "fds-pins",
+            &format!(
+                "{}[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+                 [admin]\nlisten = \"127.0.0.1:0\"\n",
+                nodes_toml(&nodes)
+            ),
+        );
+        let l = Limpet::start(&cfg).await;
+        // Opened (and accepted: one request to a) while descriptors are plenty; nothing has
+        // gone to b yet, so b has no kept connection and the request below must open one.
+        let mut sender = keep_alive(l.addr("l")).await;
+        assert_eq!(get_pinned(&mut sender, "route=a").await, (200, None));
+        let hogs = exhaust();
+        let (status, set_cookie) = get_pinned(&mut sender, "route=b").await;
+        drop(hogs);
+        assert_eq!(status, 503, "no socket to b");
+        assert_eq!(set_cookie, None, "the session is not moved off b");
+        let errors_of = |node: &str| {
+            l.running
+                .as_ref()
+                .map(|r| r.runtime().state())
+                .map_or(u64::MAX, |s| {
+                    s.lifecycle
+                        .metrics
+                        .traffic(node, limpet::clock::now_ms())
+                        .errors
+                })
+        };
+        assert_eq!((errors_of("a"), errors_of("b")), (0, 0), "no node charged");
+        assert_eq!(
+            get_pinned(&mut sender, "route=b").await,
+            (200, None),
+            "b serves the session once descriptors are free"
+        );
+        l.stop().await;
+    });
+}
+
+/// GET / with `cookie` on `sender`: the status and the affinity cookie the answer sets.
+async fn get_pinned(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    cookie: &str,
+) -> (u16, Option<String>) {
+    let req = http::Request::get("/")
+        .header("host", "t")
+        .header("cookie", cookie)
+        .body(Empty::new())
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    let resp = tokio::time::timeout(PATIENCE, sender.send_request(req))
+        .await
+        .unwrap_or_else(|_| panic!("answered in time"))
+        .unwrap_or_else(|e| panic!("answer: {e}"));
+    let status = resp.status().as_u16();
+    let set = resp
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.starts_with("route="))
+        .map(str::to_owned);
+    let _ = resp.into_body().collect().await;
+    (status, set)
+}
+
+/// Out of descriptors, the kept-alive node connections idle for over a second (what a
+/// burst left behind) are dropped at once, not at their expiry (`upstream_idle`, 30 s): a
+/// client arriving then is accepted and served on the descriptors they held, while the
+/// shortage lasts. Kept, they would starve every new client until they expired.
+#[test]
+fn out_of_file_descriptors_the_idle_node_connections_go_and_a_new_client_is_served() {
+    alone(async {
+        let ns = nodes(&["a"]).await;
+        let proxy = Proxy::start(config(&ns)).await;
+        // Six node connections at once (six slow requests on six client connections), idle
+        // in the pool once answered; the client connections close.
+        let mut slow = Vec::new();
+        for _ in 0..6 {
+            let addr = proxy.addr;
+            slow.push(tokio::spawn(async move {
+                let mut s = TcpStream::connect(addr)
+                    .await
+                    .unwrap_or_else(|e| panic!("connect: {e}"));
+                s.write_all(b"GET /slow?ms=300 HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+                    .await
+                    .unwrap_or_else(|e| panic!("write: {e}"));
+                let mut answer = Vec::new();
+                let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer)).await;
+                String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200")
+            }));
+        }
+        for r in slow {
+            assert!(r.await.unwrap_or(false), "a slow request answered");
+        }
+        // The condition itself, not a synchronisation: idle for over the second after which
+        // a shortage drops them.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let arriving = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+
+        let accepts = LOCAL_FDS.count(FdsAt::Accept);
+        let hogs = exhaust();
+        let mut arriving = arriving
+            .connect(proxy.addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
+        arriving
+            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("write: {e}"));
+        let mut answer = Vec::new();
+        let served = tokio::time::timeout(PATIENCE, arriving.read_to_end(&mut answer)).await;
+        // Still held: whatever served the client came from what limpet let go of.
+        drop(hogs);
+        assert!(
+            LOCAL_FDS.count(FdsAt::Accept) > accepts,
+            "the accept ran out of descriptors first"
+        );
+        assert!(
+            served.is_ok() && String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+            "the arriving client is served on the idle connections' descriptors: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        proxy.stop().await;
+    });
+}

@@ -321,3 +321,132 @@ async fn bytes_counted(metrics: &limpet::metrics::Metrics, node: &str, n: u64) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A node on 127.0.0.2 that greets each connection with `node=a`, then reads until its
+/// client ends: it reports the bytes it got, and `true` for a clean end (a FIN), `false`
+/// for a reset. Its port, its task and the reports.
+async fn upload_node() -> (
+    u16,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind node");
+    let port = l.local_addr().expect("node addr").port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if s.write_all(b"node=a\n").await.is_err() {
+                    return;
+                }
+                let (mut got, mut buf) = (0, [0u8; 4096]);
+                let clean = loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) => break true,
+                        Ok(n) => got += n,
+                        Err(_) => break false,
+                    }
+                };
+                let _ = tx.send((got, clean));
+            });
+        }
+    });
+    (port, task, rx)
+}
+
+/// How the node saw its connection end (bounded).
+async fn node_end(
+    reports: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
+) -> (usize, bool) {
+    tokio::time::timeout(common::PATIENCE, reports.recv())
+        .await
+        .expect("the node's connection ended in time")
+        .expect("a report")
+}
+
+/// Reads the client side until it ends: `Ok(bytes)` for a clean end, `Err` for a reset.
+async fn client_end(s: &mut tokio::net::TcpStream) -> std::io::Result<usize> {
+    let mut rest = Vec::new();
+    tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut rest))
+        .await
+        .expect("the session ended in time")
+}
+
+/// SIGTERM with a TCP session in the middle of an upload: limpet stops accepting, and the
+/// session goes on for the drain (the node still gets what the client sends), as HAProxy's
+/// soft stop and nginx's graceful shutdown let it; at the drain's end a session still open
+/// is cut with a reset on both sides, so the node does not take half an upload for a whole
+/// one.
+#[tokio::test]
+async fn a_shutdown_lets_an_open_session_go_on_for_the_drain_then_resets_it() {
+    let (port, node, mut reports) = upload_node().await;
+    let dir = TempDir::new("tcp");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2")],
+        port,
+        "timeouts = { drain = \"1s\" }",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let (mut s, greeted) = tcp_session("127.0.0.1", addr).await;
+    assert_eq!(greeted, "a");
+    s.write_all(b"first part").await.expect("write");
+    let stopping = tokio::spawn(running.stop());
+    // Stopped accepting: the signal was taken.
+    tokio::time::timeout(common::PATIENCE, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the listener closed");
+    s.write_all(b"second part")
+        .await
+        .expect("the session still takes bytes");
+    let (got, clean) = node_end(&mut reports).await;
+    assert_eq!(
+        (got, clean),
+        (21, false),
+        "the node got both parts, then a reset at the drain's end"
+    );
+    assert!(client_end(&mut s).await.is_err(), "the client is reset too");
+    tokio::time::timeout(common::PATIENCE, stopping)
+        .await
+        .expect("stopped in time")
+        .expect("stop task");
+    node.abort();
+}
+
+/// A session ended by limpet (MAINT here) is cut, not ended: the node sees a reset, so a
+/// partial upload is not taken for a whole one; a session the client ends itself still ends
+/// with a FIN.
+#[tokio::test]
+async fn a_session_cut_by_maint_resets_the_node_side_and_one_the_client_ends_does_not() {
+    let (port, node, mut reports) = upload_node().await;
+    let dir = TempDir::new("tcp");
+    let cfg = tcp_config(&dir, &[("a", "127.0.0.2")], port, "");
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let (mut s, _) = tcp_session("127.0.0.1", addr).await;
+    s.write_all(b"whole job").await.expect("write");
+    s.shutdown().await.expect("client ends");
+    assert_eq!(node_end(&mut reports).await, (9, true), "a clean end");
+    drop(s);
+
+    let (mut s, _) = tcp_session("127.0.0.1", addr).await;
+    s.write_all(b"half a job").await.expect("write");
+    let state = running.runtime().state();
+    assert!(state
+        .set_admin("a", limpet_core::AdminState::Maint)
+        .is_some());
+    let (_, clean) = node_end(&mut reports).await;
+    assert!(!clean, "the node sees the cut as a reset");
+    assert!(client_end(&mut s).await.is_err(), "the client is reset too");
+    drop(state);
+    running.stop().await;
+    node.abort();
+}

@@ -728,6 +728,12 @@ impl<'a> Attempt<'a> {
     /// The node failed this request: passive health learns what the error says, and the
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
+        // limpet out of file descriptors: nothing was learnt about the node, so the session
+        // stays pinned to it and no other node is tried (it would fail the same way, or
+        // move the session for nothing); the answer is 503 and the node is charged nothing.
+        if e.cause == Cause::Local {
+            return Err(e.clone());
+        }
         let state = &self.shared.state;
         if let Some(obs) = e.observation() {
             state.observe(node, obs);

@@ -43,6 +43,10 @@ struct Idle {
     since: Instant,
 }
 
+/// Out of file descriptors, an idle connection unused for this long is dropped at once
+/// ([`crate::net::OutOfFds::pressure`]), not at its expiry.
+const PRESSED_IDLE: Duration = Duration::from_secs(1);
+
 /// The keep-alive connections of one node.
 pub(crate) struct NodeConns {
     addr: SocketAddr,
@@ -120,11 +124,17 @@ impl NodeConns {
             .max(Duration::from_millis(10));
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(every).await;
+                // Out of file descriptors: everything idle goes now (see `OutOfFds::pressure`).
+                let pressed = tokio::select! {
+                    () = tokio::time::sleep(every) => false,
+                    () = crate::net::LOCAL_FDS.pressure() => true,
+                };
                 let Some(me) = pool.upgrade() else {
                     return;
                 };
-                if me.sweep() > 0 {
+                if pressed {
+                    me.drop_idle();
+                } else if me.sweep() > 0 {
                     continue;
                 }
                 me.sweeping.store(false, Ordering::Release);
@@ -151,6 +161,19 @@ impl NodeConns {
         self.prune(&mut idle);
         idle.retain(|e| !e.sender.is_closed());
         h1 + idle.len()
+    }
+
+    /// Limpet is out of file descriptors: drops the idle connections unused for
+    /// [`PRESSED_IDLE`] (what a burst left behind), which hold descriptors new clients need
+    /// more than the connects they would save; a connection that steady traffic reuses stays.
+    fn drop_idle(&self) {
+        let now = Instant::now();
+        let stale = |since: Instant| now.saturating_duration_since(since) >= PRESSED_IDLE;
+        self.idle_h1
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(_, since)| !stale(*since));
+        self.lock().retain(|e| !stale(e.since));
     }
 
     fn idle_count(&self) -> usize {
