@@ -699,6 +699,13 @@ pub(crate) struct Builder {
     h2: http2::Builder<BoxingExecutor>,
 }
 
+/// How much of one HTTP/2 stream's answer limpet holds for a client that has not taken it.
+/// hyper's default (400 KiB) let a client that opened its flow-control windows wide and
+/// stopped reading make limpet hold 100 streams × 400 KiB, about 47 MB per connection (chaos
+/// run); at 64 KiB a connection holds at most 6.4 MB, and a stream still has a window's
+/// worth of data ahead of a reading client. (HAProxy holds one 16 KiB buffer per stream.)
+const H2_SEND_BUF: usize = 64 * 1024;
+
 fn builder(limits: &Limits) -> Builder {
     let mut h1 = http1::Builder::new();
     // `idle_watch` is the request-head clock of HTTP/1 connections (hyper's would take a
@@ -721,7 +728,8 @@ fn builder(limits: &Limits) -> Builder {
     let mut h2 = http2::Builder::new(BoxingExecutor);
     h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(limits.h2_max_concurrent_streams);
+        .max_concurrent_streams(limits.h2_max_concurrent_streams)
+        .max_send_buf_size(H2_SEND_BUF);
     Builder { h1, h2 }
 }
 
