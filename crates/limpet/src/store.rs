@@ -15,8 +15,10 @@
 //!  every expire/2 ─► GETEX key PX expire of the entries used since (pipelined): another
 //!        node stored ─► adopted (a missed re-pin); a missing key ─► SET NX
 //!  circuit breaker: 2 failed round trips ─► down (logged once, admin, metric): no store I/O,
-//!        fresh connection, PING every second ─► up ─► every local pin published with SET NX
+//!        fresh connection, PING every second ─► up ─► the re-pins not sent meanwhile
+//!        overwritten (newer than the store's), then every local pin published with SET NX
 //!        (adopt losers), read and sent a chunk at a time
+//!  up: EXISTS of this instance's marker every second ─► gone (flushed) ─► the same resync
 //!  subscription: PING every second; no answer within the bound ─► resubscribe ─► resync
 //! ```
 //!
@@ -56,6 +58,11 @@ const BATCH: usize = 512;
 const TRIP_AFTER: u32 = 2;
 /// How often a store marked down is tried again (one PING).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long an instance's marker lives in the store (a day): an instance that made no
+/// resync for that long publishes its pins once more when it finds its marker gone.
+const MARKER_PX: u64 = 24 * 3_600_000;
+/// Most re-pins kept for the resync while the store is away ([`Store::repins_away`]).
+const REPINS_KEPT: usize = 65_536;
 /// The writer's housekeeping tick (probe, resync, refresh when due).
 const TICK: Duration = Duration::from_millis(200);
 
@@ -63,6 +70,9 @@ const TICK: Duration = Duration::from_millis(200);
 /// reach every instance in the order the store applied the SETs.
 const REPIN_SCRIPT: &str =
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) return 1";
+
+/// Re-pins not sent to the store: (table, key) to the node.
+type RepinsAway = HashMap<(Arc<str>, TableKey), Arc<str>>;
 
 /// Pins of one table with their node's name, as sent to the store.
 type Pins = Vec<(TableKey, String)>;
@@ -164,6 +174,12 @@ pub struct Store {
     /// connection (a store host gone without a RST) would otherwise be kept for ever.
     conn: Mutex<ConnectionManager>,
     channel: String,
+    /// This instance's marker key (`{prefix}instance:{pid}-{start ms}`), written after each
+    /// resync: the store without it lost the pins this instance published (`FLUSHALL`, a
+    /// restart without its data, eviction), and the instance publishes them again at once
+    /// rather than at each key's expiry refresh. One per instance, so one instance's
+    /// resync cannot hide the loss from another.
+    marker: String,
     ops: mpsc::Sender<Op>,
     up: AtomicBool,
     since_ms: AtomicU64,
@@ -173,6 +189,13 @@ pub struct Store {
     dirty: AtomicBool,
     /// A resync is running (set before `dirty` is cleared, for [`StoreStatus::resync_pending`]).
     resyncing: AtomicBool,
+    /// Re-pins this instance made that did not reach the store (breaker open, queue full, a
+    /// failed round trip), by table and key, the latest node each. The resync overwrites
+    /// them before it publishes the rest with create-if-absent: a re-pin is newer than what
+    /// the store kept from before it, and must not be undone by it (every session of a
+    /// failed node would move twice). Bounded by [`REPINS_KEPT`]; past it, a re-pin is
+    /// published as a first pin.
+    repins_away: Mutex<RepinsAway>,
     tables: Mutex<HashMap<Arc<str>, Registered>>,
     counts: Counts,
     connections: AtomicU64,
@@ -207,6 +230,7 @@ impl Store {
         let (up_gauge, op_counters) = metrics.store_handles();
         let store = Arc::new(Store {
             channel: format!("{}pins", def.prefix),
+            marker: format!("{}instance:{}-{}", def.prefix, std::process::id(), now_ms()),
             def,
             client,
             conn,
@@ -216,6 +240,7 @@ impl Store {
             failures: AtomicU32::new(0),
             dirty: AtomicBool::new(true),
             resyncing: AtomicBool::new(false),
+            repins_away: Mutex::new(HashMap::new()),
             tables: Mutex::new(HashMap::new()),
             counts: Counts::default(),
             connections: AtomicU64::new(0),
@@ -294,21 +319,72 @@ impl Store {
     /// Queues what a local write asks of the store. Never blocks: with the store down or the
     /// queue full, the pin is published by the resync once the store is back.
     pub(crate) fn send(&self, write: Write, table: &Arc<str>, key: KeyRef<'_>, node: &str) {
-        if !self.is_up() {
-            self.dirty.store(true, Ordering::Release);
-            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let op = Op {
             write,
             table: Arc::clone(table),
             key: key.to_key(),
             node: Arc::from(node),
         };
-        if self.ops.try_send(op).is_err() {
-            self.dirty.store(true, Ordering::Release);
-            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+        if !self.is_up() {
+            self.not_sent(std::slice::from_ref(&op));
+            return;
         }
+        if let Err(e) = self.ops.try_send(op) {
+            let op = match e {
+                mpsc::error::TrySendError::Full(op) | mpsc::error::TrySendError::Closed(op) => op,
+            };
+            self.not_sent(std::slice::from_ref(&op));
+        }
+    }
+
+    /// `ops` did not reach the store: the resync publishes the local pins, and overwrites
+    /// the re-pins among them first.
+    fn not_sent(&self, ops: &[Op]) {
+        self.dirty.store(true, Ordering::Release);
+        self.counts
+            .dropped
+            .fetch_add(ops.len() as u64, Ordering::Relaxed);
+        let mut away = lock(&self.repins_away);
+        for op in ops.iter().filter(|op| op.write == Write::Overwrite) {
+            let k = (Arc::clone(&op.table), op.key.clone());
+            if away.len() < REPINS_KEPT || away.contains_key(&k) {
+                away.insert(k, Arc::clone(&op.node));
+            }
+        }
+    }
+
+    /// The re-pins made while the store was away that the local table still holds (an
+    /// entry moved again or gone since has nothing to overwrite), sent as re-pins: the
+    /// store takes them over what it kept, and every instance hears of them. False if a
+    /// round trip failed (they are kept for the next resync).
+    async fn overwrite_repins(&self) -> bool {
+        let away: RepinsAway = std::mem::take(&mut *lock(&self.repins_away));
+        let now = now_ms();
+        let ops: Vec<Op> = away
+            .into_iter()
+            .filter(|((table, key), node)| {
+                self.entries(table).is_some_and(|e| {
+                    let t = lock(&e);
+                    let s = t.store();
+                    s.peek(key.as_key_ref(), now)
+                        .and_then(|r| s.node_name(r))
+                        .is_some_and(|n| n == &**node)
+                })
+            })
+            .map(|((table, key), node)| Op {
+                write: Write::Overwrite,
+                table,
+                key,
+                node,
+            })
+            .collect();
+        for (i, chunk) in ops.chunks(BATCH).enumerate() {
+            if !self.write(chunk).await {
+                self.not_sent(&ops[i * BATCH..]);
+                return false;
+            }
+        }
+        true
     }
 
     /// The fleet's pin of `key` for a key this instance has no entry for (the first request
@@ -419,6 +495,40 @@ impl Store {
         } else {
             tracing::debug!(op = what, error = err, "store operation failed");
         }
+    }
+
+    /// Whether the store still holds this instance's marker (one round trip, the up store's
+    /// liveness check too).
+    async fn holds_marker(&self, limit: Duration) -> Result<bool, String> {
+        let mut conn = self.conn();
+        match tokio::time::timeout(
+            limit,
+            redis::cmd("EXISTS")
+                .arg(&self.marker)
+                .query_async::<u64>(&mut conn),
+        )
+        .await
+        {
+            Ok(Ok(n)) => Ok(n > 0),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
+    }
+
+    /// Writes this instance's marker (after a resync published its pins); it expires after
+    /// [`MARKER_PX`], so a stopped instance's goes by itself.
+    async fn set_marker(&self) {
+        let mut conn = self.conn();
+        let _ = tokio::time::timeout(
+            self.def.timeout,
+            redis::cmd("SET")
+                .arg(&self.marker)
+                .arg(1)
+                .arg("PX")
+                .arg(MARKER_PX)
+                .query_async::<Value>(&mut conn),
+        )
+        .await;
     }
 
     async fn ping(&self, limit: Duration) -> Result<(), String> {
@@ -616,9 +726,10 @@ impl Store {
     async fn resync(&self) {
         self.resyncing.store(true, Ordering::SeqCst);
         self.dirty.store(false, Ordering::SeqCst);
-        let done = self.publish_all().await;
+        let done = self.overwrite_repins().await && self.publish_all().await;
         self.resyncing.store(false, Ordering::SeqCst);
         if done {
+            self.set_marker().await;
             self.counts.resyncs.fetch_add(1, Ordering::Relaxed);
             tracing::info!(store = %self.def.redacted_url(), "local pins published to the store");
         } else {
@@ -731,12 +842,8 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 if n == 0 {
                     return;
                 }
-                if store.is_up() {
-                    if !store.write(&batch).await {
-                        store.dirty.store(true, Ordering::Release);
-                    }
-                } else {
-                    store.dirty.store(true, Ordering::Release);
+                if !store.is_up() || !store.write(&batch).await {
+                    store.not_sent(&batch);
                 }
                 batch.clear();
             }
@@ -761,9 +868,18 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 // shown) before a request needs it.
                 if last_probe.elapsed() >= PROBE_EVERY {
                     last_probe = tokio::time::Instant::now();
-                    match store.ping(store.def.timeout).await {
-                        Ok(()) => store.success(),
-                        Err(e) => store.failure("PING", &e),
+                    match store.holds_marker(store.def.timeout).await {
+                        Ok(true) => store.success(),
+                        Ok(false) => {
+                            store.success();
+                            let pending = store.dirty.swap(true, Ordering::AcqRel)
+                                || store.resyncing.load(Ordering::Acquire);
+                            if !pending && store.counts.resyncs.load(Ordering::Relaxed) > 0 {
+                                tracing::warn!(store = %store.def.redacted_url(),
+                                    "the store lost this instance's pins (flushed, or restarted without its data): publishing them again");
+                            }
+                        }
+                        Err(e) => store.failure("EXISTS", &e),
                     }
                     if !store.is_up() {
                         continue;
@@ -779,7 +895,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 }
                 if !batch.is_empty() {
                     if !store.write(&batch).await {
-                        store.dirty.store(true, Ordering::Release);
+                        store.not_sent(&batch);
                     }
                     batch.clear();
                 }

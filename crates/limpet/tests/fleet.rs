@@ -527,6 +527,99 @@ async fn a_store_returning_with_a_pin_another_instance_made_first_keeps_it_and_t
     stop(redis, nodes, a, b).await;
 }
 
+/// A re-pin made while the store was away wins over the older pin the store kept: the
+/// store comes back (SIGCONT) still holding the session's first node, and the resync
+/// overwrites it with the re-pin (and tells the fleet), rather than publishing it with
+/// create-if-absent and adopting the stale node back, which moved every session of a failed
+/// node twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_made_while_the_store_was_away_overwrites_the_older_pin_when_it_returns() {
+    let (redis, nodes, a, b) = fleet_with("repin-away", "200ms").await;
+    let src = "127.0.13.10";
+    let first = pin_in_store(&a, &redis, src).await;
+    assert_eq!(b.http(src).await, first, "b follows the store");
+    a.settled().await;
+    redis.pause();
+    // New clients' first requests ask the hung store: failed round trips open a's breaker.
+    let mut n = 0;
+    until("a marks the store down", async || {
+        n += 1;
+        assert!(n <= 50, "50 new clients and the store still up");
+        assert!(!a.http(&format!("127.0.14.{n}")).await.is_empty());
+        !a.store_up()
+    })
+    .await;
+    // The session's node goes to MAINT on a: its next request there re-pins it.
+    let state = a.running.runtime().state();
+    assert!(state
+        .set_admin(&first, limpet_core::AdminState::Maint)
+        .is_some());
+    let moved = a.http(src).await;
+    assert_ne!(moved, first, "re-pinned off the node in MAINT");
+    // The node is back in service before the store returns: adopting the store's old pin
+    // would now move the session back to it.
+    assert!(state
+        .set_admin(&first, limpet_core::AdminState::Ready)
+        .is_some());
+    drop(state);
+    let resyncs = a.status().resyncs;
+    redis.resume();
+    until("a's resync after the store returned", async || {
+        let st = a.status();
+        st.up && st.resyncs > resyncs && !st.resync_pending
+    })
+    .await;
+    let key = format!("limpet:terminal:ip:{src}");
+    assert_eq!(
+        redis.get(&key).await.as_deref(),
+        Some(moved.as_str()),
+        "the store holds the re-pin"
+    );
+    assert_eq!(a.pin(src).as_deref(), Some(moved.as_str()), "a kept it");
+    until("b follows the re-pin", async || {
+        b.pin(src).as_deref() == Some(moved.as_str())
+    })
+    .await;
+    assert_eq!(b.http(src).await, moved);
+    assert_eq!(a.http(src).await, moved);
+    stop(redis, nodes, a, b).await;
+}
+
+/// A store that loses its data while it stays up (`FLUSHALL` here; a restart without its
+/// data, eviction) gets each instance's pins again within about a second: each instance
+/// checks its own marker key every second, finds it gone and publishes its local pins. Before,
+/// they came back only with each key's expiry refresh (half the table's expiry), and the
+/// other instance meanwhile pinned the same clients afresh, elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_store_gets_the_pins_again_at_once() {
+    let (redis, nodes, a, b) = fleet("flushed").await;
+    let srcs: Vec<String> = (0..6).map(|i| format!("127.0.15.{}", 10 + i)).collect();
+    let mut pinned = Vec::new();
+    for src in &srcs {
+        pinned.push(pin_in_store(&a, &redis, src).await);
+    }
+    a.settled().await;
+    b.settled().await;
+    let mut c = redis.conn().await.expect("connect");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut c)
+        .await
+        .expect("FLUSHALL");
+    for (src, n) in srcs.iter().zip(&pinned) {
+        let key = format!("limpet:terminal:ip:{src}");
+        until("the pin is in the store again", async || {
+            redis.get(&key).await.as_deref() == Some(n.as_str())
+        })
+        .await;
+    }
+    // b, which never saw these clients, finds a's pins.
+    for (src, n) in srcs.iter().zip(&pinned) {
+        assert_eq!(&b.http(src).await, n, "{src} through b");
+        assert_eq!(&b.tcp(src).await, n, "{src} through b's TCP listener");
+    }
+    stop(redis, nodes, a, b).await;
+}
+
 /// The failure model's slow store: a store that stops answering (SIGSTOP: connections open,
 /// nothing comes back) costs a request at most the store's operation timeout (200 ms here),
 /// and no request fails: pinned clients keep their node, new ones are pinned locally. Once
@@ -806,14 +899,15 @@ async fn a_reload_with_pins_sends_no_store_writes() {
     let before = a.status();
     let sets = redis.command_calls("set").await;
     let evals = redis.command_calls("eval").await;
-    let pings = redis.command_calls("ping").await;
+    let checks = redis.command_calls("exists").await;
     limpet::runtime::reload(a.running.runtime())
         .await
         .expect("reload");
-    // A resync would run on the writer's next tick: wait for two of its pings (and the
-    // subscription's) after the reload, each a second apart, so at least one full tick ran.
+    // A resync would run on the writer's next tick: wait for two of its liveness checks
+    // (`EXISTS` of its marker, a second apart) after the reload, so at least one full tick
+    // ran.
     until("the writer ticks after the reload", async || {
-        redis.command_calls("ping").await >= pings + 4
+        redis.command_calls("exists").await >= checks + 2
     })
     .await;
     let after = a.status();
