@@ -1161,6 +1161,51 @@ async fn a_session_moved_off_its_node_is_re_pinned_for_how_the_node_failed() {
     b.kill().await;
 }
 
+/// A GET that outlasts `upstream_answer` on every node is slow by itself: it is replayed on
+/// one other node, not on each in turn, then answered 504. Two nodes are charged a failure
+/// and the third never sees it: replayed on all, a few such requests took every node DOWN
+/// (and kept the client waiting the answer timeout once per node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        nodes.push(Backend::start(name).await);
+    }
+    let mut cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(name, n)| limpet::proxy::NodeConfig {
+                name: (*name).into(),
+                addr: n.addr,
+            })
+            .collect(),
+    );
+    cfg.timeouts.upstream_answer = Duration::from_millis(300);
+    let proxy = Quick::start(cfg).await;
+    let url = format!("{}slow?ms=3000", proxy.url());
+    let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))
+        .await
+        .unwrap_or_else(|_| panic!("no answer"))
+        .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(status, 504);
+    let now = limpet::clock::now_ms();
+    let metrics = &proxy.runtime.state().lifecycle.metrics;
+    let mut errors: Vec<u64> = ["a", "b", "c"]
+        .iter()
+        .map(|n| metrics.traffic(n, now).errors)
+        .collect();
+    errors.sort_unstable();
+    assert_eq!(errors, [0, 1, 1], "two nodes tried, one left alone");
+    for n in ["a", "b", "c"] {
+        assert_eq!(proxy.state_of(n), "UP", "{n}");
+    }
+    proxy.stop().await;
+    for mut n in nodes {
+        n.kill().await;
+    }
+}
+
 /// Without checks, a hung node's trial is decided by its answer, and while the trial waits
 /// for it nobody else is sent there: sessions pinned to the node keep being served by b, and
 /// only the trial requests (one per `fail_timeout` + answer timeout) wait on the hung node.

@@ -515,6 +515,7 @@ fn proxy<'a, 'b>(
             presented: &p,
             route: first,
             failed,
+            timed_out: false,
             replay,
             upgrade,
             id,
@@ -716,6 +717,8 @@ struct Attempt<'a> {
     /// The route being tried; on return, the node that answered (or was last tried).
     route: Route,
     failed: Vec<Excluded>,
+    /// A node already gave no answer in time: a second one ends the attempts ([`Self::fail_over`]).
+    timed_out: bool,
     /// A copy of the head to replay elsewhere, kept only when replaying is allowed at all.
     replay: Option<Head<'a>>,
     upgrade: bool,
@@ -735,6 +738,20 @@ impl<'a> Attempt<'a> {
             return Err(e.clone());
         }
         let state = &self.shared.state;
+        // A second node that gives no answer in time either: the request is slow by itself
+        // (a report that outlasts `upstream_answer`), more likely than two nodes hung at
+        // once. It is not replayed on every node in turn, which would keep its client
+        // waiting `upstream_answer` once per node and charge each node a failure (a few such
+        // requests took every node DOWN, chaos run): 504 after the second.
+        if e.stage == Stage::AnswerHead && e.is_timeout() {
+            if self.timed_out {
+                if let Some(obs) = e.observation() {
+                    state.observe(node, obs);
+                }
+                return Err(e.clone());
+            }
+            self.timed_out = true;
+        }
         if let Some(obs) = e.observation() {
             state.observe(node, obs);
         }
