@@ -122,14 +122,17 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => {
             init_tracing();
+            limpet::net::raise_fd_limit();
             limpet::demo::run(args)
         }
         Command::Proxy(args) => {
             init_tracing();
+            limpet::net::raise_fd_limit();
             limpet::proxy::quick::run(args)
         }
         Command::Run(args) => {
             init_tracing();
+            limpet::net::raise_fd_limit();
             limpet::runtime::run::run(args)
         }
         Command::Check(args) => limpet::runtime::run::check(args),

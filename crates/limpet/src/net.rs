@@ -141,6 +141,40 @@ impl OutOfFds {
     }
 }
 
+/// Raises this process's soft limit on open files to its hard limit, as HAProxy raises it
+/// to what its `maxconn` needs and nginx's `worker_rlimit_nofile` sets it: with the common
+/// default soft limit (1024) a proxy runs out of descriptors at a few hundred connections,
+/// far below `max_connections` (10,000 by default). Logged when it changed; the limit now.
+pub fn raise_fd_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let was = getrlimit(Resource::Nofile);
+    // No hard limit: a million, as the kernel's default `nr_open` allows.
+    let to = was.maximum.unwrap_or(1 << 20);
+    match was.current {
+        Some(soft) if soft >= to => return Some(soft),
+        None => return None,
+        Some(_) => {}
+    }
+    let raised = Rlimit {
+        current: Some(to),
+        maximum: was.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            tracing::info!(
+                from = was.current,
+                to,
+                "open file limit raised to the hard limit"
+            );
+            Some(to)
+        }
+        Err(e) => {
+            tracing::warn!(limit = was.current, error = %e, "open file limit not raised");
+            was.current
+        }
+    }
+}
+
 /// Out of file descriptors, wherever limpet noticed it (accept, connect, health check).
 pub static LOCAL_FDS: OutOfFds = OutOfFds::new();
 

@@ -377,6 +377,14 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
+/// TCP sessions refused at a node's queue (`max_connections`), logged at most once per
+/// interval with the count.
+static SESSION_REFUSED: crate::net::RateLimitedLog =
+    crate::net::RateLimitedLog::new("TCP session refused: the node's queue is full or timed out");
+/// TCP sessions with no node to go to, logged likewise.
+static NO_NODE: crate::net::RateLimitedLog =
+    crate::net::RateLimitedLog::new("TCP session refused: no node available");
+
 /// A connection to a node that succeeded, with its handshake done (PROXY header sent, TLS
 /// to the node established), and the session's spread key.
 struct Connected {
@@ -423,7 +431,10 @@ async fn connect(
             now_ms: clock::now_ms(),
         };
         let route = state.route(table.zip(key), input, None, def.timeouts.connect);
-        let node = route.node?;
+        let Some(node) = route.node else {
+            NO_NODE.note(&def.name);
+            return None;
+        };
         let addr = state.upstream(def, node, local_port)?;
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
@@ -431,7 +442,14 @@ async fn connect(
             Some(rt) => match rt.admit(def.timeouts.queue).await {
                 Ok(a) => Some(a),
                 Err(r) => {
-                    tracing::warn!(listener = %def.name, node = state.node_name(node), reason = r.as_str(), "session refused");
+                    // Clients drive how often this happens: rate-limited, as a log line per
+                    // refused connection would let them fill the log.
+                    SESSION_REFUSED.note(&format!(
+                        "listener {}, node {}: {}",
+                        def.name,
+                        state.node_name(node),
+                        r.as_str()
+                    ));
                     return None;
                 }
             },
@@ -524,7 +542,8 @@ async fn session(
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
     let Some(conn) = connect(&state, li, &def, &who, local.port()).await else {
-        tracing::warn!(listener = %def.name, client = %who.client, "no node available");
+        // Refusals and running out of descriptors are logged where they happen.
+        tracing::debug!(listener = %def.name, client = %who.client, "no TCP session opened");
         return;
     };
     let Some(rt) = state.node_rt(conn.node).cloned() else {

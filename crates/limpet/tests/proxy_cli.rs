@@ -293,3 +293,108 @@ async fn h2_clients_that_stop_reading_hold_a_bounded_buffer_per_stream() {
     drop(conns);
     drop(child);
 }
+
+/// Refused TCP sessions are logged at most once per interval, with the count, not once per
+/// connection: clients decide how often a TCP listener with no node to go to refuses them,
+/// and a line each would let them fill the log. 40 refused connections write one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_tcp_sessions_are_logged_once_per_interval_not_once_each() {
+    use tokio::io::AsyncReadExt;
+    // The node's port: bound, then closed, so connects to it are refused.
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let dir = std::env::temp_dir().join(format!("limpet-tcp-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("limpet.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+             [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n"
+        ),
+    )
+    .expect("config");
+    let mut child = Child(
+        limpet()
+            .args(["run", "-c"])
+            .arg(&cfg)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn limpet"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("read stdout");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let mut stderr = child.0.stderr.take().expect("stderr");
+    let log = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+        log
+    });
+    for _ in 0..40 {
+        let mut s = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        // Refused: closed without a byte.
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    }
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let log = log.join().expect("stderr reader");
+    let refused = log
+        .lines()
+        .filter(|l| l.contains("TCP session refused"))
+        .count();
+    assert_eq!(refused, 1, "one line for 40 refusals:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(child);
+}
+
+/// The soft limit on open files is raised to the hard limit at start, as HAProxy and nginx
+/// (`worker_rlimit_nofile`) do: started with 1024 of 8192, `limpet proxy` runs with 8192.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
+    let ns = nodes(&["a"]).await;
+    let mut cmd = Command::new("prlimit");
+    cmd.arg("--nofile=1024:8192")
+        .arg(env!("CARGO_BIN_EXE_limpet"))
+        .arg("proxy")
+        .arg("--to")
+        .arg(format!("solo={}", ns[0].addr))
+        .env("RUST_LOG", "error");
+    let (child, _addr) = start_quick(cmd).await;
+    // prlimit runs limpet in its own process: the PID is limpet's.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.0.id()))
+        .expect("the process's limits");
+    let files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert_eq!(
+        files.get(3..5),
+        Some(&["8192", "8192"][..]),
+        "soft and hard limits:\n{limits}"
+    );
+    drop(child);
+}
