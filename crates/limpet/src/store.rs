@@ -18,7 +18,7 @@
 //!        fresh connection, PING every second ─► up ─► the re-pins not sent meanwhile
 //!        overwritten (newer than the store's), then every local pin published with SET NX
 //!        (adopt losers), read and sent a chunk at a time
-//!  up: EXISTS of this instance's marker every second ─► gone (flushed) ─► the same resync
+//!  up: PEXPIRE of this instance's marker every second ─► gone (flushed) ─► the same resync
 //!  subscription: PING every second; no answer within the bound ─► resubscribe ─► resync
 //! ```
 //!
@@ -58,9 +58,9 @@ const BATCH: usize = 512;
 const TRIP_AFTER: u32 = 2;
 /// How often a store marked down is tried again (one PING).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
-/// How long an instance's marker lives in the store (a day): an instance that made no
-/// resync for that long publishes its pins once more when it finds its marker gone.
-const MARKER_PX: u64 = 24 * 3_600_000;
+/// How long an instance's marker outlives the instance's last check (a minute): a stopped
+/// instance's goes by itself.
+const MARKER_PX: u64 = 60_000;
 /// Most re-pins kept for the resync while the store is away ([`Store::repins_away`]).
 const REPINS_KEPT: usize = 65_536;
 /// The writer's housekeeping tick (probe, resync, refresh when due).
@@ -71,8 +71,16 @@ const TICK: Duration = Duration::from_millis(200);
 const REPIN_SCRIPT: &str =
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) return 1";
 
-/// Re-pins not sent to the store: (table, key) to the node.
-type RepinsAway = HashMap<(Arc<str>, TableKey), Arc<str>>;
+/// Re-pins not sent to the store: (table, key) to the node, and the node the key had before
+/// the first of them.
+type RepinsAway = HashMap<(Arc<str>, TableKey), (Arc<str>, Option<Arc<str>>)>;
+
+/// [`Write::Reapply`]: the re-pin's SET and message only if the store holds the former node
+/// (`ARGV[5]`, empty for none) or nothing; otherwise the stored node, to adopt.
+const REAPPLY_SCRIPT: &str = "local cur = redis.call('GET', KEYS[1]) \
+if (not cur) or cur == ARGV[5] then \
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) \
+return false end return cur";
 
 /// Pins of one table with their node's name, as sent to the store.
 type Pins = Vec<(TableKey, String)>;
@@ -91,6 +99,11 @@ pub enum Write {
     Create,
     /// A re-pin (the node was DOWN, MAINT, unknown): overwrite for the whole fleet.
     Overwrite,
+    /// A re-pin made while the store was away, sent once it is back: it overwrites only
+    /// what it replaced (the store still holds the node it moved the key from, or nothing);
+    /// a store holding another node has a newer re-pin of another instance's, which is
+    /// adopted instead.
+    Reapply,
 }
 
 #[derive(Debug)]
@@ -99,6 +112,8 @@ struct Op {
     table: Arc<str>,
     key: TableKey,
     node: Arc<str>,
+    /// A re-pin's former node (what [`Write::Reapply`] compares the store with).
+    from: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -318,12 +333,27 @@ impl Store {
 
     /// Queues what a local write asks of the store. Never blocks: with the store down or the
     /// queue full, the pin is published by the resync once the store is back.
-    pub(crate) fn send(&self, write: Write, table: &Arc<str>, key: KeyRef<'_>, node: &str) {
+    /// `from`: a re-pin's former node.
+    pub(crate) fn send(
+        &self,
+        write: Write,
+        table: &Arc<str>,
+        key: KeyRef<'_>,
+        node: &str,
+        from: Option<&str>,
+    ) {
+        if !self.is_up() && write == Write::Create {
+            // Published by the resync with every other local pin; nothing to keep.
+            self.dirty.store(true, Ordering::Release);
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let op = Op {
             write,
             table: Arc::clone(table),
             key: key.to_key(),
             node: Arc::from(node),
+            from: from.map(Arc::from),
         };
         if !self.is_up() {
             self.not_sent(std::slice::from_ref(&op));
@@ -345,24 +375,31 @@ impl Store {
             .dropped
             .fetch_add(ops.len() as u64, Ordering::Relaxed);
         let mut away = lock(&self.repins_away);
-        for op in ops.iter().filter(|op| op.write == Write::Overwrite) {
+        for op in ops.iter().filter(|op| op.write != Write::Create) {
             let k = (Arc::clone(&op.table), op.key.clone());
-            if away.len() < REPINS_KEPT || away.contains_key(&k) {
-                away.insert(k, Arc::clone(&op.node));
+            let room = away.len() < REPINS_KEPT;
+            match away.get_mut(&k) {
+                // Moved again: the latest node, and still the node before the first move.
+                Some(e) => e.0 = Arc::clone(&op.node),
+                None if room => {
+                    away.insert(k, (Arc::clone(&op.node), op.from.clone()));
+                }
+                None => {}
             }
         }
     }
 
     /// The re-pins made while the store was away that the local table still holds (an
-    /// entry moved again or gone since has nothing to overwrite), sent as re-pins: the
-    /// store takes them over what it kept, and every instance hears of them. False if a
-    /// round trip failed (they are kept for the next resync).
+    /// entry moved again or gone since has nothing to overwrite), sent as
+    /// [`Write::Reapply`]: the store takes them over the node they replaced, every instance
+    /// hears of them, and a newer re-pin another instance stored meanwhile is adopted. False
+    /// if a round trip failed (they are kept for the next resync).
     async fn overwrite_repins(&self) -> bool {
         let away: RepinsAway = std::mem::take(&mut *lock(&self.repins_away));
         let now = now_ms();
         let ops: Vec<Op> = away
             .into_iter()
-            .filter(|((table, key), node)| {
+            .filter(|((table, key), (node, _))| {
                 self.entries(table).is_some_and(|e| {
                     let t = lock(&e);
                     let s = t.store();
@@ -371,11 +408,12 @@ impl Store {
                         .is_some_and(|n| n == &**node)
                 })
             })
-            .map(|((table, key), node)| Op {
-                write: Write::Overwrite,
+            .map(|((table, key), (node, from))| Op {
+                write: Write::Reapply,
                 table,
                 key,
                 node,
+                from,
             })
             .collect();
         for (i, chunk) in ops.chunks(BATCH).enumerate() {
@@ -498,13 +536,15 @@ impl Store {
     }
 
     /// Whether the store still holds this instance's marker (one round trip, the up store's
-    /// liveness check too).
+    /// liveness check too). `PEXPIRE` renews it as it checks, so a running instance's marker
+    /// never expires, and counts as a use under an LRU or LFU eviction policy.
     async fn holds_marker(&self, limit: Duration) -> Result<bool, String> {
         let mut conn = self.conn();
         match tokio::time::timeout(
             limit,
-            redis::cmd("EXISTS")
+            redis::cmd("PEXPIRE")
                 .arg(&self.marker)
+                .arg(MARKER_PX)
                 .query_async::<u64>(&mut conn),
         )
         .await
@@ -619,21 +659,29 @@ impl Store {
                         .arg(px)
                         .arg("GET");
                 }
-                Write::Overwrite => {
+                Write::Overwrite | Write::Reapply => {
                     let mut msg = Vec::with_capacity(64);
                     msg.extend_from_slice(op.table.as_bytes());
                     msg.push(b'\n');
                     msg.extend_from_slice(op.node.as_bytes());
                     msg.push(b'\n');
                     encode_key(op.key.as_key_ref(), &mut msg);
+                    let script = if op.write == Write::Reapply {
+                        REAPPLY_SCRIPT
+                    } else {
+                        REPIN_SCRIPT
+                    };
                     pipe.cmd("EVAL")
-                        .arg(REPIN_SCRIPT)
+                        .arg(script)
                         .arg(1)
                         .arg(k)
                         .arg(op.node.as_bytes())
                         .arg(px)
                         .arg(&self.channel)
                         .arg(msg);
+                    if op.write == Write::Reapply {
+                        pipe.arg(op.from.as_deref().unwrap_or("").as_bytes());
+                    }
                 }
             }
         }
@@ -649,7 +697,7 @@ impl Store {
         self.count("create", creates);
         self.count("overwrite", overwrites);
         for (op, v) in ops.iter().zip(&replies) {
-            if op.write == Write::Create {
+            if op.write != Write::Overwrite {
                 if let Value::BulkString(b) = v {
                     self.adopt(&op.table, op.key.as_key_ref(), &op.node, b);
                 }
@@ -879,7 +927,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                                     "the store lost this instance's pins (flushed, or restarted without its data): publishing them again");
                             }
                         }
-                        Err(e) => store.failure("EXISTS", &e),
+                        Err(e) => store.failure("PEXPIRE", &e),
                     }
                     if !store.is_up() {
                         continue;

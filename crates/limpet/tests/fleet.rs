@@ -585,6 +585,90 @@ async fn a_re_pin_made_while_the_store_was_away_overwrites_the_older_pin_when_it
     stop(redis, nodes, a, b).await;
 }
 
+/// A re-pin made while only this instance lost the store is sent as a compare-and-set when
+/// it returns: another instance, which kept the store, re-pinned the session meanwhile to a
+/// third node, and that newer re-pin stays (this instance adopts it). Overwritten blindly,
+/// the fleet would move the session back to a node the other instance had left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_replayed_after_an_outage_does_not_undo_a_newer_one() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let hole = BlackHole::start(redis.port).await;
+    let x = Instance::start_at(
+        "replay-x",
+        &hole.url(),
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "10m",
+        "200ms",
+    )
+    .await;
+    let y = Instance::start_with(
+        "replay-y",
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[2, 0, 1],
+        "10m",
+        "500ms",
+    )
+    .await;
+    x.settled().await;
+    y.settled().await;
+    let src = "127.0.16.10";
+    let first = pin_in_store(&y, &redis, src).await;
+    assert_eq!(x.http(src).await, first, "x finds y's pin");
+    // Only x loses the store: its connections go silent and new ones are refused.
+    hole.refuse_new(true);
+    hole.swallow_all();
+    until("x marks the store down", async || !x.store_up()).await;
+    let maint = |inst: &Instance, node: &str| {
+        inst.running
+            .runtime()
+            .state()
+            .set_admin(node, AdminState::Maint)
+            .expect("node");
+    };
+    maint(&x, &first);
+    let moved_x = x.http(src).await;
+    assert_ne!(moved_x, first);
+    // y, which keeps the store, moves the session to the third node.
+    maint(&y, &first);
+    maint(&y, &moved_x);
+    let moved_y = y.http(src).await;
+    assert!(moved_y != first && moved_y != moved_x, "{moved_y}");
+    let key = format!("limpet:terminal:ip:{src}");
+    until("y's re-pin is stored", async || {
+        redis.get(&key).await.as_deref() == Some(moved_y.as_str())
+    })
+    .await;
+    let resyncs = x.status().resyncs;
+    hole.refuse_new(false);
+    until("x's resync after the store returned", async || {
+        let st = x.status();
+        st.up && st.resyncs > resyncs && !st.resync_pending
+    })
+    .await;
+    assert_eq!(
+        redis.get(&key).await.as_deref(),
+        Some(moved_y.as_str()),
+        "the newer re-pin stays"
+    );
+    until("x adopts it", async || {
+        x.pin(src).as_deref() == Some(moved_y.as_str())
+    })
+    .await;
+    x.running.stop().await;
+    y.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+    drop(hole);
+    drop(redis);
+}
+
 /// A store that loses its data while it stays up (`FLUSHALL` here; a restart without its
 /// data, eviction) gets each instance's pins again within about a second: each instance
 /// checks its own marker key every second, finds it gone and publishes its local pins. Before,
@@ -899,15 +983,15 @@ async fn a_reload_with_pins_sends_no_store_writes() {
     let before = a.status();
     let sets = redis.command_calls("set").await;
     let evals = redis.command_calls("eval").await;
-    let checks = redis.command_calls("exists").await;
+    let checks = redis.command_calls("pexpire").await;
     limpet::runtime::reload(a.running.runtime())
         .await
         .expect("reload");
     // A resync would run on the writer's next tick: wait for two of its liveness checks
-    // (`EXISTS` of its marker, a second apart) after the reload, so at least one full tick
+    // (`PEXPIRE` of its marker, a second apart) after the reload, so at least one full tick
     // ran.
     until("the writer ticks after the reload", async || {
-        redis.command_calls("exists").await >= checks + 2
+        redis.command_calls("pexpire").await >= checks + 2
     })
     .await;
     let after = a.status();
@@ -944,6 +1028,8 @@ async fn a_reload_with_pins_sends_no_store_writes() {
 struct BlackHole {
     port: u16,
     holed: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
+    /// New connections are accepted and closed at once (the store unreachable).
+    refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -957,8 +1043,14 @@ impl BlackHole {
         let port = l.local_addr().expect("addr").port();
         let holed: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let list = Arc::clone(&holed);
+        let refusing = Arc::new(AtomicBool::new(false));
+        let refuse = Arc::clone(&refusing);
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = l.accept().await {
+                if refuse.load(Ordering::Acquire) {
+                    drop(down);
+                    continue;
+                }
                 let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
                     continue;
                 };
@@ -993,7 +1085,18 @@ impl BlackHole {
                 }
             }
         });
-        BlackHole { port, holed, task }
+        BlackHole {
+            port,
+            holed,
+            refusing,
+            task,
+        }
+    }
+
+    /// New connections are closed at once (`true`), or relayed again (`false`).
+    fn refuse_new(&self, refuse: bool) {
+        self.refusing
+            .store(refuse, std::sync::atomic::Ordering::Release);
     }
 
     fn url(&self) -> String {

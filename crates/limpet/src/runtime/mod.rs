@@ -262,12 +262,12 @@ impl Table {
         let (Some((store, name)), Some(out)) = (&self.shared, out) else {
             return;
         };
-        let write = match out.previous {
-            None => Write::Create,
-            Some(prev) if self.binding.node(prev) != Some(node) => Write::Overwrite,
+        let (write, from) = match out.previous.map(|prev| self.binding.node(prev)) {
+            None => (Write::Create, None),
+            Some(prev) if prev != Some(node) => (Write::Overwrite, prev.map(|p| names.name(p))),
             Some(_) => return,
         };
-        store.send(write, name, key, names.name(node));
+        store.send(write, name, key, names.name(node), from);
     }
 
     /// The same entries, bound to a newer generation's topology (a reload that kept the
