@@ -477,28 +477,30 @@ pub fn route(
 }
 
 /// The node `route` moves the session off because that node failed one of its requests:
-/// the session's pin (its cookie's or its table entry's node) is excluded for a failure
-/// ([`RepinReason::is_failure`]) and the route goes elsewhere. The node may still be UP, so
-/// nothing in its state ends the session's other connections there (a TCP session, a
-/// tunnel); the caller ends them, or the session would live on two nodes. A node left for
-/// its state (DOWN, MAINT, a drain) is not reported: its state ends them.
-pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<NodeId> {
-    let Outcome::Repin(why) = route.outcome else {
-        return None;
-    };
-    if !why.is_failure() {
+/// the session's table entry named it, it is excluded for a failure
+/// ([`RepinReason::is_failure`]), and the route writes the entry to another node. The node
+/// may still be UP, so nothing in its state ends the session's other connections there (a
+/// TCP session, a tunnel, through any listener sharing the table); the caller ends them, or
+/// the session would live on two nodes. Only a table entry says the session moved, at once
+/// and for every listener: a cookie moves only with an answer, and without a table the
+/// spread key is not one session's (in `name` mode it is the client address, which every
+/// client behind one NAT shares). A node left for its state (DOWN, MAINT, a drain) is not
+/// reported: its state ends them. The node, and how it failed.
+pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<(NodeId, RepinReason)> {
+    if !matches!(route.outcome, Outcome::Repin(_)) {
         return None;
     }
-    [input.cookie.map(|c| c.pin), input.table.map(|t| t.pin)]
-        .into_iter()
-        .find_map(|pin| match pin {
-            Some(Pin::Node(n))
-                if Some(n) != route.node && Excluded::find(input.exclude, n) == Some(why) =>
-            {
-                Some(n)
-            }
-            _ => None,
-        })
+    let (
+        Some(TableIn {
+            pin: Pin::Node(n), ..
+        }),
+        Some(to),
+    ) = (input.table, route.table)
+    else {
+        return None;
+    };
+    let why = Excluded::find(input.exclude, n).filter(|w| w.is_failure())?;
+    (n != to).then_some((n, why))
 }
 
 /// The home-cookie rule. A session re-pinned away from its cookie's node because of that node
@@ -684,22 +686,15 @@ mod tests {
         }
     }
 
-    /// A session whose pinned node failed its request leaves that node (its other
-    /// connections there must end); one moved for its node's state, or with no pin, leaves
-    /// none.
+    /// A session whose table entry names a node that failed its request leaves that node
+    /// (its other connections there must end); one moved for its node's state, one pinned
+    /// by its cookie alone, or one with no pin leaves none.
     #[test]
-    fn a_route_leaves_the_pinned_node_only_when_that_node_failed_the_request() {
+    fn a_route_leaves_the_table_s_node_only_when_that_node_failed_the_request() {
         let s = snap(&[up(), up(), down_passive(0)]);
-        let moved = |input: RouteInput<'_>| leaves(&input, &route(&s, 0, &|_| 0, &input));
+        let moved =
+            |input: RouteInput<'_>| leaves(&input, &route(&s, 0, &|_| 0, &input)).map(|(n, _)| n);
         let timed_out = [failed(A, RepinReason::AnswerTimeout)];
-        // By cookie, by table, by both.
-        assert_eq!(
-            moved(RouteInput {
-                cookie: cookie(Pin::Node(A)),
-                ..input(&timed_out)
-            }),
-            Some(A)
-        );
         assert_eq!(
             moved(RouteInput {
                 table: table(Pin::Node(A), true),
@@ -715,11 +710,19 @@ mod tests {
             }),
             Some(A)
         );
+        // The cookie alone: no session identity to end connections by.
+        assert_eq!(
+            moved(RouteInput {
+                cookie: cookie(Pin::Node(A)),
+                ..input(&timed_out)
+            }),
+            None
+        );
         // Not pinned to the node that failed: a fresh request that failed on A leaves nothing.
         assert_eq!(moved(input(&timed_out)), None);
         assert_eq!(
             moved(RouteInput {
-                cookie: cookie(Pin::Node(B)),
+                table: table(Pin::Node(B), true),
                 ..input(&timed_out)
             }),
             None
@@ -727,7 +730,7 @@ mod tests {
         // Moved for the node's state: DOWN ends its sessions by itself.
         assert_eq!(
             moved(RouteInput {
-                cookie: cookie(Pin::Node(C)),
+                table: table(Pin::Node(C), true),
                 ..input(&[])
             }),
             None
@@ -735,7 +738,7 @@ mod tests {
         // A trial held by another connection re-pins as node-down: not a failure.
         assert_eq!(
             moved(RouteInput {
-                cookie: cookie(Pin::Node(A)),
+                table: table(Pin::Node(A), true),
                 ..input(&[failed(A, RepinReason::NodeDown)])
             }),
             None

@@ -69,40 +69,40 @@ pub struct NodeRuntime {
     admission: Admission,
     /// Sessions moved off the node because it failed one of their requests, while it may
     /// still be UP ([`limpet_core::leaves`]): their long-lived connections here end too.
-    moves: Mutex<Moves>,
+    moves: Mutex<MoveWatchers>,
 }
 
-/// The sessions most recently moved off a node, by spread key, each with a sequence number:
-/// a long-lived session ends when a move of its own key comes after it started watching.
-/// Bounded: a session's task is woken at each move and looks at once, so only a session not
-/// polled for [`MOVES_KEPT`] moves in a row could miss its own.
-#[derive(Debug, Default)]
-struct Moves {
-    /// The sequence number the next move gets.
-    next: u64,
-    recent: std::collections::VecDeque<(u64, u64, RepinReason)>,
+/// The long-lived sessions watching for moves, by spread key: one channel per key, made
+/// by the first session of the key and removed with the last. A move wakes the sessions of
+/// its key only.
+type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<RepinReason>>>;
+
+/// A long-lived session's watch for moves of its key off its node ([`NodeRuntime::watch`]),
+/// held from the session's route on, so that a move while it connects is not missed.
+#[derive(Debug)]
+pub struct MoveWatch {
+    node: Arc<NodeRuntime>,
+    key: u64,
+    rx: watch::Receiver<Option<RepinReason>>,
 }
 
-/// How many moves a node keeps for its sessions to find theirs.
-const MOVES_KEPT: usize = 1024;
-
-impl Moves {
-    fn record(&mut self, spread_key: u64, why: RepinReason) {
-        if self.recent.len() == MOVES_KEPT {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((self.next, spread_key, why));
-        self.next += 1;
+impl MoveWatch {
+    /// The session's spread key.
+    pub fn key(&self) -> u64 {
+        self.key
     }
+}
 
-    /// Why the session with `spread_key` was moved by a move numbered `from` or later.
-    fn of(&self, spread_key: u64, from: u64) -> Option<RepinReason> {
-        self.recent
-            .iter()
-            .rev()
-            .take_while(|(seq, _, _)| *seq >= from)
-            .find(|(_, key, _)| *key == spread_key)
-            .map(|(_, _, why)| *why)
+impl Drop for MoveWatch {
+    fn drop(&mut self) {
+        let mut watchers = lock(&self.node.moves);
+        // This one's receiver is still counted: the last session of the key removes it.
+        if watchers
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            watchers.remove(&self.key);
+        }
     }
 }
 
@@ -120,15 +120,31 @@ impl NodeRuntime {
             command: AtomicU64::new(0),
             since_ms: AtomicU64::new(clock::now_ms()),
             admission: Admission::default(),
-            moves: Mutex::new(Moves::default()),
+            moves: Mutex::new(MoveWatchers::new()),
         }
     }
 
     /// The session with this spread key was moved off the node because the node failed one
     /// of its requests (`why`): its long-lived sessions here end (see [`Self::session_end`]).
+    /// Only they are woken.
     pub fn session_moved(&self, spread_key: u64, why: RepinReason) {
-        lock(&self.moves).record(spread_key, why);
-        self.events.send_modify(|g| *g = g.wrapping_add(1));
+        if let Some(tx) = lock(&self.moves).get(&spread_key) {
+            tx.send_replace(Some(why));
+        }
+    }
+
+    /// A long-lived session of `spread_key` on this node starts watching for its moves
+    /// (before it connects, so that none is missed); [`Self::session_end`] takes it.
+    pub fn watch(self: &Arc<Self>, spread_key: u64) -> MoveWatch {
+        let rx = lock(&self.moves)
+            .entry(spread_key)
+            .or_insert_with(|| watch::channel(None).0)
+            .subscribe();
+        MoveWatch {
+            node: Arc::clone(self),
+            key: spread_key,
+            rx,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -205,29 +221,29 @@ impl NodeRuntime {
         });
     }
 
-    /// Resolves when a long-lived session with this spread key must end, with the reason:
-    /// at once on MAINT, on DOWN when `close_on_down()` says so, and at the session's own
-    /// moment past a drain deadline (the moment routing re-pins the same key). Re-checks on
+    /// Resolves when a long-lived session (its spread key in `moves`) must end, with the
+    /// reason: at once on MAINT, on DOWN when `close_on_down()` says so, when its session was
+    /// moved to another node because this one failed one of its requests (under the same
+    /// setting; [`Self::session_moved`]), and at the session's own moment past a drain
+    /// deadline (the moment routing re-pins the same key). Re-checks on
     /// every change of the node and every reload (`reloads` moves): `close_on_down` is the
     /// listener's setting as the running config has it then, so a reload that turns it on
     /// ends the sessions of a node already DOWN.
     pub async fn session_end(
         &self,
-        spread_key: u64,
+        mut moves: MoveWatch,
         close_on_down: impl Fn() -> bool,
         mut reloads: watch::Receiver<u32>,
     ) -> RepinReason {
+        let spread_key = moves.key;
         // Subscribe before reading: a change between the read and the wait is not missed.
         let mut events = self.events.subscribe();
         reloads.mark_unchanged();
-        // Moves from now on are this session's concern; earlier ones moved other sessions of
-        // the key (or this key before this session was routed here).
-        let watched_from = lock(&self.moves).next;
+        let mut moved = None;
         loop {
             // Its session moved to another node (the node failed one of its requests): it
             // must not stay here, or the session would live on two nodes. Under the same
             // setting as DOWN: a listener that keeps sessions on a DOWN node keeps these.
-            let moved = lock(&self.moves).of(spread_key, watched_from);
             if let Some(why) = moved.filter(|_| close_on_down()) {
                 return why;
             }
@@ -244,6 +260,10 @@ impl NodeRuntime {
                         if events.changed().await.is_err() {
                             std::future::pending::<()>().await;
                         }
+                    },
+                    r = moves.rx.changed() => match r {
+                        Ok(()) => moved = *moves.rx.borrow_and_update(),
+                        Err(_) => std::future::pending::<()>().await,
                     },
                 }
             };
@@ -618,7 +638,9 @@ mod tests {
         });
         let t0 = tokio::time::Instant::now();
         // Spread key with f = 1/2: its moment is deadline + 5 s.
-        let reason = rt.session_end(1u64 << 63, || false, no_reloads()).await;
+        let reason = rt
+            .session_end(rt.watch(1u64 << 63), || false, no_reloads())
+            .await;
         assert_eq!(reason, RepinReason::DrainEnded);
         let waited = t0.elapsed();
         assert!(
@@ -632,7 +654,7 @@ mod tests {
         let rt = node();
         let waiting = {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.session_end(0, || true, no_reloads()).await })
+            tokio::spawn(async move { rt.session_end(rt.watch(0), || true, no_reloads()).await })
         };
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(
@@ -644,7 +666,7 @@ mod tests {
         // Without close_on_down a DOWN node keeps its sessions; MAINT ends them anyway.
         let waiting = {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.session_end(0, || false, no_reloads()).await })
+            tokio::spawn(async move { rt.session_end(rt.watch(0), || false, no_reloads()).await })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiting.is_finished());
@@ -666,8 +688,12 @@ mod tests {
         let waiting = {
             let (rt, close_on_down) = (Arc::clone(&rt), Arc::clone(&close_on_down));
             tokio::spawn(async move {
-                rt.session_end(0, || close_on_down.load(Ordering::Relaxed), reloaded)
-                    .await
+                rt.session_end(
+                    rt.watch(0),
+                    || close_on_down.load(Ordering::Relaxed),
+                    reloaded,
+                )
+                .await
             })
         };
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -695,16 +721,25 @@ mod tests {
         let (_reloads, reloaded) = watch::channel(0u32);
         let watch = |key: u64, close: bool| {
             let (rt, reloaded) = (Arc::clone(&rt), reloaded.clone());
-            tokio::spawn(async move { rt.session_end(key, move || close, reloaded).await })
+            let moves = rt.watch(key);
+            tokio::spawn(async move { rt.session_end(moves, move || close, reloaded).await })
         };
         let (moved, other, kept) = (watch(7, true), watch(8, true), watch(7, false));
-        tokio::task::yield_now().await;
         rt.session_moved(7, RepinReason::AnswerTimeout);
         let reason = tokio::time::timeout(Duration::from_secs(1), moved).await;
         assert_eq!(
             reason.ok().and_then(Result::ok),
             Some(RepinReason::AnswerTimeout)
         );
+        // Watched from its route on: a move while the session still connects is not missed.
+        let connecting = rt.watch(10);
+        rt.session_moved(10, RepinReason::ConnectFailed);
+        let reason = tokio::time::timeout(
+            Duration::from_secs(1),
+            rt.session_end(connecting, || true, reloaded.clone()),
+        )
+        .await;
+        assert_eq!(reason.ok(), Some(RepinReason::ConnectFailed));
         let later = watch(7, true);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!other.is_finished(), "another session's key");
@@ -717,20 +752,23 @@ mod tests {
         );
     }
 
+    /// A key's channel lives as long as a session watches it: the last one's end removes it,
+    /// so the map holds only keys with open sessions.
     #[test]
-    fn moves_keep_the_latest_and_find_a_key_from_a_sequence_number_on() {
-        let mut m = Moves::default();
-        m.record(1, RepinReason::ConnectFailed);
-        m.record(2, RepinReason::AnswerFailed);
-        assert_eq!(m.of(1, 0), Some(RepinReason::ConnectFailed));
-        assert_eq!(m.of(1, 1), None, "moved before the session watched");
-        assert_eq!(m.of(2, 1), Some(RepinReason::AnswerFailed));
-        for k in 0..MOVES_KEPT as u64 {
-            m.record(100 + k, RepinReason::AnswerTimeout);
-        }
-        assert_eq!(m.recent.len(), MOVES_KEPT, "bounded");
-        assert_eq!(m.of(2, 0), None, "the oldest are dropped");
-        assert_eq!(m.of(100, 0), Some(RepinReason::AnswerTimeout));
+    fn a_key_s_move_watch_goes_with_its_last_session() {
+        let rt = node();
+        let (a, b) = (rt.watch(7), rt.watch(7));
+        let other = rt.watch(8);
+        assert_eq!(lock(&rt.moves).len(), 2);
+        drop(a);
+        assert!(lock(&rt.moves).contains_key(&7), "b still watches 7");
+        drop(b);
+        assert!(!lock(&rt.moves).contains_key(&7));
+        drop(other);
+        assert!(lock(&rt.moves).is_empty());
+        // A move of a key nobody watches is nothing to keep.
+        rt.session_moved(9, RepinReason::AnswerTimeout);
+        assert!(lock(&rt.moves).is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -522,7 +522,8 @@ where
         }
         // A byte stream cut by a close signal (MAINT, DOWN, a moved session, a drain's or a
         // shutdown's end) has no message boundary to stop at: both sides are reset, so that
-        // neither takes what it got so far for the whole stream.
+        // neither takes what it got so far for the whole stream. (A side with no socket of
+        // its own here, an upgraded HTTP connection, ends as it would anyway.)
         RelayEnd::Stopped(reason) if framing == Framing::Bytes => {
             cw.abort_on_close();
             nw.abort_on_close();

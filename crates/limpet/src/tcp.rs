@@ -390,7 +390,8 @@ static NO_NODE: crate::net::RateLimitedLog =
 struct Connected {
     node: NodeId,
     stream: Box<dyn Io>,
-    spread: u64,
+    /// The session's watch for moves off the node, made at its route.
+    moves: Option<crate::nodes::MoveWatch>,
     /// The session's slot among the node's `max_connections`.
     _admitted: Option<crate::nodes::Admitted>,
 }
@@ -436,6 +437,9 @@ async fn connect(
             return None;
         };
         let addr = state.upstream(def, node, local_port)?;
+        // Watched from the route on: a move of the session off this node while it connects
+        // (another of its connections failed there) ends it as soon as it runs.
+        let moves = state.node_rt(node).map(|rt| rt.watch(spread));
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
         let admitted = match state.node_rt(node) {
@@ -465,7 +469,7 @@ async fn connect(
                 return Some(Connected {
                     node,
                     stream,
-                    spread,
+                    moves,
                     _admitted: admitted,
                 });
             }
@@ -546,15 +550,14 @@ async fn session(
         tracing::debug!(listener = %def.name, client = %who.client, "no TCP session opened");
         return;
     };
-    let Some(rt) = state.node_rt(conn.node).cloned() else {
+    let (Some(rt), Some(moves)) = (state.node_rt(conn.node).cloned(), conn.moves) else {
         return;
     };
     let _open = rt.open();
     let node_name = rt.name().to_owned();
     // Node lifecycle: counted as a tunnel, seen as a session, ended by the node's state.
     let _tunnel = rt.tunnel();
-    let spread = conn.spread;
-    rt.seen(spread);
+    rt.seen(moves.key());
     let upstream = conn.stream;
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
@@ -563,7 +566,7 @@ async fn session(
         crate::runtime::CloseOnDown::new(runtime, &def.name, def.tcp.close_on_node_down);
     let stop = async {
         tokio::select! {
-            r = rt.session_end(spread, || close_on_down.now(), close_on_down.reloads()) => {
+            r = rt.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
                 tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
                 r.as_str()
             }

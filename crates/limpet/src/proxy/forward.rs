@@ -652,7 +652,7 @@ fn proxy<'a, 'b>(
                 upgrade::NodeTunnel {
                     websocket,
                     node: Arc::clone(rt),
-                    spread: p.spread,
+                    moves: rt.watch(p.spread),
                     close_on_down: ctx.close_on_down(&shared.def),
                     _open: rt.open(),
                     _tunnel: rt.tunnel(),

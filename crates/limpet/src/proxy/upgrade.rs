@@ -18,13 +18,14 @@ use tokio::sync::watch;
 use crate::relay::{relay, Framing};
 
 /// What a tunnel holds of its node: whether it is a WebSocket, the node's runtime and the
-/// session's spread key (the tunnel ends when the node's state says this session must:
-/// MAINT, or its moment past a drain deadline), and the guards that count it open.
+/// session's watch for moves (the tunnel ends when the node's state says this session must:
+/// MAINT, DOWN, its moment past a drain deadline, or the session moved off the node), and
+/// the guards that count it open.
 #[derive(Debug)]
 pub(crate) struct NodeTunnel {
     pub(crate) websocket: bool,
     pub(crate) node: Arc<crate::nodes::NodeRuntime>,
-    pub(crate) spread: u64,
+    pub(crate) moves: crate::nodes::MoveWatch,
     /// The listener's `close_on_node_down` (as the running config has it when the node
     /// changes): end the tunnel when the node goes DOWN.
     pub(crate) close_on_down: crate::runtime::CloseOnDown,
@@ -52,7 +53,7 @@ pub(crate) fn spawn_tunnel(
         let NodeTunnel {
             websocket,
             node,
-            spread,
+            moves,
             close_on_down,
             _open,
             _tunnel,
@@ -65,7 +66,7 @@ pub(crate) fn spawn_tunnel(
                 () = crate::drain::turned_true(draining) => "limpet shutting down",
                 // On DOWN too (by default): the session's HTTP requests already go to another
                 // node, and a tunnel left on the old one would split the session.
-                r = node.session_end(spread, || close_on_down.now(), close_on_down.reloads()) => {
+                r = node.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
                     crate::drain::close_reason(r)
                 }
             }

@@ -735,8 +735,8 @@ impl State {
             }
             // The session moves off a node that failed its request: its TCP sessions and
             // tunnels there end, so the session lives on one node.
-            if let Some(rt) = limpet_core::leaves(&input, &r).and_then(|n| self.node_rt(n)) {
-                if let limpet_core::Outcome::Repin(why) = r.outcome {
+            if let Some((n, why)) = limpet_core::leaves(&input, &r) {
+                if let Some(rt) = self.node_rt(n) {
                     rt.session_moved(input.spread_key, why);
                 }
             }
