@@ -396,6 +396,20 @@ async fn h2_client(
     sender
 }
 
+/// One bodiless HTTP/2 GET / on a new connection: its answer, within [`SOON`].
+async fn h2_get(addr: SocketAddr) -> http::Response<hyper::body::Incoming> {
+    let mut sender = h2_client(addr).await;
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    drop(tx);
+    let req = http::Request::get(format!("http://{addr}/"))
+        .body(StreamBody::new(tokio_stream_like::Rx(rx)))
+        .expect("request");
+    tokio::time::timeout(SOON, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer")
+}
+
 /// A request body fed from a channel: frames arrive when the test sends them.
 mod tokio_stream_like {
     use std::convert::Infallible;
@@ -585,16 +599,7 @@ async fn a_node_answer_in_another_transfer_coding_keeps_it_for_http1_1_and_is_50
     }
     let node = SilentNode::start(ANSWER).await;
     let proxy = Proxy::start(node.config()).await;
-    let mut sender = h2_client(proxy.addr).await;
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
-    drop(tx);
-    let req = http::Request::get(format!("http://{}/", proxy.addr))
-        .body(StreamBody::new(tokio_stream_like::Rx(rx)))
-        .expect("request");
-    let resp = tokio::time::timeout(SOON, sender.send_request(req))
-        .await
-        .expect("answered in time")
-        .expect("answer");
+    let resp = h2_get(proxy.addr).await;
     assert_eq!(resp.status(), 502);
     proxy.stop().await;
 }
@@ -764,16 +769,7 @@ async fn answer_head_timeout_is_504_over_http2() {
     let mut cfg = node.config();
     cfg.timeouts.upstream_answer = Duration::from_millis(300);
     let proxy = Proxy::start(cfg).await;
-    let mut sender = h2_client(proxy.addr).await;
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
-    drop(tx);
-    let req = http::Request::get(format!("http://{}/", proxy.addr))
-        .body(StreamBody::new(tokio_stream_like::Rx(rx)))
-        .expect("request");
-    let resp = tokio::time::timeout(SOON, sender.send_request(req))
-        .await
-        .expect("answered in time")
-        .expect("answer");
+    let resp = h2_get(proxy.addr).await;
     assert_eq!(resp.status(), 504);
     assert!(node.connection_closed_within(SOON).await);
     proxy.stop().await;

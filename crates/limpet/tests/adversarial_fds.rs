@@ -121,6 +121,19 @@ async fn noted(at: FdsAt, from: u64, n: u64) -> u64 {
     }
 }
 
+/// Connects `socket` (made while descriptors were plenty; connecting needs none, the kernel
+/// completes the handshake into limpet's backlog) to `addr` and sends a closing GET /.
+async fn arrive(socket: tokio::net::TcpSocket, addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = socket
+        .connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
+    s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    s
+}
+
 /// A kept-alive HTTP/1.1 connection to `addr`, opened while descriptors are plenty.
 async fn keep_alive(
     addr: std::net::SocketAddr,
@@ -183,14 +196,7 @@ fn a_client_arriving_while_out_of_file_descriptors_waits_in_the_backlog_and_is_s
         let accepts = LOCAL_FDS.count(FdsAt::Accept);
         let hogs = exhaust();
         let started = Instant::now();
-        let mut arriving = arriving
-            .connect(proxy.addr)
-            .await
-            .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
-        arriving
-            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap_or_else(|e| panic!("write: {e}"));
+        let mut arriving = arrive(arriving, proxy.addr).await;
         noted(FdsAt::Accept, accepts, 3).await;
         assert_eq!(
             get(&mut sender).await,
@@ -392,14 +398,7 @@ fn out_of_file_descriptors_the_idle_node_connections_go_and_a_new_client_is_serv
 
         let accepts = LOCAL_FDS.count(FdsAt::Accept);
         let hogs = exhaust();
-        let mut arriving = arriving
-            .connect(proxy.addr)
-            .await
-            .unwrap_or_else(|e| panic!("connect into the backlog: {e}"));
-        arriving
-            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap_or_else(|e| panic!("write: {e}"));
+        let mut arriving = arrive(arriving, proxy.addr).await;
         let mut answer = Vec::new();
         let served = tokio::time::timeout(PATIENCE, arriving.read_to_end(&mut answer)).await;
         // Still held: whatever served the client came from what limpet let go of.

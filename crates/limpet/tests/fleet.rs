@@ -591,32 +591,7 @@ async fn a_re_pin_made_while_the_store_was_away_overwrites_the_older_pin_when_it
 /// the fleet would move the session back to a node the other instance had left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_pin_replayed_after_an_outage_does_not_undo_a_newer_one() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
-    let redis = Redis::start().await;
-    let hole = BlackHole::start(redis.port).await;
-    let x = Instance::start_at(
-        "replay-x",
-        &hole.url(),
-        ports.http,
-        ports.tcp,
-        &[0, 1, 2],
-        "10m",
-        "200ms",
-    )
-    .await;
-    let y = Instance::start_with(
-        "replay-y",
-        &redis,
-        ports.http,
-        ports.tcp,
-        &[2, 0, 1],
-        "10m",
-        "500ms",
-    )
-    .await;
-    x.settled().await;
-    y.settled().await;
+    let (redis, hole, mut nodes, x, y) = one_behind_a_hole("replay").await;
     let src = "127.0.16.10";
     let first = pin_in_store(&y, &redis, src).await;
     assert_eq!(x.http(src).await, first, "x finds y's pin");
@@ -1022,6 +997,38 @@ async fn a_reload_with_pins_sends_no_store_writes() {
     sc.stop().await;
 }
 
+/// Two instances, both settled: the first reaches the store through a [`BlackHole`] (store
+/// timeout 200 ms), the second directly (500 ms); their nodes listed in different orders.
+async fn one_behind_a_hole(tag: &str) -> (Redis, BlackHole, Vec<TestNode>, Instance, Instance) {
+    let pki = Pki::new();
+    let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let hole = BlackHole::start(redis.port).await;
+    let behind = Instance::start_at(
+        &format!("{tag}-behind"),
+        &hole.url(),
+        ports.http,
+        ports.tcp,
+        &[0, 1, 2],
+        "10m",
+        "200ms",
+    )
+    .await;
+    let direct = Instance::start_with(
+        &format!("{tag}-direct"),
+        &redis,
+        ports.http,
+        ports.tcp,
+        &[2, 0, 1],
+        "10m",
+        "500ms",
+    )
+    .await;
+    behind.settled().await;
+    direct.settled().await;
+    (redis, hole, nodes, behind, direct)
+}
+
 /// A TCP relay to the store that can turn every connection it carries into a half-open one:
 /// bytes are read and dropped in both directions, nothing is closed (a store host gone
 /// without a RST, a firewall dropping the flow). Connections made after that are relayed.
@@ -1122,32 +1129,7 @@ impl Drop for BlackHole {
 /// re-pin of another instance reaches this one again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_store_connections_are_replaced() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
-    let redis = Redis::start().await;
-    let hole = BlackHole::start(redis.port).await;
-    let a = Instance::start_at(
-        "halfopen-a",
-        &hole.url(),
-        ports.http,
-        ports.tcp,
-        &[0, 1, 2],
-        "10m",
-        "200ms",
-    )
-    .await;
-    let b = Instance::start_with(
-        "halfopen-b",
-        &redis,
-        ports.http,
-        ports.tcp,
-        &[2, 0, 1],
-        "10m",
-        "500ms",
-    )
-    .await;
-    a.settled().await;
-    b.settled().await;
+    let (redis, hole, mut nodes, a, b) = one_behind_a_hole("halfopen").await;
     let src = "127.0.13.10";
     let first = a.http(src).await;
     let key = format!("limpet:terminal:ip:{src}");

@@ -53,6 +53,12 @@ async fn start_quick(mut cmd: Command) -> (Child, String) {
             .spawn()
             .expect("spawn limpet"),
     );
+    let addr = listening_on(&mut child).await;
+    (child, addr)
+}
+
+/// The address of the first `listening on ADDR[ (listener NAME)]` line `child` prints.
+async fn listening_on(child: &mut Child) -> String {
     let stdout = child.0.stdout.take().expect("stdout");
     let line = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
@@ -61,12 +67,11 @@ async fn start_quick(mut cmd: Command) -> (Child, String) {
     .await
     .expect("join")
     .expect("read stdout");
-    let addr = line
-        .trim()
+    line.trim()
         .strip_prefix("listening on ")
+        .and_then(|r| r.split(' ').next())
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (child, addr)
+        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,20 +332,7 @@ async fn refused_tcp_sessions_are_logged_once_per_interval_not_once_each() {
             .spawn()
             .expect("spawn limpet"),
     );
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("join")
-    .expect("read stdout");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .and_then(|r| r.split(' ').next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
+    let addr = listening_on(&mut child).await;
     let mut stderr = child.0.stderr.take().expect("stderr");
     let log = std::thread::spawn(move || {
         let mut log = String::new();
