@@ -439,10 +439,11 @@ async fn connect(
         let addr = state.upstream(def, node, local_port)?;
         // Watched from the route on: a move of the session off this node while it connects
         // (another of its connections failed there) ends it as soon as it runs.
-        let moves = state.node_rt(node).map(|rt| rt.watch(spread));
+        let rt = state.node_rt(node);
+        let moves = rt.map(|rt| rt.watch(spread));
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
-        let admitted = match state.node_rt(node) {
+        let admitted = match rt {
             Some(rt) => match rt.admit(def.timeouts.queue).await {
                 Ok(a) => Some(a),
                 Err(r) => {

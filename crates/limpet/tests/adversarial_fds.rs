@@ -275,17 +275,7 @@ fn active_checks_while_out_of_file_descriptors_never_take_a_node_down() {
 }
 
 async fn get(sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>) -> u16 {
-    let req = http::Request::get("/")
-        .header("host", "t")
-        .body(Empty::new())
-        .unwrap_or_else(|e| panic!("request: {e}"));
-    let resp = tokio::time::timeout(PATIENCE, sender.send_request(req))
-        .await
-        .unwrap_or_else(|_| panic!("answered in time"))
-        .unwrap_or_else(|e| panic!("answer: {e}"));
-    let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    status
+    exchange(sender, None).await.0
 }
 
 /// Out of descriptors, a session pinned to b stays pinned to b and b is charged nothing:
@@ -342,9 +332,20 @@ async fn get_pinned(
     sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
     cookie: &str,
 ) -> (u16, Option<String>) {
-    let req = http::Request::get("/")
-        .header("host", "t")
-        .header("cookie", cookie)
+    exchange(sender, Some(cookie)).await
+}
+
+/// GET / on `sender`, with `cookie` if given: the status and the affinity cookie the answer
+/// sets.
+async fn exchange(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    cookie: Option<&str>,
+) -> (u16, Option<String>) {
+    let mut req = http::Request::get("/").header("host", "t");
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    let req = req
         .body(Empty::new())
         .unwrap_or_else(|e| panic!("request: {e}"));
     let resp = tokio::time::timeout(PATIENCE, sender.send_request(req))

@@ -244,6 +244,20 @@ async fn pin_in_store(inst: &Instance, redis: &Redis, src: &str) -> String {
     n
 }
 
+/// Sends new clients (`{net}.1`, `.2`, ...) through `inst` until its breaker opens: each
+/// first request asks the store, and with the store away (gone or hung) the failed round
+/// trips open it. Every client is answered meanwhile.
+async fn breaker_opened_by_new_clients(inst: &Instance, net: &str) {
+    let mut n = 0;
+    until("the instance marks the store down", async || {
+        n += 1;
+        assert!(n <= 50, "50 new clients and the store still up");
+        assert!(!inst.http(&format!("{net}.{n}")).await.is_empty());
+        !inst.store_up()
+    })
+    .await;
+}
+
 async fn stop(redis: Redis, mut nodes: Vec<TestNode>, a: Instance, b: Instance) {
     a.running.stop().await;
     b.running.stop().await;
@@ -477,15 +491,7 @@ async fn a_store_returning_with_a_pin_another_instance_made_first_keeps_it_and_t
     let (mut redis, nodes, a, b) = fleet("return-first-writer").await;
     let port = redis.port;
     redis.kill();
-    // New clients' first requests ask the store; failed round trips open a's breaker.
-    let mut n = 0;
-    until("a marks the store down", async || {
-        n += 1;
-        assert!(n <= 50, "50 new clients and the store still up");
-        assert!(!a.http(&format!("127.0.10.{n}")).await.is_empty());
-        !a.store_up()
-    })
-    .await;
+    breaker_opened_by_new_clients(&a, "127.0.10").await;
     let src = "127.0.9.10";
     let local = a.http(src).await;
     assert_eq!(
@@ -540,15 +546,7 @@ async fn a_re_pin_made_while_the_store_was_away_overwrites_the_older_pin_when_it
     assert_eq!(b.http(src).await, first, "b follows the store");
     a.settled().await;
     redis.pause();
-    // New clients' first requests ask the hung store: failed round trips open a's breaker.
-    let mut n = 0;
-    until("a marks the store down", async || {
-        n += 1;
-        assert!(n <= 50, "50 new clients and the store still up");
-        assert!(!a.http(&format!("127.0.14.{n}")).await.is_empty());
-        !a.store_up()
-    })
-    .await;
+    breaker_opened_by_new_clients(&a, "127.0.14").await;
     // The session's node goes to MAINT on a: its next request there re-pins it.
     let state = a.running.runtime().state();
     assert!(state

@@ -515,7 +515,6 @@ fn proxy<'a, 'b>(
             presented: &p,
             route: first,
             failed,
-            timed_out: false,
             replay,
             upgrade,
             id,
@@ -717,8 +716,6 @@ struct Attempt<'a> {
     /// The route being tried; on return, the node that answered (or was last tried).
     route: Route,
     failed: Vec<Excluded>,
-    /// A node already gave no answer in time: a second one ends the attempts ([`Self::fail_over`]).
-    timed_out: bool,
     /// A copy of the head to replay elsewhere, kept only when replaying is allowed at all.
     replay: Option<Head<'a>>,
     upgrade: bool,
@@ -743,14 +740,17 @@ impl<'a> Attempt<'a> {
         // once. It is not replayed on every node in turn, which would keep its client
         // waiting `upstream_answer` once per node and charge each node a failure (a few such
         // requests took every node DOWN, chaos run): 504 after the second.
-        if e.stage == Stage::AnswerHead && e.is_timeout() {
-            if self.timed_out {
-                if let Some(obs) = e.observation() {
-                    state.observe(node, obs);
-                }
-                return Err(e.clone());
+        if e.stage == Stage::AnswerHead
+            && e.is_timeout()
+            && self
+                .failed
+                .iter()
+                .any(|f| f.why == limpet_core::RepinReason::AnswerTimeout)
+        {
+            if let Some(obs) = e.observation() {
+                state.observe(node, obs);
             }
-            self.timed_out = true;
+            return Err(e.clone());
         }
         if let Some(obs) = e.observation() {
             state.observe(node, obs);
