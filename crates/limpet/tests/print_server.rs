@@ -12,7 +12,7 @@ use common::multiport::*;
 use common::PATIENCE;
 use limpet::runtime::run::start_with;
 use limpet::runtime::{start, Running};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Scenario {
     running: Running,
@@ -277,6 +277,56 @@ async fn a_request_failed_over_from_an_up_node_moves_the_session_on_every_port()
         "one late answer does not take the node DOWN"
     );
     drop(state);
+    assert_eq!(
+        sc.all_three(src).await,
+        [other.to_owned(), other.to_owned(), other.to_owned()]
+    );
+    sc.stop().await;
+}
+
+/// An upgrade whose node takes its time to answer 101 while another request of the session
+/// fails on that node and moves the session (the print-server's status WebSocket opening as
+/// a page fails): the upgrade watched for moves from before it was sent, so its tunnel ends
+/// as it starts instead of living on the old node, and the session is whole on the other
+/// node.
+#[tokio::test]
+async fn a_session_moved_while_its_upgrade_waits_for_the_101_gets_no_tunnel_on_the_old_node() {
+    let sc = Scenario::start().await;
+    let src = "127.0.0.46";
+    let http = sc.addr("terminal-http");
+    let home = http_node(src, http).await;
+    let other = if home == "LVIV" { "KYIV" } else { "LVIV" };
+    let mut ws = connect_from(src.parse().expect("ip"), http).await;
+    ws.write_all(
+        b"GET /held-upgrade HTTP/1.1\r\nHost: print.example\r\nUpgrade: websocket\r\n\
+          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await
+    .expect("send upgrade");
+    // The upgrade reached its node (the session's), which holds the 101.
+    tokio::time::timeout(PATIENCE, HELD_UPGRADES_ARRIVED.acquire())
+        .await
+        .expect("upgrade reached the node in time")
+        .expect("semaphore open")
+        .forget();
+    let s = connect_from(src.parse().expect("ip"), http).await;
+    let req =
+        format!("GET /drop?on={home} HTTP/1.1\r\nHost: print.example\r\nConnection: close\r\n\r\n");
+    let (_, answered_by) = get_raw(s, &req).await;
+    assert_eq!(answered_by, other, "the lost GET moved the session");
+    HELD_UPGRADES_RELEASED.add_permits(1);
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(5), ws.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        ended.is_ok(),
+        "the tunnel to the old node stayed open; got so far: {text:?}"
+    );
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 101"),
+        "the 101 at most, then the end: {text:?}"
+    );
     assert_eq!(
         sc.all_three(src).await,
         [other.to_owned(), other.to_owned(), other.to_owned()]

@@ -519,10 +519,12 @@ fn proxy<'a, 'b>(
             upgrade,
             id,
             admitted: None,
+            moves: None,
         };
         let result = attempt.run(pending, body_done).await;
         let chosen = attempt.route;
         let admitted = attempt.admitted.take();
+        let moves = attempt.moves.take();
         log.outcome = Some(chosen.outcome);
         let Some(node) = chosen.node else {
             return unavailable(shared, id);
@@ -651,7 +653,8 @@ fn proxy<'a, 'b>(
                 upgrade::NodeTunnel {
                     websocket,
                     node: Arc::clone(rt),
-                    moves: rt.watch(p.spread),
+                    // Watched from the attempt on (see `Attempt::moves`).
+                    moves: moves.unwrap_or_else(|| rt.watch(p.spread)),
                     close_on_down: ctx.close_on_down(&shared.def),
                     _open: rt.open(),
                     _tunnel: rt.tunnel(),
@@ -722,6 +725,11 @@ struct Attempt<'a> {
     id: &'a str,
     /// The answering node's slot among its `max_connections` (see `NodeRuntime::admit`).
     admitted: Option<crate::nodes::Admitted>,
+    /// An upgrade's watch for moves of its session off the node it is trying, taken before
+    /// the request is sent: a node that takes its time to answer 101 while another request
+    /// of the session fails on it and moves the session must not get the tunnel (it would
+    /// split the session). On the answering node it becomes the tunnel's watch.
+    moves: Option<crate::nodes::MoveWatch>,
 }
 
 impl<'a> Attempt<'a> {
@@ -813,6 +821,12 @@ impl<'a> Attempt<'a> {
                         "node without connections",
                     ));
                 };
+                if self.upgrade {
+                    self.moves = shared
+                        .state
+                        .node_rt(node)
+                        .map(|rt| rt.watch(self.presented.spread));
+                }
                 // A node at its max_connections: wait in its queue (no failover: a busy node is
                 // not a failed one, and moving a pinned session would break its affinity).
                 let admitted = match shared.state.node_rt(node) {

@@ -171,9 +171,18 @@ where
     }
 }
 
+/// Upgrades to `GET /held-upgrade` that have reached a node (one permit each).
+pub static HELD_UPGRADES_ARRIVED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+/// Permits for held upgrades to be answered 101 (one each; a test adds them).
+pub static HELD_UPGRADES_RELEASED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
 /// Answers every HTTP/1.1 request on `io` with `node NAME` (keep-alive until the client asks
 /// to close or closes); `GET /slow?ms=N&on=NAME` waits N ms first on node NAME (a slow page
-/// of an UP node), and answers at once on the others.
+/// of an UP node), and answers at once on the others; `GET /drop?on=NAME` closes the
+/// connection unanswered on node NAME (an UP node that loses one request). `GET /held-upgrade` (any node) is an
+/// upgrade the node answers 101 only once a test releases it ([`HELD_UPGRADES_RELEASED`],
+/// at most [`PATIENCE`]), telling it arrived ([`HELD_UPGRADES_ARRIVED`]); the connection
+/// then stays open, silent, until the other side closes it.
 async fn respond<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, name: Arc<str>) {
     let mut buf = Vec::new();
     loop {
@@ -189,6 +198,33 @@ async fn respond<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, name: Arc<str>) {
         };
         let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
         buf.drain(..end);
+        let drop_here = head
+            .strip_prefix("get /drop?on=")
+            .and_then(|r| r.split(' ').next())
+            .is_some_and(|on| on.eq_ignore_ascii_case(&name));
+        if drop_here {
+            return;
+        }
+        if head.starts_with("get /held-upgrade ") {
+            HELD_UPGRADES_ARRIVED.add_permits(1);
+            if let Ok(Ok(p)) =
+                tokio::time::timeout(PATIENCE, HELD_UPGRADES_RELEASED.acquire()).await
+            {
+                p.forget();
+            }
+            let switched = format!(
+                "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\nx-limpet-node: {name}\r\n\r\n"
+            );
+            if io.write_all(switched.as_bytes()).await.is_ok() {
+                let mut sink = [0u8; 1024];
+                while let Ok(n) = io.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+            return;
+        }
         let slow = head
             .strip_prefix("get /slow?ms=")
             .and_then(|r| r.split(' ').next())
