@@ -142,15 +142,17 @@ pub async fn turned_true(mut rx: watch::Receiver<bool>) {
 }
 
 /// The close frame's reason for a session ended by its node's state.
-pub fn close_reason(r: limpet_core::RepinReason) -> &'static str {
+pub fn close_reason(r: crate::nodes::EndReason) -> &'static str {
+    use crate::nodes::EndReason;
     use limpet_core::RepinReason;
     match r {
-        RepinReason::DrainEnded => "node drain deadline",
-        RepinReason::NodeMaint => "node in maintenance",
-        RepinReason::NodeDown => "node down",
+        EndReason::Repin(RepinReason::DrainEnded) => "node drain deadline",
+        EndReason::Repin(RepinReason::NodeMaint) => "node in maintenance",
+        EndReason::Repin(RepinReason::NodeDown) => "node down",
         // The session's requests already go to another node: it moves there whole.
-        r if r.is_failure() => "session moved to another node",
-        _ => "node gone",
+        EndReason::Repin(r) if r.is_failure() => "session moved to another node",
+        EndReason::FleetRepin => "session moved to another node",
+        EndReason::Repin(_) => "node gone",
     }
 }
 

@@ -75,7 +75,29 @@ pub struct NodeRuntime {
 /// The long-lived sessions watching for moves, by spread key: one channel per key, made
 /// by the first session of the key and removed with the last. A move wakes the sessions of
 /// its key only.
-type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<RepinReason>>>;
+type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<EndReason>>>;
+
+/// Why a long-lived session on a node ends ([`NodeRuntime::session_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// The node's state (MAINT, DOWN, its drain deadline), or this instance re-pinned the
+    /// session off the node because the node failed one of its requests.
+    Repin(RepinReason),
+    /// Another instance of the fleet re-pinned the session to another node (its re-pin came
+    /// through the store): the session's connections here follow the table, as they would
+    /// a re-pin of this instance's, so the session lives on one node fleet-wide.
+    FleetRepin,
+}
+
+impl EndReason {
+    /// As logs write it: the re-pin reason, or `fleet-re-pin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Repin(r) => r.as_str(),
+            EndReason::FleetRepin => "fleet-re-pin",
+        }
+    }
+}
 
 /// A long-lived session's watch for moves of its key off its node ([`NodeRuntime::watch`]),
 /// held from the session's route on, so that a move while it connects is not missed.
@@ -83,7 +105,7 @@ type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<RepinRea
 pub struct MoveWatch {
     node: Arc<NodeRuntime>,
     key: u64,
-    rx: watch::Receiver<Option<RepinReason>>,
+    rx: watch::Receiver<Option<EndReason>>,
 }
 
 impl MoveWatch {
@@ -128,6 +150,17 @@ impl NodeRuntime {
     /// of its requests (`why`): its long-lived sessions here end (see [`Self::session_end`]).
     /// Only they are woken.
     pub fn session_moved(&self, spread_key: u64, why: RepinReason) {
+        self.moved(spread_key, EndReason::Repin(why));
+    }
+
+    /// Another instance of the fleet re-pinned the session with this spread key off the node
+    /// (the store's message moved this instance's table entry): its long-lived sessions here
+    /// end, as for [`Self::session_moved`].
+    pub fn session_moved_by_fleet(&self, spread_key: u64) {
+        self.moved(spread_key, EndReason::FleetRepin);
+    }
+
+    fn moved(&self, spread_key: u64, why: EndReason) {
         if let Some(tx) = lock(&self.moves).get(&spread_key) {
             tx.send_replace(Some(why));
         }
@@ -223,8 +256,9 @@ impl NodeRuntime {
 
     /// Resolves when a long-lived session (its spread key in `moves`) must end, with the
     /// reason: at once on MAINT, on DOWN when `close_on_down()` says so, when its session was
-    /// moved to another node because this one failed one of its requests (under the same
-    /// setting; [`Self::session_moved`]), and at the session's own moment past a drain
+    /// moved to another node because this one failed one of its requests or by another
+    /// instance of the fleet (under the same setting; [`Self::session_moved`],
+    /// [`Self::session_moved_by_fleet`]), and at the session's own moment past a drain
     /// deadline (the moment routing re-pins the same key). Re-checks on
     /// every change of the node and every reload (`reloads` moves): `close_on_down` is the
     /// listener's setting as the running config has it then, so a reload that turns it on
@@ -234,15 +268,15 @@ impl NodeRuntime {
         mut moves: MoveWatch,
         close_on_down: impl Fn() -> bool,
         mut reloads: watch::Receiver<u32>,
-    ) -> RepinReason {
+    ) -> EndReason {
         let spread_key = moves.key;
         // Subscribe before reading: a change between the read and the wait is not missed.
         let mut events = self.events.subscribe();
         reloads.mark_unchanged();
         let mut moved = None;
         loop {
-            // Its session moved to another node (the node failed one of its requests): it
-            // must not stay here, or the session would live on two nodes. Under the same
+            // Its session moved to another node (the node failed one of its requests, or the
+            // fleet re-pinned it): it must not stay here, or the session would live on two nodes. Under the same
             // setting as DOWN: a listener that keeps sessions on a DOWN node keeps these.
             if let Some(why) = moved.filter(|_| close_on_down()) {
                 return why;
@@ -268,7 +302,7 @@ impl NodeRuntime {
                 }
             };
             match end {
-                SessionEnd::Now(reason) => return reason,
+                SessionEnd::Now(reason) => return EndReason::Repin(reason),
                 SessionEnd::At(at) => {
                     tokio::select! {
                         () = tokio::time::sleep_until(clock::instant_of(at)) => {}
@@ -641,7 +675,7 @@ mod tests {
         let reason = rt
             .session_end(rt.watch(1u64 << 63), || false, no_reloads())
             .await;
-        assert_eq!(reason, RepinReason::DrainEnded);
+        assert_eq!(reason, EndReason::Repin(RepinReason::DrainEnded));
         let waited = t0.elapsed();
         assert!(
             (Duration::from_millis(5_999)..=Duration::from_millis(6_050)).contains(&waited),
@@ -662,7 +696,10 @@ mod tests {
             "nothing ends a session of a healthy node"
         );
         rt.force_health(false);
-        assert_eq!(waiting.await.ok(), Some(RepinReason::NodeDown));
+        assert_eq!(
+            waiting.await.ok(),
+            Some(EndReason::Repin(RepinReason::NodeDown))
+        );
         // Without close_on_down a DOWN node keeps its sessions; MAINT ends them anyway.
         let waiting = {
             let rt = Arc::clone(&rt);
@@ -671,7 +708,10 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiting.is_finished());
         rt.set_admin(AdminState::Maint);
-        assert_eq!(waiting.await.ok(), Some(RepinReason::NodeMaint));
+        assert_eq!(
+            waiting.await.ok(),
+            Some(EndReason::Repin(RepinReason::NodeMaint))
+        );
     }
 
     /// Reloads that never come: the sender is gone.
@@ -707,7 +747,7 @@ mod tests {
         let reason = tokio::time::timeout(Duration::from_secs(1), waiting).await;
         assert_eq!(
             reason.ok().and_then(Result::ok),
-            Some(RepinReason::NodeDown)
+            Some(EndReason::Repin(RepinReason::NodeDown))
         );
     }
 
@@ -729,7 +769,7 @@ mod tests {
         let reason = tokio::time::timeout(Duration::from_secs(1), moved).await;
         assert_eq!(
             reason.ok().and_then(Result::ok),
-            Some(RepinReason::AnswerTimeout)
+            Some(EndReason::Repin(RepinReason::AnswerTimeout))
         );
         // Watched from its route on: a move while the session still connects is not missed.
         let connecting = rt.watch(10);
@@ -739,7 +779,19 @@ mod tests {
             rt.session_end(connecting, || true, reloaded.clone()),
         )
         .await;
-        assert_eq!(reason.ok(), Some(RepinReason::ConnectFailed));
+        assert_eq!(
+            reason.ok(),
+            Some(EndReason::Repin(RepinReason::ConnectFailed))
+        );
+        // A re-pin of the fleet's, through the store, ends them the same way.
+        let fleet = rt.watch(11);
+        rt.session_moved_by_fleet(11);
+        let reason = tokio::time::timeout(
+            Duration::from_secs(1),
+            rt.session_end(fleet, || true, reloaded.clone()),
+        )
+        .await;
+        assert_eq!(reason.ok(), Some(EndReason::FleetRepin));
         let later = watch(7, true);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!other.is_finished(), "another session's key");

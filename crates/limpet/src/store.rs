@@ -211,6 +211,11 @@ pub struct Store {
     /// failed node would move twice). Bounded by [`REPINS_KEPT`]; past it, a re-pin is
     /// published as a first pin.
     repins_away: Mutex<RepinsAway>,
+    /// Told of every local entry the store moved off a node (another instance's re-pin, or
+    /// the store's node adopted): the node the entry left, and the key. The runtime ends
+    /// the session's long-lived connections on that node (`close_on_node_down`), so a
+    /// session never lives on two nodes because two instances each held one of its ports.
+    left: LeftNode,
     tables: Mutex<HashMap<Arc<str>, Registered>>,
     counts: Counts,
     connections: AtomicU64,
@@ -228,12 +233,17 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// See [`Store`]'s `left`: the node a local entry left, and its key.
+pub type LeftNode = Box<dyn Fn(&str, KeyRef<'_>) + Send + Sync>;
+
 impl Store {
     /// Connects (one PING, bounded by `connect_timeout`; a store that is away at start only
-    /// opens the breaker) and starts the writer and subscriber tasks.
+    /// opens the breaker) and starts the writer and subscriber tasks. `left` is told of each
+    /// local entry the store moves off a node.
     pub async fn start(
         def: StoreDef,
         metrics: &crate::metrics::Metrics,
+        left: LeftNode,
     ) -> Result<Arc<Store>, String> {
         let client = redis::Client::open(def.url.as_str())
             .map_err(|e| format!("store {}: {e}", def.redacted_url()))?;
@@ -256,6 +266,7 @@ impl Store {
             dirty: AtomicBool::new(true),
             resyncing: AtomicBool::new(false),
             repins_away: Mutex::new(HashMap::new()),
+            left,
             tables: Mutex::new(HashMap::new()),
             counts: Counts::default(),
             connections: AtomicU64::new(0),
@@ -602,15 +613,20 @@ impl Store {
             return;
         }
         let now = now_ms();
-        let mut t = lock(&entries);
-        let s = t.store_mut();
-        let current = s.peek(key, now).and_then(|r| s.node_name(r));
-        if current == Some(tried) {
-            if let Some(w) = s.intern(winner) {
-                s.put(key, w, now);
-                self.counts.adopted.fetch_add(1, Ordering::Relaxed);
-                self.count("adopt", 1);
-            }
+        let adopted = {
+            let mut t = lock(&entries);
+            let s = t.store_mut();
+            let current = s.peek(key, now).and_then(|r| s.node_name(r));
+            current == Some(tried)
+                && s.intern(winner).is_some_and(|w| {
+                    s.put(key, w, now);
+                    true
+                })
+        };
+        if adopted {
+            self.counts.adopted.fetch_add(1, Ordering::Relaxed);
+            self.count("adopt", 1);
+            (self.left)(tried, key);
         }
     }
 
@@ -628,18 +644,26 @@ impl Store {
             return;
         };
         let now = now_ms();
-        let mut t = lock(&entries);
-        let s = t.store_mut();
-        let Some(current) = s.peek(key.as_key_ref(), now) else {
-            return;
-        };
-        if s.node_name(current) == Some(node) {
-            return;
-        }
-        if let Some(r) = s.intern(node) {
+        let left = {
+            let mut t = lock(&entries);
+            let s = t.store_mut();
+            let Some(current) = s.peek(key.as_key_ref(), now) else {
+                return;
+            };
+            let was = s.node_name(current).map(str::to_owned);
+            if was.as_deref() == Some(node) {
+                return;
+            }
+            let Some(r) = s.intern(node) else {
+                return;
+            };
             s.put(key.as_key_ref(), r, now);
-            self.counts.invalidations.fetch_add(1, Ordering::Relaxed);
-            self.count("invalidation", 1);
+            was
+        };
+        self.counts.invalidations.fetch_add(1, Ordering::Relaxed);
+        self.count("invalidation", 1);
+        if let Some(was) = left {
+            (self.left)(&was, key.as_key_ref());
         }
     }
 

@@ -16,6 +16,7 @@ use common::PATIENCE;
 use limpet::runtime::{start, Running};
 use limpet_core::table::{IpPrefix, KeyRef};
 use limpet_core::AdminState;
+use tokio::io::AsyncReadExt;
 
 const NODES: [(&str, &str); 3] = [
     ("LVIV", "127.0.0.2"),
@@ -397,6 +398,43 @@ async fn a_node_in_maint_on_one_instance_re_pins_the_client_for_both() {
     assert_eq!(b.http(src).await, moved);
     assert_eq!(b.tcp(src).await, moved);
     assert!(b.status().invalidations >= 1);
+    stop(redis, nodes, a, b).await;
+}
+
+/// A session split across the fleet, its HTTP through one instance and its TCP session
+/// through the other: when the first re-pins it (its node in MAINT there), the second's TCP
+/// session on the old node, still UP there, ends as the re-pin reaches it, and the client
+/// reconnects to the node its HTTP requests now go to. One session, one node, fleet-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_by_one_instance_ends_the_session_s_tcp_session_through_the_other() {
+    let (redis, nodes, a, b) = fleet("fleet-move").await;
+    let src = "127.0.4.20";
+    let first = pin_in_store(&a, &redis, src).await;
+    let (mut session, on) = tcp_session(src, b.addr("raw")).await;
+    assert_eq!(on, first, "B's TCP session follows the fleet's pin");
+    a.running
+        .runtime()
+        .state()
+        .set_admin(&first, AdminState::Maint)
+        .expect("node");
+    let moved = a.http(src).await;
+    assert_ne!(moved, first, "A re-pins the client off the MAINT node");
+    let mut buf = [0u8; 64];
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match session.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "B's TCP session on {first} (UP on B) outlived the fleet's re-pin"
+    );
+    assert_eq!(b.pin(src).as_deref(), Some(moved.as_str()));
+    assert_eq!(b.tcp(src).await, moved);
     stop(redis, nodes, a, b).await;
 }
 

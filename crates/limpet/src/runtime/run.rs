@@ -141,7 +141,17 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
         // Fleet mode: one store connection for the life of the process (reloads keep it).
         Some(def) => {
             let lifecycle = crate::lifecycle::Lifecycle::new(config.lifecycle.clone());
-            let store = crate::store::Store::start(def, &lifecycle.metrics)
+            // A session the fleet moved off a node ends its TCP sessions and tunnels there
+            // (`close_on_node_down`), as a re-pin of this instance's does.
+            let nodes = Arc::clone(&lifecycle);
+            let left = Box::new(move |node: &str, key: limpet_core::table::KeyRef<'_>| {
+                if let Some(rt) = nodes.nodes.get(node) {
+                    // A table key's spread key does not depend on the client.
+                    let any = std::net::IpAddr::from([0, 0, 0, 0]);
+                    rt.session_moved_by_fleet(super::spread_of(Some(key), any, None));
+                }
+            });
+            let store = crate::store::Store::start(def, &lifecycle.metrics, left)
                 .await
                 .map_err(StartError)?;
             State::with_store(config, lifecycle, store).map_err(StartError)?
