@@ -32,8 +32,8 @@ pub enum RepinReason {
     ConnectFailed,
     /// The node took the request and gave no answer head within the answer timeout.
     AnswerTimeout,
-    /// The node took the request, then closed or reset the connection, or answered with
-    /// bytes that are not HTTP, before any answer byte reached the client.
+    /// The node took the request, then closed or reset the connection before any answer
+    /// byte reached the client. (An answer that is not HTTP is a 502, never replayed.)
     AnswerFailed,
 }
 

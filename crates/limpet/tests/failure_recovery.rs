@@ -1206,6 +1206,65 @@ async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
     }
 }
 
+/// A request that breaks whichever node takes it (the node closes the connection once it
+/// has read it, as a worker that crashes on it does): replayed on one other node, not on
+/// each in turn, then answered 502. Replayed on every node, three such GETs took every
+/// node DOWN, and the clients of every session got 503 for `fail_timeout` (chaos run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_breaks_every_node_is_replayed_once_then_answered_502() {
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        nodes.push(Backend::start(name).await);
+    }
+    let cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(name, n)| limpet::proxy::NodeConfig {
+                name: (*name).into(),
+                addr: n.addr,
+            })
+            .collect(),
+    );
+    let proxy = Quick::start(cfg).await;
+    let url = format!("{}drop", proxy.url());
+    let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))
+        .await
+        .unwrap_or_else(|_| panic!("no answer"))
+        .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(status, 502);
+    let now = limpet::clock::now_ms();
+    let metrics = &proxy.runtime.state().lifecycle.metrics;
+    let mut errors: Vec<u64> = ["a", "b", "c"]
+        .iter()
+        .map(|n| metrics.traffic(n, now).errors)
+        .collect();
+    errors.sort_unstable();
+    assert_eq!(errors, [0, 1, 1], "two nodes tried, one left alone");
+    // Two more: with fall 3 and every node tried each time, all three would be DOWN now.
+    for _ in 0..2 {
+        let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))
+            .await
+            .unwrap_or_else(|_| panic!("no answer"))
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(status, 502);
+    }
+    let up = ["a", "b", "c"]
+        .iter()
+        .filter(|n| proxy.state_of(n) == "UP")
+        .count();
+    assert!(up >= 1, "three bad requests took every node DOWN");
+    let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &proxy.url()))
+        .await
+        .unwrap_or_else(|_| panic!("no answer"))
+        .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(status, 200, "a good request is still served");
+    proxy.stop().await;
+    for mut n in nodes {
+        n.kill().await;
+    }
+}
+
 /// Without checks, a hung node's trial is decided by its answer, and while the trial waits
 /// for it nobody else is sent there: sessions pinned to the node keep being served by b, and
 /// only the trial requests (one per `fail_timeout` + answer timeout) wait on the hung node.

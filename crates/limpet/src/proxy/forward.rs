@@ -743,18 +743,20 @@ impl<'a> Attempt<'a> {
             return Err(e.clone());
         }
         let state = &self.shared.state;
-        // A second node that gives no answer in time either: the request is slow by itself
-        // (a report that outlasts `upstream_answer`), more likely than two nodes hung at
-        // once. It is not replayed on every node in turn, which would keep its client
-        // waiting `upstream_answer` once per node and charge each node a failure (a few such
-        // requests took every node DOWN, chaos run): 504 after the second.
-        if e.stage == Stage::AnswerHead
-            && e.is_timeout()
-            && self
-                .failed
-                .iter()
-                .any(|f| f.why == limpet_core::RepinReason::AnswerTimeout)
-        {
+        // A second node that fails the request once it went out (no answer in time, or the
+        // connection lost after it): the request is the likely cause (a report that
+        // outlasts `upstream_answer`, a request that crashes whichever worker takes it),
+        // more likely than two nodes failing at once. It is not replayed on every node in
+        // turn, which would keep its client waiting once per node and charge each node a
+        // failure (a few such requests took every node DOWN, chaos runs): 504 or 502 after
+        // the second. A connect that fails sent nothing and still moves on.
+        let sent_failure = |why: limpet_core::RepinReason| {
+            matches!(
+                why,
+                limpet_core::RepinReason::AnswerTimeout | limpet_core::RepinReason::AnswerFailed
+            )
+        };
+        if e.stage == Stage::AnswerHead && self.failed.iter().any(|f| sent_failure(f.why)) {
             if let Some(obs) = e.observation() {
                 state.observe(node, obs);
             }
