@@ -380,7 +380,17 @@ impl NodeRuntime {
     /// admits at once. The slot is held until the [`Admitted`] drops (the answer's body is
     /// done, the tunnel or session ended), so a burst waits instead of opening a socket per
     /// request.
-    pub async fn admit(self: &Arc<Self>, queue_timeout: Duration) -> Result<Admitted, Refused> {
+    ///
+    /// A node that leaves rotation while the session (`spread_key`) waits (it goes DOWN or
+    /// into MAINT: the core's `session_end` says the session may not stay) lets its queue go
+    /// with [`Refused::Left`], and the caller routes again, as HAProxy redistributes a
+    /// server's queue when it goes down: a busy node keeps its queue, a failed one does not
+    /// hold it until the queue timeout and then hand it a hung node's slots.
+    pub async fn admit(
+        self: &Arc<Self>,
+        queue_timeout: Duration,
+        spread_key: u64,
+    ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         if a.limit.load(Ordering::Relaxed) == 0 {
             return Ok(Admitted { node: None });
@@ -396,23 +406,48 @@ impl NodeRuntime {
         if queued >= a.max_queue.load(Ordering::Relaxed) {
             return Err(Refused::QueueFull);
         }
+        // Subscribed before the state is read: a change in between is not missed. The state
+        // it queued in is the reference: a trial queued for a node still DOWN stays.
+        let mut events = self.events.subscribe();
+        let queued_in = self.status().state();
+        let left = || {
+            let status = self.status();
+            if status.state() == queued_in {
+                return None;
+            }
+            match status.session_end(clock::now_ms(), spread_key, true) {
+                SessionEnd::Now(why) => Some(why),
+                SessionEnd::At(_) | SessionEnd::Never => None,
+            }
+        };
         let waited = tokio::time::timeout(queue_timeout, async {
             loop {
                 let freed = a.freed.notified();
                 tokio::pin!(freed);
-                // Registered before the check, so a slot freed in between is not missed.
+                // Registered before the checks, so a slot freed in between is not missed;
+                // the state first, so a slot freed as the node left is not taken.
                 freed.as_mut().enable();
-                if a.try_take() {
-                    return;
+                if let Some(why) = left() {
+                    return Err(Refused::Left(why));
                 }
-                freed.await;
+                if a.try_take() {
+                    return Ok(());
+                }
+                tokio::select! {
+                    () = freed => {}
+                    r = events.changed() => if r.is_err() {
+                        // The node runtime is going away with its sender: slots only.
+                        std::future::pending::<()>().await;
+                    },
+                }
             }
         })
         .await;
         match waited {
-            Ok(()) => Ok(Admitted {
+            Ok(Ok(())) => Ok(Admitted {
                 node: Some(Arc::clone(self)),
             }),
+            Ok(Err(r)) => Err(r),
             Err(_) => Err(Refused::QueueTimeout),
         }
     }
@@ -420,6 +455,11 @@ impl NodeRuntime {
     /// Connections counted against the node's limit now (0 without a limit).
     pub fn admitted(&self) -> u32 {
         *lock(&self.admission.in_use)
+    }
+
+    /// Requests and sessions waiting in the node's queue now.
+    pub fn queued(&self) -> u32 {
+        self.admission.waiting.load(Ordering::Relaxed)
     }
 
     /// How long the node has been in its current state.
@@ -489,6 +529,8 @@ pub enum Refused {
     QueueFull,
     /// No slot freed within the queue timeout.
     QueueTimeout,
+    /// The node left rotation (DOWN, MAINT) while the session waited: route again.
+    Left(RepinReason),
 }
 
 impl Refused {
@@ -496,6 +538,7 @@ impl Refused {
         match self {
             Refused::QueueFull => "node queue full",
             Refused::QueueTimeout => "queue timeout",
+            Refused::Left(_) => "node left rotation while queued",
         }
     }
 }
@@ -618,6 +661,52 @@ mod tests {
         assert!(rt.status().health.is_up());
     }
 
+    /// A node that leaves rotation while sessions wait in its queue lets them go at once,
+    /// with the reason, instead of at the queue timeout (HAProxy redistributes the queue of
+    /// a server that goes down); a drain, which keeps the node's sessions, keeps them, and a
+    /// trial queued for a node already DOWN is not let go by its staying DOWN.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_leaving_rotation_lets_its_queue_go() {
+        let rt = node();
+        let wait = Duration::from_secs(5);
+        rt.set_limits(Some(1), 8);
+        let held = rt.admit(wait, 0).await.expect("a free slot");
+        let queued = |key: u64| {
+            let rt = Arc::clone(&rt);
+            tokio::spawn(async move { rt.admit(wait, key).await })
+        };
+        let (first, second) = (queued(1), queued(2));
+        tokio::task::yield_now().await;
+        // A drain keeps them waiting: a draining node still serves the sessions it holds.
+        rt.set_admin(AdminState::Drain {
+            deadline_ms: None,
+            spread_ms: 0,
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!first.is_finished() && !second.is_finished());
+        let t0 = tokio::time::Instant::now();
+        rt.force_health(false);
+        for w in [first, second] {
+            assert_eq!(
+                w.await.expect("task").err(),
+                Some(Refused::Left(RepinReason::NodeDown))
+            );
+        }
+        assert_eq!(t0.elapsed(), Duration::ZERO, "at once, not at the timeout");
+        // Queued while DOWN (a trial): staying DOWN keeps it; MAINT lets it go.
+        let trial = queued(3);
+        rt.force_health(false);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!trial.is_finished(), "still DOWN: the trial waits");
+        rt.set_admin(AdminState::Maint);
+        assert_eq!(
+            trial.await.expect("task").err(),
+            Some(Refused::Left(RepinReason::NodeMaint))
+        );
+        drop(held);
+        assert_eq!(rt.admitted(), 0, "nothing left counted");
+    }
+
     /// HAProxy's maxconn / maxqueue / timeout queue on paused time: a full node makes the
     /// next request wait, a freed slot admits it, the queue is bounded, a wait is timed out.
     #[tokio::test(start_paused = true)]
@@ -625,23 +714,23 @@ mod tests {
         let rt = node();
         let wait = Duration::from_secs(5);
         // No limit: admitted at once, nothing counted.
-        let free = rt.admit(wait).await;
+        let free = rt.admit(wait, 0).await;
         assert!(free.is_ok());
         assert_eq!(rt.admitted(), 0);
         drop(free);
 
         rt.set_limits(Some(1), 1);
-        let first = rt.admit(wait).await.expect("a free slot");
+        let first = rt.admit(wait, 0).await.expect("a free slot");
         assert_eq!(rt.admitted(), 1);
         // The second waits in the queue...
         let second = tokio::spawn({
             let rt = Arc::clone(&rt);
-            async move { rt.admit(wait).await }
+            async move { rt.admit(wait, 0).await }
         });
         tokio::task::yield_now().await;
         assert!(!second.is_finished(), "waits for the slot");
         // ...which is full: a third is refused at once.
-        assert_eq!(rt.admit(wait).await.err(), Some(Refused::QueueFull));
+        assert_eq!(rt.admit(wait, 0).await.err(), Some(Refused::QueueFull));
         // The slot frees: the waiter gets it, before its queue timeout.
         let t0 = tokio::time::Instant::now();
         drop(first);
@@ -650,14 +739,14 @@ mod tests {
         assert_eq!(rt.admitted(), 1);
         // Nobody frees it: the next one waits the queue timeout, then is refused.
         let t0 = tokio::time::Instant::now();
-        assert_eq!(rt.admit(wait).await.err(), Some(Refused::QueueTimeout));
+        assert_eq!(rt.admit(wait, 0).await.err(), Some(Refused::QueueTimeout));
         assert_eq!(t0.elapsed(), wait);
         drop(second);
         assert_eq!(rt.admitted(), 0);
         // A reload lifting the limit admits at once again.
-        let held = rt.admit(wait).await.expect("slot");
+        let held = rt.admit(wait, 0).await.expect("slot");
         rt.set_limits(None, 1);
-        assert!(rt.admit(wait).await.is_ok());
+        assert!(rt.admit(wait, 0).await.is_ok());
         drop(held);
     }
 

@@ -444,8 +444,14 @@ async fn connect(
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
         let admitted = match rt {
-            Some(rt) => match rt.admit(def.timeouts.queue).await {
+            Some(rt) => match rt.admit(def.timeouts.queue, spread).await {
                 Ok(a) => Some(a),
+                // The node left rotation (DOWN, MAINT) while the session waited: it routes
+                // again without the node, nothing charged.
+                Err(crate::nodes::Refused::Left(why)) => {
+                    failed.push(Excluded { node, why });
+                    continue;
+                }
                 Err(r) => {
                     // Clients drive how often this happens: rate-limited, as a log line per
                     // refused connection would let them fill the log.

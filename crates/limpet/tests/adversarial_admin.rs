@@ -385,9 +385,14 @@ struct CountingNode {
 
 impl CountingNode {
     async fn start(delay: Duration) -> CountingNode {
+        CountingNode::start_at("127.0.0.2", 0, delay).await
+    }
+
+    /// A counting node on `ip` and `port` (0: any).
+    async fn start_at(ip: &str, port: u16, delay: Duration) -> CountingNode {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
-        let listener = TcpListener::bind("127.0.0.2:0").await.expect("bind");
+        let listener = TcpListener::bind((ip, port)).await.expect("bind");
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         let most = Arc::new(AtomicUsize::new(0));
         let now = Arc::new(AtomicUsize::new(0));
@@ -474,6 +479,88 @@ async fn a_burst_waits_in_the_node_queue_within_max_connections() {
         (1..=2).contains(&most),
         "at most 2 requests at the node at once, saw {most}"
     );
+    l.stop().await;
+}
+
+/// A request queued for a node at its `max_connections` when the node goes to MAINT (or
+/// DOWN) leaves the queue at once and is served by another node, re-pinned there, instead of
+/// waiting out the queue timeout for a 503 or a slot of the node that left (HAProxy
+/// redistributes a server's queue when it goes down; chaos run).
+#[tokio::test]
+async fn a_request_queued_for_a_node_that_goes_to_maint_is_served_by_another_at_once() {
+    let mut a = CountingNode::start_at("127.0.0.2", 0, Duration::from_secs(30)).await;
+    let mut b = CountingNode::start_at("127.0.0.3", a.port, Duration::ZERO).await;
+    let cfg = ConfigFile::new(
+        "adv-queue-maint",
+        &format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\nmax_connections = 1\n\n\
+             [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ queue = \"60s\", drain = \"1s\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            port = a.port
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    // The first request pinned to a takes its only slot (a holds it).
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move {
+            bare_client()
+                .get(&url)
+                .header("cookie", "route=a")
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    tokio::time::timeout(SOON, a.heads.recv())
+        .await
+        .expect("the first request reached a")
+        .expect("head");
+    // The second, pinned to a too, waits in a's queue.
+    let second = tokio::spawn({
+        let url = url.clone();
+        async move {
+            bare_client()
+                .get(&url)
+                .header("cookie", "route=a")
+                .send()
+                .await
+        }
+    });
+    tokio::time::timeout(SOON, async {
+        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 && !second.is_finished()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second request queued for a");
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    let r = tokio::time::timeout(SOON, second)
+        .await
+        .expect("answered at once, not at the queue timeout")
+        .expect("task")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200);
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(cookie.starts_with("route=b"), "re-pinned to b: {cookie:?}");
+    tokio::time::timeout(SOON, b.heads.recv())
+        .await
+        .expect("b served it")
+        .expect("head");
+    assert_eq!(
+        a.most.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a never took the queued request"
+    );
+    first.abort();
     l.stop().await;
 }
 

@@ -294,6 +294,59 @@ async fn a_session_ended_by_maint_counts_its_bytes() {
     }
 }
 
+/// A TCP session waiting in its node's queue (`max_connections`) when the node goes to
+/// MAINT routes again and is relayed to the other node: it is not admitted to the MAINT node
+/// on the slot MAINT freed (chaos run: it was, connected there and was reset).
+#[tokio::test]
+async fn a_session_queued_for_a_node_that_goes_to_maint_goes_to_the_other_node() {
+    let (mut nodes, ports, _pki) = two_nodes().await;
+    let dir = TempDir::new("tcp-queue");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\nmax_connections = 1\n\n\
+         [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\nmax_connections = 1\n\n\
+         [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {port}\ntable = \"t\"\ntimeouts = {{ queue = \"60s\" }}\n",
+        port = ports.tcp
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let raw = running.addr("raw").expect("addr");
+    let src = "127.0.0.72";
+    // The first session takes its node's only slot.
+    let (mut first, home) = tcp_session(src, raw).await;
+    let other = if home == "a" { "b" } else { "a" };
+    // The second, from the same address, is pinned there too and waits in its queue.
+    let mut second = connect_from(src.parse().expect("ip"), raw).await;
+    let state = running.runtime().state();
+    let rt = state.lifecycle.nodes.get(&home).expect("node runtime");
+    tokio::time::timeout(common::PATIENCE, async {
+        while rt.queued() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second session queued");
+    assert!(state
+        .set_admin(&home, limpet_core::AdminState::Maint)
+        .is_some());
+    assert_eq!(
+        read_line(&mut second).await,
+        format!("node={other}"),
+        "relayed to the other node"
+    );
+    echo(&mut second, b"still relayed").await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(common::PATIENCE, first.read_to_end(&mut rest))
+        .await
+        .expect("the first session closes on MAINT");
+    assert_eq!(rt.queued(), 0);
+    drop((rt, state, second));
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
 /// Sends `bytes` on the session and reads the echo back (bounded).
 async fn echo(s: &mut tokio::net::TcpStream, bytes: &[u8]) {
     s.write_all(bytes).await.expect("write");

@@ -164,6 +164,9 @@ pub struct NodeView {
     pub active_connections: u64,
     /// WebSocket and TCP tunnels among them.
     pub tunnels: u64,
+    /// Requests and TCP sessions waiting in the node's queue now (`max_connections` reached;
+    /// HAProxy's `qcur`).
+    pub queued: u64,
     /// Pins to the node held in affinity tables.
     pub table_pins: u64,
     /// Distinct sessions seen on the node within `seen_window_secs` (estimated).

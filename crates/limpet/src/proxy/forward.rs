@@ -787,6 +787,30 @@ impl<'a> Attempt<'a> {
         Ok(())
     }
 
+    /// The node left rotation while the request waited in its queue: the request routes
+    /// again without it (the answer re-pins for `why`). Nothing was sent: no passive failure
+    /// and no failed attempt are counted.
+    fn leave(&mut self, node: NodeId, why: limpet_core::RepinReason) -> Result<(), UpstreamError> {
+        self.failed.push(Excluded { node, why });
+        let next = route(
+            self.ctx,
+            self.shared,
+            self.presented,
+            &self.failed,
+            clock::now_ms(),
+        );
+        if next.node.is_none() {
+            return Err(UpstreamError::new(
+                Stage::Queue,
+                Cause::Io(std::io::ErrorKind::NotFound),
+                false,
+                "no node available",
+            ));
+        }
+        self.route = next;
+        Ok(())
+    }
+
     /// Sends the request (`pending`: the request not yet handed to any connection, or
     /// handed back unsent; `None` when only `replay` is sent), failing over per the
     /// module rules. A block, not an `async fn`, for the reason `handle` is one.
@@ -831,10 +855,27 @@ impl<'a> Attempt<'a> {
                 }
                 // A node at its max_connections: wait in its queue (no failover: a busy node is
                 // not a failed one, and moving a pinned session would break its affinity).
+                // A node that leaves rotation (DOWN, MAINT) while the request waits lets it go:
+                // it routes again without the node, nothing sent and nothing charged.
                 let admitted = match shared.state.node_rt(node) {
-                    Some(rt) => Some(rt.admit(shared.timeouts.queue).await.map_err(|r| {
-                        UpstreamError::new(Stage::Queue, Cause::Timeout, false, r.as_str())
-                    })?),
+                    Some(rt) => {
+                        match rt.admit(shared.timeouts.queue, self.presented.spread).await {
+                            Ok(a) => Some(a),
+                            Err(crate::nodes::Refused::Left(why)) => {
+                                self.leave(node, why)?;
+                                force_fresh = self.upgrade;
+                                continue;
+                            }
+                            Err(r) => {
+                                return Err(UpstreamError::new(
+                                    Stage::Queue,
+                                    Cause::Timeout,
+                                    false,
+                                    r.as_str(),
+                                ))
+                            }
+                        }
+                    }
                     None => None,
                 };
                 // A bodiless replayable request to a plaintext node: driven from this task

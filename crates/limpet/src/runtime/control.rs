@@ -142,6 +142,7 @@ impl RuntimeControl {
                     drain,
                     active_connections: active.max(tunnels),
                     tunnels,
+                    queued: u64::from(rt.queued()),
                     table_pins: v.pins.values().sum(),
                     sessions_seen: seen,
                     seen_window_secs: def.seen_window.as_secs(),
