@@ -604,6 +604,95 @@ async fn a_node_answer_in_another_transfer_coding_keeps_it_for_http1_1_and_is_50
     proxy.stop().await;
 }
 
+/// A node whose answer head to `GET /head?kib=N` carries N KiB of fields (in 4 KiB fields),
+/// keep-alive: each connection answers request after request.
+async fn head_node() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut seen = Vec::new();
+                loop {
+                    let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&seen[..end]).into_owned();
+                    seen.drain(..end + 4);
+                    let kib = head
+                        .split_once("kib=")
+                        .and_then(|(_, r)| r.split(' ').next())
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let mut answer = String::from("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n");
+                    for i in 0..kib / 4 {
+                        // 4 KiB a field as HTTP/2 counts it: name, value and 32.
+                        answer.push_str(&format!("x-f{i:04}: {}\r\n", "v".repeat(4096 - 32 - 7)));
+                    }
+                    answer.push_str("\r\nok");
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// A node answer head too large for HTTP/2 clients (they bound the CONTINUATION frames they
+/// read, and nghttp2's drop the whole connection past 8: every other stream is lost, chaos
+/// run) is that stream's 502, and the connection serves its next streams; a head under the
+/// limit passes, and an HTTP/1.1 client still takes the large one.
+#[tokio::test]
+async fn an_answer_head_too_large_for_http2_is_that_stream_s_502_and_the_connection_goes_on() {
+    let (node, task) = head_node().await;
+    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr: node,
+    }]))
+    .await;
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            // The test's client takes any head, to see what limpet sends.
+            .max_header_list_size(4 << 20)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut status_of = async |kib: usize| {
+        let req = http::Request::get(format!("http://{}/head?kib={kib}", proxy.addr))
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        tokio::time::timeout(SOON, sender.send_request(req))
+            .await
+            .expect("answered in time")
+            .expect("answer on the same connection")
+            .status()
+    };
+    assert_eq!(status_of(48).await, 200, "48 KiB: under the limit");
+    assert_eq!(status_of(240).await, 502, "240 KiB: too large for HTTP/2");
+    assert_eq!(
+        status_of(0).await,
+        200,
+        "the connection serves the next stream"
+    );
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET /head?kib=240 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "HTTP/1.1 takes it");
+    proxy.stop().await;
+    task.abort();
+}
+
 /// Finding 2, HTTP/2: a stream whose body stops gets 408; the node connection is released.
 #[tokio::test]
 async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released() {

@@ -639,6 +639,13 @@ fn proxy<'a, 'b>(
             }
             hdr::add_no_cache_set_cookie(&mut rheaders);
         }
+        if client_version == Version::HTTP_2 && hdr::too_large_for_h2(&rheaders) {
+            return local(
+                StatusCode::BAD_GATEWAY,
+                id,
+                "node answer head too large for HTTP/2",
+            );
+        }
         *out.headers_mut() = rheaders;
         // hyper answers in the client's version; the node's is irrelevant.
         *out.version_mut() = Version::HTTP_11;

@@ -494,6 +494,26 @@ impl<'a> Forwarding<'a> {
     }
 }
 
+/// The most an answer head to an HTTP/2 client may hold, as a field section's size (RFC 9113
+/// 6.5.2: each field's name and value, plus 32). HTTP/2 carries a head in HEADERS and
+/// CONTINUATION frames of 16 KiB, and clients bound how many of those they read (nghttp2,
+/// and so curl and h2load, at most 8 CONTINUATION frames since CVE-2024-28182) and take more
+/// for an attack on the whole connection: every other stream on it is lost. A node's head
+/// past this is that stream's 502, as nginx (`proxy_buffer_size`, 4 or 8 KiB) and HAProxy
+/// (`tune.bufsize`, 16 KiB) answer heads past their buffers; HTTP/1 clients take heads up
+/// to the node-side limit.
+pub(crate) const H2_MAX_ANSWER_HEAD: usize = 64 * 1024;
+
+/// Whether `headers` is larger than [`H2_MAX_ANSWER_HEAD`] as a field section (stops
+/// counting once it is).
+pub(crate) fn too_large_for_h2(headers: &HeaderMap) -> bool {
+    let mut size = 0usize;
+    headers.iter().any(|(n, v)| {
+        size += n.as_str().len() + v.len() + 32;
+        size > H2_MAX_ANSWER_HEAD
+    })
+}
+
 /// Adds `no-cache="set-cookie"` to `Cache-Control`, keeping the node's directives. Nothing is
 /// added when a stronger directive (`no-store`, `private`, bare `no-cache`) is already there.
 pub(crate) fn add_no_cache_set_cookie(headers: &mut HeaderMap) {
@@ -526,6 +546,26 @@ pub(crate) fn add_no_cache_set_cookie(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The HTTP/2 answer head limit counts a field section as RFC 9113 does: name, value
+    /// and 32 per field, so many small fields count as well as one large one.
+    #[test]
+    fn an_answer_head_is_too_large_for_http2_by_its_field_section_size() {
+        let mut h = HeaderMap::new();
+        let v = HeaderValue::from_bytes(&vec![b'a'; H2_MAX_ANSWER_HEAD - 32 - 5]).expect("value");
+        h.insert("x-big", v);
+        assert!(!too_large_for_h2(&h), "exactly at the limit");
+        h.insert("x", HeaderValue::from_static(""));
+        assert!(too_large_for_h2(&h), "one empty field more: 33 over");
+        let mut many = HeaderMap::new();
+        for i in 0..(H2_MAX_ANSWER_HEAD / 64 + 1) {
+            many.append(
+                HeaderName::from_bytes(format!("x-{i:05}").as_bytes()).expect("name"),
+                HeaderValue::from_static("0123456789012345678901234"),
+            );
+        }
+        assert!(too_large_for_h2(&many), "64 bytes a field, counted");
+    }
 
     /// The text names lookups use are the hop-by-hop names, in the same order: a name found
     /// at `i` is the one removed at `i`.
