@@ -383,9 +383,10 @@ impl NodeRuntime {
     ///
     /// A node that leaves rotation while the session (`spread_key`) waits (it goes DOWN or
     /// into MAINT: the core's `session_end` says the session may not stay) lets its queue go
-    /// with [`Refused::Left`], and the caller routes again, as HAProxy redistributes a
-    /// server's queue when it goes down: a busy node keeps its queue, a failed one does not
-    /// hold it until the queue timeout and then hand it a hung node's slots.
+    /// with [`Refused::Left`], and the caller routes again, as HAProxy (`option redispatch`)
+    /// redistributes a server's queue when it goes down: a busy node keeps its queue, a
+    /// failed one does not hold it until the queue timeout and then hand it a hung node's
+    /// slots.
     pub async fn admit(
         self: &Arc<Self>,
         queue_timeout: Duration,
@@ -401,6 +402,18 @@ impl NodeRuntime {
                 node: Some(Arc::clone(self)),
             });
         }
+        // Boxed: the wait in the queue is the rare path, and its state (the node's events,
+        // the notification) inline would grow every request's future that awaits `admit`.
+        Box::pin(self.queue(queue_timeout, spread_key)).await
+    }
+
+    /// [`Self::admit`]'s wait in the node's queue.
+    async fn queue(
+        self: &Arc<Self>,
+        queue_timeout: Duration,
+        spread_key: u64,
+    ) -> Result<Admitted, Refused> {
+        let a = &self.admission;
         let queued = a.waiting.fetch_add(1, Ordering::AcqRel);
         let _waiting = Waiting(&a.waiting);
         if queued >= a.max_queue.load(Ordering::Relaxed) {
@@ -428,6 +441,8 @@ impl NodeRuntime {
                 // the state first, so a slot freed as the node left is not taken.
                 freed.as_mut().enable();
                 if let Some(why) = left() {
+                    // The slot this one may have been woken for goes to the next waiter.
+                    a.freed.notify_one();
                     return Err(Refused::Left(why));
                 }
                 if a.try_take() {
@@ -435,10 +450,8 @@ impl NodeRuntime {
                 }
                 tokio::select! {
                     () = freed => {}
-                    r = events.changed() => if r.is_err() {
-                        // The node runtime is going away with its sender: slots only.
-                        std::future::pending::<()>().await;
-                    },
+                    // Cannot fail: `self` holds the sender.
+                    _ = events.changed() => {}
                 }
             }
         })

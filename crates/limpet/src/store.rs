@@ -63,6 +63,66 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 const MARKER_PX: u64 = 60_000;
 /// Most re-pins kept for the resync while the store is away ([`Store::repins_away`]).
 const REPINS_KEPT: usize = 65_536;
+
+/// How long one of this instance's re-pins is expected back as the store's message
+/// ([`OwnRepins`]): a write goes out within a tick and comes back within a round trip.
+const ECHO_WAIT_MS: u64 = 2_000;
+
+/// This instance's re-pins on their way through the store, by table and key: how many, and
+/// until when they are expected back. Messages arrive in the order the store ran their
+/// writes, so while a re-pin of a key has not come back, a message of that key is that
+/// re-pin's own echo or older than it, and older than the local entry: it is not applied.
+/// Applied, it would move the entry back to an older node (until the next message moved it
+/// again) and end the session's connections on the node the entry holds: a request that
+/// fails over twice publishes two re-pins, and two instances re-pinning one key cross.
+#[derive(Debug, Default)]
+struct OwnRepins(HashMap<(Arc<str>, TableKey), (u32, u64)>);
+
+impl OwnRepins {
+    /// A re-pin of `key` is on its way.
+    fn sent(&mut self, table: &Arc<str>, key: &TableKey, now: u64) {
+        if self.0.len() >= REPINS_KEPT {
+            self.0.retain(|_, (_, until)| *until >= now);
+        }
+        let e = self
+            .0
+            .entry((Arc::clone(table), key.clone()))
+            .or_insert((0, 0));
+        e.0 += 1;
+        e.1 = now + ECHO_WAIT_MS;
+    }
+
+    /// A re-pin of `key` did not reach the store: no echo will come for it.
+    fn not_sent(&mut self, table: &Arc<str>, key: &TableKey) {
+        let k = (Arc::clone(table), key.clone());
+        if let Some((n, _)) = self.0.get_mut(&k) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.0.remove(&k);
+            }
+        }
+    }
+
+    /// A message of `key` came: whether to skip it (one of this instance's re-pins of the
+    /// key is still on its way back: the message is its echo, or older).
+    fn skip(&mut self, table: &str, key: &TableKey, now: u64) -> bool {
+        let k = (Arc::from(table), key.clone());
+        match self.0.get_mut(&k) {
+            Some((n, until)) if *until >= now && *n > 0 => {
+                *n -= 1;
+                if *n == 0 {
+                    self.0.remove(&k);
+                }
+                true
+            }
+            Some(_) => {
+                self.0.remove(&k);
+                false
+            }
+            None => false,
+        }
+    }
+}
 /// The writer's housekeeping tick (probe, resync, refresh when due).
 const TICK: Duration = Duration::from_millis(200);
 
@@ -211,6 +271,8 @@ pub struct Store {
     /// failed node would move twice). Bounded by [`REPINS_KEPT`]; past it, a re-pin is
     /// published as a first pin.
     repins_away: Mutex<RepinsAway>,
+    /// This instance's re-pins on their way through the store (see [`OwnRepins`]).
+    own_repins: Mutex<OwnRepins>,
     /// Told of every local entry the store moved off a node (another instance's re-pin, or
     /// the store's node adopted): the node the entry left, and the key. The runtime ends
     /// the session's long-lived connections on that node (`close_on_node_down`), so a
@@ -266,6 +328,7 @@ impl Store {
             dirty: AtomicBool::new(true),
             resyncing: AtomicBool::new(false),
             repins_away: Mutex::new(HashMap::new()),
+            own_repins: Mutex::new(OwnRepins::default()),
             left,
             tables: Mutex::new(HashMap::new()),
             counts: Counts::default(),
@@ -366,6 +429,11 @@ impl Store {
             node: Arc::from(node),
             from: from.map(Arc::from),
         };
+        // Counted before anything can refuse it: each one counted is either not sent
+        // (`not_sent` takes it back) or comes back as the store's message.
+        if write == Write::Overwrite {
+            lock(&self.own_repins).sent(table, &op.key, now_ms());
+        }
         if !self.is_up() {
             self.not_sent(std::slice::from_ref(&op));
             return;
@@ -381,6 +449,12 @@ impl Store {
     /// `ops` did not reach the store: the resync publishes the local pins, and overwrites
     /// the re-pins among them first.
     fn not_sent(&self, ops: &[Op]) {
+        {
+            let mut own = lock(&self.own_repins);
+            for op in ops.iter().filter(|op| op.write == Write::Overwrite) {
+                own.not_sent(&op.table, &op.key);
+            }
+        }
         self.dirty.store(true, Ordering::Release);
         self.counts
             .dropped
@@ -644,6 +718,9 @@ impl Store {
             return;
         };
         let now = now_ms();
+        if lock(&self.own_repins).skip(table, &key, now) {
+            return;
+        }
         let left = {
             let mut t = lock(&entries);
             let s = t.store_mut();
@@ -1113,6 +1190,36 @@ fn decode_key(b: &[u8]) -> Option<TableKey> {
 mod tests {
     use super::*;
     use limpet_core::table::IpPrefix;
+
+    /// While this instance's re-pins of a key are on their way, as many messages of the key
+    /// are skipped (their echoes, or older messages), then messages apply again; one that
+    /// was not sent, or did not come back in time, holds nothing back.
+    #[test]
+    fn messages_of_a_key_this_instance_re_pinned_are_skipped_until_its_re_pins_come_back() {
+        let mut own = OwnRepins::default();
+        let t: Arc<str> = Arc::from("terminal");
+        let k = KeyRef::ip("10.0.0.1".parse().expect("ip"), IpPrefix::HOST).to_key();
+        let other = KeyRef::ip("10.0.0.2".parse().expect("ip"), IpPrefix::HOST).to_key();
+        // A request that failed over twice: two re-pins of one key.
+        own.sent(&t, &k, 1_000);
+        own.sent(&t, &k, 1_001);
+        assert!(!own.skip("terminal", &other, 1_002), "another key applies");
+        assert!(!own.skip("sessions", &k, 1_002), "another table applies");
+        assert!(own.skip("terminal", &k, 1_002), "the first echo");
+        assert!(own.skip("terminal", &k, 1_003), "the second echo");
+        assert!(
+            !own.skip("terminal", &k, 1_004),
+            "then another's re-pin applies"
+        );
+        // Not sent: nothing to wait for.
+        own.sent(&t, &k, 2_000);
+        own.not_sent(&t, &k);
+        assert!(!own.skip("terminal", &k, 2_001));
+        // Its echo lost: it holds the key back no longer than the wait.
+        own.sent(&t, &k, 3_000);
+        assert!(!own.skip("terminal", &k, 3_000 + ECHO_WAIT_MS + 1));
+        assert!(own.0.is_empty(), "nothing kept");
+    }
 
     #[test]
     fn keys_round_trip_through_their_store_form() {

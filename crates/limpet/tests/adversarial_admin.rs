@@ -564,6 +564,49 @@ async fn a_request_queued_for_a_node_that_goes_to_maint_is_served_by_another_at_
     l.stop().await;
 }
 
+/// A request queued for the only node when it goes to MAINT gets 503 at once: no node is
+/// left to route it to, and it does not wait out the queue timeout for the node that left.
+#[tokio::test]
+async fn a_request_queued_for_the_only_node_that_goes_to_maint_gets_503_at_once() {
+    let mut node = CountingNode::start(Duration::from_secs(30)).await;
+    let cfg = ConfigFile::new(
+        "adv-queue-maint-only",
+        // The drain short: the first request is still at the node when the test stops.
+        &limited_config(node.port, "max_connections = 1", r#"60s", drain = "1s"#),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { bare_client().get(&url).send().await.map(|r| r.status()) }
+    });
+    tokio::time::timeout(SOON, node.heads.recv())
+        .await
+        .expect("the first request reached the node")
+        .expect("head");
+    let second = tokio::spawn({
+        let url = url.clone();
+        async move { bare_client().get(&url).send().await }
+    });
+    tokio::time::timeout(SOON, async {
+        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second request queued");
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    let r = tokio::time::timeout(SOON, second)
+        .await
+        .expect("answered at once, not at the queue timeout")
+        .expect("task")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(node_view(&l, "a").await["queued"].as_u64(), Some(0));
+    first.abort();
+    l.stop().await;
+}
+
 /// Deliverable 2: a request that waits longer than `timeouts.queue` for a slot gets 503
 /// with Retry-After (HAProxy's `timeout queue`).
 #[tokio::test]

@@ -16,7 +16,7 @@ use common::PATIENCE;
 use limpet::runtime::{start, Running};
 use limpet_core::table::{IpPrefix, KeyRef};
 use limpet_core::AdminState;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NODES: [(&str, &str); 3] = [
     ("LVIV", "127.0.0.2"),
@@ -52,6 +52,19 @@ impl Instance {
         node_order: &[usize],
         expire: &str,
         timeout: &str,
+    ) -> Instance {
+        Instance::start_raw(tag, url, (http, tcp), node_order, expire, timeout, "").await
+    }
+
+    /// [`Instance::start_at`] with `raw_extra` (lines of settings) on its TCP listener.
+    async fn start_raw(
+        tag: &str,
+        url: &str,
+        (http, tcp): (u16, u16),
+        node_order: &[usize],
+        expire: &str,
+        timeout: &str,
+        raw_extra: &str,
     ) -> Instance {
         let dir = TempDir::new(tag);
         let mut text = String::new();
@@ -92,6 +105,7 @@ bind = "127.0.0.1:0"
 mode = "tcp"
 node_port = {tcp}
 table = "terminal"
+{raw_extra}
 
 [[listeners]]
 name = "app"
@@ -854,17 +868,22 @@ struct Alone {
 
 impl Alone {
     async fn start(tag: &str, expire: &str) -> Alone {
+        Alone::start_raw(tag, expire, "").await
+    }
+
+    /// [`Alone::start`] with `raw_extra` (lines of settings) on the TCP listener.
+    async fn start_raw(tag: &str, expire: &str, raw_extra: &str) -> Alone {
         let pki = Pki::new();
         let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
         let redis = Redis::start().await;
-        let a = Instance::start_with(
+        let a = Instance::start_raw(
             tag,
-            &redis,
-            ports.http,
-            ports.tcp,
+            &redis.url(),
+            (ports.http, ports.tcp),
             &[0, 1, 2],
             expire,
             "500ms",
+            raw_extra,
         )
         .await;
         a.settled().await;
@@ -889,6 +908,80 @@ impl Alone {
             n.kill().await;
         }
     }
+}
+
+/// A TCP session whose connect fails over twice (its pinned node and the next one refuse)
+/// publishes two re-pins of its key, and the store sends both back once the session runs on
+/// the third node. They are this instance's own: the local entry stays on the third node and
+/// the session stays open. (Applied as another instance's, the first would move the entry
+/// back to the second node and end the session it had just opened.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_fails_over_twice_keeps_its_session_when_its_own_re_pins_come_back() {
+    let mut sc = Alone::start_raw("echo", "10m", "balance = \"leastconn\"").await;
+    let src = "127.0.4.30";
+    let (pinned, _) = sc.pin_in_store(src).await;
+    let names: Vec<&str> = NODES.iter().map(|(n, _)| *n).collect();
+    let third = names
+        .iter()
+        .copied()
+        .find(|n| *n != pinned)
+        .expect("another node");
+    let second = names
+        .iter()
+        .copied()
+        .find(|n| *n != pinned && *n != third)
+        .expect("a third node");
+    // A session held on `third` makes least-connections try `second` first.
+    let state = sc.a.running.runtime().state();
+    for n in [pinned.as_str(), second] {
+        state.set_admin(n, AdminState::Maint).expect("node");
+    }
+    let (mut holder, on) = tcp_session("127.0.4.31", sc.a.addr("raw")).await;
+    assert_eq!(on, third);
+    for n in [pinned.as_str(), second] {
+        state.set_admin(n, AdminState::Ready).expect("node");
+    }
+    // Both refuse connections now, still UP (no checks).
+    for n in sc.nodes.iter_mut().filter(|n| n.name != third) {
+        n.kill().await;
+    }
+    let overwrites = sc.a.status().overwrites;
+    let (mut session, on) = tcp_session(src, sc.a.addr("raw")).await;
+    assert_eq!(on, third, "connect failed over twice");
+    until("both re-pins reach the store", async || {
+        sc.a.status().overwrites >= overwrites + 2
+    })
+    .await;
+    // Messages come in order: once a later one is applied, the two echoes were read.
+    let marker = "127.0.4.32";
+    let (marker_node, marker_key) = sc.pin_in_store(marker).await;
+    let moved_to = names
+        .iter()
+        .copied()
+        .find(|n| *n != marker_node)
+        .expect("another node");
+    let mut conn = sc.redis.conn().await.expect("redis");
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("limpet:pins")
+        .arg(format!("terminal\n{moved_to}\nip:{marker}"))
+        .query_async(&mut conn)
+        .await
+        .expect("publish");
+    until("the later message is applied", async || {
+        sc.a.pin(marker).as_deref() == Some(moved_to)
+    })
+    .await;
+    let _ = marker_key;
+    assert_eq!(sc.a.pin(src).as_deref(), Some(third), "the entry stays");
+    session.write_all(b"still here").await.expect("write");
+    let mut back = [0u8; 10];
+    tokio::time::timeout(PATIENCE, session.read_exact(&mut back))
+        .await
+        .expect("echo in time")
+        .expect("the session on the third node is open");
+    assert_eq!(&back, b"still here");
+    drop((session, holder.shutdown().await, state));
+    sc.stop().await;
 }
 
 /// Sticky requests write nothing; the store's expiry is refreshed in batches, about twice per

@@ -520,6 +520,7 @@ fn proxy<'a, 'b>(
             id,
             admitted: None,
             moves: None,
+            sent_failed: false,
         };
         let result = attempt.run(pending, body_done).await;
         let chosen = attempt.route;
@@ -737,6 +738,8 @@ struct Attempt<'a> {
     /// of the session fails on it and moves the session must not get the tunnel (it would
     /// split the session). On the answering node it becomes the tunnel's watch.
     moves: Option<crate::nodes::MoveWatch>,
+    /// A node failed the request once it went out (see [`Attempt::fail_over`]).
+    sent_failed: bool,
 }
 
 impl<'a> Attempt<'a> {
@@ -757,21 +760,17 @@ impl<'a> Attempt<'a> {
         // turn, which would keep its client waiting once per node and charge each node a
         // failure (a few such requests took every node DOWN, chaos runs): 504 or 502 after
         // the second. A connect that fails sent nothing and still moves on.
-        let sent_failure = |why: limpet_core::RepinReason| {
-            matches!(
-                why,
-                limpet_core::RepinReason::AnswerTimeout | limpet_core::RepinReason::AnswerFailed
-            )
-        };
-        if e.stage == Stage::AnswerHead && self.failed.iter().any(|f| sent_failure(f.why)) {
-            if let Some(obs) = e.observation() {
-                state.observe(node, obs);
-            }
-            return Err(e.clone());
-        }
-        if let Some(obs) = e.observation() {
+        // Only failures charged to their node count: a kept-alive connection that the node
+        // closed as the request went out (a keep-alive race) is not a failed node.
+        let observed = e.observation();
+        let sent_failure = e.stage == Stage::AnswerHead && observed.is_some();
+        if let Some(obs) = observed {
             state.observe(node, obs);
         }
+        if sent_failure && self.sent_failed {
+            return Err(e.clone());
+        }
+        self.sent_failed |= sent_failure;
         tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
         self.failed.push(Excluded {
             node,

@@ -388,7 +388,12 @@ pub fn spread_of(key: Option<KeyRef<'_>>, client: IpAddr, issued_ms: Option<u64>
                 limpet_core::spread_key(Some(Octets::of(ip).bytes()), client.bytes(), None)
             }
             (None, Some(b)) => limpet_core::spread_key(Some(b), client.bytes(), None),
-            (None, None) => limpet_core::spread_key(None, client.bytes(), issued_ms),
+            // A long key is held as its digest: the session is still the key's, whatever
+            // client presents it (the fleet's re-pins name the key, not a client).
+            (None, None) => match k.digest() {
+                Some(d) => limpet_core::spread_key(Some(&d), client.bytes(), None),
+                None => limpet_core::spread_key(None, client.bytes(), issued_ms),
+            },
         },
         None => limpet_core::spread_key(None, client.bytes(), issued_ms),
     }
@@ -1039,6 +1044,28 @@ mod tests {
         assert_eq!(
             spread_of(Some(KeyRef::ip(v6, IpPrefix::HOST)), v4, None),
             limpet_core::spread_key(Some(&v6_octets), &[192, 0, 2, 7], None)
+        );
+    }
+
+    /// A key long enough to be held as its digest spreads by the digest, whatever client
+    /// presents it: one key, one session, as the fleet's re-pins (which name the key and
+    /// no client) need.
+    #[test]
+    fn a_digest_key_spreads_alike_for_every_client() {
+        let long = vec![b'k'; limpet_core::table::MAX_KEY_LEN + 1];
+        let key = KeyRef::bytes(&long);
+        let d = key.digest().expect("held as a digest");
+        let (a, b): (IpAddr, IpAddr) = (
+            "192.0.2.7".parse().expect("a"),
+            "0.0.0.0".parse().expect("b"),
+        );
+        assert_eq!(
+            spread_of(Some(key), a, Some(1)),
+            spread_of(Some(key), b, None)
+        );
+        assert_eq!(
+            spread_of(Some(KeyRef::from_digest(d)), b, None),
+            limpet_core::spread_key(Some(&d), &[192, 0, 2, 7], None)
         );
     }
 }

@@ -16,12 +16,25 @@ pub struct Redis {
 impl Redis {
     /// Picks a free port (bind 0, release) and starts there.
     pub async fn start() -> Redis {
-        Redis::on(free_port()).await
+        Redis::on_a_free_port(&[]).await
+    }
+
+    /// Starts on a free port, another one while the port turns out taken (another test's
+    /// server took it between the release and the start).
+    async fn on_a_free_port(args: &[&str]) -> Redis {
+        for _ in 0..20 {
+            if let Some(r) = Redis::spawn(free_port(), args).await {
+                return r;
+            }
+        }
+        panic!("redis-server: no free port in 20 tries");
     }
 
     /// Starts on `port` and waits (bounded) until it answers PING.
     pub async fn on(port: u16) -> Redis {
-        Redis::spawn(port, &[]).await
+        Redis::spawn(port, &[])
+            .await
+            .unwrap_or_else(|| panic!("redis-server: port {port} taken"))
     }
 
     /// Starts on `port` holding `keys` (with a 10-minute expiry) from its first answer on, as a
@@ -30,7 +43,7 @@ impl Redis {
     pub async fn on_seeded(port: u16, dir: &std::path::Path, keys: &[(&str, &str)]) -> Redis {
         let dir = dir.to_str().expect("utf-8 temp dir");
         let file = ["--dir", dir, "--dbfilename", "seed.rdb"];
-        let mut seed = Redis::spawn(free_port(), &file).await;
+        let mut seed = Redis::on_a_free_port(&file).await;
         let mut c = seed.conn().await.expect("seed connection");
         for (k, v) in keys {
             redis::cmd("SET")
@@ -47,10 +60,14 @@ impl Redis {
             .await
             .expect("SAVE");
         seed.kill();
-        Redis::spawn(port, &file).await
+        Redis::spawn(port, &file)
+            .await
+            .unwrap_or_else(|| panic!("redis-server: port {port} taken"))
     }
 
-    async fn spawn(port: u16, args: &[&str]) -> Redis {
+    /// Starts a server on `port` and waits (bounded) until it answers PING as itself (its
+    /// `process_id`): `None` when it exited first, the port being another's.
+    async fn spawn(port: u16, args: &[&str]) -> Option<Redis> {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -59,24 +76,30 @@ impl Redis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server (scripts/test installs the Debian package redis-server)");
-        let r = Redis { child, port };
-        tokio::time::timeout(PATIENCE, async {
+        let mut r = Redis { child, port };
+        let pid = format!("process_id:{}", r.child.id());
+        let up = tokio::time::timeout(PATIENCE, async {
             loop {
+                if !matches!(r.child.try_wait(), Ok(None)) {
+                    return false;
+                }
                 if let Ok(mut c) = r.conn().await {
-                    if redis::cmd("PING")
+                    if let Ok(info) = redis::cmd("INFO")
+                        .arg("server")
                         .query_async::<String>(&mut c)
                         .await
-                        .is_ok()
                     {
-                        return;
+                        if info.lines().any(|l| l.trim() == pid) {
+                            return true;
+                        }
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
         .await
-        .expect("redis-server answers PING");
-        r
+        .expect("redis-server answers in time");
+        up.then_some(r)
     }
 
     pub fn url(&self) -> String {
