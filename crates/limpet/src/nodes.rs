@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use limpet_core::seen::SeenWindow;
 use limpet_core::{
-    AdminState, HealthPolicy, NodeStatus, Observation, RepinReason, SessionEnd, Transition,
+    AdminState, HealthPolicy, NodeState, NodeStatus, Observation, RepinReason, SessionEnd,
+    Transition,
 };
 use tokio::sync::watch;
 
@@ -419,19 +420,20 @@ impl NodeRuntime {
         if queued >= a.max_queue.load(Ordering::Relaxed) {
             return Err(Refused::QueueFull);
         }
-        // Subscribed before the state is read: a change in between is not missed. The state
-        // it queued in is the reference: a trial queued for a node still DOWN stays.
+        // Subscribed before the state is read: a change in between is not missed.
         let mut events = self.events.subscribe();
-        let queued_in = self.status().state();
-        let left = || {
+        // A trial queued for a node already DOWN stays while the node is DOWN: the route
+        // sent it there to try the node.
+        let trial = self.status().state() == NodeState::Down;
+        // Whether the session may stay in the queue, by the core's rule for the node's
+        // sessions: it leaves now, at its moment past a drain deadline (the moment routing
+        // re-pins its key), or not at all.
+        let verdict = || {
             let status = self.status();
-            if status.state() == queued_in {
-                return None;
+            if trial && status.state() == NodeState::Down {
+                return SessionEnd::Never;
             }
-            match status.session_end(clock::now_ms(), spread_key, true) {
-                SessionEnd::Now(why) => Some(why),
-                SessionEnd::At(_) | SessionEnd::Never => None,
-            }
+            status.session_end(clock::now_ms(), spread_key, true)
         };
         let waited = tokio::time::timeout(queue_timeout, async {
             loop {
@@ -440,18 +442,29 @@ impl NodeRuntime {
                 // Registered before the checks, so a slot freed in between is not missed;
                 // the state first, so a slot freed as the node left is not taken.
                 freed.as_mut().enable();
-                if let Some(why) = left() {
-                    // The slot this one may have been woken for goes to the next waiter.
-                    a.freed.notify_one();
-                    return Err(Refused::Left(why));
-                }
+                let leave_at = match verdict() {
+                    SessionEnd::Now(why) => {
+                        // The slot this one may have been woken for goes to the next waiter.
+                        a.freed.notify_one();
+                        return Err(Refused::Left(why));
+                    }
+                    SessionEnd::At(at) => Some(at),
+                    SessionEnd::Never => None,
+                };
                 if a.try_take() {
                     return Ok(());
                 }
+                let moment = async {
+                    match leave_at {
+                        Some(at) => tokio::time::sleep_until(clock::instant_of(at)).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = freed => {}
                     // Cannot fail: `self` holds the sender.
                     _ = events.changed() => {}
+                    () = moment => {}
                 }
             }
         })
@@ -718,6 +731,53 @@ mod tests {
         );
         drop(held);
         assert_eq!(rt.admitted(), 0, "nothing left counted");
+    }
+
+    /// A drain with a deadline lets a queued session go at its moment (the moment routing
+    /// re-pins its key), whether it queued before the drain or during it, and one that
+    /// queues past its moment goes at once: the queue keeps only what the node may still
+    /// serve (chaos run: queued requests reached a node past its drain deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_deadline_lets_the_queue_go_at_each_session_s_moment() {
+        let rt = node();
+        let wait = Duration::from_secs(60);
+        rt.set_limits(Some(1), 8);
+        let held = rt.admit(wait, 0).await.expect("a free slot");
+        let queued = |key: u64| {
+            let rt = Arc::clone(&rt);
+            tokio::spawn(async move { rt.admit(wait, key).await })
+        };
+        let before = queued(1);
+        tokio::task::yield_now().await;
+        let t0 = tokio::time::Instant::now();
+        rt.set_admin(AdminState::Drain {
+            deadline_ms: Some(clock::now_ms() + 2_000),
+            spread_ms: 0,
+        });
+        let during = queued(2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !before.is_finished() && !during.is_finished(),
+            "before the deadline"
+        );
+        for w in [before, during] {
+            assert_eq!(
+                w.await.expect("task").err(),
+                Some(Refused::Left(RepinReason::DrainEnded))
+            );
+        }
+        let waited = t0.elapsed();
+        assert!(
+            (Duration::from_millis(1_999)..=Duration::from_millis(2_050)).contains(&waited),
+            "at the deadline, not at the queue timeout: {waited:?}"
+        );
+        let t1 = tokio::time::Instant::now();
+        assert_eq!(
+            rt.admit(wait, 3).await.err(),
+            Some(Refused::Left(RepinReason::DrainEnded))
+        );
+        assert_eq!(t1.elapsed(), Duration::ZERO, "past its moment: at once");
+        drop(held);
     }
 
     /// HAProxy's maxconn / maxqueue / timeout queue on paused time: a full node makes the
