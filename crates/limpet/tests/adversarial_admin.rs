@@ -482,6 +482,52 @@ async fn a_burst_waits_in_the_node_queue_within_max_connections() {
     l.stop().await;
 }
 
+/// Two requests to node `a` (pinned by cookie): the first takes its only slot and is held
+/// there, the second waits in its queue (its `queued` seen by the admin API).
+async fn one_holding_one_queued(
+    l: &Limpet,
+    a: &mut CountingNode,
+    url: &str,
+) -> (
+    tokio::task::JoinHandle<reqwest::Result<reqwest::StatusCode>>,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    let first = tokio::spawn({
+        let url = url.to_owned();
+        async move {
+            bare_client()
+                .get(&url)
+                .header("cookie", "route=a")
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    tokio::time::timeout(SOON, a.heads.recv())
+        .await
+        .expect("the first request reached a")
+        .expect("head");
+    let second = tokio::spawn({
+        let url = url.to_owned();
+        async move {
+            bare_client()
+                .get(&url)
+                .header("cookie", "route=a")
+                .send()
+                .await
+        }
+    });
+    tokio::time::timeout(SOON, async {
+        while node_view(l, "a").await["queued"].as_u64().unwrap_or(0) == 0 && !second.is_finished()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second request queued for a");
+    (first, second)
+}
+
 /// A request queued for a node at its `max_connections` when the node goes to MAINT (or
 /// DOWN) leaves the queue at once and is served by another node, re-pinned there, instead of
 /// waiting out the queue timeout for a 503 or a slot of the node that left (HAProxy
@@ -502,41 +548,9 @@ async fn a_request_queued_for_a_node_that_goes_to_maint_is_served_by_another_at_
     );
     let l = Limpet::start(&cfg).await;
     let url = format!("http://{}/", l.addr("web"));
-    // The first request pinned to a takes its only slot (a holds it).
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move {
-            bare_client()
-                .get(&url)
-                .header("cookie", "route=a")
-                .send()
-                .await
-                .map(|r| r.status())
-        }
-    });
-    tokio::time::timeout(SOON, a.heads.recv())
-        .await
-        .expect("the first request reached a")
-        .expect("head");
-    // The second, pinned to a too, waits in a's queue.
-    let second = tokio::spawn({
-        let url = url.clone();
-        async move {
-            bare_client()
-                .get(&url)
-                .header("cookie", "route=a")
-                .send()
-                .await
-        }
-    });
-    tokio::time::timeout(SOON, async {
-        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 && !second.is_finished()
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the second request queued for a");
+    // The first request pinned to a takes its only slot (a holds it); the second, pinned
+    // to a too, waits in a's queue.
+    let (first, second) = one_holding_one_queued(&l, &mut a, &url).await;
     set_state(&l, "a", r#"{"state":"maint"}"#).await;
     let r = tokio::time::timeout(SOON, second)
         .await
@@ -576,25 +590,7 @@ async fn a_request_queued_for_the_only_node_that_goes_to_maint_gets_503_at_once(
     );
     let l = Limpet::start(&cfg).await;
     let url = format!("http://{}/", l.addr("web"));
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { bare_client().get(&url).send().await.map(|r| r.status()) }
-    });
-    tokio::time::timeout(SOON, node.heads.recv())
-        .await
-        .expect("the first request reached the node")
-        .expect("head");
-    let second = tokio::spawn({
-        let url = url.clone();
-        async move { bare_client().get(&url).send().await }
-    });
-    tokio::time::timeout(SOON, async {
-        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the second request queued");
+    let (first, second) = one_holding_one_queued(&l, &mut node, &url).await;
     set_state(&l, "a", r#"{"state":"maint"}"#).await;
     let r = tokio::time::timeout(SOON, second)
         .await

@@ -1161,12 +1161,8 @@ async fn a_session_moved_off_its_node_is_re_pinned_for_how_the_node_failed() {
     b.kill().await;
 }
 
-/// A GET that outlasts `upstream_answer` on every node is slow by itself: it is replayed on
-/// one other node, not on each in turn, then answered 504. Two nodes are charged a failure
-/// and the third never sees it: replayed on all, a few such requests took every node DOWN
-/// (and kept the client waiting the answer timeout once per node).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
+/// Quick mode in front of three built-in nodes a, b and c (`upstream_answer` when given).
+async fn three_nodes(upstream_answer: Option<Duration>) -> (Vec<Backend>, Quick) {
     let mut nodes = Vec::new();
     for name in ["a", "b", "c"] {
         nodes.push(Backend::start(name).await);
@@ -1181,14 +1177,14 @@ async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
             })
             .collect(),
     );
-    cfg.timeouts.upstream_answer = Duration::from_millis(300);
-    let proxy = Quick::start(cfg).await;
-    let url = format!("{}slow?ms=3000", proxy.url());
-    let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))
-        .await
-        .unwrap_or_else(|_| panic!("no answer"))
-        .unwrap_or_else(|e| panic!("GET: {e}"));
-    assert_eq!(status, 504);
+    if let Some(t) = upstream_answer {
+        cfg.timeouts.upstream_answer = t;
+    }
+    (nodes, Quick::start(cfg).await)
+}
+
+/// Failed attempts counted on a, b and c, in increasing order.
+fn errors_per_node(proxy: &Quick) -> Vec<u64> {
     let now = limpet::clock::now_ms();
     let metrics = &proxy.runtime.state().lifecycle.metrics;
     let mut errors: Vec<u64> = ["a", "b", "c"]
@@ -1196,7 +1192,27 @@ async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
         .map(|n| metrics.traffic(n, now).errors)
         .collect();
     errors.sort_unstable();
-    assert_eq!(errors, [0, 1, 1], "two nodes tried, one left alone");
+    errors
+}
+
+/// A GET that outlasts `upstream_answer` on every node is slow by itself: it is replayed on
+/// one other node, not on each in turn, then answered 504. Two nodes are charged a failure
+/// and the third never sees it: replayed on all, a few such requests took every node DOWN
+/// (and kept the client waiting the answer timeout once per node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
+    let (nodes, proxy) = three_nodes(Some(Duration::from_millis(300))).await;
+    let url = format!("{}slow?ms=3000", proxy.url());
+    let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))
+        .await
+        .unwrap_or_else(|_| panic!("no answer"))
+        .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(status, 504);
+    assert_eq!(
+        errors_per_node(&proxy),
+        [0, 1, 1],
+        "two nodes tried, one left alone"
+    );
     for n in ["a", "b", "c"] {
         assert_eq!(proxy.state_of(n), "UP", "{n}");
     }
@@ -1212,35 +1228,18 @@ async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
 /// node DOWN, and the clients of every session got 503 for `fail_timeout` (chaos run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_breaks_every_node_is_replayed_once_then_answered_502() {
-    let mut nodes = Vec::new();
-    for name in ["a", "b", "c"] {
-        nodes.push(Backend::start(name).await);
-    }
-    let cfg = limpet::proxy::ProxyConfig::new(
-        ["a", "b", "c"]
-            .iter()
-            .zip(&nodes)
-            .map(|(name, n)| limpet::proxy::NodeConfig {
-                name: (*name).into(),
-                addr: n.addr,
-            })
-            .collect(),
-    );
-    let proxy = Quick::start(cfg).await;
+    let (nodes, proxy) = three_nodes(None).await;
     let url = format!("{}drop", proxy.url());
     let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))
         .await
         .unwrap_or_else(|_| panic!("no answer"))
         .unwrap_or_else(|e| panic!("GET: {e}"));
     assert_eq!(status, 502);
-    let now = limpet::clock::now_ms();
-    let metrics = &proxy.runtime.state().lifecycle.metrics;
-    let mut errors: Vec<u64> = ["a", "b", "c"]
-        .iter()
-        .map(|n| metrics.traffic(n, now).errors)
-        .collect();
-    errors.sort_unstable();
-    assert_eq!(errors, [0, 1, 1], "two nodes tried, one left alone");
+    assert_eq!(
+        errors_per_node(&proxy),
+        [0, 1, 1],
+        "two nodes tried, one left alone"
+    );
     // Two more: with fall 3 and every node tried each time, all three would be DOWN now.
     for _ in 0..2 {
         let (status, _) = tokio::time::timeout(PATIENCE, get(&fresh_client(), &url))

@@ -772,31 +772,18 @@ impl<'a> Attempt<'a> {
         }
         self.sent_failed |= sent_failure;
         tracing::debug!(id = self.id, node = state.node_name(node), error = %e, "failing over");
-        self.failed.push(Excluded {
-            node,
-            why: e.repin_reason(),
-        });
-        let next = route(
-            self.ctx,
-            self.shared,
-            self.presented,
-            &self.failed,
-            clock::now_ms(),
-        );
-        if next.node.is_none() {
+        if !self.route_without(node, e.repin_reason()) {
             // Nowhere else to go: the answer reports this node's error.
             return Err(e.clone());
         }
         // Answered elsewhere, if at all: this node's failure is counted here.
         self.shared.metrics.attempt_failed(node);
-        self.route = next;
         Ok(())
     }
 
-    /// The node left rotation while the request waited in its queue: the request routes
-    /// again without it (the answer re-pins for `why`). Nothing was sent: no passive failure
-    /// and no failed attempt are counted.
-    fn leave(&mut self, node: NodeId, why: limpet_core::RepinReason) -> Result<(), UpstreamError> {
+    /// Routes the request again without `node` (excluded for `why`, which the answer's
+    /// re-pin reports); false when no node is left, the route unchanged.
+    fn route_without(&mut self, node: NodeId, why: limpet_core::RepinReason) -> bool {
         self.failed.push(Excluded { node, why });
         let next = route(
             self.ctx,
@@ -806,15 +793,25 @@ impl<'a> Attempt<'a> {
             clock::now_ms(),
         );
         if next.node.is_none() {
-            return Err(UpstreamError::new(
-                Stage::Queue,
-                Cause::Io(std::io::ErrorKind::NotFound),
-                false,
-                "no node available",
-            ));
+            return false;
         }
         self.route = next;
-        Ok(())
+        true
+    }
+
+    /// The node left rotation while the request waited in its queue: the request routes
+    /// again without it (the answer re-pins for `why`). Nothing was sent: no passive failure
+    /// and no failed attempt are counted.
+    fn leave(&mut self, node: NodeId, why: limpet_core::RepinReason) -> Result<(), UpstreamError> {
+        if self.route_without(node, why) {
+            return Ok(());
+        }
+        Err(UpstreamError::new(
+            Stage::Queue,
+            Cause::Io(std::io::ErrorKind::NotFound),
+            false,
+            "no node available",
+        ))
     }
 
     /// Sends the request (`pending`: the request not yet handed to any connection, or
