@@ -555,7 +555,8 @@ pub enum Refused {
     QueueFull,
     /// No slot freed within the queue timeout.
     QueueTimeout,
-    /// The node left rotation (DOWN, MAINT) while the session waited: route again.
+    /// The node left rotation (DOWN, MAINT, the session's moment past a drain deadline)
+    /// while the session waited: route again.
     Left(RepinReason),
 }
 

@@ -446,8 +446,8 @@ async fn connect(
         let admitted = match rt {
             Some(rt) => match rt.admit(def.timeouts.queue, spread).await {
                 Ok(a) => Some(a),
-                // The node left rotation (DOWN, MAINT) while the session waited: it routes
-                // again without the node, nothing charged.
+                // The node left rotation (DOWN, MAINT, past a drain) while the session
+                // waited: it routes again without the node, nothing charged.
                 Err(crate::nodes::Refused::Left(why)) => {
                     failed.push(Excluded { node, why });
                     continue;

@@ -858,8 +858,9 @@ impl<'a> Attempt<'a> {
                 }
                 // A node at its max_connections: wait in its queue (no failover: a busy node is
                 // not a failed one, and moving a pinned session would break its affinity).
-                // A node that leaves rotation (DOWN, MAINT) while the request waits lets it go:
-                // it routes again without the node, nothing sent and nothing charged.
+                // A node that leaves rotation (DOWN, MAINT, past a drain) while the request
+                // waits lets it go: it routes again without the node, nothing sent and nothing
+                // charged.
                 let admitted = match shared.state.node_rt(node) {
                     Some(rt) => {
                         match rt.admit(shared.timeouts.queue, self.presented.spread).await {
