@@ -528,6 +528,20 @@ async fn one_holding_one_queued(
     (first, second)
 }
 
+/// Sets node `a` to MAINT and returns the queued request's answer, which must come at once
+/// (within [`SOON`]), not at the queue timeout.
+async fn maint_then_answer(
+    l: &Limpet,
+    queued: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) -> reqwest::Response {
+    set_state(l, "a", r#"{"state":"maint"}"#).await;
+    tokio::time::timeout(SOON, queued)
+        .await
+        .expect("answered at once, not at the queue timeout")
+        .expect("task")
+        .expect("answer")
+}
+
 /// A request queued for a node at its `max_connections` when the node goes to MAINT (or
 /// DOWN) leaves the queue at once and is served by another node, re-pinned there, instead of
 /// waiting out the queue timeout for a 503 or a slot of the node that left (HAProxy
@@ -551,12 +565,7 @@ async fn a_request_queued_for_a_node_that_goes_to_maint_is_served_by_another_at_
     // The first request pinned to a takes its only slot (a holds it); the second, pinned
     // to a too, waits in a's queue.
     let (first, second) = one_holding_one_queued(&l, &mut a, &url).await;
-    set_state(&l, "a", r#"{"state":"maint"}"#).await;
-    let r = tokio::time::timeout(SOON, second)
-        .await
-        .expect("answered at once, not at the queue timeout")
-        .expect("task")
-        .expect("answer");
+    let r = maint_then_answer(&l, second).await;
     assert_eq!(r.status().as_u16(), 200);
     let cookie = r
         .headers()
@@ -591,12 +600,7 @@ async fn a_request_queued_for_the_only_node_that_goes_to_maint_gets_503_at_once(
     let l = Limpet::start(&cfg).await;
     let url = format!("http://{}/", l.addr("web"));
     let (first, second) = one_holding_one_queued(&l, &mut node, &url).await;
-    set_state(&l, "a", r#"{"state":"maint"}"#).await;
-    let r = tokio::time::timeout(SOON, second)
-        .await
-        .expect("answered at once, not at the queue timeout")
-        .expect("task")
-        .expect("answer");
+    let r = maint_then_answer(&l, second).await;
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(node_view(&l, "a").await["queued"].as_u64(), Some(0));
     first.abort();
