@@ -403,6 +403,7 @@ struct Connected {
 /// succeeds, so every failure is safe to take to another node. The route claims a DOWN node's
 /// trial; one someone else holds is skipped.
 async fn connect(
+    runtime: &Runtime,
     state: &State,
     li: usize,
     def: &ListenerDef,
@@ -436,7 +437,6 @@ async fn connect(
             NO_NODE.note(&def.name);
             return None;
         };
-        let addr = state.upstream(def, node, local_port)?;
         // Watched from the route on: a move of the session off this node while it connects
         // (another of its connections failed there) ends it as soon as it runs.
         let rt = state.node_rt(node);
@@ -466,6 +466,9 @@ async fn connect(
             },
             None => None,
         };
+        // Where the running config has the node: a reload while the session waited in the
+        // queue may have moved it.
+        let addr = runtime.upstream_now(state, def, node, local_port)?;
         match attempt(def, who, addr).await {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
@@ -552,7 +555,7 @@ async fn session(
     let (who, local, client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
-    let Some(conn) = connect(&state, li, &def, &who, local.port()).await else {
+    let Some(conn) = connect(&runtime, &state, li, &def, &who, local.port()).await else {
         // Refusals and running out of descriptors are logged where they happen.
         tracing::debug!(listener = %def.name, client = %who.client, "no TCP session opened");
         return;

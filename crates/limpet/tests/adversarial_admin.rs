@@ -374,12 +374,15 @@ async fn maint_interrupts_a_websocket_tunnel_blocked_in_a_write() {
     l.stop().await;
 }
 
-/// An HTTP node on 127.0.0.2 that answers every request after `delay`, counting the requests
-/// it is working on at once (the most ever, too) and reporting each request head it gets.
+/// An HTTP node on 127.0.0.2 that answers every request after `delay` (or once released),
+/// counting the requests it is working on at once (the most ever, too) and reporting each
+/// request head it gets.
 struct CountingNode {
     port: u16,
     most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     heads: tokio::sync::mpsc::Receiver<()>,
+    /// Held requests' answers: one permit lets one go ([`CountingNode::start_held`]).
+    answers: std::sync::Arc<tokio::sync::Semaphore>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -390,6 +393,20 @@ impl CountingNode {
 
     /// A counting node on `ip` and `port` (0: any).
     async fn start_at(ip: &str, port: u16, delay: Duration) -> CountingNode {
+        CountingNode::spawn(ip, port, Some(delay)).await
+    }
+
+    /// A counting node on `ip` that holds each request until [`CountingNode::answer_one`].
+    async fn start_held(ip: &str) -> CountingNode {
+        CountingNode::spawn(ip, 0, None).await
+    }
+
+    /// Lets one held request have its answer.
+    fn answer_one(&self) {
+        self.answers.add_permits(1);
+    }
+
+    async fn spawn(ip: &str, port: u16, delay: Option<Duration>) -> CountingNode {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
         let listener = TcpListener::bind((ip, port)).await.expect("bind");
@@ -398,9 +415,12 @@ impl CountingNode {
         let now = Arc::new(AtomicUsize::new(0));
         let (tx, heads) = tokio::sync::mpsc::channel(64);
         let counted = Arc::clone(&most);
+        let answers = Arc::new(tokio::sync::Semaphore::new(0));
+        let permits = Arc::clone(&answers);
         let task = tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
                 let (most, now, tx) = (Arc::clone(&counted), Arc::clone(&now), tx.clone());
+                let permits = Arc::clone(&permits);
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 8192];
                     let mut seen = Vec::new();
@@ -415,7 +435,13 @@ impl CountingNode {
                             let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
                             most.fetch_max(at_once, Ordering::SeqCst);
                             let _ = tx.try_send(());
-                            tokio::time::sleep(delay).await;
+                            match delay {
+                                Some(d) => tokio::time::sleep(d).await,
+                                None => match permits.acquire().await {
+                                    Ok(p) => p.forget(),
+                                    Err(_) => return,
+                                },
+                            }
                             now.fetch_sub(1, Ordering::SeqCst);
                             if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                                 .await
@@ -432,6 +458,7 @@ impl CountingNode {
             port,
             most,
             heads,
+            answers,
             task,
         }
     }
@@ -604,6 +631,102 @@ async fn a_request_queued_for_the_only_node_that_goes_to_maint_gets_503_at_once(
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(node_view(&l, "a").await["queued"].as_u64(), Some(0));
     first.abort();
+    l.stop().await;
+}
+
+/// A request waiting in its node's queue when a reload moves the node to another address
+/// is sent to the new address once admitted, not to the one the running config no longer
+/// names (the reload row of the failure model: connections opened before a reload obey it).
+#[tokio::test]
+async fn a_request_queued_while_a_reload_moves_its_node_goes_to_the_new_address() {
+    let mut old = CountingNode::start_held("127.0.0.2").await;
+    let mut moved = CountingNode::start_at("127.0.0.4", old.port, Duration::ZERO).await;
+    let port = old.port;
+    let text =
+        |ip: &str| limited_config(port, "max_connections = 1", "60s").replace("127.0.0.2", ip);
+    let cfg = ConfigFile::new("adv-queue-moved", &text("127.0.0.2"));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let (first, second) = one_holding_one_queued(&l, &mut old, &url).await;
+    cfg.write(&text("127.0.0.4"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    // The held request's answer frees the node's slot for the queued one.
+    old.answer_one();
+    assert_eq!(
+        first.await.expect("task").expect("first answer").as_u16(),
+        200
+    );
+    let r = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the queued request answered")
+        .expect("task")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200);
+    tokio::time::timeout(SOON, moved.heads.recv())
+        .await
+        .expect("the node at its new address took the queued request")
+        .expect("head");
+    assert!(
+        old.heads.try_recv().is_err(),
+        "the old address got the queued request"
+    );
+    l.stop().await;
+}
+
+/// The same for a TCP session: queued for its node's only slot while a reload moves the
+/// node, it is relayed to the new address once the slot frees.
+#[tokio::test]
+async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_address() {
+    let mut old = CountingNode::start_at("127.0.0.2", 0, Duration::ZERO).await;
+    let mut moved = CountingNode::start_at("127.0.0.4", old.port, Duration::ZERO).await;
+    let port = old.port;
+    let text = |ip: &str| {
+        format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"{ip}\"\nmax_connections = 1\n\n\
+             [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {port}\ntimeouts = {{ queue = \"60s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+        )
+    };
+    let cfg = ConfigFile::new("adv-tcp-queue-moved", &text("127.0.0.2"));
+    let l = Limpet::start(&cfg).await;
+    let raw = l.addr("raw");
+    const HEAD: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    // The first session takes the node's only slot and keeps it while it is open.
+    let mut first = TcpStream::connect(raw).await.expect("connect");
+    first.write_all(HEAD).await.expect("write");
+    tokio::time::timeout(SOON, old.heads.recv())
+        .await
+        .expect("the first session reached the node")
+        .expect("head");
+    let mut second = TcpStream::connect(raw).await.expect("connect");
+    second.write_all(HEAD).await.expect("write");
+    tokio::time::timeout(SOON, async {
+        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second session queued");
+    cfg.write(&text("127.0.0.4"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    drop(first);
+    let mut answer = [0u8; 15];
+    tokio::time::timeout(SOON, second.read_exact(&mut answer))
+        .await
+        .expect("the queued session relayed")
+        .expect("read");
+    assert_eq!(&answer, b"HTTP/1.1 200 OK");
+    tokio::time::timeout(SOON, moved.heads.recv())
+        .await
+        .expect("the node at its new address took the queued session")
+        .expect("head");
+    assert!(
+        old.heads.try_recv().is_err(),
+        "the old address got the queued session"
+    );
     l.stop().await;
 }
 

@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use admin_common::lifecycle::{
-    admin_json, backend_nodes, bare_client, node_view, nodes_toml, set_state, ConfigFile, Limpet,
+    admin_json, backend_nodes, bare_client, node_view, nodes_toml, reload, set_state, ConfigFile,
+    Limpet,
 };
 use bytes::Bytes;
 use clap::Parser;
@@ -475,22 +476,6 @@ async fn tcp_session_on(raw: SocketAddr, want: &str, base: u8) -> (TcpStream, Ip
         seen.push(node);
     }
     panic!("no TCP session landed on {want}: {seen:?}");
-}
-
-/// POST /api/v1/reload: (status, report).
-async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
-    let r = bare_client()
-        .post(l.admin_url("/api/v1/reload"))
-        .header("content-type", "application/json")
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("reload: {e}"));
-    let s = r.status().as_u16();
-    let b = r.bytes().await.unwrap_or_default();
-    (
-        s,
-        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
-    )
 }
 
 /// Polls the admin API (every 25 ms, until `deadline`) until `node` is in `state`: the time

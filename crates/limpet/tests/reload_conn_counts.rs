@@ -104,16 +104,6 @@ async fn wait_active(l: &Limpet, want: &[(&str, u32)]) {
     }
 }
 
-async fn reload(l: &Limpet) {
-    let r = bare_client()
-        .post(l.admin_url("/api/v1/reload"))
-        .header("content-type", "application/json")
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 200);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_sessions_still_count_after_a_reload_and_leastconn_sees_them() {
     let (_nodes, port) = echo_nodes(&["127.0.0.2", "127.0.0.3"]).await;
@@ -128,7 +118,8 @@ async fn open_sessions_still_count_after_a_reload_and_leastconn_sees_them() {
     wait_active(&l, &[("a", 1), ("b", 0)]).await;
 
     // Same nodes; a new State and pool. a's session is still open.
-    reload(&l).await;
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
     wait_active(&l, &[("a", 1), ("b", 0)]).await;
     let v = node_view(&l, "a").await;
     assert_eq!(v["active_connections"], 1, "{v}");

@@ -23,21 +23,6 @@ fn config(port: u16, nodes: &[(&str, &str)], b_weight: u32) -> String {
     )
 }
 
-async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
-    let r = bare_client()
-        .post(l.admin_url("/api/v1/reload"))
-        .header("content-type", "application/json")
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let s = r.status().as_u16();
-    let b = r.bytes().await.unwrap_or_default();
-    (
-        s,
-        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_under_load_fail_no_request_and_keep_every_pin() {
     let (_nodes, port) = backend_nodes(&NODES).await;

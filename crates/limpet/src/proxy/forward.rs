@@ -842,14 +842,6 @@ impl<'a> Attempt<'a> {
                         "no node available",
                     ));
                 };
-                let Some(conns) = shared.conns.get(node.index()) else {
-                    return Err(UpstreamError::new(
-                        Stage::Connect,
-                        Cause::Io(std::io::ErrorKind::NotFound),
-                        false,
-                        "node without connections",
-                    ));
-                };
                 if self.upgrade {
                     self.moves = shared
                         .state
@@ -881,6 +873,23 @@ impl<'a> Attempt<'a> {
                         }
                     }
                     None => None,
+                };
+                // The node's connections where the running config has the node: a reload
+                // while the request waited (in the queue above, or out an answer timeout
+                // before this failover) may have moved its address, and a request that
+                // came before it must not connect to the old one.
+                let reloaded = self.ctx.reloaded_since(shared).and_then(|now| {
+                    let id = now.state.node_id(shared.state.node_name(node))?;
+                    now.conns.get(id.index()).cloned()
+                });
+                let Some(conns) = reloaded.as_ref().or_else(|| shared.conns.get(node.index()))
+                else {
+                    return Err(UpstreamError::new(
+                        Stage::Connect,
+                        Cause::Io(std::io::ErrorKind::NotFound),
+                        false,
+                        "node without connections",
+                    ));
                 };
                 // A bodiless replayable request to a plaintext node: driven from this task
                 // (`node_h1`); everything else through hyper's client below.

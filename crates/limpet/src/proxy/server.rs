@@ -440,6 +440,15 @@ impl ConnCtx {
         Arc::clone(&mine)
     }
 
+    /// The listener's settings of the running config, when a reload came since `shared` (a
+    /// request's generation, from [`ConnCtx::shared`]) was taken; `None` while `shared` is
+    /// still current, one atomic load. For a request that waited (in a node's queue, or an
+    /// answer timeout before a failover): it reaches its node where the running config
+    /// has it, though it keeps its own generation for everything else.
+    pub(crate) fn reloaded_since(&self, shared: &Shared) -> Option<Arc<Shared>> {
+        (!self.generations.serves(shared)).then(|| self.generations.current())
+    }
+
     /// Whether this request is the connection's first sighting of `spread` (the session) on
     /// `node` this second. The node's sessions-seen window counts distinct sessions, so the
     /// same session again within the second changes nothing but its "last seen", which a

@@ -897,6 +897,29 @@ impl Runtime {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// The address listener `def` connects to for `node` of `since` (a generation a session
+    /// routed in) as the running config has it: the node may have moved in a reload since,
+    /// while the session waited in the node's queue. The node and the listener are found by
+    /// name; `None` when either is gone.
+    pub fn upstream_now(
+        &self,
+        since: &State,
+        def: &ListenerDef,
+        node: NodeId,
+        local_port: u16,
+    ) -> Option<SocketAddr> {
+        if since.generation() == self.generation() {
+            return since.upstream(def, node, local_port);
+        }
+        let now = self.state();
+        let id = now.node_id(since.node_name(node))?;
+        let slot = now
+            .listeners
+            .iter()
+            .find(|l| l.def.load().name == def.name)?;
+        now.upstream(&slot.def.load(), id, local_port)
+    }
+
     /// Installs a state built by [`State::rebuild`]. Listeners are bound once at start, so a
     /// reload that adds or moves bind addresses needs a restart (the caller checks).
     pub fn swap(&self, next: State) {

@@ -181,6 +181,22 @@ impl Limpet {
     }
 }
 
+/// POST /api/v1/reload, the running config file read again: (status, report).
+pub async fn reload(l: &Limpet) -> (u16, serde_json::Value) {
+    let r = bare_client()
+        .post(l.admin_url("/api/v1/reload"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("reload: {e}"));
+    let s = r.status().as_u16();
+    let b = r.bytes().await.unwrap_or_default();
+    (
+        s,
+        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// A client that keeps no cookies and uses no proxy: tests handle cookies by hand.
 pub fn bare_client() -> reqwest::Client {
     reqwest::Client::builder()
