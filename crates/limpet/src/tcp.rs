@@ -406,7 +406,7 @@ async fn connect(
     runtime: &Runtime,
     state: &State,
     li: usize,
-    def: &ListenerDef,
+    def: &Arc<ListenerDef>,
     who: &Peer,
     local_port: u16,
 ) -> Option<Connected> {
@@ -466,10 +466,18 @@ async fn connect(
             },
             None => None,
         };
-        // Where the running config has the node: a reload while the session waited in the
-        // queue may have moved it.
-        let addr = runtime.upstream_now(state, def, node, local_port)?;
-        match attempt(def, who, addr).await {
+        // Where and how the running config reaches the node: a reload while the session
+        // waited in the queue may have moved it or changed the listener's TLS or PROXY
+        // header to nodes. A node the reload removed is left as one set to MAINT (what the
+        // reload does to it).
+        let Some((def_now, addr)) = runtime.upstream_now(state, def, node, local_port) else {
+            failed.push(Excluded {
+                node,
+                why: limpet_core::RepinReason::NodeMaint,
+            });
+            continue;
+        };
+        match attempt(&def_now, who, addr).await {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
                 state.observe(node, Observation::TrafficOk);

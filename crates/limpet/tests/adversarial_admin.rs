@@ -376,11 +376,11 @@ async fn maint_interrupts_a_websocket_tunnel_blocked_in_a_write() {
 
 /// An HTTP node on 127.0.0.2 that answers every request after `delay` (or once released),
 /// counting the requests it is working on at once (the most ever, too) and reporting each
-/// request head it gets.
+/// request head it gets (what came before it on the connection too: a PROXY header).
 struct CountingNode {
     port: u16,
     most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    heads: tokio::sync::mpsc::Receiver<()>,
+    heads: tokio::sync::mpsc::Receiver<String>,
     /// Held requests' answers: one permit lets one go ([`CountingNode::start_held`]).
     answers: std::sync::Arc<tokio::sync::Semaphore>,
     task: tokio::task::JoinHandle<()>,
@@ -431,10 +431,10 @@ impl CountingNode {
                         }
                         // One request at a time per connection (no pipelining from limpet).
                         while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                            seen.drain(..end + 4);
+                            let head: Vec<u8> = seen.drain(..end + 4).collect();
                             let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
                             most.fetch_max(at_once, Ordering::SeqCst);
-                            let _ = tx.try_send(());
+                            let _ = tx.try_send(String::from_utf8_lossy(&head).into_owned());
                             match delay {
                                 Some(d) => tokio::time::sleep(d).await,
                                 None => match permits.acquire().await {
@@ -651,7 +651,10 @@ async fn a_request_queued_while_a_reload_moves_its_node_goes_to_the_new_address(
     cfg.write(&text("127.0.0.4"));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
-    // The held request's answer frees the node's slot for the queued one.
+    // The held request's answer frees the node's slot for the queued one (and a second
+    // answer, so that a queued request sent to the old address would be answered there too,
+    // and found below).
+    old.answer_one();
     old.answer_one();
     assert_eq!(
         first.await.expect("task").expect("first answer").as_u16(),
@@ -675,21 +678,22 @@ async fn a_request_queued_while_a_reload_moves_its_node_goes_to_the_new_address(
 }
 
 /// The same for a TCP session: queued for its node's only slot while a reload moves the
-/// node, it is relayed to the new address once the slot frees.
+/// node and turns on the PROXY header to nodes, it is relayed to the new address, with the
+/// header, once the slot frees.
 #[tokio::test]
 async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_address() {
     let mut old = CountingNode::start_at("127.0.0.2", 0, Duration::ZERO).await;
     let mut moved = CountingNode::start_at("127.0.0.4", old.port, Duration::ZERO).await;
     let port = old.port;
-    let text = |ip: &str| {
+    let text = |ip: &str, proxy_header: &str| {
         format!(
             "[[nodes]]\nname = \"a\"\naddress = \"{ip}\"\nmax_connections = 1\n\n\
              [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
-             node_port = {port}\ntimeouts = {{ queue = \"60s\" }}\n\n\
+             node_port = {port}\ntimeouts = {{ queue = \"60s\" }}\n{proxy_header}\n\
              [admin]\nlisten = \"127.0.0.1:0\"\n",
         )
     };
-    let cfg = ConfigFile::new("adv-tcp-queue-moved", &text("127.0.0.2"));
+    let cfg = ConfigFile::new("adv-tcp-queue-moved", &text("127.0.0.2", ""));
     let l = Limpet::start(&cfg).await;
     let raw = l.addr("raw");
     const HEAD: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -709,7 +713,10 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
     })
     .await
     .expect("the second session queued");
-    cfg.write(&text("127.0.0.4"));
+    cfg.write(&text(
+        "127.0.0.4",
+        "[listeners.proxy_protocol]\nsend = \"v1\"\n",
+    ));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
     drop(first);
@@ -719,10 +726,14 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
         .expect("the queued session relayed")
         .expect("read");
     assert_eq!(&answer, b"HTTP/1.1 200 OK");
-    tokio::time::timeout(SOON, moved.heads.recv())
+    let head = tokio::time::timeout(SOON, moved.heads.recv())
         .await
         .expect("the node at its new address took the queued session")
         .expect("head");
+    assert!(
+        head.starts_with("PROXY TCP4 127.0.0.1 "),
+        "the reloaded listener's PROXY header sent first: {head:?}"
+    );
     assert!(
         old.heads.try_recv().is_err(),
         "the old address got the queued session"

@@ -878,10 +878,23 @@ impl<'a> Attempt<'a> {
                 // while the request waited (in the queue above, or out an answer timeout
                 // before this failover) may have moved its address, and a request that
                 // came before it must not connect to the old one.
-                let reloaded = self.ctx.reloaded_since(shared).and_then(|now| {
-                    let id = now.state.node_id(shared.state.node_name(node))?;
-                    now.conns.get(id.index()).cloned()
-                });
+                let reloaded = match self.ctx.reloaded_since(shared) {
+                    None => None,
+                    Some(now) => match now
+                        .state
+                        .node_id(shared.state.node_name(node))
+                        .and_then(|id| now.conns.get(id.index()).cloned())
+                    {
+                        Some(c) => Some(c),
+                        // The reload removed the node: it left, as one set to MAINT (what
+                        // the reload does to it), nothing sent.
+                        None => {
+                            self.leave(node, limpet_core::RepinReason::NodeMaint)?;
+                            force_fresh = self.upgrade;
+                            continue;
+                        }
+                    },
+                };
                 let Some(conns) = reloaded.as_ref().or_else(|| shared.conns.get(node.index()))
                 else {
                     return Err(UpstreamError::new(

@@ -446,7 +446,13 @@ impl ConnCtx {
     /// answer timeout before a failover): it reaches its node where the running config
     /// has it, though it keeps its own generation for everything else.
     pub(crate) fn reloaded_since(&self, shared: &Shared) -> Option<Arc<Shared>> {
-        (!self.generations.serves(shared)).then(|| self.generations.current())
+        if shared.state.generation() == self.generations.runtime.generation() {
+            return None;
+        }
+        // By identity, not by `serves`: a later reload whose settings for this listener were
+        // refused keeps the one built after `shared`, which is the running one.
+        let now = self.generations.current();
+        (!std::ptr::eq(Arc::as_ptr(&now), shared)).then_some(now)
     }
 
     /// Whether this request is the connection's first sighting of `spread` (the session) on

@@ -897,27 +897,33 @@ impl Runtime {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// The address listener `def` connects to for `node` of `since` (a generation a session
-    /// routed in) as the running config has it: the node may have moved in a reload since,
-    /// while the session waited in the node's queue. The node and the listener are found by
-    /// name; `None` when either is gone.
+    /// Listener `def`'s settings and the address of `node` (a node of `since`, the
+    /// generation a session routed in) as the running config has them: a reload while the
+    /// session waited in the node's queue may have moved the node, or changed how the
+    /// listener reaches nodes (TLS, PROXY header, connect timeout). The node and the
+    /// listener are found by name; `None` when the reload removed the node.
     pub fn upstream_now(
         &self,
         since: &State,
-        def: &ListenerDef,
+        def: &Arc<ListenerDef>,
         node: NodeId,
         local_port: u16,
-    ) -> Option<SocketAddr> {
+    ) -> Option<(Arc<ListenerDef>, SocketAddr)> {
         if since.generation() == self.generation() {
-            return since.upstream(def, node, local_port);
+            let addr = since.upstream(def, node, local_port)?;
+            return Some((Arc::clone(def), addr));
         }
         let now = self.state();
         let id = now.node_id(since.node_name(node))?;
-        let slot = now
+        // Listeners are never removed by a reload (one that tries is refused).
+        let def = now
             .listeners
             .iter()
-            .find(|l| l.def.load().name == def.name)?;
-        now.upstream(&slot.def.load(), id, local_port)
+            .map(|l| l.def.load_full())
+            .find(|l| l.name == def.name)
+            .unwrap_or_else(|| Arc::clone(def));
+        let addr = now.upstream(&def, id, local_port)?;
+        Some((def, addr))
     }
 
     /// Installs a state built by [`State::rebuild`]. Listeners are bound once at start, so a
