@@ -28,6 +28,8 @@
 //! - [`relay`]: the one relay of every tunnel (TCP sessions, WebSocket and other upgrades):
 //!   idle and stalled-writer timers per direction, close signals that interrupt a blocked write.
 //! - [`lifecycle`]: the runtime's node lifecycle: checks, drains, accounting, reload, admin.
+//! - [`logging`]: log lines written to stderr by a thread of their own, never by one that
+//!   serves traffic; dropped and counted when the reader does not keep up.
 //! - [`nodes`]: the per-node runtime (status, counts, session signals), outliving reloads.
 //! - [`error`]: upstream errors with their stage, for the retry and health rules.
 //! - [`clock`]: the one clock (`now_ms`), tokio's, so paused-time tests move it.
@@ -51,6 +53,7 @@ pub mod drain;
 pub mod error;
 pub mod health;
 pub mod lifecycle;
+pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod nodes;

@@ -97,47 +97,30 @@ fn cert(args: CertArgs) -> ExitCode {
     }
 }
 
-/// What is logged without `RUST_LOG`: limpet's own lines from `info` up; the protocol
-/// libraries' only from `error`. Their warnings are about what a client sent (an HTTP/2 PING
-/// ACK nobody asked for, a malformed SNI), one line per frame or handshake at the client's
-/// pace: a client could fill a disk with them. limpet answers such input itself, and says
-/// what matters about it at its own levels.
-const DEFAULT_LOG_FILTER: &str = "info,h2=error,hyper=error,rustls=error,tokio_rustls=error";
-
-/// Logs go to stderr (stdout carries the bound address); `RUST_LOG` filters, default
-/// [`DEFAULT_LOG_FILTER`].
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Held to the end of `main`: its drop flushes the queued log lines (bounded).
+    let _log;
     match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => {
-            init_tracing();
+            _log = limpet::logging::init();
             limpet::net::raise_fd_limit();
             limpet::demo::run(args)
         }
         Command::Proxy(args) => {
-            init_tracing();
+            _log = limpet::logging::init();
             limpet::net::raise_fd_limit();
             limpet::proxy::quick::run(args)
         }
         Command::Run(args) => {
-            init_tracing();
+            _log = limpet::logging::init();
             limpet::net::raise_fd_limit();
             limpet::runtime::run::run(args)
         }
         Command::Check(args) => limpet::runtime::run::check(args),
         Command::Probe(args) => {
-            init_tracing();
+            _log = limpet::logging::init();
             limpet::probe::run(args)
         }
         Command::Cert(args) => cert(args),

@@ -22,6 +22,7 @@
 //! | `limpet_table_entries` | gauge | table |
 //! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
 //! | `limpet_out_of_fds_total` | counter | at (`accept`, `connect`, `check`) |
+//! | `limpet_log_lines_dropped_total` | counter | none (lines the log writer's queue could not take: [`crate::logging`]) |
 //!
 //! Every family is in the text from the first scrape, before anything happened: families
 //! are registered as `Eager` (their `# TYPE` line is written even without a series), and
@@ -158,6 +159,21 @@ impl EncodeMetric for OutOfFdsCounters {
                 .encode(encoder.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// `limpet_log_lines_dropped_total`: read at each scrape from the process's log writer
+/// ([`crate::logging::dropped_lines`]).
+#[derive(Debug)]
+struct LogLinesDropped;
+
+impl EncodeMetric for LogLinesDropped {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        ConstCounter::new(crate::logging::dropped_lines()).encode(encoder)
     }
 
     fn metric_type(&self) -> MetricType {
@@ -404,6 +420,11 @@ impl Metrics {
             "limpet_out_of_fds",
             "Times limpet ran out of file descriptors on a client or node socket, by where: accept (tries, every 50 ms while a client waits in the backlog), connect (to a node; no verdict on it), check (skipped; no verdict)",
             OutOfFdsCounters,
+        );
+        registry.register(
+            "limpet_log_lines_dropped",
+            "Log lines dropped because the log writer's queue was full: the reader of limpet's stderr did not keep up (lines are never written from a thread that serves traffic)",
+            LogLinesDropped,
         );
         let m = Metrics {
             registry,

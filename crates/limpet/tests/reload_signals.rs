@@ -2,7 +2,8 @@
 //! refused and the running one stays); SIGTERM stops accepting, lets the request in flight
 //! finish, closes the WebSocket tunnel with 1001 (after the frame in flight), and exits 0,
 //! also while a SIGHUP's reload is blocked reading its file; a crash is survived through the
-//! periodic snapshot.
+//! periodic snapshot. And the binary's log: a reader of its stderr that stops reading
+//! stops no traffic.
 
 mod admin_common;
 
@@ -47,12 +48,21 @@ fn signal(child: &Child, sig: &str) {
 
 /// Starts `limpet run -c FILE`; returns it with its web and admin addresses.
 async fn run(cfg: &ConfigFile) -> (Proc, SocketAddr, SocketAddr) {
+    run_logging(cfg, "warn", Stdio::null()).await
+}
+
+/// Starts `limpet run -c FILE` with `RUST_LOG` and its stderr given.
+async fn run_logging(
+    cfg: &ConfigFile,
+    rust_log: &str,
+    stderr: Stdio,
+) -> (Proc, SocketAddr, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_limpet"))
         .args(["run", "-c"])
         .arg(&cfg.path)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", rust_log)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap_or_else(|e| panic!("limpet run: {e}"));
     let out = child.stdout.take();
@@ -451,4 +461,46 @@ async fn sigterm_finishes_the_websocket_frame_in_flight_then_closes_with_1001() 
     .unwrap_or_else(|_| panic!("limpet did not exit"));
     assert!(exited.success(), "{exited:?}");
     node_task.abort();
+}
+
+/// A reader of limpet's stderr that stops reading (a pipe to a hung process) stops no
+/// traffic: with the access log on, 3,000 requests write far more than the pipe holds
+/// (64 KiB), and every one is answered. Log lines are written by a thread of their own
+/// (`limpet::logging`); written in place, the first write to the full pipe blocked the
+/// thread serving the listener, and every request after it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_reader_that_stops_reading_stops_no_traffic() {
+    const REQUESTS: usize = 3_000;
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let cfg = ConfigFile::new("log-stalled", &config(port, &NODES[..1]));
+    // The read end of stderr stays open and is never read.
+    let (proc, web, admin) = run_logging(&cfg, "info", Stdio::piped()).await;
+    let client = bare_client();
+    let url = format!("http://{web}/");
+    let served = tokio::time::timeout(PATIENCE, async {
+        let mut served = 0;
+        for _ in 0..REQUESTS {
+            let r = client.get(&url).send().await;
+            if r.is_ok_and(|r| r.status().as_u16() == 200) {
+                served += 1;
+            }
+        }
+        served
+    })
+    .await
+    .expect("every request answered, none held behind the log");
+    assert_eq!(served, REQUESTS);
+    let metrics = bare_client()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        metrics.contains("limpet_log_lines_dropped_total "),
+        "the dropped-lines counter is exposed"
+    );
+    drop(proc);
 }

@@ -1,0 +1,116 @@
+//! # Where log lines go: stderr, from a thread of their own
+//!
+//! Every log line (the access log's one per request, a health transition, a rate-limited
+//! warning) is handed to a bounded queue and written to stderr by one writer thread
+//! (`tracing-appender`'s non-blocking writer). A line is never written from a thread that
+//! serves traffic, so a log reader that stops reading (a pipe to a hung process, a full disk
+//! behind journald) cannot stop the data plane: written in place, one blocked `write(2)`
+//! held stderr's lock and every thread that logged next waited behind it.
+//!
+//! When the queue is full the line is dropped and counted
+//! (`limpet_log_lines_dropped_total`), as HAProxy drops and counts log lines its syslog
+//! ring cannot take (`DroppedLogs`). At exit, the lines still queued are flushed for at most
+//! about a second.
+//!
+//! ```text
+//!  any thread ──► tracing ──► fmt layer ──► queue (LINES) ──► writer thread ──► stderr
+//!                                              └─ full: dropped, counted
+//! ```
+
+use std::io::Write;
+use std::sync::OnceLock;
+
+use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
+
+/// What is logged without `RUST_LOG`: limpet's own lines from `info` up; the protocol
+/// libraries' only from `error`. Their warnings are about what a client sent (an HTTP/2 PING
+/// ACK nobody asked for, a malformed SNI), one line per frame or handshake at the client's
+/// pace: a client could fill a disk with them. limpet answers such input itself, and says
+/// what matters about it at its own levels.
+pub const DEFAULT_FILTER: &str = "info,h2=error,hyper=error,rustls=error,tokio_rustls=error";
+
+/// Lines queued for the writer at most (`tracing-appender`'s default): about a second of
+/// the access log at 100,000 requests/s, a few tens of MB at worst.
+pub const LINES: usize = 128_000;
+
+/// The writer's count of dropped lines, once logging is set up.
+static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// Log lines dropped because the queue was full (0 before logging is set up).
+pub fn dropped_lines() -> u64 {
+    DROPPED
+        .get()
+        .map_or(0, |c| u64::try_from(c.dropped_lines()).unwrap_or(u64::MAX))
+}
+
+/// Sets up logging to stderr through the writer thread; `RUST_LOG` filters (default
+/// [`DEFAULT_FILTER`]). Keep the guard until the process ends: dropping it flushes the
+/// queue (bounded) and stops the thread.
+pub fn init() -> WorkerGuard {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
+    let (writer, guard) = off_thread(std::io::stderr(), LINES);
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    guard
+}
+
+/// A writer that queues at most `lines` lines for a thread writing them to `out`, dropping
+/// and counting ([`dropped_lines`]) what does not fit.
+fn off_thread<W: Write + Send + 'static>(out: W, lines: usize) -> (NonBlocking, WorkerGuard) {
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(lines)
+        .thread_name("limpet-log")
+        .finish(out);
+    // The first setup's counter: a process sets up logging once (a second setup, in tests,
+    // counts into its own).
+    let _ = DROPPED.set(writer.error_counter());
+    (writer, guard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A sink that blocks every write until the test lets it go: a log reader that stopped.
+    struct Stalled(mpsc::Receiver<()>);
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Writes to a stalled sink return at once; past the queue's size the lines are dropped
+    /// and counted, not waited for.
+    #[test]
+    fn a_stalled_log_reader_drops_and_counts_lines_and_blocks_no_writer() {
+        let (go, stalled) = mpsc::channel();
+        let (mut writer, guard) = off_thread(Stalled(stalled), 4);
+        let started = std::time::Instant::now();
+        for i in 0..100 {
+            writer
+                .write_all(format!("line {i}\n").as_bytes())
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "writes waited for the sink"
+        );
+        // The writer thread holds one line in its blocked write, the queue 4: the rest are
+        // dropped.
+        let dropped = writer.error_counter().dropped_lines();
+        assert!((95..=96).contains(&dropped), "{dropped}");
+        drop(go);
+        drop(guard);
+    }
+}
