@@ -146,3 +146,70 @@ async fn pins_survive_a_restart_and_bad_snapshots_are_skipped() {
         n.kill().await;
     }
 }
+
+/// A disk that hangs (a dead network mount) holds neither a periodic snapshot save past a
+/// stop nor the shutdown's own save past `SNAPSHOT_SAVE_LIMIT`: `stop` returns at the limit.
+/// The snapshot's temporary file is a FIFO nobody reads, so each save blocks opening it.
+/// On paused time, moved by hand (a blocked save keeps tokio from moving it by itself).
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit() {
+    use limpet::runtime::run::SNAPSHOT_SAVE_LIMIT;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = TempDir::new("snap-stuck");
+    let tmp = dir.path().join("t.tmp");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&tmp)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+    // Lets the stuck saves go: a reader on the FIFO (the test's end, or a stop that never
+    // returned: then after 10 s, so that the test fails instead of hanging).
+    let release = {
+        let tmp = tmp.clone();
+        move || {
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&tmp);
+        }
+    };
+    let (done, watch) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn({
+        let release = release.clone();
+        move || {
+            if watch.recv_timeout(Duration::from_secs(10)).is_err() {
+                release();
+            }
+        }
+    });
+    let running = start(config(
+        &dir,
+        &text(1, "snapshot = \"t.snapshot\"\nsnapshot_interval = \"1s\""),
+    ))
+    .await
+    .expect("start");
+    // Past the interval: the periodic save starts and is stuck.
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    let began = tokio::time::Instant::now();
+    let stopping = tokio::spawn(running.stop());
+    let step = Duration::from_millis(100);
+    for _ in 0..(SNAPSHOT_SAVE_LIMIT.as_millis() / step.as_millis() + 50) {
+        if stopping.is_finished() {
+            break;
+        }
+        tokio::time::advance(step).await;
+    }
+    let took = began.elapsed();
+    assert!(
+        stopping.is_finished(),
+        "stop still waiting for the disk after {took:?}"
+    );
+    assert!(
+        took >= SNAPSHOT_SAVE_LIMIT && took <= SNAPSHOT_SAVE_LIMIT + Duration::from_secs(1),
+        "stop returned after {took:?}, not at the save limit"
+    );
+    let _ = done.send(());
+    let _ = watchdog.join();
+    // The blocked saves finish (into the FIFO, then the file) before the runtime goes.
+    release();
+}

@@ -113,19 +113,40 @@ impl Running {
     }
 
     /// Stops accepting, drains the listeners (each up to its drain timeout), and saves the
-    /// tables that have a snapshot file.
+    /// tables that have a snapshot file, for at most [`SNAPSHOT_SAVE_LIMIT`].
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         let state = self.runtime.state();
-        for t in state.tables() {
-            save_snapshot(t);
+        let tables: Vec<Arc<super::Table>> = state.tables().cloned().collect();
+        if tables.iter().any(|t| t.def.snapshot.is_some()) {
+            // Off this thread, and bounded: a disk that hangs (a dead network mount) must
+            // neither keep the process from exiting nor keep a second signal from being
+            // taken while it waits. The pins not saved are lost, as they would be to a kill.
+            let saving = tokio::task::spawn_blocking(move || {
+                for t in &tables {
+                    save_snapshot(t);
+                }
+            });
+            if tokio::time::timeout(SNAPSHOT_SAVE_LIMIT, saving)
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    limit_s = SNAPSHOT_SAVE_LIMIT.as_secs(),
+                    "table snapshots not saved within the limit (the disk does not answer): exiting without them"
+                );
+            }
         }
         if let Some(s) = state.store() {
             s.stop();
         }
     }
 }
+
+/// The longest shutdown waits for the tables' snapshots to be written (as long as a reload
+/// waits for its file, `RELOAD_LOAD_LIMIT`).
+pub const SNAPSHOT_SAVE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Starts everything `config` describes: loads snapshots, binds every listener address, and
 /// serves them on the caller's runtime. Returns once all are bound (so a caller can connect
@@ -240,8 +261,14 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
                     if now >= at {
                         next_save = Some(now + every);
                         let t = Arc::clone(&table);
-                        // File I/O off the async workers.
-                        let _ = tokio::task::spawn_blocking(move || save_snapshot(&t)).await;
+                        // File I/O off the async workers, and not waited for past a stop:
+                        // a save stuck on a disk that hangs must not hold the shutdown
+                        // (which saves again, within its limit, after this one).
+                        let saving = tokio::task::spawn_blocking(move || save_snapshot(&t));
+                        tokio::select! {
+                            () = super::stopped(&mut stop) => return,
+                            _ = saving => {}
+                        }
                     }
                 }
             }
