@@ -181,6 +181,95 @@ pub static LOCAL_FDS: OutOfFds = OutOfFds::new();
 /// Other accept errors.
 static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
 
+/// A listener's `max_connections`: the client connections served at once, over every
+/// socket and worker thread of the listener, tunnels included. A reload changes the limit
+/// in place ([`ConnLimit::set`]): raised, the connections waiting are served at once;
+/// lowered, the connections over the new limit go on, and their slots are not given out
+/// again as they close, until the count is under it.
+#[derive(Debug)]
+pub struct ConnLimit {
+    permits: Arc<tokio::sync::Semaphore>,
+    /// The limit in force.
+    limit: Mutex<usize>,
+    /// Slots to take back as their connections close (a lowered limit whose slots were
+    /// in use): a permit returned while this is above 0 is forgotten instead.
+    owed: AtomicU64,
+}
+
+impl ConnLimit {
+    pub fn new(limit: usize) -> Arc<ConnLimit> {
+        Arc::new(ConnLimit {
+            permits: Arc::new(tokio::sync::Semaphore::new(limit)),
+            limit: Mutex::new(limit),
+            owed: AtomicU64::new(0),
+        })
+    }
+
+    /// The limit in force.
+    pub fn limit(&self) -> usize {
+        *self
+            .limit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Changes the limit (a reload). One change at a time (the lock), so the permits and
+    /// the debt always add up to it.
+    pub fn set(&self, limit: usize) {
+        let mut current = self
+            .limit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if limit > *current {
+            let mut more = (limit - *current) as u64;
+            // First cancel what a lower limit still owes.
+            let _ = self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                    let cancel = owed.min(more);
+                    more -= cancel;
+                    Some(owed - cancel)
+                });
+            self.permits
+                .add_permits(usize::try_from(more).unwrap_or(usize::MAX));
+        } else {
+            let fewer = *current - limit;
+            let free = self.permits.forget_permits(fewer);
+            self.owed.fetch_add((fewer - free) as u64, Ordering::AcqRel);
+        }
+        *current = limit;
+    }
+
+    /// A slot, once one is free.
+    async fn acquire(self: &Arc<Self>) -> Option<ConnPermit> {
+        let permit = Arc::clone(&self.permits).acquire_owned().await.ok()?;
+        Some(ConnPermit {
+            permit: Some(permit),
+            limit: Arc::clone(self),
+        })
+    }
+}
+
+/// One client connection's slot in its listener's [`ConnLimit`], given back when dropped
+/// (or kept back, when a lowered limit is owed one).
+#[derive(Debug)]
+pub struct ConnPermit {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    limit: Arc<ConnLimit>,
+}
+
+impl Drop for ConnPermit {
+    fn drop(&mut self) {
+        let owed = self
+            .limit
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| o.checked_sub(1));
+        if let (Ok(_), Some(p)) = (owed, self.permit.take()) {
+            p.forget();
+        }
+    }
+}
+
 /// The accept loop of every listener (HTTP, TCP, admin): until `shutdown` resolves, takes
 /// the next client and then one permit of `permits` (a listener's `max_connections`), and
 /// hands both to `serve`, which spawns what serves it. At the limit, the client just accepted
@@ -197,11 +286,11 @@ static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
 pub async fn accept_loop<F>(
     listener: TcpListener,
     name: &str,
-    permits: Option<Arc<tokio::sync::Semaphore>>,
+    permits: Option<Arc<ConnLimit>>,
     shutdown: impl std::future::Future<Output = ()>,
     mut serve: F,
 ) where
-    F: FnMut(ClientSocket, SocketAddr, Option<tokio::sync::OwnedSemaphorePermit>),
+    F: FnMut(ClientSocket, SocketAddr, Option<ConnPermit>),
 {
     let listener = match Listener::new(listener) {
         Ok(l) => l,
@@ -219,9 +308,9 @@ pub async fn accept_loop<F>(
         let permit = match &permits {
             Some(p) => tokio::select! {
                 () = &mut shutdown => return,
-                p = Arc::clone(p).acquire_owned() => match p {
-                    Ok(p) => Some(p),
-                    Err(_) => return,
+                p = p.acquire() => match p {
+                    Some(p) => Some(p),
+                    None => return,
                 },
             },
             None => None,
@@ -388,6 +477,29 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A limit lowered below the slots in use takes them back as they close; raised again,
+    /// it first cancels what it was still owed. Free slots always match the limit minus
+    /// the slots held.
+    #[tokio::test]
+    async fn a_connection_limit_changed_in_use_converges_to_the_new_limit() {
+        let limit = ConnLimit::new(2);
+        let a = limit.acquire().await.expect("a slot");
+        let b = limit.acquire().await.expect("a slot");
+        limit.set(0);
+        assert_eq!(limit.permits.available_permits(), 0);
+        limit.set(1);
+        // One of the two owed slots cancelled, none added: two held, limit 1.
+        assert_eq!(limit.permits.available_permits(), 0);
+        drop(a);
+        // Taken back: one held, limit 1.
+        assert_eq!(limit.permits.available_permits(), 0);
+        drop(b);
+        assert_eq!(limit.permits.available_permits(), 1);
+        limit.set(3);
+        assert_eq!(limit.permits.available_permits(), 3);
+        assert_eq!(limit.limit(), 3);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_flood_of_errors_is_logged_once_per_interval() {

@@ -30,7 +30,7 @@ use limpet_core::proxy_protocol::{self, Header, ParseError};
 use limpet_core::{Excluded, NodeId, Observation, RouteInput};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::clock;
@@ -647,7 +647,7 @@ pub async fn serve_on(
     name: String,
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
-    permits: Arc<Semaphore>,
+    permits: Arc<crate::net::ConnLimit>,
 ) {
     let mut sessions = JoinSet::new();
     let mut stop = shutdown.clone();

@@ -770,3 +770,129 @@ async fn a_request_queued_past_the_queue_timeout_gets_503() {
     first.abort();
     l.stop().await;
 }
+
+/// A listener of `max_connections = {max}` before node `a` (a demo node: it serves
+/// WebSockets at `/ws`).
+fn capped_config(port: u16, max: usize) -> String {
+    format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         max_connections = {max}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&[("a", "127.0.0.2")])
+    )
+}
+
+/// A GET on a connection of its own, spawned.
+fn get_on_own_connection(url: &str) -> tokio::task::JoinHandle<Option<u16>> {
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        bare_client()
+            .get(&url)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    })
+}
+
+/// How long a client that must wait for a slot is watched not to be served.
+const STILL_WAITING: Duration = Duration::from_millis(400);
+
+/// A WebSocket keeps its client connection's slot among the listener's `max_connections`
+/// until it closes, as HAProxy's `maxconn` counts tunnels: the limit bounds the longest-lived
+/// connections too, and their sockets (chaos run: 200 WebSockets through a listener capped at
+/// 50, and plain requests served beside them).
+#[tokio::test]
+async fn a_websocket_holds_its_listener_slot_until_it_closes() {
+    use futures_util::StreamExt;
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new("adv-ws-slots", &capped_config(port, 2));
+    let l = Limpet::start(&cfg).await;
+    let ws_url = format!("ws://{}/ws", l.addr("web"));
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let (mut ws, _) = tokio::time::timeout(SOON, tokio_tungstenite::connect_async(&ws_url))
+            .await
+            .expect("upgraded in time")
+            .expect("websocket");
+        // The node's greeting: the tunnel runs.
+        let hello = tokio::time::timeout(SOON, ws.next())
+            .await
+            .expect("greeting");
+        assert!(matches!(hello, Some(Ok(_))), "{hello:?}");
+        open.push(ws);
+    }
+    let mut waiting = get_on_own_connection(&format!("http://{}/", l.addr("web")));
+    assert!(
+        tokio::time::timeout(STILL_WAITING, &mut waiting)
+            .await
+            .is_err(),
+        "served beside two WebSockets at max_connections = 2"
+    );
+    let mut first = open.remove(0);
+    first.close(None).await.expect("close");
+    while let Ok(Some(_)) = tokio::time::timeout(SOON, first.next()).await {}
+    drop(first);
+    let status = tokio::time::timeout(SOON, waiting)
+        .await
+        .expect("served once a WebSocket closed")
+        .expect("task");
+    assert_eq!(status, Some(200));
+    drop(open);
+    l.stop().await;
+}
+
+/// A reload changes a listener's `max_connections` for the connections waiting and those to
+/// come: raised, a client waiting for a slot is served at once; lowered below the connections
+/// open, those go on and their slots are not given out again until the count is under the
+/// new limit (chaos run: the reload reported the change and the old limit stayed).
+#[tokio::test]
+async fn a_reload_changes_a_listener_s_max_connections() {
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new("adv-reload-cap", &capped_config(port, 1));
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+    let url = format!("http://{web}/");
+    // A connection that sends nothing holds the one slot (until `header_read`).
+    let held = TcpStream::connect(web).await.expect("connect");
+    let mut waiting = get_on_own_connection(&url);
+    assert!(
+        tokio::time::timeout(STILL_WAITING, &mut waiting)
+            .await
+            .is_err(),
+        "served beyond max_connections = 1"
+    );
+    cfg.write(&capped_config(port, 3));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let status = tokio::time::timeout(SOON, waiting)
+        .await
+        .expect("served once the reload raised the limit")
+        .expect("task");
+    assert_eq!(status, Some(200));
+
+    // Three held, then the limit lowered to 1: the three go on; two closing leave one open,
+    // which is the new limit, so a new client still waits; the last closing lets it in.
+    let mut held = vec![
+        held,
+        TcpStream::connect(web).await.expect("connect"),
+        TcpStream::connect(web).await.expect("connect"),
+    ];
+    cfg.write(&capped_config(port, 1));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    held.truncate(1);
+    let mut waiting = get_on_own_connection(&url);
+    assert!(
+        tokio::time::timeout(STILL_WAITING, &mut waiting)
+            .await
+            .is_err(),
+        "served beyond the lowered max_connections = 1"
+    );
+    held.clear();
+    let status = tokio::time::timeout(SOON, waiting)
+        .await
+        .expect("served once the connections were under the lowered limit")
+        .expect("task");
+    assert_eq!(status, Some(200));
+    l.stop().await;
+}

@@ -74,7 +74,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     // The admin listener is for a few operators and scrapers: its connections are bounded
     // like a proxy listener's, so a flood there cannot take the descriptors traffic needs.
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let permits = crate::net::ConnLimit::new(MAX_CONNECTIONS);
     crate::net::accept_loop(
         listener,
         "admin",

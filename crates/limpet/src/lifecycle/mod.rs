@@ -48,6 +48,9 @@ pub struct Lifecycle {
     /// while it has not returned: the next reload waits for it (within the same limit)
     /// rather than start another, so a hung file leaves at most one thread blocked.
     pub(crate) reloading: tokio::sync::Mutex<Option<crate::runtime::ConfigLoad>>,
+    /// Each listener's `max_connections`, by name, shared by its sockets and changed in
+    /// place by a reload.
+    conn_limits: Mutex<std::collections::HashMap<String, Arc<crate::net::ConnLimit>>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -64,7 +67,27 @@ impl Lifecycle {
             admin_addr: OnceLock::new(),
             reloads: AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(None),
+            conn_limits: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// Listener `name`'s connection limit, made with `max` on first use.
+    pub fn conn_limit(&self, name: &str, max: usize) -> Arc<crate::net::ConnLimit> {
+        Arc::clone(
+            lock(&self.conn_limits)
+                .entry(name.to_owned())
+                .or_insert_with(|| crate::net::ConnLimit::new(max)),
+        )
+    }
+
+    /// A reload's listener `max_connections`, into the limits the sockets use.
+    pub(crate) fn apply_conn_limits<'a>(&self, limits: impl Iterator<Item = (&'a str, usize)>) {
+        let held = lock(&self.conn_limits);
+        for (name, max) in limits {
+            if let Some(l) = held.get(name) {
+                l.set(max);
+            }
+        }
     }
 
     pub fn def(&self) -> Arc<LifecycleDef> {

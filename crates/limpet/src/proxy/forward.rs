@@ -667,6 +667,7 @@ fn proxy<'a, 'b>(
                     _open: rt.open(),
                     _tunnel: rt.tunnel(),
                     _admitted: admitted,
+                    _slot: ctx.take_slot(),
                     write_limit: ctx.write_limit.clone(),
                     start_limit: shared.timeouts.client_idle,
                 },

@@ -35,7 +35,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use limpet_core::NodeId;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
@@ -374,6 +374,10 @@ pub(crate) struct ConnCtx {
     /// window: see [`ConnCtx::first_sighting`].
     last_sighting: AtomicU64,
     started: Instant,
+    /// The connection's slot among its listener's `max_connections`: held as long as the
+    /// connection, and handed to the tunnel an upgrade opens, which outlives the connection's
+    /// task ([`ConnCtx::take_slot`]).
+    slot: std::sync::Mutex<Option<crate::net::ConnPermit>>,
 }
 
 impl ConnCtx {
@@ -406,7 +410,23 @@ impl ConnCtx {
             started: Instant::now(),
             shared: std::sync::Mutex::new(shared),
             generations,
+            slot: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The connection holding `slot`, its listener's permit.
+    pub(crate) fn holding(self, slot: Option<crate::net::ConnPermit>) -> Self {
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = slot;
+        self
+    }
+
+    /// The connection's slot, for the tunnel its upgrade opens: counted against the
+    /// listener's `max_connections` until the tunnel ends, as HAProxy's `maxconn` counts it.
+    pub(crate) fn take_slot(&self) -> Option<crate::net::ConnPermit> {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// The listener's `close_on_node_down` for a tunnel opened now under `def`, read again
@@ -817,7 +837,7 @@ pub async fn serve_listener_on(
     name: &str,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
-    permits: Arc<Semaphore>,
+    permits: Arc<crate::net::ConnLimit>,
 ) -> Result<(), ServeError> {
     delay_first_acks(&listener);
     let (drain_tx, drain_rx) = watch::channel(false);
@@ -859,17 +879,13 @@ pub async fn serve_listener_on(
             // at each change of the task's stage (callgrind, `close`: about 3,900
             // instructions of `memcpy` per connection against one allocation).
             tokio::spawn(Box::pin(async move {
-                let _permit = permit;
                 let _done = done;
                 match crate::net::accept_client(stream, peer, bound, &current.def).await {
                     Ok(c) => {
-                        let ctx = Arc::new(ConnCtx::new(
-                            generations,
-                            current,
-                            c.who.client,
-                            c.tcp_peer,
-                            c.tls,
-                        ));
+                        let ctx = Arc::new(
+                            ConnCtx::new(generations, current, c.who.client, c.tcp_peer, c.tls)
+                                .holding(permit),
+                        );
                         serve_connection(ctx, builder, c.io).await;
                     }
                     Err(why) => tracing::debug!(%peer, why, "client connection refused"),
@@ -1536,7 +1552,7 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         // The node tells each request head it reads, and answers it once let go.
         let (heads_tx, mut heads) = mpsc::unbounded_channel::<()>();
-        let answers = Arc::new(Semaphore::new(0));
+        let answers = Arc::new(tokio::sync::Semaphore::new(0));
         let node_addr = {
             let answers = Arc::clone(&answers);
             node_answering(move |_head| {

@@ -33,6 +33,8 @@ pub(crate) struct NodeTunnel {
     pub(crate) _tunnel: crate::nodes::TunnelGuard,
     /// The tunnel's slot among the node's `max_connections`.
     pub(crate) _admitted: Option<crate::nodes::Admitted>,
+    /// The client connection's slot among its listener's `max_connections`.
+    pub(crate) _slot: Option<crate::net::ConnPermit>,
     /// The client connection's write limit (`client_idle`): it bounds the write of the 101
     /// and is lifted only once the tunnel runs, when the relay's own rule takes over.
     pub(crate) write_limit: crate::relay::WriteLimit,
@@ -58,6 +60,7 @@ pub(crate) fn spawn_tunnel(
             _open,
             _tunnel,
             _admitted,
+            _slot,
             write_limit,
             start_limit,
         } = node;

@@ -449,6 +449,19 @@ async fn reload_locked(
     }
     runtime.swap(next);
     let life = Arc::clone(&state.lifecycle);
+    // Listener `max_connections`: the limits the listening sockets share, changed in place.
+    {
+        let defs: Vec<_> = runtime
+            .state()
+            .listeners
+            .iter()
+            .map(|l| l.def.load_full())
+            .collect();
+        life.apply_conn_limits(
+            defs.iter()
+                .map(|d| (d.name.as_str(), d.limits.max_client_connections)),
+        );
+    }
     let mut keep = new_def.clone();
     keep.admin = life.def().admin.clone();
     life.def.store(Arc::new(keep));

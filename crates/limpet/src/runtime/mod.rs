@@ -988,15 +988,16 @@ pub fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// The connection permits of listener `name` (its `max_connections`), one set for all the
-/// sockets that serve it.
-pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<tokio::sync::Semaphore> {
+/// sockets that serve it, kept by the node lifecycle so that a reload changes the limit
+/// ([`crate::lifecycle::Lifecycle::apply_conn_limits`]).
+pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<crate::net::ConnLimit> {
     let state = runtime.state();
     let max = state
         .listeners
         .iter()
         .find(|l| l.def.load().name == name)
         .map_or(10_000, |l| l.def.load().limits.max_client_connections);
-    Arc::new(tokio::sync::Semaphore::new(max))
+    state.lifecycle.conn_limit(name, max)
 }
 
 #[cfg(test)]

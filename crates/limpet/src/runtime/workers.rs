@@ -20,7 +20,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, watch};
 
 use super::Runtime;
 use crate::config::Mode;
@@ -70,7 +70,7 @@ pub struct Sockets {
     /// One per worker, in worker order.
     pub per_worker: Vec<std::net::TcpListener>,
     /// The listener's `max_connections`, shared by all its sockets.
-    pub permits: Arc<Semaphore>,
+    pub permits: Arc<crate::net::ConnLimit>,
 }
 
 /// Binds `addr` of listener `name` once per worker.
@@ -144,7 +144,7 @@ struct WorkerSocket {
     name: String,
     mode: Mode,
     listener: std::net::TcpListener,
-    permits: Arc<Semaphore>,
+    permits: Arc<crate::net::ConnLimit>,
 }
 
 /// One worker thread: its own current-thread runtime, serving its sockets until shutdown.
@@ -202,7 +202,7 @@ pub(crate) async fn serve_socket(
     mode: Mode,
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
-    permits: Arc<Semaphore>,
+    permits: Arc<crate::net::ConnLimit>,
 ) {
     match mode {
         Mode::Http => {
