@@ -297,3 +297,62 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
     assert_eq!(runtime.state().nodes().len(), 3);
     l.stop().await;
 }
+
+/// A reload's table `size` and `expire` apply to the table running, entries and all: a
+/// smaller size drops the least recently used beyond it, and the admin API shows what the
+/// table runs with (chaos run: the reload reported both changes and the API showed them,
+/// while the table kept its old size and expiry).
+#[tokio::test]
+async fn a_reload_resizes_a_table_and_changes_its_expiry() {
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let text = |size: u32, expire: &str| {
+        format!(
+            "{}[[tables]]\nname = \"t\"\nheader = \"X-Sess\"\nsize = {size}\nexpire = \"{expire}\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\ntable = \"t\"\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&NODES[..1])
+        )
+    };
+    let cfg = ConfigFile::new("reload-table", &text(4, "30m"));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let c = bare_client();
+    // Four sessions, s0 the least recently used.
+    for s in ["s0", "s1", "s2", "s3"] {
+        let r = c
+            .get(&url)
+            .header("x-sess", s)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    cfg.write(&text(2, "5s"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let tables = admin_json(&l, "/api/v1/tables").await;
+    let t = tables
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == "t"))
+        .unwrap_or_else(|| panic!("{tables}"));
+    assert_eq!(
+        (&t["size"], &t["capacity"], &t["expire_secs"]),
+        (&2.into(), &2.into(), &5.into()),
+        "{t}"
+    );
+    for (key, kept) in [("s0", false), ("s1", false), ("s2", true), ("s3", true)] {
+        let r = c
+            .get(l.admin_url(&format!("/api/v1/tables/t/entry?key={key}")))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16() == 200, kept, "entry {key}");
+        if kept {
+            let b = r.bytes().await.unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
+            let left = v["expires_in_ms"].as_u64().unwrap_or(u64::MAX);
+            assert!(left <= 5_000, "{key} under the new expiry: {v}");
+        }
+    }
+    l.stop().await;
+}

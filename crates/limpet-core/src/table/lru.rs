@@ -243,9 +243,47 @@ impl LruTable {
 
     /// The pin for `key` without refreshing it or counting a hit (for the admin API).
     pub fn peek(&self, key: KeyRef<'_>, now_ms: u64) -> Option<NodeRef> {
+        self.peek_idle(key, now_ms).map(|(node, _)| node)
+    }
+
+    /// The pin for `key` and how long it has been idle (ms), without refreshing it or
+    /// counting a hit: what an operator's look at an entry must not change.
+    pub fn peek_idle(&self, key: KeyRef<'_>, now_ms: u64) -> Option<(NodeRef, u64)> {
         let i = self.find(self.hasher.hash(key), key)?;
         let reference = now_ms.max(self.clock_ms);
-        (self.age(i, reference) < self.expire_ms).then(|| self.slab[i as usize].node)
+        let idle = self.age(i, reference);
+        (idle < self.expire_ms).then(|| (self.slab[i as usize].node, idle))
+    }
+
+    /// Changes the table's size and expiry in place (a reload), at `now_ms`. Entries keep
+    /// their last use and LRU order: a shorter `expire` ends the ones already idle past it, a
+    /// longer one keeps the live ones longer; a smaller `size` drops the least recently used
+    /// beyond it (counted as evictions), a larger one lets the table grow. Returns how many
+    /// entries went.
+    pub fn reconfigure(
+        &mut self,
+        size: u32,
+        expire_ms: u64,
+        now_ms: u64,
+    ) -> Result<usize, TableConfigError> {
+        TableConfig::new(size, expire_ms).validate()?;
+        self.tick(now_ms);
+        self.expire_ms = expire_ms;
+        self.size = size;
+        let mut gone = self.purge_tail(usize::MAX);
+        while self.slab.len() > size as usize {
+            let t = self.tail;
+            let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
+            self.remove_at(t, h);
+            self.stats.evictions += 1;
+            gone += 1;
+        }
+        // A full table holds no spare slab: give back what a smaller size no longer needs.
+        if self.slab.capacity() > size as usize {
+            self.slab.shrink_to(size as usize);
+        }
+        self.debug_check();
+        Ok(gone)
     }
 
     /// Allocates room for `additional` more entries now (capped at `size`), so a table that
@@ -776,6 +814,41 @@ mod tests {
         assert_eq!(t.live_entries(T0 + 1_000, usize::MAX).len(), 5);
         // Expired entries are left out.
         assert_eq!(t.live_entries(T0 + 10_250, usize::MAX).len(), 3);
+    }
+
+    /// A reload's size and expiry apply to the entries already held, on the virtual clock:
+    /// a smaller size drops the least recently used, a larger one lets the table grow, a
+    /// shorter expiry ends the entries idle past it and a longer one keeps them.
+    #[test]
+    fn reconfigure_applies_size_and_expire_to_the_entries_held() {
+        let mut t = table(4, 10_000);
+        let n = t.intern("a").expect("name");
+        for i in 0..4 {
+            t.put(k(i), n, T0 + u64::from(i) * 1_000);
+        }
+        // Size 4 -> 2: keys 0 and 1, the least recently used, go.
+        assert_eq!(t.reconfigure(2, 10_000, T0 + 4_000), Ok(2));
+        assert_eq!(t.get(k(0), T0 + 4_000), None);
+        assert_eq!(t.get(k(3), T0 + 4_000), Some(n));
+        assert_eq!(t.stats().evictions, 2);
+        // Size 2 -> 6: room for four more without evicting.
+        assert_eq!(t.reconfigure(6, 10_000, T0 + 4_000), Ok(0));
+        for i in 10..14 {
+            t.put(k(i), n, T0 + 4_000);
+        }
+        assert_eq!(t.len(), 6);
+        assert_eq!(t.stats().evictions, 2);
+        // Expire 10 s -> 3 s at T0 + 6.5 s: key 2 (idle 4.5 s) goes, key 3 (read at 4 s) stays.
+        assert_eq!(t.reconfigure(6, 3_000, T0 + 6_500), Ok(1));
+        assert_eq!(t.get(k(2), T0 + 6_500), None);
+        assert_eq!(t.get(k(3), T0 + 6_500), Some(n));
+        // Expire 3 s -> 60 s: key 3, read at 6.5 s, lives past 3 s idle now.
+        assert_eq!(t.reconfigure(6, 60_000, T0 + 7_000), Ok(0));
+        assert_eq!(t.get(k(3), T0 + 30_000), Some(n));
+        assert_eq!(
+            t.reconfigure(0, 1, T0 + 30_000),
+            Err(TableConfigError::ZeroSize)
+        );
     }
 
     #[test]

@@ -205,13 +205,19 @@ impl Control for RuntimeControl {
         state
             .tables()
             .map(|t| {
-                let stats = t.lock().store().stats();
+                // What the table runs with, not what the file says: the two agree unless a
+                // change failed to apply, and then the view must not hide it.
+                let (stats, size, expire_ms) = {
+                    let tl = t.lock();
+                    let s = tl.store();
+                    (s.stats(), s.size(), s.expire_ms())
+                };
                 TableView {
                     name: t.def.name.clone(),
                     key: key_text(&t.def.key),
                     size: stats.len,
-                    capacity: u64::from(t.def.size),
-                    expire_secs: t.def.expire.as_secs(),
+                    capacity: u64::from(size),
+                    expire_secs: expire_ms / 1000,
                     evictions: stats.evictions,
                 }
             })
@@ -253,12 +259,13 @@ impl Control for RuntimeControl {
         let state = self.runtime.state();
         let t = table(&state, name)?;
         let k = parse_key(t, key)?;
-        let mut tl = t.lock();
-        let store = tl.store_mut();
-        Ok(store.get(k, now_ms()).map(|node| EntryView {
+        let tl = t.lock();
+        let store = tl.store();
+        // A look, not a use: it neither refreshes the entry nor counts a hit.
+        Ok(store.peek_idle(k, now_ms()).map(|(node, idle)| EntryView {
             key: k.to_string(),
             node: store.node_name(node).unwrap_or("").to_owned(),
-            expires_in_ms: ms(t.def.expire),
+            expires_in_ms: ms(t.def.expire).saturating_sub(idle),
         }))
     }
 

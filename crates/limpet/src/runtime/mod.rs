@@ -283,6 +283,22 @@ impl Table {
         let binding = {
             let mut t = self.lock();
             t.rebind(topology);
+            // A reload's `size` and `expire` apply to the entries kept (validated with the
+            // config, so the core refuses neither).
+            if (def.size, def.expire) != (self.def.size, self.def.expire) {
+                let expire_ms = u64::try_from(def.expire.as_millis()).unwrap_or(u64::MAX);
+                match t
+                    .store_mut()
+                    .reconfigure(def.size, expire_ms, crate::clock::now_ms())
+                {
+                    Ok(gone) => {
+                        tracing::info!(table = %def.name, size = def.size, expire_ms, gone, "table resized by the reload")
+                    }
+                    Err(e) => {
+                        tracing::warn!(table = %def.name, error = ?e, "table size and expire kept: the reload's were refused")
+                    }
+                }
+            }
             t.bind(topology)
         };
         let mut t = Table {
