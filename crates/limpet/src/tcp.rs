@@ -392,6 +392,9 @@ struct Connected {
     stream: Box<dyn Io>,
     /// The session's watch for moves off the node, made at its route.
     moves: Option<crate::nodes::MoveWatch>,
+    /// The table and key whose entry the session keeps while it is open
+    /// ([`crate::runtime::keep_pin`]).
+    hold: Option<(Arc<crate::runtime::Table>, limpet_core::table::TableKey)>,
     /// The session's slot among the node's `max_connections`.
     _admitted: Option<crate::nodes::Admitted>,
 }
@@ -488,6 +491,7 @@ async fn connect(
                     node,
                     stream,
                     moves,
+                    hold: slot.table.clone().zip(key.map(|k| k.to_key())),
                     _admitted: admitted,
                 });
             }
@@ -589,6 +593,8 @@ async fn session(
                 r.as_str()
             }
             () = stopped(&mut cut) => "limpet shutting down",
+            // The session's table entry kept while it is open: never ends by itself.
+            never = crate::runtime::keep_pin(conn.hold, conn.node) => match never {},
         }
     };
     let fin_on_close = FinOnClose {

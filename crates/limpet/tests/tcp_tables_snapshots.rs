@@ -213,3 +213,53 @@ async fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit(
     // The blocked saves finish (into the FIFO, then the file) before the runtime goes.
     release();
 }
+
+/// A TCP session held open keeps its table entry past `expire` (it is marked used every
+/// half expiry while the session lives), so the client's next connection lands on the same
+/// node: without it, the entry of a session open longer than `expire` was gone and the next
+/// connection was routed afresh, to the other node, the session on two nodes (chaos run).
+/// On paused time, moved by hand.
+#[tokio::test(start_paused = true)]
+async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
+    use tokio::io::AsyncWriteExt;
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("tables-kept");
+    let running = start(config(&dir, &text(ports.tcp, "expire = \"6s\"")))
+        .await
+        .expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let client = "127.0.0.95";
+    let (mut open, home) = tcp_session(client, addr).await;
+    // Five times the expiry, the session open and silent.
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        pin_of(&running, client).as_deref(),
+        Some(home.as_str()),
+        "the open session's entry is kept"
+    );
+    let (_again, node) = tcp_session(client, addr).await;
+    assert_eq!(node, home, "the client's next connection lands on its node");
+    // Closed, the session keeps nothing: the entry expires as any other.
+    open.shutdown().await.expect("close");
+    drop(open);
+    drop(_again);
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        pin_of(&running, client),
+        None,
+        "expired once the sessions closed"
+    );
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

@@ -255,6 +255,24 @@ impl LruTable {
         (idle < self.expire_ms).then(|| (self.slab[i as usize].node, idle))
     }
 
+    /// Marks `key`'s entry used at `now_ms` if it is live and still pins `node`, without
+    /// counting a hit: a session that holds the pin (an open tunnel or TCP session) keeps
+    /// its entry from expiring, as HAProxy keeps a stick-table entry a session references.
+    /// False when the entry is gone or pins another node (nothing changes then).
+    pub fn keep(&mut self, key: KeyRef<'_>, node: NodeRef, now_ms: u64) -> bool {
+        self.tick(now_ms);
+        let Some(i) = self.find(self.hasher.hash(key), key) else {
+            return false;
+        };
+        if self.is_expired(i) || self.slab[i as usize].node != node {
+            return false;
+        }
+        let stamp = self.now_stamp();
+        self.touch(i, stamp);
+        self.debug_check();
+        true
+    }
+
     /// Changes the table's size and expiry in place (a reload), at `now_ms`. Entries keep
     /// their last use and LRU order: a shorter `expire` ends the ones already idle past it, a
     /// longer one keeps the live ones longer; a smaller `size` drops the least recently used
@@ -849,6 +867,29 @@ mod tests {
             t.reconfigure(0, 1, T0 + 30_000),
             Err(TableConfigError::ZeroSize)
         );
+    }
+
+    /// `keep` refreshes a live entry of the node it names and nothing else, and counts no
+    /// hit: a session held open keeps its pin past `expire`.
+    #[test]
+    fn keep_refreshes_only_a_live_entry_of_its_node() {
+        let mut t = table(4, 10_000);
+        let a = t.intern("a").expect("name");
+        let b = t.intern("b").expect("name");
+        t.put(k(1), a, T0);
+        // Kept every 6 s, it outlives three expiry periods.
+        for step in 1..=5 {
+            assert!(t.keep(k(1), a, T0 + step * 6_000));
+        }
+        assert_eq!(t.peek(k(1), T0 + 39_000), Some(a));
+        assert_eq!(t.stats().hits, 0);
+        // Another node's keep changes nothing; an absent key is not made.
+        assert!(!t.keep(k(1), b, T0 + 45_000));
+        assert!(!t.keep(k(2), a, T0 + 45_000));
+        assert_eq!(t.len(), 1);
+        // Not kept past expire: gone, and a late keep does not bring it back.
+        assert!(!t.keep(k(1), a, T0 + 60_000));
+        assert_eq!(t.peek(k(1), T0 + 60_000), None);
     }
 
     #[test]

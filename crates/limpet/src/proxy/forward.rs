@@ -668,6 +668,8 @@ fn proxy<'a, 'b>(
                     _tunnel: rt.tunnel(),
                     _admitted: admitted,
                     _slot: ctx.take_slot(),
+                    hold: shared.table.clone().zip(p.key.clone()),
+                    node_id: node,
                     write_limit: ctx.write_limit.clone(),
                     start_limit: shared.timeouts.client_idle,
                 },

@@ -35,6 +35,10 @@ pub(crate) struct NodeTunnel {
     pub(crate) _admitted: Option<crate::nodes::Admitted>,
     /// The client connection's slot among its listener's `max_connections`.
     pub(crate) _slot: Option<crate::net::ConnPermit>,
+    /// The table entry the tunnel keeps while it is open, and the node it pins
+    /// ([`crate::runtime::keep_pin`]).
+    pub(crate) hold: Option<(Arc<crate::runtime::Table>, limpet_core::table::TableKey)>,
+    pub(crate) node_id: limpet_core::NodeId,
     /// The client connection's write limit (`client_idle`): it bounds the write of the 101
     /// and is lifted only once the tunnel runs, when the relay's own rule takes over.
     pub(crate) write_limit: crate::relay::WriteLimit,
@@ -61,6 +65,8 @@ pub(crate) fn spawn_tunnel(
             _tunnel,
             _admitted,
             _slot,
+            hold,
+            node_id,
             write_limit,
             start_limit,
         } = node;
@@ -72,6 +78,8 @@ pub(crate) fn spawn_tunnel(
                 r = node.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
                     crate::drain::close_reason(r)
                 }
+                // The session's table entry kept while the tunnel is open: never ends by itself.
+                never = crate::runtime::keep_pin(hold, node_id) => match never {},
             }
         };
         tokio::pin!(closing);

@@ -332,6 +332,51 @@ impl Table {
     pub fn node_of(&self, r: NodeRef) -> Option<NodeId> {
         self.binding.node(r)
     }
+
+    /// Marks `key`'s pin used now if it still pins `node` (of this generation): see
+    /// [`keep_pin`]. False when the entry is gone or pins another node.
+    pub fn keep(&self, key: KeyRef<'_>, node: NodeId, now_ms: u64) -> bool {
+        let Some(r) = self.binding.node_ref(node) else {
+            return false;
+        };
+        self.lock().store_mut().keep(key, r, now_ms)
+    }
+
+    /// How often an open session marks its pin used ([`keep_pin`]): half the table's expiry
+    /// as it runs now (a reload may change it), at least 1 s and at most 60 s apart.
+    fn keep_every(&self) -> Duration {
+        let expire = Duration::from_millis(self.lock().store().expire_ms());
+        (expire / 2).clamp(KEEP_EVERY_MIN, KEEP_EVERY_MAX)
+    }
+}
+
+/// The bounds of [`Table::keep_every`]: a short expiry is not kept at a rate that costs a
+/// table lock per second per session, and a long one still within a minute.
+const KEEP_EVERY_MIN: Duration = Duration::from_secs(1);
+const KEEP_EVERY_MAX: Duration = Duration::from_secs(60);
+
+/// Keeps the table entry of a session that holds a node for as long as it is open (a TCP
+/// session, a WebSocket or other tunnel): its pin is marked used every
+/// [`Table::keep_every`], so it neither expires nor falls to the least recently used end
+/// while the session runs, and the session's next connection or request finds the same
+/// node. Without it, a WebSocket open past `expire` with no request beside it lost its entry,
+/// and the session's next request was pinned afresh, maybe elsewhere: the session on two
+/// nodes (chaos run). HAProxy keeps a stick-table entry a session references the same way.
+/// Stops keeping once the entry is gone or pins another node (a re-pin, which ends the
+/// session by its move watch). Never completes: run it beside the session, which drops it.
+pub async fn keep_pin(
+    hold: Option<(Arc<Table>, limpet_core::table::TableKey)>,
+    node: NodeId,
+) -> std::convert::Infallible {
+    if let Some((table, key)) = hold {
+        loop {
+            tokio::time::sleep(table.keep_every()).await;
+            if !table.keep(key.as_key_ref(), node, crate::clock::now_ms()) {
+                break;
+            }
+        }
+    }
+    std::future::pending().await
 }
 
 /// The hash seed of a table's index: keys come from the network, so it is random per process
