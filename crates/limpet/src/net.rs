@@ -467,12 +467,22 @@ where
         return Ok(Box::new(stream));
     };
     let connector = tokio_rustls::TlsConnector::from(Arc::clone(cfg));
-    match tokio::time::timeout(timeout, connector.connect(name, stream)).await {
+    match tokio::time::timeout(timeout, connector.connect(name.clone(), stream)).await {
         Ok(Ok(s)) => Ok(Box::new(s)),
-        Ok(Err(e)) => Err(UpstreamError::io(Stage::Tls, &e)),
+        Ok(Err(e)) => {
+            // Said at `warn` (rate-limited): a certificate the CA does not verify or a name
+            // it does not cover is a configuration fault that fails every request to the
+            // node, and without active checks nothing else would name it (chaos run: a wrong
+            // `ca` read as a dead fleet at the default log level).
+            NODE_TLS_FAILED.note(&format!("node {}: {e}", name.to_str()));
+            Err(UpstreamError::io(Stage::Tls, &e))
+        }
         Err(_) => Err(UpstreamError::timeout(Stage::Tls, false)),
     }
 }
+
+/// TLS handshakes with nodes that failed (not those that timed out).
+static NODE_TLS_FAILED: RateLimitedLog = RateLimitedLog::new("TLS to a node failed");
 
 #[cfg(test)]
 mod tests {

@@ -504,3 +504,50 @@ async fn a_log_reader_that_stops_reading_stops_no_traffic() {
     );
     drop(proc);
 }
+
+/// A TLS handshake with a node that fails (here: the node speaks plain HTTP, not TLS) is
+/// said at the default log level, with the reason: a configuration fault that fails every
+/// request to the node (a wrong `ca`, a name the certificate does not cover) must not read
+/// as a dead fleet (chaos run: only `node DOWN` and 503s, the reason at `debug`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_tls_handshake_with_a_node_is_logged_with_its_reason() {
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let cfg = ConfigFile::new(
+        "node-tls-log",
+        &config(port, &NODES[..1]).replace(
+            "[admin]",
+            "[listeners.upstream_tls]\nca = \"ca.pem\"\n\n[admin]",
+        ),
+    );
+    limpet::tls::write_self_signed(&cfg.dir, "ca", &["127.0.0.2".to_owned()], true)
+        .unwrap_or_else(|e| panic!("cert: {e}"));
+    let (mut proc, web, _admin) = run_logging(
+        &cfg,
+        "info,h2=error,hyper=error,rustls=error,tokio_rustls=error",
+        Stdio::piped(),
+    )
+    .await;
+    let err = proc.0.stderr.take().expect("stderr");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("TLS to a node failed") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(line);
+                }
+            }
+        }
+    });
+    let (status, _, _) = get(&bare_client(), &format!("http://{web}/"), None).await;
+    assert_eq!(status, 503, "no node reachable over TLS");
+    let line = tokio::time::timeout(PATIENCE, rx)
+        .await
+        .expect("the failed handshake is logged")
+        .expect("line");
+    assert!(
+        line.contains("WARN") && line.contains("node 127.0.0.2"),
+        "{line}"
+    );
+    drop(proc);
+}
