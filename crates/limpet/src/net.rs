@@ -347,6 +347,8 @@ pub struct Client {
     /// limpet's own socket address the client reached (`node_port = "same"` uses its port).
     pub local: SocketAddr,
     pub io: Box<dyn Io>,
+    /// When the connection was taken: `header_read` runs from here.
+    pub accepted: Instant,
     pub tls: bool,
 }
 
@@ -380,13 +382,18 @@ pub async fn accept_client(
     } else {
         bound
     };
+    // `header_read` runs from here: a PROXY header, the TLS handshake and (on an HTTP
+    // listener) the first request head share it, so a client slow at each step holds its
+    // slot for `header_read` in all, not once per step.
+    let accepted = Instant::now();
     let (who, stream) = crate::tcp::read_proxy_header(stream, peer, local, &def.proxy_protocol)
         .await
         .map_err(|e| format!("PROXY header refused: {e}"))?;
     let (io, tls): (Box<dyn Io>, bool) = match &def.tls {
         Some(cfg) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
-            match tokio::time::timeout(def.timeouts.header_read, acceptor.accept(stream)).await {
+            let by = accepted + def.timeouts.header_read;
+            match tokio::time::timeout_at(by, acceptor.accept(stream)).await {
                 Ok(Ok(s)) => (Box::new(s), true),
                 Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}")),
                 Err(_) => return Err("TLS handshake timed out".into()),
@@ -400,6 +407,7 @@ pub async fn accept_client(
         local,
         io,
         tls,
+        accepted,
     })
 }
 

@@ -331,3 +331,51 @@ upstream_tls = {{ ca = "{ca}" }}
         n.kill().await;
     }
 }
+
+/// `header_read` runs from the connection's accept, the TLS handshake and the first request
+/// head sharing it: a client that takes most of it to start its handshake, then sends no
+/// request, is closed at `header_read` after it connected, not that long after the handshake
+/// (chaos run: a slow handshake then silence held the slot for nearly twice the limit).
+#[tokio::test]
+async fn a_slow_handshake_and_the_first_request_head_share_header_read() {
+    use tokio::io::AsyncReadExt;
+    const HEADER_READ: std::time::Duration = std::time::Duration::from_secs(2);
+    let pki = Pki::new();
+    let (mut nodes, ports) =
+        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let (c, k) = pki.issue("limpet", &["print.example"]);
+    let dir = TempDir::new("tls-head-time");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"https\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {http}\ntls = {{ cert = \"{c}\", key = \"{k}\" }}\n\
+         timeouts = {{ header_read = \"2s\" }}\n",
+        http = ports.http,
+        c = c.display(),
+        k = k.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("https").expect("addr");
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    let connected = std::time::Instant::now();
+    // The client's own pace: most of `header_read` before its ClientHello.
+    tokio::time::sleep(HEADER_READ * 3 / 5).await;
+    let mut tls = tokio_rustls::TlsConnector::from(pki.client(&[b"http/1.1"]))
+        .connect(ServerName::try_from("print.example").expect("name"), s)
+        .await
+        .expect("handshake within header_read");
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(HEADER_READ * 3, tls.read(&mut buf)).await;
+    let took = connected.elapsed();
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "closed without an answer: {closed:?}"
+    );
+    assert!(
+        took >= HEADER_READ && took < HEADER_READ + HEADER_READ / 4,
+        "closed {took:?} after connecting, header_read being {HEADER_READ:?}"
+    );
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

@@ -414,6 +414,13 @@ impl ConnCtx {
         }
     }
 
+    /// The connection as taken at `accepted` (before its PROXY header and TLS handshake):
+    /// its first request head is due `header_read` after that, not after the handshake.
+    pub(crate) fn since(mut self, accepted: Instant) -> Self {
+        self.started = accepted;
+        self
+    }
+
     /// The connection holding `slot`, its listener's permit.
     pub(crate) fn holding(self, slot: Option<crate::net::ConnPermit>) -> Self {
         *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = slot;
@@ -884,7 +891,8 @@ pub async fn serve_listener_on(
                     Ok(c) => {
                         let ctx = Arc::new(
                             ConnCtx::new(generations, current, c.who.client, c.tcp_peer, c.tls)
-                                .holding(permit),
+                                .holding(permit)
+                                .since(c.accepted),
                         );
                         serve_connection(ctx, builder, c.io).await;
                     }
