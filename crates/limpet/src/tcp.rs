@@ -392,6 +392,9 @@ struct Connected {
     stream: Box<dyn Io>,
     /// The session's watch for moves off the node, made at its route.
     moves: Option<crate::nodes::MoveWatch>,
+    /// The listener's settings the node was reached with (the running config's when the
+    /// session waited across a reload): how the session ends follows them.
+    def: Arc<ListenerDef>,
     /// The table and key whose entry the session keeps while it is open
     /// ([`crate::runtime::keep_pin`]).
     hold: Option<(Arc<crate::runtime::Table>, limpet_core::table::TableKey)>,
@@ -491,6 +494,7 @@ async fn connect(
                     node,
                     stream,
                     moves,
+                    def: def_now,
                     hold: slot.table.clone().zip(key.map(|k| k.to_key())),
                     _admitted: admitted,
                 });
@@ -536,7 +540,7 @@ async fn attempt(
             crate::tls::upstream_name(u.server_name.as_deref(), addr.ip()),
         )
     });
-    crate::net::node_tls(stream, tls, limit).await
+    crate::net::node_tls(addr, stream, tls, limit).await
 }
 
 /// Serves one client connection of TCP listener `li`. `cut` turns true when a shutdown's
@@ -584,6 +588,9 @@ async fn session(
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
     // deadline.
+    let hold = conn
+        .hold
+        .map(|(t, k)| crate::runtime::PinHold::new(Arc::clone(&runtime), &t, k, &node_name));
     let close_on_down =
         crate::runtime::CloseOnDown::new(runtime, &def.name, def.tcp.close_on_node_down);
     let stop = async {
@@ -594,12 +601,12 @@ async fn session(
             }
             () = stopped(&mut cut) => "limpet shutting down",
             // The session's table entry kept while it is open: never ends by itself.
-            never = crate::runtime::keep_pin(conn.hold, conn.node) => match never {},
+            never = crate::runtime::keep_pin(hold) => match never {},
         }
     };
     let fin_on_close = FinOnClose {
         client: !client_tls,
-        node: def.upstream_tls.is_none(),
+        node: conn.def.upstream_tls.is_none(),
     };
     let (end, up, down) = relay_counted(
         client,

@@ -546,7 +546,7 @@ async fn a_failed_tls_handshake_with_a_node_is_logged_with_its_reason() {
         .expect("the failed handshake is logged")
         .expect("line");
     assert!(
-        line.contains("WARN") && line.contains("node 127.0.0.2"),
+        line.contains("WARN") && line.contains(&format!("node 127.0.0.2:{port} ")),
         "{line}"
     );
     drop(proc);

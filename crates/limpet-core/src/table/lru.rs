@@ -286,9 +286,12 @@ impl LruTable {
     ) -> Result<usize, TableConfigError> {
         TableConfig::new(size, expire_ms).validate()?;
         self.tick(now_ms);
+        // What expired under the old `expire` is gone first: a longer one must not bring
+        // back entries no lookup could return any more.
+        let mut gone = self.purge_tail(usize::MAX);
         self.expire_ms = expire_ms;
         self.size = size;
-        let mut gone = self.purge_tail(usize::MAX);
+        gone += self.purge_tail(usize::MAX);
         while self.slab.len() > size as usize {
             let t = self.tail;
             let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
@@ -860,8 +863,10 @@ mod tests {
         assert_eq!(t.reconfigure(6, 3_000, T0 + 6_500), Ok(1));
         assert_eq!(t.get(k(2), T0 + 6_500), None);
         assert_eq!(t.get(k(3), T0 + 6_500), Some(n));
-        // Expire 3 s -> 60 s: key 3, read at 6.5 s, lives past 3 s idle now.
-        assert_eq!(t.reconfigure(6, 60_000, T0 + 7_000), Ok(0));
+        // Expire 3 s -> 60 s at 9 s: the entries put at 4 s, idle 5 s, had expired and stay
+        // gone; key 3, read at 6.5 s, lives past 3 s idle now.
+        assert_eq!(t.reconfigure(6, 60_000, T0 + 9_000), Ok(4));
+        assert_eq!(t.get(k(10), T0 + 9_000), None);
         assert_eq!(t.get(k(3), T0 + 30_000), Some(n));
         assert_eq!(
             t.reconfigure(0, 1, T0 + 30_000),

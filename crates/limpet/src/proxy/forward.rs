@@ -668,8 +668,14 @@ fn proxy<'a, 'b>(
                     _tunnel: rt.tunnel(),
                     _admitted: admitted,
                     _slot: ctx.take_slot(),
-                    hold: shared.table.clone().zip(p.key.clone()),
-                    node_id: node,
+                    hold: shared.table.as_ref().zip(p.key.clone()).map(|(t, k)| {
+                        crate::runtime::PinHold::new(
+                            Arc::clone(ctx.runtime()),
+                            t,
+                            k,
+                            shared.state.node_name(node),
+                        )
+                    }),
                     write_limit: ctx.write_limit.clone(),
                     start_limit: shared.timeouts.client_idle,
                 },

@@ -421,6 +421,11 @@ impl ConnCtx {
         self
     }
 
+    /// The running limpet this connection's listener serves.
+    pub(crate) fn runtime(&self) -> &Arc<Runtime> {
+        &self.generations.runtime
+    }
+
     /// The connection holding `slot`, its listener's permit.
     pub(crate) fn holding(self, slot: Option<crate::net::ConnPermit>) -> Self {
         *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = slot;

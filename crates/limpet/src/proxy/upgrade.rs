@@ -35,10 +35,8 @@ pub(crate) struct NodeTunnel {
     pub(crate) _admitted: Option<crate::nodes::Admitted>,
     /// The client connection's slot among its listener's `max_connections`.
     pub(crate) _slot: Option<crate::net::ConnPermit>,
-    /// The table entry the tunnel keeps while it is open, and the node it pins
-    /// ([`crate::runtime::keep_pin`]).
-    pub(crate) hold: Option<(Arc<crate::runtime::Table>, limpet_core::table::TableKey)>,
-    pub(crate) node_id: limpet_core::NodeId,
+    /// The table entry the tunnel keeps while it is open ([`crate::runtime::keep_pin`]).
+    pub(crate) hold: Option<crate::runtime::PinHold>,
     /// The client connection's write limit (`client_idle`): it bounds the write of the 101
     /// and is lifted only once the tunnel runs, when the relay's own rule takes over.
     pub(crate) write_limit: crate::relay::WriteLimit,
@@ -66,7 +64,6 @@ pub(crate) fn spawn_tunnel(
             _admitted,
             _slot,
             hold,
-            node_id,
             write_limit,
             start_limit,
         } = node;
@@ -79,7 +76,7 @@ pub(crate) fn spawn_tunnel(
                     crate::drain::close_reason(r)
                 }
                 // The session's table entry kept while the tunnel is open: never ends by itself.
-                never = crate::runtime::keep_pin(hold, node_id) => match never {},
+                never = crate::runtime::keep_pin(hold) => match never {},
             }
         };
         tokio::pin!(closing);

@@ -223,7 +223,7 @@ impl NodeConns {
     pub(crate) async fn connect(&self, write_limit: Duration) -> Result<Sender, UpstreamError> {
         let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
         let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
-        let io = crate::net::node_tls(stream, tls, self.connect_timeout).await?;
+        let io = crate::net::node_tls(self.addr, stream, tls, self.connect_timeout).await?;
         handshake(crate::relay::WriteDeadline::new(
             io,
             crate::relay::WriteLimit::new(write_limit),

@@ -265,7 +265,7 @@ impl Control for RuntimeControl {
         Ok(store.peek_idle(k, now_ms()).map(|(node, idle)| EntryView {
             key: k.to_string(),
             node: store.node_name(node).unwrap_or("").to_owned(),
-            expires_in_ms: ms(t.def.expire).saturating_sub(idle),
+            expires_in_ms: store.expire_ms().saturating_sub(idle),
         }))
     }
 

@@ -169,6 +169,11 @@ pub struct Table {
     binding: Binding,
     /// A shared table's store (fleet mode) and its name as the store keys it.
     shared: Option<(Arc<Store>, Arc<str>)>,
+    /// Held while the table's snapshot is saved ([`save_snapshot`]): one save of a table at
+    /// a time (a shutdown's may start while a periodic one is stuck in a write, and two
+    /// writers of one temporary file would interleave), and a table whose disk hangs holds
+    /// no other table's saves. Shared with the generations the table is carried over to.
+    pub(crate) saving: Arc<Mutex<()>>,
 }
 
 impl Table {
@@ -187,6 +192,7 @@ impl Table {
         let binding = table.bind(topology);
         let mut t = Table {
             inner: Arc::new(Mutex::new(table)),
+            saving: Arc::new(Mutex::new(())),
             binding,
             shared: None,
             def,
@@ -304,6 +310,7 @@ impl Table {
         let mut t = Table {
             def,
             inner: Arc::clone(&self.inner),
+            saving: Arc::clone(&self.saving),
             binding,
             shared: None,
         };
@@ -333,47 +340,105 @@ impl Table {
         self.binding.node(r)
     }
 
-    /// Marks `key`'s pin used now if it still pins `node` (of this generation): see
-    /// [`keep_pin`]. False when the entry is gone or pins another node.
-    pub fn keep(&self, key: KeyRef<'_>, node: NodeId, now_ms: u64) -> bool {
-        let Some(r) = self.binding.node_ref(node) else {
-            return false;
-        };
-        self.lock().store_mut().keep(key, r, now_ms)
-    }
-
-    /// How often an open session marks its pin used ([`keep_pin`]): half the table's expiry
-    /// as it runs now (a reload may change it), at least 1 s and at most 60 s apart.
-    fn keep_every(&self) -> Duration {
-        let expire = Duration::from_millis(self.lock().store().expire_ms());
-        (expire / 2).clamp(KEEP_EVERY_MIN, KEEP_EVERY_MAX)
+    /// Holds `key`'s pin to `node` (of this generation) for a session open on it (see
+    /// [`keep_pin`]): marks the entry used, or puts it back if it is gone (expired before the
+    /// session started, evicted, deleted: the session is on `node` all the same). `None` when
+    /// the entry pins another node (a re-pin, which ends the session by its move watch);
+    /// else how long until the next hold ([`KEEP_EVERY_MIN`] to [`KEEP_EVERY_MAX`]: half the
+    /// table's expiry as it runs now).
+    fn hold(
+        &self,
+        key: KeyRef<'_>,
+        node: NodeId,
+        now_ms: u64,
+        topology: &Topology,
+    ) -> Option<Duration> {
+        let r = self.binding.node_ref(node)?;
+        let mut t = self.lock();
+        match t.store().peek(key, now_ms) {
+            Some(p) if p != r => return None,
+            Some(_) => {
+                t.store_mut().keep(key, r, now_ms);
+            }
+            None => {
+                let out = t.learn_in(&self.binding, key, node, now_ms);
+                self.published(key, node, out, topology);
+            }
+        }
+        let expire = Duration::from_millis(t.store().expire_ms());
+        Some((expire / 2).clamp(KEEP_EVERY_MIN, KEEP_EVERY_MAX))
     }
 }
 
-/// The bounds of [`Table::keep_every`]: a short expiry is not kept at a rate that costs a
-/// table lock per second per session, and a long one still within a minute.
+/// The bounds of the interval of [`keep_pin`]: a short expiry is not kept at a rate that
+/// costs a table lock per second per session, and a long one still within a minute.
 const KEEP_EVERY_MIN: Duration = Duration::from_secs(1);
 const KEEP_EVERY_MAX: Duration = Duration::from_secs(60);
 
+/// What an open session holds in a table: the table (by name, and the entries it had when
+/// the session opened), its key and its node (by name).
+#[derive(Debug)]
+pub struct PinHold {
+    runtime: Arc<Runtime>,
+    table: String,
+    /// The table's entries when the session opened: a reload that replaced the table (a new
+    /// key) leaves the session nothing to hold there. Weak: an open session must not keep
+    /// a replaced table's entries in memory.
+    entries: std::sync::Weak<Mutex<AffinityTable<LruTable>>>,
+    key: limpet_core::table::TableKey,
+    node: String,
+}
+
+impl PinHold {
+    /// The hold of a session on `node` of `state`, keyed `key` in `table`.
+    pub fn new(
+        runtime: Arc<Runtime>,
+        table: &Table,
+        key: limpet_core::table::TableKey,
+        node: &str,
+    ) -> PinHold {
+        PinHold {
+            runtime,
+            table: table.def.name.clone(),
+            entries: Arc::downgrade(&table.inner),
+            key,
+            node: node.to_owned(),
+        }
+    }
+
+    /// One hold in the running config; `None` once there is nothing to hold.
+    fn once(&self) -> Option<Duration> {
+        let state = self.runtime.state();
+        let table = state.table(&self.table)?;
+        if !std::ptr::eq(self.entries.as_ptr(), Arc::as_ptr(&table.inner)) {
+            return None;
+        }
+        let node = state.node_id(&self.node)?;
+        table.hold(
+            self.key.as_key_ref(),
+            node,
+            crate::clock::now_ms(),
+            state.topology(),
+        )
+    }
+}
+
 /// Keeps the table entry of a session that holds a node for as long as it is open (a TCP
-/// session, a WebSocket or other tunnel): its pin is marked used every
-/// [`Table::keep_every`], so it neither expires nor falls to the least recently used end
-/// while the session runs, and the session's next connection or request finds the same
-/// node. Without it, a WebSocket open past `expire` with no request beside it lost its entry,
-/// and the session's next request was pinned afresh, maybe elsewhere: the session on two
-/// nodes (chaos run). HAProxy keeps a stick-table entry a session references the same way.
-/// Stops keeping once the entry is gone or pins another node (a re-pin, which ends the
-/// session by its move watch). Never completes: run it beside the session, which drops it.
-pub async fn keep_pin(
-    hold: Option<(Arc<Table>, limpet_core::table::TableKey)>,
-    node: NodeId,
-) -> std::convert::Infallible {
-    if let Some((table, key)) = hold {
-        loop {
-            tokio::time::sleep(table.keep_every()).await;
-            if !table.keep(key.as_key_ref(), node, crate::clock::now_ms()) {
-                break;
-            }
+/// session, a WebSocket or other tunnel): at once, then every half expiry, its pin is
+/// marked used (or put back, if it went meanwhile), so it neither expires nor falls to the
+/// least recently used end while the session runs, and the session's next connection or
+/// request finds the same node. Without it, a WebSocket open past `expire` with no request
+/// beside it lost its entry, and the session's next request was pinned afresh, maybe
+/// elsewhere: the session on two nodes (chaos run). HAProxy keeps a stick-table entry a
+/// session references the same way. Each hold reads the running config (a reload may move
+/// the node's id, resize the table or change its expiry), and stops once the entry pins
+/// another node (a re-pin, which ends the session by its move watch), the node or the
+/// table is gone, or the table was replaced. Never completes: run it beside the session,
+/// which drops it.
+pub async fn keep_pin(hold: Option<PinHold>) -> std::convert::Infallible {
+    if let Some(hold) = hold {
+        while let Some(next) = hold.once() {
+            tokio::time::sleep(next).await;
         }
     }
     std::future::pending().await

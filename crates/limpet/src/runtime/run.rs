@@ -118,17 +118,28 @@ impl Running {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         let state = self.runtime.state();
-        let tables: Vec<Arc<super::Table>> = state.tables().cloned().collect();
-        if tables.iter().any(|t| t.def.snapshot.is_some()) {
-            // Off this thread, and bounded: a disk that hangs (a dead network mount) must
-            // neither keep the process from exiting nor keep a second signal from being
-            // taken while it waits. The pins not saved are lost, as they would be to a kill.
-            let saving = tokio::task::spawn_blocking(move || {
-                for t in &tables {
-                    save_snapshot(t);
+        let saves: Vec<_> = state
+            .tables()
+            .filter(|t| t.def.snapshot.is_some())
+            .map(|t| {
+                let t = Arc::clone(t);
+                // Off this thread, one thread per table, and bounded: a disk that hangs (a
+                // dead network mount) must neither keep the process from exiting, nor keep a
+                // second signal from being taken while it waits, nor keep the tables on
+                // other disks from being saved. The pins not saved are lost, as they would be
+                // to a kill.
+                tokio::task::spawn_blocking(move || {
+                    save_snapshot(&t);
+                })
+            })
+            .collect();
+        if !saves.is_empty() {
+            let all = async {
+                for s in saves {
+                    let _ = s.await;
                 }
-            });
-            if tokio::time::timeout(SNAPSHOT_SAVE_LIMIT, saving)
+            };
+            if tokio::time::timeout(SNAPSHOT_SAVE_LIMIT, all)
                 .await
                 .is_err()
             {

@@ -11,9 +11,6 @@ use std::path::Path;
 use limpet_core::table::{decode_snapshot, encode_snapshot};
 
 use super::Table;
-
-/// Held while a snapshot is saved ([`save_snapshot`]).
-static SAVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 use crate::clock::now_ms;
 
 /// What loading a snapshot did, for the log.
@@ -73,10 +70,10 @@ fn load_from(table: &Table, path: &Path) -> SnapshotLoad {
 /// table is untouched either way.
 pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     let snap = table.def.snapshot.as_ref()?;
-    // One save at a time: a shutdown's save may start while a periodic one is still stuck
-    // in a write, and two writers of one temporary file would interleave their bytes into
-    // the snapshot. Saves run on blocking threads, where waiting here is fine.
-    let _one = SAVING
+    // One save of the table at a time (see `Table::saving`). Saves run on blocking threads,
+    // where waiting here is fine.
+    let _one = table
+        .saving
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let bytes = {
