@@ -1115,7 +1115,7 @@ pub fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// The connection permits of listener `name` (its `max_connections`), one set for all the
 /// sockets that serve it, kept by the node lifecycle so that a reload changes the limit
-/// ([`crate::lifecycle::Lifecycle::apply_conn_limits`]).
+/// (`Lifecycle::apply_conn_limits`).
 pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<crate::net::ConnLimit> {
     let state = runtime.state();
     let max = state
