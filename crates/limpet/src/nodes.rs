@@ -88,14 +88,19 @@ pub enum EndReason {
     /// through the store): the session's connections here follow the table, as they would
     /// a re-pin of this instance's, so the session lives on one node fleet-wide.
     FleetRepin,
+    /// The session's table entry went while it was open (evicted before its next hold) and a
+    /// request of the session was pinned afresh to another node: its requests go there now,
+    /// and it follows them ([`crate::runtime::keep_pin`]).
+    TableMoved,
 }
 
 impl EndReason {
-    /// As logs write it: the re-pin reason, or `fleet-re-pin`.
+    /// As logs write it: the re-pin reason, `fleet-re-pin` or `table-moved`.
     pub fn as_str(self) -> &'static str {
         match self {
             EndReason::Repin(r) => r.as_str(),
             EndReason::FleetRepin => "fleet-re-pin",
+            EndReason::TableMoved => "table-moved",
         }
     }
 }

@@ -600,8 +600,12 @@ async fn session(
                 r.as_str()
             }
             () = stopped(&mut cut) => "limpet shutting down",
-            // The session's table entry kept while it is open: never ends by itself.
-            never = crate::runtime::keep_pin(hold) => match never {},
+            // The session's table entry kept while it is open; ends the session when its
+            // requests were pinned elsewhere meanwhile.
+            r = crate::runtime::keep_pin(hold, || close_on_down.now()) => {
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
+                r.as_str()
+            }
         }
     };
     let fin_on_close = FinOnClose {

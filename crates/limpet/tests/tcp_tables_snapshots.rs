@@ -280,3 +280,94 @@ async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
         n.kill().await;
     }
 }
+
+/// A reload that shortens the table's expiry reaches the sessions already open: they hold
+/// their entry at once and then at the new pace (chaos run: a session opened under `2m`
+/// held its entry every 60 s, and under a reloaded `6s` the entry expired in between).
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_shortens_expire_reaches_the_open_sessions() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("tables-reload-expire");
+    let running = start(config(&dir, &text(ports.tcp, "expire = \"2m\"")))
+        .await
+        .expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let client = "127.0.0.96";
+    let (_open, home) = tcp_session(client, addr).await;
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    let runtime = running.runtime();
+    let next = runtime
+        .state()
+        .rebuild(config(&dir, &text(ports.tcp, "expire = \"6s\"")))
+        .expect("rebuild");
+    runtime.swap(next);
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        pin_of(&running, client).as_deref(),
+        Some(home.as_str()),
+        "the open session's entry is kept under the reloaded expiry"
+    );
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A session whose entry went (evicted) and whose client's next connection was pinned
+/// afresh to another node before the session held it again follows its client there: it is
+/// closed, as a session moved off its node is, rather than left on the old node beside the
+/// new pin (chaos run: 2 of 6 sessions split for good).
+#[tokio::test(start_paused = true)]
+async fn a_session_whose_entry_was_pinned_elsewhere_meanwhile_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("tables-moved");
+    let running = start(config(&dir, &text(ports.tcp, "expire = \"6s\"")))
+        .await
+        .expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let client = "127.0.0.97";
+    let (mut open, home) = tcp_session(client, addr).await;
+    // Evicted, and the client's next connection comes before the session's next hold: a
+    // fresh pin, to the other node (round-robin moved on).
+    {
+        let state = running.runtime().state();
+        let table = state.table("t").expect("table");
+        let ip: IpAddr = client.parse().expect("ip");
+        table
+            .lock()
+            .store_mut()
+            .remove(KeyRef::ip(ip, Default::default()));
+    }
+    let (_second, there) = tcp_session(client, addr).await;
+    assert_ne!(there, home, "pinned afresh elsewhere");
+    let mut closed = false;
+    let mut rest = [0u8; 16];
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(1), open.read(&mut rest)).await {
+            closed = matches!(r, Ok(0) | Err(_));
+            break;
+        }
+    }
+    assert!(closed, "the session left on {home} was closed");
+    assert_eq!(pin_of(&running, client).as_deref(), Some(there.as_str()));
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

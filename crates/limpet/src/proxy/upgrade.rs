@@ -75,8 +75,11 @@ pub(crate) fn spawn_tunnel(
                 r = node.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
                     crate::drain::close_reason(r)
                 }
-                // The session's table entry kept while the tunnel is open: never ends by itself.
-                never = crate::runtime::keep_pin(hold) => match never {},
+                // The session's table entry kept while the tunnel is open; ends the tunnel
+                // when the session's requests were pinned elsewhere meanwhile.
+                r = crate::runtime::keep_pin(hold, || close_on_down.now()) => {
+                    crate::drain::close_reason(r)
+                }
             }
         };
         tokio::pin!(closing);

@@ -343,20 +343,20 @@ impl Table {
     /// Holds `key`'s pin to `node` (of this generation) for a session open on it (see
     /// [`keep_pin`]): marks the entry used, or puts it back if it is gone (expired before the
     /// session started, evicted, deleted: the session is on `node` all the same). `None` when
-    /// the entry pins another node (a re-pin, which ends the session by its move watch);
-    /// else how long until the next hold ([`KEEP_EVERY_MIN`] to [`KEEP_EVERY_MAX`]: half the
-    /// table's expiry as it runs now).
+    /// the entry pins another node; else how long until the next hold ([`KEEP_EVERY_MIN`]
+    /// to [`KEEP_EVERY_MAX`]: half the table's expiry as it runs now). `None` when the node
+    /// has no identity in the table.
     fn hold(
         &self,
         key: KeyRef<'_>,
         node: NodeId,
         now_ms: u64,
         topology: &Topology,
-    ) -> Option<Duration> {
+    ) -> Option<Held> {
         let r = self.binding.node_ref(node)?;
         let mut t = self.lock();
         match t.store().peek(key, now_ms) {
-            Some(p) if p != r => return None,
+            Some(p) if p != r => return Some(Held::Elsewhere),
             Some(_) => {
                 t.store_mut().keep(key, r, now_ms);
             }
@@ -366,8 +366,19 @@ impl Table {
             }
         }
         let expire = Duration::from_millis(t.store().expire_ms());
-        Some((expire / 2).clamp(KEEP_EVERY_MIN, KEEP_EVERY_MAX))
+        Some(Held::Next(
+            (expire / 2).clamp(KEEP_EVERY_MIN, KEEP_EVERY_MAX),
+        ))
     }
+}
+
+/// What one hold of a session's pin found ([`Table::hold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Held; the next hold is due after this long.
+    Next(Duration),
+    /// The entry pins another node: the session's requests go there now.
+    Elsewhere,
 }
 
 /// The bounds of the interval of [`keep_pin`]: a short expiry is not kept at a rate that
@@ -390,7 +401,7 @@ pub struct PinHold {
 }
 
 impl PinHold {
-    /// The hold of a session on `node` of `state`, keyed `key` in `table`.
+    /// The hold of a session open on the node named `node`, keyed `key` in `table`.
     pub fn new(
         runtime: Arc<Runtime>,
         table: &Table,
@@ -407,7 +418,7 @@ impl PinHold {
     }
 
     /// One hold in the running config; `None` once there is nothing to hold.
-    fn once(&self) -> Option<Duration> {
+    fn once(&self) -> Option<Held> {
         let state = self.runtime.state();
         let table = state.table(&self.table)?;
         if !std::ptr::eq(self.entries.as_ptr(), Arc::as_ptr(&table.inner)) {
@@ -424,21 +435,44 @@ impl PinHold {
 }
 
 /// Keeps the table entry of a session that holds a node for as long as it is open (a TCP
-/// session, a WebSocket or other tunnel): at once, then every half expiry, its pin is
-/// marked used (or put back, if it went meanwhile), so it neither expires nor falls to the
-/// least recently used end while the session runs, and the session's next connection or
-/// request finds the same node. Without it, a WebSocket open past `expire` with no request
-/// beside it lost its entry, and the session's next request was pinned afresh, maybe
-/// elsewhere: the session on two nodes (chaos run). HAProxy keeps a stick-table entry a
-/// session references the same way. Each hold reads the running config (a reload may move
-/// the node's id, resize the table or change its expiry), and stops once the entry pins
-/// another node (a re-pin, which ends the session by its move watch), the node or the
-/// table is gone, or the table was replaced. Never completes: run it beside the session,
+/// session, a WebSocket or other tunnel): at once, then every half expiry and at each
+/// reload (which may shorten the expiry), its pin is marked used (or put back, if it went
+/// meanwhile), so it neither expires nor falls to the least recently used end while the
+/// session runs, and the session's next connection or request finds the same node. Without
+/// it, a WebSocket open past `expire` with no request beside it lost its entry, and the
+/// session's next request was pinned afresh, maybe elsewhere: the session on two nodes (chaos
+/// run). HAProxy keeps a stick-table entry a session references the same way.
+///
+/// Each hold reads the running config (a reload may move the node's id, resize the table or
+/// change its expiry). Resolves when the entry pins another node while `close_on_move` says
+/// so (the listener's `close_on_node_down`): the session's requests go there now (a re-pin,
+/// or a request that came between an eviction and the next hold), and the session must
+/// follow them, closed as a moved session is. Else never resolves; it stops holding once
+/// the node or the table is gone, or the table was replaced. Run it beside the session,
 /// which drops it.
-pub async fn keep_pin(hold: Option<PinHold>) -> std::convert::Infallible {
+pub async fn keep_pin(
+    hold: Option<PinHold>,
+    close_on_move: impl Fn() -> bool,
+) -> crate::nodes::EndReason {
     if let Some(hold) = hold {
-        while let Some(next) = hold.once() {
-            tokio::time::sleep(next).await;
+        let mut reloads = hold.runtime.reloads();
+        reloads.mark_unchanged();
+        loop {
+            match hold.once() {
+                Some(Held::Next(next)) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(next) => {}
+                        r = reloads.changed() => if r.is_err() {
+                            // No more reloads (the runtime is gone): the interval only.
+                            tokio::time::sleep(next).await;
+                        },
+                    }
+                }
+                Some(Held::Elsewhere) if close_on_move() => {
+                    return crate::nodes::EndReason::TableMoved
+                }
+                Some(Held::Elsewhere) | None => break,
+            }
         }
     }
     std::future::pending().await
