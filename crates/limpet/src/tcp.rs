@@ -603,7 +603,7 @@ async fn session(
             // The session's table entry kept while it is open; ends the session when its
             // requests were pinned elsewhere meanwhile.
             r = crate::runtime::keep_pin(hold, || close_on_down.now()) => {
-                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed: its table entry pins another node now");
                 r.as_str()
             }
         }
