@@ -395,9 +395,8 @@ struct Connected {
     /// The listener's settings the node was reached with (the running config's when the
     /// session waited across a reload): how the session ends follows them.
     def: Arc<ListenerDef>,
-    /// The table and key whose entry the session keeps while it is open
-    /// ([`crate::runtime::keep_pin`]).
-    hold: Option<(Arc<crate::runtime::Table>, limpet_core::table::TableKey)>,
+    /// The table entry the session keeps while it is open ([`crate::runtime::keep_pin`]).
+    hold: Option<crate::runtime::PinHold>,
     /// The session's slot among the node's `max_connections`.
     _admitted: Option<crate::nodes::Admitted>,
 }
@@ -409,7 +408,7 @@ struct Connected {
 /// succeeds, so every failure is safe to take to another node. The route claims a DOWN node's
 /// trial; one someone else holds is skipped.
 async fn connect(
-    runtime: &Runtime,
+    runtime: &Arc<Runtime>,
     state: &State,
     li: usize,
     def: &Arc<ListenerDef>,
@@ -495,7 +494,14 @@ async fn connect(
                     stream,
                     moves,
                     def: def_now,
-                    hold: slot.table.clone().zip(key.map(|k| k.to_key())),
+                    hold: slot.table.as_deref().zip(key).map(|(t, k)| {
+                        crate::runtime::PinHold::new(
+                            Arc::clone(runtime),
+                            t,
+                            k.to_key(),
+                            state.node_name(node),
+                        )
+                    }),
                     _admitted: admitted,
                 });
             }
@@ -588,9 +594,6 @@ async fn session(
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
     // deadline.
-    let hold = conn
-        .hold
-        .map(|(t, k)| crate::runtime::PinHold::new(Arc::clone(&runtime), &t, k, &node_name));
     let close_on_down =
         crate::runtime::CloseOnDown::new(runtime, &def.name, def.tcp.close_on_node_down);
     let stop = async {
@@ -602,7 +605,7 @@ async fn session(
             () = stopped(&mut cut) => "limpet shutting down",
             // The session's table entry kept while it is open; ends the session when its
             // requests were pinned elsewhere meanwhile.
-            r = crate::runtime::keep_pin(hold, || close_on_down.now()) => {
+            r = crate::runtime::keep_pin(conn.hold, || close_on_down.now()) => {
                 tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed: its table entry pins another node now");
                 r.as_str()
             }

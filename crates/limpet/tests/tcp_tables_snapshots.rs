@@ -211,6 +211,50 @@ fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit() {
     );
 }
 
+/// Nodes a and b and limpet's TCP listener `raw` over table `t` (with `table_extra`), on
+/// `tag`'s directory.
+async fn table_over_two_nodes(
+    tag: &str,
+    table_extra: &str,
+) -> (Vec<TestNode>, Ports, TempDir, limpet::runtime::Running) {
+    let pki = Pki::new();
+    let (nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new(tag);
+    let running = start(config(&dir, &text(ports.tcp, table_extra)))
+        .await
+        .expect("start");
+    (nodes, ports, dir, running)
+}
+
+async fn stop_all(running: limpet::runtime::Running, nodes: &mut [TestNode]) {
+    running.stop().await;
+    for n in nodes {
+        n.kill().await;
+    }
+}
+
+/// Paused time moved by hand, a second at a time (timers fire at each step).
+async fn advance_secs(secs: u64) {
+    for _ in 0..secs {
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+}
+
+/// Drops `client`'s entry from table `t`, as an eviction would.
+fn evict(running: &limpet::runtime::Running, client: &str) {
+    let state = running.runtime().state();
+    let table = state.table("t").expect("table");
+    let ip: IpAddr = client.parse().expect("ip");
+    table
+        .lock()
+        .store_mut()
+        .remove(KeyRef::ip(ip, Default::default()));
+}
+
 /// A TCP session held open keeps its table entry past `expire` (it is marked used every
 /// half expiry while the session lives), so the client's next connection lands on the same
 /// node: without it, the entry of a session open longer than `expire` was gone and the next
@@ -219,45 +263,25 @@ fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit() {
 #[tokio::test(start_paused = true)]
 async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
     use tokio::io::AsyncWriteExt;
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
-    let dir = TempDir::new("tables-kept");
-    let running = start(config(&dir, &text(ports.tcp, "expire = \"6s\"")))
-        .await
-        .expect("start");
+    let (mut nodes, _ports, _dir, running) =
+        table_over_two_nodes("tables-kept", "expire = \"6s\"").await;
     let addr = running.addr("raw").expect("addr");
     let client = "127.0.0.95";
     let (mut open, home) = tcp_session(client, addr).await;
     // Five times the expiry, the session open and silent.
-    for _ in 0..30 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-    }
+    advance_secs(30).await;
     assert_eq!(
         pin_of(&running, client).as_deref(),
         Some(home.as_str()),
         "the open session's entry is kept"
     );
-    let (_again, node) = tcp_session(client, addr).await;
+    let (again, node) = tcp_session(client, addr).await;
     assert_eq!(node, home, "the client's next connection lands on its node");
     // An entry lost while the session is open (evicted by a burst of new keys, deleted, or
     // expired while the session waited in its node's queue) is put back by the session.
-    {
-        let state = running.runtime().state();
-        let table = state.table("t").expect("table");
-        let ip: IpAddr = client.parse().expect("ip");
-        table
-            .lock()
-            .store_mut()
-            .remove(KeyRef::ip(ip, Default::default()));
-    }
+    evict(&running, client);
     assert_eq!(pin_of(&running, client), None);
-    for _ in 0..4 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-    }
+    advance_secs(4).await;
     assert_eq!(
         pin_of(&running, client).as_deref(),
         Some(home.as_str()),
@@ -265,20 +289,14 @@ async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
     );
     // Closed, the session keeps nothing: the entry expires as any other.
     open.shutdown().await.expect("close");
-    drop(open);
-    drop(_again);
-    for _ in 0..10 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-    }
+    drop((open, again));
+    advance_secs(10).await;
     assert_eq!(
         pin_of(&running, client),
         None,
         "expired once the sessions closed"
     );
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
 
 /// A reload that shortens the table's expiry reaches the sessions already open: they hold
@@ -286,40 +304,25 @@ async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
 /// held its entry every 60 s, and under a reloaded `6s` the entry expired in between).
 #[tokio::test(start_paused = true)]
 async fn a_reload_that_shortens_expire_reaches_the_open_sessions() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
-    let dir = TempDir::new("tables-reload-expire");
-    let running = start(config(&dir, &text(ports.tcp, "expire = \"2m\"")))
-        .await
-        .expect("start");
+    let (mut nodes, ports, dir, running) =
+        table_over_two_nodes("tables-reload-expire", "expire = \"2m\"").await;
     let addr = running.addr("raw").expect("addr");
     let client = "127.0.0.96";
     let (_open, home) = tcp_session(client, addr).await;
-    for _ in 0..5 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-    }
+    advance_secs(5).await;
     let runtime = running.runtime();
     let next = runtime
         .state()
         .rebuild(config(&dir, &text(ports.tcp, "expire = \"6s\"")))
         .expect("rebuild");
     runtime.swap(next);
-    for _ in 0..30 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-    }
+    advance_secs(30).await;
     assert_eq!(
         pin_of(&running, client).as_deref(),
         Some(home.as_str()),
         "the open session's entry is kept under the reloaded expiry"
     );
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
 
 /// A session whose entry went (evicted) and whose client's next connection was pinned
@@ -329,36 +332,20 @@ async fn a_reload_that_shortens_expire_reaches_the_open_sessions() {
 #[tokio::test(start_paused = true)]
 async fn a_session_whose_entry_was_pinned_elsewhere_meanwhile_is_closed() {
     use tokio::io::AsyncReadExt;
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
-    let dir = TempDir::new("tables-moved");
-    let running = start(config(&dir, &text(ports.tcp, "expire = \"6s\"")))
-        .await
-        .expect("start");
+    let (mut nodes, _ports, _dir, running) =
+        table_over_two_nodes("tables-moved", "expire = \"6s\"").await;
     let addr = running.addr("raw").expect("addr");
     let client = "127.0.0.97";
     let (mut open, home) = tcp_session(client, addr).await;
     // Evicted, and the client's next connection comes before the session's next hold: a
     // fresh pin, to the other node (round-robin moved on).
-    {
-        let state = running.runtime().state();
-        let table = state.table("t").expect("table");
-        let ip: IpAddr = client.parse().expect("ip");
-        table
-            .lock()
-            .store_mut()
-            .remove(KeyRef::ip(ip, Default::default()));
-    }
+    evict(&running, client);
     let (_second, there) = tcp_session(client, addr).await;
     assert_ne!(there, home, "pinned afresh elsewhere");
     let mut closed = false;
     let mut rest = [0u8; 16];
     for _ in 0..10 {
-        tokio::time::advance(Duration::from_secs(1)).await;
+        advance_secs(1).await;
         if let Ok(r) = tokio::time::timeout(Duration::from_millis(1), open.read(&mut rest)).await {
             closed = matches!(r, Ok(0) | Err(_));
             break;
@@ -366,8 +353,5 @@ async fn a_session_whose_entry_was_pinned_elsewhere_meanwhile_is_closed() {
     }
     assert!(closed, "the session left on {home} was closed");
     assert_eq!(pin_of(&running, client).as_deref(), Some(there.as_str()));
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
