@@ -17,6 +17,7 @@
 //! it causes carry no verdict on the node (`crate::error::Cause::Local`), so nodes do not
 //! flap DOWN/UP because limpet ran out of sockets.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,33 +42,93 @@ pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 pub struct RateLimitedLog {
     what: &'static str,
-    /// When it last logged, and how many notes were not logged since.
-    state: Mutex<(Option<Instant>, u64)>,
+    state: Mutex<LogWindow>,
 }
 
 impl RateLimitedLog {
     pub const fn new(what: &'static str) -> Self {
         RateLimitedLog {
             what,
-            state: Mutex::new((None, 0)),
+            state: Mutex::new(LogWindow::new()),
         }
     }
 
     /// Notes one occurrence (`context`: where); returns whether it was logged.
     pub fn note(&self, context: &str) -> bool {
-        let now = Instant::now();
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let due =
-            st.0.is_none_or(|last| now.duration_since(last) >= LOG_EVERY);
-        if !due {
-            st.1 += 1;
-            return false;
-        }
-        let swallowed = std::mem::take(&mut st.1);
-        st.0 = Some(now);
-        drop(st);
+        let due = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.note(Instant::now())
+        };
+        let Some(swallowed) = due else { return false };
         tracing::warn!(context, repeats_not_logged = swallowed, "{}", self.what);
         true
+    }
+}
+
+/// A [`RateLimitedLog`] with a window of its own for each node address: one node failing
+/// over and over does not hide a second node's first failure (a bad certificate on one node
+/// beside a wrong `ca` for another). The map holds configured node addresses only, and is
+/// pruned of quiet ones when it grows past [`PerNodeLog::KEPT`] (reloads that move nodes).
+#[derive(Debug)]
+pub struct PerNodeLog {
+    what: &'static str,
+    state: Mutex<BTreeMap<SocketAddr, LogWindow>>,
+}
+
+impl PerNodeLog {
+    const KEPT: usize = 1024;
+
+    pub const fn new(what: &'static str) -> Self {
+        PerNodeLog {
+            what,
+            state: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Notes one occurrence at `node` (`context`: where and what, naming the node); returns
+    /// whether it was logged.
+    pub fn note(&self, node: SocketAddr, context: &str) -> bool {
+        let now = Instant::now();
+        let due = {
+            let mut map = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if map.len() >= Self::KEPT && !map.contains_key(&node) {
+                map.retain(|_, w| w.last.is_some_and(|t| now.duration_since(t) < LOG_EVERY));
+            }
+            map.entry(node).or_insert_with(LogWindow::new).note(now)
+        };
+        let Some(swallowed) = due else { return false };
+        tracing::warn!(context, repeats_not_logged = swallowed, "{}", self.what);
+        true
+    }
+}
+
+/// When a rate-limited warning was last logged, and how many notes were not logged since.
+#[derive(Debug)]
+struct LogWindow {
+    last: Option<Instant>,
+    swallowed: u64,
+}
+
+impl LogWindow {
+    const fn new() -> Self {
+        LogWindow {
+            last: None,
+            swallowed: 0,
+        }
+    }
+
+    /// One occurrence at `now`: the count of those swallowed since the last line when this
+    /// one is to be logged, `None` when it falls in the window.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < LOG_EVERY)
+        {
+            self.swallowed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.swallowed))
     }
 }
 
@@ -484,15 +545,15 @@ where
             // it does not cover is a configuration fault that fails every request to the
             // node, and without active checks nothing else would name it (chaos run: a wrong
             // `ca` read as a dead fleet at the default log level).
-            NODE_TLS_FAILED.note(&format!("node {addr} (name {}): {e}", name.to_str()));
+            NODE_TLS_FAILED.note(addr, &format!("node {addr} (name {}): {e}", name.to_str()));
             Err(UpstreamError::io(Stage::Tls, &e))
         }
         Err(_) => Err(UpstreamError::timeout(Stage::Tls, false)),
     }
 }
 
-/// TLS handshakes with nodes that failed (not those that timed out).
-static NODE_TLS_FAILED: RateLimitedLog = RateLimitedLog::new("TLS to a node failed");
+/// TLS handshakes with nodes that failed (not those that timed out), per node.
+static NODE_TLS_FAILED: PerNodeLog = PerNodeLog::new("TLS to a node failed");
 
 #[cfg(test)]
 mod tests {
@@ -567,6 +628,38 @@ mod tests {
         tokio::time::advance(LOG_EVERY).await;
         assert!(log.note("a"), "then once per interval");
         assert!(!log.note("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_node_s_flood_of_errors_hides_no_other_node_s() {
+        let log = PerNodeLog::new("test");
+        let a: SocketAddr = "127.0.0.2:443".parse().expect("addr");
+        let b: SocketAddr = "127.0.0.3:443".parse().expect("addr");
+        assert!(log.note(a, "x"), "a's first is logged");
+        for _ in 0..100 {
+            assert!(!log.note(a, "x"));
+        }
+        assert!(log.note(b, "y"), "b's first is logged, in a's window");
+        assert!(!log.note(b, "y"));
+        tokio::time::advance(LOG_EVERY).await;
+        assert!(log.note(a, "x"), "each once per interval");
+        assert!(log.note(b, "y"));
+    }
+
+    /// Reloads that keep moving nodes cannot grow the map without bound: past its size, the
+    /// nodes quiet for a window are forgotten (and log at once if they fail again).
+    #[tokio::test(start_paused = true)]
+    async fn the_per_node_log_forgets_quiet_nodes_past_its_size() {
+        let log = PerNodeLog::new("test");
+        let node =
+            |i: usize| SocketAddr::from(([127, 0, (i / 250) as u8, (i % 250) as u8 + 1], 443));
+        for i in 0..PerNodeLog::KEPT {
+            assert!(log.note(node(i), "x"));
+        }
+        tokio::time::advance(LOG_EVERY).await;
+        assert!(log.note(node(PerNodeLog::KEPT), "x"));
+        let held = log.state.lock().expect("lock").len();
+        assert_eq!(held, 1, "the quiet ones went");
     }
 
     /// The connect that reads no socket error: a refused connect is still an error (from its
