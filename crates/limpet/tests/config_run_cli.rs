@@ -92,3 +92,104 @@ async fn limpet_run_serves_a_config_and_saves_its_snapshot_on_sigterm() {
         n.kill().await;
     }
 }
+
+/// A second `limpet run` on an address a running one listens on stops at once with an error
+/// naming the address, and the first goes on serving alone. With worker threads every socket
+/// is bound with `SO_REUSEPORT`, which used to let the second bind beside the first without a
+/// word: the kernel then dealt new clients between two processes, each with a source-IP table
+/// of its own, and one client's connections landed on two nodes.
+#[tokio::test]
+async fn a_second_limpet_on_a_listened_address_is_refused_and_the_first_serves_on() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("run-twice");
+    let text = |web: &str| {
+        format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n[[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n[[listeners]]\nname = \"web\"\nbind = \"{web}\"\nnode_port = {}\ntable = \"t\"\n",
+            ports.http
+        )
+    };
+    let spawn = |path: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_limpet"))
+            .args(["run", "--threads", "2", "-c"])
+            .arg(path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn limpet run")
+    };
+    let mut first = Reaped(spawn(&dir.write("first.toml", text("127.0.0.1:0"))));
+    let stdout = first.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_default()
+    })
+    .await
+    .expect("read stdout");
+    let web: std::net::SocketAddr = line
+        .split(' ')
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let home = http_node("127.0.0.99", web).await;
+
+    let second = spawn(&dir.write("second.toml", text(&web.to_string())));
+    let out = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut second = second;
+        loop {
+            if second.try_wait().expect("wait").is_some() {
+                return Ok(second.wait_with_output().expect("output"));
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = second.kill();
+                return Err(second.wait_with_output().expect("output"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .expect("waiter")
+    .unwrap_or_else(|out| {
+        panic!(
+            "the second limpet kept running beside the first: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("cannot bind {web}")) && err.contains("another process listens"),
+        "{err}"
+    );
+    for _ in 0..20 {
+        assert_eq!(
+            http_node("127.0.0.99", web).await,
+            home,
+            "the first limpet serves alone, its pin kept"
+        );
+    }
+
+    drop(first);
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A child process killed (by its PID) and reaped when the test ends, also on a panic.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -36,7 +36,17 @@ pub fn count(threads: Option<u16>) -> usize {
 
 /// `n` listening sockets on one address, each with `SO_REUSEPORT`, so each worker accepts on
 /// its own. Port 0 is resolved by the first bind; the others take the same port.
+///
+/// An address some other socket already listens on is refused ([`refuse_if_listened`]), as a
+/// plain bind would be: `SO_REUSEPORT` would otherwise let a second limpet (started twice by
+/// mistake, or one left behind by a botched restart) bind beside the first without an error,
+/// and the kernel would then deal new clients between two processes with affinity tables of
+/// their own, splitting sessions between nodes: the pitfall of HAProxy's old processes that
+/// keep accepting on a shared port.
 pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if addr.port() != 0 {
+        refuse_if_listened(addr)?;
+    }
     let mut out = Vec::with_capacity(n);
     let mut at = addr;
     for _ in 0..n.max(1) {
@@ -58,6 +68,31 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::ne
         out.push(listener);
     }
     Ok(out)
+}
+
+/// `AddrInUse` when a socket is already bound or listening at `addr`: a bind without
+/// `SO_REUSEPORT` (which a listener sharing the port would need) is tried and let go.
+/// `SO_REUSEADDR` as on the listeners, so a port whose old connections linger in TIME_WAIT is
+/// free. Two limpets starting in the same instant could both pass before either binds; that
+/// window is the time between two system calls.
+fn refuse_if_listened(addr: SocketAddr) -> std::io::Result<()> {
+    let probe = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    probe.set_reuse_address(true)?;
+    match probe.bind(&addr.into()) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!(
+                "{e}: another process listens on {addr} (another limpet? Two would share its \
+                 clients through SO_REUSEPORT, each with affinity tables of its own; stop it \
+                 first)"
+            ),
+        )),
+        other => other,
+    }
 }
 
 /// One listener address, bound once per worker.
@@ -216,5 +251,26 @@ pub(crate) async fn serve_socket(
             }
         }
         Mode::Tcp => crate::tcp::serve_on(runtime, name, listener, stop, permits).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second set of worker sockets on an address the first set listens on is refused (a
+    /// second limpet would otherwise share the first one's clients); once the first is
+    /// closed, the address binds again.
+    #[test]
+    fn an_address_another_socket_listens_on_is_refused() {
+        let first = bind_reuseport(SocketAddr::from(([127, 0, 0, 1], 0)), 2).expect("bind");
+        let addr = first[0].local_addr().expect("addr");
+        assert_eq!(first[1].local_addr().expect("addr"), addr, "one port");
+        let e = bind_reuseport(addr, 2).expect_err("the address is taken");
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+        assert!(e.to_string().contains(&addr.to_string()), "{e}");
+        drop(first);
+        let again = bind_reuseport(addr, 2).expect("free again");
+        assert_eq!(again.len(), 2);
     }
 }
