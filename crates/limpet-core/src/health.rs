@@ -36,6 +36,13 @@
 //!   UP) starts the wait again and ends the trial.
 //! - The operator's (or the sim's) forced DOWN is never tried: it holds until forced UP or a
 //!   check brings the node back.
+//! - A node may have several checks (one per listener port it serves, each a [`CheckSlot`]),
+//!   and it is healthy only when every one of them passes: a session that lives on the node
+//!   uses all of its ports. A passing check resets the failure streak only when no other
+//!   check of the node is failing, and a DOWN node counts a pass toward `rise` only then; so
+//!   one port that stays dead takes the node DOWN in `fall` of its checks however well the
+//!   others do, and keeps it DOWN. A check removed by a reload is forgotten
+//!   ([`Health::forget_check`]), so it cannot hold the node DOWN.
 
 /// How one node's health is judged. Defaults: HAProxy's `fall 3 rise 2`, nginx's
 /// `fail_timeout 10s`, no active checks.
@@ -60,13 +67,38 @@ impl Default for HealthPolicy {
     }
 }
 
+/// Which of a node's active checks a result is from: 0 to 63 (the I/O layer gives each check
+/// of a node its own slot while it runs; a 65th and later share the last one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckSlot(u8);
+
+impl CheckSlot {
+    /// The first slot: a node's only check, the sim's checks.
+    pub const FIRST: CheckSlot = CheckSlot(0);
+    /// How many distinct slots a node has.
+    pub const COUNT: usize = 64;
+
+    /// Slot `i`, or the last one for `i` past [`CheckSlot::COUNT`].
+    pub fn new(i: usize) -> CheckSlot {
+        CheckSlot(u8::try_from(i.min(Self::COUNT - 1)).unwrap_or(63))
+    }
+
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    fn bit(self) -> u64 {
+        1u64 << self.0
+    }
+}
+
 /// What was seen of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Observation {
-    /// An active check passed.
-    CheckPassed,
+    /// An active check (this slot of the node's) passed.
+    CheckPassed(CheckSlot),
     /// An active check failed (refused, timed out, wrong status, handshake error).
-    CheckFailed,
+    CheckFailed(CheckSlot),
     /// Live traffic was served: an HTTP answer arrived, or a TCP connect completed.
     TrafficOk,
     /// Live traffic failed at the node: connect refused or timed out, TLS to the node failed,
@@ -87,6 +119,8 @@ pub struct Health {
     /// While down without checks: a trial was claimed since the node went DOWN or last
     /// failed, so a success now is that trial's (or at least a sign of life after it).
     trying: bool,
+    /// The checks (by [`CheckSlot`] bit) whose last result was a failure.
+    failing: u64,
 }
 
 /// A change of health state.
@@ -113,6 +147,7 @@ impl Default for Health {
             streak: 0,
             retry_at_ms: 0,
             trying: false,
+            failing: 0,
         }
     }
 }
@@ -181,8 +216,11 @@ impl Health {
         now_ms: u64,
     ) -> Option<Transition> {
         let t = match (self.up, obs) {
-            (true, Observation::CheckPassed) => {
-                self.streak = 0;
+            (true, Observation::CheckPassed(slot)) => {
+                self.failing &= !slot.bit();
+                if self.failing == 0 {
+                    self.streak = 0;
+                }
                 None
             }
             // With checks, traffic that gets through proves nothing about the process.
@@ -192,7 +230,10 @@ impl Health {
                 }
                 None
             }
-            (true, Observation::CheckFailed | Observation::TrafficFailed) => {
+            (true, Observation::CheckFailed(_) | Observation::TrafficFailed) => {
+                if let Observation::CheckFailed(slot) = obs {
+                    self.failing |= slot.bit();
+                }
                 self.streak += 1;
                 if self.streak >= policy.fall.max(1) {
                     *self = Health {
@@ -200,22 +241,30 @@ impl Health {
                         streak: 0,
                         retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
                         trying: false,
+                        failing: self.failing,
                     };
                     Some(Transition::WentDown)
                 } else {
                     None
                 }
             }
-            (false, Observation::CheckPassed) => {
-                self.streak += 1;
-                if self.streak >= policy.rise.max(1) {
-                    *self = Health::default();
-                    Some(Transition::WentUp)
-                } else {
+            (false, Observation::CheckPassed(slot)) => {
+                self.failing &= !slot.bit();
+                if self.failing != 0 {
+                    // Another check of the node still fails: not a pass of the node.
                     None
+                } else {
+                    self.streak += 1;
+                    if self.streak >= policy.rise.max(1) {
+                        *self = Health::default();
+                        Some(Transition::WentUp)
+                    } else {
+                        None
+                    }
                 }
             }
-            (false, Observation::CheckFailed) => {
+            (false, Observation::CheckFailed(slot)) => {
+                self.failing |= slot.bit();
                 self.streak = 0;
                 None
             }
@@ -249,6 +298,18 @@ impl Health {
         t
     }
 
+    /// A check that no longer runs (a reload removed it or moved it to another slot): its last
+    /// failure no longer holds the node. A DOWN node still needs `rise` passes to come back.
+    pub fn forget_check(&mut self, slot: CheckSlot) {
+        self.failing &= !slot.bit();
+        if self.up && self.failing == 0 && self.streak > 0 {
+            // The streak was that check's failures (and traffic's, which the next pass
+            // would reset as well): the checks left all pass.
+            self.streak = 0;
+        }
+        self.debug_check();
+    }
+
     /// Forces a state (operator command, or the sim's `UP`/`DOWN`). A forced DOWN is never
     /// tried by traffic; checks, if configured, may still bring the node back.
     pub fn force(&mut self, up: bool) -> Option<Transition> {
@@ -258,6 +319,7 @@ impl Health {
             streak: 0,
             retry_at_ms: if up { 0 } else { u64::MAX },
             trying: false,
+            failing: 0,
         };
         match (was, up) {
             (true, false) => Some(Transition::WentDown),
@@ -279,12 +341,14 @@ mod tests {
     use super::*;
     use Observation::*;
 
+    const S0: CheckSlot = CheckSlot::FIRST;
+
     proptest::proptest! {
         /// Whatever led to a health, when it says a `TrafficOk` changes nothing, one changes
         /// nothing (so skipping the report is the same as making it).
         #[test]
         fn traffic_ok_changes_nothing_when_it_says_so(
-            steps in proptest::collection::vec((0u8..4, 0u64..30_000), 0..40),
+            steps in proptest::collection::vec((0u8..6, 0u64..30_000), 0..40),
             checked in proptest::prelude::any::<bool>(),
             fall in 1u32..4,
         ) {
@@ -293,7 +357,9 @@ mod tests {
             let mut now = 0;
             for (obs, dt) in steps {
                 now += dt;
-                let obs = [CheckPassed, CheckFailed, TrafficOk, TrafficFailed][usize::from(obs)];
+                let s1 = CheckSlot::new(1);
+                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1)]
+                    [usize::from(obs)];
                 h.observe(obs, policy, now);
                 if h.traffic_ok_changes_nothing(policy) {
                     let mut after = h;
@@ -320,26 +386,91 @@ mod tests {
     fn checks_take_a_node_down_after_fall_and_up_after_rise() {
         let p = checked();
         let mut h = Health::default();
-        assert_eq!(h.observe(CheckFailed, p, 0), None);
-        assert_eq!(h.observe(CheckFailed, p, 0), None);
-        assert_eq!(h.observe(CheckFailed, p, 0), Some(Transition::WentDown));
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), None);
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), None);
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), Some(Transition::WentDown));
         assert!(!h.is_up());
-        assert_eq!(h.observe(CheckFailed, p, 0), None);
-        assert_eq!(h.observe(CheckPassed, p, 0), None);
-        assert_eq!(h.observe(CheckPassed, p, 0), Some(Transition::WentUp));
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(S0), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(S0), p, 0), Some(Transition::WentUp));
         assert!(h.is_up());
+    }
+
+    /// A node with two checks (say its HTTP port's and its raw TCP port's): the raw port
+    /// dead, the HTTP port answering. The HTTP check's passes must not keep resetting the
+    /// raw check's failures: the node goes DOWN in `fall` of them, and stays DOWN while the
+    /// HTTP check passes, until the raw check has passed too, `rise` times.
+    #[test]
+    fn one_check_that_keeps_failing_takes_the_node_down_whatever_the_others_say() {
+        let p = checked();
+        let (web, raw) = (CheckSlot::new(0), CheckSlot::new(1));
+        let mut h = Health::default();
+        for _ in 0..2 {
+            assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+            assert_eq!(h.observe(CheckFailed(raw), p, 0), None);
+        }
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+        assert_eq!(
+            h.observe(CheckFailed(raw), p, 0),
+            Some(Transition::WentDown)
+        );
+        for _ in 0..10 {
+            assert_eq!(h.observe(CheckPassed(web), p, 0), None, "still DOWN");
+            assert_eq!(h.observe(CheckFailed(raw), p, 0), None);
+        }
+        assert!(!h.is_up());
+        // The raw port comes back: `rise` passes, counted once no check fails.
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(web), p, 0), Some(Transition::WentUp));
+        // And a check that fails once, then passes, counts nothing against the node.
+        h.observe(CheckFailed(raw), p, 0);
+        h.observe(CheckPassed(raw), p, 0);
+        assert_eq!(h.streak(), 0);
+    }
+
+    /// A failing check that a reload removes no longer holds the node: UP, the checks left
+    /// passing reset its count; DOWN, the checks left bring it back in `rise` passes.
+    #[test]
+    fn a_forgotten_check_holds_the_node_no_more() {
+        let p = checked();
+        let (web, raw) = (CheckSlot::new(0), CheckSlot::new(1));
+        let mut h = Health::default();
+        h.observe(CheckFailed(raw), p, 0);
+        h.observe(CheckFailed(raw), p, 0);
+        h.forget_check(raw);
+        assert_eq!(h.streak(), 0);
+        assert_eq!(h.observe(CheckFailed(web), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+
+        let mut h = Health::default();
+        for _ in 0..3 {
+            h.observe(CheckFailed(raw), p, 0);
+        }
+        assert!(!h.is_up());
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+        h.forget_check(raw);
+        assert!(!h.is_up(), "forgetting is no pass");
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(web), p, 0), Some(Transition::WentUp));
+    }
+
+    #[test]
+    fn check_slots_past_the_last_share_it() {
+        assert_eq!(CheckSlot::new(63), CheckSlot::new(1000));
+        assert_eq!(CheckSlot::new(63).index(), 63);
+        assert_ne!(CheckSlot::new(62), CheckSlot::new(63));
     }
 
     #[test]
     fn a_check_success_resets_the_failure_streak() {
         let p = checked();
         let mut h = Health::default();
-        h.observe(CheckFailed, p, 0);
+        h.observe(CheckFailed(S0), p, 0);
         h.observe(TrafficFailed, p, 0);
-        h.observe(CheckPassed, p, 0);
-        assert_eq!(h.observe(CheckFailed, p, 0), None);
-        assert_eq!(h.observe(CheckFailed, p, 0), None);
-        assert_eq!(h.observe(CheckFailed, p, 0), Some(Transition::WentDown));
+        h.observe(CheckPassed(S0), p, 0);
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), None);
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), None);
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), Some(Transition::WentDown));
     }
 
     #[test]
@@ -348,10 +479,10 @@ mod tests {
         let mut h = Health::default();
         // A hung node: every connect completes, every check times out.
         for _ in 0..2 {
-            h.observe(CheckFailed, p, 0);
+            h.observe(CheckFailed(S0), p, 0);
             assert_eq!(h.observe(TrafficOk, p, 0), None);
         }
-        assert_eq!(h.observe(CheckFailed, p, 0), Some(Transition::WentDown));
+        assert_eq!(h.observe(CheckFailed(S0), p, 0), Some(Transition::WentDown));
         for t in 0..100 {
             assert_eq!(h.observe(TrafficOk, p, t * 1000), None);
             assert_eq!(h.availability(p, t * 1000), Availability::Down);

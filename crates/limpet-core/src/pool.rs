@@ -198,6 +198,14 @@ impl Pool {
         t
     }
 
+    /// Forgets a node's stopped check (see [`crate::health::Health::forget_check`]).
+    pub fn forget_check(&mut self, id: NodeId, check: crate::health::CheckSlot) {
+        if let Some(node) = self.nodes.get_mut(id.index()) {
+            node.status.health.forget_check(check);
+            self.rebuild();
+        }
+    }
+
     /// Claims the trial of a DOWN node due one (see [`crate::health::Health::claim_trial`]).
     pub fn claim_trial(&mut self, id: NodeId, now_ms: u64, hold_ms: u64) -> bool {
         let Some(node) = self.nodes.get_mut(id.index()) else {

@@ -123,8 +123,8 @@ enum Obs {
 impl Obs {
     fn real(self) -> Observation {
         match self {
-            Obs::CheckPassed => Observation::CheckPassed,
-            Obs::CheckFailed => Observation::CheckFailed,
+            Obs::CheckPassed => Observation::CheckPassed(limpet_core::CheckSlot::FIRST),
+            Obs::CheckFailed => Observation::CheckFailed(limpet_core::CheckSlot::FIRST),
             Obs::TrafficOk => Observation::TrafficOk,
             Obs::TrafficFailed => Observation::TrafficFailed,
         }

@@ -230,6 +230,11 @@ impl NodeRuntime {
         self.update(|s| s.health.observe(obs, s.policy, now_ms))
     }
 
+    /// A check of the node stopped (a reload): its last failure no longer holds the node.
+    pub fn forget_check(&self, check: limpet_core::CheckSlot) {
+        self.update(|s| s.health.forget_check(check));
+    }
+
     /// Takes the trial of a DOWN node due one; the claim holds `hold` (the longest the
     /// trial's outcome may take to be known: the connect timeout, and for HTTP the answer
     /// timeout too).

@@ -347,3 +347,73 @@ async fn tables_are_listed_paged_looked_up_deleted_and_cleared() {
     assert_eq!(t[0]["size"], 0);
     l.stop().await;
 }
+
+/// A node checked on two ports (the failure of a print server whose print service stopped
+/// while its web pages still load): `b`'s raw port is dead, its web port answers. `b` goes
+/// DOWN on the raw check's `fall`-th failure although its web check passes in between (each
+/// pass used to reset the count: the node stayed UP, and sessions kept being pinned to a node
+/// whose raw port refused them), stays DOWN while the web check passes, and `a`, whose ports
+/// all answer, stays UP. A reload that drops the raw check brings `b` back on the web check.
+#[tokio::test]
+async fn a_node_whose_raw_port_is_dead_goes_down_although_its_web_check_passes() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    // The raw service, alive on `a` only (nothing listens on `b`'s address at that port).
+    let raw_a = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let raw_port = raw_a.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
+    let raw_service = tokio::spawn(async move {
+        while let Ok((s, _)) = raw_a.accept().await {
+            drop(s);
+        }
+    });
+    let extra = "\n[health]\nfall = 2\nrise = 1\ninterval = \"100ms\"\ntimeout = \"500ms\"\n";
+    let web_checked = config(port, extra).replace(
+        "name = \"web\"\nbind = \"127.0.0.1:0\"\n",
+        "name = \"web\"\nbind = \"127.0.0.1:0\"\ncheck = { kind = \"http\", path = \"/status/204\" }\n",
+    );
+    let both_checked = web_checked.replace(
+        "mode = \"tcp\"\n",
+        &format!("mode = \"tcp\"\ncheck = {{ kind = \"tcp\", port = {raw_port} }}\n"),
+    );
+    let cfg = ConfigFile::new("two-checks", &both_checked);
+    let l = Limpet::start(&cfg).await;
+    let web_checks = |v: &serde_json::Value| {
+        v["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["kind"] == "http"))
+            .and_then(|c| c["checks"].as_u64())
+            .unwrap_or(0)
+    };
+    let v = wait_state(&l, "b", "DOWN").await;
+    let at_down = web_checks(&v);
+    // Ten more web checks of `b`, all passing: `b` stays DOWN, `a` UP.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = node_view(&l, "b").await;
+        assert_eq!(v["state"], "DOWN", "{v}");
+        if web_checks(&v) >= at_down + 10 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "web checks stopped: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(node_view(&l, "a").await["state"], "UP");
+    let c = bare_client();
+    for _ in 0..4 {
+        assert_eq!(
+            get(&c, &format!("http://{}/", l.addr("web")), None).await.1,
+            "a"
+        );
+    }
+
+    cfg.write(&web_checked);
+    let (status, report) = reload(&l).await;
+    assert_eq!(status, 200, "{report}");
+    wait_state(&l, "b", "UP").await;
+    raw_service.abort();
+    l.stop().await;
+}

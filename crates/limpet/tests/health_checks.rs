@@ -11,7 +11,7 @@ use limpet::health::{
     insecure_tls_config, CheckDetail, CheckKind, CheckSpec, HealthChecks, HealthSink, HttpCheck,
     StatusRange, TlsCheck,
 };
-use limpet_core::{Observation, Pool, Transition};
+use limpet_core::{CheckSlot, Observation, Pool, Transition};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -34,13 +34,19 @@ struct PoolSink {
 }
 
 impl HealthSink for PoolSink {
-    fn record(&self, node: &str, ok: bool, detail: &CheckDetail) -> Option<Transition> {
+    fn record(
+        &self,
+        node: &str,
+        check: CheckSlot,
+        ok: bool,
+        detail: &CheckDetail,
+    ) -> Option<Transition> {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         let id = pool.lookup(node.as_bytes())?;
         let obs = if ok {
-            Observation::CheckPassed
+            Observation::CheckPassed(check)
         } else {
-            Observation::CheckFailed
+            Observation::CheckFailed(check)
         };
         let t = pool.observe(id, obs, limpet::clock::now_ms());
         let _ = self.events.send(Event {
@@ -51,6 +57,13 @@ impl HealthSink for PoolSink {
             at: Instant::now(),
         });
         t
+    }
+
+    fn forget(&self, node: &str, check: CheckSlot) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(id) = pool.lookup(node.as_bytes()) {
+            pool.forget_check(id, check);
+        }
     }
 }
 
@@ -486,4 +499,78 @@ async fn update_keeps_unchanged_checks_and_stops_removed_ones() {
     // this test's `sink` clones, so nothing more arrives.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(rx.try_recv().is_err());
+}
+
+/// A node checked on two ports, its HTTP port answering and its raw TCP port dead (a print
+/// server whose print service stopped while its web pages still load): the node goes DOWN on
+/// the dead port's `fall`-th failure although the HTTP check passes in between (each pass
+/// used to reset the count, so the node stayed UP for ever), and stays DOWN while the HTTP
+/// check keeps passing. A reload that removes the failing check lets the node come back on
+/// the checks left, in `rise` passes.
+#[tokio::test(start_paused = true)]
+async fn a_node_with_one_dead_port_goes_down_whatever_its_other_checks_say() {
+    let (web, _server, _heads) = http_node(Arc::new(AtomicU16::new(200))).await;
+    let raw = {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let web_check = spec(CheckKind::Http(HttpCheck::default()), web);
+    let raw_check = spec(CheckKind::Tcp, raw);
+    let (sink, mut rx) = sink(&["a"], &web_check);
+    let mut checks = HealthChecks::with_seed(1);
+    checks.update(
+        vec![("a".into(), web_check.clone()), ("a".into(), raw_check)],
+        sink.clone(),
+    );
+
+    let (mut raw_failures, mut web_passes) = (0, 0);
+    loop {
+        let e = next(&mut rx).await;
+        if e.detail.kind == "tcp" {
+            assert!(!e.ok, "{e:?}");
+            raw_failures += 1;
+        } else {
+            assert!(e.ok, "{e:?}");
+            web_passes += 1;
+        }
+        if e.transition == Some(Transition::WentDown) {
+            break;
+        }
+        assert!(
+            raw_failures < 3,
+            "the third failure of the raw port takes the node down"
+        );
+    }
+    assert_eq!(raw_failures, 3);
+    assert!(
+        web_passes >= 2,
+        "the web check passed in between: {web_passes}"
+    );
+    for _ in 0..20 {
+        let e = next(&mut rx).await;
+        assert_eq!(e.transition, None, "DOWN while its raw port is dead: {e:?}");
+    }
+    {
+        let pool = sink.pool.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(pool.eligible(), &[] as &[limpet_core::NodeId]);
+    }
+
+    // The reload: only the web check is left.
+    checks.update(vec![("a".into(), web_check)], sink.clone());
+    let mut passes = 0;
+    loop {
+        let e = next(&mut rx).await;
+        if e.detail.kind == "tcp" {
+            continue; // a result sent before the reload, still queued
+        }
+        assert!(e.ok, "{e:?}");
+        passes += 1;
+        if e.transition == Some(Transition::WentUp) {
+            break;
+        }
+        assert!(passes < 2, "up on the second pass");
+    }
+    assert_eq!(passes, 2);
 }

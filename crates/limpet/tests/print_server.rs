@@ -344,15 +344,24 @@ async fn a_node_marked_down_closes_its_tcp_sessions_at_once() {
     // Passive failures (or a health checker) cross `fall` (3): the node goes DOWN while its
     // service is still up, so only limpet can close the session.
     assert_eq!(
-        state.observe_named(&home, limpet_core::Observation::CheckFailed),
+        state.observe_named(
+            &home,
+            limpet_core::Observation::CheckFailed(limpet_core::CheckSlot::FIRST)
+        ),
         None
     );
     assert_eq!(
-        state.observe_named(&home, limpet_core::Observation::CheckFailed),
+        state.observe_named(
+            &home,
+            limpet_core::Observation::CheckFailed(limpet_core::CheckSlot::FIRST)
+        ),
         None
     );
     assert_eq!(
-        state.observe_named(&home, limpet_core::Observation::CheckFailed),
+        state.observe_named(
+            &home,
+            limpet_core::Observation::CheckFailed(limpet_core::CheckSlot::FIRST)
+        ),
         Some(limpet_core::Transition::WentDown)
     );
     closed_within(&mut session, Duration::from_secs(2)).await;

@@ -338,7 +338,11 @@ mod tests {
         let mut h = Health::default();
         h.force(false);
         assert_eq!(progress(h, checked, 0), None, "DOWN, no check passed yet");
-        h.observe(limpet_core::Observation::CheckPassed, checked, 0);
+        h.observe(
+            limpet_core::Observation::CheckPassed(limpet_core::CheckSlot::FIRST),
+            checked,
+            0,
+        );
         assert_eq!(progress(h, checked, 0).as_deref(), Some("coming up 1/2"));
         // Forced DOWN without checks is never tried.
         let mut h = Health::default();

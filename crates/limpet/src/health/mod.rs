@@ -13,8 +13,13 @@
 //!                                                                   │ ok / error + detail
 //!                                     HealthBoard (per-node detail) ◄┤
 //!                                                                   ▼
-//!                          HealthSink::record(node, ok, detail) ─► Option<Transition>
+//!                          HealthSink::record(node, slot, ok, detail) ─► Option<Transition>
 //! ```
+//!
+//! Each check of a node runs in a slot of its own (`limpet_core::CheckSlot`, the lowest free
+//! one among that node's checks), so the core can tell a node whose checks all pass from one
+//! with a port that keeps failing while another answers. A check a reload stops frees its
+//! slot and is forgotten by the node's health ([`HealthSink::forget`]).
 //!
 //! Kinds ([`CheckKind`]): a TCP connect; an HTTP/1.1 request with an expected status range; a
 //! TLS handshake. Defaults are HAProxy's: `inter 2s`, `fall 3`, `rise 2`; the timeout defaults
@@ -33,7 +38,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use limpet_core::{HealthPolicy, Transition};
+use limpet_core::{CheckSlot, HealthPolicy, Transition};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -218,7 +223,18 @@ pub struct CheckDetail {
 /// Where check results go. Implemented by the runtime over the decision core; `record`
 /// returns the state change the result caused, if any.
 pub trait HealthSink: Send + Sync + 'static {
-    fn record(&self, node: &str, ok: bool, detail: &CheckDetail) -> Option<Transition>;
+    /// A result of the check in `check`'s slot of `node`.
+    fn record(
+        &self,
+        node: &str,
+        check: CheckSlot,
+        ok: bool,
+        detail: &CheckDetail,
+    ) -> Option<Transition>;
+
+    /// The check in `check`'s slot of `node` was stopped (a reload removed or changed it):
+    /// its last result no longer counts.
+    fn forget(&self, node: &str, check: CheckSlot);
 }
 
 /// What the admin API shows of one check.
@@ -355,8 +371,8 @@ impl HealthBoard {
 #[derive(Debug)]
 pub struct HealthChecks {
     board: Arc<HealthBoard>,
-    // (node, label) -> (spec fingerprint, task)
-    tasks: BTreeMap<(String, String), (String, JoinHandle<()>)>,
+    // (node, label) -> (spec fingerprint, the check's slot, task)
+    tasks: BTreeMap<(String, String), (String, CheckSlot, JoinHandle<()>)>,
     rng: StdRng,
 }
 
@@ -407,12 +423,15 @@ impl HealthChecks {
         let stale: Vec<_> = self
             .tasks
             .iter()
-            .filter(|(k, (fp, _))| wanted.get(*k).is_none_or(|s| fingerprint(s) != *fp))
+            .filter(|(k, (fp, _, _))| wanted.get(*k).is_none_or(|s| fingerprint(s) != *fp))
             .map(|(k, _)| k.clone())
             .collect();
         for key in stale {
-            if let Some((_, task)) = self.tasks.remove(&key) {
+            if let Some((_, slot, task)) = self.tasks.remove(&key) {
+                // Health checks run on the runtime that calls this (the main thread's), so
+                // the aborted task cannot be inside `record` now, nor record again after.
                 task.abort();
+                sink.forget(&key.0, slot);
             }
             self.board.unregister(&key.0, &key.1);
         }
@@ -420,23 +439,35 @@ impl HealthChecks {
             if self.tasks.contains_key(&(node.clone(), label.clone())) {
                 continue;
             }
+            let taken: Vec<CheckSlot> = self
+                .tasks
+                .iter()
+                .filter(|((n, _), _)| *n == node)
+                .map(|(_, (_, slot, _))| *slot)
+                .collect();
+            let slot = (0..CheckSlot::COUNT)
+                .map(CheckSlot::new)
+                .find(|s| !taken.contains(s))
+                .unwrap_or(CheckSlot::new(CheckSlot::COUNT));
             self.board.register(&node, &spec);
             let seed = self.rng.gen();
             let task = tokio::spawn(run_check(
                 node.clone(),
                 label.clone(),
+                slot,
                 spec.clone(),
                 Arc::clone(&sink),
                 Arc::clone(&self.board),
                 seed,
             ));
-            self.tasks.insert((node, label), (fingerprint(&spec), task));
+            self.tasks
+                .insert((node, label), (fingerprint(&spec), slot, task));
         }
     }
 
     /// Stops every check.
     pub fn stop(&mut self) {
-        for (_, (_, task)) in std::mem::take(&mut self.tasks) {
+        for (_, (_, _, task)) in std::mem::take(&mut self.tasks) {
             task.abort();
         }
     }
@@ -484,6 +515,7 @@ pub fn first_delay(interval: Duration, rng: &mut impl Rng) -> Duration {
 async fn run_check(
     node: String,
     label: String,
+    slot: CheckSlot,
     spec: CheckSpec,
     sink: Arc<dyn HealthSink>,
     board: Arc<HealthBoard>,
@@ -506,16 +538,16 @@ async fn run_check(
             next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
             continue;
         }
-        let t = sink.record(&node, detail.ok, &detail);
+        let t = sink.record(&node, slot, detail.ok, &detail);
         board.update(&node, &label, &detail, t.is_some());
         match t {
             Some(Transition::WentDown) => tracing::warn!(
                 node = %node, check = %label, error = detail.error.as_deref().unwrap_or(""),
-                "node DOWN: {} consecutive failed checks", spec.fall
+                "node DOWN: this check's failure made {} in a row (checks and traffic)", spec.fall
             ),
             Some(Transition::WentUp) => tracing::info!(
                 node = %node, check = %label,
-                "node UP: {} consecutive passed checks", spec.rise
+                "node UP: {} passes in a row with none of its checks failing", spec.rise
             ),
             None => {}
         }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use limpet_core::table::{AffinityStore, KeyRef, KeySpec};
-use limpet_core::{AdminState, Observation};
+use limpet_core::{AdminState, CheckSlot, Observation};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -31,16 +31,23 @@ impl HealthSink for RuntimeSink {
     fn record(
         &self,
         node: &str,
+        check: CheckSlot,
         ok: bool,
         _detail: &CheckDetail,
     ) -> Option<limpet_core::Transition> {
         // State::observe counts and logs the transition (as for passive failures).
         let obs = if ok {
-            Observation::CheckPassed
+            Observation::CheckPassed(check)
         } else {
-            Observation::CheckFailed
+            Observation::CheckFailed(check)
         };
         self.runtime.upgrade()?.state().observe_named(node, obs)
+    }
+
+    fn forget(&self, node: &str, check: CheckSlot) {
+        if let Some(rt) = self.runtime.upgrade() {
+            rt.state().forget_check(node, check);
+        }
     }
 }
 

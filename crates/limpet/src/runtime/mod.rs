@@ -940,6 +940,14 @@ impl State {
         self.observe(id, obs)
     }
 
+    /// A health check of `node` stopped (a reload removed or changed it): its last result
+    /// no longer counts toward the node's health.
+    pub fn forget_check(&self, node: &str, check: limpet_core::CheckSlot) {
+        if let Some(rt) = self.node_id(node).and_then(|id| self.node_rt(id)) {
+            rt.forget_check(check);
+        }
+    }
+
     /// Forces a node's health (operator command, tests).
     pub fn force_health(&self, node: &str, up: bool) -> Option<Transition> {
         let id = self.node_id(node)?;
