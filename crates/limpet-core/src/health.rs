@@ -298,6 +298,24 @@ impl Health {
         t
     }
 
+    /// The policy changed under a node (a reload): a DOWN node waiting for its trial waits
+    /// `fail_timeout` as the new policy says, counted from when the wait began, so a reload
+    /// that shortens it reaches a node already DOWN (a trial claimed and in flight is left
+    /// to finish).
+    pub fn policy_changed(&mut self, old: HealthPolicy, new: HealthPolicy) {
+        if !self.up
+            && !self.trying
+            && !old.checked
+            && !new.checked
+            && self.retry_at_ms != u64::MAX
+            && old.fail_timeout_ms != new.fail_timeout_ms
+        {
+            let began = self.retry_at_ms.saturating_sub(old.fail_timeout_ms);
+            self.retry_at_ms = began.saturating_add(new.fail_timeout_ms);
+        }
+        self.debug_check();
+    }
+
     /// A check that no longer runs (a reload removed it or moved it to another slot): its last
     /// failure no longer holds the node. A DOWN node still needs `rise` passes to come back.
     pub fn forget_check(&mut self, slot: CheckSlot) {
@@ -452,6 +470,33 @@ mod tests {
         assert!(!h.is_up(), "forgetting is no pass");
         assert_eq!(h.observe(CheckPassed(web), p, 0), None);
         assert_eq!(h.observe(CheckPassed(web), p, 0), Some(Transition::WentUp));
+    }
+
+    /// A reload that shortens `fail_timeout` reaches a node already DOWN: its trial is due
+    /// at the new wait from when the old one began; one that lengthens it pushes the trial
+    /// back. A trial in flight is left alone.
+    #[test]
+    fn a_new_fail_timeout_reaches_a_node_already_down() {
+        let long = HealthPolicy {
+            fall: 1,
+            fail_timeout_ms: 60_000,
+            ..HealthPolicy::default()
+        };
+        let short = HealthPolicy {
+            fail_timeout_ms: 2_000,
+            ..long
+        };
+        let mut h = Health::default();
+        h.observe(TrafficFailed, long, 1_000);
+        assert_eq!(h.retry_at_ms(long), Some(61_000));
+        h.policy_changed(long, short);
+        assert_eq!(h.retry_at_ms(short), Some(3_000));
+        assert_eq!(h.availability(short, 3_000), Availability::TrialDue);
+        h.policy_changed(short, long);
+        assert_eq!(h.retry_at_ms(long), Some(61_000));
+        assert!(h.claim_trial(long, 61_000, 5_000));
+        h.policy_changed(long, short);
+        assert_eq!(h.retry_at_ms(short), Some(66_000), "the claim holds");
     }
 
     #[test]

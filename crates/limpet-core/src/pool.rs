@@ -226,6 +226,9 @@ impl Pool {
                 let was = &old.nodes[id.index()];
                 node.status.admin = was.status.admin;
                 node.status.health = was.status.health;
+                node.status
+                    .health
+                    .policy_changed(was.status.policy, node.status.policy);
             }
         }
         self.rotation = old.rotation;

@@ -252,7 +252,10 @@ impl NodeRuntime {
     }
 
     pub fn set_policy(&self, policy: HealthPolicy) {
-        self.update(|s| s.policy = policy);
+        self.update(|s| {
+            s.health.policy_changed(s.policy, policy);
+            s.policy = policy;
+        });
     }
 
     /// Back to a fresh node's status (a node added again after a reload removed it).

@@ -6,6 +6,7 @@ mod admin_common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use admin_common::lifecycle::*;
 
@@ -249,9 +250,9 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
     // Paused time does not move by itself while a blocking task runs (the read): moved by
     // hand, to just before the limit and then to it.
     let limit = limpet::runtime::RELOAD_LOAD_LIMIT;
-    tokio::time::advance(limit - std::time::Duration::from_millis(1)).await;
+    tokio::time::advance(limit - Duration::from_millis(1)).await;
     assert!(!reloading.is_finished(), "refused before the limit");
-    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    tokio::time::advance(Duration::from_millis(1)).await;
     let e = refused_now(reloading).await;
     let took = started.elapsed();
     assert!(
@@ -260,7 +261,7 @@ async fn a_reload_whose_read_blocks_is_refused_at_the_load_limit_and_the_next_on
     );
     assert!(
         took >= limpet::runtime::RELOAD_LOAD_LIMIT
-            && took < limpet::runtime::RELOAD_LOAD_LIMIT + std::time::Duration::from_secs(1),
+            && took < limpet::runtime::RELOAD_LOAD_LIMIT + Duration::from_secs(1),
         "{took:?}"
     );
     assert_eq!(
@@ -354,5 +355,56 @@ async fn a_reload_resizes_a_table_and_changes_its_expiry() {
             assert!(left <= 5_000, "{key} under the new expiry: {v}");
         }
     }
+    l.stop().await;
+}
+
+/// A reload that shortens `fail_timeout` reaches a node already DOWN (chaos run 25: a
+/// reload from 60 s to 2 s was reported, and the node's trial stayed a minute away). `b`
+/// goes DOWN on a refused connect under `fail_timeout = "60s"`, comes back, and the reload
+/// to `"1s"` has it tried, and serving, within seconds.
+#[tokio::test]
+async fn a_reload_that_shortens_fail_timeout_reaches_a_node_already_down() {
+    let (mut nodes, port) = backend_nodes(&NODES[..2]).await;
+    let with = |ft: &str| {
+        format!(
+            "{}[health]\nfall = 1\nfail_timeout = \"{ft}\"\n",
+            config(port, &NODES[..2], 1)
+        )
+    };
+    let cfg = ConfigFile::new("reload-fail-timeout", &with("60s"));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let ip = nodes[1].ip;
+    nodes[1].kill().await;
+    for _ in 0..4 {
+        let (s, node, _) = get(&bare_client(), &url, None).await;
+        assert_eq!(
+            (s, node.as_str()),
+            (200, "a"),
+            "the refused connect fails over"
+        );
+    }
+    let v = node_view(&l, "b").await;
+    assert_eq!(v["state"], "DOWN", "{v}");
+    nodes[1] = backend_node_again("b", ip, port).await;
+
+    cfg.write(&with("1s"));
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 200, "{v}");
+    let reloaded = tokio::time::Instant::now();
+    loop {
+        let (s, node, _) = get(&bare_client(), &url, None).await;
+        assert_eq!(s, 200);
+        if node == "b" {
+            break;
+        }
+        assert!(
+            reloaded.elapsed() < Duration::from_secs(10),
+            "b not tried within 10 s of the reload: {}",
+            node_view(&l, "b").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(node_view(&l, "b").await["state"], "UP");
     l.stop().await;
 }
