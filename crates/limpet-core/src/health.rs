@@ -194,13 +194,35 @@ impl Health {
         }
     }
 
-    /// Takes the trial of a DOWN node whose `fail_timeout` has passed: true for the one
-    /// caller that gets it, which must then report the outcome ([`Observation::TrafficOk`]
-    /// or [`Observation::TrafficFailed`]). The claim holds for `hold_ms` (the longest the
+    /// Whether this DOWN node may be tried before its `fail_timeout` has passed, when no
+    /// other node can take a request: DOWN by its traffic alone (no checks, which alone
+    /// decide a checked node; not forced DOWN), with no trial in flight. nginx, when every
+    /// peer has failed, marks them all live again "for quick recovery"; without this, a node
+    /// that blinked for half a second, alone or with every other node, answered 503 for its
+    /// whole `fail_timeout` (chaos run 25).
+    pub fn early_trial_possible(&self, policy: HealthPolicy, now_ms: u64) -> bool {
+        !self.up
+            && !policy.checked
+            && self.retry_at_ms != u64::MAX
+            && (!self.trying || now_ms >= self.retry_at_ms)
+    }
+
+    /// Takes the trial of a DOWN node whose `fail_timeout` has passed (or, with `early`, of
+    /// one that [may be tried early](Self::early_trial_possible)): true for the one caller
+    /// that gets it, which must then report the outcome ([`Observation::TrafficOk`] or
+    /// [`Observation::TrafficFailed`]). The claim holds for `hold_ms` (the longest the
     /// caller may take to know: its connect and answer timeouts): a trial whose outcome is
     /// never reported is simply due again then.
-    pub fn claim_trial(&mut self, policy: HealthPolicy, now_ms: u64, hold_ms: u64) -> bool {
-        if self.availability(policy, now_ms) != Availability::TrialDue {
+    pub fn claim_trial(
+        &mut self,
+        policy: HealthPolicy,
+        now_ms: u64,
+        hold_ms: u64,
+        early: bool,
+    ) -> bool {
+        let due = self.availability(policy, now_ms) == Availability::TrialDue;
+        let may = due || (early && self.early_trial_possible(policy, now_ms));
+        if !may {
             return false;
         }
         self.retry_at_ms = now_ms.saturating_add(hold_ms.max(1));
@@ -494,7 +516,7 @@ mod tests {
         assert_eq!(h.availability(short, 3_000), Availability::TrialDue);
         h.policy_changed(short, long);
         assert_eq!(h.retry_at_ms(long), Some(61_000));
-        assert!(h.claim_trial(long, 61_000, 5_000));
+        assert!(h.claim_trial(long, 61_000, 5_000, false));
         h.policy_changed(long, short);
         assert_eq!(h.retry_at_ms(short), Some(66_000), "the claim holds");
     }
@@ -532,7 +554,7 @@ mod tests {
             assert_eq!(h.observe(TrafficOk, p, t * 1000), None);
             assert_eq!(h.availability(p, t * 1000), Availability::Down);
         }
-        assert!(!h.claim_trial(p, 1_000_000, 100));
+        assert!(!h.claim_trial(p, 1_000_000, 100, false));
     }
 
     #[test]
@@ -544,14 +566,14 @@ mod tests {
         assert_eq!(h.observe(TrafficFailed, p, 5), Some(Transition::WentDown));
         assert_eq!(h.availability(p, 10_004), Availability::Down);
         assert_eq!(h.availability(p, 10_005), Availability::TrialDue);
-        assert!(h.claim_trial(p, 10_005, 1_000));
+        assert!(h.claim_trial(p, 10_005, 1_000, false));
         // Claimed: nobody else tries until the claim lapses.
-        assert!(!h.claim_trial(p, 10_006, 1_000));
+        assert!(!h.claim_trial(p, 10_006, 1_000, false));
         assert_eq!(h.availability(p, 10_006), Availability::Down);
         // The trial is refused: the next one is a whole fail_timeout later.
         assert_eq!(h.observe(TrafficFailed, p, 10_010), None);
         assert_eq!(h.availability(p, 20_009), Availability::Down);
-        assert!(h.claim_trial(p, 20_010, 1_000));
+        assert!(h.claim_trial(p, 20_010, 1_000, false));
         assert_eq!(h.observe(TrafficOk, p, 20_011), Some(Transition::WentUp));
         assert_eq!(h.availability(p, 20_011), Availability::Up);
     }
@@ -564,7 +586,7 @@ mod tests {
         };
         let mut h = Health::default();
         h.observe(TrafficFailed, p, 0);
-        assert!(h.claim_trial(p, 10_000, 500));
+        assert!(h.claim_trial(p, 10_000, 500, false));
         assert_eq!(h.availability(p, 10_499), Availability::Down);
         assert_eq!(h.availability(p, 10_500), Availability::TrialDue);
     }
@@ -591,14 +613,17 @@ mod tests {
         assert_eq!(h.observe(TrafficFailed, p, 0), Some(Transition::WentDown));
         // Its trial (claimed for the connect and answer timeouts) times out too: still
         // DOWN, and nobody else tried it meanwhile.
-        assert!(h.claim_trial(p, 10_000, 6_000));
-        assert!(!h.claim_trial(p, 12_000, 6_000), "one trial at a time");
+        assert!(h.claim_trial(p, 10_000, 6_000, false));
+        assert!(
+            !h.claim_trial(p, 12_000, 6_000, false),
+            "one trial at a time"
+        );
         assert_eq!(h.observe(TrafficFailed, p, 16_000), None);
         assert!(!h.is_up());
         assert_eq!(h.retry_at_ms(p), Some(26_000), "the wait starts again");
         // The next trial is answered: back UP, on probation (one failure from DOWN)
         // until another answer.
-        assert!(h.claim_trial(p, 26_000, 6_000));
+        assert!(h.claim_trial(p, 26_000, 6_000, false));
         assert_eq!(h.observe(TrafficOk, p, 26_001), Some(Transition::WentUp));
         assert_eq!(h.streak(), p.fall - 1);
         assert_eq!(h.observe(TrafficOk, p, 26_002), None);
@@ -612,7 +637,7 @@ mod tests {
             h.observe(TrafficFailed, p, 26_005),
             Some(Transition::WentDown)
         );
-        assert!(h.claim_trial(p, 36_005, 1_000));
+        assert!(h.claim_trial(p, 36_005, 1_000, false));
         assert_eq!(h.observe(TrafficOk, p, 36_006), Some(Transition::WentUp));
         assert_eq!(
             h.observe(TrafficFailed, p, 36_007),
@@ -634,12 +659,12 @@ mod tests {
         assert_eq!(h.observe(TrafficOk, p, 1), None);
         assert_eq!(h.observe(TrafficOk, p, 10_500), None);
         assert!(!h.is_up());
-        assert!(h.claim_trial(p, 11_000, 1_000));
+        assert!(h.claim_trial(p, 11_000, 1_000, false));
         // A failure seen meanwhile (a late answer timeout) ends the trial: its success,
         // if it comes, no longer counts, and the wait starts again.
         assert_eq!(h.observe(TrafficFailed, p, 11_100), None);
         assert_eq!(h.observe(TrafficOk, p, 11_200), None);
-        assert!(h.claim_trial(p, 21_100, 1_000));
+        assert!(h.claim_trial(p, 21_100, 1_000, false));
         assert_eq!(h.observe(TrafficOk, p, 21_200), Some(Transition::WentUp));
     }
 

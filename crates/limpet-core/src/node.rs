@@ -124,6 +124,13 @@ impl NodeStatus {
             && self.health.availability(self.policy, now_ms) == Availability::TrialDue
     }
 
+    /// Whether this DOWN node may be tried before its `fail_timeout` when no other node can
+    /// take a request: ready, and DOWN by its traffic alone with no trial in flight (see
+    /// [`crate::health::Health::early_trial_possible`]).
+    pub fn early_trial_possible(&self, now_ms: u64) -> bool {
+        self.admin == AdminState::Ready && self.health.early_trial_possible(self.policy, now_ms)
+    }
+
     /// When a drain's re-pin reaches the session with this spread key: `deadline + spread *
     /// f(key)`, `f(key)` in [0, 1) from the key's top 32 bits. `None` without a deadline.
     pub fn drain_end(&self, spread_key: u64) -> Option<u64> {

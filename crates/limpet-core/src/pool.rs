@@ -207,12 +207,14 @@ impl Pool {
     }
 
     /// Claims the trial of a DOWN node due one (see [`crate::health::Health::claim_trial`]).
-    pub fn claim_trial(&mut self, id: NodeId, now_ms: u64, hold_ms: u64) -> bool {
+    pub fn claim_trial(&mut self, id: NodeId, now_ms: u64, hold_ms: u64, early: bool) -> bool {
         let Some(node) = self.nodes.get_mut(id.index()) else {
             return false;
         };
         let status = &mut node.status;
-        let claimed = status.health.claim_trial(status.policy, now_ms, hold_ms);
+        let claimed = status
+            .health
+            .claim_trial(status.policy, now_ms, hold_ms, early);
         self.rebuild();
         claimed
     }
@@ -469,7 +471,7 @@ mod tests {
             &|_| 0,
         );
         assert_eq!((r.node, r.trial), (Some(a), true));
-        assert!(p.claim_trial(a, 10_000, 1_000));
+        assert!(p.claim_trial(a, 10_000, 1_000, false));
         assert_eq!(
             p.observe(a, Observation::TrafficOk, 10_001),
             Some(Transition::WentUp)

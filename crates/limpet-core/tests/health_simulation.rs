@@ -482,11 +482,11 @@ impl Sim<'_> {
             Availability::Up => {}
             Availability::TrialDue => {
                 let was = self.health.is_up();
-                if !self.health.claim_trial(policy, t, self.cfg.hold) {
+                if !self.health.claim_trial(policy, t, self.cfg.hold, false) {
                     return Err("the trial was due but the claim failed".into());
                 }
                 // Claimed: nobody else tries until the outcome or the hold.
-                if self.health.claim_trial(policy, t, self.cfg.hold) {
+                if self.health.claim_trial(policy, t, self.cfg.hold, false) {
                     return Err("a second claim of the same trial succeeded".into());
                 }
                 if self.health.is_up() != was {
@@ -499,7 +499,7 @@ impl Sim<'_> {
                 self.log(t, "trial claimed".into());
             }
             Availability::Down => {
-                if self.health.claim_trial(policy, t, self.cfg.hold) {
+                if self.health.claim_trial(policy, t, self.cfg.hold, false) {
                     return Err("a trial was claimed before it was due".into());
                 }
                 return self.compare("a refused claim");

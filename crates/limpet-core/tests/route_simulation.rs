@@ -178,6 +178,7 @@ struct Expect {
     table: Option<NodeId>,
     conn_pin: Option<NodeId>,
     trial: bool,
+    trial_early: bool,
     took_turn: bool,
 }
 
@@ -191,6 +192,7 @@ impl Expect {
             table: r.table,
             conn_pin: r.conn_pin,
             trial: r.trial,
+            trial_early: r.trial_early,
             took_turn: r.took_turn,
         }
     }
@@ -204,6 +206,7 @@ impl Expect {
             table: None,
             conn_pin: None,
             trial: false,
+            trial_early: false,
             took_turn: false,
         }
     }
@@ -337,6 +340,7 @@ impl Model {
                         conn_pin: Some(h),
                         trial: false,
                         took_turn: false,
+                        trial_early: false,
                     };
                     return (e, Rule::Failback);
                 }
@@ -357,6 +361,7 @@ impl Model {
                         conn_pin: Some(n),
                         trial,
                         took_turn: false,
+                        trial_early: false,
                     };
                     return (e, Rule::TableOverCookie);
                 }
@@ -373,6 +378,7 @@ impl Model {
                         conn_pin: None,
                         trial,
                         took_turn: false,
+                        trial_early: false,
                     };
                     return (e, Rule::Cookie);
                 }
@@ -394,6 +400,7 @@ impl Model {
                     conn_pin: has_cookie.then_some(n),
                     trial,
                     took_turn: false,
+                    trial_early: false,
                 };
                 return (e, Rule::Table);
             }
@@ -417,10 +424,25 @@ impl Model {
         let rotation = (0..up.len())
             .map(|i| up[(start + i) % up.len()])
             .find(|n| !a.exclude.contains(n));
-        let (n, trial) = match (due, rotation) {
-            (Some(n), _) => (n, true),
-            (None, Some(n)) => (n, false),
-            (None, None) => return (Expect::none(), Rule::Nothing),
+        // ... and when neither: the READY node DOWN by traffic (not forced) with no trial in
+        // flight whose trial comes soonest (pool order among equals), tried early.
+        let early = || {
+            nodes
+                .clone()
+                .filter(|&n| {
+                    self.node(n).admin == Admin::Ready
+                        && self.early_possible(n, a.now)
+                        && !a.exclude.contains(&n)
+                })
+                .min_by_key(|&n| self.node(n).retry_at)
+        };
+        let (n, trial, trial_early) = match (due, rotation) {
+            (Some(n), _) => (n, true, false),
+            (None, Some(n)) => (n, false, false),
+            (None, None) => match early() {
+                Some(n) => (n, true, true),
+                None => return (Expect::none(), Rule::Nothing),
+            },
         };
         let reason = cookie_reason.or(table_reason);
         let e = Expect {
@@ -431,6 +453,7 @@ impl Model {
             table: learn(n),
             conn_pin: has_cookie.then_some(n),
             trial,
+            trial_early,
             took_turn: !trial,
         };
         (e, Rule::Fresh)
@@ -488,10 +511,18 @@ impl Model {
         }
     }
 
-    /// The trial of a node due one goes to the one caller that claims it, and nobody else
-    /// tries until the claim's hold has passed (or its outcome is observed).
-    fn claim(&mut self, n: NodeId, now: u64) -> bool {
-        if !self.trial_due(n, now) {
+    /// DOWN by traffic (not forced), and no trial in flight (none claimed, or its hold has
+    /// passed): may be tried before its `fail_timeout` when no other node can be.
+    fn early_possible(&self, n: NodeId, now: u64) -> bool {
+        let node = self.node(n);
+        !node.up && node.retry_at.is_some_and(|t| !node.trying || now >= t)
+    }
+
+    /// The trial of a node due one (or, `early`, one that may be tried early) goes to the one
+    /// caller that claims it, and nobody else tries until the claim's hold has passed (or its
+    /// outcome is observed).
+    fn claim(&mut self, n: NodeId, now: u64, early: bool) -> bool {
+        if !(self.trial_due(n, now) || (early && self.early_possible(n, now))) {
             return false;
         }
         let node = &mut self.nodes[n.index()];
@@ -801,10 +832,12 @@ impl Sim<'_> {
     /// Connects to `n` as the I/O layer does: claims the node's trial first if the route is
     /// one, then the connect completes unless `refuse` or the backend is dead, and its outcome
     /// is observed. Returns whether the connection is open.
-    fn connect(&mut self, n: NodeId, trial: bool, refuse: bool) -> Result<bool, String> {
-        if trial {
-            let got = self.pool.claim_trial(n, self.now, TRIAL_HOLD_MS);
-            let want = self.model.claim(n, self.now);
+    fn connect(&mut self, n: NodeId, r: &Route, refuse: bool) -> Result<bool, String> {
+        if r.trial {
+            let got = self
+                .pool
+                .claim_trial(n, self.now, TRIAL_HOLD_MS, r.trial_early);
+            let want = self.model.claim(n, self.now, r.trial_early);
             if got != want {
                 return Err(format!(
                     "claim of {}'s trial: {got}, model {want}",
@@ -831,7 +864,7 @@ impl Sim<'_> {
                 self.name(Some(n))
             ));
         }
-        if trial {
+        if r.trial {
             if ok {
                 self.stats.trials_ok += 1;
             } else {
@@ -859,7 +892,7 @@ impl Sim<'_> {
                 self.unanswered = true;
                 return Ok(());
             };
-            if !self.connect(n, r.trial, exclude.len() < refusals)? {
+            if !self.connect(n, &r, exclude.len() < refusals)? {
                 self.log(format!(
                     "HTTP c{c}: {} refused{}",
                     self.name(Some(n)),
@@ -902,7 +935,7 @@ impl Sim<'_> {
                 *self.stats.served.entry("TCP refused").or_default() += 1;
                 return Ok(());
             };
-            if !self.connect(n, r.trial, exclude.len() < refusals)? {
+            if !self.connect(n, &r, exclude.len() < refusals)? {
                 self.log(format!(
                     "TCP c{c}: {} refused{}",
                     self.name(Some(n)),

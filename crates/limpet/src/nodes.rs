@@ -238,9 +238,9 @@ impl NodeRuntime {
     /// Takes the trial of a DOWN node due one; the claim holds `hold` (the longest the
     /// trial's outcome may take to be known: the connect timeout, and for HTTP the answer
     /// timeout too).
-    pub fn claim_trial(&self, hold: Duration) -> bool {
+    pub fn claim_trial(&self, hold: Duration, early: bool) -> bool {
         let now = clock::now_ms();
-        self.update(|s| s.health.claim_trial(s.policy, now, clock::ms(hold)))
+        self.update(|s| s.health.claim_trial(s.policy, now, clock::ms(hold), early))
     }
 
     pub fn set_admin(&self, admin: AdminState) {
@@ -692,7 +692,7 @@ mod tests {
         }
         assert!(!rt.status().health.is_up());
         let later = 10 + HealthPolicy::default().fail_timeout_ms;
-        assert!(rt.update(|s| s.health.claim_trial(s.policy, later, 1_000)));
+        assert!(rt.update(|s| s.health.claim_trial(s.policy, later, 1_000, false)));
         assert_eq!(
             rt.observe_at(Observation::TrafficOk, later),
             Some(Transition::WentUp),
@@ -1011,14 +1011,14 @@ mod tests {
             rt.observe(Observation::TrafficFailed),
             Some(Transition::WentDown)
         );
-        assert!(!rt.claim_trial(Duration::from_secs(1)));
+        assert!(!rt.claim_trial(Duration::from_secs(1), false));
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(
-            rt.claim_trial(Duration::from_secs(1)),
+            rt.claim_trial(Duration::from_secs(1), false),
             "due after fail_timeout"
         );
         assert!(
-            !rt.claim_trial(Duration::from_secs(1)),
+            !rt.claim_trial(Duration::from_secs(1), false),
             "one trial at a time"
         );
         assert_eq!(rt.observe(Observation::TrafficOk), Some(Transition::WentUp));

@@ -600,6 +600,66 @@ async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its
     node.kill().await;
 }
 
+/// Every node DOWN by its traffic (no checks), and one comes back: the very next request is
+/// served, not answered 503 until a `fail_timeout` (here a minute) has passed. With no node
+/// able to take a request, limpet tries the DOWN ones at once, one trial at a time, as nginx
+/// marks all its peers live again "for quick recovery" (chaos run 25: a node that blinked
+/// for 0.5 s, alone or with all the others, answered 503 for its whole `fail_timeout`). While
+/// they are all still dead, each request is 503 (every one refused) and they stay DOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_node_down_the_first_to_return_serves_the_next_request() {
+    let mut a = Backend::start("a").await;
+    let mut b = Backend::start("b").await;
+    let b_addr = b.addr;
+    let cfg = quick_config(&[
+        "--to",
+        &format!("a={}", a.addr),
+        "--to",
+        &format!("b={b_addr}"),
+        "--fail-timeout",
+        "60s",
+    ]);
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let c = fresh_client();
+    a.kill().await;
+    b.kill().await;
+    let mut statuses = Vec::new();
+    for _ in 0..(2 * fall + 4) {
+        statuses.push(get(&c, &proxy.url()).await.map(|(s, _)| s));
+        if proxy.state_of("a") == "DOWN" && proxy.state_of("b") == "DOWN" {
+            break;
+        }
+    }
+    assert_eq!(
+        (proxy.state_of("a"), proxy.state_of("b")),
+        ("DOWN", "DOWN"),
+        "{statuses:?}"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            get(&c, &proxy.url()).await.map(|(s, _)| s),
+            Ok(503),
+            "both still dead: every try refused"
+        );
+    }
+    assert_eq!(proxy.state_of("b"), "DOWN", "a refused try keeps it DOWN");
+
+    let mut b = Backend::start_at("b", b_addr).await;
+    assert_eq!(
+        get(&c, &proxy.url()).await,
+        Ok((200, "b".to_owned())),
+        "the first request after b's restart is served, 60 s before its fail_timeout"
+    );
+    assert_eq!(proxy.state_of("b"), "UP");
+    assert_eq!(proxy.state_of("a"), "DOWN");
+    for _ in 0..3 {
+        assert_eq!(get(&c, &proxy.url()).await, Ok((200, "b".to_owned())));
+    }
+    proxy.stop().await;
+    b.kill().await;
+}
+
 /// The failure model's "node comes back, no active checks", when it has not come back: the
 /// trial after `fail_timeout` finds it still refusing, the trial's request fails over to the
 /// other node (the client sees a 200), and the node stays DOWN with its next trial a

@@ -882,17 +882,28 @@ impl State {
                 }
             }
             if let (true, Some(n)) = (r.trial, r.node) {
-                if !self.node_rt(n).is_some_and(|rt| rt.claim_trial(trial_hold)) {
+                if !self
+                    .node_rt(n)
+                    .is_some_and(|rt| rt.claim_trial(trial_hold, r.trial_early))
+                {
                     taken.push(Excluded {
                         node: n,
                         why: RepinReason::NodeDown,
                     });
                     continue;
                 }
-                tracing::info!(
-                    node = self.node_name(n),
-                    "trying a DOWN node again (fail_timeout passed)"
-                );
+                if r.trial_early {
+                    // At debug: with every node DOWN, each request may make one.
+                    tracing::debug!(
+                        node = self.node_name(n),
+                        "trying a DOWN node before its fail_timeout: no other node can take the request"
+                    );
+                } else {
+                    tracing::info!(
+                        node = self.node_name(n),
+                        "trying a DOWN node again (fail_timeout passed)"
+                    );
+                }
             }
             if let (Some((t, b, k, _, table)), Some(node)) = (held.as_mut(), r.table) {
                 let out = t.learn_in(b, *k, node, now);
