@@ -24,7 +24,8 @@
 //!    by a stale cookie, or the session would be split across two nodes.
 //! 3. The affinity cookie names a node that honours it ([`NodeStatus::verdict`]).
 //! 4. No usable cookie, but this connection already got a node for an earlier request whose
-//!    cookie the client has not sent back yet: follow it (concurrent first requests agree).
+//!    cookie the client has not sent back yet: follow it (concurrent first requests agree),
+//!    and write it into the table, which had no entry a node could honour.
 //! 5. The table's entry for the session's key names a node that honours it.
 //! 6. A fresh assignment: a DOWN node due its trial first (without checks nothing else would
 //!    ever try it), then the listener's balance over the UP nodes.
@@ -428,7 +429,12 @@ pub fn route(
                     outcome: cookie_reason.map_or(Outcome::Fresh, Outcome::Repin),
                     cookie: CookieWrite::Set { issued_ms: None },
                     home: home_write(input, cookie_reason, node),
-                    table: None,
+                    // Reached only when the table has no entry this node could honour (an
+                    // entry that could wins at 2): the session's other listeners read the
+                    // table, so it is written here as at 3 and 6, or a client that keeps
+                    // no cookie, on its kept-alive connection, would be sent to one node
+                    // while its TCP ports, finding no entry, were balanced to another.
+                    table: learn(node),
                     conn_pin: None,
                     trial: false,
                     took_turn: false,
@@ -841,6 +847,40 @@ mod tests {
         assert_eq!((r.node, r.outcome), (Some(B), Outcome::TableHit));
         assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
         assert_eq!(r.conn_pin, Some(B));
+    }
+
+    /// A client that keeps no cookie, on a kept-alive connection whose earlier request went
+    /// to B, and whose table entry went meanwhile (evicted, expired, deleted): the request
+    /// follows the connection to B and writes B into the table, which the session's TCP
+    /// ports read (chaos run 24: it wrote nothing, and the TCP ports were balanced to C).
+    #[test]
+    fn the_connection_s_earlier_node_is_written_into_a_table_that_lost_the_entry() {
+        let s = snap(&[up(), up(), up()]);
+        let r = route(
+            &s,
+            2,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::None),
+                conn_pin: Some(B),
+                table: table(Pin::None, true),
+                ..input(&[])
+            },
+        );
+        assert_eq!((r.node, r.table), (Some(B), Some(B)));
+        // A learning table (one this listener only reads) is not written.
+        let r = route(
+            &s,
+            2,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::None),
+                conn_pin: Some(B),
+                table: table(Pin::None, false),
+                ..input(&[])
+            },
+        );
+        assert_eq!((r.node, r.table), (Some(B), None));
     }
 
     #[test]

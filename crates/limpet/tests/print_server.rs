@@ -12,6 +12,7 @@ use common::multiport::*;
 use common::PATIENCE;
 use limpet::runtime::run::start_with;
 use limpet::runtime::{start, Running};
+use limpet_core::table::AffinityStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Scenario {
@@ -498,4 +499,87 @@ async fn an_application_cookie_table_learns_from_set_cookie() {
     for n in &mut nodes {
         n.kill().await;
     }
+}
+
+/// One GET on a kept-alive connection (no cookie sent, none kept): the node named by the
+/// answer body.
+async fn keep_alive_get(conn: &mut tokio::net::TcpStream) -> String {
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: print.example\r\n\r\n")
+        .await
+        .expect("send");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let answer = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .expect("a Content-Length");
+                if buf.len() >= end + 4 + len {
+                    return String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned();
+                }
+            }
+            let n = conn.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before the whole answer");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("answer in time");
+    answer.trim().trim_start_matches("node ").to_owned()
+}
+
+/// A printer that keeps no cookie sends its requests on one kept-alive HTTP connection (the
+/// HTTP listener sets the affinity cookie too), and its table entry goes (evicted or
+/// expired; here the table is cleared). Its next request follows the connection's node and
+/// writes it back into the table, so its TCP and HTTPS connections land there as well
+/// (chaos run 24: nothing was written, and its other ports were balanced to the other node:
+/// one session on two nodes). leastconn with a session held open on the connection's node
+/// makes the other node the one a fresh assignment would pick.
+#[tokio::test]
+async fn a_cookieless_kept_alive_client_whose_entry_went_keeps_one_node_on_every_port() {
+    let sc = Scenario::build(1, "cookie = { enabled = true }").await;
+    let src = "127.0.0.61";
+    let mut conn = connect_from(src.parse().expect("ip"), sc.addr("terminal-http")).await;
+    let home = keep_alive_get(&mut conn).await;
+    let mut held = None;
+    for i in 0..8 {
+        let (s, node) = tcp_session(&format!("127.0.0.{}", 70 + i), sc.addr("terminal-raw")).await;
+        if node == home {
+            held = Some(s);
+            break;
+        }
+    }
+    let _held = held.expect("a session on the connection's node");
+    sc.running
+        .runtime()
+        .state()
+        .table("terminal")
+        .expect("table")
+        .lock()
+        .store_mut()
+        .clear();
+
+    assert_eq!(
+        keep_alive_get(&mut conn).await,
+        home,
+        "the connection's node"
+    );
+    let (_tcp, tcp_node) = tcp_session(src, sc.addr("terminal-raw")).await;
+    let https = https_node(
+        src,
+        sc.addr("terminal-https"),
+        &sc.pki.client(&[b"http/1.1"]),
+    )
+    .await;
+    assert_eq!(
+        (tcp_node.as_str(), https.as_str()),
+        (home.as_str(), home.as_str()),
+        "every port on the node the kept-alive connection uses"
+    );
+    drop((_held, _tcp, conn));
+    sc.stop().await;
 }
