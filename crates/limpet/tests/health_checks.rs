@@ -574,3 +574,64 @@ async fn a_node_with_one_dead_port_goes_down_whatever_its_other_checks_say() {
     }
     assert_eq!(passes, 2);
 }
+
+/// Two listeners checking one node's port with different HTTP requests (`/health`, and
+/// `/deep` expecting 204) get both checks run and shown; a third listener asking for the
+/// same check as the first shares it. Checks were told apart by kind and address only, so
+/// the second replaced the first without a word (chaos run 25).
+#[tokio::test(start_paused = true)]
+async fn http_checks_that_ask_different_things_of_one_port_both_run() {
+    let (addr, _server, mut heads) = http_node(Arc::new(AtomicU16::new(200))).await;
+    let health = spec(
+        CheckKind::Http(HttpCheck {
+            path: "/health".into(),
+            ..HttpCheck::default()
+        }),
+        addr,
+    );
+    let deep = spec(
+        CheckKind::Http(HttpCheck {
+            path: "/deep".into(),
+            expect: "204".parse().unwrap_or_else(|e: String| panic!("{e}")),
+            ..HttpCheck::default()
+        }),
+        addr,
+    );
+    let (sink, _rx) = sink(&["a"], &health);
+    let mut checks = HealthChecks::with_seed(3);
+    checks.update(
+        vec![
+            ("a".into(), health.clone()),
+            ("a".into(), deep),
+            ("a".into(), health),
+        ],
+        sink,
+    );
+    assert_eq!(checks.len(), 2, "the same check twice runs once");
+    let mut labels: Vec<String> = checks
+        .board()
+        .node("a")
+        .iter()
+        .map(|c| c.check.clone())
+        .collect();
+    labels.sort();
+    assert_eq!(
+        labels,
+        [
+            format!("http {addr} GET /deep expect 204"),
+            format!("http {addr} GET /health"),
+        ]
+    );
+    let mut asked = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let head = heads.recv().await.unwrap_or_default();
+        asked.insert(head.lines().next().unwrap_or("").to_owned());
+        if asked.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        asked.into_iter().collect::<Vec<_>>(),
+        ["GET /deep HTTP/1.1", "GET /health HTTP/1.1"]
+    );
+}

@@ -202,9 +202,26 @@ impl CheckSpec {
         }
     }
 
-    /// A short label naming the check, e.g. `http 127.0.0.1:8081`.
+    /// A short label naming the check, e.g. `tcp 127.0.0.1:9100`, `http 127.0.0.1:8081 GET
+    /// /health` (with ` host H` and ` expect R` when set), `tls 127.0.0.1:8443 name n.example`.
+    /// It is the check's identity on its node: two listeners asking for the same check share
+    /// one, and checks that differ in what they ask (two paths on one port) both run.
     pub fn label(&self) -> String {
-        format!("{} {}", self.kind.as_str(), self.addr)
+        let (kind, addr) = (self.kind.as_str(), self.addr);
+        match &self.kind {
+            CheckKind::Tcp => format!("{kind} {addr}"),
+            CheckKind::Http(h) => {
+                let mut l = format!("{kind} {addr} {} {}", h.method, h.path);
+                if let Some(host) = &h.host {
+                    l.push_str(&format!(" host {host}"));
+                }
+                if h.expect != StatusRange::default() {
+                    l.push_str(&format!(" expect {}", h.expect));
+                }
+                l
+            }
+            CheckKind::Tls(t) => format!("{kind} {addr} name {}", t.server_name.to_str()),
+        }
     }
 }
 
