@@ -13,7 +13,10 @@
 //! - A *traffic failure* is a connect that is refused or times out, a TLS handshake to the
 //!   node that fails, or an answer that does not come within the answer timeout.
 //! - A *traffic success* is an answer (HTTP) or a completed connect (TCP, which has no
-//!   answer to wait for). Without checks it resets the failure streak and ends a trial. With
+//!   answer to wait for). Without checks it resets the failure streak and ends a trial; a
+//!   completed connect resets only a streak of failed connects, never one that holds a
+//!   request the node took and did not answer ([`Observation::NoAnswer`]): a hung node
+//!   behind an HTTP and a TCP listener completes every TCP connect. With
 //!   checks it counts for nothing: a node whose kernel still accepts connections while its
 //!   process is stopped completes every connect, and must not be kept UP by that. For the
 //!   same reason a completed HTTP connect is no success at all: an HTTP node is back when
@@ -99,11 +102,18 @@ pub enum Observation {
     CheckPassed(CheckSlot),
     /// An active check failed (refused, timed out, wrong status, handshake error).
     CheckFailed(CheckSlot),
-    /// Live traffic was served: an HTTP answer arrived, or a TCP connect completed.
+    /// Live traffic was served: an HTTP answer arrived.
     TrafficOk,
-    /// Live traffic failed at the node: connect refused or timed out, TLS to the node failed,
-    /// or no answer within the answer timeout.
+    /// A TCP listener's connect to the node completed (with its PROXY header and TLS): all a
+    /// relay can prove, and less than an answer: a stopped process's kernel completes it.
+    TrafficConnected,
+    /// Live traffic failed before a connection was made: connect refused or timed out, TLS to
+    /// the node failed.
     TrafficFailed,
+    /// A connection was made but the node did not answer: no answer head within the answer
+    /// timeout, or a fresh connection closed or reset around the request. A completed
+    /// connect does not disprove it.
+    NoAnswer,
 }
 
 /// A node's health as seen by checks and traffic.
@@ -121,6 +131,9 @@ pub struct Health {
     trying: bool,
     /// The checks (by [`CheckSlot`] bit) whose last result was a failure.
     failing: u64,
+    /// The failure streak holds a [`Observation::NoAnswer`]: a completed connect
+    /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
+    unanswered: bool,
 }
 
 /// A change of health state.
@@ -148,6 +161,7 @@ impl Default for Health {
             retry_at_ms: 0,
             trying: false,
             failing: 0,
+            unanswered: false,
         }
     }
 }
@@ -176,8 +190,9 @@ impl Health {
         self.up == other.up && self.retry_at_ms == other.retry_at_ms
     }
 
-    /// Whether an [`Observation::TrafficOk`] would leave this health exactly as it is,
-    /// whenever it came: an UP node with no failure counted, or one that only checks move.
+    /// Whether an [`Observation::TrafficOk`] (or a [`Observation::TrafficConnected`]) would
+    /// leave this health exactly as it is, whenever it came: an UP node with no failure
+    /// counted, or one that only checks move.
     /// The data plane reports an answer on every request; this is what lets it skip a report
     /// that changes nothing instead of taking the node's lock for it.
     pub fn traffic_ok_changes_nothing(&self, policy: HealthPolicy) -> bool {
@@ -242,6 +257,7 @@ impl Health {
                 self.failing &= !slot.bit();
                 if self.failing == 0 {
                     self.streak = 0;
+                    self.unanswered = false;
                 }
                 None
             }
@@ -249,12 +265,27 @@ impl Health {
             (true, Observation::TrafficOk) => {
                 if !policy.checked {
                     self.streak = 0;
+                    self.unanswered = false;
                 }
                 None
             }
-            (true, Observation::CheckFailed(_) | Observation::TrafficFailed) => {
-                if let Observation::CheckFailed(slot) = obs {
-                    self.failing |= slot.bit();
+            // A connect proves the node takes connections, not that it answers: it resets a
+            // streak of failed connects, never one that holds an unanswered request (a hung
+            // node serving an HTTP and a TCP listener stayed UP on the TCP connects).
+            (true, Observation::TrafficConnected) => {
+                if !policy.checked && !self.unanswered {
+                    self.streak = 0;
+                }
+                None
+            }
+            (
+                true,
+                Observation::CheckFailed(_) | Observation::TrafficFailed | Observation::NoAnswer,
+            ) => {
+                match obs {
+                    Observation::CheckFailed(slot) => self.failing |= slot.bit(),
+                    Observation::NoAnswer => self.unanswered = true,
+                    _ => {}
                 }
                 self.streak += 1;
                 if self.streak >= policy.fall.max(1) {
@@ -264,6 +295,7 @@ impl Health {
                         retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
                         trying: false,
                         failing: self.failing,
+                        unanswered: false,
                     };
                     Some(Transition::WentDown)
                 } else {
@@ -293,7 +325,7 @@ impl Health {
             // A trial succeeded: one is enough (nginx). A forced DOWN is not tried, and a
             // success no trial made (an attempt in flight when the node went DOWN) does not
             // lift it.
-            (false, Observation::TrafficOk) => {
+            (false, Observation::TrafficOk | Observation::TrafficConnected) => {
                 if policy.checked || self.retry_at_ms == u64::MAX || !self.trying {
                     None
                 } else {
@@ -308,7 +340,7 @@ impl Health {
                     Some(Transition::WentUp)
                 }
             }
-            (false, Observation::TrafficFailed) => {
+            (false, Observation::TrafficFailed | Observation::NoAnswer) => {
                 if !policy.checked && self.retry_at_ms != u64::MAX {
                     self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
                     self.trying = false;
@@ -346,6 +378,7 @@ impl Health {
             // The streak was that check's failures (and traffic's, which the next pass
             // would reset as well): the checks left all pass.
             self.streak = 0;
+            self.unanswered = false;
         }
         self.debug_check();
     }
@@ -360,6 +393,7 @@ impl Health {
             retry_at_ms: if up { 0 } else { u64::MAX },
             trying: false,
             failing: 0,
+            unanswered: false,
         };
         match (was, up) {
             (true, false) => Some(Transition::WentDown),
@@ -372,6 +406,10 @@ impl Health {
         debug_assert!(
             !self.up || (self.retry_at_ms == 0 && !self.trying),
             "an UP node has no trial"
+        );
+        debug_assert!(
+            !self.unanswered || (self.up && self.streak > 0),
+            "an unanswered request is part of a failure streak"
         );
     }
 }
@@ -388,7 +426,7 @@ mod tests {
         /// nothing (so skipping the report is the same as making it).
         #[test]
         fn traffic_ok_changes_nothing_when_it_says_so(
-            steps in proptest::collection::vec((0u8..6, 0u64..30_000), 0..40),
+            steps in proptest::collection::vec((0u8..8, 0u64..30_000), 0..40),
             checked in proptest::prelude::any::<bool>(),
             fall in 1u32..4,
         ) {
@@ -398,13 +436,15 @@ mod tests {
             for (obs, dt) in steps {
                 now += dt;
                 let s1 = CheckSlot::new(1);
-                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1)]
+                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer]
                     [usize::from(obs)];
                 h.observe(obs, policy, now);
                 if h.traffic_ok_changes_nothing(policy) {
-                    let mut after = h;
-                    proptest::prop_assert_eq!(after.observe(TrafficOk, policy, now), None);
-                    proptest::prop_assert_eq!(after, h);
+                    for ok in [TrafficOk, TrafficConnected] {
+                        let mut after = h;
+                        proptest::prop_assert_eq!(after.observe(ok, policy, now), None);
+                        proptest::prop_assert_eq!(after, h);
+                    }
                 } else if h.is_up() {
                     // The one other UP case: a failure streak that an answer resets.
                     let mut after = h;
@@ -519,6 +559,34 @@ mod tests {
         assert!(h.claim_trial(long, 61_000, 5_000, false));
         h.policy_changed(long, short);
         assert_eq!(h.retry_at_ms(short), Some(66_000), "the claim holds");
+    }
+
+    /// Without checks, a hung node behind an HTTP and a TCP listener: the TCP connects
+    /// complete (its kernel accepts), the HTTP requests get no answer. The connects reset a
+    /// streak of refused connects, never one that holds an unanswered request: the node goes
+    /// DOWN on its `fall`-th unanswered request whatever the connects between (chaos run 25:
+    /// it stayed UP, every HTTP request waiting out its answer timeout). An answer resets it.
+    #[test]
+    fn completed_connects_do_not_hide_unanswered_requests() {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
+        for _ in 0..2 {
+            assert_eq!(h.observe(NoAnswer, p, 0), None);
+            assert_eq!(h.observe(TrafficConnected, p, 0), None);
+        }
+        assert_eq!(h.observe(NoAnswer, p, 0), Some(Transition::WentDown));
+
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficConnected, p, 0);
+        assert_eq!(h.streak(), 0, "a connect answers failed connects");
+        h.observe(NoAnswer, p, 0);
+        h.observe(TrafficOk, p, 0);
+        assert_eq!(h.streak(), 0, "an answer answers everything");
+        h.observe(TrafficConnected, p, 0);
+        assert_eq!(h.observe(NoAnswer, p, 0), None);
+        assert_eq!(h.streak(), 1);
     }
 
     #[test]

@@ -119,19 +119,22 @@ impl UpstreamError {
         }
     }
 
-    /// What passive health learns from the error, if anything.
+    /// What passive health learns from the error, if anything: a connection not made
+    /// ([`Observation::TrafficFailed`]), or one made and not answered
+    /// ([`Observation::NoAnswer`], which a later completed connect does not disprove).
     pub fn observation(&self) -> Option<Observation> {
-        let node_fault = match (self.stage, self.cause) {
-            (_, Cause::Local) => false,
-            (Stage::Connect | Stage::Tls, _) => true,
-            (Stage::AnswerHead, Cause::Timeout) => true,
+        match (self.stage, self.cause) {
+            (_, Cause::Local) => None,
+            (Stage::Connect | Stage::Tls, _) => Some(Observation::TrafficFailed),
+            (Stage::AnswerHead, Cause::Timeout) => Some(Observation::NoAnswer),
             // A kept-alive connection the node closed meanwhile says nothing about the node;
             // a fresh one it closed before the request could go out does (accept, then drop).
-            (Stage::Send, Cause::Io(_)) => self.fresh,
-            (Stage::AnswerHead, Cause::Io(_)) => self.fresh && self.sent,
-            _ => false,
-        };
-        node_fault.then_some(Observation::TrafficFailed)
+            (Stage::Send, Cause::Io(_)) => self.fresh.then_some(Observation::NoAnswer),
+            (Stage::AnswerHead, Cause::Io(_)) => {
+                (self.fresh && self.sent).then_some(Observation::NoAnswer)
+            }
+            _ => None,
+        }
     }
 
     /// What a session pinned to the node is re-pinned for when this error moves its request
@@ -179,7 +182,7 @@ mod tests {
         let timeout = UpstreamError::timeout(Stage::AnswerHead, true);
         assert!(!timeout.retry_safe(false));
         assert!(timeout.retry_safe(true));
-        assert_eq!(timeout.observation(), Some(Observation::TrafficFailed));
+        assert_eq!(timeout.observation(), Some(Observation::NoAnswer));
         let garbage = UpstreamError::new(Stage::AnswerHead, Cause::Protocol, true, "bad");
         assert!(!garbage.retry_safe(true));
         assert_eq!(garbage.observation(), None);
@@ -197,7 +200,7 @@ mod tests {
         assert!(dropped.retry_safe(false));
         assert_eq!(
             dropped.observation(),
-            Some(Observation::TrafficFailed),
+            Some(Observation::NoAnswer),
             "a fresh connection the node dropped before the request went out is its fault"
         );
         let body = UpstreamError::new(Stage::ClientBody, Cause::Io(io::ErrorKind::Other), true, "");

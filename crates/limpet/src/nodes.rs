@@ -224,7 +224,9 @@ impl NodeRuntime {
 
     /// [`observe`](Self::observe) at `now_ms`, a reading the caller took.
     pub fn observe_at(&self, obs: Observation, now_ms: u64) -> Option<Transition> {
-        if obs == Observation::TrafficOk && self.quiet_ok.load(Ordering::Acquire) {
+        if matches!(obs, Observation::TrafficOk | Observation::TrafficConnected)
+            && self.quiet_ok.load(Ordering::Acquire)
+        {
             return None;
         }
         self.update(|s| s.health.observe(obs, s.policy, now_ms))

@@ -485,7 +485,7 @@ async fn connect(
         match attempt(&def_now, who, addr).await {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
-                state.observe(node, Observation::TrafficOk);
+                state.observe(node, Observation::TrafficConnected);
                 if let Some(o) = crate::metrics::PinOutcome::of_route(route.outcome) {
                     state.lifecycle.metrics.pin(&def.name, o);
                 }

@@ -417,3 +417,102 @@ async fn a_node_whose_raw_port_is_dead_goes_down_although_its_web_check_passes()
     raw_service.abort();
     l.stop().await;
 }
+
+/// Without checks, a hung node behind an HTTP and a TCP listener (its kernel completes every
+/// connect into the backlog; nothing ever answers): the TCP sessions' completed connects do
+/// not hide its unanswered HTTP requests, and it goes DOWN on the `fall`-th of them (chaos
+/// run 25: each completed connect reset the count, and the node stayed UP while every HTTP
+/// request sent to it waited out its answer timeout). A TCP session pinned to it by the
+/// table connects between every two HTTP requests.
+#[tokio::test]
+async fn without_checks_a_hung_node_behind_http_and_tcp_listeners_goes_down() {
+    let (hung, port, _b) = loop {
+        let hung = tokio::net::TcpListener::bind("127.0.0.2:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = hung.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
+        if std::net::TcpListener::bind(("127.0.0.3", port)).is_ok() {
+            let b = backend_node_again("b", "127.0.0.3".parse().expect("ip"), port).await;
+            break (hung, port, b);
+        }
+    };
+    let text = format!(
+        "[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n{}",
+        config(port, "\n[health]\nfail_timeout = \"60s\"\n")
+            .replace(
+                "name = \"web\"\nbind = \"127.0.0.1:0\"\n",
+                "name = \"web\"\nbind = \"127.0.0.1:0\"\ntimeouts = { upstream_answer = \"300ms\" }\n",
+            )
+            .replace("mode = \"tcp\"\n", "mode = \"tcp\"\ntable = \"t\"\n")
+    );
+    let cfg = ConfigFile::new("hung-mixed", &text);
+    let l = Limpet::start(&cfg).await;
+    let tcp_from = |src: String| {
+        let raw = l.addr("raw");
+        async move {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("{e}"));
+            sock.bind(format!("{src}:0").parse().unwrap_or_else(|e| panic!("{e}")))
+                .unwrap_or_else(|e| panic!("{e}"));
+            sock.connect(raw).await.unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    let tunnels_of_a = || async { node_view(&l, "a").await["tunnels"].as_u64().unwrap_or(0) };
+    // A source the table pins to the hung node a.
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let src = format!("127.0.0.{}", 20 + i);
+        let s = tcp_from(src.clone()).await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let node = loop {
+            let e = admin_json(&l, &format!("/api/v1/tables/t/entry?key={src}")).await;
+            if let Some(n) = e["node"].as_str() {
+                break n.to_owned();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no entry for {src}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if node == "a" {
+            held.push(s);
+            break;
+        }
+    }
+    let src = match held.first() {
+        Some(s) => s.local_addr().expect("addr").ip().to_string(),
+        None => panic!("no source pinned to a"),
+    };
+    let url = format!("http://{}/", l.addr("web"));
+    let mut down = false;
+    for _ in 0..20 {
+        // One TCP session more on a, its connect completed (and observed) before the next
+        // HTTP request: a's tunnel count shows it.
+        held.push(tcp_from(src.clone()).await);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while tunnels_of_a().await < held.len() as u64 {
+            if node_view(&l, "a").await["state"] == "DOWN" {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session not relayed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (s, node, _) = get(&bare_client(), &url, None).await;
+        assert_eq!(
+            (s, node.as_str()),
+            (200, "b"),
+            "a GET that met a fails over"
+        );
+        if node_view(&l, "a").await["state"] == "DOWN" {
+            down = true;
+            break;
+        }
+    }
+    assert!(
+        down,
+        "the hung node never went DOWN: {}",
+        node_view(&l, "a").await
+    );
+    drop((held, hung));
+    l.stop().await;
+}
