@@ -7,7 +7,7 @@
 //!
 //! | node has active checks | goes DOWN after | comes back UP after |
 //! |---|---|---|
-//! | no  | `fall` consecutive traffic failures | one trial that succeeds, made at the earliest `fail_timeout` after it went DOWN (or after the last failed trial) |
+//! | no  | `fall` consecutive traffic failures | one trial that succeeds, made at the earliest `fail_timeout` after it went DOWN (or after the last failed trial), or earlier when no node can take a request ([`Health::early_trial_possible`]) |
 //! | yes | `fall` consecutive failures, checks and traffic alike | `rise` consecutive check successes; traffic never brings it back |
 //!
 //! - A *traffic failure* is a connect that is refused or times out, a TLS handshake to the
@@ -41,11 +41,13 @@
 //!   check brings the node back.
 //! - A node may have several checks (one per listener port it serves, each a [`CheckSlot`]),
 //!   and it is healthy only when every one of them passes: a session that lives on the node
-//!   uses all of its ports. A passing check resets the failure streak only when no other
-//!   check of the node is failing, and a DOWN node counts a pass toward `rise` only then; so
-//!   one port that stays dead takes the node DOWN in `fall` of its checks however well the
-//!   others do, and keeps it DOWN. A check removed by a reload is forgotten
-//!   ([`Health::forget_check`]), so it cannot hold the node DOWN.
+//!   uses all of its ports. Each check counts its own consecutive failures, and the node
+//!   goes DOWN when one check's count (plus the traffic failures since its checks last all
+//!   passed) reaches `fall`: one port that stays dead takes the node DOWN however well the
+//!   others do, and two flaky checks that each fail once in a while do not add up. A DOWN
+//!   node counts a pass toward `rise` only while none of its checks is failing. A check
+//!   removed by a reload is forgotten ([`Health::forget_check`]), so it cannot hold the node
+//!   DOWN.
 
 /// How one node's health is judged. Defaults: HAProxy's `fall 3 rise 2`, nginx's
 /// `fail_timeout 10s`, no active checks.
@@ -89,10 +91,6 @@ impl CheckSlot {
     pub fn index(self) -> usize {
         usize::from(self.0)
     }
-
-    fn bit(self) -> u64 {
-        1u64 << self.0
-    }
 }
 
 /// What was seen of a node.
@@ -107,12 +105,11 @@ pub enum Observation {
     /// A TCP listener's connect to the node completed (with its PROXY header and TLS): all a
     /// relay can prove, and less than an answer: a stopped process's kernel completes it.
     TrafficConnected,
-    /// Live traffic failed before a connection was made: connect refused or timed out, TLS to
-    /// the node failed.
+    /// Live traffic failed before a connection was made: connect refused or timed out.
     TrafficFailed,
-    /// A connection was made but the node did not answer: no answer head within the answer
-    /// timeout, or a fresh connection closed or reset around the request. A completed
-    /// connect does not disprove it.
+    /// A connection was made but the node did not answer: its TLS handshake failed or timed
+    /// out, no answer head came within the answer timeout, or a fresh connection was closed
+    /// or reset around the request. A completed connect does not disprove it.
     NoAnswer,
 }
 
@@ -129,8 +126,14 @@ pub struct Health {
     /// While down without checks: a trial was claimed since the node went DOWN or last
     /// failed, so a success now is that trial's (or at least a sign of life after it).
     trying: bool,
-    /// The checks (by [`CheckSlot`] bit) whose last result was a failure.
-    failing: u64,
+    /// While down: the last claimed trial holds until then. An early trial waits for it,
+    /// whatever failures arrive meanwhile (the late answer timeouts of requests sent before
+    /// the node went DOWN end `trying`, not the claim: one trial at a time), except a
+    /// refused connect, which says the node refuses now and frees the next try.
+    claimed_until_ms: u64,
+    /// Each check's consecutive failures, by [`CheckSlot`] (0: its last result passed).
+    /// While UP, `streak` counts the traffic failures since the checks last all passed.
+    fails: [u8; CheckSlot::COUNT],
     /// The failure streak holds a [`Observation::NoAnswer`]: a completed connect
     /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
     unanswered: bool,
@@ -160,7 +163,8 @@ impl Default for Health {
             streak: 0,
             retry_at_ms: 0,
             trying: false,
-            failing: 0,
+            claimed_until_ms: 0,
+            fails: [0; CheckSlot::COUNT],
             unanswered: false,
         }
     }
@@ -171,10 +175,25 @@ impl Health {
         self.up
     }
 
-    /// Consecutive results counted toward the next flip (failures while UP, check successes
-    /// while DOWN): the "going down 1/3" of a stats page.
+    /// Consecutive results counted toward the next flip (failures while UP: the traffic's
+    /// plus the most any one check counts; check successes while DOWN): the "going down
+    /// 1/3" of a stats page.
     pub fn streak(&self) -> u32 {
-        self.streak
+        if self.up {
+            self.streak + u32::from(self.most_check_fails())
+        } else {
+            self.streak
+        }
+    }
+
+    /// The most consecutive failures any one check of the node counts now.
+    fn most_check_fails(&self) -> u8 {
+        self.fails.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Whether a check of the node failed last time it ran.
+    fn a_check_fails(&self) -> bool {
+        self.fails.iter().any(|&f| f > 0)
     }
 
     /// While DOWN without checks: when the next trial may start (`None` when UP, checked,
@@ -219,7 +238,7 @@ impl Health {
         !self.up
             && !policy.checked
             && self.retry_at_ms != u64::MAX
-            && (!self.trying || now_ms >= self.retry_at_ms)
+            && now_ms >= self.claimed_until_ms
     }
 
     /// Takes the trial of a DOWN node whose `fail_timeout` has passed (or, with `early`, of
@@ -241,6 +260,7 @@ impl Health {
             return false;
         }
         self.retry_at_ms = now_ms.saturating_add(hold_ms.max(1));
+        self.claimed_until_ms = self.retry_at_ms;
         self.trying = true;
         true
     }
@@ -254,8 +274,8 @@ impl Health {
     ) -> Option<Transition> {
         let t = match (self.up, obs) {
             (true, Observation::CheckPassed(slot)) => {
-                self.failing &= !slot.bit();
-                if self.failing == 0 {
+                self.fails[slot.index()] = 0;
+                if !self.a_check_fails() {
                     self.streak = 0;
                     self.unanswered = false;
                 }
@@ -283,18 +303,24 @@ impl Health {
                 Observation::CheckFailed(_) | Observation::TrafficFailed | Observation::NoAnswer,
             ) => {
                 match obs {
-                    Observation::CheckFailed(slot) => self.failing |= slot.bit(),
-                    Observation::NoAnswer => self.unanswered = true,
-                    _ => {}
+                    Observation::CheckFailed(slot) => {
+                        let f = &mut self.fails[slot.index()];
+                        *f = f.saturating_add(1);
+                    }
+                    Observation::NoAnswer => {
+                        self.unanswered = true;
+                        self.streak += 1;
+                    }
+                    _ => self.streak += 1,
                 }
-                self.streak += 1;
-                if self.streak >= policy.fall.max(1) {
+                if self.streak() >= policy.fall.max(1) {
                     *self = Health {
                         up: false,
                         streak: 0,
                         retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
                         trying: false,
-                        failing: self.failing,
+                        claimed_until_ms: 0,
+                        fails: self.fails,
                         unanswered: false,
                     };
                     Some(Transition::WentDown)
@@ -303,8 +329,8 @@ impl Health {
                 }
             }
             (false, Observation::CheckPassed(slot)) => {
-                self.failing &= !slot.bit();
-                if self.failing != 0 {
+                self.fails[slot.index()] = 0;
+                if self.a_check_fails() {
                     // Another check of the node still fails: not a pass of the node.
                     None
                 } else {
@@ -318,7 +344,8 @@ impl Health {
                 }
             }
             (false, Observation::CheckFailed(slot)) => {
-                self.failing |= slot.bit();
+                let f = &mut self.fails[slot.index()];
+                *f = f.saturating_add(1);
                 self.streak = 0;
                 None
             }
@@ -344,6 +371,9 @@ impl Health {
                 if !policy.checked && self.retry_at_ms != u64::MAX {
                     self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
                     self.trying = false;
+                    if obs == Observation::TrafficFailed {
+                        self.claimed_until_ms = 0;
+                    }
                 }
                 None
             }
@@ -373,13 +403,7 @@ impl Health {
     /// A check that no longer runs (a reload removed it or moved it to another slot): its last
     /// failure no longer holds the node. A DOWN node still needs `rise` passes to come back.
     pub fn forget_check(&mut self, slot: CheckSlot) {
-        self.failing &= !slot.bit();
-        if self.up && self.failing == 0 && self.streak > 0 {
-            // The streak was that check's failures (and traffic's, which the next pass
-            // would reset as well): the checks left all pass.
-            self.streak = 0;
-            self.unanswered = false;
-        }
+        self.fails[slot.index()] = 0;
         self.debug_check();
     }
 
@@ -392,7 +416,10 @@ impl Health {
             streak: 0,
             retry_at_ms: if up { 0 } else { u64::MAX },
             trying: false,
-            failing: 0,
+            claimed_until_ms: 0,
+            // What the checks last said stands: a forced state does not make a dead port's
+            // check pass.
+            fails: self.fails,
             unanswered: false,
         };
         match (was, up) {
@@ -404,7 +431,7 @@ impl Health {
 
     fn debug_check(&self) {
         debug_assert!(
-            !self.up || (self.retry_at_ms == 0 && !self.trying),
+            !self.up || (self.retry_at_ms == 0 && !self.trying && self.claimed_until_ms == 0),
             "an UP node has no trial"
         );
         debug_assert!(
@@ -508,6 +535,28 @@ mod tests {
         assert_eq!(h.streak(), 0);
     }
 
+    /// Two flaky checks, each failing now and then but never `fall` times in a row, do not
+    /// add up to a DOWN node; neither does one round in which `fall` checks each fail once
+    /// (a blip). Traffic failures still count on top of the worst check.
+    #[test]
+    fn each_check_counts_its_own_failures() {
+        let p = checked();
+        let (a, b, c) = (CheckSlot::new(0), CheckSlot::new(1), CheckSlot::new(2));
+        let mut h = Health::default();
+        for _ in 0..10 {
+            assert_eq!(h.observe(CheckFailed(a), p, 0), None);
+            assert_eq!(h.observe(CheckFailed(b), p, 0), None);
+            assert_eq!(h.observe(CheckPassed(a), p, 0), None);
+            assert_eq!(h.observe(CheckPassed(b), p, 0), None);
+        }
+        for s in [a, b, c] {
+            assert_eq!(h.observe(CheckFailed(s), p, 0), None, "one round of a blip");
+        }
+        assert_eq!(h.streak(), 1);
+        assert_eq!(h.observe(TrafficFailed, p, 0), None);
+        assert_eq!(h.observe(CheckFailed(a), p, 0), Some(Transition::WentDown));
+    }
+
     /// A failing check that a reload removes no longer holds the node: UP, the checks left
     /// passing reset its count; DOWN, the checks left bring it back in `rise` passes.
     #[test]
@@ -587,6 +636,28 @@ mod tests {
         h.observe(TrafficConnected, p, 0);
         assert_eq!(h.observe(NoAnswer, p, 0), None);
         assert_eq!(h.streak(), 1);
+    }
+
+    /// An early trial in flight is not reopened by the late answer timeout of a request sent
+    /// before the node went DOWN (one trial at a time); a refused connect frees it at once.
+    #[test]
+    fn an_early_trial_holds_until_its_claim_lapses_or_a_connect_is_refused() {
+        let p = HealthPolicy {
+            fall: 1,
+            ..HealthPolicy::default()
+        };
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        assert!(h.early_trial_possible(p, 1));
+        assert!(h.claim_trial(p, 1, 5_000, true));
+        assert!(!h.early_trial_possible(p, 2));
+        h.observe(NoAnswer, p, 3);
+        assert!(!h.early_trial_possible(p, 4), "a late answer timeout");
+        assert!(!h.claim_trial(p, 4, 5_000, true));
+        h.observe(TrafficFailed, p, 10);
+        assert!(h.early_trial_possible(p, 11), "a refused connect");
+        assert!(h.claim_trial(p, 11, 5_000, true));
+        assert!(h.early_trial_possible(p, 5_011), "the claim lapsed");
     }
 
     #[test]

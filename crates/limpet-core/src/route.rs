@@ -605,16 +605,64 @@ fn fresh(
             took_turn: true,
         });
     }
-    snap.statuses
+    early_trial(snap, input).map(|node| Fresh {
+        node,
+        trial: true,
+        trial_early: true,
+        took_turn: false,
+    })
+}
+
+/// How many DOWN nodes one request may try early before it is answered 503: a fleet that
+/// is blackholed (every connect waits out its timeout) costs a client two connect timeouts,
+/// not one per node.
+const EARLY_TRIALS_PER_REQUEST: usize = 2;
+
+/// The DOWN node to try early when no node takes the request ([`Route::trial_early`]), if
+/// any. Only while nothing was sent for this request: a node that took it and did not answer
+/// (an answer timeout, a lost connection) ends it with its error rather than replaying it on
+/// a node already known to be DOWN, possibly hung. At most [`EARLY_TRIALS_PER_REQUEST`] per
+/// request. The session's own node first (its cookie's or table entry's: a session whose
+/// node came back as quickly as the others stays home), then the one whose trial comes
+/// soonest.
+fn early_trial(snap: &Snapshot, input: &RouteInput<'_>) -> Option<NodeId> {
+    let sent = input.exclude.iter().any(|e| {
+        matches!(
+            e.why,
+            RepinReason::AnswerTimeout | RepinReason::AnswerFailed
+        )
+    });
+    let tried_down = input
+        .exclude
         .iter()
-        .enumerate()
-        .filter(|&(i, s)| s.early_trial_possible(input.now_ms) && !excluded(NodeId(i as u32)))
-        .min_by_key(|(_, s)| s.health.retry_at_ms(s.policy))
-        .map(|(i, _)| Fresh {
-            node: NodeId(i as u32),
-            trial: true,
-            trial_early: true,
-            took_turn: false,
+        .filter(|e| {
+            e.why == RepinReason::ConnectFailed
+                && snap.status(e.node).is_some_and(|s| !s.takes_fresh())
+        })
+        .count();
+    if sent || tried_down >= EARLY_TRIALS_PER_REQUEST {
+        return None;
+    }
+    let may = |n: NodeId| {
+        Excluded::find(input.exclude, n).is_none()
+            && snap
+                .status(n)
+                .is_some_and(|s| s.early_trial_possible(input.now_ms))
+    };
+    let pinned = [input.cookie.map(|c| c.pin), input.table.map(|t| t.pin)];
+    if let Some(n) = pinned.into_iter().find_map(|p| match p {
+        Some(Pin::Node(n)) if may(n) => Some(n),
+        _ => None,
+    }) {
+        return Some(n);
+    }
+    (0..snap.statuses.len())
+        .map(|i| NodeId(i as u32))
+        .filter(|&n| may(n))
+        .min_by_key(|&n| {
+            snap.status(n)
+                .and_then(|s| s.health.retry_at_ms(s.policy))
+                .unwrap_or(u64::MAX)
         })
 }
 
@@ -629,16 +677,26 @@ fn least_conn(
     active: &dyn Fn(NodeId) -> u32,
     excluded: &dyn Fn(NodeId) -> bool,
 ) -> Option<NodeId> {
+    // Each count read once: they are live counters that other threads move, and a second
+    // read could find no node tied at a minimum taken from the first.
+    let loads: Vec<(NodeId, u64, u64)> = snap
+        .eligible
+        .iter()
+        .copied()
+        .filter(|&n| !excluded(n))
+        .map(|n| (n, u64::from(active(n)), u64::from(snap.weight(n))))
+        .collect();
     // a/wa < b/wb  <=>  a*wb < b*wa.
-    let load = |n: NodeId| (u64::from(active(n)), u64::from(snap.weight(n)));
     let less = |a: (u64, u64), b: (u64, u64)| a.0 * b.1 < b.0 * a.1;
-    let candidates = || snap.eligible.iter().copied().filter(|&n| !excluded(n));
-    let least = candidates()
-        .map(load)
+    let least = loads
+        .iter()
+        .map(|&(_, a, w)| (a, w))
         .reduce(|m, l| if less(l, m) { l } else { m })?;
-    let tied = || candidates().filter(|&n| !less(least, load(n)));
-    let count = tied().count();
-    tied().nth((rotation % count.max(1) as u64) as usize)
+    let tied = || loads.iter().filter(|&&(_, a, w)| !less(least, (a, w)));
+    let count = tied().count().max(1);
+    tied()
+        .nth((rotation % count as u64) as usize)
+        .map(|&(n, _, _)| n)
 }
 
 #[cfg(test)]
@@ -1014,7 +1072,7 @@ mod tests {
     /// `fail_timeout`; one refused for this request is passed over; while a trial is in
     /// flight, the node is not tried again. An UP node is always preferred.
     #[test]
-    fn nothing_up_tries_the_node_down_longest_early() {
+    fn nothing_up_tries_the_node_whose_trial_comes_soonest_early() {
         let (a, b) = (down_passive(2_000), down_passive(1_000));
         let r = route(&snap(&[a, b]), 0, &|_| 0, &input(&[]));
         assert_eq!(
@@ -1035,6 +1093,52 @@ mod tests {
 
         let r = route(&snap(&[a, b, up()]), 0, &|_| 0, &input(&[]));
         assert_eq!((r.node, r.trial), (Some(C), false));
+    }
+
+    /// The session's own node is tried early before the others (a fleet that blinked
+    /// together keeps its sessions home), by its cookie or its table entry.
+    #[test]
+    fn an_early_trial_goes_to_the_session_s_own_node_first() {
+        let (a, b) = (down_passive(2_000), down_passive(1_000));
+        let s = snap(&[a, b]);
+        let by_cookie = RouteInput {
+            cookie: cookie(Pin::Node(A)),
+            ..input(&[])
+        };
+        let r = route(&s, 0, &|_| 0, &by_cookie);
+        assert_eq!((r.node, r.trial_early), (Some(A), true));
+        let by_table = RouteInput {
+            table: table(Pin::Node(A), true),
+            ..input(&[])
+        };
+        let r = route(&s, 0, &|_| 0, &by_table);
+        assert_eq!((r.node, r.trial_early, r.table), (Some(A), true, Some(A)));
+    }
+
+    /// No early trial once the request was sent somewhere and not answered (it ends with
+    /// that error, not replayed onto a node known to be DOWN), and at most two DOWN nodes
+    /// tried early per request.
+    #[test]
+    fn early_trials_stop_after_a_sent_request_or_two_down_nodes() {
+        let s = snap(&[down_passive(0), down_passive(0), down_passive(0), up()]);
+        let timed_out = [Excluded {
+            node: NodeId(3),
+            why: RepinReason::AnswerTimeout,
+        }];
+        assert_eq!(route(&s, 0, &|_| 0, &input(&timed_out)).node, None);
+        let refused_up = [Excluded {
+            node: NodeId(3),
+            why: RepinReason::ConnectFailed,
+        }];
+        assert_eq!(route(&s, 0, &|_| 0, &input(&refused_up)).node, Some(A));
+        let refused = |n: NodeId| Excluded {
+            node: n,
+            why: RepinReason::ConnectFailed,
+        };
+        let one_down = [refused(NodeId(3)), refused(A)];
+        assert_eq!(route(&s, 0, &|_| 0, &input(&one_down)).node, Some(B));
+        let two_down = [refused(NodeId(3)), refused(A), refused(B)];
+        assert_eq!(route(&s, 0, &|_| 0, &input(&two_down)).node, None);
     }
 
     /// leastconn deals nodes tied on the fewest connections in turn, each the same share,

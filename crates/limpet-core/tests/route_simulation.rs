@@ -144,6 +144,8 @@ struct ModelNode {
     /// While DOWN: a trial was claimed since it went DOWN or last failed (only then does a
     /// success bring it back).
     trying: bool,
+    /// While DOWN: the last claimed trial holds until then (a refused connect frees it).
+    claimed_until: u64,
 }
 
 #[derive(Debug)]
@@ -424,16 +426,34 @@ impl Model {
         let rotation = (0..up.len())
             .map(|i| up[(start + i) % up.len()])
             .find(|n| !a.exclude.contains(n));
-        // ... and when neither: the READY node DOWN by traffic (not forced) with no trial in
-        // flight whose trial comes soonest (pool order among equals), tried early.
+        // ... and when neither: a READY node DOWN by traffic (not forced) with no trial in
+        // flight, tried early: the session's own (cookie, then table), else the one whose
+        // trial comes soonest (pool order among equals). At most two DOWN nodes tried per
+        // request (every refusal here is a connect that sent nothing).
+        let tried_down = a
+            .exclude
+            .iter()
+            .filter(|&&n| !(self.node(n).up && self.node(n).admin == Admin::Ready))
+            .count();
+        let may = |n: NodeId| {
+            self.node(n).admin == Admin::Ready
+                && self.early_possible(n, a.now)
+                && !a.exclude.contains(&n)
+        };
         let early = || {
+            if tried_down >= 2 {
+                return None;
+            }
+            let pinned = [a.cookie.map(|(p, _)| p), Some(a.table)];
+            if let Some(n) = pinned.into_iter().find_map(|p| match p {
+                Some(Pin::Node(n)) if may(n) => Some(n),
+                _ => None,
+            }) {
+                return Some(n);
+            }
             nodes
                 .clone()
-                .filter(|&n| {
-                    self.node(n).admin == Admin::Ready
-                        && self.early_possible(n, a.now)
-                        && !a.exclude.contains(&n)
-                })
+                .filter(|&n| may(n))
                 .min_by_key(|&n| self.node(n).retry_at)
         };
         let (n, trial, trial_early) = match (due, rotation) {
@@ -488,6 +508,7 @@ impl Model {
                 node.streak = 0;
                 node.retry_at = Some(now + wait);
                 node.trying = false;
+                node.claimed_until = 0;
                 Some(false)
             }
             (false, true) => {
@@ -499,23 +520,27 @@ impl Model {
                 node.streak = fall.max(1) - 1;
                 node.retry_at = None;
                 node.trying = false;
+                node.claimed_until = 0;
                 Some(true)
             }
             (false, false) => {
+                // Every failure here is a refused connect: it frees the claim too.
                 if let Some(t) = node.retry_at.as_mut() {
                     *t = now + wait;
                     node.trying = false;
+                    node.claimed_until = 0;
                 }
                 None
             }
         }
     }
 
-    /// DOWN by traffic (not forced), and no trial in flight (none claimed, or its hold has
-    /// passed): may be tried before its `fail_timeout` when no other node can be.
+    /// DOWN by traffic (not forced), and no trial in flight (its claim's hold has passed, or
+    /// a refused connect freed it): may be tried before its `fail_timeout` when no other
+    /// node can be.
     fn early_possible(&self, n: NodeId, now: u64) -> bool {
         let node = self.node(n);
-        !node.up && node.retry_at.is_some_and(|t| !node.trying || now >= t)
+        !node.up && node.retry_at.is_some() && now >= node.claimed_until
     }
 
     /// The trial of a node due one (or, `early`, one that may be tried early) goes to the one
@@ -527,6 +552,7 @@ impl Model {
         }
         let node = &mut self.nodes[n.index()];
         node.retry_at = Some(now + TRIAL_HOLD_MS);
+        node.claimed_until = now + TRIAL_HOLD_MS;
         node.trying = true;
         true
     }
@@ -538,6 +564,7 @@ impl Model {
         node.streak = 0;
         node.retry_at = None;
         node.trying = false;
+        node.claimed_until = 0;
     }
 }
 
@@ -677,6 +704,7 @@ impl Sim<'_> {
                         streak: 0,
                         retry_at: None,
                         trying: false,
+                        claimed_until: 0,
                     };
                     n
                 ],

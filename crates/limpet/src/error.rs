@@ -120,12 +120,16 @@ impl UpstreamError {
     }
 
     /// What passive health learns from the error, if anything: a connection not made
-    /// ([`Observation::TrafficFailed`]), or one made and not answered
+    /// ([`Observation::TrafficFailed`]), or one made and not answered, TLS included
     /// ([`Observation::NoAnswer`], which a later completed connect does not disprove).
     pub fn observation(&self) -> Option<Observation> {
         match (self.stage, self.cause) {
             (_, Cause::Local) => None,
-            (Stage::Connect | Stage::Tls, _) => Some(Observation::TrafficFailed),
+            (Stage::Connect, _) => Some(Observation::TrafficFailed),
+            // The TCP connection was made (a stopped process's kernel makes it too): the
+            // handshake that fails or never ends is the node not answering, which a TCP
+            // listener's completed connect does not disprove.
+            (Stage::Tls, _) => Some(Observation::NoAnswer),
             (Stage::AnswerHead, Cause::Timeout) => Some(Observation::NoAnswer),
             // A kept-alive connection the node closed meanwhile says nothing about the node;
             // a fresh one it closed before the request could go out does (accept, then drop).
@@ -183,6 +187,10 @@ mod tests {
         assert!(!timeout.retry_safe(false));
         assert!(timeout.retry_safe(true));
         assert_eq!(timeout.observation(), Some(Observation::NoAnswer));
+        // A TLS handshake that fails or never ends came after a completed TCP connect.
+        let tls = UpstreamError::timeout(Stage::Tls, false);
+        assert!(tls.retry_safe(false));
+        assert_eq!(tls.observation(), Some(Observation::NoAnswer));
         let garbage = UpstreamError::new(Stage::AnswerHead, Cause::Protocol, true, "bad");
         assert!(!garbage.retry_safe(true));
         assert_eq!(garbage.observation(), None);

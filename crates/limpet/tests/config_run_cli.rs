@@ -167,7 +167,7 @@ async fn a_second_limpet_on_a_listened_address_is_refused_and_the_first_serves_o
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains(&format!("cannot bind {web}")) && err.contains("another process listens"),
+        err.contains(&format!("cannot bind {web}")) && err.contains("another socket listens"),
         "{err}"
     );
     for _ in 0..20 {

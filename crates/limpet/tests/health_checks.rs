@@ -635,3 +635,51 @@ async fn http_checks_that_ask_different_things_of_one_port_both_run() {
         ["GET /deep HTTP/1.1", "GET /health HTTP/1.1"]
     );
 }
+
+/// A reload that retimes a failing check (its settings change, what it asks does not) keeps
+/// the check's last failure until the restarted check reports: the node, DOWN for its dead
+/// raw port, does not come up on its web check's passes meanwhile (it did when the restarted
+/// check was forgotten, here with the raw check's first result a minute off).
+#[tokio::test(start_paused = true)]
+async fn a_retimed_failing_check_keeps_the_node_down() {
+    let (web, _server, _heads) = http_node(Arc::new(AtomicU16::new(200))).await;
+    let raw = {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let web_check = spec(CheckKind::Http(HttpCheck::default()), web);
+    let raw_check = spec(CheckKind::Tcp, raw);
+    let (sink, mut rx) = sink(&["a"], &web_check);
+    let mut checks = HealthChecks::with_seed(2);
+    checks.update(
+        vec![
+            ("a".into(), web_check.clone()),
+            ("a".into(), raw_check.clone()),
+        ],
+        sink.clone(),
+    );
+    loop {
+        if next(&mut rx).await.transition == Some(Transition::WentDown) {
+            break;
+        }
+    }
+    let mut slow_raw = raw_check;
+    slow_raw.interval = Duration::from_secs(60);
+    slow_raw.timeout = Duration::from_secs(1);
+    checks.update(
+        vec![("a".into(), web_check), ("a".into(), slow_raw)],
+        sink.clone(),
+    );
+    let mut web_passes = 0;
+    while web_passes < 5 {
+        let e = next(&mut rx).await;
+        assert_eq!(e.transition, None, "still DOWN: {e:?}");
+        if e.detail.kind == "http" {
+            web_passes += 1;
+        }
+    }
+    let pool = sink.pool.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(pool.eligible(), &[] as &[limpet_core::NodeId]);
+}

@@ -443,12 +443,20 @@ impl HealthChecks {
             .filter(|(k, (fp, _, _))| wanted.get(*k).is_none_or(|s| fingerprint(s) != *fp))
             .map(|(k, _)| k.clone())
             .collect();
+        // A check whose settings changed (interval, timeout...) but that asks the same thing
+        // keeps its slot, and its last result stands until the restarted check's first: a
+        // dead port's failure must not be forgotten by a reload that retimes its check.
+        let mut kept = BTreeMap::new();
         for key in stale {
             if let Some((_, slot, task)) = self.tasks.remove(&key) {
                 // Health checks run on the runtime that calls this (the main thread's), so
                 // the aborted task cannot be inside `record` now, nor record again after.
                 task.abort();
-                sink.forget(&key.0, slot);
+                if wanted.contains_key(&key) {
+                    kept.insert(key.clone(), slot);
+                } else {
+                    sink.forget(&key.0, slot);
+                }
             }
             self.board.unregister(&key.0, &key.1);
         }
@@ -461,10 +469,20 @@ impl HealthChecks {
                 .iter()
                 .filter(|((n, _), _)| *n == node)
                 .map(|(_, (_, slot, _))| *slot)
+                .chain(
+                    kept.iter()
+                        .filter(|((n, _), _)| *n == node)
+                        .map(|(_, slot)| *slot),
+                )
                 .collect();
-            let slot = (0..CheckSlot::COUNT)
-                .map(CheckSlot::new)
-                .find(|s| !taken.contains(s))
+            let slot = kept
+                .get(&(node.clone(), label.clone()))
+                .copied()
+                .or_else(|| {
+                    (0..CheckSlot::COUNT)
+                        .map(CheckSlot::new)
+                        .find(|s| !taken.contains(s))
+                })
                 .unwrap_or(CheckSlot::new(CheckSlot::COUNT));
             self.board.register(&node, &spec);
             let seed = self.rng.gen();

@@ -222,7 +222,8 @@ async fn serve_on_workers(cfg: ProxyConfig, listen: &str, workers: usize) -> Exi
     let mut addr = SocketAddr::from(([127, 0, 0, 1], 0));
     for a in addrs {
         addr = a;
-        bound = crate::runtime::workers::bind_reuseport(a, workers);
+        bound = crate::runtime::workers::refuse_if_listened(a)
+            .and_then(|()| crate::runtime::workers::bind_reuseport(a, workers));
         if bound.is_ok() {
             break;
         }

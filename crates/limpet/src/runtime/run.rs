@@ -199,6 +199,16 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
     let mut tasks = JoinSet::new();
     let mut addrs = Vec::new();
     if workers > 1 {
+        // Every address checked before any is bound (see `workers::bind_reuseport`): this
+        // limpet's own may overlap, another process's must not.
+        for slot in &state.listeners {
+            let def = slot.def.load_full();
+            for addr in &def.bind {
+                super::workers::refuse_if_listened(*addr).map_err(|e| {
+                    StartError(format!("listener {:?}: cannot bind {addr}: {e}", def.name))
+                })?;
+            }
+        }
         let mut sockets = Vec::new();
         for slot in &state.listeners {
             let def = slot.def.load_full();

@@ -37,16 +37,14 @@ pub fn count(threads: Option<u16>) -> usize {
 /// `n` listening sockets on one address, each with `SO_REUSEPORT`, so each worker accepts on
 /// its own. Port 0 is resolved by the first bind; the others take the same port.
 ///
-/// An address some other socket already listens on is refused ([`refuse_if_listened`]), as a
-/// plain bind would be: `SO_REUSEPORT` would otherwise let a second limpet (started twice by
-/// mistake, or one left behind by a botched restart) bind beside the first without an error,
+/// `SO_REUSEPORT` would also let this bind beside another process listening on the address
+/// (a second limpet started by mistake, or one left behind by a restart that did not wait),
 /// and the kernel would then deal new clients between two processes with affinity tables of
 /// their own, splitting sessions between nodes: the pitfall of HAProxy's old processes that
-/// keep accepting on a shared port.
+/// keep accepting on a shared port. Callers therefore check every address they will bind with
+/// [`refuse_if_listened`] first, before binding any (their own addresses may overlap:
+/// `0.0.0.0:P` beside `[::]:P`).
 pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    if addr.port() != 0 {
-        refuse_if_listened(addr)?;
-    }
     let mut out = Vec::with_capacity(n);
     let mut at = addr;
     for _ in 0..n.max(1) {
@@ -70,12 +68,15 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::ne
     Ok(out)
 }
 
-/// `AddrInUse` when a socket is already bound or listening at `addr`: a bind without
-/// `SO_REUSEPORT` (which a listener sharing the port would need) is tried and let go.
-/// `SO_REUSEADDR` as on the listeners, so a port whose old connections linger in TIME_WAIT is
-/// free. Two limpets starting in the same instant could both pass before either binds; that
-/// window is the time between two system calls.
-fn refuse_if_listened(addr: SocketAddr) -> std::io::Result<()> {
+/// `AddrInUse` when a socket is already bound or listening at `addr` (port 0 is always
+/// free): a bind without `SO_REUSEPORT` (which a listener sharing the port would need) is
+/// tried and let go. `SO_REUSEADDR` as on the listeners, so a port whose old connections
+/// linger in TIME_WAIT is free. Two limpets starting in the same instant could both pass
+/// before either binds; that window is the time between two system calls.
+pub fn refuse_if_listened(addr: SocketAddr) -> std::io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
     let probe = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
@@ -86,7 +87,7 @@ fn refuse_if_listened(addr: SocketAddr) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(std::io::Error::new(
             std::io::ErrorKind::AddrInUse,
             format!(
-                "{e}: another process listens on {addr} (another limpet? Two would share its \
+                "{e}: another socket listens on {addr} (another limpet? Two would share its \
                  clients through SO_REUSEPORT, each with affinity tables of its own; stop it \
                  first)"
             ),
@@ -266,11 +267,33 @@ mod tests {
         let first = bind_reuseport(SocketAddr::from(([127, 0, 0, 1], 0)), 2).expect("bind");
         let addr = first[0].local_addr().expect("addr");
         assert_eq!(first[1].local_addr().expect("addr"), addr, "one port");
-        let e = bind_reuseport(addr, 2).expect_err("the address is taken");
+        let e = refuse_if_listened(addr).expect_err("the address is taken");
         assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
         assert!(e.to_string().contains(&addr.to_string()), "{e}");
         drop(first);
-        let again = bind_reuseport(addr, 2).expect("free again");
-        assert_eq!(again.len(), 2);
+        refuse_if_listened(addr).expect("free again");
+        assert_eq!(bind_reuseport(addr, 2).expect("bind").len(), 2);
+    }
+
+    /// A limpet's own addresses may overlap (the wildcard of both families on one port, as
+    /// `docs/config.md` shows): each is checked before any is bound, then all bind.
+    #[test]
+    fn overlapping_addresses_of_one_limpet_all_bind() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addrs = [
+            SocketAddr::from(([0, 0, 0, 0], port)),
+            SocketAddr::from(([127, 0, 0, 1], port)),
+        ];
+        for a in addrs {
+            refuse_if_listened(a).expect("nothing listens yet");
+        }
+        let bound: Vec<_> = addrs
+            .iter()
+            .map(|&a| bind_reuseport(a, 2).expect("bind"))
+            .collect();
+        assert_eq!(bound.len(), 2);
     }
 }
