@@ -382,6 +382,22 @@ impl Health {
         t
     }
 
+    /// Another node just came back from a trial while this one is DOWN by its traffic too:
+    /// its trial is due now (unless one is in flight). Nodes that went DOWN together usually
+    /// come back together (a fleet restart, a network blip); without this, the first one back
+    /// took every session of the others, which were then never tried again while no new
+    /// client came (every session pinned, none fresh), though healthy (verification run 27).
+    pub fn trial_due_now(&mut self, policy: HealthPolicy, now_ms: u64) {
+        if !self.up
+            && !policy.checked
+            && self.retry_at_ms != u64::MAX
+            && now_ms >= self.claimed_until_ms
+        {
+            self.retry_at_ms = self.retry_at_ms.min(now_ms);
+        }
+        self.debug_check();
+    }
+
     /// The policy changed under a node (a reload): a DOWN node waiting for its trial waits
     /// `fail_timeout` as the new policy says, counted from when the wait began, so a reload
     /// that shortens it reaches a node already DOWN (a trial claimed and in flight is left

@@ -190,10 +190,20 @@ impl Pool {
         t
     }
 
-    /// Records what was seen of a node at `now_ms` (see [`crate::health`]).
+    /// Records what was seen of a node at `now_ms` (see [`crate::health`]). A node back from
+    /// a trial makes the trials of the others DOWN by their traffic due now
+    /// ([`crate::health::Health::trial_due_now`]).
     pub fn observe(&mut self, id: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
         let status = &mut self.nodes.get_mut(id.index())?.status;
         let t = status.health.observe(obs, status.policy, now_ms);
+        if t == Some(Transition::WentUp) && back_from_trial(obs) {
+            for (i, node) in self.nodes.iter_mut().enumerate() {
+                if i != id.index() {
+                    let s = &mut node.status;
+                    s.health.trial_due_now(s.policy, now_ms);
+                }
+            }
+        }
         self.rebuild();
         t
     }
@@ -306,6 +316,11 @@ impl Pool {
             "one state per node of the topology"
         );
     }
+}
+
+/// Whether a node that went UP on `obs` came back from a trial (traffic), not on checks.
+pub fn back_from_trial(obs: Observation) -> bool {
+    matches!(obs, Observation::TrafficOk | Observation::TrafficConnected)
 }
 
 #[cfg(test)]
@@ -645,6 +660,27 @@ mod tests {
         );
         assert_eq!(r.outcome, Outcome::Repin(RepinReason::DrainEnded));
         assert_eq!(r.table, Some(id(&p, "b")));
+    }
+
+    #[test]
+    fn a_node_back_from_a_trial_makes_the_others_trials_due() {
+        let mut p = pool(&["a", "b"]).with_health_policy(HealthPolicy {
+            fall: 1,
+            fail_timeout_ms: 60_000,
+            ..HealthPolicy::default()
+        });
+        let (a, b) = (id(&p, "a"), id(&p, "b"));
+        p.observe(a, Observation::TrafficFailed, 0);
+        p.observe(b, Observation::TrafficFailed, 0);
+        assert!(p.claim_trial(a, 1_000, 500, true), "early: nothing else");
+        assert_eq!(
+            p.observe(a, Observation::TrafficOk, 1_001),
+            Some(Transition::WentUp)
+        );
+        assert!(
+            p.claim_trial(b, 1_002, 500, false),
+            "b's trial is due at once, 59 s early"
+        );
     }
 
     #[test]

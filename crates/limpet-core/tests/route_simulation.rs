@@ -521,6 +521,15 @@ impl Model {
                 node.retry_at = None;
                 node.trying = false;
                 node.claimed_until = 0;
+                // Back from a trial: every other node DOWN by traffic with no trial in
+                // flight is due its trial now.
+                for other in &mut self.nodes {
+                    if !other.up && now >= other.claimed_until {
+                        if let Some(t) = other.retry_at.as_mut() {
+                            *t = (*t).min(now);
+                        }
+                    }
+                }
                 Some(true)
             }
             (false, false) => {

@@ -76,7 +76,8 @@ pub struct PerNodeLog {
 }
 
 impl PerNodeLog {
-    const KEPT: usize = 1024;
+    /// How many node addresses the map holds before quiet ones are pruned.
+    pub const KEPT: usize = 1024;
 
     pub const fn new(what: &'static str) -> Self {
         PerNodeLog {

@@ -232,6 +232,12 @@ impl NodeRuntime {
         self.update(|s| s.health.observe(obs, s.policy, now_ms))
     }
 
+    /// Another node came back from a trial: this one's trial, if it is DOWN by its traffic,
+    /// is due now.
+    pub fn trial_due_now(&self, now_ms: u64) {
+        self.update(|s| s.health.trial_due_now(s.policy, now_ms));
+    }
+
     /// A check of the node stopped (a reload): its last failure no longer holds the node.
     pub fn forget_check(&self, check: limpet_core::CheckSlot) {
         self.update(|s| s.health.forget_check(check));

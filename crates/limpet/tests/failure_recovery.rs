@@ -660,6 +660,62 @@ async fn with_every_node_down_the_first_to_return_serves_the_next_request() {
     b.kill().await;
 }
 
+/// A fleet that blinks together (every node killed, then restarted) keeps its sessions home:
+/// the first node back comes back on a session's early trial, and that makes the others'
+/// trials due at once, so the next request of a session pinned to another node tries its own
+/// node instead of moving to the first one back (verification run 27: it moved, and the
+/// other nodes, never tried again while every client was pinned, stayed DOWN though healthy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_that_blinked_together_keeps_its_sessions_home() {
+    let mut a = Backend::start("a").await;
+    let mut b = Backend::start("b").await;
+    let (a_addr, b_addr) = (a.addr, b.addr);
+    let cfg = quick_config(&[
+        "--to",
+        &format!("a={a_addr}"),
+        "--to",
+        &format!("b={b_addr}"),
+        "--fail-timeout",
+        "60s",
+    ]);
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let (one, two) = (jar_client(), jar_client());
+    let first = get(&one, &proxy.url()).await.map(|(_, n)| n);
+    let second = get(&two, &proxy.url()).await.map(|(_, n)| n);
+    let (on_a, on_b) = match (first.as_deref(), second.as_deref()) {
+        (Ok("a"), Ok("b")) => (&one, &two),
+        (Ok("b"), Ok("a")) => (&two, &one),
+        other => panic!("two fresh sessions on two nodes: {other:?}"),
+    };
+    a.kill().await;
+    b.kill().await;
+    for _ in 0..(2 * fall + 4) {
+        let _ = get(on_a, &proxy.url()).await;
+        let _ = get(on_b, &proxy.url()).await;
+        if proxy.state_of("a") == "DOWN" && proxy.state_of("b") == "DOWN" {
+            break;
+        }
+    }
+    assert_eq!((proxy.state_of("a"), proxy.state_of("b")), ("DOWN", "DOWN"));
+    let mut a = Backend::start_at("a", a_addr).await;
+    let mut b = Backend::start_at("b", b_addr).await;
+    assert_eq!(
+        get(on_a, &proxy.url()).await,
+        Ok((200, "a".to_owned())),
+        "a's session brings a back"
+    );
+    assert_eq!(
+        get(on_b, &proxy.url()).await,
+        Ok((200, "b".to_owned())),
+        "b's session stays on b, 60 s before b's fail_timeout"
+    );
+    assert_eq!(proxy.state_of("b"), "UP");
+    proxy.stop().await;
+    a.kill().await;
+    b.kill().await;
+}
+
 /// The failure model's "node comes back, no active checks", when it has not come back: the
 /// trial after `fail_timeout` finds it still refusing, the trial's request fails over to the
 /// other node (the client sees a 200), and the node stays DOWN with its next trial a

@@ -935,6 +935,15 @@ impl State {
     pub fn observe_at(&self, node: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
         let rt = self.node_rt(node)?;
         let t = rt.observe_at(obs, now_ms);
+        if t == Some(Transition::WentUp) && limpet_core::pool::back_from_trial(obs) {
+            // Back from a trial: the others DOWN by their traffic are due theirs now
+            // (`Health::trial_due_now`), as in the core's `Pool::observe`.
+            for (i, n) in self.nodes.iter().enumerate() {
+                if i != node.index() {
+                    n.rt.trial_due_now(now_ms);
+                }
+            }
+        }
         if let Some(t) = t {
             self.lifecycle.transition(rt.name(), t);
             match t {
