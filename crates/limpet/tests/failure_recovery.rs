@@ -600,33 +600,37 @@ async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its
     node.kill().await;
 }
 
-/// Every node DOWN by its traffic (no checks), and one comes back: the very next request is
-/// served, not answered 503 until a `fail_timeout` (here a minute) has passed. With no node
-/// able to take a request, limpet tries the DOWN ones at once, one trial at a time, as nginx
-/// marks all its peers live again "for quick recovery" (chaos run 25: a node that blinked
-/// for 0.5 s, alone or with all the others, answered 503 for its whole `fail_timeout`). While
-/// they are all still dead, each request is 503 (every one refused) and they stay DOWN.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_every_node_down_the_first_to_return_serves_the_next_request() {
-    let mut a = Backend::start("a").await;
-    let mut b = Backend::start("b").await;
-    let b_addr = b.addr;
+/// Nodes `a` and `b` behind quick mode (no checks) with a `fail_timeout` of a minute: no
+/// trial comes due by itself within a test.
+async fn a_and_b_slow_to_retry() -> (Backend, Backend, Quick) {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
     let cfg = quick_config(&[
         "--to",
         &format!("a={}", a.addr),
         "--to",
-        &format!("b={b_addr}"),
+        &format!("b={}", b.addr),
         "--fail-timeout",
         "60s",
     ]);
-    let fall = cfg.health.fall;
-    let proxy = Quick::start(cfg).await;
-    let c = fresh_client();
+    (a, b, Quick::start(cfg).await)
+}
+
+/// Kills both nodes, then sends a request from each client in turn until both are DOWN
+/// (bounded: `fall` refused connects each, and some more).
+async fn kill_both_until_down(
+    proxy: &Quick,
+    a: &mut Backend,
+    b: &mut Backend,
+    clients: &[&reqwest::Client],
+) {
     a.kill().await;
     b.kill().await;
     let mut statuses = Vec::new();
-    for _ in 0..(2 * fall + 4) {
-        statuses.push(get(&c, &proxy.url()).await.map(|(s, _)| s));
+    for _ in 0..10 {
+        for c in clients {
+            statuses.push(get(c, &proxy.url()).await.map(|(s, _)| s));
+        }
         if proxy.state_of("a") == "DOWN" && proxy.state_of("b") == "DOWN" {
             break;
         }
@@ -636,6 +640,20 @@ async fn with_every_node_down_the_first_to_return_serves_the_next_request() {
         ("DOWN", "DOWN"),
         "{statuses:?}"
     );
+}
+
+/// Every node DOWN by its traffic (no checks), and one comes back: the very next request is
+/// served, not answered 503 until a `fail_timeout` (here a minute) has passed. With no node
+/// able to take a request, limpet tries the DOWN ones at once, one trial at a time, as nginx
+/// marks all its peers live again "for quick recovery" (chaos run 25: a node that blinked
+/// for 0.5 s, alone or with all the others, answered 503 for its whole `fail_timeout`). While
+/// they are all still dead, each request is 503 (every one refused) and they stay DOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_node_down_the_first_to_return_serves_the_next_request() {
+    let (mut a, mut b, proxy) = a_and_b_slow_to_retry().await;
+    let b_addr = b.addr;
+    let c = fresh_client();
+    kill_both_until_down(&proxy, &mut a, &mut b, &[&c]).await;
     for _ in 0..3 {
         assert_eq!(
             get(&c, &proxy.url()).await.map(|(s, _)| s),
@@ -667,19 +685,8 @@ async fn with_every_node_down_the_first_to_return_serves_the_next_request() {
 /// other nodes, never tried again while every client was pinned, stayed DOWN though healthy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_that_blinked_together_keeps_its_sessions_home() {
-    let mut a = Backend::start("a").await;
-    let mut b = Backend::start("b").await;
+    let (mut a, mut b, proxy) = a_and_b_slow_to_retry().await;
     let (a_addr, b_addr) = (a.addr, b.addr);
-    let cfg = quick_config(&[
-        "--to",
-        &format!("a={a_addr}"),
-        "--to",
-        &format!("b={b_addr}"),
-        "--fail-timeout",
-        "60s",
-    ]);
-    let fall = cfg.health.fall;
-    let proxy = Quick::start(cfg).await;
     let (one, two) = (jar_client(), jar_client());
     let first = get(&one, &proxy.url()).await.map(|(_, n)| n);
     let second = get(&two, &proxy.url()).await.map(|(_, n)| n);
@@ -688,16 +695,7 @@ async fn a_fleet_that_blinked_together_keeps_its_sessions_home() {
         (Ok("b"), Ok("a")) => (&two, &one),
         other => panic!("two fresh sessions on two nodes: {other:?}"),
     };
-    a.kill().await;
-    b.kill().await;
-    for _ in 0..(2 * fall + 4) {
-        let _ = get(on_a, &proxy.url()).await;
-        let _ = get(on_b, &proxy.url()).await;
-        if proxy.state_of("a") == "DOWN" && proxy.state_of("b") == "DOWN" {
-            break;
-        }
-    }
-    assert_eq!((proxy.state_of("a"), proxy.state_of("b")), ("DOWN", "DOWN"));
+    kill_both_until_down(&proxy, &mut a, &mut b, &[on_a, on_b]).await;
     let mut a = Backend::start_at("a", a_addr).await;
     let mut b = Backend::start_at("b", b_addr).await;
     assert_eq!(

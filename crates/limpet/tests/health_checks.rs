@@ -501,6 +501,23 @@ async fn update_keeps_unchanged_checks_and_stops_removed_ones() {
     assert!(rx.try_recv().is_err());
 }
 
+/// Node `a`'s two checks: an HTTP check of a port that answers 200 (its server, kept alive
+/// while the returned handle is), and a TCP check of a port nothing listens on.
+async fn web_and_dead_raw() -> (Server, CheckSpec, CheckSpec) {
+    let (web, server, _heads) = http_node(Arc::new(AtomicU16::new(200))).await;
+    let raw = {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    };
+    (
+        server,
+        spec(CheckKind::Http(HttpCheck::default()), web),
+        spec(CheckKind::Tcp, raw),
+    )
+}
+
 /// A node checked on two ports, its HTTP port answering and its raw TCP port dead (a print
 /// server whose print service stopped while its web pages still load): the node goes DOWN on
 /// the dead port's `fall`-th failure although the HTTP check passes in between (each pass
@@ -509,15 +526,7 @@ async fn update_keeps_unchanged_checks_and_stops_removed_ones() {
 /// the checks left, in `rise` passes.
 #[tokio::test(start_paused = true)]
 async fn a_node_with_one_dead_port_goes_down_whatever_its_other_checks_say() {
-    let (web, _server, _heads) = http_node(Arc::new(AtomicU16::new(200))).await;
-    let raw = {
-        let l = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
-    };
-    let web_check = spec(CheckKind::Http(HttpCheck::default()), web);
-    let raw_check = spec(CheckKind::Tcp, raw);
+    let (_server, web_check, raw_check) = web_and_dead_raw().await;
     let (sink, mut rx) = sink(&["a"], &web_check);
     let mut checks = HealthChecks::with_seed(1);
     checks.update(
@@ -642,15 +651,7 @@ async fn http_checks_that_ask_different_things_of_one_port_both_run() {
 /// check was forgotten, here with the raw check's first result a minute off).
 #[tokio::test(start_paused = true)]
 async fn a_retimed_failing_check_keeps_the_node_down() {
-    let (web, _server, _heads) = http_node(Arc::new(AtomicU16::new(200))).await;
-    let raw = {
-        let l = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
-    };
-    let web_check = spec(CheckKind::Http(HttpCheck::default()), web);
-    let raw_check = spec(CheckKind::Tcp, raw);
+    let (_server, web_check, raw_check) = web_and_dead_raw().await;
     let (sink, mut rx) = sink(&["a"], &web_check);
     let mut checks = HealthChecks::with_seed(2);
     checks.update(
