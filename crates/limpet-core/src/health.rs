@@ -45,7 +45,9 @@
 //!   goes DOWN when one check's count (plus the traffic failures since its checks last all
 //!   passed) reaches `fall`: one port that stays dead takes the node DOWN however well the
 //!   others do, and two flaky checks that each fail once in a while do not add up. A DOWN
-//!   node counts a pass toward `rise` only while none of its checks is failing. A check
+//!   node counts a pass toward `rise` only while none of its checks is failing, and comes
+//!   back only once each check that failed has passed `rise` times in a row since (a port
+//!   that just came back is not trusted on one pass because another port passed too). A check
 //!   removed by a reload is forgotten ([`Health::forget_check`]), so it cannot hold the node
 //!   DOWN.
 
@@ -134,10 +136,20 @@ pub struct Health {
     /// Each check's consecutive failures, by [`CheckSlot`] (0: its last result passed).
     /// While UP, `streak` counts the traffic failures since the checks last all passed.
     fails: [u8; CheckSlot::COUNT],
+    /// Each check's consecutive passes since its last failure, by [`CheckSlot`]
+    /// ([`NO_FAILURE`]: none on record since the node was last UP). A DOWN node comes back
+    /// only once every check has passed `rise` times since its last failure, as a server's
+    /// one check must in HAProxy: a port that just came back is not trusted on one pass
+    /// because another port of the node passed too.
+    passes: [u8; CheckSlot::COUNT],
     /// The failure streak holds a [`Observation::NoAnswer`]: a completed connect
     /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
     unanswered: bool,
 }
+
+/// In [`Health`]'s per-check passes: the check has not failed since the node was last UP.
+const NO_FAILURE: u8 = u8::MAX;
+const NO_FAILURE_ALL: [u8; CheckSlot::COUNT] = [NO_FAILURE; CheckSlot::COUNT];
 
 /// A change of health state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +177,7 @@ impl Default for Health {
             trying: false,
             claimed_until_ms: 0,
             fails: [0; CheckSlot::COUNT],
+            passes: NO_FAILURE_ALL,
             unanswered: false,
         }
     }
@@ -194,6 +207,16 @@ impl Health {
     /// Whether a check of the node failed last time it ran.
     fn a_check_fails(&self) -> bool {
         self.fails.iter().any(|&f| f > 0)
+    }
+
+    /// Whether every check that failed since the node was last UP has passed `rise` times in
+    /// a row since.
+    fn every_check_passed(&self, rise: u32) -> bool {
+        // `rise` is at most 255 in a config; a larger one (the sim's) waits for 254 passes.
+        let rise = rise.min(u32::from(NO_FAILURE - 1));
+        self.passes
+            .iter()
+            .all(|&p| p == NO_FAILURE || u32::from(p) >= rise)
     }
 
     /// While DOWN without checks: when the next trial may start (`None` when UP, checked,
@@ -275,6 +298,7 @@ impl Health {
         let t = match (self.up, obs) {
             (true, Observation::CheckPassed(slot)) => {
                 self.fails[slot.index()] = 0;
+                self.check_passed(slot);
                 if !self.a_check_fails() {
                     self.streak = 0;
                     self.unanswered = false;
@@ -306,6 +330,7 @@ impl Health {
                     Observation::CheckFailed(slot) => {
                         let f = &mut self.fails[slot.index()];
                         *f = f.saturating_add(1);
+                        self.passes[slot.index()] = 0;
                     }
                     Observation::NoAnswer => {
                         self.unanswered = true;
@@ -321,6 +346,7 @@ impl Health {
                         trying: false,
                         claimed_until_ms: 0,
                         fails: self.fails,
+                        passes: self.passes,
                         unanswered: false,
                     };
                     Some(Transition::WentDown)
@@ -330,12 +356,13 @@ impl Health {
             }
             (false, Observation::CheckPassed(slot)) => {
                 self.fails[slot.index()] = 0;
+                self.check_passed(slot);
                 if self.a_check_fails() {
                     // Another check of the node still fails: not a pass of the node.
                     None
                 } else {
                     self.streak += 1;
-                    if self.streak >= policy.rise.max(1) {
+                    if self.streak >= policy.rise.max(1) && self.every_check_passed(policy.rise) {
                         *self = Health::default();
                         Some(Transition::WentUp)
                     } else {
@@ -346,6 +373,7 @@ impl Health {
             (false, Observation::CheckFailed(slot)) => {
                 let f = &mut self.fails[slot.index()];
                 *f = f.saturating_add(1);
+                self.passes[slot.index()] = 0;
                 self.streak = 0;
                 None
             }
@@ -420,6 +448,7 @@ impl Health {
     /// failure no longer holds the node. A DOWN node still needs `rise` passes to come back.
     pub fn forget_check(&mut self, slot: CheckSlot) {
         self.fails[slot.index()] = 0;
+        self.passes[slot.index()] = NO_FAILURE;
         self.debug_check();
     }
 
@@ -436,12 +465,21 @@ impl Health {
             // What the checks last said stands: a forced state does not make a dead port's
             // check pass.
             fails: self.fails,
+            passes: if up { NO_FAILURE_ALL } else { self.passes },
             unanswered: false,
         };
         match (was, up) {
             (true, false) => Some(Transition::WentDown),
             (false, true) => Some(Transition::WentUp),
             _ => None,
+        }
+    }
+
+    /// A pass of the check in `slot`: one more since its last failure, if it has one.
+    fn check_passed(&mut self, slot: CheckSlot) {
+        let p = &mut self.passes[slot.index()];
+        if *p != NO_FAILURE {
+            *p = (*p + 1).min(NO_FAILURE - 1);
         }
     }
 
@@ -542,13 +580,80 @@ mod tests {
             assert_eq!(h.observe(CheckFailed(raw), p, 0), None);
         }
         assert!(!h.is_up());
-        // The raw port comes back: `rise` passes, counted once no check fails.
+        // The raw port comes back: `rise` passes of its own, the web check's between them
+        // counting for nothing more.
         assert_eq!(h.observe(CheckPassed(raw), p, 0), None);
-        assert_eq!(h.observe(CheckPassed(web), p, 0), Some(Transition::WentUp));
+        assert_eq!(
+            h.observe(CheckPassed(web), p, 0),
+            None,
+            "the raw port passed once"
+        );
+        assert_eq!(
+            h.observe(CheckPassed(web), p, 0),
+            None,
+            "the raw port passed once"
+        );
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), Some(Transition::WentUp));
         // And a check that fails once, then passes, counts nothing against the node.
         h.observe(CheckFailed(raw), p, 0);
         h.observe(CheckPassed(raw), p, 0);
         assert_eq!(h.streak(), 0);
+    }
+
+    /// A port that comes back after taking its node DOWN must pass `rise` times in a row of
+    /// its own: a port that flaps (pass, fail, pass...) keeps the node DOWN however often its
+    /// other ports pass between, where counting every check's passes together brought it back
+    /// on each of its single passes. A node DOWN by traffic alone (no check failing) still
+    /// comes back on any `rise` passes.
+    #[test]
+    fn a_port_back_from_the_dead_passes_rise_times_of_its_own() {
+        let p = HealthPolicy {
+            rise: 3,
+            ..checked()
+        };
+        let (web, raw) = (CheckSlot::new(0), CheckSlot::new(1));
+        let mut h = Health::default();
+        for _ in 0..3 {
+            h.observe(CheckFailed(raw), p, 0);
+        }
+        assert!(!h.is_up());
+        for _ in 0..5 {
+            assert_eq!(h.observe(CheckPassed(raw), p, 0), None);
+            assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+            assert_eq!(
+                h.observe(CheckPassed(web), p, 0),
+                None,
+                "the raw port flaps"
+            );
+            assert_eq!(h.observe(CheckFailed(raw), p, 0), None);
+        }
+        assert!(!h.is_up());
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), None);
+        assert_eq!(
+            h.observe(CheckPassed(web), p, 0),
+            None,
+            "two passes of its own"
+        );
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), Some(Transition::WentUp));
+
+        // A node DOWN by its traffic comes back on any `rise` passes, except that a check
+        // that failed while it was UP owes its passes since that failure.
+        let mut h = Health::default();
+        h.observe(CheckFailed(raw), p, 0);
+        h.observe(CheckPassed(raw), p, 0);
+        for _ in 0..3 {
+            h.observe(TrafficFailed, p, 0);
+        }
+        assert!(!h.is_up());
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+        assert_eq!(
+            h.observe(CheckPassed(raw), p, 0),
+            None,
+            "three passes, but the raw port's second since its failure"
+        );
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), Some(Transition::WentUp));
     }
 
     /// Two flaky checks, each failing now and then but never `fall` times in a row, do not

@@ -292,6 +292,24 @@ fn bad_values_name_their_key_and_line() {
         assert!(e.contains("longer than 3650d"), "{e}");
     }
 
+    // `fall` and `rise` are counted per check in a byte: 0 and 256 are refused alike.
+    for (key, value) in [("fall", "0"), ("rise", "256")] {
+        let text = format!("{NODES}[health]\n{key} = {value}\n");
+        let e = error(&text);
+        // The value on the last line, after `key = `.
+        let (line, col) = (text.lines().count(), key.len() + 4);
+        assert!(
+            e.starts_with(&format!(
+                "limpet.toml:{line}:{col}: health.{key}: must be between 1 and 255"
+            )),
+            "{e}"
+        );
+    }
+    let ok = format!("{NODES}[health]\nfall = 255\nrise = 255\n[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n");
+    if let Err(e) = Config::from_text(Path::new("limpet.toml"), &ok) {
+        panic!("255 is refused: {e}");
+    }
+
     let text = "[[nodes]]\nname = \"a\"\naddress = \"10.0.0.1:80\"\n[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
     let e = error(text);
     assert!(

@@ -105,8 +105,10 @@ impl Validator<'_> {
                 (&h.rise, "health.rise", &mut health.rise),
             ] {
                 if let Some(v) = v {
-                    if *v.get_ref() == 0 {
-                        return Err(self.err(v, key, "must be at least 1"));
+                    // Each check counts its failures and passes in a byte (limpet_core's
+                    // Health); HAProxy's defaults are 3 and 2.
+                    if !(1..=255).contains(v.get_ref()) {
+                        return Err(self.err(v, key, "must be between 1 and 255"));
                     }
                     *slot = *v.get_ref();
                 }
