@@ -22,6 +22,7 @@
 //! | `limpet_table_entries` | gauge | table |
 //! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
 //! | `limpet_out_of_fds_total` | counter | at (`accept`, `connect`, `check`) |
+//! | `limpet_node_answers_cut_total` | counter | node, cause (`idle`: nothing for `answer_body_idle`; `error`: the node's connection failed mid-body) |
 //! | `limpet_log_lines_dropped_total` | counter | none (lines the log writer's queue could not take: [`crate::logging`]) |
 //!
 //! Every family is in the text from the first scrape, before anything happened: families
@@ -43,8 +44,8 @@ mod traffic;
 pub use handles::ListenerMetrics;
 
 pub use traffic::{
-    HistoryView, NodeHistoryView, NodeTraffic, TrafficView, HISTORY_SAMPLES, LATENCY_WINDOW,
-    RATE_WINDOW, SAMPLE_EVERY,
+    AnswerCut, HistoryView, NodeHistoryView, NodeTraffic, TrafficView, HISTORY_SAMPLES,
+    LATENCY_WINDOW, RATE_WINDOW, SAMPLE_EVERY,
 };
 
 use std::fmt::Write as _;
@@ -157,6 +158,36 @@ impl EncodeMetric for OutOfFdsCounters {
             let labels = AtLabels { at: at.as_str() };
             ConstCounter::new(crate::net::LOCAL_FDS.count(at))
                 .encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CutLabels {
+    node: String,
+    cause: &'static str,
+}
+
+/// `limpet_node_answers_cut_total{node, cause}`: read at each scrape from the per-node
+/// traffic counters the answer bodies count into, every cause from 0 for each node.
+#[derive(Debug)]
+struct AnswersCutCounters(std::sync::Arc<traffic::Traffic>);
+
+impl EncodeMetric for AnswersCutCounters {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for t in self.0.nodes() {
+            for cut in AnswerCut::ALL {
+                let labels = CutLabels {
+                    node: t.name().to_owned(),
+                    cause: cut.as_str(),
+                };
+                ConstCounter::new(t.answers_cut(cut)).encode(encoder.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }
@@ -294,8 +325,8 @@ pub struct Metrics {
     store_up: ConfiguredGauge,
     store_ops: Family<StoreOpLabels, Counter>,
     totals: Totals,
-    /// Per-node traffic for the stats page.
-    traffic: traffic::Traffic,
+    /// Per-node traffic for the stats page (and the answers-cut counters' scrape).
+    traffic: std::sync::Arc<traffic::Traffic>,
     /// Evictions per table as last read, so the counter grows by the difference.
     evictions_seen: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
@@ -426,6 +457,12 @@ impl Metrics {
             "Log lines dropped because the log writer's queue was full: the reader of limpet's stderr did not keep up (lines are never written from a thread that serves traffic)",
             LogLinesDropped,
         );
+        let traffic = std::sync::Arc::new(traffic::Traffic::default());
+        registry.register(
+            "limpet_node_answers_cut",
+            "Answers cut after their head went to the client, by node and cause: idle (the node sent nothing for answer_body_idle), error (the node's connection failed mid-body). Not counted against the node's health",
+            Eager(AnswersCutCounters(std::sync::Arc::clone(&traffic))),
+        );
         let m = Metrics {
             registry,
             requests,
@@ -443,7 +480,7 @@ impl Metrics {
             store_up,
             store_ops,
             totals: Totals::default(),
-            traffic: traffic::Traffic::default(),
+            traffic,
             evictions_seen: Default::default(),
         };
         for ok in [true, false] {

@@ -53,7 +53,7 @@ fn a_small_file_is_listed_with_every_default_and_reads_back_the_same() {
         "max_connections = 10000\nh2_max_concurrent_streams = 100\n",
         "[listeners.cookie]\nenabled = true\nname = \"route\"\npath = \"/\"\n",
         "http_only = true\nsecure = false\nsame_site = \"lax\"\nkeep_in_request = false\nfailback = \"none\"\nmode = \"name\"\n",
-        "[listeners.timeouts]\nconnect = \"3s\"\nidle = \"1m\"\nheader_read = \"15s\"\nupstream_answer = \"1m\"\nclient_idle = \"1m\"\nanswer_body_idle = \"1m\"\ntunnel_idle = \"5m\"\ndrain = \"10s\"\nproxy_header = \"5s\"\n",
+        "[listeners.timeouts]\nconnect = \"3s\"\nidle = \"1m\"\nheader_read = \"15s\"\nupstream_answer = \"1m\"\nclient_idle = \"1m\"\nanswer_body_idle = \"1m\"\ntunnel_idle = \"5m\"\nupstream_idle = \"4s\"\ndrain = \"10s\"\nproxy_header = \"5s\"\n",
     ] {
         assert!(first.contains(default), "missing {default:?} in:\n{first}");
     }

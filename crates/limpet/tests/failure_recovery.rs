@@ -16,6 +16,11 @@
 //!    already DOWN.
 //! 5. A session moved off its node is re-pinned for how the node failed it (no answer in
 //!    time, connection lost, connection refused).
+//! 6. A node that closes idle kept-alive connections loses no request to that close when
+//!    `timeouts.upstream_idle` is below its keep-alive timeout (the default, 4 s, is below
+//!    Node.js's and Apache's 5 s).
+//! 7. A node that stalls or fails in the middle of an answer body: the answer is cut, and
+//!    the cut is counted for the node, by cause, though its status went out as the node gave it.
 
 mod admin_common;
 
@@ -25,8 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use admin_common::lifecycle::{
-    admin_json, backend_nodes, bare_client, node_view, nodes_toml, reload, set_state, ConfigFile,
-    Limpet,
+    admin_json, backend_nodes, bare_client, metrics_text, node_view, nodes_toml, reload, set_state,
+    ConfigFile, Limpet,
 };
 use bytes::Bytes;
 use clap::Parser;
@@ -1998,4 +2003,356 @@ async fn a_reload_that_turns_close_on_node_down_on_closes_a_session_on_a_node_al
          turned close_on_node_down on"
     );
     l.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. A node that closes idle kept-alive connections sooner than limpet would keep them
+// ---------------------------------------------------------------------------------------
+
+/// What a keep-alive node like Node.js (5 s), Apache (5 s) or gunicorn (2 s) does with a
+/// request that reaches a connection it has kept idle past its keep-alive timeout, in the
+/// instant it closes it: the request is read and lost, the connection reset unanswered. Here
+/// the timeout is `keep_alive` and the loss deterministic, so the race limpet must not enter
+/// is entered every time. Each answer names the node connection that carried it.
+struct ClosingNode {
+    addr: SocketAddr,
+    /// Requests read, by method, in order.
+    seen: Arc<Mutex<Vec<String>>>,
+    /// Requests lost to a reset.
+    resets: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl ClosingNode {
+    async fn start(ip: &str, keep_alive: Duration) -> ClosingNode {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let resets = Arc::new(AtomicU64::new(0));
+        let (s, r) = (Arc::clone(&seen), Arc::clone(&resets));
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            for id in 1u64.. {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (seen, resets) = (Arc::clone(&s), Arc::clone(&r));
+                conns.spawn(async move {
+                    let mut stream = stream;
+                    let mut buf = Vec::new();
+                    let mut idle_since = Instant::now();
+                    loop {
+                        // One request: its head, then its Content-Length body.
+                        let head_end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        while buf.len() < head_end + len {
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let method = head.split(' ').next().unwrap_or("").to_uppercase();
+                        buf.drain(..head_end + len);
+                        seen.lock().expect("seen").push(method);
+                        if idle_since.elapsed() >= keep_alive {
+                            resets.fetch_add(1, Ordering::SeqCst);
+                            let _ =
+                                socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                            return;
+                        }
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-conn: {id}\r\n\r\nok"
+                        );
+                        if stream.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        idle_since = Instant::now();
+                    }
+                });
+            }
+        });
+        ClosingNode {
+            addr,
+            seen,
+            resets,
+            task,
+        }
+    }
+}
+
+/// One request through `addr` on a connection of its own (the client closes it), with a
+/// 4-byte body unless a GET: the status, and the node connection that answered (`x-conn`).
+async fn one_request(addr: SocketAddr, method: &str) -> (u16, Option<u64>) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let body = if method == "GET" { "" } else { "body" };
+    let req = format!(
+        "{method} /p HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
+        .await
+        .expect("answered within patience")
+        .expect("read");
+    let out = String::from_utf8_lossy(&out).to_lowercase();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let conn = out
+        .lines()
+        .find_map(|l| l.strip_prefix("x-conn:"))
+        .and_then(|v| v.trim().parse().ok());
+    (status, conn)
+}
+
+/// `timeouts.upstream_idle` below the node's keep-alive timeout: limpet never sends a request
+/// on a connection the node has kept idle that long, so a POST after a pause goes out on a
+/// fresh connection and is answered. The same node behind a listener that keeps idle
+/// connections longer than the node does loses the POST to the race (502, never replayed:
+/// the node read it) and replays a GET on a fresh connection. Paused time, real sockets.
+#[tokio::test(start_paused = true)]
+async fn upstream_idle_below_the_node_s_keep_alive_loses_no_post_to_its_close() {
+    let node = ClosingNode::start("127.0.0.2", Duration::from_secs(1)).await;
+    let cfg = ConfigFile::new(
+        "upstream-idle",
+        &format!(
+            "{}[[listeners]]\nname = \"below\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ upstream_idle = \"500ms\" }}\n\n\
+             [[listeners]]\nname = \"above\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ upstream_idle = \"10s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("a", "127.0.0.2")]),
+            port = node.addr.port()
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let pause = Duration::from_secs(2);
+
+    let below = l.addr("below");
+    let (status, first) = one_request(below, "POST").await;
+    assert_eq!(status, 200);
+    let (status, reused) = one_request(below, "POST").await;
+    assert_eq!(
+        (status, reused),
+        (200, first),
+        "a POST soon after goes on the kept-alive connection"
+    );
+    for round in 0..3 {
+        tokio::time::sleep(pause).await;
+        let (status, conn) = one_request(below, "POST").await;
+        assert_eq!(status, 200, "POST after a {pause:?} pause, round {round}");
+        assert_ne!(
+            conn, first,
+            "a connection idle past upstream_idle is not used"
+        );
+    }
+    assert_eq!(node.resets.load(Ordering::SeqCst), 0, "no request lost");
+
+    let above = l.addr("above");
+    assert_eq!(one_request(above, "POST").await.0, 200);
+    tokio::time::sleep(pause).await;
+    let before = node.seen.lock().expect("seen").len();
+    assert_eq!(
+        one_request(above, "POST").await.0,
+        502,
+        "kept past the node's keep-alive, the POST is lost to the race"
+    );
+    assert_eq!(
+        node.seen.lock().expect("seen")[before..],
+        ["POST".to_owned()],
+        "and sent once: the node read it"
+    );
+    // The POST's connection went with it: a GET puts a fresh one in the pool.
+    assert_eq!(one_request(above, "GET").await.0, 200);
+    tokio::time::sleep(pause).await;
+    let before = node.seen.lock().expect("seen").len();
+    let (status, _) = one_request(above, "GET").await;
+    assert_eq!(status, 200, "a GET lost the same way is replayed");
+    assert_eq!(
+        node.seen.lock().expect("seen")[before..],
+        ["GET".to_owned(), "GET".to_owned()],
+        "once lost, once answered"
+    );
+    assert_eq!(node.resets.load(Ordering::SeqCst), 2);
+    l.stop().await;
+    node.task.abort();
+}
+
+/// The default `upstream_idle` (4 s) is below the keep-alive timeout of Node.js and Apache
+/// (5 s): a connection idle 3 s is reused, one idle 4.5 s is not, and no POST is lost.
+#[tokio::test(start_paused = true)]
+async fn the_default_upstream_idle_is_below_a_5_s_keep_alive() {
+    let node = ClosingNode::start("127.0.0.2", Duration::from_secs(5)).await;
+    let cfg = ConfigFile::new(
+        "upstream-idle-default",
+        &format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("a", "127.0.0.2")]),
+            node.addr.port()
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+    let (status, first) = one_request(web, "POST").await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        one_request(web, "POST").await,
+        (200, first),
+        "reused after 3 s"
+    );
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let (status, conn) = one_request(web, "POST").await;
+    assert_eq!(status, 200, "not lost after 4.5 s");
+    assert_ne!(conn, first, "a fresh connection after 4.5 s");
+    assert_eq!(node.resets.load(Ordering::SeqCst), 0);
+    l.stop().await;
+    node.task.abort();
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. A node that stalls or fails in the middle of an answer body
+// ---------------------------------------------------------------------------------------
+
+/// A node that answers `GET /stall` with a head announcing 100 bytes and sends 10, then holds
+/// the connection silent, and `GET /reset` the same way, then resets the connection 100 ms
+/// later. One connection at a time.
+async fn mid_body_node(ip: &str) -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind((ip, 0)).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut b = [0u8; 1];
+                match s.read(&mut b).await {
+                    Ok(1) => head.push(b[0]),
+                    _ => break,
+                }
+            }
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
+            if s.write_all(answer).await.is_err() {
+                continue;
+            }
+            if head.starts_with(b"GET /reset") {
+                // Once limpet has relayed what came (paused time moves only when every task
+                // waits): a reset that overtook the bytes would discard them unread.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            } else {
+                held.push(s);
+            }
+        }
+    });
+    (addr, task)
+}
+
+/// A GET of `path` through `addr` (the client closes): the bytes of body it got, whatever
+/// ended the connection.
+async fn body_bytes_of(addr: SocketAddr, path: &str) -> (String, usize) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Until the end or a reset, within patience.
+    let _ = tokio::time::timeout(PATIENCE, async {
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let body = text.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
+    (text.lines().next().unwrap_or("").to_owned(), body)
+}
+
+/// A node that stalls mid-answer has its answer cut at `answer_body_idle`, and one whose
+/// connection resets mid-answer has it cut at once: the client gets the 200 head and 10 of
+/// the 100 bytes either way. Each cut is counted for the node by its cause (API and
+/// metrics), where before nothing told an operator: the access line and `class="2xx"` are
+/// written at the head. The node stays UP: neither HAProxy nor nginx counts a cut answer
+/// against a server's health. Paused time, real sockets.
+#[tokio::test(start_paused = true)]
+async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
+    let (node, task) = mid_body_node("127.0.0.2").await;
+    let cfg = ConfigFile::new(
+        "answer-cut",
+        &format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\n\
+             timeouts = {{ answer_body_idle = \"2s\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("a", "127.0.0.2")]),
+            node.port()
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+    let cut = |m: &str, cause: &str| {
+        let series = format!("limpet_node_answers_cut_total{{node=\"a\",cause=\"{cause}\"}} ");
+        m.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .map(|v| v.trim().to_owned())
+    };
+    let m = metrics_text(&l).await;
+    assert_eq!(
+        (cut(&m, "idle").as_deref(), cut(&m, "error").as_deref()),
+        (Some("0"), Some("0")),
+        "every cause from 0"
+    );
+
+    let started = Instant::now();
+    let (status, got) = body_bytes_of(web, "/stall").await;
+    let took = started.elapsed();
+    assert_eq!(
+        (status.as_str(), got),
+        ("HTTP/1.1 200 OK", 10),
+        "the answer is cut"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(3),
+        "cut at answer_body_idle: {took:?}"
+    );
+    let (status, got) = body_bytes_of(web, "/reset").await;
+    assert_eq!(
+        (status.as_str(), got),
+        ("HTTP/1.1 200 OK", 10),
+        "the answer is cut"
+    );
+
+    let m = metrics_text(&l).await;
+    assert_eq!(
+        (cut(&m, "idle").as_deref(), cut(&m, "error").as_deref()),
+        (Some("1"), Some("1"))
+    );
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["traffic"]["answers_cut"], 2, "{view}");
+    assert_eq!(
+        view["state"], "UP",
+        "a cut answer is not a failure of the node: {view}"
+    );
+    l.stop().await;
+    task.abort();
 }

@@ -251,6 +251,13 @@ static ALIASES: &[Alias] = &[
         note: "",
     },
     Alias {
+        names: &[(H, "pool-purge-delay")],
+        within: &[],
+        key: "upstream_idle",
+        place: TIMEOUTS,
+        note: "",
+    },
+    Alias {
         names: &[(H, "timeout connect"), (N, "proxy_connect_timeout")],
         within: &[],
         key: "connect",
@@ -553,6 +560,15 @@ mod tests {
             )
             .as_deref(),
             Some("did you mean `upstream_answer`? (HAProxy's `timeout server`)")
+        );
+        assert_eq!(
+            hint(
+                "pool_purge_delay",
+                "listeners.timeouts",
+                &["connect", "upstream_idle"]
+            )
+            .as_deref(),
+            Some("did you mean `upstream_idle`? (HAProxy's `pool-purge-delay`)")
         );
         assert!(hint("server", "listeners", &["name"]).is_none());
         assert!(hint("zzz", "", &["nodes"]).is_none());

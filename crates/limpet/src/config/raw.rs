@@ -259,6 +259,7 @@ pub(crate) struct RawTimeouts {
     pub(crate) drain: Option<Dur>,
     pub(crate) proxy_header: Option<Dur>,
     pub(crate) queue: Option<Dur>,
+    pub(crate) upstream_idle: Option<Dur>,
 }
 
 /// A duration written as a string: `"30m"`, `"5s"`, `"250ms"`, `"1h30m"`, `"2d"`.

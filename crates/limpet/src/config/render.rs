@@ -309,6 +309,7 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
         w!(o, "client_idle = {}", dur(t.client_idle));
         w!(o, "answer_body_idle = {}", dur(t.answer_body_idle));
         w!(o, "tunnel_idle = {}", dur(t.tunnel_idle));
+        w!(o, "upstream_idle = {}", dur(t.upstream_idle));
     }
     w!(o, "drain = {}", dur(t.drain));
     w!(o, "proxy_header = {}", dur(pp.header_timeout));

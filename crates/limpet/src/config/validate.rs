@@ -614,6 +614,7 @@ impl Validator<'_> {
             set(&t.client_idle, &mut timeouts.client_idle);
             set(&t.answer_body_idle, &mut timeouts.answer_body_idle);
             set(&t.tunnel_idle, &mut timeouts.tunnel_idle);
+            set(&t.upstream_idle, &mut timeouts.upstream_idle);
             set(&t.drain, &mut timeouts.drain);
             set(&t.proxy_header, &mut proxy_protocol.header_timeout);
             // HAProxy: `timeout queue` unset is `timeout connect`.
@@ -632,6 +633,7 @@ impl Validator<'_> {
                 (t.tunnel_idle, "tunnel_idle"),
                 (t.proxy_header, "proxy_header"),
                 (t.queue, "queue"),
+                (t.upstream_idle, "upstream_idle"),
             ] {
                 if d.is_some_and(|d| d.0.is_zero()) {
                     return Err(

@@ -82,9 +82,37 @@ fn quantile_ms(counts: &[u64], q: f64) -> Option<f64> {
     None
 }
 
+/// Why a node's answer was cut after its head had gone to the client (the client sees the
+/// answer end early; its status was already counted and logged as the node gave it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerCut {
+    /// The node sent nothing more for `answer_body_idle` (a node stalled mid-answer).
+    Idle,
+    /// The node's connection failed mid-answer: reset, closed before the announced length,
+    /// or a body framing error.
+    Error,
+}
+
+impl AnswerCut {
+    pub const ALL: [AnswerCut; 2] = [AnswerCut::Idle, AnswerCut::Error];
+
+    /// The `cause` label of `limpet_node_answers_cut_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnswerCut::Idle => "idle",
+            AnswerCut::Error => "error",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// One node's cumulative counts since it was first seen. The data plane adds to them.
 #[derive(Debug)]
 pub struct NodeTraffic {
+    name: Box<str>,
     /// When this node's counts started (all were zero before): `clock::now_ms` scale.
     created_ms: u64,
     requests: AtomicU64,
@@ -92,18 +120,50 @@ pub struct NodeTraffic {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     latency: Box<[AtomicU64]>,
+    /// Answers cut mid-body, by [`AnswerCut`]: HAProxy's `srv_abrt`, the `sD` and `SD` of its
+    /// log. Neither HAProxy nor nginx counts one against the node's health (the node answered,
+    /// and may be streaming on purpose), and limpet does not either; it makes them visible.
+    answers_cut: [AtomicU64; 2],
+    cut_log: crate::net::RateLimitedLog,
 }
 
 impl NodeTraffic {
-    fn new(created_ms: u64) -> Self {
+    fn new(name: &str, created_ms: u64) -> Self {
         NodeTraffic {
+            name: name.into(),
             created_ms,
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             latency: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            answers_cut: [AtomicU64::new(0), AtomicU64::new(0)],
+            cut_log: crate::net::RateLimitedLog::new(
+                "a node's answer was cut mid-body: the client saw it end early",
+            ),
         }
+    }
+
+    /// The node's answer to `request` was cut after its head went out (`detail`: what the
+    /// node did). Counted, and logged at most once per [`crate::net::LOG_EVERY`] per node
+    /// with the request id, which the access log line (written at the head) also has.
+    pub fn answer_cut(&self, cut: AnswerCut, request: &str, detail: &dyn std::fmt::Display) {
+        self.answers_cut[cut.index()].fetch_add(1, Ordering::Relaxed);
+        self.cut_log.note(&format!(
+            "node {}, request {request}, cause {}: {detail}",
+            self.name,
+            cut.as_str()
+        ));
+    }
+
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Answers cut mid-body for `cut` since the node was first seen.
+    pub fn answers_cut(&self, cut: AnswerCut) -> u64 {
+        self.answers_cut[cut.index()].load(Ordering::Relaxed)
     }
 
     /// Request bytes forwarded to the node (client to node).
@@ -214,6 +274,10 @@ pub struct TrafficView {
     pub answer_p50_ms: Option<f64>,
     pub answer_p99_ms: Option<f64>,
     pub latency_window_secs: u64,
+    /// Answers cut after their head went to the client (the node stalled for
+    /// `answer_body_idle`, or its connection failed mid-body), since limpet started; counted
+    /// in `requests` by their status too.
+    pub answers_cut: u64,
 }
 
 /// The charts' data for one node: one point per sample, oldest first.
@@ -264,7 +328,7 @@ impl Traffic {
         Arc::clone(
             nodes
                 .entry(node.to_owned())
-                .or_insert_with(|| Arc::new(NodeTraffic::new(now_ms()))),
+                .or_insert_with(|| Arc::new(NodeTraffic::new(node, now_ms()))),
         )
     }
 
@@ -374,7 +438,18 @@ impl Traffic {
             answer_p50_ms: quantile_ms(&window, 0.5).map(round2),
             answer_p99_ms: quantile_ms(&window, 0.99).map(round2),
             latency_window_secs: LATENCY_WINDOW.as_secs(),
+            answers_cut: AnswerCut::ALL.iter().map(|&c| t.answers_cut(c)).sum(),
         }
+    }
+
+    /// Every node's traffic counters seen so far, by name (for a scrape).
+    pub(super) fn nodes(&self) -> Vec<Arc<NodeTraffic>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The charts' points of every node sampled since limpet started, by name.

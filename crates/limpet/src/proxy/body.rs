@@ -9,7 +9,10 @@
 //! - [`ProxyBody`] goes to the client: the node's answer, or a short answer limpet wrote. It
 //!   holds the connection's "request in flight" mark until hyper drops it, so the keep-alive
 //!   idle clock only runs while nothing is in flight. A node that stops sending its answer
-//!   body for `answer_body_idle` ends it with [`BodyIdle`]: the answer is cut.
+//!   body for `answer_body_idle` ends it with [`BodyIdle`]: the answer is cut. A cut answer
+//!   (that one, or a node connection that fails mid-body) is counted for its node and logged
+//!   with the request's id ([`crate::metrics::NodeTraffic::answer_cut`]): its status was
+//!   logged and counted when the head went out.
 //!
 //! Both count body bytes for the stats page's per-node traffic: the answer's bytes go to the
 //! node that sent it ([`ProxyBody::counted`]); the request's bytes are read before failover
@@ -27,6 +30,9 @@ use http_body_util::Full;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
+
+use super::server::RequestId;
+use crate::metrics::AnswerCut;
 
 use super::server::ActiveGuard;
 use crate::metrics::NodeTraffic;
@@ -363,11 +369,14 @@ pub struct ProxyBody {
     traffic: Option<Arc<NodeTraffic>>,
     /// HTTP/2: when the client side last asked for more (read by the stall watch).
     clock: Option<Arc<AnswerClock>>,
+    /// The request a node's answer answers, until a cut of it is reported (once).
+    request: Option<RequestId>,
 }
 
 impl ProxyBody {
-    /// The node's answer body, cut with [`BodyIdle`] once nothing came for `idle`.
-    pub(crate) fn upstream(body: NodeAnswer, idle: Duration) -> Self {
+    /// The node's answer body to `request`, cut with [`BodyIdle`] once nothing came for
+    /// `idle`.
+    pub(crate) fn upstream(body: NodeAnswer, idle: Duration, request: RequestId) -> Self {
         ProxyBody {
             inner: Inner::Upstream(body, IdleClock::new(idle)),
             _active: None,
@@ -375,6 +384,7 @@ impl ProxyBody {
             _admitted: None,
             traffic: None,
             clock: None,
+            request: Some(request),
         }
     }
 
@@ -386,6 +396,7 @@ impl ProxyBody {
             _admitted: None,
             traffic: None,
             clock: None,
+            request: None,
         }
     }
 
@@ -466,6 +477,13 @@ impl Body for ProxyBody {
 }
 
 impl ProxyBody {
+    /// Reports the node's answer cut (once: the body ends with the error).
+    fn cut(&mut self, cut: AnswerCut, detail: &dyn std::fmt::Display) {
+        if let (Some(t), Some(request)) = (&self.traffic, self.request.take()) {
+            t.answer_cut(cut, request.as_str(), detail);
+        }
+    }
+
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self;
         match &mut this.inner {
@@ -477,11 +495,17 @@ impl ProxyBody {
                     idle.moved();
                     Poll::Ready(Some(Ok(frame)))
                 }
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Err(e))) => {
+                    this.cut(AnswerCut::Error, &e);
+                    Poll::Ready(Some(Err(e)))
+                }
                 Poll::Ready(None) => Poll::Ready(None),
                 // The node went quiet mid-answer: cut the answer (the client sees it end
                 // early, as HAProxy's `timeout server` does).
-                Poll::Pending if idle.expired(cx) => Poll::Ready(Some(Err(Box::new(BodyIdle)))),
+                Poll::Pending if idle.expired(cx) => {
+                    this.cut(AnswerCut::Idle, &"nothing came for answer_body_idle");
+                    Poll::Ready(Some(Err(Box::new(BodyIdle))))
+                }
                 Poll::Pending => Poll::Pending,
             },
             Inner::Local(b) => match Pin::new(b).poll_frame(cx) {
