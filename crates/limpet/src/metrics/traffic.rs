@@ -144,13 +144,12 @@ impl NodeTraffic {
         }
     }
 
-    /// The node's answer to `request` was cut after its head went out (`detail`: what the
-    /// node did). Counted, and logged at most once per [`crate::net::LOG_EVERY`] per node
-    /// with the request id, which the access log line (written at the head) also has.
-    pub fn answer_cut(&self, cut: AnswerCut, request: &str, detail: &dyn std::fmt::Display) {
+    /// A node's answer was cut after its head went out (`detail`: what the node did).
+    /// Counted, and logged at most once per [`crate::net::LOG_EVERY`] per node.
+    pub fn answer_cut(&self, cut: AnswerCut, detail: &dyn std::fmt::Display) {
         self.answers_cut[cut.index()].fetch_add(1, Ordering::Relaxed);
         self.cut_log.note(&format!(
-            "node {}, request {request}, cause {}: {detail}",
+            "node {}, cause {}: {detail}",
             self.name,
             cut.as_str()
         ));

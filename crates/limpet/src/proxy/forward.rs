@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use super::affinity::CookieEdit;
 use super::body::{NodeAnswer, ProxyBody, UpBody};
 use super::headers::{self as hdr, Forwarding, X_REQUEST_ID};
-use super::server::{ActiveGuard, ConnCtx, RequestId, Shared};
+use super::server::{ActiveGuard, ConnCtx, Shared};
 use super::upgrade;
 use crate::clock;
 use crate::error::{Cause, Stage, UpstreamError};
@@ -55,8 +55,6 @@ fn outcome_text(outcome: Outcome, affinity: bool) -> String {
 /// line is only formatted when the access log is on.
 struct Access<'a> {
     id: &'a str,
-    /// The same id, kept by a node's answer body to report a cut of it.
-    request: RequestId,
     /// Kept only while the access log is on (a `Uri` clone per request otherwise spent on a
     /// line nobody writes).
     line: Option<Line>,
@@ -125,7 +123,6 @@ pub(crate) fn handle(
         let id = shared.next_request_id();
         let mut log = Access {
             id: id.as_str(),
-            request: id,
             line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| Line {
                 method: req.method().clone(),
                 uri: req.uri().clone(),
@@ -686,7 +683,7 @@ fn proxy<'a, 'b>(
             );
             return out;
         }
-        let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle, log.request);
+        let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle);
         let body = match shared.metrics.node_traffic(node) {
             Some(t) => body.counted(Arc::clone(t), request_bytes.as_deref()),
             None => body,
