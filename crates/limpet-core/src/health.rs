@@ -137,10 +137,10 @@ pub struct Health {
     /// While UP, `streak` counts the traffic failures since the checks last all passed.
     fails: [u8; CheckSlot::COUNT],
     /// Each check's consecutive passes since its last failure, by [`CheckSlot`]
-    /// ([`NO_FAILURE`]: none on record since the node was last UP). A DOWN node comes back
-    /// only once every check has passed `rise` times since its last failure, as a server's
-    /// one check must in HAProxy: a port that just came back is not trusted on one pass
-    /// because another port of the node passed too.
+    /// ([`NO_FAILURE`]: no failure on record since the node last came UP). A DOWN node comes
+    /// back only once every check with a failure on record has passed `rise` times since it,
+    /// as a server's one check must in HAProxy: a port that just came back is not trusted on
+    /// one pass because another port of the node passed too.
     passes: [u8; CheckSlot::COUNT],
     /// The failure streak holds a [`Observation::NoAnswer`]: a completed connect
     /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
@@ -195,7 +195,16 @@ impl Health {
         if self.up {
             self.streak + u32::from(self.most_check_fails())
         } else {
-            self.streak
+            // Passes toward `rise`: a check that still owes passes of its own holds it back
+            // ("coming up 3/2" would say a node is due that is not).
+            let owed = self
+                .passes
+                .iter()
+                .filter(|&&p| p != NO_FAILURE)
+                .map(|&p| u32::from(p))
+                .min()
+                .unwrap_or(u32::MAX);
+            self.streak.min(owed)
         }
     }
 
@@ -465,7 +474,12 @@ impl Health {
             // What the checks last said stands: a forced state does not make a dead port's
             // check pass.
             fails: self.fails,
-            passes: if up { NO_FAILURE_ALL } else { self.passes },
+            // A check failing now owes `rise` passes when the node next goes DOWN.
+            passes: if up {
+                self.fails.map(|f| if f > 0 { 0 } else { NO_FAILURE })
+            } else {
+                self.passes
+            },
             unanswered: false,
         };
         match (was, up) {
@@ -534,6 +548,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest::proptest! {
+        /// Whatever happened to a checked node, `rise` rounds in which every check it has
+        /// passes bring it UP (or leave it UP): no history keeps a healthy node DOWN.
+        #[test]
+        fn rise_rounds_of_passes_always_bring_a_checked_node_up(
+            steps in proptest::collection::vec(0u8..9, 0..60),
+            fall in 1u32..5,
+            rise in 1u32..5,
+        ) {
+            let policy = HealthPolicy { checked: true, fall, rise, ..HealthPolicy::default() };
+            let slots = [CheckSlot::new(0), CheckSlot::new(1), CheckSlot::new(2)];
+            let mut h = Health::default();
+            for step in steps {
+                match step {
+                    0..=2 => { h.observe(CheckPassed(slots[usize::from(step)]), policy, 0); }
+                    3..=5 => { h.observe(CheckFailed(slots[usize::from(step - 3)]), policy, 0); }
+                    6 => { h.observe(TrafficFailed, policy, 0); }
+                    7 => { h.force(false); }
+                    _ => { h.force(true); }
+                }
+            }
+            for _ in 0..rise {
+                for s in slots {
+                    h.observe(CheckPassed(s), policy, 0);
+                }
+            }
+            proptest::prop_assert!(h.is_up(), "{h:?}");
+        }
+    }
+
+    /// A forced UP keeps what the checks said: a check failing then owes `rise` passes of its
+    /// own when the node next goes DOWN, though by traffic.
+    #[test]
+    fn a_forced_up_keeps_the_failing_check_s_debt() {
+        let p = checked();
+        let (web, raw) = (CheckSlot::new(0), CheckSlot::new(1));
+        let mut h = Health::default();
+        for _ in 0..3 {
+            h.observe(CheckFailed(raw), p, 0);
+        }
+        h.force(true);
+        h.observe(CheckPassed(raw), p, 0);
+        for _ in 0..3 {
+            h.observe(TrafficFailed, p, 0);
+        }
+        assert!(!h.is_up());
+        assert_eq!(h.observe(CheckPassed(web), p, 0), None);
+        assert_eq!(
+            h.observe(CheckPassed(web), p, 0),
+            None,
+            "the raw port passed once"
+        );
+        assert_eq!(h.observe(CheckPassed(raw), p, 0), Some(Transition::WentUp));
     }
 
     fn checked() -> HealthPolicy {
@@ -634,6 +703,11 @@ mod tests {
             h.observe(CheckPassed(web), p, 0),
             None,
             "two passes of its own"
+        );
+        assert_eq!(
+            h.streak(),
+            2,
+            "the stats page's coming up 2/3: the raw port's count"
         );
         assert_eq!(h.observe(CheckPassed(raw), p, 0), Some(Transition::WentUp));
 

@@ -55,13 +55,28 @@ impl RateLimitedLog {
 
     /// Notes one occurrence (`context`: where); returns whether it was logged.
     pub fn note(&self, context: &str) -> bool {
-        let due = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.note(Instant::now())
+        let Some(swallowed) = self.due() else {
+            return false;
         };
-        let Some(swallowed) = due else { return false };
         tracing::warn!(context, repeats_not_logged = swallowed, "{}", self.what);
         true
+    }
+
+    /// [`Self::note`], the context made only when the line is written.
+    pub fn note_with(&self, context: impl FnOnce() -> String) -> bool {
+        let Some(swallowed) = self.due() else {
+            return false;
+        };
+        let context = context();
+        tracing::warn!(context, repeats_not_logged = swallowed, "{}", self.what);
+        true
+    }
+
+    /// One occurrence now: the repeats swallowed since the last line when this one is to be
+    /// logged, `None` when it falls in the window.
+    fn due(&self) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.note(Instant::now())
     }
 }
 

@@ -364,14 +364,17 @@ async fn exchange(
 }
 
 /// Out of descriptors, the kept-alive node connections idle for over a second (what a
-/// burst left behind) are dropped at once, not at their expiry (`upstream_idle`, 30 s): a
+/// burst left behind) are dropped at once, not at their expiry (`upstream_idle`, set to 60 s
+/// here so that the pool's own sweep cannot be what drops them): a
 /// client arriving then is accepted and served on the descriptors they held, while the
 /// shortage lasts. Kept, they would starve every new client until they expired.
 #[test]
 fn out_of_file_descriptors_the_idle_node_connections_go_and_a_new_client_is_served() {
     alone(async {
         let ns = nodes(&["a"]).await;
-        let proxy = Proxy::start(config(&ns)).await;
+        let mut cfg = config(&ns);
+        cfg.timeouts.upstream_idle = Duration::from_secs(60);
+        let proxy = Proxy::start(cfg).await;
         // Six node connections at once (six slow requests on six client connections), idle
         // in the pool once answered; the client connections close.
         let mut slow = Vec::new();

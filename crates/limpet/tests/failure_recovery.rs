@@ -2227,15 +2227,28 @@ async fn the_default_upstream_idle_is_below_a_5_s_keep_alive() {
     assert_eq!(node.resets.load(Ordering::SeqCst), 0);
     l.stop().await;
     node.task.abort();
+
+    // `limpet proxy` has the same default, and `--upstream-idle` for nodes that keep less.
+    let to = format!("n={}", node.addr);
+    assert_eq!(
+        quick_config(&["--to", &to]).timeouts.upstream_idle,
+        Duration::from_secs(4)
+    );
+    assert_eq!(
+        quick_config(&["--to", &to, "--upstream-idle", "1s"])
+            .timeouts
+            .upstream_idle,
+        Duration::from_secs(1)
+    );
 }
 
 // ---------------------------------------------------------------------------------------
 // 7. A node that stalls or fails in the middle of an answer body
 // ---------------------------------------------------------------------------------------
 
-/// A node that answers `GET /stall` with a head announcing 100 bytes and sends 10, then holds
-/// the connection silent, and `GET /reset` the same way, then resets the connection 100 ms
-/// later. One connection at a time.
+/// A node that answers `/stall` (any method) with a head announcing 100 bytes and sends 10,
+/// then holds the connection silent, and `GET /reset` the same way, then resets the
+/// connection 100 ms later. One connection at a time.
 async fn mid_body_node(ip: &str) -> (SocketAddr, JoinHandle<()>) {
     let listener = TcpListener::bind((ip, 0)).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -2267,11 +2280,18 @@ async fn mid_body_node(ip: &str) -> (SocketAddr, JoinHandle<()>) {
     (addr, task)
 }
 
-/// A GET of `path` through `addr` (the client closes): the bytes of body it got, whatever
-/// ended the connection.
-async fn body_bytes_of(addr: SocketAddr, path: &str) -> (String, usize) {
+/// A GET of `path` through `addr` (the client closes), or with `post` a POST with a 4-byte
+/// body (limpet's hyper client to the node, where a GET takes its own HTTP/1 path): the
+/// status line and the bytes of body it got, whatever ended the connection.
+async fn body_bytes_of(addr: SocketAddr, path: &str, post: bool) -> (String, usize) {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let req = if post {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 4\r\n\r\nbody"
+        )
+    } else {
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    };
     s.write_all(req.as_bytes()).await.expect("write");
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
@@ -2294,16 +2314,20 @@ async fn body_bytes_of(addr: SocketAddr, path: &str) -> (String, usize) {
 /// connection resets mid-answer has it cut at once: the client gets the 200 head and 10 of
 /// the 100 bytes either way. Each cut is counted for the node by its cause (API and
 /// metrics), where before nothing told an operator: the access line and `class="2xx"` are
-/// written at the head. The node stays UP: neither HAProxy nor nginx counts a cut answer
-/// against a server's health. Paused time, real sockets.
+/// written at the head; over both of limpet's HTTP/1 clients to nodes (its own for a GET,
+/// hyper's for a request with a body). The node stays UP with `fall = 1`: neither HAProxy
+/// nor nginx counts a cut answer against a server's health. An answer ended because the
+/// client's own upload stalled is not counted. Paused time, real sockets.
 #[tokio::test(start_paused = true)]
 async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
     let (node, task) = mid_body_node("127.0.0.2").await;
     let cfg = ConfigFile::new(
         "answer-cut",
         &format!(
-            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\n\
-             timeouts = {{ answer_body_idle = \"2s\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            "{}[health]\nfall = 1\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+             node_port = {}\n\
+             timeouts = {{ answer_body_idle = \"2s\", client_idle = \"1s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
             nodes_toml(&[("a", "127.0.0.2")]),
             node.port()
         ),
@@ -2323,19 +2347,21 @@ async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
         "every cause from 0"
     );
 
-    let started = Instant::now();
-    let (status, got) = body_bytes_of(web, "/stall").await;
-    let took = started.elapsed();
-    assert_eq!(
-        (status.as_str(), got),
-        ("HTTP/1.1 200 OK", 10),
-        "the answer is cut"
-    );
-    assert!(
-        took >= Duration::from_secs(2) && took < Duration::from_secs(3),
-        "cut at answer_body_idle: {took:?}"
-    );
-    let (status, got) = body_bytes_of(web, "/reset").await;
+    for post in [false, true] {
+        let started = Instant::now();
+        let (status, got) = body_bytes_of(web, "/stall", post).await;
+        let took = started.elapsed();
+        assert_eq!(
+            (status.as_str(), got),
+            ("HTTP/1.1 200 OK", 10),
+            "the answer is cut (POST: {post})"
+        );
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(3),
+            "cut at answer_body_idle: {took:?} (POST: {post})"
+        );
+    }
+    let (status, got) = body_bytes_of(web, "/reset", false).await;
     assert_eq!(
         (status.as_str(), got),
         ("HTTP/1.1 200 OK", 10),
@@ -2345,13 +2371,35 @@ async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
     let m = metrics_text(&l).await;
     assert_eq!(
         (cut(&m, "idle").as_deref(), cut(&m, "error").as_deref()),
-        (Some("1"), Some("1"))
+        (Some("2"), Some("1"))
+    );
+    // A client whose upload stops after the node's head came: limpet ends the upload at
+    // `client_idle` and closes the node connection, which ends the answer too. Not the
+    // node's cut.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"POST /stall HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    let started = Instant::now();
+    let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut out)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "ended at client_idle, before answer_body_idle: {:?}",
+        started.elapsed()
+    );
+    let m = metrics_text(&l).await;
+    assert_eq!(
+        (cut(&m, "idle").as_deref(), cut(&m, "error").as_deref()),
+        (Some("2"), Some("1")),
+        "the client's stalled upload is not counted against the node"
     );
     let view = node_view(&l, "a").await;
-    assert_eq!(view["traffic"]["answers_cut"], 2, "{view}");
+    assert_eq!(view["traffic"]["answers_cut"], 3, "{view}");
     assert_eq!(
-        view["state"], "UP",
-        "a cut answer is not a failure of the node: {view}"
+        (&view["state"], &view["health"]["streak"]),
+        (&serde_json::json!("UP"), &serde_json::json!(0)),
+        "a cut answer is not a failure of the node, with fall = 1: {view}"
     );
     l.stop().await;
     task.abort();

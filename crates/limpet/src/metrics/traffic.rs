@@ -123,7 +123,7 @@ pub struct NodeTraffic {
     /// Answers cut mid-body, by [`AnswerCut`]: HAProxy's `srv_abrt`, the `sD` and `SD` of its
     /// log. Neither HAProxy nor nginx counts one against the node's health (the node answered,
     /// and may be streaming on purpose), and limpet does not either; it makes them visible.
-    answers_cut: [AtomicU64; 2],
+    answers_cut: [AtomicU64; AnswerCut::ALL.len()],
     cut_log: crate::net::RateLimitedLog,
 }
 
@@ -137,7 +137,7 @@ impl NodeTraffic {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             latency: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-            answers_cut: [AtomicU64::new(0), AtomicU64::new(0)],
+            answers_cut: std::array::from_fn(|_| AtomicU64::new(0)),
             cut_log: crate::net::RateLimitedLog::new(
                 "a node's answer was cut mid-body: the client saw it end early",
             ),
@@ -148,11 +148,8 @@ impl NodeTraffic {
     /// Counted, and logged at most once per [`crate::net::LOG_EVERY`] per node.
     pub fn answer_cut(&self, cut: AnswerCut, detail: &dyn std::fmt::Display) {
         self.answers_cut[cut.index()].fetch_add(1, Ordering::Relaxed);
-        self.cut_log.note(&format!(
-            "node {}, cause {}: {detail}",
-            self.name,
-            cut.as_str()
-        ));
+        self.cut_log
+            .note_with(|| format!("node {}, cause {}: {detail}", self.name, cut.as_str()));
     }
 
     /// The node's name.

@@ -685,7 +685,7 @@ fn proxy<'a, 'b>(
         }
         let body = ProxyBody::upstream(rbody, shared.timeouts.answer_body_idle);
         let body = match shared.metrics.node_traffic(node) {
-            Some(t) => body.counted(Arc::clone(t), request_bytes.as_deref()),
+            Some(t) => body.counted(Arc::clone(t), request_bytes),
             None => body,
         };
         let body = body.with_admission(admitted);

@@ -51,6 +51,10 @@ pub struct ProxyArgs {
     /// one connection tries it again (nginx's `fail_timeout`).
     #[arg(long = "fail-timeout", default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
     pub fail_timeout: std::time::Duration,
+    /// How long an idle kept-alive connection to a node is kept for reuse; keep it below the
+    /// nodes' own keep-alive timeout (Node.js and Apache 5 s, gunicorn 2 s).
+    #[arg(long = "upstream-idle", default_value = "4s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
+    pub upstream_idle: std::time::Duration,
     /// Worker threads, each serving its own SO_REUSEPORT socket (default: one per core).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
@@ -146,6 +150,10 @@ impl ProxyArgs {
         };
         cfg.trusted_proxies = self.trust_proxy.clone();
         cfg.health.fail_timeout_ms = crate::clock::ms(self.fail_timeout);
+        if self.upstream_idle.is_zero() {
+            return Err("--upstream-idle must be more than 0".into());
+        }
+        cfg.timeouts.upstream_idle = self.upstream_idle;
         cfg.validate().map_err(|e| e.0)?;
         Ok(cfg)
     }
