@@ -2248,7 +2248,7 @@ async fn the_default_upstream_idle_is_below_a_5_s_keep_alive() {
 
 /// A node that answers `/stall` (any method) with a head announcing 100 bytes and sends 10,
 /// then holds the connection silent, and `GET /reset` the same way, then resets the
-/// connection 100 ms later. One connection at a time.
+/// connection at once. One connection at a time.
 async fn mid_body_node(ip: &str) -> (SocketAddr, JoinHandle<()>) {
     let listener = TcpListener::bind((ip, 0)).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -2268,9 +2268,6 @@ async fn mid_body_node(ip: &str) -> (SocketAddr, JoinHandle<()>) {
                 continue;
             }
             if head.starts_with(b"GET /reset") {
-                // Once limpet has relayed what came (paused time moves only when every task
-                // waits): a reset that overtook the bytes would discard them unread.
-                tokio::time::sleep(Duration::from_millis(100)).await;
                 let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
             } else {
                 held.push(s);

@@ -329,6 +329,9 @@ impl Body for UpBody {
 enum Inner {
     Upstream(NodeAnswer, IdleClock),
     Local(Full<Bytes>),
+    /// The node's answer failed mid-body: the error, held for one poll so that what came
+    /// before it is written to the client first.
+    Failed(Option<BoxError>),
 }
 
 /// A node's answer body: from hyper's client connection, or read from the node's socket by
@@ -450,6 +453,7 @@ impl ProxyBody {
             Inner::Local(_) => true,
             Inner::Upstream(NodeAnswer::Direct(b), _) => b.whole_in_hand(),
             Inner::Upstream(NodeAnswer::Hyper(b), _) => b.is_end_stream(),
+            Inner::Failed(_) => false,
         }
     }
 
@@ -486,6 +490,7 @@ impl Body for ProxyBody {
         match &self.inner {
             Inner::Upstream(b, _) => b.is_end_stream(),
             Inner::Local(b) => b.is_end_stream(),
+            Inner::Failed(e) => e.is_none(),
         }
     }
 
@@ -493,6 +498,7 @@ impl Body for ProxyBody {
         match &self.inner {
             Inner::Upstream(b, _) => b.size_hint(),
             Inner::Local(b) => b.size_hint(),
+            Inner::Failed(_) => SizeHint::default(),
         }
     }
 }
@@ -523,7 +529,13 @@ impl ProxyBody {
                 }
                 Poll::Ready(Some(Err(e))) => {
                     this.report_cut(AnswerCut::Error, &e);
-                    Poll::Ready(Some(Err(e)))
+                    // hyper drops what it has not written yet when a body fails, and a node
+                    // that resets right after its head and first bytes lost the client those
+                    // too (an empty reply, with the 200 in the access log). One pending poll
+                    // lets hyper flush them; the error comes on the next.
+                    this.inner = Inner::Failed(Some(e));
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
                 }
                 Poll::Ready(None) => Poll::Ready(None),
                 // The node went quiet mid-answer: cut the answer (the client sees it end
@@ -540,6 +552,7 @@ impl ProxyBody {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
+            Inner::Failed(e) => Poll::Ready(e.take().map(Err)),
         }
     }
 }
