@@ -49,7 +49,7 @@ pub use health::{Availability, CheckSlot, Health, HealthPolicy, Observation, Tra
 pub use node::{AdminState, Node, NodeId, NodeState, NodeStatus, SessionEnd, Verdict, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};
 pub use route::{
-    leaves, route, spread_key, CookieIn, CookieWrite, Excluded, HomeWrite, Outcome, Route,
+    leaves, route, spread_key, CookieIn, CookieWrite, Excluded, HomeWrite, Leave, Outcome, Route,
     RouteInput, Snapshot, TableIn,
 };
 pub use table::{

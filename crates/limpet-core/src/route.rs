@@ -501,20 +501,28 @@ pub fn route(
     }
 }
 
-/// The node `route` moves the session off because that node failed one of its requests:
-/// the session's table entry named it, it is excluded for a failure
-/// ([`RepinReason::is_failure`]), and the route writes the entry to another node. The node
-/// may still be UP, so nothing in its state ends the session's other connections there (a
-/// TCP session, a tunnel, through any listener sharing the table); the caller ends them, or
-/// the session would live on two nodes. Only a table entry says the session moved, at once
+/// Why a session leaves the node its table entry named ([`leaves`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// The node failed one of the session's requests.
+    Failed(RepinReason),
+    /// Failback: the session goes home, its cookie's home node UP again.
+    Failback,
+}
+
+/// The node `route` moves the session off while that node may be UP, so that nothing in its
+/// state ends the session's other connections there (a TCP session, a tunnel, through any
+/// listener sharing the table): the caller ends them, or the session would live on two
+/// nodes. Either the node failed one of its requests (excluded for a failure,
+/// [`RepinReason::is_failure`]), or the session fails back home (`failback = "home"`: its
+/// requests go home, and a TCP session on the node it had moved to stayed there until the
+/// next table hold, up to a minute; chaos run 27). The session's table entry named the node
+/// and the route writes it to another. Only a table entry says the session moved, at once
 /// and for every listener: a cookie moves only with an answer, and without a table the
 /// spread key is not one session's (in `name` mode it is the client address, which every
 /// client behind one NAT shares). A node left for its state (DOWN, MAINT, a drain) is not
-/// reported: its state ends them. The node, and how it failed.
-pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<(NodeId, RepinReason)> {
-    if !matches!(route.outcome, Outcome::Repin(_)) {
-        return None;
-    }
+/// reported: its state ends them. The node, and why.
+pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<(NodeId, Leave)> {
     let (
         Some(TableIn {
             pin: Pin::Node(n), ..
@@ -524,7 +532,13 @@ pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<(NodeId, RepinRea
     else {
         return None;
     };
-    let why = Excluded::find(input.exclude, n).filter(|w| w.is_failure())?;
+    let why = match route.outcome {
+        Outcome::Repin(_) => {
+            Leave::Failed(Excluded::find(input.exclude, n).filter(|w| w.is_failure())?)
+        }
+        Outcome::Failback => Leave::Failback,
+        _ => return None,
+    };
     (n != to).then_some((n, why))
 }
 
@@ -884,6 +898,33 @@ mod tests {
             }),
             None
         );
+    }
+
+    /// A session failing back home leaves the node its table entry names (its TCP session
+    /// there must end, chaos run 27: it stayed up to a minute beside the requests gone home);
+    /// without a table, nothing names its other connections.
+    #[test]
+    fn failback_leaves_the_table_s_node() {
+        let s = snap(&[up(), up(), up()]);
+        let home_a = |table: Option<TableIn>| RouteInput {
+            cookie: Some(CookieIn {
+                pin: Pin::Node(B),
+                issued_ms: None,
+                refresh: false,
+                home: Pin::Node(A),
+            }),
+            table,
+            failback: true,
+            ..input(&[])
+        };
+        let with_table = home_a(table(Pin::Node(B), true));
+        let r = route(&s, 0, &|_| 0, &with_table);
+        assert_eq!((r.node, r.outcome), (Some(A), Outcome::Failback));
+        assert_eq!(leaves(&with_table, &r), Some((B, Leave::Failback)));
+        let cookie_only = home_a(None);
+        let r = route(&s, 0, &|_| 0, &cookie_only);
+        assert_eq!(r.outcome, Outcome::Failback);
+        assert_eq!(leaves(&cookie_only, &r), None);
     }
 
     /// The pin's node timed out, and the fresh node then refused: the re-pin still says why

@@ -152,6 +152,7 @@ pub fn close_reason(r: crate::nodes::EndReason) -> &'static str {
         // The session's requests already go to another node: it moves there whole.
         EndReason::Repin(r) if r.is_failure() => "session moved to another node",
         EndReason::FleetRepin | EndReason::TableMoved => "session moved to another node",
+        EndReason::Failback => "session moved home",
         EndReason::Repin(_) => "node gone",
     }
 }

@@ -88,6 +88,9 @@ pub enum EndReason {
     /// through the store): the session's connections here follow the table, as they would
     /// a re-pin of this instance's, so the session lives on one node fleet-wide.
     FleetRepin,
+    /// The session failed back to its home node (`failback = "home"`), which is UP again:
+    /// its requests go there, and its connections here follow.
+    Failback,
     /// The session's table entry went while it was open (evicted before its next hold) and a
     /// request of the session was pinned afresh to another node: its requests go there now,
     /// and it follows them ([`crate::runtime::keep_pin`]).
@@ -100,6 +103,7 @@ impl EndReason {
         match self {
             EndReason::Repin(r) => r.as_str(),
             EndReason::FleetRepin => "fleet-re-pin",
+            EndReason::Failback => "failback",
             EndReason::TableMoved => "table-moved",
         }
     }
@@ -153,10 +157,16 @@ impl NodeRuntime {
     }
 
     /// The session with this spread key was moved off the node because the node failed one
-    /// of its requests (`why`): its long-lived sessions here end (see [`Self::session_end`]).
-    /// Only they are woken.
-    pub fn session_moved(&self, spread_key: u64, why: RepinReason) {
-        self.moved(spread_key, EndReason::Repin(why));
+    /// of its requests, or it failed back home (`why`): its long-lived sessions here end (see
+    /// [`Self::session_end`]). Only they are woken.
+    pub fn session_moved(&self, spread_key: u64, why: limpet_core::Leave) {
+        self.moved(
+            spread_key,
+            match why {
+                limpet_core::Leave::Failed(r) => EndReason::Repin(r),
+                limpet_core::Leave::Failback => EndReason::Failback,
+            },
+        );
     }
 
     /// Another instance of the fleet re-pinned the session with this spread key off the node
@@ -949,7 +959,7 @@ mod tests {
             tokio::spawn(async move { rt.session_end(moves, move || close, reloaded).await })
         };
         let (moved, other, kept) = (watch(7, true), watch(8, true), watch(7, false));
-        rt.session_moved(7, RepinReason::AnswerTimeout);
+        rt.session_moved(7, limpet_core::Leave::Failed(RepinReason::AnswerTimeout));
         let reason = tokio::time::timeout(Duration::from_secs(1), moved).await;
         assert_eq!(
             reason.ok().and_then(Result::ok),
@@ -957,7 +967,7 @@ mod tests {
         );
         // Watched from its route on: a move while the session still connects is not missed.
         let connecting = rt.watch(10);
-        rt.session_moved(10, RepinReason::ConnectFailed);
+        rt.session_moved(10, limpet_core::Leave::Failed(RepinReason::ConnectFailed));
         let reason = tokio::time::timeout(
             Duration::from_secs(1),
             rt.session_end(connecting, || true, reloaded.clone()),
@@ -1003,7 +1013,7 @@ mod tests {
         drop(other);
         assert!(lock(&rt.moves).is_empty());
         // A move of a key nobody watches is nothing to keep.
-        rt.session_moved(9, RepinReason::AnswerTimeout);
+        rt.session_moved(9, limpet_core::Leave::Failed(RepinReason::AnswerTimeout));
         assert!(lock(&rt.moves).is_empty());
     }
 

@@ -711,11 +711,14 @@ pub async fn serve_on(
             .find(|l| l.def.load().name == name)
             .map_or(Duration::from_secs(10), |l| l.def.load().timeouts.drain)
     };
-    let all_ended = tokio::time::timeout(drain, async {
-        while sessions.join_next().await.is_some() {}
-    })
-    .await;
-    if all_ended.is_err() {
+    // The drain, unless a second signal ends it sooner.
+    let all_ended = tokio::select! {
+        r = tokio::time::timeout(drain, async {
+            while sessions.join_next().await.is_some() {}
+        }) => r.is_ok(),
+        () = runtime.cut_requested() => sessions.is_empty(),
+    };
+    if !all_ended {
         tracing::info!(listener = %name, open = sessions.len(), "drain over: cutting the sessions still open");
         let _ = cut_tx.send(true);
         // A cut session resets its sockets and returns at once; this bounds a stuck one.

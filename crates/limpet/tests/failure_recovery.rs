@@ -2401,3 +2401,91 @@ async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
     l.stop().await;
     task.abort();
 }
+
+// ---------------------------------------------------------------------------------------
+// 8. A session that fails back home takes its TCP session with it
+// ---------------------------------------------------------------------------------------
+
+/// One GET through the HTTP listener `web` from source address `src`, with `cookie`: the
+/// node that answered and the Set-Cookie values (name=value only).
+async fn get_from(src: IpAddr, web: SocketAddr, cookie: &str) -> (String, Vec<String>) {
+    let mut s = connect_from(src, web).await;
+    let req = format!(
+        "GET / HTTP/1.1\r\nhost: failback.test\r\ncookie: {cookie}\r\nconnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let head = out
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let node = head
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{}:", limpet::backend::NODE_HEADER)))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default();
+    let set = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("set-cookie:"))
+        .filter_map(|v| v.trim().split(';').next().map(str::to_owned))
+        .collect();
+    (node, set)
+}
+
+/// With `failback = "home"` and one source-address table under an HTTP and a TCP listener, a
+/// session moved off `a` (MAINT) and back when `a` is ready again goes home whole: its TCP
+/// session on `b` ends at the failback, where it stayed open beside the requests gone home
+/// until the table's next hold, up to a minute (chaos run 27).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_failing_back_home_ends_its_tcp_session_on_the_other_node() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    let cfg = ConfigFile::new(
+        "failback-tcp",
+        &format!(
+            "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             table = \"t\"\ncookie = {{ failback = \"home\" }}\n\n\
+             [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {port}\ntable = \"t\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&AB)
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let (web, raw) = (l.addr("web"), l.addr("raw"));
+    let (mut on_a, src) = tcp_session_on(raw, "a", 90).await;
+    let (node, _) = get_from(src, web, "").await;
+    assert_eq!(node, "a", "the table pins the session's requests too");
+
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert!(
+        closed_within(&mut on_a, SLACK).await.is_some(),
+        "MAINT ends the session's TCP session on a"
+    );
+    let (node, set) = get_from(src, web, "route=a").await;
+    assert_eq!(node, "b");
+    assert!(set.contains(&"route-home=a".to_owned()), "{set:?}");
+    let mut on_b = connect_from(src, raw).await;
+    assert_eq!(tcp_get(&mut on_b).await.as_deref(), Ok("b"));
+
+    set_state(&l, "a", r#"{"state":"ready"}"#).await;
+    let (node, _) = get_from(src, web, "route=b; route-home=a").await;
+    assert_eq!(node, "a", "failback: home again");
+    assert!(
+        closed_within(&mut on_b, SLACK).await.is_some(),
+        "the TCP session on b ends with the failback, not at the table's next hold"
+    );
+    let mut again = connect_from(src, raw).await;
+    assert_eq!(
+        tcp_get(&mut again).await.as_deref(),
+        Ok("a"),
+        "and reconnects home"
+    );
+    drop((on_a, on_b, again));
+    l.stop().await;
+}

@@ -551,3 +551,71 @@ async fn a_failed_tls_handshake_with_a_node_is_logged_with_its_reason() {
     );
     drop(proc);
 }
+
+/// A second SIGTERM during the drain cuts the open TCP sessions as the drain's end would:
+/// the node sees its stream reset, not ended. Dropped instead, a session ended with a FIN
+/// after the 1,600 bytes the node had, and a print job cut mid-upload looked whole to the
+/// node (chaos run 27). The process exits at once, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_resets_the_open_tcp_sessions() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let node = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind");
+    let port = node.local_addr().expect("addr").port();
+    let cfg = ConfigFile::new(
+        "second-sigterm",
+        &format!(
+            "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {port}\ntimeouts = {{ drain = \"60s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&NODES[..1])
+        ),
+    );
+    let (mut proc, raw, _admin) = run_logging(&cfg, "info", Stdio::piped()).await;
+    // The log's "shutting down" line: the first signal was taken (a second one sent before
+    // that could be taken for the first).
+    let (shutting, shut_down) = std::sync::mpsc::channel::<()>();
+    if let Some(err) = proc.0.stderr.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if line.contains("shutting down") {
+                    let _ = shutting.send(());
+                }
+            }
+        });
+    }
+    let mut client = tokio::net::TcpStream::connect(raw).await.expect("connect");
+    let (mut at_node, _) = tokio::time::timeout(PATIENCE, node.accept())
+        .await
+        .expect("the session reaches the node")
+        .expect("accept");
+    client.write_all(&[b'p'; 1600]).await.expect("write");
+    let mut got = vec![0u8; 1600];
+    tokio::time::timeout(PATIENCE, at_node.read_exact(&mut got))
+        .await
+        .expect("the job's first bytes reach the node")
+        .expect("read");
+
+    signal(&proc.0, "TERM");
+    tokio::task::spawn_blocking(move || shut_down.recv_timeout(PATIENCE))
+        .await
+        .expect("join")
+        .expect("limpet logs its shutdown");
+    signal(&proc.0, "TERM");
+    let mut byte = [0u8; 1];
+    let end = tokio::time::timeout(PATIENCE, at_node.read(&mut byte))
+        .await
+        .expect("the session ends at the second signal, not at the 60 s drain");
+    assert_eq!(
+        end.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the node sees the session reset, not a stream that ended whole"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while proc.0.try_wait().unwrap_or(None).is_none() {
+        assert!(std::time::Instant::now() < deadline, "limpet did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+}

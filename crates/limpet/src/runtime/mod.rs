@@ -909,8 +909,8 @@ impl State {
                 let out = t.learn_in(b, *k, node, now);
                 table.published(*k, node, out, &self.topology);
             }
-            // The session moves off a node that failed its request: its TCP sessions and
-            // tunnels there end, so the session lives on one node.
+            // The session moves off a node that failed its request, or fails back home: its
+            // TCP sessions and tunnels there end, so the session lives on one node.
             if let Some((n, why)) = limpet_core::leaves(&input, &r) {
                 if let Some(rt) = self.node_rt(n) {
                     rt.session_moved(input.spread_key, why);
@@ -1058,6 +1058,9 @@ pub struct Runtime {
     generation: AtomicU32,
     /// Moves at each reload: long-lived sessions re-read their listener's settings.
     reloads: tokio::sync::watch::Sender<u32>,
+    /// Turns true when a shutdown must not wait for its drain any longer (a second signal):
+    /// TCP listeners cut their open sessions at once, as at the drain's end.
+    cut_now: tokio::sync::watch::Sender<bool>,
 }
 
 impl Runtime {
@@ -1065,8 +1068,23 @@ impl Runtime {
         Arc::new(Runtime {
             generation: AtomicU32::new(state.generation),
             reloads: tokio::sync::watch::Sender::new(state.generation),
+            cut_now: tokio::sync::watch::Sender::new(false),
             state: ArcSwap::from_pointee(state),
         })
+    }
+
+    /// Ends the drain of a shutdown now: open TCP sessions are cut (reset, so that a node
+    /// mid-upload sees the transfer aborted, not a stream that ended whole).
+    pub fn cut_now(&self) {
+        self.cut_now.send_replace(true);
+    }
+
+    /// Resolves once [`Self::cut_now`] was called.
+    pub async fn cut_requested(&self) {
+        let mut rx = self.cut_now.subscribe();
+        if rx.wait_for(|cut| *cut).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Changes at each reload (the new generation).

@@ -155,6 +155,10 @@ impl Running {
     }
 }
 
+/// After a second signal, how long the sessions cut at once get to reset their sockets before
+/// the process exits.
+const SECOND_SIGNAL_GRACE: Duration = Duration::from_secs(1);
+
 /// The longest shutdown waits for the tables' snapshots to be written (as long as a reload
 /// waits for its file, `RELOAD_LOAD_LIMIT`).
 pub const SNAPSHOT_SAVE_LIMIT: Duration = Duration::from_secs(30);
@@ -347,9 +351,18 @@ pub fn run(args: RunArgs) -> ExitCode {
         // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once.
         super::serve_signals(running.runtime()).await;
         tracing::info!("shutting down: draining listeners, saving snapshots");
+        let runtime = Arc::clone(running.runtime());
+        let stop = running.stop();
+        tokio::pin!(stop);
         tokio::select! {
-            () = running.stop() => {}
-            () = crate::proxy::quick::stop_signal() => tracing::warn!("second signal: exiting now"),
+            () = &mut stop => {}
+            () = crate::proxy::quick::stop_signal() => {
+                tracing::warn!("second signal: cutting the open sessions, exiting now");
+                // Cut, not dropped: a dropped relay ends its node's stream with a FIN, and a
+                // print job cut mid-upload would look whole to the node (chaos run 27).
+                runtime.cut_now();
+                let _ = tokio::time::timeout(SECOND_SIGNAL_GRACE, &mut stop).await;
+            }
         }
         ExitCode::SUCCESS
     });
