@@ -154,10 +154,11 @@ pub struct Timeouts {
     /// (HAProxy's `timeout queue`; unset, the `connect` timeout, as in HAProxy): 503 after it.
     pub queue: Duration,
     /// An idle pooled connection to a node older than this is not reused, and is closed.
-    /// It must be below the node's own keep-alive timeout: a request sent on a connection
-    /// the node is closing at that moment is lost (a POST cannot be replayed), so the
-    /// default, 4 s, is below the 5 s of Node.js and Apache (HAProxy purges idle server
-    /// connections every 5 s, nginx keeps them 60 s).
+    /// Keep it below the node's own keep-alive timeout, with a margin (limpet counts from
+    /// the end of the answer it read, the node from its last write): a request sent on a
+    /// connection the node is closing at that moment is lost (a POST cannot be replayed).
+    /// The default, 4 s, is a second below the 5 s of Node.js and Apache (HAProxy purges
+    /// idle server connections every 5 s, nginx keeps them 60 s).
     pub upstream_idle: Duration,
     /// On shutdown, how long in-flight connections get to finish before being cut.
     pub drain: Duration,

@@ -31,10 +31,8 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use crate::metrics::AnswerCut;
-
 use super::server::ActiveGuard;
-use crate::metrics::NodeTraffic;
+use crate::metrics::{AnswerCut, NodeTraffic};
 
 /// The bytes of a request body read so far, counted to its node once the node is known.
 #[derive(Debug, Default)]
