@@ -778,11 +778,16 @@ mod tests {
     }
 
     fn cookie(pin: Pin) -> Option<CookieIn> {
+        cookie_home(pin, Pin::None)
+    }
+
+    /// A pin cookie with a home cookie beside it (`failback = "home"`).
+    fn cookie_home(pin: Pin, home: Pin) -> Option<CookieIn> {
         Some(CookieIn {
             pin,
             issued_ms: None,
             refresh: false,
-            home: Pin::None,
+            home,
         })
     }
 
@@ -907,12 +912,7 @@ mod tests {
     fn failback_leaves_the_table_s_node() {
         let s = snap(&[up(), up(), up()]);
         let home_a = |table: Option<TableIn>| RouteInput {
-            cookie: Some(CookieIn {
-                pin: Pin::Node(B),
-                issued_ms: None,
-                refresh: false,
-                home: Pin::Node(A),
-            }),
+            cookie: cookie_home(Pin::Node(B), Pin::Node(A)),
             table,
             failback: true,
             ..input(&[])
@@ -1086,12 +1086,7 @@ mod tests {
             5,
             &|_| 0,
             &RouteInput {
-                cookie: Some(CookieIn {
-                    pin: Pin::Node(C),
-                    issued_ms: None,
-                    refresh: false,
-                    home: Pin::Node(A),
-                }),
+                cookie: cookie_home(Pin::Node(C), Pin::Node(A)),
                 failback: true,
                 ..input(&[])
             },

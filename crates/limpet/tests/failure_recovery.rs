@@ -2095,22 +2095,35 @@ impl ClosingNode {
     }
 }
 
+/// Writes `req` on `s` and reads what comes back until the peer closes or resets the
+/// connection, at most [`PATIENCE`]: what came, as text (an answer cut by a reset keeps the
+/// bytes before it).
+async fn exchange(mut s: TcpStream, req: &str) -> String {
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(PATIENCE, async {
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// One request through `addr` on a connection of its own (the client closes it), with a
 /// 4-byte body unless a GET: the status, and the node connection that answered (`x-conn`).
 async fn one_request(addr: SocketAddr, method: &str) -> (u16, Option<u64>) {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let s = TcpStream::connect(addr).await.expect("connect");
     let body = if method == "GET" { "" } else { "body" };
     let req = format!(
         "{method} /p HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
-        .await
-        .expect("answered within patience")
-        .expect("read");
-    let out = String::from_utf8_lossy(&out).to_lowercase();
+    let out = exchange(s, &req).await.to_lowercase();
     let status = out
         .split(' ')
         .nth(1)
@@ -2281,7 +2294,7 @@ async fn mid_body_node(ip: &str) -> (SocketAddr, JoinHandle<()>) {
 /// body (limpet's hyper client to the node, where a GET takes its own HTTP/1 path): the
 /// status line and the bytes of body it got, whatever ended the connection.
 async fn body_bytes_of(addr: SocketAddr, path: &str, post: bool) -> (String, usize) {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let s = TcpStream::connect(addr).await.expect("connect");
     let req = if post {
         format!(
             "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 4\r\n\r\nbody"
@@ -2289,20 +2302,7 @@ async fn body_bytes_of(addr: SocketAddr, path: &str, post: bool) -> (String, usi
     } else {
         format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
     };
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    // Until the end or a reset, within patience.
-    let _ = tokio::time::timeout(PATIENCE, async {
-        while let Ok(n) = s.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
-    let text = String::from_utf8_lossy(&out).into_owned();
+    let text = exchange(s, &req).await;
     let body = text.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
     (text.lines().next().unwrap_or("").to_owned(), body)
 }
@@ -2373,13 +2373,13 @@ async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
     // A client whose upload stops after the node's head came: limpet ends the upload at
     // `client_idle` and closes the node connection, which ends the answer too. Not the
     // node's cut.
-    let mut s = TcpStream::connect(web).await.expect("connect");
-    s.write_all(b"POST /stall HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
-        .await
-        .expect("write");
-    let mut out = Vec::new();
+    let s = TcpStream::connect(web).await.expect("connect");
     let started = Instant::now();
-    let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut out)).await;
+    exchange(
+        s,
+        "POST /stall HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789",
+    )
+    .await;
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "ended at client_idle, before answer_body_idle: {:?}",
@@ -2409,17 +2409,11 @@ async fn an_answer_cut_mid_body_is_counted_for_its_node_by_cause() {
 /// One GET through the HTTP listener `web` from source address `src`, with `cookie`: the
 /// node that answered and the Set-Cookie values (name=value only).
 async fn get_from(src: IpAddr, web: SocketAddr, cookie: &str) -> (String, Vec<String>) {
-    let mut s = connect_from(src, web).await;
+    let s = connect_from(src, web).await;
     let req = format!(
         "GET / HTTP/1.1\r\nhost: failback.test\r\ncookie: {cookie}\r\nconnection: close\r\n\r\n"
     );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
-        .await
-        .expect("answered in time")
-        .expect("read");
-    let out = String::from_utf8_lossy(&out).into_owned();
+    let out = exchange(s, &req).await;
     let head = out
         .split("\r\n\r\n")
         .next()
