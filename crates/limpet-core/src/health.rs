@@ -11,7 +11,11 @@
 //! | yes | `fall` consecutive failures, checks and traffic alike | `rise` consecutive check successes; traffic never brings it back |
 //!
 //! - A *traffic failure* is a connect that is refused or times out, a TLS handshake to the
-//!   node that fails, or an answer that does not come within the answer timeout.
+//!   node that fails, or an answer that does not come within the answer timeout while the
+//!   node answers no request sent after it ([`answered_since`]): a node that keeps
+//!   answering younger requests is alive, and the one it does not answer in time is slow by
+//!   itself (a report that outlasts the timeout), not a sign of a hung node. Charged, a few
+//!   such requests at once took a healthy node DOWN and, replayed, the next one too.
 //! - A *traffic success* is an answer (HTTP) or a completed connect (TCP, which has no
 //!   answer to wait for). Without checks it resets the failure streak and ends a trial; a
 //!   completed connect resets only a streak of failed connects, never one that holds a
@@ -113,6 +117,21 @@ pub enum Observation {
     /// out, no answer head came within the answer timeout, or a fresh connection was closed
     /// or reset around the request. A completed connect does not disprove it.
     NoAnswer,
+}
+
+/// Whether a node that did not answer a request sent at `sent` within the answer timeout
+/// has answered a request sent after it since (`youngest_answered`: the send time of the
+/// youngest request the node has answered, on the same clock; any unit, 0 for none).
+///
+/// If so, the node is alive and the request is slow by itself: no traffic failure, no
+/// replay on another node (it would be as slow there, and move its session for nothing):
+/// the client is answered 504 and the session keeps its pin, as HAProxy's `timeout server`
+/// does. If not, the node may be hung: a traffic failure ([`Observation::NoAnswer`]), and an
+/// idempotent request is replayed elsewhere. Only a *younger* request counts: the node
+/// finishing requests it took before this one proves nothing about it now (a node that
+/// hangs in the middle of a burst answers those first).
+pub fn answered_since(sent: u64, youngest_answered: u64) -> bool {
+    youngest_answered > sent
 }
 
 /// A node's health as seen by checks and traffic.
@@ -1013,5 +1032,77 @@ mod tests {
         assert_eq!(h.availability(p, u64::MAX - 1), Availability::Down);
         assert_eq!(h.force(false), None);
         assert_eq!(h.force(true), Some(Transition::WentUp));
+    }
+
+    /// A node on a virtual clock as the data plane drives it: requests sent, answered or
+    /// timed out, each timeout judged by [`answered_since`] before it is reported.
+    struct Driven {
+        health: Health,
+        policy: HealthPolicy,
+        youngest_answered: u64,
+    }
+
+    impl Driven {
+        fn new(policy: HealthPolicy) -> Driven {
+            Driven {
+                health: Health::default(),
+                policy,
+                youngest_answered: 0,
+            }
+        }
+
+        fn answered(&mut self, sent: u64, now: u64) {
+            self.youngest_answered = self.youngest_answered.max(sent);
+            self.health.observe(TrafficOk, self.policy, now);
+        }
+
+        /// True when the timeout was charged to the node.
+        fn timed_out(&mut self, sent: u64, now: u64) -> bool {
+            if answered_since(sent, self.youngest_answered) {
+                return false;
+            }
+            self.health.observe(NoAnswer, self.policy, now);
+            true
+        }
+    }
+
+    #[test]
+    fn requests_slow_on_a_node_that_answers_younger_ones_charge_it_nothing() {
+        for checked in [false, true] {
+            let p = HealthPolicy {
+                checked,
+                ..HealthPolicy::default()
+            };
+            let mut n = Driven::new(p);
+            // Three reports sent at 1, 2, 3 ms outlast the 30 s answer timeout; requests
+            // sent after them are answered meanwhile.
+            for sent in 10..20 {
+                n.answered(sent, sent + 2);
+            }
+            for sent in 1..=3 {
+                assert!(!n.timed_out(sent, sent + 30_000), "checked {checked}");
+            }
+            assert!(n.health.is_up(), "checked {checked}");
+            assert_eq!(n.health.streak(), 0);
+        }
+    }
+
+    #[test]
+    fn a_node_that_hangs_mid_burst_is_charged_for_what_it_took_after_its_last_answer() {
+        let p = HealthPolicy::default();
+        let mut n = Driven::new(p);
+        // Requests sent at 1..=5 ms; the node answers those sent at 1 and 2 (at 6 and 7 ms,
+        // after the others were sent) and hangs.
+        n.answered(1, 6);
+        n.answered(2, 7);
+        // The answers came after 3, 4 and 5 were sent, but to older requests: no sign of
+        // life for those. Their timeouts are charged and take the node DOWN.
+        assert!(n.timed_out(3, 30_003));
+        assert!(n.timed_out(4, 30_004));
+        assert!(n.timed_out(5, 30_005));
+        assert!(!n.health.is_up());
+        // Same send time as the youngest answer: not younger, no proof.
+        assert!(!answered_since(7, 7));
+        assert!(answered_since(6, 7));
     }
 }

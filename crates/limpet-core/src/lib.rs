@@ -45,7 +45,9 @@ pub mod topology;
 pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
 pub use cookie::{CookieSpec, SameSite};
 pub use decision::{Decision, Pin, RepinReason};
-pub use health::{Availability, CheckSlot, Health, HealthPolicy, Observation, Transition};
+pub use health::{
+    answered_since, Availability, CheckSlot, Health, HealthPolicy, Observation, Transition,
+};
 pub use node::{AdminState, Node, NodeId, NodeState, NodeStatus, SessionEnd, Verdict, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};
 pub use route::{

@@ -34,6 +34,14 @@ pub fn ms_at(at: Instant) -> u64 {
     wall.saturating_add(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Microseconds from the clock's anchor to `at` (0 before it): an order of events finer
+/// than [`ms_at`]'s, for the core's comparisons of send times
+/// ([`limpet_core::answered_since`]). Not a wall-clock time.
+pub fn us_at(at: Instant) -> u64 {
+    let (_, anchor) = *anchor();
+    u64::try_from(at.saturating_duration_since(anchor).as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The tokio instant of a core time (`now_ms` scale); a time already past is now.
 pub fn instant_of(ms: u64) -> Instant {
     let now = now_ms();

@@ -10,6 +10,8 @@
 //! | send: the connection was dead before the request went out | no | failure on a fresh connection; — on a kept-alive one (stale) | always |
 //! | send / answer head: reset or closed after the request went out | maybe | failure on a fresh connection | idempotent requests without a body only |
 //! | answer head: no answer within the answer timeout | yes | failure | idempotent requests without a body only |
+//! | answer head: no answer within the answer timeout, while the node answered a request sent after it ([`UpstreamError::slow`]) | yes | — (the node is alive) | never (504): as slow elsewhere |
+//! | answer head: the node went DOWN while the request waited ([`Cause::NodeDown`]) | yes | — (its state says it) | idempotent requests without a body only (the only ones that wait for it) |
 //! | answer head: not HTTP | yes | — | never (502) |
 //! | request body: the client's body failed | maybe | — | never (400) |
 
@@ -55,6 +57,10 @@ pub enum Cause {
     Timeout,
     /// The node's bytes were not valid HTTP.
     Protocol,
+    /// The node went DOWN (its checks, its traffic, the operator) while the request waited
+    /// for its answer: a replayable request stops waiting and is replayed elsewhere at once
+    /// instead of out its answer timeout (a hung node's requests in flight when it hung).
+    NodeDown,
     /// limpet itself is out of file descriptors (EMFILE, ENFILE): says nothing about the
     /// node, so passive health learns nothing from it (a node must not flap DOWN/UP because
     /// limpet ran out of sockets).
@@ -77,6 +83,10 @@ pub struct UpstreamError {
     pub sent: bool,
     /// Whether the connection was a fresh one (not a kept-alive one that may have gone stale).
     pub fresh: bool,
+    /// No answer came in time, but the node answered a request sent after this one
+    /// meanwhile ([`limpet_core::answered_since`]): the request is slow by itself, the node
+    /// alive. Neither a failure of the node nor a reason to replay the request elsewhere.
+    pub slow: bool,
     pub detail: String,
 }
 
@@ -87,6 +97,7 @@ impl UpstreamError {
             cause,
             sent,
             fresh: true,
+            slow: false,
             detail: detail.to_string(),
         }
     }
@@ -104,6 +115,16 @@ impl UpstreamError {
         UpstreamError::new(stage, Cause::Timeout, sent, "timed out")
     }
 
+    /// No answer within the answer timeout to a request sent on a kept-alive connection
+    /// (`pooled`) or a fresh one; `node_answered_since`: the node answered a request sent
+    /// after it meanwhile (see [`UpstreamError::slow`]).
+    pub fn unanswered(pooled: bool, node_answered_since: bool) -> Self {
+        UpstreamError {
+            slow: node_answered_since,
+            ..UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(pooled)
+        }
+    }
+
     /// Marks the attempt as made on a kept-alive connection.
     pub fn on_pooled(mut self, pooled: bool) -> Self {
         self.fresh = !pooled;
@@ -115,6 +136,7 @@ impl UpstreamError {
     pub fn retry_safe(&self, replayable: bool) -> bool {
         match (self.stage, self.cause) {
             (Stage::ClientBody | Stage::Queue, _) | (_, Cause::Protocol) => false,
+            _ if self.slow => false,
             _ => !self.sent || replayable,
         }
     }
@@ -124,13 +146,13 @@ impl UpstreamError {
     /// ([`Observation::NoAnswer`], which a later completed connect does not disprove).
     pub fn observation(&self) -> Option<Observation> {
         match (self.stage, self.cause) {
-            (_, Cause::Local) => None,
+            (_, Cause::Local | Cause::NodeDown) => None,
             (Stage::Connect, _) => Some(Observation::TrafficFailed),
             // The TCP connection was made (a stopped process's kernel makes it too): the
             // handshake that fails or never ends is the node not answering, which a TCP
             // listener's completed connect does not disprove.
             (Stage::Tls, _) => Some(Observation::NoAnswer),
-            (Stage::AnswerHead, Cause::Timeout) => Some(Observation::NoAnswer),
+            (Stage::AnswerHead, Cause::Timeout) => (!self.slow).then_some(Observation::NoAnswer),
             // A kept-alive connection the node closed meanwhile says nothing about the node;
             // a fresh one it closed before the request could go out does (accept, then drop).
             (Stage::Send, Cause::Io(_)) => self.fresh.then_some(Observation::NoAnswer),
@@ -141,11 +163,22 @@ impl UpstreamError {
         }
     }
 
+    /// The node went DOWN while the request waited for its answer head ([`Cause::NodeDown`]).
+    pub fn node_down() -> Self {
+        UpstreamError::new(
+            Stage::AnswerHead,
+            Cause::NodeDown,
+            true,
+            "node went DOWN before answering",
+        )
+    }
+
     /// What a session pinned to the node is re-pinned for when this error moves its request
-    /// elsewhere: no connection, no answer in time, or a connection lost (or broken) after
-    /// the request went out.
+    /// elsewhere: no connection, no answer in time, the node DOWN meanwhile, or a connection
+    /// lost (or broken) after the request went out.
     pub fn repin_reason(&self) -> RepinReason {
         match (self.stage, self.cause) {
+            (_, Cause::NodeDown) => RepinReason::NodeDown,
             (Stage::AnswerHead, Cause::Timeout) => RepinReason::AnswerTimeout,
             (Stage::AnswerHead, _) => RepinReason::AnswerFailed,
             _ => RepinReason::ConnectFailed,
@@ -213,5 +246,29 @@ mod tests {
         );
         let body = UpstreamError::new(Stage::ClientBody, Cause::Io(io::ErrorKind::Other), true, "");
         assert!(!body.retry_safe(true));
+    }
+
+    #[test]
+    fn a_timeout_on_a_node_answering_younger_requests_is_neither_charged_nor_replayed() {
+        for pooled in [false, true] {
+            let hung = UpstreamError::unanswered(pooled, false);
+            assert_eq!(hung.observation(), Some(Observation::NoAnswer));
+            assert!(hung.retry_safe(true));
+            assert_eq!(hung.repin_reason(), RepinReason::AnswerTimeout);
+            let slow = UpstreamError::unanswered(pooled, true);
+            assert!(slow.is_timeout() && slow.sent && slow.stage == Stage::AnswerHead);
+            assert_eq!(slow.observation(), None, "pooled {pooled}");
+            assert!(!slow.retry_safe(true), "pooled {pooled}");
+        }
+    }
+
+    #[test]
+    fn a_node_gone_down_under_a_waiting_request_is_not_charged_and_moves_only_a_replayable_one() {
+        let e = UpstreamError::node_down();
+        assert_eq!(e.observation(), None, "the node's state already says it");
+        assert!(e.retry_safe(true));
+        assert!(!e.retry_safe(false));
+        assert_eq!(e.repin_reason(), RepinReason::NodeDown);
+        assert!(!e.is_timeout());
     }
 }

@@ -71,12 +71,44 @@ pub struct NodeRuntime {
     /// Sessions moved off the node because it failed one of their requests, while it may
     /// still be UP ([`limpet_core::leaves`]): their long-lived connections here end too.
     moves: Mutex<MoveWatchers>,
+    /// The send time ([`clock::us_at`]) of the youngest request the node has answered:
+    /// what tells a request slow by itself from a hung node ([`limpet_core::answered_since`]).
+    /// An atomic, not the status lock: it moves with every answer.
+    youngest_answered_us: AtomicU64,
+    /// Woken (every waiter) when the node's health goes DOWN: a replayable request waiting
+    /// for the node's answer stops waiting and is replayed elsewhere ([`Self::went_down`]).
+    down: tokio::sync::Notify,
+    /// How many times the node's health went DOWN: read when a request is sent, so that a
+    /// DOWN before it starts to wait on `down` is not missed ([`Self::downs`]).
+    downs: AtomicU64,
 }
 
 /// The long-lived sessions watching for moves, by spread key: one channel per key, made
 /// by the first session of the key and removed with the last. A move wakes the sessions of
 /// its key only.
 type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<EndReason>>>;
+
+/// A request's watch for its node's health going DOWN ([`NodeRuntime::watch_down`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DownWatch<'a> {
+    node: &'a NodeRuntime,
+    /// The node's DOWN count when the watch was made.
+    downs: u64,
+}
+
+impl DownWatch<'_> {
+    /// Resolves once the node has gone DOWN since the watch was made: at once if it did
+    /// already, else when it does. Only a request still waiting for its answer calls it, so
+    /// only such requests register a waiter on the node.
+    pub async fn wait(self) {
+        // Made before the count is read again: a DOWN after the reading wakes it.
+        let down = self.node.down.notified();
+        if self.node.downs.load(Ordering::Acquire) != self.downs {
+            return;
+        }
+        down.await;
+    }
+}
 
 /// Why a long-lived session on a node ends ([`NodeRuntime::session_end`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +185,9 @@ impl NodeRuntime {
             since_ms: AtomicU64::new(clock::now_ms()),
             admission: Admission::default(),
             moves: Mutex::new(MoveWatchers::new()),
+            youngest_answered_us: AtomicU64::new(0),
+            down: tokio::sync::Notify::new(),
+            downs: AtomicU64::new(0),
         }
     }
 
@@ -210,13 +245,24 @@ impl NodeRuntime {
     /// (one more failure toward `fall`) does neither: under a burst of failures the snapshot
     /// is not rebuilt per request.
     fn update<R>(&self, f: impl FnOnce(&mut NodeStatus) -> R) -> R {
-        let (r, changed, state_changed) = {
+        let (r, changed, state_changed, went_down) = {
             let mut s = lock(&self.status);
             let before = *s;
             let r = f(&mut s);
             self.quiet_ok.store(quiet_ok(&s), Ordering::Release);
-            (r, !s.routes_like(&before), s.state() != before.state())
+            (
+                r,
+                !s.routes_like(&before),
+                s.state() != before.state(),
+                before.health.is_up() && !s.health.is_up(),
+            )
         };
+        if went_down {
+            // Counted before the waiters are woken: a request that reads the count after
+            // making its `went_down` future sees one or the other.
+            self.downs.fetch_add(1, Ordering::Release);
+            self.down.notify_waiters();
+        }
         if changed {
             self.epoch.fetch_add(1, Ordering::Release);
             self.events.send_modify(|g| *g = g.wrapping_add(1));
@@ -240,6 +286,34 @@ impl NodeRuntime {
             return None;
         }
         self.update(|s| s.health.observe(obs, s.policy, now_ms))
+    }
+
+    /// The node answered a request sent at `sent_us` ([`clock::us_at`]).
+    pub fn answered(&self, sent_us: u64) {
+        // A plain load first: under steady traffic the youngest answer is most often this
+        // one, but answers of one node from several threads need not come in send order.
+        if self.youngest_answered_us.load(Ordering::Relaxed) < sent_us {
+            self.youngest_answered_us
+                .fetch_max(sent_us, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the node has answered a request sent after `sent_us`: then a request sent
+    /// at `sent_us` that it did not answer in time is slow by itself, not a sign that the
+    /// node hangs ([`limpet_core::answered_since`]).
+    pub fn answered_since(&self, sent_us: u64) -> bool {
+        limpet_core::answered_since(sent_us, self.youngest_answered_us.load(Ordering::Relaxed))
+    }
+
+    /// A watch for the node's health going DOWN from now on (not for it being DOWN already:
+    /// a trial request to a DOWN node waits for its answer). Made as a request is sent; one
+    /// atomic load, so that requests answered in milliseconds, most of them, pay nothing
+    /// more for it.
+    pub fn watch_down(&self) -> DownWatch<'_> {
+        DownWatch {
+            node: self,
+            downs: self.downs.load(Ordering::Acquire),
+        }
     }
 
     /// Another node came back from a trial: this one's trial, if it is DOWN by its traffic,
@@ -692,6 +766,38 @@ mod tests {
 
     fn node() -> Arc<NodeRuntime> {
         NodeBoard::new(Duration::from_secs(60)).node("a")
+    }
+
+    /// A watch made before the node goes DOWN resolves whether the DOWN came before its
+    /// `wait` (the count tells) or while it waits (the node wakes it); one made while the
+    /// node is DOWN already does not (a trial's request waits for its answer), until the
+    /// node comes back and goes DOWN again.
+    #[test]
+    fn a_down_watch_sees_a_down_after_it_was_made_and_only_that() {
+        use futures_util::FutureExt;
+        let rt = node();
+        let before = rt.watch_down();
+        let waiting = rt.watch_down();
+        let mut waiting = std::pin::pin!(waiting.wait());
+        assert!(waiting.as_mut().now_or_never().is_none());
+        assert_eq!(rt.force_health(false), Some(Transition::WentDown));
+        assert!(
+            waiting.as_mut().now_or_never().is_some(),
+            "woken while waiting"
+        );
+        assert!(
+            std::pin::pin!(before.wait()).now_or_never().is_some(),
+            "a DOWN before the wait is counted"
+        );
+        let while_down = rt.watch_down();
+        let mut trial = std::pin::pin!(while_down.wait());
+        assert!(trial.as_mut().now_or_never().is_none());
+        assert_eq!(rt.force_health(false), None, "DOWN already");
+        assert!(trial.as_mut().now_or_never().is_none());
+        assert_eq!(rt.force_health(true), Some(Transition::WentUp));
+        assert!(trial.as_mut().now_or_never().is_none(), "UP is no DOWN");
+        assert_eq!(rt.force_health(false), Some(Transition::WentDown));
+        assert!(trial.as_mut().now_or_never().is_some());
     }
 
     /// An answer's report skips the node's lock only when it changes nothing: one after a

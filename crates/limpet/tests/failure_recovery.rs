@@ -81,6 +81,38 @@ impl Backend {
         }
     }
 
+    /// A node on a fresh port of 127.0.0.1 that answers `/demo/...` with `hooks`.
+    async fn start_with_hooks(name: &str, hooks: Arc<dyn limpet::backend::DemoHooks>) -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind backend: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("backend addr: {e}"));
+        let (tx, rx) = oneshot::channel();
+        let owned = name.to_owned();
+        let options = limpet::backend::NodeOptions {
+            hooks: Some(hooks),
+            ..limpet::backend::NodeOptions::default()
+        };
+        let task = tokio::spawn(async move {
+            limpet::backend::serve_with(
+                &owned,
+                listener,
+                async {
+                    let _ = rx.await;
+                },
+                options,
+            )
+            .await;
+        });
+        Backend {
+            addr,
+            kill: Some(tx),
+            task: Some(task),
+        }
+    }
+
     /// A node on a fresh port of 127.0.0.1.
     async fn start(name: &str) -> Backend {
         let l = TcpListener::bind("127.0.0.1:0")
@@ -1093,6 +1125,48 @@ async fn a_hung_node_goes_down_by_its_checks_although_every_tcp_connect_to_it_co
     .await;
 }
 
+/// Sessions whose GET went to a node just before it hung are served by the other node as
+/// soon as the hung node's checks take it DOWN (fall × (interval + timeout)), not when
+/// their answer timeout ends (here a minute: before, they waited it out, though the node
+/// was known hung within a second and a half).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_in_flight_on_a_hung_node_are_replayed_once_its_checks_take_it_down() {
+    let (hung, port, mut b) = hung_a_and_live_b().await;
+    let cfg = ConfigFile::new(
+        "hung-in-flight",
+        &hung_config(
+            port,
+            "timeouts = { upstream_answer = \"60s\", drain = \"1s\" }\n",
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let bound = Duration::from_millis(HUNG_FALL * (HUNG_INTERVAL_MS + HUNG_TIMEOUT_MS)) + SLACK;
+    // Round robin over a (UP until its checks fail) and b: half of them go to a and wait.
+    let mut sessions = JoinSet::new();
+    for _ in 0..6 {
+        sessions.spawn(new_session(l.addr("l"), PATIENCE));
+    }
+    let mut results = Vec::new();
+    while let Some(r) = sessions.join_next().await {
+        results.push(r.unwrap_or_else(|e| panic!("session task: {e}")));
+    }
+    assert!(
+        results.iter().all(|&(s, t)| s == 200 && t <= bound),
+        "every GET answered 200 within fall × (interval + timeout) + slack = {bound:?}: \
+         {results:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .any(|&(_, t)| t >= Duration::from_millis(HUNG_INTERVAL_MS)),
+        "some GETs waited on the hung node until it went DOWN: {results:?}"
+    );
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    l.stop().await;
+    drop(hung);
+    b.kill().await;
+}
+
 /// Quick mode (no checks) in front of the hung node a and the live node b.
 fn hung_and_live_config(hung: &TcpListener, b: &Backend) -> limpet::proxy::ProxyConfig {
     let hung_addr = hung
@@ -1320,6 +1394,300 @@ async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
     for n in ["a", "b", "c"] {
         assert_eq!(proxy.state_of(n), "UP", "{n}");
     }
+    proxy.stop().await;
+    for mut n in nodes {
+        n.kill().await;
+    }
+}
+
+/// A node that takes every connection and reads each request head, then never answers:
+/// each head's request line is told on `heads` as it arrives (the request reached the node).
+struct Holding {
+    addr: SocketAddr,
+    heads: tokio::sync::mpsc::UnboundedReceiver<String>,
+    task: JoinHandle<()>,
+}
+
+impl Holding {
+    async fn start() -> Holding {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind holding node: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("holding addr: {e}"));
+        let (tx, heads) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut held = JoinSet::new();
+            while let Ok((mut s, _)) = listener.accept().await {
+                let tx = tx.clone();
+                held.spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&buf)
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_owned();
+                    let _ = tx.send(line);
+                    // Held open, never answered, until the test ends.
+                    let _ = s.read(&mut chunk).await;
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        Holding { addr, heads, task }
+    }
+
+    /// The request line of the next request head to arrive (bounded).
+    async fn next_head(&mut self) -> String {
+        tokio::time::timeout(PATIENCE, self.heads.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no request reached the holding node"))
+            .unwrap_or_else(|| panic!("holding node gone"))
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A holding node `a` and a live node `b` behind a quick proxy, answer timeout `answer`.
+async fn holding_a_and_live_b(answer: Duration) -> (Holding, Backend, Quick) {
+    let a = Holding::start().await;
+    let b = Backend::start("b").await;
+    let mut cfg = limpet::proxy::ProxyConfig::new(vec![
+        limpet::proxy::NodeConfig {
+            name: "a".into(),
+            addr: a.addr,
+        },
+        limpet::proxy::NodeConfig {
+            name: "b".into(),
+            addr: b.addr,
+        },
+    ]);
+    cfg.timeouts.upstream_answer = answer;
+    let proxy = Quick::start(cfg).await;
+    (a, b, proxy)
+}
+
+/// A GET waiting for the answer of a node that goes DOWN meanwhile (its checks, its traffic
+/// or the operator took it DOWN) stops waiting: it is replayed on another node at once and
+/// its session re-pinned there, not held for the rest of `upstream_answer` (a minute by
+/// default: every request in flight when a node hung waited it out, though its checks had
+/// found it hung long before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_waiting_on_a_node_that_goes_down_is_replayed_at_once() {
+    // Far beyond the client's patience: only the DOWN can end the wait in time.
+    let (mut a, mut b, proxy) = holding_a_and_live_b(Duration::from_secs(60)).await;
+    let url = format!("{}page", proxy.url());
+    let get = tokio::spawn(async move {
+        let r = fresh_client()
+            .get(&url)
+            .header(http::header::COOKIE, "route=a")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = r.status().as_u16();
+        let node = r
+            .headers()
+            .get(limpet::backend::NODE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let cookie = r
+            .headers()
+            .get_all(http::header::SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with("route="))
+            .map(|v| v.split(';').next().unwrap_or("").to_owned());
+        Ok::<_, String>((status, node, cookie))
+    });
+    assert_eq!(a.next_head().await, "GET /page HTTP/1.1");
+    assert_eq!(
+        proxy.runtime.state().force_health("a", false),
+        Some(limpet_core::Transition::WentDown)
+    );
+    let (status, node, cookie) = get
+        .await
+        .unwrap_or_else(|e| panic!("task: {e}"))
+        .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(
+        (status, node.as_str(), cookie.as_deref()),
+        (200, "b", Some("route=b"))
+    );
+    proxy.stop().await;
+    b.kill().await;
+}
+
+/// A POST waiting on a node that goes DOWN is not replayed (the node may have acted on it):
+/// it waits out its answer timeout, then 504, and no other node sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_waiting_on_a_node_that_goes_down_is_not_replayed() {
+    let (mut a, mut b, proxy) = holding_a_and_live_b(Duration::from_millis(500)).await;
+    let url = format!("{}upload", proxy.url());
+    let post = tokio::spawn(async move {
+        let r = fresh_client()
+            .post(&url)
+            .header(http::header::COOKIE, "route=a")
+            .body("job")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let node = r
+            .headers()
+            .get(limpet::backend::NODE_HEADER)
+            .map(|v| v.as_bytes().to_vec());
+        Ok::<_, String>((r.status().as_u16(), node))
+    });
+    assert_eq!(a.next_head().await, "POST /upload HTTP/1.1");
+    assert_eq!(
+        proxy.runtime.state().force_health("a", false),
+        Some(limpet_core::Transition::WentDown)
+    );
+    let (status, node) = post
+        .await
+        .unwrap_or_else(|e| panic!("task: {e}"))
+        .unwrap_or_else(|e| panic!("POST: {e}"));
+    assert_eq!((status, node), (504, None), "the POST went to b");
+    proxy.stop().await;
+    b.kill().await;
+}
+
+/// Node hooks whose `/demo/stall` never answers: each arrival is counted and told.
+#[derive(Default)]
+struct Stall {
+    arrived: AtomicU64,
+    told: tokio::sync::Notify,
+}
+
+impl limpet::backend::DemoHooks for Stall {
+    fn page(&self, node: &str) -> String {
+        node.to_owned()
+    }
+
+    fn control<'a>(
+        &'a self,
+        _method: &'a http::Method,
+        _path: &'a str,
+        _query: &'a str,
+        _demo_header: bool,
+    ) -> limpet::backend::HookFuture<'a, (http::StatusCode, String)> {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        self.told.notify_waiters();
+        Box::pin(std::future::pending())
+    }
+}
+
+impl Stall {
+    /// Waits (bounded) until `n` requests have arrived at the stall on any node.
+    async fn arrivals(&self, n: u64) {
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let told = self.told.notified();
+                if self.arrived.load(Ordering::SeqCst) >= n {
+                    return;
+                }
+                told.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{n} requests never reached the stall"));
+    }
+}
+
+/// `fall` GETs that outlast `upstream_answer` at once, on a node that answers the requests
+/// sent after them meanwhile: the node is alive and the requests are slow by themselves. It
+/// is charged nothing and stays UP, the requests are answered 504 without a replay on
+/// another node, and their session keeps its pin. Charged, three such clicks at once (a
+/// report that takes a minute) took a healthy node DOWN, and, replayed, the next node too
+/// (chaos run 27).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
+    let stall = Arc::new(Stall::default());
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
+        nodes.push(Backend::start_with_hooks(name, hooks).await);
+    }
+    let mut cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(name, n)| limpet::proxy::NodeConfig {
+                name: (*name).into(),
+                addr: n.addr,
+            })
+            .collect(),
+    );
+    // Long enough for the younger requests below to be answered on a loaded machine.
+    cfg.timeouts.upstream_answer = Duration::from_secs(2);
+    let proxy = Quick::start(cfg).await;
+    let client = jar_client();
+    let (status, home) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 200);
+
+    let mut slow = JoinSet::new();
+    for _ in 0..3 {
+        let client = client.clone();
+        let url = format!("{}demo/stall", proxy.url());
+        slow.spawn(async move {
+            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            let repin = r
+                .headers()
+                .get_all(http::header::SET_COOKIE)
+                .iter()
+                .any(|v| v.as_bytes().starts_with(b"route="));
+            Ok::<_, String>((status, repin))
+        });
+    }
+    stall.arrivals(3).await;
+    // Sent after the stalled ones, and answered by the same node.
+    for _ in 0..3 {
+        let (status, node) = get(&client, &proxy.url())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((status, node.as_str()), (200, home.as_str()));
+    }
+    while let Some(r) = slow.join_next().await {
+        let (status, repin) = r
+            .unwrap_or_else(|e| panic!("task: {e}"))
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(status, 504);
+        assert!(!repin, "a slow request re-pinned its session");
+    }
+    assert_eq!(
+        stall.arrived.load(Ordering::SeqCst),
+        3,
+        "a slow request was replayed on another node"
+    );
+    assert_eq!(proxy.state_of(&home), "UP");
+    let streak = proxy
+        .runtime
+        .state()
+        .node_views()
+        .into_iter()
+        .find(|v| v.name == home)
+        .map(|v| v.status.health.streak());
+    assert_eq!(streak, Some(0), "the node was charged a failure");
+    // The three 504s are the home node's answers; no other node saw the requests.
+    assert_eq!(errors_per_node(&proxy), [0, 0, 3]);
+    let (status, node) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((status, node), (200, home));
     proxy.stop().await;
     for mut n in nodes {
         n.kill().await;

@@ -992,17 +992,29 @@ impl<'a> Attempt<'a> {
                         }
                     },
                 };
-                let sent_at = Instant::now();
-                let send = sender.try_send_request(req);
-                // The answer clock starts once the client's body is fully sent: a slow upload is
-                // not a slow node.
-                let clock = async {
-                    body_done.wait().await;
-                    tokio::time::sleep(answer_timeout).await;
+                // A replayable request (no body) also watches its node for a DOWN, made
+                // before it goes out so that none is missed ([`wait_answer`]).
+                let watch = if self.replay.is_some() && !self.upgrade {
+                    shared.state.node_rt(node).map(|rt| rt.watch_down())
+                } else {
+                    None
                 };
-                let outcome = tokio::select! {
-                    r = send => r.map_err(Some),
-                    () = clock => Err(None),
+                let sent_at = Instant::now();
+                let mut send = std::pin::pin!(sender.try_send_request(req));
+                let outcome = match watch {
+                    Some(watch) => wait_answer(send, Some(watch), sent_at, answer_timeout).await,
+                    None => {
+                        // The answer clock starts once the client's body is fully sent: a
+                        // slow upload is not a slow node.
+                        let clock = async {
+                            body_done.wait().await;
+                            tokio::time::sleep(answer_timeout).await;
+                        };
+                        tokio::select! {
+                            r = send.as_mut() => r.map_err(Waited::Failed),
+                            () = clock => Err(Waited::Timeout),
+                        }
+                    }
                 };
                 let err = match outcome {
                     Ok(resp) => {
@@ -1013,11 +1025,11 @@ impl<'a> Attempt<'a> {
                         answered(shared, node, sent_at);
                         return Ok(resp.map(NodeAnswer::Hyper));
                     }
-                    // No answer within the answer timeout: the node is hung or overloaded.
-                    Err(None) => {
-                        UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled)
-                    }
-                    Err(Some(mut e)) => {
+                    // No answer within the answer timeout: the node is hung or overloaded,
+                    // or the request is slow by itself.
+                    Err(Waited::Timeout) => unanswered(shared, node, sent_at, was_pooled),
+                    Err(Waited::NodeDown) => UpstreamError::node_down(),
+                    Err(Waited::Failed(mut e)) => {
                         if let Some(req) = e.take_message() {
                             // Nothing of the request left: the connection was already dead.
                             pending = Some(req);
@@ -1078,12 +1090,85 @@ impl<'a> Attempt<'a> {
 /// latency is counted, on one clock reading.
 fn answered(shared: &Shared, node: NodeId, sent_at: Instant) {
     let now = Instant::now();
+    if let Some(rt) = shared.state.node_rt(node) {
+        rt.answered(clock::us_at(sent_at));
+    }
     shared
         .state
         .observe_at(node, Observation::TrafficOk, clock::ms_at(now));
     shared
         .metrics
         .upstream_latency(node, now.saturating_duration_since(sent_at));
+}
+
+/// How waiting for a node's answer head ended without one.
+enum Waited<E> {
+    /// The connection failed (hyper's error).
+    Failed(E),
+    /// No answer within the answer timeout.
+    Timeout,
+    /// The node went DOWN meanwhile (see [`wait_answer`]).
+    NodeDown,
+}
+
+/// How long a replayable request waits for its node's answer before it also waits on the
+/// node for a DOWN (see [`wait_answer`]): most answers come sooner and never pay for that.
+const DOWN_WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Waits for the answer head of a replayable request sent at `sent_at`: its answer, or
+/// [`Waited::Timeout`] at `answer_timeout`, or [`Waited::NodeDown`] once its node has gone
+/// DOWN since `watch` was made (as the request was sent; `None`: nothing to watch): the
+/// request is then replayed elsewhere at once rather than wait out its answer timeout on a
+/// node its checks or its traffic found hung.
+///
+/// An answer within [`DOWN_WATCH_AFTER`] (most of them) costs what a plain answer timeout
+/// does: one timer, and the watch's one atomic load. A request still waiting then waits on
+/// the node too (a DOWN since the send ends it at once), in a boxed future of its own so
+/// that every request's future does not carry it; so a DOWN ends every waiting replayable
+/// request within [`DOWN_WATCH_AFTER`].
+async fn wait_answer<T, E>(
+    mut answer: std::pin::Pin<&mut impl std::future::Future<Output = Result<T, E>>>,
+    watch: Option<crate::nodes::DownWatch<'_>>,
+    sent_at: Instant,
+    answer_timeout: std::time::Duration,
+) -> Result<T, Waited<E>> {
+    let deadline = sent_at + answer_timeout;
+    let check_in = (sent_at + DOWN_WATCH_AFTER).min(deadline);
+    match tokio::time::timeout_at(check_in, answer.as_mut()).await {
+        Ok(r) => return r.map_err(Waited::Failed),
+        Err(_) if check_in >= deadline => return Err(Waited::Timeout),
+        Err(_) => {}
+    }
+    Box::pin(async move {
+        tokio::select! {
+            biased;
+            r = answer.as_mut() => r.map_err(Waited::Failed),
+            () = async {
+                match watch {
+                    Some(watch) => watch.wait().await,
+                    None => std::future::pending().await,
+                }
+            } => Err(Waited::NodeDown),
+            () = tokio::time::sleep_until(deadline) => Err(Waited::Timeout),
+        }
+    })
+    .await
+}
+
+/// The error of a request sent to `node` at `sent_at` that got no answer head within the
+/// answer timeout: slow by itself if the node answered a younger request meanwhile.
+fn unanswered(shared: &Shared, node: NodeId, sent_at: Instant, pooled: bool) -> UpstreamError {
+    let alive = shared
+        .state
+        .node_rt(node)
+        .is_some_and(|rt| rt.answered_since(clock::us_at(sent_at)));
+    if alive {
+        tracing::debug!(
+            node = shared.node_name(node),
+            "no answer in time from a node answering younger requests: slow request, 504"
+        );
+    }
+    UpstreamError::unanswered(pooled, alive)
 }
 
 /// How an attempt on the request-driven path ended without an answer.
@@ -1140,17 +1225,22 @@ impl Attempt<'_> {
             );
             (exchange, was_pooled)
         };
-        match tokio::time::timeout_at(sent_at + answer_timeout, exchange).await {
-            Ok(Ok(resp)) => {
+        let exchange = std::pin::pin!(exchange);
+        let watch = shared.state.node_rt(node).map(|rt| rt.watch_down());
+        let waited = wait_answer(exchange, watch, sent_at, answer_timeout).await;
+        match waited {
+            Ok(resp) => {
                 answered(shared, node, sent_at);
                 Ok(resp)
             }
-            Ok(Err(e)) if was_pooled && e.closed_before_answer => Err(Direct::Stale),
-            Ok(Err(e)) => Err(Direct::Failed(e.error.on_pooled(was_pooled))),
-            // No answer within the answer timeout: the node is hung or overloaded.
-            Err(_) => Err(Direct::Failed(
-                UpstreamError::timeout(Stage::AnswerHead, true).on_pooled(was_pooled),
-            )),
+            Err(Waited::Failed(e)) if was_pooled && e.closed_before_answer => Err(Direct::Stale),
+            Err(Waited::Failed(e)) => Err(Direct::Failed(e.error.on_pooled(was_pooled))),
+            // No answer within the answer timeout: the node is hung or overloaded, or the
+            // request is slow by itself.
+            Err(Waited::Timeout) => Err(Direct::Failed(unanswered(
+                shared, node, sent_at, was_pooled,
+            ))),
+            Err(Waited::NodeDown) => Err(Direct::Failed(UpstreamError::node_down())),
         }
     }
 }
