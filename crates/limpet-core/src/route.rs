@@ -98,6 +98,16 @@ impl Snapshot {
         &self.eligible
     }
 
+    /// Whether a request waiting on `node` could be replayed now on another node that takes
+    /// fresh assignments and has not failed it (`exclude`). When none could, a request
+    /// waiting for `node`'s answer as `node` goes DOWN keeps waiting: cut, it would only be
+    /// answered an error, where the node may still answer it.
+    pub fn takes_elsewhere(&self, node: NodeId, exclude: &[Excluded]) -> bool {
+        self.eligible
+            .iter()
+            .any(|&n| n != node && Excluded::find(exclude, n).is_none())
+    }
+
     fn debug_check(&self) {
         debug_assert!(
             self.eligible.iter().all(|n| self.schedule.contains(n))
@@ -1235,5 +1245,21 @@ mod tests {
             spread_key(None, b"\x7f\0\0\x01", None),
             spread_key(None, b"\x7f\0\0\x02", None)
         );
+    }
+
+    #[test]
+    fn a_request_may_move_only_to_a_node_that_takes_it_and_has_not_failed_it() {
+        let up = NodeStatus::default();
+        let mut down = NodeStatus::default();
+        down.health.force(false);
+        let snap = Snapshot::new([(1, up), (1, up), (1, down)]);
+        let (a, b) = (NodeId(0), NodeId(1));
+        assert!(snap.takes_elsewhere(a, &[]));
+        assert!(!snap.takes_elsewhere(a, &[failed(b, RepinReason::AnswerTimeout)]));
+        assert!(!snap.takes_elsewhere(b, &[failed(a, RepinReason::ConnectFailed)]));
+        // The third node is DOWN: not a place to go.
+        let lone = Snapshot::new([(1, up), (1, down)]);
+        assert!(!lone.takes_elsewhere(a, &[]));
+        assert!(lone.takes_elsewhere(b, &[]));
     }
 }

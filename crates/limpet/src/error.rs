@@ -57,7 +57,7 @@ pub enum Cause {
     Timeout,
     /// The node's bytes were not valid HTTP.
     Protocol,
-    /// The node went DOWN (its checks, its traffic, the operator) while the request waited
+    /// The node's health went DOWN (its checks or its traffic) while the request waited
     /// for its answer: a replayable request stops waiting and is replayed elsewhere at once
     /// instead of out its answer timeout (a hung node's requests in flight when it hung).
     NodeDown,

@@ -23,6 +23,7 @@
 //! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
 //! | `limpet_out_of_fds_total` | counter | at (`accept`, `connect`, `check`) |
 //! | `limpet_node_answers_cut_total` | counter | node, cause (`idle`: nothing for `answer_body_idle`; `error`: the node's connection failed mid-body) |
+//! | `limpet_node_answers_slow_total` | counter | node (requests answered 504 as slow by themselves: the node answered younger ones meanwhile) |
 //! | `limpet_log_lines_dropped_total` | counter | none (lines the log writer's queue could not take: [`crate::logging`]) |
 //!
 //! Every family is in the text from the first scrape, before anything happened: families
@@ -188,6 +189,27 @@ impl EncodeMetric for AnswersCutCounters {
                 };
                 ConstCounter::new(t.answers_cut(cut)).encode(encoder.encode_family(&labels)?)?;
             }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// `limpet_node_answers_slow_total{node}`: read at each scrape from the per-node traffic
+/// counters, every node from 0.
+#[derive(Debug)]
+struct AnswersSlowCounters(std::sync::Arc<traffic::Traffic>);
+
+impl EncodeMetric for AnswersSlowCounters {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for t in self.0.nodes() {
+            let labels = NodeLabels {
+                node: t.name().to_owned(),
+            };
+            ConstCounter::new(t.answers_slow()).encode(encoder.encode_family(&labels)?)?;
         }
         Ok(())
     }
@@ -462,6 +484,11 @@ impl Metrics {
             "limpet_node_answers_cut",
             "Answers cut after their head went to the client, by node and cause: idle (the node sent nothing for answer_body_idle), error (the node's connection failed mid-body). Not counted against the node's health",
             Eager(AnswersCutCounters(std::sync::Arc::clone(&traffic))),
+        );
+        registry.register(
+            "limpet_node_answers_slow",
+            "Requests answered 504 as slow by themselves, by node: no answer head within upstream_answer while the node answered requests sent after them. Not counted against the node's health, not replayed",
+            Eager(AnswersSlowCounters(std::sync::Arc::clone(&traffic))),
         );
         let m = Metrics {
             registry,

@@ -78,8 +78,10 @@ pub struct NodeRuntime {
     /// Woken (every waiter) when the node's health goes DOWN: a replayable request waiting
     /// for the node's answer stops waiting and is replayed elsewhere ([`Self::went_down`]).
     down: tokio::sync::Notify,
-    /// How many times the node's health went DOWN: read when a request is sent, so that a
-    /// DOWN before it starts to wait on `down` is not missed ([`Self::downs`]).
+    /// How many times the node's health went DOWN: read when a request is routed to the
+    /// node, so that a DOWN before it starts to wait on `down` is not missed
+    /// ([`Self::watch_down`]). A count rather than the state (or the `events` watch, which
+    /// any routing change moves): a DOWN, UP and DOWN again between two readings is seen.
     downs: AtomicU64,
 }
 
@@ -306,9 +308,9 @@ impl NodeRuntime {
     }
 
     /// A watch for the node's health going DOWN from now on (not for it being DOWN already:
-    /// a trial request to a DOWN node waits for its answer). Made as a request is sent; one
-    /// atomic load, so that requests answered in milliseconds, most of them, pay nothing
-    /// more for it.
+    /// a trial request to a DOWN node waits for its answer). Made as a request is routed to
+    /// the node; one atomic load, so that requests answered in milliseconds, most of them,
+    /// pay nothing more for it.
     pub fn watch_down(&self) -> DownWatch<'_> {
         DownWatch {
             node: self,

@@ -125,6 +125,11 @@ pub struct NodeTraffic {
     /// and may be streaming on purpose), and limpet does not either; it makes them visible.
     answers_cut: [AtomicU64; AnswerCut::ALL.len()],
     cut_log: crate::net::RateLimitedLog,
+    /// Requests answered 504 as slow by themselves: no answer within the answer timeout
+    /// while the node answered requests sent after them (`limpet_core::answered_since`), so
+    /// neither charged to the node nor replayed. HAProxy's `timeout server` 504s.
+    answers_slow: AtomicU64,
+    slow_log: crate::net::RateLimitedLog,
 }
 
 impl NodeTraffic {
@@ -141,6 +146,11 @@ impl NodeTraffic {
             cut_log: crate::net::RateLimitedLog::new(
                 "a node's answer was cut mid-body: the client saw it end early",
             ),
+            answers_slow: AtomicU64::new(0),
+            slow_log: crate::net::RateLimitedLog::new(
+                "a request got no answer in time from a node that answers others: 504, the \
+                 node not charged, the request not replayed",
+            ),
         }
     }
 
@@ -150,6 +160,18 @@ impl NodeTraffic {
         self.answers_cut[cut.index()].fetch_add(1, Ordering::Relaxed);
         self.cut_log
             .note_with(|| format!("node {}, cause {}: {detail}", self.name, cut.as_str()));
+    }
+
+    /// A request to the node was answered 504 as slow by itself. Counted, and logged at most
+    /// once per [`crate::net::LOG_EVERY`] per node.
+    pub fn answer_slow(&self) {
+        self.answers_slow.fetch_add(1, Ordering::Relaxed);
+        self.slow_log.note_with(|| format!("node {}", self.name));
+    }
+
+    /// Requests answered 504 as slow by themselves since the node was first seen.
+    pub fn answers_slow(&self) -> u64 {
+        self.answers_slow.load(Ordering::Relaxed)
     }
 
     /// The node's name.
@@ -274,6 +296,10 @@ pub struct TrafficView {
     /// `answer_body_idle`, or its connection failed mid-body), since limpet started; counted
     /// in `requests` by their status too.
     pub answers_cut: u64,
+    /// Requests answered 504 because the node did not answer them in time while it answered
+    /// requests sent after them (slow by themselves: not charged to the node, not replayed),
+    /// since limpet started.
+    pub answers_slow: u64,
 }
 
 /// The charts' data for one node: one point per sample, oldest first.
@@ -435,6 +461,7 @@ impl Traffic {
             answer_p99_ms: quantile_ms(&window, 0.99).map(round2),
             latency_window_secs: LATENCY_WINDOW.as_secs(),
             answers_cut: AnswerCut::ALL.iter().map(|&c| t.answers_cut(c)).sum(),
+            answers_slow: t.answers_slow(),
         }
     }
 

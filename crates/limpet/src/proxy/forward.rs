@@ -562,6 +562,15 @@ fn proxy<'a, 'b>(
                     "node did not answer in time",
                 )
             }
+            // The node went DOWN under the request, which could not be replayed further (it
+            // had already failed another node once sent).
+            Err(e) if e.cause == Cause::NodeDown => {
+                return local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    id,
+                    "node went DOWN before answering",
+                )
+            }
             Err(e) => {
                 tracing::debug!(id, error = %e, "upstream error");
                 return local(StatusCode::BAD_GATEWAY, id, "bad answer from node");
@@ -772,7 +781,10 @@ impl<'a> Attempt<'a> {
         // Only failures charged to their node count: a kept-alive connection that the node
         // closed as the request went out (a keep-alive race) is not a failed node.
         let observed = e.observation();
-        let sent_failure = e.stage == Stage::AnswerHead && observed.is_some();
+        // A node that went DOWN under the request counts too: a request that hangs whichever
+        // node takes it until its checks fail must not take every node DOWN in turn.
+        let sent_failure =
+            e.stage == Stage::AnswerHead && (observed.is_some() || e.cause == Cause::NodeDown);
         if let Some(obs) = observed {
             state.observe(node, obs);
         }
@@ -857,6 +869,9 @@ impl<'a> Attempt<'a> {
                         .node_rt(node)
                         .map(|rt| rt.watch(self.presented.spread));
                 }
+                // From here on, a DOWN of the node ends a replayable request's wait for its
+                // answer ([`wait_answer`]): one that comes while it queues or connects too.
+                let watch = shared.state.node_rt(node).map(|rt| rt.watch_down());
                 // A node at its max_connections: wait in its queue (no failover: a busy node is
                 // not a failed one, and moving a pinned session would break its affinity).
                 // A node that leaves rotation (DOWN, MAINT, past a drain) while the request
@@ -917,7 +932,7 @@ impl<'a> Attempt<'a> {
                 // (`node_h1`); everything else through hyper's client below.
                 if let (Some(head), false, true) = (&self.replay, self.upgrade, conns.plain()) {
                     let err = match self
-                        .direct(conns, node, head, answer_timeout, force_fresh)
+                        .direct(conns, node, head, answer_timeout, force_fresh, watch)
                         .await
                     {
                         Ok(resp) => {
@@ -992,28 +1007,26 @@ impl<'a> Attempt<'a> {
                         }
                     },
                 };
-                // A replayable request (no body) also watches its node for a DOWN, made
-                // before it goes out so that none is missed ([`wait_answer`]).
-                let watch = if self.replay.is_some() && !self.upgrade {
-                    shared.state.node_rt(node).map(|rt| rt.watch_down())
-                } else {
-                    None
-                };
                 let sent_at = Instant::now();
+                // When the answer clock started: once the client's body was fully sent (a
+                // slow upload is not a slow node), for the slow-request rule as well.
+                let mut answer_from = sent_at;
                 let mut send = std::pin::pin!(sender.try_send_request(req));
-                let outcome = match watch {
-                    Some(watch) => wait_answer(send, Some(watch), sent_at, answer_timeout).await,
-                    None => {
-                        // The answer clock starts once the client's body is fully sent: a
-                        // slow upload is not a slow node.
-                        let clock = async {
-                            body_done.wait().await;
-                            tokio::time::sleep(answer_timeout).await;
-                        };
-                        tokio::select! {
-                            r = send.as_mut() => r.map_err(Waited::Failed),
-                            () = clock => Err(Waited::Timeout),
-                        }
+                let outcome = if self.replay.is_some() && !self.upgrade {
+                    // Replayable, so without a body: its clock starts now, and it watches
+                    // the node for a DOWN.
+                    let failed = &self.failed;
+                    let elsewhere = || shared.state.takes_elsewhere(node, failed);
+                    wait_answer(send, watch, elsewhere, sent_at, answer_timeout).await
+                } else {
+                    let clock = async {
+                        body_done.wait().await;
+                        answer_from = Instant::now();
+                        tokio::time::sleep(answer_timeout).await;
+                    };
+                    tokio::select! {
+                        r = send.as_mut() => r.map_err(Waited::Failed),
+                        () = clock => Err(Waited::Timeout),
                     }
                 };
                 let err = match outcome {
@@ -1027,7 +1040,7 @@ impl<'a> Attempt<'a> {
                     }
                     // No answer within the answer timeout: the node is hung or overloaded,
                     // or the request is slow by itself.
-                    Err(Waited::Timeout) => unanswered(shared, node, sent_at, was_pooled),
+                    Err(Waited::Timeout) => unanswered(shared, node, answer_from, was_pooled),
                     Err(Waited::NodeDown) => UpstreamError::node_down(),
                     Err(Waited::Failed(mut e)) => {
                         if let Some(req) = e.take_message() {
@@ -1117,18 +1130,21 @@ const DOWN_WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(1
 
 /// Waits for the answer head of a replayable request sent at `sent_at`: its answer, or
 /// [`Waited::Timeout`] at `answer_timeout`, or [`Waited::NodeDown`] once its node has gone
-/// DOWN since `watch` was made (as the request was sent; `None`: nothing to watch): the
-/// request is then replayed elsewhere at once rather than wait out its answer timeout on a
-/// node its checks or its traffic found hung.
+/// DOWN since `watch` was made (when the request was routed to it; `None`: nothing to
+/// watch) and another node could take the request (`elsewhere`, asked then): the request is
+/// then replayed there at once rather than wait out its answer timeout on a node its checks
+/// or its traffic found hung. With nowhere else to go it keeps waiting: cut, it would only
+/// be answered an error, where the node may still answer it.
 ///
 /// An answer within [`DOWN_WATCH_AFTER`] (most of them) costs what a plain answer timeout
-/// does: one timer, and the watch's one atomic load. A request still waiting then waits on
-/// the node too (a DOWN since the send ends it at once), in a boxed future of its own so
-/// that every request's future does not carry it; so a DOWN ends every waiting replayable
-/// request within [`DOWN_WATCH_AFTER`].
+/// does: one timer (and the watch's one atomic load). A request still waiting then waits on
+/// the node too (a DOWN since the watch was made ends it at once), in a boxed future of its
+/// own so that every request's future does not carry it; so a DOWN ends every waiting
+/// replayable request within [`DOWN_WATCH_AFTER`].
 async fn wait_answer<T, E>(
     mut answer: std::pin::Pin<&mut impl std::future::Future<Output = Result<T, E>>>,
     watch: Option<crate::nodes::DownWatch<'_>>,
+    elsewhere: impl Fn() -> bool,
     sent_at: Instant,
     answer_timeout: std::time::Duration,
 ) -> Result<T, Waited<E>> {
@@ -1140,16 +1156,24 @@ async fn wait_answer<T, E>(
         Err(_) => {}
     }
     Box::pin(async move {
+        let deadline = tokio::time::sleep_until(deadline);
+        tokio::pin!(deadline);
+        if let Some(watch) = watch {
+            tokio::select! {
+                biased;
+                r = answer.as_mut() => return r.map_err(Waited::Failed),
+                () = watch.wait() => {
+                    if elsewhere() {
+                        return Err(Waited::NodeDown);
+                    }
+                }
+                () = deadline.as_mut() => return Err(Waited::Timeout),
+            }
+        }
         tokio::select! {
             biased;
             r = answer.as_mut() => r.map_err(Waited::Failed),
-            () = async {
-                match watch {
-                    Some(watch) => watch.wait().await,
-                    None => std::future::pending().await,
-                }
-            } => Err(Waited::NodeDown),
-            () = tokio::time::sleep_until(deadline) => Err(Waited::Timeout),
+            () = deadline => Err(Waited::Timeout),
         }
     })
     .await
@@ -1163,10 +1187,9 @@ fn unanswered(shared: &Shared, node: NodeId, sent_at: Instant, pooled: bool) -> 
         .node_rt(node)
         .is_some_and(|rt| rt.answered_since(clock::us_at(sent_at)));
     if alive {
-        tracing::debug!(
-            node = shared.node_name(node),
-            "no answer in time from a node answering younger requests: slow request, 504"
-        );
+        if let Some(t) = shared.metrics.node_traffic(node) {
+            t.answer_slow();
+        }
     }
     UpstreamError::unanswered(pooled, alive)
 }
@@ -1192,6 +1215,7 @@ impl Attempt<'_> {
         head: &Head<'_>,
         answer_timeout: std::time::Duration,
         force_fresh: bool,
+        watch: Option<crate::nodes::DownWatch<'_>>,
     ) -> Result<Response<super::node_h1::NodeBody>, Direct> {
         let shared = self.shared;
         // One reading for the idle connections' expiry, the send time and the answer's
@@ -1226,8 +1250,8 @@ impl Attempt<'_> {
             (exchange, was_pooled)
         };
         let exchange = std::pin::pin!(exchange);
-        let watch = shared.state.node_rt(node).map(|rt| rt.watch_down());
-        let waited = wait_answer(exchange, watch, sent_at, answer_timeout).await;
+        let elsewhere = || shared.state.takes_elsewhere(node, &self.failed);
+        let waited = wait_answer(exchange, watch, elsewhere, sent_at, answer_timeout).await;
         match waited {
             Ok(resp) => {
                 answered(shared, node, sent_at);

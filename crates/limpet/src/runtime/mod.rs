@@ -925,6 +925,12 @@ impl State {
         self.rotation.load(Ordering::Relaxed)
     }
 
+    /// Whether a request waiting on `node` could be replayed now on another node (one that
+    /// takes fresh assignments and is not in `exclude`): `Snapshot::takes_elsewhere`.
+    pub fn takes_elsewhere(&self, node: NodeId, exclude: &[limpet_core::Excluded]) -> bool {
+        self.snapshot().snap.takes_elsewhere(node, exclude)
+    }
+
     /// Records what was seen of a node; logs and counts a transition.
     pub fn observe(&self, node: NodeId, obs: Observation) -> Option<Transition> {
         self.observe_at(node, obs, crate::clock::now_ms())
