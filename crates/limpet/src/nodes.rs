@@ -76,7 +76,7 @@ pub struct NodeRuntime {
     /// An atomic, not the status lock: it moves with every answer.
     youngest_answered_us: AtomicU64,
     /// Woken (every waiter) when the node's health goes DOWN: a replayable request waiting
-    /// for the node's answer stops waiting and is replayed elsewhere ([`Self::went_down`]).
+    /// for the node's answer stops waiting and is replayed elsewhere ([`DownWatch::wait`]).
     down: tokio::sync::Notify,
     /// How many times the node's health went DOWN: read when a request is routed to the
     /// node, so that a DOWN before it starts to wait on `down` is not missed
@@ -261,7 +261,7 @@ impl NodeRuntime {
         };
         if went_down {
             // Counted before the waiters are woken: a request that reads the count after
-            // making its `went_down` future sees one or the other.
+            // making its `notified` future (`DownWatch::wait`) sees one or the other.
             self.downs.fetch_add(1, Ordering::Release);
             self.down.notify_waiters();
         }

@@ -63,16 +63,24 @@ struct Backend {
 
 impl Backend {
     fn serve(name: &str, listener: TcpListener) -> Backend {
+        Backend::serve_with(name, listener, limpet::backend::NodeOptions::default())
+    }
+
+    fn serve_with(
+        name: &str,
+        listener: TcpListener,
+        options: limpet::backend::NodeOptions,
+    ) -> Backend {
         let addr = listener
             .local_addr()
             .unwrap_or_else(|e| panic!("backend addr: {e}"));
         let (tx, rx) = oneshot::channel();
         let owned = name.to_owned();
         let task = tokio::spawn(async move {
-            limpet::backend::serve(&owned, listener, async {
+            let stop = async {
                 let _ = rx.await;
-            })
-            .await;
+            };
+            limpet::backend::serve_with(&owned, listener, stop, options).await;
         });
         Backend {
             addr,
@@ -83,34 +91,14 @@ impl Backend {
 
     /// A node on a fresh port of 127.0.0.1 that answers `/demo/...` with `hooks`.
     async fn start_with_hooks(name: &str, hooks: Arc<dyn limpet::backend::DemoHooks>) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let l = TcpListener::bind("127.0.0.1:0")
             .await
             .unwrap_or_else(|e| panic!("bind backend: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("backend addr: {e}"));
-        let (tx, rx) = oneshot::channel();
-        let owned = name.to_owned();
         let options = limpet::backend::NodeOptions {
             hooks: Some(hooks),
             ..limpet::backend::NodeOptions::default()
         };
-        let task = tokio::spawn(async move {
-            limpet::backend::serve_with(
-                &owned,
-                listener,
-                async {
-                    let _ = rx.await;
-                },
-                options,
-            )
-            .await;
-        });
-        Backend {
-            addr,
-            kill: Some(tx),
-            task: Some(task),
-        }
+        Backend::serve_with(name, l, options)
     }
 
     /// A node on a fresh port of 127.0.0.1.
@@ -270,14 +258,28 @@ fn jar_client() -> reqwest::Client {
 async fn get(client: &reqwest::Client, url: &str) -> Result<(u16, String), String> {
     let r = client.get(url).send().await.map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
-    let node = r
-        .headers()
+    let node = node_of(r.headers());
+    r.bytes().await.map_err(|e| e.to_string())?;
+    Ok((status, node))
+}
+
+/// The answering node an answer names (empty for limpet's own answers).
+fn node_of(headers: &http::HeaderMap) -> String {
+    headers
         .get(limpet::backend::NODE_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
-        .to_owned();
-    r.bytes().await.map_err(|e| e.to_string())?;
-    Ok((status, node))
+        .to_owned()
+}
+
+/// The affinity cookie pair (`route=...`) an answer sets, if any.
+fn route_cookie_of(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(http::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("route="))
+        .map(|v| v.split(';').next().unwrap_or("").to_owned())
 }
 
 /// What one answer said.
@@ -291,19 +293,8 @@ struct Answer {
 
 async fn answer_of(resp: http::Response<hyper::body::Incoming>) -> Result<Answer, String> {
     let status = resp.status().as_u16();
-    let node = resp
-        .headers()
-        .get(limpet::backend::NODE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let set_cookie = resp
-        .headers()
-        .get_all(http::header::SET_COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with("route="))
-        .map(|v| v.split(';').next().unwrap_or("").to_owned());
+    let node = node_of(resp.headers());
+    let set_cookie = route_cookie_of(resp.headers());
     resp.into_body()
         .collect()
         .await
@@ -1345,10 +1336,16 @@ async fn three_nodes(upstream_answer: Option<Duration>) -> (Vec<Backend>, Quick)
     for name in ["a", "b", "c"] {
         nodes.push(Backend::start(name).await);
     }
+    let proxy = quick_over_abc(&nodes, upstream_answer).await;
+    (nodes, proxy)
+}
+
+/// Quick mode in front of `nodes`, named a, b and c (`upstream_answer` when given).
+async fn quick_over_abc(nodes: &[Backend], upstream_answer: Option<Duration>) -> Quick {
     let mut cfg = limpet::proxy::ProxyConfig::new(
         ["a", "b", "c"]
             .iter()
-            .zip(&nodes)
+            .zip(nodes)
             .map(|(name, n)| limpet::proxy::NodeConfig {
                 name: (*name).into(),
                 addr: n.addr,
@@ -1358,7 +1355,7 @@ async fn three_nodes(upstream_answer: Option<Duration>) -> (Vec<Backend>, Quick)
     if let Some(t) = upstream_answer {
         cfg.timeouts.upstream_answer = t;
     }
-    (nodes, Quick::start(cfg).await)
+    Quick::start(cfg).await
 }
 
 /// Failed attempts counted on a, b and c, in increasing order.
@@ -1493,21 +1490,11 @@ fn send_pinned_to_a(proxy: &Quick, method: http::Method) -> JoinHandle<Result<Go
             req = req.body("job");
         }
         let r = req.send().await.map_err(|e| e.to_string())?;
-        let status = r.status().as_u16();
-        let node = r
-            .headers()
-            .get(limpet::backend::NODE_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let cookie = r
-            .headers()
-            .get_all(http::header::SET_COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|v| v.starts_with("route="))
-            .map(|v| v.split(';').next().unwrap_or("").to_owned());
-        Ok((status, node, cookie))
+        Ok((
+            r.status().as_u16(),
+            node_of(r.headers()),
+            route_cookie_of(r.headers()),
+        ))
     })
 }
 
@@ -1653,19 +1640,8 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
         let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
         nodes.push(Backend::start_with_hooks(name, hooks).await);
     }
-    let mut cfg = limpet::proxy::ProxyConfig::new(
-        ["a", "b", "c"]
-            .iter()
-            .zip(&nodes)
-            .map(|(name, n)| limpet::proxy::NodeConfig {
-                name: (*name).into(),
-                addr: n.addr,
-            })
-            .collect(),
-    );
     // Long enough for the younger requests below to be answered on a loaded machine.
-    cfg.timeouts.upstream_answer = Duration::from_secs(2);
-    let proxy = Quick::start(cfg).await;
+    let proxy = quick_over_abc(&nodes, Some(Duration::from_secs(2))).await;
     let client = jar_client();
     let (status, home) = get(&client, &proxy.url())
         .await

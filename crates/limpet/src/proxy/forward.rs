@@ -562,8 +562,8 @@ fn proxy<'a, 'b>(
                     "node did not answer in time",
                 )
             }
-            // The node went DOWN under the request, which could not be replayed further (it
-            // had already failed another node once sent).
+            // The node went DOWN under the request, which could not be replayed further: it
+            // had already failed another node once sent (or, in a race, no node was left).
             Err(e) if e.cause == Cause::NodeDown => {
                 return local(
                     StatusCode::SERVICE_UNAVAILABLE,
