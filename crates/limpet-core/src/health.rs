@@ -121,7 +121,9 @@ pub enum Observation {
 
 /// Whether a node that did not answer a request sent at `sent` within the answer timeout
 /// has answered a request sent after it since (`youngest_answered`: the send time of the
-/// youngest request the node has answered, on the same clock; any unit, 0 for none).
+/// youngest request the node has answered, on the same clock; any unit, 0 for none). An
+/// HTTP check's answer counts as a request's; a completed TCP connect or TLS handshake does
+/// not (a stopped process's kernel completes connects).
 ///
 /// If so, the node is alive and the request is slow by itself: no traffic failure, no
 /// replay on another node (it would be as slow there, and move its session for nothing):

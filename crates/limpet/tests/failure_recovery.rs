@@ -94,11 +94,20 @@ impl Backend {
         let l = TcpListener::bind("127.0.0.1:0")
             .await
             .unwrap_or_else(|e| panic!("bind backend: {e}"));
+        Backend::serve_hooked(name, l, hooks)
+    }
+
+    /// A node on `listener` that answers `/demo/...` with `hooks`.
+    fn serve_hooked(
+        name: &str,
+        listener: TcpListener,
+        hooks: Arc<dyn limpet::backend::DemoHooks>,
+    ) -> Backend {
         let options = limpet::backend::NodeOptions {
             hooks: Some(hooks),
             ..limpet::backend::NodeOptions::default()
         };
-        Backend::serve_with(name, l, options)
+        Backend::serve_with(name, listener, options)
     }
 
     /// A node on a fresh port of 127.0.0.1.
@@ -971,13 +980,20 @@ async fn new_session(addr: SocketAddr, limit: Duration) -> (u16, Duration) {
 /// every handshake into the backlog (as for a SIGSTOPped process); nothing ever answers.
 /// Node b: a demo node on the same port of 127.0.0.3. The socket, the port and b.
 async fn hung_a_and_live_b() -> (TcpListener, u16, Backend) {
+    let (hung, l, port) = common_port_pair().await;
+    (hung, port, Backend::serve("b", l))
+}
+
+/// Two listeners on one free port, of 127.0.0.2 and of 127.0.0.3 (nodes a and b of
+/// `hung_config`), and the port.
+async fn common_port_pair() -> (TcpListener, TcpListener, u16) {
     for _ in 0..50 {
-        let hung = TcpListener::bind("127.0.0.2:0")
+        let a = TcpListener::bind("127.0.0.2:0")
             .await
-            .unwrap_or_else(|e| panic!("bind hung node: {e}"));
-        let port = hung.local_addr().map(|a| a.port()).unwrap_or(0);
-        if let Ok(l) = TcpListener::bind(("127.0.0.3", port)).await {
-            return (hung, port, Backend::serve("b", l));
+            .unwrap_or_else(|e| panic!("bind node a: {e}"));
+        let port = a.local_addr().map(|a| a.port()).unwrap_or(0);
+        if let Ok(b) = TcpListener::bind(("127.0.0.3", port)).await {
+            return (a, b, port);
         }
     }
     panic!("no common free port for the two nodes");
@@ -1698,6 +1714,62 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
     for mut n in nodes {
         n.kill().await;
     }
+}
+
+/// With HTTP checks, a check the node answers after a request was sent is a sign of life,
+/// as an answer to traffic is: GETs that outlast `upstream_answer` at once on an otherwise
+/// idle fleet are answered 504, none replayed, and every node stays UP. Before, with no
+/// traffic answered meanwhile, each was replayed on the other node (and charged both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_requests_on_an_idle_checked_fleet_are_not_replayed() {
+    let stall = Arc::new(Stall::default());
+    let (mut a, mut b, port) = stalling_pair(&stall).await;
+    let cfg = ConfigFile::new(
+        "slow-checked",
+        &hung_config(
+            port,
+            "timeouts = { upstream_answer = \"2s\", drain = \"1s\" }\n",
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    // New sessions, round robin: the three land on both nodes.
+    let mut slow = JoinSet::new();
+    for _ in 0..3 {
+        let url = format!("http://{}/demo/stall", l.addr("l"));
+        slow.spawn(async move { get(&fresh_client(), &url).await });
+    }
+    stall.arrivals(3).await;
+    while let Some(r) = slow.join_next().await {
+        let (status, _) = r
+            .unwrap_or_else(|e| panic!("task: {e}"))
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(status, 504);
+    }
+    assert_eq!(
+        stall.arrived.load(Ordering::SeqCst),
+        3,
+        "a slow request was replayed on the other node"
+    );
+    let mut counted = 0;
+    for n in ["a", "b"] {
+        let view = node_view(&l, n).await;
+        assert_eq!(view["state"], "UP", "{view}");
+        counted += view["traffic"]["answers_slow"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(counted, 3, "counted as slow requests of their nodes");
+    l.stop().await;
+    a.kill().await;
+    b.kill().await;
+}
+
+/// Nodes a (127.0.0.2) and b (127.0.0.3) on one port, their `/demo/...` answered by `stall`.
+async fn stalling_pair(stall: &Arc<Stall>) -> (Backend, Backend, u16) {
+    let (la, lb, port) = common_port_pair().await;
+    (
+        Backend::serve_hooked("a", la, stall.clone()),
+        Backend::serve_hooked("b", lb, stall.clone()),
+        port,
+    )
 }
 
 /// A request that breaks whichever node takes it (the node closes the connection once it

@@ -252,6 +252,12 @@ pub trait HealthSink: Send + Sync + 'static {
     /// The check in `check`'s slot of `node` was stopped (a reload removed or changed it):
     /// its last result no longer counts.
     fn forget(&self, node: &str, check: CheckSlot);
+
+    /// An HTTP check of `node` sent at `sent_at` was answered (whatever its status): the
+    /// node's process answers requests, a sign of life for the slow-request rule
+    /// (`limpet_core::answered_since`) as an answer to traffic is. A completed TCP connect
+    /// or TLS handshake is not one: a stopped process's kernel completes connects.
+    fn answered(&self, _node: &str, _sent_at: Instant) {}
 }
 
 /// What the admin API shows of one check.
@@ -572,6 +578,9 @@ async fn run_check(
             crate::net::LOCAL_FDS.note(crate::net::FdsAt::Check, "health check");
             next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
             continue;
+        }
+        if detail.status.is_some() {
+            sink.answered(&node, started);
         }
         let t = sink.record(&node, slot, detail.ok, &detail);
         board.update(&node, &label, &detail, t.is_some());

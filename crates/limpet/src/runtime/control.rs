@@ -49,6 +49,15 @@ impl HealthSink for RuntimeSink {
             rt.state().forget_check(node, check);
         }
     }
+
+    fn answered(&self, node: &str, sent_at: tokio::time::Instant) {
+        if let Some(rt) = self.runtime.upgrade() {
+            let state = rt.state();
+            if let Some(n) = state.node_id(node).and_then(|id| state.node_rt(id)) {
+                n.answered(crate::clock::us_at(sent_at));
+            }
+        }
+    }
 }
 
 /// The admin API's view of the running limpet.
