@@ -1016,6 +1016,15 @@ fn hung_config(port: u16, listener: &str) -> String {
     )
 }
 
+/// limpet (the real binary) over nodes a and b on `port`, HTTP-checked as in `hung_config`,
+/// its HTTP listener `l` with `upstream_answer`; the config file lives as long as it is kept.
+async fn checked_limpet(tag: &str, port: u16, upstream_answer: &str) -> (Limpet, ConfigFile) {
+    let listener =
+        format!("timeouts = {{ upstream_answer = \"{upstream_answer}\", drain = \"1s\" }}\n");
+    let cfg = ConfigFile::new(tag, &hung_config(port, &listener));
+    (Limpet::start(&cfg).await, cfg)
+}
+
 /// Drives steady traffic (a new session every 30 ms, at most 150) at `addr` until the admin
 /// API reports node a DOWN, and asserts that happens within fall × (interval + timeout) +
 /// slack of `started`. Returns when it did, and how many sessions ran before.
@@ -1139,14 +1148,7 @@ async fn a_hung_node_goes_down_by_its_checks_although_every_tcp_connect_to_it_co
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gets_in_flight_on_a_hung_node_are_replayed_once_its_checks_take_it_down() {
     let (hung, port, mut b) = hung_a_and_live_b().await;
-    let cfg = ConfigFile::new(
-        "hung-in-flight",
-        &hung_config(
-            port,
-            "timeouts = { upstream_answer = \"60s\", drain = \"1s\" }\n",
-        ),
-    );
-    let l = Limpet::start(&cfg).await;
+    let (l, _cfg) = checked_limpet("hung-in-flight", port, "60s").await;
     let bound = Duration::from_millis(HUNG_FALL * (HUNG_INTERVAL_MS + HUNG_TIMEOUT_MS)) + SLACK;
     // Round robin over a (UP until its checks fail) and b: half of them go to a and wait.
     let mut sessions = JoinSet::new();
@@ -1724,14 +1726,7 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
 async fn slow_requests_on_an_idle_checked_fleet_are_not_replayed() {
     let stall = Arc::new(Stall::default());
     let (mut a, mut b, port) = stalling_pair(&stall).await;
-    let cfg = ConfigFile::new(
-        "slow-checked",
-        &hung_config(
-            port,
-            "timeouts = { upstream_answer = \"2s\", drain = \"1s\" }\n",
-        ),
-    );
-    let l = Limpet::start(&cfg).await;
+    let (l, _cfg) = checked_limpet("slow-checked", port, "2s").await;
     // New sessions, round robin: the three land on both nodes.
     let mut slow = JoinSet::new();
     for _ in 0..3 {
