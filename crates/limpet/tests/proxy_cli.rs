@@ -5,7 +5,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use common::{node_of, nodes, plain_client, set_cookie};
+use common::{node_of, nodes, plain_client, raw_exchange, read_request_head, set_cookie};
 
 fn limpet() -> Command {
     Command::new(env!("CARGO_BIN_EXE_limpet"))
@@ -127,8 +127,8 @@ async fn the_access_log_writes_one_line_per_request_without_the_query() {
         .await
         .expect("get");
     assert_eq!(resp.status(), 200);
-    // The line is written as the answer head goes out; read stderr until it comes (a
-    // failure drops `child`, which ends stderr and the read).
+    // The line is written as the answer ends; read stderr until it comes (a failure
+    // drops `child`, which ends stderr and the read).
     let read = tokio::task::spawn_blocking(move || {
         BufReader::new(stderr)
             .lines()
@@ -150,6 +150,198 @@ async fn the_access_log_writes_one_line_per_request_without_the_query() {
         assert!(logged.contains(part), "{part} missing from {logged:?}");
     }
     assert!(!logged.contains("secret123"), "query logged: {logged:?}");
+    drop(child);
+}
+
+/// The access log line is written when the answer ends, and says how it ended: a whole
+/// answer `end=done` with its body bytes; one whose node failed after its head went out
+/// keeps its status (the client got a 200 head) but says `end=node-error` and the bytes
+/// that went out; one whose client went away before its end (an HTTP/2 stream reset while
+/// the node still holds the rest) says `end=client-gone`, and so does one whose client went
+/// away before any answer head, with no status. Before, each line was written at the head:
+/// the first three read as plain 200s, and the last wrote no line at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_line_says_how_the_answer_ended() {
+    use tokio::io::AsyncWriteExt;
+    // A node that answers `/whole` in full, `/cut` with 10 bytes of 100 then closes,
+    // `/held` with 10 bytes of 100 then holds its connection for as long as the test runs,
+    // and `/silent` not at all, holding its connection too.
+    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind node");
+    let node_addr = node.local_addr().expect("node addr");
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    let serve = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = node.accept().await else {
+                return;
+            };
+            let held_tx = held_tx.clone();
+            tokio::spawn(async move {
+                // Kept alive: limpet may send its next request on this connection.
+                while let Some(head) = read_request_head(&mut s).await {
+                    if head.starts_with("GET /silent ") {
+                        let _ = held_tx.send(s);
+                        return;
+                    }
+                    if head.starts_with("GET /whole ") {
+                        let whole = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
+                        if s.write_all(whole).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
+                    let _ = s.write_all(partial).await;
+                    if head.starts_with("GET /held ") {
+                        let _ = held_tx.send(s);
+                    }
+                    // `/cut`: dropped here, 90 bytes short.
+                    return;
+                }
+            });
+        }
+    });
+
+    let mut cmd = limpet();
+    cmd.arg("proxy")
+        .arg("--to")
+        .arg(format!("solo={node_addr}"))
+        .env("RUST_LOG", "warn,limpet::access=info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped());
+    let (mut child, addr) = start_quick(cmd).await;
+    let stderr = child.0.stderr.take().expect("stderr");
+    let (line_tx, line_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if l.contains("limpet::access") && line_tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let line_rx = std::sync::Arc::new(std::sync::Mutex::new(line_rx));
+    // The next access log line, within 10 s (a failure drops `child`, ending stderr).
+    let next_line = || {
+        let rx = std::sync::Arc::clone(&line_rx);
+        async move {
+            tokio::task::spawn_blocking(move || {
+                rx.lock()
+                    .expect("lock")
+                    .recv_timeout(std::time::Duration::from_secs(10))
+                    .expect("an access log line within 10 s")
+            })
+            .await
+            .expect("join")
+        }
+    };
+    let has = |line: &str, parts: &[&str]| {
+        for part in parts {
+            assert!(
+                line.split_whitespace().any(|w| w == *part),
+                "{part} missing from {line:?}"
+            );
+        }
+    };
+
+    let resp = plain_client()
+        .get(format!("http://{addr}/whole"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.text().await.expect("body"), "hello");
+    let line = next_line().await;
+    has(
+        &line,
+        &[
+            "path=/whole",
+            "status=200",
+            "bytes=5",
+            "end=done",
+            "node=solo",
+        ],
+    );
+    assert!(line.contains(" total_ms="), "{line:?}");
+
+    // The client reads what comes until limpet closes its connection.
+    let got = raw_exchange(
+        addr.parse().expect("address"),
+        b"GET /cut HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
+    assert!(
+        got.starts_with("HTTP/1.1 200 OK") && got.ends_with("0123456789"),
+        "{got:?}"
+    );
+    has(
+        &next_line().await,
+        &["path=/cut", "status=200", "bytes=10", "end=node-error"],
+    );
+
+    // limpet's own answer to a HEAD (400: no Host) has a body hyper never sends: done.
+    let mut c = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    c.write_all(b"HEAD /nohost HTTP/1.1\r\n\r\n")
+        .await
+        .expect("send");
+    has(
+        &next_line().await,
+        &["path=/nohost", "status=400", "bytes=0", "end=done"],
+    );
+    drop(c);
+
+    // HTTP/2: the head and 10 bytes come, then the client drops the answer (RST_STREAM)
+    // while the node holds the rest.
+    let io = hyper_util::rt::TokioIo::new(
+        tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect"),
+    );
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{addr}/held"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let mut resp = send.send_request(req).await.expect("h2 answer head");
+    assert_eq!(resp.status(), 200);
+    let first = http_body_util::BodyExt::frame(resp.body_mut())
+        .await
+        .expect("a first frame")
+        .expect("its data");
+    assert_eq!(first.into_data().expect("data").as_ref(), b"0123456789");
+    let held = held_rx.recv().await.expect("the node holds /held");
+    drop(resp);
+    has(
+        &next_line().await,
+        &["path=/held", "status=200", "bytes=10", "end=client-gone"],
+    );
+
+    // The client gives up before any answer head: the line has no status.
+    let req = http::Request::get(format!("http://{addr}/silent"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let waiting = tokio::spawn(send.send_request(req));
+    let silent = held_rx.recv().await.expect("the node holds /silent");
+    waiting.abort();
+    let line = next_line().await;
+    has(
+        &line,
+        &[
+            "path=/silent",
+            "status=-",
+            "ms=-",
+            "bytes=0",
+            "end=client-gone",
+            "node=solo",
+        ],
+    );
+    drop((held, silent));
+    conn.abort();
+    serve.abort();
     drop(child);
 }
 

@@ -11,8 +11,10 @@
 //!   idle clock only runs while nothing is in flight. A node that stops sending its answer
 //!   body for `answer_body_idle` ends it with [`BodyIdle`]: the answer is cut. A cut answer
 //!   (that one, or a node connection that fails mid-body) is counted for its node and logged
-//!   ([`crate::metrics::NodeTraffic::answer_cut`]): its status was logged and counted when
-//!   the head went out.
+//!   ([`crate::metrics::NodeTraffic::answer_cut`]): its status was counted when the head
+//!   went out. With the access log on, the answer carries its line
+//!   ([`super::forward::AccessLine`]) and writes it when the body ends, with the bytes that
+//!   went to the client and how it ended ([`AnswerEnd`]): a cut answer's line says so.
 //!
 //! Both count body bytes for the stats page's per-node traffic: the answer's bytes go to the
 //! node that sent it ([`ProxyBody::counted`]); the request's bytes are read before failover
@@ -330,6 +332,134 @@ enum Inner {
     /// The node's answer failed mid-body: the error, held for one poll so that what came
     /// before it is written to the client first.
     Failed(Option<BoxError>),
+    /// The access log is on: the answer with its line, written when it ends. Boxed, so
+    /// that an answer without a line is no larger for it.
+    Logged(Box<Logged>),
+}
+
+impl Inner {
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Inner::Upstream(b, _) => b.is_end_stream(),
+            Inner::Local(b) => b.is_end_stream(),
+            Inner::Failed(e) => e.is_none(),
+            Inner::Logged(l) => l.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Inner::Upstream(b, _) => b.size_hint(),
+            Inner::Local(b) => b.size_hint(),
+            Inner::Failed(_) => SizeHint::default(),
+            Inner::Logged(l) => l.inner.size_hint(),
+        }
+    }
+
+    fn whole_in_hand(&self) -> bool {
+        match self {
+            Inner::Local(_) => true,
+            Inner::Upstream(NodeAnswer::Direct(b), _) => b.whole_in_hand(),
+            Inner::Upstream(NodeAnswer::Hyper(b), _) => b.is_end_stream(),
+            Inner::Failed(_) => false,
+            Inner::Logged(l) => l.inner.whole_in_hand(),
+        }
+    }
+}
+
+/// How an answer's body ended, as its access log line says (`end=`). HAProxy's log has the
+/// same in its termination state (`----` done, `SD--` the server aborted during the data,
+/// `CD--` the client did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AnswerEnd {
+    /// All of it was handed to the client's connection.
+    Done,
+    /// Cut: the node sent nothing for `answer_body_idle`.
+    NodeIdle,
+    /// Cut: the node's connection failed mid-body.
+    NodeError,
+    /// Cut: the client's own upload failed, and limpet closed the node connection for it.
+    ClientBody,
+    /// The client's connection or stream went away before the answer ended, or limpet
+    /// closed it (a drain's deadline, a stalled HTTP/2 client).
+    ClientGone,
+}
+
+impl AnswerEnd {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            AnswerEnd::Done => "done",
+            AnswerEnd::NodeIdle => "node-idle",
+            AnswerEnd::NodeError => "node-error",
+            AnswerEnd::ClientBody => "client-body",
+            AnswerEnd::ClientGone => "client-gone",
+        }
+    }
+
+    /// The end that a body's error says.
+    fn of_error(e: &(dyn std::error::Error + 'static), client_failed: bool) -> Self {
+        if client_failed {
+            AnswerEnd::ClientBody
+        } else if is_body_idle(e) {
+            AnswerEnd::NodeIdle
+        } else {
+            AnswerEnd::NodeError
+        }
+    }
+}
+
+/// An answer whose access log line is written when it ends: on its last frame, on its
+/// error, or when hyper drops it unfinished (the client went away).
+#[derive(Debug)]
+struct Logged {
+    inner: Inner,
+    line: super::forward::AccessLine,
+    /// Body bytes handed to the client's connection.
+    bytes: u64,
+    end: Option<AnswerEnd>,
+}
+
+impl Logged {
+    /// Notes what one poll of the answer gave.
+    fn saw(&mut self, r: &Poll<Option<Result<Frame<Bytes>, BoxError>>>, client_failed: bool) {
+        match r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.bytes += data.len() as u64;
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.end
+                    .get_or_insert(AnswerEnd::of_error(e.as_ref(), client_failed));
+            }
+            Poll::Ready(None) => {
+                self.end.get_or_insert(AnswerEnd::Done);
+            }
+            // A node's error is held back for one poll (`Inner::Failed`); it is the end.
+            Poll::Pending => {
+                if let Inner::Failed(Some(e)) = &self.inner {
+                    self.end
+                        .get_or_insert(AnswerEnd::of_error(e.as_ref(), client_failed));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        // Dropped without an end seen: hyper writes no more of it. An answer with nothing
+        // (more) to send is never polled for it (an empty body, and whatever body an answer
+        // to a HEAD, a 1xx, a 204 or a 304 has: hyper sends none): done.
+        let end = self
+            .end
+            .unwrap_or(if self.inner.is_end_stream() || self.line.bodiless() {
+                AnswerEnd::Done
+            } else {
+                AnswerEnd::ClientGone
+            });
+        self.line.emit(end, self.bytes);
+    }
 }
 
 /// A node's answer body: from hyper's client connection, or read from the node's socket by
@@ -447,12 +577,19 @@ impl ProxyBody {
     /// a local answer, an empty one, or a node's answer whose bytes have all come
     /// ([`super::node_h1::NodeBody::whole_in_hand`]).
     pub(crate) fn whole_in_hand(&self) -> bool {
-        match &self.inner {
-            Inner::Local(_) => true,
-            Inner::Upstream(NodeAnswer::Direct(b), _) => b.whole_in_hand(),
-            Inner::Upstream(NodeAnswer::Hyper(b), _) => b.is_end_stream(),
-            Inner::Failed(_) => false,
-        }
+        self.inner.whole_in_hand()
+    }
+
+    /// Writes `line` to the access log when the answer ends, with how it ended.
+    pub(crate) fn logged(mut self, line: super::forward::AccessLine) -> Self {
+        let inner = std::mem::replace(&mut self.inner, Inner::Failed(None));
+        self.inner = Inner::Logged(Box::new(Logged {
+            inner,
+            line,
+            bytes: 0,
+            end: None,
+        }));
+        self
     }
 
     /// Holds the node slot until the body is done.
@@ -485,79 +622,130 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Upstream(b, _) => b.is_end_stream(),
-            Inner::Local(b) => b.is_end_stream(),
-            Inner::Failed(e) => e.is_none(),
-        }
+        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Inner::Upstream(b, _) => b.size_hint(),
-            Inner::Local(b) => b.size_hint(),
-            Inner::Failed(_) => SizeHint::default(),
-        }
+        self.inner.size_hint()
     }
 }
 
 impl ProxyBody {
+    /// The answer's next frame; a logged answer notes it for its line.
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut cuts = Cuts {
+            traffic: &mut self.traffic,
+            request: self.request.as_deref(),
+        };
+        match &mut self.inner {
+            Inner::Logged(l) => {
+                let r = poll_answer(&mut l.inner, &mut cuts, cx);
+                l.saw(&r, cuts.client_failed());
+                r
+            }
+            inner => poll_answer(inner, &mut cuts, cx),
+        }
+    }
+}
+
+/// What reports an answer's cut: the node's traffic (taken at the first cut) and the
+/// request's body.
+struct Cuts<'a> {
+    traffic: &'a mut Option<Arc<NodeTraffic>>,
+    request: Option<&'a BodyTally>,
+}
+
+impl Cuts<'_> {
+    fn client_failed(&self) -> bool {
+        self.request.is_some_and(BodyTally::failed)
+    }
+
     /// Reports the node's answer cut, unless the client's own body failed first (limpet
     /// then closed the node connection itself, and the answer's error is that close). Once:
     /// the body ends with the error, and counts nothing after. The request's id is not kept
-    /// for the log line: 16 bytes more in every answer body cost about 300 instructions per
-    /// request in moves (callgrind, `sticky`).
-    fn report_cut(&mut self, cut: AnswerCut, detail: &dyn std::fmt::Display) {
+    /// for the cut's log line (the access log line, when on, rides in `Inner::Logged`): 16
+    /// bytes more in every answer body cost about 300 instructions per request in moves
+    /// (callgrind, `sticky`).
+    fn report(&mut self, cut: AnswerCut, detail: &dyn std::fmt::Display) {
         let Some(t) = self.traffic.take() else { return };
-        if !self.request.as_ref().is_some_and(|r| r.failed()) {
+        if !self.client_failed() {
             t.answer_cut(cut, detail);
         }
     }
+}
 
-    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self;
-        match &mut this.inner {
-            Inner::Upstream(b, idle) => match Pin::new(b).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let (Some(t), Some(data)) = (&this.traffic, frame.data_ref()) {
-                        t.add_out(data.len() as u64);
-                    }
-                    idle.moved();
-                    Poll::Ready(Some(Ok(frame)))
+fn poll_answer(
+    inner: &mut Inner,
+    cuts: &mut Cuts<'_>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    match inner {
+        Inner::Upstream(b, idle) => match Pin::new(b).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(t), Some(data)) = (&*cuts.traffic, frame.data_ref()) {
+                    t.add_out(data.len() as u64);
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    this.report_cut(AnswerCut::Error, &e);
-                    // hyper drops what it has not written yet when a body fails, and a node
-                    // that resets right after its head and first bytes lost the client those
-                    // too (an empty reply, with the 200 in the access log). One pending poll
-                    // lets hyper flush them; the error comes on the next.
-                    this.inner = Inner::Failed(Some(e));
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }
-                Poll::Ready(None) => Poll::Ready(None),
-                // The node went quiet mid-answer: cut the answer (the client sees it end
-                // early, as HAProxy's `timeout server` does).
-                Poll::Pending if idle.expired(cx) => {
-                    this.report_cut(AnswerCut::Idle, &"nothing came for answer_body_idle");
-                    Poll::Ready(Some(Err(Box::new(BodyIdle))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
-            Inner::Local(b) => match Pin::new(b).poll_frame(cx) {
-                Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
-                Poll::Ready(Some(Err(never))) => match never {},
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            },
-            Inner::Failed(e) => Poll::Ready(e.take().map(Err)),
-        }
+                idle.moved();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                cuts.report(AnswerCut::Error, &e);
+                // hyper drops what it has not written yet when a body fails, and a node
+                // that resets right after its head and first bytes lost the client those
+                // too (an empty reply). One pending poll lets hyper flush them; the error
+                // comes on the next.
+                *inner = Inner::Failed(Some(e));
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            // The node went quiet mid-answer: cut the answer (the client sees it end
+            // early, as HAProxy's `timeout server` does).
+            Poll::Pending if idle.expired(cx) => {
+                cuts.report(AnswerCut::Idle, &"nothing came for answer_body_idle");
+                Poll::Ready(Some(Err(Box::new(BodyIdle))))
+            }
+            Poll::Pending => Poll::Pending,
+        },
+        Inner::Local(b) => match Pin::new(b).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
+            Poll::Ready(Some(Err(never))) => match never {},
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        },
+        Inner::Failed(e) => Poll::Ready(e.take().map(Err)),
+        // `logged` wraps a body once; a line within a line has nothing to add.
+        Inner::Logged(l) => poll_answer(&mut l.inner, cuts, cx),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_s_error_says_whose_end_it_was() {
+        let reset: BoxError = Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        let idle: BoxError = Box::new(BodyIdle);
+        assert_eq!(
+            AnswerEnd::of_error(idle.as_ref(), false),
+            AnswerEnd::NodeIdle
+        );
+        assert_eq!(
+            AnswerEnd::of_error(reset.as_ref(), false),
+            AnswerEnd::NodeError
+        );
+        // The client's upload failed first: limpet closed the node connection, whatever
+        // the answer's error reads.
+        assert_eq!(
+            AnswerEnd::of_error(idle.as_ref(), true),
+            AnswerEnd::ClientBody
+        );
+        assert_eq!(
+            AnswerEnd::of_error(reset.as_ref(), true),
+            AnswerEnd::ClientBody
+        );
+    }
 
     #[test]
     fn request_bytes_wait_for_their_node_then_count_to_it() {

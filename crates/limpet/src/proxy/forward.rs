@@ -22,6 +22,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -34,20 +35,27 @@ use limpet_core::{
 use tokio::time::Instant;
 
 use super::affinity::CookieEdit;
-use super::body::{NodeAnswer, ProxyBody, UpBody};
+use super::body::{AnswerEnd, NodeAnswer, ProxyBody, UpBody};
 use super::headers::{self as hdr, Forwarding, X_REQUEST_ID};
-use super::server::{ActiveGuard, ConnCtx, Shared};
+use super::server::{ActiveGuard, ConnCtx, RequestId, Shared};
 use super::upgrade;
 use crate::clock;
 use crate::error::{Cause, Stage, UpstreamError};
 
 /// The pin outcome as the access log writes it: the core's outcome, with the reason of a
-/// re-pin, and `round-robin` on a listener with no affinity at all.
-fn outcome_text(outcome: Outcome, affinity: bool) -> String {
-    match outcome {
-        Outcome::Repin(r) => format!("re-pinned({})", r.as_str()),
-        Outcome::Fresh if !affinity => "round-robin".to_owned(),
-        o => o.as_str().to_owned(),
+/// re-pin, and `round-robin` on a listener with no affinity at all (`affinity`: it has
+/// some); `-` before any route.
+#[derive(Debug)]
+struct PinText(Option<Outcome>, bool);
+
+impl std::fmt::Display for PinText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(Outcome::Repin(r)) => write!(f, "re-pinned({})", r.as_str()),
+            Some(Outcome::Fresh) if !self.1 => f.write_str("round-robin"),
+            Some(o) => f.write_str(o.as_str()),
+            None => f.write_str("-"),
+        }
     }
 }
 
@@ -56,45 +64,144 @@ fn outcome_text(outcome: Outcome, affinity: bool) -> String {
 struct Access<'a> {
     id: &'a str,
     /// Kept only while the access log is on (a `Uri` clone per request otherwise spent on a
-    /// line nobody writes).
-    line: Option<Line>,
+    /// line nobody writes), and boxed: the request's future holds a pointer, not the line.
+    line: Option<Box<Line>>,
     node: Option<NodeId>,
     outcome: Option<Outcome>,
 }
 
 /// What the access log line tells of the request itself.
 struct Line {
+    id: RequestId,
     method: Method,
     uri: Uri,
     /// When the request came (its reading as it arrived).
     start: Instant,
+    /// The request's generation, for the node's name.
+    shared: Arc<Shared>,
 }
 
 impl Access<'_> {
-    fn emit(&self, shared: &Shared, status: StatusCode) {
+    /// The request's access log line, as its answer head goes out; `None` while the
+    /// access log is off. The answer writes it when it ends ([`ProxyBody::logged`]).
+    fn into_line(mut self, status: StatusCode) -> Option<AccessLine> {
+        self.take_line(Some(status))
+    }
+
+    fn take_line(&mut self, status: Option<StatusCode>) -> Option<AccessLine> {
+        // `None`: the access log was switched on while this request was on its way.
+        let line = self.line.take()?;
         if !tracing::enabled!(target: "limpet::access", tracing::Level::INFO) {
-            return;
+            return None;
         }
-        let Some(line) = &self.line else {
-            // The access log was switched on while this request was on its way.
-            return;
-        };
+        let Line {
+            id,
+            method,
+            uri,
+            start,
+            shared,
+        } = *line;
+        // Text, not the request's `Uri` and generation: an answer may stream for hours,
+        // and those would keep the client's read buffer and the generation's node pools
+        // (after a reload) for as long. The path only: query strings often carry tokens
+        // that do not belong in logs; at most 256 characters.
+        let path = uri.path();
+        let path = &path[..path.char_indices().nth(256).map_or(path.len(), |(i, _)| i)];
         let node = self.node.map_or("-", |n| shared.node_name(n));
-        let pin = self.outcome.map_or_else(
-            || "-".to_owned(),
-            |o| outcome_text(o, shared.affinity.is_some() || shared.table.is_some()),
-        );
-        // The path only: query strings often carry tokens that do not belong in logs.
-        let path: String = line.uri.path().chars().take(256).collect();
+        let mut text = String::with_capacity(path.len() + node.len());
+        text.push_str(path);
+        text.push_str(node);
+        Some(AccessLine {
+            id,
+            method,
+            path_len: path.len(),
+            text,
+            pin: PinText(
+                self.outcome,
+                shared.affinity.is_some() || shared.table.is_some(),
+            ),
+            status: status.map(|s| s.as_u16()),
+            start,
+            head: status.map(|_| start.elapsed()),
+        })
+    }
+}
+
+impl Drop for Access<'_> {
+    /// A request whose future is dropped before its answer head still gets its line, with
+    /// no status and `end=client-gone`, as HAProxy logs such a request (`CH--`, `CQ--`):
+    /// its client went away first (an HTTP/2 stream reset, an HTTP/2 connection closed;
+    /// HTTP/1 sees a client leave only when it writes the answer), or limpet closed the
+    /// connection (a drain's deadline).
+    fn drop(&mut self) {
+        if let Some(line) = self.take_line(None) {
+            line.emit(AnswerEnd::ClientGone, 0);
+        }
+    }
+}
+
+/// One request's access log line, written when its answer ends: what the request was,
+/// where it went (the node it was routed to first, for a request that ended before an
+/// answer) and its status as the head went out (`ms`: the time to the head), then the time
+/// to the answer's end (`total_ms`), the body bytes handed to the client's connection
+/// (`bytes`) and how the answer ended (`end`: see [`AnswerEnd`]), so that an answer cut
+/// after its head went out is told from a whole one, as HAProxy's termination state and
+/// byte count tell it.
+#[derive(Debug)]
+pub(crate) struct AccessLine {
+    id: RequestId,
+    method: Method,
+    /// The path, then the node's name (`-` for none): one allocation.
+    text: String,
+    path_len: usize,
+    pin: PinText,
+    /// `None`: no answer head went out (written `-`, as `ms`).
+    status: Option<u16>,
+    /// When the request came.
+    start: Instant,
+    /// The time to the answer head.
+    head: Option<Duration>,
+}
+
+impl AccessLine {
+    /// Whether the answer goes out without a body whatever it holds (RFC 9110 6.4.1).
+    pub(crate) fn bodiless(&self) -> bool {
+        self.method == Method::HEAD || self.status.is_some_and(|s| s < 200 || s == 204 || s == 304)
+    }
+
+    pub(crate) fn emit(&self, end: AnswerEnd, bytes: u64) {
+        /// A value, or `-` for none.
+        struct Or<T>(Option<T>);
+        impl<T: std::fmt::Display> std::fmt::Display for Or<T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match &self.0 {
+                    Some(v) => v.fmt(f),
+                    None => f.write_str("-"),
+                }
+            }
+        }
+        /// Milliseconds, to the microsecond (integer arithmetic: a float's formatting
+        /// costs more).
+        struct Ms(Duration);
+        impl std::fmt::Display for Ms {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let us = self.0.as_micros();
+                write!(f, "{}.{:03}", us / 1000, us % 1000)
+            }
+        }
+        let (path, node) = self.text.split_at(self.path_len);
         tracing::info!(
             target: "limpet::access",
-            id = %self.id,
-            method = %line.method,
+            id = %self.id.as_str(),
+            method = %self.method,
             path = %path,
             node = %node,
-            status = status.as_u16(),
-            pin = %pin,
-            ms = line.start.elapsed().as_secs_f64() * 1000.0,
+            status = %Or(self.status),
+            pin = %self.pin,
+            ms = %Or(self.head.map(Ms)),
+            total_ms = %Ms(self.start.elapsed()),
+            bytes,
+            end = %end.as_str(),
         );
     }
 }
@@ -123,10 +230,14 @@ pub(crate) fn handle(
         let id = shared.next_request_id();
         let mut log = Access {
             id: id.as_str(),
-            line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| Line {
-                method: req.method().clone(),
-                uri: req.uri().clone(),
-                start: arrived,
+            line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| {
+                Box::new(Line {
+                    id,
+                    method: req.method().clone(),
+                    uri: req.uri().clone(),
+                    start: arrived,
+                    shared: Arc::clone(&shared),
+                })
             }),
             node: None,
             outcome: None,
@@ -146,14 +257,17 @@ pub(crate) fn handle(
         if last && resp.body().whole_in_hand() {
             ctx.hints.set_last_answer();
         }
-        log.emit(&shared, resp.status());
         // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
         shared.metrics.request(log.node, resp.status().as_u16());
         if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
             shared.metrics.pin(o);
         }
+        let line = log.into_line(resp.status());
         Ok(resp.map(|b| {
-            let b = b.with_guard(guard);
+            let mut b = b.with_guard(guard);
+            if let Some(line) = line {
+                b = b.logged(line);
+            }
             if h2 {
                 ctx.watch_answer(b)
             } else {
@@ -509,6 +623,10 @@ fn proxy<'a, 'b>(
             }
         };
 
+        // Where the request goes first, for the line of a request whose client leaves
+        // before its answer; the final route replaces it below.
+        log.node = first.node;
+        log.outcome = Some(first.outcome);
         let mut attempt = Attempt {
             ctx,
             shared,
@@ -527,10 +645,10 @@ fn proxy<'a, 'b>(
         let admitted = attempt.admitted.take();
         let moves = attempt.moves.take();
         log.outcome = Some(chosen.outcome);
+        log.node = chosen.node;
         let Some(node) = chosen.node else {
             return unavailable(shared, id);
         };
-        log.node = Some(node);
         let mut resp = match result {
             Ok(resp) => resp,
             Err(e) if e.stage == Stage::ClientBody && e.is_timeout() => {
@@ -1126,7 +1244,7 @@ enum Waited<E> {
 
 /// How long a replayable request waits for its node's answer before it also waits on the
 /// node for a DOWN (see [`wait_answer`]): most answers come sooner and never pay for that.
-const DOWN_WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+const DOWN_WATCH_AFTER: Duration = Duration::from_millis(100);
 
 /// Waits for the answer head of a replayable request sent at `sent_at`: its answer, or
 /// [`Waited::Timeout`] at `answer_timeout`, or [`Waited::NodeDown`] once its node has gone
@@ -1146,7 +1264,7 @@ async fn wait_answer<T, E>(
     watch: Option<crate::nodes::DownWatch<'_>>,
     elsewhere: impl Fn() -> bool,
     sent_at: Instant,
-    answer_timeout: std::time::Duration,
+    answer_timeout: Duration,
 ) -> Result<T, Waited<E>> {
     let deadline = sent_at + answer_timeout;
     let check_in = (sent_at + DOWN_WATCH_AFTER).min(deadline);
@@ -1213,7 +1331,7 @@ impl Attempt<'_> {
         conns: &Arc<super::upstream::NodeConns>,
         node: NodeId,
         head: &Head<'_>,
-        answer_timeout: std::time::Duration,
+        answer_timeout: Duration,
         force_fresh: bool,
         watch: Option<crate::nodes::DownWatch<'_>>,
     ) -> Result<Response<super::node_h1::NodeBody>, Direct> {

@@ -185,6 +185,20 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Reads one request head from `s` (through its blank line); `None` once the peer closes or
+/// fails first. What follows the head in the same read is dropped.
+pub async fn read_request_head(s: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
 /// A node that accepts connections, reads a request head, and closes without answering.
 pub struct BlackHole {
     pub addr: SocketAddr,
