@@ -72,6 +72,60 @@ fn off_thread<W: Write + Send + 'static>(out: W, lines: usize) -> (NonBlocking, 
     (writer, guard)
 }
 
+/// The pieces of the access log's lines (target `limpet::access`: one per HTTP request,
+/// written when its answer ends, `proxy::forward`; one per TCP session, written when it
+/// ends, `tcp`): values written as they are, with `-` for none.
+pub(crate) mod access {
+    use std::fmt;
+    use std::time::Duration;
+
+    use limpet_core::Outcome;
+
+    /// Whether the access log is on.
+    pub(crate) fn on() -> bool {
+        tracing::enabled!(target: "limpet::access", tracing::Level::INFO)
+    }
+
+    /// A value, or `-` for none.
+    pub(crate) struct Or<T>(pub Option<T>);
+
+    impl<T: fmt::Display> fmt::Display for Or<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match &self.0 {
+                Some(v) => v.fmt(f),
+                None => f.write_str("-"),
+            }
+        }
+    }
+
+    /// Milliseconds, to the microsecond (integer arithmetic: a float's formatting costs
+    /// more).
+    pub(crate) struct Ms(pub Duration);
+
+    impl fmt::Display for Ms {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let us = self.0.as_micros();
+            write!(f, "{}.{:03}", us / 1000, us % 1000)
+        }
+    }
+
+    /// The pin outcome: the core's outcome, with the reason of a re-pin, and `round-robin`
+    /// on a listener with no affinity at all (`affinity`: it has some); `-` before any route.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct PinText(pub Option<Outcome>, pub bool);
+
+    impl fmt::Display for PinText {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self.0 {
+                Some(Outcome::Repin(r)) => write!(f, "re-pinned({})", r.as_str()),
+                Some(Outcome::Fresh) if !self.1 => f.write_str("round-robin"),
+                Some(o) => f.write_str(o.as_str()),
+                None => f.write_str("-"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

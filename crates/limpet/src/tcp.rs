@@ -36,7 +36,8 @@ use tokio::task::JoinSet;
 use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
-use crate::relay::{relay_counted, FinOnClose, Framing, RelayEnd};
+use crate::logging::access::{Ms, Or, PinText};
+use crate::relay::{relay_counted, Direction, FinOnClose, Framing, RelayEnd};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -389,6 +390,8 @@ static NO_NODE: crate::net::RateLimitedLog =
 /// to the node established), and the session's spread key.
 struct Connected {
     node: NodeId,
+    /// How the route chose the node, for the access log.
+    outcome: limpet_core::Outcome,
     stream: Box<dyn Io>,
     /// The session's watch for moves off the node, made at its route.
     moves: Option<crate::nodes::MoveWatch>,
@@ -491,6 +494,7 @@ async fn connect(
                 }
                 return Some(Connected {
                     node,
+                    outcome: route.outcome,
                     stream,
                     moves,
                     def: def_now,
@@ -562,6 +566,9 @@ async fn session(
         return;
     };
     let def = slot.def.load_full();
+    // The session's access log line counts from here, as HAProxy's `tcplog` counts from the
+    // accept (the PROXY header and TLS handshake included).
+    let started = crate::logging::access::on().then(tokio::time::Instant::now);
     let mut stream = stream;
     if let Err(e) = stream.join_reactor() {
         tracing::debug!(listener = %def.name, %peer, error = %e, "client connection refused");
@@ -580,6 +587,17 @@ async fn session(
     let Some(conn) = connect(&runtime, &state, li, &def, &who, local.port()).await else {
         // Refusals and running out of descriptors are logged where they happen.
         tracing::debug!(listener = %def.name, client = %who.client, "no TCP session opened");
+        if let Some(started) = started {
+            session_line(
+                &def.name,
+                who.client,
+                None,
+                started,
+                (0, 0),
+                "no-node",
+                None,
+            );
+        }
         return;
     };
     let (Some(rt), Some(moves)) = (state.node_rt(conn.node).cloned(), conn.moves) else {
@@ -602,7 +620,7 @@ async fn session(
                 tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
                 r.as_str()
             }
-            () = stopped(&mut cut) => "limpet shutting down",
+            () = stopped(&mut cut) => "shutdown",
             // The session's table entry kept while it is open; ends the session when its
             // requests were pinned elsewhere meanwhile.
             r = crate::runtime::keep_pin(conn.hold, || close_on_down.now()) => {
@@ -629,21 +647,70 @@ async fn session(
     let traffic = state.lifecycle.metrics.node_traffic(&node_name);
     traffic.add_in(up);
     traffic.add_out(down);
-    match end {
+    let (how, cut) = match &end {
         RelayEnd::Done(up, down) => {
-            tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended")
+            tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended");
+            ("done", None)
         }
         RelayEnd::Error(e) => {
-            tracing::debug!(listener = %def.name, node = %node_name, error = %e, "session ended with an error")
+            tracing::debug!(listener = %def.name, node = %node_name, error = %e, "session ended with an error");
+            ("error", None)
         }
         RelayEnd::Idle => {
-            tracing::debug!(listener = %def.name, node = %node_name, "session idle: closed")
+            tracing::debug!(listener = %def.name, node = %node_name, "session idle: closed");
+            ("idle", None)
         }
         RelayEnd::Stalled(dir) => {
-            tracing::debug!(listener = %def.name, node = %node_name, ?dir, "session stalled (a side stopped reading): closed")
+            tracing::debug!(listener = %def.name, node = %node_name, ?dir, "session stalled (a side stopped reading): closed");
+            match dir {
+                Direction::Down => ("client-stalled", None),
+                Direction::Up => ("node-stalled", None),
+            }
         }
-        RelayEnd::Stopped(_) => {}
+        RelayEnd::Stopped(why) => ("cut", Some(*why)),
+    };
+    if let Some(started) = started {
+        let pin = PinText(Some(conn.outcome), slot.table.is_some());
+        session_line(
+            &def.name,
+            who.client,
+            Some((&node_name, pin)),
+            started,
+            (up, down),
+            how,
+            cut,
+        );
     }
+}
+
+/// A TCP session's access log line, written when it ends (HAProxy's `option tcplog`):
+/// the client, the node and how the route chose it, the session's length, the bytes each
+/// way (`bytes_in` from the client, `bytes_out` to it), and how it ended: `done` (both
+/// sides closed), `error`, `idle` (nothing moved for `idle`), `client-stalled` or
+/// `node-stalled` (that side stopped reading for `idle`), `cut` (limpet ended it: `cut=`
+/// says why, the re-pin reason of a node that went DOWN, MAINT or past its drain, a
+/// failback, a move of its table entry, or `shutdown`), or `no-node` (no node took it).
+fn session_line(
+    listener: &str,
+    client: SocketAddr,
+    node: Option<(&str, PinText)>,
+    started: tokio::time::Instant,
+    (bytes_in, bytes_out): (u64, u64),
+    end: &str,
+    cut: Option<&str>,
+) {
+    tracing::info!(
+        target: "limpet::access",
+        listener = %listener,
+        client = %client,
+        node = %node.map_or("-", |(n, _)| n),
+        pin = %node.map_or(PinText(None, false), |(_, p)| p),
+        total_ms = %Ms(started.elapsed()),
+        bytes_in,
+        bytes_out,
+        end = %end,
+        cut = %Or(cut),
+    );
 }
 
 /// Serves TCP listener `name` on an already-bound socket until `shutdown` turns true, then

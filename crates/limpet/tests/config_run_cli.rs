@@ -193,3 +193,151 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// A TCP session gets an access log line when it ends (HAProxy's `option tcplog`), saying
+/// how: both sides closed (`end=done`, the bytes each way), nothing moved for the
+/// listener's `idle` (`end=idle`), no node took it (`end=no-node`), or limpet cut it
+/// (`end=cut`, here at a shutdown's drain deadline: `cut=shutdown`). Before, a TCP session
+/// wrote no access log line at all.
+#[tokio::test]
+async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An echo node: what comes goes back, and it closes once the client has.
+    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind node");
+    let node_port = node.local_addr().expect("node addr").port();
+    let echo = tokio::spawn(async move {
+        while let Ok((mut s, _)) = node.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    // A port nobody listens on: bound, then let go.
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = TempDir::new("tcp-access");
+    let path = dir.write(
+        "limpet.toml",
+        format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\n\
+             [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {node_port}\ntimeouts = {{ idle = \"2s\", drain = \"200ms\" }}\n\
+             [[listeners]]\nname = \"dead\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {dead_port}\n"
+        ),
+    );
+    let mut child = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_limpet"))
+            .args(["run", "--threads", "1", "-c"])
+            .arg(&path)
+            .env("RUST_LOG", "warn,limpet::access=info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn limpet run"),
+    );
+    let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
+    let stdout = child.0.stdout.take().expect("stdout");
+    let listening = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(2)
+            .map(|l| l.unwrap_or_default())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("read stdout");
+    let addr_of = |name: &str| -> std::net::SocketAddr {
+        listening
+            .iter()
+            .find(|l| l.ends_with(&format!("(listener {name})")))
+            .and_then(|l| l.split(' ').nth(2))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address for {name} in {listening:?}"))
+    };
+
+    // Five bytes each way, then the client closes and the node follows.
+    let mut c = tokio::net::TcpStream::connect(addr_of("raw"))
+        .await
+        .expect("connect");
+    c.write_all(b"hello").await.expect("send");
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).await.expect("echo");
+    c.shutdown().await.expect("shutdown");
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).await.expect("the session ends");
+    common::has_fields(
+        &lines.next().await,
+        &[
+            "listener=raw",
+            "node=a",
+            "pin=round-robin",
+            "bytes_in=5",
+            "bytes_out=5",
+            "end=done",
+            "cut=-",
+        ],
+    );
+
+    // Nothing either way: closed at the listener's idle.
+    let mut c = tokio::net::TcpStream::connect(addr_of("raw"))
+        .await
+        .expect("connect");
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest).await;
+    common::has_fields(
+        &lines.next().await,
+        &[
+            "listener=raw",
+            "node=a",
+            "bytes_in=0",
+            "bytes_out=0",
+            "end=idle",
+        ],
+    );
+
+    // The only node refuses this listener's port: no session.
+    let mut c = tokio::net::TcpStream::connect(addr_of("dead"))
+        .await
+        .expect("connect");
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest).await;
+    common::has_fields(
+        &lines.next().await,
+        &["listener=dead", "node=-", "pin=-", "end=no-node"],
+    );
+
+    // Open at SIGTERM: cut (reset) at the drain's deadline.
+    let mut c = tokio::net::TcpStream::connect(addr_of("raw"))
+        .await
+        .expect("connect");
+    c.write_all(b"hi").await.expect("send");
+    let mut back = [0u8; 2];
+    c.read_exact(&mut back).await.expect("echo");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest).await;
+    common::has_fields(
+        &lines.next().await,
+        &[
+            "listener=raw",
+            "bytes_in=2",
+            "bytes_out=2",
+            "end=cut",
+            "cut=shutdown",
+        ],
+    );
+
+    drop(child);
+    echo.abort();
+}

@@ -5,7 +5,10 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use common::{node_of, nodes, plain_client, raw_exchange, read_request_head, set_cookie};
+use common::{
+    has_fields, node_of, nodes, plain_client, raw_exchange, read_request_head, set_cookie,
+    AccessLines,
+};
 
 fn limpet() -> Command {
     Command::new(env!("CARGO_BIN_EXE_limpet"))
@@ -211,38 +214,7 @@ async fn the_access_log_line_says_how_the_answer_ended() {
         .env("NO_COLOR", "1")
         .stderr(Stdio::piped());
     let (mut child, addr) = start_quick(cmd).await;
-    let stderr = child.0.stderr.take().expect("stderr");
-    let (line_tx, line_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if l.contains("limpet::access") && line_tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    let line_rx = std::sync::Arc::new(std::sync::Mutex::new(line_rx));
-    // The next access log line, within 10 s (a failure drops `child`, ending stderr).
-    let next_line = || {
-        let rx = std::sync::Arc::clone(&line_rx);
-        async move {
-            tokio::task::spawn_blocking(move || {
-                rx.lock()
-                    .expect("lock")
-                    .recv_timeout(std::time::Duration::from_secs(10))
-                    .expect("an access log line within 10 s")
-            })
-            .await
-            .expect("join")
-        }
-    };
-    let has = |line: &str, parts: &[&str]| {
-        for part in parts {
-            assert!(
-                line.split_whitespace().any(|w| w == *part),
-                "{part} missing from {line:?}"
-            );
-        }
-    };
+    let lines = AccessLines::of(child.0.stderr.take().expect("stderr"));
 
     let resp = plain_client()
         .get(format!("http://{addr}/whole"))
@@ -250,8 +222,8 @@ async fn the_access_log_line_says_how_the_answer_ended() {
         .await
         .expect("get");
     assert_eq!(resp.text().await.expect("body"), "hello");
-    let line = next_line().await;
-    has(
+    let line = lines.next().await;
+    has_fields(
         &line,
         &[
             "path=/whole",
@@ -273,8 +245,8 @@ async fn the_access_log_line_says_how_the_answer_ended() {
         got.starts_with("HTTP/1.1 200 OK") && got.ends_with("0123456789"),
         "{got:?}"
     );
-    has(
-        &next_line().await,
+    has_fields(
+        &lines.next().await,
         &["path=/cut", "status=200", "bytes=10", "end=node-error"],
     );
 
@@ -285,8 +257,8 @@ async fn the_access_log_line_says_how_the_answer_ended() {
     c.write_all(b"HEAD /nohost HTTP/1.1\r\n\r\n")
         .await
         .expect("send");
-    has(
-        &next_line().await,
+    has_fields(
+        &lines.next().await,
         &["path=/nohost", "status=400", "bytes=0", "end=done"],
     );
     drop(c);
@@ -315,8 +287,8 @@ async fn the_access_log_line_says_how_the_answer_ended() {
     assert_eq!(first.into_data().expect("data").as_ref(), b"0123456789");
     let held = held_rx.recv().await.expect("the node holds /held");
     drop(resp);
-    has(
-        &next_line().await,
+    has_fields(
+        &lines.next().await,
         &["path=/held", "status=200", "bytes=10", "end=client-gone"],
     );
 
@@ -327,8 +299,8 @@ async fn the_access_log_line_says_how_the_answer_ended() {
     let waiting = tokio::spawn(send.send_request(req));
     let silent = held_rx.recv().await.expect("the node holds /silent");
     waiting.abort();
-    let line = next_line().await;
-    has(
+    let line = lines.next().await;
+    has_fields(
         &line,
         &[
             "path=/silent",

@@ -41,23 +41,7 @@ use super::server::{ActiveGuard, ConnCtx, RequestId, Shared};
 use super::upgrade;
 use crate::clock;
 use crate::error::{Cause, Stage, UpstreamError};
-
-/// The pin outcome as the access log writes it: the core's outcome, with the reason of a
-/// re-pin, and `round-robin` on a listener with no affinity at all (`affinity`: it has
-/// some); `-` before any route.
-#[derive(Debug)]
-struct PinText(Option<Outcome>, bool);
-
-impl std::fmt::Display for PinText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(Outcome::Repin(r)) => write!(f, "re-pinned({})", r.as_str()),
-            Some(Outcome::Fresh) if !self.1 => f.write_str("round-robin"),
-            Some(o) => f.write_str(o.as_str()),
-            None => f.write_str("-"),
-        }
-    }
-}
+use crate::logging::access::{Ms, Or, PinText};
 
 /// The access log line, filled in as the request progresses. It keeps ids, not text: the
 /// line is only formatted when the access log is on.
@@ -91,7 +75,7 @@ impl Access<'_> {
     fn take_line(&mut self, status: Option<StatusCode>) -> Option<AccessLine> {
         // `None`: the access log was switched on while this request was on its way.
         let line = self.line.take()?;
-        if !tracing::enabled!(target: "limpet::access", tracing::Level::INFO) {
+        if !crate::logging::access::on() {
             return None;
         }
         let Line {
@@ -170,25 +154,6 @@ impl AccessLine {
     }
 
     pub(crate) fn emit(&self, end: AnswerEnd, bytes: u64) {
-        /// A value, or `-` for none.
-        struct Or<T>(Option<T>);
-        impl<T: std::fmt::Display> std::fmt::Display for Or<T> {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                match &self.0 {
-                    Some(v) => v.fmt(f),
-                    None => f.write_str("-"),
-                }
-            }
-        }
-        /// Milliseconds, to the microsecond (integer arithmetic: a float's formatting
-        /// costs more).
-        struct Ms(Duration);
-        impl std::fmt::Display for Ms {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                let us = self.0.as_micros();
-                write!(f, "{}.{:03}", us / 1000, us % 1000)
-            }
-        }
         let (path, node) = self.text.split_at(self.path_len);
         tracing::info!(
             target: "limpet::access",
@@ -230,7 +195,7 @@ pub(crate) fn handle(
         let id = shared.next_request_id();
         let mut log = Access {
             id: id.as_str(),
-            line: tracing::enabled!(target: "limpet::access", tracing::Level::INFO).then(|| {
+            line: crate::logging::access::on().then(|| {
                 Box::new(Line {
                     id,
                     method: req.method().clone(),

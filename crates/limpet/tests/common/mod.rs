@@ -199,6 +199,52 @@ pub async fn read_request_head(s: &mut TcpStream) -> Option<String> {
     Some(String::from_utf8_lossy(&head).into_owned())
 }
 
+/// The access log lines (target `limpet::access`) a limpet process writes to its stderr,
+/// read as they come by a thread of their own (a pipe nobody reads would block limpet's
+/// writes to it once full).
+pub struct AccessLines(std::sync::Arc<std::sync::Mutex<std::sync::mpsc::Receiver<String>>>);
+
+impl AccessLines {
+    pub fn of(stderr: std::process::ChildStderr) -> AccessLines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if l.contains("limpet::access") && tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        AccessLines(std::sync::Arc::new(std::sync::Mutex::new(rx)))
+    }
+
+    /// The next line, within [`PATIENCE`] (the process ending ends the wait too).
+    pub async fn next(&self) -> String {
+        let rx = std::sync::Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || {
+            rx.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .recv_timeout(PATIENCE)
+                .expect("an access log line in time")
+        })
+        .await
+        .expect("join")
+    }
+}
+
+/// Asserts that the log line `line` has each `key=value` of `parts` as a word of its own.
+pub fn has_fields(line: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(
+            line.split_whitespace().any(|w| w == *part),
+            "{part} missing from {line:?}"
+        );
+    }
+}
+
 /// A node that accepts connections, reads a request head, and closes without answering.
 pub struct BlackHole {
     pub addr: SocketAddr,
