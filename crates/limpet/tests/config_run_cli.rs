@@ -31,26 +31,9 @@ async fn limpet_run_serves_a_config_and_saves_its_snapshot_on_sigterm() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn limpet run");
-    let stdout = child.stdout.take().expect("stdout");
     // Two "listening on ADDR (listener NAME)" lines, read off the async workers.
-    let lines = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .take(2)
-            .map(|l| l.unwrap_or_default())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .expect("read stdout");
-    let addr_of = |name: &str| {
-        lines
-            .iter()
-            .find(|l| l.ends_with(&format!("(listener {name})")))
-            .and_then(|l| l.split(' ').nth(2))
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address for {name} in {lines:?}"))
-    };
-    let (web, raw) = (addr_of("web"), addr_of("raw"));
+    let listening = listening(&mut child, 2).await;
+    let (web, raw) = (listening.addr("web"), listening.addr("raw"));
     let home = http_node("127.0.0.99", web).await;
     assert_eq!(
         tcp_session("127.0.0.99", raw).await.1,
@@ -184,6 +167,35 @@ async fn a_second_limpet_on_a_listened_address_is_refused_and_the_first_serves_o
     }
 }
 
+/// The listeners' addresses from the first `n` lines `child` prints (`listening on ADDR
+/// (listener NAME)`), by listener name.
+async fn listening(child: &mut std::process::Child, n: usize) -> Listening {
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(n)
+            .map(|l| l.unwrap_or_default())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("read stdout");
+    Listening(lines)
+}
+
+struct Listening(Vec<String>);
+
+impl Listening {
+    fn addr(&self, name: &str) -> std::net::SocketAddr {
+        self.0
+            .iter()
+            .find(|l| l.ends_with(&format!("(listener {name})")))
+            .and_then(|l| l.split(' ').nth(2))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address for {name} in {:?}", self.0))
+    }
+}
+
 /// A child process killed (by its PID) and reaped when the test ends, also on a panic.
 struct Reaped(std::process::Child);
 
@@ -243,23 +255,13 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             .expect("spawn limpet run"),
     );
     let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
-    let stdout = child.0.stdout.take().expect("stdout");
-    let listening = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .take(2)
-            .map(|l| l.unwrap_or_default())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .expect("read stdout");
-    let addr_of = |name: &str| -> std::net::SocketAddr {
-        listening
-            .iter()
-            .find(|l| l.ends_with(&format!("(listener {name})")))
-            .and_then(|l| l.split(' ').nth(2))
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address for {name} in {listening:?}"))
+    let listening = listening(&mut child.0, 2).await;
+    let addr_of = |name: &str| listening.addr(name);
+    // A connection the client keeps open until limpet closes it.
+    let until_closed = |addr| async move {
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest).await;
     };
 
     // Five bytes each way, then the client closes and the node follows.
@@ -286,11 +288,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     );
 
     // Nothing either way: closed at the listener's idle.
-    let mut c = tokio::net::TcpStream::connect(addr_of("raw"))
-        .await
-        .expect("connect");
-    let mut rest = Vec::new();
-    let _ = c.read_to_end(&mut rest).await;
+    until_closed(addr_of("raw")).await;
     common::has_fields(
         &lines.next().await,
         &[
@@ -303,11 +301,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     );
 
     // The only node refuses this listener's port: no session.
-    let mut c = tokio::net::TcpStream::connect(addr_of("dead"))
-        .await
-        .expect("connect");
-    let mut rest = Vec::new();
-    let _ = c.read_to_end(&mut rest).await;
+    until_closed(addr_of("dead")).await;
     common::has_fields(
         &lines.next().await,
         &["listener=dead", "node=-", "pin=-", "end=no-node"],
