@@ -404,6 +404,11 @@ struct Connected {
     _admitted: Option<crate::nodes::Admitted>,
 }
 
+/// Why no session opened, as the access log's `end` says it (`no-node`: no node could take
+/// it; `queue-full`, `queue-timeout`: its node's queue refused it; `out-of-fds`: limpet ran
+/// out of descriptors connecting), with the node when there was one.
+struct NoSession(&'static str, Option<NodeId>);
+
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
 /// routing again without every node that failed (each a passive failure; the table's entry
 /// moves with the route). An attempt is the whole way to a usable node stream (connect, the
@@ -417,8 +422,8 @@ async fn connect(
     def: &Arc<ListenerDef>,
     who: &Peer,
     local_port: u16,
-) -> Option<Connected> {
-    let slot = state.listeners.get(li)?;
+) -> Result<Connected, NoSession> {
+    let slot = state.listeners.get(li).ok_or(NoSession("no-node", None))?;
     let table = slot.table.as_deref();
     let ip = who.client.ip();
     let key = table.and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
@@ -443,7 +448,7 @@ async fn connect(
         let route = state.route(table.zip(key), input, None, def.timeouts.connect);
         let Some(node) = route.node else {
             NO_NODE.note(&def.name);
-            return None;
+            return Err(NoSession("no-node", None));
         };
         // Watched from the route on: a move of the session off this node while it connects
         // (another of its connections failed there) ends it as soon as it runs.
@@ -469,7 +474,11 @@ async fn connect(
                         state.node_name(node),
                         r.as_str()
                     ));
-                    return None;
+                    let why = match r {
+                        crate::nodes::Refused::QueueTimeout => "queue-timeout",
+                        _ => "queue-full",
+                    };
+                    return Err(NoSession(why, Some(node)));
                 }
             },
             None => None,
@@ -492,7 +501,7 @@ async fn connect(
                 if let Some(o) = crate::metrics::PinOutcome::of_route(route.outcome) {
                     state.lifecycle.metrics.pin(&def.name, o);
                 }
-                return Some(Connected {
+                return Ok(Connected {
                     node,
                     outcome: route.outcome,
                     stream,
@@ -511,7 +520,9 @@ async fn connect(
             }
             // limpet out of file descriptors: says nothing about the node, and another node
             // would fail the same way; the client's connection is closed, its pin kept.
-            Err(err) if err.cause == crate::error::Cause::Local => return None,
+            Err(err) if err.cause == crate::error::Cause::Local => {
+                return Err(NoSession("out-of-fds", Some(node)))
+            }
             Err(err) => {
                 tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "node attempt failed");
                 if let Some(obs) = err.observation() {
@@ -584,21 +595,17 @@ async fn session(
     let (who, local, client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
-    let Some(conn) = connect(&runtime, &state, li, &def, &who, local.port()).await else {
-        // Refusals and running out of descriptors are logged where they happen.
-        tracing::debug!(listener = %def.name, client = %who.client, "no TCP session opened");
-        if let Some(started) = started {
-            session_line(
-                &def.name,
-                who.client,
-                None,
-                started,
-                (0, 0),
-                "no-node",
-                None,
-            );
+    let conn = match connect(&runtime, &state, li, &def, &who, local.port()).await {
+        Ok(conn) => conn,
+        Err(NoSession(why, node)) => {
+            // Refusals and running out of descriptors are logged where they happen.
+            tracing::debug!(listener = %def.name, client = %who.client, why, "no TCP session opened");
+            if let Some(started) = started {
+                let node = node.map(|n| (state.node_name(n), PinText(None, false)));
+                session_line(&def.name, who.client, node, started, (0, 0), why, None);
+            }
+            return;
         }
-        return;
     };
     let (Some(rt), Some(moves)) = (state.node_rt(conn.node).cloned(), conn.moves) else {
         return;
@@ -688,8 +695,9 @@ async fn session(
 /// way (`bytes_in` from the client, `bytes_out` to it), and how it ended: `done` (both
 /// sides closed), `error`, `idle` (nothing moved for `idle`), `client-stalled` or
 /// `node-stalled` (that side stopped reading for `idle`), `cut` (limpet ended it: `cut=`
-/// says why, the re-pin reason of a node that went DOWN, MAINT or past its drain, a
-/// failback, a move of its table entry, or `shutdown`), or `no-node` (no node took it).
+/// says why, see docs/proxy.md), or no session at all ([`NoSession`]). A connection that
+/// never became a session (a PROXY header or TLS handshake refused) has a `debug` line
+/// only, as HAProxy's `dontlognull` leaves such connections out.
 fn session_line(
     listener: &str,
     client: SocketAddr,

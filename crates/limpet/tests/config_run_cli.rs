@@ -208,9 +208,10 @@ impl Drop for Reaped {
 
 /// A TCP session gets an access log line when it ends (HAProxy's `option tcplog`), saying
 /// how: both sides closed (`end=done`, the bytes each way), nothing moved for the
-/// listener's `idle` (`end=idle`), no node took it (`end=no-node`), or limpet cut it
-/// (`end=cut`, here at a shutdown's drain deadline: `cut=shutdown`). Before, a TCP session
-/// wrote no access log line at all.
+/// listener's `idle` (`end=idle`), the client stopped reading for `idle` (`end=
+/// client-stalled`), no node took it (`end=no-node`), or limpet cut it (`end=cut`, here at a
+/// shutdown's drain deadline: `cut=shutdown`). Before, a TCP session wrote no access log
+/// line at all.
 #[tokio::test]
 async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -227,11 +228,30 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             });
         }
     });
-    // A port nobody listens on: bound, then let go.
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    // A node that writes more than any buffer on the way holds, whether or not its client
+    // reads.
+    let flood = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind flood node");
+    let flood_port = flood.local_addr().expect("flood addr").port();
+    let flooding = tokio::spawn(async move {
+        while let Ok((mut s, _)) = flood.accept().await {
+            tokio::spawn(async move {
+                let chunk = vec![b'x'; 1 << 20];
+                for _ in 0..64 {
+                    if s.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    // A port nobody listens on: bound without listening, so that connections to it are
+    // refused and no other test takes it meanwhile.
+    let dead = tokio::net::TcpSocket::new_v4().expect("socket");
+    dead.bind("127.0.0.1:0".parse().expect("address"))
+        .expect("bind");
+    let dead_port = dead.local_addr().expect("dead addr").port();
     let dir = TempDir::new("tcp-access");
     let path = dir.write(
         "limpet.toml",
@@ -239,6 +259,8 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\n\
              [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
              node_port = {node_port}\ntimeouts = {{ idle = \"2s\", drain = \"200ms\" }}\n\
+             [[listeners]]\nname = \"flood\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {flood_port}\ntimeouts = {{ idle = \"1s\" }}\n\
              [[listeners]]\nname = \"dead\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
              node_port = {dead_port}\n"
         ),
@@ -255,8 +277,14 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             .expect("spawn limpet run"),
     );
     let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
-    let listening = listening(&mut child.0, 2).await;
+    let listening = listening(&mut child.0, 3).await;
     let addr_of = |name: &str| listening.addr(name);
+    let total_ms = |line: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("total_ms="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no total_ms in {line:?}"))
+    };
     // A connection the client keeps open until limpet closes it.
     let until_closed = |addr| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -289,8 +317,9 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
 
     // Nothing either way: closed at the listener's idle.
     until_closed(addr_of("raw")).await;
+    let line = lines.next().await;
     common::has_fields(
-        &lines.next().await,
+        &line,
         &[
             "listener=raw",
             "node=a",
@@ -299,6 +328,26 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             "end=idle",
         ],
     );
+    assert!(total_ms(&line) >= 2000.0, "{line:?}");
+
+    // A client that sends a byte every 100 ms (the session is not idle) and never reads
+    // what its node sends: closed once that has stalled for the listener's idle. (Quiet
+    // both ways, a stall reads as `idle`.)
+    let mut stalled = tokio::net::TcpStream::connect(addr_of("flood"))
+        .await
+        .expect("connect");
+    let sending = tokio::spawn(async move {
+        for _ in 0..100 {
+            if stalled.write_all(b".").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let line = lines.next().await;
+    common::has_fields(&line, &["listener=flood", "node=a", "end=client-stalled"]);
+    assert!(total_ms(&line) >= 1000.0, "{line:?}");
+    sending.abort();
 
     // The only node refuses this listener's port: no session.
     until_closed(addr_of("dead")).await;
@@ -321,8 +370,9 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     assert!(status.success());
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest).await;
+    let line = lines.next().await;
     common::has_fields(
-        &lines.next().await,
+        &line,
         &[
             "listener=raw",
             "bytes_in=2",
@@ -331,7 +381,10 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             "cut=shutdown",
         ],
     );
+    assert!(total_ms(&line) >= 200.0, "{line:?}");
 
     drop(child);
+    drop(dead);
     echo.abort();
+    flooding.abort();
 }
