@@ -421,7 +421,7 @@ struct Logged {
 
 impl Logged {
     /// Notes what one poll of the answer gave.
-    fn saw(&mut self, r: &Poll<Option<Result<Frame<Bytes>, BoxError>>>, client_failed: bool) {
+    fn saw(&mut self, r: &Poll<Option<Result<Frame<Bytes>, BoxError>>>, cuts: &Cuts<'_>) {
         match r {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -430,7 +430,7 @@ impl Logged {
             }
             Poll::Ready(Some(Err(e))) => {
                 self.end
-                    .get_or_insert(AnswerEnd::of_error(e.as_ref(), client_failed));
+                    .get_or_insert_with(|| AnswerEnd::of_error(e.as_ref(), cuts.client_failed()));
             }
             Poll::Ready(None) => {
                 self.end.get_or_insert(AnswerEnd::Done);
@@ -438,8 +438,9 @@ impl Logged {
             // A node's error is held back for one poll (`Inner::Failed`); it is the end.
             Poll::Pending => {
                 if let Inner::Failed(Some(e)) = &self.inner {
-                    self.end
-                        .get_or_insert(AnswerEnd::of_error(e.as_ref(), client_failed));
+                    self.end.get_or_insert_with(|| {
+                        AnswerEnd::of_error(e.as_ref(), cuts.client_failed())
+                    });
                 }
             }
         }
@@ -640,7 +641,7 @@ impl ProxyBody {
         match &mut self.inner {
             Inner::Logged(l) => {
                 let r = poll_answer(&mut l.inner, &mut cuts, cx);
-                l.saw(&r, cuts.client_failed());
+                l.saw(&r, &cuts);
                 r
             }
             inner => poll_answer(inner, &mut cuts, cx),
