@@ -104,9 +104,8 @@ impl Access<'_> {
                 self.outcome,
                 shared.affinity.is_some() || shared.table.is_some(),
             ),
-            status: status.map(|s| s.as_u16()),
+            head: status.map(|s| (s.as_u16(), start.elapsed())),
             start,
-            head: status.map(|_| start.elapsed()),
         })
     }
 }
@@ -139,18 +138,20 @@ pub(crate) struct AccessLine {
     text: String,
     path_len: usize,
     pin: PinText,
-    /// `None`: no answer head went out (written `-`, as `ms`).
-    status: Option<u16>,
+    /// The answer head's status and the time to it; `None`: no head went out (`status`
+    /// and `ms` written `-`).
+    head: Option<(u16, Duration)>,
     /// When the request came.
     start: Instant,
-    /// The time to the answer head.
-    head: Option<Duration>,
 }
 
 impl AccessLine {
     /// Whether the answer goes out without a body whatever it holds (RFC 9110 6.4.1).
     pub(crate) fn bodiless(&self) -> bool {
-        self.method == Method::HEAD || self.status.is_some_and(|s| s < 200 || s == 204 || s == 304)
+        self.method == Method::HEAD
+            || self
+                .head
+                .is_some_and(|(s, _)| s < 200 || s == 204 || s == 304)
     }
 
     pub(crate) fn emit(&self, end: AnswerEnd, bytes: u64) {
@@ -161,9 +162,9 @@ impl AccessLine {
             method = %self.method,
             path = %path,
             node = %node,
-            status = %Or(self.status),
+            status = %Or(self.head.map(|(s, _)| s)),
             pin = %self.pin,
-            ms = %Or(self.head.map(Ms)),
+            ms = %Or(self.head.map(|(_, t)| Ms(t))),
             total_ms = %Ms(self.start.elapsed()),
             bytes,
             end = %end.as_str(),
