@@ -406,8 +406,13 @@ struct Connected {
 
 /// Why no session opened, as the access log's `end` says it (`no-node`: no node could take
 /// it; `queue-full`, `queue-timeout`: its node's queue refused it; `out-of-fds`: limpet ran
-/// out of descriptors connecting), with the node when there was one.
+/// out of descriptors connecting; [`CUT_AT_SHUTDOWN`]: a shutdown's drain ended while it
+/// waited for its node), with the node when there was one.
 struct NoSession(&'static str, Option<NodeId>);
+
+/// A connection still waiting for its node (in the node's queue, or connecting) when a
+/// shutdown's drain ends: logged as a session cut then (`end=cut cut=shutdown`).
+const CUT_AT_SHUTDOWN: &str = "shutdown";
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
 /// routing again without every node that failed (each a passive failure; the table's entry
@@ -422,6 +427,7 @@ async fn connect(
     def: &Arc<ListenerDef>,
     who: &Peer,
     local_port: u16,
+    cut: &mut watch::Receiver<bool>,
 ) -> Result<Connected, NoSession> {
     let slot = state.listeners.get(li).ok_or(NoSession("no-node", None))?;
     let table = slot.table.as_deref();
@@ -456,8 +462,10 @@ async fn connect(
         let moves = rt.map(|rt| rt.watch(spread));
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
+        // Both waits (the queue, the attempt) end when a shutdown's drain does: the
+        // session would be cut then anyway, and the listener waits for its sessions.
         let admitted = match rt {
-            Some(rt) => match rt.admit(def.timeouts.queue, spread).await {
+            Some(rt) => match until_cut(cut, node, rt.admit(def.timeouts.queue, spread)).await? {
                 Ok(a) => Some(a),
                 // The node left rotation (DOWN, MAINT, past a drain) while the session
                 // waited: it routes again without the node, nothing charged.
@@ -494,7 +502,7 @@ async fn connect(
             });
             continue;
         };
-        match attempt(&def_now, who, addr).await {
+        match until_cut(cut, node, attempt(&def_now, who, addr)).await? {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
                 state.observe(node, Observation::TrafficConnected);
@@ -534,6 +542,19 @@ async fn connect(
                 });
             }
         }
+    }
+}
+
+/// `wait`'s result, or [`CUT_AT_SHUTDOWN`] for `node` if a shutdown's drain ends first.
+async fn until_cut<T>(
+    cut: &mut watch::Receiver<bool>,
+    node: NodeId,
+    wait: impl std::future::Future<Output = T>,
+) -> Result<T, NoSession> {
+    tokio::select! {
+        biased;
+        r = wait => Ok(r),
+        () = stopped(cut) => Err(NoSession(CUT_AT_SHUTDOWN, Some(node))),
     }
 }
 
@@ -585,24 +606,37 @@ async fn session(
         tracing::debug!(listener = %def.name, %peer, error = %e, "client connection refused");
         return;
     }
-    let accepted = match crate::net::accept_client(stream, peer, bound, &def).await {
-        Ok(c) => c,
-        Err(why) => {
-            tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
+    // The PROXY header and the TLS handshake end with the drain too; such a connection was
+    // never a session and gets no access line (see `session_line`).
+    let accepted = tokio::select! {
+        biased;
+        r = crate::net::accept_client(stream, peer, bound, &def) => match r {
+            Ok(c) => c,
+            Err(why) => {
+                tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
+                return;
+            }
+        },
+        () = stopped(&mut cut) => {
+            tracing::debug!(listener = %def.name, %peer, "client connection closed: the drain ended before its PROXY header or TLS handshake did");
             return;
         }
     };
     let (who, local, client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
-    let conn = match connect(&runtime, &state, li, &def, &who, local.port()).await {
+    let conn = match connect(&runtime, &state, li, &def, &who, local.port(), &mut cut).await {
         Ok(conn) => conn,
         Err(NoSession(why, node)) => {
             // Refusals and running out of descriptors are logged where they happen.
             tracing::debug!(listener = %def.name, client = %who.client, why, "no TCP session opened");
             if let Some(started) = started {
                 let node = node.map(|n| (state.node_name(n), PinText(None, false)));
-                session_line(&def.name, who.client, node, started, (0, 0), why, None);
+                let (end, cut) = match why {
+                    CUT_AT_SHUTDOWN => ("cut", Some(CUT_AT_SHUTDOWN)),
+                    _ => (why, None),
+                };
+                session_line(&def.name, who.client, node, started, (0, 0), end, cut);
             }
             return;
         }

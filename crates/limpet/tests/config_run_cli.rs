@@ -186,6 +186,15 @@ async fn listening(child: &mut std::process::Child, n: usize) -> Listening {
 struct Listening(Vec<String>);
 
 impl Listening {
+    /// The admin listener's address (`admin on ADDR`).
+    fn admin(&self) -> std::net::SocketAddr {
+        self.0
+            .iter()
+            .find_map(|l| l.strip_prefix("admin on "))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no admin address in {:?}", self.0))
+    }
+
     fn addr(&self, name: &str) -> std::net::SocketAddr {
         self.0
             .iter()
@@ -210,8 +219,9 @@ impl Drop for Reaped {
 /// how: both sides closed (`end=done`, the bytes each way), nothing moved for the
 /// listener's `idle` (`end=idle`), the client stopped reading for `idle` (`end=
 /// client-stalled`), no node took it (`end=no-node`), or limpet cut it (`end=cut`, here at a
-/// shutdown's drain deadline: `cut=shutdown`). Before, a TCP session wrote no access log
-/// line at all.
+/// shutdown's drain deadline: `cut=shutdown`, also for a connection still in its node's
+/// queue then). Before, a TCP session wrote no access log line at all, and one still
+/// queued at the drain's end was dropped without one a second later.
 #[tokio::test]
 async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -256,13 +266,15 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     let path = dir.write(
         "limpet.toml",
         format!(
-            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\n\
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\nmax_connections = 1\n\
              [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
-             node_port = {node_port}\ntimeouts = {{ idle = \"2s\", drain = \"200ms\" }}\n\
+             node_port = {node_port}\n\
+             timeouts = {{ idle = \"2s\", drain = \"200ms\", queue = \"30s\" }}\n\
              [[listeners]]\nname = \"flood\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
              node_port = {flood_port}\ntimeouts = {{ idle = \"1s\" }}\n\
              [[listeners]]\nname = \"dead\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
-             node_port = {dead_port}\n"
+             node_port = {dead_port}\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n"
         ),
     );
     let mut child = Reaped(
@@ -277,7 +289,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             .expect("spawn limpet run"),
     );
     let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
-    let listening = listening(&mut child.0, 3).await;
+    let listening = listening(&mut child.0, 4).await;
     let addr_of = |name: &str| listening.addr(name);
     let total_ms = |line: &str| -> f64 {
         line.split_whitespace()
@@ -363,6 +375,32 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     c.write_all(b"hi").await.expect("send");
     let mut back = [0u8; 2];
     c.read_exact(&mut back).await.expect("echo");
+    // And one waiting in the node's queue behind it (`max_connections = 1`), seen there by
+    // the admin API.
+    let queued = tokio::spawn(until_closed(addr_of("raw")));
+    let node_a = format!("http://{}/api/v1/nodes/a", listening.admin());
+    let admin = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let mut seen = false;
+    for _ in 0..500 {
+        let body = admin
+            .get(&node_a)
+            .send()
+            .await
+            .expect("admin")
+            .bytes()
+            .await
+            .expect("node view");
+        let view: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        if view["queued"].as_u64().unwrap_or(0) == 1 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "the second connection queued for node a");
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()
@@ -370,9 +408,15 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     assert!(status.success());
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest).await;
-    let line = lines.next().await;
+    // The two lines in either order: the open session's and the queued connection's.
+    let (first, second) = (lines.next().await, lines.next().await);
+    let (open, waiting) = if first.contains("bytes_in=2") {
+        (first, second)
+    } else {
+        (second, first)
+    };
     common::has_fields(
-        &line,
+        &open,
         &[
             "listener=raw",
             "bytes_in=2",
@@ -381,7 +425,25 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             "cut=shutdown",
         ],
     );
-    assert!(total_ms(&line) >= 200.0, "{line:?}");
+    assert!(total_ms(&open) >= 200.0, "{open:?}");
+    common::has_fields(
+        &waiting,
+        &[
+            "listener=raw",
+            "node=a",
+            "pin=-",
+            "bytes_in=0",
+            "bytes_out=0",
+            "end=cut",
+            "cut=shutdown",
+        ],
+    );
+    // Cut when the drain ended, not a second later with its task dropped.
+    assert!(total_ms(&waiting) < 1000.0, "{waiting:?}");
+    tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .expect("the queued client's connection closed")
+        .expect("queued client");
 
     drop(child);
     drop(dead);
