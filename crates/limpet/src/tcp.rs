@@ -404,15 +404,36 @@ struct Connected {
     _admitted: Option<crate::nodes::Admitted>,
 }
 
-/// Why no session opened, as the access log's `end` says it (`no-node`: no node could take
+/// Why no session opened, as the access log says it: `end` (`no-node`: no node could take
 /// it; `queue-full`, `queue-timeout`: its node's queue refused it; `out-of-fds`: limpet ran
-/// out of descriptors connecting; [`CUT_AT_SHUTDOWN`]: a shutdown's drain ended while it
-/// waited in its node's queue), with the node when there was one.
-struct NoSession(&'static str, Option<NodeId>);
+/// out of descriptors connecting; `cut`: a shutdown's drain ended while it waited in its
+/// node's queue, with `cut` the reason), and the node when there was one.
+struct NoSession {
+    end: &'static str,
+    cut: Option<&'static str>,
+    node: Option<NodeId>,
+}
 
-/// A connection still waiting in its node's queue when a shutdown's drain ends: logged as a
-/// session cut then (`end=cut cut=shutdown`).
-const CUT_AT_SHUTDOWN: &str = "shutdown";
+impl NoSession {
+    /// No session, for the reason `end`.
+    fn refused(end: &'static str, node: Option<NodeId>) -> Self {
+        NoSession {
+            end,
+            cut: None,
+            node,
+        }
+    }
+
+    /// Still in `node`'s queue when a shutdown's drain ended: cut then (`end=cut
+    /// cut=shutdown`), as the open sessions are.
+    fn cut_at_shutdown(node: NodeId) -> Self {
+        NoSession {
+            end: "cut",
+            cut: Some("shutdown"),
+            node: Some(node),
+        }
+    }
+}
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
 /// routing again without every node that failed (each a passive failure; the table's entry
@@ -429,7 +450,10 @@ async fn connect(
     local_port: u16,
     cut: &mut watch::Receiver<bool>,
 ) -> Result<Connected, NoSession> {
-    let slot = state.listeners.get(li).ok_or(NoSession("no-node", None))?;
+    let slot = state
+        .listeners
+        .get(li)
+        .ok_or(NoSession::refused("no-node", None))?;
     let table = slot.table.as_deref();
     let ip = who.client.ip();
     let key = table.and_then(|t| t.key_spec().request_key(ip, std::iter::empty::<&[u8]>()));
@@ -454,7 +478,7 @@ async fn connect(
         let route = state.route(table.zip(key), input, None, def.timeouts.connect);
         let Some(node) = route.node else {
             NO_NODE.note(&def.name);
-            return Err(NoSession("no-node", None));
+            return Err(NoSession::refused("no-node", None));
         };
         // Watched from the route on: a move of the session off this node while it connects
         // (another of its connections failed there) ends it as soon as it runs.
@@ -463,9 +487,10 @@ async fn connect(
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
         // The wait in the queue ends when a shutdown's drain does: the session would be cut
-        // then anyway, and the listener waits for its sessions. (The attempt is bounded by
-        // the connect timeout; watching the drain there too cost 4 % of a `tcp-close`
-        // session's instructions.)
+        // then anyway. (The attempt is not watched: watching the drain there too cost 4 % of
+        // a `tcp-close` session's instructions. One still connecting at the drain's end has
+        // the listener's last second, `CUT_GRACE`, to connect and be cut with a line; after
+        // that its task is dropped without one.)
         let admitted = match rt {
             Some(rt) => match until_cut(cut, node, rt.admit(def.timeouts.queue, spread)).await? {
                 Ok(a) => Some(a),
@@ -488,7 +513,7 @@ async fn connect(
                         crate::nodes::Refused::QueueTimeout => "queue-timeout",
                         _ => "queue-full",
                     };
-                    return Err(NoSession(why, Some(node)));
+                    return Err(NoSession::refused(why, Some(node)));
                 }
             },
             None => None,
@@ -531,7 +556,7 @@ async fn connect(
             // limpet out of file descriptors: says nothing about the node, and another node
             // would fail the same way; the client's connection is closed, its pin kept.
             Err(err) if err.cause == crate::error::Cause::Local => {
-                return Err(NoSession("out-of-fds", Some(node)))
+                return Err(NoSession::refused("out-of-fds", Some(node)))
             }
             Err(err) => {
                 tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "node attempt failed");
@@ -547,7 +572,10 @@ async fn connect(
     }
 }
 
-/// `wait`'s result, or [`CUT_AT_SHUTDOWN`] for `node` if a shutdown's drain ends first.
+/// `wait`'s result, or [`NoSession::cut_at_shutdown`] if a shutdown's drain ends first. The
+/// wait is polled first (a slot given at once costs no watch of the drain), and a slot it
+/// gives once the drain has ended is let go at once: a session cut at the drain's end frees
+/// its slot for the next one in the queue, which must not open a node connection then.
 async fn until_cut<T>(
     cut: &mut watch::Receiver<bool>,
     node: NodeId,
@@ -555,8 +583,14 @@ async fn until_cut<T>(
 ) -> Result<T, NoSession> {
     tokio::select! {
         biased;
-        r = wait => Ok(r),
-        () = stopped(cut) => Err(NoSession(CUT_AT_SHUTDOWN, Some(node))),
+        r = wait => {
+            if *cut.borrow() {
+                Err(NoSession::cut_at_shutdown(node))
+            } else {
+                Ok(r)
+            }
+        }
+        () = stopped(cut) => Err(NoSession::cut_at_shutdown(node)),
     }
 }
 
@@ -608,19 +642,10 @@ async fn session(
         tracing::debug!(listener = %def.name, %peer, error = %e, "client connection refused");
         return;
     }
-    // The PROXY header and the TLS handshake end with the drain too; such a connection was
-    // never a session and gets no access line (see `session_line`).
-    let accepted = tokio::select! {
-        biased;
-        r = crate::net::accept_client(stream, peer, bound, &def) => match r {
-            Ok(c) => c,
-            Err(why) => {
-                tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
-                return;
-            }
-        },
-        () = stopped(&mut cut) => {
-            tracing::debug!(listener = %def.name, %peer, "client connection closed: the drain ended before its PROXY header or TLS handshake did");
+    let accepted = match crate::net::accept_client(stream, peer, bound, &def).await {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::debug!(listener = %def.name, %peer, why, "client connection refused");
             return;
         }
     };
@@ -629,16 +654,12 @@ async fn session(
     // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
     let conn = match connect(&runtime, &state, li, &def, &who, local.port(), &mut cut).await {
         Ok(conn) => conn,
-        Err(NoSession(why, node)) => {
+        Err(no) => {
             // Refusals and running out of descriptors are logged where they happen.
-            tracing::debug!(listener = %def.name, client = %who.client, why, "no TCP session opened");
+            tracing::debug!(listener = %def.name, client = %who.client, end = no.end, "no TCP session opened");
             if let Some(started) = started {
-                let node = node.map(|n| (state.node_name(n), PinText(None, false)));
-                let (end, cut) = match why {
-                    CUT_AT_SHUTDOWN => ("cut", Some(CUT_AT_SHUTDOWN)),
-                    _ => (why, None),
-                };
-                session_line(&def.name, who.client, node, started, (0, 0), end, cut);
+                let node = no.node.map(|n| (state.node_name(n), PinText(None, false)));
+                session_line(&def.name, who.client, node, started, (0, 0), no.end, no.cut);
             }
             return;
         }

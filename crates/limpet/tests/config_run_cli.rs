@@ -438,8 +438,11 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             "cut=shutdown",
         ],
     );
-    // Cut when the drain ended, not a second later with its task dropped.
-    assert!(total_ms(&waiting) < 1000.0, "{waiting:?}");
+    // Cut when the open session was: it came later, so its line counts no longer.
+    assert!(
+        total_ms(&waiting) <= total_ms(&open) + 100.0,
+        "{waiting:?} {open:?}"
+    );
     tokio::time::timeout(Duration::from_secs(5), queued)
         .await
         .expect("the queued client's connection closed")
