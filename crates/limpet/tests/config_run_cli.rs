@@ -218,9 +218,10 @@ impl Drop for Reaped {
 /// A TCP session gets an access log line when it ends (HAProxy's `option tcplog`), saying
 /// how: both sides closed (`end=done`, the bytes each way), nothing moved for the
 /// listener's `idle` (`end=idle`), the client stopped reading for `idle` (`end=
-/// client-stalled`), no node took it (`end=no-node`), or limpet cut it (`end=cut`, here at a
-/// shutdown's drain deadline: `cut=shutdown`, also for a connection still in its node's
-/// queue then). Before, a TCP session wrote no access log line at all, and one still
+/// client-stalled`), no node took it (`end=no-node`), its node's queue refused it
+/// (`end=queue-timeout`), or limpet cut it (`end=cut`: its node set to MAINT, `cut=
+/// node-maint`; a shutdown's drain deadline, `cut=shutdown`, also for a connection still in
+/// its node's queue then). Before, a TCP session wrote no access log line at all, and one still
 /// queued at the drain's end was dropped without one a second later.
 #[tokio::test]
 async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
@@ -274,6 +275,8 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
              node_port = {flood_port}\ntimeouts = {{ idle = \"1s\" }}\n\
              [[listeners]]\nname = \"dead\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
              node_port = {dead_port}\n\
+             [[listeners]]\nname = \"brief\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {node_port}\ntimeouts = {{ queue = \"300ms\" }}\n\
              [admin]\nlisten = \"127.0.0.1:0\"\n"
         ),
     );
@@ -289,7 +292,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             .expect("spawn limpet run"),
     );
     let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
-    let listening = listening(&mut child.0, 4).await;
+    let listening = listening(&mut child.0, 5).await;
     let addr_of = |name: &str| listening.addr(name);
     let total_ms = |line: &str| -> f64 {
         line.split_whitespace()
@@ -368,6 +371,56 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
         &["listener=dead", "node=-", "pin=-", "end=no-node"],
     );
 
+    let admin = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let node_a = format!("http://{}/api/v1/nodes/a", listening.admin());
+    let set_a = |state: &'static str| {
+        let (admin, url) = (admin.clone(), format!("{node_a}/state"));
+        async move {
+            let r = admin
+                .post(url)
+                .header("content-type", "application/json")
+                .body(format!("{{\"state\":\"{state}\"}}"))
+                .send()
+                .await
+                .expect("admin");
+            assert_eq!(r.status().as_u16(), 200, "set a {state}");
+        }
+    };
+    // An open session holds node a's one slot (`max_connections = 1`): a connection to a
+    // listener whose queue waits 300 ms is refused at that. Then the node is set to MAINT,
+    // which cuts the open session.
+    let mut holder = tokio::net::TcpStream::connect(addr_of("raw"))
+        .await
+        .expect("connect");
+    holder.write_all(b"hi").await.expect("send");
+    let mut back = [0u8; 2];
+    holder.read_exact(&mut back).await.expect("echo");
+    until_closed(addr_of("brief")).await;
+    let line = lines.next().await;
+    common::has_fields(
+        &line,
+        &["listener=brief", "node=a", "pin=-", "end=queue-timeout"],
+    );
+    assert!(total_ms(&line) >= 300.0, "{line:?}");
+    set_a("maint").await;
+    let mut rest = Vec::new();
+    let _ = holder.read_to_end(&mut rest).await;
+    common::has_fields(
+        &lines.next().await,
+        &[
+            "listener=raw",
+            "node=a",
+            "bytes_in=2",
+            "bytes_out=2",
+            "end=cut",
+            "cut=node-maint",
+        ],
+    );
+    set_a("ready").await;
+
     // Open at SIGTERM: cut (reset) at the drain's deadline.
     let mut c = tokio::net::TcpStream::connect(addr_of("raw"))
         .await
@@ -378,11 +431,6 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     // And one waiting in the node's queue behind it (`max_connections = 1`), seen there by
     // the admin API.
     let queued = tokio::spawn(until_closed(addr_of("raw")));
-    let node_a = format!("http://{}/api/v1/nodes/a", listening.admin());
-    let admin = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
     let mut seen = false;
     for _ in 0..500 {
         let body = admin
