@@ -502,35 +502,42 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     flooding.abort();
 }
 
-/// An answer whose node stops sending mid-body is cut at the listener's `answer_body_idle`
-/// (HAProxy's `timeout server`): the HTTP/1 client gets the head and the bytes that came,
-/// then its connection closes (the answer cannot end cleanly), and the access line keeps
-/// the status the client got and says whose end it was (`end=node-idle`, `bytes` those that
-/// went out). Before, the line was written at the head and read as a plain 200.
+/// An answer cut mid-body says whose end it was. One whose node stops sending is cut at the
+/// listener's `answer_body_idle` (HAProxy's `timeout server`): the HTTP/1 client gets the head
+/// and the bytes that came, then its connection closes (the answer cannot end cleanly), and
+/// the access line keeps the status the client got with `end=node-idle` and the bytes that
+/// went out. One whose client stops its own upload is ended at `client_idle` with the node
+/// connection, and says `end=client-body`. Before, the line was written at the head and read
+/// as a plain 200 in both.
 #[tokio::test]
-async fn an_answer_its_node_stalls_is_cut_at_answer_body_idle_and_logged_as_such() {
+async fn an_answer_cut_mid_body_is_logged_with_whose_end_it_was() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // A node that answers with 10 bytes of 100, then holds its connection open.
+    // A node that answers every request with 10 bytes of 100 without reading a body, then
+    // holds its connection open.
     let node = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind node");
     let node_port = node.local_addr().expect("node addr").port();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
     let serving = tokio::spawn(async move {
-        let (mut s, _) = node.accept().await.expect("accept");
-        let _ = common::read_request_head(&mut s).await;
-        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
-            .await
-            .expect("answer");
-        let _ = held_tx.send(s);
+        while let Ok((mut s, _)) = node.accept().await {
+            let held_tx = held_tx.clone();
+            tokio::spawn(async move {
+                let _ = common::read_request_head(&mut s).await;
+                let partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
+                if s.write_all(partial).await.is_ok() {
+                    let _ = held_tx.send(s);
+                }
+            });
+        }
     });
-    let dir = TempDir::new("body-idle");
+    let dir = TempDir::new("body-ends");
     let path = dir.write(
         "limpet.toml",
         format!(
             "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\n\
              [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {node_port}\n\
-             timeouts = {{ answer_body_idle = \"1s\" }}\n"
+             timeouts = {{ answer_body_idle = \"2s\", client_idle = \"1s\" }}\n"
         ),
     );
     let mut child = Reaped(
@@ -546,19 +553,29 @@ async fn an_answer_its_node_stalls_is_cut_at_answer_body_idle_and_logged_as_such
     );
     let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
     let listening = listening(&mut child.0, 1).await;
+    let total_ms = |line: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("total_ms="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no total_ms in {line:?}"))
+    };
+    // Sends `request`, keeps the connection open, and returns what came back until limpet
+    // closed it.
+    let exchange = |request: &'static [u8]| {
+        let addr = listening.addr("web");
+        async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            c.write_all(request).await.expect("send");
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut got))
+                .await
+                .expect("the connection closes within the test")
+                .expect("read");
+            String::from_utf8_lossy(&got).into_owned()
+        }
+    };
 
-    let mut c = tokio::net::TcpStream::connect(listening.addr("web"))
-        .await
-        .expect("connect");
-    c.write_all(b"GET /held HTTP/1.1\r\nHost: print.example\r\n\r\n")
-        .await
-        .expect("send");
-    let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut got))
-        .await
-        .expect("the connection closes within the test")
-        .expect("read");
-    let got = String::from_utf8_lossy(&got);
+    let got = exchange(b"GET /held HTTP/1.1\r\nHost: print.example\r\n\r\n").await;
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     assert!(
         got.ends_with("\r\n\r\n0123456789"),
@@ -567,16 +584,46 @@ async fn an_answer_its_node_stalls_is_cut_at_answer_body_idle_and_logged_as_such
     let line = lines.next().await;
     common::has_fields(
         &line,
-        &["node=a", "status=200", "bytes=10", "end=node-idle"],
+        &[
+            "method=GET",
+            "node=a",
+            "status=200",
+            "bytes=10",
+            "end=node-idle",
+        ],
     );
-    let total_ms: f64 = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("total_ms="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no total_ms in {line:?}"));
-    assert!(total_ms >= 1000.0, "cut at answer_body_idle: {line:?}");
+    assert!(
+        total_ms(&line) >= 2000.0,
+        "cut at answer_body_idle: {line:?}"
+    );
+
+    // 10 bytes of an announced 100, then nothing more from the client.
+    let got = exchange(
+        b"POST /upload HTTP/1.1\r\nHost: print.example\r\ncontent-length: 100\r\n\r\n0123456789",
+    )
+    .await;
+    assert!(
+        got.starts_with("HTTP/1.1 200") && got.ends_with("\r\n\r\n0123456789"),
+        "the node's head and 10 bytes, then the close: {got:?}"
+    );
+    let line = lines.next().await;
+    common::has_fields(
+        &line,
+        &[
+            "method=POST",
+            "node=a",
+            "status=200",
+            "bytes=10",
+            "end=client-body",
+        ],
+    );
+    let t = total_ms(&line);
+    assert!(
+        (1000.0..2000.0).contains(&t),
+        "ended at client_idle, before answer_body_idle: {line:?}"
+    );
     drop(child);
-    let held = held_rx.await.expect("the node's connection");
-    drop(held);
-    serving.await.expect("node");
+    held_rx.close();
+    while held_rx.recv().await.is_some() {}
+    serving.abort();
 }
