@@ -205,6 +205,33 @@ impl Listening {
     }
 }
 
+/// `limpet run -c path` with one worker thread and its access log on: the process, its
+/// access lines, and the first `n` lines it printed (where it listens).
+async fn run_logged(path: &std::path::Path, n: usize) -> (Reaped, common::AccessLines, Listening) {
+    let mut child = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_limpet"))
+            .args(["run", "--threads", "1", "-c"])
+            .arg(path)
+            .env("RUST_LOG", "warn,limpet::access=info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn limpet run"),
+    );
+    let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
+    let listening = listening(&mut child.0, n).await;
+    (child, lines, listening)
+}
+
+/// An access line's `total_ms`.
+fn total_ms(line: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("total_ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no total_ms in {line:?}"))
+}
+
 /// A child process killed (by its PID) and reaped when the test ends, also on a panic.
 struct Reaped(std::process::Child);
 
@@ -280,26 +307,8 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
              [admin]\nlisten = \"127.0.0.1:0\"\n"
         ),
     );
-    let mut child = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_limpet"))
-            .args(["run", "--threads", "1", "-c"])
-            .arg(&path)
-            .env("RUST_LOG", "warn,limpet::access=info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn limpet run"),
-    );
-    let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
-    let listening = listening(&mut child.0, 5).await;
+    let (child, lines, listening) = run_logged(&path, 5).await;
     let addr_of = |name: &str| listening.addr(name);
-    let total_ms = |line: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix("total_ms="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no total_ms in {line:?}"))
-    };
     // A connection the client keeps open until limpet closes it.
     let until_closed = |addr| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -540,25 +549,7 @@ async fn an_answer_cut_mid_body_is_logged_with_whose_end_it_was() {
              timeouts = {{ answer_body_idle = \"2s\", client_idle = \"1s\" }}\n"
         ),
     );
-    let mut child = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_limpet"))
-            .args(["run", "--threads", "1", "-c"])
-            .arg(&path)
-            .env("RUST_LOG", "warn,limpet::access=info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn limpet run"),
-    );
-    let lines = common::AccessLines::of(child.0.stderr.take().expect("stderr"));
-    let listening = listening(&mut child.0, 1).await;
-    let total_ms = |line: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix("total_ms="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no total_ms in {line:?}"))
-    };
+    let (child, lines, listening) = run_logged(&path, 1).await;
     // Sends `request`, keeps the connection open, and returns what came back until limpet
     // closed it.
     let exchange = |request: &'static [u8]| {
