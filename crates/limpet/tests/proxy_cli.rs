@@ -554,3 +554,85 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
     );
     drop(child);
 }
+
+/// An HTTP/2 client whose answer its node cuts mid-body gets what the node sent before the
+/// cut, as an HTTP/1 client does: the head, then the bytes that came, then the stream's
+/// reset (an error, so the answer does not read as whole), whether the node closed its
+/// connection short (`/cut`) or reset it (`/reset`). h2 drops what is still queued for a
+/// stream it resets; these show that limpet's reset for the cut comes after the head and the
+/// bytes, in 20 rounds of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_gets_the_head_and_the_bytes_of_an_answer_its_node_cut() {
+    use tokio::io::AsyncWriteExt;
+    // A node that answers 10 bytes of 100, then closes (`/cut`) or resets (`/reset`).
+    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind node");
+    let node_addr = node.local_addr().expect("node addr");
+    let serve = tokio::spawn(async move {
+        while let Ok((mut s, _)) = node.accept().await {
+            tokio::spawn(async move {
+                let Some(head) = read_request_head(&mut s).await else {
+                    return;
+                };
+                let partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
+                let _ = s.write_all(partial).await;
+                if head.starts_with("GET /reset ") {
+                    // Dropped with a zero linger: a reset, not a FIN.
+                    let _ = s.set_zero_linger();
+                }
+            });
+        }
+    });
+    let mut cmd = limpet();
+    cmd.arg("proxy")
+        .arg("--to")
+        .arg(format!("solo={node_addr}"))
+        .env("RUST_LOG", "warn");
+    let (child, addr) = start_quick(cmd).await;
+    let io = hyper_util::rt::TokioIo::new(
+        tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect"),
+    );
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    for path in ["/cut", "/reset"] {
+        for round in 0..20 {
+            let req = http::Request::get(format!("http://{addr}{path}"))
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .expect("request");
+            let mut resp = send
+                .send_request(req)
+                .await
+                .unwrap_or_else(|e| panic!("{path} round {round}: no answer head, only {e}"));
+            assert_eq!(resp.status(), 200);
+            let mut got = Vec::new();
+            let end = loop {
+                match http_body_util::BodyExt::frame(resp.body_mut()).await {
+                    Some(Ok(f)) => {
+                        if let Ok(d) = f.into_data() {
+                            got.extend_from_slice(&d);
+                        }
+                    }
+                    Some(Err(e)) => break Some(e),
+                    None => break None,
+                }
+            };
+            assert_eq!(
+                got, b"0123456789",
+                "{path} round {round}: the bytes that came"
+            );
+            assert!(
+                end.is_some(),
+                "{path} round {round}: the answer ends in an error, not whole"
+            );
+        }
+    }
+    conn.abort();
+    serve.abort();
+    drop(child);
+}
