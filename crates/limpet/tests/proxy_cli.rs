@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use common::{
     has_fields, node_of, nodes, plain_client, raw_exchange, read_request_head, set_cookie,
-    AccessLines,
+    AccessLines, PATIENCE,
 };
 
 fn limpet() -> Command {
@@ -556,15 +556,15 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
 }
 
 /// An HTTP/2 client whose answer its node cuts mid-body gets what the node sent before the
-/// cut, as an HTTP/1 client does: the head, then the bytes that came, then the stream's
-/// reset (an error, so the answer does not read as whole), whether the node closed its
-/// connection short (`/cut`) or reset it (`/reset`). h2 drops what is still queued for a
-/// stream it resets; these show that limpet's reset for the cut comes after the head and the
-/// bytes, in 20 rounds of each.
+/// cut, as an HTTP/1 client does: the head, then the bytes that came, then its stream's
+/// reset (`INTERNAL_ERROR`, so the answer does not read as whole), whether the node closed
+/// its connection short (`/cut`) or reset it (`/reset`), with 10 bytes or 4 KiB before the
+/// cut. Each round on a new client connection, as a client that sends one request does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_gets_the_head_and_the_bytes_of_an_answer_its_node_cut() {
     use tokio::io::AsyncWriteExt;
-    // A node that answers 10 bytes of 100, then closes (`/cut`) or resets (`/reset`).
+    // A node that answers `n` bytes of 100,000 (the path's query), then closes (`/cut`) or
+    // resets (`/reset`).
     let node = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind node");
@@ -575,9 +575,15 @@ async fn an_http2_client_gets_the_head_and_the_bytes_of_an_answer_its_node_cut()
                 let Some(head) = read_request_head(&mut s).await else {
                     return;
                 };
-                let partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
-                let _ = s.write_all(partial).await;
-                if head.starts_with("GET /reset ") {
+                let n: usize = head
+                    .split_once('?')
+                    .and_then(|(_, q)| q.split_once(' '))
+                    .and_then(|(n, _)| n.parse().ok())
+                    .unwrap_or(10);
+                let mut partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n".to_vec();
+                partial.resize(partial.len() + n, b'x');
+                let _ = s.write_all(&partial).await;
+                if head.starts_with("GET /reset") {
                     // Dropped with a zero linger: a reset, not a FIN.
                     let _ = s.set_zero_linger();
                 }
@@ -590,49 +596,56 @@ async fn an_http2_client_gets_the_head_and_the_bytes_of_an_answer_its_node_cut()
         .arg(format!("solo={node_addr}"))
         .env("RUST_LOG", "warn");
     let (child, addr) = start_quick(cmd).await;
-    let io = hyper_util::rt::TokioIo::new(
-        tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect"),
-    );
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
-            .await
-            .expect("h2 handshake");
-    let conn = tokio::spawn(conn);
-    for path in ["/cut", "/reset"] {
+    for (path, n) in [
+        ("/cut", 10),
+        ("/reset", 10),
+        ("/cut", 4096),
+        ("/reset", 4096),
+    ] {
         for round in 0..20 {
-            let req = http::Request::get(format!("http://{addr}{path}"))
+            let io = hyper_util::rt::TokioIo::new(
+                tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .expect("connect"),
+            );
+            let (mut send, conn) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .expect("h2 handshake");
+            let conn = tokio::spawn(conn);
+            let req = http::Request::get(format!("http://{addr}{path}?{n}"))
                 .body(http_body_util::Empty::<bytes::Bytes>::new())
                 .expect("request");
-            let mut resp = send
-                .send_request(req)
-                .await
-                .unwrap_or_else(|e| panic!("{path} round {round}: no answer head, only {e}"));
-            assert_eq!(resp.status(), 200);
-            let mut got = Vec::new();
-            let end = loop {
-                match http_body_util::BodyExt::frame(resp.body_mut()).await {
-                    Some(Ok(f)) => {
-                        if let Ok(d) = f.into_data() {
-                            got.extend_from_slice(&d);
-                        }
+            let what = format!("{path} with {n} bytes, round {round}");
+            let (status, got, end) = tokio::time::timeout(PATIENCE, async {
+                let mut resp = send
+                    .send_request(req)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: no answer head, only {e:?}"));
+                let mut got = 0;
+                let end = loop {
+                    match http_body_util::BodyExt::frame(resp.body_mut()).await {
+                        Some(Ok(f)) => got += f.into_data().map_or(0, |d| d.len()),
+                        Some(Err(e)) => break Some(e),
+                        None => break None,
                     }
-                    Some(Err(e)) => break Some(e),
-                    None => break None,
-                }
-            };
-            assert_eq!(
-                got, b"0123456789",
-                "{path} round {round}: the bytes that came"
-            );
+                };
+                (resp.status(), got, end)
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the answer did not end"));
+            assert_eq!(status, 200, "{what}");
+            assert_eq!(got, n, "{what}: the bytes that came");
+            // hyper's HTTP/2 server resets a stream whose answer body failed with
+            // INTERNAL_ERROR; the error says so in its h2 source.
+            let end = end.map(|e| format!("{e:?}"));
             assert!(
-                end.is_some(),
-                "{path} round {round}: the answer ends in an error, not whole"
+                end.as_deref().is_some_and(|e| e.contains("INTERNAL_ERROR")),
+                "{what}: the answer ends in the stream's reset, not whole: {end:?}"
             );
+            conn.abort();
         }
     }
-    conn.abort();
     serve.abort();
     drop(child);
 }

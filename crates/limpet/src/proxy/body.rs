@@ -5,7 +5,8 @@
 //!   It reports when the client's body has been read to its end, which starts the upstream
 //!   answer clock (a long upload is not an unanswered request). A client that stops sending
 //!   its body for `client_idle` ends it with [`BodyIdle`]: the node connection is
-//!   closed and the client gets 408.
+//!   closed, and the client gets 408, or, if the node's answer head already went out, the
+//!   answer is cut there (`client-body` in the access log).
 //! - [`ProxyBody`] goes to the client: the node's answer, or a short answer limpet wrote. It
 //!   holds the connection's "request in flight" mark until hyper drops it, so the keep-alive
 //!   idle clock only runs while nothing is in flight. A node that stops sending its answer
