@@ -6,8 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use common::{
-    has_fields, node_of, nodes, plain_client, raw_exchange, read_request_head, set_cookie,
-    AccessLines, PATIENCE,
+    h2_client, has_fields, node_of, nodes, plain_client, raw_exchange, read_request_head,
+    set_cookie, AccessLines, PATIENCE,
 };
 
 fn limpet() -> Command {
@@ -265,16 +265,7 @@ async fn the_access_log_line_says_how_the_answer_ended() {
 
     // HTTP/2: the head and 10 bytes come, then the client drops the answer (RST_STREAM)
     // while the node holds the rest.
-    let io = hyper_util::rt::TokioIo::new(
-        tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect"),
-    );
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
-            .await
-            .expect("h2 handshake");
-    let conn = tokio::spawn(conn);
+    let (mut send, conn) = h2_client(&addr).await;
     let req = http::Request::get(format!("http://{addr}/held"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("request");
@@ -603,16 +594,7 @@ async fn an_http2_client_gets_the_head_and_the_bytes_of_an_answer_its_node_cut()
         ("/reset", 4096),
     ] {
         for round in 0..20 {
-            let io = hyper_util::rt::TokioIo::new(
-                tokio::net::TcpStream::connect(&addr)
-                    .await
-                    .expect("connect"),
-            );
-            let (mut send, conn) =
-                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
-                    .await
-                    .expect("h2 handshake");
-            let conn = tokio::spawn(conn);
+            let (mut send, conn) = h2_client(&addr).await;
             let req = http::Request::get(format!("http://{addr}{path}?{n}"))
                 .body(http_body_util::Empty::<bytes::Bytes>::new())
                 .expect("request");

@@ -281,3 +281,19 @@ impl Drop for BlackHole {
         self.task.abort();
     }
 }
+
+/// An HTTP/2 client connection with prior knowledge to `addr` (hyper's client), its
+/// connection driven by a task of its own: the request sender and that task.
+pub async fn h2_client(
+    addr: &str,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .expect("h2 handshake");
+    (send, tokio::spawn(conn))
+}
