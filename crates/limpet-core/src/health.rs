@@ -16,6 +16,12 @@
 //!   answering younger requests is alive, and the one it does not answer in time is slow by
 //!   itself (a report that outlasts the timeout), not a sign of a hung node. Charged, a few
 //!   such requests at once took a healthy node DOWN and, replayed, the next one too.
+//! - A *slow answer* ([`Observation::SlowAnswer`]) is the timeout that rule does not charge.
+//!   It counts toward nothing unless the operator sets [`HealthPolicy::max_slow_answers`]:
+//!   then that many within one `fail_timeout`, whatever was answered between them, take the
+//!   node DOWN (a gray failure: a node that answers most requests and hangs the rest, which
+//!   its checks pass). Off by default, as in HAProxy: a slow report is the application's,
+//!   and counted it would take each node DOWN in turn.
 //! - A *traffic success* is an answer (HTTP) or a completed connect (TCP, which has no
 //!   answer to wait for). Without checks it resets the failure streak and ends a trial; a
 //!   completed connect resets only a streak of failed connects, never one that holds a
@@ -65,6 +71,11 @@ pub struct HealthPolicy {
     pub fail_timeout_ms: u64,
     /// Whether active checks are configured for the node: then only checks bring it back.
     pub checked: bool,
+    /// A node that lets this many requests outlast the answer timeout within one
+    /// `fail_timeout` while it answers others ([`Observation::SlowAnswer`]) goes DOWN: a
+    /// gray failure (one worker of the node stuck, a disk that stalls some reads) that the
+    /// slow-request rule alone would keep UP. 0 (the default): slow answers never count.
+    pub max_slow_answers: u32,
 }
 
 impl Default for HealthPolicy {
@@ -74,6 +85,7 @@ impl Default for HealthPolicy {
             rise: 2,
             fail_timeout_ms: 10_000,
             checked: false,
+            max_slow_answers: 0,
         }
     }
 }
@@ -117,6 +129,10 @@ pub enum Observation {
     /// out, no answer head came within the answer timeout, or a fresh connection was closed
     /// or reset around the request. A completed connect does not disprove it.
     NoAnswer,
+    /// No answer head came within the answer timeout, but the node answered a request sent
+    /// after this one meanwhile ([`answered_since`]): the request is slow by itself, the node
+    /// alive. Not a failure: it counts only toward [`HealthPolicy::max_slow_answers`].
+    SlowAnswer,
 }
 
 /// Whether a node that did not answer a request sent at `sent` within the answer timeout
@@ -166,6 +182,12 @@ pub struct Health {
     /// The failure streak holds a [`Observation::NoAnswer`]: a completed connect
     /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
     unanswered: bool,
+    /// While UP: the slow answers ([`Observation::SlowAnswer`]) counted in the window that
+    /// began at `slow_since_ms` and lasts `fail_timeout` (nginx counts `max_fails` the same
+    /// way). Answers do not reset it: a node that hangs one request in five answers the
+    /// other four, and a count that an answer reset would never reach its limit.
+    slow: u32,
+    slow_since_ms: u64,
 }
 
 /// In [`Health`]'s per-check passes: the check has not failed since the node was last UP.
@@ -200,6 +222,8 @@ impl Default for Health {
             fails: [0; CheckSlot::COUNT],
             passes: NO_FAILURE_ALL,
             unanswered: false,
+            slow: 0,
+            slow_since_ms: 0,
         }
     }
 }
@@ -226,6 +250,18 @@ impl Health {
                 .min()
                 .unwrap_or(u32::MAX);
             self.streak.min(owed)
+        }
+    }
+
+    /// The slow answers ([`Observation::SlowAnswer`]) counted toward
+    /// [`HealthPolicy::max_slow_answers`] at `now_ms`: those of the current `fail_timeout`
+    /// window of an UP node with the limit set, else 0.
+    pub fn slow_answers(&self, policy: HealthPolicy, now_ms: u64) -> u32 {
+        let open = now_ms < self.slow_since_ms.saturating_add(policy.fail_timeout_ms);
+        if self.up && policy.max_slow_answers > 0 && open {
+            self.slow
+        } else {
+            0
         }
     }
 
@@ -369,21 +405,31 @@ impl Health {
                     _ => self.streak += 1,
                 }
                 if self.streak() >= policy.fall.max(1) {
-                    *self = Health {
-                        up: false,
-                        streak: 0,
-                        retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
-                        trying: false,
-                        claimed_until_ms: 0,
-                        fails: self.fails,
-                        passes: self.passes,
-                        unanswered: false,
-                    };
-                    Some(Transition::WentDown)
+                    Some(self.go_down(policy, now_ms))
                 } else {
                     None
                 }
             }
+            (true, Observation::SlowAnswer) => {
+                if policy.max_slow_answers == 0 {
+                    return None;
+                }
+                if self.slow == 0
+                    || now_ms >= self.slow_since_ms.saturating_add(policy.fail_timeout_ms)
+                {
+                    self.slow = 0;
+                    self.slow_since_ms = now_ms;
+                }
+                self.slow += 1;
+                if self.slow >= policy.max_slow_answers {
+                    Some(self.go_down(policy, now_ms))
+                } else {
+                    None
+                }
+            }
+            // A DOWN node is sent only its trial, the youngest request it has: a slow answer
+            // now is one sent before it went DOWN, and says nothing of it since.
+            (false, Observation::SlowAnswer) => None,
             (false, Observation::CheckPassed(slot)) => {
                 self.fails[slot.index()] = 0;
                 self.check_passed(slot);
@@ -438,6 +484,22 @@ impl Health {
         };
         self.debug_check();
         t
+    }
+
+    /// Takes the UP node DOWN: without checks its trial is due `fail_timeout` from now. What
+    /// the checks said stands; the traffic's counts start again when it is back.
+    fn go_down(&mut self, policy: HealthPolicy, now_ms: u64) -> Transition {
+        *self = Health {
+            up: false,
+            streak: 0,
+            retry_at_ms: now_ms.saturating_add(policy.fail_timeout_ms),
+            trying: false,
+            claimed_until_ms: 0,
+            fails: self.fails,
+            passes: self.passes,
+            ..Health::default()
+        };
+        Transition::WentDown
     }
 
     /// Another node just came back from a trial while this one is DOWN by its traffic too:
@@ -501,7 +563,7 @@ impl Health {
             } else {
                 self.passes
             },
-            unanswered: false,
+            ..Health::default()
         };
         match (was, up) {
             (true, false) => Some(Transition::WentDown),
@@ -542,17 +604,18 @@ mod tests {
         /// nothing (so skipping the report is the same as making it).
         #[test]
         fn traffic_ok_changes_nothing_when_it_says_so(
-            steps in proptest::collection::vec((0u8..8, 0u64..30_000), 0..40),
+            steps in proptest::collection::vec((0u8..9, 0u64..30_000), 0..40),
             checked in proptest::prelude::any::<bool>(),
             fall in 1u32..4,
+            max_slow_answers in 0u32..3,
         ) {
-            let policy = HealthPolicy { checked, fall, ..HealthPolicy::default() };
+            let policy = HealthPolicy { checked, fall, max_slow_answers, ..HealthPolicy::default() };
             let mut h = Health::default();
             let mut now = 0;
             for (obs, dt) in steps {
                 now += dt;
                 let s1 = CheckSlot::new(1);
-                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer]
+                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer]
                     [usize::from(obs)];
                 h.observe(obs, policy, now);
                 if h.traffic_ok_changes_nothing(policy) {
@@ -576,11 +639,12 @@ mod tests {
         /// passes bring it UP (or leave it UP): no history keeps a healthy node DOWN.
         #[test]
         fn rise_rounds_of_passes_always_bring_a_checked_node_up(
-            steps in proptest::collection::vec(0u8..9, 0..60),
+            steps in proptest::collection::vec(0u8..10, 0..60),
             fall in 1u32..5,
             rise in 1u32..5,
+            max_slow_answers in 0u32..3,
         ) {
-            let policy = HealthPolicy { checked: true, fall, rise, ..HealthPolicy::default() };
+            let policy = HealthPolicy { checked: true, fall, rise, max_slow_answers, ..HealthPolicy::default() };
             let slots = [CheckSlot::new(0), CheckSlot::new(1), CheckSlot::new(2)];
             let mut h = Health::default();
             for step in steps {
@@ -589,6 +653,7 @@ mod tests {
                     3..=5 => { h.observe(CheckFailed(slots[usize::from(step - 3)]), policy, 0); }
                     6 => { h.observe(TrafficFailed, policy, 0); }
                     7 => { h.force(false); }
+                    8 => { h.observe(SlowAnswer, policy, 0); }
                     _ => { h.force(true); }
                 }
             }
@@ -1061,6 +1126,7 @@ mod tests {
         /// True when the timeout was charged to the node.
         fn timed_out(&mut self, sent: u64, now: u64) -> bool {
             if answered_since(sent, self.youngest_answered) {
+                self.health.observe(SlowAnswer, self.policy, now);
                 return false;
             }
             self.health.observe(NoAnswer, self.policy, now);
@@ -1106,5 +1172,107 @@ mod tests {
         // Same send time as the youngest answer: not younger, no proof.
         assert!(!answered_since(7, 7));
         assert!(answered_since(6, 7));
+    }
+    /// A node that answers most requests and lets some outlast the answer timeout (a gray
+    /// failure): with `max_slow_answers`, that many within one `fail_timeout` take it DOWN
+    /// whatever it answered between them; slow answers spread wider, or with the limit off,
+    /// never do.
+    #[test]
+    fn slow_answers_take_a_node_down_at_their_limit_within_fail_timeout() {
+        for checked in [false, true] {
+            let p = HealthPolicy {
+                checked,
+                max_slow_answers: 3,
+                ..HealthPolicy::default()
+            };
+            let mut n = Driven::new(p);
+            // One request in four hangs; the node answers the others, younger ones included.
+            let mut sent = 0;
+            let mut downs = 0;
+            for round in 0..3 {
+                // The hung request, then three that are answered.
+                sent += 1;
+                let hung = sent;
+                for _ in 0..3 {
+                    sent += 1;
+                    n.answered(sent, sent + 5);
+                }
+                let now = hung + 30_000 + round * 100;
+                assert!(!n.timed_out(hung, now), "checked {checked}: not charged");
+                if !n.health.is_up() {
+                    downs += 1;
+                    assert_eq!(round, 2, "checked {checked}: DOWN at the third slow answer");
+                }
+            }
+            assert_eq!(downs, 1, "checked {checked}");
+            // Not a failure streak: the node is DOWN for its slow answers alone.
+            assert_eq!(n.health.availability(p, 30_300), Availability::Down);
+        }
+    }
+
+    #[test]
+    fn slow_answers_further_apart_than_fail_timeout_or_with_the_limit_off_count_for_nothing() {
+        let spread = HealthPolicy {
+            max_slow_answers: 3,
+            fail_timeout_ms: 10_000,
+            ..HealthPolicy::default()
+        };
+        let mut h = Health::default();
+        // Two in one window, the third as the next begins: the count starts again there.
+        assert_eq!(h.observe(SlowAnswer, spread, 1_000), None);
+        assert_eq!(h.observe(SlowAnswer, spread, 2_000), None);
+        assert_eq!(h.observe(SlowAnswer, spread, 11_000), None);
+        assert_eq!(h.observe(SlowAnswer, spread, 12_000), None);
+        assert!(h.is_up());
+        assert_eq!(
+            h.observe(SlowAnswer, spread, 20_999),
+            Some(Transition::WentDown),
+            "the third within 10 s of 11_000"
+        );
+
+        let off = HealthPolicy::default();
+        assert_eq!(off.max_slow_answers, 0, "off by default");
+        let mut h = Health::default();
+        for t in 0..1_000 {
+            assert_eq!(h.observe(SlowAnswer, off, t), None);
+        }
+        assert!(h.is_up());
+        assert!(h.traffic_ok_changes_nothing(off), "no count kept");
+    }
+
+    /// DOWN for its slow answers, a node comes back as from any other DOWN (its trial after
+    /// `fail_timeout`; with checks, `rise` passes) with a fresh count: the limit again, not one
+    /// more, takes it DOWN the next time.
+    #[test]
+    fn a_node_down_for_slow_answers_comes_back_with_its_count_started_again() {
+        for checked in [false, true] {
+            let p = HealthPolicy {
+                checked,
+                max_slow_answers: 2,
+                ..HealthPolicy::default()
+            };
+            let mut h = Health::default();
+            h.observe(SlowAnswer, p, 0);
+            assert_eq!(h.observe(SlowAnswer, p, 10), Some(Transition::WentDown));
+            // Late slow answers of requests sent while it was UP change nothing.
+            assert_eq!(h.observe(SlowAnswer, p, 20), None);
+            if checked {
+                assert_eq!(h.observe(CheckPassed(S0), p, 2_000), None);
+                assert_eq!(
+                    h.observe(CheckPassed(S0), p, 4_000),
+                    Some(Transition::WentUp)
+                );
+            } else {
+                assert_eq!(h.availability(p, 10_009), Availability::Down);
+                assert!(h.claim_trial(p, 10_010, 1_000, false));
+                assert_eq!(h.observe(TrafficOk, p, 10_050), Some(Transition::WentUp));
+            }
+            assert_eq!(h.observe(SlowAnswer, p, 10_100), None, "checked {checked}");
+            assert_eq!(
+                h.observe(SlowAnswer, p, 10_200),
+                Some(Transition::WentDown),
+                "checked {checked}"
+            );
+        }
     }
 }

@@ -206,6 +206,9 @@ impl Sim<'_> {
             rise: rng.range(1, 4) as u32,
             fail_timeout_ms: rng.range(500, 10_000),
             checked,
+            // The backends simulated here answer every request or none: no gray failure
+            // (health.rs's unit tests drive `max_slow_answers`).
+            max_slow_answers: 0,
         };
         let interval = rng.range(200, 3_000);
         let timeout = if rng.chance(30) {

@@ -143,7 +143,8 @@ impl UpstreamError {
 
     /// What passive health learns from the error, if anything: a connection not made
     /// ([`Observation::TrafficFailed`]), or one made and not answered, TLS included
-    /// ([`Observation::NoAnswer`], which a later completed connect does not disprove).
+    /// ([`Observation::NoAnswer`], which a later completed connect does not disprove), or a
+    /// request slow by itself ([`Observation::SlowAnswer`], not a failure).
     pub fn observation(&self) -> Option<Observation> {
         match (self.stage, self.cause) {
             (_, Cause::Local | Cause::NodeDown) => None,
@@ -152,7 +153,9 @@ impl UpstreamError {
             // handshake that fails or never ends is the node not answering, which a TCP
             // listener's completed connect does not disprove.
             (Stage::Tls, _) => Some(Observation::NoAnswer),
-            (Stage::AnswerHead, Cause::Timeout) => (!self.slow).then_some(Observation::NoAnswer),
+            // Slow by itself: no failure, but counted toward `max_slow_answers`.
+            (Stage::AnswerHead, Cause::Timeout) if self.slow => Some(Observation::SlowAnswer),
+            (Stage::AnswerHead, Cause::Timeout) => Some(Observation::NoAnswer),
             // A kept-alive connection the node closed meanwhile says nothing about the node;
             // a fresh one it closed before the request could go out does (accept, then drop).
             (Stage::Send, Cause::Io(_)) => self.fresh.then_some(Observation::NoAnswer),
@@ -257,7 +260,11 @@ mod tests {
             assert_eq!(hung.repin_reason(), RepinReason::AnswerTimeout);
             let slow = UpstreamError::unanswered(pooled, true);
             assert!(slow.is_timeout() && slow.sent && slow.stage == Stage::AnswerHead);
-            assert_eq!(slow.observation(), None, "pooled {pooled}");
+            assert_eq!(
+                slow.observation(),
+                Some(Observation::SlowAnswer),
+                "pooled {pooled}: counted as slow, not as a failure"
+            );
             assert!(!slow.retry_safe(true), "pooled {pooled}");
         }
     }

@@ -46,7 +46,7 @@ fn a_small_file_is_listed_with_every_default_and_reads_back_the_same() {
     );
     let first = listing(&path);
     for default in [
-        "[health]\nfall = 3\nrise = 2\nfail_timeout = \"10s\"\ninterval = \"2s\"\ntimeout = \"2s\"\njitter = \"200ms\"\n",
+        "[health]\nfall = 3\nrise = 2\nfail_timeout = \"10s\"\nmax_slow_answers = 0\ninterval = \"2s\"\ntimeout = \"2s\"\njitter = \"200ms\"\n",
         "[drain]\nspread = \"1m\"\nidle = \"1m\"\nseen_window = \"10m\"\n",
         "[[nodes]]\nname = \"a\"\naddress = \"10.0.0.1\"\nweight = 1\n",
         "bind = [\"0.0.0.0:80\"]\nmode = \"http\"\nnode_port = 8080\nbalance = \"round-robin\"\n",
@@ -77,6 +77,7 @@ fn a_full_file_round_trips_with_its_secrets_redacted() {
 fall = 2
 rise = 3
 fail_timeout = "30s"
+max_slow_answers = 4
 interval = "5s"
 
 [drain]
@@ -176,7 +177,7 @@ table = "by-id"
     // Defaults and resolved values.
     let abs = std::path::absolute(dir.path()).expect("absolute dir");
     for expected in [
-        "[health]\nfall = 2\nrise = 3\nfail_timeout = \"30s\"\ninterval = \"5s\"\ntimeout = \"5s\"\njitter = \"500ms\"\n".to_owned(),
+        "[health]\nfall = 2\nrise = 3\nfail_timeout = \"30s\"\nmax_slow_answers = 4\ninterval = \"5s\"\ntimeout = \"5s\"\njitter = \"500ms\"\n".to_owned(),
         "spread = \"1m30s\"\n".to_owned(),
         "address = \"localhost\"  # 127.0.0.1 now\n".to_owned(),
         "weight = 2\ncheck_port = 9000\n".to_owned(),

@@ -1718,6 +1718,88 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
     }
 }
 
+/// A gray failure: a node that answers most requests and lets some outlast
+/// `upstream_answer`. By default those are slow requests (the test above); with
+/// `max_slow_answers = 3`, the third within `fail_timeout` takes the node DOWN. The three
+/// are still answered 504 and not replayed (each is slow by itself), and the session pinned
+/// there is re-pinned to another node by its next request, which is answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_down() {
+    let stall = Arc::new(Stall::default());
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
+        nodes.push(Backend::start_with_hooks(name, hooks).await);
+    }
+    let mut cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(name, n)| limpet::proxy::NodeConfig {
+                name: (*name).into(),
+                addr: n.addr,
+            })
+            .collect(),
+    );
+    cfg.timeouts.upstream_answer = Duration::from_secs(2);
+    cfg.health.max_slow_answers = 3;
+    let proxy = Quick::start(cfg).await;
+    let client = jar_client();
+    let (status, home) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 200);
+
+    let mut slow = JoinSet::new();
+    for _ in 0..3 {
+        let client = client.clone();
+        let url = format!("{}demo/stall", proxy.url());
+        slow.spawn(async move {
+            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(r.status().as_u16())
+        });
+    }
+    stall.arrivals(3).await;
+    // Answered meanwhile: the node is alive, each stalled request slow by itself.
+    for _ in 0..3 {
+        let (status, node) = get(&client, &proxy.url())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((status, node.as_str()), (200, home.as_str()));
+    }
+    while let Some(r) = slow.join_next().await {
+        let status = r
+            .unwrap_or_else(|e| panic!("task: {e}"))
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(status, 504);
+    }
+    assert_eq!(
+        stall.arrived.load(Ordering::SeqCst),
+        3,
+        "a slow request was replayed on another node"
+    );
+    assert_eq!(proxy.state_of(&home), "DOWN", "the third slow answer");
+    let metrics = &proxy.runtime.state().lifecycle.metrics;
+    let counted = metrics.traffic(&home, limpet::clock::now_ms()).answers_slow;
+    assert_eq!(counted, 3);
+    // The session moves: answered by another node, which its cookie now names.
+    let (status, moved) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 200);
+    assert_ne!(moved, home, "still sent to the DOWN node");
+    for _ in 0..3 {
+        let (status, node) = get(&client, &proxy.url())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((status, node.as_str()), (200, moved.as_str()), "re-pinned");
+    }
+    proxy.stop().await;
+    for mut n in nodes {
+        n.kill().await;
+    }
+}
+
 /// With HTTP checks, a check the node answers after a request was sent is a sign of life,
 /// as an answer to traffic is: GETs that outlast `upstream_answer` at once on an otherwise
 /// idle fleet are answered 504, none replayed, and every node stays UP. Before, with no
@@ -1752,6 +1834,82 @@ async fn slow_requests_on_an_idle_checked_fleet_are_not_replayed() {
         counted += view["traffic"]["answers_slow"].as_u64().unwrap_or(0);
     }
     assert_eq!(counted, 3, "counted as slow requests of their nodes");
+    l.stop().await;
+    a.kill().await;
+    b.kill().await;
+}
+
+/// A gray failure on a checked fleet (the real binary): the node passes every check (it
+/// answers `/`) and hangs `/demo/...`. With `max_slow_answers = 2`, its second slow answer
+/// takes it DOWN though its checks pass, the session pinned there is answered by the other
+/// node, and the checks bring it back after `rise` passes, as from any DOWN. The slow
+/// requests themselves are answered 504, not replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_node_hanging_some_requests_goes_down_at_max_slow_answers_and_checks_restore_it()
+{
+    const RISE: u64 = 15;
+    let stall = Arc::new(Stall::default());
+    let (mut a, mut b, port) = stalling_pair(&stall).await;
+    let listener = "timeouts = { upstream_answer = \"2s\", drain = \"1s\" }\n";
+    let text = hung_config(port, listener).replace(
+        "rise = 2\n",
+        &format!("rise = {RISE}\nmax_slow_answers = 2\n"),
+    );
+    let cfg = ConfigFile::new("slow-gray", &text);
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("l"));
+    let client = jar_client();
+    let (status, home) = get(&client, &url).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 200);
+    let other = if home == "a" { "b" } else { "a" };
+
+    let mut slow = JoinSet::new();
+    for _ in 0..2 {
+        let client = client.clone();
+        let url = format!("{url}demo/stall");
+        slow.spawn(async move { get(&client, &url).await });
+    }
+    stall.arrivals(2).await;
+    // The node answers younger requests (and its checks) meanwhile.
+    let (status, node) = get(&client, &url).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((status, node.as_str()), (200, home.as_str()));
+    while let Some(r) = slow.join_next().await {
+        let (status, _) = r
+            .unwrap_or_else(|e| panic!("task: {e}"))
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(status, 504);
+    }
+    let went_down = Instant::now();
+    assert_eq!(
+        stall.arrived.load(Ordering::SeqCst),
+        2,
+        "a slow request was replayed on the other node"
+    );
+    let view = node_view(&l, &home).await;
+    assert_eq!(view["state"], "DOWN", "{view}");
+    assert_eq!(view["traffic"]["answers_slow"], 2, "{view}");
+    assert!(
+        metrics_text(&l).await.contains(&format!(
+            "limpet_health_transitions_total{{node=\"{home}\",to=\"down\"}} 1"
+        )),
+        "counted as a transition"
+    );
+    // The session goes on at the other node, re-pinned there.
+    for _ in 0..2 {
+        let (status, node) = get(&client, &url).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((status, node.as_str()), (200, other));
+    }
+    // Its checks pass all along: UP again after `rise` of them.
+    let bound = Duration::from_millis(RISE * HUNG_INTERVAL_MS) + SLACK;
+    let back = await_state(&l, &home, "UP", went_down, went_down + bound + SLACK)
+        .await
+        .unwrap_or_else(|v| panic!("not back within {bound:?}: {v}"));
+    // Not sooner than half of `rise` intervals (the checks' jitter aside): the passes the
+    // node made while its slow requests waited do not count toward it.
+    assert!(
+        back >= Duration::from_millis(RISE * HUNG_INTERVAL_MS / 2),
+        "back after {back:?}: before `rise` passes"
+    );
     l.stop().await;
     a.kill().await;
     b.kill().await;

@@ -105,8 +105,13 @@ pub struct HealthView {
     /// DOWN without checks: milliseconds until traffic may try the node again (0: due now).
     pub trial_in_ms: Option<u64>,
     /// The same in words, as the stats page shows it: `going down 1/3`, `coming up 1/2`,
-    /// `trial in 7s`, `trial due`, `forced down`; `null` when nothing is under way.
+    /// `trial in 7s`, `trial due`, `forced down`, `slow 1/3`; `null` when nothing is under
+    /// way.
     pub progress: Option<String>,
+    /// While UP: requests that outlasted the answer timeout while the node answered others,
+    /// counted in the current `fail_timeout` window, and how many take it DOWN (0: never).
+    pub slow_answers: u32,
+    pub max_slow_answers: u32,
 }
 
 impl HealthView {
@@ -116,8 +121,11 @@ impl HealthView {
             .retry_at_ms(policy)
             .map(|at| at.saturating_sub(now_ms));
         let (fall, rise, streak) = (policy.fall.max(1), policy.rise.max(1), health.streak());
+        let slow_answers = health.slow_answers(policy, now_ms);
+        let max_slow = policy.max_slow_answers;
         let progress = match (health.is_up(), policy.checked, trial_in_ms) {
             (true, _, _) if streak > 0 => Some(format!("going down {streak}/{fall}")),
+            (true, _, _) if slow_answers > 0 => Some(format!("slow {slow_answers}/{max_slow}")),
             (true, _, _) => None,
             (false, true, _) if streak > 0 => Some(format!("coming up {streak}/{rise}")),
             (false, true, _) => None,
@@ -132,6 +140,8 @@ impl HealthView {
             checked: policy.checked,
             trial_in_ms,
             progress,
+            slow_answers,
+            max_slow_answers: max_slow,
         }
     }
 }
@@ -313,6 +323,7 @@ mod tests {
             rise: 2,
             fail_timeout_ms: 10_000,
             checked: false,
+            max_slow_answers: 0,
         };
         let progress = |h: Health, p: HealthPolicy, now| HealthView::of(h, p, now).progress;
         let mut h = Health::default();
@@ -348,6 +359,20 @@ mod tests {
         let mut h = Health::default();
         h.force(false);
         assert_eq!(progress(h, policy, 0).as_deref(), Some("forced down"));
+        // Slow answers toward `max_slow_answers`, within their `fail_timeout` window.
+        let gray = HealthPolicy {
+            max_slow_answers: 3,
+            ..policy
+        };
+        let mut h = Health::default();
+        h.observe(limpet_core::Observation::SlowAnswer, gray, 1_000);
+        let v = HealthView::of(h, gray, 2_000);
+        assert_eq!(
+            (v.slow_answers, v.max_slow_answers, v.progress.as_deref()),
+            (1, 3, Some("slow 1/3"))
+        );
+        assert_eq!(progress(h, gray, 11_000), None, "the window is over");
+        assert_eq!(progress(h, policy, 2_000), None, "the limit is off");
     }
 
     #[test]

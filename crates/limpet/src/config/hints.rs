@@ -67,6 +67,13 @@ static ALIASES: &[Alias] = &[
         note: "",
     },
     Alias {
+        names: &[(H, "error-limit"), (H, "observe"), (H, "on-error")],
+        within: &[],
+        key: "max_slow_answers",
+        place: HEALTH,
+        note: "connect failures and unanswered requests already count toward `fall`; this counts the requests that outlast `upstream_answer` while the node answers others",
+    },
+    Alias {
         names: &[(H, "timeout check")],
         within: &[],
         key: "timeout",
@@ -539,6 +546,14 @@ mod tests {
         assert_eq!(
             hint("inter", "listeners", &["name", "bind"]).as_deref(),
             Some("HAProxy's `inter` is `interval` in `[health]` (one setting for every node)")
+        );
+        assert_eq!(
+            hint("error-limit", "health", &["fall", "max_slow_answers"]).as_deref(),
+            Some(
+                "did you mean `max_slow_answers`? (HAProxy's `error-limit`); connect failures \
+                 and unanswered requests already count toward `fall`; this counts the requests \
+                 that outlast `upstream_answer` while the node answers others"
+            )
         );
         assert_eq!(
             hint("fall", "listeners", &["name"]).as_deref(),

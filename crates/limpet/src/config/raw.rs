@@ -42,6 +42,9 @@ pub(crate) struct RawHealth {
     pub(crate) rise: Option<Spanned<u32>>,
     /// Without active checks: how long a node DOWN by traffic failures waits for its trial.
     pub(crate) fail_timeout: Option<Spanned<Dur>>,
+    /// Requests outlasting the answer timeout while the node answers others that take the
+    /// node DOWN within one `fail_timeout` (0: never).
+    pub(crate) max_slow_answers: Option<Spanned<u32>>,
     /// Active checks (node lifecycle): time between checks, per-check timeout, jitter.
     pub(crate) interval: Option<Spanned<Dur>>,
     pub(crate) timeout: Option<Spanned<Dur>>,

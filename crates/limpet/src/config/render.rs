@@ -120,6 +120,7 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
         "fail_timeout = {}",
         dur(Duration::from_millis(cfg.health.fail_timeout_ms))
     );
+    w!(o, "max_slow_answers = {}", cfg.health.max_slow_answers);
     w!(o, "interval = {}", dur(interval));
     w!(o, "timeout = {}", dur(timeout));
     w!(o, "jitter = {}", dur(jitter));

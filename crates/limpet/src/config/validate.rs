@@ -120,6 +120,9 @@ impl Validator<'_> {
                 }
                 health.fail_timeout_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             }
+            if let Some(v) = &h.max_slow_answers {
+                health.max_slow_answers = *v.get_ref();
+            }
         }
         let nodes = self.nodes(&raw.nodes)?;
         let store = raw.store.as_ref().map(|s| self.store(s)).transpose()?;

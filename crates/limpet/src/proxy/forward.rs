@@ -867,8 +867,9 @@ impl<'a> Attempt<'a> {
         let observed = e.observation();
         // A node that went DOWN under the request counts too: a request that hangs whichever
         // node takes it until its checks fail must not take every node DOWN in turn.
-        let sent_failure =
-            e.stage == Stage::AnswerHead && (observed.is_some() || e.cause == Cause::NodeDown);
+        // (A slow answer is never failed over: it is the request's, not the node's.)
+        let charged = observed.is_some_and(|o| o != limpet_core::Observation::SlowAnswer);
+        let sent_failure = e.stage == Stage::AnswerHead && (charged || e.cause == Cause::NodeDown);
         if let Some(obs) = observed {
             state.observe(node, obs);
         }
