@@ -21,7 +21,8 @@
 //!   then that many within one `fail_timeout`, whatever was answered between them, take the
 //!   node DOWN (a gray failure: a node that answers most requests and hangs the rest, which
 //!   its checks pass). Off by default, as in HAProxy: a slow report is the application's,
-//!   and counted it would take each node DOWN in turn.
+//!   and counted it would take each node DOWN in turn. The fleet layer does not report the
+//!   slow answers of the last node taking sessions ([`crate::pool::counts_for_health`]).
 //! - A *traffic success* is an answer (HTTP) or a completed connect (TCP, which has no
 //!   answer to wait for). Without checks it resets the failure streak and ends a trial; a
 //!   completed connect resets only a streak of failed connects, never one that holds a

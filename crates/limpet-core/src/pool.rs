@@ -190,10 +190,14 @@ impl Pool {
         t
     }
 
-    /// Records what was seen of a node at `now_ms` (see [`crate::health`]). A node back from
-    /// a trial makes the trials of the others DOWN by their traffic due now
+    /// Records what was seen of a node at `now_ms` (see [`crate::health`]), unless
+    /// [`counts_for_health`] says it does not count. A node back from a trial makes the
+    /// trials of the others DOWN by their traffic due now
     /// ([`crate::health::Health::trial_due_now`]).
     pub fn observe(&mut self, id: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
+        if !counts_for_health(&self.snap, id, obs) {
+            return None;
+        }
         let status = &mut self.nodes.get_mut(id.index())?.status;
         let t = status.health.observe(obs, status.policy, now_ms);
         if t == Some(Transition::WentUp) && back_from_trial(obs) {
@@ -316,6 +320,15 @@ impl Pool {
             "one state per node of the topology"
         );
     }
+}
+
+/// Whether `obs` of node `id` goes to the node's health, given the fleet's states in `snap`:
+/// everything does but a slow answer ([`Observation::SlowAnswer`]) while no other node takes
+/// fresh assignments. Counted then, slow answers could take DOWN the last node serving, and
+/// turn a slow service into none (Envoy's outlier detection ejects at most a share of its
+/// hosts for the same reason); a node answering most requests serves better than no node.
+pub fn counts_for_health(snap: &Snapshot, id: NodeId, obs: Observation) -> bool {
+    obs != Observation::SlowAnswer || snap.takes_elsewhere(id, &[])
 }
 
 /// Whether a node that went UP on `obs` came back from a trial (traffic), not on checks.
@@ -709,5 +722,38 @@ mod tests {
         assert_eq!(new.eligible().len(), 2);
         assert_eq!(new.assign(&[], 0), Some(id(&new, "d")));
         assert_eq!(new.assign(&[], 0), Some(a2));
+    }
+    /// Slow answers of the last node taking fresh assignments are not counted: they would
+    /// take it DOWN and leave no node at all. Once another node takes them again, they count.
+    #[test]
+    fn slow_answers_never_take_down_the_last_node_taking_sessions() {
+        let mut p = pool(&["a", "b"]).with_health_policy(HealthPolicy {
+            max_slow_answers: 2,
+            ..HealthPolicy::default()
+        });
+        let (a, b) = (id(&p, "a"), id(&p, "b"));
+        let drain = AdminState::Drain {
+            deadline_ms: None,
+            spread_ms: 0,
+        };
+        for admin in [AdminState::Maint, drain] {
+            p.set_admin(b, admin);
+            for t in 0..5 {
+                assert_eq!(p.observe(a, Observation::SlowAnswer, t), None, "{admin:?}");
+            }
+            assert_eq!(p.state(a), Some(NodeState::Up));
+        }
+        p.set_admin(b, AdminState::Ready);
+        assert_eq!(p.observe(a, Observation::SlowAnswer, 10), None);
+        assert_eq!(
+            p.observe(a, Observation::SlowAnswer, 20),
+            Some(Transition::WentDown),
+            "b takes sessions again"
+        );
+        // And b, now the only node left, keeps serving however slow.
+        for t in 30..40 {
+            assert_eq!(p.observe(b, Observation::SlowAnswer, t), None);
+        }
+        assert_eq!(p.state(b), Some(NodeState::Up));
     }
 }

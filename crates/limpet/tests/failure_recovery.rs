@@ -1360,6 +1360,19 @@ async fn three_nodes(upstream_answer: Option<Duration>) -> (Vec<Backend>, Quick)
 
 /// Quick mode in front of `nodes`, named a, b and c (`upstream_answer` when given).
 async fn quick_over_abc(nodes: &[Backend], upstream_answer: Option<Duration>) -> Quick {
+    quick_over_abc_with(nodes, |cfg| {
+        if let Some(t) = upstream_answer {
+            cfg.timeouts.upstream_answer = t;
+        }
+    })
+    .await
+}
+
+/// The library proxy over nodes a, b and c, its config changed by `edit`.
+async fn quick_over_abc_with(
+    nodes: &[Backend],
+    edit: impl FnOnce(&mut limpet::proxy::ProxyConfig),
+) -> Quick {
     let mut cfg = limpet::proxy::ProxyConfig::new(
         ["a", "b", "c"]
             .iter()
@@ -1370,9 +1383,7 @@ async fn quick_over_abc(nodes: &[Backend], upstream_answer: Option<Duration>) ->
             })
             .collect(),
     );
-    if let Some(t) = upstream_answer {
-        cfg.timeouts.upstream_answer = t;
-    }
+    edit(&mut cfg);
     Quick::start(cfg).await
 }
 
@@ -1666,34 +1677,7 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status, 200);
 
-    let mut slow = JoinSet::new();
-    for _ in 0..3 {
-        let client = client.clone();
-        let url = format!("{}demo/stall", proxy.url());
-        slow.spawn(async move {
-            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>(r.status().as_u16())
-        });
-    }
-    stall.arrivals(3).await;
-    // Sent after the stalled ones, and answered by the same node.
-    for _ in 0..3 {
-        let (status, node) = get(&client, &proxy.url())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((status, node.as_str()), (200, home.as_str()));
-    }
-    while let Some(r) = slow.join_next().await {
-        let status = r
-            .unwrap_or_else(|e| panic!("task: {e}"))
-            .unwrap_or_else(|e| panic!("GET: {e}"));
-        assert_eq!(status, 504);
-    }
-    assert_eq!(
-        stall.arrived.load(Ordering::SeqCst),
-        3,
-        "a slow request was replayed on another node"
-    );
+    three_slow_requests(&proxy, &client, &stall, &home).await;
     assert_eq!(proxy.state_of(&home), "UP");
     let streak = proxy
         .runtime
@@ -1731,53 +1715,18 @@ async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_
         let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
         nodes.push(Backend::start_with_hooks(name, hooks).await);
     }
-    let mut cfg = limpet::proxy::ProxyConfig::new(
-        ["a", "b", "c"]
-            .iter()
-            .zip(&nodes)
-            .map(|(name, n)| limpet::proxy::NodeConfig {
-                name: (*name).into(),
-                addr: n.addr,
-            })
-            .collect(),
-    );
-    cfg.timeouts.upstream_answer = Duration::from_secs(2);
-    cfg.health.max_slow_answers = 3;
-    let proxy = Quick::start(cfg).await;
+    let proxy = quick_over_abc_with(&nodes, |cfg| {
+        cfg.timeouts.upstream_answer = Duration::from_secs(2);
+        cfg.health.max_slow_answers = 3;
+    })
+    .await;
     let client = jar_client();
     let (status, home) = get(&client, &proxy.url())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status, 200);
 
-    let mut slow = JoinSet::new();
-    for _ in 0..3 {
-        let client = client.clone();
-        let url = format!("{}demo/stall", proxy.url());
-        slow.spawn(async move {
-            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>(r.status().as_u16())
-        });
-    }
-    stall.arrivals(3).await;
-    // Answered meanwhile: the node is alive, each stalled request slow by itself.
-    for _ in 0..3 {
-        let (status, node) = get(&client, &proxy.url())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((status, node.as_str()), (200, home.as_str()));
-    }
-    while let Some(r) = slow.join_next().await {
-        let status = r
-            .unwrap_or_else(|e| panic!("task: {e}"))
-            .unwrap_or_else(|e| panic!("GET: {e}"));
-        assert_eq!(status, 504);
-    }
-    assert_eq!(
-        stall.arrived.load(Ordering::SeqCst),
-        3,
-        "a slow request was replayed on another node"
-    );
+    three_slow_requests(&proxy, &client, &stall, &home).await;
     assert_eq!(proxy.state_of(&home), "DOWN", "the third slow answer");
     let metrics = &proxy.runtime.state().lifecycle.metrics;
     let counted = metrics.traffic(&home, limpet::clock::now_ms()).answers_slow;
@@ -1798,6 +1747,84 @@ async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_
     for mut n in nodes {
         n.kill().await;
     }
+}
+
+/// Slow answers of the last node that takes sessions are not counted: with b and c in
+/// MAINT, three slow answers at `max_slow_answers = 3` leave a UP, and its sessions served,
+/// where taking it DOWN would leave none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_answers_never_take_down_the_last_node_taking_sessions() {
+    let stall = Arc::new(Stall::default());
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
+        nodes.push(Backend::start_with_hooks(name, hooks).await);
+    }
+    let proxy = quick_over_abc_with(&nodes, |cfg| {
+        cfg.timeouts.upstream_answer = Duration::from_secs(2);
+        cfg.health.max_slow_answers = 3;
+    })
+    .await;
+    for n in ["b", "c"] {
+        proxy
+            .runtime
+            .state()
+            .set_admin(n, limpet_core::AdminState::Maint);
+    }
+    let client = jar_client();
+    let (status, home) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((status, home.as_str()), (200, "a"));
+    three_slow_requests(&proxy, &client, &stall, &home).await;
+    assert_eq!(proxy.state_of("a"), "UP", "the last node taking sessions");
+    let metrics = &proxy.runtime.state().lifecycle.metrics;
+    assert_eq!(
+        metrics.traffic("a", limpet::clock::now_ms()).answers_slow,
+        3
+    );
+    let (status, node) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((status, node.as_str()), (200, "a"));
+    proxy.stop().await;
+    for mut n in nodes {
+        n.kill().await;
+    }
+}
+
+/// Three GETs that `stall` holds, sent with `client` (whose session lives on `home`), then
+/// three younger ones that `home` answers: the three held ones are answered 504 and none is
+/// replayed on another node (each is slow by itself, its node alive).
+async fn three_slow_requests(proxy: &Quick, client: &reqwest::Client, stall: &Stall, home: &str) {
+    let mut slow = JoinSet::new();
+    for _ in 0..3 {
+        let client = client.clone();
+        let url = format!("{}demo/stall", proxy.url());
+        slow.spawn(async move {
+            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(r.status().as_u16())
+        });
+    }
+    stall.arrivals(3).await;
+    // Sent after the stalled ones, and answered by the same node.
+    for _ in 0..3 {
+        let (status, node) = get(client, &proxy.url())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((status, node.as_str()), (200, home));
+    }
+    while let Some(r) = slow.join_next().await {
+        let status = r
+            .unwrap_or_else(|e| panic!("task: {e}"))
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(status, 504);
+    }
+    assert_eq!(
+        stall.arrived.load(Ordering::SeqCst),
+        3,
+        "a slow request was replayed on another node"
+    );
 }
 
 /// With HTTP checks, a check the node answers after a request was sent is a sign of life,

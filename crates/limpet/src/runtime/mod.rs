@@ -939,6 +939,13 @@ impl State {
     /// [`observe`](Self::observe) at `now_ms`, a reading the caller took (the request path
     /// shares one between the answer's latency and its health observation).
     pub fn observe_at(&self, node: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
+        // A slow answer of the last node taking sessions is not counted (as in the core's
+        // `Pool::observe`); read only for those, off the answered requests' path.
+        if obs == Observation::SlowAnswer
+            && !limpet_core::pool::counts_for_health(&self.snapshot().snap, node, obs)
+        {
+            return None;
+        }
         let rt = self.node_rt(node)?;
         let t = rt.observe_at(obs, now_ms);
         if t == Some(Transition::WentUp) && limpet_core::pool::back_from_trial(obs) {
