@@ -1664,13 +1664,7 @@ impl Stall {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
     let stall = Arc::new(Stall::default());
-    let mut nodes = Vec::new();
-    for name in ["a", "b", "c"] {
-        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
-        nodes.push(Backend::start_with_hooks(name, hooks).await);
-    }
-    // Long enough for the younger requests below to be answered on a loaded machine.
-    let proxy = quick_over_abc(&nodes, Some(Duration::from_secs(2))).await;
+    let (nodes, proxy) = stalling_abc(&stall, 0).await;
     let client = jar_client();
     let (status, home) = get(&client, &proxy.url())
         .await
@@ -1710,16 +1704,7 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_down() {
     let stall = Arc::new(Stall::default());
-    let mut nodes = Vec::new();
-    for name in ["a", "b", "c"] {
-        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
-        nodes.push(Backend::start_with_hooks(name, hooks).await);
-    }
-    let proxy = quick_over_abc_with(&nodes, |cfg| {
-        cfg.timeouts.upstream_answer = Duration::from_secs(2);
-        cfg.health.max_slow_answers = 3;
-    })
-    .await;
+    let (nodes, proxy) = stalling_abc(&stall, 3).await;
     let client = jar_client();
     let (status, home) = get(&client, &proxy.url())
         .await
@@ -1755,16 +1740,7 @@ async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_answers_never_take_down_the_last_node_taking_sessions() {
     let stall = Arc::new(Stall::default());
-    let mut nodes = Vec::new();
-    for name in ["a", "b", "c"] {
-        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
-        nodes.push(Backend::start_with_hooks(name, hooks).await);
-    }
-    let proxy = quick_over_abc_with(&nodes, |cfg| {
-        cfg.timeouts.upstream_answer = Duration::from_secs(2);
-        cfg.health.max_slow_answers = 3;
-    })
-    .await;
+    let (nodes, proxy) = stalling_abc(&stall, 3).await;
     for n in ["b", "c"] {
         proxy
             .runtime
@@ -1791,6 +1767,23 @@ async fn slow_answers_never_take_down_the_last_node_taking_sessions() {
     for mut n in nodes {
         n.kill().await;
     }
+}
+
+/// Nodes a, b and c, their `/demo/...` answered by `stall`, behind the library proxy with
+/// `upstream_answer` 2 s (long enough for younger requests to be answered meanwhile on a
+/// loaded machine) and `max_slow_answers`.
+async fn stalling_abc(stall: &Arc<Stall>, max_slow_answers: u32) -> (Vec<Backend>, Quick) {
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let hooks: Arc<dyn limpet::backend::DemoHooks> = stall.clone();
+        nodes.push(Backend::start_with_hooks(name, hooks).await);
+    }
+    let proxy = quick_over_abc_with(&nodes, |cfg| {
+        cfg.timeouts.upstream_answer = Duration::from_secs(2);
+        cfg.health.max_slow_answers = max_slow_answers;
+    })
+    .await;
+    (nodes, proxy)
 }
 
 /// Three GETs that `stall` holds, sent with `client` (whose session lives on `home`), then
