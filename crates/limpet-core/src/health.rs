@@ -184,9 +184,10 @@ pub struct Health {
     /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
     unanswered: bool,
     /// While UP: the slow answers ([`Observation::SlowAnswer`]) counted in the window that
-    /// began at `slow_since_ms` and lasts `fail_timeout` (nginx counts `max_fails` the same
-    /// way). Answers do not reset it: a node that hangs one request in five answers the
-    /// other four, and a count that an answer reset would never reach its limit.
+    /// began with the first of them at `slow_since_ms` and lasts `fail_timeout` (a fixed
+    /// window: the next slow answer after it starts a new one). Answers do not reset it: a
+    /// node that hangs one request in five answers the other four, and a count that an
+    /// answer reset would never reach its limit.
     slow: u32,
     slow_since_ms: u64,
 }
@@ -589,6 +590,10 @@ impl Health {
         debug_assert!(
             !self.unanswered || (self.up && self.streak > 0),
             "an unanswered request is part of a failure streak"
+        );
+        debug_assert!(
+            self.up || self.slow == 0,
+            "a DOWN node counts no slow answers"
         );
     }
 }

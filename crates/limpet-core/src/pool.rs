@@ -195,7 +195,7 @@ impl Pool {
     /// trials of the others DOWN by their traffic due now
     /// ([`crate::health::Health::trial_due_now`]).
     pub fn observe(&mut self, id: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
-        if !counts_for_health(&self.snap, id, obs) {
+        if !counts_for_health(id, obs, self.nodes.iter().map(|n| n.status)) {
             return None;
         }
         let status = &mut self.nodes.get_mut(id.index())?.status;
@@ -322,13 +322,22 @@ impl Pool {
     }
 }
 
-/// Whether `obs` of node `id` goes to the node's health, given the fleet's states in `snap`:
-/// everything does but a slow answer ([`Observation::SlowAnswer`]) while no other node takes
-/// fresh assignments. Counted then, slow answers could take DOWN the last node serving, and
-/// turn a slow service into none (Envoy's outlier detection ejects at most a share of its
-/// hosts for the same reason); a node answering most requests serves better than no node.
-pub fn counts_for_health(snap: &Snapshot, id: NodeId, obs: Observation) -> bool {
-    obs != Observation::SlowAnswer || snap.takes_elsewhere(id, &[])
+/// Whether `obs` of node `id` goes to the node's health, given every node's status now
+/// (`statuses`, in pool order): everything does but a slow answer
+/// ([`Observation::SlowAnswer`]) while no other node takes fresh assignments. Counted then,
+/// slow answers could take DOWN the last node serving, and turn a slow service into none
+/// (Envoy's outlier detection ejects at most a share of its hosts for the same reason); a
+/// node answering most requests serves better than no node.
+pub fn counts_for_health(
+    id: NodeId,
+    obs: Observation,
+    statuses: impl IntoIterator<Item = NodeStatus>,
+) -> bool {
+    obs != Observation::SlowAnswer
+        || statuses
+            .into_iter()
+            .enumerate()
+            .any(|(i, s)| i != id.index() && s.takes_fresh())
 }
 
 /// Whether a node that went UP on `obs` came back from a trial (traffic), not on checks.

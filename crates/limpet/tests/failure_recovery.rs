@@ -1736,7 +1736,8 @@ async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_
 
 /// Slow answers of the last node that takes sessions are not counted: with b and c in
 /// MAINT, three slow answers at `max_slow_answers = 3` leave a UP, and its sessions served,
-/// where taking it DOWN would leave none.
+/// where taking it DOWN would leave none. Once b takes sessions again, three more take a
+/// DOWN (so the first three were reported, and not counted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_answers_never_take_down_the_last_node_taking_sessions() {
     let stall = Arc::new(Stall::default());
@@ -1763,6 +1764,17 @@ async fn slow_answers_never_take_down_the_last_node_taking_sessions() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((status, node.as_str()), (200, "a"));
+
+    proxy
+        .runtime
+        .state()
+        .set_admin("b", limpet_core::AdminState::Ready);
+    three_slow_requests(&proxy, &client, &stall, &home).await;
+    assert_eq!(proxy.state_of("a"), "DOWN", "b takes sessions again");
+    let (status, node) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((status, node.as_str()), (200, "b"));
     proxy.stop().await;
     for mut n in nodes {
         n.kill().await;
@@ -1790,6 +1802,7 @@ async fn stalling_abc(stall: &Arc<Stall>, max_slow_answers: u32) -> (Vec<Backend
 /// three younger ones that `home` answers: the three held ones are answered 504 and none is
 /// replayed on another node (each is slow by itself, its node alive).
 async fn three_slow_requests(proxy: &Quick, client: &reqwest::Client, stall: &Stall, home: &str) {
+    let before = stall.arrived.load(Ordering::SeqCst);
     let mut slow = JoinSet::new();
     for _ in 0..3 {
         let client = client.clone();
@@ -1799,7 +1812,7 @@ async fn three_slow_requests(proxy: &Quick, client: &reqwest::Client, stall: &St
             Ok::<_, String>(r.status().as_u16())
         });
     }
-    stall.arrivals(3).await;
+    stall.arrivals(before + 3).await;
     // Sent after the stalled ones, and answered by the same node.
     for _ in 0..3 {
         let (status, node) = get(client, &proxy.url())
@@ -1815,7 +1828,7 @@ async fn three_slow_requests(proxy: &Quick, client: &reqwest::Client, stall: &St
     }
     assert_eq!(
         stall.arrived.load(Ordering::SeqCst),
-        3,
+        before + 3,
         "a slow request was replayed on another node"
     );
 }
@@ -1867,7 +1880,7 @@ async fn slow_requests_on_an_idle_checked_fleet_are_not_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checked_node_hanging_some_requests_goes_down_at_max_slow_answers_and_checks_restore_it()
 {
-    const RISE: u64 = 15;
+    const RISE: u64 = 5;
     let stall = Arc::new(Stall::default());
     let (mut a, mut b, port) = stalling_pair(&stall).await;
     let listener = "timeouts = { upstream_answer = \"2s\", drain = \"1s\" }\n";

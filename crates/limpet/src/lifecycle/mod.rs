@@ -51,6 +51,10 @@ pub struct Lifecycle {
     /// Each listener's `max_connections`, by name, shared by its sockets and changed in
     /// place by a reload.
     conn_limits: Mutex<std::collections::HashMap<String, Arc<crate::net::ConnLimit>>>,
+    /// Held while a slow answer is judged and recorded (`State::observe_at`): whether
+    /// another node takes sessions is read and acted on as one step, across threads and
+    /// config generations.
+    pub(crate) slow_answers: Mutex<()>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -68,6 +72,7 @@ impl Lifecycle {
             reloads: AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(None),
             conn_limits: Mutex::new(std::collections::HashMap::new()),
+            slow_answers: Mutex::new(()),
         })
     }
 

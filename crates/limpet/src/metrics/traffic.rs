@@ -148,8 +148,8 @@ impl NodeTraffic {
             ),
             answers_slow: AtomicU64::new(0),
             slow_log: crate::net::RateLimitedLog::new(
-                "a request got no answer in time from a node that answers others: 504, the \
-                 node not charged, the request not replayed",
+                "a request got no answer in time from a node that answers others: 504, not \
+                 replayed, no failure of the node (a slow answer toward max_slow_answers)",
             ),
         }
     }
@@ -297,8 +297,8 @@ pub struct TrafficView {
     /// in `requests` by their status too.
     pub answers_cut: u64,
     /// Requests answered 504 because the node did not answer them in time while it answered
-    /// requests sent after them (slow by themselves: not charged to the node, not replayed),
-    /// since limpet started.
+    /// requests sent after them (slow by themselves: no failure of the node, not replayed;
+    /// counted toward `max_slow_answers`), since limpet started.
     pub answers_slow: u64,
 }
 

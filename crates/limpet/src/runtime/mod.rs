@@ -940,10 +940,16 @@ impl State {
     /// shares one between the answer's latency and its health observation).
     pub fn observe_at(&self, node: NodeId, obs: Observation, now_ms: u64) -> Option<Transition> {
         // A slow answer of the last node taking sessions is not counted (as in the core's
-        // `Pool::observe`); read only for those, off the answered requests' path.
-        if obs == Observation::SlowAnswer
-            && !limpet_core::pool::counts_for_health(&self.snapshot().snap, node, obs)
-        {
+        // `Pool::observe`). Slow answers are judged one at a time, on the nodes' statuses
+        // now rather than the cached snapshot: the last two nodes timing out together on
+        // two threads must not each see the other still taking sessions and both go DOWN.
+        let _one_at_a_time = (obs == Observation::SlowAnswer)
+            .then(|| crate::lifecycle::lock(&self.lifecycle.slow_answers));
+        if !limpet_core::pool::counts_for_health(
+            node,
+            obs,
+            self.nodes.iter().map(|n| n.rt.status()),
+        ) {
             return None;
         }
         let rt = self.node_rt(node)?;
@@ -1226,7 +1232,12 @@ mod tests {
 
     /// A state of nodes named `nodes`, in that order.
     fn state_of(nodes: &[&str]) -> State {
-        let cfg = crate::proxy::ProxyConfig::new(
+        state_with(nodes, |_| {})
+    }
+
+    /// [`state_of`], its config changed by `edit`.
+    fn state_with(nodes: &[&str], edit: impl FnOnce(&mut crate::proxy::ProxyConfig)) -> State {
+        let mut cfg = crate::proxy::ProxyConfig::new(
             (2u8..)
                 .zip(nodes)
                 .map(|(i, n)| crate::proxy::NodeConfig {
@@ -1235,10 +1246,50 @@ mod tests {
                 })
                 .collect(),
         );
+        edit(&mut cfg);
         let config = cfg
             .to_config(SocketAddr::from(([127, 0, 0, 1], 0)))
             .expect("config");
         State::new(config).expect("state")
+    }
+
+    /// The last two nodes, each one slow answer short of `max_slow_answers`, get their last
+    /// one at the same moment on two threads: one goes DOWN, never both (each judged on the
+    /// other's status then, not on a snapshot read before the other's went DOWN).
+    #[test]
+    fn the_last_two_nodes_slow_at_once_never_both_go_down() {
+        let state = Arc::new(state_with(&["a", "b"], |cfg| {
+            cfg.health.max_slow_answers = 2;
+        }));
+        let ids = [
+            state.node_id("a").expect("a"),
+            state.node_id("b").expect("b"),
+        ];
+        let mut one_down = 0;
+        for round in 0..300 {
+            for n in ["a", "b"] {
+                state.force_health(n, true);
+            }
+            for id in ids {
+                assert_eq!(state.observe(id, Observation::SlowAnswer), None);
+            }
+            let start = Arc::new(std::sync::Barrier::new(2));
+            let threads = ids.map(|id| {
+                let (state, start) = (Arc::clone(&state), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    state.observe(id, Observation::SlowAnswer)
+                })
+            });
+            let downs = threads
+                .into_iter()
+                .map(|t| t.join().expect("thread"))
+                .filter(|t| *t == Some(Transition::WentDown))
+                .count();
+            assert!(downs <= 1, "round {round}: both went DOWN");
+            one_down += downs;
+        }
+        assert_eq!(one_down, 300, "one of the two goes DOWN each round");
     }
 
     /// A connection's pin is read only by routes of the generation that set it (node ids are
