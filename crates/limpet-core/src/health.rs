@@ -190,6 +190,34 @@ pub struct Health {
     /// answer reset would never reach its limit.
     slow: u32,
     slow_since_ms: u64,
+    /// While DOWN: what took it there.
+    down_cause: Option<DownCause>,
+}
+
+/// What took a node DOWN: the kind of observation that reached its limit, or the operator.
+/// Shown by the admin API: a node DOWN for its slow answers passes its checks, and nothing
+/// else would say why it is DOWN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownCause {
+    /// An active check's failures reached `fall`.
+    Checks,
+    /// Traffic failures (refused or timed-out connects, unanswered requests) reached `fall`.
+    Traffic,
+    /// Slow answers reached `max_slow_answers` within one `fail_timeout`.
+    SlowAnswers,
+    /// The operator (or the sim) forced it DOWN.
+    Forced,
+}
+
+impl DownCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DownCause::Checks => "checks",
+            DownCause::Traffic => "traffic",
+            DownCause::SlowAnswers => "slow-answers",
+            DownCause::Forced => "forced",
+        }
+    }
 }
 
 /// In [`Health`]'s per-check passes: the check has not failed since the node was last UP.
@@ -226,6 +254,7 @@ impl Default for Health {
             unanswered: false,
             slow: 0,
             slow_since_ms: 0,
+            down_cause: None,
         }
     }
 }
@@ -233,6 +262,11 @@ impl Default for Health {
 impl Health {
     pub fn is_up(&self) -> bool {
         self.up
+    }
+
+    /// What took the node DOWN (`None` while UP).
+    pub fn down_cause(&self) -> Option<DownCause> {
+        self.down_cause
     }
 
     /// Consecutive results counted toward the next flip (failures while UP: the traffic's
@@ -407,7 +441,12 @@ impl Health {
                     _ => self.streak += 1,
                 }
                 if self.streak() >= policy.fall.max(1) {
-                    Some(self.go_down(policy, now_ms))
+                    // The observation that tipped it: with checks, a streak may hold both.
+                    let cause = match obs {
+                        Observation::CheckFailed(_) => DownCause::Checks,
+                        _ => DownCause::Traffic,
+                    };
+                    Some(self.go_down(policy, now_ms, cause))
                 } else {
                     None
                 }
@@ -424,7 +463,7 @@ impl Health {
                 }
                 self.slow += 1;
                 if self.slow >= policy.max_slow_answers {
-                    Some(self.go_down(policy, now_ms))
+                    Some(self.go_down(policy, now_ms, DownCause::SlowAnswers))
                 } else {
                     None
                 }
@@ -490,7 +529,7 @@ impl Health {
 
     /// Takes the UP node DOWN: without checks its trial is due `fail_timeout` from now. What
     /// the checks said stands; the traffic's counts start again when it is back.
-    fn go_down(&mut self, policy: HealthPolicy, now_ms: u64) -> Transition {
+    fn go_down(&mut self, policy: HealthPolicy, now_ms: u64, cause: DownCause) -> Transition {
         *self = Health {
             up: false,
             streak: 0,
@@ -499,6 +538,7 @@ impl Health {
             claimed_until_ms: 0,
             fails: self.fails,
             passes: self.passes,
+            down_cause: Some(cause),
             ..Health::default()
         };
         Transition::WentDown
@@ -565,6 +605,7 @@ impl Health {
             } else {
                 self.passes
             },
+            down_cause: (!up).then_some(DownCause::Forced),
             ..Health::default()
         };
         match (was, up) {
@@ -594,6 +635,11 @@ impl Health {
         debug_assert!(
             self.up || self.slow == 0,
             "a DOWN node counts no slow answers"
+        );
+        debug_assert_eq!(
+            self.up,
+            self.down_cause.is_none(),
+            "a DOWN node has its cause"
         );
     }
 }
@@ -1280,5 +1326,46 @@ mod tests {
                 "checked {checked}"
             );
         }
+    }
+    /// The cause a DOWN node shows is the kind of observation that reached its limit, or the
+    /// operator; UP again, it has none.
+    #[test]
+    fn a_down_node_says_what_took_it_down() {
+        let gray = HealthPolicy {
+            checked: true,
+            max_slow_answers: 1,
+            ..HealthPolicy::default()
+        };
+        let down = |steps: &[Observation]| {
+            let mut h = Health::default();
+            for &o in steps {
+                h.observe(o, gray, 0);
+            }
+            assert!(!h.is_up(), "{steps:?}");
+            h.down_cause()
+        };
+        assert_eq!(
+            down(&[CheckFailed(S0), CheckFailed(S0), CheckFailed(S0)]),
+            Some(DownCause::Checks)
+        );
+        // A streak of checks and traffic: the one that tipped it.
+        assert_eq!(
+            down(&[CheckFailed(S0), CheckFailed(S0), NoAnswer]),
+            Some(DownCause::Traffic)
+        );
+        assert_eq!(
+            down(&[TrafficFailed, NoAnswer, CheckFailed(S0)]),
+            Some(DownCause::Checks)
+        );
+        assert_eq!(down(&[SlowAnswer]), Some(DownCause::SlowAnswers));
+        let mut h = Health::default();
+        assert_eq!(h.down_cause(), None);
+        h.force(false);
+        assert_eq!(h.down_cause(), Some(DownCause::Forced));
+        assert_eq!(DownCause::SlowAnswers.as_str(), "slow-answers");
+        h.observe(CheckPassed(S0), gray, 0);
+        h.observe(CheckPassed(S0), gray, 0);
+        assert!(h.is_up());
+        assert_eq!(h.down_cause(), None);
     }
 }

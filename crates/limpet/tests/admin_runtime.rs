@@ -212,6 +212,8 @@ async fn an_http_check_takes_a_dead_node_down_and_the_api_shows_why() {
     nodes[1].kill().await;
     let v = wait_state(&l, "b", "DOWN").await;
     assert_eq!(v["healthy"], false);
+    // No traffic went to b: its checks took it DOWN.
+    assert_eq!(v["health"]["down_cause"], "checks", "{v}");
     assert!(
         v["checks"][0]["last_error"]
             .as_str()

@@ -207,6 +207,17 @@ impl Quick {
             .map_or("?", |v| v.state.as_str())
     }
 
+    /// What took `node` DOWN, as the admin API names it (`None` while UP).
+    fn down_cause(&self, node: &str) -> Option<&'static str> {
+        self.runtime
+            .state()
+            .node_views()
+            .into_iter()
+            .find(|v| v.name == node)
+            .and_then(|v| v.status.health.down_cause())
+            .map(limpet_core::DownCause::as_str)
+    }
+
     /// When traffic may next try `node`, DOWN without checks (`now_ms` scale); `None` if UP.
     fn trial_at(&self, node: &str) -> Option<u64> {
         self.runtime
@@ -779,6 +790,7 @@ async fn a_trial_of_a_node_still_dead_fails_over_and_the_node_stays_down() {
         }
     }
     assert_eq!(proxy.state_of("n"), "DOWN", "refused connects take n DOWN");
+    assert_eq!(proxy.down_cause("n"), Some("traffic"));
     let first = proxy.trial_at("n").expect("a trial is planned");
 
     // Requests go on; once the trial is due one of them tries n, is refused, and fails over.
@@ -1713,6 +1725,7 @@ async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_
 
     three_slow_requests(&proxy, &client, &stall, &home).await;
     assert_eq!(proxy.state_of(&home), "DOWN", "the third slow answer");
+    assert_eq!(proxy.down_cause(&home), Some("slow-answers"));
     let metrics = &proxy.runtime.state().lifecycle.metrics;
     let counted = metrics.traffic(&home, limpet::clock::now_ms()).answers_slow;
     assert_eq!(counted, 3);
@@ -1920,6 +1933,8 @@ async fn a_checked_node_hanging_some_requests_goes_down_at_max_slow_answers_and_
     );
     let view = node_view(&l, &home).await;
     assert_eq!(view["state"], "DOWN", "{view}");
+    assert_eq!(view["health"]["down_cause"], "slow-answers", "{view}");
+    assert_eq!(view["checks"][0]["consecutive_failures"], 0, "{view}");
     assert_eq!(view["traffic"]["answers_slow"], 2, "{view}");
     assert!(
         metrics_text(&l).await.contains(&format!(

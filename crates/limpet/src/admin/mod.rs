@@ -112,6 +112,9 @@ pub struct HealthView {
     /// counted in the current `fail_timeout` window, and how many take it DOWN (0: never).
     pub slow_answers: u32,
     pub max_slow_answers: u32,
+    /// While DOWN: what took it there, `checks`, `traffic`, `slow-answers` or `forced`
+    /// (`null` while UP). A node DOWN for its slow answers passes its checks.
+    pub down_cause: Option<&'static str>,
 }
 
 impl HealthView {
@@ -142,6 +145,7 @@ impl HealthView {
             progress,
             slow_answers,
             max_slow_answers: max_slow,
+            down_cause: health.down_cause().map(limpet_core::DownCause::as_str),
         }
     }
 }
@@ -373,6 +377,14 @@ mod tests {
         );
         assert_eq!(progress(h, gray, 11_000), None, "the window is over");
         assert_eq!(progress(h, policy, 2_000), None, "the limit is off");
+        assert_eq!(v.down_cause, None, "UP");
+        h.observe(limpet_core::Observation::SlowAnswer, gray, 2_000);
+        h.observe(limpet_core::Observation::SlowAnswer, gray, 3_000);
+        let v = HealthView::of(h, gray, 3_000);
+        assert_eq!(
+            (v.down_cause, v.progress.as_deref()),
+            (Some("slow-answers"), Some("trial in 10s"))
+        );
     }
 
     #[test]
