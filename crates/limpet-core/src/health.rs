@@ -190,7 +190,9 @@ pub struct Health {
     /// answer reset would never reach its limit.
     slow: u32,
     slow_since_ms: u64,
-    /// While DOWN: what took it there.
+    /// While DOWN: what took it there. Not revised while it stays DOWN (a failed trial, or
+    /// checks failing since, do not change it), except by a forced DOWN, which no trial
+    /// lifts.
     down_cause: Option<DownCause>,
 }
 
@@ -201,11 +203,12 @@ pub struct Health {
 pub enum DownCause {
     /// An active check's failures reached `fall`.
     Checks,
-    /// Traffic failures (refused or timed-out connects, unanswered requests) reached `fall`.
+    /// Traffic failures (refused or timed-out connects, failed TLS handshakes, unanswered
+    /// requests, fresh connections the node closed or reset) reached `fall`.
     Traffic,
     /// Slow answers reached `max_slow_answers` within one `fail_timeout`.
     SlowAnswers,
-    /// The operator (or the sim) forced it DOWN.
+    /// Forced DOWN (the sim's `DOWN`, the library's `force_health`).
     Forced,
 }
 

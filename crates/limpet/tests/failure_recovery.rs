@@ -1893,7 +1893,7 @@ async fn slow_requests_on_an_idle_checked_fleet_are_not_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checked_node_hanging_some_requests_goes_down_at_max_slow_answers_and_checks_restore_it()
 {
-    const RISE: u64 = 5;
+    const RISE: u64 = 8;
     let stall = Arc::new(Stall::default());
     let (mut a, mut b, port) = stalling_pair(&stall).await;
     let listener = "timeouts = { upstream_answer = \"2s\", drain = \"1s\" }\n";

@@ -51,9 +51,11 @@ pub struct Lifecycle {
     /// Each listener's `max_connections`, by name, shared by its sockets and changed in
     /// place by a reload.
     conn_limits: Mutex<std::collections::HashMap<String, Arc<crate::net::ConnLimit>>>,
-    /// Held while a slow answer is judged and recorded (`State::observe_at`): whether
-    /// another node takes sessions is read and acted on as one step, across threads and
-    /// config generations.
+    /// Held while a slow answer is judged and recorded (`State::observe_at`): slow answers
+    /// are judged one at a time, across threads and config generations, so two nodes' last
+    /// slow answers cannot each count on the other. (Another node's change by its checks,
+    /// traffic or the operator is not under it: that can still land between the read and
+    /// the record, a window of microseconds.)
     pub(crate) slow_answers: Mutex<()>,
 }
 
