@@ -8,6 +8,12 @@
 //! - `Hung` (process stopped, kernel still accepting): connects complete, checks time out,
 //!   requests get no answer. A check or request still waiting when the hang ends is answered
 //!   then if the backend comes back healthy, and reset (a failure) if it restarts.
+//! - `Gray` (one worker stuck): checks pass, and each request is answered at once except
+//!   one in `hang_one_in`, which gets no answer. When its answer timeout comes within the
+//!   phase it is judged as the I/O layer judges it: a slow answer (`SlowAnswer`) if the node
+//!   answered a request (or, with checks, a check) sent after it meanwhile, else a traffic
+//!   failure. One still waiting when the phase ends is answered then, or reset if the
+//!   backend restarts. `max_slow_answers` is drawn per seed, 0 (off) included.
 //!
 //! Two configurations, each seed runs both:
 //!
@@ -49,6 +55,10 @@
 //!    `availability` and `claim_trial` never move it, and `observe`'s transition is exactly
 //!    the change of `is_up`. The shadow also tracks `streak`, `retry_at_ms`, `availability`
 //!    and who gets a trial.
+//!
+//! A gray phase has no bound of its own (how soon its slow answers add up is chance); the
+//! shadow predicts every observation there as everywhere, the slow answers' window
+//! included, and the recovery bounds of the phases after it hold.
 //!
 //! A bound is checked by a probe at the bound's moment, run before anything else that
 //! happens at that moment; a phase too short to reach its bound has no probe. Without checks
@@ -93,6 +103,7 @@ enum Backend {
     Healthy,
     Refusing,
     Hung,
+    Gray,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +120,7 @@ enum Scenario {
     Flaps,
     Recovers,
     Mixed,
+    Gray,
 }
 
 /// Observations, orderable for the event queue.
@@ -118,6 +130,7 @@ enum Obs {
     CheckFailed,
     TrafficOk,
     TrafficFailed,
+    SlowAnswer,
 }
 
 impl Obs {
@@ -127,6 +140,7 @@ impl Obs {
             Obs::CheckFailed => Observation::CheckFailed(limpet_core::CheckSlot::FIRST),
             Obs::TrafficOk => Observation::TrafficOk,
             Obs::TrafficFailed => Observation::TrafficFailed,
+            Obs::SlowAnswer => Observation::SlowAnswer,
         }
     }
 
@@ -143,6 +157,11 @@ enum Ev {
     CheckStart,
     /// The late result of a check or a request that was waiting on a hung backend.
     Late(Obs),
+    /// The answer timeout of a request sent at this time that a gray backend holds.
+    Held(u64),
+    /// The answer, when a gray phase ends, of a request sent at this time that the backend
+    /// held and answers now.
+    LateAnswer(u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +172,32 @@ struct Config {
     gap: u64,
     answer_timeout: u64,
     hold: u64,
+    /// In a gray phase, one request in this many gets no answer.
+    hang_one_in: u64,
     scenario: Scenario,
+}
+
+impl Shadow {
+    /// UP with `fails` counted toward `fall` (a node back from a trial is on probation).
+    fn up(fails: u32) -> Shadow {
+        Shadow {
+            up: true,
+            fails,
+            passes: 0,
+            retry_at: None,
+            slow: 0,
+            slow_since: 0,
+        }
+    }
+
+    /// DOWN, its trial due at `retry_at` (none with checks).
+    fn down(retry_at: Option<u64>) -> Shadow {
+        Shadow {
+            up: false,
+            retry_at,
+            ..Shadow::up(0)
+        }
+    }
 }
 
 /// The documented rules, plainly.
@@ -166,6 +210,9 @@ struct Shadow {
     passes: u32,
     /// Without checks, while DOWN: when a trial may start.
     retry_at: Option<u64>,
+    /// While UP: slow answers counted, in the window that began at `slow_since`.
+    slow: u32,
+    slow_since: u64,
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +227,9 @@ struct Stats {
     /// Unchecked: traffic failures of requests sent while UP, seen after the node went DOWN,
     /// that moved its next trial later.
     late_failures_moving_the_trial: u64,
+    /// Slow answers observed, and the times they took the node DOWN.
+    slow_answers: u64,
+    downs_for_slow_answers: u64,
 }
 
 struct Sim<'s> {
@@ -194,6 +244,12 @@ struct Sim<'s> {
     trial_pending: bool,
     /// Completed connects observed while UP with a failure run going, in the current phase.
     ok_amid_failures: u64,
+    /// The send time of the youngest request (or check) the node answered.
+    youngest_answered: u64,
+    /// The moment being simulated.
+    now: u64,
+    /// The observation being made is a late answer (see `Ev::LateAnswer`).
+    late_answer: bool,
     trace: Vec<String>,
     stats: &'s mut Stats,
 }
@@ -206,9 +262,11 @@ impl Sim<'_> {
             rise: rng.range(1, 4) as u32,
             fail_timeout_ms: rng.range(500, 10_000),
             checked,
-            // The backends simulated here answer every request or none: no gray failure
-            // (health.rs's unit tests drive `max_slow_answers`).
-            max_slow_answers: 0,
+            max_slow_answers: if rng.chance(25) {
+                0
+            } else {
+                rng.range(1, 4) as u32
+            },
         };
         let interval = rng.range(200, 3_000);
         let timeout = if rng.chance(30) {
@@ -221,11 +279,12 @@ impl Sim<'_> {
         } else {
             rng.range((policy.fail_timeout_ms / 20).max(2), policy.fail_timeout_ms)
         };
-        let scenario = match rng.range(0, 4) {
+        let scenario = match rng.range(0, 5) {
             0 => Scenario::Restarts,
             1 => Scenario::Hangs,
             2 => Scenario::Flaps,
             3 => Scenario::Recovers,
+            4 => Scenario::Gray,
             _ => Scenario::Mixed,
         };
         let cfg = Config {
@@ -235,6 +294,7 @@ impl Sim<'_> {
             gap,
             answer_timeout: rng.range(100, 5_000),
             hold: rng.range(100, 2_000),
+            hang_one_in: rng.range(2, 10),
             scenario,
         };
         let phases = timeline(&mut rng, &cfg);
@@ -245,16 +305,14 @@ impl Sim<'_> {
             cfg,
             phases,
             health: Health::default(),
-            shadow: Shadow {
-                up: true,
-                fails: 0,
-                passes: 0,
-                retry_at: None,
-            },
+            shadow: Shadow::up(0),
             queue: BinaryHeap::new(),
             seq: 0,
             trial_pending: false,
             ok_amid_failures: 0,
+            youngest_answered: 0,
+            now: T0,
+            late_answer: false,
             trace: Vec::new(),
             stats,
         };
@@ -304,7 +362,7 @@ impl Sim<'_> {
                 false,
                 p.start + c.interval + (fall - 1) * c.interval.max(c.timeout) + c.timeout,
             )),
-            Backend::Hung => None,
+            Backend::Hung | Backend::Gray => None,
         };
         if let Some((up, at)) = probe {
             if at < p.end {
@@ -341,15 +399,27 @@ impl Sim<'_> {
     fn compare(&self, what: &str) -> Result<(), String> {
         let s = self.shadow;
         let h = self.health;
+        let policy = self.cfg.policy;
         let streak = if s.up { s.fails } else { s.passes };
-        let retry = s.retry_at.filter(|_| !s.up && !self.cfg.policy.checked);
-        if h.is_up() != s.up || h.streak() != streak || h.retry_at_ms(self.cfg.policy) != retry {
+        let retry = s.retry_at.filter(|_| !s.up && !policy.checked);
+        let window_open = self.now < s.slow_since + policy.fail_timeout_ms;
+        let slow = if s.up && policy.max_slow_answers > 0 && window_open {
+            s.slow
+        } else {
+            0
+        };
+        let h_slow = h.slow_answers(policy, self.now);
+        if h.is_up() != s.up
+            || h.streak() != streak
+            || h.retry_at_ms(policy) != retry
+            || h_slow != slow
+        {
             return Err(format!(
-                "after {what}: health up {} streak {} retry_at {:?}; shadow up {} streak {} \
-                 retry_at {:?}",
+                "after {what}: health up {} streak {} retry_at {:?} slow {h_slow}; shadow up {} \
+                 streak {} retry_at {:?} slow {slow}",
                 h.is_up(),
                 h.streak(),
-                h.retry_at_ms(self.cfg.policy).map(|t| t - T0),
+                h.retry_at_ms(policy).map(|t| t - T0),
                 s.up,
                 streak,
                 retry.map(|t| t - T0),
@@ -362,9 +432,10 @@ impl Sim<'_> {
         let kind = self.phase(t).kind;
         // The simulation's own sanity: what the backend can produce at `t`.
         let possible = match o {
-            Obs::CheckPassed => kind == Backend::Healthy,
+            Obs::CheckPassed => matches!(kind, Backend::Healthy | Backend::Gray),
             Obs::TrafficOk => kind != Backend::Refusing,
             Obs::CheckFailed | Obs::TrafficFailed => kind != Backend::Healthy,
+            Obs::SlowAnswer => kind == Backend::Gray,
         };
         if !possible {
             return Err(format!(
@@ -380,13 +451,23 @@ impl Sim<'_> {
             if o.failure() {
                 s.fails += 1;
                 if s.fails >= policy.fall {
-                    s = Shadow {
-                        up: false,
-                        fails: 0,
-                        passes: 0,
-                        retry_at: (!checked).then_some(t + policy.fail_timeout_ms),
-                    };
+                    s = Shadow::down((!checked).then_some(t + policy.fail_timeout_ms));
                     want = Some(Transition::WentDown);
+                }
+            } else if o == Obs::SlowAnswer {
+                // Counted only with the limit set, in a fixed window from the first.
+                let max = policy.max_slow_answers;
+                if max > 0 {
+                    if s.slow == 0 || t >= s.slow_since + policy.fail_timeout_ms {
+                        s.slow = 0;
+                        s.slow_since = t;
+                    }
+                    s.slow += 1;
+                    if s.slow >= max {
+                        s = Shadow::down((!checked).then_some(t + policy.fail_timeout_ms));
+                        want = Some(Transition::WentDown);
+                        self.stats.downs_for_slow_answers += 1;
+                    }
                 }
             } else if o == Obs::CheckPassed || (o == Obs::TrafficOk && !checked) {
                 s.fails = 0;
@@ -399,31 +480,25 @@ impl Sim<'_> {
                 Obs::CheckPassed => {
                     s.passes += 1;
                     if s.passes >= policy.rise {
-                        s = Shadow {
-                            up: true,
-                            fails: 0,
-                            passes: 0,
-                            retry_at: None,
-                        };
+                        s = Shadow::up(0);
                         want = Some(Transition::WentUp);
                     }
                 }
                 Obs::CheckFailed => s.passes = 0,
-                Obs::TrafficOk | Obs::TrafficFailed => {}
+                Obs::TrafficOk | Obs::TrafficFailed | Obs::SlowAnswer => {}
             }
         } else {
             match o {
-                Obs::TrafficOk => {
-                    if !self.trial_pending {
+                Obs::TrafficOk if !self.trial_pending => {
+                    // Only a gray node's late answer to a request sent while it was UP can
+                    // come with no trial in flight: it proves nothing (health.rs).
+                    if !self.late_answer {
                         return Err("a DOWN node's connect completed outside a trial".into());
                     }
+                }
+                Obs::TrafficOk => {
                     // Back on probation: one failure from DOWN.
-                    s = Shadow {
-                        up: true,
-                        fails: policy.fall.max(1) - 1,
-                        passes: 0,
-                        retry_at: None,
-                    };
+                    s = Shadow::up(policy.fall.max(1) - 1);
                     want = Some(Transition::WentUp);
                 }
                 Obs::TrafficFailed => {
@@ -440,10 +515,15 @@ impl Sim<'_> {
                     }
                     s.retry_at = Some(t + policy.fail_timeout_ms);
                 }
+                // Only a trial goes to a DOWN node, and nothing younger than it is answered.
+                Obs::SlowAnswer => {}
                 Obs::CheckPassed | Obs::CheckFailed => {
                     return Err("a check without checks".into());
                 }
             }
+        }
+        if o == Obs::SlowAnswer {
+            self.stats.slow_answers += 1;
         }
         if matches!(o, Obs::TrafficOk | Obs::TrafficFailed) {
             self.trial_pending = false;
@@ -511,7 +591,27 @@ impl Sim<'_> {
         let phase = self.phase(t);
         match phase.kind {
             Backend::Refusing => self.observe(Obs::TrafficFailed, t),
-            Backend::Healthy => self.observe(Obs::TrafficOk, t),
+            Backend::Healthy => {
+                self.youngest_answered = t;
+                self.observe(Obs::TrafficOk, t)
+            }
+            Backend::Gray if self.rng.range(1, self.cfg.hang_one_in) > 1 => {
+                self.youngest_answered = t;
+                self.observe(Obs::TrafficOk, t)
+            }
+            Backend::Gray => {
+                // Held: judged at its answer timeout, or answered (or reset) when the phase
+                // ends first.
+                let deadline = t + self.cfg.answer_timeout;
+                if deadline < phase.end {
+                    self.push(deadline, Ev::Held(t));
+                } else if matches!(self.after(t), Backend::Healthy | Backend::Gray) {
+                    self.push(phase.end, Ev::LateAnswer(t));
+                } else {
+                    self.push(phase.end, Ev::Late(Obs::TrafficFailed));
+                }
+                self.compare("a held request")
+            }
             Backend::Hung => {
                 // The connect completes; the answer never comes.
                 self.observe(Obs::TrafficOk, t)?;
@@ -531,7 +631,9 @@ impl Sim<'_> {
         let c = self.cfg;
         let phase = self.phase(t);
         let done = match phase.kind {
-            Backend::Healthy => {
+            Backend::Healthy | Backend::Gray => {
+                // An answered check is a sign of life as an answered request is.
+                self.youngest_answered = t;
                 self.observe(Obs::CheckPassed, t)?;
                 t
             }
@@ -544,7 +646,7 @@ impl Sim<'_> {
                 t + c.timeout
             }
             Backend::Hung => {
-                let o = if self.after(t) == Backend::Healthy {
+                let o = if matches!(self.after(t), Backend::Healthy | Backend::Gray) {
                     Obs::CheckPassed
                 } else {
                     Obs::CheckFailed
@@ -563,6 +665,7 @@ impl Sim<'_> {
             Backend::Healthy => "UP after recovery",
             Backend::Refusing => "DOWN after refusals",
             Backend::Hung => "DOWN after a hang",
+            Backend::Gray => return Err("a gray phase has no probe".into()),
         };
         *self.stats.probes.entry(name).or_default() += 1;
         if self.health.is_up() != up {
@@ -595,8 +698,25 @@ impl Sim<'_> {
                 let p = self.phases[i];
                 self.log(t, format!("backend {:?} until t+{}", p.kind, p.end - T0));
             }
+            self.now = t;
             match ev {
                 Ev::Probe(up, i) => self.probe(up, i, t)?,
+                Ev::Held(sent) => {
+                    // As the I/O layer judges it (limpet_core::answered_since).
+                    let o = if self.youngest_answered > sent {
+                        Obs::SlowAnswer
+                    } else {
+                        Obs::TrafficFailed
+                    };
+                    self.observe(o, t)?;
+                }
+                Ev::LateAnswer(sent) => {
+                    self.youngest_answered = self.youngest_answered.max(sent);
+                    self.late_answer = true;
+                    let r = self.observe(Obs::TrafficOk, t);
+                    self.late_answer = false;
+                    r?;
+                }
                 Ev::Arrival => {
                     let next = t + self.rng.range(1, self.cfg.gap);
                     self.push(next, Ev::Arrival);
@@ -647,12 +767,19 @@ fn timeline(rng: &mut Rng, c: &Config) -> Vec<Phase> {
             }
         }
         Scenario::Recovers => kinds.push((bad(rng), rng.range(1, 4 * scale))),
+        Scenario::Gray => {
+            for _ in 0..rng.range(2, 6) {
+                kinds.push((Backend::Healthy, rng.range(1, 3 * scale)));
+                kinds.push((Backend::Gray, rng.range(1, 3 * scale)));
+            }
+        }
         Scenario::Mixed => {
             for _ in 0..rng.range(4, 14) {
-                let kind = match rng.range(0, 2) {
+                let kind = match rng.range(0, 3) {
                     0 => Backend::Healthy,
                     1 => Backend::Refusing,
-                    _ => Backend::Hung,
+                    2 => Backend::Hung,
+                    _ => Backend::Gray,
                 };
                 kinds.push((kind, rng.range(1, 3 * scale)));
             }
@@ -742,6 +869,8 @@ fn health_meets_its_bounds_on_a_virtual_clock() {
                 "hangs DOWN despite completed connects",
                 stats.hangs_down_despite_connects,
             ),
+            ("slow answers", stats.slow_answers),
+            ("DOWNs for slow answers", stats.downs_for_slow_answers),
         ] {
             assert!(n >= 20, "only {n} {what} over {seeds} seeds");
         }
