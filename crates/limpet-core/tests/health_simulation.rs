@@ -53,8 +53,9 @@
 //!    check does), DOWN to UP at the `rise`-th consecutive passing check (with checks) or at
 //!    a trial whose connect completes (without). The state changes only in `observe`:
 //!    `availability` and `claim_trial` never move it, and `observe`'s transition is exactly
-//!    the change of `is_up`. The shadow also tracks `streak`, `retry_at_ms`, `availability`
-//!    and who gets a trial.
+//!    the change of `is_up`. The shadow also tracks `streak`, `retry_at_ms`, `availability`,
+//!    who gets a trial, and the slow answers counted toward `max_slow_answers` (UP to DOWN
+//!    at the limit within one `fail_timeout` window, a window opened by the first).
 //!
 //! A gray phase has no bound of its own (how soon its slow answers add up is chance); the
 //! shadow predicts every observation there as everywhere, the slow answers' window
