@@ -1228,6 +1228,7 @@ mod tests {
         assert!(!answered_since(7, 7));
         assert!(answered_since(6, 7));
     }
+
     /// A node that answers most requests and lets some outlast the answer timeout (a gray
     /// failure): with `max_slow_answers`, that many within one `fail_timeout` take it DOWN
     /// whatever it answered between them; slow answers spread wider, or with the limit off,
@@ -1330,6 +1331,7 @@ mod tests {
             );
         }
     }
+
     /// The cause a DOWN node shows is the kind of observation that reached its limit, or the
     /// operator; UP again, it has none.
     #[test]

@@ -732,6 +732,7 @@ mod tests {
         assert_eq!(new.assign(&[], 0), Some(id(&new, "d")));
         assert_eq!(new.assign(&[], 0), Some(a2));
     }
+
     /// Slow answers of the last node taking fresh assignments are not counted: they would
     /// take it DOWN and leave no node at all. Once another node takes them again, they count.
     #[test]

@@ -113,7 +113,7 @@ pub struct HealthView {
     pub slow_answers: u32,
     pub max_slow_answers: u32,
     /// While DOWN: what took it there, `checks`, `traffic`, `slow-answers` or `forced`
-    /// (`null` while UP). A node DOWN for its slow answers passes its checks.
+    /// (`null` while UP). A node DOWN for its slow answers may well pass its checks.
     pub down_cause: Option<&'static str>,
 }
 
