@@ -514,6 +514,149 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     flooding.abort();
 }
 
+/// The rest of a TCP session's ends, on the real binary: a drain's deadline cuts an open
+/// session (`end=cut cut=drain-ended`); a connection that finds its node's one slot taken and
+/// its queue (`max_queue = 1`) full is refused at once (`end=queue-full`); the node going DOWN
+/// by its checks cuts the open session (`end=cut cut=node-down`, `close_on_node_down` being
+/// on by default) and lets the connection queued for it go, with no other node to take it
+/// (`end=no-node`).
+#[tokio::test]
+async fn a_tcp_session_cut_by_its_node_s_state_or_refused_by_a_full_queue_says_why() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An echo node whose listener can be closed while its sessions go on.
+    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind node");
+    let node_port = node.local_addr().expect("node addr").port();
+    let accepting = tokio::spawn(async move {
+        while let Ok((mut s, _)) = node.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    // Checked every 100 ms, node a goes DOWN at its first refused check; the 1 s timeout
+    // keeps one slow check on a loaded machine from doing it early.
+    let dir = TempDir::new("tcp-cuts");
+    let path = dir.write(
+        "limpet.toml",
+        format!(
+            "[health]\nfall = 1\nrise = 1\ninterval = \"100ms\"\ntimeout = \"1s\"\n\
+             [[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\nmax_connections = 1\n\
+             max_queue = 1\n\
+             [[listeners]]\nname = \"held\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {node_port}\ncheck = {{ kind = \"tcp\" }}\n\
+             timeouts = {{ idle = \"60s\", queue = \"30s\" }}\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n"
+        ),
+    );
+    let (child, lines, listening) = run_logged(&path, 2).await;
+    let held = listening.addr("held");
+    // A session with two bytes echoed, held open by the client.
+    let open = || async move {
+        let mut c = tokio::net::TcpStream::connect(held).await.expect("connect");
+        c.write_all(b"hi").await.expect("send");
+        let mut back = [0u8; 2];
+        c.read_exact(&mut back).await.expect("echo");
+        c
+    };
+    let until_closed = |mut c: tokio::net::TcpStream| async move {
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest)).await;
+    };
+    let admin = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let node_a = format!("http://{}/api/v1/nodes/a", listening.admin());
+    let set_a = |body: &'static str| {
+        let (admin, url) = (admin.clone(), format!("{node_a}/state"));
+        async move {
+            let r = admin
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("admin");
+            assert_eq!(r.status().as_u16(), 200, "{body}");
+        }
+    };
+    let view_a = || {
+        let (admin, url) = (admin.clone(), node_a.clone());
+        async move {
+            let body = admin
+                .get(url)
+                .send()
+                .await
+                .expect("admin")
+                .bytes()
+                .await
+                .expect("node view");
+            serde_json::from_slice::<serde_json::Value>(&body).expect("json")
+        }
+    };
+
+    // A drain with a 500 ms deadline: the open session is cut then.
+    let c = open().await;
+    set_a(r#"{"state":"drain","deadline_secs":0.5,"spread_secs":0}"#).await;
+    until_closed(c).await;
+    let line = lines.next().await;
+    common::has_fields(
+        &line,
+        &[
+            "listener=held",
+            "node=a",
+            "bytes_in=2",
+            "bytes_out=2",
+            "end=cut",
+            "cut=drain-ended",
+        ],
+    );
+    assert!(total_ms(&line) >= 500.0, "{line:?}");
+    set_a(r#"{"state":"ready"}"#).await;
+
+    // The one slot held, one connection in the queue (seen there by the admin API): the next
+    // is refused at once.
+    let holder = open().await;
+    let queued = tokio::net::TcpStream::connect(held).await.expect("connect");
+    let mut seen = false;
+    for _ in 0..500 {
+        if view_a().await["queued"].as_u64() == Some(1) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "a connection queued for node a");
+    let refused = tokio::net::TcpStream::connect(held).await.expect("connect");
+    until_closed(refused).await;
+    let line = lines.next().await;
+    common::has_fields(
+        &line,
+        &["listener=held", "node=a", "pin=-", "end=queue-full"],
+    );
+    assert!(total_ms(&line) < 1000.0, "refused at once: {line:?}");
+
+    // The node's port closes: its check fails, it goes DOWN, and both go.
+    accepting.abort();
+    tokio::join!(until_closed(holder), until_closed(queued));
+    let (first, second) = (lines.next().await, lines.next().await);
+    let (cut, let_go) = if first.contains("bytes_in=2") {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    common::has_fields(
+        &cut,
+        &["listener=held", "node=a", "end=cut", "cut=node-down"],
+    );
+    common::has_fields(&let_go, &["listener=held", "node=-", "end=no-node"]);
+    assert_eq!(view_a().await["health"]["down_cause"], "checks");
+    drop(child);
+}
+
 /// An answer cut mid-body says whose end it was. One whose node stops sending is cut at the
 /// listener's `answer_body_idle` (HAProxy's `timeout server`): the HTTP/1 client gets the head
 /// and the bytes that came, then its connection closes (the answer cannot end cleanly), and
