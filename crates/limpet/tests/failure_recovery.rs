@@ -1747,6 +1747,15 @@ async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_
     }
 }
 
+/// `limpet proxy --max-slow-answers N` sets the rule (0, off, without it).
+#[test]
+fn the_max_slow_answers_flag_reaches_the_config() {
+    let to = ["--to", "a=127.0.0.1:1", "--to", "b=127.0.0.1:2"];
+    assert_eq!(quick_config(&to).health.max_slow_answers, 0);
+    let with = [&to[..], &["--max-slow-answers", "3"]].concat();
+    assert_eq!(quick_config(&with).health.max_slow_answers, 3);
+}
+
 /// Slow answers of the last node that takes sessions are not counted: with b and c in
 /// MAINT, three slow answers at `max_slow_answers = 3` leave a UP, and its sessions served,
 /// where taking it DOWN would leave none. Once b takes sessions again, three more take a

@@ -51,6 +51,11 @@ pub struct ProxyArgs {
     /// one connection tries it again (nginx's `fail_timeout`).
     #[arg(long = "fail-timeout", default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
     pub fail_timeout: std::time::Duration,
+    /// A node that lets this many requests outlast the answer timeout within one
+    /// `--fail-timeout` while it answers others goes DOWN (a gray failure; never the last
+    /// node taking sessions). 0: never (docs/operations.md).
+    #[arg(long = "max-slow-answers", default_value_t = 0, value_name = "N")]
+    pub max_slow_answers: u32,
     /// How long an idle kept-alive connection to a node is kept for reuse; keep it below the
     /// nodes' own keep-alive timeout (Node.js and Apache 5 s, gunicorn 2 s).
     #[arg(long = "upstream-idle", default_value = "4s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
@@ -150,6 +155,7 @@ impl ProxyArgs {
         };
         cfg.trusted_proxies = self.trust_proxy.clone();
         cfg.health.fail_timeout_ms = crate::clock::ms(self.fail_timeout);
+        cfg.health.max_slow_answers = self.max_slow_answers;
         if self.upstream_idle.is_zero() {
             return Err("--upstream-idle must be more than 0".into());
         }
