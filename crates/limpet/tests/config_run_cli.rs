@@ -242,6 +242,89 @@ impl Drop for Reaped {
     }
 }
 
+/// An echo node on loopback: what comes goes back, and each session closes once its client
+/// has. Its port, and the task that accepts (aborted, the port closes; sessions go on).
+async fn echo_node() -> (u16, tokio::task::JoinHandle<()>) {
+    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind node");
+    let port = node.local_addr().expect("node addr").port();
+    let accepting = tokio::spawn(async move {
+        while let Ok((mut s, _)) = node.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    (port, accepting)
+}
+
+/// A TCP session through `addr` with two bytes echoed by its node, held open by the client.
+async fn echoed_session(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    c.write_all(b"hi").await.expect("send");
+    let mut back = [0u8; 2];
+    c.read_exact(&mut back).await.expect("echo");
+    c
+}
+
+/// One node as the running limpet's admin API shows it and takes commands for it.
+struct NodeAdmin {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl NodeAdmin {
+    fn new(listening: &Listening, node: &str) -> Self {
+        NodeAdmin {
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client"),
+            url: format!("http://{}/api/v1/nodes/{node}", listening.admin()),
+        }
+    }
+
+    /// Posts a state command (`{"state":"maint"}`), which must be taken.
+    async fn set(&self, body: &'static str) {
+        let r = self
+            .client
+            .post(format!("{}/state", self.url))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("admin");
+        assert_eq!(r.status().as_u16(), 200, "{body}");
+    }
+
+    async fn view(&self) -> serde_json::Value {
+        let body = self
+            .client
+            .get(&self.url)
+            .send()
+            .await
+            .expect("admin")
+            .bytes()
+            .await
+            .expect("node view");
+        serde_json::from_slice(&body).expect("json")
+    }
+
+    /// Waits (at most 500 looks, 10 ms apart) until `n` connections wait in the node's queue.
+    async fn until_queued(&self, n: u64) {
+        for _ in 0..500 {
+            if self.view().await["queued"].as_u64() == Some(n) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{n} connections never queued for the node");
+    }
+}
+
 /// A TCP session gets an access log line when it ends (HAProxy's `option tcplog`), saying
 /// how: both sides closed (`end=done`, the bytes each way), nothing moved for the
 /// listener's `idle` (`end=idle`), the client stopped reading for `idle` (`end=
@@ -253,19 +336,7 @@ impl Drop for Reaped {
 #[tokio::test]
 async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // An echo node: what comes goes back, and it closes once the client has.
-    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind node");
-    let node_port = node.local_addr().expect("node addr").port();
-    let echo = tokio::spawn(async move {
-        while let Ok((mut s, _)) = node.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
+    let (node_port, echo) = echo_node().await;
     // A node that writes more than any buffer on the way holds, whether or not its client
     // reads.
     let flood = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -382,34 +453,12 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
         &["listener=dead", "node=-", "pin=-", "end=no-node"],
     );
 
-    let admin = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let node_a = format!("http://{}/api/v1/nodes/a", listening.admin());
-    let set_a = |state: &'static str| {
-        let (admin, url) = (admin.clone(), format!("{node_a}/state"));
-        async move {
-            let r = admin
-                .post(url)
-                .header("content-type", "application/json")
-                .body(format!("{{\"state\":\"{state}\"}}"))
-                .send()
-                .await
-                .expect("admin");
-            assert_eq!(r.status().as_u16(), 200, "set a {state}");
-        }
-    };
+    let node_a = NodeAdmin::new(&listening, "a");
     // An open session holds node a's one slot (`max_connections = 1`): a connection to a
     // listener whose queue waits 300 ms is refused at that. Then the node is set to MAINT,
     // which cuts the open session. (Sessions held across steps are on `held`, whose idle
     // limit no slow step reaches.)
-    let mut holder = tokio::net::TcpStream::connect(addr_of("held"))
-        .await
-        .expect("connect");
-    holder.write_all(b"hi").await.expect("send");
-    let mut back = [0u8; 2];
-    holder.read_exact(&mut back).await.expect("echo");
+    let mut holder = echoed_session(addr_of("held")).await;
     until_closed(addr_of("brief")).await;
     let line = lines.next().await;
     common::has_fields(
@@ -417,7 +466,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
         &["listener=brief", "node=a", "pin=-", "end=queue-timeout"],
     );
     assert!(total_ms(&line) >= 300.0, "{line:?}");
-    set_a("maint").await;
+    node_a.set(r#"{"state":"maint"}"#).await;
     let mut rest = Vec::new();
     let _ = holder.read_to_end(&mut rest).await;
     common::has_fields(
@@ -431,36 +480,14 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             "cut=node-maint",
         ],
     );
-    set_a("ready").await;
+    node_a.set(r#"{"state":"ready"}"#).await;
 
     // Open at SIGTERM: cut (reset) at the drain's deadline.
-    let mut c = tokio::net::TcpStream::connect(addr_of("held"))
-        .await
-        .expect("connect");
-    c.write_all(b"hi").await.expect("send");
-    let mut back = [0u8; 2];
-    c.read_exact(&mut back).await.expect("echo");
+    let mut c = echoed_session(addr_of("held")).await;
     // And one waiting in the node's queue behind it (`max_connections = 1`), seen there by
     // the admin API.
     let queued = tokio::spawn(until_closed(addr_of("held")));
-    let mut seen = false;
-    for _ in 0..500 {
-        let body = admin
-            .get(&node_a)
-            .send()
-            .await
-            .expect("admin")
-            .bytes()
-            .await
-            .expect("node view");
-        let view: serde_json::Value = serde_json::from_slice(&body).expect("json");
-        if view["queued"].as_u64().unwrap_or(0) == 1 {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "the second connection queued for node a");
+    node_a.until_queued(1).await;
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()
@@ -522,20 +549,9 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
 /// (`end=no-node`).
 #[tokio::test]
 async fn a_tcp_session_cut_by_its_node_s_state_or_refused_by_a_full_queue_says_why() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // An echo node whose listener can be closed while its sessions go on.
-    let node = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind node");
-    let node_port = node.local_addr().expect("node addr").port();
-    let accepting = tokio::spawn(async move {
-        while let Ok((mut s, _)) = node.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
+    use tokio::io::AsyncReadExt;
+    // Its listener closes when `accepting` is aborted; its sessions go on.
+    let (node_port, accepting) = echo_node().await;
     // Checked every 100 ms, node a goes DOWN at its first refused check; the 1 s timeout
     // keeps one slow check on a loaded machine from doing it early.
     let dir = TempDir::new("tcp-cuts");
@@ -553,54 +569,17 @@ async fn a_tcp_session_cut_by_its_node_s_state_or_refused_by_a_full_queue_says_w
     );
     let (child, lines, listening) = run_logged(&path, 2).await;
     let held = listening.addr("held");
-    // A session with two bytes echoed, held open by the client.
-    let open = || async move {
-        let mut c = tokio::net::TcpStream::connect(held).await.expect("connect");
-        c.write_all(b"hi").await.expect("send");
-        let mut back = [0u8; 2];
-        c.read_exact(&mut back).await.expect("echo");
-        c
-    };
     let until_closed = |mut c: tokio::net::TcpStream| async move {
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest)).await;
     };
-    let admin = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let node_a = format!("http://{}/api/v1/nodes/a", listening.admin());
-    let set_a = |body: &'static str| {
-        let (admin, url) = (admin.clone(), format!("{node_a}/state"));
-        async move {
-            let r = admin
-                .post(url)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .expect("admin");
-            assert_eq!(r.status().as_u16(), 200, "{body}");
-        }
-    };
-    let view_a = || {
-        let (admin, url) = (admin.clone(), node_a.clone());
-        async move {
-            let body = admin
-                .get(url)
-                .send()
-                .await
-                .expect("admin")
-                .bytes()
-                .await
-                .expect("node view");
-            serde_json::from_slice::<serde_json::Value>(&body).expect("json")
-        }
-    };
+    let node_a = NodeAdmin::new(&listening, "a");
 
     // A drain with a 500 ms deadline: the open session is cut then.
-    let c = open().await;
-    set_a(r#"{"state":"drain","deadline_secs":0.5,"spread_secs":0}"#).await;
+    let c = echoed_session(held).await;
+    node_a
+        .set(r#"{"state":"drain","deadline_secs":0.5,"spread_secs":0}"#)
+        .await;
     until_closed(c).await;
     let line = lines.next().await;
     common::has_fields(
@@ -615,21 +594,13 @@ async fn a_tcp_session_cut_by_its_node_s_state_or_refused_by_a_full_queue_says_w
         ],
     );
     assert!(total_ms(&line) >= 500.0, "{line:?}");
-    set_a(r#"{"state":"ready"}"#).await;
+    node_a.set(r#"{"state":"ready"}"#).await;
 
     // The one slot held, one connection in the queue (seen there by the admin API): the next
     // is refused at once.
-    let holder = open().await;
+    let holder = echoed_session(held).await;
     let queued = tokio::net::TcpStream::connect(held).await.expect("connect");
-    let mut seen = false;
-    for _ in 0..500 {
-        if view_a().await["queued"].as_u64() == Some(1) {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "a connection queued for node a");
+    node_a.until_queued(1).await;
     let refused = tokio::net::TcpStream::connect(held).await.expect("connect");
     until_closed(refused).await;
     let line = lines.next().await;
@@ -653,7 +624,7 @@ async fn a_tcp_session_cut_by_its_node_s_state_or_refused_by_a_full_queue_says_w
         &["listener=held", "node=a", "end=cut", "cut=node-down"],
     );
     common::has_fields(&let_go, &["listener=held", "node=-", "end=no-node"]);
-    assert_eq!(view_a().await["health"]["down_cause"], "checks");
+    assert_eq!(node_a.view().await["health"]["down_cause"], "checks");
     drop(child);
 }
 

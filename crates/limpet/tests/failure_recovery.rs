@@ -1677,12 +1677,7 @@ impl Stall {
 async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
     let stall = Arc::new(Stall::default());
     let (nodes, proxy) = stalling_abc(&stall, 0).await;
-    let client = jar_client();
-    let (status, home) = get(&client, &proxy.url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(status, 200);
-
+    let (client, home) = pinned_client(&proxy).await;
     three_slow_requests(&proxy, &client, &stall, &home).await;
     assert_eq!(proxy.state_of(&home), "UP");
     let streak = proxy
@@ -1717,12 +1712,7 @@ async fn slow_requests_on_a_node_that_answers_younger_ones_charge_it_nothing() {
 async fn a_node_that_lets_max_slow_answers_time_out_while_answering_others_goes_down() {
     let stall = Arc::new(Stall::default());
     let (nodes, proxy) = stalling_abc(&stall, 3).await;
-    let client = jar_client();
-    let (status, home) = get(&client, &proxy.url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(status, 200);
-
+    let (client, home) = pinned_client(&proxy).await;
     three_slow_requests(&proxy, &client, &stall, &home).await;
     assert_eq!(proxy.state_of(&home), "DOWN", "the third slow answer");
     assert_eq!(proxy.down_cause(&home), Some("slow-answers"));
@@ -1770,11 +1760,8 @@ async fn slow_answers_never_take_down_the_last_node_taking_sessions() {
             .state()
             .set_admin(n, limpet_core::AdminState::Maint);
     }
-    let client = jar_client();
-    let (status, home) = get(&client, &proxy.url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((status, home.as_str()), (200, "a"));
+    let (client, home) = pinned_client(&proxy).await;
+    assert_eq!(home, "a");
     three_slow_requests(&proxy, &client, &stall, &home).await;
     assert_eq!(proxy.state_of("a"), "UP", "the last node taking sessions");
     let metrics = &proxy.runtime.state().lifecycle.metrics;
@@ -1818,6 +1805,17 @@ async fn stalling_abc(stall: &Arc<Stall>, max_slow_answers: u32) -> (Vec<Backend
     })
     .await;
     (nodes, proxy)
+}
+
+/// A browser-like client with a session: its first GET answered 200, and the node it was
+/// pinned to.
+async fn pinned_client(proxy: &Quick) -> (reqwest::Client, String) {
+    let client = jar_client();
+    let (status, home) = get(&client, &proxy.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 200);
+    (client, home)
 }
 
 /// Three GETs that `stall` holds, sent with `client` (whose session lives on `home`), then
