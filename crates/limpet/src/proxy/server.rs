@@ -952,9 +952,10 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     );
     // HTTP/2 by prior knowledge or HTTP/1.1, told by the first bytes. A client that sends
     // nothing is closed after `header_read`, and one that has sent nothing yet when the
-    // listener drains is closed at once, as hyper closes a connection with no request.
-    // No request yet, so the limit is `header_read` whichever the protocol turns out.
-    let h2 = match until_idle_or_drain(&ctx, &mut draining, io.opens_http2()).await {
+    // listener drains is closed once [`FIRST_BYTES_GRACE`] from its accept has passed, as
+    // hyper closes a connection with no request. No request yet, so the limit is
+    // `header_read` whichever the protocol turns out.
+    let h2 = match until_first_bytes(&ctx, &mut draining, io.opens_http2()).await {
         Some(Ok(h2)) => h2,
         Some(Err(e)) => {
             tracing::debug!(peer = %ctx.peer, error = %e, "client connection ended before its first bytes");
@@ -1032,6 +1033,33 @@ async fn until_idle_or_drain<T>(
         () = idle_watch(ctx, true) => None,
         () = drained(draining) => None,
     }
+}
+
+/// How long a connection accepted just before its listener drains has, from its accept, to
+/// send its first bytes. A client's request leaves right after its connect completes, and a
+/// drain that falls between the accept and the bytes (a shutdown, or an upgrade handing the
+/// socket to a new limpet: `crate::upgrade`) would otherwise close it unanswered, the
+/// request reset on its way.
+const FIRST_BYTES_GRACE: Duration = Duration::from_secs(1);
+
+/// [`until_idle_or_drain`] for a connection's first bytes: a drain leaves it until
+/// [`FIRST_BYTES_GRACE`] after its accept (within `header_read`) to send them.
+async fn until_first_bytes<T>(
+    ctx: &ConnCtx,
+    draining: &mut watch::Receiver<bool>,
+    wait: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::pin!(wait);
+    tokio::select! {
+        biased;
+        r = &mut wait => return Some(r),
+        () = idle_watch(ctx, true) => return None,
+        () = drained(draining) => {}
+    }
+    let grace = FIRST_BYTES_GRACE.min(ctx.shared().timeouts.header_read);
+    tokio::time::timeout_at(ctx.started + grace, wait)
+        .await
+        .ok()
 }
 
 /// Resolves once the listener drains.
@@ -1828,5 +1856,45 @@ mod tests {
         assert!(quickack((&listener).into()), "on by default");
         super::delay_first_acks(&listener);
         assert!(!quickack((&listener).into()));
+    }
+
+    /// A client whose connection was accepted just before its listener drained (a shutdown,
+    /// or an upgrade handing the socket over) and whose request was still on its way is
+    /// answered: it has `FIRST_BYTES_GRACE` from its accept to send its first bytes. One that
+    /// sends nothing is closed once that has passed. Before, both were closed at the drain.
+    #[tokio::test]
+    async fn a_request_on_its_way_as_the_listener_drains_is_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let node = echo_node().await;
+        let (mut client, _ctx, drain, served) = one_connection(node).await;
+        let (mut silent, _ctx2, drain2, served2) = one_connection(node).await;
+        drain.send(true).expect("drain");
+        drain2.send(true).expect("drain");
+        // The request comes 50 ms after the drain (the client's pace, not a wait for an
+        // event: with the grace at 0 the connection is closed by then and this fails).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client
+            .write_all(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("request");
+        let answer = read_answer(&mut client).await;
+        assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
+        // Answered, then closed: the listener is draining.
+        let mut buf = [0u8; 64];
+        assert!(matches!(client.read(&mut buf).await, Ok(0) | Err(_)));
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the connection ends")
+            .expect("served");
+        let started = tokio::time::Instant::now();
+        assert!(matches!(
+            tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        ));
+        assert!(started.elapsed() < FIRST_BYTES_GRACE + Duration::from_secs(1));
+        tokio::time::timeout(Duration::from_secs(5), served2)
+            .await
+            .expect("the silent connection ends")
+            .expect("served");
     }
 }
