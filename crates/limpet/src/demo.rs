@@ -232,7 +232,8 @@ impl Demo {
         }
         // Health checks and the drain log; the config names no admin listener, so this binds
         // nothing: the admin listener is the one bound above (a taken default moved it).
-        crate::runtime::start_lifecycle(&runtime, &mut tasks, &stop_rx).await?;
+        let (_go, go) = watch::channel(true);
+        crate::runtime::start_lifecycle(&runtime, &mut tasks, &stop_rx, None, &go).await?;
         {
             let control = Arc::new(RuntimeControl {
                 runtime: Arc::clone(&runtime),

@@ -268,7 +268,9 @@ async fn serve_on_workers(cfg: ProxyConfig, listen: &str, workers: usize) -> Exi
         permits: crate::runtime::listener_permits(&runtime, super::QUICK_LISTENER),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let done = match crate::runtime::workers::spawn(&runtime, vec![sockets], workers, &stop_rx) {
+    let (_go, go) = tokio::sync::watch::channel(true);
+    let done = match crate::runtime::workers::spawn(&runtime, vec![sockets], workers, &go, &stop_rx)
+    {
         Ok(d) => d,
         Err(e) => {
             eprintln!("limpet proxy: cannot start worker threads: {e}");

@@ -503,10 +503,16 @@ async fn reload_locked(
 /// Starts the lifecycle of a running limpet: its health checks, its admin listener (when
 /// configured; refused off loopback without a token) and the drain-completion log. Every
 /// task ends when `shutdown` turns true.
+///
+/// `admin_socket` is the admin listener's socket when the caller has it already (bound, or
+/// taken over from a running limpet, `crate::upgrade`); else it is bound here. The admin
+/// listener accepts once `go` turns true.
 pub async fn start(
     runtime: &Arc<Runtime>,
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
+    admin_socket: Option<std::net::TcpListener>,
+    go: &watch::Receiver<bool>,
 ) -> Result<(), String> {
     let state = runtime.state();
     let life = Arc::clone(&state.lifecycle);
@@ -524,17 +530,24 @@ pub async fn start(
         runtime: Arc::clone(runtime),
     });
     if let Some(admin) = &def.admin {
-        let listener = TcpListener::bind(admin.listen)
-            .await
-            .map_err(|e| format!("admin listener: cannot bind {}: {e}", admin.listen))?;
+        let listener = match admin_socket {
+            Some(l) => TcpListener::from_std(l),
+            None => TcpListener::bind(admin.listen).await,
+        }
+        .map_err(|e| format!("admin listener: cannot bind {}: {e}", admin.listen))?;
         let local = listener.local_addr().unwrap_or(admin.listen);
         let _ = life.admin_addr.set(local);
         tracing::info!(addr = %local, "admin API and stats page on {}", crate::admin::describe(local));
         let mut settings = admin.clone();
         settings.listen = local;
         let mut stop = shutdown.clone();
+        let mut go = go.clone();
         let control = Arc::clone(&control);
         tasks.spawn(async move {
+            tokio::select! {
+                r = go.wait_for(|g| *g) => if r.is_err() { return },
+                () = stopped(&mut stop) => return,
+            }
             crate::admin::serve(listener, control, settings, async move {
                 stopped(&mut stop).await;
             })

@@ -1006,6 +1006,15 @@ impl State {
         Some(rt.status().state())
     }
 
+    /// What the operator asked of each node (MAINT, DRAIN, READY), by name: what a new limpet
+    /// taking over from this one keeps (`crate::upgrade`).
+    pub fn node_admin_states(&self) -> Vec<(String, AdminState)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.rt.status().admin))
+            .collect()
+    }
+
     /// Every node with its state, open connections and pins per table.
     pub fn node_views(&self) -> Vec<NodeView> {
         let now = crate::clock::now_ms();

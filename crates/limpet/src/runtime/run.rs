@@ -43,6 +43,11 @@ pub struct RunArgs {
     /// one per core). With 1, one thread does everything.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
+    /// A Unix socket for binary upgrades: a limpet already listening there hands this one its
+    /// listening sockets, pins and node admin states, then drains and exits (no client is
+    /// refused); this one then listens there for the next (see docs/operations.md).
+    #[arg(long, value_name = "PATH")]
+    pub upgrade_socket: Option<PathBuf>,
 }
 
 /// Arguments of `limpet check`.
@@ -93,8 +98,13 @@ impl std::error::Error for StartError {}
 pub struct Running {
     runtime: Arc<Runtime>,
     addrs: Vec<(String, SocketAddr)>,
+    /// Turns true when the listeners may accept ([`serve`](Self::serve)).
+    go: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// Duplicates of every listening socket, to hand to a new limpet (`crate::upgrade`);
+    /// closed as the listeners stop.
+    held: Arc<crate::upgrade::Held>,
 }
 
 impl Running {
@@ -112,15 +122,39 @@ impl Running {
         self.addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
     }
 
+    /// Lets the listeners accept (a start with a handover holds them until the running
+    /// limpet has stopped accepting).
+    pub fn serve(&self) {
+        let _ = self.go.send(true);
+    }
+
+    /// Every listening socket, to hand to a new limpet.
+    pub fn held(&self) -> Arc<crate::upgrade::Held> {
+        Arc::clone(&self.held)
+    }
+
+    /// Stops accepting: the listeners close their sockets and drain ([`stop`](Self::stop)
+    /// waits for that).
+    pub fn stop_accepting(&self) {
+        self.held.close();
+        let _ = self.shutdown.send(true);
+    }
+
     /// Stops accepting, drains the listeners (each up to its drain timeout), and saves the
     /// tables that have a snapshot file, for at most [`SNAPSHOT_SAVE_LIMIT`].
-    pub async fn stop(mut self) {
-        let _ = self.shutdown.send(true);
+    pub async fn stop(self) {
+        self.stop_saving(true).await;
+    }
+
+    /// [`stop`](Self::stop), saving the snapshots only if `save` (a limpet that handed its
+    /// tables to a new one leaves the files to it).
+    pub async fn stop_saving(mut self, save: bool) {
+        self.stop_accepting();
         while self.tasks.join_next().await.is_some() {}
         let state = self.runtime.state();
         let saves: Vec<_> = state
             .tables()
-            .filter(|t| t.def.snapshot.is_some())
+            .filter(|t| save && t.def.snapshot.is_some())
             .map(|t| {
                 let t = Arc::clone(t);
                 // Off this thread, one thread per table, and bounded: a disk that hangs (a
@@ -173,6 +207,19 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 /// [`start`] with `workers` threads serving the listeners ([`super::workers`]); with one,
 /// the caller's runtime serves them.
 pub async fn start_with(config: Config, workers: usize) -> Result<Running, StartError> {
+    let running = start_from(config, workers, None).await?;
+    running.serve();
+    Ok(running)
+}
+
+/// [`start_with`], taking over what `handover` brings from a running limpet (its listening
+/// sockets, pins and node admin states; `crate::upgrade`), and not accepting until
+/// [`Running::serve`]: everything that can fail has been done by then.
+pub async fn start_from(
+    config: Config,
+    workers: usize,
+    mut handover: Option<&mut crate::upgrade::Handover>,
+) -> Result<Running, StartError> {
     let state = match config.store.clone() {
         // Fleet mode: one store connection for the life of the process (reloads keep it).
         Some(def) => {
@@ -197,62 +244,144 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
     for t in state.tables() {
         load_snapshot(t);
     }
+    if let Some(h) = handover.as_deref() {
+        // The running limpet's pins are newer than any file, and its operator's MAINT and
+        // DRAIN still hold.
+        for (name, bytes) in &h.tables {
+            if let Some(t) = state.table(name) {
+                super::snapshot::restore_handed(t, bytes);
+            }
+        }
+        for (node, admin) in &h.nodes {
+            let _ = state.set_admin(node, *admin);
+        }
+    }
     let runtime = Runtime::new(state);
     let state = runtime.state();
+    let (go_tx, go_rx) = watch::channel(false);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut addrs = Vec::new();
-    if workers > 1 {
-        // Every address checked before any is bound (see `workers::bind_reuseport`): this
-        // limpet's own may overlap, another process's must not.
-        for slot in &state.listeners {
-            let def = slot.def.load_full();
-            for addr in &def.bind {
-                super::workers::refuse_if_listened(*addr).map_err(|e| {
-                    StartError(format!("listener {:?}: cannot bind {addr}: {e}", def.name))
-                })?;
+    let mut held = Vec::new();
+    let bind_error = |name: &str, addr: &SocketAddr, e: &dyn std::fmt::Display| {
+        StartError(format!("listener {name:?}: cannot bind {addr}: {e}"))
+    };
+    // Every socket taken over or checked before any is bound (see
+    // `workers::bind_reuseport`): this limpet's own addresses may overlap, another
+    // process's must not (a taken-over address is this limpet's now).
+    let mut taken = Vec::new();
+    for slot in &state.listeners {
+        let def = slot.def.load_full();
+        for addr in &def.bind {
+            let role = crate::upgrade::Role::Listener(def.name.clone());
+            let got = match handover.as_deref_mut() {
+                Some(h) => h
+                    .take(&role, *addr)
+                    .map_err(|e| bind_error(&def.name, addr, &e))?,
+                None => Vec::new(),
+            };
+            if got.is_empty() {
+                super::workers::refuse_if_listened(*addr)
+                    .map_err(|e| bind_error(&def.name, addr, &e))?;
             }
+            taken.push(got);
         }
-        let mut sockets = Vec::new();
-        for slot in &state.listeners {
-            let def = slot.def.load_full();
-            for addr in &def.bind {
-                let s = super::workers::bind(&runtime, &def.name, def.mode, *addr, workers)
+    }
+    let admin_def = state.lifecycle.def().admin.clone();
+    let admin_socket = match &admin_def {
+        Some(admin) => {
+            let got = match handover.as_deref_mut() {
+                Some(h) => h
+                    .take(&crate::upgrade::Role::Admin, admin.listen)
+                    .map_err(|e| StartError(format!("admin listener: {e}")))?,
+                None => Vec::new(),
+            };
+            let l = match got.into_iter().next() {
+                Some(l) => l,
+                None => super::workers::refuse_if_listened(admin.listen)
+                    .and_then(|()| super::workers::bind_reuseport(admin.listen, 1))
+                    .and_then(|mut v| {
+                        v.pop()
+                            .ok_or_else(|| std::io::ErrorKind::AddrNotAvailable.into())
+                    })
                     .map_err(|e| {
-                        StartError(format!("listener {:?}: cannot bind {addr}: {e}", def.name))
-                    })?;
-                addrs.push((def.name.clone(), s.local));
-                sockets.push(s);
-            }
+                        StartError(format!("admin listener: cannot bind {}: {e}", admin.listen))
+                    })?,
+            };
+            let h = crate::upgrade::HeldSocket::of(crate::upgrade::Role::Admin, admin.listen, &l)
+                .map_err(|e| StartError(format!("admin listener: {e}")))?;
+            held.push(h);
+            Some(l)
         }
-        let done = super::workers::spawn(&runtime, sockets, workers, &shutdown_rx)
+        None => None,
+    };
+    if let Some(h) = handover.as_deref() {
+        for addr in h.untaken() {
+            tracing::warn!(%addr, "upgrade: a socket of the running limpet that no listener of this config binds: its clients are refused once that limpet stops");
+        }
+    }
+    // Each listener address: its sockets taken over, then as many more bound as there are
+    // workers to serve them (one socket each), all with `SO_REUSEPORT`.
+    let per_address = workers.max(1);
+    let mut sockets = Vec::new();
+    let mut taken = taken.into_iter();
+    for slot in &state.listeners {
+        let def = slot.def.load_full();
+        for addr in &def.bind {
+            let mut per_worker = taken.next().unwrap_or_default();
+            if per_worker.len() < per_address {
+                let at = per_worker
+                    .first()
+                    .and_then(|l| l.local_addr().ok())
+                    .unwrap_or(*addr);
+                match super::workers::bind_reuseport(at, per_address - per_worker.len()) {
+                    Ok(more) => per_worker.extend(more),
+                    // A socket taken over without `SO_REUSEPORT` (an older limpet's): the
+                    // sockets taken over serve on their own.
+                    Err(e) if !per_worker.is_empty() => tracing::info!(
+                        listener = %def.name, %at, error = %e,
+                        "upgrade: no more sockets beside the one taken over"
+                    ),
+                    Err(e) => return Err(bind_error(&def.name, addr, &e)),
+                }
+            }
+            let s = super::workers::Sockets::of(&runtime, &def.name, def.mode, per_worker)
+                .map_err(|e| bind_error(&def.name, addr, &e))?;
+            for l in &s.per_worker {
+                let h = crate::upgrade::HeldSocket::of(
+                    crate::upgrade::Role::Listener(def.name.clone()),
+                    *addr,
+                    l,
+                )
+                .map_err(|e| bind_error(&def.name, addr, &e))?;
+                held.push(h);
+            }
+            addrs.push((def.name.clone(), s.local));
+            sockets.push(s);
+        }
+    }
+    if workers > 1 {
+        let done = super::workers::spawn(&runtime, sockets, workers, &go_rx, &shutdown_rx)
             .map_err(|e| StartError(format!("cannot start worker threads: {e}")))?;
         tasks.spawn(async move {
             let _ = done.await;
         });
-    }
-    let mut bound = Vec::new();
-    for slot in state.listeners.iter().filter(|_| workers <= 1) {
-        let def = slot.def.load_full();
-        for addr in &def.bind {
-            let l = TcpListener::bind(addr).await.map_err(|e| {
-                StartError(format!("listener {:?}: cannot bind {addr}: {e}", def.name))
-            })?;
-            let local = l.local_addr().unwrap_or(*addr);
-            bound.push((def.name.clone(), def.mode, local, l));
+    } else {
+        for s in sockets {
+            for l in s.per_worker {
+                let l = TcpListener::from_std(l)
+                    .map_err(|e| StartError(format!("listener {:?}: cannot serve: {e}", s.name)))?;
+                tasks.spawn(super::workers::serve_socket(
+                    Arc::clone(&runtime),
+                    s.name.clone(),
+                    s.mode,
+                    l,
+                    go_rx.clone(),
+                    shutdown_rx.clone(),
+                    Arc::clone(&s.permits),
+                ));
+            }
         }
-    }
-    for (name, mode, local, l) in bound {
-        addrs.push((name.clone(), local));
-        let permits = super::listener_permits(&runtime, &name);
-        tasks.spawn(super::workers::serve_socket(
-            Arc::clone(&runtime),
-            name,
-            mode,
-            l,
-            shutdown_rx.clone(),
-            permits,
-        ));
     }
     for t in state.tables() {
         let table = Arc::clone(t);
@@ -301,19 +430,22 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
     }
     drop(state);
     // Health checks, the admin listener, drain tracking (node lifecycle).
-    super::start_lifecycle(&runtime, &mut tasks, &shutdown_rx)
+    super::start_lifecycle(&runtime, &mut tasks, &shutdown_rx, admin_socket, &go_rx)
         .await
         .map_err(StartError)?;
     Ok(Running {
         runtime,
         addrs,
+        go: go_tx,
         shutdown: shutdown_tx,
         tasks,
+        held: Arc::new(crate::upgrade::Held::new(held)),
     })
 }
 
-/// `limpet run`: loads the config, starts, prints `listening on ADDR (listener NAME)` per
-/// bound address on stdout, and runs until Ctrl-C or SIGTERM.
+/// `limpet run`: loads the config, starts (taking over from the limpet at `--upgrade-socket`
+/// if one listens there), prints `listening on ADDR (listener NAME)` per bound address on
+/// stdout, and runs until Ctrl-C or SIGTERM, or until a new limpet takes over.
 pub fn run(args: RunArgs) -> ExitCode {
     let cfg = match Config::load(&args.config) {
         Ok(c) => c,
@@ -331,13 +463,47 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let workers = super::workers::count(args.threads);
     let code = rt.block_on(async move {
-        let running = match start_with(cfg, workers).await {
+        // The config is valid by now: only then is a running limpet asked for its sockets.
+        let mut handover = match &args.upgrade_socket {
+            Some(path) => {
+                let path = path.clone();
+                match tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path)).await {
+                    Ok(Ok(h)) => h,
+                    Ok(Err(e)) => {
+                        eprintln!("limpet run: {e}");
+                        return ExitCode::from(2);
+                    }
+                    Err(e) => {
+                        eprintln!("limpet run: upgrade: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            None => None,
+        };
+        let running = match start_from(cfg, workers, handover.as_mut()).await {
             Ok(r) => r,
             Err(e) => {
+                // The running limpet, if any, never heard "ready": it serves on.
                 eprintln!("limpet run: {e}");
                 return ExitCode::from(2);
             }
         };
+        if let Some(h) = handover {
+            match tokio::task::spawn_blocking(move || h.complete()).await {
+                Ok(Ok(pid)) => tracing::info!(pid, "took over from the running limpet"),
+                Ok(Err(e)) => {
+                    // Nothing accepted yet: leaving now loses no client.
+                    eprintln!("limpet run: {e}");
+                    return ExitCode::FAILURE;
+                }
+                Err(e) => {
+                    eprintln!("limpet run: upgrade: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        running.serve();
         {
             let mut out = std::io::stdout().lock();
             for (name, addr) in running.addrs() {
@@ -348,11 +514,62 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
             let _ = out.flush();
         }
-        // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once.
-        super::serve_signals(running.runtime()).await;
-        tracing::info!("shutting down: draining listeners, saving snapshots");
+        // The next upgrade's socket: bound once this one serves.
+        let (upgrade_stop, upgrade_stopped) = watch::channel(false);
+        let mut next = None;
+        if let Some(path) = &args.upgrade_socket {
+            match crate::upgrade::listen(path) {
+                Ok(listener) => {
+                    let runtime = Arc::clone(running.runtime());
+                    let mut stop = upgrade_stopped;
+                    next = Some(tokio::spawn(crate::upgrade::hold(
+                        listener,
+                        running.held(),
+                        move || {
+                            let state = runtime.state();
+                            crate::upgrade::Offer {
+                                tables: state
+                                    .tables()
+                                    .map(|t| {
+                                        let bytes = limpet_core::table::encode_snapshot(
+                                            t.lock().store(),
+                                            now_ms(),
+                                        );
+                                        (t.def.name.clone(), bytes)
+                                    })
+                                    .collect(),
+                                nodes: state.node_admin_states(),
+                            }
+                        },
+                        async move { super::stopped(&mut stop).await },
+                    )));
+                }
+                Err(e) => tracing::error!(
+                    path = %path.display(), error = %e,
+                    "upgrade socket not bound: this limpet cannot be upgraded in place"
+                ),
+            }
+        }
+        // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once. Or a new limpet
+        // takes over: stop accepting, tell it so, drain.
+        let handed_over = tokio::select! {
+            () = super::serve_signals(running.runtime()) => false,
+            Ok(Some(ready)) = async { match next.as_mut() {
+                Some(n) => n.await,
+                None => std::future::pending().await,
+            } } => {
+                running.stop_accepting();
+                ready.confirm();
+                tracing::info!("a new limpet took over: draining, then exiting");
+                true
+            }
+        };
+        let _ = upgrade_stop.send(true);
+        if !handed_over {
+            tracing::info!("shutting down: draining listeners, saving snapshots");
+        }
         let runtime = Arc::clone(running.runtime());
-        let stop = running.stop();
+        let stop = running.stop_saving(!handed_over);
         tokio::pin!(stop);
         tokio::select! {
             () = &mut stop => {}

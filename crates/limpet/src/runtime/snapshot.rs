@@ -51,9 +51,28 @@ fn load_from(table: &Table, path: &Path) -> SnapshotLoad {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return SnapshotLoad::Missing,
         Err(e) => return SnapshotLoad::Skipped(format!("cannot read: {e}")),
     };
+    restore(table, &bytes)
+}
+
+/// Replaces `table`'s pins with those a running limpet handed over (`crate::upgrade`): its
+/// snapshot bytes, newer than any file. Bad bytes are reported and leave the table as it is.
+pub(crate) fn restore_handed(table: &Table, bytes: &[u8]) -> SnapshotLoad {
+    let result = restore(table, bytes);
+    match &result {
+        SnapshotLoad::Loaded { loaded, expired } => tracing::info!(
+            table = %table.def.name, loaded, expired, "pins taken over from the running limpet"
+        ),
+        other => tracing::warn!(
+            table = %table.def.name, result = ?other, "pins of the running limpet not taken over"
+        ),
+    }
+    result
+}
+
+fn restore(table: &Table, bytes: &[u8]) -> SnapshotLoad {
     let now = now_ms();
     let expire_ms = u64::try_from(table.def.expire.as_millis()).unwrap_or(u64::MAX);
-    match decode_snapshot(&bytes, now, expire_ms) {
+    match decode_snapshot(bytes, now, expire_ms) {
         Ok(snap) => {
             let mut t = table.lock();
             let report = t.store_mut().restore(&snap, now);

@@ -103,47 +103,51 @@ pub struct Sockets {
     pub mode: Mode,
     /// Where the sockets bound (port 0 resolved).
     pub local: SocketAddr,
-    /// One per worker, in worker order.
+    /// One per worker, in worker order (more than the workers when taken over from a
+    /// limpet with more: `spawn` deals them round the workers).
     pub per_worker: Vec<std::net::TcpListener>,
     /// The listener's `max_connections`, shared by all its sockets.
     pub permits: Arc<crate::net::ConnLimit>,
 }
 
-/// Binds `addr` of listener `name` once per worker.
-pub fn bind(
-    runtime: &Runtime,
-    name: &str,
-    mode: Mode,
-    addr: SocketAddr,
-    workers: usize,
-) -> std::io::Result<Sockets> {
-    let per_worker = bind_reuseport(addr, workers)?;
-    let local = per_worker
-        .first()
-        .and_then(|l| l.local_addr().ok())
-        .unwrap_or(addr);
-    Ok(Sockets {
-        name: name.to_owned(),
-        mode,
-        local,
-        per_worker,
-        permits: super::listener_permits(runtime, name),
-    })
+impl Sockets {
+    /// The sockets of listener `name` on one address (at least one), bound or taken over.
+    pub fn of(
+        runtime: &Runtime,
+        name: &str,
+        mode: Mode,
+        per_worker: Vec<std::net::TcpListener>,
+    ) -> std::io::Result<Self> {
+        let local = per_worker
+            .first()
+            .ok_or(std::io::ErrorKind::AddrNotAvailable)?
+            .local_addr()?;
+        Ok(Self {
+            name: name.to_owned(),
+            mode,
+            local,
+            per_worker,
+            permits: super::listener_permits(runtime, name),
+        })
+    }
 }
 
-/// Starts `workers` threads serving `sockets` until `shutdown` turns true. The returned
-/// receiver resolves once every worker has drained and exited.
+/// Starts `workers` threads serving `sockets` once `go` turns true, until `shutdown` turns
+/// true. The returned receiver resolves once every worker has drained and exited.
 pub fn spawn(
     runtime: &Arc<Runtime>,
     sockets: Vec<Sockets>,
     workers: usize,
+    go: &watch::Receiver<bool>,
     shutdown: &watch::Receiver<bool>,
 ) -> std::io::Result<oneshot::Receiver<()>> {
-    // Deal the sockets out: worker k takes the k-th socket of every listener address.
+    // Deal the sockets out: worker k takes the k-th socket of every listener address. An
+    // address taken over from a limpet with more workers has more sockets than workers, and
+    // every one is served (the kernel deals clients to each): they go round the workers.
     let mut per_worker: Vec<Vec<WorkerSocket>> = (0..workers).map(|_| Vec::new()).collect();
     for s in sockets {
         for (k, l) in s.per_worker.into_iter().enumerate() {
-            if let Some(w) = per_worker.get_mut(k) {
+            if let Some(w) = per_worker.get_mut(k % workers.max(1)) {
                 w.push(WorkerSocket {
                     name: s.name.clone(),
                     mode: s.mode,
@@ -157,10 +161,11 @@ pub fn spawn(
     let mut threads = Vec::with_capacity(workers);
     for (k, listeners) in per_worker.into_iter().enumerate() {
         let runtime = Arc::clone(runtime);
+        let go = go.clone();
         let shutdown = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name(format!("limpet-worker-{k}"))
-            .spawn(move || worker(k, &runtime, listeners, &shutdown))?;
+            .spawn(move || worker(k, &runtime, listeners, &go, &shutdown))?;
         threads.push(thread);
     }
     // Joining blocks: a thread of its own reports when all are gone.
@@ -188,6 +193,7 @@ fn worker(
     k: usize,
     runtime: &Arc<Runtime>,
     listeners: Vec<WorkerSocket>,
+    go: &watch::Receiver<bool>,
     shutdown: &watch::Receiver<bool>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -221,6 +227,7 @@ fn worker(
                 name,
                 mode,
                 listener,
+                go.clone(),
                 shutdown.clone(),
                 permits,
             ));
@@ -229,17 +236,24 @@ fn worker(
     });
 }
 
-/// Serves one socket of listener `name` until `stop` turns true, then drains it: the HTTP
-/// proxy or the TCP relay, as the listener's mode says. `permits` is the listener's
+/// Serves one socket of listener `name` from when `go` turns true (at once but during a
+/// takeover, `crate::upgrade`) until `stop` turns true, then drains it: the HTTP proxy or
+/// the TCP relay, as the listener's mode says. `permits` is the listener's
 /// `max_connections`, shared by all its sockets.
 pub(crate) async fn serve_socket(
     runtime: Arc<Runtime>,
     name: String,
     mode: Mode,
     listener: tokio::net::TcpListener,
+    mut go: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
     permits: Arc<crate::net::ConnLimit>,
 ) {
+    // Not yet ours to accept on: clients wait in the kernel's queue meanwhile.
+    tokio::select! {
+        r = go.wait_for(|g| *g) => if r.is_err() { return },
+        () = super::stopped(&mut stop) => return,
+    }
     match mode {
         Mode::Http => {
             let shutdown = async move {

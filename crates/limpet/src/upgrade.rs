@@ -1,0 +1,665 @@
+//! # Binary upgrades without a refused client: a new limpet takes over a running one's sockets
+//!
+//! `limpet run --upgrade-socket PATH` listens on a Unix socket at PATH. A second `limpet run`
+//! started with the same flag finds the first there and takes over from it, as HAProxy's
+//! `-x` and nginx's binary upgrade do:
+//!
+//! ```text
+//!  running limpet (the holder)                       new limpet (the taker)
+//!    Unix listener at PATH  ◄──── connect, "limpet-upgrade 1" ──── config loaded and valid
+//!    (peer of another uid: refused)
+//!    ── offer: header (JSON), the listening sockets' descriptors (SCM_RIGHTS), ──►
+//!       each table's pins (snapshot bytes), each node's admin state (MAINT, DRAIN)
+//!                                                    binds what it was not given, loads the
+//!                                                    pins and states, starts everything but
+//!                                                    does not accept yet
+//!    ◄──────────────────────────── "ready" ──────────
+//!    stops accepting (its copies of the sockets close; the sockets stay open in the taker),
+//!    ── "stopping" ──►                               accepts from now on; binds PATH anew
+//!    drains as on SIGTERM, exits (no snapshot save: the taker owns the files now)
+//! ```
+//!
+//! The listening sockets are the same kernel objects before and after, so a client connecting
+//! at any moment of an upgrade lands in an accept queue someone serves: none is refused, and
+//! none waiting in a queue is reset (closing a listener and binding it again refuses the first
+//! and resets the second). Until the holder reads "ready" nothing changes for it: a taker that
+//! fails (a bind error, a store it cannot reach) exits and the holder serves on. A taker that
+//! hears no "stopping" within [`HANDOVER_LIMIT`] exits without having accepted anything, so two
+//! processes never serve one socket with tables of their own.
+//!
+//! Only this module touches descriptors; it hands `std::net::TcpListener`s to the runtime.
+
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use limpet_core::AdminState;
+use serde::{Deserialize, Serialize};
+
+/// The first line a taker sends.
+const HELLO: &[u8] = b"limpet-upgrade 1\n";
+const READY: &[u8] = b"ready\n";
+const STOPPING: &[u8] = b"stopping\n";
+
+/// How long each step of a handover may take: the offer, the taker's start up to "ready",
+/// and the holder's "stopping". A step past it ends the handover and nothing changes hands.
+pub const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
+
+/// Descriptors per `SCM_RIGHTS` message (the kernel takes at most 253).
+const FDS_PER_MESSAGE: usize = 200;
+
+/// The largest offer header read (JSON: sockets, table names and lengths, node states).
+const MAX_HEADER: u64 = 16 << 20;
+
+/// What a listening socket serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// A listener of the config, by name.
+    Listener(String),
+    /// The admin listener.
+    Admin,
+}
+
+/// One listening socket as the holder describes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SocketEntry {
+    role: Role,
+    /// The address as the config wrote it (port 0 included).
+    configured: SocketAddr,
+    /// Where it is bound.
+    local: SocketAddr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TableEntry {
+    name: String,
+    len: u64,
+}
+
+/// A node's admin state, as it crosses (deadlines are wall-clock milliseconds, the same in
+/// both processes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum NodeAdmin {
+    Ready,
+    Drain {
+        deadline_ms: Option<u64>,
+        spread_ms: u64,
+    },
+    Maint,
+}
+
+impl From<AdminState> for NodeAdmin {
+    fn from(a: AdminState) -> Self {
+        match a {
+            AdminState::Ready => Self::Ready,
+            AdminState::Drain {
+                deadline_ms,
+                spread_ms,
+            } => Self::Drain {
+                deadline_ms,
+                spread_ms,
+            },
+            AdminState::Maint => Self::Maint,
+        }
+    }
+}
+
+impl From<NodeAdmin> for AdminState {
+    fn from(a: NodeAdmin) -> Self {
+        match a {
+            NodeAdmin::Ready => Self::Ready,
+            NodeAdmin::Drain {
+                deadline_ms,
+                spread_ms,
+            } => Self::Drain {
+                deadline_ms,
+                spread_ms,
+            },
+            NodeAdmin::Maint => Self::Maint,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    pid: u32,
+    sockets: Vec<SocketEntry>,
+    tables: Vec<TableEntry>,
+    nodes: Vec<(String, NodeAdmin)>,
+}
+
+/// A listening socket the running limpet serves, kept to be offered (a duplicate of the
+/// descriptor it accepts on).
+#[derive(Debug)]
+pub struct HeldSocket {
+    pub role: Role,
+    pub configured: SocketAddr,
+    pub local: SocketAddr,
+    pub fd: OwnedFd,
+}
+
+impl HeldSocket {
+    /// A duplicate of `listener` to offer later.
+    pub fn of(
+        role: Role,
+        configured: SocketAddr,
+        listener: &std::net::TcpListener,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            role,
+            configured,
+            local: listener.local_addr()?,
+            fd: OwnedFd::from(listener.try_clone()?),
+        })
+    }
+}
+
+/// The listening sockets a running limpet would hand over, until it stops: then they close
+/// with its listeners (a stopping limpet refuses new clients at once rather than leaving
+/// them queued on a socket nobody serves).
+#[derive(Debug, Default)]
+pub struct Held(std::sync::Mutex<Option<Vec<HeldSocket>>>);
+
+impl Held {
+    pub fn new(sockets: Vec<HeldSocket>) -> Self {
+        Self(std::sync::Mutex::new(Some(sockets)))
+    }
+
+    /// Closes every socket held (the listeners' own copies close as they stop).
+    pub fn close(&self) {
+        drop(self.lock().take());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<HeldSocket>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What the holder offers besides its sockets, read when a taker asks.
+#[derive(Debug, Default)]
+pub struct Offer {
+    /// Each table's pins (`encode_snapshot` bytes), by name.
+    pub tables: Vec<(String, Vec<u8>)>,
+    /// Each node's admin state, by name.
+    pub nodes: Vec<(String, AdminState)>,
+}
+
+/// What a taker received from the running limpet.
+#[derive(Debug)]
+pub struct Handover {
+    /// The running limpet's process id.
+    pub from_pid: u32,
+    sockets: Vec<(SocketEntry, OwnedFd)>,
+    /// Each table's pins, by name (`encode_snapshot` bytes).
+    pub tables: Vec<(String, Vec<u8>)>,
+    /// Each node's admin state, by name.
+    pub nodes: Vec<(String, AdminState)>,
+    conn: UnixStream,
+}
+
+impl Handover {
+    /// The sockets offered for `role` at the configured address `configured`: every one of
+    /// them (one per worker thread of the running limpet), to be served all, since the
+    /// kernel deals new clients to each. A port-0 address matches only a listener of the
+    /// same name (two such lines would otherwise be one).
+    pub fn take(
+        &mut self,
+        role: &Role,
+        configured: SocketAddr,
+    ) -> std::io::Result<Vec<std::net::TcpListener>> {
+        let matches = |e: &SocketEntry| {
+            e.configured == configured
+                && match (&e.role, role) {
+                    (Role::Admin, Role::Admin) => true,
+                    (Role::Listener(a), Role::Listener(b)) => configured.port() != 0 || a == b,
+                    _ => false,
+                }
+        };
+        let mut out = Vec::new();
+        let mut rest = Vec::with_capacity(self.sockets.len());
+        for (e, fd) in self.sockets.drain(..) {
+            if matches(&e) {
+                let l = std::net::TcpListener::from(fd);
+                l.set_nonblocking(true)?;
+                out.push(l);
+            } else {
+                rest.push((e, fd));
+            }
+        }
+        self.sockets = rest;
+        Ok(out)
+    }
+
+    /// The offered sockets no listener of this config took (closed with the handover: the
+    /// running limpet's clients on them are refused once it stops).
+    pub fn untaken(&self) -> Vec<SocketAddr> {
+        self.sockets.iter().map(|(e, _)| e.local).collect()
+    }
+
+    /// Tells the running limpet that this one is ready, and waits for it to stop accepting
+    /// (at most [`HANDOVER_LIMIT`]). Blocking. After `Ok`, this one must serve.
+    pub fn complete(mut self) -> Result<u32, String> {
+        self.sockets.clear();
+        let pid = self.from_pid;
+        let fail = |e: std::io::Error| {
+            format!("the running limpet (pid {pid}) did not confirm the handover: {e}")
+        };
+        self.conn.write_all(READY).map_err(fail)?;
+        let mut got = [0u8; STOPPING.len()];
+        read_exact_fds(&self.conn, &mut got, &mut Vec::new()).map_err(fail)?;
+        if got != STOPPING {
+            return Err(format!(
+                "the running limpet (pid {pid}) answered the handover with something else"
+            ));
+        }
+        Ok(pid)
+    }
+}
+
+/// Asks the limpet listening at `path` for its sockets. `Ok(None)` when none listens there
+/// (no file, or a file left by one that exited): start afresh. Blocking; each read and write
+/// bounded by [`HANDOVER_LIMIT`].
+pub fn take_over(path: &Path) -> Result<Option<Handover>, String> {
+    let conn = match UnixStream::connect(path) {
+        Ok(c) => c,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(format!("upgrade socket {}: {e}", path.display())),
+    };
+    let fail = |e: std::io::Error| {
+        format!(
+            "upgrade socket {}: taking over from the running limpet: {e}",
+            path.display()
+        )
+    };
+    conn.set_read_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
+    conn.set_write_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
+    (&conn).write_all(HELLO).map_err(fail)?;
+    receive(conn).map(Some).map_err(fail)
+}
+
+fn invalid(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned())
+}
+
+/// Reads an offer: the header, the descriptors, the tables' bytes.
+fn receive(conn: UnixStream) -> std::io::Result<Handover> {
+    let mut fds = Vec::new();
+    let mut len = [0u8; 8];
+    read_exact_fds(&conn, &mut len, &mut fds)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(invalid("offer header too large"));
+    }
+    let mut header = vec![0u8; usize::try_from(len).map_err(|_| invalid("offer header"))?];
+    read_exact_fds(&conn, &mut header, &mut fds)?;
+    let header: Header =
+        serde_json::from_slice(&header).map_err(|e| invalid(&format!("offer header: {e}")))?;
+    let mut marks = vec![0u8; header.sockets.len().div_ceil(FDS_PER_MESSAGE)];
+    read_exact_fds(&conn, &mut marks, &mut fds)?;
+    if fds.len() != header.sockets.len() {
+        return Err(invalid(&format!(
+            "offered {} sockets, received {} descriptors",
+            header.sockets.len(),
+            fds.len()
+        )));
+    }
+    let mut tables = Vec::with_capacity(header.tables.len());
+    for t in &header.tables {
+        let n = usize::try_from(t.len).map_err(|_| invalid("table length"))?;
+        // Grown as the bytes come, not allocated up front from a length the peer wrote.
+        let mut bytes = Vec::with_capacity(n.min(1 << 20));
+        let mut left = n;
+        let mut chunk = vec![0u8; n.min(1 << 16)];
+        while left > 0 {
+            let k = left.min(chunk.len());
+            let part = chunk.get_mut(..k).ok_or_else(|| invalid("table chunk"))?;
+            read_exact_fds(&conn, part, &mut fds)?;
+            bytes.extend_from_slice(part);
+            left -= k;
+        }
+        tables.push((t.name.clone(), bytes));
+    }
+    if fds.len() != header.sockets.len() {
+        return Err(invalid("descriptors past the sockets offered"));
+    }
+    let Header {
+        pid,
+        sockets,
+        nodes,
+        ..
+    } = header;
+    Ok(Handover {
+        from_pid: pid,
+        sockets: sockets.into_iter().zip(fds).collect(),
+        tables,
+        nodes: nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
+        conn,
+    })
+}
+
+/// Fills `buf` from `conn`, keeping every descriptor that comes with the bytes (every read
+/// goes through `recvmsg`, so none is dropped by a plain read).
+fn read_exact_fds(
+    conn: &UnixStream,
+    mut buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<()> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    while !buf.is_empty() {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(253))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let n = {
+            let mut iov = [IoSliceMut::new(buf)];
+            match recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+                Ok(r) => r.bytes,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(got) = msg {
+                fds.extend(got);
+            }
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = buf.get_mut(n..).unwrap_or_default();
+    }
+    Ok(())
+}
+
+/// Sends the offer to a taker that said hello, then waits for its "ready". `Ok` once it is
+/// ready: the caller stops accepting and then calls [`Ready::confirm`]. Blocking.
+fn offer(conn: &UnixStream, held: &Held, offer: &Offer) -> std::io::Result<()> {
+    let mut hello = [0u8; HELLO.len()];
+    read_exact_fds(conn, &mut hello, &mut Vec::new())?;
+    if hello != HELLO {
+        return Err(invalid("not a limpet upgrade"));
+    }
+    // Copies, so that a stop closing the held sockets never waits for a slow taker.
+    let sockets = held
+        .lock()
+        .as_deref()
+        .ok_or_else(|| invalid("this limpet is stopping"))?
+        .iter()
+        .map(|s| {
+            Ok(HeldSocket {
+                role: s.role.clone(),
+                configured: s.configured,
+                local: s.local,
+                fd: s.fd.try_clone()?,
+            })
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    send_offer(conn, &sockets, offer)?;
+    drop(sockets);
+    let mut ready = [0u8; READY.len()];
+    read_exact_fds(conn, &mut ready, &mut Vec::new())?;
+    if ready != READY {
+        return Err(invalid("the new limpet did not say ready"));
+    }
+    Ok(())
+}
+
+/// The offer itself: header, descriptors, tables.
+fn send_offer(conn: &UnixStream, sockets: &[HeldSocket], offer: &Offer) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let header = Header {
+        pid: std::process::id(),
+        sockets: sockets
+            .iter()
+            .map(|s| SocketEntry {
+                role: s.role.clone(),
+                configured: s.configured,
+                local: s.local,
+            })
+            .collect(),
+        tables: offer
+            .tables
+            .iter()
+            .map(|(name, b)| TableEntry {
+                name: name.clone(),
+                len: b.len() as u64,
+            })
+            .collect(),
+        nodes: offer
+            .nodes
+            .iter()
+            .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
+            .collect(),
+    };
+    let json = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
+    let mut w = conn;
+    w.write_all(&(json.len() as u64).to_le_bytes())?;
+    w.write_all(&json)?;
+    for chunk in sockets.chunks(FDS_PER_MESSAGE) {
+        let borrowed: Vec<_> = chunk
+            .iter()
+            .map(|s| std::os::fd::AsFd::as_fd(&s.fd))
+            .collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MESSAGE))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+            return Err(invalid("descriptors do not fit one message"));
+        }
+        let sent = sendmsg(
+            conn,
+            &[IoSlice::new(b"F")],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )?;
+        if sent != 1 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+    }
+    for (_, bytes) in &offer.tables {
+        w.write_all(bytes)?;
+    }
+    Ok(())
+}
+
+/// Binds the Unix listener at `path` for takers to come: made beside it and renamed over it
+/// (a file left by a limpet that exited, or the one a taker took over from), owner-only.
+pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let l = std::os::unix::net::UnixListener::bind(&tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::rename(&tmp, path)?;
+    l.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(l)
+}
+
+/// A taker that is ready: the caller stops accepting, then [`confirm`](Self::confirm)s.
+#[derive(Debug)]
+pub struct Ready {
+    conn: UnixStream,
+}
+
+impl Ready {
+    /// Tells the taker this limpet has stopped accepting: it accepts from now on.
+    pub fn confirm(self) {
+        if let Err(e) = (&self.conn).write_all(STOPPING) {
+            tracing::error!(error = %e, "upgrade: the new limpet did not take the confirmation");
+        }
+    }
+}
+
+/// Serves takers at `listener` until one is ready (returned) or `stop` resolves (`None`).
+/// `offer_now` is read for each taker. A taker of another user is refused; one that fails
+/// midway changes nothing, and the next may try.
+pub async fn hold(
+    listener: tokio::net::UnixListener,
+    sockets: std::sync::Arc<Held>,
+    offer_now: impl Fn() -> Offer + Send + Sync + 'static,
+    stop: impl std::future::Future<Output = ()>,
+) -> Option<Ready> {
+    let offer_now = std::sync::Arc::new(offer_now);
+    tokio::pin!(stop);
+    loop {
+        let conn = tokio::select! {
+            () = &mut stop => return None,
+            c = listener.accept() => match c {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "upgrade socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let own = rustix::process::getuid();
+        match rustix::net::sockopt::socket_peercred(&conn) {
+            Ok(c) if c.uid == own || c.uid.is_root() => {}
+            Ok(c) => {
+                tracing::warn!(
+                    uid = c.uid.as_raw(),
+                    "upgrade socket: a process of another user refused"
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade socket: peer unknown, refused");
+                continue;
+            }
+        }
+        let conn = match conn.into_std().and_then(|c| {
+            c.set_nonblocking(false)?;
+            c.set_read_timeout(Some(HANDOVER_LIMIT))?;
+            c.set_write_timeout(Some(HANDOVER_LIMIT))?;
+            Ok(c)
+        }) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade socket: connection unusable");
+                continue;
+            }
+        };
+        let sockets = std::sync::Arc::clone(&sockets);
+        let offer_now = std::sync::Arc::clone(&offer_now);
+        let exchange = tokio::task::spawn_blocking(move || {
+            let what = offer_now();
+            offer(&conn, &sockets, &what).map(|()| conn)
+        });
+        tokio::select! {
+            () = &mut stop => return None,
+            r = exchange => match r {
+                Ok(Ok(conn)) => return Some(Ready { conn }),
+                Ok(Err(e)) => tracing::warn!(error = %e, "upgrade: handover not completed; serving on"),
+                Err(e) => tracing::warn!(error = %e, "upgrade: handover task failed; serving on"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Everything crosses: a listening socket given over accepts what is sent to the address
+    /// the holder bound, with the tables' bytes and the nodes' states beside it; the
+    /// handover completes only once the holder confirms.
+    #[tokio::test]
+    async fn an_offer_carries_the_listening_sockets_the_pins_and_the_node_states() {
+        let dir = std::env::temp_dir().join(format!("limpet-upgrade-unit-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("up.sock");
+        let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let configured: SocketAddr = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
+        let at = web.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let held = vec![
+            HeldSocket::of(Role::Listener("web".into()), configured, &web)
+                .unwrap_or_else(|e| panic!("{e}")),
+        ];
+        drop(web);
+        let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
+        let drain = AdminState::Drain {
+            deadline_ms: Some(1_234),
+            spread_ms: 5,
+        };
+        let holder = tokio::spawn(hold(
+            listener,
+            std::sync::Arc::new(Held::new(held)),
+            move || Offer {
+                tables: vec![("t".into(), vec![7; 100_000])],
+                nodes: vec![("a".into(), AdminState::Maint), ("b".into(), drain)],
+            },
+            std::future::pending(),
+        ));
+        let p = path.clone();
+        let mut h = tokio::task::spawn_blocking(move || take_over(&p))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no holder found"));
+        assert_eq!(h.from_pid, std::process::id());
+        assert_eq!(h.tables, vec![("t".to_owned(), vec![7; 100_000])]);
+        assert_eq!(
+            h.nodes,
+            vec![("a".to_owned(), AdminState::Maint), ("b".to_owned(), drain)]
+        );
+        // Another name on a port-0 line is another listener.
+        assert!(h
+            .take(&Role::Listener("other".into()), configured)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_empty());
+        let mut got = h
+            .take(&Role::Listener("web".into()), configured)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.len(), 1);
+        assert!(h.untaken().is_empty());
+        let taken = got.pop().unwrap_or_else(|| panic!("no socket"));
+        assert_eq!(taken.local_addr().ok(), Some(at));
+        // The holder's own copy was closed above: the taken one is the live socket.
+        let client = std::net::TcpStream::connect(at).unwrap_or_else(|e| panic!("{e}"));
+        taken
+            .set_nonblocking(false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (accepted, _) = taken.accept().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(accepted.peer_addr().ok(), client.local_addr().ok());
+
+        let completing = tokio::task::spawn_blocking(move || h.complete());
+        let ready = holder
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("the holder saw no ready taker"));
+        ready.confirm();
+        let pid = completing
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pid, std::process::id());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// No limpet at the path (no file, or a file one left behind): start afresh.
+    #[test]
+    fn no_holder_at_the_path_is_a_fresh_start() {
+        let dir = std::env::temp_dir().join(format!("limpet-upgrade-none-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("up.sock");
+        assert!(matches!(take_over(&path), Ok(None)));
+        let stale = std::os::unix::net::UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}"));
+        drop(stale);
+        assert!(path.exists());
+        assert!(matches!(take_over(&path), Ok(None)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,400 @@
+//! Binary upgrades with the real binary: a `limpet run --upgrade-socket PATH` started while
+//! another listens at PATH takes over its listening sockets (the same kernel sockets, so no
+//! client is refused and none waiting in an accept queue is reset), its pins and its nodes'
+//! admin states; the old one drains and exits. A new one that cannot start changes nothing.
+
+mod admin_common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use admin_common::lifecycle::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NODES: [(&str, &str); 3] = [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")];
+
+/// A `limpet run` process, killed (SIGKILL, by its own handle) if the test ends early.
+struct Proc {
+    child: Child,
+    web: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// `limpet run -c FILE --upgrade-socket SOCK --threads N`, once it listens: its first
+    /// listener's and its admin listener's addresses. Its stderr goes to `tag.err` beside the
+    /// config.
+    async fn start(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> Proc {
+        let (child, started) = spawn(cfg, sock, threads, tag);
+        let (web, admin) = tokio::time::timeout(PATIENCE, started)
+            .await
+            .unwrap_or_else(|_| panic!("limpet {tag} did not start"))
+            .unwrap_or_else(|_| panic!("limpet {tag} exited before listening"));
+        Proc { child, web, admin }
+    }
+
+    /// Its exit, within `PATIENCE`.
+    async fn exited(&mut self) -> ExitStatus {
+        exited(&mut self.child).await
+    }
+
+    fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+}
+
+type Started = tokio::sync::oneshot::Receiver<(SocketAddr, SocketAddr)>;
+
+fn spawn(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> (Child, Started) {
+    let err =
+        std::fs::File::create(cfg.dir.join(format!("{tag}.err"))).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["run", "--threads", &threads.to_string(), "-c"])
+        .arg(&cfg.path)
+        .arg("--upgrade-socket")
+        .arg(sock)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("limpet run: {e}"));
+    let out = child.stdout.take();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut web = None;
+        let mut tx = Some(tx);
+        if let Some(out) = out {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening on ") {
+                    web = web.or_else(|| {
+                        rest.split(' ')
+                            .next()
+                            .and_then(|a| a.parse::<SocketAddr>().ok())
+                    });
+                }
+                if let Some(a) = line.strip_prefix("admin on ") {
+                    if let (Some(tx), Some(w), Ok(a)) = (tx.take(), web, a.parse::<SocketAddr>()) {
+                        let _ = tx.send((w, a));
+                    }
+                }
+            }
+        }
+    });
+    (child, rx)
+}
+
+async fn exited(child: &mut Child) -> ExitStatus {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(s) = child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "limpet did not exit within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn config(port: u16, extra_listener: &str) -> String {
+    format!(
+        "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n[[listeners]]\nname = \"web\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {port}\ntable = \"t\"\nmax_connections = 1\n\
+         timeouts = {{ drain = \"10s\" }}\n\n{extra_listener}[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    )
+}
+
+fn upgrade_socket(cfg: &ConfigFile) -> PathBuf {
+    cfg.dir.join("upgrade.sock")
+}
+
+/// One request on a connection of its own (`Connection: close`): the status line and the
+/// node that answered, or what went wrong.
+async fn get_once(web: SocketAddr) -> Result<String, String> {
+    let mut s = tokio::net::TcpStream::connect(web)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    answer(&mut s).await
+}
+
+/// The node named by the answer read to its end from `s` (which must be a 200).
+async fn answer(s: &mut tokio::net::TcpStream) -> Result<String, String> {
+    let mut buf = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut buf))
+        .await
+        .map_err(|_| "no answer".to_owned())?
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    if !text.starts_with("HTTP/1.1 200") {
+        return Err(format!("answered: {text:?}"));
+    }
+    text.lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-limpet-node: ")
+                .map(str::to_owned)
+        })
+        .ok_or_else(|| format!("no node named: {text:?}"))
+}
+
+/// The node `client_ip`'s request lands on (a fresh client from that address).
+async fn node_for(client_ip: &str, web: SocketAddr) -> String {
+    let ip: std::net::IpAddr = client_ip.parse().unwrap_or_else(|e| panic!("{e}"));
+    let c = reqwest::Client::builder()
+        .local_address(ip)
+        .timeout(PATIENCE)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = c
+        .get(format!("http://{web}/"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    r.headers()
+        .get("x-limpet-node")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn json(url: &str) -> serde_json::Value {
+    let r = bare_client()
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = r.bytes().await.unwrap_or_default();
+    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
+}
+
+/// A client that connected and sent its request while nobody accepted it: the old limpet at
+/// its listener's `max_connections` (1, held by a kept-alive client), so the client waits in
+/// the kernel's accept queue of the listening socket. A restart closes that socket and resets
+/// the client; an upgrade hands the socket to the new limpet, which serves the client. The new
+/// one runs two worker threads where the old ran one (a socket bound beside the one taken),
+/// and takes the admin listener too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_waiting_in_the_accept_queue_during_an_upgrade_is_served_by_the_new_limpet() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("upgrade-queue", &config(port, ""));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+
+    // The one slot, held by a kept-alive connection that was answered.
+    let mut holder = tokio::net::TcpStream::connect(old.web)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    holder
+        .write_all(b"GET / HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut head = [0u8; 12];
+    tokio::time::timeout(PATIENCE, holder.read_exact(&mut head))
+        .await
+        .unwrap_or_else(|_| panic!("the first client got no answer"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // The next client is accepted and waits for the slot in the old limpet (closed unanswered
+    // when it stops, as at any shutdown: not asserted). The one after waits in the kernel.
+    let _accepted = tokio::net::TcpStream::connect(old.web)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut queued = tokio::net::TcpStream::connect(old.web)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    queued
+        .write_all(b"GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let new = Proc::start(&cfg, &sock, 2, "new").await;
+    assert_eq!(new.web, old.web, "the new limpet listens where the old did");
+    assert_eq!(new.admin, old.admin, "and takes the admin listener too");
+    let served_by = answer(&mut queued)
+        .await
+        .unwrap_or_else(|e| panic!("the queued client: {e}"));
+    assert!(["a", "b", "c"].contains(&served_by.as_str()));
+    assert!(
+        old.exited().await.success(),
+        "the old limpet exits 0 once drained"
+    );
+    // The old one's slot went with it; the new one serves fresh clients on both workers'
+    // sockets, and its admin API answers.
+    drop(holder);
+    for _ in 0..20 {
+        get_once(new.web)
+            .await
+            .unwrap_or_else(|e| panic!("after the upgrade: {e}"));
+    }
+    let nodes = bare_client()
+        .get(new.admin_url("/api/v1/nodes"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the admin API after the upgrade: {e}"));
+    assert_eq!(nodes.status(), 200);
+}
+
+/// Clients keep coming, one connection each, while a new limpet takes over: every one is
+/// answered 200, by the old limpet before the handover and by the new one after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_under_load_refuses_no_client_and_fails_no_request() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new(
+        "upgrade-load",
+        &config(port, "").replace("max_connections = 1\n", ""),
+    );
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 2, "old").await;
+    let web = old.web;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let load = {
+        let stop = Arc::clone(&stop);
+        let answered = Arc::clone(&answered);
+        tokio::spawn(async move {
+            let mut errors = Vec::new();
+            // Bounded in count and time whatever happens.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            for _ in 0..20_000 {
+                if stop.load(Ordering::Relaxed) || tokio::time::Instant::now() > deadline {
+                    break;
+                }
+                match get_once(web).await {
+                    Ok(_) => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+            errors
+        })
+    };
+    // Under way before the upgrade starts.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while answered.load(Ordering::Relaxed) < 100 {
+        assert!(tokio::time::Instant::now() < deadline, "no load");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = answered.load(Ordering::Relaxed);
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert_eq!(new.web, web);
+    assert!(old.exited().await.success());
+    let at_exit = answered.load(Ordering::Relaxed);
+    eprintln!("answered: {before} before the new limpet started, {at_exit} when the old exited");
+    assert!(at_exit > before, "no client came during the upgrade");
+    // And on, served by the new one alone.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while answered.load(Ordering::Relaxed) < at_exit + 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "load stalled after the upgrade"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let errors = load.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        errors.is_empty(),
+        "{} of {} clients failed, first: {:?}",
+        errors.len(),
+        answered.load(Ordering::Relaxed) + errors.len() as u64,
+        errors.first()
+    );
+}
+
+/// The pins of a table with no snapshot file, and an operator's MAINT, cross the upgrade:
+/// the new limpet has them from the old one, not from a file. (A fresh table gives the
+/// rotation's first node first; the second client keeps the other node when it comes first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_and_a_node_in_maint_cross_an_upgrade() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("upgrade-pins", &config(port, ""));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    let first = node_for("127.0.0.91", old.web).await;
+    let second = node_for("127.0.0.92", old.web).await;
+    assert_ne!(first, second);
+    let maint = NODES
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n != first && *n != second)
+        .unwrap_or_else(|| panic!("a third node"));
+    let r = bare_client()
+        .post(old.admin_url(&format!("/api/v1/nodes/{maint}/state")))
+        .header("content-type", "application/json")
+        .body(r#"{"state":"maint"}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(old.exited().await.success());
+    assert_eq!(node_for("127.0.0.92", new.web).await, second);
+    assert_eq!(node_for("127.0.0.91", new.web).await, first);
+    let view = json(&new.admin_url(&format!("/api/v1/nodes/{maint}"))).await;
+    assert_eq!(view["admin"], "maint", "{view}");
+    assert_eq!(view["state"], "MAINT", "{view}");
+    for ip in ["127.0.0.93", "127.0.0.94", "127.0.0.95"] {
+        assert_ne!(node_for(ip, new.web).await, maint);
+    }
+}
+
+/// A new limpet that cannot start (a listener address another socket holds) exits 2 and the
+/// running one serves on, unchanged; a new one that can takes over afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_limpet_that_cannot_start_leaves_the_running_one_serving() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("upgrade-fail", &config(port, ""));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    let before = node_for("127.0.0.91", old.web).await;
+
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let taken = squatter.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let bad = ConfigFile::new(
+        "upgrade-fail-new",
+        &config(
+            port,
+            &format!("[[listeners]]\nname = \"more\"\nbind = \"{taken}\"\nnode_port = {port}\n\n"),
+        ),
+    );
+    let (mut failing, _) = spawn(&bad, &sock, 1, "bad");
+    let status = exited(&mut failing).await;
+    assert_eq!(status.code(), Some(2));
+    let err = std::fs::read_to_string(bad.dir.join("bad.err")).unwrap_or_default();
+    assert!(err.contains(&taken.to_string()), "{err}");
+
+    assert!(old
+        .child
+        .try_wait()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    assert_eq!(node_for("127.0.0.91", old.web).await, before);
+    get_once(old.web)
+        .await
+        .unwrap_or_else(|e| panic!("the running limpet after a failed upgrade: {e}"));
+
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(old.exited().await.success());
+    assert_eq!(node_for("127.0.0.91", new.web).await, before);
+}
