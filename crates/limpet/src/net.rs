@@ -348,6 +348,52 @@ impl Drop for ConnPermit {
     }
 }
 
+/// How many accept loops of a process's listeners are running, to tell when all have
+/// stopped: a limpet handing its sockets to a new one (`crate::upgrade`) confirms only
+/// then, so the two never accept on them at once.
+#[derive(Debug, Default)]
+pub struct AcceptLoops {
+    running: std::sync::atomic::AtomicUsize,
+    stopped: tokio::sync::Notify,
+}
+
+/// One accept loop counted in [`AcceptLoops`] until dropped.
+#[derive(Debug)]
+pub struct Accepting(Arc<AcceptLoops>);
+
+impl AcceptLoops {
+    /// Counts an accept loop until the guard drops (after the loop has returned).
+    pub fn enter(self: &Arc<Self>) -> Accepting {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        Accepting(Arc::clone(self))
+    }
+
+    /// Resolves once no accept loop runs, or after `limit`; `false` at the limit.
+    pub async fn all_stopped(&self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, async {
+            loop {
+                let stopped = self.stopped.notified();
+                tokio::pin!(stopped);
+                stopped.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                stopped.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.stopped.notify_waiters();
+        }
+    }
+}
+
 /// The accept loop of every listener (HTTP, TCP, admin): until `shutdown` resolves, takes
 /// the next client and then one permit of `permits` (a listener's `max_connections`), and
 /// hands both to `serve`, which spawns what serves it. At the limit, the client just accepted

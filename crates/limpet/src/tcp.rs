@@ -809,6 +809,7 @@ pub async fn serve_on(
     let bound = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let accepting = runtime.state().lifecycle.accepting.enter();
     crate::net::accept_loop(
         listener,
         &name,
@@ -835,6 +836,7 @@ pub async fn serve_on(
         },
     )
     .await;
+    drop(accepting);
     let drain = {
         let state = runtime.state();
         state

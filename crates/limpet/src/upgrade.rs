@@ -6,16 +6,20 @@
 //!
 //! ```text
 //!  running limpet (the holder)                       new limpet (the taker)
-//!    Unix listener at PATH  ◄──── connect, "limpet-upgrade 1" ──── config loaded and valid
-//!    (peer of another uid: refused)
-//!    ── offer: header (JSON), the listening sockets' descriptors (SCM_RIGHTS), ──►
-//!       each table's pins (snapshot bytes), each node's admin state (MAINT, DRAIN)
-//!                                                    binds what it was not given, loads the
-//!                                                    pins and states, starts everything but
-//!                                                    does not accept yet
+//!    Unix listener at PATH  ◄──── connect, "limpet-upgrade 1" ──── config loaded and valid;
+//!    (a peer of another user: refused)                             the holder must be of
+//!                                                                  its user too
+//!    ── offer: header (JSON) and the listening sockets' descriptors (SCM_RIGHTS) ──►
+//!                                                    takes those its config binds (none:
+//!                                                    refused, the wrong limpet), binds the
+//!                                                    others, starts everything but does not
+//!                                                    accept yet (at most HANDOVER_LIMIT)
 //!    ◄──────────────────────────── "ready" ──────────
-//!    stops accepting (its copies of the sockets close; the sockets stay open in the taker),
-//!    ── "stopping" ──►                               accepts from now on; binds PATH anew
+//!    stops accepting (its copies of the sockets close; they stay open in the taker) and
+//!    waits for its accept loops to end; then reads its state as it is now
+//!    ── "stopping", then each table's pins (snapshot bytes) and each node's admin state ──►
+//!                                                    loads them, accepts from now on, binds
+//!                                                    PATH anew for the next upgrade
 //!    drains as on SIGTERM, exits (no snapshot save: the taker owns the files now)
 //! ```
 //!
@@ -25,7 +29,12 @@
 //! and resets the second). Until the holder reads "ready" nothing changes for it: a taker that
 //! fails (a bind error, a store it cannot reach) exits and the holder serves on. A taker that
 //! hears no "stopping" within [`HANDOVER_LIMIT`] exits without having accepted anything, so two
-//! processes never serve one socket with tables of their own.
+//! processes never serve one socket with tables of their own. The pins and states cross once
+//! the holder has stopped accepting, so none it made meanwhile is left behind (but for what
+//! its requests still in flight do while it drains).
+//!
+//! Linux only (`SO_PEERCRED`, `SCM_RIGHTS` with close-on-exec), like the rest of limpet's
+//! socket handling.
 //!
 //! Only this module touches descriptors; it hands `std::net::TcpListener`s to the runtime.
 
@@ -124,10 +133,16 @@ impl From<NodeAdmin> for AdminState {
     }
 }
 
+/// The offer: who offers, and the sockets whose descriptors follow.
 #[derive(Debug, Serialize, Deserialize)]
 struct Header {
     pid: u32,
     sockets: Vec<SocketEntry>,
+}
+
+/// The holder's state once it has stopped accepting; the tables' bytes follow.
+#[derive(Debug, Serialize, Deserialize)]
+struct Last {
     tables: Vec<TableEntry>,
     nodes: Vec<(String, NodeAdmin)>,
 }
@@ -181,9 +196,9 @@ impl Held {
     }
 }
 
-/// What the holder offers besides its sockets, read when a taker asks.
-#[derive(Debug, Default)]
-pub struct Offer {
+/// The holder's state, read once it has stopped accepting, sent with "stopping".
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct State {
     /// Each table's pins (`encode_snapshot` bytes), by name.
     pub tables: Vec<(String, Vec<u8>)>,
     /// Each node's admin state, by name.
@@ -196,10 +211,6 @@ pub struct Handover {
     /// The running limpet's process id.
     pub from_pid: u32,
     sockets: Vec<(SocketEntry, OwnedFd)>,
-    /// Each table's pins, by name (`encode_snapshot` bytes).
-    pub tables: Vec<(String, Vec<u8>)>,
-    /// Each node's admin state, by name.
-    pub nodes: Vec<(String, AdminState)>,
     conn: UnixStream,
 }
 
@@ -236,29 +247,39 @@ impl Handover {
         Ok(out)
     }
 
+    /// How many listener sockets (not the admin one) were offered.
+    pub fn listeners_offered(&self) -> usize {
+        self.sockets
+            .iter()
+            .filter(|(e, _)| matches!(e.role, Role::Listener(_)))
+            .count()
+    }
+
     /// The offered sockets no listener of this config took (closed with the handover: the
     /// running limpet's clients on them are refused once it stops).
     pub fn untaken(&self) -> Vec<SocketAddr> {
         self.sockets.iter().map(|(e, _)| e.local).collect()
     }
 
-    /// Tells the running limpet that this one is ready, and waits for it to stop accepting
-    /// (at most [`HANDOVER_LIMIT`]). Blocking. After `Ok`, this one must serve.
-    pub fn complete(mut self) -> Result<u32, String> {
+    /// Tells the running limpet that this one is ready, waits for it to stop accepting (at
+    /// most [`HANDOVER_LIMIT`]), and returns its pins and node states as they are then.
+    /// Blocking. After `Ok`, this one must load them and serve.
+    pub fn complete(mut self) -> Result<State, String> {
         self.sockets.clear();
         let pid = self.from_pid;
         let fail = |e: std::io::Error| {
             format!("the running limpet (pid {pid}) did not confirm the handover: {e}")
         };
-        self.conn.write_all(READY).map_err(fail)?;
+        (&self.conn).write_all(READY).map_err(fail)?;
+        let mut fds = Vec::new();
         let mut got = [0u8; STOPPING.len()];
-        read_exact_fds(&self.conn, &mut got, &mut Vec::new()).map_err(fail)?;
+        read_exact_fds(&self.conn, &mut got, &mut fds).map_err(fail)?;
         if got != STOPPING {
             return Err(format!(
                 "the running limpet (pid {pid}) answered the handover with something else"
             ));
         }
-        Ok(pid)
+        receive_state(&self.conn, &mut fds).map_err(fail)
     }
 }
 
@@ -284,6 +305,16 @@ pub fn take_over(path: &Path) -> Result<Option<Handover>, String> {
             path.display()
         )
     };
+    // Sockets, pins and states are taken from a process of this user (or root) only: a
+    // socket at PATH made by anyone else could hand over listeners it keeps copies of.
+    let peer = rustix::net::sockopt::socket_peercred(&conn).map_err(|e| fail(e.into()))?;
+    if !(peer.uid == rustix::process::getuid() || peer.uid.is_root()) {
+        return Err(format!(
+            "upgrade socket {}: its process runs as uid {}, not this one's: not taking over",
+            path.display(),
+            peer.uid.as_raw()
+        ));
+    }
     conn.set_read_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
     conn.set_write_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
     (&conn).write_all(HELLO).map_err(fail)?;
@@ -316,37 +347,47 @@ fn receive(conn: UnixStream) -> std::io::Result<Handover> {
             fds.len()
         )));
     }
-    let mut tables = Vec::with_capacity(header.tables.len());
-    for t in &header.tables {
+    Ok(Handover {
+        from_pid: header.pid,
+        sockets: header.sockets.into_iter().zip(fds).collect(),
+        conn,
+    })
+}
+
+/// Reads the holder's last state: its header, then each table's bytes.
+fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<State> {
+    let mut len = [0u8; 8];
+    read_exact_fds(conn, &mut len, fds)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(invalid("state header too large"));
+    }
+    let mut header = vec![0u8; usize::try_from(len).map_err(|_| invalid("state header"))?];
+    read_exact_fds(conn, &mut header, fds)?;
+    let last: Last =
+        serde_json::from_slice(&header).map_err(|e| invalid(&format!("state header: {e}")))?;
+    let mut tables = Vec::with_capacity(last.tables.len());
+    for t in &last.tables {
         let n = usize::try_from(t.len).map_err(|_| invalid("table length"))?;
         // Grown as the bytes come, not allocated up front from a length the peer wrote.
         let mut bytes = Vec::with_capacity(n.min(1 << 20));
-        let mut left = n;
         let mut chunk = vec![0u8; n.min(1 << 16)];
+        let mut left = n;
         while left > 0 {
             let k = left.min(chunk.len());
             let part = chunk.get_mut(..k).ok_or_else(|| invalid("table chunk"))?;
-            read_exact_fds(&conn, part, &mut fds)?;
+            read_exact_fds(conn, part, fds)?;
             bytes.extend_from_slice(part);
             left -= k;
         }
         tables.push((t.name.clone(), bytes));
     }
-    if fds.len() != header.sockets.len() {
-        return Err(invalid("descriptors past the sockets offered"));
+    if !fds.is_empty() {
+        return Err(invalid("descriptors with the state"));
     }
-    let Header {
-        pid,
-        sockets,
-        nodes,
-        ..
-    } = header;
-    Ok(Handover {
-        from_pid: pid,
-        sockets: sockets.into_iter().zip(fds).collect(),
+    Ok(State {
         tables,
-        nodes: nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
-        conn,
+        nodes: last.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
     })
 }
 
@@ -384,7 +425,7 @@ fn read_exact_fds(
 
 /// Sends the offer to a taker that said hello, then waits for its "ready". `Ok` once it is
 /// ready: the caller stops accepting and then calls [`Ready::confirm`]. Blocking.
-fn offer(conn: &UnixStream, held: &Held, offer: &Offer) -> std::io::Result<()> {
+fn offer(conn: &UnixStream, held: &Held) -> std::io::Result<()> {
     let mut hello = [0u8; HELLO.len()];
     read_exact_fds(conn, &mut hello, &mut Vec::new())?;
     if hello != HELLO {
@@ -405,7 +446,7 @@ fn offer(conn: &UnixStream, held: &Held, offer: &Offer) -> std::io::Result<()> {
             })
         })
         .collect::<std::io::Result<Vec<_>>>()?;
-    send_offer(conn, &sockets, offer)?;
+    send_offer(conn, &sockets)?;
     drop(sockets);
     let mut ready = [0u8; READY.len()];
     read_exact_fds(conn, &mut ready, &mut Vec::new())?;
@@ -415,8 +456,8 @@ fn offer(conn: &UnixStream, held: &Held, offer: &Offer) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The offer itself: header, descriptors, tables.
-fn send_offer(conn: &UnixStream, sockets: &[HeldSocket], offer: &Offer) -> std::io::Result<()> {
+/// The offer itself: the header, then the descriptors.
+fn send_offer(conn: &UnixStream, sockets: &[HeldSocket]) -> std::io::Result<()> {
     use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     let header = Header {
         pid: std::process::id(),
@@ -427,19 +468,6 @@ fn send_offer(conn: &UnixStream, sockets: &[HeldSocket], offer: &Offer) -> std::
                 configured: s.configured,
                 local: s.local,
             })
-            .collect(),
-        tables: offer
-            .tables
-            .iter()
-            .map(|(name, b)| TableEntry {
-                name: name.clone(),
-                len: b.len() as u64,
-            })
-            .collect(),
-        nodes: offer
-            .nodes
-            .iter()
-            .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
             .collect(),
     };
     let json = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
@@ -466,7 +494,32 @@ fn send_offer(conn: &UnixStream, sockets: &[HeldSocket], offer: &Offer) -> std::
             return Err(std::io::ErrorKind::WriteZero.into());
         }
     }
-    for (_, bytes) in &offer.tables {
+    Ok(())
+}
+
+/// "stopping", then the state: its header and each table's bytes.
+fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
+    let last = Last {
+        tables: state
+            .tables
+            .iter()
+            .map(|(name, b)| TableEntry {
+                name: name.clone(),
+                len: b.len() as u64,
+            })
+            .collect(),
+        nodes: state
+            .nodes
+            .iter()
+            .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
+            .collect(),
+    };
+    let json = serde_json::to_vec(&last).map_err(std::io::Error::other)?;
+    let mut w = conn;
+    w.write_all(STOPPING)?;
+    w.write_all(&(json.len() as u64).to_le_bytes())?;
+    w.write_all(&json)?;
+    for (_, bytes) in &state.tables {
         w.write_all(bytes)?;
     }
     Ok(())
@@ -479,6 +532,17 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".{}.tmp", std::process::id()));
     let tmp = PathBuf::from(tmp);
+    // Only a socket is replaced (one a limpet left, or the one just taken over from): a
+    // mistyped path must not cost a file.
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        _ => {}
+    }
     let _ = std::fs::remove_file(&tmp);
     let l = std::os::unix::net::UnixListener::bind(&tmp)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
@@ -494,24 +558,24 @@ pub struct Ready {
 }
 
 impl Ready {
-    /// Tells the taker this limpet has stopped accepting: it accepts from now on.
-    pub fn confirm(self) {
-        if let Err(e) = (&self.conn).write_all(STOPPING) {
+    /// Tells the taker this limpet has stopped accepting, with its `state` as it is now: the
+    /// taker accepts from then on. Blocking.
+    pub fn confirm(self, state: &State) {
+        if let Err(e) = send_state(&self.conn, state) {
             tracing::error!(error = %e, "upgrade: the new limpet did not take the confirmation");
         }
     }
 }
 
 /// Serves takers at `listener` until one is ready (returned) or `stop` resolves (`None`).
-/// `offer_now` is read for each taker. A taker of another user is refused; one that fails
-/// midway changes nothing, and the next may try.
+/// A taker of another user is refused; one that fails midway changes nothing, and the next
+/// may try. A stop during an exchange ends it at once (the taker then gives its copies of
+/// the sockets up rather than holding them to its limit).
 pub async fn hold(
     listener: tokio::net::UnixListener,
     sockets: std::sync::Arc<Held>,
-    offer_now: impl Fn() -> Offer + Send + Sync + 'static,
     stop: impl std::future::Future<Output = ()>,
 ) -> Option<Ready> {
-    let offer_now = std::sync::Arc::new(offer_now);
     tokio::pin!(stop);
     loop {
         let conn = tokio::select! {
@@ -552,14 +616,16 @@ pub async fn hold(
                 continue;
             }
         };
+        let Ok(end) = conn.try_clone() else {
+            continue;
+        };
         let sockets = std::sync::Arc::clone(&sockets);
-        let offer_now = std::sync::Arc::clone(&offer_now);
-        let exchange = tokio::task::spawn_blocking(move || {
-            let what = offer_now();
-            offer(&conn, &sockets, &what).map(|()| conn)
-        });
+        let exchange = tokio::task::spawn_blocking(move || offer(&conn, &sockets).map(|()| conn));
         tokio::select! {
-            () = &mut stop => return None,
+            () = &mut stop => {
+                let _ = end.shutdown(std::net::Shutdown::Both);
+                return None;
+            }
             r = exchange => match r {
                 Ok(Ok(conn)) => return Some(Ready { conn }),
                 Ok(Err(e)) => tracing::warn!(error = %e, "upgrade: handover not completed; serving on"),
@@ -574,10 +640,10 @@ mod tests {
     use super::*;
 
     /// Everything crosses: a listening socket given over accepts what is sent to the address
-    /// the holder bound, with the tables' bytes and the nodes' states beside it; the
-    /// handover completes only once the holder confirms.
+    /// the holder bound; the tables' bytes and the nodes' states come with the holder's
+    /// confirmation, as they are when it gives it.
     #[tokio::test]
-    async fn an_offer_carries_the_listening_sockets_the_pins_and_the_node_states() {
+    async fn an_offer_carries_the_listening_sockets_then_the_pins_and_the_node_states() {
         let dir = std::env::temp_dir().join(format!("limpet-upgrade-unit-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join("up.sock");
@@ -590,17 +656,9 @@ mod tests {
         ];
         drop(web);
         let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
-        let drain = AdminState::Drain {
-            deadline_ms: Some(1_234),
-            spread_ms: 5,
-        };
         let holder = tokio::spawn(hold(
             listener,
             std::sync::Arc::new(Held::new(held)),
-            move || Offer {
-                tables: vec![("t".into(), vec![7; 100_000])],
-                nodes: vec![("a".into(), AdminState::Maint), ("b".into(), drain)],
-            },
             std::future::pending(),
         ));
         let p = path.clone();
@@ -610,11 +668,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no holder found"));
         assert_eq!(h.from_pid, std::process::id());
-        assert_eq!(h.tables, vec![("t".to_owned(), vec![7; 100_000])]);
-        assert_eq!(
-            h.nodes,
-            vec![("a".to_owned(), AdminState::Maint), ("b".to_owned(), drain)]
-        );
+        assert_eq!(h.listeners_offered(), 1);
         // Another name on a port-0 line is another listener.
         assert!(h
             .take(&Role::Listener("other".into()), configured)
@@ -640,12 +694,34 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("the holder saw no ready taker"));
-        ready.confirm();
-        let pid = completing
+        let drain = AdminState::Drain {
+            deadline_ms: Some(1_234),
+            spread_ms: 5,
+        };
+        let state = move || State {
+            tables: vec![("t".into(), vec![7; 100_000]), ("u".into(), Vec::new())],
+            nodes: vec![("a".into(), AdminState::Maint), ("b".into(), drain)],
+        };
+        tokio::task::spawn_blocking(move || ready.confirm(&state()))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let got = completing
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(pid, std::process::id());
+        assert_eq!(got, state());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A path that holds something other than a socket is not replaced.
+    #[test]
+    fn the_upgrade_socket_replaces_a_socket_only() {
+        let dir = std::env::temp_dir().join(format!("limpet-upgrade-file-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("limpet.toml");
+        std::fs::write(&path, "kept").unwrap_or_else(|e| panic!("{e}"));
+        assert!(listen(&path).is_err());
+        assert_eq!(std::fs::read_to_string(&path).ok().as_deref(), Some("kept"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -18,6 +18,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NODES: [(&str, &str); 3] = [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")];
 
+/// A child killed (SIGKILL, by its own handle) and reaped when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A `limpet run` process, killed (SIGKILL, by its own handle) if the test ends early.
 struct Proc {
     child: Child,
@@ -378,8 +388,8 @@ async fn a_new_limpet_that_cannot_start_leaves_the_running_one_serving() {
             &format!("[[listeners]]\nname = \"more\"\nbind = \"{taken}\"\nnode_port = {port}\n\n"),
         ),
     );
-    let (mut failing, _) = spawn(&bad, &sock, 1, "bad");
-    let status = exited(&mut failing).await;
+    let mut failing = Guard(spawn(&bad, &sock, 1, "bad").0);
+    let status = exited(&mut failing.0).await;
     assert_eq!(status.code(), Some(2));
     let err = std::fs::read_to_string(bad.dir.join("bad.err")).unwrap_or_default();
     assert!(err.contains(&taken.to_string()), "{err}");
@@ -397,4 +407,59 @@ async fn a_new_limpet_that_cannot_start_leaves_the_running_one_serving() {
     let new = Proc::start(&cfg, &sock, 1, "new").await;
     assert!(old.exited().await.success());
     assert_eq!(node_for("127.0.0.91", new.web).await, before);
+}
+
+/// An upgrade socket path shared by mistake: a limpet whose config binds none of the running
+/// one's listener addresses does not take over (that would stop another service). It exits
+/// 2 and the running one serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limpet_of_another_config_does_not_take_over() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("upgrade-other", &config(port, ""));
+    let sock = upgrade_socket(&cfg);
+    let old = Proc::start(&cfg, &sock, 1, "old").await;
+    let other = ConfigFile::new(
+        "upgrade-other-new",
+        &config(port, "").replace("name = \"web\"", "name = \"print\""),
+    );
+    let mut refused = Guard(spawn(&other, &sock, 1, "other").0);
+    assert_eq!(exited(&mut refused.0).await.code(), Some(2));
+    let err = std::fs::read_to_string(other.dir.join("other.err")).unwrap_or_default();
+    assert!(
+        err.contains("serves none of this config's listener addresses"),
+        "{err}"
+    );
+    let mut old = old;
+    assert!(old
+        .child
+        .try_wait()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    for _ in 0..5 {
+        get_once(old.web)
+            .await
+            .unwrap_or_else(|e| panic!("the running limpet after a refused takeover: {e}"));
+    }
+}
+
+/// The admin listener is bound without `SO_REUSEPORT`: one on a listener's address is refused
+/// at start (were it bound like the listeners, the kernel would deal that address's clients
+/// between the proxy and the admin API).
+#[tokio::test]
+async fn an_admin_listener_on_a_listener_s_address_is_refused_at_start() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let at = probe.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    drop(probe);
+    let text = config(port, "")
+        .replace("bind = \"127.0.0.1:0\"", &format!("bind = \"{at}\""))
+        .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{at}\""));
+    let cfg = ConfigFile::new("upgrade-admin-clash", &text);
+    match limpet::runtime::start(cfg.load()).await {
+        Ok(running) => {
+            running.stop().await;
+            panic!("started with the admin listener on the web listener's address {at}");
+        }
+        Err(e) => assert!(e.to_string().contains("admin listener"), "{e}"),
+    }
 }

@@ -57,6 +57,8 @@ pub struct Lifecycle {
     /// traffic or the operator is not under it: that can still land between the read and
     /// the record, a window of microseconds.)
     pub(crate) slow_answers: Mutex<()>,
+    /// The listeners' accept loops running now (a handover to a new limpet waits for none).
+    pub accepting: Arc<crate::net::AcceptLoops>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,6 +77,7 @@ impl Lifecycle {
             reloading: tokio::sync::Mutex::new(None),
             conn_limits: Mutex::new(std::collections::HashMap::new()),
             slow_answers: Mutex::new(()),
+            accepting: Arc::default(),
         })
     }
 

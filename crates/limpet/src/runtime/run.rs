@@ -133,6 +133,42 @@ impl Running {
         Arc::clone(&self.held)
     }
 
+    /// What a new limpet taking over gets once this one has stopped accepting: every
+    /// table's pins and every node's admin state, as they are now.
+    pub fn handover_state(&self) -> crate::upgrade::State {
+        let state = self.runtime.state();
+        crate::upgrade::State {
+            tables: state
+                .tables()
+                .map(|t| {
+                    let bytes = limpet_core::table::encode_snapshot(t.lock().store(), now_ms());
+                    (t.def.name.clone(), bytes)
+                })
+                .collect(),
+            nodes: state.node_admin_states(),
+        }
+    }
+
+    /// Loads what a running limpet handed over with its confirmation: its pins (newer than
+    /// any snapshot file) and its operator's MAINT and DRAIN, which hold on here.
+    pub fn take_state(&self, handed: &crate::upgrade::State) {
+        let state = self.runtime.state();
+        for (name, bytes) in &handed.tables {
+            if let Some(t) = state.table(name) {
+                super::snapshot::restore_handed(t, bytes);
+            }
+        }
+        for (node, admin) in &handed.nodes {
+            let _ = state.set_admin(node, *admin);
+        }
+    }
+
+    /// Resolves once every listener's accept loop has returned (at most `limit`).
+    pub async fn accepting_stopped(&self, limit: Duration) -> bool {
+        let accepting = Arc::clone(&self.runtime.state().lifecycle.accepting);
+        accepting.all_stopped(limit).await
+    }
+
     /// Stops accepting: the listeners close their sockets and drain ([`stop`](Self::stop)
     /// waits for that).
     pub fn stop_accepting(&self) {
@@ -212,9 +248,10 @@ pub async fn start_with(config: Config, workers: usize) -> Result<Running, Start
     Ok(running)
 }
 
-/// [`start_with`], taking over what `handover` brings from a running limpet (its listening
-/// sockets, pins and node admin states; `crate::upgrade`), and not accepting until
-/// [`Running::serve`]: everything that can fail has been done by then.
+/// [`start_with`], taking over the listening sockets `handover` brings from a running limpet
+/// (`crate::upgrade`), and not accepting until [`Running::serve`]: everything that can fail
+/// has been done by then. Its pins and node states come later, with its confirmation
+/// ([`Running::take_state`]).
 pub async fn start_from(
     config: Config,
     workers: usize,
@@ -243,18 +280,6 @@ pub async fn start_from(
     };
     for t in state.tables() {
         load_snapshot(t);
-    }
-    if let Some(h) = handover.as_deref() {
-        // The running limpet's pins are newer than any file, and its operator's MAINT and
-        // DRAIN still hold.
-        for (name, bytes) in &h.tables {
-            if let Some(t) = state.table(name) {
-                super::snapshot::restore_handed(t, bytes);
-            }
-        }
-        for (node, admin) in &h.nodes {
-            let _ = state.set_admin(node, *admin);
-        }
     }
     let runtime = Runtime::new(state);
     let state = runtime.state();
@@ -287,37 +312,15 @@ pub async fn start_from(
             taken.push(got);
         }
     }
-    let admin_def = state.lifecycle.def().admin.clone();
-    let admin_socket = match &admin_def {
-        Some(admin) => {
-            let got = match handover.as_deref_mut() {
-                Some(h) => h
-                    .take(&crate::upgrade::Role::Admin, admin.listen)
-                    .map_err(|e| StartError(format!("admin listener: {e}")))?,
-                None => Vec::new(),
-            };
-            let l = match got.into_iter().next() {
-                Some(l) => l,
-                None => super::workers::refuse_if_listened(admin.listen)
-                    .and_then(|()| super::workers::bind_reuseport(admin.listen, 1))
-                    .and_then(|mut v| {
-                        v.pop()
-                            .ok_or_else(|| std::io::ErrorKind::AddrNotAvailable.into())
-                    })
-                    .map_err(|e| {
-                        StartError(format!("admin listener: cannot bind {}: {e}", admin.listen))
-                    })?,
-            };
-            let h = crate::upgrade::HeldSocket::of(crate::upgrade::Role::Admin, admin.listen, &l)
-                .map_err(|e| StartError(format!("admin listener: {e}")))?;
-            held.push(h);
-            Some(l)
-        }
-        None => None,
-    };
     if let Some(h) = handover.as_deref() {
-        for addr in h.untaken() {
-            tracing::warn!(%addr, "upgrade: a socket of the running limpet that no listener of this config binds: its clients are refused once that limpet stops");
+        // A running limpet none of whose listeners this config has is another service's
+        // (an upgrade socket path shared by mistake): taking over would stop it.
+        if taken.iter().all(Vec::is_empty) && h.listeners_offered() > 0 {
+            return Err(StartError(format!(
+                "the limpet at the upgrade socket (pid {}) serves none of this config's \
+                 listener addresses: not taking over from it",
+                h.from_pid
+            )));
         }
     }
     // Each listener address: its sockets taken over, then as many more bound as there are
@@ -334,7 +337,14 @@ pub async fn start_from(
                     .first()
                     .and_then(|l| l.local_addr().ok())
                     .unwrap_or(*addr);
-                match super::workers::bind_reuseport(at, per_address - per_worker.len()) {
+                // Beside sockets taken over, not listening until this limpet may accept:
+                // a listening one would take a share of new clients at once.
+                let listen = per_worker.is_empty();
+                match super::workers::bind_reuseport_with(
+                    at,
+                    per_address - per_worker.len(),
+                    listen,
+                ) {
                     Ok(more) => per_worker.extend(more),
                     // A socket taken over without `SO_REUSEPORT` (an older limpet's): the
                     // sockets taken over serve on their own.
@@ -358,6 +368,35 @@ pub async fn start_from(
             }
             addrs.push((def.name.clone(), s.local));
             sockets.push(s);
+        }
+    }
+    // The admin listener: taken over, or bound (without `SO_REUSEPORT`: a listener on the
+    // same address is a bind error, not a shared port).
+    let admin_def = state.lifecycle.def().admin.clone();
+    let admin_socket = match &admin_def {
+        Some(admin) => {
+            let got = match &mut handover {
+                Some(h) => h
+                    .take(&crate::upgrade::Role::Admin, admin.listen)
+                    .map_err(|e| StartError(format!("admin listener: {e}")))?,
+                None => Vec::new(),
+            };
+            let l = match got.into_iter().next() {
+                Some(l) => l,
+                None => super::workers::bind_one(admin.listen).map_err(|e| {
+                    StartError(format!("admin listener: cannot bind {}: {e}", admin.listen))
+                })?,
+            };
+            let h = crate::upgrade::HeldSocket::of(crate::upgrade::Role::Admin, admin.listen, &l)
+                .map_err(|e| StartError(format!("admin listener: {e}")))?;
+            held.push(h);
+            Some(l)
+        }
+        None => None,
+    };
+    if let Some(h) = &handover {
+        for addr in h.untaken() {
+            tracing::warn!(%addr, "upgrade: a socket of the running limpet that no listener of this config binds: its clients are refused once that limpet stops");
         }
     }
     if workers > 1 {
@@ -481,7 +520,22 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
             None => None,
         };
-        let running = match start_from(cfg, workers, handover.as_mut()).await {
+        let taking_over = handover.is_some();
+        let started = start_from(cfg, workers, handover.as_mut());
+        let started = if taking_over {
+            // The running limpet waits for "ready" at most this long, holding nothing back
+            // meanwhile; a start that takes longer is given up here too.
+            match tokio::time::timeout(crate::upgrade::HANDOVER_LIMIT, started).await {
+                Ok(r) => r,
+                Err(_) => Err(StartError(format!(
+                    "not started within {:?}: not taking over",
+                    crate::upgrade::HANDOVER_LIMIT
+                ))),
+            }
+        } else {
+            started.await
+        };
+        let running = match started {
             Ok(r) => r,
             Err(e) => {
                 // The running limpet, if any, never heard "ready": it serves on.
@@ -490,8 +544,12 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         };
         if let Some(h) = handover {
+            let pid = h.from_pid;
             match tokio::task::spawn_blocking(move || h.complete()).await {
-                Ok(Ok(pid)) => tracing::info!(pid, "took over from the running limpet"),
+                Ok(Ok(handed)) => {
+                    running.take_state(&handed);
+                    tracing::info!(pid, "took over from the running limpet");
+                }
                 Ok(Err(e)) => {
                     // Nothing accepted yet: leaving now loses no client.
                     eprintln!("limpet run: {e}");
@@ -504,6 +562,26 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         }
         running.serve();
+        // The next upgrade's socket, bound before this one says it listens (a script that
+        // upgrades again at once finds it).
+        let (upgrade_stop, upgrade_stopped) = watch::channel(false);
+        let mut next = None;
+        if let Some(path) = &args.upgrade_socket {
+            match crate::upgrade::listen(path) {
+                Ok(listener) => {
+                    let mut stop = upgrade_stopped;
+                    next = Some(tokio::spawn(crate::upgrade::hold(
+                        listener,
+                        running.held(),
+                        async move { super::stopped(&mut stop).await },
+                    )));
+                }
+                Err(e) => tracing::error!(
+                    path = %path.display(), error = %e,
+                    "upgrade socket not bound: this limpet cannot be upgraded in place"
+                ),
+            }
+        }
         {
             let mut out = std::io::stdout().lock();
             for (name, addr) in running.addrs() {
@@ -514,44 +592,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
             let _ = out.flush();
         }
-        // The next upgrade's socket: bound once this one serves.
-        let (upgrade_stop, upgrade_stopped) = watch::channel(false);
-        let mut next = None;
-        if let Some(path) = &args.upgrade_socket {
-            match crate::upgrade::listen(path) {
-                Ok(listener) => {
-                    let runtime = Arc::clone(running.runtime());
-                    let mut stop = upgrade_stopped;
-                    next = Some(tokio::spawn(crate::upgrade::hold(
-                        listener,
-                        running.held(),
-                        move || {
-                            let state = runtime.state();
-                            crate::upgrade::Offer {
-                                tables: state
-                                    .tables()
-                                    .map(|t| {
-                                        let bytes = limpet_core::table::encode_snapshot(
-                                            t.lock().store(),
-                                            now_ms(),
-                                        );
-                                        (t.def.name.clone(), bytes)
-                                    })
-                                    .collect(),
-                                nodes: state.node_admin_states(),
-                            }
-                        },
-                        async move { super::stopped(&mut stop).await },
-                    )));
-                }
-                Err(e) => tracing::error!(
-                    path = %path.display(), error = %e,
-                    "upgrade socket not bound: this limpet cannot be upgraded in place"
-                ),
-            }
-        }
         // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once. Or a new limpet
-        // takes over: stop accepting, tell it so, drain.
+        // is ready to take over: stop accepting, wait until no accept loop runs, hand it the
+        // pins and node states as they are then, drain.
         let handed_over = tokio::select! {
             () = super::serve_signals(running.runtime()) => false,
             Ok(Some(ready)) = async { match next.as_mut() {
@@ -559,12 +602,19 @@ pub fn run(args: RunArgs) -> ExitCode {
                 None => std::future::pending().await,
             } } => {
                 running.stop_accepting();
-                ready.confirm();
+                if !running.accepting_stopped(Duration::from_secs(5)).await {
+                    tracing::warn!("upgrade: an accept loop still runs after 5 s; handing over all the same");
+                }
+                let handed = running.handover_state();
+                let _ = tokio::task::spawn_blocking(move || ready.confirm(&handed)).await;
                 tracing::info!("a new limpet took over: draining, then exiting");
                 true
             }
         };
+        // A new limpet ready as a stop signal won is let go (its wait for "stopping" ends
+        // at once, and it exits without having accepted), as is one still on its way.
         let _ = upgrade_stop.send(true);
+        drop(next);
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
         }

@@ -99,7 +99,11 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
         let t = table.lock();
         encode_snapshot(t.store(), now_ms())
     };
-    let tmp = snap.path.with_extension("tmp");
+    // This process's own temporary name: a limpet handing over to a new one may still be
+    // saving when the new one saves (`crate::upgrade`).
+    let tmp = snap
+        .path
+        .with_extension(format!("tmp.{}", std::process::id()));
     let result = std::fs::write(&tmp, &bytes)
         .and_then(|()| std::fs::rename(&tmp, &snap.path))
         .map(|()| bytes.len());

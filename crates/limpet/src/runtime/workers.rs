@@ -45,6 +45,18 @@ pub fn count(threads: Option<u16>) -> usize {
 /// [`refuse_if_listened`] first, before binding any (their own addresses may overlap:
 /// `0.0.0.0:P` beside `[::]:P`).
 pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    bind_reuseport_with(addr, n, true)
+}
+
+/// [`bind_reuseport`], the sockets listening only if `listen` (else `serve_socket` makes
+/// them listen once it may accept: a socket bound beside ones taken over from a running
+/// limpet must not take a share of new clients before the handover is confirmed,
+/// `crate::upgrade`).
+pub fn bind_reuseport_with(
+    addr: SocketAddr,
+    n: usize,
+    listen: bool,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
     let mut out = Vec::with_capacity(n);
     let mut at = addr;
     for _ in 0..n.max(1) {
@@ -56,8 +68,9 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::ne
         socket.set_reuse_address(true)?;
         socket.set_reuse_port(true)?;
         socket.bind(&at.into())?;
-        // tokio's `TcpListener::bind` backlog.
-        socket.listen(1024)?;
+        if listen {
+            socket.listen(BACKLOG)?;
+        }
         socket.set_nonblocking(true)?;
         let listener: std::net::TcpListener = socket.into();
         if let Ok(local) = listener.local_addr() {
@@ -66,6 +79,24 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::ne
         out.push(listener);
     }
     Ok(out)
+}
+
+/// The listen backlog of every listening socket (tokio's `TcpListener::bind`'s).
+const BACKLOG: i32 = 1024;
+
+/// A listening socket at `addr` without `SO_REUSEPORT` (the admin listener's: one socket,
+/// and a bind error, not a shared port, if anything else listens there).
+pub fn bind_one(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
 }
 
 /// `AddrInUse` when a socket is already bound or listening at `addr` (port 0 is always
@@ -253,6 +284,12 @@ pub(crate) async fn serve_socket(
     tokio::select! {
         r = go.wait_for(|g| *g) => if r.is_err() { return },
         () = super::stopped(&mut stop) => return,
+    }
+    // A socket bound but not yet listening listens now (`bind_reuseport_with`); again on
+    // one that does, which changes nothing.
+    if let Err(e) = socket2::SockRef::from(&listener).listen(BACKLOG) {
+        tracing::error!(listener = %name, error = %e, "socket cannot listen; it accepts nothing");
+        return;
     }
     match mode {
         Mode::Http => {
