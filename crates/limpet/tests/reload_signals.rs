@@ -67,41 +67,12 @@ async fn run_logging(
         .unwrap_or_else(|e| panic!("limpet run: {e}"));
     let out = child.stdout.take();
     let proc = Proc(child);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let mut web = None;
-        let mut tx = Some(tx);
-        if let Some(out) = out {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("listening on ") {
-                    web = rest
-                        .split(' ')
-                        .next()
-                        .and_then(|a| a.parse::<SocketAddr>().ok());
-                }
-                if let Some(a) = line.strip_prefix("admin on ") {
-                    if let (Some(tx), Some(w), Ok(a)) = (tx.take(), web, a.parse::<SocketAddr>()) {
-                        let _ = tx.send((w, a));
-                    }
-                }
-            }
-        }
-    });
+    let rx = printed_addresses(out);
     let (web, admin) = tokio::time::timeout(PATIENCE, rx)
         .await
         .unwrap_or_else(|_| panic!("limpet did not start"))
         .unwrap_or_else(|_| panic!("limpet exited before listening"));
     (proc, web, admin)
-}
-
-async fn json(url: &str) -> serde_json::Value {
-    let r = bare_client()
-        .get(url)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let b = r.bytes().await.unwrap_or_default();
-    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
 }
 
 /// Polls the admin API (bounded) until `done` holds.
@@ -208,27 +179,6 @@ async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
     assert!(code.success(), "{code:?}");
     // Nothing accepts any more.
     assert!(tokio::net::TcpStream::connect(web).await.is_err());
-}
-
-/// The node `client_ip`'s request lands on (a fresh client from that address).
-async fn node_for(client_ip: &str, web: SocketAddr) -> String {
-    let ip: std::net::IpAddr = client_ip.parse().unwrap_or_else(|e| panic!("{e}"));
-    let c = reqwest::Client::builder()
-        .local_address(ip)
-        .timeout(PATIENCE)
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let r = c
-        .get(format!("http://{web}/"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status(), 200);
-    r.headers()
-        .get("x-limpet-node")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// The failure model's crash and restart: a `limpet run` killed with SIGKILL (no shutdown,

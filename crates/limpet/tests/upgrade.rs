@@ -5,7 +5,6 @@
 
 mod admin_common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -80,28 +79,7 @@ fn spawn(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> (Child, Star
         .stderr(Stdio::from(err))
         .spawn()
         .unwrap_or_else(|e| panic!("limpet run: {e}"));
-    let out = child.stdout.take();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let mut web = None;
-        let mut tx = Some(tx);
-        if let Some(out) = out {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("listening on ") {
-                    web = web.or_else(|| {
-                        rest.split(' ')
-                            .next()
-                            .and_then(|a| a.parse::<SocketAddr>().ok())
-                    });
-                }
-                if let Some(a) = line.strip_prefix("admin on ") {
-                    if let (Some(tx), Some(w), Ok(a)) = (tx.take(), web, a.parse::<SocketAddr>()) {
-                        let _ = tx.send((w, a));
-                    }
-                }
-            }
-        }
-    });
+    let rx = printed_addresses(child.stdout.take());
     (child, rx)
 }
 
@@ -162,37 +140,6 @@ async fn answer(s: &mut tokio::net::TcpStream) -> Result<String, String> {
                 .map(str::to_owned)
         })
         .ok_or_else(|| format!("no node named: {text:?}"))
-}
-
-/// The node `client_ip`'s request lands on (a fresh client from that address).
-async fn node_for(client_ip: &str, web: SocketAddr) -> String {
-    let ip: std::net::IpAddr = client_ip.parse().unwrap_or_else(|e| panic!("{e}"));
-    let c = reqwest::Client::builder()
-        .local_address(ip)
-        .timeout(PATIENCE)
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let r = c
-        .get(format!("http://{web}/"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status(), 200);
-    r.headers()
-        .get("x-limpet-node")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-async fn json(url: &str) -> serde_json::Value {
-    let r = bare_client()
-        .get(url)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let b = r.bytes().await.unwrap_or_default();
-    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
 }
 
 /// A client that connected and sent its request while nobody accepted it: the old limpet at

@@ -60,12 +60,7 @@ pub fn bind_reuseport_with(
     let mut out = Vec::with_capacity(n);
     let mut at = addr;
     for _ in 0..n.max(1) {
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(at),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
+        let socket = tcp_socket(at)?;
         socket.set_reuse_port(true)?;
         socket.bind(&at.into())?;
         if listen {
@@ -81,18 +76,25 @@ pub fn bind_reuseport_with(
     Ok(out)
 }
 
-/// The listen backlog of every listening socket (tokio's `TcpListener::bind`'s).
-const BACKLOG: i32 = 1024;
-
-/// A listening socket at `addr` without `SO_REUSEPORT` (the admin listener's: one socket,
-/// and a bind error, not a shared port, if anything else listens there).
-pub fn bind_one(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// A TCP socket for `addr`'s family with `SO_REUSEADDR` (a port whose old connections linger
+/// in TIME_WAIT can be bound), as every listening socket of limpet's is made.
+fn tcp_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )?;
     socket.set_reuse_address(true)?;
+    Ok(socket)
+}
+
+/// The listen backlog of every listening socket (tokio's `TcpListener::bind`'s).
+const BACKLOG: i32 = 1024;
+
+/// A listening socket at `addr` without `SO_REUSEPORT` (the admin listener's: one socket,
+/// and a bind error, not a shared port, if anything else listens there).
+pub fn bind_one(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = tcp_socket(addr)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     socket.set_nonblocking(true)?;
@@ -108,12 +110,7 @@ pub fn refuse_if_listened(addr: SocketAddr) -> std::io::Result<()> {
     if addr.port() == 0 {
         return Ok(());
     }
-    let probe = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    probe.set_reuse_address(true)?;
+    let probe = tcp_socket(addr)?;
     match probe.bind(&addr.into()) {
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(std::io::Error::new(
             std::io::ErrorKind::AddrInUse,

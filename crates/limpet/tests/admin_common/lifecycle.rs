@@ -309,3 +309,66 @@ pub async fn fifo_writer_once_read(path: &std::path::Path) -> std::fs::File {
         }
     }
 }
+
+/// The addresses a `limpet run` prints on its stdout: its first listener's (`listening on`)
+/// and its admin listener's (`admin on`), sent once both are read. Read on a thread of its
+/// own until the process closes its stdout.
+pub fn printed_addresses(
+    out: Option<std::process::ChildStdout>,
+) -> oneshot::Receiver<(SocketAddr, SocketAddr)> {
+    use std::io::{BufRead, BufReader};
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut web = None;
+        let mut tx = Some(tx);
+        if let Some(out) = out {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening on ") {
+                    web = web.or_else(|| {
+                        rest.split(' ')
+                            .next()
+                            .and_then(|a| a.parse::<SocketAddr>().ok())
+                    });
+                }
+                if let Some(a) = line.strip_prefix("admin on ") {
+                    if let (Some(tx), Some(w), Ok(a)) = (tx.take(), web, a.parse::<SocketAddr>()) {
+                        let _ = tx.send((w, a));
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The node `client_ip`'s request lands on (a fresh client from that address).
+pub async fn node_for(client_ip: &str, web: SocketAddr) -> String {
+    let ip: IpAddr = client_ip.parse().unwrap_or_else(|e| panic!("{e}"));
+    let c = reqwest::Client::builder()
+        .local_address(ip)
+        .timeout(PATIENCE)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = c
+        .get(format!("http://{web}/"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    r.headers()
+        .get("x-limpet-node")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// GETs `url` and reads it as JSON (`Null` if it is not).
+pub async fn json(url: &str) -> serde_json::Value {
+    let r = bare_client()
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = r.bytes().await.unwrap_or_default();
+    serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null)
+}
