@@ -233,7 +233,8 @@ impl Demo {
         // Health checks and the drain log; the config names no admin listener, so this binds
         // nothing: the admin listener is the one bound above (a taken default moved it).
         let (_go, go) = watch::channel(true);
-        crate::runtime::start_lifecycle(&runtime, &mut tasks, &stop_rx, None, &go).await?;
+        crate::runtime::start_lifecycle(&runtime, &mut tasks, &stop_rx, None, &go, &stop_rx)
+            .await?;
         {
             let control = Arc::new(RuntimeControl {
                 runtime: Arc::clone(&runtime),

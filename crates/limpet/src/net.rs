@@ -425,7 +425,10 @@ pub async fn accept_loop<F>(
     };
     tokio::pin!(shutdown);
     loop {
+        // The stop first: once it has come, no client more is taken (a limpet handing its
+        // sockets over counts on that, `crate::upgrade`).
         let (stream, peer) = tokio::select! {
+            biased;
             () = &mut shutdown => return,
             s = accept(&listener, name) => s,
         };
@@ -626,28 +629,48 @@ static NODE_TLS_FAILED: PerNodeLog = PerNodeLog::new("TLS to a node failed");
 mod tests {
     use super::*;
 
+    /// `all_stopped` resolves when the last counted loop is gone, not before, and gives up
+    /// at its limit (paused time).
+    #[tokio::test(start_paused = true)]
+    async fn accept_loops_are_all_stopped_when_the_last_goes() {
+        let loops = Arc::new(AcceptLoops::default());
+        assert!(loops.all_stopped(Duration::from_millis(1)).await);
+        let a = loops.enter();
+        let b = loops.enter();
+        assert!(!loops.all_stopped(Duration::from_secs(1)).await);
+        drop(a);
+        assert!(!loops.all_stopped(Duration::from_secs(1)).await);
+        let waiting = tokio::spawn({
+            let loops = Arc::clone(&loops);
+            async move { loops.all_stopped(Duration::from_secs(60)).await }
+        });
+        tokio::task::yield_now().await;
+        drop(b);
+        assert!(waiting.await.expect("waited"));
+    }
+
     /// A stop that comes between a client's accept and its slot (from another thread: a
     /// handover to a new limpet, a shutdown signal) no longer drops the client, whose
-    /// request it reset: a free slot is taken first. The stop here is pending at its first
-    /// look and ready from the next on, so the loop either stops before accepting (the
-    /// client is still queued on the socket, which a copy keeps open) or accepts and serves
-    /// it; never accepts and drops it, which it did in about every other round that accepted
+    /// request it reset: a free slot is taken first. The stop here turns ready at its k-th
+    /// look (k = 2 or 3: right after an accept that was ready at once, or one that waited
+    /// for the client), so the loop either stops before accepting (the client is still
+    /// queued on the socket, which a copy keeps open) or accepts and serves it; never
+    /// accepts and drops it, which it did in about every other round that accepted
     /// (`select!` polls in random order).
     #[tokio::test]
     async fn a_stop_between_an_accept_and_a_free_slot_does_not_drop_the_client() {
-        /// Pending at its first poll, ready from then on.
-        struct SecondLook(bool);
-        impl std::future::Future for SecondLook {
+        /// Pending (without waking anyone) until its k-th poll, ready from then on.
+        struct ReadyAt(usize);
+        impl std::future::Future for ReadyAt {
             type Output = ();
             fn poll(
                 mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
+                _: &mut std::task::Context<'_>,
             ) -> std::task::Poll<()> {
-                if self.0 {
+                if self.0 <= 1 {
                     return std::task::Poll::Ready(());
                 }
-                self.0 = true;
-                cx.waker().wake_by_ref();
+                self.0 -= 1;
                 std::task::Poll::Pending
             }
         }
@@ -664,7 +687,7 @@ mod tests {
                 listener,
                 "test",
                 Some(ConnLimit::new(4)),
-                SecondLook(false),
+                ReadyAt(2 + round % 2),
                 |_, _, permit| {
                     assert!(permit.is_some());
                     served += 1;

@@ -789,17 +789,19 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     let permits = crate::runtime::listener_permits(&runtime, &name);
-    serve_on(runtime, name, listener, shutdown, permits).await;
+    serve_on(runtime, name, listener, shutdown, permits, None).await;
 }
 
 /// [`serve`] with the listener's connection permits given: several sockets of one listener
 /// (one per worker thread, `crate::runtime::workers`) share its `max_connections`.
+/// `accepting`, if any, is dropped once the accept loop has returned.
 pub async fn serve_on(
     runtime: Arc<Runtime>,
     name: String,
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
     permits: Arc<crate::net::ConnLimit>,
+    accepting: Option<crate::net::Accepting>,
 ) {
     let mut sessions = JoinSet::new();
     let mut stop = shutdown.clone();
@@ -809,7 +811,6 @@ pub async fn serve_on(
     let bound = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let accepting = runtime.state().lifecycle.accepting.enter();
     crate::net::accept_loop(
         listener,
         &name,
@@ -836,6 +837,7 @@ pub async fn serve_on(
         },
     )
     .await;
+    // Counted as accepting until here (`crate::net::AcceptLoops`).
     drop(accepting);
     let drain = {
         let state = runtime.state();

@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 const HELLO: &[u8] = b"limpet-upgrade 1\n";
 const READY: &[u8] = b"ready\n";
 const STOPPING: &[u8] = b"stopping\n";
+const TOOK: &[u8] = b"took\n";
 
 /// How long each step of a handover may take: the offer, the taker's start up to "ready",
 /// and the holder's "stopping". A step past it ends the handover and nothing changes hands.
@@ -189,6 +190,23 @@ impl Held {
         drop(self.lock().take());
     }
 
+    /// Copies of the listeners' sockets (not the admin one's), by listener name, to serve
+    /// them again after a handover that failed late.
+    pub fn listeners(&self) -> Vec<(String, std::net::TcpListener)> {
+        self.lock()
+            .iter()
+            .flatten()
+            .filter_map(|s| match &s.role {
+                Role::Listener(name) => {
+                    s.fd.try_clone()
+                        .ok()
+                        .map(|fd| (name.clone(), std::net::TcpListener::from(fd)))
+                }
+                Role::Admin => None,
+            })
+            .collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<HeldSocket>>> {
         self.0
             .lock()
@@ -262,9 +280,14 @@ impl Handover {
     }
 
     /// Tells the running limpet that this one is ready, waits for it to stop accepting (at
-    /// most [`HANDOVER_LIMIT`]), and returns its pins and node states as they are then.
-    /// Blocking. After `Ok`, this one must load them and serve.
-    pub fn complete(mut self) -> Result<State, String> {
+    /// most [`HANDOVER_LIMIT`]), reads its pins and node states as they are then, and says
+    /// it took over. Blocking.
+    ///
+    /// `Err`: not taken over (no confirmation, or this one's "took" did not reach it: it
+    /// serves on, or again); this one must exit without accepting. `Ok`: this one must
+    /// serve, with the state if it could be read (`Ok(Err)`: the running one has stopped
+    /// accepting all the same, and serving without its pins beats serving no one).
+    pub fn complete(mut self) -> Result<Result<State, String>, String> {
         self.sockets.clear();
         let pid = self.from_pid;
         let fail = |e: std::io::Error| {
@@ -279,7 +302,12 @@ impl Handover {
                 "the running limpet (pid {pid}) answered the handover with something else"
             ));
         }
-        receive_state(&self.conn, &mut fds).map_err(fail)
+        let state = receive_state(&self.conn, &mut fds)
+            .map_err(|e| format!("the running limpet's (pid {pid}) pins and node states: {e}"));
+        (&self.conn).write_all(TOOK).map_err(|e| {
+            format!("the running limpet (pid {pid}) did not hear that this one took over: {e}")
+        })?;
+        Ok(state)
     }
 }
 
@@ -558,11 +586,26 @@ pub struct Ready {
 }
 
 impl Ready {
-    /// Tells the taker this limpet has stopped accepting, with its `state` as it is now: the
-    /// taker accepts from then on. Blocking.
-    pub fn confirm(self, state: &State) {
-        if let Err(e) = send_state(&self.conn, state) {
-            tracing::error!(error = %e, "upgrade: the new limpet did not take the confirmation");
+    /// Tells the taker this limpet has stopped accepting, with its `state` as it is now, and
+    /// waits for it to say it took over (at most [`HANDOVER_LIMIT`]). `false`: it did not
+    /// (it died, or hangs); it does not accept then, and this limpet must serve again.
+    /// Blocking.
+    pub fn confirm(self, state: &State) -> bool {
+        let took = send_state(&self.conn, state).and_then(|()| {
+            let mut got = [0u8; TOOK.len()];
+            read_exact_fds(&self.conn, &mut got, &mut Vec::new())?;
+            if got == TOOK {
+                Ok(())
+            } else {
+                Err(invalid("not took"))
+            }
+        });
+        match took {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "upgrade: the new limpet did not take over");
+                false
+            }
         }
     }
 }
@@ -702,14 +745,54 @@ mod tests {
             tables: vec![("t".into(), vec![7; 100_000]), ("u".into(), Vec::new())],
             nodes: vec![("a".into(), AdminState::Maint), ("b".into(), drain)],
         };
-        tokio::task::spawn_blocking(move || ready.confirm(&state()))
+        let took = tokio::task::spawn_blocking(move || ready.confirm(&state()))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        assert!(took, "the taker said it took over");
         let got = completing
             .await
             .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, state());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A taker that goes away after the holder stopped accepting, before it said it took
+    /// over, is not counted on: `confirm` says so, and the holder serves again.
+    #[tokio::test]
+    async fn a_taker_gone_before_it_took_over_is_not_counted_on() {
+        let dir = std::env::temp_dir().join(format!("limpet-upgrade-gone-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("up.sock");
+        let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
+        let holder = tokio::spawn(hold(
+            listener,
+            std::sync::Arc::new(Held::new(Vec::new())),
+            std::future::pending(),
+        ));
+        let p = path.clone();
+        let h = tokio::task::spawn_blocking(move || take_over(&p))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no holder found"));
+        // Ready, then gone once "stopping" comes.
+        let gone = tokio::task::spawn_blocking(move || {
+            (&h.conn).write_all(READY).unwrap_or_else(|e| panic!("{e}"));
+            let mut got = [0u8; STOPPING.len()];
+            read_exact_fds(&h.conn, &mut got, &mut Vec::new()).unwrap_or_else(|e| panic!("{e}"));
+            drop(h);
+        });
+        let ready = holder
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("the holder saw no ready taker"));
+        let took = tokio::task::spawn_blocking(move || ready.confirm(&State::default()))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        gone.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(!took);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -29,16 +29,9 @@ impl Drop for Guard {
 
 /// A `limpet run` process, killed (SIGKILL, by its own handle) if the test ends early.
 struct Proc {
-    child: Child,
+    child: Guard,
     web: SocketAddr,
     admin: SocketAddr,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Proc {
@@ -47,6 +40,8 @@ impl Proc {
     /// config.
     async fn start(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> Proc {
         let (child, started) = spawn(cfg, sock, threads, tag);
+        // Killed (by the guard) if it does not start.
+        let child = Guard(child);
         let (web, admin) = tokio::time::timeout(PATIENCE, started)
             .await
             .unwrap_or_else(|_| panic!("limpet {tag} did not start"))
@@ -56,7 +51,7 @@ impl Proc {
 
     /// Its exit, within `PATIENCE`.
     async fn exited(&mut self) -> ExitStatus {
-        exited(&mut self.child).await
+        exited(&mut self.child.0).await
     }
 
     fn admin_url(&self, path: &str) -> String {
@@ -343,6 +338,7 @@ async fn a_new_limpet_that_cannot_start_leaves_the_running_one_serving() {
 
     assert!(old
         .child
+        .0
         .try_wait()
         .unwrap_or_else(|e| panic!("{e}"))
         .is_none());
@@ -379,6 +375,7 @@ async fn a_limpet_of_another_config_does_not_take_over() {
     let mut old = old;
     assert!(old
         .child
+        .0
         .try_wait()
         .unwrap_or_else(|e| panic!("{e}"))
         .is_none());
@@ -409,4 +406,44 @@ async fn an_admin_listener_on_a_listener_s_address_is_refused_at_start() {
         }
         Err(e) => assert!(e.to_string().contains("admin listener"), "{e}"),
     }
+}
+
+/// The new limpet died (or hung) after the running one stopped accepting and before it said it
+/// took over: the running one serves again, from the copies of its sockets it held, and the
+/// client that waited in the accept queue meanwhile is served. (In process: the moment is not
+/// one a real process can be killed at on purpose.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new(
+        "upgrade-resume",
+        &config(port, "").replace("max_connections = 1\n", ""),
+    );
+    let mut running = limpet::runtime::start(cfg.load())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let web = running
+        .addr("web")
+        .unwrap_or_else(|| panic!("no web listener"));
+    get_once(web).await.unwrap_or_else(|e| panic!("{e}"));
+    running.stop_accepting();
+    assert!(running.accepting_stopped(PATIENCE).await);
+    // Nobody accepts now; the socket stays open (the copies held for the new limpet), so a
+    // client waits in its queue.
+    let waiting = tokio::spawn(get_once(web));
+    assert_eq!(running.resume(), 1);
+    waiting
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("the client that waited: {e}"));
+    for _ in 0..5 {
+        get_once(web)
+            .await
+            .unwrap_or_else(|e| panic!("served again: {e}"));
+    }
+    running.stop().await;
+    assert!(
+        tokio::net::TcpStream::connect(web).await.is_err(),
+        "a stop closes the sockets"
+    );
 }

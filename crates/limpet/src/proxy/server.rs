@@ -852,8 +852,6 @@ pub async fn serve_listener_on(
     permits: Arc<crate::net::ConnLimit>,
 ) -> Result<(), ServeError> {
     delay_first_acks(&listener);
-    // Counted as accepting until the accept loop below returns.
-    let accepting = runtime.state().lifecycle.accepting.enter();
     let (drain_tx, drain_rx) = watch::channel(false);
     let ids = Arc::new(RequestIds::new());
     // One socket, one port: every connection it accepts has this local port.
@@ -909,7 +907,6 @@ pub async fn serve_listener_on(
         },
     )
     .await;
-    drop(accepting);
     let _ = drain_tx.send(true);
     drop(done_tx);
     // Connections, then the tunnels they opened: a tunnel's task outlives its connection's,

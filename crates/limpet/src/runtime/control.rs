@@ -506,13 +506,15 @@ async fn reload_locked(
 ///
 /// `admin_socket` is the admin listener's socket when the caller has it already (bound, or
 /// taken over from a running limpet, `crate::upgrade`); else it is bound here. The admin
-/// listener accepts once `go` turns true.
+/// listener accepts once `go` turns true and until `accept_stop` or `shutdown` does; its
+/// accept loop is counted in the lifecycle's `accepting` from now on.
 pub async fn start(
     runtime: &Arc<Runtime>,
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
     admin_socket: Option<std::net::TcpListener>,
     go: &watch::Receiver<bool>,
+    accept_stop: &watch::Receiver<bool>,
 ) -> Result<(), String> {
     let state = runtime.state();
     let life = Arc::clone(&state.lifecycle);
@@ -541,15 +543,23 @@ pub async fn start(
         let mut settings = admin.clone();
         settings.listen = local;
         let mut stop = shutdown.clone();
+        let mut accept_stop = accept_stop.clone();
         let mut go = go.clone();
         let control = Arc::clone(&control);
+        let accepting = life.accepting.enter();
         tasks.spawn(async move {
             tokio::select! {
-                r = go.wait_for(|g| *g) => if r.is_err() { return },
+                biased;
                 () = stopped(&mut stop) => return,
+                () = stopped(&mut accept_stop) => return,
+                r = go.wait_for(|g| *g) => if r.is_err() { return },
             }
             crate::admin::serve(listener, control, settings, async move {
-                stopped(&mut stop).await;
+                tokio::select! {
+                    () = stopped(&mut stop) => {}
+                    () = stopped(&mut accept_stop) => {}
+                }
+                drop(accepting);
             })
             .await;
         });
@@ -568,34 +578,71 @@ pub async fn start(
     Ok(())
 }
 
+/// The signals `limpet run` answers, registered once and early: from then on SIGTERM, SIGINT
+/// and SIGHUP no longer end the process by their default action (a new limpet taking over
+/// from a running one must not die between "ready" and serving: `crate::upgrade`), and one
+/// that comes before they are awaited is kept for [`serve_signals_with`].
+#[derive(Debug)]
+pub struct Signals {
+    #[cfg(unix)]
+    streams: Option<[tokio::signal::unix::Signal; 3]>,
+}
+
+impl Signals {
+    /// Registers SIGHUP, SIGTERM and SIGINT (on the current tokio runtime).
+    pub fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let streams = match (
+                signal(SignalKind::hangup()),
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
+                (Ok(hup), Ok(term), Ok(int)) => Some([hup, term, int]),
+                _ => None,
+            };
+            Self { streams }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Runs until SIGTERM or SIGINT; each SIGHUP reloads the configuration (a refused reload is
 /// logged and changes nothing).
 pub async fn serve_signals(runtime: &Arc<Runtime>) {
+    serve_signals_with(runtime, &mut Signals::new()).await;
+}
+
+/// [`serve_signals`] on signals registered before (a signal that came meanwhile is taken
+/// at once).
+pub async fn serve_signals_with(runtime: &Arc<Runtime>, signals: &mut Signals) {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut hup), Ok(mut term)) = (
-            signal(SignalKind::hangup()),
-            signal(SignalKind::terminate()),
-        ) {
-            // Reloads on tasks of their own: a stop signal is taken at once, even while a
-            // reload waits (they run one at a time, `Lifecycle::reloading`). Dropped when
-            // this returns, which aborts one still waiting: limpet is stopping, and a reload
-            // applied mid-drain would restart the health checks the drain stopped.
-            let mut reloads = JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => return,
-                    _ = term.recv() => return,
-                    _ = hup.recv() => {
-                        tracing::info!("SIGHUP: reloading the configuration");
-                        let runtime = Arc::clone(runtime);
-                        reloads.spawn(async move {
-                            let _ = reload(&runtime).await;
-                        });
-                    }
-                    Some(_) = reloads.join_next(), if !reloads.is_empty() => {}
+    if let Some([hup, term, int]) = signals.streams.as_mut() {
+        // Reloads on tasks of their own: a stop signal is taken at once, even while a
+        // reload waits (they run one at a time, `Lifecycle::reloading`). Dropped when this
+        // returns, which aborts one still waiting: limpet is stopping, and a reload applied
+        // mid-drain would restart the health checks the drain stopped.
+        let mut reloads = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = int.recv() => return,
+                _ = term.recv() => return,
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    let runtime = Arc::clone(runtime);
+                    reloads.spawn(async move {
+                        let _ = reload(&runtime).await;
+                    });
                 }
+                Some(_) = reloads.join_next(), if !reloads.is_empty() => {}
             }
         }
     }

@@ -54,7 +54,8 @@ use crate::store::{Store, Write};
 
 pub(crate) use control::ConfigLoad;
 pub use control::{
-    reload, serve_signals, start as start_lifecycle, RuntimeControl, RuntimeSink, RELOAD_LOAD_LIMIT,
+    reload, serve_signals, serve_signals_with, start as start_lifecycle, RuntimeControl,
+    RuntimeSink, Signals, RELOAD_LOAD_LIMIT,
 };
 pub use run::{start, Running, StartError};
 pub use snapshot::{load_snapshot, save_snapshot, SnapshotLoad};

@@ -100,6 +100,10 @@ pub struct Running {
     addrs: Vec<(String, SocketAddr)>,
     /// Turns true when the listeners may accept ([`serve`](Self::serve)).
     go: watch::Sender<bool>,
+    /// Turns true when the listeners (and the admin listener) stop accepting: at a stop, or
+    /// when a new limpet takes over ([`stop_accepting`](Self::stop_accepting)).
+    accept_stop: watch::Sender<bool>,
+    /// Turns true when everything stops.
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     /// Duplicates of every listening socket, to hand to a new limpet (`crate::upgrade`);
@@ -134,46 +138,108 @@ impl Running {
     }
 
     /// What a new limpet taking over gets once this one has stopped accepting: every
-    /// table's pins and every node's admin state, as they are now.
-    pub fn handover_state(&self) -> crate::upgrade::State {
-        let state = self.runtime.state();
-        crate::upgrade::State {
-            tables: state
-                .tables()
-                .map(|t| {
-                    let bytes = limpet_core::table::encode_snapshot(t.lock().store(), now_ms());
-                    (t.def.name.clone(), bytes)
-                })
-                .collect(),
-            nodes: state.node_admin_states(),
-        }
+    /// table's pins and every node's admin state, as they are now (read off the async
+    /// threads: a large table takes a while to encode).
+    pub async fn handover_state(&self) -> crate::upgrade::State {
+        let runtime = Arc::clone(&self.runtime);
+        let read = move || {
+            let state = runtime.state();
+            crate::upgrade::State {
+                tables: state
+                    .tables()
+                    .map(|t| {
+                        let bytes = limpet_core::table::encode_snapshot(t.lock().store(), now_ms());
+                        (t.def.name.clone(), bytes)
+                    })
+                    .collect(),
+                nodes: state.node_admin_states(),
+            }
+        };
+        tokio::task::spawn_blocking(read).await.unwrap_or_default()
     }
 
     /// Loads what a running limpet handed over with its confirmation: its pins (newer than
     /// any snapshot file) and its operator's MAINT and DRAIN, which hold on here.
-    pub fn take_state(&self, handed: &crate::upgrade::State) {
-        let state = self.runtime.state();
-        for (name, bytes) in &handed.tables {
-            if let Some(t) = state.table(name) {
-                super::snapshot::restore_handed(t, bytes);
+    pub async fn take_state(&self, handed: crate::upgrade::State) {
+        let runtime = Arc::clone(&self.runtime);
+        let load = move || {
+            let state = runtime.state();
+            for (name, bytes) in &handed.tables {
+                if let Some(t) = state.table(name) {
+                    super::snapshot::restore_handed(t, bytes);
+                }
             }
-        }
-        for (node, admin) in &handed.nodes {
-            let _ = state.set_admin(node, *admin);
-        }
+            for (node, admin) in &handed.nodes {
+                let _ = state.set_admin(node, *admin);
+            }
+        };
+        let _ = tokio::task::spawn_blocking(load).await;
     }
 
-    /// Resolves once every listener's accept loop has returned (at most `limit`).
+    /// Resolves once every listener's accept loop, the admin listener's included, has
+    /// returned (at most `limit`).
     pub async fn accepting_stopped(&self, limit: Duration) -> bool {
         let accepting = Arc::clone(&self.runtime.state().lifecycle.accepting);
         accepting.all_stopped(limit).await
     }
 
-    /// Stops accepting: the listeners close their sockets and drain ([`stop`](Self::stop)
-    /// waits for that).
+    /// Stops accepting: the listeners and the admin listener close their copies of their
+    /// sockets, and the listeners drain. The copies held for a new limpet stay open, for it
+    /// or for [`resume`](Self::resume).
     pub fn stop_accepting(&self) {
+        let _ = self.accept_stop.send(true);
+    }
+
+    /// Closes the copies held for a new limpet (it has taken the sockets over).
+    pub fn let_go(&self) {
         self.held.close();
-        let _ = self.shutdown.send(true);
+    }
+
+    /// Serves the listeners' sockets again after [`stop_accepting`](Self::stop_accepting),
+    /// when the new limpet that was to take them over did not (it died, or hung, after
+    /// this one stopped accepting): on this runtime, from the copies held. The admin
+    /// listener stays closed. Returns how many sockets serve again.
+    pub fn resume(&mut self) -> usize {
+        let (accept_stop, accept_stop_rx) = watch::channel(false);
+        self.accept_stop = accept_stop;
+        let state = self.runtime.state();
+        let mut n = 0;
+        for (name, l) in self.held.listeners() {
+            let Some(mode) = state
+                .listeners
+                .iter()
+                .map(|slot| slot.def.load_full())
+                .find(|d| d.name == name)
+                .map(|d| d.mode)
+            else {
+                continue;
+            };
+            let listener = match l
+                .set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(l))
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(listener = %name, error = %e, "cannot serve a socket again");
+                    continue;
+                }
+            };
+            let permits = super::listener_permits(&self.runtime, &name);
+            self.tasks.spawn(super::workers::serve_socket(
+                Arc::clone(&self.runtime),
+                name,
+                mode,
+                listener,
+                permits,
+                super::workers::Turn {
+                    go: self.go.subscribe(),
+                    stop: accept_stop_rx.clone(),
+                    accepting: state.lifecycle.accepting.enter(),
+                },
+            ));
+            n += 1;
+        }
+        n
     }
 
     /// Stops accepting, drains the listeners (each up to its drain timeout), and saves the
@@ -185,7 +251,9 @@ impl Running {
     /// [`stop`](Self::stop), saving the snapshots only if `save` (a limpet that handed its
     /// tables to a new one leaves the files to it).
     pub async fn stop_saving(mut self, save: bool) {
-        self.stop_accepting();
+        self.held.close();
+        let _ = self.accept_stop.send(true);
+        let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         let state = self.runtime.state();
         let saves: Vec<_> = state
@@ -284,6 +352,7 @@ pub async fn start_from(
     let runtime = Runtime::new(state);
     let state = runtime.state();
     let (go_tx, go_rx) = watch::channel(false);
+    let (accept_stop_tx, accept_stop_rx) = watch::channel(false);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut addrs = Vec::new();
@@ -400,7 +469,7 @@ pub async fn start_from(
         }
     }
     if workers > 1 {
-        let done = super::workers::spawn(&runtime, sockets, workers, &go_rx, &shutdown_rx)
+        let done = super::workers::spawn(&runtime, sockets, workers, &go_rx, &accept_stop_rx)
             .map_err(|e| StartError(format!("cannot start worker threads: {e}")))?;
         tasks.spawn(async move {
             let _ = done.await;
@@ -415,9 +484,12 @@ pub async fn start_from(
                     s.name.clone(),
                     s.mode,
                     l,
-                    go_rx.clone(),
-                    shutdown_rx.clone(),
                     Arc::clone(&s.permits),
+                    super::workers::Turn {
+                        go: go_rx.clone(),
+                        stop: accept_stop_rx.clone(),
+                        accepting: state.lifecycle.accepting.enter(),
+                    },
                 ));
             }
         }
@@ -469,17 +541,55 @@ pub async fn start_from(
     }
     drop(state);
     // Health checks, the admin listener, drain tracking (node lifecycle).
-    super::start_lifecycle(&runtime, &mut tasks, &shutdown_rx, admin_socket, &go_rx)
-        .await
-        .map_err(StartError)?;
+    super::start_lifecycle(
+        &runtime,
+        &mut tasks,
+        &shutdown_rx,
+        admin_socket,
+        &go_rx,
+        &accept_stop_rx,
+    )
+    .await
+    .map_err(StartError)?;
     Ok(Running {
         runtime,
         addrs,
         go: go_tx,
+        accept_stop: accept_stop_tx,
         shutdown: shutdown_tx,
         tasks,
         held: Arc::new(crate::upgrade::Held::new(held)),
     })
+}
+
+/// How long a limpet handing over waits for its accept loops to return before it hands
+/// over all the same (they return as soon as they see the stop; this bounds a stuck one).
+const ACCEPT_LOOPS_LIMIT: Duration = Duration::from_secs(5);
+
+type NextHold = Option<tokio::task::JoinHandle<Option<crate::upgrade::Ready>>>;
+
+/// Listens at the upgrade socket (if there is one) for the next limpet to take over from
+/// `running`: the stop of that wait, and the wait.
+fn hold_next(path: &Option<PathBuf>, running: &Running) -> (watch::Sender<bool>, NextHold) {
+    let (stop, mut stopped) = watch::channel(false);
+    let Some(path) = path else {
+        return (stop, None);
+    };
+    match crate::upgrade::listen(path) {
+        Ok(listener) => {
+            let hold = crate::upgrade::hold(listener, running.held(), async move {
+                super::stopped(&mut stopped).await;
+            });
+            (stop, Some(tokio::spawn(hold)))
+        }
+        Err(e) => {
+            tracing::error!(
+                path = %path.display(), error = %e,
+                "upgrade socket not bound: this limpet cannot be upgraded in place"
+            );
+            (stop, None)
+        }
+    }
 }
 
 /// `limpet run`: loads the config, starts (taking over from the limpet at `--upgrade-socket`
@@ -502,11 +612,16 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let workers = super::workers::count(args.threads);
     let code = rt.block_on(async move {
+        // First of all: from here on a stop or reload signal never ends the process by its
+        // default action, and one that comes before they are awaited is kept (a new limpet
+        // must not die between its "ready" and serving, `crate::upgrade`).
+        let mut signals = super::Signals::new();
         // The config is valid by now: only then is a running limpet asked for its sockets.
         let mut handover = match &args.upgrade_socket {
             Some(path) => {
                 let path = path.clone();
-                match tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path)).await {
+                match tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path)).await
+                {
                     Ok(Ok(h)) => h,
                     Ok(Err(e)) => {
                         eprintln!("limpet run: {e}");
@@ -535,7 +650,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         } else {
             started.await
         };
-        let running = match started {
+        let mut running = match started {
             Ok(r) => r,
             Err(e) => {
                 // The running limpet, if any, never heard "ready": it serves on.
@@ -546,10 +661,14 @@ pub fn run(args: RunArgs) -> ExitCode {
         if let Some(h) = handover {
             let pid = h.from_pid;
             match tokio::task::spawn_blocking(move || h.complete()).await {
-                Ok(Ok(handed)) => {
-                    running.take_state(&handed);
+                Ok(Ok(Ok(handed))) => {
+                    running.take_state(handed).await;
                     tracing::info!(pid, "took over from the running limpet");
                 }
+                Ok(Ok(Err(e))) => tracing::error!(
+                    pid, error = %e,
+                    "took over from the running limpet without its pins and node states"
+                ),
                 Ok(Err(e)) => {
                     // Nothing accepted yet: leaving now loses no client.
                     eprintln!("limpet run: {e}");
@@ -564,24 +683,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         running.serve();
         // The next upgrade's socket, bound before this one says it listens (a script that
         // upgrades again at once finds it).
-        let (upgrade_stop, upgrade_stopped) = watch::channel(false);
-        let mut next = None;
-        if let Some(path) = &args.upgrade_socket {
-            match crate::upgrade::listen(path) {
-                Ok(listener) => {
-                    let mut stop = upgrade_stopped;
-                    next = Some(tokio::spawn(crate::upgrade::hold(
-                        listener,
-                        running.held(),
-                        async move { super::stopped(&mut stop).await },
-                    )));
-                }
-                Err(e) => tracing::error!(
-                    path = %path.display(), error = %e,
-                    "upgrade socket not bound: this limpet cannot be upgraded in place"
-                ),
-            }
-        }
+        let (mut upgrade_stop, mut next) = hold_next(&args.upgrade_socket, &running);
         {
             let mut out = std::io::stdout().lock();
             for (name, addr) in running.addrs() {
@@ -594,27 +696,41 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
         // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once. Or a new limpet
         // is ready to take over: stop accepting, wait until no accept loop runs, hand it the
-        // pins and node states as they are then, drain.
-        let handed_over = tokio::select! {
-            () = super::serve_signals(running.runtime()) => false,
-            Ok(Some(ready)) = async { match next.as_mut() {
-                Some(n) => n.await,
-                None => std::future::pending().await,
-            } } => {
-                running.stop_accepting();
-                if !running.accepting_stopped(Duration::from_secs(5)).await {
-                    tracing::warn!("upgrade: an accept loop still runs after 5 s; handing over all the same");
-                }
-                let handed = running.handover_state();
-                let _ = tokio::task::spawn_blocking(move || ready.confirm(&handed)).await;
-                tracing::info!("a new limpet took over: draining, then exiting");
-                true
+        // pins and node states as they are then; drain once it says it took over, or serve
+        // again if it does not.
+        let handed_over = loop {
+            let ready = tokio::select! {
+                () = super::serve_signals_with(running.runtime(), &mut signals) => None,
+                Ok(Some(ready)) = async { match next.as_mut() {
+                    Some(n) => n.await,
+                    None => std::future::pending().await,
+                } } => Some(ready),
+            };
+            // A new limpet ready as a stop signal won is let go (its wait for "stopping"
+            // ends at once, and it exits without having accepted), as is one on its way.
+            let _ = upgrade_stop.send(true);
+            drop(next.take());
+            let Some(ready) = ready else { break false };
+            running.stop_accepting();
+            if !running.accepting_stopped(ACCEPT_LOOPS_LIMIT).await {
+                tracing::warn!("upgrade: an accept loop still runs after {ACCEPT_LOOPS_LIMIT:?}; handing over all the same");
             }
+            let handed = running.handover_state().await;
+            let took = tokio::task::spawn_blocking(move || ready.confirm(&handed))
+                .await
+                .unwrap_or(false);
+            if took {
+                running.let_go();
+                tracing::info!("a new limpet took over: draining, then exiting");
+                break true;
+            }
+            let n = running.resume();
+            tracing::error!(
+                sockets = n,
+                "upgrade: the new limpet did not take over after this one stopped accepting: serving again (the admin listener stays closed until a restart)"
+            );
+            (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
         };
-        // A new limpet ready as a stop signal won is let go (its wait for "stopping" ends
-        // at once, and it exits without having accepted), as is one still on its way.
-        let _ = upgrade_stop.send(true);
-        drop(next);
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
         }

@@ -161,7 +161,9 @@ impl Sockets {
 }
 
 /// Starts `workers` threads serving `sockets` once `go` turns true, until `shutdown` turns
-/// true. The returned receiver resolves once every worker has drained and exited.
+/// true. Returns once every worker has its runtime (an error if one cannot have it: its
+/// sockets would take a share of clients and never accept them); the returned receiver
+/// resolves once every worker has drained and exited.
 pub fn spawn(
     runtime: &Arc<Runtime>,
     sockets: Vec<Sockets>,
@@ -181,20 +183,31 @@ pub fn spawn(
                     mode: s.mode,
                     listener: l,
                     permits: Arc::clone(&s.permits),
+                    accepting: runtime.state().lifecycle.accepting.enter(),
                 });
             }
         }
     }
     let (all_done, done_rx) = oneshot::channel();
     let mut threads = Vec::with_capacity(workers);
+    let (built_tx, built) = std::sync::mpsc::channel();
     for (k, listeners) in per_worker.into_iter().enumerate() {
         let runtime = Arc::clone(runtime);
         let go = go.clone();
         let shutdown = shutdown.clone();
+        let built = built_tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("limpet-worker-{k}"))
-            .spawn(move || worker(k, &runtime, listeners, &go, &shutdown))?;
+            .spawn(move || worker(k, &runtime, listeners, &go, &shutdown, &built))?;
         threads.push(thread);
+    }
+    drop(built_tx);
+    for _ in 0..threads.len() {
+        match built.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(std::io::Error::other("a worker thread ended at its start")),
+        }
     }
     // Joining blocks: a thread of its own reports when all are gone.
     std::thread::Builder::new()
@@ -214,23 +227,31 @@ struct WorkerSocket {
     mode: Mode,
     listener: std::net::TcpListener,
     permits: Arc<crate::net::ConnLimit>,
+    accepting: crate::net::Accepting,
 }
 
-/// One worker thread: its own current-thread runtime, serving its sockets until shutdown.
+/// One worker thread: its own current-thread runtime (reported on `built`), serving its
+/// sockets until shutdown.
 fn worker(
     k: usize,
     runtime: &Arc<Runtime>,
     listeners: Vec<WorkerSocket>,
     go: &watch::Receiver<bool>,
     shutdown: &watch::Receiver<bool>,
+    built: &std::sync::mpsc::Sender<std::io::Result<()>>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => {
+            let _ = built.send(Ok(()));
+            rt
+        }
         Err(e) => {
-            tracing::error!(worker = k, error = %e, "worker thread cannot start its runtime");
+            let _ = built.send(Err(std::io::Error::other(format!(
+                "worker thread {k} cannot start its runtime: {e}"
+            ))));
             return;
         }
     };
@@ -241,6 +262,7 @@ fn worker(
             mode,
             listener,
             permits,
+            accepting,
         } in listeners
         {
             let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -255,32 +277,51 @@ fn worker(
                 name,
                 mode,
                 listener,
-                go.clone(),
-                shutdown.clone(),
                 permits,
+                Turn {
+                    go: go.clone(),
+                    stop: shutdown.clone(),
+                    accepting,
+                },
             ));
         }
         while tasks.join_next().await.is_some() {}
     });
 }
 
+/// When a socket serves: from when `go` turns true until `stop` does, counted among the
+/// accept loops by `accepting` meanwhile (taken when its task is made, so that it counts
+/// before the task first runs).
+pub(crate) struct Turn {
+    pub go: watch::Receiver<bool>,
+    pub stop: watch::Receiver<bool>,
+    pub accepting: crate::net::Accepting,
+}
+
 /// Serves one socket of listener `name` from when `go` turns true (at once but during a
 /// takeover, `crate::upgrade`) until `stop` turns true, then drains it: the HTTP proxy or
 /// the TCP relay, as the listener's mode says. `permits` is the listener's
-/// `max_connections`, shared by all its sockets.
+/// `max_connections`, shared by all its sockets. `accepting` is dropped once the socket
+/// takes no more clients.
 pub(crate) async fn serve_socket(
     runtime: Arc<Runtime>,
     name: String,
     mode: Mode,
     listener: tokio::net::TcpListener,
-    mut go: watch::Receiver<bool>,
-    mut stop: watch::Receiver<bool>,
     permits: Arc<crate::net::ConnLimit>,
+    turn: Turn,
 ) {
-    // Not yet ours to accept on: clients wait in the kernel's queue meanwhile.
+    let Turn {
+        mut go,
+        mut stop,
+        accepting,
+    } = turn;
+    // Not yet ours to accept on: clients wait in the kernel's queue meanwhile. A stop that
+    // has come wins.
     tokio::select! {
-        r = go.wait_for(|g| *g) => if r.is_err() { return },
+        biased;
         () = super::stopped(&mut stop) => return,
+        r = go.wait_for(|g| *g) => if r.is_err() { return },
     }
     // A socket bound but not yet listening listens now (`bind_reuseport_with`); again on
     // one that does, which changes nothing.
@@ -290,8 +331,10 @@ pub(crate) async fn serve_socket(
     }
     match mode {
         Mode::Http => {
+            // The accept loop returns as soon as this resolves.
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
+                drop(accepting);
             };
             if let Err(e) =
                 crate::proxy::serve_listener_on(runtime, &name, listener, shutdown, permits).await
@@ -299,7 +342,9 @@ pub(crate) async fn serve_socket(
                 tracing::error!(listener = %name, error = %e, "listener stopped");
             }
         }
-        Mode::Tcp => crate::tcp::serve_on(runtime, name, listener, stop, permits).await,
+        Mode::Tcp => {
+            crate::tcp::serve_on(runtime, name, listener, stop, permits, Some(accepting)).await
+        }
     }
 }
 
