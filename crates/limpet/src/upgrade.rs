@@ -15,12 +15,15 @@
 //!                                                    others, starts everything but does not
 //!                                                    accept yet (at most HANDOVER_LIMIT)
 //!    ◄──────────────────────────── "ready" ──────────
-//!    stops accepting (its copies of the sockets close; they stay open in the taker) and
-//!    waits for its accept loops to end; then reads its state as it is now
+//!    stops accepting (its accept loops end; it keeps copies of the sockets) and waits for
+//!    its accept loops to end; then reads its state as it is now
 //!    ── "stopping", then each table's pins (snapshot bytes) and each node's admin state ──►
-//!                                                    loads them, accepts from now on, binds
-//!                                                    PATH anew for the next upgrade
-//!    drains as on SIGTERM, exits (no snapshot save: the taker owns the files now)
+//!                                                    loads them
+//!    ◄──────────────────────────── "took" ───────────
+//!    closes its copies; drains as on SIGTERM,        accepts from now on, binds PATH anew
+//!    exits (no snapshot save: the taker owns         for the next upgrade
+//!    the files now)
+//!    no "took" (the taker died or hangs): serves its sockets again from its copies
 //! ```
 //!
 //! The listening sockets are the same kernel objects before and after, so a client connecting
@@ -28,10 +31,12 @@
 //! none waiting in a queue is reset (closing a listener and binding it again refuses the first
 //! and resets the second). Until the holder reads "ready" nothing changes for it: a taker that
 //! fails (a bind error, a store it cannot reach) exits and the holder serves on. A taker that
-//! hears no "stopping" within [`HANDOVER_LIMIT`] exits without having accepted anything, so two
-//! processes never serve one socket with tables of their own. The pins and states cross once
-//! the holder has stopped accepting, so none it made meanwhile is left behind (but for what
-//! its requests still in flight do while it drains).
+//! hears no "stopping" within [`HANDOVER_LIMIT`], or cannot say "took", exits without having
+//! accepted anything, so two processes never serve one socket with tables of their own. Past
+//! "stopping" the holder takes no client until it has heard "took" or given up on it: a taker
+//! that dies there costs a wait in the accept queues, not a refused client. The pins and
+//! states cross once the holder has stopped accepting, so none it made meanwhile is left
+//! behind (but for what its requests still in flight do while it drains).
 //!
 //! Linux only (`SO_PEERCRED`, `SCM_RIGHTS` with close-on-exec), like the rest of limpet's
 //! socket handling.

@@ -107,7 +107,7 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     /// Duplicates of every listening socket, to hand to a new limpet (`crate::upgrade`);
-    /// closed as the listeners stop.
+    /// closed at a stop, or once a new limpet has taken the sockets over.
     held: Arc<crate::upgrade::Held>,
 }
 
