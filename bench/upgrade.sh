@@ -105,7 +105,8 @@ until_not_listening() {
 wrk_counts() {
     local out=$1 req conn read write timeout non2xx
     req=$(awk '/requests in/ {print $1}' "$out")
-    read -r conn read write timeout < <(awk -F'[ ,]+' '/Socket errors/ {print $4, $6, $8, $10}' "$out")
+    # "  Socket errors: connect 12, read 0, write 0, timeout 0" (absent when all are 0).
+    read -r conn read write timeout < <(awk -F'[ ,]+' '/Socket errors/ {print $5, $7, $9, $11}' "$out")
     non2xx=$(awk '/Non-2xx/ {print $NF}' "$out")
     echo "${req:-0} ${conn:-0} ${read:-0} ${write:-0} ${timeout:-0} ${non2xx:-0}"
 }
