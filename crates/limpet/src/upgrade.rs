@@ -61,7 +61,8 @@ const STOPPING: &[u8] = b"stopping\n";
 const TOOK: &[u8] = b"took\n";
 
 /// How long each step of a handover may take: the offer, the taker's start up to "ready",
-/// and the holder's "stopping". A step past it ends the handover and nothing changes hands.
+/// the holder's "stopping" and the taker's "took". A step past it ends the handover: before
+/// "stopping" nothing has changed hands; after it, the holder serves again.
 pub const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
 
 /// Descriptors per `SCM_RIGHTS` message (the kernel takes at most 253).
@@ -179,9 +180,9 @@ impl HeldSocket {
     }
 }
 
-/// The listening sockets a running limpet would hand over, until it stops: then they close
-/// with its listeners (a stopping limpet refuses new clients at once rather than leaving
-/// them queued on a socket nobody serves).
+/// The listening sockets a running limpet would hand over: copies, kept until it stops (a
+/// stopping limpet refuses new clients at once rather than leaving them queued on a socket
+/// nobody serves) or until a new limpet has taken the sockets over.
 #[derive(Debug, Default)]
 pub struct Held(std::sync::Mutex<Option<Vec<HeldSocket>>>);
 
@@ -190,7 +191,7 @@ impl Held {
         Self(std::sync::Mutex::new(Some(sockets)))
     }
 
-    /// Closes every socket held (the listeners' own copies close as they stop).
+    /// Closes every copy held (the listeners' own close as their accept loops end).
     pub fn close(&self) {
         drop(self.lock().take());
     }
@@ -270,7 +271,7 @@ impl Handover {
         Ok(out)
     }
 
-    /// How many listener sockets (not the admin one) were offered.
+    /// How many of the listener sockets offered (not the admin one's) are not taken yet.
     pub fn listeners_offered(&self) -> usize {
         self.sockets
             .iter()
