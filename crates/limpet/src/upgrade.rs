@@ -362,16 +362,7 @@ fn invalid(what: &str) -> std::io::Error {
 /// Reads an offer: the header, the descriptors, the tables' bytes.
 fn receive(conn: UnixStream) -> std::io::Result<Handover> {
     let mut fds = Vec::new();
-    let mut len = [0u8; 8];
-    read_exact_fds(&conn, &mut len, &mut fds)?;
-    let len = u64::from_le_bytes(len);
-    if len > MAX_HEADER {
-        return Err(invalid("offer header too large"));
-    }
-    let mut header = vec![0u8; usize::try_from(len).map_err(|_| invalid("offer header"))?];
-    read_exact_fds(&conn, &mut header, &mut fds)?;
-    let header: Header =
-        serde_json::from_slice(&header).map_err(|e| invalid(&format!("offer header: {e}")))?;
+    let header: Header = read_json(&conn, &mut fds, "offer header")?;
     let mut marks = vec![0u8; header.sockets.len().div_ceil(FDS_PER_MESSAGE)];
     read_exact_fds(&conn, &mut marks, &mut fds)?;
     if fds.len() != header.sockets.len() {
@@ -390,16 +381,7 @@ fn receive(conn: UnixStream) -> std::io::Result<Handover> {
 
 /// Reads the holder's last state: its header, then each table's bytes.
 fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<State> {
-    let mut len = [0u8; 8];
-    read_exact_fds(conn, &mut len, fds)?;
-    let len = u64::from_le_bytes(len);
-    if len > MAX_HEADER {
-        return Err(invalid("state header too large"));
-    }
-    let mut header = vec![0u8; usize::try_from(len).map_err(|_| invalid("state header"))?];
-    read_exact_fds(conn, &mut header, fds)?;
-    let last: Last =
-        serde_json::from_slice(&header).map_err(|e| invalid(&format!("state header: {e}")))?;
+    let last: Last = read_json(conn, fds, "state header")?;
     let mut tables = Vec::with_capacity(last.tables.len());
     for t in &last.tables {
         let n = usize::try_from(t.len).map_err(|_| invalid("table length"))?;
@@ -423,6 +405,31 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
         tables,
         nodes: last.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
     })
+}
+
+/// A header as it crosses: its length (8 bytes, little-endian, at most [`MAX_HEADER`]), then
+/// its JSON.
+fn read_json<T: serde::de::DeserializeOwned>(
+    conn: &UnixStream,
+    fds: &mut Vec<OwnedFd>,
+    what: &str,
+) -> std::io::Result<T> {
+    let mut len = [0u8; 8];
+    read_exact_fds(conn, &mut len, fds)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(invalid(&format!("{what} too large")));
+    }
+    let mut json = vec![0u8; usize::try_from(len).map_err(|_| invalid(what))?];
+    read_exact_fds(conn, &mut json, fds)?;
+    serde_json::from_slice(&json).map_err(|e| invalid(&format!("{what}: {e}")))
+}
+
+/// [`read_json`]'s counterpart.
+fn write_json(mut conn: &UnixStream, header: &impl Serialize) -> std::io::Result<()> {
+    let json = serde_json::to_vec(header).map_err(std::io::Error::other)?;
+    conn.write_all(&(json.len() as u64).to_le_bytes())?;
+    conn.write_all(&json)
 }
 
 /// Fills `buf` from `conn`, keeping every descriptor that comes with the bytes (every read
@@ -504,10 +511,7 @@ fn send_offer(conn: &UnixStream, sockets: &[HeldSocket]) -> std::io::Result<()> 
             })
             .collect(),
     };
-    let json = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
-    let mut w = conn;
-    w.write_all(&(json.len() as u64).to_le_bytes())?;
-    w.write_all(&json)?;
+    write_json(conn, &header)?;
     for chunk in sockets.chunks(FDS_PER_MESSAGE) {
         let borrowed: Vec<_> = chunk
             .iter()
@@ -548,11 +552,9 @@ fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
             .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
             .collect(),
     };
-    let json = serde_json::to_vec(&last).map_err(std::io::Error::other)?;
     let mut w = conn;
     w.write_all(STOPPING)?;
-    w.write_all(&(json.len() as u64).to_le_bytes())?;
-    w.write_all(&json)?;
+    write_json(conn, &last)?;
     for (_, bytes) in &state.tables {
         w.write_all(bytes)?;
     }
@@ -688,13 +690,20 @@ pub async fn hold(
 mod tests {
     use super::*;
 
+    /// An empty directory of this test process's own (removed by the test at its end).
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("limpet-upgrade-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::create_dir_all(&dir);
+        dir
+    }
+
     /// Everything crosses: a listening socket given over accepts what is sent to the address
     /// the holder bound; the tables' bytes and the nodes' states come with the holder's
     /// confirmation, as they are when it gives it.
     #[tokio::test]
     async fn an_offer_carries_the_listening_sockets_then_the_pins_and_the_node_states() {
-        let dir = std::env::temp_dir().join(format!("limpet-upgrade-unit-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let dir = scratch("unit");
         let path = dir.join("up.sock");
         let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         let configured: SocketAddr = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
@@ -768,8 +777,7 @@ mod tests {
     /// over, is not counted on: `confirm` says so, and the holder serves again.
     #[tokio::test]
     async fn a_taker_gone_before_it_took_over_is_not_counted_on() {
-        let dir = std::env::temp_dir().join(format!("limpet-upgrade-gone-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let dir = scratch("gone");
         let path = dir.join("up.sock");
         let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
         let holder = tokio::spawn(hold(
@@ -805,8 +813,7 @@ mod tests {
     /// A path that holds something other than a socket is not replaced.
     #[test]
     fn the_upgrade_socket_replaces_a_socket_only() {
-        let dir = std::env::temp_dir().join(format!("limpet-upgrade-file-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let dir = scratch("file");
         let path = dir.join("limpet.toml");
         std::fs::write(&path, "kept").unwrap_or_else(|e| panic!("{e}"));
         assert!(listen(&path).is_err());
@@ -817,8 +824,7 @@ mod tests {
     /// No limpet at the path (no file, or a file one left behind): start afresh.
     #[test]
     fn no_holder_at_the_path_is_a_fresh_start() {
-        let dir = std::env::temp_dir().join(format!("limpet-upgrade-none-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let dir = scratch("none");
         let path = dir.join("up.sock");
         assert!(matches!(take_over(&path), Ok(None)));
         let stale = std::os::unix::net::UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}"));
