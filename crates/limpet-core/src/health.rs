@@ -221,6 +221,51 @@ impl DownCause {
             DownCause::Forced => "forced",
         }
     }
+
+    /// The cause [`as_str`](Self::as_str) names.
+    pub fn from_name(name: &str) -> Option<DownCause> {
+        [
+            DownCause::Checks,
+            DownCause::Traffic,
+            DownCause::SlowAnswers,
+            DownCause::Forced,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == name)
+    }
+}
+
+/// A node's [`Health`] as it crosses to another process ([`Health::carry`]), each check
+/// named by a `K` both processes know it by. Times are the core's `now_ms` scale (the I/O
+/// layer's is wall-clock milliseconds, the same in both processes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CarriedHealth<K> {
+    pub up: bool,
+    /// Consecutive results against the current state: traffic failures while UP (beyond the
+    /// checks' own counts), check passes while DOWN.
+    pub streak: u32,
+    /// The failure streak holds a request the node took and did not answer.
+    pub unanswered: bool,
+    /// While DOWN: when traffic may try it next (`None`: never, a forced DOWN; a checked
+    /// node ignores it).
+    pub retry_at_ms: Option<u64>,
+    /// While UP: the slow answers counted in the window that began at `slow_since_ms`.
+    pub slow: u32,
+    pub slow_since_ms: u64,
+    /// While DOWN: what took it there.
+    pub down_cause: Option<DownCause>,
+    /// The checks with something on record (a failure, or passes owed since one).
+    pub checks: Vec<(K, CheckCounts)>,
+}
+
+/// One check's counts in a [`CarriedHealth`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckCounts {
+    /// Consecutive failures (0: its last result passed).
+    pub fails: u8,
+    /// Passes since its last failure (`None`: no failure on record since the node was last
+    /// UP).
+    pub passes: Option<u8>,
 }
 
 /// In [`Health`]'s per-check passes: the check has not failed since the node was last UP.
@@ -618,6 +663,65 @@ impl Health {
         }
     }
 
+    /// What this health is, to be [carried](Health::carried) to another process that judges
+    /// the same node (a binary upgrade): the verdict and what it is waiting for (a DOWN
+    /// node's trial time, every check's counts toward `fall` and `rise`, an UP node's
+    /// failure streak and slow answers). A check slot is this process's own: `name` says
+    /// what names each check to the other process (`None`: a check that no longer runs, left
+    /// out). A trial claimed here is not carried: its outcome is this process's to see, and
+    /// the other one tries the node once the claim would have ended.
+    pub fn carry<K>(&self, name: impl Fn(CheckSlot) -> Option<K>) -> CarriedHealth<K> {
+        CarriedHealth {
+            up: self.up,
+            streak: self.streak,
+            unanswered: self.unanswered,
+            retry_at_ms: (!self.up && self.retry_at_ms != u64::MAX).then_some(self.retry_at_ms),
+            slow: self.slow,
+            slow_since_ms: self.slow_since_ms,
+            down_cause: self.down_cause,
+            checks: (0..CheckSlot::COUNT)
+                .map(CheckSlot::new)
+                .filter(|s| self.fails[s.index()] > 0 || self.passes[s.index()] != NO_FAILURE)
+                .filter_map(|slot| {
+                    let counts = CheckCounts {
+                        fails: self.fails[slot.index()],
+                        passes: Some(self.passes[slot.index()]).filter(|&p| p != NO_FAILURE),
+                    };
+                    Some((name(slot)?, counts))
+                })
+                .collect(),
+        }
+    }
+
+    /// The health [`carry`](Health::carry) described, with each check's counts in the slot
+    /// `slot` gives its name here (`None`: no such check here, its counts left out, as a
+    /// reload forgets a removed check). Made whole where the description is not (it comes
+    /// from another process): an UP node has no trial and no cause, a DOWN one counts no
+    /// slow answers and has a cause (`traffic` if none is given), an unanswered request is
+    /// part of a failure streak, and a pass count is held below "no failure". Of two checks
+    /// given one slot, the last counts.
+    pub fn carried<K>(c: &CarriedHealth<K>, slot: impl Fn(&K) -> Option<CheckSlot>) -> Health {
+        let mut h = Health::default();
+        for (name, counts) in &c.checks {
+            if let Some(s) = slot(name) {
+                h.fails[s.index()] = counts.fails;
+                h.passes[s.index()] = counts.passes.map_or(NO_FAILURE, |p| p.min(NO_FAILURE - 1));
+            }
+        }
+        h.streak = c.streak;
+        if c.up {
+            h.unanswered = c.unanswered && c.streak > 0;
+            h.slow = c.slow;
+            h.slow_since_ms = c.slow_since_ms;
+        } else {
+            h.up = false;
+            h.retry_at_ms = c.retry_at_ms.unwrap_or(u64::MAX);
+            h.down_cause = Some(c.down_cause.unwrap_or(DownCause::Traffic));
+        }
+        h.debug_check();
+        h
+    }
+
     /// A pass of the check in `slot`: one more since its last failure, if it has one.
     fn check_passed(&mut self, slot: CheckSlot) {
         let p = &mut self.passes[slot.index()];
@@ -686,6 +790,113 @@ mod tests {
                     proptest::prop_assert_ne!(after, h);
                 }
             }
+        }
+    }
+
+    /// A node DOWN by one of its checks, carried to a process where that check has another
+    /// slot, is held DOWN there by that check: only `rise` passes of it bring the node back,
+    /// not those of another. A check the receiver does not run is left out.
+    #[test]
+    fn a_carried_down_node_waits_for_its_failing_check_in_that_check_s_new_slot() {
+        let policy = HealthPolicy {
+            checked: true,
+            fall: 1,
+            rise: 2,
+            ..HealthPolicy::default()
+        };
+        let (s1, s3, s5) = (CheckSlot::new(1), CheckSlot::new(3), CheckSlot::new(5));
+        let mut h = Health::default();
+        h.observe(CheckFailed(s1), policy, 10);
+        h.observe(CheckFailed(CheckSlot::new(2)), policy, 10);
+        assert!(!h.is_up());
+        // Here: "port 80" in slot 1 and "port 9100" in slot 2; there: port 80's in slot 3,
+        // and no check of port 9100's.
+        let carried = h.carry(|s| {
+            [(s1, "port 80"), (CheckSlot::new(2), "port 9100")]
+                .into_iter()
+                .find(|(k, _)| *k == s)
+                .map(|(_, name)| name)
+        });
+        assert_eq!(carried.checks.len(), 2);
+        let mut there = Health::carried(&carried, |&name| (name == "port 80").then_some(s3));
+        assert_eq!(there.down_cause(), Some(DownCause::Checks));
+        for _ in 0..3 {
+            assert_eq!(
+                there.observe(CheckPassed(s5), policy, 20),
+                None,
+                "another check's passes"
+            );
+        }
+        assert_eq!(there.observe(CheckPassed(s3), policy, 30), None);
+        assert_eq!(
+            there.observe(CheckPassed(s3), policy, 40),
+            Some(Transition::WentUp)
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever led to a health, the one carried to another process is the same health,
+        /// but for a claimed trial, which stays with the process that claimed it: it goes on
+        /// exactly as the first would have.
+        #[test]
+        fn a_carried_health_is_the_health_it_was(
+            steps in proptest::collection::vec((0u8..11, 0u64..30_000), 0..40),
+            checked in proptest::prelude::any::<bool>(),
+            fall in 1u32..4,
+            rise in 1u32..4,
+            max_slow_answers in 0u32..3,
+        ) {
+            let policy = HealthPolicy { checked, fall, rise, max_slow_answers, ..HealthPolicy::default() };
+            let mut h = Health::default();
+            let mut now = 0;
+            for (step, dt) in steps {
+                now += dt;
+                let s1 = CheckSlot::new(1);
+                match step {
+                    9 => { h.claim_trial(policy, now, 5_000, true); }
+                    10 => { h.force(false); }
+                    _ => {
+                        let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer]
+                            [usize::from(step)];
+                        h.observe(obs, policy, now);
+                    }
+                }
+                let carried = Health::carried(&h.carry(Some), |&s| Some(s));
+                proptest::prop_assert_eq!(carried, Health { trying: false, claimed_until_ms: 0, ..h });
+                proptest::prop_assert_eq!(carried.carry(Some), h.carry(Some));
+            }
+        }
+
+        /// A description from another process is made whole whatever it says: the health
+        /// made from it keeps every rule of the model (`debug_check`, which panics here),
+        /// and carried again it is described the same.
+        #[test]
+        fn any_carried_description_makes_a_whole_health(
+            up in proptest::prelude::any::<bool>(),
+            streak in 0u32..10,
+            unanswered in proptest::prelude::any::<bool>(),
+            retry_at_ms in proptest::option::of(0u64..100_000),
+            slow in 0u32..5,
+            cause in proptest::option::of(0usize..4),
+            checks in proptest::collection::vec((0usize..70, 0u8..=255, proptest::option::of(0u8..=255)), 0..5),
+        ) {
+            let c = CarriedHealth {
+                up,
+                streak,
+                unanswered,
+                retry_at_ms,
+                slow,
+                slow_since_ms: 7,
+                down_cause: cause.map(|i| [DownCause::Checks, DownCause::Traffic, DownCause::SlowAnswers, DownCause::Forced][i]),
+                checks: checks
+                    .into_iter()
+                    .map(|(slot, fails, passes)| (CheckSlot::new(slot), CheckCounts { fails, passes }))
+                    .collect(),
+            };
+            let h = Health::carried(&c, |&s| Some(s));
+            proptest::prop_assert_eq!(h.is_up(), up);
+            proptest::prop_assert_eq!(h.down_cause().is_some(), !up);
+            proptest::prop_assert_eq!(Health::carried(&h.carry(Some), |&s| Some(s)), h);
         }
     }
 

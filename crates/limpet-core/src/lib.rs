@@ -46,8 +46,8 @@ pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
 pub use cookie::{CookieSpec, SameSite};
 pub use decision::{Decision, Pin, RepinReason};
 pub use health::{
-    answered_since, Availability, CheckSlot, DownCause, Health, HealthPolicy, Observation,
-    Transition,
+    answered_since, Availability, CarriedHealth, CheckCounts, CheckSlot, DownCause, Health,
+    HealthPolicy, Observation, Transition,
 };
 pub use node::{AdminState, Node, NodeId, NodeState, NodeStatus, SessionEnd, Verdict, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};

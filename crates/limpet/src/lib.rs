@@ -42,7 +42,7 @@
 //!   first pins, re-pins published, circuit breaker).
 //! - [`tcp`]: TCP mode (relay, half-close, idle, failover, node-down close, PROXY protocol).
 //! - [`upgrade`]: binary upgrades without a refused client: a new `limpet run` takes over the
-//!   running one's listening sockets, pins and node admin states through a Unix socket.
+//!   running one's listening sockets, pins, node admin states and health through a Unix socket.
 //! - [`wake`]: futures polled only when woken: the watchers (idle clocks, drain and
 //!   node-state signals) beside a connection's or a relay's I/O, and a relay's pumps.
 

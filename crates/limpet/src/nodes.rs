@@ -337,6 +337,25 @@ impl NodeRuntime {
         self.update(|s| s.health.claim_trial(s.policy, now, clock::ms(hold), early))
     }
 
+    /// The node's health to carry to a new limpet ([`limpet_core::Health::carry`]), with
+    /// when it entered its state (wall-clock ms).
+    pub fn carry<K>(
+        &self,
+        name: impl Fn(limpet_core::CheckSlot) -> Option<K>,
+    ) -> (limpet_core::CarriedHealth<K>, u64) {
+        let health = self.status().health.carry(name);
+        (health, self.since_ms.load(Ordering::Relaxed))
+    }
+
+    /// Takes the health a running limpet carried over (a binary upgrade): the node is what
+    /// it was there, DOWN if it was, with the counts toward its next flip, and in its state
+    /// since it entered it there. Not a transition: nothing changed for the node.
+    pub fn take_carried(&self, health: limpet_core::Health, since_ms: u64) {
+        self.update(|s| s.health = health);
+        self.since_ms
+            .store(since_ms.min(clock::now_ms()), Ordering::Relaxed);
+    }
+
     pub fn set_admin(&self, admin: AdminState) {
         self.update(|s| s.admin = admin);
     }
@@ -804,6 +823,27 @@ mod tests {
 
     /// An answer's report skips the node's lock only when it changes nothing: one after a
     /// failure still resets the streak, and one on a DOWN node (a trial) still brings it up.
+    /// A health carried from another limpet takes effect as it was there: DOWN routes as
+    /// DOWN at once (the routing snapshot is marked stale, sessions re-check), and the time
+    /// in state is counted from when the node entered it there, not from the handover.
+    #[test]
+    fn a_carried_health_routes_at_once_and_keeps_its_time_in_state() {
+        let rt = node();
+        let epoch = rt.epoch.load(Ordering::Acquire);
+        let mut down = limpet_core::Health::default();
+        down.force(false);
+        rt.take_carried(down, clock::now_ms().saturating_sub(60_000));
+        assert!(!rt.status().health.is_up());
+        assert!(
+            rt.epoch.load(Ordering::Acquire) > epoch,
+            "routing sees the change"
+        );
+        assert!(rt.in_state_for() >= Duration::from_secs(60));
+        // A time in state from the future (clocks that differ) is held at now.
+        rt.take_carried(down, clock::now_ms() + 60_000);
+        assert!(rt.in_state_for() < Duration::from_secs(60));
+    }
+
     #[test]
     fn traffic_ok_is_skipped_only_when_it_changes_nothing() {
         let rt = node();

@@ -17,7 +17,8 @@
 //!    ◄──────────────────────────── "ready" ──────────
 //!    stops accepting (its accept loops end; it keeps copies of the sockets) and waits for
 //!    its accept loops to end; then reads its state as it is now
-//!    ── "stopping", then each table's pins (snapshot bytes) and each node's admin state ──►
+//!    ── "stopping", then each table's pins (snapshot bytes), each node's admin state ──►
+//!       and health
 //!                                                    loads them
 //!    ◄──────────────────────────── "took" ───────────
 //!    closes its copies; drains as on SIGTERM,        accepts from now on, binds PATH anew
@@ -51,7 +52,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use limpet_core::AdminState;
+use limpet_core::{AdminState, CarriedHealth, CheckCounts};
 use serde::{Deserialize, Serialize};
 
 /// The first line a taker sends.
@@ -152,6 +153,94 @@ struct Header {
 struct Last {
     tables: Vec<TableEntry>,
     nodes: Vec<(String, NodeAdmin)>,
+    /// Added after the first version: a holder without it hands no health over (the taker
+    /// starts every node UP), and one with it is understood by a taker that ignores it.
+    #[serde(default)]
+    health: Vec<HealthEntry>,
+}
+
+/// A node's health as it crosses ([`limpet_core::CarriedHealth`], its checks named by what
+/// they ask; times wall-clock milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct HealthEntry {
+    node: String,
+    up: bool,
+    streak: u32,
+    unanswered: bool,
+    retry_at_ms: Option<u64>,
+    slow: u32,
+    slow_since_ms: u64,
+    /// `checks`, `traffic`, `slow-answers` or `forced` (a name not known here reads as
+    /// `traffic`).
+    down_cause: Option<String>,
+    checks: Vec<CheckEntry>,
+    since_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct CheckEntry {
+    label: String,
+    fails: u8,
+    passes: Option<u8>,
+}
+
+impl From<&NodeHealth> for HealthEntry {
+    fn from(n: &NodeHealth) -> Self {
+        let h = &n.health;
+        HealthEntry {
+            node: n.node.clone(),
+            up: h.up,
+            streak: h.streak,
+            unanswered: h.unanswered,
+            retry_at_ms: h.retry_at_ms,
+            slow: h.slow,
+            slow_since_ms: h.slow_since_ms,
+            down_cause: h.down_cause.map(|c| c.as_str().to_owned()),
+            checks: h
+                .checks
+                .iter()
+                .map(|(label, c)| CheckEntry {
+                    label: label.clone(),
+                    fails: c.fails,
+                    passes: c.passes,
+                })
+                .collect(),
+            since_ms: n.since_ms,
+        }
+    }
+}
+
+impl From<HealthEntry> for NodeHealth {
+    fn from(e: HealthEntry) -> Self {
+        NodeHealth {
+            node: e.node,
+            health: CarriedHealth {
+                up: e.up,
+                streak: e.streak,
+                unanswered: e.unanswered,
+                retry_at_ms: e.retry_at_ms,
+                slow: e.slow,
+                slow_since_ms: e.slow_since_ms,
+                down_cause: e.down_cause.map(|c| {
+                    limpet_core::DownCause::from_name(&c).unwrap_or(limpet_core::DownCause::Traffic)
+                }),
+                checks: e
+                    .checks
+                    .into_iter()
+                    .map(|c| {
+                        (
+                            c.label,
+                            CheckCounts {
+                                fails: c.fails,
+                                passes: c.passes,
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+            since_ms: e.since_ms,
+        }
+    }
 }
 
 /// A listening socket the running limpet serves, kept to be offered (a duplicate of the
@@ -227,6 +316,21 @@ pub struct State {
     pub tables: Vec<(String, Vec<u8>)>,
     /// Each node's admin state, by name.
     pub nodes: Vec<(String, AdminState)>,
+    /// Each node's health.
+    pub health: Vec<NodeHealth>,
+}
+
+/// A node's health as the holder judged it, carried so that a node DOWN there is DOWN in
+/// the taker (not UP until its checks or traffic fail again), with the counts toward its
+/// next flip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub node: String,
+    /// Its checks named by what they ask ([`crate::health::CheckSpec::label`]): a check slot
+    /// is a process's own.
+    pub health: CarriedHealth<String>,
+    /// When the node entered its state (wall-clock ms).
+    pub since_ms: u64,
 }
 
 /// What a taker received from the running limpet.
@@ -404,6 +508,7 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
     Ok(State {
         tables,
         nodes: last.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
+        health: last.health.into_iter().map(NodeHealth::from).collect(),
     })
 }
 
@@ -551,6 +656,7 @@ fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
             .iter()
             .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
             .collect(),
+        health: state.health.iter().map(HealthEntry::from).collect(),
     };
     let mut w = conn;
     w.write_all(STOPPING)?;
@@ -759,6 +865,26 @@ mod tests {
         let state = move || State {
             tables: vec![("t".into(), vec![7; 100_000]), ("u".into(), Vec::new())],
             nodes: vec![("a".into(), AdminState::Maint), ("b".into(), drain)],
+            health: vec![NodeHealth {
+                node: "c".into(),
+                health: CarriedHealth {
+                    up: false,
+                    streak: 1,
+                    unanswered: false,
+                    retry_at_ms: Some(99),
+                    slow: 0,
+                    slow_since_ms: 0,
+                    down_cause: Some(limpet_core::DownCause::Checks),
+                    checks: vec![(
+                        "http 127.0.0.4:80 GET /".into(),
+                        CheckCounts {
+                            fails: 0,
+                            passes: Some(1),
+                        },
+                    )],
+                },
+                since_ms: 1_000,
+            }],
         };
         let took = tokio::task::spawn_blocking(move || ready.confirm(&state()))
             .await
@@ -771,6 +897,41 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, state());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A holder of the first version sends no health: its state still reads, every node's
+    /// health left to the taker's own checks and traffic. A taker of the first version
+    /// ignores the health a newer holder sends.
+    #[test]
+    fn a_state_header_without_health_reads_and_one_with_it_is_read_by_the_first_version() {
+        let first: Last = serde_json::from_str(r#"{"tables":[],"nodes":[["a","Maint"]]}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(first.health.is_empty());
+        assert_eq!(first.nodes, vec![("a".to_owned(), NodeAdmin::Maint)]);
+        #[derive(Deserialize)]
+        struct FirstLast {
+            tables: Vec<TableEntry>,
+            nodes: Vec<(String, NodeAdmin)>,
+        }
+        let now = Last {
+            tables: Vec::new(),
+            nodes: vec![("a".into(), NodeAdmin::Ready)],
+            health: vec![HealthEntry {
+                node: "a".into(),
+                up: true,
+                streak: 0,
+                unanswered: false,
+                retry_at_ms: None,
+                slow: 0,
+                slow_since_ms: 0,
+                down_cause: None,
+                checks: Vec::new(),
+                since_ms: 0,
+            }],
+        };
+        let text = serde_json::to_string(&now).unwrap_or_else(|e| panic!("{e}"));
+        let read: FirstLast = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((read.tables.len(), read.nodes), (0, now.nodes));
     }
 
     /// A taker that goes away after the holder stopped accepting, before it said it took

@@ -311,6 +311,105 @@ async fn pins_and_a_node_in_maint_cross_an_upgrade() {
     }
 }
 
+/// Nodes a, b, c answer; d (127.0.0.5, where nothing listens) refuses every connection.
+const WITH_DEAD: [(&str, &str); 4] = [
+    ("a", "127.0.0.2"),
+    ("b", "127.0.0.3"),
+    ("c", "127.0.0.4"),
+    ("d", "127.0.0.5"),
+];
+
+/// The node's admin view once `done` says yes of it, read every 50 ms within `PATIENCE`.
+async fn node_view_once(
+    admin: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let view = json(admin).await;
+        if done(&view) {
+            return view;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not so within {PATIENCE:?}: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A node the running limpet has DOWN by its traffic (a refused connect, `fall = 1`) is DOWN
+/// in the new one from its first moment, with the trial the old one set (an hour away):
+/// not UP, to be found dead again by a client's connect. The new one has no way to learn it
+/// but the handover: it has no checks, and no client reaches it before the test reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_by_its_traffic_is_down_after_an_upgrade_until_its_trial() {
+    let (_nodes, port) = backend_nodes(&WITH_DEAD[..3]).await;
+    let text = config(port, "").replace(
+        &nodes_toml(&NODES),
+        &format!(
+            "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n",
+            nodes_toml(&WITH_DEAD)
+        ),
+    );
+    let cfg = ConfigFile::new("upgrade-health-traffic", &text);
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    // Fresh clients go round the nodes; the one given d is refused there and answered by
+    // another node (the connect failed before any byte was sent), and d goes DOWN.
+    for ip in ["127.0.0.81", "127.0.0.82", "127.0.0.83", "127.0.0.84"] {
+        assert_ne!(node_for(ip, old.web).await, "d");
+    }
+    let before = json(&old.admin_url("/api/v1/nodes/d")).await;
+    assert_eq!(before["state"], "DOWN", "{before}");
+
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(old.exited().await.success());
+    let view = json(&new.admin_url("/api/v1/nodes/d")).await;
+    assert_eq!(view["state"], "DOWN", "{view}");
+    assert_eq!(view["health"]["down_cause"], "traffic", "{view}");
+    let trial_in = view["health"]["trial_in_ms"].as_u64().unwrap_or(0);
+    assert!(trial_in > 3_000_000, "the old one's trial time: {view}");
+    for n in ["a", "b", "c"] {
+        let up = json(&new.admin_url(&format!("/api/v1/nodes/{n}"))).await;
+        assert_eq!(up["state"], "UP", "{up}");
+    }
+}
+
+/// A node the running limpet's checks have DOWN is DOWN in the new one, held there by that
+/// check: the new config checks every hour, so nothing but the handover can have told it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_by_its_check_is_down_after_an_upgrade() {
+    let (_nodes, port) = backend_nodes(&WITH_DEAD[..3]).await;
+    let with_checks = |interval: &str| {
+        config(port, "")
+            .replace(
+                &nodes_toml(&NODES),
+                &format!(
+                    "{}[health]\nfall = 1\nrise = 2\ninterval = \"{interval}\"\ntimeout = \"1s\"\n\n",
+                    nodes_toml(&WITH_DEAD)
+                ),
+            )
+            .replace("table = \"t\"\n", "table = \"t\"\ncheck = { kind = \"tcp\" }\n")
+    };
+    let cfg = ConfigFile::new("upgrade-health-checks", &with_checks("100ms"));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    let before = node_view_once(&old.admin_url("/api/v1/nodes/d"), |v| v["state"] == "DOWN").await;
+    assert_eq!(before["health"]["down_cause"], "checks", "{before}");
+
+    cfg.write(&with_checks("1h"));
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(old.exited().await.success());
+    let view = json(&new.admin_url("/api/v1/nodes/d")).await;
+    assert_eq!(view["state"], "DOWN", "{view}");
+    assert_eq!(view["health"]["down_cause"], "checks", "{view}");
+    for n in ["a", "b", "c"] {
+        let up = json(&new.admin_url(&format!("/api/v1/nodes/{n}"))).await;
+        assert_eq!(up["state"], "UP", "{up}");
+    }
+}
+
 /// A new limpet that cannot start (a listener address another socket holds) exits 2 and the
 /// running one serves on, unchanged; a new one that can takes over afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -435,6 +435,17 @@ impl HealthChecks {
         self.tasks.is_empty()
     }
 
+    /// Each running check of `node`: what it asks ([`CheckSpec::label`]) and its slot. A
+    /// slot is this process's own; the label is what names the check to another process
+    /// (a binary upgrade carries each check's counts by it).
+    pub fn slots_of(&self, node: &str) -> Vec<(String, CheckSlot)> {
+        self.tasks
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|((_, label), (_, slot, _))| (label.clone(), *slot))
+            .collect()
+    }
+
     /// Makes the running set exactly `checks` (on start and on reload): a check whose node,
     /// kind, address and settings are unchanged keeps running with its history; others are
     /// stopped or started. Must be called inside a tokio runtime.

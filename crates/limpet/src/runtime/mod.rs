@@ -1016,6 +1016,44 @@ impl State {
             .collect()
     }
 
+    /// Each node's health, to carry to a new limpet (`crate::upgrade`): its checks named by
+    /// what they ask, as `checks` (the running set) knows them.
+    pub fn node_health(&self) -> Vec<crate::upgrade::NodeHealth> {
+        let checks = lock(&self.lifecycle.checks);
+        self.nodes
+            .iter()
+            .map(|n| {
+                let slots = checks.slots_of(&n.name);
+                let (health, since_ms) = n.rt.carry(|slot| {
+                    slots
+                        .iter()
+                        .find(|(_, s)| *s == slot)
+                        .map(|(label, _)| label.clone())
+                });
+                crate::upgrade::NodeHealth {
+                    node: n.name.clone(),
+                    health,
+                    since_ms,
+                }
+            })
+            .collect()
+    }
+
+    /// Takes a node's health from the limpet this one took over from: a node it had DOWN is
+    /// DOWN here, each of its checks' counts in the slot this process gave the check that asks
+    /// the same (a check this config does not have is left out, as a reload forgets it).
+    /// Unknown nodes are ignored.
+    pub fn take_node_health(&self, carried: &crate::upgrade::NodeHealth) {
+        let Some(rt) = self.node_id(&carried.node).and_then(|id| self.node_rt(id)) else {
+            return;
+        };
+        let slots = lock(&self.lifecycle.checks).slots_of(&carried.node);
+        let health = limpet_core::Health::carried(&carried.health, |label: &String| {
+            slots.iter().find(|(l, _)| l == label).map(|(_, s)| *s)
+        });
+        rt.take_carried(health, carried.since_ms);
+    }
+
     /// Every node with its state, open connections and pins per table.
     pub fn node_views(&self) -> Vec<NodeView> {
         let now = crate::clock::now_ms();

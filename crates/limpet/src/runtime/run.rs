@@ -44,7 +44,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
     /// A Unix socket for binary upgrades: a limpet already listening there hands this one its
-    /// listening sockets, pins and node admin states, then drains and exits (no client is
+    /// listening sockets, pins, node admin states and health, then drains and exits (no client is
     /// refused); this one then listens there for the next (see docs/operations.md).
     #[arg(long, value_name = "PATH")]
     pub upgrade_socket: Option<PathBuf>,
@@ -138,7 +138,7 @@ impl Running {
     }
 
     /// What a new limpet taking over gets once this one has stopped accepting: every
-    /// table's pins and every node's admin state, as they are now (read off the async
+    /// table's pins and every node's admin state and health, as they are now (read off the async
     /// threads: a large table takes a while to encode).
     pub async fn handover_state(&self) -> crate::upgrade::State {
         let runtime = Arc::clone(&self.runtime);
@@ -153,13 +153,16 @@ impl Running {
                     })
                     .collect(),
                 nodes: state.node_admin_states(),
+                health: state.node_health(),
             }
         };
         tokio::task::spawn_blocking(read).await.unwrap_or_default()
     }
 
     /// Loads what a running limpet handed over with its confirmation: its pins (newer than
-    /// any snapshot file) and its operator's MAINT and DRAIN, which hold on here.
+    /// any snapshot file), its operator's MAINT and DRAIN, which hold on here, and its
+    /// nodes' health (a node DOWN there is DOWN here, and comes back as it would have
+    /// there).
     pub async fn take_state(&self, handed: crate::upgrade::State) {
         let runtime = Arc::clone(&self.runtime);
         let load = move || {
@@ -171,6 +174,9 @@ impl Running {
             }
             for (node, admin) in &handed.nodes {
                 let _ = state.set_admin(node, *admin);
+            }
+            for health in &handed.health {
+                state.take_node_health(health);
             }
         };
         let _ = tokio::task::spawn_blocking(load).await;
