@@ -42,7 +42,10 @@
 //!   first pins, re-pins published, circuit breaker).
 //! - [`tcp`]: TCP mode (relay, half-close, idle, failover, node-down close, PROXY protocol).
 //! - [`upgrade`]: binary upgrades without a refused client: a new `limpet run` takes over the
-//!   running one's listening sockets, pins, node admin states and health through a Unix socket.
+//!   running one's listening sockets, pins, node admin states and health through a Unix socket;
+//!   on SIGUSR2 a running one starts its successor itself.
+//! - [`notify`]: what `limpet run` tells systemd (`READY`, `RELOADING`, `STOPPING`, and the new
+//!   main process after an upgrade).
 //! - [`wake`]: futures polled only when woken: the watchers (idle clocks, drain and
 //!   node-state signals) beside a connection's or a relay's I/O, and a relay's pumps.
 
@@ -59,6 +62,7 @@ pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod nodes;
+pub mod notify;
 pub mod probe;
 pub mod proxy;
 pub mod relay;

@@ -693,13 +693,89 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::from_std(l)
 }
 
+/// How a running limpet starts its own successor on SIGUSR2 (nginx's binary upgrade on
+/// USR2, HAProxy's master re-exec): the binary at the path it was started from, now (a
+/// package upgrade put the new one there), with the same arguments, so that it takes over
+/// through the same upgrade socket. Started by the running limpet, the new one is in its
+/// service's control group, as systemd requires of a main process: an operator's
+/// `systemctl kill -s USR2 --kill-whom=main limpet` upgrades a unit in place
+/// (`crate::notify`).
+#[derive(Debug)]
+pub struct Successor {
+    exe: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    /// A successor runs and has not exited: a second SIGUSR2 meanwhile is ignored.
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Successor {
+    /// This process's binary and arguments, read at its start: once a package upgrade has
+    /// replaced the file, `/proc/self/exe` names the old one, deleted, and the path it had
+    /// is the one wanted.
+    pub fn of_this_process() -> std::io::Result<Successor> {
+        Ok(Successor {
+            exe: std::env::current_exe()?,
+            args: std::env::args_os().skip(1).collect(),
+            running: std::sync::Arc::default(),
+        })
+    }
+
+    /// Starts the successor (stdin closed; stdout and stderr, and `NOTIFY_SOCKET`, this
+    /// process's), unless one runs already. Its exit is reaped on a thread of its own and
+    /// logged: one that exits before taking over (a bad config, a bind error: exit 2) leaves
+    /// this limpet serving, and a later SIGUSR2 may try again.
+    pub fn start(&self) {
+        use std::sync::atomic::Ordering;
+        if self.running.swap(true, Ordering::AcqRel) {
+            tracing::warn!("SIGUSR2: a new limpet started for an upgrade still runs; ignored");
+            return;
+        }
+        let child = std::process::Command::new(&self.exe)
+            .args(&self.args)
+            .stdin(std::process::Stdio::null())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                self.running.store(false, Ordering::Release);
+                tracing::error!(exe = %self.exe.display(), error = %e, "SIGUSR2: cannot start the new limpet; serving on");
+                return;
+            }
+        };
+        let pid = child.id();
+        tracing::info!(pid, exe = %self.exe.display(), "SIGUSR2: started a new limpet to take over");
+        let running = std::sync::Arc::clone(&self.running);
+        let reaped = std::thread::Builder::new()
+            .name("limpet-successor".into())
+            .spawn(move || {
+                let status = child.wait();
+                running.store(false, Ordering::Release);
+                match status {
+                    Ok(s) => tracing::warn!(pid, status = %s, "the new limpet started for an upgrade exited"),
+                    Err(e) => tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: wait failed"),
+                }
+            });
+        if let Err(e) = reaped {
+            // The child runs all the same; unreaped, it stays a zombie until this one exits.
+            tracing::warn!(pid, error = %e, "SIGUSR2: no thread to reap the new limpet");
+        }
+    }
+}
+
 /// A taker that is ready: the caller stops accepting, then [`confirm`](Self::confirm)s.
 #[derive(Debug)]
 pub struct Ready {
     conn: UnixStream,
+    /// The taker's process id (its socket's credentials).
+    pid: u32,
 }
 
 impl Ready {
+    /// The taker's process id: the service's main process once it took over.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Tells the taker this limpet has stopped accepting, with its `state` as it is now, and
     /// waits for it to say it took over (at most [`HANDOVER_LIMIT`]). `false`: it did not
     /// (it died, or hangs); it does not accept then, and this limpet must serve again.
@@ -747,8 +823,8 @@ pub async fn hold(
             },
         };
         let own = rustix::process::getuid();
-        match rustix::net::sockopt::socket_peercred(&conn) {
-            Ok(c) if c.uid == own || c.uid.is_root() => {}
+        let pid = match rustix::net::sockopt::socket_peercred(&conn) {
+            Ok(c) if c.uid == own || c.uid.is_root() => c.pid.as_raw_nonzero().get().unsigned_abs(),
             Ok(c) => {
                 tracing::warn!(
                     uid = c.uid.as_raw(),
@@ -760,7 +836,7 @@ pub async fn hold(
                 tracing::warn!(error = %e, "upgrade socket: peer unknown, refused");
                 continue;
             }
-        }
+        };
         let conn = match conn.into_std().and_then(|c| {
             c.set_nonblocking(false)?;
             c.set_read_timeout(Some(HANDOVER_LIMIT))?;
@@ -784,7 +860,7 @@ pub async fn hold(
                 return None;
             }
             r = exchange => match r {
-                Ok(Ok(conn)) => return Some(Ready { conn }),
+                Ok(Ok(conn)) => return Some(Ready { conn, pid }),
                 Ok(Err(e)) => tracing::warn!(error = %e, "upgrade: handover not completed; serving on"),
                 Err(e) => tracing::warn!(error = %e, "upgrade: handover task failed; serving on"),
             },

@@ -325,14 +325,21 @@ impl Control for RuntimeControl {
 pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
     let life = Arc::clone(&runtime.state().lifecycle);
     let mut blocked = life.reloading.lock().await;
+    crate::notify::reloading();
     let result = reload_locked(runtime, &mut blocked).await;
     life.metrics.reload(result.is_ok());
     match &result {
         Ok(r) => {
-            tracing::info!(generation = r.generation, changes = ?r.changes, "configuration reloaded")
+            tracing::info!(generation = r.generation, changes = ?r.changes, "configuration reloaded");
+            crate::notify::ready(&format!(
+                "serving; configuration generation {} loaded",
+                r.generation
+            ));
         }
         Err(e) => {
-            tracing::warn!(error = %e, "configuration reload refused; the running configuration stays")
+            tracing::warn!(error = %e, "configuration reload refused; the running configuration stays");
+            // The reload is over either way: systemd waits for READY=1 after RELOADING=1.
+            crate::notify::ready(&format!("serving; reload refused: {e}"));
         }
     }
     result
@@ -578,18 +585,18 @@ pub async fn start(
     Ok(())
 }
 
-/// The signals `limpet run` answers, registered once and early: from then on SIGTERM, SIGINT
-/// and SIGHUP no longer end the process by their default action (a new limpet taking over
-/// from a running one must not die between "ready" and serving: `crate::upgrade`), and one
-/// that comes before they are awaited is kept for [`serve_signals_with`].
+/// The signals `limpet run` answers, registered once and early: from then on SIGTERM, SIGINT,
+/// SIGHUP and SIGUSR2 no longer end the process by their default action (a new limpet taking
+/// over from a running one must not die between "ready" and serving: `crate::upgrade`), and
+/// one that comes before they are awaited is kept for [`serve_signals_with`].
 #[derive(Debug)]
 pub struct Signals {
     #[cfg(unix)]
-    streams: Option<[tokio::signal::unix::Signal; 3]>,
+    streams: Option<[tokio::signal::unix::Signal; 4]>,
 }
 
 impl Signals {
-    /// Registers SIGHUP, SIGTERM and SIGINT (on the current tokio runtime).
+    /// Registers SIGHUP, SIGTERM, SIGINT and SIGUSR2 (on the current tokio runtime).
     pub fn new() -> Self {
         #[cfg(unix)]
         {
@@ -598,8 +605,9 @@ impl Signals {
                 signal(SignalKind::hangup()),
                 signal(SignalKind::terminate()),
                 signal(SignalKind::interrupt()),
+                signal(SignalKind::user_defined2()),
             ) {
-                (Ok(hup), Ok(term), Ok(int)) => Some([hup, term, int]),
+                (Ok(hup), Ok(term), Ok(int), Ok(usr2)) => Some([hup, term, int, usr2]),
                 _ => None,
             };
             Self { streams }
@@ -616,16 +624,24 @@ impl Default for Signals {
 }
 
 /// Runs until SIGTERM or SIGINT; each SIGHUP reloads the configuration (a refused reload is
-/// logged and changes nothing).
+/// logged and changes nothing). SIGUSR2 (an upgrade in place) is logged and ignored: only
+/// `limpet run --upgrade-socket` answers it ([`serve_signals_with`]).
 pub async fn serve_signals(runtime: &Arc<Runtime>) {
-    serve_signals_with(runtime, &mut Signals::new()).await;
+    serve_signals_with(runtime, &mut Signals::new(), &mut || {
+        tracing::warn!("SIGUSR2: an upgrade in place needs `limpet run --upgrade-socket`; ignored");
+    })
+    .await;
 }
 
 /// [`serve_signals`] on signals registered before (a signal that came meanwhile is taken
-/// at once).
-pub async fn serve_signals_with(runtime: &Arc<Runtime>, signals: &mut Signals) {
+/// at once), with `upgrade` called on each SIGUSR2.
+pub async fn serve_signals_with(
+    runtime: &Arc<Runtime>,
+    signals: &mut Signals,
+    upgrade: &mut dyn FnMut(),
+) {
     #[cfg(unix)]
-    if let Some([hup, term, int]) = signals.streams.as_mut() {
+    if let Some([hup, term, int, usr2]) = signals.streams.as_mut() {
         // Reloads on tasks of their own: a stop signal is taken at once, even while a
         // reload waits (they run one at a time, `Lifecycle::reloading`). Dropped when this
         // returns, which aborts one still waiting: limpet is stopping, and a reload applied
@@ -642,6 +658,7 @@ pub async fn serve_signals_with(runtime: &Arc<Runtime>, signals: &mut Signals) {
                         let _ = reload(&runtime).await;
                     });
                 }
+                _ = usr2.recv() => upgrade(),
                 Some(_) = reloads.join_next(), if !reloads.is_empty() => {}
             }
         }

@@ -622,6 +622,20 @@ pub fn run(args: RunArgs) -> ExitCode {
         // default action, and one that comes before they are awaited is kept (a new limpet
         // must not die between its "ready" and serving, `crate::upgrade`).
         let mut signals = super::Signals::new();
+        // SIGUSR2 starts this binary's successor, with these arguments (read now: a package
+        // upgrade replaces the file under a running process).
+        let successor = match &args.upgrade_socket {
+            Some(_) => crate::upgrade::Successor::of_this_process()
+                .map_err(|e| tracing::warn!(error = %e, "this binary's path is unknown: SIGUSR2 cannot start a successor"))
+                .ok(),
+            None => None,
+        };
+        let mut upgrade_signal = || match &successor {
+            Some(s) => s.start(),
+            None => tracing::warn!(
+                "SIGUSR2: an upgrade in place needs `--upgrade-socket` (and this binary's path); ignored"
+            ),
+        };
         // The config is valid by now: only then is a running limpet asked for its sockets.
         let mut handover = match &args.upgrade_socket {
             Some(path) => {
@@ -664,17 +678,22 @@ pub fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        let mut took_from = None;
         if let Some(h) = handover {
             let pid = h.from_pid;
             match tokio::task::spawn_blocking(move || h.complete()).await {
                 Ok(Ok(Ok(handed))) => {
                     running.take_state(handed).await;
                     tracing::info!(pid, "took over from the running limpet");
+                    took_from = Some(pid);
                 }
-                Ok(Ok(Err(e))) => tracing::error!(
-                    pid, error = %e,
-                    "took over from the running limpet without its pins and node states"
-                ),
+                Ok(Ok(Err(e))) => {
+                    tracing::error!(
+                        pid, error = %e,
+                        "took over from the running limpet without its pins and node states"
+                    );
+                    took_from = Some(pid);
+                }
                 Ok(Err(e)) => {
                     // Nothing accepted yet: leaving now loses no client.
                     eprintln!("limpet run: {e}");
@@ -700,13 +719,18 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
             let _ = out.flush();
         }
+        let status = format!("serving {} listening sockets", running.addrs().len());
+        match took_from {
+            Some(pid) => crate::notify::took_over(&format!("{status}; took over from pid {pid}")),
+            None => crate::notify::ready(&status),
+        }
         // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once. Or a new limpet
         // is ready to take over: stop accepting, wait until no accept loop runs, hand it the
         // pins and node states as they are then; drain once it says it took over, or serve
         // again if it does not.
         let handed_over = loop {
             let ready = tokio::select! {
-                () = super::serve_signals_with(running.runtime(), &mut signals) => None,
+                () = super::serve_signals_with(running.runtime(), &mut signals, &mut upgrade_signal) => None,
                 Ok(Some(ready)) = async { match next.as_mut() {
                     Some(n) => n.await,
                     None => std::future::pending().await,
@@ -722,10 +746,13 @@ pub fn run(args: RunArgs) -> ExitCode {
                 tracing::warn!("upgrade: an accept loop still runs after {ACCEPT_LOOPS_LIMIT:?}; handing over all the same");
             }
             let handed = running.handover_state().await;
+            let taker = ready.pid();
             let took = tokio::task::spawn_blocking(move || ready.confirm(&handed))
                 .await
                 .unwrap_or(false);
             if took {
+                // Before the drain: this process's exit must not end the unit.
+                crate::notify::handed_over(taker);
                 running.let_go();
                 tracing::info!("a new limpet took over: draining, then exiting");
                 break true;
@@ -739,6 +766,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         };
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
+            crate::notify::stopping();
         }
         let runtime = Arc::clone(running.runtime());
         let stop = running.stop_saving(!handed_over);

@@ -1,0 +1,318 @@
+//! The real `limpet run` under a service manager: what it tells systemd through
+//! `NOTIFY_SOCKET` (a Unix datagram socket the test binds where systemd would), and an upgrade
+//! in place on SIGUSR2 (the running limpet starts its own successor, which takes over through
+//! the upgrade socket and becomes the unit's main process).
+
+mod admin_common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use admin_common::lifecycle::*;
+
+const NODES: [(&str, &str); 2] = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+
+/// The socket systemd would pass as `NOTIFY_SOCKET`: each message as the text it holds, with
+/// the process id of its sender (`SO_PASSCRED`, as systemd reads it to tell the main process
+/// from others).
+struct Notify {
+    sock: tokio::net::UnixDatagram,
+    path: PathBuf,
+}
+
+impl Notify {
+    fn bind(dir: &Path) -> Notify {
+        let path = dir.join("notify.sock");
+        let sock = tokio::net::UnixDatagram::bind(&path).unwrap_or_else(|e| panic!("{e}"));
+        rustix::net::sockopt::set_socket_passcred(&sock, true).unwrap_or_else(|e| panic!("{e}"));
+        Notify { sock, path }
+    }
+
+    /// The next message and its sender's pid, within `PATIENCE`.
+    async fn next(&self) -> (u32, String) {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        use std::mem::MaybeUninit;
+        let receive = || {
+            let mut buf = [0u8; 4096];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let got = recvmsg(&self.sock, &mut iov, &mut control, RecvFlags::DONTWAIT)?;
+            let pid = control.drain().find_map(|m| match m {
+                RecvAncillaryMessage::ScmCredentials(c) => {
+                    Some(c.pid.as_raw_nonzero().get().unsigned_abs())
+                }
+                _ => None,
+            });
+            let text = String::from_utf8_lossy(&buf[..got.bytes]).into_owned();
+            Ok::<_, rustix::io::Errno>((pid.unwrap_or(0), text))
+        };
+        tokio::time::timeout(
+            PATIENCE,
+            self.sock.async_io(tokio::io::Interest::READABLE, || {
+                receive().map_err(std::io::Error::from)
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no message within {PATIENCE:?}"))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// Every process whose command line names `config` is killed (SIGKILL, by its PID) when
+/// this is dropped: the limpets a test started, and those a limpet started for an upgrade,
+/// which are not the test's children.
+struct KillAll {
+    config: PathBuf,
+    child: Option<Child>,
+}
+
+impl KillAll {
+    fn pids(&self) -> Vec<u32> {
+        let needle = self.config.as_os_str().as_encoded_bytes().to_vec();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == needle.as_slice()))
+            })
+            .collect()
+    }
+}
+
+impl Drop for KillAll {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            signal(pid, "KILL");
+        }
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status();
+}
+
+/// Whether `pid` has exited: gone, or a zombie nobody has reaped yet.
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+async fn until_gone(pid: u32) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !gone(pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pid {pid} still runs after {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn config(port: u16) -> String {
+    format!(
+        "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n[[listeners]]\nname = \"web\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {port}\ntable = \"t\"\n\
+         timeouts = {{ drain = \"2s\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    )
+}
+
+/// `limpet run -c CONFIG [--upgrade-socket SOCK]` with `NOTIFY_SOCKET`, once it listens: its
+/// process and its first listener's and admin listener's addresses.
+async fn start(
+    cfg: &ConfigFile,
+    notify: &Notify,
+    upgrade: Option<&Path>,
+) -> (KillAll, std::net::SocketAddr, std::net::SocketAddr) {
+    let err = std::fs::File::create(cfg.dir.join("limpet.err")).unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_limpet"));
+    cmd.args(["run", "--threads", "1", "-c"]).arg(&cfg.path);
+    if let Some(sock) = upgrade {
+        cmd.arg("--upgrade-socket").arg(sock);
+    }
+    let mut child = cmd
+        .env("NOTIFY_SOCKET", &notify.path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("limpet run: {e}"));
+    let started = printed_addresses(child.stdout.take());
+    let guard = KillAll {
+        config: cfg.path.clone(),
+        child: Some(child),
+    };
+    let (web, admin) = tokio::time::timeout(PATIENCE, started)
+        .await
+        .unwrap_or_else(|_| panic!("limpet did not start"))
+        .unwrap_or_else(|_| panic!("limpet exited before listening"));
+    (guard, web, admin)
+}
+
+/// The value of `key` in a notify message (`KEY=value` lines).
+fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
+    msg.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// READY=1 once every listener serves; RELOADING=1 (with MONOTONIC_USEC, which
+/// `Type=notify-reload` requires) and READY=1 around each SIGHUP reload, a refused one
+/// included; STOPPING=1 at SIGTERM. SIGUSR2 without an upgrade socket changes nothing (by
+/// its default action it would kill the process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limpet_tells_systemd_it_is_ready_reloading_and_stopping() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    let (mut guard, web, _) = start(&cfg, &notify, None).await;
+    let pid = guard.child.as_ref().map_or(0, Child::id);
+
+    let (from, ready) = notify.next().await;
+    assert_eq!(from, pid);
+    assert_eq!(field(&ready, "READY"), Some("1"), "{ready:?}");
+    assert!(
+        field(&ready, "STATUS").is_some_and(|s| s.starts_with("serving")),
+        "{ready:?}"
+    );
+    node_for("127.0.0.51", web).await;
+
+    signal(pid, "HUP");
+    let (_, reloading) = notify.next().await;
+    assert_eq!(field(&reloading, "RELOADING"), Some("1"), "{reloading:?}");
+    assert!(
+        field(&reloading, "MONOTONIC_USEC").is_some_and(|v| v.parse::<u64>().is_ok()),
+        "{reloading:?}"
+    );
+    let (_, reloaded) = notify.next().await;
+    assert_eq!(field(&reloaded, "READY"), Some("1"), "{reloaded:?}");
+    assert!(
+        field(&reloaded, "STATUS")
+            .is_some_and(|s| s.contains("configuration generation") && s.ends_with("loaded")),
+        "{reloaded:?}"
+    );
+
+    cfg.write("[[listeners]]\nname = 3\n");
+    signal(pid, "HUP");
+    assert_eq!(field(&notify.next().await.1, "RELOADING"), Some("1"));
+    let (_, refused) = notify.next().await;
+    assert_eq!(field(&refused, "READY"), Some("1"), "{refused:?}");
+    assert!(
+        field(&refused, "STATUS").is_some_and(|s| s.contains("reload refused")),
+        "{refused:?}"
+    );
+
+    signal(pid, "USR2");
+    // Still serving, on the running config: the refused reload and the USR2 changed nothing.
+    node_for("127.0.0.52", web).await;
+
+    signal(pid, "TERM");
+    let (from, stopping) = notify.next().await;
+    assert_eq!(from, pid);
+    assert_eq!(field(&stopping, "STOPPING"), Some("1"), "{stopping:?}");
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+/// SIGUSR2 to a `limpet run --upgrade-socket`: it starts its own binary again with its
+/// arguments; the new one takes the sockets, pins and node states over, and the old one
+/// names it the unit's main process (MAINPID) before draining and exiting 0, without a
+/// STOPPING=1 that would stop the unit. A successor that cannot start (a bad config) exits
+/// and leaves the running one serving, and a later SIGUSR2 succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_upgrades_in_place_and_hands_the_unit_to_the_new_limpet() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let good = config(port);
+    let cfg = ConfigFile::new("notify-usr2", &good);
+    let notify = Notify::bind(&cfg.dir);
+    let sock = cfg.dir.join("upgrade.sock");
+    let (mut guard, web, admin) = start(&cfg, &notify, Some(&sock)).await;
+    let old = guard.child.as_ref().map_or(0, Child::id);
+    assert_eq!(
+        notify.next().await,
+        (
+            old,
+            "READY=1\nSTATUS=serving 1 listening sockets\n".to_owned()
+        )
+    );
+    let pinned = node_for("127.0.0.61", web).await;
+
+    // A successor that cannot start: the running one hears of it only in its log.
+    cfg.write("[[listeners]]\nname = 3\n");
+    signal(old, "USR2");
+    let log = cfg.dir.join("limpet.err");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("the new limpet started for an upgrade exited")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failed successor was not reaped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(node_for("127.0.0.61", web).await, pinned);
+    assert!(!gone(old));
+
+    cfg.write(&good);
+    signal(old, "USR2");
+    // Two messages, in either order: the old one names the new one main, and the new one
+    // says it is main and ready.
+    let (mut handed, mut took) = (None, None);
+    while handed.is_none() || took.is_none() {
+        let (from, msg) = notify.next().await;
+        let main: u32 = field(&msg, "MAINPID")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{msg:?}"));
+        assert_ne!(main, old, "{msg:?}");
+        if from == old {
+            assert_eq!(field(&msg, "READY"), None, "{msg:?}");
+            handed = Some(main);
+        } else {
+            assert_eq!(from, main, "the new one names itself");
+            assert_eq!(field(&msg, "READY"), Some("1"), "{msg:?}");
+            assert!(
+                field(&msg, "STATUS").is_some_and(|s| s.ends_with(&format!("from pid {old}"))),
+                "{msg:?}"
+            );
+            took = Some(main);
+        }
+    }
+    assert_eq!(handed, took);
+    let new = took.unwrap_or_default();
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    guard.child = None;
+
+    // The new one serves the same addresses, with the old one's pins.
+    assert!(!gone(new));
+    assert_eq!(node_for("127.0.0.61", web).await, pinned);
+    let view = json(&format!("http://{admin}/api/v1/nodes/{pinned}")).await;
+    assert_eq!(view["state"], "UP", "{view}");
+    // The old one said nothing after handing over (its drain's end is no STOPPING=1 of the
+    // unit's); the new one says it stops.
+    signal(new, "TERM");
+    assert_eq!(notify.next().await, (new, "STOPPING=1\n".to_owned()));
+    until_gone(new).await;
+}
