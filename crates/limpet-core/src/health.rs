@@ -249,6 +249,10 @@ pub struct CarriedHealth<K> {
     /// While DOWN: when traffic may try it next (`None`: never, a forced DOWN; a checked
     /// node ignores it).
     pub retry_at_ms: Option<u64>,
+    /// While DOWN: until when the trial the carrying process claimed holds (0: none). The
+    /// trial stays that process's; the receiving one makes no other, early or not, before
+    /// then.
+    pub trial_claimed_until_ms: u64,
     /// While UP: the slow answers counted in the window that began at `slow_since_ms`.
     pub slow: u32,
     pub slow_since_ms: u64,
@@ -257,6 +261,10 @@ pub struct CarriedHealth<K> {
     /// The checks with something on record (a failure, or passes owed since one).
     pub checks: Vec<(K, CheckCounts)>,
 }
+
+/// The most a carried streak or slow-answer count is taken as: far above any `fall`, `rise`
+/// or `max_slow_answers` a config allows (255), far below where counting on overflows.
+const CARRIED_COUNT_MAX: u32 = 1 << 20;
 
 /// One check's counts in a [`CarriedHealth`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -668,14 +676,15 @@ impl Health {
     /// node's trial time, every check's counts toward `fall` and `rise`, an UP node's
     /// failure streak and slow answers). A check slot is this process's own: `name` says
     /// what names each check to the other process (`None`: a check that no longer runs, left
-    /// out). A trial claimed here is not carried: its outcome is this process's to see, and
-    /// the other one tries the node once the claim would have ended.
+    /// out). A trial claimed here stays this process's (its outcome is seen here): the other
+    /// one makes none before its claim would have ended.
     pub fn carry<K>(&self, name: impl Fn(CheckSlot) -> Option<K>) -> CarriedHealth<K> {
         CarriedHealth {
             up: self.up,
             streak: self.streak,
             unanswered: self.unanswered,
             retry_at_ms: (!self.up && self.retry_at_ms != u64::MAX).then_some(self.retry_at_ms),
+            trial_claimed_until_ms: self.claimed_until_ms,
             slow: self.slow,
             slow_since_ms: self.slow_since_ms,
             down_cause: self.down_cause,
@@ -695,28 +704,40 @@ impl Health {
 
     /// The health [`carry`](Health::carry) described, with each check's counts in the slot
     /// `slot` gives its name here (`None`: no such check here, its counts left out, as a
-    /// reload forgets a removed check). Made whole where the description is not (it comes
-    /// from another process): an UP node has no trial and no cause, a DOWN one counts no
-    /// slow answers and has a cause (`traffic` if none is given), an unanswered request is
-    /// part of a failure streak, and a pass count is held below "no failure". Of two checks
-    /// given one slot, the last counts.
+    /// reload forgets a removed check). Of two checks given one slot, the last counts.
+    ///
+    /// The description comes from another process, so it is made whole where it is not,
+    /// to the rules the model keeps: an UP node has no trial and no cause; a DOWN one counts
+    /// no slow answers, has a cause (`traffic` if none is given), and counts no passes toward
+    /// `rise` while a check of its fails; a failing check has passed 0 times since; an
+    /// unanswered request is part of a failure streak; a pass count is held below "no
+    /// failure", and a streak or a slow-answer count at 2^20 (far above any limit a config
+    /// allows, far below an overflow).
     pub fn carried<K>(c: &CarriedHealth<K>, slot: impl Fn(&K) -> Option<CheckSlot>) -> Health {
         let mut h = Health::default();
         for (name, counts) in &c.checks {
             if let Some(s) = slot(name) {
                 h.fails[s.index()] = counts.fails;
-                h.passes[s.index()] = counts.passes.map_or(NO_FAILURE, |p| p.min(NO_FAILURE - 1));
+                h.passes[s.index()] = if counts.fails > 0 {
+                    0
+                } else {
+                    counts.passes.map_or(NO_FAILURE, |p| p.min(NO_FAILURE - 1))
+                };
             }
         }
-        h.streak = c.streak;
+        h.streak = c.streak.min(CARRIED_COUNT_MAX);
         if c.up {
-            h.unanswered = c.unanswered && c.streak > 0;
-            h.slow = c.slow;
+            h.unanswered = c.unanswered && h.streak > 0;
+            h.slow = c.slow.min(CARRIED_COUNT_MAX);
             h.slow_since_ms = c.slow_since_ms;
         } else {
             h.up = false;
             h.retry_at_ms = c.retry_at_ms.unwrap_or(u64::MAX);
+            h.claimed_until_ms = c.trial_claimed_until_ms;
             h.down_cause = Some(c.down_cause.unwrap_or(DownCause::Traffic));
+            if h.a_check_fails() {
+                h.streak = 0;
+            }
         }
         h.debug_check();
         h
@@ -862,7 +883,7 @@ mod tests {
                     }
                 }
                 let carried = Health::carried(&h.carry(Some), |&s| Some(s));
-                proptest::prop_assert_eq!(carried, Health { trying: false, claimed_until_ms: 0, ..h });
+                proptest::prop_assert_eq!(carried, Health { trying: false, ..h });
                 proptest::prop_assert_eq!(carried.carry(Some), h.carry(Some));
             }
         }
@@ -873,10 +894,12 @@ mod tests {
         #[test]
         fn any_carried_description_makes_a_whole_health(
             up in proptest::prelude::any::<bool>(),
-            streak in 0u32..10,
+            streak in proptest::prop_oneof![proptest::prelude::Just(u32::MAX), 0u32..300, proptest::prelude::any::<u32>()],
             unanswered in proptest::prelude::any::<bool>(),
-            retry_at_ms in proptest::option::of(0u64..100_000),
-            slow in 0u32..5,
+            retry_at_ms in proptest::option::of(proptest::prelude::any::<u64>()),
+            claimed in proptest::prelude::any::<u64>(),
+            slow in proptest::prop_oneof![proptest::prelude::Just(u32::MAX), 0u32..300, proptest::prelude::any::<u32>()],
+            steps in proptest::collection::vec(0u8..9, 0..20),
             cause in proptest::option::of(0usize..4),
             checks in proptest::collection::vec((0usize..70, 0u8..=255, proptest::option::of(0u8..=255)), 0..5),
         ) {
@@ -885,6 +908,7 @@ mod tests {
                 streak,
                 unanswered,
                 retry_at_ms,
+                trial_claimed_until_ms: claimed,
                 slow,
                 slow_since_ms: 7,
                 down_cause: cause.map(|i| [DownCause::Checks, DownCause::Traffic, DownCause::SlowAnswers, DownCause::Forced][i]),
@@ -897,6 +921,32 @@ mod tests {
             proptest::prop_assert_eq!(h.is_up(), up);
             proptest::prop_assert_eq!(h.down_cause().is_some(), !up);
             proptest::prop_assert_eq!(Health::carried(&h.carry(Some), |&s| Some(s)), h);
+            // A failing check owes `rise` passes of its own whatever the description said
+            // (its passes, the node's streak): one pass of it does not bring the node UP.
+            let rise2 = HealthPolicy { checked: true, rise: 2, ..HealthPolicy::default() };
+            for (slot, _) in &c.checks {
+                if h.fails[slot.index()] > 0 && !up {
+                    let mut once = h;
+                    proptest::prop_assert_eq!(once.observe(CheckPassed(*slot), rise2, 1_000), None, "{:?}", h);
+                    // Nor do the passes of another check after it: this one owes one more.
+                    let other = CheckSlot::new((slot.index() + 1) % CheckSlot::COUNT);
+                    for _ in 0..3 {
+                        proptest::prop_assert_eq!(once.observe(CheckPassed(other), rise2, 1_000), None, "{:?}", h);
+                    }
+                }
+            }
+            // And it goes on under the model's rules (`debug_check` after every step), with
+            // counts that do not overflow.
+            let policy = HealthPolicy { checked: true, max_slow_answers: 3, ..HealthPolicy::default() };
+            let mut h = h;
+            for (i, step) in steps.into_iter().enumerate() {
+                let s1 = CheckSlot::new(1);
+                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer]
+                    [usize::from(step)];
+                h.observe(obs, policy, 1_000 + i as u64);
+                // The counts read back without overflowing.
+                let _ = (h.streak(), h.slow_answers(policy, 1_000 + i as u64));
+            }
         }
     }
 

@@ -34,24 +34,68 @@ static HANDED_OVER: AtomicBool = AtomicBool::new(false);
 
 /// Sends `states` in one message (nothing without `NOTIFY_SOCKET`, or after handing over).
 /// The variable is kept: a new limpet started for an upgrade
-/// ([`crate::upgrade::start_successor`]) needs it too.
+/// ([`crate::upgrade::Successor`]) needs it too.
 fn send(states: &[NotifyState<'_>]) {
-    if HANDED_OVER.load(Ordering::Acquire) {
-        return;
+    if !HANDED_OVER.load(Ordering::Acquire) {
+        send_anyway(states);
     }
+}
+
+fn send_anyway(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(false, states) {
         tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
     }
 }
 
+/// Whether a service manager listens (`NOTIFY_SOCKET` is set).
+pub fn managed() -> bool {
+    std::env::var_os("NOTIFY_SOCKET").is_some()
+}
+
+/// A `STATUS` on one line: systemd shows a status up to its first line break (a config
+/// error's text may have several).
+fn one_line(status: &str) -> String {
+    status.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Every listener accepts: the unit is started (or a reload is over).
 pub fn ready(status: &str) {
-    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+    send(&[NotifyState::Ready, NotifyState::Status(&one_line(status))]);
+}
+
+/// A reload under way, told to the service manager: `RELOADING=1` now, and `READY=1` with
+/// the status given to [`done`](Self::done), or, if the reload is dropped before it is done
+/// (a stop aborts a reload waiting on its file), with "reload abandoned": systemd waits
+/// for `READY=1` after `RELOADING=1`, and would otherwise show the unit reloading until
+/// its timeout.
+#[derive(Debug)]
+pub struct Reload {
+    over: bool,
+}
+
+impl Reload {
+    pub fn begin() -> Reload {
+        reloading();
+        Reload { over: false }
+    }
+
+    pub fn done(mut self, status: &str) {
+        self.over = true;
+        ready(status);
+    }
+}
+
+impl Drop for Reload {
+    fn drop(&mut self) {
+        if !self.over {
+            ready("serving; reload abandoned, the running configuration stays");
+        }
+    }
 }
 
 /// A reload begins. `MONOTONIC_USEC` goes with it: `Type=notify-reload` (systemd 253 and
 /// later) requires it to tell this reload's messages from a late one's.
-pub fn reloading() {
+fn reloading() {
     match NotifyState::monotonic_usec_now() {
         Ok(now) => send(&[NotifyState::Reloading, now]),
         Err(_) => send(&[NotifyState::Reloading]),
@@ -63,12 +107,57 @@ pub fn stopping() {
     send(&[NotifyState::Stopping]);
 }
 
-/// A new limpet (`pid`) took over: it is the unit's main process from now on, and this one
-/// says nothing more.
+/// A new limpet (`pid`) took over: it is the unit's main process from now on, ready, and
+/// this one says nothing more. Said by this one, still the main process as it says it: with
+/// the default `NotifyAccess=main`, systemd takes only the main process's word, and the new
+/// one's own message ([`took_over`]) may come first and be dropped.
 pub fn handed_over(pid: u32) {
-    let status = format!("handed over to pid {pid}; draining");
-    send(&[NotifyState::MainPid(pid), NotifyState::Status(&status)]);
     HANDED_OVER.store(true, Ordering::Release);
+    let status = format!(
+        "serving: pid {pid} took over from pid {}",
+        std::process::id()
+    );
+    send_anyway(&[
+        NotifyState::MainPid(pid),
+        NotifyState::Ready,
+        NotifyState::Status(&status),
+    ]);
+}
+
+/// Whether process `pid` may become this service's main process: systemd accepts only a
+/// process of the service's own control group (a new limpet started from a shell is in the
+/// shell's, and systemd would refuse it, leaving the unit to stop with this process while
+/// the new one serves outside it). Always yes when no service manager listens.
+pub fn may_take_over(pid: u32) -> Result<(), String> {
+    if !managed() {
+        return Ok(());
+    }
+    let read = |who: &str| std::fs::read_to_string(format!("/proc/{who}/cgroup")).ok();
+    match (read("self"), read(&pid.to_string())) {
+        (Some(own), Some(theirs)) if same_service(&own, &theirs) => Ok(()),
+        (Some(own), Some(theirs)) => Err(format!(
+            "the new limpet (pid {pid}) runs outside this service's control group ({} here, {} there): under a service manager, upgrade with SIGUSR2 to this limpet, which starts the new one inside the service",
+            service_cgroup(&own).unwrap_or("?"),
+            service_cgroup(&theirs).unwrap_or("?")
+        )),
+        _ => Err(format!("the control group of pid {pid} is unknown")),
+    }
+}
+
+/// The control group systemd tracks a process by, from its `/proc/PID/cgroup`: the unified
+/// hierarchy's (`0::PATH`) under cgroup v2, else the `name=systemd` one (v1, hybrid).
+fn service_cgroup(text: &str) -> Option<&str> {
+    let line = |prefix: &str| {
+        text.lines().find_map(|l| {
+            l.split_once(':')
+                .and_then(|(_, rest)| rest.strip_prefix(prefix))
+        })
+    };
+    line("name=systemd:").or_else(|| line(":"))
+}
+
+fn same_service(a: &str, b: &str) -> bool {
+    matches!((service_cgroup(a), service_cgroup(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// This process took over from a running limpet and serves: it is the unit's main process,
@@ -77,6 +166,57 @@ pub fn took_over(status: &str) {
     send(&[
         NotifyState::MainPid(std::process::id()),
         NotifyState::Ready,
-        NotifyState::Status(status),
+        NotifyState::Status(&one_line(status)),
     ]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1_UNIT: &str = "9:name=systemd:/system.slice/limpet.service\n4:memory:/system.slice/limpet.service\n0::/system.slice/limpet.service\n";
+    const V1_SHELL: &str = "9:name=systemd:/user.slice/user-0.slice/session-3.scope\n4:memory:/system.slice/limpet.service\n0::/user.slice/user-0.slice/session-3.scope\n";
+    const V2_UNIT: &str = "0::/system.slice/limpet.service\n";
+    const V2_SHELL: &str = "0::/user.slice/user-1000.slice/session-2.scope\n";
+
+    /// The control group systemd tracks: `name=systemd` on v1 and hybrid hosts (whatever
+    /// other controllers say), the unified one on v2.
+    #[test]
+    fn a_process_is_of_the_service_whose_control_group_systemd_tracks_it_in() {
+        assert_eq!(
+            service_cgroup(V1_UNIT),
+            Some("/system.slice/limpet.service")
+        );
+        assert_eq!(
+            service_cgroup(V2_SHELL),
+            Some("/user.slice/user-1000.slice/session-2.scope")
+        );
+        assert!(same_service(V1_UNIT, V1_UNIT));
+        assert!(same_service(V2_UNIT, V2_UNIT));
+        assert!(
+            !same_service(V1_UNIT, V1_SHELL),
+            "another name=systemd group, though the memory one is the same"
+        );
+        assert!(!same_service(V2_UNIT, V2_SHELL));
+        assert!(!same_service("", ""), "unknown is not the same");
+        // This test process and a child of its are of one service, whatever host runs them.
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let theirs =
+            std::fs::read_to_string(format!("/proc/{}/cgroup", child.id())).unwrap_or_default();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(same_service(&own, &theirs), "{own:?} / {theirs:?}");
+    }
+
+    #[test]
+    fn a_status_is_sent_on_one_line() {
+        assert_eq!(
+            one_line("reload refused: limpet.toml:3:\n  bad key\n"),
+            "reload refused: limpet.toml:3: bad key"
+        );
+    }
 }

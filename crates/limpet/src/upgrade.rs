@@ -155,8 +155,16 @@ struct Last {
     nodes: Vec<(String, NodeAdmin)>,
     /// Added after the first version: a holder without it hands no health over (the taker
     /// starts every node UP), and one with it is understood by a taker that ignores it.
+    /// Each entry is read on its own ([`HealthEntry`]): one a later version wrote in another
+    /// shape is left out, not the whole state with it.
     #[serde(default)]
-    health: Vec<HealthEntry>,
+    health: Vec<serde_json::Value>,
+    /// The holder's clock ([`crate::clock::now_ms`]) as it sent this: the taker moves every
+    /// time it hands over onto its own clock by the difference (each process anchors its
+    /// clock to the wall clock once, at its start, so a wall clock stepped in between sets
+    /// them apart). Added after the first version.
+    #[serde(default)]
+    now_ms: Option<u64>,
 }
 
 /// A node's health as it crosses ([`limpet_core::CarriedHealth`], its checks named by what
@@ -168,6 +176,8 @@ struct HealthEntry {
     streak: u32,
     unanswered: bool,
     retry_at_ms: Option<u64>,
+    #[serde(default)]
+    trial_claimed_until_ms: u64,
     slow: u32,
     slow_since_ms: u64,
     /// `checks`, `traffic`, `slow-answers` or `forced` (a name not known here reads as
@@ -193,6 +203,7 @@ impl From<&NodeHealth> for HealthEntry {
             streak: h.streak,
             unanswered: h.unanswered,
             retry_at_ms: h.retry_at_ms,
+            trial_claimed_until_ms: h.trial_claimed_until_ms,
             slow: h.slow,
             slow_since_ms: h.slow_since_ms,
             down_cause: h.down_cause.map(|c| c.as_str().to_owned()),
@@ -219,6 +230,7 @@ impl From<HealthEntry> for NodeHealth {
                 streak: e.streak,
                 unanswered: e.unanswered,
                 retry_at_ms: e.retry_at_ms,
+                trial_claimed_until_ms: e.trial_claimed_until_ms,
                 slow: e.slow,
                 slow_since_ms: e.slow_since_ms,
                 down_cause: e.down_cause.map(|c| {
@@ -318,6 +330,46 @@ pub struct State {
     pub nodes: Vec<(String, AdminState)>,
     /// Each node's health.
     pub health: Vec<NodeHealth>,
+    /// The holder's clock ([`crate::clock::now_ms`]) as it read this state (`None` from a
+    /// holder of the first version): see [`State::on_clock`].
+    pub holder_now_ms: Option<u64>,
+}
+
+impl State {
+    /// This state with every time in it (drain deadlines, trial times, slow-answer windows,
+    /// times in state) moved from the holder's clock onto one that reads `now_ms` now: each
+    /// process anchors its clock to the wall clock at its start, and a wall clock stepped
+    /// since the holder started sets the two apart by the step. Unchanged without the
+    /// holder's reading.
+    pub fn on_clock(mut self, now_ms: u64) -> State {
+        let Some(then) = self.holder_now_ms else {
+            return self;
+        };
+        let offset = i128::from(now_ms) - i128::from(then);
+        let shift = |t: u64| u64::try_from((i128::from(t) + offset).max(0)).unwrap_or(u64::MAX);
+        for (_, admin) in &mut self.nodes {
+            if let AdminState::Drain {
+                deadline_ms: Some(d),
+                ..
+            } = admin
+            {
+                *d = shift(*d);
+            }
+        }
+        for n in &mut self.health {
+            let h = &mut n.health;
+            h.retry_at_ms = h.retry_at_ms.map(shift);
+            if h.trial_claimed_until_ms > 0 {
+                h.trial_claimed_until_ms = shift(h.trial_claimed_until_ms);
+            }
+            if h.slow > 0 {
+                h.slow_since_ms = shift(h.slow_since_ms);
+            }
+            n.since_ms = shift(n.since_ms);
+        }
+        self.holder_now_ms = Some(now_ms);
+        self
+    }
 }
 
 /// A node's health as the holder judged it, carried so that a node DOWN there is DOWN in
@@ -508,8 +560,25 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
     Ok(State {
         tables,
         nodes: last.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
-        health: last.health.into_iter().map(NodeHealth::from).collect(),
+        health: read_health(last.health),
+        holder_now_ms: last.now_ms,
     })
+}
+
+/// Each node's health as the holder wrote it, entry by entry: one not understood (a later
+/// version's shape) is logged and left out, its node judged by this limpet's checks and
+/// traffic alone, and the others are kept.
+fn read_health(entries: Vec<serde_json::Value>) -> Vec<NodeHealth> {
+    entries
+        .into_iter()
+        .filter_map(|v| match serde_json::from_value::<HealthEntry>(v) {
+            Ok(e) => Some(NodeHealth::from(e)),
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade: a node's health not understood; left to this limpet's checks and traffic");
+                None
+            }
+        })
+        .collect()
 }
 
 /// A header as it crosses: its length (8 bytes, little-endian, at most [`MAX_HEADER`]), then
@@ -656,7 +725,12 @@ fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
             .iter()
             .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
             .collect(),
-        health: state.health.iter().map(HealthEntry::from).collect(),
+        health: state
+            .health
+            .iter()
+            .filter_map(|h| serde_json::to_value(HealthEntry::from(h)).ok())
+            .collect(),
+        now_ms: state.holder_now_ms,
     };
     let mut w = conn;
     w.write_all(STOPPING)?;
@@ -694,7 +768,7 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 }
 
 /// How a running limpet starts its own successor on SIGUSR2 (nginx's binary upgrade on
-/// USR2, HAProxy's master re-exec): the binary at the path it was started from, now (a
+/// USR2, HAProxy's master re-exec): the binary at the path it was started by, now (a
 /// package upgrade put the new one there), with the same arguments, so that it takes over
 /// through the same upgrade socket. Started by the running limpet, the new one is in its
 /// service's control group, as systemd requires of a main process: an operator's
@@ -708,22 +782,45 @@ pub struct Successor {
     running: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// Set in a successor's environment to the pid of the limpet that started it: the successor
+/// must take over from a limpet, or exit. Without it, one whose starter stopped (a SIGTERM
+/// in between) before it connected would find no limpet at the socket and start afresh,
+/// serving on after the operator stopped the service.
+pub const STARTED_BY: &str = "LIMPET_UPGRADE_FROM";
+
 impl Successor {
-    /// This process's binary and arguments, read at its start: once a package upgrade has
-    /// replaced the file, `/proc/self/exe` names the old one, deleted, and the path it had
-    /// is the one wanted.
+    /// This process's binary and arguments, read at its start. The binary is the path it was
+    /// started by (`argv[0]`, made absolute against the directory it started in, or found
+    /// in `PATH`), not the file it runs: `/proc/self/exe` has every link resolved, so for a
+    /// binary behind a link an upgrade moves (`/opt/limpet/current`, alternatives, Nix) it
+    /// names the old version, and once a package upgrade replaced the file, a deleted one.
     pub fn of_this_process() -> std::io::Result<Successor> {
+        let mut argv = std::env::args_os();
+        let started_as = argv.next().map(PathBuf::from);
+        let exe = match started_as {
+            Some(p) if p.components().count() > 1 || p.is_absolute() => {
+                std::env::current_dir()?.join(p)
+            }
+            Some(name) => std::env::var_os("PATH")
+                .and_then(|path| {
+                    std::env::split_paths(&path)
+                        .map(|dir| dir.join(&name))
+                        .find(|candidate| candidate.is_file())
+                })
+                .map_or_else(std::env::current_exe, Ok)?,
+            None => std::env::current_exe()?,
+        };
         Ok(Successor {
-            exe: std::env::current_exe()?,
-            args: std::env::args_os().skip(1).collect(),
+            exe,
+            args: argv.collect(),
             running: std::sync::Arc::default(),
         })
     }
 
     /// Starts the successor (stdin closed; stdout and stderr, and `NOTIFY_SOCKET`, this
-    /// process's), unless one runs already. Its exit is reaped on a thread of its own and
-    /// logged: one that exits before taking over (a bad config, a bind error: exit 2) leaves
-    /// this limpet serving, and a later SIGUSR2 may try again.
+    /// process's; [`STARTED_BY`] set), unless one runs already. Its exit is reaped on a
+    /// thread of its own and logged: one that exits before taking over (a bad config, a bind
+    /// error: exit 2) leaves this limpet serving, and a later SIGUSR2 may try again.
     pub fn start(&self) {
         use std::sync::atomic::Ordering;
         if self.running.swap(true, Ordering::AcqRel) {
@@ -732,6 +829,7 @@ impl Successor {
         }
         let child = std::process::Command::new(&self.exe)
             .args(&self.args)
+            .env(STARTED_BY, std::process::id().to_string())
             .stdin(std::process::Stdio::null())
             .spawn();
         let mut child = match child {
@@ -757,6 +855,8 @@ impl Successor {
             });
         if let Err(e) = reaped {
             // The child runs all the same; unreaped, it stays a zombie until this one exits.
+            // Not counted as running: a later SIGUSR2 may start another.
+            self.running.store(false, Ordering::Release);
             tracing::warn!(pid, error = %e, "SIGUSR2: no thread to reap the new limpet");
         }
     }
@@ -948,6 +1048,7 @@ mod tests {
                     streak: 1,
                     unanswered: false,
                     retry_at_ms: Some(99),
+                    trial_claimed_until_ms: 98,
                     slow: 0,
                     slow_since_ms: 0,
                     down_cause: Some(limpet_core::DownCause::Checks),
@@ -961,6 +1062,7 @@ mod tests {
                 },
                 since_ms: 1_000,
             }],
+            holder_now_ms: Some(77),
         };
         let took = tokio::task::spawn_blocking(move || ready.confirm(&state()))
             .await
@@ -992,7 +1094,8 @@ mod tests {
         let now = Last {
             tables: Vec::new(),
             nodes: vec![("a".into(), NodeAdmin::Ready)],
-            health: vec![HealthEntry {
+            now_ms: Some(1),
+            health: vec![serde_json::json!(HealthEntry {
                 node: "a".into(),
                 up: true,
                 streak: 0,
@@ -1003,11 +1106,93 @@ mod tests {
                 down_cause: None,
                 checks: Vec::new(),
                 since_ms: 0,
-            }],
+                trial_claimed_until_ms: 0,
+            })],
         };
         let text = serde_json::to_string(&now).unwrap_or_else(|e| panic!("{e}"));
         let read: FirstLast = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((read.tables.len(), read.nodes), (0, now.nodes));
+    }
+
+    /// A health entry this version does not understand (a count past a `u8`, a field
+    /// missing) is left out alone: the other nodes' health, and the pins and admin states
+    /// around it, are kept.
+    #[test]
+    fn a_health_entry_not_understood_is_left_out_alone() {
+        let good = serde_json::json!({
+            "node": "a", "up": false, "streak": 0, "unanswered": false, "retry_at_ms": 5,
+            "slow": 0, "slow_since_ms": 0, "down_cause": "traffic", "checks": [], "since_ms": 1
+        });
+        let mut wide = good.clone();
+        wide["node"] = "b".into();
+        wide["checks"] =
+            serde_json::json!([{ "label": "tcp 10.0.0.2:80", "fails": 300, "passes": 0 }]);
+        let mut short = good.clone();
+        short["node"] = "c".into();
+        if let Some(o) = short.as_object_mut() {
+            o.remove("up");
+        }
+        let read = read_health(vec![wide, good, short]);
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].node, "a");
+        assert_eq!(read[0].health.retry_at_ms, Some(5));
+        // Written before `trial_claimed_until_ms` was: none claimed.
+        assert_eq!(read[0].health.trial_claimed_until_ms, 0);
+    }
+
+    /// Every time handed over moves onto the taker's clock by the difference between the
+    /// two clocks' readings (a wall clock stepped since the holder started); without the
+    /// holder's reading (a first-version holder), nothing moves.
+    #[test]
+    fn handed_times_move_onto_the_taker_s_clock() {
+        let node = |since_ms| NodeHealth {
+            node: "a".into(),
+            health: CarriedHealth {
+                up: false,
+                streak: 0,
+                unanswered: false,
+                retry_at_ms: Some(10_000),
+                trial_claimed_until_ms: 10_000,
+                slow: 0,
+                slow_since_ms: 0,
+                down_cause: Some(limpet_core::DownCause::Traffic),
+                checks: Vec::new(),
+            },
+            since_ms,
+        };
+        let state = |holder_now_ms| State {
+            tables: Vec::new(),
+            nodes: vec![(
+                "a".into(),
+                AdminState::Drain {
+                    deadline_ms: Some(70_000),
+                    spread_ms: 5,
+                },
+            )],
+            health: vec![node(4_000)],
+            holder_now_ms,
+        };
+        // The holder's clock reads 8 s, the taker's 3 s: 5 s back.
+        let moved = state(Some(8_000)).on_clock(3_000);
+        assert_eq!(
+            moved.nodes[0].1,
+            AdminState::Drain {
+                deadline_ms: Some(65_000),
+                spread_ms: 5
+            }
+        );
+        let h = &moved.health[0];
+        assert_eq!(h.health.retry_at_ms, Some(5_000));
+        assert_eq!(h.health.trial_claimed_until_ms, 5_000);
+        assert_eq!(h.since_ms, 0, "held at the clock's start, not wrapped");
+        // Forward, and without a reading.
+        assert_eq!(
+            state(Some(1_000)).on_clock(3_000).health[0]
+                .health
+                .retry_at_ms,
+            Some(12_000)
+        );
+        assert_eq!(state(None).on_clock(3_000), state(None));
     }
 
     /// A taker that goes away after the holder stopped accepting, before it said it took

@@ -274,8 +274,9 @@ async fn sigusr2_upgrades_in_place_and_hands_the_unit_to_the_new_limpet() {
 
     cfg.write(&good);
     signal(old, "USR2");
-    // Two messages, in either order: the old one names the new one main, and the new one
-    // says it is main and ready.
+    // Two messages, in either order: the old one, still the main process, names the new one
+    // main and says the unit is ready (systemd's default `NotifyAccess=main` takes only its
+    // word); the new one says the same of itself (for `NotifyAccess=all`).
     let (mut handed, mut took) = (None, None);
     while handed.is_none() || took.is_none() {
         let (from, msg) = notify.next().await;
@@ -283,16 +284,15 @@ async fn sigusr2_upgrades_in_place_and_hands_the_unit_to_the_new_limpet() {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("{msg:?}"));
         assert_ne!(main, old, "{msg:?}");
+        assert_eq!(field(&msg, "READY"), Some("1"), "{msg:?}");
+        assert!(
+            field(&msg, "STATUS").is_some_and(|s| s.ends_with(&format!("from pid {old}"))),
+            "{msg:?}"
+        );
         if from == old {
-            assert_eq!(field(&msg, "READY"), None, "{msg:?}");
             handed = Some(main);
         } else {
             assert_eq!(from, main, "the new one names itself");
-            assert_eq!(field(&msg, "READY"), Some("1"), "{msg:?}");
-            assert!(
-                field(&msg, "STATUS").is_some_and(|s| s.ends_with(&format!("from pid {old}"))),
-                "{msg:?}"
-            );
             took = Some(main);
         }
     }
@@ -315,4 +315,42 @@ async fn sigusr2_upgrades_in_place_and_hands_the_unit_to_the_new_limpet() {
     signal(new, "TERM");
     assert_eq!(notify.next().await, (new, "STOPPING=1\n".to_owned()));
     until_gone(new).await;
+}
+
+/// A limpet started by a running one for an upgrade (`LIMPET_UPGRADE_FROM` set), that finds
+/// nobody at the upgrade socket (its starter was stopped meanwhile), does not start afresh:
+/// it would serve on after the operator stopped the service. It exits 2 and binds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_whose_starter_stopped_does_not_start_afresh() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-orphan", &config(port));
+    let sock = cfg.dir.join("upgrade.sock");
+    // Should it start afresh after all, killed when the test ends.
+    let _guard = KillAll {
+        config: cfg.path.clone(),
+        child: None,
+    };
+    let out = tokio::task::spawn_blocking({
+        let (path, sock) = (cfg.path.clone(), sock.clone());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_limpet"))
+                .args(["run", "--threads", "1", "-c"])
+                .arg(&path)
+                .arg("--upgrade-socket")
+                .arg(&sock)
+                .env("LIMPET_UPGRADE_FROM", "4194321")
+                .stdin(Stdio::null())
+                .output()
+        }
+    });
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .unwrap_or_else(|_| panic!("limpet did not exit: it started afresh"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no longer listens"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    assert!(!sock.exists(), "no upgrade socket bound");
 }

@@ -325,21 +325,20 @@ impl Control for RuntimeControl {
 pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
     let life = Arc::clone(&runtime.state().lifecycle);
     let mut blocked = life.reloading.lock().await;
-    crate::notify::reloading();
+    let notice = crate::notify::Reload::begin();
     let result = reload_locked(runtime, &mut blocked).await;
     life.metrics.reload(result.is_ok());
     match &result {
         Ok(r) => {
             tracing::info!(generation = r.generation, changes = ?r.changes, "configuration reloaded");
-            crate::notify::ready(&format!(
+            notice.done(&format!(
                 "serving; configuration generation {} loaded",
                 r.generation
             ));
         }
         Err(e) => {
             tracing::warn!(error = %e, "configuration reload refused; the running configuration stays");
-            // The reload is over either way: systemd waits for READY=1 after RELOADING=1.
-            crate::notify::ready(&format!("serving; reload refused: {e}"));
+            notice.done(&format!("serving; reload refused: {e}"));
         }
     }
     result

@@ -154,6 +154,7 @@ impl Running {
                     .collect(),
                 nodes: state.node_admin_states(),
                 health: state.node_health(),
+                holder_now_ms: Some(now_ms()),
             }
         };
         tokio::task::spawn_blocking(read).await.unwrap_or_default()
@@ -165,6 +166,7 @@ impl Running {
     /// there).
     pub async fn take_state(&self, handed: crate::upgrade::State) {
         let runtime = Arc::clone(&self.runtime);
+        let handed = handed.on_clock(now_ms());
         let load = move || {
             let state = runtime.state();
             for (name, bytes) in &handed.tables {
@@ -642,6 +644,16 @@ pub fn run(args: RunArgs) -> ExitCode {
                 let path = path.clone();
                 match tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path)).await
                 {
+                    Ok(Ok(None)) if std::env::var_os(crate::upgrade::STARTED_BY).is_some() => {
+                        // Started by a running limpet to take over from it, which no longer
+                        // listens: it stopped meanwhile, and so must this one.
+                        eprintln!(
+                            "limpet run: started to take over from pid {}, which no longer listens at {}: not starting",
+                            std::env::var_os(crate::upgrade::STARTED_BY).unwrap_or_default().to_string_lossy(),
+                            args.upgrade_socket.as_deref().unwrap_or(std::path::Path::new("")).display()
+                        );
+                        return ExitCode::from(2);
+                    }
                     Ok(Ok(h)) => h,
                     Ok(Err(e)) => {
                         eprintln!("limpet run: {e}");
@@ -741,6 +753,14 @@ pub fn run(args: RunArgs) -> ExitCode {
             let _ = upgrade_stop.send(true);
             drop(next.take());
             let Some(ready) = ready else { break false };
+            if let Err(why) = crate::notify::may_take_over(ready.pid()) {
+                // Before anything changed hands: the new one hears no "stopping" and exits
+                // without accepting; this one serves on.
+                tracing::error!("upgrade refused: {why}");
+                drop(ready);
+                (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
+                continue;
+            }
             running.stop_accepting();
             if !running.accepting_stopped(ACCEPT_LOOPS_LIMIT).await {
                 tracing::warn!("upgrade: an accept loop still runs after {ACCEPT_LOOPS_LIMIT:?}; handing over all the same");
