@@ -162,8 +162,11 @@ fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit() {
         .build()
         .expect("runtime");
     let dir = TempDir::new("snap-stuck");
-    // The save's temporary file: `t.tmp.PID`, this test process's (the runtime runs in it).
-    let tmp = dir.path().join(format!("t.tmp.{}", std::process::id()));
+    // The save's temporary file: `t.snapshot.tmp.PID`, this test process's (the runtime runs
+    // in it).
+    let tmp = dir
+        .path()
+        .join(format!("t.snapshot.tmp.{}", std::process::id()));
     let made = std::process::Command::new("mkfifo")
         .arg(&tmp)
         .status()

@@ -1,12 +1,16 @@
 //! Table snapshots on disk: loaded at start, saved at an interval and on shutdown.
 //!
 //! The bytes are the core's (`encode_snapshot` / `decode_snapshot`: versioned, checksummed).
-//! This module only moves them: a save writes a temporary file beside the target and renames
-//! it over, so a crash mid-write leaves the previous snapshot whole. A load that finds a
-//! missing, corrupt or truncated file reports it and starts with an empty table: a snapshot
-//! never blocks a start.
+//! This module only moves them: a save writes a temporary file beside the target (its name,
+//! `.tmp.`, and the process id), flushes it to the disk, renames it over and flushes the
+//! directory, so neither a crash of limpet nor one of the machine mid-save leaves anything but
+//! the previous snapshot or the new one, whole. A save that fails removes its temporary file;
+//! those a killed limpet left are removed by the next load. A load that finds a missing,
+//! corrupt or truncated file reports it and starts with an empty table: a snapshot never
+//! blocks a start.
 
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use limpet_core::table::{decode_snapshot, encode_snapshot};
 
@@ -29,6 +33,7 @@ pub enum SnapshotLoad {
 /// Loads `table`'s snapshot file, if it has one configured.
 pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
     let snap = table.def.snapshot.as_ref()?;
+    remove_stale_temporaries(&snap.path);
     let result = load_from(table, &snap.path);
     match &result {
         SnapshotLoad::Missing => {
@@ -101,12 +106,8 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     };
     // This process's own temporary name: a limpet handing over to a new one may still be
     // saving when the new one saves (`crate::upgrade`).
-    let tmp = snap
-        .path
-        .with_extension(format!("tmp.{}", std::process::id()));
-    let result = std::fs::write(&tmp, &bytes)
-        .and_then(|()| std::fs::rename(&tmp, &snap.path))
-        .map(|()| bytes.len());
+    let tmp = temporary(&snap.path, std::process::id());
+    let result = write_durably(&tmp, &snap.path, &bytes).map(|()| bytes.len());
     match &result {
         Ok(n) => tracing::debug!(table = %table.def.name, bytes = n, "snapshot saved"),
         Err(e) => {
@@ -114,4 +115,147 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
         }
     }
     Some(result)
+}
+
+/// The temporary file a save of `path` by process `pid` writes before renaming it over:
+/// `path` with `.tmp.PID` added (not in place of its extension: two tables saved to `t.a`
+/// and `t.b` at once would share `t.tmp.PID`, and each could rename the other's bytes over
+/// its own file).
+fn temporary(path: &Path, pid: u32) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".tmp.{pid}"));
+    PathBuf::from(name)
+}
+
+/// Writes `bytes` to `tmp`, flushed to the disk, then renames it over `target` and flushes
+/// the directory: after a crash of the machine the file holds the old snapshot or the new
+/// one, never a name that points at blocks not yet written (the rename can reach the disk
+/// before the data). On an error the temporary file is removed.
+fn write_durably(tmp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let written = std::fs::File::create(tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    let renamed = written.and_then(|()| std::fs::rename(tmp, target));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(tmp);
+        return renamed;
+    }
+    // The rename's own flush. Best effort: some filesystems refuse to flush a directory,
+    // and the snapshot is saved all the same.
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::debug!(dir = %dir.display(), error = %e, "snapshot directory not flushed");
+    }
+    Ok(())
+}
+
+/// Removes the temporary files that saves of `path` by processes no longer running left
+/// beside it (a limpet killed mid-save): without this they would pile up, one per crash.
+/// A file of a process that runs (another limpet saving now, or a process that took a dead
+/// one's id) is kept.
+fn remove_stale_temporaries(path: &Path) {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    let prefix = format!("{name}.tmp.");
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let file = entry.file_name();
+        let Some(pid) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let runs = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !runs {
+            let stale = entry.path();
+            match std::fs::remove_file(&stale) {
+                Ok(()) => {
+                    tracing::info!(path = %stale.display(), "removed a snapshot's temporary file left by a limpet that no longer runs")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %stale.display(), error = %e, "cannot remove a stale snapshot temporary file")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("limpet-snapshot-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        dir
+    }
+
+    /// Two snapshot files that differ only in their extension have temporary files of their
+    /// own (the old name, with the extension replaced, was one for both).
+    #[test]
+    fn snapshots_that_differ_in_their_extension_have_temporary_files_of_their_own() {
+        let (a, b) = (
+            Path::new("/var/lib/limpet/t.a"),
+            Path::new("/var/lib/limpet/t.b"),
+        );
+        assert_ne!(temporary(a, 7), temporary(b, 7));
+        assert_eq!(temporary(a, 7), Path::new("/var/lib/limpet/t.a.tmp.7"));
+    }
+
+    /// A save writes the bytes and leaves no temporary file; one whose rename fails (the
+    /// target is a directory) removes its temporary file and says why.
+    #[test]
+    fn a_save_leaves_no_temporary_file_whether_it_succeeds_or_fails() {
+        let dir = scratch("save");
+        let target = dir.join("t.snapshot");
+        let tmp = temporary(&target, std::process::id());
+        write_durably(&tmp, &target, b"pins").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(std::fs::read(&target).ok().as_deref(), Some(&b"pins"[..]));
+        assert!(!tmp.exists());
+
+        let blocked = dir.join("blocked");
+        std::fs::create_dir_all(blocked.join("inside")).unwrap_or_else(|e| panic!("{e}"));
+        let tmp = temporary(&blocked, std::process::id());
+        assert!(write_durably(&tmp, &blocked, b"pins").is_err());
+        assert!(!tmp.exists(), "the failed save's temporary file is removed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Temporary files of processes that no longer run are removed at load; this process's,
+    /// a running process's (pid 1), another snapshot's and other files are kept.
+    #[test]
+    fn a_load_removes_the_temporary_files_of_limpets_that_no_longer_run() {
+        let dir = scratch("stale");
+        let target = dir.join("t.snapshot");
+        // The kernel's pid limit is at most 2^22: this pid runs nowhere.
+        let dead = temporary(&target, 4_194_304 + 17);
+        let own = temporary(&target, std::process::id());
+        let init = temporary(&target, 1);
+        let other = temporary(&dir.join("u.snapshot"), 4_194_304 + 17);
+        let unrelated = dir.join("t.snapshot.tmp.notes");
+        for f in [&dead, &own, &init, &other, &unrelated] {
+            std::fs::write(f, b"x").unwrap_or_else(|e| panic!("{e}"));
+        }
+        remove_stale_temporaries(&target);
+        assert!(!dead.exists(), "a dead process's temporary file is removed");
+        for kept in [&own, &init, &other, &unrelated] {
+            assert!(kept.exists(), "{} is kept", kept.display());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
