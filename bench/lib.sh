@@ -166,11 +166,19 @@ collect_versions() {
 # ---- processes and cleanup ---------------------------------------------------------------
 pids=()
 
+# running PID: the process exists and is not a zombie (a process this shell did not start,
+# such as a limpet started by another on SIGUSR2, is reaped by init, maybe late).
+running() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ ${stat##*) } != Z* ]]
+}
+
 stop_pid() {
     local pid=$1 i
     kill -TERM "$pid" 2>/dev/null || return 0
     for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
+        running "$pid" || break
         sleep 0.1
     done
     kill -KILL "$pid" 2>/dev/null || true

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # What clients see while the proxy is replaced under load: a limpet restart (SIGTERM, then the
 # new process started once the old no longer listens), a limpet upgrade (`limpet run
-# --upgrade-socket`: the new process takes the running one's listening sockets) and, beside
-# them, HAProxy's seamless reload (master-worker, `expose-fd listeners`, SIGUSR2 to the
-# master). Same setup as bench/http.sh (bench/lib.sh): two nginx backends, the proxy on one
+# --upgrade-socket`: the new process takes the running one's listening sockets), the same
+# upgrade started by SIGUSR2 to the running limpet (it starts its successor itself, as under
+# systemd) and, beside them, HAProxy's seamless reload (master-worker, `expose-fd
+# listeners`, SIGUSR2 to the master). Same setup as bench/http.sh (bench/lib.sh): two nginx backends, the proxy on one
 # core, wrk on the other with `Connection: close` (every request a new connection, so every
 # request meets the switch if it can).
 #
 # Each round: wrk runs --duration s; at half time the proxy is replaced once; wrk's socket
 # errors (connect, read, write, timeout) and non-2xx answers are counted. Rounds alternate
-# between the three ways. Loopback only; every process stopped by its PID; bounded.
+# between the four ways. Loopback only; every process stopped by its PID; bounded.
 #
 # Usage: bench/upgrade.sh [--rounds N] [--duration SECS] [--connections N] [--limpet BIN]
 #                         [--keep]
@@ -101,6 +102,18 @@ until_not_listening() {
     die "port $1 still listened on after 10 s"
 }
 
+# successor_of PID: the limpet that PID started on SIGUSR2 (not this script's child: stopped
+# by its PID like the others); bounded wait (10 s).
+successor_of() {
+    local i p
+    for ((i = 0; i < 1000; i++)); do
+        p=$(pgrep -P "$1" -x limpet | head -n1 || true)
+        [[ -n $p ]] && { echo "$p"; return 0; }
+        sleep 0.01
+    done
+    die "no successor of pid $1 after 10 s"
+}
+
 # wrk's counts: requests, then socket errors and non-2xx, from its report.
 wrk_counts() {
     local out=$1 req conn read write timeout non2xx
@@ -116,7 +129,7 @@ round() {
     local way=$1 n=$2 out=$work/wrk-$1-$2.txt old new wrk_pid
     case $way in
         restart) start_run "$way-$n-old"; old=$run_pid ;;
-        upgrade) start_run "$way-$n-old" --upgrade-socket "$work/upgrade.sock"; old=$run_pid ;;
+        upgrade | usr2) start_run "$way-$n-old" --upgrade-socket "$work/upgrade.sock"; old=$run_pid ;;
         haproxy)
             taskset -c "$proxy_core" haproxy -W -f "$haproxy_cfg" -p "$work/haproxy.pid" \
                 >"$work/haproxy-$n.log" 2>&1 &
@@ -141,6 +154,11 @@ round() {
             start_run "$way-$n-new" --upgrade-socket "$work/upgrade.sock"
             new=$run_pid
             ;;
+        usr2)
+            kill -USR2 "$old"
+            new=$(successor_of "$old")
+            pids+=("$new")
+            ;;
         haproxy)
             kill -USR2 "$old"
             new=$old
@@ -157,5 +175,5 @@ round() {
 say "limpet: $limpet_bin; $rounds rounds of ${duration}s per way, wrk -c$connections, Connection: close"
 printf '%-8s %2s  %s\n' way round "requests connect-errors read-errors write-errors timeouts non-2xx"
 for ((n = 1; n <= rounds; n++)); do
-    for way in restart upgrade haproxy; do round "$way" "$n"; done
+    for way in restart upgrade usr2 haproxy; do round "$way" "$n"; done
 done

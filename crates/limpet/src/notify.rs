@@ -32,6 +32,11 @@ use sd_notify::NotifyState;
 /// end), since the unit is the new one's.
 static HANDED_OVER: AtomicBool = AtomicBool::new(false);
 
+/// Set once this process said `STOPPING=1`: a reload that ends after it (one answered by
+/// the admin API during the drain, or one the stop cut short, whose guard drops later)
+/// says nothing, or systemd would read the unit as ready again while it stops.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
 /// Sends `states` in one message (nothing without `NOTIFY_SOCKET`, or after handing over).
 /// The variable is kept: a new limpet started for an upgrade
 /// ([`crate::upgrade::Successor`]) needs it too.
@@ -58,9 +63,11 @@ fn one_line(status: &str) -> String {
     status.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Every listener accepts: the unit is started (or a reload is over).
+/// Every listener accepts: the unit is started (or a reload is over). Not once stopping.
 pub fn ready(status: &str) {
-    send(&[NotifyState::Ready, NotifyState::Status(&one_line(status))]);
+    if !STOPPING.load(Ordering::Acquire) {
+        send(&[NotifyState::Ready, NotifyState::Status(&one_line(status))]);
+    }
 }
 
 /// A reload under way, told to the service manager: `RELOADING=1` now, and `READY=1` with
@@ -96,6 +103,9 @@ impl Drop for Reload {
 /// A reload begins. `MONOTONIC_USEC` goes with it: `Type=notify-reload` (systemd 253 and
 /// later) requires it to tell this reload's messages from a late one's.
 fn reloading() {
+    if STOPPING.load(Ordering::Acquire) {
+        return;
+    }
     match NotifyState::monotonic_usec_now() {
         Ok(now) => send(&[NotifyState::Reloading, now]),
         Err(_) => send(&[NotifyState::Reloading]),
@@ -104,6 +114,7 @@ fn reloading() {
 
 /// A stop signal: the drain begins. Not after handing over to a new limpet.
 pub fn stopping() {
+    STOPPING.store(true, Ordering::Release);
     send(&[NotifyState::Stopping]);
 }
 
@@ -156,8 +167,15 @@ fn service_cgroup(text: &str) -> Option<&str> {
     line("name=systemd:").or_else(|| line(":"))
 }
 
+/// Whether two `/proc/PID/cgroup` texts are of one service: the same control group systemd
+/// tracks, or, on a host without systemd's (cgroup v1 with no `name=systemd`), the same
+/// groups in every hierarchy.
 fn same_service(a: &str, b: &str) -> bool {
-    matches!((service_cgroup(a), service_cgroup(b)), (Some(x), Some(y)) if x == y)
+    match (service_cgroup(a), service_cgroup(b)) {
+        (Some(x), Some(y)) => x == y,
+        (None, None) => !a.trim().is_empty() && a == b,
+        _ => false,
+    }
 }
 
 /// This process took over from a running limpet and serves: it is the unit's main process,
@@ -199,6 +217,12 @@ mod tests {
         );
         assert!(!same_service(V2_UNIT, V2_SHELL));
         assert!(!same_service("", ""), "unknown is not the same");
+        let v1_bare = "4:memory:/a\n3:cpu:/a\n";
+        assert!(
+            same_service(v1_bare, v1_bare),
+            "no systemd: every hierarchy alike"
+        );
+        assert!(!same_service(v1_bare, "4:memory:/b\n3:cpu:/a\n"));
         // This test process and a child of its are of one service, whatever host runs them.
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let mut child = std::process::Command::new("sleep")

@@ -66,6 +66,11 @@ const TOOK: &[u8] = b"took\n";
 /// "stopping" nothing has changed hands; after it, the holder serves again.
 pub const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
 
+/// The least difference between the holder's clock and the taker's taken as a step of the
+/// wall clock between their starts ([`State::clock_offset`]); less is the handover's own
+/// time.
+pub const CLOCK_STEP_MIN: Duration = Duration::from_secs(1);
+
 /// Descriptors per `SCM_RIGHTS` message (the kernel takes at most 253).
 const FDS_PER_MESSAGE: usize = 200;
 
@@ -336,16 +341,32 @@ pub struct State {
 }
 
 impl State {
-    /// This state with every time in it (drain deadlines, trial times, slow-answer windows,
-    /// times in state) moved from the holder's clock onto one that reads `now_ms` now: each
-    /// process anchors its clock to the wall clock at its start, and a wall clock stepped
-    /// since the holder started sets the two apart by the step. Unchanged without the
-    /// holder's reading.
-    pub fn on_clock(mut self, now_ms: u64) -> State {
+    /// How far the clock that reads `now_ms` now is ahead of the holder's (ms; negative:
+    /// behind): each process anchors its clock to the wall clock at its start, and a wall
+    /// clock stepped since the holder started sets the two apart by the step. 0 without the
+    /// holder's reading, and below [`CLOCK_STEP_MIN`]: the holder read its clock before the
+    /// state crossed, so the difference holds the crossing's time too, which is no step.
+    pub fn clock_offset(&self, now_ms: u64) -> i64 {
         let Some(then) = self.holder_now_ms else {
-            return self;
+            return 0;
         };
-        let offset = i128::from(now_ms) - i128::from(then);
+        let offset = i64::try_from(i128::from(now_ms) - i128::from(then)).unwrap_or(0);
+        if offset.unsigned_abs() < CLOCK_STEP_MIN.as_millis() as u64 {
+            0
+        } else {
+            offset
+        }
+    }
+
+    /// This state with every time in it (drain deadlines, trial times, slow-answer windows,
+    /// times in state) moved by [`clock_offset`](Self::clock_offset) onto the clock that
+    /// reads `now_ms` now. The tables' pins move as they are loaded
+    /// (`runtime::snapshot::restore_handed`).
+    pub fn on_clock(mut self, now_ms: u64) -> State {
+        let offset = i128::from(self.clock_offset(now_ms));
+        if offset == 0 {
+            return self;
+        }
         let shift = |t: u64| u64::try_from((i128::from(t) + offset).max(0)).unwrap_or(u64::MAX);
         for (_, admin) in &mut self.nodes {
             if let AdminState::Drain {
@@ -794,20 +815,34 @@ impl Successor {
     /// in `PATH`), not the file it runs: `/proc/self/exe` has every link resolved, so for a
     /// binary behind a link an upgrade moves (`/opt/limpet/current`, alternatives, Nix) it
     /// names the old version, and once a package upgrade replaced the file, a deleted one.
+    ///
+    /// The path is taken only if it is, now, the file this process runs (its device and
+    /// inode): an `argv[0]` set to something else (`exec -a`, systemd's `@` prefix) or a
+    /// `PATH` whose first match is another binary would start a different program.
+    /// Otherwise the file this process runs is named.
     pub fn of_this_process() -> std::io::Result<Successor> {
+        use std::os::unix::fs::MetadataExt;
         let mut argv = std::env::args_os();
         let started_as = argv.next().map(PathBuf::from);
-        let exe = match started_as {
+        let running = std::fs::metadata("/proc/self/exe")?;
+        let is_running = |p: &Path| {
+            std::fs::metadata(p).is_ok_and(|m| {
+                m.dev() == running.dev() && m.ino() == running.ino() && m.mode() & 0o111 != 0
+            })
+        };
+        let named = match started_as {
             Some(p) if p.components().count() > 1 || p.is_absolute() => {
-                std::env::current_dir()?.join(p)
+                Some(std::env::current_dir()?.join(p))
             }
-            Some(name) => std::env::var_os("PATH")
-                .and_then(|path| {
-                    std::env::split_paths(&path)
-                        .map(|dir| dir.join(&name))
-                        .find(|candidate| candidate.is_file())
-                })
-                .map_or_else(std::env::current_exe, Ok)?,
+            Some(name) => std::env::var_os("PATH").and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|dir| dir.join(&name))
+                    .find(|candidate| is_running(candidate))
+            }),
+            None => None,
+        };
+        let exe = match named.filter(|p| is_running(p)) {
+            Some(p) => p,
             None => std::env::current_exe()?,
         };
         Ok(Successor {
@@ -1193,6 +1228,14 @@ mod tests {
             Some(12_000)
         );
         assert_eq!(state(None).on_clock(3_000), state(None));
+        // Less than a second apart: the handover's own time, no step.
+        assert_eq!(
+            state(Some(2_500)).on_clock(3_000).health[0]
+                .health
+                .retry_at_ms,
+            Some(10_000)
+        );
+        assert_eq!(state(Some(8_000)).clock_offset(3_000), -5_000);
     }
 
     /// A taker that goes away after the holder stopped accepting, before it said it took

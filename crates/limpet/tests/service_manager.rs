@@ -29,25 +29,33 @@ impl Notify {
         Notify { sock, path }
     }
 
-    /// The next message and its sender's pid, within `PATIENCE`.
-    async fn next(&self) -> (u32, String) {
+    /// A message already received, if any (after its sender exited: every message it sent
+    /// is here by then).
+    fn pending(&self) -> Option<(u32, String)> {
+        Self::receive(&self.sock).ok()
+    }
+
+    fn receive(sock: &tokio::net::UnixDatagram) -> Result<(u32, String), rustix::io::Errno> {
         use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         use std::mem::MaybeUninit;
-        let receive = || {
-            let mut buf = [0u8; 4096];
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-            let got = recvmsg(&self.sock, &mut iov, &mut control, RecvFlags::DONTWAIT)?;
-            let pid = control.drain().find_map(|m| match m {
-                RecvAncillaryMessage::ScmCredentials(c) => {
-                    Some(c.pid.as_raw_nonzero().get().unsigned_abs())
-                }
-                _ => None,
-            });
-            let text = String::from_utf8_lossy(&buf[..got.bytes]).into_owned();
-            Ok::<_, rustix::io::Errno>((pid.unwrap_or(0), text))
-        };
+        let mut buf = [0u8; 4096];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let got = recvmsg(sock, &mut iov, &mut control, RecvFlags::DONTWAIT)?;
+        let pid = control.drain().find_map(|m| match m {
+            RecvAncillaryMessage::ScmCredentials(c) => {
+                Some(c.pid.as_raw_nonzero().get().unsigned_abs())
+            }
+            _ => None,
+        });
+        let text = String::from_utf8_lossy(&buf[..got.bytes]).into_owned();
+        Ok((pid.unwrap_or(0), text))
+    }
+
+    /// The next message and its sender's pid, within `PATIENCE`.
+    async fn next(&self) -> (u32, String) {
+        let receive = || Self::receive(&self.sock);
         tokio::time::timeout(
             PATIENCE,
             self.sock.async_io(tokio::io::Interest::READABLE, || {
@@ -353,4 +361,29 @@ async fn a_successor_whose_starter_stopped_does_not_start_afresh() {
     assert!(err.contains("no longer listens"), "{err}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
     assert!(!sock.exists(), "no upgrade socket bound");
+}
+
+/// A stop while a reload waits on its file (a FIFO nobody writes, as a hung mount): systemd
+/// hears RELOADING=1, then STOPPING=1, and nothing after it; the reload the stop cut short
+/// says no READY=1 that would read as the unit serving again while it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_cut_short_by_a_stop_says_nothing_after_stopping() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-cut", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    let (mut guard, _, _) = start(&cfg, &notify, None).await;
+    let pid = guard.child.as_ref().map_or(0, Child::id);
+    assert_eq!(field(&notify.next().await.1, "READY"), Some("1"));
+
+    fifo_in_place_of(&cfg.path);
+    signal(pid, "HUP");
+    assert_eq!(field(&notify.next().await.1, "RELOADING"), Some("1"));
+    signal(pid, "TERM");
+    assert_eq!(notify.next().await, (pid, "STOPPING=1\n".to_owned()));
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(notify.pending(), None, "a message after STOPPING=1");
 }

@@ -626,26 +626,29 @@ impl Default for Signals {
 /// logged and changes nothing). SIGUSR2 (an upgrade in place) is logged and ignored: only
 /// `limpet run --upgrade-socket` answers it ([`serve_signals_with`]).
 pub async fn serve_signals(runtime: &Arc<Runtime>) {
-    serve_signals_with(runtime, &mut Signals::new(), &mut || {
+    // Dropped when this returns, which aborts a reload still waiting: limpet is stopping,
+    // and a reload applied mid-drain would restart the health checks the drain stopped.
+    let mut reloads = JoinSet::new();
+    serve_signals_with(runtime, &mut Signals::new(), &mut reloads, &mut || {
         tracing::warn!("SIGUSR2: an upgrade in place needs `limpet run --upgrade-socket`; ignored");
     })
     .await;
 }
 
 /// [`serve_signals`] on signals registered before (a signal that came meanwhile is taken
-/// at once), with `upgrade` called on each SIGUSR2.
+/// at once), with `upgrade` called on each SIGUSR2. Each SIGHUP's reload runs on a task in
+/// `reloads`, so a stop signal is taken at once, even while a reload waits (they run one at
+/// a time, `Lifecycle::reloading`). The caller keeps `reloads`: a reload goes on when this
+/// returns for another reason than a stop (a new limpet ready to take over, which may be
+/// refused), and the caller drops it, aborting the reloads still waiting, once it stops.
 pub async fn serve_signals_with(
     runtime: &Arc<Runtime>,
     signals: &mut Signals,
+    reloads: &mut JoinSet<()>,
     upgrade: &mut dyn FnMut(),
 ) {
     #[cfg(unix)]
     if let Some([hup, term, int, usr2]) = signals.streams.as_mut() {
-        // Reloads on tasks of their own: a stop signal is taken at once, even while a
-        // reload waits (they run one at a time, `Lifecycle::reloading`). Dropped when this
-        // returns, which aborts one still waiting: limpet is stopping, and a reload applied
-        // mid-drain would restart the health checks the drain stopped.
-        let mut reloads = JoinSet::new();
         loop {
             tokio::select! {
                 _ = int.recv() => return,

@@ -166,12 +166,14 @@ impl Running {
     /// there).
     pub async fn take_state(&self, handed: crate::upgrade::State) {
         let runtime = Arc::clone(&self.runtime);
-        let handed = handed.on_clock(now_ms());
+        let now = now_ms();
+        let offset = handed.clock_offset(now);
+        let handed = handed.on_clock(now);
         let load = move || {
             let state = runtime.state();
             for (name, bytes) in &handed.tables {
                 if let Some(t) = state.table(name) {
-                    super::snapshot::restore_handed(t, bytes);
+                    super::snapshot::restore_handed(t, bytes, offset);
                 }
             }
             for (node, admin) in &handed.nodes {
@@ -740,9 +742,12 @@ pub fn run(args: RunArgs) -> ExitCode {
         // is ready to take over: stop accepting, wait until no accept loop runs, hand it the
         // pins and node states as they are then; drain once it says it took over, or serve
         // again if it does not.
+        // SIGHUP's reloads, kept across the loop's turns (a new limpet refused, or one that
+        // did not take over, must not cost a reload under way), aborted once it ends.
+        let mut reloads = JoinSet::new();
         let handed_over = loop {
             let ready = tokio::select! {
-                () = super::serve_signals_with(running.runtime(), &mut signals, &mut upgrade_signal) => None,
+                () = super::serve_signals_with(running.runtime(), &mut signals, &mut reloads, &mut upgrade_signal) => None,
                 Ok(Some(ready)) = async { match next.as_mut() {
                     Some(n) => n.await,
                     None => std::future::pending().await,
@@ -784,6 +789,8 @@ pub fn run(args: RunArgs) -> ExitCode {
             );
             (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
         };
+        // A reload applied mid-drain would restart the health checks the drain stops.
+        drop(reloads);
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
             crate::notify::stopping();

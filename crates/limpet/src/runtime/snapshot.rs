@@ -60,9 +60,13 @@ fn load_from(table: &Table, path: &Path) -> SnapshotLoad {
 }
 
 /// Replaces `table`'s pins with those a running limpet handed over (`crate::upgrade`): its
-/// snapshot bytes, newer than any file. Bad bytes are reported and leave the table as it is.
-pub(crate) fn restore_handed(table: &Table, bytes: &[u8]) -> SnapshotLoad {
-    let result = restore(table, bytes);
+/// snapshot bytes, newer than any file, their times on a clock `offset_ms` behind this
+/// process's ([`crate::upgrade::State::clock_offset`]): read on that clock, then moved onto
+/// this one, so a wall clock stepped since the running limpet started neither ages every
+/// pin by the step (past `expire`, all of them lost) nor keeps them past their time. Bad
+/// bytes are reported and leave the table as it is.
+pub(crate) fn restore_handed(table: &Table, bytes: &[u8], offset_ms: i64) -> SnapshotLoad {
+    let result = restore_on(table, bytes, offset_ms);
     match &result {
         SnapshotLoad::Loaded { loaded, expired } => tracing::info!(
             table = %table.def.name, loaded, expired, "pins taken over from the running limpet"
@@ -75,9 +79,14 @@ pub(crate) fn restore_handed(table: &Table, bytes: &[u8]) -> SnapshotLoad {
 }
 
 fn restore(table: &Table, bytes: &[u8]) -> SnapshotLoad {
+    restore_on(table, bytes, 0)
+}
+
+/// [`restore`] of bytes whose times are on a clock `offset_ms` behind this one.
+fn restore_on(table: &Table, bytes: &[u8], offset_ms: i64) -> SnapshotLoad {
     let now = now_ms();
     let expire_ms = u64::try_from(table.def.expire.as_millis()).unwrap_or(u64::MAX);
-    match decode_snapshot(bytes, now, expire_ms) {
+    match decode_on(bytes, now, offset_ms, expire_ms) {
         Ok(snap) => {
             let mut t = table.lock();
             let report = t.store_mut().restore(&snap, now);
@@ -88,6 +97,28 @@ fn restore(table: &Table, bytes: &[u8]) -> SnapshotLoad {
         }
         Err(e) => SnapshotLoad::Skipped(e.to_string()),
     }
+}
+
+/// Decodes snapshot bytes written on a clock `offset_ms` behind the one that reads `now`:
+/// read on that clock (entries idle `expire_ms` there are dropped), then each time moved
+/// onto this one.
+fn decode_on(
+    bytes: &[u8],
+    now: u64,
+    offset_ms: i64,
+    expire_ms: u64,
+) -> Result<limpet_core::table::Snapshot, limpet_core::table::SnapshotError> {
+    let shift = |t: u64, by: i64| {
+        u64::try_from((i128::from(t) + i128::from(by)).max(0)).unwrap_or(u64::MAX)
+    };
+    let mut snap = decode_snapshot(bytes, shift(now, -offset_ms), expire_ms)?;
+    if offset_ms != 0 {
+        snap.saved_at_ms = shift(snap.saved_at_ms, offset_ms);
+        for e in &mut snap.entries {
+            e.last_used_ms = shift(e.last_used_ms, offset_ms);
+        }
+    }
+    Ok(snap)
 }
 
 /// Saves `table` to its snapshot file, if it has one. Errors are returned for the log; the
@@ -153,10 +184,32 @@ fn write_durably(tmp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()>
     Ok(())
 }
 
+/// A temporary file younger than this may belong to a save under way: kept.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether process `pid` exists (this one's, or any `kill(pid, 0)` does not call unknown:
+/// one it may not signal exists too).
+fn process_exists(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
+}
+
 /// Removes the temporary files that saves of `path` by processes no longer running left
 /// beside it (a limpet killed mid-save): without this they would pile up, one per crash.
-/// A file of a process that runs (another limpet saving now, or a process that took a dead
-/// one's id) is kept.
+/// A file of a process that exists (another limpet saving now, or a process that took a
+/// dead one's id), one younger than [`STALE_AFTER`], and a name limpet does not write
+/// (`FILE.tmp.` and a process id in decimal) are kept.
 fn remove_stale_temporaries(path: &Path) {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return;
@@ -174,12 +227,19 @@ fn remove_stale_temporaries(path: &Path) {
         let Some(pid) = file
             .to_str()
             .and_then(|f| f.strip_prefix(&prefix))
-            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(|p| p.parse::<u32>().ok().filter(|pid| pid.to_string() == p))
         else {
             continue;
         };
-        let runs = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
-        if !runs {
+        // Young: a save of a limpet this one cannot see (another pid namespace sharing the
+        // directory) may be writing it now.
+        let young = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < STALE_AFTER);
+        if !young && !process_exists(pid) {
             let stale = entry.path();
             match std::fs::remove_file(&stale) {
                 Ok(()) => {
@@ -203,6 +263,41 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         dir
+    }
+
+    /// Pins handed over by a limpet whose clock is ten minutes behind (a wall clock stepped
+    /// since it started) keep their idle time on this one: read on the holder's clock and
+    /// moved onto this one, a pin idle 10 ms there is idle 10 ms here, not 10 minutes (past
+    /// a 1-minute `expire`: dropped) and not in the future.
+    #[test]
+    fn handed_pins_keep_their_idle_time_across_clocks() {
+        use limpet_core::table::{encode_snapshot, AffinityStore, KeyRef, LruTable, TableConfig};
+        const HOLDER: u64 = 1_700_000_000_000;
+        const STEP: i64 = 600_000;
+        let mut t = LruTable::new(TableConfig::new(10, 60_000)).unwrap_or_else(|e| panic!("{e}"));
+        let n = t.intern("a").unwrap_or_else(|| panic!("intern"));
+        t.put(KeyRef::bytes(b"client"), n, HOLDER);
+        let bytes = encode_snapshot(&t, HOLDER + 10);
+        for offset in [STEP, -STEP] {
+            let here = HOLDER.saturating_add_signed(10 + offset);
+            let snap = decode_on(&bytes, here, offset, 60_000).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(snap.entries.len(), 1, "offset {offset}");
+            assert_eq!(
+                snap.entries[0].last_used_ms,
+                HOLDER.saturating_add_signed(offset)
+            );
+            let mut back =
+                LruTable::new(TableConfig::new(10, 60_000)).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(back.restore(&snap, here).loaded, 1);
+            let idle = back
+                .peek_idle(KeyRef::bytes(b"client"), here)
+                .map(|(_, idle)| idle);
+            assert_eq!(idle, Some(10), "offset {offset}");
+        }
+        // Read on this clock as if it were the holder's, the pin is 10 minutes old: gone.
+        let here = HOLDER.saturating_add_signed(10 + STEP);
+        let unmoved = decode_on(&bytes, here, 0, 60_000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(unmoved.entries.len(), 0);
     }
 
     /// Two snapshot files that differ only in their extension have temporary files of their
@@ -236,24 +331,38 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Temporary files of processes that no longer run are removed at load; this process's,
-    /// a running process's (pid 1), another snapshot's and other files are kept.
+    /// Temporary files of processes that no longer run are removed at load, once older than
+    /// a save could be; this process's, a running process's (pid 1), a young one, another
+    /// snapshot's and names limpet does not write are kept.
     #[test]
     fn a_load_removes_the_temporary_files_of_limpets_that_no_longer_run() {
         let dir = scratch("stale");
         let target = dir.join("t.snapshot");
-        // The kernel's pid limit is at most 2^22: this pid runs nowhere.
+        // The kernel's pid limit is at most 2^22: these pids run nowhere.
         let dead = temporary(&target, 4_194_304 + 17);
+        let young = temporary(&target, 4_194_304 + 18);
         let own = temporary(&target, std::process::id());
         let init = temporary(&target, 1);
         let other = temporary(&dir.join("u.snapshot"), 4_194_304 + 17);
         let unrelated = dir.join("t.snapshot.tmp.notes");
-        for f in [&dead, &own, &init, &other, &unrelated] {
+        let signed = dir.join(format!("t.snapshot.tmp.+{}", 4_194_304 + 17));
+        let old = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        for f in [&dead, &young, &own, &init, &other, &unrelated, &signed] {
             std::fs::write(f, b"x").unwrap_or_else(|e| panic!("{e}"));
+            if f != &young {
+                std::fs::File::options()
+                    .write(true)
+                    .open(f)
+                    .and_then(|h| h.set_modified(old))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
         }
         remove_stale_temporaries(&target);
-        assert!(!dead.exists(), "a dead process's temporary file is removed");
-        for kept in [&own, &init, &other, &unrelated] {
+        assert!(
+            !dead.exists(),
+            "a dead process's old temporary file is removed"
+        );
+        for kept in [&young, &own, &init, &other, &unrelated, &signed] {
             assert!(kept.exists(), "{} is kept", kept.display());
         }
         let _ = std::fs::remove_dir_all(&dir);
