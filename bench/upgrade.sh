@@ -17,6 +17,7 @@
 # Needs: nginx, wrk, haproxy (apt-get install -y nginx-light wrk haproxy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bench_name=bench/upgrade.sh
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
@@ -103,11 +104,12 @@ until_not_listening() {
 }
 
 # successor_of PID: the limpet that PID started on SIGUSR2 (not this script's child: stopped
-# by its PID like the others); bounded wait (10 s).
+# by its PID like the others): the other process with this config on its command line (by
+# then PID may have handed over and exited, its child gone to init); bounded wait (10 s).
 successor_of() {
     local i p
     for ((i = 0; i < 1000; i++)); do
-        p=$(pgrep -P "$1" -x limpet | head -n1 || true)
+        p=$(pgrep -f -- "run -c $limpet_cfg " | grep -vx "$1" | head -n1 || true)
         [[ -n $p ]] && { echo "$p"; return 0; }
         sleep 0.01
     done
