@@ -236,8 +236,9 @@ impl DownCause {
 }
 
 /// A node's [`Health`] as it crosses to another process ([`Health::carry`]), each check
-/// named by a `K` both processes know it by. Times are the core's `now_ms` scale (the I/O
-/// layer's is wall-clock milliseconds, the same in both processes).
+/// named by a `K` both processes know it by. Times are the core's `now_ms` scale, the
+/// carrying process's (the I/O layer's is wall-clock milliseconds, and it moves them onto
+/// the receiving process's clock as they cross).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CarriedHealth<K> {
     pub up: bool,

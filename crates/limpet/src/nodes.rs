@@ -821,8 +821,6 @@ mod tests {
         assert!(trial.as_mut().now_or_never().is_some());
     }
 
-    /// An answer's report skips the node's lock only when it changes nothing: one after a
-    /// failure still resets the streak, and one on a DOWN node (a trial) still brings it up.
     /// A health carried from another limpet takes effect as it was there: DOWN routes as
     /// DOWN at once (the routing snapshot is marked stale, sessions re-check), and the time
     /// in state is counted from when the node entered it there, not from the handover.
@@ -844,6 +842,8 @@ mod tests {
         assert!(rt.in_state_for() < Duration::from_secs(60));
     }
 
+    /// An answer's report skips the node's lock only when it changes nothing: one after a
+    /// failure still resets the streak, and one on a DOWN node (a trial) still brings it up.
     #[test]
     fn traffic_ok_is_skipped_only_when_it_changes_nothing() {
         let rt = node();

@@ -8,8 +8,9 @@
 //!  a reload begins (SIGHUP or admin API)     RELOADING=1, MONOTONIC_USEC=...
 //!  the reload is over (applied or refused)   READY=1, STATUS=...
 //!  a stop signal: the drain begins           STOPPING=1
-//!  an upgrade: the new limpet took over      (old)  MAINPID=<new>, STATUS=...
+//!  an upgrade: the new limpet took over      (old)  MAINPID=<new>, READY=1, STATUS=...
 //!                                            (new)  MAINPID=<own>, READY=1, STATUS=...
+//!  after STOPPING=1, or after handing over   nothing
 //! ```
 //!
 //! A unit's main process is the one systemd watches: when a binary upgrade
@@ -72,9 +73,9 @@ pub fn ready(status: &str) {
 
 /// A reload under way, told to the service manager: `RELOADING=1` now, and `READY=1` with
 /// the status given to [`done`](Self::done), or, if the reload is dropped before it is done
-/// (a stop aborts a reload waiting on its file), with "reload abandoned": systemd waits
-/// for `READY=1` after `RELOADING=1`, and would otherwise show the unit reloading until
-/// its timeout.
+/// (its caller gone: an admin client that hung up mid-reload), with "reload abandoned":
+/// systemd waits for `READY=1` after `RELOADING=1`, and would otherwise show the unit
+/// reloading until its timeout. After `STOPPING=1` neither is said ([`ready`]).
 #[derive(Debug)]
 pub struct Reload {
     over: bool,

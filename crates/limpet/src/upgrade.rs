@@ -319,6 +319,16 @@ impl Held {
             .collect()
     }
 
+    /// A copy of the admin listener's socket, if one is held.
+    pub fn admin(&self) -> Option<std::net::TcpListener> {
+        self.lock()
+            .iter()
+            .flatten()
+            .find(|s| s.role == Role::Admin)
+            .and_then(|s| s.fd.try_clone().ok())
+            .map(std::net::TcpListener::from)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<HeldSocket>>> {
         self.0
             .lock()

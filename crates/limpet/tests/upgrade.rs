@@ -524,17 +524,34 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
     let web = running
         .addr("web")
         .unwrap_or_else(|| panic!("no web listener"));
+    let admin = running
+        .runtime()
+        .state()
+        .lifecycle
+        .admin_addr()
+        .unwrap_or_else(|| panic!("no admin listener"));
     get_once(web).await.unwrap_or_else(|e| panic!("{e}"));
     running.stop_accepting();
     assert!(running.accepting_stopped(PATIENCE).await);
-    // Nobody accepts now; the socket stays open (the copies held for the new limpet), so a
-    // client waits in its queue.
+    // Nobody accepts now; the sockets stay open (the copies held for the new limpet), so a
+    // client waits in the queue, and so does a metrics scrape.
     let waiting = tokio::spawn(get_once(web));
-    assert_eq!(running.resume(), 1);
+    let url = format!("http://{admin}/api/v1/nodes");
+    let scrape = tokio::spawn(async move { json(&url).await });
+    assert_eq!(
+        running.resume(),
+        2,
+        "the listener's socket and the admin one"
+    );
     waiting
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("the client that waited: {e}"));
+    let nodes = scrape.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        nodes.is_array() || nodes.is_object(),
+        "the admin API answers again: {nodes}"
+    );
     for _ in 0..5 {
         get_once(web)
             .await

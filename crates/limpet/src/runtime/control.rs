@@ -546,29 +546,16 @@ pub async fn start(
         let local = listener.local_addr().unwrap_or(admin.listen);
         let _ = life.admin_addr.set(local);
         tracing::info!(addr = %local, "admin API and stats page on {}", crate::admin::describe(local));
-        let mut settings = admin.clone();
-        settings.listen = local;
-        let mut stop = shutdown.clone();
-        let mut accept_stop = accept_stop.clone();
-        let mut go = go.clone();
-        let control = Arc::clone(&control);
-        let accepting = life.accepting.enter();
-        tasks.spawn(async move {
-            tokio::select! {
-                biased;
-                () = stopped(&mut stop) => return,
-                () = stopped(&mut accept_stop) => return,
-                r = go.wait_for(|g| *g) => if r.is_err() { return },
-            }
-            crate::admin::serve(listener, control, settings, async move {
-                tokio::select! {
-                    () = stopped(&mut stop) => {}
-                    () = stopped(&mut accept_stop) => {}
-                }
-                drop(accepting);
-            })
-            .await;
-        });
+        serve_admin(
+            runtime,
+            tasks,
+            listener,
+            Turn {
+                shutdown,
+                go,
+                accept_stop,
+            },
+        );
     }
     {
         let mut stop = shutdown.clone();
@@ -582,6 +569,57 @@ pub async fn start(
         });
     }
     Ok(())
+}
+
+/// When a listener of the running limpet accepts: from `go` turning true until
+/// `accept_stop` or `shutdown` does.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Turn<'a> {
+    pub(super) shutdown: &'a watch::Receiver<bool>,
+    pub(super) go: &'a watch::Receiver<bool>,
+    pub(super) accept_stop: &'a watch::Receiver<bool>,
+}
+
+/// Serves the admin API on `listener` (bound, from the config's `[admin]`, which must be
+/// set), in `turn`; its accept loop is counted in the lifecycle's `accepting`. At start,
+/// and again when a limpet serves its sockets anew after a new one did not take over
+/// (`Running::resume`).
+pub(super) fn serve_admin(
+    runtime: &Arc<Runtime>,
+    tasks: &mut JoinSet<()>,
+    listener: TcpListener,
+    turn: Turn<'_>,
+) {
+    let life = Arc::clone(&runtime.state().lifecycle);
+    let def = life.def();
+    let Some(admin) = &def.admin else {
+        return;
+    };
+    let mut settings = admin.clone();
+    settings.listen = listener.local_addr().unwrap_or(admin.listen);
+    let control: Arc<dyn Control> = Arc::new(RuntimeControl {
+        runtime: Arc::clone(runtime),
+    });
+    let mut stop = turn.shutdown.clone();
+    let mut accept_stop = turn.accept_stop.clone();
+    let mut go = turn.go.clone();
+    let accepting = life.accepting.enter();
+    tasks.spawn(async move {
+        tokio::select! {
+            biased;
+            () = stopped(&mut stop) => return,
+            () = stopped(&mut accept_stop) => return,
+            r = go.wait_for(|g| *g) => if r.is_err() { return },
+        }
+        crate::admin::serve(listener, control, settings, async move {
+            tokio::select! {
+                () = stopped(&mut stop) => {}
+                () = stopped(&mut accept_stop) => {}
+            }
+            drop(accepting);
+        })
+        .await;
+    });
 }
 
 /// The signals `limpet run` answers, registered once and early: from then on SIGTERM, SIGINT,

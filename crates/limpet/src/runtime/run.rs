@@ -207,8 +207,8 @@ impl Running {
 
     /// Serves the listeners' sockets again after [`stop_accepting`](Self::stop_accepting),
     /// when the new limpet that was to take them over did not (it died, or hung, after
-    /// this one stopped accepting): on this runtime, from the copies held. The admin
-    /// listener stays closed. Returns how many sockets serve again.
+    /// this one stopped accepting): on this runtime, from the copies held, the admin
+    /// listener's too. Returns how many sockets serve again, the admin one included.
     pub fn resume(&mut self) -> usize {
         let (accept_stop, accept_stop_rx) = watch::channel(false);
         self.accept_stop = accept_stop;
@@ -248,6 +248,28 @@ impl Running {
                 },
             ));
             n += 1;
+        }
+        if let Some(admin) = self.held.admin() {
+            match admin
+                .set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(admin))
+            {
+                Ok(listener) => {
+                    let (shutdown, go) = (self.shutdown.subscribe(), self.go.subscribe());
+                    super::control::serve_admin(
+                        &self.runtime,
+                        &mut self.tasks,
+                        listener,
+                        super::control::Turn {
+                            shutdown: &shutdown,
+                            go: &go,
+                            accept_stop: &accept_stop_rx,
+                        },
+                    );
+                    n += 1;
+                }
+                Err(e) => tracing::error!(error = %e, "cannot serve the admin socket again"),
+            }
         }
         n
     }
@@ -738,12 +760,12 @@ pub fn run(args: RunArgs) -> ExitCode {
             Some(pid) => crate::notify::took_over(&format!("{status}; took over from pid {pid}")),
             None => crate::notify::ready(&status),
         }
-        // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once. Or a new limpet
-        // is ready to take over: stop accepting, wait until no accept loop runs, hand it the
-        // pins and node states as they are then; drain once it says it took over, or serve
-        // again if it does not.
-        // SIGHUP's reloads, kept across the loop's turns (a new limpet refused, or one that
-        // did not take over, must not cost a reload under way), aborted once it ends.
+        // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once; SIGUSR2 starts
+        // a successor. Or a new limpet is ready to take over: stop accepting, wait until no
+        // accept loop runs, hand it the pins, node states and health as they are then;
+        // drain once it says it took over, or serve again if it does not. SIGHUP's reloads
+        // are kept across the loop's turns (a new limpet refused, or one that did not take
+        // over, must not cost a reload under way), and aborted once it ends.
         let mut reloads = JoinSet::new();
         let handed_over = loop {
             let ready = tokio::select! {
@@ -785,7 +807,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             let n = running.resume();
             tracing::error!(
                 sockets = n,
-                "upgrade: the new limpet did not take over after this one stopped accepting: serving again (the admin listener stays closed until a restart)"
+                "upgrade: the new limpet did not take over after this one stopped accepting: serving again"
             );
             (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
         };
