@@ -518,18 +518,12 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
         "upgrade-resume",
         &config(port, "").replace("max_connections = 1\n", ""),
     );
-    let mut running = limpet::runtime::start(cfg.load())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let web = running
-        .addr("web")
-        .unwrap_or_else(|| panic!("no web listener"));
-    let admin = running
-        .runtime()
-        .state()
-        .lifecycle
-        .admin_addr()
-        .unwrap_or_else(|| panic!("no admin listener"));
+    let mut limpet = Limpet::start(&cfg).await;
+    let (web, admin) = (limpet.addr("web"), limpet.admin);
+    let running = limpet
+        .running
+        .as_mut()
+        .unwrap_or_else(|| panic!("not running"));
     get_once(web).await.unwrap_or_else(|e| panic!("{e}"));
     running.stop_accepting();
     assert!(running.accepting_stopped(PATIENCE).await);
@@ -557,7 +551,7 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
             .await
             .unwrap_or_else(|e| panic!("served again: {e}"));
     }
-    running.stop().await;
+    limpet.stop().await;
     assert!(
         tokio::net::TcpStream::connect(web).await.is_err(),
         "a stop closes the sockets"
