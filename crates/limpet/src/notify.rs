@@ -54,7 +54,7 @@ fn send_anyway(states: &[NotifyState<'_>]) {
 }
 
 /// Whether a service manager listens (`NOTIFY_SOCKET` is set).
-pub fn managed() -> bool {
+fn managed() -> bool {
     std::env::var_os("NOTIFY_SOCKET").is_some()
 }
 

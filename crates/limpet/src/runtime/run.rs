@@ -665,16 +665,16 @@ pub fn run(args: RunArgs) -> ExitCode {
         // The config is valid by now: only then is a running limpet asked for its sockets.
         let mut handover = match &args.upgrade_socket {
             Some(path) => {
-                let path = path.clone();
-                match tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path)).await
-                {
-                    Ok(Ok(None)) if std::env::var_os(crate::upgrade::STARTED_BY).is_some() => {
+                let started_by = std::env::var_os(crate::upgrade::STARTED_BY);
+                let at = path.clone();
+                match tokio::task::spawn_blocking(move || crate::upgrade::take_over(&at)).await {
+                    Ok(Ok(None)) if started_by.is_some() => {
                         // Started by a running limpet to take over from it, which no longer
                         // listens: it stopped meanwhile, and so must this one.
                         eprintln!(
                             "limpet run: started to take over from pid {}, which no longer listens at {}: not starting",
-                            std::env::var_os(crate::upgrade::STARTED_BY).unwrap_or_default().to_string_lossy(),
-                            args.upgrade_socket.as_deref().unwrap_or(std::path::Path::new("")).display()
+                            started_by.unwrap_or_default().to_string_lossy(),
+                            path.display()
                         );
                         return ExitCode::from(2);
                     }
