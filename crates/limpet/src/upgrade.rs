@@ -302,9 +302,10 @@ impl Held {
         drop(self.lock().take());
     }
 
-    /// Copies of the listeners' sockets (not the admin one's), by listener name, to serve
-    /// them again after a handover that failed late.
-    pub fn listeners(&self) -> Vec<(String, std::net::TcpListener)> {
+    /// Copies of the listeners' sockets (not the admin one's), in the order they were held,
+    /// each with its listener's name and where it is bound, to serve them again after a
+    /// handover that failed late.
+    pub fn listeners(&self) -> Vec<(String, SocketAddr, std::net::TcpListener)> {
         self.lock()
             .iter()
             .flatten()
@@ -312,7 +313,7 @@ impl Held {
                 Role::Listener(name) => {
                     s.fd.try_clone()
                         .ok()
-                        .map(|fd| (name.clone(), std::net::TcpListener::from(fd)))
+                        .map(|fd| (name.clone(), s.local, std::net::TcpListener::from(fd)))
                 }
                 Role::Admin => None,
             })

@@ -557,3 +557,73 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
         "a stop closes the sockets"
     );
 }
+
+/// The same with worker threads: a limpet that serves again does so on as many worker threads
+/// as it started with, fresh ones (those that served before drain and exit at the stop), not
+/// on its main thread alone. Before, `resume` served every socket on the main thread: after
+/// an upgrade that failed late, a limpet of N workers served on one core until its next
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limpet_with_worker_threads_serves_again_on_as_many() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new(
+        "upgrade-resume-workers",
+        &config(port, "").replace("max_connections = 1\n", ""),
+    );
+    let mut running = limpet::runtime::run::start_with(cfg.load(), 2)
+        .await
+        .unwrap_or_else(|e| panic!("start: {e}"));
+    let web = running
+        .addr("web")
+        .unwrap_or_else(|| panic!("no listener web"));
+    let before = worker_threads();
+    assert_eq!(before.len(), 2, "two worker threads at the start");
+    get_once(web).await.unwrap_or_else(|e| panic!("{e}"));
+    running.stop_accepting();
+    assert!(running.accepting_stopped(PATIENCE).await);
+    let waiting = tokio::spawn(get_once(web));
+    assert_eq!(
+        running.resume(),
+        3,
+        "the listener's two sockets (one per worker) and the admin one"
+    );
+    let fresh: Vec<_> = worker_threads()
+        .into_iter()
+        .filter(|t| !before.contains(t))
+        .collect();
+    assert_eq!(
+        fresh.len(),
+        2,
+        "two worker threads started again: {fresh:?} beside {before:?}"
+    );
+    waiting
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("the client that waited: {e}"));
+    for _ in 0..5 {
+        get_once(web)
+            .await
+            .unwrap_or_else(|e| panic!("served again: {e}"));
+    }
+    let _ = tokio::time::timeout(PATIENCE, running.stop()).await;
+    assert!(
+        tokio::net::TcpStream::connect(web).await.is_err(),
+        "a stop closes the sockets"
+    );
+}
+
+/// The ids of this process's limpet worker threads (named `limpet-worker-K`). The other
+/// in-process tests of this file start no workers.
+fn worker_threads() -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        panic!("no /proc/self/task");
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("limpet-worker-"))
+        })
+        .map(|t| t.file_name().to_string_lossy().into_owned())
+        .collect()
+}

@@ -106,6 +106,8 @@ pub struct Running {
     /// Turns true when everything stops.
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// How many worker threads serve the listeners (one: this runtime serves them).
+    workers: usize,
     /// Duplicates of every listening socket, to hand to a new limpet (`crate::upgrade`);
     /// closed at a stop, or once a new limpet has taken the sockets over.
     held: Arc<crate::upgrade::Held>,
@@ -207,47 +209,38 @@ impl Running {
 
     /// Serves the listeners' sockets again after [`stop_accepting`](Self::stop_accepting),
     /// when the new limpet that was to take them over did not (it died, or hung, after
-    /// this one stopped accepting): on this runtime, from the copies held, the admin
-    /// listener's too. Returns how many sockets serve again, the admin one included.
+    /// this one stopped accepting): from the copies held, the admin listener's too, with as
+    /// many worker threads as at the start (fresh ones: those that served before drain and
+    /// exit at the stop, as at any stop). Returns how many sockets serve again, the admin one
+    /// included.
     pub fn resume(&mut self) -> usize {
         let (accept_stop, accept_stop_rx) = watch::channel(false);
         self.accept_stop = accept_stop;
-        let state = self.runtime.state();
-        let mut n = 0;
-        for (name, l) in self.held.listeners() {
-            let Some(mode) = state
-                .listeners
-                .iter()
-                .map(|slot| slot.def.load_full())
-                .find(|d| d.name == name)
-                .map(|d| d.mode)
-            else {
-                continue;
-            };
-            let listener = match l
-                .set_nonblocking(true)
-                .and_then(|()| TcpListener::from_std(l))
-            {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!(listener = %name, error = %e, "cannot serve a socket again");
-                    continue;
+        let sockets = self.held_listeners();
+        let mut n: usize = sockets.iter().map(|s| s.per_worker.len()).sum();
+        if self.workers > 1 {
+            match super::workers::spawn(
+                &self.runtime,
+                sockets,
+                self.workers,
+                &self.go.subscribe(),
+                &accept_stop_rx,
+            ) {
+                Ok(done) => {
+                    self.tasks.spawn(async move {
+                        let _ = done.await;
+                    });
                 }
-            };
-            let permits = super::listener_permits(&self.runtime, &name);
-            self.tasks.spawn(super::workers::serve_socket(
-                Arc::clone(&self.runtime),
-                name,
-                mode,
-                listener,
-                permits,
-                super::workers::Turn {
-                    go: self.go.subscribe(),
-                    stop: accept_stop_rx.clone(),
-                    accepting: state.lifecycle.accepting.enter(),
-                },
-            ));
-            n += 1;
+                Err(e) => {
+                    // The workers that did start serve their sockets; this runtime serves
+                    // every socket too (copies of the same sockets: each accepts from the one
+                    // queue), so no client waits on a socket nobody serves.
+                    tracing::error!(error = %e, "cannot start worker threads again: serving on the main thread");
+                    n = self.serve_here(self.held_listeners(), &accept_stop_rx);
+                }
+            }
+        } else {
+            n = self.serve_here(sockets, &accept_stop_rx);
         }
         if let Some(admin) = self.held.admin() {
             match admin
@@ -269,6 +262,77 @@ impl Running {
                     n += 1;
                 }
                 Err(e) => tracing::error!(error = %e, "cannot serve the admin socket again"),
+            }
+        }
+        n
+    }
+
+    /// The copies held of the listeners' sockets, one group per listener address in the
+    /// order they were bound (a worker takes the k-th socket of each), non-blocking.
+    fn held_listeners(&self) -> Vec<super::workers::Sockets> {
+        let state = self.runtime.state();
+        let mut groups: Vec<super::workers::Sockets> = Vec::new();
+        for (name, local, l) in self.held.listeners() {
+            let Some(mode) = state
+                .listeners
+                .iter()
+                .map(|slot| slot.def.load_full())
+                .find(|d| d.name == name)
+                .map(|d| d.mode)
+            else {
+                continue;
+            };
+            if let Err(e) = l.set_nonblocking(true) {
+                tracing::error!(listener = %name, error = %e, "cannot serve a socket again");
+                continue;
+            }
+            match groups
+                .iter_mut()
+                .find(|s| s.name == name && s.local == local)
+            {
+                Some(s) => s.per_worker.push(l),
+                None => groups.push(super::workers::Sockets {
+                    permits: super::listener_permits(&self.runtime, &name),
+                    name,
+                    mode,
+                    local,
+                    per_worker: vec![l],
+                }),
+            }
+        }
+        groups
+    }
+
+    /// Serves `sockets` on this runtime until `stop` turns true; how many serve.
+    fn serve_here(
+        &mut self,
+        sockets: Vec<super::workers::Sockets>,
+        stop: &watch::Receiver<bool>,
+    ) -> usize {
+        let state = self.runtime.state();
+        let mut n = 0;
+        for s in sockets {
+            for l in s.per_worker {
+                let listener = match TcpListener::from_std(l) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(listener = %s.name, error = %e, "cannot serve a socket again");
+                        continue;
+                    }
+                };
+                self.tasks.spawn(super::workers::serve_socket(
+                    Arc::clone(&self.runtime),
+                    s.name.clone(),
+                    s.mode,
+                    listener,
+                    Arc::clone(&s.permits),
+                    super::workers::Turn {
+                        go: self.go.subscribe(),
+                        stop: stop.clone(),
+                        accepting: state.lifecycle.accepting.enter(),
+                    },
+                ));
+                n += 1;
             }
         }
         n
@@ -590,6 +654,7 @@ pub async fn start_from(
         accept_stop: accept_stop_tx,
         shutdown: shutdown_tx,
         tasks,
+        workers: workers.max(1),
         held: Arc::new(crate::upgrade::Held::new(held)),
     })
 }
