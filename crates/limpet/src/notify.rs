@@ -73,7 +73,7 @@ pub fn ready(status: &str) {
 
 /// A reload under way, told to the service manager: `RELOADING=1` now, and `READY=1` with
 /// the status given to [`done`](Self::done), or, if the reload is dropped before it is done
-/// (its caller gone: an admin client that hung up mid-reload), with "reload abandoned":
+/// (a reload aborted by a stop, `runtime::control::ReloadTasks`), with "reload abandoned":
 /// systemd waits for `READY=1` after `RELOADING=1`, and would otherwise show the unit
 /// reloading until its timeout. After `STOPPING=1` neither is said ([`ready`]).
 #[derive(Debug)]

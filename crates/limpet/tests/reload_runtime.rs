@@ -216,7 +216,9 @@ async fn a_reload_names_each_changed_setting_and_refuses_a_mode_change() {
 /// The error of `reload`, a task whose limit has just passed: it ends within a few
 /// yields (paused time, moved by hand), refused.
 async fn refused_now(
-    reload: tokio::task::JoinHandle<Result<limpet::admin::ReloadReport, String>>,
+    reload: tokio::task::JoinHandle<
+        Result<limpet::admin::ReloadReport, limpet::admin::ControlError>,
+    >,
 ) -> String {
     for _ in 0..1000 {
         if reload.is_finished() {
@@ -225,7 +227,11 @@ async fn refused_now(
         tokio::task::yield_now().await;
     }
     assert!(reload.is_finished(), "refused at the limit");
-    reload.await.expect("reload task").expect_err("refused")
+    reload
+        .await
+        .expect("reload task")
+        .expect_err("refused")
+        .to_string()
 }
 
 /// A reload whose file read never returns is refused after `RELOAD_LOAD_LIMIT` (30 s, on
@@ -407,4 +413,101 @@ async fn a_reload_that_shortens_fail_timeout_reaches_a_node_already_down() {
     }
     assert_eq!(node_view(&l, "b").await["state"], "UP");
     l.stop().await;
+}
+
+/// `POST /api/v1/reload` on a raw connection to `admin`, which is left open.
+async fn post_reload(admin: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(admin)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the admin listener: {e}"));
+    let head = format!(
+        "POST /api/v1/reload HTTP/1.1\r\nHost: {admin}\r\n\
+         Content-Type: application/json\r\nContent-Length: 0\r\n\r\n"
+    );
+    s.write_all(head.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    s
+}
+
+/// An admin reload whose caller hangs up (or times out) while the file is read is applied
+/// whole, as a SIGHUP's is: a reload asked for is done, whoever waits for its answer. Before,
+/// the caller's connection carried the reload, and it was dropped with it: whether a
+/// `curl --max-time` reload was applied depended on how slow the file was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_reload_whose_caller_hung_up_is_applied_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("reload-hung-up", &config(port, &NODES[..2], 1));
+    let l = Limpet::start(&cfg).await;
+    let runtime = Arc::clone(l.running.as_ref().expect("running").runtime());
+    fifo_in_place_of(&cfg.path);
+    let mut caller = post_reload(l.admin).await;
+    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    // The caller hangs up mid-reload, and the admin listener lets its connection go (its
+    // close comes back): the request's handler is gone.
+    caller.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut rest = Vec::new();
+    tokio::time::timeout(PATIENCE, caller.read_to_end(&mut rest))
+        .await
+        .unwrap_or_else(|_| panic!("the admin listener kept the connection"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The file comes: three nodes.
+    let three = config(port, &NODES, 1);
+    std::io::Write::write_all(&mut writer, three.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    drop(writer);
+    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
+    cfg.write(&three);
+    // Reloads run one at a time: this one runs after the first has ended.
+    let report = limpet::runtime::reload(&runtime).await.expect("applied");
+    assert_eq!(
+        report.generation, 2,
+        "the reload whose caller hung up was applied, then this one"
+    );
+    assert_eq!(runtime.state().nodes().len(), 3);
+    l.stop().await;
+}
+
+/// A stop cuts short an admin reload still reading its file, before it changed anything,
+/// and answers its caller 503 at once; a reload asked for after the stop began is refused.
+/// A reload applied mid-drain would start again the health checks the drain stopped. Before,
+/// the admin reload went on through the drain: its caller got no answer until the file came
+/// (or the admin listener's 10 s grace ended), and the file was then applied mid-drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_cuts_an_admin_reload_short_and_refuses_later_ones() {
+    use tokio::io::AsyncReadExt;
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("reload-stopped", &config(port, &NODES[..2], 1));
+    let l = Limpet::start(&cfg).await;
+    let runtime = Arc::clone(l.running.as_ref().expect("running").runtime());
+    fifo_in_place_of(&cfg.path);
+    let mut caller = post_reload(l.admin).await;
+    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    let stopping = tokio::spawn(l.stop());
+    // Answered while the file still has not come.
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, caller.read_to_end(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("no answer"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503") && answer.contains("stopping"),
+        "{answer}"
+    );
+    let later = limpet::runtime::reload(&runtime)
+        .await
+        .expect_err("refused after the stop began");
+    assert!(later.to_string().contains("stopping"), "{later}");
+    // The file comes now; nothing reads it into the running limpet.
+    std::io::Write::write_all(&mut writer, config(port, &NODES, 1).as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(writer);
+    stopping.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        runtime.state().nodes().len(),
+        2,
+        "the running config stayed"
+    );
 }

@@ -19,13 +19,14 @@
 //! | GET | `/api/v1/tables/{table}/entry?key=K` | look up one entry (404 when absent) |
 //! | DELETE | `/api/v1/tables/{table}/entry?key=K` | **write**: delete one entry |
 //! | DELETE | `/api/v1/tables/{table}` | **write**: clear the table |
-//! | POST | `/api/v1/reload` | **write**: reload the configuration file (422 with the reason when refused) |
+//! | POST | `/api/v1/reload` | **write**: reload the configuration file (422 with the reason when refused, 503 once limpet is stopping); applied or refused whole even if the caller hangs up first |
 //! | GET | `/api/v1/stats` | totals of requests and pin outcomes, and the server's uptime (the page computes rates) |
 //! | GET | `/api/v1/history` | per node, one point per sample of the last five minutes: requests/s, errors/s, p99 answer time ([`HistoryView`]) |
 //!
 //! `HEAD` answers wherever `GET` does. Errors are JSON `{"error": "..."}` with 400 (bad
 //! request), 401 (missing or wrong token), 403 (a cross-site write), 404 (no such node, table
-//! or entry), 405, 413 (body over 16 KiB), 422 (reload refused).
+//! or entry), 405, 413 (body over 16 KiB), 422 (reload refused), 503 (reload asked for, or
+//! still reading its file, once limpet is stopping).
 //!
 //! ## Authorization
 //!
@@ -242,6 +243,8 @@ pub enum ControlError {
     BadRequest(String),
     /// A reload refused: the configuration is invalid; the running one stays.
     Refused(String),
+    /// limpet is stopping: no reload now.
+    Stopping(String),
     Internal(String),
 }
 
@@ -251,6 +254,7 @@ impl std::fmt::Display for ControlError {
             ControlError::NotFound(m)
             | ControlError::BadRequest(m)
             | ControlError::Refused(m)
+            | ControlError::Stopping(m)
             | ControlError::Internal(m) => f.write_str(m),
         }
     }

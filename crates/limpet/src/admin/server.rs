@@ -153,6 +153,7 @@ fn control_error(e: ControlError) -> Resp {
         ControlError::NotFound(_) => StatusCode::NOT_FOUND,
         ControlError::BadRequest(_) => StatusCode::BAD_REQUEST,
         ControlError::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        ControlError::Stopping(_) => StatusCode::SERVICE_UNAVAILABLE,
         ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, &e.to_string())

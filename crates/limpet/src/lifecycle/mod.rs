@@ -48,6 +48,8 @@ pub struct Lifecycle {
     /// while it has not returned: the next reload waits for it (within the same limit)
     /// rather than start another, so a hung file leaves at most one thread blocked.
     pub(crate) reloading: tokio::sync::Mutex<Option<crate::runtime::ConfigLoad>>,
+    /// Every reload running, to abort them and refuse more at a stop.
+    pub(crate) reload_tasks: crate::runtime::ReloadTasks,
     /// Each listener's `max_connections`, by name, shared by its sockets and changed in
     /// place by a reload.
     conn_limits: Mutex<std::collections::HashMap<String, Arc<crate::net::ConnLimit>>>,
@@ -75,6 +77,7 @@ impl Lifecycle {
             admin_addr: OnceLock::new(),
             reloads: AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(None),
+            reload_tasks: crate::runtime::ReloadTasks::default(),
             conn_limits: Mutex::new(std::collections::HashMap::new()),
             slow_answers: Mutex::new(()),
             accepting: Arc::default(),

@@ -306,7 +306,7 @@ impl Control for RuntimeControl {
     }
 
     fn reload(&self) -> BoxFuture<'_, Result<ReloadReport, ControlError>> {
-        Box::pin(async move { reload(&self.runtime).await.map_err(ControlError::Refused) })
+        Box::pin(reload(&self.runtime))
     }
 
     fn metrics(&self) -> Arc<Metrics> {
@@ -322,7 +322,34 @@ impl Control for RuntimeControl {
 /// refused with the reason, and nothing changes), then swapped in. Unchanged nodes keep
 /// their state, health and pins; removed nodes are set to MAINT in the old state (their TCP
 /// sessions and tunnels close, their pins re-pin); health checks are updated in place.
-pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
+///
+/// The reload runs on a task of its own ([`ReloadTasks`]): a caller that goes away (an
+/// admin client that hung up, or timed out, while the file was read) does not cut it short,
+/// so a reload asked for is applied or refused whole, logged, and told to systemd, as a
+/// SIGHUP's is. Once a stop began it is refused (`ControlError::Stopping` through the API),
+/// and one still reading its file then is cut short, before it changed anything.
+pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, ControlError> {
+    let life = Arc::clone(&runtime.state().lifecycle);
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let runtime = Arc::clone(runtime);
+    if !life.reload_tasks.spawn(async move {
+        let _ = answer.send(reload_whole(&runtime).await);
+    }) {
+        return Err(ControlError::Stopping(
+            "limpet is stopping: reload refused".into(),
+        ));
+    }
+    match answered.await {
+        Ok(r) => r.map_err(ControlError::Refused),
+        Err(_) => Err(ControlError::Stopping(
+            "limpet is stopping: the reload was cut short before it changed anything".into(),
+        )),
+    }
+}
+
+/// One reload, whole: waits for the reloads before it (one at a time), reads and checks the
+/// file, swaps it in, and says what happened (log, metrics, systemd).
+async fn reload_whole(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
     let life = Arc::clone(&runtime.state().lifecycle);
     let mut blocked = life.reloading.lock().await;
     let notice = crate::notify::Reload::begin();
@@ -342,6 +369,48 @@ pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
         }
     }
     result
+}
+
+/// The reloads of one limpet, whoever asked for them (SIGHUP or the admin API): each runs on
+/// a task of its own, which its caller only waits for. A stop aborts the ones still running
+/// and refuses later ones: a reload applied mid-drain would start again the health checks
+/// the drain stopped, and close sessions of nodes it removed while the drain lets them
+/// finish. A reload changes nothing before its file is read and checked, and after that it
+/// runs to its end without waiting on anything, so an abort never leaves one half-applied.
+#[derive(Debug)]
+pub(crate) struct ReloadTasks {
+    /// The reloads started and not known to be over, or `None` once a stop began.
+    running: std::sync::Mutex<Option<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Default for ReloadTasks {
+    fn default() -> Self {
+        Self {
+            running: std::sync::Mutex::new(Some(Vec::new())),
+        }
+    }
+}
+
+impl ReloadTasks {
+    /// Starts `reload` on a task of its own, on the current runtime; false (and nothing
+    /// started) once a stop began.
+    fn spawn(&self, reload: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
+        let mut running = lock(&self.running);
+        let Some(running) = running.as_mut() else {
+            return false;
+        };
+        running.retain(|t| !t.is_finished());
+        running.push(tokio::spawn(reload).abort_handle());
+        true
+    }
+
+    /// A stop began: aborts the reloads still running, refuses later ones.
+    pub(crate) fn stop(&self) {
+        let running = lock(&self.running).take();
+        for t in running.into_iter().flatten() {
+            t.abort();
+        }
+    }
 }
 
 /// How long a reload may take to read and check the file. Reading can block (a config on a
@@ -662,27 +731,24 @@ impl Default for Signals {
 
 /// Runs until SIGTERM or SIGINT; each SIGHUP reloads the configuration (a refused reload is
 /// logged and changes nothing). SIGUSR2 (an upgrade in place) is logged and ignored: only
-/// `limpet run --upgrade-socket` answers it ([`serve_signals_with`]).
+/// `limpet run --upgrade-socket` answers it ([`serve_signals_with`]). When it returns for a
+/// stop, the reloads still running are aborted: limpet is stopping.
 pub async fn serve_signals(runtime: &Arc<Runtime>) {
-    // Dropped when this returns, which aborts a reload still waiting: limpet is stopping,
-    // and a reload applied mid-drain would restart the health checks the drain stopped.
-    let mut reloads = JoinSet::new();
-    serve_signals_with(runtime, &mut Signals::new(), &mut reloads, &mut || {
+    serve_signals_with(runtime, &mut Signals::new(), &mut || {
         tracing::warn!("SIGUSR2: an upgrade in place needs `limpet run --upgrade-socket`; ignored");
     })
     .await;
+    runtime.state().lifecycle.reload_tasks.stop();
 }
 
 /// [`serve_signals`] on signals registered before (a signal that came meanwhile is taken
-/// at once), with `upgrade` called on each SIGUSR2. Each SIGHUP's reload runs on a task in
-/// `reloads`, so a stop signal is taken at once, even while a reload waits (they run one at
-/// a time, `Lifecycle::reloading`). The caller keeps `reloads`: a reload goes on when this
-/// returns for another reason than a stop (a new limpet ready to take over, which may be
-/// refused), and the caller drops it, aborting the reloads still waiting, once it stops.
+/// at once), with `upgrade` called on each SIGUSR2. Each SIGHUP's reload runs on a task of
+/// its own ([`reload`]), so a stop signal is taken at once, even while a reload waits (they
+/// run one at a time, `Lifecycle::reloading`); it goes on when this returns, until the
+/// caller stops them (`ReloadTasks::stop`, which `Running::stop` does).
 pub async fn serve_signals_with(
     runtime: &Arc<Runtime>,
     signals: &mut Signals,
-    reloads: &mut JoinSet<()>,
     upgrade: &mut dyn FnMut(),
 ) {
     #[cfg(unix)]
@@ -694,12 +760,12 @@ pub async fn serve_signals_with(
                 _ = hup.recv() => {
                     tracing::info!("SIGHUP: reloading the configuration");
                     let runtime = Arc::clone(runtime);
-                    reloads.spawn(async move {
+                    // Not waited for here: `reload` logs what it did.
+                    tokio::spawn(async move {
                         let _ = reload(&runtime).await;
                     });
                 }
                 _ = usr2.recv() => upgrade(),
-                Some(_) = reloads.join_next(), if !reloads.is_empty() => {}
             }
         }
     }

@@ -52,11 +52,11 @@ use crate::config::{Config, ListenerDef, TableDef};
 use crate::nodes::{ConnGuard, NodeRuntime};
 use crate::store::{Store, Write};
 
-pub(crate) use control::ConfigLoad;
 pub use control::{
     reload, serve_signals, serve_signals_with, start as start_lifecycle, RuntimeControl,
     RuntimeSink, Signals, RELOAD_LOAD_LIMIT,
 };
+pub(crate) use control::{ConfigLoad, ReloadTasks};
 pub use run::{start, Running, StartError};
 pub use snapshot::{load_snapshot, save_snapshot, SnapshotLoad};
 

@@ -347,6 +347,8 @@ impl Running {
     /// [`stop`](Self::stop), saving the snapshots only if `save` (a limpet that handed its
     /// tables to a new one leaves the files to it).
     pub async fn stop_saving(mut self, save: bool) {
+        // No reload from now on (`control::ReloadTasks`).
+        self.runtime.state().lifecycle.reload_tasks.stop();
         self.held.close();
         let _ = self.accept_stop.send(true);
         let _ = self.shutdown.send(true);
@@ -828,13 +830,12 @@ pub fn run(args: RunArgs) -> ExitCode {
         // SIGHUP reloads; SIGTERM / Ctrl-C stop; a second one stops at once; SIGUSR2 starts
         // a successor. Or a new limpet is ready to take over: stop accepting, wait until no
         // accept loop runs, hand it the pins, node states and health as they are then;
-        // drain once it says it took over, or serve again if it does not. SIGHUP's reloads
-        // are kept across the loop's turns (a new limpet refused, or one that did not take
-        // over, must not cost a reload under way), and aborted once it ends.
-        let mut reloads = JoinSet::new();
+        // drain once it says it took over, or serve again if it does not. Reloads run on
+        // tasks of their own across the loop's turns (a new limpet refused, or one that did
+        // not take over, must not cost a reload under way), and are aborted once it ends.
         let handed_over = loop {
             let ready = tokio::select! {
-                () = super::serve_signals_with(running.runtime(), &mut signals, &mut reloads, &mut upgrade_signal) => None,
+                () = super::serve_signals_with(running.runtime(), &mut signals, &mut upgrade_signal) => None,
                 Ok(Some(ready)) = async { match next.as_mut() {
                     Some(n) => n.await,
                     None => std::future::pending().await,
@@ -876,12 +877,13 @@ pub fn run(args: RunArgs) -> ExitCode {
             );
             (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
         };
-        // A reload applied mid-drain would restart the health checks the drain stops.
-        drop(reloads);
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
             crate::notify::stopping();
         }
+        // A reload applied mid-drain would restart the health checks the drain stops. After
+        // STOPPING=1: a reload cut short says nothing to systemd after it.
+        running.runtime().state().lifecycle.reload_tasks.stop();
         let runtime = Arc::clone(running.runtime());
         let stop = running.stop_saving(!handed_over);
         tokio::pin!(stop);
