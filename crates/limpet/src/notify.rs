@@ -29,13 +29,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sd_notify::NotifyState;
 
 /// Set once this process has named another the unit's main process: from then on it says
-/// nothing (a reload answered on an admin connection still open while it drains, its drain's
-/// end), since the unit is the new one's.
+/// nothing (its drain's end), since the unit is the new one's.
 static HANDED_OVER: AtomicBool = AtomicBool::new(false);
 
-/// Set once this process said `STOPPING=1`: a reload that ends after it (one answered by
-/// the admin API during the drain, or one the stop cut short, whose guard drops later)
-/// says nothing, or systemd would read the unit as ready again while it stops.
+/// Set once this process said `STOPPING=1`: a reload that ends after it (one the stop cut
+/// short, whose guard drops later) says nothing, or systemd would read the unit as ready
+/// again while it stops. (No reload starts after a stop: `runtime::control::ReloadTasks`.)
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
 /// Sends `states` in one message (nothing without `NOTIFY_SOCKET`, or after handing over).
@@ -72,10 +71,12 @@ pub fn ready(status: &str) {
 }
 
 /// A reload under way, told to the service manager: `RELOADING=1` now, and `READY=1` with
-/// the status given to [`done`](Self::done), or, if the reload is dropped before it is done
-/// (a reload aborted by a stop, `runtime::control::ReloadTasks`), with "reload abandoned":
-/// systemd waits for `READY=1` after `RELOADING=1`, and would otherwise show the unit
-/// reloading until its timeout. After `STOPPING=1` neither is said ([`ready`]).
+/// the status given to [`done`](Self::done), or, if the reload is dropped before it is done,
+/// with "reload abandoned": systemd waits for `READY=1` after `RELOADING=1`, and would
+/// otherwise show the unit reloading until its timeout. After `STOPPING=1` neither is said
+/// ([`ready`]); `limpet run` aborts reloads only after it (`runtime::control::ReloadTasks`),
+/// so "abandoned" is said only for a reload that failed (a panic) or a stop of an embedding
+/// program that said no `STOPPING=1`.
 #[derive(Debug)]
 pub struct Reload {
     over: bool,

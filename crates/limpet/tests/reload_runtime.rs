@@ -511,3 +511,51 @@ async fn a_stop_cuts_an_admin_reload_short_and_refuses_later_ones() {
         "the running config stayed"
     );
 }
+
+/// Reloads asked for while another waits its turn share that one's result: it reads the file
+/// after they came, which is all they ask. So callers that give up and ask again (a script
+/// retrying with `--max-time` against a file on a hung mount) cannot queue reloads without
+/// bound: at most one runs and one waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_asked_while_one_waits_its_turn_share_its_result() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("reload-joined", &config(port, &NODES[..2], 1));
+    let l = Limpet::start(&cfg).await;
+    let runtime = Arc::clone(l.running.as_ref().expect("running").runtime());
+    fifo_in_place_of(&cfg.path);
+    let first = tokio::spawn({
+        let runtime = Arc::clone(&runtime);
+        async move { limpet::runtime::reload(&runtime).await }
+    });
+    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    // Three more while the first reads its file, each asked for (polled once) in turn.
+    let mut asked = Vec::new();
+    for _ in 0..3 {
+        let mut reload = Box::pin(limpet::runtime::reload(&runtime));
+        tokio::select! {
+            biased;
+            r = &mut reload => panic!("answered before the file came: {r:?}"),
+            () = std::future::ready(()) => {}
+        }
+        asked.push(reload);
+    }
+    let three = config(port, &NODES, 1);
+    std::io::Write::write_all(&mut writer, three.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    drop(writer);
+    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
+    cfg.write(&three);
+    let first = first
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("applied");
+    assert_eq!(first.generation, 1);
+    let mut generations = Vec::new();
+    for reload in asked {
+        generations.push(reload.await.expect("applied").generation);
+    }
+    assert_eq!(generations, [2, 2, 2], "one reload for the three");
+    let next = limpet::runtime::reload(&runtime).await.expect("applied");
+    assert_eq!(next.generation, 3);
+    assert_eq!(runtime.state().nodes().len(), 3);
+    l.stop().await;
+}

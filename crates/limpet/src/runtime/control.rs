@@ -323,35 +323,48 @@ impl Control for RuntimeControl {
 /// their state, health and pins; removed nodes are set to MAINT in the old state (their TCP
 /// sessions and tunnels close, their pins re-pin); health checks are updated in place.
 ///
-/// The reload runs on a task of its own ([`ReloadTasks`]): a caller that goes away (an
+/// The reload runs on a task of its own (`ReloadTasks`): a caller that goes away (an
 /// admin client that hung up, or timed out, while the file was read) does not cut it short,
 /// so a reload asked for is applied or refused whole, logged, and told to systemd, as a
-/// SIGHUP's is. Once a stop began it is refused (`ControlError::Stopping` through the API),
-/// and one still reading its file then is cut short, before it changed anything.
+/// SIGHUP's is. A request that comes while another reload waits its turn shares that one's
+/// result: it will read the file after this request came, which is all a request asks. Once
+/// a stop began a reload is refused (`ControlError::Stopping` through the API), and one still
+/// reading its file then is cut short, before it changed anything.
 pub async fn reload(runtime: &Arc<Runtime>) -> Result<ReloadReport, ControlError> {
     let life = Arc::clone(&runtime.state().lifecycle);
-    let (answer, answered) = tokio::sync::oneshot::channel();
-    let runtime = Arc::clone(runtime);
-    if !life.reload_tasks.spawn(async move {
-        let _ = answer.send(reload_whole(&runtime).await);
-    }) {
+    let Some(mut result) = life.reload_tasks.ask(runtime) else {
         return Err(ControlError::Stopping(
             "limpet is stopping: reload refused".into(),
         ));
-    }
-    match answered.await {
-        Ok(r) => r.map_err(ControlError::Refused),
-        Err(_) => Err(ControlError::Stopping(
+    };
+    let got = result
+        .wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|r| r.clone());
+    match got {
+        Some(r) => r.map_err(ControlError::Refused),
+        // Ended without a result: aborted by a stop, or failed (a panic, logged by tokio).
+        None if life.reload_tasks.stopped() => Err(ControlError::Stopping(
             "limpet is stopping: the reload was cut short before it changed anything".into(),
+        )),
+        None => Err(ControlError::Internal(
+            "the reload failed; see the log".into(),
         )),
     }
 }
 
+/// A reload's result, once it has one.
+type ReloadResult = watch::Receiver<Option<Result<ReloadReport, String>>>;
+
 /// One reload, whole: waits for the reloads before it (one at a time), reads and checks the
 /// file, swaps it in, and says what happened (log, metrics, systemd).
-async fn reload_whole(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
+async fn reload_whole(runtime: &Arc<Runtime>, mine: &ReloadResult) -> Result<ReloadReport, String> {
     let life = Arc::clone(&runtime.state().lifecycle);
     let mut blocked = life.reloading.lock().await;
+    // Its turn: a request from now on reads the file after this one did, in a reload of its
+    // own.
+    life.reload_tasks.started(mine);
     let notice = crate::notify::Reload::begin();
     let result = reload_locked(runtime, &mut blocked).await;
     life.metrics.reload(result.is_ok());
@@ -372,42 +385,84 @@ async fn reload_whole(runtime: &Arc<Runtime>) -> Result<ReloadReport, String> {
 }
 
 /// The reloads of one limpet, whoever asked for them (SIGHUP or the admin API): each runs on
-/// a task of its own, which its caller only waits for. A stop aborts the ones still running
-/// and refuses later ones: a reload applied mid-drain would start again the health checks
-/// the drain stopped, and close sessions of nodes it removed while the drain lets them
-/// finish. A reload changes nothing before its file is read and checked, and after that it
-/// runs to its end without waiting on anything, so an abort never leaves one half-applied.
+/// a task of its own, which its callers only wait for, and a request that comes while one
+/// waits its turn joins that one (so callers that retry and give up cannot queue reloads
+/// without bound: at most one runs and one waits). A stop aborts the ones still running and
+/// refuses later ones: a reload applied mid-drain would start again the health checks the
+/// drain stopped, and close sessions of nodes it removed while the drain lets them finish.
+/// A reload changes nothing before its file is read and checked, and applies it under this
+/// owner's lock ([`applying`](Self::applying)), which a stop takes too: so a reload is
+/// either applied whole before the stop or not at all, on any runtime.
 #[derive(Debug)]
-pub(crate) struct ReloadTasks {
-    /// The reloads started and not known to be over, or `None` once a stop began.
-    running: std::sync::Mutex<Option<Vec<tokio::task::AbortHandle>>>,
+pub(crate) struct ReloadTasks(std::sync::Mutex<Reloads>);
+
+#[derive(Debug, Default)]
+struct Reloads {
+    stopped: bool,
+    /// The reloads started and not known to be over.
+    running: Vec<tokio::task::AbortHandle>,
+    /// The result of the reload waiting its turn (not yet reading the file), if one does.
+    waiting: Option<ReloadResult>,
 }
 
 impl Default for ReloadTasks {
     fn default() -> Self {
-        Self {
-            running: std::sync::Mutex::new(Some(Vec::new())),
-        }
+        Self(std::sync::Mutex::new(Reloads::default()))
     }
 }
 
 impl ReloadTasks {
-    /// Starts `reload` on a task of its own, on the current runtime; false (and nothing
-    /// started) once a stop began.
-    fn spawn(&self, reload: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
-        let mut running = lock(&self.running);
-        let Some(running) = running.as_mut() else {
-            return false;
-        };
-        running.retain(|t| !t.is_finished());
-        running.push(tokio::spawn(reload).abort_handle());
-        true
+    /// A reload of `runtime`'s file: the one waiting its turn, or a new one on a task of its
+    /// own (on the current runtime); `None` once a stop began.
+    fn ask(&self, runtime: &Arc<Runtime>) -> Option<ReloadResult> {
+        let mut r = lock(&self.0);
+        if r.stopped {
+            return None;
+        }
+        if let Some(waiting) = &r.waiting {
+            return Some(waiting.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        let runtime = Arc::clone(runtime);
+        r.running.retain(|t| !t.is_finished());
+        let mine = rx.clone();
+        let task = tokio::spawn(async move {
+            let result = reload_whole(&runtime, &mine).await;
+            tx.send_replace(Some(result));
+        });
+        r.running.push(task.abort_handle());
+        r.waiting = Some(rx.clone());
+        Some(rx)
     }
 
-    /// A stop began: aborts the reloads still running, refuses later ones.
+    /// The reload whose result is `mine` has its turn now: it no longer waits.
+    fn started(&self, mine: &ReloadResult) {
+        let mut r = lock(&self.0);
+        if r.waiting.as_ref().is_some_and(|w| w.same_channel(mine)) {
+            r.waiting = None;
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        lock(&self.0).stopped
+    }
+
+    /// Held while a reload applies what it read: `None` once a stop began (the reload then
+    /// changes nothing).
+    fn applying(&self) -> Option<std::sync::MutexGuard<'_, Reloads>> {
+        Some(lock(&self.0)).filter(|r| !r.stopped)
+    }
+
+    /// A stop began: waits for a reload applying to end, aborts the reloads still running,
+    /// refuses later ones.
     pub(crate) fn stop(&self) {
-        let running = lock(&self.running).take();
-        for t in running.into_iter().flatten() {
+        let running = {
+            let mut r = lock(&self.0);
+            r.stopped = true;
+            r.waiting = None;
+            std::mem::take(&mut r.running)
+        };
+        for t in running {
             t.abort();
         }
     }
@@ -539,6 +594,11 @@ async fn reload_locked(
     if cfg.store != old.store {
         changes.push("[store] settings changed: they apply after a restart".into());
     }
+    // From here to the end, nothing waits: the rest is applied whole, or, once a stop
+    // began, not at all.
+    let Some(_applying) = state.lifecycle.reload_tasks.applying() else {
+        return Err("limpet is stopping: nothing of this reload was applied".into());
+    };
     let next = state.rebuild(cfg)?;
     // Removed nodes: MAINT in their runtime, so the sessions still open to them close and
     // the pins move; new connections never see them (a node added back starts fresh).
@@ -762,7 +822,9 @@ pub async fn serve_signals_with(
                     let runtime = Arc::clone(runtime);
                     // Not waited for here: `reload` logs what it did.
                     tokio::spawn(async move {
-                        let _ = reload(&runtime).await;
+                        if let Err(ControlError::Stopping(why)) = reload(&runtime).await {
+                            tracing::info!("SIGHUP: {why}");
+                        }
                     });
                 }
                 _ = usr2.recv() => upgrade(),
@@ -770,4 +832,38 @@ pub async fn serve_signals_with(
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReloadTasks;
+
+    /// A stop waits for a reload applying what it read (on another thread of a multi-thread
+    /// runtime, an abort cannot stop it mid-way), and no reload applies after it: a reload is
+    /// applied whole before the stop or not at all.
+    #[test]
+    fn a_stop_waits_for_a_reload_applying_and_none_applies_after_it() {
+        let tasks = std::sync::Arc::new(ReloadTasks::default());
+        let applying = tasks.applying().expect("no stop yet");
+        let (stopped_tx, stopped) = std::sync::mpsc::channel();
+        let stopper = std::thread::spawn({
+            let tasks = std::sync::Arc::clone(&tasks);
+            move || {
+                tasks.stop();
+                let _ = stopped_tx.send(());
+            }
+        });
+        assert_eq!(
+            stopped.recv_timeout(std::time::Duration::from_millis(200)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout),
+            "the stop waits for the reload applying"
+        );
+        drop(applying);
+        stopped
+            .recv()
+            .expect("the stop ends once the reload has applied");
+        stopper.join().expect("stopper");
+        assert!(tasks.stopped());
+        assert!(tasks.applying().is_none(), "nothing applies after a stop");
+    }
 }

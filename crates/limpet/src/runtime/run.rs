@@ -232,9 +232,8 @@ impl Running {
                     });
                 }
                 Err(e) => {
-                    // The workers that did start serve their sockets; this runtime serves
-                    // every socket too (copies of the same sockets: each accepts from the one
-                    // queue), so no client waits on a socket nobody serves.
+                    // None of them serves (`workers::spawn` is all or none): this runtime
+                    // serves every socket, as with one worker.
                     tracing::error!(error = %e, "cannot start worker threads again: serving on the main thread");
                     n = self.serve_here(self.held_listeners(), &accept_stop_rx);
                 }

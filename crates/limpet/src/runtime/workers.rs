@@ -163,7 +163,9 @@ impl Sockets {
 /// Starts `workers` threads serving `sockets` once `go` turns true, until `shutdown` turns
 /// true. Returns once every worker has its runtime (an error if one cannot have it: its
 /// sockets would take a share of clients and never accept them); the returned receiver
-/// resolves once every worker has drained and exited.
+/// resolves once every worker has drained and exited. All or none: a worker serves nothing
+/// until every one has its runtime, and on an error those that had it exit at once (no
+/// thread left serving that nobody waits for).
 pub fn spawn(
     runtime: &Arc<Runtime>,
     sockets: Vec<Sockets>,
@@ -191,14 +193,17 @@ pub fn spawn(
     let (all_done, done_rx) = oneshot::channel();
     let mut threads = Vec::with_capacity(workers);
     let (built_tx, built) = std::sync::mpsc::channel();
+    // Some(true) once every worker has its runtime; dropped (or Some(false)) otherwise.
+    let (all_built, gate) = watch::channel(None);
     for (k, listeners) in per_worker.into_iter().enumerate() {
         let runtime = Arc::clone(runtime);
         let go = go.clone();
         let shutdown = shutdown.clone();
         let built = built_tx.clone();
+        let gate = gate.clone();
         let thread = std::thread::Builder::new()
             .name(format!("limpet-worker-{k}"))
-            .spawn(move || worker(k, &runtime, listeners, &go, &shutdown, &built))?;
+            .spawn(move || worker(k, &runtime, listeners, (&go, &shutdown), &built, gate))?;
         threads.push(thread);
     }
     drop(built_tx);
@@ -209,6 +214,7 @@ pub fn spawn(
             Err(_) => return Err(std::io::Error::other("a worker thread ended at its start")),
         }
     }
+    all_built.send_replace(Some(true));
     // Joining blocks: a thread of its own reports when all are gone.
     std::thread::Builder::new()
         .name("limpet-workers-join".to_owned())
@@ -236,9 +242,9 @@ fn worker(
     k: usize,
     runtime: &Arc<Runtime>,
     listeners: Vec<WorkerSocket>,
-    go: &watch::Receiver<bool>,
-    shutdown: &watch::Receiver<bool>,
+    (go, shutdown): (&watch::Receiver<bool>, &watch::Receiver<bool>),
     built: &std::sync::mpsc::Sender<std::io::Result<()>>,
+    mut all_built: watch::Receiver<Option<bool>>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -256,6 +262,15 @@ fn worker(
         }
     };
     rt.block_on(async {
+        // Serving only once every worker has its runtime: else `spawn` failed, and this one
+        // exits with its sockets unserved.
+        let every_one = all_built
+            .wait_for(Option::is_some)
+            .await
+            .is_ok_and(|b| *b == Some(true));
+        if !every_one {
+            return;
+        }
         let mut tasks = tokio::task::JoinSet::new();
         for WorkerSocket {
             name,
