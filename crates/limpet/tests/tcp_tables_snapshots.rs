@@ -147,6 +147,101 @@ async fn pins_survive_a_restart_and_bad_snapshots_are_skipped() {
     }
 }
 
+/// A snapshot file on a disk that does not answer (here a FIFO nobody writes, whose open
+/// blocks) holds a start only to `SNAPSHOT_LOAD_LIMIT`: limpet then starts with the table
+/// empty, as from a file it cannot read. Before, the file was read on the runtime's own
+/// thread and the start waited for the disk for good; a new limpet taking over from a running
+/// one hung holding the sockets it was handed. On paused time, moved by hand (a blocked read
+/// keeps tokio from moving it by itself).
+#[test]
+fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
+    use limpet::runtime::SNAPSHOT_LOAD_LIMIT;
+    use std::os::unix::fs::OpenOptionsExt;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let dir = TempDir::new("snap-load-stuck");
+    let snapshot = dir.path().join("t.snapshot");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&snapshot)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+    // The blocked read is let go by a writer that opens the FIFO and closes it at once (the
+    // read then finds it empty): when the test is over with it (a guard, so a failed
+    // assertion does not leave the runtime's drop waiting for the read), or after 10 s by a
+    // watchdog if the start blocked this thread, so that the test fails instead of hanging.
+    struct LetGo(std::path::PathBuf, std::cell::Cell<bool>);
+    impl LetGo {
+        /// Once the reader is in its open (it may not have got there yet: time here is the
+        /// runtime's, not the reading thread's), within 10 s; once.
+        fn now(&self) {
+            if self.1.replace(true) {
+                return;
+            }
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&self.0)
+                .is_err()
+                && std::time::Instant::now() < until
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    impl Drop for LetGo {
+        fn drop(&mut self) {
+            self.now();
+        }
+    }
+    let let_go = LetGo(snapshot.clone(), std::cell::Cell::new(false));
+    let (done, watch) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn({
+        let snapshot = snapshot.clone();
+        move || {
+            if watch.recv_timeout(Duration::from_secs(10)).is_err() {
+                LetGo(snapshot, std::cell::Cell::new(false)).now();
+            }
+        }
+    });
+    let took = rt.block_on(async {
+        let began = tokio::time::Instant::now();
+        let starting = tokio::spawn(start(config(&dir, &text(1, "snapshot = \"t.snapshot\""))));
+        let step = Duration::from_millis(100);
+        for _ in 0..(SNAPSHOT_LOAD_LIMIT.as_millis() / step.as_millis() + 50) {
+            if starting.is_finished() {
+                break;
+            }
+            tokio::time::advance(step).await;
+        }
+        assert!(starting.is_finished(), "the start still waits for the disk");
+        let took = began.elapsed();
+        let running = starting
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("start: {e}"));
+        assert!(running.addr("raw").is_some());
+        let state = running.runtime().state();
+        let table = state.table("t").expect("table");
+        assert_eq!(table.lock().store().len(), 0, "the table starts empty");
+        // Before the stop's save replaces the FIFO with a file.
+        let_go.now();
+        running.stop().await;
+        took
+    });
+    let _ = done.send(());
+    let _ = watchdog.join();
+    drop(let_go);
+    assert!(
+        took >= SNAPSHOT_LOAD_LIMIT && took <= SNAPSHOT_LOAD_LIMIT + Duration::from_secs(1),
+        "started after {took:?}, not at the load limit"
+    );
+}
+
 /// A disk that hangs (a dead network mount) holds neither a periodic snapshot save past a
 /// stop nor the shutdown's own save past `SNAPSHOT_SAVE_LIMIT`: `stop` returns at the limit.
 /// The snapshot's temporary file is a FIFO nobody reads, so each save blocks opening it.

@@ -58,7 +58,9 @@ pub use control::{
 };
 pub(crate) use control::{ConfigLoad, ReloadTasks};
 pub use run::{start, Running, StartError};
-pub use snapshot::{load_snapshot, save_snapshot, SnapshotLoad};
+pub use snapshot::{
+    load_snapshot, load_snapshots, save_snapshot, SnapshotLoad, SNAPSHOT_LOAD_LIMIT,
+};
 
 pub(crate) use crate::tcp::stopped;
 

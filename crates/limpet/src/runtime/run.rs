@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{load_snapshot, save_snapshot, Runtime, State};
+use super::{save_snapshot, Runtime, State};
 use crate::clock::now_ms;
 use crate::config::Config;
 
@@ -443,9 +443,8 @@ pub async fn start_from(
         }
         None => State::new(config).map_err(StartError)?,
     };
-    for t in state.tables() {
-        load_snapshot(t);
-    }
+    // Off the async threads and bounded: a snapshot never blocks a start.
+    super::load_snapshots(state.tables().cloned().collect::<Vec<_>>()).await;
     let runtime = Runtime::new(state);
     let state = runtime.state();
     let (go_tx, go_rx) = watch::channel(false);

@@ -6,8 +6,8 @@
 //! directory, so neither a crash of limpet nor one of the machine mid-save leaves anything but
 //! the previous snapshot or the new one, whole. A save that fails removes its temporary file;
 //! those a killed limpet left are removed by the next load. A load that finds a missing,
-//! corrupt or truncated file reports it and starts with an empty table: a snapshot never
-//! blocks a start.
+//! corrupt or truncated file reports it and starts with an empty table, as does one whose
+//! disk does not answer within [`SNAPSHOT_LOAD_LIMIT`]: a snapshot never blocks a start.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,33 +30,82 @@ pub enum SnapshotLoad {
     Skipped(String),
 }
 
-/// Loads `table`'s snapshot file, if it has one configured.
+/// How long a start waits for its tables' snapshot files, all of them together: a file on a
+/// disk that does not answer (a hung network mount, a FIFO) must not keep limpet from
+/// starting, nor a new limpet taking over from a running one past its handover limit
+/// (`crate::upgrade::HANDOVER_LIMIT`, 30 s). A snapshot that size reads in well under a
+/// second from any disk that answers.
+pub const SNAPSHOT_LOAD_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Loads `table`'s snapshot file, if it has one configured (on this thread, unbounded: a
+/// start uses [`load_snapshots`]).
 pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
     let snap = table.def.snapshot.as_ref()?;
-    remove_stale_temporaries(&snap.path);
-    let result = load_from(table, &snap.path);
-    match &result {
-        SnapshotLoad::Missing => {
-            tracing::info!(table = %table.def.name, path = %snap.path.display(), "no snapshot yet")
-        }
-        SnapshotLoad::Loaded { loaded, expired } => tracing::info!(
-            table = %table.def.name, path = %snap.path.display(), loaded, expired, "snapshot loaded"
-        ),
-        SnapshotLoad::Skipped(why) => tracing::warn!(
-            table = %table.def.name, path = %snap.path.display(), error = %why,
-            "snapshot skipped; starting with an empty table"
-        ),
-    }
+    let result = match read_snapshot(&snap.path) {
+        Ok(bytes) => restore(table, &bytes),
+        Err(not) => not,
+    };
+    report(table, &snap.path, &result);
     Some(result)
 }
 
-fn load_from(table: &Table, path: &Path) -> SnapshotLoad {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return SnapshotLoad::Missing,
-        Err(e) => return SnapshotLoad::Skipped(format!("cannot read: {e}")),
-    };
-    restore(table, &bytes)
+/// Loads the snapshot file of each of `tables` that has one, each read on a blocking thread
+/// of its own, for at most [`SNAPSHOT_LOAD_LIMIT`] in all. A table whose file has not been
+/// read by then starts empty, as from a file it could not read; its thread is left to end
+/// when the disk answers, and what it read then is dropped (pins restored over a table
+/// already serving would undo the newer ones).
+pub async fn load_snapshots(tables: impl IntoIterator<Item = std::sync::Arc<Table>>) {
+    let deadline = tokio::time::Instant::now() + SNAPSHOT_LOAD_LIMIT;
+    let reads: Vec<_> = tables
+        .into_iter()
+        .filter_map(|t| {
+            let path = t.def.snapshot.as_ref()?.path.clone();
+            let read = tokio::task::spawn_blocking({
+                let path = path.clone();
+                move || read_snapshot(&path)
+            });
+            Some((t, path, read))
+        })
+        .collect();
+    for (table, path, read) in reads {
+        let result = match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(Ok(bytes))) => restore(&table, &bytes),
+            Ok(Ok(Err(not))) => not,
+            Ok(Err(e)) => SnapshotLoad::Skipped(format!("the read failed: {e}")),
+            Err(_) => SnapshotLoad::Skipped(format!(
+                "not read within {} s (the disk does not answer)",
+                SNAPSHOT_LOAD_LIMIT.as_secs()
+            )),
+        };
+        report(&table, &path, &result);
+    }
+}
+
+/// A snapshot file's bytes, after removing the temporary files killed limpets left beside
+/// it; or what loading it did instead (missing, unreadable).
+fn read_snapshot(path: &Path) -> Result<Vec<u8>, SnapshotLoad> {
+    remove_stale_temporaries(path);
+    match std::fs::read(path) {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SnapshotLoad::Missing),
+        Err(e) => Err(SnapshotLoad::Skipped(format!("cannot read: {e}"))),
+    }
+}
+
+/// What loading `table`'s snapshot at `path` did, in the log.
+fn report(table: &Table, path: &Path, result: &SnapshotLoad) {
+    match result {
+        SnapshotLoad::Missing => {
+            tracing::info!(table = %table.def.name, path = %path.display(), "no snapshot yet")
+        }
+        SnapshotLoad::Loaded { loaded, expired } => tracing::info!(
+            table = %table.def.name, path = %path.display(), loaded, expired, "snapshot loaded"
+        ),
+        SnapshotLoad::Skipped(why) => tracing::warn!(
+            table = %table.def.name, path = %path.display(), error = %why,
+            "snapshot skipped; starting with an empty table"
+        ),
+    }
 }
 
 /// Replaces `table`'s pins with those a running limpet handed over (`crate::upgrade`): its
