@@ -387,3 +387,55 @@ async fn a_reload_cut_short_by_a_stop_says_nothing_after_stopping() {
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     assert_eq!(notify.pending(), None, "a message after STOPPING=1");
 }
+
+/// A stdout nobody reads (journald stalled, a pipe whose reader hung) holds nothing up: the
+/// lines that say where limpet listens are written by a thread of their own, and the main
+/// thread says READY=1, takes SIGTERM (STOPPING=1) and exits 0 while they still wait. With
+/// one worker the main thread also serves the listeners. Before, it wrote them itself after
+/// the listeners began to accept, and hung there: no READY, no admin API, no health checks,
+/// no signals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdout_nobody_reads_holds_up_neither_ready_nor_the_stop() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-stdout-full", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    // A pipe filled to the brim, its reader kept and never read.
+    let (_reader, writer) = std::io::pipe().unwrap_or_else(|e| panic!("{e}"));
+    let full = tokio::net::unix::pipe::Sender::from_owned_fd(writer.into())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let chunk = [b'x'; 4096];
+    loop {
+        full.writable().await.unwrap_or_else(|e| panic!("{e}"));
+        match full.try_write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let stdout = full.into_blocking_fd().unwrap_or_else(|e| panic!("{e}"));
+    let err = std::fs::File::create(cfg.dir.join("limpet.err")).unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["run", "--threads", "1", "-c"])
+        .arg(&cfg.path)
+        .env("NOTIFY_SOCKET", &notify.path)
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("limpet run: {e}"));
+    let pid = child.id();
+    let mut guard = KillAll {
+        config: cfg.path.clone(),
+        child: Some(child),
+    };
+    let (from, ready) = notify.next().await;
+    assert_eq!(from, pid);
+    assert_eq!(field(&ready, "READY"), Some("1"), "{ready:?}");
+    signal(pid, "TERM");
+    let (_, stopping) = notify.next().await;
+    assert_eq!(field(&stopping, "STOPPING"), Some("1"), "{stopping:?}");
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}

@@ -659,6 +659,28 @@ pub async fn start_from(
     })
 }
 
+/// Writes `lines` to stdout on a thread of its own: the listeners accept by now, and a
+/// reader that stopped reading (journald stalled, a pipe nobody reads) must not hold the main
+/// thread, which takes the signals and serves the admin API and the health checks (and, with
+/// one worker, the listeners). The log has its writer thread for the same reason
+/// (`crate::logging`). Written here if no thread can be had.
+fn say_on_stdout(lines: String) {
+    let write = |lines: &str| {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(lines.as_bytes());
+        let _ = out.flush();
+    };
+    let shared = std::sync::Arc::new(lines);
+    let for_thread = std::sync::Arc::clone(&shared);
+    if std::thread::Builder::new()
+        .name("limpet-stdout".to_owned())
+        .spawn(move || write(&for_thread))
+        .is_err()
+    {
+        write(&shared);
+    }
+}
+
 /// How long a limpet handing over waits for its accept loops to return before it hands
 /// over all the same (they return as soon as they see the stop; this bounds a stuck one).
 const ACCEPT_LOOPS_LIMIT: Duration = Duration::from_secs(5);
@@ -811,14 +833,14 @@ pub fn run(args: RunArgs) -> ExitCode {
         // upgrades again at once finds it).
         let (mut upgrade_stop, mut next) = hold_next(&args.upgrade_socket, &running);
         {
-            let mut out = std::io::stdout().lock();
+            let mut lines = String::new();
             for (name, addr) in running.addrs() {
-                let _ = writeln!(out, "listening on {addr} (listener {name})");
+                lines.push_str(&format!("listening on {addr} (listener {name})\n"));
             }
             if let Some(a) = running.runtime().state().lifecycle.admin_addr() {
-                let _ = writeln!(out, "admin on {a}");
+                lines.push_str(&format!("admin on {a}\n"));
             }
-            let _ = out.flush();
+            say_on_stdout(lines);
         }
         let status = format!("serving {} listening sockets", running.addrs().len());
         match took_from {
