@@ -21,8 +21,8 @@
 //! nothing more: its `STOPPING=1` would stop the unit the new one now serves.
 //!
 //! Without `NOTIFY_SOCKET` (not under systemd) every call does nothing. A message that
-//! cannot be sent is logged and changes nothing else: limpet serves whether or not its
-//! manager hears it.
+//! cannot be sent, or finds no room at the manager's socket within 1 s, is logged and changes
+//! nothing else: limpet serves whether or not its manager hears it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -47,8 +47,32 @@ fn send(states: &[NotifyState<'_>]) {
 }
 
 fn send_anyway(states: &[NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(false, states) {
+    if let Err(e) = send_within(states, SEND_LIMIT) {
         tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
+    }
+}
+
+/// How long a message may wait for room at the service manager's socket. A datagram send
+/// blocks while the receiver's queue is full (a PID 1 that stopped reading, a container
+/// supervisor that hung), and these are sent on the main thread, which takes the signals and
+/// serves the admin API and the health checks: past this the message is dropped and logged.
+const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `sd_notify::notify` (one datagram of `KEY=value` lines to `NOTIFY_SOCKET`, nothing
+/// without it), with a send that gives up after `limit` (`SO_SNDTIMEO`): the crate's waits
+/// for room for good.
+fn send_within(states: &[NotifyState<'_>], limit: std::time::Duration) -> std::io::Result<()> {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return Ok(());
+    };
+    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    let sock = std::os::unix::net::UnixDatagram::unbound()?;
+    sock.set_write_timeout(Some(limit))?;
+    sock.connect(path)?;
+    if sock.send(msg.as_bytes())? == msg.len() {
+        Ok(())
+    } else {
+        Err(std::io::ErrorKind::WriteZero.into())
     }
 }
 

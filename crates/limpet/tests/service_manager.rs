@@ -439,3 +439,49 @@ async fn a_stdout_nobody_reads_holds_up_neither_ready_nor_the_stop() {
         .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
+
+/// A service manager that stops reading its socket (a PID 1 that hung, a container
+/// supervisor gone quiet) holds limpet up for a second per message at most: its queue full,
+/// READY=1 is given up after 1 s and logged, and the main thread goes on to serve the admin
+/// API and take SIGTERM. Before, the send waited for room for good, on the main thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_manager_that_stops_reading_holds_nothing_up() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-full", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    // Its queue filled to the brim, and never read again.
+    let filler = std::os::unix::net::UnixDatagram::unbound().unwrap_or_else(|e| panic!("{e}"));
+    filler
+        .set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut queued = 0;
+    loop {
+        match filler.send_to(b"STATUS=filler\n", &notify.path) {
+            Ok(_) => queued += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(queued < 100_000, "the queue never filled");
+    }
+    let (mut guard, _web, admin) = start(&cfg, &notify, None).await;
+    let pid = guard.child.as_ref().map_or(0, Child::id);
+    let nodes = bare_client()
+        .get(format!("http://{admin}/api/v1/nodes"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the admin API does not answer: {e}"));
+    assert_eq!(nodes.status(), 200);
+    signal(pid, "TERM");
+    until_gone(pid).await;
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let log = std::fs::read_to_string(cfg.dir.join("limpet.err")).unwrap_or_default();
+    assert!(
+        log.contains("could not notify the service manager"),
+        "the dropped message is logged: {log}"
+    );
+    drop(notify);
+}
