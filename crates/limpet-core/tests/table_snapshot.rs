@@ -258,3 +258,57 @@ fn pins_survive_a_restart_by_node_name() {
     assert_eq!(after.lookup(v4(1), T0 + 10), Pin::Node(id("kyiv")));
     assert_eq!(after.lookup(v4(2), T0 + 10), Pin::Node(id("odesa")));
 }
+
+/// A snapshot read late, after the table began serving (a disk slow at a start), is merged
+/// under what the table holds: a key the table holds keeps its node and last use (newer),
+/// the file's other pins come back with theirs, and the least recently used of all still go
+/// first when the table fills. A node named only by the table is kept too.
+#[test]
+fn a_snapshot_read_late_is_merged_under_the_pins_made_since() {
+    let mut file = store(100);
+    let lviv = file.intern("lviv").expect("intern");
+    for i in 0..5 {
+        file.put(v4(i), lviv, T0 + u64::from(i) * 10);
+    }
+    let bytes = encode_snapshot(&file, T0 + 100);
+
+    let mut t = store(8);
+    let odesa = t.intern("odesa").expect("intern");
+    // Pinned since the start: key 2 to another node, and a key of its own, used after all
+    // of the file's.
+    t.put(v4(2), odesa, T0 + 200);
+    t.put(v4(9), odesa, T0 + 210);
+    let snap = decode_snapshot(&bytes, T0 + 300, EXPIRE).expect("valid");
+    let report = t.merge_older(&snap, T0 + 300);
+    assert_eq!(report.loaded, 6, "four of the file's and the two held");
+    let node_of = |t: &mut LruTable, i| {
+        t.get(v4(i), T0 + 300)
+            .and_then(|n| t.node_name(n).map(str::to_owned))
+    };
+    assert_eq!(
+        node_of(&mut t, 2).as_deref(),
+        Some("odesa"),
+        "the held pin wins"
+    );
+    assert_eq!(node_of(&mut t, 9).as_deref(), Some("odesa"));
+    for i in [0, 1, 3, 4] {
+        assert_eq!(node_of(&mut t, i).as_deref(), Some("lviv"), "key {i}");
+    }
+    // The gets above made every entry recent: the same merge again, for the order it leaves.
+    let mut t = store(8);
+    let odesa = t.intern("odesa").expect("intern");
+    t.put(v4(2), odesa, T0 + 200);
+    t.put(v4(9), odesa, T0 + 210);
+    t.merge_older(&snap, T0 + 300);
+    // Four more fill it past its size: the file's oldest (keys 0 and 1) go first, not the
+    // pins made since the start.
+    for i in 0..4 {
+        t.put(v4(100 + i), odesa, T0 + 400);
+    }
+    assert_eq!(t.len(), 8);
+    assert_eq!(t.get(v4(0), T0 + 400), None);
+    assert_eq!(t.get(v4(1), T0 + 400), None);
+    assert!(t.get(v4(2), T0 + 400).is_some());
+    assert!(t.get(v4(9), T0 + 400).is_some());
+    assert!(t.get(v4(3), T0 + 400).is_some());
+}

@@ -20,9 +20,11 @@
 //! the new one says it again for `NotifyAccess=all`). After handing over, the old one says
 //! nothing more: its `STOPPING=1` would stop the unit the new one now serves.
 //!
-//! Without `NOTIFY_SOCKET` (not under systemd) every call does nothing. A message that
-//! cannot be sent, or finds no room at the manager's socket within 1 s, is logged and changes
-//! nothing else: limpet serves whether or not its manager hears it.
+//! Without `NOTIFY_SOCKET` (not under systemd) every call does nothing. Messages go out in
+//! order from a thread of their own, so a manager that stops reading holds no thread of
+//! limpet's; a message that cannot be sent is logged and changes nothing else: limpet serves
+//! whether or not its manager hears it. Before exiting, `limpet run` waits up to a second for
+//! the messages still queued ([`flush`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -47,32 +49,98 @@ fn send(states: &[NotifyState<'_>]) {
 }
 
 fn send_anyway(states: &[NotifyState<'_>]) {
-    if let Err(e) = send_within(states, SEND_LIMIT) {
-        tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
+    let Some(outbox) = outbox() else {
+        return;
+    };
+    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    match outbox.try_send(Out::Message(msg)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::TrySendError::Full(_)) => tracing::warn!(
+            "a message to the service manager dropped: {OUTBOX_LEN} wait already (it does not read NOTIFY_SOCKET)"
+        ),
+        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+            tracing::warn!("a message to the service manager dropped: its sender is gone")
+        }
     }
 }
 
-/// How long a message may wait for room at the service manager's socket. A datagram send
-/// blocks while the receiver's queue is full (a PID 1 that stopped reading, a container
-/// supervisor that hung), and these are sent on the main thread, which takes the signals and
-/// serves the admin API and the health checks: past this the message is dropped and logged.
-const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// What the sender thread is given: a message, or a flush to answer once every message
+/// before it went out.
+enum Out {
+    Message(String),
+    Flush(std::sync::mpsc::Sender<()>),
+}
 
-/// `sd_notify::notify` (one datagram of `KEY=value` lines to `NOTIFY_SOCKET`, nothing
-/// without it), with a send that gives up after `limit` (`SO_SNDTIMEO`): the crate's waits
-/// for room for good.
-fn send_within(states: &[NotifyState<'_>], limit: std::time::Duration) -> std::io::Result<()> {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return Ok(());
-    };
-    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+/// How many messages may wait for the service manager: far more than limpet ever sends in a
+/// row (a reload sends two).
+const OUTBOX_LEN: usize = 64;
+
+/// The messages to the service manager, sent in order by a thread of their own: a datagram
+/// send waits while the manager's queue is full (a PID 1 that stopped reading, a container
+/// supervisor that hung), and these are said on the main thread, which takes the signals and
+/// serves the admin API and the health checks. A manager that reads again later gets every
+/// message, in order (a READY=1 dropped instead would fail the unit at its start timeout).
+/// `None` without `NOTIFY_SOCKET` (read once, at the first message), or with no thread.
+fn outbox() -> Option<&'static std::sync::mpsc::SyncSender<Out>> {
+    static OUTBOX: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Out>>> =
+        std::sync::OnceLock::new();
+    OUTBOX
+        .get_or_init(|| {
+            let path = std::env::var_os("NOTIFY_SOCKET")?;
+            let (tx, rx) = std::sync::mpsc::sync_channel(OUTBOX_LEN);
+            let sender = std::thread::Builder::new()
+                .name("limpet-notify".to_owned())
+                .spawn(move || {
+                    for out in rx {
+                        match out {
+                            Out::Message(msg) => {
+                                if let Err(e) = send_to(&path, &msg) {
+                                    tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
+                                }
+                            }
+                            Out::Flush(done) => {
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                });
+            match sender {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread to notify the service manager: it hears nothing");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// `sd_notify::notify`'s send (one datagram of `KEY=value` lines to the socket at `path`, a
+/// socket of its own each time, so a manager that restarted is found again), of a message
+/// already made: the sender thread owns the text.
+fn send_to(path: &std::ffi::OsStr, msg: &str) -> std::io::Result<()> {
     let sock = std::os::unix::net::UnixDatagram::unbound()?;
-    sock.set_write_timeout(Some(limit))?;
     sock.connect(path)?;
     if sock.send(msg.as_bytes())? == msg.len() {
         Ok(())
     } else {
         Err(std::io::ErrorKind::WriteZero.into())
+    }
+}
+
+/// Waits until every message said so far has gone out to the service manager, for at most
+/// `limit`: before the process exits (its last words, STOPPING=1 or the new main process's
+/// pid after an upgrade, must not die with it).
+pub fn flush(limit: std::time::Duration) {
+    let Some(outbox) = outbox() else {
+        return;
+    };
+    let (done, sent) = std::sync::mpsc::channel();
+    if outbox.try_send(Out::Flush(done)).is_ok() && sent.recv_timeout(limit).is_err() {
+        tracing::warn!(
+            limit_s = limit.as_secs(),
+            "messages to the service manager not sent before exiting (it does not read NOTIFY_SOCKET)"
+        );
     }
 }
 

@@ -149,14 +149,17 @@ async fn pins_survive_a_restart_and_bad_snapshots_are_skipped() {
 
 /// A snapshot file on a disk that does not answer (here a FIFO nobody writes, whose open
 /// blocks) holds a start only to `SNAPSHOT_LOAD_LIMIT`: limpet then starts with the table
-/// empty, as from a file it cannot read. Before, the file was read on the runtime's own
-/// thread and the start waited for the disk for good; a new limpet taking over from a running
-/// one hung holding the sockets it was handed. On paused time, moved by hand (a blocked read
-/// keeps tokio from moving it by itself).
+/// empty and serves. The table is not saved while the file is still being read (a save would
+/// replace the file's pins with the few made since), and once the read ends its pins are
+/// merged under those made meanwhile, which win; the shutdown then saves both. Before, the
+/// file was read on the runtime's own thread and the start waited for the disk for good; a
+/// new limpet taking over from a running one hung holding the sockets it was handed. On
+/// paused time, moved by hand (a blocked read keeps tokio from moving it by itself).
 #[test]
 fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
     use limpet::runtime::SNAPSHOT_LOAD_LIMIT;
-    use std::os::unix::fs::OpenOptionsExt;
+    use limpet_core::table::{decode_snapshot, encode_snapshot, LruTable, TableConfig};
+    use std::os::unix::fs::FileTypeExt;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -169,28 +172,55 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
         .status()
         .unwrap_or_else(|e| panic!("mkfifo: {e}"));
     assert!(made.success());
-    // The blocked read is let go by a writer that opens the FIFO and closes it at once (the
-    // read then finds it empty): when the test is over with it (a guard, so a failed
-    // assertion does not leave the runtime's drop waiting for the read), or after 10 s by a
-    // watchdog if the start blocked this thread, so that the test fails instead of hanging.
-    struct LetGo(std::path::PathBuf, std::cell::Cell<bool>);
+    // What the file holds: 10.9.0.1 and 10.9.0.2 on node a.
+    let (one, two) = ("10.9.0.1", "10.9.0.2");
+    let key = |ip: &str| KeyRef::ip(ip.parse().expect("ip"), Default::default());
+    let file = {
+        let mut t = LruTable::new(TableConfig::new(100, 30 * 60_000)).expect("table");
+        let a = t.intern("a").expect("intern");
+        t.put(key(one), a, now_ms());
+        t.put(key(two), a, now_ms());
+        encode_snapshot(&t, now_ms())
+    };
+    // The FIFO held open for reading and writing by the test: limpet's read of it then waits
+    // for bytes that do not come, as from a disk that does not answer. It is let go by the
+    // test writing the file's bytes and closing its end (its only writer): when the test is
+    // done waiting, by a guard (so a failed assertion does not leave the runtime's drop
+    // waiting for the read), or after 10 s by a watchdog if the start blocked this thread,
+    // so that the test fails instead of hanging. Held, not opened again by its path, which a
+    // save that should not have run would have replaced.
+    struct LetGo(
+        std::sync::Arc<std::sync::Mutex<Option<std::fs::File>>>,
+        Vec<u8>,
+    );
     impl LetGo {
-        /// Once the reader is in its open (it may not have got there yet: time here is the
-        /// runtime's, not the reading thread's), within 10 s; once.
+        /// Once limpet's read has the FIFO open too (within 10 s: the thread that reads may
+        /// not have got there yet, time here being the runtime's, not the thread's; closed
+        /// before, the FIFO would have no writer left, and its open would wait for one).
         fn now(&self) {
-            if self.1.replace(true) {
+            use std::os::unix::fs::MetadataExt;
+            let end = self.0.lock().map(|mut f| f.take()).unwrap_or(None);
+            let Some(mut end) = end else {
                 return;
-            }
+            };
+            let fifo = end.metadata().map(|m| (m.dev(), m.ino())).ok();
+            let opened = || {
+                std::fs::read_dir("/proc/self/fd")
+                    .map(|fds| {
+                        fds.flatten()
+                            .filter(|fd| {
+                                std::fs::metadata(fd.path())
+                                    .is_ok_and(|m| Some((m.dev(), m.ino())) == fifo)
+                            })
+                            .count()
+                    })
+                    .unwrap_or(0)
+            };
             let until = std::time::Instant::now() + Duration::from_secs(10);
-            while std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&self.0)
-                .is_err()
-                && std::time::Instant::now() < until
-            {
-                std::thread::sleep(Duration::from_millis(10));
+            while opened() < 2 && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
             }
+            let _ = std::io::Write::write_all(&mut end, &self.1);
         }
     }
     impl Drop for LetGo {
@@ -198,14 +228,17 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
             self.now();
         }
     }
-    let let_go = LetGo(snapshot.clone(), std::cell::Cell::new(false));
+    let end = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&snapshot)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let end = std::sync::Arc::new(std::sync::Mutex::new(Some(end)));
+    let let_go = LetGo(std::sync::Arc::clone(&end), file.clone());
     let (done, watch) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn({
-        let snapshot = snapshot.clone();
-        move || {
-            if watch.recv_timeout(Duration::from_secs(10)).is_err() {
-                LetGo(snapshot, std::cell::Cell::new(false)).now();
-            }
+    let watchdog = std::thread::spawn(move || {
+        if watch.recv_timeout(Duration::from_secs(10)).is_err() {
+            LetGo(end, file).now();
         }
     });
     let took = rt.block_on(async {
@@ -228,8 +261,33 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
         let state = running.runtime().state();
         let table = state.table("t").expect("table");
         assert_eq!(table.lock().store().len(), 0, "the table starts empty");
-        // Before the stop's save replaces the FIFO with a file.
+        // Pinned since the start: 10.9.0.1 on node b.
+        {
+            let mut t = table.lock();
+            let b = t.store_mut().intern("b").expect("intern");
+            t.store_mut().put(key(one), b, now_ms());
+        }
+        // Not saved over the file still being read.
+        assert!(limpet::runtime::save_snapshot(table).is_some_and(|r| r.is_err()));
+        let still = std::fs::metadata(&snapshot).expect("snapshot file");
+        assert!(still.file_type().is_fifo(), "the file was replaced");
+        // The read ends: its pins are merged under the one made since.
         let_go.now();
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while table.lock().store().len() < 2 && std::time::Instant::now() < until {
+            tokio::task::yield_now().await;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            pin_of(&running, one).as_deref(),
+            Some("b"),
+            "the pin made since wins"
+        );
+        assert_eq!(
+            pin_of(&running, two).as_deref(),
+            Some("a"),
+            "the file's pin is back"
+        );
         running.stop().await;
         took
     });
@@ -240,6 +298,10 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
         took >= SNAPSHOT_LOAD_LIMIT && took <= SNAPSHOT_LOAD_LIMIT + Duration::from_secs(1),
         "started after {took:?}, not at the load limit"
     );
+    // The shutdown saved both.
+    let saved = std::fs::read(&snapshot).unwrap_or_else(|e| panic!("{e}"));
+    let saved = decode_snapshot(&saved, now_ms(), 30 * 60_000).expect("a snapshot");
+    assert_eq!(saved.entries.len(), 2);
 }
 
 /// A disk that hangs (a dead network mount) holds neither a periodic snapshot save past a

@@ -917,6 +917,9 @@ pub fn run(args: RunArgs) -> ExitCode {
                 let _ = tokio::time::timeout(SECOND_SIGNAL_GRACE, &mut stop).await;
             }
         }
+        // Its last words to systemd (STOPPING=1, or the new main process after an upgrade)
+        // go out before it exits.
+        crate::notify::flush(Duration::from_secs(1));
         ExitCode::SUCCESS
     });
     // Not a plain drop, which waits for every blocking task: a reload's read that never
