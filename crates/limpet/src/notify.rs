@@ -23,7 +23,7 @@
 //! Without `NOTIFY_SOCKET` (not under systemd) every call does nothing. Messages go out in
 //! order from a thread of their own, so a manager that stops reading holds no thread of
 //! limpet's; a message that cannot be sent is logged and changes nothing else: limpet serves
-//! whether or not its manager hears it. Before exiting, `limpet run` waits up to a second for
+//! whether or not its manager hears it. Before exiting, `limpet run` waits up to 5 s for
 //! the messages still queued ([`flush`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,10 +49,18 @@ fn send(states: &[NotifyState<'_>]) {
 }
 
 fn send_anyway(states: &[NotifyState<'_>]) {
-    let Some(outbox) = outbox() else {
-        return;
-    };
     let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    let outbox = match outbox() {
+        Outbox::Thread(outbox) => outbox,
+        Outbox::Unmanaged => return,
+        // No thread could be had: said here, as the crate would.
+        Outbox::Here(path) => {
+            if let Err(e) = send_to(path, &msg) {
+                tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
+            }
+            return;
+        }
+    };
     match outbox.try_send(Out::Message(msg)) {
         Ok(()) => {}
         Err(std::sync::mpsc::TrySendError::Full(_)) => tracing::warn!(
@@ -71,26 +79,39 @@ enum Out {
     Flush(std::sync::mpsc::Sender<()>),
 }
 
-/// How many messages may wait for the service manager: far more than limpet ever sends in a
-/// row (a reload sends two).
-const OUTBOX_LEN: usize = 64;
+/// How many messages may wait for the service manager: far more than limpet sends while a
+/// manager could stall (a reload sends two, and reloads asked for meanwhile share one), so
+/// none is dropped, STOPPING=1 and MAINPID included, short of a storm of reloads the whole
+/// while.
+const OUTBOX_LEN: usize = 1024;
+
+/// Where messages go.
+enum Outbox {
+    /// Not under a service manager (no `NOTIFY_SOCKET`).
+    Unmanaged,
+    Thread(std::sync::mpsc::SyncSender<Out>),
+    /// No thread could be had: sent on the caller's, to the socket at this path.
+    Here(std::ffi::OsString),
+}
 
 /// The messages to the service manager, sent in order by a thread of their own: a datagram
 /// send waits while the manager's queue is full (a PID 1 that stopped reading, a container
 /// supervisor that hung), and these are said on the main thread, which takes the signals and
 /// serves the admin API and the health checks. A manager that reads again later gets every
 /// message, in order (a READY=1 dropped instead would fail the unit at its start timeout).
-/// `None` without `NOTIFY_SOCKET` (read once, at the first message), or with no thread.
-fn outbox() -> Option<&'static std::sync::mpsc::SyncSender<Out>> {
-    static OUTBOX: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Out>>> =
-        std::sync::OnceLock::new();
-    OUTBOX
-        .get_or_init(|| {
-            let path = std::env::var_os("NOTIFY_SOCKET")?;
+/// `NOTIFY_SOCKET` is read once, at the first message.
+fn outbox() -> &'static Outbox {
+    static OUTBOX: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
+    OUTBOX.get_or_init(|| {
+            let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+                return Outbox::Unmanaged;
+            };
             let (tx, rx) = std::sync::mpsc::sync_channel(OUTBOX_LEN);
+            let to = path.clone();
             let sender = std::thread::Builder::new()
                 .name("limpet-notify".to_owned())
                 .spawn(move || {
+                    let path = to;
                     for out in rx {
                         match out {
                             Out::Message(msg) => {
@@ -105,14 +126,13 @@ fn outbox() -> Option<&'static std::sync::mpsc::SyncSender<Out>> {
                     }
                 });
             match sender {
-                Ok(_) => Some(tx),
+                Ok(_) => Outbox::Thread(tx),
                 Err(e) => {
-                    tracing::warn!(error = %e, "no thread to notify the service manager: it hears nothing");
-                    None
+                    tracing::warn!(error = %e, "no thread to notify the service manager: said on the caller's");
+                    Outbox::Here(path)
                 }
             }
         })
-        .as_ref()
 }
 
 /// `sd_notify::notify`'s send (one datagram of `KEY=value` lines to the socket at `path`, a
@@ -132,11 +152,12 @@ fn send_to(path: &std::ffi::OsStr, msg: &str) -> std::io::Result<()> {
 /// `limit`: before the process exits (its last words, STOPPING=1 or the new main process's
 /// pid after an upgrade, must not die with it).
 pub fn flush(limit: std::time::Duration) {
-    let Some(outbox) = outbox() else {
+    let Outbox::Thread(outbox) = outbox() else {
         return;
     };
     let (done, sent) = std::sync::mpsc::channel();
-    if outbox.try_send(Out::Flush(done)).is_ok() && sent.recv_timeout(limit).is_err() {
+    let flushed = outbox.try_send(Out::Flush(done)).is_ok() && sent.recv_timeout(limit).is_ok();
+    if !flushed {
         tracing::warn!(
             limit_s = limit.as_secs(),
             "messages to the service manager not sent before exiting (it does not read NOTIFY_SOCKET)"

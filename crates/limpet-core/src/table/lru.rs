@@ -424,54 +424,6 @@ impl LruTable {
         report
     }
 
-    /// Adds the entries of an older snapshot whose keys this table does not hold, each where
-    /// its last use puts it among the entries held, so the least recently used still go first
-    /// when the table is full. For a snapshot read after the table began serving (a disk slow
-    /// at a start): the pins the table holds are newer and win; the others come back rather
-    /// than being lost to the next save. The snapshot's entries that expired by `now_ms` are
-    /// dropped, as [`restore`](Self::restore) drops them; traffic counters are left as they
-    /// were.
-    pub fn merge_older(&mut self, older: &Snapshot, now_ms: u64) -> RestoreReport {
-        let now = now_ms.max(self.clock_ms);
-        let mut names: Vec<Box<str>> = older.names.clone();
-        let mut held = Vec::with_capacity(self.slab.len());
-        for (key, node, last_used_ms) in self.iter_oldest_first(now) {
-            let Some(name) = self.names.name(node) else {
-                continue;
-            };
-            let at = match names.iter().position(|n| **n == *name) {
-                Some(i) => i,
-                None => {
-                    names.push(name.into());
-                    names.len() - 1
-                }
-            };
-            held.push(super::snapshot::SnapshotEntry {
-                key: key.clone(),
-                node: u32::try_from(at).unwrap_or(u32::MAX),
-                last_used_ms,
-            });
-        }
-        let held_keys: std::collections::HashSet<&TableKey> = held.iter().map(|e| &e.key).collect();
-        let mut entries: Vec<_> = older
-            .entries
-            .iter()
-            .filter(|e| !held_keys.contains(&e.key))
-            .cloned()
-            .collect();
-        drop(held_keys);
-        entries.extend(held);
-        // Oldest first, as a snapshot holds them (stable: ties keep the table's order).
-        entries.sort_by_key(|e| e.last_used_ms);
-        let merged = Snapshot {
-            saved_at_ms: now,
-            names,
-            entries,
-            expired: older.expired,
-        };
-        self.restore(&merged, now)
-    }
-
     // ----- time -----
 
     /// Advances the clock to `now_ms` (never back) and rebases stamps when they would overflow.

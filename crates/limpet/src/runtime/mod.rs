@@ -177,10 +177,6 @@ pub struct Table {
     /// writers of one temporary file would interleave), and a table whose disk hangs holds
     /// no other table's saves. Shared with the generations the table is carried over to.
     pub(crate) saving: Arc<Mutex<()>>,
-    /// Set while the table's snapshot file, whose read outlasted the start's limit, is still
-    /// being read (`snapshot::load_snapshots`): a save now would replace the file's pins with
-    /// the few made since the start, so saves wait for it. Shared like `saving`.
-    pub(crate) unread: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Table {
@@ -200,7 +196,6 @@ impl Table {
         let mut t = Table {
             inner: Arc::new(Mutex::new(table)),
             saving: Arc::new(Mutex::new(())),
-            unread: Arc::default(),
             binding,
             shared: None,
             def,
@@ -319,7 +314,6 @@ impl Table {
             def,
             inner: Arc::clone(&self.inner),
             saving: Arc::clone(&self.saving),
-            unread: Arc::clone(&self.unread),
             binding,
             shared: None,
         };

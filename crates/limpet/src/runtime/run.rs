@@ -919,7 +919,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
         // Its last words to systemd (STOPPING=1, or the new main process after an upgrade)
         // go out before it exits.
-        crate::notify::flush(Duration::from_secs(1));
+        crate::notify::flush(Duration::from_secs(5));
         ExitCode::SUCCESS
     });
     // Not a plain drop, which waits for every blocking task: a reload's read that never

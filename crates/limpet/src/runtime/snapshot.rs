@@ -7,8 +7,7 @@
 //! the previous snapshot or the new one, whole. A save that fails removes its temporary file;
 //! those a killed limpet left are removed by the next load. A load that finds a missing,
 //! corrupt or truncated file reports it and starts with an empty table, as does one whose
-//! disk does not answer within [`SNAPSHOT_LOAD_LIMIT`] (its pins are merged in when the read
-//! ends, and the file is not saved over before): a snapshot never blocks a start.
+//! disk does not answer within [`SNAPSHOT_LOAD_LIMIT`]: a snapshot never blocks a start.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,8 +33,8 @@ pub enum SnapshotLoad {
 /// How long a start waits for its tables' snapshot files, all of them together: a file on a
 /// disk that does not answer (a hung network mount, a FIFO) must not keep limpet from
 /// starting, nor a new limpet taking over from a running one past its handover limit
-/// (`crate::upgrade::HANDOVER_LIMIT`, 30 s). A snapshot of a million pins is some 20 MB,
-/// read in well under a second from any disk that answers.
+/// (`crate::upgrade::HANDOVER_LIMIT`, 30 s). A snapshot of a million pins, some 20 MB, reads
+/// in well under a second from any disk that answers.
 pub const SNAPSHOT_LOAD_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Loads `table`'s snapshot file, if it has one configured (on this thread, unbounded: a
@@ -52,12 +51,13 @@ pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
 
 /// Loads the snapshot file of each of `tables` that has one, each read on a blocking thread
 /// of its own, for at most [`SNAPSHOT_LOAD_LIMIT`] in all. A table whose file has not been
-/// read by then starts empty and serves; its read goes on, and what it brings is merged under
-/// the pins made meanwhile when it comes (`LruTable::merge_older`: those are newer and win).
-/// Until then the table is not saved: a save would replace the file's pins with the few made
-/// since the start.
+/// read by then starts empty, as from a file it could not read, and is saved as usual; its
+/// thread is left to end when the disk answers, and what it read then is dropped. Merged in
+/// late, the file's pins would undo what happened to the table since the start (an operator's
+/// deletes, evictions, a fleet's newer pins, an upgrade's handed ones), each a case of its
+/// own; skipped, they are lost as those of a file that could not be read are: their
+/// sessions are pinned afresh at their next request.
 pub async fn load_snapshots(tables: impl IntoIterator<Item = std::sync::Arc<Table>>) {
-    use std::sync::atomic::Ordering;
     let deadline = tokio::time::Instant::now() + SNAPSHOT_LOAD_LIMIT;
     let reads: Vec<_> = tables
         .into_iter()
@@ -70,47 +70,17 @@ pub async fn load_snapshots(tables: impl IntoIterator<Item = std::sync::Arc<Tabl
             Some((t, path, read))
         })
         .collect();
-    for (table, path, mut read) in reads {
-        let result = match tokio::time::timeout_at(deadline, &mut read).await {
+    for (table, path, read) in reads {
+        let result = match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(Ok(bytes))) => restore(&table, &bytes),
             Ok(Ok(Err(not))) => not,
             Ok(Err(e)) => SnapshotLoad::Skipped(format!("the read failed: {e}")),
-            Err(_) => {
-                tracing::warn!(
-                    table = %table.def.name, path = %path.display(), limit_s = SNAPSHOT_LOAD_LIMIT.as_secs(),
-                    "snapshot not read within the limit (the disk does not answer): starting with an empty table; its pins are merged in when the read ends, and the table is not saved before"
-                );
-                table.unread.store(true, Ordering::Release);
-                tokio::spawn(async move {
-                    let result = match read.await {
-                        Ok(Ok(bytes)) => merge_late(&table, &bytes),
-                        Ok(Err(not)) => not,
-                        Err(e) => SnapshotLoad::Skipped(format!("the read failed: {e}")),
-                    };
-                    table.unread.store(false, Ordering::Release);
-                    report(&table, &path, &result);
-                });
-                continue;
-            }
+            Err(_) => SnapshotLoad::Skipped(format!(
+                "not read within {} s (the disk does not answer)",
+                SNAPSHOT_LOAD_LIMIT.as_secs()
+            )),
         };
         report(&table, &path, &result);
-    }
-}
-
-/// A snapshot read after the table began serving, merged under the pins it holds.
-fn merge_late(table: &Table, bytes: &[u8]) -> SnapshotLoad {
-    let now = now_ms();
-    let expire_ms = u64::try_from(table.def.expire.as_millis()).unwrap_or(u64::MAX);
-    match decode_snapshot(bytes, now, expire_ms) {
-        Ok(snap) => {
-            let mut t = table.lock();
-            let report = t.store_mut().merge_older(&snap, now);
-            SnapshotLoad::Loaded {
-                loaded: report.loaded,
-                expired: report.expired + snap.expired,
-            }
-        }
-        Err(e) => SnapshotLoad::Skipped(e.to_string()),
     }
 }
 
@@ -207,13 +177,6 @@ fn decode_on(
 /// table is untouched either way.
 pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     let snap = table.def.snapshot.as_ref()?;
-    if table.unread.load(std::sync::atomic::Ordering::Acquire) {
-        // Its file has not been read yet (`load_snapshots`): it is kept as it is.
-        tracing::warn!(table = %table.def.name, path = %snap.path.display(), "snapshot not saved: the file is still being read since the start");
-        return Some(Err(std::io::Error::other(
-            "the snapshot file is still being read since the start",
-        )));
-    }
     // One save of the table at a time (see `Table::saving`). Saves run on blocking threads,
     // where waiting here is fine.
     let _one = table
