@@ -49,27 +49,31 @@ fn send(states: &[NotifyState<'_>]) {
 }
 
 fn send_anyway(states: &[NotifyState<'_>]) {
-    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
     let outbox = match outbox() {
-        Outbox::Thread(outbox) => outbox,
         Outbox::Unmanaged => return,
-        // No thread could be had: said here, as the crate would.
+        Outbox::Thread(outbox) => outbox,
+        // No thread could be had: said here, waiting for room at most `HERE_LIMIT`.
         Outbox::Here(path) => {
-            if let Err(e) = send_to(path, &msg) {
+            if let Err(e) = send_to(path, &message(states), Some(HERE_LIMIT)) {
                 tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
             }
             return;
         }
     };
-    match outbox.try_send(Out::Message(msg)) {
+    match outbox.try_send(Out::Message(message(states))) {
         Ok(()) => {}
         Err(std::sync::mpsc::TrySendError::Full(_)) => tracing::warn!(
             "a message to the service manager dropped: {OUTBOX_LEN} wait already (it does not read NOTIFY_SOCKET)"
         ),
         Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
-            tracing::warn!("a message to the service manager dropped: its sender is gone")
+            tracing::warn!("a message to the service manager dropped: its sender thread is gone")
         }
     }
+}
+
+/// One message: each state on a line of its own, as `sd_notify::notify` writes them.
+fn message(states: &[NotifyState<'_>]) -> String {
+    states.iter().map(|s| format!("{s}\n")).collect()
 }
 
 /// What the sender thread is given: a message, or a flush to answer once every message
@@ -85,10 +89,15 @@ enum Out {
 /// while.
 const OUTBOX_LEN: usize = 1024;
 
+/// How long a message said on the caller's thread ([`Outbox::Here`]) waits for room at the
+/// manager's socket before it is dropped and logged.
+const HERE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where messages go.
 enum Outbox {
     /// Not under a service manager (no `NOTIFY_SOCKET`).
     Unmanaged,
+    /// To the sender thread, which sends them in order.
     Thread(std::sync::mpsc::SyncSender<Out>),
     /// No thread could be had: sent on the caller's, to the socket at this path.
     Here(std::ffi::OsString),
@@ -96,50 +105,54 @@ enum Outbox {
 
 /// The messages to the service manager, sent in order by a thread of their own: a datagram
 /// send waits while the manager's queue is full (a PID 1 that stopped reading, a container
-/// supervisor that hung), and these are said on the main thread, which takes the signals and
-/// serves the admin API and the health checks. A manager that reads again later gets every
-/// message, in order (a READY=1 dropped instead would fail the unit at its start timeout).
-/// `NOTIFY_SOCKET` is read once, at the first message.
+/// supervisor that hung), and these are said on the runtime's threads (the main one takes
+/// the signals and serves the admin API and the health checks). A manager that reads again
+/// later gets every message, in order (a READY=1 dropped instead would fail the unit at its
+/// start timeout). `NOTIFY_SOCKET` is read once, at the first message.
 fn outbox() -> &'static Outbox {
     static OUTBOX: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
     OUTBOX.get_or_init(|| {
-            let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-                return Outbox::Unmanaged;
-            };
-            let (tx, rx) = std::sync::mpsc::sync_channel(OUTBOX_LEN);
-            let to = path.clone();
-            let sender = std::thread::Builder::new()
-                .name("limpet-notify".to_owned())
-                .spawn(move || {
-                    let path = to;
-                    for out in rx {
-                        match out {
-                            Out::Message(msg) => {
-                                if let Err(e) = send_to(&path, &msg) {
-                                    tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
-                                }
-                            }
-                            Out::Flush(done) => {
-                                let _ = done.send(());
+        let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+            return Outbox::Unmanaged;
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(OUTBOX_LEN);
+        let to = path.clone();
+        let sender = std::thread::Builder::new()
+            .name("limpet-notify".to_owned())
+            .spawn(move || {
+                for out in rx {
+                    match out {
+                        Out::Message(msg) => {
+                            if let Err(e) = send_to(&to, &msg, None) {
+                                tracing::warn!(error = %e, "could not notify the service manager (NOTIFY_SOCKET)");
                             }
                         }
+                        Out::Flush(done) => {
+                            let _ = done.send(());
+                        }
                     }
-                });
-            match sender {
-                Ok(_) => Outbox::Thread(tx),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no thread to notify the service manager: said on the caller's");
-                    Outbox::Here(path)
                 }
+            });
+        match sender {
+            Ok(_) => Outbox::Thread(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread to notify the service manager: said on the caller's");
+                Outbox::Here(path)
             }
-        })
+        }
+    })
 }
 
 /// `sd_notify::notify`'s send (one datagram of `KEY=value` lines to the socket at `path`, a
 /// socket of its own each time, so a manager that restarted is found again), of a message
-/// already made: the sender thread owns the text.
-fn send_to(path: &std::ffi::OsStr, msg: &str) -> std::io::Result<()> {
+/// already made, waiting for room at most `limit` (`None`: as long as it takes).
+fn send_to(
+    path: &std::ffi::OsStr,
+    msg: &str,
+    limit: Option<std::time::Duration>,
+) -> std::io::Result<()> {
     let sock = std::os::unix::net::UnixDatagram::unbound()?;
+    sock.set_write_timeout(limit)?;
     sock.connect(path)?;
     if sock.send(msg.as_bytes())? == msg.len() {
         Ok(())
@@ -152,12 +165,30 @@ fn send_to(path: &std::ffi::OsStr, msg: &str) -> std::io::Result<()> {
 /// `limit`: before the process exits (its last words, STOPPING=1 or the new main process's
 /// pid after an upgrade, must not die with it).
 pub fn flush(limit: std::time::Duration) {
+    use std::sync::mpsc::TrySendError;
     let Outbox::Thread(outbox) = outbox() else {
         return;
     };
+    let until = std::time::Instant::now() + limit;
     let (done, sent) = std::sync::mpsc::channel();
-    let flushed = outbox.try_send(Out::Flush(done)).is_ok() && sent.recv_timeout(limit).is_ok();
-    if !flushed {
+    let mut flush = Out::Flush(done);
+    // A full queue makes room as the manager reads again.
+    let queued = loop {
+        match outbox.try_send(flush) {
+            Ok(()) => break true,
+            Err(TrySendError::Full(again)) if std::time::Instant::now() < until => {
+                flush = again;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(TrySendError::Full(_)) => break false,
+            Err(TrySendError::Disconnected(_)) => {
+                tracing::warn!("messages to the service manager not sent before exiting: its sender thread is gone");
+                return;
+            }
+        }
+    };
+    let left = until.saturating_duration_since(std::time::Instant::now());
+    if !queued || sent.recv_timeout(left).is_err() {
         tracing::warn!(
             limit_s = limit.as_secs(),
             "messages to the service manager not sent before exiting (it does not read NOTIFY_SOCKET)"

@@ -178,6 +178,20 @@ fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
 }
 
+/// SIGTERM to `pid`: it says STOPPING=1, then exits 0 (the test's own child, reaped here).
+async fn stops_on_sigterm(notify: &Notify, guard: &mut KillAll, pid: u32) {
+    signal(pid, "TERM");
+    let (from, stopping) = notify.next().await;
+    assert_eq!(from, pid);
+    assert_eq!(field(&stopping, "STOPPING"), Some("1"), "{stopping:?}");
+    until_gone(pid).await;
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
 /// READY=1 once every listener serves; RELOADING=1 (with MONOTONIC_USEC, which
 /// `Type=notify-reload` requires) and READY=1 around each SIGHUP reload, a refused one
 /// included; STOPPING=1 at SIGTERM. SIGUSR2 without an upgrade socket changes nothing (by
@@ -228,15 +242,7 @@ async fn limpet_tells_systemd_it_is_ready_reloading_and_stopping() {
     // Still serving, on the running config: the refused reload and the USR2 changed nothing.
     node_for("127.0.0.52", web).await;
 
-    signal(pid, "TERM");
-    let (from, stopping) = notify.next().await;
-    assert_eq!(from, pid);
-    assert_eq!(field(&stopping, "STOPPING"), Some("1"), "{stopping:?}");
-    let status = guard
-        .child
-        .as_mut()
-        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    stops_on_sigterm(&notify, &mut guard, pid).await;
 }
 
 /// SIGUSR2 to a `limpet run --upgrade-socket`: it starts its own binary again with its
@@ -430,15 +436,7 @@ async fn a_stdout_nobody_reads_holds_up_neither_ready_nor_the_stop() {
     let (from, ready) = notify.next().await;
     assert_eq!(from, pid);
     assert_eq!(field(&ready, "READY"), Some("1"), "{ready:?}");
-    signal(pid, "TERM");
-    let (_, stopping) = notify.next().await;
-    assert_eq!(field(&stopping, "STOPPING"), Some("1"), "{stopping:?}");
-    until_gone(pid).await;
-    let status = guard
-        .child
-        .as_mut()
-        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    stops_on_sigterm(&notify, &mut guard, pid).await;
 }
 
 /// A service manager that stops reading its socket (a PID 1 that hung, a container
@@ -493,14 +491,5 @@ async fn a_service_manager_that_stops_reading_holds_nothing_up() {
         assert_eq!(msg, "STATUS=filler\n");
     };
     assert_eq!(field(&ready, "READY"), Some("1"), "{ready:?}");
-    signal(pid, "TERM");
-    let (from, stopping) = notify.next().await;
-    assert_eq!(from, pid);
-    assert_eq!(field(&stopping, "STOPPING"), Some("1"), "{stopping:?}");
-    until_gone(pid).await;
-    let status = guard
-        .child
-        .as_mut()
-        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    stops_on_sigterm(&notify, &mut guard, pid).await;
 }

@@ -185,9 +185,9 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
     // for bytes that do not come, as from a disk that does not answer. It is let go by the
     // test writing the file's bytes and closing its end (its only writer): when the test is
     // done waiting, by a guard (so a failed assertion does not leave the runtime's drop
-    // waiting for the read), or after 10 s by a watchdog if the start blocked this thread,
-    // so that the test fails instead of hanging. Held, not opened again by its path, which a
-    // save that should not have run would have replaced.
+    // waiting for the read), or after 60 s by a watchdog if the start blocked this thread,
+    // so that the test fails instead of hanging. Held, not opened again by its path, which
+    // a save replaces.
     struct LetGo(
         std::sync::Arc<std::sync::Mutex<Option<std::fs::File>>>,
         Vec<u8>,
@@ -226,7 +226,7 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
     let let_go = LetGo(std::sync::Arc::clone(&end), file.clone());
     let (done, watch) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        if watch.recv_timeout(Duration::from_secs(10)).is_err() {
+        if watch.recv_timeout(Duration::from_secs(60)).is_err() {
             LetGo(end, file).now();
         }
     });
@@ -278,6 +278,10 @@ fn a_snapshot_load_stuck_on_the_disk_holds_the_start_only_to_its_limit() {
         "started after {took:?}, not at the load limit"
     );
     // The shutdown saved what the table held.
+    assert!(
+        std::fs::symlink_metadata(&snapshot).is_ok_and(|m| m.file_type().is_file()),
+        "the shutdown did not save (the FIFO is still there)"
+    );
     let saved = std::fs::read(&snapshot).unwrap_or_else(|e| panic!("{e}"));
     let saved = decode_snapshot(&saved, now_ms(), 30 * 60_000).expect("a snapshot");
     assert_eq!(saved.entries.len(), 1);
