@@ -431,34 +431,47 @@ async fn post_reload(admin: std::net::SocketAddr) -> tokio::net::TcpStream {
     s
 }
 
+/// What the admin listener sends on `s` until it closes it, within `PATIENCE` (else `late`).
+async fn read_to_its_end(s: &mut tokio::net::TcpStream, late: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut got))
+        .await
+        .unwrap_or_else(|_| panic!("{late}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The config file a reload is reading from its FIFO comes: `text` through `writer`, which
+/// is closed, and the FIFO replaced by a plain file holding the same, for the reloads after.
+fn the_file_comes(mut writer: std::fs::File, cfg: &ConfigFile, text: &str) {
+    std::io::Write::write_all(&mut writer, text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    drop(writer);
+    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
+    cfg.write(text);
+}
+
 /// An admin reload whose caller hangs up (or times out) while the file is read is applied
 /// whole, as a SIGHUP's is: a reload asked for is done, whoever waits for its answer. Before,
 /// the caller's connection carried the reload, and it was dropped with it: whether a
 /// `curl --max-time` reload was applied depended on how slow the file was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_reload_whose_caller_hung_up_is_applied_whole() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let (_nodes, port) = backend_nodes(&NODES).await;
     let cfg = ConfigFile::new("reload-hung-up", &config(port, &NODES[..2], 1));
     let l = Limpet::start(&cfg).await;
     let runtime = Arc::clone(l.running.as_ref().expect("running").runtime());
     fifo_in_place_of(&cfg.path);
     let mut caller = post_reload(l.admin).await;
-    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    let writer = fifo_writer_once_read(&cfg.path).await;
     // The caller hangs up mid-reload, and the admin listener lets its connection go (its
     // close comes back): the request's handler is gone.
     caller.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
-    let mut rest = Vec::new();
-    tokio::time::timeout(PATIENCE, caller.read_to_end(&mut rest))
-        .await
-        .unwrap_or_else(|_| panic!("the admin listener kept the connection"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    read_to_its_end(&mut caller, "the admin listener kept the connection").await;
     // The file comes: three nodes.
     let three = config(port, &NODES, 1);
-    std::io::Write::write_all(&mut writer, three.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-    drop(writer);
-    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
-    cfg.write(&three);
+    the_file_comes(writer, &cfg, &three);
     // Reloads run one at a time: this one runs after the first has ended.
     let report = limpet::runtime::reload(&runtime).await.expect("applied");
     assert_eq!(
@@ -476,7 +489,6 @@ async fn an_admin_reload_whose_caller_hung_up_is_applied_whole() {
 /// (or the admin listener's 10 s grace ended), and the file was then applied mid-drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_cuts_an_admin_reload_short_and_refuses_later_ones() {
-    use tokio::io::AsyncReadExt;
     let (_nodes, port) = backend_nodes(&NODES).await;
     let cfg = ConfigFile::new("reload-stopped", &config(port, &NODES[..2], 1));
     let l = Limpet::start(&cfg).await;
@@ -486,12 +498,7 @@ async fn a_stop_cuts_an_admin_reload_short_and_refuses_later_ones() {
     let mut writer = fifo_writer_once_read(&cfg.path).await;
     let stopping = tokio::spawn(l.stop());
     // Answered while the file still has not come.
-    let mut answer = Vec::new();
-    tokio::time::timeout(PATIENCE, caller.read_to_end(&mut answer))
-        .await
-        .unwrap_or_else(|_| panic!("no answer"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = read_to_its_end(&mut caller, "no answer").await;
     assert!(
         answer.starts_with("HTTP/1.1 503") && answer.contains("stopping"),
         "{answer}"
@@ -527,7 +534,7 @@ async fn reloads_asked_while_one_waits_its_turn_share_its_result() {
         let runtime = Arc::clone(&runtime);
         async move { limpet::runtime::reload(&runtime).await }
     });
-    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    let writer = fifo_writer_once_read(&cfg.path).await;
     // Three more while the first reads its file, each asked for (polled once) in turn.
     let mut asked = Vec::new();
     for _ in 0..3 {
@@ -540,10 +547,7 @@ async fn reloads_asked_while_one_waits_its_turn_share_its_result() {
         asked.push(reload);
     }
     let three = config(port, &NODES, 1);
-    std::io::Write::write_all(&mut writer, three.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-    drop(writer);
-    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
-    cfg.write(&three);
+    the_file_comes(writer, &cfg, &three);
     let first = first
         .await
         .unwrap_or_else(|e| panic!("{e}"))

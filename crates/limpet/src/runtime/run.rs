@@ -217,8 +217,8 @@ impl Running {
         let (accept_stop, accept_stop_rx) = watch::channel(false);
         self.accept_stop = accept_stop;
         let sockets = self.held_listeners();
-        let mut n: usize = sockets.iter().map(|s| s.per_worker.len()).sum();
-        if self.workers > 1 {
+        let mut n = if self.workers > 1 {
+            let count = sockets.iter().map(|s| s.per_worker.len()).sum();
             match super::workers::spawn(
                 &self.runtime,
                 sockets,
@@ -230,17 +230,18 @@ impl Running {
                     self.tasks.spawn(async move {
                         let _ = done.await;
                     });
+                    count
                 }
                 Err(e) => {
                     // None of them serves (`workers::spawn` is all or none): this runtime
                     // serves every socket, as with one worker.
                     tracing::error!(error = %e, "cannot start worker threads again: serving on the main thread");
-                    n = self.serve_here(self.held_listeners(), &accept_stop_rx);
+                    self.serve_here(self.held_listeners(), &accept_stop_rx)
                 }
             }
         } else {
-            n = self.serve_here(sockets, &accept_stop_rx);
-        }
+            self.serve_here(sockets, &accept_stop_rx)
+        };
         if let Some(admin) = self.held.admin() {
             match admin
                 .set_nonblocking(true)
