@@ -31,9 +31,11 @@
 //! at any moment of an upgrade lands in an accept queue someone serves: none is refused, and
 //! none waiting in a queue is reset (closing a listener and binding it again refuses the first
 //! and resets the second). Until the holder reads "ready" nothing changes for it: a taker that
-//! fails (a bind error, a store it cannot reach) exits and the holder serves on. A taker that
-//! hears no "stopping" within [`HANDOVER_LIMIT`], or cannot say "took", exits without having
-//! accepted anything, so two processes never serve one socket with tables of their own. Past
+//! fails (a bind error, a store it cannot reach) exits and the holder serves on; one the
+//! holder started itself on SIGUSR2 and that is not ready within [`SUCCESSOR_LIMIT`] (hung on
+//! its config's mount) is killed by it. A taker that hears no "stopping" within
+//! [`HANDOVER_LIMIT`], or cannot say "took", exits without having accepted anything, so two
+//! processes never serve one socket with tables of their own. Past
 //! "stopping" the holder takes no client until it has heard "took" or given up on it: a taker
 //! that dies there costs a wait in the accept queues, not a refused client. The pins and
 //! states cross once the holder has stopped accepting, so none it made meanwhile is left
@@ -799,6 +801,14 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::from_std(l)
 }
 
+/// How long a successor started on SIGUSR2 has to take over, from its start to the "ready"
+/// that begins the handover: its config read, the offer (at most [`HANDOVER_LIMIT`]) and its
+/// start (at most [`HANDOVER_LIMIT`] again). Past it, and not in a handover, it is killed: a
+/// successor hung before it connects (its config on a mount that does not answer) would
+/// otherwise keep every later SIGUSR2 ignored, and one hung after it took the offer would
+/// hold copies of the listening sockets for good.
+pub const SUCCESSOR_LIMIT: Duration = Duration::from_secs(60);
+
 /// How a running limpet starts its own successor on SIGUSR2 (nginx's binary upgrade on
 /// USR2, HAProxy's master re-exec): the binary at the path it was started by, now (a
 /// package upgrade put the new one there), with the same arguments, so that it takes over
@@ -806,12 +816,30 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 /// service's control group, as systemd requires of a main process: an operator's
 /// `systemctl kill -s USR2 --kill-whom=main limpet` upgrades a unit in place
 /// (`crate::notify`).
+///
+/// One successor at a time, watched until it exits: it has [`SUCCESSOR_LIMIT`] to say
+/// "ready", and the limit does not run while a handover with it is under way
+/// ([`handing_over`](Self::handing_over)); one that took over is never killed.
 #[derive(Debug)]
 pub struct Successor {
     exe: PathBuf,
     args: Vec<std::ffi::OsString>,
-    /// A successor runs and has not exited: a second SIGUSR2 meanwhile is ignored.
-    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The successor that runs, if any: a second SIGUSR2 meanwhile is ignored.
+    current: std::sync::Arc<std::sync::Mutex<Option<Watched>>>,
+}
+
+/// What is known of the successor that runs.
+#[derive(Debug)]
+struct Watched {
+    pid: u32,
+    /// A handover with it is under way: its limit waits for the handover's end.
+    handing_over: bool,
+    /// It took over: the service's main process now, never killed by this one.
+    took: bool,
+    /// Its limit passed during a handover: killed if that handover ends without "took".
+    overdue: bool,
+    /// Wakes its watcher to kill it.
+    kill: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Set in a successor's environment to the pid of the limpet that started it: the successor
@@ -820,7 +848,23 @@ pub struct Successor {
 /// serving on after the operator stopped the service.
 pub const STARTED_BY: &str = "LIMPET_UPGRADE_FROM";
 
+/// A successor started: its pid, and its exit status once it exited and was reaped.
+#[derive(Debug)]
+pub struct Started {
+    pub pid: u32,
+    pub exit: tokio::task::JoinHandle<std::io::Result<std::process::ExitStatus>>,
+}
+
 impl Successor {
+    /// The binary `exe`, started with `args`.
+    pub fn new(exe: PathBuf, args: Vec<std::ffi::OsString>) -> Successor {
+        Successor {
+            exe,
+            args,
+            current: std::sync::Arc::default(),
+        }
+    }
+
     /// This process's binary and arguments, read at its start. The binary is the path it was
     /// started by (`argv[0]`, made absolute against the directory it started in, or found
     /// in `PATH`), not the file it runs: `/proc/self/exe` has every link resolved, so for a
@@ -856,24 +900,28 @@ impl Successor {
             Some(p) => p,
             None => std::env::current_exe()?,
         };
-        Ok(Successor {
-            exe,
-            args: argv.collect(),
-            running: std::sync::Arc::default(),
-        })
+        Ok(Successor::new(exe, argv.collect()))
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<Watched>> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Starts the successor (stdin closed; stdout and stderr, and `NOTIFY_SOCKET`, this
-    /// process's; [`STARTED_BY`] set), unless one runs already. Its exit is reaped on a
-    /// thread of its own and logged: one that exits before taking over (a bad config, a bind
-    /// error: exit 2) leaves this limpet serving, and a later SIGUSR2 may try again.
-    pub fn start(&self) {
-        use std::sync::atomic::Ordering;
-        if self.running.swap(true, Ordering::AcqRel) {
+    /// process's; [`STARTED_BY`] set), unless one runs already (`None`). Its exit is reaped
+    /// on a task of its own and logged: one that exits before taking over (a bad config, a
+    /// bind error: exit 2) leaves this limpet serving, and a later SIGUSR2 may try again.
+    /// One not ready within [`SUCCESSOR_LIMIT`] is killed (SIGKILL) and reaped the same way.
+    /// On a tokio runtime.
+    pub fn start(&self) -> Option<Started> {
+        let mut current = self.current();
+        if current.is_some() {
             tracing::warn!("SIGUSR2: a new limpet started for an upgrade still runs; ignored");
-            return;
+            return None;
         }
-        let child = std::process::Command::new(&self.exe)
+        let child = tokio::process::Command::new(&self.exe)
             .args(&self.args)
             .env(STARTED_BY, std::process::id().to_string())
             .stdin(std::process::Stdio::null())
@@ -881,29 +929,106 @@ impl Successor {
         let mut child = match child {
             Ok(c) => c,
             Err(e) => {
-                self.running.store(false, Ordering::Release);
                 tracing::error!(exe = %self.exe.display(), error = %e, "SIGUSR2: cannot start the new limpet; serving on");
-                return;
+                return None;
             }
         };
-        let pid = child.id();
+        // A child that has not been waited for always has its id.
+        let pid = child.id().unwrap_or_default();
         tracing::info!(pid, exe = %self.exe.display(), "SIGUSR2: started a new limpet to take over");
-        let running = std::sync::Arc::clone(&self.running);
-        let reaped = std::thread::Builder::new()
-            .name("limpet-successor".into())
-            .spawn(move || {
-                let status = child.wait();
-                running.store(false, Ordering::Release);
-                match status {
-                    Ok(s) => tracing::warn!(pid, status = %s, "the new limpet started for an upgrade exited"),
-                    Err(e) => tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: wait failed"),
+        let kill = std::sync::Arc::new(tokio::sync::Notify::new());
+        *current = Some(Watched {
+            pid,
+            handing_over: false,
+            took: false,
+            overdue: false,
+            kill: std::sync::Arc::clone(&kill),
+        });
+        drop(current);
+        let shared = std::sync::Arc::clone(&self.current);
+        let exit = tokio::spawn(async move {
+            let limit = tokio::time::sleep(SUCCESSOR_LIMIT);
+            tokio::pin!(limit);
+            let mut limit_passed = false;
+            let status = loop {
+                tokio::select! {
+                    status = child.wait() => break status,
+                    () = &mut limit, if !limit_passed => {
+                        limit_passed = true;
+                        let mut guard = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        match guard.as_mut() {
+                            Some(w) if w.took => {}
+                            Some(w) if w.handing_over => w.overdue = true,
+                            _ => kill_late(pid, &mut child),
+                        }
+                    }
+                    () = kill.notified() => kill_late(pid, &mut child),
                 }
-            });
-        if let Err(e) = reaped {
-            // The child runs all the same; unreaped, it stays a zombie until this one exits.
-            // Not counted as running: a later SIGUSR2 may start another.
-            self.running.store(false, Ordering::Release);
-            tracing::warn!(pid, error = %e, "SIGUSR2: no thread to reap the new limpet");
+            };
+            *shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            match &status {
+                Ok(s) => {
+                    tracing::warn!(pid, status = %s, "the new limpet started for an upgrade exited")
+                }
+                Err(e) => {
+                    tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: wait failed")
+                }
+            }
+            status
+        });
+        Some(Started { pid, exit })
+    }
+
+    /// A taker of process id `pid` said "ready": if it is the successor this limpet started,
+    /// its limit waits until the returned handover ends. `None`: another process (an
+    /// operator's own `limpet run`), which no limit of this one's concerns.
+    pub fn handing_over(&self, pid: u32) -> Option<HandingOver<'_>> {
+        let mut current = self.current();
+        let w = current.as_mut().filter(|w| w.pid == pid)?;
+        w.handing_over = true;
+        Some(HandingOver { successor: self })
+    }
+}
+
+/// Kills a successor past its limit (SIGKILL: one hung in the kernel, on a dead mount, may
+/// not heed another signal); its watcher reaps it.
+fn kill_late(pid: u32, child: &mut tokio::process::Child) {
+    tracing::error!(
+        pid,
+        limit = ?SUCCESSOR_LIMIT,
+        "the new limpet started for an upgrade did not take over within its limit: killing it; serving on"
+    );
+    if let Err(e) = child.start_kill() {
+        tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: kill failed");
+    }
+}
+
+/// A handover with the successor under way ([`Successor::handing_over`]). Ended by
+/// [`took`](Self::took), or dropped: the handover failed, and a successor whose limit passed
+/// meanwhile is killed then.
+#[derive(Debug)]
+pub struct HandingOver<'a> {
+    successor: &'a Successor,
+}
+
+impl HandingOver<'_> {
+    /// The successor took over: it is the service's main process, never killed by this one.
+    pub fn took(self) {
+        if let Some(w) = self.successor.current().as_mut() {
+            w.took = true;
+        }
+    }
+}
+
+impl Drop for HandingOver<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.successor.current().as_mut() {
+            w.handing_over = false;
+            if w.overdue && !w.took {
+                w.kill.notify_one();
+            }
         }
     }
 }

@@ -627,3 +627,195 @@ fn worker_threads() -> Vec<String> {
         .map(|t| t.file_name().to_string_lossy().into_owned())
         .collect()
 }
+
+/// A successor started as SIGUSR2 starts one (the real binary, `run -c FILE
+/// --upgrade-socket SOCK`), whose config is a FIFO the test holds open and never writes: it
+/// hangs reading it, before it connects, as one whose config is on a mount that does not
+/// answer. Killed by the test (SIGKILL, by its PID) if still running when dropped.
+struct HungSuccessor {
+    successor: limpet::upgrade::Successor,
+    cfg: ConfigFile,
+    _writer: Option<std::fs::File>,
+}
+
+impl HungSuccessor {
+    fn new(tag: &str) -> HungSuccessor {
+        let cfg = ConfigFile::new(tag, "");
+        fifo_in_place_of(&cfg.path);
+        let args = ["run", "--threads", "1", "-c"]
+            .into_iter()
+            .map(std::ffi::OsString::from)
+            .chain([
+                cfg.path.clone().into_os_string(),
+                "--upgrade-socket".into(),
+                cfg.dir.join("upgrade.sock").into_os_string(),
+            ])
+            .collect();
+        let successor =
+            limpet::upgrade::Successor::new(PathBuf::from(env!("CARGO_BIN_EXE_limpet")), args);
+        HungSuccessor {
+            successor,
+            cfg,
+            _writer: None,
+        }
+    }
+
+    /// Starts it, and returns once it is blocked reading its config.
+    async fn start(&mut self) -> Launched {
+        let started = self
+            .successor
+            .start()
+            .unwrap_or_else(|| panic!("no successor started"));
+        let started = Launched(Some(started));
+        self._writer = Some(fifo_writer_once_read(&self.cfg.path).await);
+        started
+    }
+}
+
+/// A successor started, killed (SIGKILL, by its PID) if the test ends before it exited.
+struct Launched(Option<limpet::upgrade::Started>);
+
+impl Launched {
+    fn pid(&self) -> u32 {
+        self.0.as_ref().map_or(0, |s| s.pid)
+    }
+
+    /// Its exit status, once reaped. Bounded in real time (the paused clock moves only when
+    /// the runtime has nothing to do): a successor nobody killed within `PATIENCE` gets
+    /// SIGTERM from a watchdog, which shows in the status.
+    async fn exit(mut self) -> ExitStatus {
+        let s = self.0.take().unwrap_or_else(|| panic!("awaited twice"));
+        let (done, watch) = std::sync::mpsc::channel::<()>();
+        let pid = s.pid;
+        let watchdog = std::thread::spawn(move || {
+            if watch.recv_timeout(PATIENCE).is_err() {
+                signal(pid, rustix::process::Signal::TERM);
+            }
+        });
+        let status = s.exit.await;
+        let _ = done.send(());
+        let _ = watchdog.join();
+        status
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            signal(s.pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+/// Lets every task that can run do so (the successor's watcher among them), without moving
+/// the paused clock.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A successor that hangs before it connects is killed at `SUCCESSOR_LIMIT`, not before, and
+/// a later SIGUSR2 starts another (which has a limit of its own). Before, SIGUSR2 stayed
+/// ignored ("a new limpet ... still runs") until someone killed the hung one by hand.
+#[tokio::test(start_paused = true)]
+async fn a_successor_that_hangs_before_it_connects_is_killed_at_its_limit() {
+    use limpet::upgrade::SUCCESSOR_LIMIT;
+    use std::os::unix::process::ExitStatusExt;
+    let mut hung = HungSuccessor::new("upgrade-hung-successor");
+    let started = hung.start().await;
+    let t0 = tokio::time::Instant::now();
+    assert!(
+        hung.successor.start().is_none(),
+        "a second SIGUSR2 while one runs"
+    );
+    tokio::time::advance(SUCCESSOR_LIMIT - Duration::from_secs(1)).await;
+    settle().await;
+    let status = started.exit().await;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let at = t0.elapsed();
+    assert!(
+        at >= SUCCESSOR_LIMIT && at <= SUCCESSOR_LIMIT + Duration::from_secs(1),
+        "killed after {at:?}"
+    );
+
+    let again = hung.start().await;
+    let t1 = tokio::time::Instant::now();
+    let status = again.exit().await;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let at = t1.elapsed();
+    assert!(
+        at >= SUCCESSOR_LIMIT && at <= SUCCESSOR_LIMIT + Duration::from_secs(1),
+        "killed after {at:?}"
+    );
+}
+
+/// The limit does not run while a handover with the successor is under way (the holder has
+/// its "ready" and is handing over its state): a successor past its limit then is killed
+/// only if the handover ends without "took"; one that took over is the service's main
+/// process and is never killed. Another process's "ready" changes nothing for it. That the
+/// limit killed nobody shows in the exit status: the test's own SIGHUP, sent once the limit
+/// passed, ends the successor, not an earlier SIGKILL.
+#[tokio::test(start_paused = true)]
+async fn a_successor_in_a_handover_is_killed_past_its_limit_only_if_it_did_not_take_over() {
+    use limpet::upgrade::SUCCESSOR_LIMIT;
+    use std::os::unix::process::ExitStatusExt;
+    let mut hung = HungSuccessor::new("upgrade-handing-over");
+
+    // A handover under way past the limit: not killed.
+    let started = hung.start().await;
+    assert!(hung.successor.handing_over(started.pid() + 1).is_none());
+    let handing_over = hung
+        .successor
+        .handing_over(started.pid())
+        .unwrap_or_else(|| panic!("the successor's ready not known as its own"));
+    tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
+    settle().await;
+    signal(started.pid(), rustix::process::Signal::HUP);
+    let status = started.exit().await;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGHUP),
+        "killed during its handover"
+    );
+    drop(handing_over);
+
+    // The same, and the handover fails: killed then.
+    let started = hung.start().await;
+    let handing_over = hung
+        .successor
+        .handing_over(started.pid())
+        .unwrap_or_else(|| panic!("the successor's ready not known as its own"));
+    tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
+    settle().await;
+    drop(handing_over);
+    let status = started.exit().await;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+
+    // It took over: never killed.
+    let took = hung.start().await;
+    hung.successor
+        .handing_over(took.pid())
+        .unwrap_or_else(|| panic!("the successor's ready not known as its own"))
+        .took();
+    tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
+    settle().await;
+    signal(took.pid(), rustix::process::Signal::HUP);
+    let status = took.exit().await;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGHUP),
+        "killed after it took over"
+    );
+}

@@ -745,7 +745,8 @@ pub fn run(args: RunArgs) -> ExitCode {
             None => None,
         };
         let mut upgrade_signal = || match &successor {
-            Some(s) => s.start(),
+            // Watched on a task of its own until it exits.
+            Some(s) => drop(s.start()),
             None => tracing::warn!(
                 "SIGUSR2: an upgrade in place needs `--upgrade-socket` (and this binary's path); ignored"
             ),
@@ -867,6 +868,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             let _ = upgrade_stop.send(true);
             drop(next.take());
             let Some(ready) = ready else { break false };
+            // The successor SIGUSR2 started, if it is this taker: its limit waits for the
+            // handover's end.
+            let handing_over = successor.as_ref().and_then(|s| s.handing_over(ready.pid()));
             if let Err(why) = crate::notify::may_take_over(ready.pid()) {
                 // Before anything changed hands: the new one hears no "stopping" and exits
                 // without accepting; this one serves on.
@@ -887,6 +891,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             if took {
                 // Before the drain: this process's exit must not end the unit.
                 crate::notify::handed_over(taker);
+                if let Some(h) = handing_over {
+                    h.took();
+                }
                 running.let_go();
                 tracing::info!("a new limpet took over: draining, then exiting");
                 break true;
