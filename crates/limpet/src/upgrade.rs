@@ -32,10 +32,11 @@
 //! none waiting in a queue is reset (closing a listener and binding it again refuses the first
 //! and resets the second). Until the holder reads "ready" nothing changes for it: a taker that
 //! fails (a bind error, a store it cannot reach) exits and the holder serves on; one the
-//! holder started itself on SIGUSR2 and that is not ready within [`SUCCESSOR_LIMIT`] (hung on
-//! its config's mount) is killed by it. A taker that hears no "stopping" within
-//! [`HANDOVER_LIMIT`], or cannot say "took", exits without having accepted anything, so two
-//! processes never serve one socket with tables of their own. Past
+//! holder started itself on SIGUSR2 and that is not ready within its limit
+//! ([`SUCCESSOR_LIMIT`] by default; hung on its config's mount) is killed by it. A taker
+//! that hears no "stopping" within [`HANDOVER_LIMIT`], or cannot say "took", exits without
+//! having accepted anything, so two processes never serve one socket with tables of their
+//! own. Past
 //! "stopping" the holder takes no client until it has heard "took" or given up on it: a taker
 //! that dies there costs a wait in the accept queues, not a refused client. The pins and
 //! states cross once the holder has stopped accepting, so none it made meanwhile is left
@@ -801,13 +802,14 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::from_std(l)
 }
 
-/// How long a successor started on SIGUSR2 has to take over, from its start to the "ready"
-/// that begins the handover: its config read, the offer (at most [`HANDOVER_LIMIT`]) and its
-/// start (at most [`HANDOVER_LIMIT`] again). Past it, and not in a handover, it is killed: a
+/// How long a successor started on SIGUSR2 has to take over by default (`limpet run
+/// --upgrade-limit`), from its start to the "ready" that begins the handover: the offer and
+/// its own start may each take [`HANDOVER_LIMIT`], and as much again is left for what comes
+/// before (its config read, its runtime). Past it, and not in a handover, it is killed: a
 /// successor hung before it connects (its config on a mount that does not answer) would
 /// otherwise keep every later SIGUSR2 ignored, and one hung after it took the offer would
 /// hold copies of the listening sockets for good.
-pub const SUCCESSOR_LIMIT: Duration = Duration::from_secs(60);
+pub const SUCCESSOR_LIMIT: Duration = Duration::from_secs(90);
 
 /// How a running limpet starts its own successor on SIGUSR2 (nginx's binary upgrade on
 /// USR2, HAProxy's master re-exec): the binary at the path it was started by, now (a
@@ -817,35 +819,57 @@ pub const SUCCESSOR_LIMIT: Duration = Duration::from_secs(60);
 /// `systemctl kill -s USR2 --kill-whom=main limpet` upgrades a unit in place
 /// (`crate::notify`).
 ///
-/// One successor at a time, watched until it exits: it has [`SUCCESSOR_LIMIT`] to say
-/// "ready", and the limit does not run while a handover with it is under way
-/// ([`handing_over`](Self::handing_over)); one that took over is never killed.
+/// One successor at a time, watched until it exits. It is killed (SIGKILL: one blocked in
+/// the kernel on a dead mount heeds no other signal) when its limit passed, or when this
+/// limpet [abandons](Self::abandon) it (it stops, or another limpet took over), unless a
+/// handover with it is under way ([`handing_over`](Self::handing_over)) or it took over: the
+/// service's main process then, never killed by this one. A SIGUSR2 while one runs is
+/// ignored; once it was killed, the next starts another.
 #[derive(Debug)]
 pub struct Successor {
     exe: PathBuf,
     args: Vec<std::ffi::OsString>,
-    /// The successor that runs, if any: a second SIGUSR2 meanwhile is ignored.
-    current: std::sync::Arc<std::sync::Mutex<Option<Watched>>>,
+    limit: Duration,
+    slot: std::sync::Arc<std::sync::Mutex<Slot>>,
 }
 
-/// What is known of the successor that runs.
+/// The successor that may still take over, and the last one killed.
+#[derive(Debug, Default)]
+struct Slot {
+    current: Option<Watched>,
+    /// Killed before it took over: its "ready" may still be on its way, and is refused.
+    killed: Option<u32>,
+}
+
+/// What is known of the successor that runs. Its watcher decides whether to kill it from
+/// these alone ([`Watched::to_kill`]), under the slot's lock, each time one changes.
 #[derive(Debug)]
 struct Watched {
     pid: u32,
-    /// A handover with it is under way: its limit waits for the handover's end.
+    /// A handover with it is under way: nothing kills it until that ends.
     handing_over: bool,
-    /// It took over: the service's main process now, never killed by this one.
+    /// It took over: the service's main process now.
     took: bool,
-    /// Its limit passed during a handover: killed if that handover ends without "took".
-    overdue: bool,
-    /// Wakes its watcher to kill it.
-    kill: std::sync::Arc<tokio::sync::Notify>,
+    limit_passed: bool,
+    /// This limpet stops, or handed over to another: it can no longer take over.
+    abandoned: bool,
+    /// Wakes its watcher to decide again.
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    /// Turns true once its watcher killed it, or it exited.
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Watched {
+    fn to_kill(&self) -> bool {
+        !self.took && !self.handing_over && (self.limit_passed || self.abandoned)
+    }
 }
 
 /// Set in a successor's environment to the pid of the limpet that started it: the successor
-/// must take over from a limpet, or exit. Without it, one whose starter stopped (a SIGTERM
+/// must take over from that limpet, or exit. Without it, one whose starter stopped (a SIGTERM
 /// in between) before it connected would find no limpet at the socket and start afresh,
-/// serving on after the operator stopped the service.
+/// serving on after the operator stopped the service; or one that connected late would take
+/// over from whichever limpet listens there by then.
 pub const STARTED_BY: &str = "LIMPET_UPGRADE_FROM";
 
 /// A successor started: its pid, and its exit status once it exited and was reaped.
@@ -855,13 +879,26 @@ pub struct Started {
     pub exit: tokio::task::JoinHandle<std::io::Result<std::process::ExitStatus>>,
 }
 
+/// Whose "ready" a holder has: [`Successor::handing_over`].
+#[derive(Debug)]
+pub enum Taker<'a> {
+    /// The successor this limpet started: its limit waits while the handover lasts.
+    Ours(HandingOver<'a>),
+    /// The successor this limpet started and killed (its limit passed just before its "ready"
+    /// was read): it is dead or dying, and must not be handed anything.
+    Killed,
+    /// Another process (an operator's own `limpet run`), which no limit of this one's concerns.
+    Other,
+}
+
 impl Successor {
-    /// The binary `exe`, started with `args`.
-    pub fn new(exe: PathBuf, args: Vec<std::ffi::OsString>) -> Successor {
+    /// The binary `exe`, started with `args`, given `limit` to take over.
+    pub fn new(exe: PathBuf, args: Vec<std::ffi::OsString>, limit: Duration) -> Successor {
         Successor {
             exe,
             args,
-            current: std::sync::Arc::default(),
+            limit,
+            slot: std::sync::Arc::default(),
         }
     }
 
@@ -875,7 +912,7 @@ impl Successor {
     /// inode): an `argv[0]` set to something else (`exec -a`, systemd's `@` prefix) or a
     /// `PATH` whose first match is another binary would start a different program.
     /// Otherwise the file this process runs is named.
-    pub fn of_this_process() -> std::io::Result<Successor> {
+    pub fn of_this_process(limit: Duration) -> std::io::Result<Successor> {
         use std::os::unix::fs::MetadataExt;
         let mut argv = std::env::args_os();
         let started_as = argv.next().map(PathBuf::from);
@@ -900,24 +937,22 @@ impl Successor {
             Some(p) => p,
             None => std::env::current_exe()?,
         };
-        Ok(Successor::new(exe, argv.collect()))
+        Ok(Successor::new(exe, argv.collect(), limit))
     }
 
-    fn current(&self) -> std::sync::MutexGuard<'_, Option<Watched>> {
-        self.current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        lock(&self.slot)
     }
 
     /// Starts the successor (stdin closed; stdout and stderr, and `NOTIFY_SOCKET`, this
     /// process's; [`STARTED_BY`] set), unless one runs already (`None`). Its exit is reaped
     /// on a task of its own and logged: one that exits before taking over (a bad config, a
     /// bind error: exit 2) leaves this limpet serving, and a later SIGUSR2 may try again.
-    /// One not ready within [`SUCCESSOR_LIMIT`] is killed (SIGKILL) and reaped the same way.
-    /// On a tokio runtime.
+    /// On a tokio runtime. The binary is started on the caller's thread (as `exec` goes, a
+    /// binary on a mount that does not answer would hold it).
     pub fn start(&self) -> Option<Started> {
-        let mut current = self.current();
-        if current.is_some() {
+        let mut slot = self.slot();
+        if slot.current.is_some() {
             tracing::warn!("SIGUSR2: a new limpet started for an upgrade still runs; ignored");
             return None;
         }
@@ -936,38 +971,61 @@ impl Successor {
         // A child that has not been waited for always has its id.
         let pid = child.id().unwrap_or_default();
         tracing::info!(pid, exe = %self.exe.display(), "SIGUSR2: started a new limpet to take over");
-        let kill = std::sync::Arc::new(tokio::sync::Notify::new());
-        *current = Some(Watched {
+        let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (done, done_rx) = tokio::sync::watch::channel(false);
+        slot.current = Some(Watched {
             pid,
             handing_over: false,
             took: false,
-            overdue: false,
-            kill: std::sync::Arc::clone(&kill),
+            limit_passed: false,
+            abandoned: false,
+            wake: std::sync::Arc::clone(&wake),
+            done: done_rx,
         });
-        drop(current);
-        let shared = std::sync::Arc::clone(&self.current);
+        drop(slot);
+        let (shared, limit) = (std::sync::Arc::clone(&self.slot), self.limit);
         let exit = tokio::spawn(async move {
-            let limit = tokio::time::sleep(SUCCESSOR_LIMIT);
-            tokio::pin!(limit);
+            let until = tokio::time::sleep(limit);
+            tokio::pin!(until);
             let mut limit_passed = false;
             let status = loop {
                 tokio::select! {
                     status = child.wait() => break status,
-                    () = &mut limit, if !limit_passed => {
+                    () = &mut until, if !limit_passed => {
                         limit_passed = true;
-                        let mut guard = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        match guard.as_mut() {
-                            Some(w) if w.took => {}
-                            Some(w) if w.handing_over => w.overdue = true,
-                            _ => kill_late(pid, &mut child),
+                        if let Some(w) = lock(&shared).current.as_mut().filter(|w| w.pid == pid) {
+                            w.limit_passed = true;
                         }
                     }
-                    () = kill.notified() => kill_late(pid, &mut child),
+                    () = wake.notified() => {}
+                }
+                let mut slot = lock(&shared);
+                if slot
+                    .current
+                    .as_ref()
+                    .is_some_and(|w| w.pid == pid && w.to_kill())
+                {
+                    if limit_passed {
+                        tracing::error!(pid, ?limit, "the new limpet started for an upgrade did not take over within its limit: killing it; serving on");
+                    } else {
+                        tracing::warn!(pid, "the new limpet started for an upgrade can no longer take over: killing it");
+                    }
+                    if let Err(e) = child.start_kill() {
+                        tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: kill failed");
+                    }
+                    // Killed, it runs no more code of its own: a later SIGUSR2 may start
+                    // another even while this one's kernel work (a dead mount) holds its exit.
+                    slot.current = None;
+                    slot.killed = Some(pid);
+                    let _ = done.send(true);
                 }
             };
-            *shared
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            let mut slot = lock(&shared);
+            if slot.current.as_ref().is_some_and(|w| w.pid == pid) {
+                slot.current = None;
+            }
+            drop(slot);
+            let _ = done.send(true);
             match &status {
                 Ok(s) => {
                     tracing::warn!(pid, status = %s, "the new limpet started for an upgrade exited")
@@ -981,28 +1039,45 @@ impl Successor {
         Some(Started { pid, exit })
     }
 
-    /// A taker of process id `pid` said "ready": if it is the successor this limpet started,
-    /// its limit waits until the returned handover ends. `None`: another process (an
-    /// operator's own `limpet run`), which no limit of this one's concerns.
-    pub fn handing_over(&self, pid: u32) -> Option<HandingOver<'_>> {
-        let mut current = self.current();
-        let w = current.as_mut().filter(|w| w.pid == pid)?;
-        w.handing_over = true;
-        Some(HandingOver { successor: self })
+    /// A taker of process id `pid` said "ready": whose it is. The successor's limit waits
+    /// while the returned handover lasts.
+    pub fn handing_over(&self, pid: u32) -> Taker<'_> {
+        let mut slot = self.slot();
+        if slot.killed == Some(pid) {
+            return Taker::Killed;
+        }
+        match slot.current.as_mut() {
+            Some(w) if w.pid == pid => {
+                w.handing_over = true;
+                Taker::Ours(HandingOver {
+                    successor: self,
+                    pid,
+                })
+            }
+            _ => Taker::Other,
+        }
+    }
+
+    /// This limpet stops, or handed its sockets to another: a successor of its own that did
+    /// not take over can no longer do so, and is killed (it would start afresh, or take over
+    /// from whichever limpet listens by then). Waits at most a second for the kill.
+    pub async fn abandon(&self) {
+        let mut done = {
+            let mut slot = self.slot();
+            let Some(w) = slot.current.as_mut().filter(|w| !w.took) else {
+                return;
+            };
+            w.abandoned = true;
+            w.wake.notify_one();
+            w.done.clone()
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), done.wait_for(|d| *d)).await;
     }
 }
 
-/// Kills a successor past its limit (SIGKILL: one hung in the kernel, on a dead mount, may
-/// not heed another signal); its watcher reaps it.
-fn kill_late(pid: u32, child: &mut tokio::process::Child) {
-    tracing::error!(
-        pid,
-        limit = ?SUCCESSOR_LIMIT,
-        "the new limpet started for an upgrade did not take over within its limit: killing it; serving on"
-    );
-    if let Err(e) = child.start_kill() {
-        tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: kill failed");
-    }
+fn lock(slot: &std::sync::Mutex<Slot>) -> std::sync::MutexGuard<'_, Slot> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A handover with the successor under way ([`Successor::handing_over`]). Ended by
@@ -1011,12 +1086,19 @@ fn kill_late(pid: u32, child: &mut tokio::process::Child) {
 #[derive(Debug)]
 pub struct HandingOver<'a> {
     successor: &'a Successor,
+    pid: u32,
 }
 
 impl HandingOver<'_> {
     /// The successor took over: it is the service's main process, never killed by this one.
     pub fn took(self) {
-        if let Some(w) = self.successor.current().as_mut() {
+        if let Some(w) = self
+            .successor
+            .slot()
+            .current
+            .as_mut()
+            .filter(|w| w.pid == self.pid)
+        {
             w.took = true;
         }
     }
@@ -1024,10 +1106,16 @@ impl HandingOver<'_> {
 
 impl Drop for HandingOver<'_> {
     fn drop(&mut self) {
-        if let Some(w) = self.successor.current().as_mut() {
+        if let Some(w) = self
+            .successor
+            .slot()
+            .current
+            .as_mut()
+            .filter(|w| w.pid == self.pid)
+        {
             w.handing_over = false;
-            if w.overdue && !w.took {
-                w.kill.notify_one();
+            if w.to_kill() {
+                w.wake.notify_one();
             }
         }
     }

@@ -147,12 +147,24 @@ async fn start(
     notify: &Notify,
     upgrade: Option<&Path>,
 ) -> (KillAll, std::net::SocketAddr, std::net::SocketAddr) {
+    let args: Vec<std::ffi::OsString> = match upgrade {
+        Some(sock) => vec!["--upgrade-socket".into(), sock.into()],
+        None => Vec::new(),
+    };
+    start_with(cfg, notify, &args).await
+}
+
+/// [`start`] with more arguments.
+async fn start_with(
+    cfg: &ConfigFile,
+    notify: &Notify,
+    more: &[std::ffi::OsString],
+) -> (KillAll, std::net::SocketAddr, std::net::SocketAddr) {
     let err = std::fs::File::create(cfg.dir.join("limpet.err")).unwrap_or_else(|e| panic!("{e}"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_limpet"));
-    cmd.args(["run", "--threads", "1", "-c"]).arg(&cfg.path);
-    if let Some(sock) = upgrade {
-        cmd.arg("--upgrade-socket").arg(sock);
-    }
+    cmd.args(["run", "--threads", "1", "-c"])
+        .arg(&cfg.path)
+        .args(more);
     let mut child = cmd
         .env("NOTIFY_SOCKET", &notify.path)
         .env("RUST_LOG", "info")
@@ -329,6 +341,187 @@ async fn sigusr2_upgrades_in_place_and_hands_the_unit_to_the_new_limpet() {
     signal(new, "TERM");
     assert_eq!(notify.next().await, (new, "STOPPING=1\n".to_owned()));
     until_gone(new).await;
+}
+
+/// A successor that took over is never killed by the limpet that started it, however long
+/// that one's drain lasts past the successor's limit (`--upgrade-limit 3s`; the old one's
+/// drain held 8 s by a TCP session through it): the old one marks the handover as taken
+/// once the new one said "took". Before it did, its watcher would have killed the unit's
+/// new main process at the limit while it drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_that_took_over_outlives_its_limit_while_the_old_one_drains() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let text = format!(
+        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {port}\ntimeouts = {{ drain = \"8s\" }}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    );
+    let cfg = ConfigFile::new("notify-usr2-limit", &text);
+    let notify = Notify::bind(&cfg.dir);
+    let sock = cfg.dir.join("upgrade.sock");
+    let limit = Duration::from_secs(3);
+    let args = [
+        "--upgrade-socket".into(),
+        sock.into(),
+        "--upgrade-limit".into(),
+        "3s".into(),
+    ];
+    let (mut guard, raw, _) = start_with(&cfg, &notify, &args).await;
+    let old = guard.child.as_ref().map_or(0, Child::id);
+    assert_eq!(field(&notify.next().await.1, "READY"), Some("1"));
+
+    // One request through the TCP listener; the session stays open after its answer.
+    let get = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    let mut session = tokio::net::TcpStream::connect(raw)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    session
+        .write_all(get)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut buf = [0u8; 12];
+    tokio::time::timeout(PATIENCE, session.read_exact(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("no answer through the TCP listener"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(&buf, b"HTTP/1.1 200");
+
+    signal(old, "USR2");
+    // The old one's word and the new one's, in either order.
+    let (mut handed, mut took) = (None, None);
+    while handed.is_none() || took.is_none() {
+        let (from, msg) = notify.next().await;
+        let main = field(&msg, "MAINPID").and_then(|p| p.parse::<u32>().ok());
+        if from == old {
+            handed = main;
+        } else {
+            took = main;
+        }
+    }
+    assert_eq!(handed, took);
+    let new = took.unwrap_or_default();
+    let took_at = tokio::time::Instant::now();
+    // The guard stays (it kills every limpet of this config when dropped), its child waited
+    // for on a thread.
+    let mut old_child = guard.child.take();
+    let status = tokio::task::spawn_blocking(move || {
+        old_child
+            .as_mut()
+            .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")))
+    });
+    let status = tokio::time::timeout(PATIENCE, status)
+        .await
+        .unwrap_or_else(|_| panic!("the old limpet did not exit"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        took_at.elapsed() >= limit,
+        "the old one's drain ended before the new one's limit: the test shows nothing"
+    );
+    drop(session);
+
+    let log = std::fs::read_to_string(cfg.dir.join("limpet.err")).unwrap_or_default();
+    assert!(!gone(new), "the new limpet was killed: {log}");
+    assert!(!log.contains("killing it"), "{log}");
+    let mut again = tokio::net::TcpStream::connect(raw)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    again.write_all(get).await.unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::timeout(PATIENCE, again.read_exact(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("no answer from the new limpet"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(&buf, b"HTTP/1.1 200");
+    drop(again);
+    signal(new, "TERM");
+    assert_eq!(notify.next().await, (new, "STOPPING=1\n".to_owned()));
+    until_gone(new).await;
+}
+
+/// A successor hung reading its config (a FIFO nobody writes in place of the file, as a
+/// mount that does not answer) is killed when the limpet that started it stops, long before
+/// its limit: it could no longer take over from it, and nothing would watch it any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_hung_on_its_config_is_killed_when_its_starter_stops() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-usr2-abandoned", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    let sock = cfg.dir.join("upgrade.sock");
+    let (mut guard, _, _) = start(&cfg, &notify, Some(&sock)).await;
+    let old = guard.child.as_ref().map_or(0, Child::id);
+    assert_eq!(field(&notify.next().await.1, "READY"), Some("1"));
+
+    fifo_in_place_of(&cfg.path);
+    signal(old, "USR2");
+    let log = cfg.dir.join("limpet.err");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let successor = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let pid = text
+            .lines()
+            .find(|l| l.contains("started a new limpet to take over"))
+            .and_then(|l| l.split("pid=").nth(1))
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            break pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no successor started: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!gone(successor));
+    stops_on_sigterm(&notify, &mut guard, old).await;
+    until_gone(successor).await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("can no longer take over: killing it"),
+        "{text}"
+    );
+}
+
+/// A limpet started to take over from one pid (`LIMPET_UPGRADE_FROM`) that finds another
+/// limpet at the upgrade socket does not take over from it: its starter stopped or handed
+/// over meanwhile, and the one there now did not ask for it. It exits 2, and the limpet
+/// there serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_does_not_take_over_from_a_limpet_other_than_its_starter() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-other-starter", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    let sock = cfg.dir.join("upgrade.sock");
+    let (mut guard, web, _) = start(&cfg, &notify, Some(&sock)).await;
+    let running = guard.child.as_ref().map_or(0, Child::id);
+    assert_eq!(field(&notify.next().await.1, "READY"), Some("1"));
+    let pinned = node_for("127.0.0.71", web).await;
+    let out = tokio::task::spawn_blocking({
+        let (path, sock) = (cfg.path.clone(), sock.clone());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_limpet"))
+                .args(["run", "--threads", "1", "-c"])
+                .arg(&path)
+                .arg("--upgrade-socket")
+                .arg(&sock)
+                .env("LIMPET_UPGRADE_FROM", "4194321")
+                .stdin(Stdio::null())
+                .output()
+        }
+    });
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .unwrap_or_else(|_| panic!("limpet did not exit: it took over"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("but pid {running} listens")), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    assert!(!gone(running));
+    assert_eq!(node_for("127.0.0.71", web).await, pinned);
+    stops_on_sigterm(&notify, &mut guard, running).await;
 }
 
 /// A limpet started by a running one for an upgrade (`LIMPET_UPGRADE_FROM` set), that finds

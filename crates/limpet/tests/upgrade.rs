@@ -629,9 +629,9 @@ fn worker_threads() -> Vec<String> {
 }
 
 /// A successor started as SIGUSR2 starts one (the real binary, `run -c FILE
-/// --upgrade-socket SOCK`), whose config is a FIFO the test holds open and never writes: it
-/// hangs reading it, before it connects, as one whose config is on a mount that does not
-/// answer. Killed by the test (SIGKILL, by its PID) if still running when dropped.
+/// --upgrade-socket SOCK`, given `SUCCESSOR_LIMIT`), whose config is a FIFO the test holds
+/// open and never writes: it hangs reading it, before it connects, as one whose config is on
+/// a mount that does not answer.
 struct HungSuccessor {
     successor: limpet::upgrade::Successor,
     cfg: ConfigFile,
@@ -651,8 +651,11 @@ impl HungSuccessor {
                 cfg.dir.join("upgrade.sock").into_os_string(),
             ])
             .collect();
-        let successor =
-            limpet::upgrade::Successor::new(PathBuf::from(env!("CARGO_BIN_EXE_limpet")), args);
+        let successor = limpet::upgrade::Successor::new(
+            PathBuf::from(env!("CARGO_BIN_EXE_limpet")),
+            args,
+            limpet::upgrade::SUCCESSOR_LIMIT,
+        );
         HungSuccessor {
             successor,
             cfg,
@@ -670,6 +673,14 @@ impl HungSuccessor {
         self._writer = Some(fifo_writer_once_read(&self.cfg.path).await);
         started
     }
+
+    /// The successor's handover with a taker of `pid`, which must be its own.
+    fn handing_over(&self, pid: u32) -> limpet::upgrade::HandingOver<'_> {
+        match self.successor.handing_over(pid) {
+            limpet::upgrade::Taker::Ours(h) => h,
+            other => panic!("the successor's ready not known as its own: {other:?}"),
+        }
+    }
 }
 
 /// A successor started, killed (SIGKILL, by its PID) if the test ends before it exited.
@@ -682,14 +693,14 @@ impl Launched {
 
     /// Its exit status, once reaped. Bounded in real time (the paused clock moves only when
     /// the runtime has nothing to do): a successor nobody killed within `PATIENCE` gets
-    /// SIGTERM from a watchdog, which shows in the status.
+    /// SIGABRT from a watchdog, which shows in the status.
     async fn exit(mut self) -> ExitStatus {
         let s = self.0.take().unwrap_or_else(|| panic!("awaited twice"));
         let (done, watch) = std::sync::mpsc::channel::<()>();
         let pid = s.pid;
         let watchdog = std::thread::spawn(move || {
             if watch.recv_timeout(PATIENCE).is_err() {
-                signal(pid, rustix::process::Signal::TERM);
+                signal(pid, rustix::process::Signal::ABORT);
             }
         });
         let status = s.exit.await;
@@ -726,15 +737,17 @@ async fn settle() {
     }
 }
 
-/// A successor that hangs before it connects is killed at `SUCCESSOR_LIMIT`, not before, and
-/// a later SIGUSR2 starts another (which has a limit of its own). Before, SIGUSR2 stayed
-/// ignored ("a new limpet ... still runs") until someone killed the hung one by hand.
+/// A successor that hangs before it connects is killed at `SUCCESSOR_LIMIT`, not before; its
+/// "ready", were it to come late, is refused; a later SIGUSR2 starts another, which has a
+/// limit of its own. Before, SIGUSR2 stayed ignored ("a new limpet ... still runs") until
+/// someone killed the hung one by hand.
 #[tokio::test(start_paused = true)]
 async fn a_successor_that_hangs_before_it_connects_is_killed_at_its_limit() {
-    use limpet::upgrade::SUCCESSOR_LIMIT;
+    use limpet::upgrade::{Taker, SUCCESSOR_LIMIT};
     use std::os::unix::process::ExitStatusExt;
     let mut hung = HungSuccessor::new("upgrade-hung-successor");
     let started = hung.start().await;
+    let pid = started.pid();
     let t0 = tokio::time::Instant::now();
     assert!(
         hung.successor.start().is_none(),
@@ -749,6 +762,7 @@ async fn a_successor_that_hangs_before_it_connects_is_killed_at_its_limit() {
         at >= SUCCESSOR_LIMIT && at <= SUCCESSOR_LIMIT + Duration::from_secs(1),
         "killed after {at:?}"
     );
+    assert!(matches!(hung.successor.handing_over(pid), Taker::Killed));
 
     let again = hung.start().await;
     let t1 = tokio::time::Instant::now();
@@ -764,39 +778,37 @@ async fn a_successor_that_hangs_before_it_connects_is_killed_at_its_limit() {
 /// The limit does not run while a handover with the successor is under way (the holder has
 /// its "ready" and is handing over its state): a successor past its limit then is killed
 /// only if the handover ends without "took"; one that took over is the service's main
-/// process and is never killed. Another process's "ready" changes nothing for it. That the
-/// limit killed nobody shows in the exit status: the test's own SIGHUP, sent once the limit
-/// passed, ends the successor, not an earlier SIGKILL.
+/// process and is never killed, not even when its starter abandons it. Another process's
+/// "ready" changes nothing for it. That nothing killed it shows in the exit status: the
+/// test's own SIGTERM, sent once the limit passed, ends the successor, not an earlier
+/// SIGKILL.
 #[tokio::test(start_paused = true)]
 async fn a_successor_in_a_handover_is_killed_past_its_limit_only_if_it_did_not_take_over() {
-    use limpet::upgrade::SUCCESSOR_LIMIT;
+    use limpet::upgrade::{Taker, SUCCESSOR_LIMIT};
     use std::os::unix::process::ExitStatusExt;
     let mut hung = HungSuccessor::new("upgrade-handing-over");
 
     // A handover under way past the limit: not killed.
     let started = hung.start().await;
-    assert!(hung.successor.handing_over(started.pid() + 1).is_none());
-    let handing_over = hung
-        .successor
-        .handing_over(started.pid())
-        .unwrap_or_else(|| panic!("the successor's ready not known as its own"));
+    assert!(matches!(
+        hung.successor.handing_over(started.pid() + 1),
+        Taker::Other
+    ));
+    let handing_over = hung.handing_over(started.pid());
     tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
     settle().await;
-    signal(started.pid(), rustix::process::Signal::HUP);
+    signal(started.pid(), rustix::process::Signal::TERM);
     let status = started.exit().await;
     assert_eq!(
         status.signal(),
-        Some(libc::SIGHUP),
+        Some(libc::SIGTERM),
         "killed during its handover"
     );
     drop(handing_over);
 
     // The same, and the handover fails: killed then.
     let started = hung.start().await;
-    let handing_over = hung
-        .successor
-        .handing_over(started.pid())
-        .unwrap_or_else(|| panic!("the successor's ready not known as its own"));
+    let handing_over = hung.handing_over(started.pid());
     tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
     settle().await;
     drop(handing_over);
@@ -805,17 +817,36 @@ async fn a_successor_in_a_handover_is_killed_past_its_limit_only_if_it_did_not_t
 
     // It took over: never killed.
     let took = hung.start().await;
-    hung.successor
-        .handing_over(took.pid())
-        .unwrap_or_else(|| panic!("the successor's ready not known as its own"))
-        .took();
+    hung.handing_over(took.pid()).took();
     tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
     settle().await;
-    signal(took.pid(), rustix::process::Signal::HUP);
+    hung.successor.abandon().await;
+    settle().await;
+    signal(took.pid(), rustix::process::Signal::TERM);
     let status = took.exit().await;
     assert_eq!(
         status.signal(),
-        Some(libc::SIGHUP),
+        Some(libc::SIGTERM),
         "killed after it took over"
     );
+}
+
+/// A limpet that stops, or hands over to another process, before its successor took over
+/// kills it at once, well before its limit: the successor can no longer take over from it,
+/// and left running it would start afresh, or take over from whichever limpet listens by
+/// then, with nothing watching it.
+#[tokio::test(start_paused = true)]
+async fn a_successor_abandoned_by_its_starter_is_killed_at_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut hung = HungSuccessor::new("upgrade-abandoned");
+    let started = hung.start().await;
+    let t0 = tokio::time::Instant::now();
+    hung.successor.abandon().await;
+    // `abandon` returns once the kill is sent, or after a second.
+    let at = t0.elapsed();
+    assert!(at < Duration::from_secs(1), "abandoned after {at:?}");
+    let status = started.exit().await;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let again = hung.start().await;
+    drop(again);
 }

@@ -48,6 +48,10 @@ pub struct RunArgs {
     /// refused); this one then listens there for the next (see docs/operations.md).
     #[arg(long, value_name = "PATH")]
     pub upgrade_socket: Option<PathBuf>,
+    /// How long a new limpet that SIGUSR2 started has to say it is ready to take over; past
+    /// it, it is killed and this one serves on (see docs/operations.md).
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = crate::config::parse_duration)]
+    pub upgrade_limit: Duration,
 }
 
 /// Arguments of `limpet check`.
@@ -739,7 +743,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         // SIGUSR2 starts this binary's successor, with these arguments (read now: a package
         // upgrade replaces the file under a running process).
         let successor = match &args.upgrade_socket {
-            Some(_) => crate::upgrade::Successor::of_this_process()
+            Some(_) => crate::upgrade::Successor::of_this_process(args.upgrade_limit)
                 .map_err(|e| tracing::warn!(error = %e, "this binary's path is unknown: SIGUSR2 cannot start a successor"))
                 .ok(),
             None => None,
@@ -763,6 +767,22 @@ pub fn run(args: RunArgs) -> ExitCode {
                         eprintln!(
                             "limpet run: started to take over from pid {}, which no longer listens at {}: not starting",
                             started_by.unwrap_or_default().to_string_lossy(),
+                            path.display()
+                        );
+                        return ExitCode::from(2);
+                    }
+                    Ok(Ok(Some(h)))
+                        if started_by
+                            .as_ref()
+                            .is_some_and(|by| *by != *h.from_pid.to_string()) =>
+                    {
+                        // Started by one limpet, and another listens there now (its starter
+                        // handed over to a third, or stopped and was started anew): this one
+                        // was not started to take over from that one.
+                        eprintln!(
+                            "limpet run: started to take over from pid {}, but pid {} listens at {}: not taking over",
+                            started_by.unwrap_or_default().to_string_lossy(),
+                            h.from_pid,
                             path.display()
                         );
                         return ExitCode::from(2);
@@ -869,8 +889,19 @@ pub fn run(args: RunArgs) -> ExitCode {
             drop(next.take());
             let Some(ready) = ready else { break false };
             // The successor SIGUSR2 started, if it is this taker: its limit waits for the
-            // handover's end.
-            let handing_over = successor.as_ref().and_then(|s| s.handing_over(ready.pid()));
+            // handover's end. One killed as its limit passed, just before its "ready" was
+            // read, is refused before this one stops accepting for it.
+            let taker = successor.as_ref().map(|s| s.handing_over(ready.pid()));
+            let handing_over = match taker {
+                Some(crate::upgrade::Taker::Ours(h)) => Some(h),
+                Some(crate::upgrade::Taker::Killed) => {
+                    tracing::error!("upgrade refused: the new limpet was killed as its limit passed");
+                    drop(ready);
+                    (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
+                    continue;
+                }
+                Some(crate::upgrade::Taker::Other) | None => None,
+            };
             if let Err(why) = crate::notify::may_take_over(ready.pid()) {
                 // Before anything changed hands: the new one hears no "stopping" and exits
                 // without accepting; this one serves on.
@@ -905,6 +936,11 @@ pub fn run(args: RunArgs) -> ExitCode {
             );
             (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
         };
+        // A successor of this one's that did not take over can no longer do so (this one
+        // stops, or another took over): killed, not left behind with no limit watching it.
+        if let Some(s) = &successor {
+            s.abandon().await;
+        }
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
             crate::notify::stopping();
