@@ -423,7 +423,8 @@ pub struct NodeHealth {
 /// What a taker received from the running limpet.
 #[derive(Debug)]
 pub struct Handover {
-    /// The running limpet's process id.
+    /// The running limpet's process id, as the kernel tells it (its socket's credentials),
+    /// not as it says it.
     pub from_pid: u32,
     sockets: Vec<(SocketEntry, OwnedFd)>,
     conn: UnixStream,
@@ -543,7 +544,15 @@ pub fn take_over(path: &Path) -> Result<Option<Handover>, String> {
     conn.set_read_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
     conn.set_write_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
     (&conn).write_all(HELLO).map_err(fail)?;
-    receive(conn).map(Some).map_err(fail)
+    let holder = peer.pid.as_raw_nonzero().get().unsigned_abs();
+    receive(conn)
+        .map(|h| {
+            Some(Handover {
+                from_pid: holder,
+                ..h
+            })
+        })
+        .map_err(fail)
 }
 
 fn invalid(what: &str) -> std::io::Error {
@@ -973,6 +982,8 @@ impl Successor {
         tracing::info!(pid, exe = %self.exe.display(), "SIGUSR2: started a new limpet to take over");
         let wake = std::sync::Arc::new(tokio::sync::Notify::new());
         let (done, done_rx) = tokio::sync::watch::channel(false);
+        // The killed one's "ready" could only have been on its way just as it was killed.
+        slot.killed = None;
         slot.current = Some(Watched {
             pid,
             handing_over: false,
@@ -985,13 +996,18 @@ impl Successor {
         drop(slot);
         let (shared, limit) = (std::sync::Arc::clone(&self.slot), self.limit);
         let exit = tokio::spawn(async move {
-            let until = tokio::time::sleep(limit);
-            tokio::pin!(until);
+            // Dropped once it passed or the successor was killed: a timer left behind would
+            // only be a wake-up for nothing.
+            let mut until = Some(Box::pin(tokio::time::sleep(limit)));
             let mut limit_passed = false;
             let status = loop {
                 tokio::select! {
                     status = child.wait() => break status,
-                    () = &mut until, if !limit_passed => {
+                    () = async { match until.as_mut() {
+                        Some(u) => u.await,
+                        None => std::future::pending().await,
+                    } } => {
+                        until = None;
                         limit_passed = true;
                         if let Some(w) = lock(&shared).current.as_mut().filter(|w| w.pid == pid) {
                             w.limit_passed = true;
@@ -1017,6 +1033,7 @@ impl Successor {
                     // another even while this one's kernel work (a dead mount) holds its exit.
                     slot.current = None;
                     slot.killed = Some(pid);
+                    until = None;
                     let _ = done.send(true);
                 }
             };
@@ -1043,9 +1060,7 @@ impl Successor {
     /// while the returned handover lasts.
     pub fn handing_over(&self, pid: u32) -> Taker<'_> {
         let mut slot = self.slot();
-        if slot.killed == Some(pid) {
-            return Taker::Killed;
-        }
+        let killed = slot.killed == Some(pid);
         match slot.current.as_mut() {
             Some(w) if w.pid == pid => {
                 w.handing_over = true;
@@ -1054,24 +1069,41 @@ impl Successor {
                     pid,
                 })
             }
+            _ if killed => Taker::Killed,
             _ => Taker::Other,
         }
     }
 
     /// This limpet stops, or handed its sockets to another: a successor of its own that did
-    /// not take over can no longer do so, and is killed (it would start afresh, or take over
-    /// from whichever limpet listens by then). Waits at most a second for the kill.
-    pub async fn abandon(&self) {
-        let mut done = {
-            let mut slot = self.slot();
-            let Some(w) = slot.current.as_mut().filter(|w| !w.took) else {
-                return;
-            };
-            w.abandoned = true;
-            w.wake.notify_one();
-            w.done.clone()
+    /// not take over can no longer do so, and is killed by its watcher (left running, it
+    /// would start afresh, or take over from whichever limpet listens by then). Not async: a
+    /// stop must not wait for it before it listens for a second signal; the caller awaits
+    /// [`Abandoned::killed`] later, if it is about to exit.
+    pub fn abandon(&self) -> Abandoned {
+        let mut slot = self.slot();
+        let Some(w) = slot.current.as_mut().filter(|w| !w.took) else {
+            return Abandoned(None);
         };
-        let _ = tokio::time::timeout(Duration::from_secs(1), done.wait_for(|d| *d)).await;
+        w.abandoned = true;
+        // A handover under way ends first: its end decides again.
+        if !w.handing_over {
+            w.wake.notify_one();
+        }
+        Abandoned(Some(w.done.clone()))
+    }
+}
+
+/// A successor abandoned ([`Successor::abandon`]).
+#[derive(Debug)]
+pub struct Abandoned(Option<tokio::sync::watch::Receiver<bool>>);
+
+impl Abandoned {
+    /// Once its watcher killed it (or it exited), or after `within`: the watcher is a task
+    /// of the runtime, which a process about to exit must let run.
+    pub async fn killed(self, within: Duration) {
+        if let Some(mut done) = self.0 {
+            let _ = tokio::time::timeout(within, done.wait_for(|d| *d)).await;
+        }
     }
 }
 

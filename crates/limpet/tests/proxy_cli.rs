@@ -37,6 +37,29 @@ fn bad_arguments_exit_2_with_a_clear_message() {
     }
 }
 
+/// `limpet run --upgrade-limit 0s` is refused before anything else (the config named does
+/// not exist): every successor SIGUSR2 started would be killed at its start. A duration that
+/// does not parse is refused the same way; one that does is taken (the error is then about
+/// the config).
+#[test]
+fn an_upgrade_limit_of_zero_or_no_duration_is_refused() {
+    for (limit, refused) in [("0s", true), ("soon", true), ("2m", false)] {
+        let out = limpet()
+            .args([
+                "run",
+                "-c",
+                "/nonexistent/limpet.toml",
+                "--upgrade-limit",
+                limit,
+            ])
+            .output()
+            .expect("run limpet");
+        assert_eq!(out.status.code(), Some(2), "{limit}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.contains("--upgrade-limit"), refused, "{limit}: {err}");
+    }
+}
+
 /// Kills the child on drop, so a failing assertion does not leak a process.
 struct Child(std::process::Child);
 

@@ -440,18 +440,65 @@ async fn a_successor_that_took_over_outlives_its_limit_while_the_old_one_drains(
 }
 
 /// A successor hung reading its config (a FIFO nobody writes in place of the file, as a
-/// mount that does not answer) is killed when the limpet that started it stops, long before
-/// its limit: it could no longer take over from it, and nothing would watch it any more.
+/// mount that does not answer) is killed, long before its limit, when the limpet that
+/// started it stops, or when another limpet takes over from that one: it could no longer
+/// take over from its starter, and nothing would watch it any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_hung_on_its_config_is_killed_when_its_starter_stops() {
     let (_nodes, port) = backend_nodes(&NODES).await;
     let cfg = ConfigFile::new("notify-usr2-abandoned", &config(port));
     let notify = Notify::bind(&cfg.dir);
+    let (mut guard, successor) = hung_successor(&cfg, &notify).await;
+    let old = guard.child.as_ref().map_or(0, Child::id);
+    stops_on_sigterm(&notify, &mut guard, old).await;
+    until_gone(successor).await;
+    let text = std::fs::read_to_string(cfg.dir.join("limpet.err")).unwrap_or_default();
+    assert!(
+        text.contains("can no longer take over: killing it"),
+        "{text}"
+    );
+}
+
+/// The same when an operator's own `limpet run` (another config file, the same listeners and
+/// upgrade socket) takes over from the starter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_hung_on_its_config_is_killed_when_another_limpet_takes_over() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("notify-usr2-overtaken", &config(port));
+    let notify = Notify::bind(&cfg.dir);
+    let (mut guard, successor) = hung_successor(&cfg, &notify).await;
+    let old = guard.child.take();
+    let other = ConfigFile::new("notify-usr2-other", &config(port));
+    let other_notify = Notify::bind(&other.dir);
+    let (mut other_guard, _, _) =
+        start(&other, &other_notify, Some(&cfg.dir.join("upgrade.sock"))).await;
+    let status = tokio::task::spawn_blocking(move || {
+        old.map(|mut c| c.wait().unwrap_or_else(|e| panic!("{e}")))
+    });
+    let status = tokio::time::timeout(PATIENCE, status)
+        .await
+        .unwrap_or_else(|_| panic!("the old limpet did not exit"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    until_gone(successor).await;
+    let text = std::fs::read_to_string(cfg.dir.join("limpet.err")).unwrap_or_default();
+    assert!(
+        text.contains("can no longer take over: killing it"),
+        "{text}"
+    );
+    let new = other_guard.child.as_ref().map_or(0, Child::id);
+    assert_eq!(field(&other_notify.next().await.1, "READY"), Some("1"));
+    stops_on_sigterm(&other_notify, &mut other_guard, new).await;
+}
+
+/// A `limpet run --upgrade-socket` started with `cfg`, told SIGUSR2 once its config is a FIFO
+/// nobody writes: the successor it starts hangs reading it. The running limpet, and the
+/// successor's pid (from the running one's log).
+async fn hung_successor(cfg: &ConfigFile, notify: &Notify) -> (KillAll, u32) {
     let sock = cfg.dir.join("upgrade.sock");
-    let (mut guard, _, _) = start(&cfg, &notify, Some(&sock)).await;
+    let (guard, _, _) = start(cfg, notify, Some(&sock)).await;
     let old = guard.child.as_ref().map_or(0, Child::id);
     assert_eq!(field(&notify.next().await.1, "READY"), Some("1"));
-
     fifo_in_place_of(&cfg.path);
     signal(old, "USR2");
     let log = cfg.dir.join("limpet.err");
@@ -474,13 +521,7 @@ async fn a_successor_hung_on_its_config_is_killed_when_its_starter_stops() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(!gone(successor));
-    stops_on_sigterm(&notify, &mut guard, old).await;
-    until_gone(successor).await;
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        text.contains("can no longer take over: killing it"),
-        "{text}"
-    );
+    (guard, successor)
 }
 
 /// A limpet started to take over from one pid (`LIMPET_UPGRADE_FROM`) that finds another

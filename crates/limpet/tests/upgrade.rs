@@ -629,7 +629,7 @@ fn worker_threads() -> Vec<String> {
 }
 
 /// A successor started as SIGUSR2 starts one (the real binary, `run -c FILE
-/// --upgrade-socket SOCK`, given `SUCCESSOR_LIMIT`), whose config is a FIFO the test holds
+/// --upgrade-socket SOCK`, given `SUCCESSOR_LIMIT` unless said), whose config is a FIFO the test holds
 /// open and never writes: it hangs reading it, before it connects, as one whose config is on
 /// a mount that does not answer.
 struct HungSuccessor {
@@ -640,6 +640,10 @@ struct HungSuccessor {
 
 impl HungSuccessor {
     fn new(tag: &str) -> HungSuccessor {
+        HungSuccessor::with_limit(tag, limpet::upgrade::SUCCESSOR_LIMIT)
+    }
+
+    fn with_limit(tag: &str, limit: Duration) -> HungSuccessor {
         let cfg = ConfigFile::new(tag, "");
         fifo_in_place_of(&cfg.path);
         let args = ["run", "--threads", "1", "-c"]
@@ -654,7 +658,7 @@ impl HungSuccessor {
         let successor = limpet::upgrade::Successor::new(
             PathBuf::from(env!("CARGO_BIN_EXE_limpet")),
             args,
-            limpet::upgrade::SUCCESSOR_LIMIT,
+            limit,
         );
         HungSuccessor {
             successor,
@@ -820,7 +824,10 @@ async fn a_successor_in_a_handover_is_killed_past_its_limit_only_if_it_did_not_t
     hung.handing_over(took.pid()).took();
     tokio::time::advance(SUCCESSOR_LIMIT * 2).await;
     settle().await;
-    hung.successor.abandon().await;
+    hung.successor
+        .abandon()
+        .killed(Duration::from_secs(1))
+        .await;
     settle().await;
     signal(took.pid(), rustix::process::Signal::TERM);
     let status = took.exit().await;
@@ -832,21 +839,24 @@ async fn a_successor_in_a_handover_is_killed_past_its_limit_only_if_it_did_not_t
 }
 
 /// A limpet that stops, or hands over to another process, before its successor took over
-/// kills it at once, well before its limit: the successor can no longer take over from it,
-/// and left running it would start afresh, or take over from whichever limpet listens by
-/// then, with nothing watching it.
+/// kills it at once, long before its limit (a year here): the successor can no longer take
+/// over from it, and left running it would start afresh, or take over from whichever limpet
+/// listens by then, with nothing watching it.
 #[tokio::test(start_paused = true)]
 async fn a_successor_abandoned_by_its_starter_is_killed_at_once() {
     use std::os::unix::process::ExitStatusExt;
-    let mut hung = HungSuccessor::new("upgrade-abandoned");
+    let mut hung =
+        HungSuccessor::with_limit("upgrade-abandoned", Duration::from_secs(365 * 86_400));
     let started = hung.start().await;
     let t0 = tokio::time::Instant::now();
-    hung.successor.abandon().await;
-    // `abandon` returns once the kill is sent, or after a second.
-    let at = t0.elapsed();
-    assert!(at < Duration::from_secs(1), "abandoned after {at:?}");
+    hung.successor
+        .abandon()
+        .killed(Duration::from_secs(1))
+        .await;
     let status = started.exit().await;
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let at = t0.elapsed();
+    assert!(at < Duration::from_secs(1), "killed after {at:?}");
     let again = hung.start().await;
     drop(again);
 }

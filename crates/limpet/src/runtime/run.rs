@@ -50,8 +50,16 @@ pub struct RunArgs {
     pub upgrade_socket: Option<PathBuf>,
     /// How long a new limpet that SIGUSR2 started has to say it is ready to take over; past
     /// it, it is killed and this one serves on (see docs/operations.md).
-    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = crate::config::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = upgrade_limit)]
     pub upgrade_limit: Duration,
+}
+
+/// `--upgrade-limit`: a duration, not zero (every successor would be killed at its start).
+fn upgrade_limit(s: &str) -> Result<Duration, String> {
+    match crate::config::parse_duration(s)? {
+        d if d.is_zero() => Err("a successor needs some time to start; not 0".into()),
+        d => Ok(d),
+    }
 }
 
 /// Arguments of `limpet check`.
@@ -938,9 +946,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         };
         // A successor of this one's that did not take over can no longer do so (this one
         // stops, or another took over): killed, not left behind with no limit watching it.
-        if let Some(s) = &successor {
-            s.abandon().await;
-        }
+        let abandoned = successor.as_ref().map(crate::upgrade::Successor::abandon);
         if !handed_over {
             tracing::info!("shutting down: draining listeners, saving snapshots");
             crate::notify::stopping();
@@ -960,6 +966,11 @@ pub fn run(args: RunArgs) -> ExitCode {
                 runtime.cut_now();
                 let _ = tokio::time::timeout(SECOND_SIGNAL_GRACE, &mut stop).await;
             }
+        }
+        // The abandoned successor's watcher has run by now, but for a drain that never
+        // waited: a second, at most, to send its kill.
+        if let Some(a) = abandoned {
+            a.killed(Duration::from_secs(1)).await;
         }
         // Its last words to systemd (STOPPING=1, or the new main process after an upgrade)
         // go out before it exits.
