@@ -36,11 +36,10 @@
 //! ([`SUCCESSOR_LIMIT`] by default; hung on its config's mount) is killed by it. A taker
 //! that hears no "stopping" within [`HANDOVER_LIMIT`], or cannot say "took", exits without
 //! having accepted anything, so two processes never serve one socket with tables of their
-//! own. Past
-//! "stopping" the holder takes no client until it has heard "took" or given up on it: a taker
-//! that dies there costs a wait in the accept queues, not a refused client. The pins and
-//! states cross once the holder has stopped accepting, so none it made meanwhile is left
-//! behind (but for what its requests still in flight do while it drains).
+//! own. Past "stopping" the holder takes no client until it has heard "took" or given up on
+//! it: a taker that dies there costs a wait in the accept queues, not a refused client. The
+//! pins and states cross once the holder has stopped accepting, so none it made meanwhile is
+//! left behind (but for what its requests still in flight do while it drains).
 //!
 //! Linux only (`SO_PEERCRED`, `SCM_RIGHTS` with close-on-exec), like the rest of limpet's
 //! socket handling.
@@ -1124,6 +1123,11 @@ pub struct HandingOver<'a> {
 impl HandingOver<'_> {
     /// The successor took over: it is the service's main process, never killed by this one.
     pub fn took(self) {
+        self.with_successor(|w| w.took = true);
+    }
+
+    /// `f` on the successor's state, if it is still the one watched.
+    fn with_successor(&self, f: impl FnOnce(&mut Watched)) {
         if let Some(w) = self
             .successor
             .slot()
@@ -1131,25 +1135,19 @@ impl HandingOver<'_> {
             .as_mut()
             .filter(|w| w.pid == self.pid)
         {
-            w.took = true;
+            f(w);
         }
     }
 }
 
 impl Drop for HandingOver<'_> {
     fn drop(&mut self) {
-        if let Some(w) = self
-            .successor
-            .slot()
-            .current
-            .as_mut()
-            .filter(|w| w.pid == self.pid)
-        {
+        self.with_successor(|w| {
             w.handing_over = false;
             if w.to_kill() {
                 w.wake.notify_one();
             }
-        }
+        });
     }
 }
 

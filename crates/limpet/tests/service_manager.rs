@@ -538,8 +538,22 @@ async fn a_successor_does_not_take_over_from_a_limpet_other_than_its_starter() {
     let running = guard.child.as_ref().map_or(0, Child::id);
     assert_eq!(field(&notify.next().await.1, "READY"), Some("1"));
     let pinned = node_for("127.0.0.71", web).await;
+    let out = successor_of_another(&cfg.path, &sock, "it took over").await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("but pid {running} listens")), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    assert!(!gone(running));
+    assert_eq!(node_for("127.0.0.71", web).await, pinned);
+    stops_on_sigterm(&notify, &mut guard, running).await;
+}
+
+/// `limpet run -c CONFIG --upgrade-socket SOCK` as if started for an upgrade by a limpet of
+/// a pid that none has (`LIMPET_UPGRADE_FROM`, above the kernel's largest), once it exited
+/// (within `PATIENCE`, else it did what `not` says).
+async fn successor_of_another(config: &Path, sock: &Path, not: &str) -> std::process::Output {
     let out = tokio::task::spawn_blocking({
-        let (path, sock) = (cfg.path.clone(), sock.clone());
+        let (path, sock) = (config.to_owned(), sock.to_owned());
         move || {
             Command::new(env!("CARGO_BIN_EXE_limpet"))
                 .args(["run", "--threads", "1", "-c"])
@@ -551,18 +565,11 @@ async fn a_successor_does_not_take_over_from_a_limpet_other_than_its_starter() {
                 .output()
         }
     });
-    let out = tokio::time::timeout(PATIENCE, out)
+    tokio::time::timeout(PATIENCE, out)
         .await
-        .unwrap_or_else(|_| panic!("limpet did not exit: it took over"))
+        .unwrap_or_else(|_| panic!("limpet did not exit: {not}"))
         .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains(&format!("but pid {running} listens")), "{err}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
-    assert!(!gone(running));
-    assert_eq!(node_for("127.0.0.71", web).await, pinned);
-    stops_on_sigterm(&notify, &mut guard, running).await;
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A limpet started by a running one for an upgrade (`LIMPET_UPGRADE_FROM` set), that finds
@@ -578,24 +585,7 @@ async fn a_successor_whose_starter_stopped_does_not_start_afresh() {
         config: cfg.path.clone(),
         child: None,
     };
-    let out = tokio::task::spawn_blocking({
-        let (path, sock) = (cfg.path.clone(), sock.clone());
-        move || {
-            Command::new(env!("CARGO_BIN_EXE_limpet"))
-                .args(["run", "--threads", "1", "-c"])
-                .arg(&path)
-                .arg("--upgrade-socket")
-                .arg(&sock)
-                .env("LIMPET_UPGRADE_FROM", "4194321")
-                .stdin(Stdio::null())
-                .output()
-        }
-    });
-    let out = tokio::time::timeout(PATIENCE, out)
-        .await
-        .unwrap_or_else(|_| panic!("limpet did not exit: it started afresh"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = successor_of_another(&cfg.path, &sock, "it started afresh").await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no longer listens"), "{err}");
