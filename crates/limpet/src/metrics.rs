@@ -531,6 +531,7 @@ impl Metrics {
             "refresh",
             "adopt",
             "invalidation",
+            "unknown-node",
             "error",
         ] {
             let _ = self.store_ops.get_or_create(&StoreOpLabels { op });

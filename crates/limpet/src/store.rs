@@ -78,6 +78,11 @@ const ECHO_WAIT_MS: u64 = 2_000;
 #[derive(Debug, Default)]
 struct OwnRepins(HashMap<(Arc<str>, TableKey), (u32, u64)>);
 
+/// Pins from the store to nodes this instance has not got, logged once per interval.
+static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
+    "a pin in the store names a node this instance does not have: ignored",
+);
+
 impl OwnRepins {
     /// A re-pin of `key` is on its way.
     fn sent(&mut self, table: &Arc<str>, key: &TableKey, now: u64) {
@@ -194,6 +199,7 @@ struct Counts {
     overwrites: AtomicU64,
     refreshes: AtomicU64,
     invalidations: AtomicU64,
+    unknown_nodes: AtomicU64,
     republished: AtomicU64,
     resyncs: AtomicU64,
     errors: AtomicU64,
@@ -224,6 +230,9 @@ pub struct StoreStatus {
     pub refreshes: u64,
     /// Re-pins of other instances applied to local entries.
     pub invalidations: u64,
+    /// Pins from the store (a message, a GET, a write that lost, a refresh) naming a node
+    /// this instance has not got: left alone.
+    pub unknown_nodes: u64,
     /// Pins published with create-if-absent after the store was away.
     pub republished: u64,
     /// Full resyncs done (every local pin published: after the store or the subscription
@@ -564,6 +573,7 @@ impl Store {
             get_hits: g(&c.get_hits),
             creates: g(&c.creates),
             adopted: g(&c.adopted),
+            unknown_nodes: g(&c.unknown_nodes),
             overwrites: g(&c.overwrites),
             refreshes: g(&c.refreshes),
             invalidations: g(&c.invalidations),
@@ -586,6 +596,15 @@ impl Store {
         k.push(b':');
         encode_key(key, &mut k);
         k
+    }
+
+    /// A pin from the store names a node this instance has not got (another instance's
+    /// config, or anyone who can write the store): left alone, counted, and logged once per
+    /// interval. It must not add a name (the list only grows).
+    pub(crate) fn unknown_node(&self, name: &str) {
+        self.counts.unknown_nodes.fetch_add(1, Ordering::Relaxed);
+        self.count("unknown-node", 1);
+        UNKNOWN_NODES.note_with(|| format!("node {:?}", name.chars().take(64).collect::<String>()));
     }
 
     fn count(&self, op: &'static str, n: u64) {
@@ -691,17 +710,22 @@ impl Store {
             let mut t = lock(&entries);
             let s = t.store_mut();
             let current = s.peek(key, now).and_then(|r| s.node_name(r));
-            current == Some(tried)
-                && s.intern(winner).is_some_and(|w| {
-                    s.put(key, w, now);
-                    true
-                })
+            if current != Some(tried) {
+                return;
+            }
+            let w = s.known(winner);
+            if let Some(w) = w {
+                s.put(key, w, now);
+            }
+            w.is_some()
         };
-        if adopted {
-            self.counts.adopted.fetch_add(1, Ordering::Relaxed);
-            self.count("adopt", 1);
-            (self.left)(tried, key);
+        if !adopted {
+            self.unknown_node(winner);
+            return;
         }
+        self.counts.adopted.fetch_add(1, Ordering::Relaxed);
+        self.count("adopt", 1);
+        (self.left)(tried, key);
     }
 
     /// Another instance (or this one) re-pinned `key`: a local entry follows; a key this
@@ -731,7 +755,9 @@ impl Store {
             if was.as_deref() == Some(node) {
                 return;
             }
-            let Some(r) = s.intern(node) else {
+            let Some(r) = s.known(node) else {
+                drop(t);
+                self.unknown_node(node);
                 return;
             };
             s.put(key.as_key_ref(), r, now);

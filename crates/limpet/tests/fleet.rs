@@ -1065,6 +1065,68 @@ async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh(
     sc.stop().await;
 }
 
+/// A pin in the store to a node this instance has not got (another instance's config, or
+/// anyone who can write the store) is left alone, whichever way it comes: a re-pin message,
+/// the expiry refresh reading it back, a first request's GET and the create that lost to it.
+/// The clients keep or get a configured node, and the table's list of node names does not
+/// grow: it grew by one name for each distinct value, for the table's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_in_the_store_to_a_node_no_config_has_is_left_alone() {
+    let sc = Alone::start("ghost", "2s").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let names = || {
+        let state = a.running.runtime().state();
+        let t = state.table("terminal").expect("table");
+        let g = t.lock();
+        g.store().names().len()
+    };
+    let src = "127.0.11.30";
+    let (first, key) = sc.pin_in_store(src).await;
+    let before = names();
+    let mut c = redis.conn().await.expect("connect");
+    for i in 0..100 {
+        redis::cmd("PUBLISH")
+            .arg("limpet:pins")
+            .arg(format!("terminal\nGHOST-{i}\nip:{src}"))
+            .query_async::<()>(&mut c)
+            .await
+            .expect("PUBLISH");
+    }
+    redis::cmd("SET")
+        .arg(&key)
+        .arg("GHOST-STORED")
+        .arg("PX")
+        .arg(2000)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("SET");
+    let fresh = "127.0.11.31";
+    redis::cmd("SET")
+        .arg(format!("limpet:terminal:ip:{fresh}"))
+        .arg("GHOST-FIRST")
+        .arg("PX")
+        .arg(60_000)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("SET");
+    let got = a.http(fresh).await;
+    assert!(NODES.iter().any(|(n, _)| *n == got), "{got}");
+    // 100 messages, the fresh client's GET and its create's answer, and at least one
+    // refresh of the first client's pin (it is used, so refreshed every second).
+    until("every pin to an unknown node was seen", async || {
+        a.http(src).await;
+        a.status().unknown_nodes >= 103
+    })
+    .await;
+    assert_eq!(a.http(src).await, first);
+    assert_eq!(a.pin(src).as_deref(), Some(first.as_str()));
+    assert_eq!(a.pin(fresh).as_deref(), Some(got.as_str()));
+    assert_eq!(names(), before, "names from the store were added");
+    let st = a.status();
+    assert_eq!((st.adopted, st.invalidations), (0, 0), "{st:?}");
+    sc.stop().await;
+}
+
 /// A reload that changes nothing about the store keeps the carried tables' pins without
 /// sending any of them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -703,6 +703,10 @@ impl AffinityStore for LruTable {
         self.names.intern(name)
     }
 
+    fn known(&self, name: &str) -> Option<NodeRef> {
+        self.names.get(name)
+    }
+
     fn node_name(&self, node: NodeRef) -> Option<&str> {
         self.names.name(node)
     }

@@ -27,7 +27,8 @@ impl NodeRef {
 #[derive(Debug, Clone, Default)]
 pub struct NodeNames {
     names: Vec<Box<str>>,
-    // Fixed-seed hasher: names come from configuration and snapshots, never from requests.
+    // Fixed-seed hasher: names come from configuration and snapshots, never from requests
+    // (a shared store's names are only looked up: `AffinityStore::known`).
     index: FxHashMap<Box<str>, NodeRef>,
 }
 

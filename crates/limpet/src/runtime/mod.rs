@@ -257,8 +257,14 @@ impl Table {
         // A concurrent request may have pinned it meanwhile: its write is on its way to the
         // store (and adopts the store's node if it lost).
         if s.peek(key, now).is_none() {
-            if let Some(r) = limpet_core::table::AffinityStore::intern(s, &node) {
-                limpet_core::table::AffinityStore::put(s, key, r, now);
+            match limpet_core::table::AffinityStore::known(s, &node) {
+                Some(r) => {
+                    limpet_core::table::AffinityStore::put(s, key, r, now);
+                }
+                None => {
+                    drop(t);
+                    store.unknown_node(&node);
+                }
             }
         }
     }
