@@ -179,6 +179,59 @@ async fn the_access_log_writes_one_line_per_request_without_the_query() {
     drop(child);
 }
 
+/// An extension method of any length is a valid request (passed to the node, which answers
+/// it), but the access log writes its first 32 characters and `...`: the log queue counts
+/// lines, and a stalled log reader would otherwise hold a head's worth (64 KiB) per line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_clips_a_long_method() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ns = nodes(&["a"]).await;
+    let mut cmd = limpet();
+    cmd.arg("proxy")
+        .arg("--to")
+        .arg(format!("solo={}", ns[0].addr))
+        .env("RUST_LOG", "warn,limpet::access=info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped());
+    let (mut child, addr) = start_quick(cmd).await;
+    let stderr = child.0.stderr.take().expect("stderr");
+    let method = "X".repeat(20_000);
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    s.write_all(format!("{method} / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_end(&mut answer),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .expect("read");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 "),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    let read = tokio::task::spawn_blocking(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("limpet::access"))
+    });
+    let logged = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("an access log line within 10 s")
+        .expect("join")
+        .expect("an access log line");
+    let clipped = format!("method={}... ", &method[..32]);
+    assert!(logged.contains(&clipped), "{logged:?}");
+    assert!(logged.len() < 1_000, "{} bytes", logged.len());
+    drop(child);
+}
+
 /// The access log line is written when the answer ends, and says how it ended: a whole
 /// answer `end=done` with its body bytes; one whose node failed after its head went out
 /// keeps its status (the client got a 200 head) but says `end=node-error` and the bytes

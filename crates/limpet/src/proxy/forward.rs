@@ -159,7 +159,7 @@ impl AccessLine {
         tracing::info!(
             target: "limpet::access",
             id = %self.id.as_str(),
-            method = %self.method,
+            method = %crate::logging::access::Method(&self.method),
             path = %path,
             node = %node,
             status = %Or(self.head.map(|(s, _)| s)),
