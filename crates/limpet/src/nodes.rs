@@ -62,8 +62,10 @@ pub struct NodeRuntime {
     active: AtomicU32,
     tunnels: AtomicU64,
     seen: Mutex<SeenWindow>,
-    /// Bumped on every operator command, so a stale drain timer knows it is stale.
-    command: AtomicU64,
+    /// Bumped on every operator command, so a stale drain timer knows it is stale (and
+    /// ends at once, [`Self::superseded`]: commands with far deadlines, posted again and
+    /// again, would otherwise leave a sleeping task each until its deadline).
+    command: watch::Sender<u64>,
     /// When the node last changed state (ms), for "time in state".
     since_ms: AtomicU64,
     /// The node's connection limit and its queue (HAProxy's `maxconn` / `maxqueue`).
@@ -183,7 +185,7 @@ impl NodeRuntime {
             active: AtomicU32::new(0),
             tunnels: AtomicU64::new(0),
             seen: Mutex::new(seen_window_of(seen_window)),
-            command: AtomicU64::new(0),
+            command: watch::channel(0).0,
             since_ms: AtomicU64::new(clock::now_ms()),
             admission: Admission::default(),
             moves: Mutex::new(MoveWatchers::new()),
@@ -484,11 +486,18 @@ impl NodeRuntime {
 
     /// Notes an operator command; returns its number (for drain timers).
     pub fn command(&self) -> u64 {
-        self.command.fetch_add(1, Ordering::Relaxed) + 1
+        let mut n = 0;
+        self.command.send_modify(|c| {
+            *c += 1;
+            n = *c;
+        });
+        n
     }
 
-    pub fn current_command(&self) -> u64 {
-        self.command.load(Ordering::Relaxed)
+    /// Once an operator command after command `n` came.
+    pub async fn superseded(&self, n: u64) {
+        let mut commands = self.command.subscribe();
+        let _ = commands.wait_for(|&c| c != n).await;
     }
 
     /// Sets the node's connection limit (`None`: unlimited) and how many requests or

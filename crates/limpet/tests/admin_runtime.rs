@@ -38,6 +38,40 @@ async fn pin_to(client: &reqwest::Client, url: &str, want: &str) -> String {
     panic!("never assigned to {want}");
 }
 
+/// A drain command with a deadline keeps a timer (for its log line at the deadline) only
+/// until the next command to the node: automation that posts drains with far deadlines
+/// again and again leaves no sleeping task behind for each. Before, each stayed until its
+/// deadline, up to a year.
+#[tokio::test]
+async fn a_superseded_drain_deadline_leaves_no_timer_behind() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("drain-timers", &config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = alive();
+    for _ in 0..50 {
+        let v = set_state(&l, "a", r#"{"state":"drain","deadline_secs":31536000}"#).await;
+        assert_eq!(v["state"], "DRAIN");
+    }
+    let v = set_state(&l, "a", r#"{"state":"ready"}"#).await;
+    assert_eq!(v["state"], "UP", "{v}");
+    // The timers end as they next run; the admin connections' tasks as their clients go.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while alive() > before + 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} tasks alive, {before} before 50 drain commands",
+            alive()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    l.stop().await;
+}
+
 #[tokio::test]
 async fn drain_keeps_pins_then_the_deadline_repins_and_maint_repins_at_once() {
     let (_nodes, port) = backend_nodes(&NODES).await;

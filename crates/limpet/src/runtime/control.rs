@@ -200,13 +200,15 @@ impl Control for RuntimeControl {
             deadline: Some(d), ..
         } = cmd
         {
+            // Only a log line at the deadline (the deadline itself is the node's state); it
+            // ends with the next command to the node.
             tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                if rt.current_command() == n {
-                    tracing::info!(
+                tokio::select! {
+                    () = tokio::time::sleep(d) => tracing::info!(
                         node = rt.name(),
                         "drain deadline: sessions re-pinned and closed over the spread window"
-                    );
+                    ),
+                    () = rt.superseded(n) => {}
                 }
             });
         }
