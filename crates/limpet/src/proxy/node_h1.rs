@@ -214,6 +214,22 @@ impl H1Conn {
         &self.buf[self.start..self.end]
     }
 
+    /// Before the connection waits in a pool: buffers grown for one large answer head (up to
+    /// 416 KiB) or request head (up to 64 KiB) go back to their usual size, so that an idle
+    /// connection holds 16 KiB whatever its last exchange was (HAProxy's one buffer per
+    /// connection). A connection put back has nothing unread (`idle_ok`): the read buffer is
+    /// simply made anew.
+    pub(crate) fn shrink_for_idle(&mut self) {
+        if self.buf.len() > READ_CHUNK && self.start == self.end {
+            self.buf = vec![0; READ_CHUNK];
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.out.capacity() > READ_CHUNK {
+            self.out = Vec::with_capacity(512);
+        }
+    }
+
     fn consume(&mut self, n: usize) {
         self.start += n;
         if self.start == self.end {
@@ -799,6 +815,46 @@ fn parse_trailers(bytes: &[u8]) -> Result<HeaderMap, BoxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection whose last answer head grew its read buffer (a node's 100 KiB head, read
+    /// for real) and whose last request head grew its write buffer goes into the pool with
+    /// 16 KiB and comes out of it so; before, each idle connection kept what its largest
+    /// exchange had grown, up to 416 KiB read and 64 KiB write, 1,024 of them per node.
+    #[tokio::test]
+    async fn a_connection_goes_idle_with_its_usual_buffers() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let conns = Arc::new(NodeConns::new(
+            addr,
+            4,
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(1),
+            None,
+        ));
+        let mut conn = conns
+            .connect_h1(std::time::Duration::from_secs(1))
+            .await
+            .expect("connect");
+        let (mut node, _) = listener.accept().await.expect("accept");
+        let big = vec![b'x'; 100 * 1024];
+        node.write_all(&big).await.expect("write");
+        while conn.end - conn.start < big.len() {
+            assert!(conn.fill().await.expect("read") > 0, "the node closed");
+        }
+        assert!(conn.buf.len() > 100 * 1024, "{}", conn.buf.len());
+        conn.consume(big.len());
+        conn.out.reserve(64 * 1024);
+        conns.recycle_h1(conn);
+        let conn = conns
+            .checkout_h1(tokio::time::Instant::now())
+            .expect("the idle connection");
+        assert_eq!(conn.buf.len(), READ_CHUNK);
+        assert!(conn.out.capacity() <= READ_CHUNK, "{}", conn.out.capacity());
+        drop(node);
+    }
 
     fn head(text: &str, head_request: bool) -> Result<(u16, Framing, bool, usize), String> {
         match parse_head(text.as_bytes(), head_request, &mut NameCache::default()) {

@@ -276,10 +276,11 @@ impl NodeConns {
 
     /// Puts a connection of the request-driven path back, its answer fully read: at once,
     /// no task (up to `max_idle`, the oldest dropped first).
-    pub(crate) fn recycle_h1(self: &Arc<Self>, conn: H1Conn) {
+    pub(crate) fn recycle_h1(self: &Arc<Self>, mut conn: H1Conn) {
         if self.max_idle == 0 {
             return;
         }
+        conn.shrink_for_idle();
         let now = Instant::now();
         let mut idle = self.idle_h1.lock().unwrap_or_else(|e| e.into_inner());
         self.prune_h1(&mut idle, now);
