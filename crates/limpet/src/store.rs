@@ -75,8 +75,25 @@ const ECHO_WAIT_MS: u64 = 2_000;
 /// Applied, it would move the entry back to an older node (until the next message moved it
 /// again) and end the session's connections on the node the entry holds: a request that
 /// fails over twice publishes two re-pins, and two instances re-pinning one key cross.
-#[derive(Debug, Default)]
-struct OwnRepins(HashMap<(Arc<str>, TableKey), (u32, u64)>);
+#[derive(Debug)]
+struct OwnRepins {
+    keys: HashMap<(Arc<str>, TableKey), (u32, u64)>,
+    /// The size at which the next sweep of expired entries runs: twice what the last one
+    /// left (at least [`REPINS_KEPT`]), so that a storm of re-pins all still awaited (a
+    /// large node going DOWN) costs each insert O(1), not a sweep of the whole map.
+    sweep_at: usize,
+    sweeps: u64,
+}
+
+impl Default for OwnRepins {
+    fn default() -> Self {
+        OwnRepins {
+            keys: HashMap::new(),
+            sweep_at: REPINS_KEPT,
+            sweeps: 0,
+        }
+    }
+}
 
 /// Pins from the store to nodes this instance has not got, logged once per interval.
 static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
@@ -86,11 +103,13 @@ static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::n
 impl OwnRepins {
     /// A re-pin of `key` is on its way.
     fn sent(&mut self, table: &Arc<str>, key: &TableKey, now: u64) {
-        if self.0.len() >= REPINS_KEPT {
-            self.0.retain(|_, (_, until)| *until >= now);
+        if self.keys.len() >= self.sweep_at {
+            self.keys.retain(|_, (_, until)| *until >= now);
+            self.sweep_at = REPINS_KEPT.max(2 * self.keys.len());
+            self.sweeps += 1;
         }
         let e = self
-            .0
+            .keys
             .entry((Arc::clone(table), key.clone()))
             .or_insert((0, 0));
         e.0 += 1;
@@ -100,10 +119,10 @@ impl OwnRepins {
     /// A re-pin of `key` did not reach the store: no echo will come for it.
     fn not_sent(&mut self, table: &Arc<str>, key: &TableKey) {
         let k = (Arc::clone(table), key.clone());
-        if let Some((n, _)) = self.0.get_mut(&k) {
+        if let Some((n, _)) = self.keys.get_mut(&k) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.0.remove(&k);
+                self.keys.remove(&k);
             }
         }
     }
@@ -112,16 +131,16 @@ impl OwnRepins {
     /// key is still on its way back: the message is its echo, or older).
     fn skip(&mut self, table: &str, key: &TableKey, now: u64) -> bool {
         let k = (Arc::from(table), key.clone());
-        match self.0.get_mut(&k) {
+        match self.keys.get_mut(&k) {
             Some((n, until)) if *until >= now && *n > 0 => {
                 *n -= 1;
                 if *n == 0 {
-                    self.0.remove(&k);
+                    self.keys.remove(&k);
                 }
                 true
             }
             Some(_) => {
-                self.0.remove(&k);
+                self.keys.remove(&k);
                 false
             }
             None => false,
@@ -1244,7 +1263,34 @@ mod tests {
         // Its echo lost: it holds the key back no longer than the wait.
         own.sent(&t, &k, 3_000);
         assert!(!own.skip("terminal", &k, 3_000 + ECHO_WAIT_MS + 1));
-        assert!(own.0.is_empty(), "nothing kept");
+        assert!(own.keys.is_empty(), "nothing kept");
+    }
+
+    /// A storm of re-pins all still awaited (a large node going DOWN: more than 65,536 keys
+    /// within the echo wait) sweeps the map once, not at every insert past 65,536 (which made
+    /// the storm quadratic: 1,000 sweeps of the whole map here, and one per key beyond);
+    /// entries past the wait are still swept once the map reaches the next threshold.
+    #[test]
+    fn a_storm_of_re_pins_sweeps_the_awaited_ones_once() {
+        let mut own = OwnRepins::default();
+        let t: Arc<str> = Arc::from("terminal");
+        let key = |i: u32| KeyRef::v4(std::net::Ipv4Addr::from(i)).to_key();
+        let n = REPINS_KEPT as u32 + 1_000;
+        for i in 0..n {
+            own.sent(&t, &key(i), 1_000);
+        }
+        assert_eq!(own.keys.len(), n as usize, "every one still awaited");
+        assert_eq!(own.sweeps, 1);
+        // Past the wait, the next sweep takes them all.
+        let later = 1_000 + ECHO_WAIT_MS + 1;
+        let mut i = n;
+        while own.sweeps == 1 {
+            own.sent(&t, &key(i), later);
+            i += 1;
+        }
+        assert_eq!(own.keys.len(), (i - n) as usize, "only the new ones left");
+        assert!(own.skip("terminal", &key(n), later), "a new one is awaited");
+        assert!(!own.skip("terminal", &key(0), later), "an old one is not");
     }
 
     #[test]
