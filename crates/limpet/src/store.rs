@@ -116,13 +116,21 @@ impl OwnRepins {
         e.1 = now + ECHO_WAIT_MS;
     }
 
+    /// Forgets `k`; an empty map sweeps again at the usual size, not at twice a storm's.
+    fn remove(&mut self, k: &(Arc<str>, TableKey)) {
+        self.keys.remove(k);
+        if self.keys.is_empty() {
+            self.sweep_at = REPINS_KEPT;
+        }
+    }
+
     /// A re-pin of `key` did not reach the store: no echo will come for it.
     fn not_sent(&mut self, table: &Arc<str>, key: &TableKey) {
         let k = (Arc::clone(table), key.clone());
         if let Some((n, _)) = self.keys.get_mut(&k) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.keys.remove(&k);
+                self.remove(&k);
             }
         }
     }
@@ -135,12 +143,12 @@ impl OwnRepins {
             Some((n, until)) if *until >= now && *n > 0 => {
                 *n -= 1;
                 if *n == 0 {
-                    self.keys.remove(&k);
+                    self.remove(&k);
                 }
                 true
             }
             Some(_) => {
-                self.keys.remove(&k);
+                self.remove(&k);
                 false
             }
             None => false,
@@ -717,7 +725,13 @@ impl Store {
 
     /// The store had another node for a key this instance created (or published) with
     /// `tried`: the local entry takes it, unless the entry moved on meanwhile.
-    fn adopt(&self, table: &str, key: KeyRef<'_>, tried: &str, winner: &[u8]) {
+    ///
+    /// A winner naming a node this instance has not got is not adopted; with `heal` (the
+    /// answer to this instance's own create, or a publication after an outage) this
+    /// instance's node overwrites it for the fleet, so that every instance routes the key
+    /// alike: a pin written by an instance of another config, or by hand, would otherwise
+    /// split the session between the instances that lack its node, for as long as it is used.
+    fn adopt(&self, table: &Arc<str>, key: KeyRef<'_>, tried: &str, winner: &[u8], heal: bool) {
         let (Some(entries), Ok(winner)) = (self.entries(table), std::str::from_utf8(winner)) else {
             return;
         };
@@ -740,6 +754,9 @@ impl Store {
         };
         if !adopted {
             self.unknown_node(winner);
+            if heal {
+                self.send(Write::Overwrite, table, key, tried, Some(winner));
+            }
             return;
         }
         self.counts.adopted.fetch_add(1, Ordering::Relaxed);
@@ -845,7 +862,7 @@ impl Store {
         for (op, v) in ops.iter().zip(&replies) {
             if op.write != Write::Overwrite {
                 if let Value::BulkString(b) = v {
-                    self.adopt(&op.table, op.key.as_key_ref(), &op.node, b);
+                    self.adopt(&op.table, op.key.as_key_ref(), &op.node, b, true);
                 }
             }
         }
@@ -896,7 +913,7 @@ impl Store {
             self.count("create", chunk.len() as u64);
             for ((key, node), v) in chunk.iter().zip(&replies) {
                 if let Value::BulkString(b) = v {
-                    self.adopt(table, key.as_key_ref(), node, b);
+                    self.adopt(table, key.as_key_ref(), node, b, true);
                 }
             }
         }
@@ -1004,7 +1021,7 @@ impl Store {
                 for (pin, v) in chunk.iter().zip(&replies) {
                     match v {
                         Value::BulkString(stored) => {
-                            self.adopt(&table, pin.0.as_key_ref(), &pin.1, stored);
+                            self.adopt(&table, pin.0.as_key_ref(), &pin.1, stored, false);
                         }
                         Value::Nil => missing.push(pin.clone()),
                         _ => {}
@@ -1291,6 +1308,12 @@ mod tests {
         assert_eq!(own.keys.len(), (i - n) as usize, "only the new ones left");
         assert!(own.skip("terminal", &key(n), later), "a new one is awaited");
         assert!(!own.skip("terminal", &key(0), later), "an old one is not");
+        // Once every echo came back, the next storm sweeps at the usual size again.
+        for k in n + 1..i {
+            assert!(own.skip("terminal", &key(k), later));
+        }
+        assert!(own.keys.is_empty());
+        assert_eq!(own.sweep_at, REPINS_KEPT);
     }
 
     #[test]

@@ -113,10 +113,11 @@ pub trait AffinityStore: fmt::Debug {
     /// cannot hold more names).
     fn intern(&mut self, name: &str) -> Option<NodeRef>;
 
-    /// The identity of `name` if this store holds it already (every configured node's, bound
-    /// at each reload, and those its entries and snapshots named), never adding one: for
-    /// names from outside the process (another instance, through a shared store), which must
-    /// not grow the name list, and can only name a node this instance has anyway.
+    /// The identity of `name` if this store holds it already (every node's any configuration
+    /// of this process had, bound at each reload, and those its snapshots named), never
+    /// adding one: for names from outside the process (another instance, through a shared
+    /// store), which must not grow the name list. A name known but not in the current pool
+    /// (a node a reload removed) resolves as unknown at routing and is re-pinned there.
     fn known(&self, name: &str) -> Option<NodeRef>;
 
     /// The name behind an identity of this store.
