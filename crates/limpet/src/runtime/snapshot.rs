@@ -160,14 +160,15 @@ fn decode_on(
     offset_ms: i64,
     expire_ms: u64,
 ) -> Result<limpet_core::table::Snapshot, limpet_core::table::SnapshotError> {
-    let shift = |t: u64, by: i64| {
-        u64::try_from((i128::from(t) + i128::from(by)).max(0)).unwrap_or(u64::MAX)
-    };
-    let mut snap = decode_snapshot(bytes, shift(now, -offset_ms), expire_ms)?;
+    // In i128: the offset comes from the holder's clock reading, and `-i64::MIN` does not
+    // fit an i64.
+    let shift = |t: u64, by: i128| u64::try_from((i128::from(t) + by).max(0)).unwrap_or(u64::MAX);
+    let by = i128::from(offset_ms);
+    let mut snap = decode_snapshot(bytes, shift(now, -by), expire_ms)?;
     if offset_ms != 0 {
-        snap.saved_at_ms = shift(snap.saved_at_ms, offset_ms);
+        snap.saved_at_ms = shift(snap.saved_at_ms, by);
         for e in &mut snap.entries {
-            e.last_used_ms = shift(e.last_used_ms, offset_ms);
+            e.last_used_ms = shift(e.last_used_ms, by);
         }
     }
     Ok(snap)
@@ -350,6 +351,12 @@ mod tests {
         let here = HOLDER.saturating_add_signed(10 + STEP);
         let unmoved = decode_on(&bytes, here, 0, 60_000).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(unmoved.entries.len(), 0);
+        // A holder whose clock reading is as far off as an i64 goes (a holder's bytes are
+        // its word): no overflow (debug builds panicked negating it), the pins read as old.
+        for offset in [i64::MIN, i64::MAX] {
+            let snap = decode_on(&bytes, here, offset, 60_000).unwrap_or_else(|e| panic!("{e}"));
+            assert!(snap.entries.len() <= 1, "offset {offset}");
+        }
     }
 
     /// Two snapshot files that differ only in their extension have temporary files of their
