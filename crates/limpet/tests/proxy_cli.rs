@@ -133,39 +133,51 @@ async fn quick_mode_prints_its_address_and_proxies_with_derived_names() {
     drop(child);
 }
 
-/// With the access log on, each request gets one line naming its method, its path without
-/// the query (which often carries tokens), its status, its node and its duration.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_access_log_writes_one_line_per_request_without_the_query() {
-    let ns = nodes(&["a"]).await;
+/// `limpet proxy --to solo=NODE` with the access log on (and nothing else at `info`): the
+/// process, its address, and its stderr.
+async fn logging_proxy(node: &common::Node) -> (Child, String, std::process::ChildStderr) {
     let mut cmd = limpet();
     cmd.arg("proxy")
         .arg("--to")
-        .arg(format!("solo={}", ns[0].addr))
+        .arg(format!("solo={}", node.addr))
         .env("RUST_LOG", "warn,limpet::access=info")
         .env("NO_COLOR", "1")
         .stderr(Stdio::piped());
     let (mut child, addr) = start_quick(cmd).await;
     let stderr = child.0.stderr.take().expect("stderr");
-    let resp = plain_client()
-        .get(format!("http://{addr}/print/job?token=secret123"))
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(resp.status(), 200);
-    // The line is written as the answer ends; read stderr until it comes (a failure
-    // drops `child`, which ends stderr and the read).
+    (child, addr, stderr)
+}
+
+/// The first access log line on `stderr`, within 10 s. The line is written as the answer
+/// ends; stderr is read until it comes (a failure drops the child, which ends stderr and
+/// the read).
+async fn first_access_line(stderr: std::process::ChildStderr) -> String {
     let read = tokio::task::spawn_blocking(move || {
         BufReader::new(stderr)
             .lines()
             .map_while(Result::ok)
             .find(|l| l.contains("limpet::access"))
     });
-    let logged = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
         .await
         .expect("an access log line within 10 s")
         .expect("join")
-        .expect("an access log line");
+        .expect("an access log line")
+}
+
+/// With the access log on, each request gets one line naming its method, its path without
+/// the query (which often carries tokens), its status, its node and its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_writes_one_line_per_request_without_the_query() {
+    let ns = nodes(&["a"]).await;
+    let (child, addr, stderr) = logging_proxy(&ns[0]).await;
+    let resp = plain_client()
+        .get(format!("http://{addr}/print/job?token=secret123"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 200);
+    let logged = first_access_line(stderr).await;
     for part in [
         "method=GET",
         "path=/print/job",
@@ -186,15 +198,7 @@ async fn the_access_log_writes_one_line_per_request_without_the_query() {
 async fn the_access_log_clips_a_long_method() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ns = nodes(&["a"]).await;
-    let mut cmd = limpet();
-    cmd.arg("proxy")
-        .arg("--to")
-        .arg(format!("solo={}", ns[0].addr))
-        .env("RUST_LOG", "warn,limpet::access=info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped());
-    let (mut child, addr) = start_quick(cmd).await;
-    let stderr = child.0.stderr.take().expect("stderr");
+    let (child, addr, stderr) = logging_proxy(&ns[0]).await;
     let method = "X".repeat(20_000);
     let mut s = tokio::net::TcpStream::connect(&addr)
         .await
@@ -215,17 +219,7 @@ async fn the_access_log_clips_a_long_method() {
         "{:?}",
         String::from_utf8_lossy(&answer)
     );
-    let read = tokio::task::spawn_blocking(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .find(|l| l.contains("limpet::access"))
-    });
-    let logged = tokio::time::timeout(std::time::Duration::from_secs(10), read)
-        .await
-        .expect("an access log line within 10 s")
-        .expect("join")
-        .expect("an access log line");
+    let logged = first_access_line(stderr).await;
     let clipped = format!("method={}... ", &method[..32]);
     assert!(logged.contains(&clipped), "{logged:?}");
     assert!(logged.len() < 1_000, "{} bytes", logged.len());
