@@ -1038,15 +1038,7 @@ async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh(
         .map(|(n, _)| *n)
         .find(|n| *n != first)
         .expect("another node");
-    let mut c = redis.conn().await.expect("connect");
-    redis::cmd("SET")
-        .arg(&key)
-        .arg(other)
-        .arg("PX")
-        .arg(2000)
-        .query_async::<()>(&mut c)
-        .await
-        .expect("SET");
+    redis.set_px(&key, other, 2000).await;
     // The client keeps using its pin (so it is refreshed, every second with expire 2s); the
     // refresh finds the other node stored and the instance routes there.
     until("the instance follows the stored node", async || {
@@ -1091,14 +1083,7 @@ async fn a_pin_in_the_store_to_a_node_no_config_has_is_left_alone() {
 
     let fresh = "127.0.11.31";
     let fresh_key = format!("limpet:terminal:ip:{fresh}");
-    redis::cmd("SET")
-        .arg(&fresh_key)
-        .arg("GHOST-FIRST")
-        .arg("PX")
-        .arg(60_000)
-        .query_async::<()>(&mut c)
-        .await
-        .expect("SET");
+    redis.set_px(&fresh_key, "GHOST-FIRST", 60_000).await;
     let got = a.http(fresh).await;
     assert!(NODES.iter().any(|(n, _)| *n == got), "{got}");
     until("the store holds the client's configured node", async || {
@@ -1119,14 +1104,7 @@ async fn a_pin_in_the_store_to_a_node_no_config_has_is_left_alone() {
     assert_eq!(unknown(), 102);
     assert_eq!(a.http(src).await, first);
 
-    redis::cmd("SET")
-        .arg(&key)
-        .arg("GHOST-STORED")
-        .arg("PX")
-        .arg(2000)
-        .query_async::<()>(&mut c)
-        .await
-        .expect("SET");
+    redis.set_px(&key, "GHOST-STORED", 2000).await;
     // Used, the pin is refreshed every second (expire 2s); so is the fresh client's.
     until("the refresh read the stored pin back", async || {
         a.http(src).await;

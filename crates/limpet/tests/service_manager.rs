@@ -184,6 +184,14 @@ async fn start_with(
     (guard, web, admin)
 }
 
+/// SIGTERM to `pid`, a limpet that took over (not the test's child): it says STOPPING=1,
+/// then exits.
+async fn took_over_stops_on_sigterm(notify: &Notify, pid: u32) {
+    signal(pid, "TERM");
+    assert_eq!(notify.next().await, (pid, "STOPPING=1\n".to_owned()));
+    until_gone(pid).await;
+}
+
 /// The value of `key` in a notify message (`KEY=value` lines).
 fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
     msg.lines()
@@ -338,9 +346,7 @@ async fn sigusr2_upgrades_in_place_and_hands_the_unit_to_the_new_limpet() {
     assert_eq!(view["state"], "UP", "{view}");
     // The old one said nothing after handing over (its drain's end is no STOPPING=1 of the
     // unit's); the new one says it stops.
-    signal(new, "TERM");
-    assert_eq!(notify.next().await, (new, "STOPPING=1\n".to_owned()));
-    until_gone(new).await;
+    took_over_stops_on_sigterm(&notify, new).await;
 }
 
 /// A successor that took over is never killed by the limpet that started it, however long
@@ -434,9 +440,7 @@ async fn a_successor_that_took_over_outlives_its_limit_while_the_old_one_drains(
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&buf, b"HTTP/1.1 200");
     drop(again);
-    signal(new, "TERM");
-    assert_eq!(notify.next().await, (new, "STOPPING=1\n".to_owned()));
-    until_gone(new).await;
+    took_over_stops_on_sigterm(&notify, new).await;
 }
 
 /// A successor hung reading its config (a FIFO nobody writes in place of the file, as a

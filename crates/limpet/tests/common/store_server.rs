@@ -179,6 +179,19 @@ impl Redis {
         let mut c = self.conn().await.ok()?;
         redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
     }
+
+    /// `SET key value PX px`, as another instance (or a hand) writes the store.
+    pub async fn set_px(&self, key: &str, value: &str, px: u64) {
+        let mut c = self.conn().await.expect("connect");
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("PX")
+            .arg(px)
+            .query_async::<()>(&mut c)
+            .await
+            .expect("SET");
+    }
 }
 
 /// A loopback port free now (bound to 0, then released).
