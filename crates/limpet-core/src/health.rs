@@ -180,8 +180,10 @@ pub struct Health {
     /// as a server's one check must in HAProxy: a port that just came back is not trusted on
     /// one pass because another port of the node passed too.
     passes: [u8; CheckSlot::COUNT],
-    /// The failure streak holds a [`Observation::NoAnswer`]: a completed connect
-    /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does.
+    /// While UP: the failure streak holds a [`Observation::NoAnswer`]: a completed connect
+    /// ([`Observation::TrafficConnected`]) does not reset it, only an answer does. While
+    /// DOWN: the streak that took it there held one, or a trial went unanswered since: a
+    /// completed connect is no trial's success, only an answer is.
     unanswered: bool,
     /// While UP: the slow answers ([`Observation::SlowAnswer`]) counted in the window that
     /// began with the first of them at `slow_since_ms` and lasts `fail_timeout` (a fixed
@@ -245,7 +247,8 @@ pub struct CarriedHealth<K> {
     /// Consecutive results against the current state: traffic failures while UP (beyond the
     /// checks' own counts), check passes while DOWN.
     pub streak: u32,
-    /// The failure streak holds a request the node took and did not answer.
+    /// The failure streak holds a request the node took and did not answer (while DOWN: the
+    /// streak that took it there did, or a trial since).
     pub unanswered: bool,
     /// While DOWN: when traffic may try it next (`None`: never, a forced DOWN; a checked
     /// node ignores it).
@@ -384,11 +387,14 @@ impl Health {
         (!self.up && !policy.checked && self.retry_at_ms != u64::MAX).then_some(self.retry_at_ms)
     }
 
-    /// Whether `other` routes exactly like this one: the same state and the same trial time.
+    /// Whether `other` routes exactly like this one: the same state, the same trial time and
+    /// the same trial claim (an early trial waits for the claim to end).
     /// The failure or success streak does not route; the I/O layer rebuilds its routing
     /// snapshot only when this changes, not on every streak step.
     pub fn routes_like(&self, other: &Health) -> bool {
-        self.up == other.up && self.retry_at_ms == other.retry_at_ms
+        self.up == other.up
+            && self.retry_at_ms == other.retry_at_ms
+            && self.claimed_until_ms == other.claimed_until_ms
     }
 
     /// Whether an [`Observation::TrafficOk`] (or a [`Observation::TrafficConnected`]) would
@@ -445,6 +451,38 @@ impl Health {
         self.claimed_until_ms = self.retry_at_ms;
         self.trying = true;
         true
+    }
+
+    /// Until when the last claimed trial holds ([`Self::claim_trial`]): the claim's own
+    /// mark, which its caller gives back to [`Self::trial_abandoned`].
+    pub fn trial_claimed_until(&self) -> u64 {
+        self.claimed_until_ms
+    }
+
+    /// The trial claimed until `claim` ended at `now_ms` with nothing learnt of the node: its
+    /// request was cancelled (the client left, an HTTP/2 stream reset, a drain's cut), or
+    /// ended for the client's fault or limpet's before the node could answer (a body that
+    /// stopped coming, a queue timeout). Left to its claim, it would hold every early trial
+    /// until `connect + upstream_answer` (63 s by default): with no other node to take them,
+    /// every request meanwhile answered 503 though the node may well be back. So the claim
+    /// ends now, and the next trial is due as after a failed one (`fail_timeout` from now,
+    /// never later than the claim would have made it): a node that hangs is not handed one
+    /// request after another by clients that give up on it. A claim another trial replaced,
+    /// or one whose outcome was observed, is left alone.
+    pub fn trial_abandoned(&mut self, policy: HealthPolicy, claim: u64, now_ms: u64) {
+        if !self.up
+            && !policy.checked
+            && self.trying
+            && self.claimed_until_ms == claim
+            && self.retry_at_ms != u64::MAX
+        {
+            self.trying = false;
+            self.claimed_until_ms = now_ms.min(claim);
+            self.retry_at_ms = self
+                .retry_at_ms
+                .min(now_ms.saturating_add(policy.fail_timeout_ms));
+        }
+        self.debug_check();
     }
 
     /// Records what was seen of the node at `now_ms`.
@@ -557,6 +595,17 @@ impl Health {
             (false, Observation::TrafficOk | Observation::TrafficConnected) => {
                 if policy.checked || self.retry_at_ms == u64::MAX || !self.trying {
                     None
+                } else if obs == Observation::TrafficConnected && self.unanswered {
+                    // A node that went DOWN leaving a request unanswered (hung, SIGSTOP:
+                    // its kernel still completes connects) is back only once it answers. A
+                    // TCP listener's connect proves nothing of that: the trial ends with
+                    // nothing learnt, the next is due as after a failed one. Brought UP by
+                    // it, the node took its share of fresh HTTP sessions, each waiting out
+                    // its answer timeout, once every `fail_timeout`.
+                    self.trying = false;
+                    self.claimed_until_ms = self.claimed_until_ms.min(now_ms);
+                    self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
+                    None
                 } else {
                     // Back on probation: its failure streak starts at `fall - 1`, so one
                     // more failure takes it DOWN again until another success resets it. A
@@ -570,6 +619,9 @@ impl Health {
                 }
             }
             (false, Observation::TrafficFailed | Observation::NoAnswer) => {
+                if obs == Observation::NoAnswer {
+                    self.unanswered = true;
+                }
                 if !policy.checked && self.retry_at_ms != u64::MAX {
                     self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
                     self.trying = false;
@@ -595,6 +647,9 @@ impl Health {
             claimed_until_ms: 0,
             fails: self.fails,
             passes: self.passes,
+            // While DOWN: the streak that took it there held a request it took and did not
+            // answer, so only an answer brings it back.
+            unanswered: self.unanswered,
             down_cause: Some(cause),
             ..Health::default()
         };
@@ -711,7 +766,7 @@ impl Health {
     /// to the rules the model keeps: an UP node has no trial and no cause; a DOWN one counts
     /// no slow answers, has a cause (`traffic` if none is given), and counts no passes toward
     /// `rise` while a check of its fails; a failing check has passed 0 times since; an
-    /// unanswered request is part of a failure streak; a pass count is held below "no
+    /// UP node's unanswered request is part of its failure streak; a pass count is held below "no
     /// failure", and a streak or a slow-answer count at 2^20 (far above any limit a config
     /// allows, far below an overflow).
     pub fn carried<K>(c: &CarriedHealth<K>, slot: impl Fn(&K) -> Option<CheckSlot>) -> Health {
@@ -733,6 +788,7 @@ impl Health {
             h.slow_since_ms = c.slow_since_ms;
         } else {
             h.up = false;
+            h.unanswered = c.unanswered;
             h.retry_at_ms = c.retry_at_ms.unwrap_or(u64::MAX);
             h.claimed_until_ms = c.trial_claimed_until_ms;
             h.down_cause = Some(c.down_cause.unwrap_or(DownCause::Traffic));
@@ -758,7 +814,7 @@ impl Health {
             "an UP node has no trial"
         );
         debug_assert!(
-            !self.unanswered || (self.up && self.streak > 0),
+            !self.unanswered || !self.up || self.streak > 0,
             "an unanswered request is part of a failure streak"
         );
         debug_assert!(
@@ -1256,6 +1312,111 @@ mod tests {
         assert!(h.early_trial_possible(p, 11), "a refused connect");
         assert!(h.claim_trial(p, 11, 5_000, true));
         assert!(h.early_trial_possible(p, 5_011), "the claim lapsed");
+    }
+
+    /// A trial whose request ended with nothing learnt of the node (the client left, a
+    /// stream reset) frees its claim at once: an early trial may go again, and a trial when
+    /// due is due `fail_timeout` on, never later than the claim said. Before, the claim held
+    /// for its whole `connect + upstream_answer`: every request meanwhile found no node. A
+    /// claim another replaced, or whose outcome came, is not touched.
+    #[test]
+    fn an_abandoned_trial_frees_its_claim() {
+        let p = HealthPolicy {
+            fall: 1,
+            fail_timeout_ms: 10_000,
+            ..HealthPolicy::default()
+        };
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        assert!(h.claim_trial(p, 1, 63_000, true));
+        let claim = h.trial_claimed_until();
+        assert!(!h.early_trial_possible(p, 100));
+        h.trial_abandoned(p, claim, 100);
+        assert!(h.early_trial_possible(p, 100), "the claim ends at once");
+        assert_eq!(h.availability(p, 10_099), Availability::Down);
+        assert_eq!(
+            h.availability(p, 10_100),
+            Availability::TrialDue,
+            "due fail_timeout after it ended"
+        );
+
+        // A later claim is not ended by an earlier one's end.
+        assert!(h.claim_trial(p, 10_100, 63_000, false));
+        let second = h.trial_claimed_until();
+        h.trial_abandoned(p, claim, 10_200);
+        assert!(!h.early_trial_possible(p, 10_200));
+        assert_eq!(h.trial_claimed_until(), second);
+
+        // Nor is one whose outcome came: a failed trial waits its `fail_timeout`.
+        h.observe(NoAnswer, p, 20_000);
+        let after_failure = h;
+        h.trial_abandoned(p, second, 20_001);
+        assert_eq!(h, after_failure);
+
+        // A short claim is not lengthened: due when it would have lapsed.
+        assert!(h.claim_trial(p, 30_000, 2_000, false));
+        let short = h.trial_claimed_until();
+        h.trial_abandoned(p, short, 30_500);
+        assert_eq!(h.availability(p, 32_000), Availability::TrialDue);
+
+        // A success ends the claim as ever.
+        assert!(h.claim_trial(p, 32_000, 2_000, false));
+        assert_eq!(h.observe(TrafficOk, p, 32_100), Some(Transition::WentUp));
+        let up = h;
+        h.trial_abandoned(p, 34_000, 32_200);
+        assert_eq!(h, up);
+    }
+
+    /// A node that went DOWN leaving requests unanswered (a hung process: its kernel still
+    /// completes connects) is not brought back by a TCP listener's connect, only by an answer:
+    /// the connect ends the trial with nothing learnt. One DOWN by refused connects comes back
+    /// on a connect, as before. Before, the connect brought the hung node UP, and it took its
+    /// share of fresh HTTP sessions, each waiting out its answer timeout, at every
+    /// `fail_timeout`.
+    #[test]
+    fn a_connect_is_no_trial_success_for_a_node_that_left_requests_unanswered() {
+        let p = HealthPolicy {
+            fall: 2,
+            fail_timeout_ms: 1_000,
+            ..HealthPolicy::default()
+        };
+        let mut hung = Health::default();
+        hung.observe(TrafficFailed, p, 0);
+        assert_eq!(hung.observe(NoAnswer, p, 0), Some(Transition::WentDown));
+        assert!(hung.claim_trial(p, 1_000, 3_000, false));
+        assert_eq!(hung.observe(TrafficConnected, p, 1_010), None);
+        assert!(!hung.is_up());
+        assert_eq!(
+            hung.availability(p, 1_010),
+            Availability::Down,
+            "the trial ended"
+        );
+        assert!(hung.early_trial_possible(p, 1_010), "its claim too");
+        assert_eq!(hung.availability(p, 2_010), Availability::TrialDue);
+        assert!(hung.claim_trial(p, 2_010, 3_000, false));
+        assert_eq!(
+            hung.observe(TrafficOk, p, 2_020),
+            Some(Transition::WentUp),
+            "an answer"
+        );
+
+        // A trial that went unanswered counts too, whatever took the node DOWN.
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficFailed, p, 0);
+        assert!(h.claim_trial(p, 1_000, 3_000, false));
+        h.observe(NoAnswer, p, 1_500);
+        assert!(h.claim_trial(p, 2_500, 3_000, false));
+        assert_eq!(h.observe(TrafficConnected, p, 2_510), None);
+
+        let mut refused = Health::default();
+        refused.observe(TrafficFailed, p, 0);
+        refused.observe(TrafficFailed, p, 0);
+        assert!(refused.claim_trial(p, 1_000, 3_000, false));
+        assert_eq!(
+            refused.observe(TrafficConnected, p, 1_010),
+            Some(Transition::WentUp)
+        );
     }
 
     #[test]

@@ -92,6 +92,23 @@ pub struct NodeRuntime {
 /// its key only.
 type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<EndReason>>>;
 
+/// A DOWN node's trial, claimed by one request or TCP session ([`NodeRuntime::claim_trial`]).
+/// Dropped with no outcome observed since, it ends the claim.
+#[derive(Debug)]
+pub struct TrialClaim {
+    node: Arc<NodeRuntime>,
+    /// The claim's own mark: a claim another trial made since is not this one's to end.
+    until_ms: u64,
+}
+
+impl Drop for TrialClaim {
+    fn drop(&mut self) {
+        let (now, until) = (clock::now_ms(), self.until_ms);
+        self.node
+            .update(|s| s.health.trial_abandoned(s.policy, until, now));
+    }
+}
+
 /// A request's watch for its node's health going DOWN ([`NodeRuntime::watch_down`]).
 #[derive(Debug, Clone, Copy)]
 pub struct DownWatch<'a> {
@@ -334,9 +351,22 @@ impl NodeRuntime {
     /// Takes the trial of a DOWN node due one; the claim holds `hold` (the longest the
     /// trial's outcome may take to be known: the connect timeout, and for HTTP the answer
     /// timeout too).
-    pub fn claim_trial(&self, hold: Duration, early: bool) -> bool {
+    ///
+    /// The claim is the caller's until it drops it: one dropped before the trial's outcome
+    /// was observed (the request cancelled, or ended for its client's fault or limpet's)
+    /// ends the claim then ([`limpet_core::Health::trial_abandoned`]), rather than holding
+    /// every other early trial off until `hold` ran out.
+    pub fn claim_trial(self: &Arc<Self>, hold: Duration, early: bool) -> Option<TrialClaim> {
         let now = clock::now_ms();
-        self.update(|s| s.health.claim_trial(s.policy, now, clock::ms(hold), early))
+        self.update(|s| {
+            s.health
+                .claim_trial(s.policy, now, clock::ms(hold), early)
+                .then(|| s.health.trial_claimed_until())
+        })
+        .map(|until_ms| TrialClaim {
+            node: Arc::clone(self),
+            until_ms,
+        })
     }
 
     /// The node's health to carry to a new limpet ([`limpet_core::Health::carry`]), with
@@ -1186,17 +1216,46 @@ mod tests {
             rt.observe(Observation::TrafficFailed),
             Some(Transition::WentDown)
         );
-        assert!(!rt.claim_trial(Duration::from_secs(1), false));
+        assert!(rt.claim_trial(Duration::from_secs(1), false).is_none());
         tokio::time::sleep(Duration::from_secs(10)).await;
+        let trial = rt.claim_trial(Duration::from_secs(1), false);
+        assert!(trial.is_some(), "due after fail_timeout");
         assert!(
-            rt.claim_trial(Duration::from_secs(1), false),
-            "due after fail_timeout"
-        );
-        assert!(
-            !rt.claim_trial(Duration::from_secs(1), false),
+            rt.claim_trial(Duration::from_secs(1), false).is_none(),
             "one trial at a time"
         );
         assert_eq!(rt.observe(Observation::TrafficOk), Some(Transition::WentUp));
+        drop(trial);
+        assert!(rt.status().health.is_up(), "a trial decided is not undone");
+    }
+
+    /// A trial's claim dropped before its outcome (its request cancelled) ends at once: an
+    /// early trial may go now, a trial when due `fail_timeout` later (not at the end of its
+    /// minute-long hold, as before).
+    #[tokio::test(start_paused = true)]
+    async fn a_trial_dropped_before_its_outcome_frees_its_claim() {
+        let rt = node();
+        rt.set_policy(HealthPolicy {
+            fall: 1,
+            fail_timeout_ms: 10_000,
+            ..HealthPolicy::default()
+        });
+        rt.observe(Observation::TrafficFailed);
+        let hold = Duration::from_secs(63);
+        let early = rt.claim_trial(hold, true);
+        assert!(early.is_some(), "no other node: an early trial");
+        assert!(rt.claim_trial(hold, true).is_none(), "one at a time");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(early);
+        let again = rt.claim_trial(hold, true);
+        assert!(again.is_some(), "the next early trial goes at once");
+        drop(again);
+        assert!(rt.claim_trial(hold, false).is_none());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            rt.claim_trial(hold, false).is_some(),
+            "due fail_timeout after the last one ended"
+        );
     }
 
     #[test]

@@ -475,7 +475,11 @@ async fn connect(
             exclude: &failed,
             now_ms: clock::now_ms(),
         };
-        let route = state.route(table.zip(key), input, None, def.timeouts.connect);
+        // A DOWN node's trial is decided by the connect: its wait in the node's queue, then
+        // the connect, the PROXY header and the TLS handshake, each within `connect`. The
+        // claim ends with the attempt, whatever ends it.
+        let trial_hold = def.timeouts.queue + def.timeouts.connect * 3;
+        let (route, trial) = state.route(table.zip(key), input, None, trial_hold);
         let Some(node) = route.node else {
             NO_NODE.note(&def.name);
             return Err(NoSession::refused("no-node", None));
@@ -533,6 +537,18 @@ async fn connect(
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
                 state.observe(node, Observation::TrafficConnected);
+                // A trial of a node that went DOWN leaving requests unanswered is not decided
+                // by a connect (its kernel completes them while the process hangs): the node
+                // stays DOWN, and the session goes to another node, as from a node that
+                // refused it, but with nothing charged to this one.
+                if trial.is_some() && rt.is_some_and(|rt| !rt.status().health.is_up()) {
+                    drop(stream);
+                    failed.push(Excluded {
+                        node,
+                        why: limpet_core::RepinReason::NodeDown,
+                    });
+                    continue;
+                }
                 if let Some(o) = crate::metrics::PinOutcome::of_route(route.outcome) {
                     state.lifecycle.metrics.pin(&def.name, o);
                 }

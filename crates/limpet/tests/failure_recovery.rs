@@ -3137,3 +3137,151 @@ async fn a_session_failing_back_home_ends_its_tcp_session_on_the_other_node() {
     drop((on_a, on_b, again));
     l.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// A DOWN node's trial: what ends it
+// ---------------------------------------------------------------------------------------
+
+/// The only node DOWN by its traffic comes back, and the request that tries it is one whose
+/// client leaves before the answer (an HTTP/2 stream reset while a 30 s `/slow` runs): the
+/// next request tries the node at once and is served. Before, the trial's claim held for
+/// `connect + upstream_answer` (63 s by default) whatever became of its request, and every
+/// request meanwhile was answered 503 though the node was back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trial_whose_client_left_lets_the_next_request_try_the_node_at_once() {
+    let mut n = Backend::start("n").await;
+    let addr = n.addr;
+    let cfg = quick_config(&["--to", &format!("n={addr}"), "--fail-timeout", "60s"]);
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let c = fresh_client();
+    n.kill().await;
+    for _ in 0..fall {
+        assert_eq!(get(&c, &proxy.url()).await.map(|(s, _)| s), Ok(503));
+    }
+    assert_eq!(proxy.state_of("n"), "DOWN");
+    let mut n = Backend::start_at("n", addr).await;
+
+    // The trial: a request the node holds 30 s, its stream reset once the claim is taken (the
+    // claim moves the node's next trial past the answer timeout).
+    let before = proxy.trial_at("n");
+    let mut h2 = H2::open(proxy.addr).await;
+    h2.sender
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("h2 connection: {e}"));
+    let slow = h2.sender.send_request(request(
+        &format!("http://{}/slow?ms=30000", proxy.addr),
+        None,
+    ));
+    let trial = tokio::spawn(slow);
+    let deadline = Instant::now() + PATIENCE;
+    while proxy.trial_at("n") == before {
+        assert!(Instant::now() < deadline, "the /slow request took no trial");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    trial.abort();
+    assert!(
+        trial.await.is_err_and(|e| e.is_cancelled()),
+        "the trial was still in flight when its client left"
+    );
+
+    // The reset reaches limpet within milliseconds; its trial's claim ends with it.
+    let left = Instant::now();
+    let mut answers = Vec::new();
+    loop {
+        let r = get(&c, &proxy.url()).await;
+        if r == Ok((200, "n".to_owned())) {
+            break;
+        }
+        answers.push(r);
+        assert!(
+            left.elapsed() < Duration::from_secs(3),
+            "no request served within 3 s of the trial's client leaving (the node is back, \
+             the 30 s answer would have been the trial's): {} answers, the last {:?}; n is {}",
+            answers.len(),
+            answers.last(),
+            proxy.state_of("n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(proxy.state_of("n"), "UP");
+    drop(h2);
+    proxy.stop().await;
+    n.kill().await;
+}
+
+/// Without checks, a node that went DOWN leaving an HTTP request unanswered (hung: its kernel
+/// completes connects, nothing answers) is not brought back by a TCP listener's session
+/// trying it: the connect completes, and proves nothing about answers, so the session goes
+/// to b and a stays DOWN. Before, the connect brought a UP, the session hung on it, and fresh
+/// HTTP sessions were sent to it again, each waiting out its answer timeout, at every
+/// `fail_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_connect_does_not_bring_back_a_node_down_for_unanswered_requests() {
+    let (hung, port, mut b) = hung_a_and_live_b().await;
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         timeouts = {{ upstream_answer = \"300ms\", drain = \"1s\" }}\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         timeouts = {{ connect = \"1s\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("tcp-trial-hung", &text);
+    let l = Limpet::start(&cfg).await;
+
+    // a goes DOWN on its first unanswered request, which is replayed on b.
+    let mut h1 = H1::open(l.addr("web")).await;
+    let first = h1
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((first.status, first.node.as_str()), (200, "b"), "{first:?}");
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    // Its connection, taken off a's accept queue: the next one there is the TCP trial's.
+    let _unanswered = tokio::time::timeout(PATIENCE, hung.accept())
+        .await
+        .unwrap_or_else(|_| panic!("the request's connection is not in a's queue"))
+        .unwrap_or_else(|e| panic!("accept: {e}"));
+
+    // Fresh TCP sessions, each kept, until one is a's trial (once its fail_timeout passed).
+    let mut sessions = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    let mut on_a = loop {
+        assert!(Instant::now() < deadline, "no TCP session tried a");
+        sessions.push(
+            TcpStream::connect(l.addr("raw"))
+                .await
+                .unwrap_or_else(|e| panic!("connect raw: {e}")),
+        );
+        if let Ok(accepted) = tokio::time::timeout(Duration::from_millis(50), hung.accept()).await {
+            break accepted.unwrap_or_else(|e| panic!("accept: {e}")).0;
+        }
+    };
+    // The connect proves nothing: limpet lets it go, and the session is b's.
+    let trial = sessions.last_mut().unwrap_or_else(|| unreachable!());
+    assert_eq!(
+        tcp_get(trial).await.as_deref(),
+        Ok("b"),
+        "the session that tried a is served by b"
+    );
+    let mut rest = [0u8; 16];
+    assert!(
+        matches!(
+            tokio::time::timeout(PATIENCE, on_a.read(&mut rest)).await,
+            Ok(Ok(0) | Err(_))
+        ),
+        "the trial's connection to a is closed, nothing sent on it"
+    );
+    let view = node_view(&l, "a").await;
+    assert_eq!(
+        view["state"], "DOWN",
+        "a completed connect is no answer: {view}"
+    );
+    drop((sessions, on_a, h1));
+    l.stop().await;
+    drop(hung);
+    b.kill().await;
+}

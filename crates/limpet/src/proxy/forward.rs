@@ -366,7 +366,7 @@ fn route(
     p: &Presented,
     exclude: &[Excluded],
     now_ms: u64,
-) -> Route {
+) -> (Route, Option<crate::nodes::TrialClaim>) {
     let input = RouteInput {
         cookie: p.cookie,
         failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
@@ -381,8 +381,11 @@ fn route(
         .table
         .as_deref()
         .zip(p.key.as_ref().map(TableKey::as_key_ref));
-    // A DOWN node's trial is decided by its answer: claimed for as long as that may take.
-    let trial_hold = shared.timeouts.connect + shared.timeouts.upstream_answer;
+    // A DOWN node's trial is decided by its answer: claimed for as long as that may take
+    // (its wait in the node's queue, the connect, the answer), and ended with the request
+    // if it ends first.
+    let trial_hold =
+        shared.timeouts.queue + shared.timeouts.connect + shared.timeouts.upstream_answer;
     shared.state.route(table, input, Some(&ctx.pin), trial_hold)
 }
 
@@ -526,7 +529,7 @@ fn proxy<'a, 'b>(
             t.prefetch(k.as_key_ref()).await;
         }
         let failed: Vec<Excluded> = Vec::new();
-        let first = route(ctx, shared, &p, &failed, now);
+        let (first, trial) = route(ctx, shared, &p, &failed, now);
         let Some(first_node) = first.node else {
             return unavailable(shared, id);
         };
@@ -598,6 +601,7 @@ fn proxy<'a, 'b>(
             shared,
             presented: &p,
             route: first,
+            trial,
             failed,
             replay,
             upgrade,
@@ -828,6 +832,10 @@ struct Attempt<'a> {
     presented: &'a Presented,
     /// The route being tried; on return, the node that answered (or was last tried).
     route: Route,
+    /// The route's node is DOWN and this request is its trial: the claim lasts while the
+    /// request does, and a request that ends before its outcome was observed (its client
+    /// left, its body stopped coming) ends it.
+    trial: Option<crate::nodes::TrialClaim>,
     failed: Vec<Excluded>,
     /// A copy of the head to replay elsewhere, kept only when replaying is allowed at all.
     replay: Option<Head<'a>>,
@@ -891,7 +899,7 @@ impl<'a> Attempt<'a> {
     /// re-pin reports); false when no node is left, the route unchanged.
     fn route_without(&mut self, node: NodeId, why: limpet_core::RepinReason) -> bool {
         self.failed.push(Excluded { node, why });
-        let next = route(
+        let (next, trial) = route(
             self.ctx,
             self.shared,
             self.presented,
@@ -902,6 +910,8 @@ impl<'a> Attempt<'a> {
             return false;
         }
         self.route = next;
+        // The last node's trial, if it was one, ends here (its outcome, if any, was observed).
+        self.trial = trial;
         true
     }
 

@@ -49,7 +49,7 @@ use limpet_core::{
 };
 
 use crate::config::{Config, ListenerDef, TableDef};
-use crate::nodes::{ConnGuard, NodeRuntime};
+use crate::nodes::{ConnGuard, NodeRuntime, TrialClaim};
 use crate::store::{Store, Write};
 
 pub use control::{
@@ -823,8 +823,10 @@ impl State {
     ///    never share a turn; the loser routes again on the next one);
     /// 2. the client connection's pin (`conn`), claimed if it had none (concurrent first
     ///    requests of one connection: the first wins, the others route again and follow it);
-    /// 3. the trial of a DOWN node due one, claimed for `trial_hold` (the connect timeout): a
-    ///    trial another connection holds makes this route again without that node;
+    /// 3. the trial of a DOWN node due one, claimed for at most `trial_hold` (as long as its
+    ///    outcome may take to be known), and returned: the caller holds the claim until the
+    ///    outcome is observed, and dropped before, it ends the claim. A trial another
+    ///    connection holds makes this route again without that node;
     /// 4. the table write.
     ///
     /// Nothing is written before every claim is won, so a route that is retried leaves no
@@ -835,7 +837,7 @@ impl State {
         mut input: RouteInput<'_>,
         conn: Option<&ConnPin>,
         trial_hold: Duration,
-    ) -> Route {
+    ) -> (Route, Option<TrialClaim>) {
         let now = input.now_ms;
         let mut held = table.map(|(t, k)| {
             (
@@ -890,11 +892,12 @@ impl State {
                     Some(_) => c.set(self.generation, n),
                 }
             }
+            let mut trial = None;
             if let (true, Some(n)) = (r.trial, r.node) {
-                if !self
+                trial = self
                     .node_rt(n)
-                    .is_some_and(|rt| rt.claim_trial(trial_hold, r.trial_early))
-                {
+                    .and_then(|rt| rt.claim_trial(trial_hold, r.trial_early));
+                if trial.is_none() {
                     taken.push(Excluded {
                         node: n,
                         why: RepinReason::NodeDown,
@@ -925,7 +928,7 @@ impl State {
                     rt.session_moved(input.spread_key, why);
                 }
             }
-            return r;
+            return (r, trial);
         }
     }
 
