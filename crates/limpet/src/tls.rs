@@ -185,12 +185,32 @@ pub enum UpstreamVerify<'a> {
 
 /// A client config for TLS to nodes, offering `alpn`.
 pub fn client_config(verify: UpstreamVerify<'_>, alpn: &[&[u8]]) -> Result<ClientConfig, TlsError> {
+    client_config_trusting(verify, alpn).map(|(config, _)| config)
+}
+
+/// [`client_config`], and what it trusts, in words that change whenever that does: `none`,
+/// or the CA file's path and a digest of what it held when read. A TLS health check keeps
+/// running across a reload only while this stays the same: a CA file rewritten in place,
+/// under the same path, must reach the checks as it reaches new node connections.
+pub fn client_config_trusting(
+    verify: UpstreamVerify<'_>,
+    alpn: &[&[u8]],
+) -> Result<(ClientConfig, String), TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| err(TlsPart::Ca, e.to_string()))?;
+    let trust;
     let mut cfg = match verify {
         UpstreamVerify::Ca(path) => {
             let pem = read_file(path, TlsPart::Ca)?;
+            trust = {
+                use std::hash::{Hash, Hasher};
+                // The same digest for the same bytes within this process, which is all a
+                // reload compares.
+                let mut h = std::hash::DefaultHasher::new();
+                pem.hash(&mut h);
+                format!("ca {} #{:016x}", path.display(), h.finish())
+            };
             let mut roots = RootCertStore::empty();
             let mut n = 0;
             for cert in CertificateDer::pem_slice_iter(&pem) {
@@ -212,13 +232,16 @@ pub fn client_config(verify: UpstreamVerify<'_>, alpn: &[&[u8]]) -> Result<Clien
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
-        UpstreamVerify::None => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider())))
-            .with_no_client_auth(),
+        UpstreamVerify::None => {
+            trust = "none".to_owned();
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerify(provider())))
+                .with_no_client_auth()
+        }
     };
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(cfg)
+    Ok((cfg, trust))
 }
 
 /// Accepts any server certificate (`verify = "none"`), still checking that handshake

@@ -3285,3 +3285,86 @@ async fn a_tcp_connect_does_not_bring_back_a_node_down_for_unanswered_requests()
     drop(hung);
     b.kill().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// A reload reaches the checks already running
+// ---------------------------------------------------------------------------------------
+
+/// A self-signed certificate for `ip` (its own CA) as PEM, and a TLS server config holding it.
+fn tls_identity(ip: &str) -> (String, Arc<rustls::ServerConfig>) {
+    let ck = rcgen::generate_simple_self_signed(vec![ip.to_owned()])
+        .unwrap_or_else(|e| panic!("cert: {e}"));
+    let key = rustls_pki_types::PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der());
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap_or_else(|e| panic!("{e}"))
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key.into())
+    .unwrap_or_else(|e| panic!("server config: {e}"));
+    (ck.cert.pem(), Arc::new(cfg))
+}
+
+/// The nodes' CA file rewritten in place (their certificates were reissued by a new CA) and a
+/// reload: the TLS checks already running verify with it from then on, and the node they held
+/// DOWN is UP again. Before, a check whose node, address and settings were unchanged kept
+/// running with the client config it started with, whatever the file held now; its node stayed
+/// DOWN until limpet restarted, while new connections to it verified with the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_file_rewritten_in_place_reaches_the_running_tls_checks_at_a_reload() {
+    let node = TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind node: {e}"));
+    let port = node.local_addr().map(|a| a.port()).unwrap_or(0);
+    let (node_pem, server_cfg) = tls_identity("127.0.0.2");
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
+    let server = tokio::spawn(async move {
+        let mut handshakes = JoinSet::new();
+        while let Ok((s, _)) = node.accept().await {
+            let acceptor = acceptor.clone();
+            handshakes.spawn(async move {
+                let _ = acceptor.accept(s).await;
+            });
+        }
+    });
+    let text = format!(
+        "{}[health]\nfall = 1\nrise = 1\ninterval = \"100ms\"\ntimeout = \"1s\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         check = {{ kind = \"tls\" }}\ntimeouts = {{ drain = \"1s\" }}\n\n\
+         [listeners.upstream_tls]\nca = \"ca.pem\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB[..1])
+    );
+    let cfg = ConfigFile::new("tls-check-ca-reload", &text);
+    // At first the file holds another CA's certificate: the node's is not trusted.
+    let (stranger, _) = tls_identity("127.0.0.2");
+    std::fs::write(cfg.dir.join("ca.pem"), stranger).unwrap_or_else(|e| panic!("ca: {e}"));
+    let l = Limpet::start(&cfg).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let v = node_view(&l, "a").await;
+        if v["state"] == "DOWN" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the check never failed: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    std::fs::write(cfg.dir.join("ca.pem"), node_pem).unwrap_or_else(|e| panic!("ca: {e}"));
+    reload_trivially(&l, &cfg, &text).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = node_view(&l, "a").await;
+        if v["state"] == "UP" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node is still DOWN 5 s after the reload (checks every 100 ms): {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    l.stop().await;
+    server.abort();
+}

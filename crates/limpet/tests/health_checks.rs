@@ -434,6 +434,7 @@ async fn tls_check_needs_a_completed_handshake() {
             CheckKind::Tls(TlsCheck {
                 server_name: name.clone(),
                 config,
+                trust: String::new(),
             }),
             addr,
         );
@@ -453,6 +454,7 @@ async fn tls_check_needs_a_completed_handshake() {
         CheckKind::Tls(TlsCheck {
             server_name: name,
             config: insecure_tls_config().unwrap_or_else(|e| panic!("{e}")),
+            trust: "none".to_owned(),
         }),
         plain,
     );

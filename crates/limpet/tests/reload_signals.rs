@@ -181,6 +181,59 @@ async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
     assert!(tokio::net::TcpStream::connect(web).await.is_err());
 }
 
+/// A reload that lengthens `drain` reaches the HTTP listeners already serving: a request in
+/// flight at the SIGTERM that follows has the new drain to finish in. Before, an HTTP
+/// listener bounded its drain by the `drain` it started with (TCP listeners read it at the
+/// drain), and the request was cut at the old 1 s with no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lengthened_by_a_reload_lets_the_request_in_flight_finish() {
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let short = config(port, &NODES[..1]).replace("drain = \"10s\"", "drain = \"1s\"");
+    let cfg = ConfigFile::new("drain-reload", &short);
+    let (mut proc, web, admin) = run(&cfg).await;
+    cfg.write(&config(port, &NODES[..1]));
+    signal(&proc.0, "HUP");
+    until(
+        &format!("http://{admin}/metrics"),
+        "the reload applied",
+        |_, text| text.contains(r#"limpet_config_reloads_total{result="ok"} 1"#),
+    )
+    .await;
+
+    let slow = tokio::spawn(async move {
+        bare_client()
+            .get(format!("http://{web}/slow?ms=2500"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    until(
+        &format!("http://{admin}/api/v1/nodes/a"),
+        "the slow request in flight",
+        |v, _| v["active_connections"] == 1,
+    )
+    .await;
+    signal(&proc.0, "TERM");
+    let status = tokio::time::timeout(PATIENCE, slow)
+        .await
+        .unwrap_or_else(|_| panic!("slow request hung"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        status.ok(),
+        Some(200),
+        "answered within the reloaded drain (10 s), not cut at the first (1 s)"
+    );
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let code = loop {
+        if let Some(s) = proc.0.try_wait().unwrap_or(None) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "limpet did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(code.success(), "{code:?}");
+}
+
 /// The failure model's crash and restart: a `limpet run` killed with SIGKILL (no shutdown,
 /// no final save) comes back with the pins of its last periodic snapshot, which it writes
 /// every `snapshot_interval` (1 s here, the least allowed).

@@ -236,6 +236,8 @@ impl FromIterator<SocketAddr> for Upstreams {
 #[derive(Debug, Clone)]
 pub struct UpstreamTls {
     pub config: Arc<rustls::ClientConfig>,
+    /// What `config` trusts ([`crate::tls::client_config_trusting`]).
+    pub trust: String,
     /// SNI and verification name; `None`: the node's IP address.
     pub server_name: Option<String>,
 }

@@ -965,10 +965,11 @@ impl Validator<'_> {
             Mode::Http => &[b"http/1.1"],
             Mode::Tcp => &[],
         };
-        let config = tls::client_config(verify, alpn).map_err(|e| match &r.ca {
-            Some(ca) => self.err(ca, format!("{key}.ca"), e.message),
-            None => self.err(at, key.to_owned(), e.message),
-        })?;
+        let (config, trust) =
+            tls::client_config_trusting(verify, alpn).map_err(|e| match &r.ca {
+                Some(ca) => self.err(ca, format!("{key}.ca"), e.message),
+                None => self.err(at, key.to_owned(), e.message),
+            })?;
         if let Some(n) = &r.server_name {
             if rustls_pki_types::ServerName::try_from(n.get_ref().as_str()).is_err() {
                 return Err(self.err(
@@ -980,6 +981,7 @@ impl Validator<'_> {
         }
         Ok(UpstreamTls {
             config: Arc::new(config),
+            trust,
             server_name: r.server_name.as_ref().map(|n| n.get_ref().clone()),
         })
     }
@@ -1081,13 +1083,16 @@ impl Validator<'_> {
                     CheckKind::Http(h)
                 }
                 "tls" => {
-                    let config = match (c.verify.as_deref(), &l.upstream_tls) {
-                        (Some("none"), _) => crate::health::insecure_tls_config()
-                            .map_err(|e| bad("verify", e.to_string()))?,
+                    let (config, trust) = match (c.verify.as_deref(), &l.upstream_tls) {
+                        (Some("none"), _) => (
+                            crate::health::insecure_tls_config()
+                                .map_err(|e| bad("verify", e.to_string()))?,
+                            "none".to_owned(),
+                        ),
                         (Some(other), _) => {
                             return Err(bad("verify", format!("{other:?}: only \"none\" is accepted here (omit it to verify as upstream_tls does)")))
                         }
-                        (None, Some(u)) => Arc::clone(&u.config),
+                        (None, Some(u)) => (Arc::clone(&u.config), u.trust.clone()),
                         (None, None) => {
                             return Err(bad(
                                 "kind",
@@ -1114,6 +1119,7 @@ impl Validator<'_> {
                             ),
                         },
                         config,
+                        trust,
                     })
                 }
                 other => {

@@ -126,12 +126,17 @@ impl Default for HttpCheck {
 pub struct TlsCheck {
     pub server_name: rustls_pki_types::ServerName<'static>,
     pub config: Arc<rustls::ClientConfig>,
+    /// What `config` trusts ([`crate::tls::client_config_trusting`]): part of the check's
+    /// settings, so that a reload that changes it (a new CA file, or the same file
+    /// rewritten) restarts the check with the new config.
+    pub trust: String,
 }
 
 impl fmt::Debug for TlsCheck {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsCheck")
             .field("server_name", &self.server_name)
+            .field("trust", &self.trust)
             .finish_non_exhaustive()
     }
 }

@@ -865,7 +865,6 @@ pub async fn serve_listener_on(
             .map_err(ServeError::Config)?,
     );
     let mut shared = generations.current();
-    let drain_timeout = shared.timeouts.drain;
     let mut builder = Arc::new(builder(&shared.limits));
     // Every connection task holds a clone; recv() returns None once all are gone.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
@@ -913,6 +912,9 @@ pub async fn serve_listener_on(
     // and returning before it closed would let the runtime drop it mid-frame, without its
     // close 1001.
     tunnels.close();
+    // The drain as the running config says now: a reload since the listener started may
+    // have changed it (TCP listeners read it at the drain too).
+    let drain_timeout = generations.current().timeouts.drain;
     if tokio::time::timeout(drain_timeout, async {
         let _ = done_rx.recv().await;
         tunnels.wait().await;
