@@ -40,7 +40,7 @@
 //! re-pin window, and all of them move it at the same moment.
 
 use crate::decision::{Pin, RepinReason};
-use crate::node::{NodeId, NodeStatus, Verdict};
+use crate::node::{AdminState, NodeId, NodeStatus, Verdict};
 use crate::pool::Balance;
 
 /// Node states as the router reads them: a copy per node, plus the nodes that take fresh
@@ -54,6 +54,9 @@ pub struct Snapshot {
     eligible: Vec<NodeId>,
     /// The round-robin cycle over `eligible`, each node `weight` times, interleaved.
     schedule: Vec<NodeId>,
+    /// When the first trial of a READY node DOWN by its traffic comes due (`u64::MAX`:
+    /// none): until then [`Snapshot::trials_due`] has nothing, read with one comparison.
+    next_trial_ms: u64,
 }
 
 impl Snapshot {
@@ -67,11 +70,18 @@ impl Snapshot {
             .map(|(i, _)| NodeId(i as u32))
             .collect();
         let schedule = schedule(&eligible, &weights);
+        let next_trial_ms = statuses
+            .iter()
+            .filter(|s| s.admin == AdminState::Ready)
+            .filter_map(|s| s.health.retry_at_ms(s.policy))
+            .min()
+            .unwrap_or(u64::MAX);
         let snap = Snapshot {
             statuses,
             weights,
             eligible,
             schedule,
+            next_trial_ms,
         };
         snap.debug_check();
         snap
@@ -96,6 +106,22 @@ impl Snapshot {
     /// The nodes that take fresh assignments, in pool order.
     pub fn eligible(&self) -> &[NodeId] {
         &self.eligible
+    }
+
+    /// The READY nodes DOWN by their traffic whose trial is due at `now_ms`, in pool order.
+    /// A route tries such a node only for a fresh assignment or a session pinned to it; when
+    /// every session was moved off it and none comes fresh (a fixed set of clients on a
+    /// source-address table), the I/O layer tries these itself with a connect
+    /// ([`Health::claim_trial`](crate::Health::claim_trial) as for any trial), so that a node
+    /// that blinked does not stay DOWN for want of new clients.
+    pub fn trials_due(&self, now_ms: u64) -> impl Iterator<Item = NodeId> + '_ {
+        let any = now_ms >= self.next_trial_ms;
+        self.statuses
+            .iter()
+            .enumerate()
+            .take(if any { usize::MAX } else { 0 })
+            .filter(move |(_, s)| s.trial_due(now_ms))
+            .map(|(i, _)| NodeId(i as u32))
     }
 
     /// Whether a request waiting on `node` could be replayed now on another node that takes
@@ -1128,6 +1154,55 @@ mod tests {
         assert_eq!(
             route(&Snapshot::default(), 0, &|_| 0, &input(&[])).node,
             None
+        );
+    }
+
+    /// The trials the I/O layer may make with a connect of its own: READY nodes DOWN by their
+    /// traffic whose trial is due, in pool order; none before the first is due, and none of a
+    /// node checked, forced DOWN, in MAINT or draining, or whose trial is claimed.
+    #[test]
+    fn trials_due_are_those_of_ready_nodes_down_by_their_traffic() {
+        let due_at = |s: &NodeStatus| s.health.retry_at_ms(s.policy);
+        let (a, b) = (down_passive(0), down_passive(5_000));
+        assert_eq!(due_at(&a), Some(10_000));
+        let s = snap(&[up(), a, b]);
+        assert_eq!(s.trials_due(9_999).count(), 0);
+        assert_eq!(s.trials_due(10_000).collect::<Vec<_>>(), [B]);
+        assert_eq!(s.trials_due(15_000).collect::<Vec<_>>(), [B, C]);
+
+        let forced = {
+            let mut s = down_passive(0);
+            s.health.force(false);
+            s
+        };
+        let checked = NodeStatus {
+            policy: HealthPolicy {
+                checked: true,
+                ..a.policy
+            },
+            ..a
+        };
+        let maint = NodeStatus {
+            admin: AdminState::Maint,
+            ..a
+        };
+        let draining = NodeStatus {
+            admin: AdminState::Drain {
+                deadline_ms: None,
+                spread_ms: 0,
+            },
+            ..a
+        };
+        let mut claimed = a;
+        assert!(claimed
+            .health
+            .claim_trial(claimed.policy, 10_000, 1_000, false));
+        let s = snap(&[forced, checked, maint, draining, claimed]);
+        assert_eq!(s.trials_due(10_500).count(), 0);
+        assert_eq!(
+            s.trials_due(11_000).collect::<Vec<_>>(),
+            [NodeId(4)],
+            "a claim that lapsed"
         );
     }
 

@@ -443,7 +443,7 @@ impl NoSession {
 /// trial; one someone else holds is skipped.
 async fn connect(
     runtime: &Arc<Runtime>,
-    state: &State,
+    state: &Arc<State>,
     li: usize,
     def: &Arc<ListenerDef>,
     who: &Peer,
@@ -480,6 +480,13 @@ async fn connect(
         // claim ends with the attempt, whatever ends it.
         let trial_hold = def.timeouts.queue + def.timeouts.connect * 3;
         let (route, trial) = state.route(table.zip(key), input, None, trial_hold);
+        if trial.is_none() && failed.is_empty() {
+            state.try_due_trial(
+                clock::now_ms(),
+                |n| state.upstream(def, n, local_port),
+                def.timeouts.connect,
+            );
+        }
         let Some(node) = route.node else {
             NO_NODE.note(&def.name);
             return Err(NoSession::refused("no-node", None));

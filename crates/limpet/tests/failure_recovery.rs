@@ -3286,6 +3286,75 @@ async fn a_tcp_connect_does_not_bring_back_a_node_down_for_unanswered_requests()
     b.kill().await;
 }
 
+/// Without checks, a node that blinked comes back though every session was moved off it and
+/// no new client comes (the print server's fixed clients, on a source-address table): once
+/// its trial has been due a second with no request to make it, limpet tries it with a connect
+/// of its own. Before, only a fresh assignment or a session pinned to the node tried it, so it
+/// stayed DOWN for good, its share of the load on b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_blinked_comes_back_though_every_session_moved_off_it() {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    let a_addr = a_listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("addr: {e}"));
+    let mut a = Backend::serve("a", a_listener);
+    let mut b = Backend::serve("b", b_listener);
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"500ms\"\n\n\
+         [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         table = \"t\"\ntimeouts = {{ connect = \"1s\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("blink-pinned", &text);
+    let l = Limpet::start(&cfg).await;
+    let raw = l.addr("raw");
+    // The one client, pinned to a.
+    let (first, client) = tcp_session_on(raw, "a", 60).await;
+    drop(first);
+
+    // a blinks: its next connect is refused, a goes DOWN, the client moves to b.
+    a.kill().await;
+    let mut s = connect_from(client, raw).await;
+    assert_eq!(
+        tcp_get(&mut s).await.as_deref(),
+        Ok("b"),
+        "failed over to b"
+    );
+    drop(s);
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    let mut a = Backend::start_at("a", a_addr).await;
+    let back = Instant::now();
+
+    // The client goes on, now pinned to b; no new client comes. Within fail_timeout (0.5 s),
+    // the second's grace and slack, a is UP.
+    let bound = Duration::from_millis(500) + Duration::from_secs(1) + SLACK;
+    loop {
+        let mut s = connect_from(client, raw).await;
+        assert_eq!(
+            tcp_get(&mut s).await.as_deref(),
+            Ok("b"),
+            "the session stays on b"
+        );
+        drop(s);
+        let v = node_view(&l, "a").await;
+        if v["state"] == "UP" {
+            break;
+        }
+        assert!(
+            back.elapsed() < bound,
+            "a still DOWN {:?} after it came back, with only sessions pinned to b: {v}",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("a UP {:?} after it came back", back.elapsed());
+    l.stop().await;
+    a.kill().await;
+    b.kill().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // A reload reaches the checks already running
 // ---------------------------------------------------------------------------------------

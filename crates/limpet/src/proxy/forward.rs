@@ -530,6 +530,13 @@ fn proxy<'a, 'b>(
         }
         let failed: Vec<Excluded> = Vec::new();
         let (first, trial) = route(ctx, shared, &p, &failed, now);
+        if trial.is_none() {
+            shared.state.try_due_trial(
+                now,
+                |n| shared.conns.get(n.index()).map(|c| c.addr()),
+                shared.timeouts.connect,
+            );
+        }
         let Some(first_node) = first.node else {
             return unavailable(shared, id);
         };

@@ -188,6 +188,11 @@ impl NodeConns {
 
     /// A ready idle connection, if one is left. Expired ones are pruned first (what is left
     /// is younger, the stack being oldest first); closed ones are dropped on the way.
+    /// The node's address, as this listener socket reaches it.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub(crate) fn checkout(&self) -> Option<Sender> {
         let mut idle = self.lock();
         self.prune(&mut idle);

@@ -932,6 +932,51 @@ impl State {
         }
     }
 
+    /// Tries, with a connect of its own to `addr` (the node as the caller's listener reaches
+    /// it), a DOWN node whose trial is due though no route made it: a route tries such a
+    /// node only for a fresh assignment or a session pinned to it, so once every session moved
+    /// off it and none came fresh (the fixed clients of a source-address table, the print
+    /// server's), a node that blinked stayed DOWN for good, its share of the load on the
+    /// others. Called after a route that was no trial; one comparison until a trial is due.
+    /// The trial is claimed as a route claims one (one at a time, for `connect`), and the
+    /// connect's outcome observed as a TCP listener's is: a completed one brings back a node
+    /// DOWN by failed connects, not one that left requests unanswered (only an answer does).
+    /// Only once the trial has been due for [`TRIAL_BY_CONNECT_AFTER`] with no request to
+    /// make it: under fresh traffic a request tries the node, as ever, and an HTTP node is
+    /// judged by its answer.
+    pub fn try_due_trial(
+        self: &Arc<Self>,
+        now_ms: u64,
+        addr: impl Fn(NodeId) -> Option<SocketAddr>,
+        connect: Duration,
+    ) {
+        let cached = self.snapshot();
+        let due_since = now_ms.saturating_sub(crate::clock::ms(TRIAL_BY_CONNECT_AFTER));
+        let Some((node, addr, claim)) = cached.snap.trials_due(due_since).find_map(|n| {
+            let addr = addr(n)?;
+            Some((n, addr, self.node_rt(n)?.claim_trial(connect, false)?))
+        }) else {
+            return;
+        };
+        drop(cached);
+        tracing::info!(
+            node = self.node_name(node),
+            "trying a DOWN node again with a connect (fail_timeout passed, no request tried it)"
+        );
+        let state = Arc::clone(self);
+        tokio::spawn(async move {
+            let outcome = match crate::net::connect_node(addr, connect).await {
+                Ok(_) => Some(Observation::TrafficConnected),
+                // Out of file descriptors says nothing of the node: the claim just ends.
+                Err(e) => e.observation(),
+            };
+            if let Some(obs) = outcome {
+                state.observe(node, obs);
+            }
+            drop(claim);
+        });
+    }
+
     /// How many turns of the rotation fresh assignments took (carried over by reloads).
     pub fn rotation(&self) -> u64 {
         self.rotation.load(Ordering::Relaxed)
@@ -1124,6 +1169,10 @@ impl State {
         def.upstreams.get(node.index(), local_port)
     }
 }
+
+/// How long a DOWN node's trial may be due with no request to make it before limpet makes it
+/// with a connect of its own ([`State::try_due_trial`]).
+pub const TRIAL_BY_CONNECT_AFTER: Duration = Duration::from_secs(1);
 
 /// The numbers of [`State::generation`]: one per state built in the process.
 static GENERATIONS: AtomicU32 = AtomicU32::new(0);
