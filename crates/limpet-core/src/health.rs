@@ -171,6 +171,11 @@ pub struct Health {
     /// the node went DOWN end `trying`, not the claim: one trial at a time), except a
     /// refused connect, which says the node refuses now and frees the next try.
     claimed_until_ms: u64,
+    /// How many trials were claimed, ever (wrapping): the last one's mark, by which its
+    /// caller gives it back ([`Health::trial_abandoned`]). Kept through every change of
+    /// state, so that a claim from before is never taken for a later one; this process's
+    /// own, not carried.
+    claims: u32,
     /// Each check's consecutive failures, by [`CheckSlot`] (0: its last result passed).
     /// While UP, `streak` counts the traffic failures since the checks last all passed.
     fails: [u8; CheckSlot::COUNT],
@@ -309,6 +314,7 @@ impl Default for Health {
             retry_at_ms: 0,
             trying: false,
             claimed_until_ms: 0,
+            claims: 0,
             fails: [0; CheckSlot::COUNT],
             passes: NO_FAILURE_ALL,
             unanswered: false,
@@ -450,34 +456,43 @@ impl Health {
         self.retry_at_ms = now_ms.saturating_add(hold_ms.max(1));
         self.claimed_until_ms = self.retry_at_ms;
         self.trying = true;
+        self.claims = self.claims.wrapping_add(1);
         true
     }
 
-    /// Until when the last claimed trial holds ([`Self::claim_trial`]): the claim's own
-    /// mark, which its caller gives back to [`Self::trial_abandoned`].
-    pub fn trial_claimed_until(&self) -> u64 {
-        self.claimed_until_ms
+    /// DOWN leaving a request unanswered (the streak that took it there held one, or a trial
+    /// since went unanswered): only an answer brings it back, so only a trial that waits for
+    /// one may be made (an HTTP request), not a TCP listener's session or a connect, which
+    /// a hung process's kernel completes.
+    pub fn awaits_an_answer(&self) -> bool {
+        !self.up && self.unanswered
     }
 
-    /// The trial claimed until `claim` ended at `now_ms` with nothing learnt of the node: its
+    /// The last claimed trial's mark ([`Self::claim_trial`]), which its caller gives back to
+    /// [`Self::trial_abandoned`].
+    pub fn trial_claim(&self) -> u32 {
+        self.claims
+    }
+
+    /// The trial claimed as `claim` ended at `now_ms` with nothing learnt of the node: its
     /// request was cancelled (the client left, an HTTP/2 stream reset, a drain's cut), or
     /// ended for the client's fault or limpet's before the node could answer (a body that
     /// stopped coming, a queue timeout). Left to its claim, it would hold every early trial
-    /// until `connect + upstream_answer` (63 s by default): with no other node to take them,
+    /// until the longest its outcome could take (about a minute by default): with no other node to take them,
     /// every request meanwhile answered 503 though the node may well be back. So the claim
     /// ends now, and the next trial is due as after a failed one (`fail_timeout` from now,
     /// never later than the claim would have made it): a node that hangs is not handed one
     /// request after another by clients that give up on it. A claim another trial replaced,
     /// or one whose outcome was observed, is left alone.
-    pub fn trial_abandoned(&mut self, policy: HealthPolicy, claim: u64, now_ms: u64) {
+    pub fn trial_abandoned(&mut self, policy: HealthPolicy, claim: u32, now_ms: u64) {
         if !self.up
             && !policy.checked
             && self.trying
-            && self.claimed_until_ms == claim
+            && self.claims == claim
             && self.retry_at_ms != u64::MAX
         {
             self.trying = false;
-            self.claimed_until_ms = now_ms.min(claim);
+            self.claimed_until_ms = now_ms.min(self.claimed_until_ms);
             self.retry_at_ms = self
                 .retry_at_ms
                 .min(now_ms.saturating_add(policy.fail_timeout_ms));
@@ -575,7 +590,10 @@ impl Health {
                 } else {
                     self.streak += 1;
                     if self.streak >= policy.rise.max(1) && self.every_check_passed(policy.rise) {
-                        *self = Health::default();
+                        *self = Health {
+                            claims: self.claims,
+                            ..Health::default()
+                        };
                         Some(Transition::WentUp)
                     } else {
                         None
@@ -613,6 +631,7 @@ impl Health {
                     // process's kernel: its first timed-out HTTP answer ends that.
                     *self = Health {
                         streak: policy.fall.max(1) - 1,
+                        claims: self.claims,
                         ..Health::default()
                     };
                     Some(Transition::WentUp)
@@ -650,6 +669,7 @@ impl Health {
             // While DOWN: the streak that took it there held a request it took and did not
             // answer, so only an answer brings it back.
             unanswered: self.unanswered,
+            claims: self.claims,
             down_cause: Some(cause),
             ..Health::default()
         };
@@ -718,6 +738,7 @@ impl Health {
                 self.passes
             },
             down_cause: (!up).then_some(DownCause::Forced),
+            claims: self.claims,
             ..Health::default()
         };
         match (was, up) {
@@ -940,7 +961,7 @@ mod tests {
                     }
                 }
                 let carried = Health::carried(&h.carry(Some), |&s| Some(s));
-                proptest::prop_assert_eq!(carried, Health { trying: false, ..h });
+                proptest::prop_assert_eq!(carried, Health { trying: false, claims: 0, ..h });
                 proptest::prop_assert_eq!(carried.carry(Some), h.carry(Some));
             }
         }
@@ -1329,7 +1350,7 @@ mod tests {
         let mut h = Health::default();
         h.observe(TrafficFailed, p, 0);
         assert!(h.claim_trial(p, 1, 63_000, true));
-        let claim = h.trial_claimed_until();
+        let claim = h.trial_claim();
         assert!(!h.early_trial_possible(p, 100));
         h.trial_abandoned(p, claim, 100);
         assert!(h.early_trial_possible(p, 100), "the claim ends at once");
@@ -1342,10 +1363,11 @@ mod tests {
 
         // A later claim is not ended by an earlier one's end.
         assert!(h.claim_trial(p, 10_100, 63_000, false));
-        let second = h.trial_claimed_until();
+        let second = h.trial_claim();
+        let until = h.claimed_until_ms;
         h.trial_abandoned(p, claim, 10_200);
         assert!(!h.early_trial_possible(p, 10_200));
-        assert_eq!(h.trial_claimed_until(), second);
+        assert_eq!(h.claimed_until_ms, until);
 
         // Nor is one whose outcome came: a failed trial waits its `fail_timeout`.
         h.observe(NoAnswer, p, 20_000);
@@ -1355,7 +1377,7 @@ mod tests {
 
         // A short claim is not lengthened: due when it would have lapsed.
         assert!(h.claim_trial(p, 30_000, 2_000, false));
-        let short = h.trial_claimed_until();
+        let short = h.trial_claim();
         h.trial_abandoned(p, short, 30_500);
         assert_eq!(h.availability(p, 32_000), Availability::TrialDue);
 
@@ -1363,8 +1385,24 @@ mod tests {
         assert!(h.claim_trial(p, 32_000, 2_000, false));
         assert_eq!(h.observe(TrafficOk, p, 32_100), Some(Transition::WentUp));
         let up = h;
-        h.trial_abandoned(p, 34_000, 32_200);
+        h.trial_abandoned(p, h.trial_claim(), 32_200);
         assert_eq!(h, up);
+
+        // Two claims ending the same millisecond are told apart: the first, whose connect
+        // was refused, does not end the second when it is given back.
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        assert!(h.claim_trial(p, 1, 5_000, true));
+        let refused = h.trial_claim();
+        h.observe(TrafficFailed, p, 1);
+        assert!(h.claim_trial(p, 1, 5_000, true));
+        let until = h.claimed_until_ms;
+        h.trial_abandoned(p, refused, 1);
+        assert_eq!(
+            (h.claimed_until_ms, h.trying),
+            (until, true),
+            "the second trial holds"
+        );
     }
 
     /// A node that went DOWN leaving requests unanswered (a hung process: its kernel still

@@ -92,20 +92,30 @@ pub struct NodeRuntime {
 /// its key only.
 type MoveWatchers = std::collections::HashMap<u64, watch::Sender<Option<EndReason>>>;
 
+/// What decides a trial of a DOWN node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrialBy {
+    /// An HTTP request's answer.
+    Answer,
+    /// A completed connect: a TCP listener's session, or limpet's own connect
+    /// ([`crate::runtime::State::try_due_trial`]).
+    Connect,
+}
+
 /// A DOWN node's trial, claimed by one request or TCP session ([`NodeRuntime::claim_trial`]).
 /// Dropped with no outcome observed since, it ends the claim.
 #[derive(Debug)]
 pub struct TrialClaim {
     node: Arc<NodeRuntime>,
     /// The claim's own mark: a claim another trial made since is not this one's to end.
-    until_ms: u64,
+    mark: u32,
 }
 
 impl Drop for TrialClaim {
     fn drop(&mut self) {
-        let (now, until) = (clock::now_ms(), self.until_ms);
+        let (now, mark) = (clock::now_ms(), self.mark);
         self.node
-            .update(|s| s.health.trial_abandoned(s.policy, until, now));
+            .update(|s| s.health.trial_abandoned(s.policy, mark, now));
     }
 }
 
@@ -356,16 +366,25 @@ impl NodeRuntime {
     /// was observed (the request cancelled, or ended for its client's fault or limpet's)
     /// ends the claim then ([`limpet_core::Health::trial_abandoned`]), rather than holding
     /// every other early trial off until `hold` ran out.
-    pub fn claim_trial(self: &Arc<Self>, hold: Duration, early: bool) -> Option<TrialClaim> {
+    ///
+    /// A trial decided `by` a connect is not made of a node that awaits an answer
+    /// ([`limpet_core::Health::awaits_an_answer`]): it would only use up the trial an HTTP
+    /// request could make.
+    pub fn claim_trial(
+        self: &Arc<Self>,
+        hold: Duration,
+        early: bool,
+        by: TrialBy,
+    ) -> Option<TrialClaim> {
         let now = clock::now_ms();
         self.update(|s| {
-            s.health
-                .claim_trial(s.policy, now, clock::ms(hold), early)
-                .then(|| s.health.trial_claimed_until())
+            let may = by == TrialBy::Answer || !s.health.awaits_an_answer();
+            (may && s.health.claim_trial(s.policy, now, clock::ms(hold), early))
+                .then(|| s.health.trial_claim())
         })
-        .map(|until_ms| TrialClaim {
+        .map(|mark| TrialClaim {
             node: Arc::clone(self),
-            until_ms,
+            mark,
         })
     }
 
@@ -1216,12 +1235,15 @@ mod tests {
             rt.observe(Observation::TrafficFailed),
             Some(Transition::WentDown)
         );
-        assert!(rt.claim_trial(Duration::from_secs(1), false).is_none());
+        assert!(rt
+            .claim_trial(Duration::from_secs(1), false, TrialBy::Answer)
+            .is_none());
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let trial = rt.claim_trial(Duration::from_secs(1), false);
+        let trial = rt.claim_trial(Duration::from_secs(1), false, TrialBy::Answer);
         assert!(trial.is_some(), "due after fail_timeout");
         assert!(
-            rt.claim_trial(Duration::from_secs(1), false).is_none(),
+            rt.claim_trial(Duration::from_secs(1), false, TrialBy::Answer)
+                .is_none(),
             "one trial at a time"
         );
         assert_eq!(rt.observe(Observation::TrafficOk), Some(Transition::WentUp));
@@ -1242,18 +1264,21 @@ mod tests {
         });
         rt.observe(Observation::TrafficFailed);
         let hold = Duration::from_secs(63);
-        let early = rt.claim_trial(hold, true);
+        let early = rt.claim_trial(hold, true, TrialBy::Answer);
         assert!(early.is_some(), "no other node: an early trial");
-        assert!(rt.claim_trial(hold, true).is_none(), "one at a time");
+        assert!(
+            rt.claim_trial(hold, true, TrialBy::Answer).is_none(),
+            "one at a time"
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(early);
-        let again = rt.claim_trial(hold, true);
+        let again = rt.claim_trial(hold, true, TrialBy::Answer);
         assert!(again.is_some(), "the next early trial goes at once");
         drop(again);
-        assert!(rt.claim_trial(hold, false).is_none());
+        assert!(rt.claim_trial(hold, false, TrialBy::Answer).is_none());
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(
-            rt.claim_trial(hold, false).is_some(),
+            rt.claim_trial(hold, false, TrialBy::Answer).is_some(),
             "due fail_timeout after the last one ended"
         );
     }

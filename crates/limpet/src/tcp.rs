@@ -479,7 +479,13 @@ async fn connect(
         // the connect, the PROXY header and the TLS handshake, each within `connect`. The
         // claim ends with the attempt, whatever ends it.
         let trial_hold = def.timeouts.queue + def.timeouts.connect * 3;
-        let (route, trial) = state.route(table.zip(key), input, None, trial_hold);
+        let (route, trial) = state.route(
+            table.zip(key),
+            input,
+            None,
+            trial_hold,
+            crate::nodes::TrialBy::Connect,
+        );
         if trial.is_none() && failed.is_empty() {
             state.try_due_trial(
                 clock::now_ms(),
@@ -544,10 +550,11 @@ async fn connect(
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove.
                 state.observe(node, Observation::TrafficConnected);
-                // A trial of a node that went DOWN leaving requests unanswered is not decided
-                // by a connect (its kernel completes them while the process hangs): the node
-                // stays DOWN, and the session goes to another node, as from a node that
-                // refused it, but with nothing charged to this one.
+                // A connect does not decide the trial of a node that left requests unanswered
+                // (its kernel completes them while the process hangs). Such a trial is not
+                // given to a TCP session, but a request may have gone unanswered since this
+                // one was claimed: the node stays DOWN, and the session goes to another node,
+                // as from a node that refused it, but with nothing charged to this one.
                 if trial.is_some() && rt.is_some_and(|rt| !rt.status().health.is_up()) {
                     drop(stream);
                     failed.push(Excluded {

@@ -119,6 +119,7 @@ fn route_keyed(
         },
         None,
         std::time::Duration::from_secs(1),
+        limpet::nodes::TrialBy::Answer,
     );
     (r.node.map(|id| state.node_name(id).to_owned()), trial)
 }

@@ -3145,7 +3145,7 @@ async fn a_session_failing_back_home_ends_its_tcp_session_on_the_other_node() {
 /// The only node DOWN by its traffic comes back, and the request that tries it is one whose
 /// client leaves before the answer (an HTTP/2 stream reset while a 30 s `/slow` runs): the
 /// next request tries the node at once and is served. Before, the trial's claim held for
-/// `connect + upstream_answer` (63 s by default) whatever became of its request, and every
+/// (then `connect + upstream_answer`, 63 s by default) whatever became of its request, and every
 /// request meanwhile was answered 503 though the node was back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trial_whose_client_left_lets_the_next_request_try_the_node_at_once() {
@@ -3212,13 +3212,14 @@ async fn a_trial_whose_client_left_lets_the_next_request_try_the_node_at_once() 
 }
 
 /// Without checks, a node that went DOWN leaving an HTTP request unanswered (hung: its kernel
-/// completes connects, nothing answers) is not brought back by a TCP listener's session
-/// trying it: the connect completes, and proves nothing about answers, so the session goes
-/// to b and a stays DOWN. Before, the connect brought a UP, the session hung on it, and fresh
-/// HTTP sessions were sent to it again, each waiting out its answer timeout, at every
-/// `fail_timeout`.
+/// completes connects, nothing answers) is not tried by TCP sessions, nor by limpet's own
+/// connects: a completed connect proves nothing about answers, and would only use up the trial
+/// an HTTP request can make. The sessions go to b and a sees no connection, past its
+/// `fail_timeout` and the second after which limpet tries a node itself; the next HTTP request
+/// pinned to a is its trial. Before, a TCP session's connect brought a UP and the session hung
+/// on it, and fresh HTTP sessions were sent to it again, each waiting out its answer timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tcp_connect_does_not_bring_back_a_node_down_for_unanswered_requests() {
+async fn tcp_sessions_do_not_try_a_node_down_for_unanswered_requests() {
     let (hung, port, mut b) = hung_a_and_live_b().await;
     let text = format!(
         "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
@@ -3240,47 +3241,47 @@ async fn a_tcp_connect_does_not_bring_back_a_node_down_for_unanswered_requests()
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((first.status, first.node.as_str()), (200, "b"), "{first:?}");
     assert_eq!(node_view(&l, "a").await["state"], "DOWN");
-    // Its connection, taken off a's accept queue: the next one there is the TCP trial's.
+    // Its connection, taken off a's accept queue: any later one is a trial's.
     let _unanswered = tokio::time::timeout(PATIENCE, hung.accept())
         .await
         .unwrap_or_else(|_| panic!("the request's connection is not in a's queue"))
         .unwrap_or_else(|e| panic!("accept: {e}"));
 
-    // Fresh TCP sessions, each kept, until one is a's trial (once its fail_timeout passed).
-    let mut sessions = Vec::new();
-    let deadline = Instant::now() + PATIENCE;
-    let mut on_a = loop {
-        assert!(Instant::now() < deadline, "no TCP session tried a");
-        sessions.push(
-            TcpStream::connect(l.addr("raw"))
-                .await
-                .unwrap_or_else(|e| panic!("connect raw: {e}")),
+    // Fresh TCP sessions for 1.6 s: past a's fail_timeout (0.3 s) and the second after which
+    // limpet would try it with a connect of its own.
+    let since = Instant::now();
+    let mut sessions = 0;
+    while since.elapsed() < Duration::from_millis(1_600) && sessions < 100 {
+        let mut s = TcpStream::connect(l.addr("raw"))
+            .await
+            .unwrap_or_else(|e| panic!("connect raw: {e}"));
+        assert_eq!(
+            tcp_get(&mut s).await.as_deref(),
+            Ok("b"),
+            "session {sessions}"
         );
-        if let Ok(accepted) = tokio::time::timeout(Duration::from_millis(50), hung.accept()).await {
-            break accepted.unwrap_or_else(|e| panic!("accept: {e}")).0;
-        }
-    };
-    // The connect proves nothing: limpet lets it go, and the session is b's.
-    let trial = sessions.last_mut().unwrap_or_else(|| unreachable!());
-    assert_eq!(
-        tcp_get(trial).await.as_deref(),
-        Ok("b"),
-        "the session that tried a is served by b"
-    );
-    let mut rest = [0u8; 16];
+        sessions += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
-        matches!(
-            tokio::time::timeout(PATIENCE, on_a.read(&mut rest)).await,
-            Ok(Ok(0) | Err(_))
-        ),
-        "the trial's connection to a is closed, nothing sent on it"
+        futures_util::FutureExt::now_or_never(hung.accept()).is_none(),
+        "a TCP session or limpet's own connect tried a"
     );
     let view = node_view(&l, "a").await;
-    assert_eq!(
-        view["state"], "DOWN",
-        "a completed connect is no answer: {view}"
+    assert_eq!(view["state"], "DOWN", "{view}");
+
+    // The next HTTP request pinned to a is its trial: sent to a, unanswered, replayed on b.
+    let trial = h1
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((trial.status, trial.node.as_str()), (200, "b"), "{trial:?}");
+    assert!(
+        tokio::time::timeout(PATIENCE, hung.accept()).await.is_ok(),
+        "the HTTP request tried a"
     );
-    drop((sessions, on_a, h1));
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    drop(h1);
     l.stop().await;
     drop(hung);
     b.kill().await;

@@ -382,11 +382,17 @@ fn route(
         .as_deref()
         .zip(p.key.as_ref().map(TableKey::as_key_ref));
     // A DOWN node's trial is decided by its answer: claimed for as long as that may take
-    // (its wait in the node's queue, the connect, the answer), and ended with the request
-    // if it ends first.
+    // (its wait in the node's queue, the connect and a TLS handshake, the answer), and ended
+    // with the request if it ends first.
     let trial_hold =
-        shared.timeouts.queue + shared.timeouts.connect + shared.timeouts.upstream_answer;
-    shared.state.route(table, input, Some(&ctx.pin), trial_hold)
+        shared.timeouts.queue + shared.timeouts.connect * 2 + shared.timeouts.upstream_answer;
+    shared.state.route(
+        table,
+        input,
+        Some(&ctx.pin),
+        trial_hold,
+        crate::nodes::TrialBy::Answer,
+    )
 }
 
 /// A table that learns from answers learns the session the node just handed out

@@ -218,6 +218,23 @@ impl Generations {
         shared.state.generation() == now || self.refused.load(Ordering::Relaxed) == now
     }
 
+    /// The `drain` the running config gives this listener, read without building its
+    /// settings for a generation no connection asked for yet (at a stop, that would only
+    /// make node connection pools to drop).
+    fn drain(&self) -> Duration {
+        let current = self.current.load();
+        if self.serves(&current) {
+            return current.timeouts.drain;
+        }
+        self.runtime
+            .state()
+            .listeners
+            .iter()
+            .map(|l| l.def.load())
+            .find(|d| d.name == self.name)
+            .map_or(current.timeouts.drain, |d| d.timeouts.drain)
+    }
+
     /// The listener's settings and connections for the runtime's current state.
     fn current(&self) -> Arc<Shared> {
         let current = self.current.load_full();
@@ -914,7 +931,7 @@ pub async fn serve_listener_on(
     tunnels.close();
     // The drain as the running config says now: a reload since the listener started may
     // have changed it (TCP listeners read it at the drain too).
-    let drain_timeout = generations.current().timeouts.drain;
+    let drain_timeout = generations.drain();
     if tokio::time::timeout(drain_timeout, async {
         let _ = done_rx.recv().await;
         tunnels.wait().await;

@@ -49,7 +49,7 @@ use limpet_core::{
 };
 
 use crate::config::{Config, ListenerDef, TableDef};
-use crate::nodes::{ConnGuard, NodeRuntime, TrialClaim};
+use crate::nodes::{ConnGuard, NodeRuntime, TrialBy, TrialClaim};
 use crate::store::{Store, Write};
 
 pub use control::{
@@ -826,7 +826,8 @@ impl State {
     /// 3. the trial of a DOWN node due one, claimed for at most `trial_hold` (as long as its
     ///    outcome may take to be known), and returned: the caller holds the claim until the
     ///    outcome is observed, and dropped before, it ends the claim. A trial another
-    ///    connection holds makes this route again without that node;
+    ///    connection holds, or one `trial_by` cannot decide (a connect, for a node that
+    ///    left a request unanswered), makes this route again without that node;
     /// 4. the table write.
     ///
     /// Nothing is written before every claim is won, so a route that is retried leaves no
@@ -837,6 +838,7 @@ impl State {
         mut input: RouteInput<'_>,
         conn: Option<&ConnPin>,
         trial_hold: Duration,
+        trial_by: TrialBy,
     ) -> (Route, Option<TrialClaim>) {
         let now = input.now_ms;
         let mut held = table.map(|(t, k)| {
@@ -896,7 +898,7 @@ impl State {
             if let (true, Some(n)) = (r.trial, r.node) {
                 trial = self
                     .node_rt(n)
-                    .and_then(|rt| rt.claim_trial(trial_hold, r.trial_early));
+                    .and_then(|rt| rt.claim_trial(trial_hold, r.trial_early, trial_by));
                 if trial.is_none() {
                     taken.push(Excluded {
                         node: n,
@@ -940,7 +942,8 @@ impl State {
     /// others. Called after a route that was no trial; one comparison until a trial is due.
     /// The trial is claimed as a route claims one (one at a time, for `connect`), and the
     /// connect's outcome observed as a TCP listener's is: a completed one brings back a node
-    /// DOWN by failed connects, not one that left requests unanswered (only an answer does).
+    /// DOWN by failed connects. A node that left requests unanswered is not tried this way
+    /// ([`TrialBy::Connect`]): only an answer brings it back.
     /// Only once the trial has been due for [`TRIAL_BY_CONNECT_AFTER`] with no request to
     /// make it: under fresh traffic a request tries the node, as ever, and an HTTP node is
     /// judged by its answer.
@@ -954,7 +957,12 @@ impl State {
         let due_since = now_ms.saturating_sub(crate::clock::ms(TRIAL_BY_CONNECT_AFTER));
         let Some((node, addr, claim)) = cached.snap.trials_due(due_since).find_map(|n| {
             let addr = addr(n)?;
-            Some((n, addr, self.node_rt(n)?.claim_trial(connect, false)?))
+            Some((
+                n,
+                addr,
+                self.node_rt(n)?
+                    .claim_trial(connect, false, TrialBy::Connect)?,
+            ))
         }) else {
             return;
         };
