@@ -68,6 +68,9 @@ const TOOK: &[u8] = b"took\n";
 /// "stopping" nothing has changed hands; after it, the holder serves again.
 pub const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
 
+/// How long a taker has from its connect to its "ready": the offer's step and its start's.
+const OFFER_LIMIT: Duration = Duration::from_secs(2 * HANDOVER_LIMIT.as_secs());
+
 /// The least difference between the holder's clock and the taker's taken as a step of the
 /// wall clock between their starts ([`State::clock_offset`]); less is the handover's own
 /// time.
@@ -1170,6 +1173,35 @@ impl Ready {
     /// (it died, or hangs); it does not accept then, and this limpet must serve again.
     /// Blocking.
     pub fn confirm(self, state: &State) -> bool {
+        self.confirm_on(state)
+    }
+
+    /// [`confirm`](Self::confirm) on a blocking thread, within `limit` as a whole. The
+    /// socket's own timeouts bound each read and write alone, and each byte that comes
+    /// restarts them: a taker that reads the state slowly, or says "took" a byte at a time,
+    /// held this limpet, which accepts no one meanwhile, for as long as it kept going (a
+    /// "took" dribbled over 100 s held it 100 s). Past `limit` the socket is shut down, the
+    /// blocked call returns at once, and the taker did not take over unless its "took" was
+    /// read by then (a taker that wrote it after the shutdown fails to, and does not accept).
+    pub async fn confirm_within(self, state: State, limit: Duration) -> bool {
+        let end = self.conn.try_clone();
+        let mut confirming = tokio::task::spawn_blocking(move || self.confirm_on(&state));
+        if let Ok(r) = tokio::time::timeout(limit, &mut confirming).await {
+            return r.unwrap_or(false);
+        }
+        match &end {
+            Ok(end) => {
+                tracing::error!(?limit, "upgrade: the new limpet did not take over within the limit; ending the handover");
+                let _ = end.shutdown(std::net::Shutdown::Both);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "upgrade: the handover cannot be cut short; waiting for it");
+            }
+        }
+        confirming.await.unwrap_or(false)
+    }
+
+    fn confirm_on(&self, state: &State) -> bool {
         let took = send_state(&self.conn, state).and_then(|()| {
             let mut got = [0u8; TOOK.len()];
             read_exact_fds(&self.conn, &mut got, &mut Vec::new())?;
@@ -1197,6 +1229,16 @@ pub async fn hold(
     listener: tokio::net::UnixListener,
     sockets: std::sync::Arc<Held>,
     stop: impl std::future::Future<Output = ()>,
+) -> Option<Ready> {
+    hold_within(listener, sockets, stop, OFFER_LIMIT).await
+}
+
+/// [`hold`], each taker given `offer_limit` from its connect to its "ready".
+async fn hold_within(
+    listener: tokio::net::UnixListener,
+    sockets: std::sync::Arc<Held>,
+    stop: impl std::future::Future<Output = ()>,
+    offer_limit: Duration,
 ) -> Option<Ready> {
     tokio::pin!(stop);
     loop {
@@ -1243,12 +1285,23 @@ pub async fn hold(
         };
         let sockets = std::sync::Arc::clone(&sockets);
         let exchange = tokio::task::spawn_blocking(move || offer(&conn, &sockets).map(|()| conn));
+        tokio::pin!(exchange);
+        // The hello and the offer, then the taker's start up to "ready": a step each, as a
+        // whole (the socket's timeouts restart at each byte that comes).
+        let limit = tokio::time::sleep(offer_limit);
+        tokio::pin!(limit);
         tokio::select! {
             () = &mut stop => {
                 let _ = end.shutdown(std::net::Shutdown::Both);
                 return None;
             }
-            r = exchange => match r {
+            () = &mut limit => {
+                let _ = end.shutdown(std::net::Shutdown::Both);
+                tracing::warn!(limit = ?offer_limit, "upgrade: the new limpet was not ready within the limit; serving on");
+                // Returns at once now; a taker that said "ready" meanwhile is not heeded.
+                let _ = exchange.await;
+            }
+            r = &mut exchange => match r {
                 Ok(Ok(conn)) => return Some(Ready { conn, pid }),
                 Ok(Err(e)) => tracing::warn!(error = %e, "upgrade: handover not completed; serving on"),
                 Err(e) => tracing::warn!(error = %e, "upgrade: handover task failed; serving on"),
@@ -1526,6 +1579,120 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         gone.await.unwrap_or_else(|e| panic!("{e}"));
         assert!(!took);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A taker that says "took" a byte at a time, each within the socket's own timeout, is
+    /// cut at the confirmation's limit as a whole: the holder, which accepts no one
+    /// meanwhile, serves again then. Before, each byte restarted the timeout, and the holder
+    /// waited for as long as the taker kept dribbling (here 2 s, against a 300 ms limit).
+    /// The taker's late bytes find the handover ended; one whose "took" came in time counts.
+    #[tokio::test]
+    async fn a_taker_that_says_took_a_byte_at_a_time_is_cut_at_the_limit() {
+        let dir = scratch("dribble");
+        let path = dir.join("up.sock");
+        for (gap, want) in [(Duration::from_millis(500), false), (Duration::ZERO, true)] {
+            let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
+            let holder = tokio::spawn(hold(
+                listener,
+                std::sync::Arc::new(Held::new(Vec::new())),
+                std::future::pending(),
+            ));
+            let p = path.clone();
+            let h = tokio::task::spawn_blocking(move || take_over(&p))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("no holder found"));
+            let taker = tokio::task::spawn_blocking(move || {
+                (&h.conn).write_all(READY)?;
+                let mut fds = Vec::new();
+                let mut got = [0u8; STOPPING.len()];
+                read_exact_fds(&h.conn, &mut got, &mut fds)?;
+                receive_state(&h.conn, &mut fds)?;
+                for b in TOOK {
+                    std::thread::sleep(gap);
+                    (&h.conn).write_all(&[*b])?;
+                }
+                Ok::<(), std::io::Error>(())
+            });
+            let ready = holder
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("the holder saw no ready taker"));
+            let started = std::time::Instant::now();
+            let took = ready
+                .confirm_within(State::default(), Duration::from_millis(300))
+                .await;
+            let waited = started.elapsed();
+            assert_eq!(took, want, "gap {gap:?}");
+            if !want {
+                assert!(
+                    waited < Duration::from_millis(1_500),
+                    "cut at the limit, not after the taker's {} bytes: {waited:?}",
+                    TOOK.len()
+                );
+                assert!(
+                    taker.await.unwrap_or_else(|e| panic!("{e}")).is_err(),
+                    "the taker's late bytes find the handover ended"
+                );
+            } else {
+                taker
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|e| panic!("taker: {e}"));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A taker that says hello a byte at a time is let go at the offer's limit, and the next
+    /// taker is served: before, each byte restarted the socket's timeout, and the upgrade
+    /// socket served no one else for as long as the first kept going.
+    #[tokio::test]
+    async fn a_taker_that_says_hello_a_byte_at_a_time_is_let_go_at_the_offer_limit() {
+        let dir = scratch("slow-hello");
+        let path = dir.join("up.sock");
+        let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
+        let holder = tokio::spawn(hold_within(
+            listener,
+            std::sync::Arc::new(Held::new(Vec::new())),
+            std::future::pending(),
+            Duration::from_millis(300),
+        ));
+        let p = path.clone();
+        let slow = tokio::task::spawn_blocking(move || {
+            let mut conn = UnixStream::connect(&p)?;
+            for b in HELLO {
+                conn.write_all(&[*b])?;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok::<(), std::io::Error>(())
+        });
+        let p = path.clone();
+        let started = std::time::Instant::now();
+        let h = tokio::task::spawn_blocking(move || take_over(&p))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no holder found"));
+        let second = tokio::task::spawn_blocking(move || (&h.conn).write_all(READY).map(|()| h));
+        let ready = holder
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("the holder saw no ready taker"));
+        assert!(
+            started.elapsed() < Duration::from_millis(1_500),
+            "the second taker was served at the first's limit, not after its {} bytes: {:?}",
+            HELLO.len(),
+            started.elapsed()
+        );
+        drop(ready);
+        let _ = second.await;
+        assert!(
+            slow.await.unwrap_or_else(|e| panic!("{e}")).is_err(),
+            "the slow one's late bytes find its exchange ended"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -924,9 +924,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
             let handed = running.handover_state().await;
             let taker = ready.pid();
-            let took = tokio::task::spawn_blocking(move || ready.confirm(&handed))
-                .await
-                .unwrap_or(false);
+            let took = ready
+                .confirm_within(handed, crate::upgrade::HANDOVER_LIMIT)
+                .await;
             if took {
                 // Before the drain: this process's exit must not end the unit.
                 crate::notify::handed_over(taker);
