@@ -284,6 +284,64 @@ async fn a_crash_and_restart_brings_the_pins_back_from_the_periodic_snapshot() {
     assert_eq!(node_for("127.0.0.91", web).await, first);
 }
 
+/// A periodic snapshot a reload sets up is saved, and a crash after it is survived: the
+/// table had no `snapshot` at the start; the reload gives it one, every second. Before, the
+/// periodic saves were tasks made at the start for the tables then, so a reload's snapshot was
+/// never written until a shutdown, and a crash lost every pin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_snapshot_a_reload_sets_up_is_saved_and_survives_a_crash() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let text = |snapshot: &str| {
+        format!(
+            "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n{snapshot}\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+             node_port = {port}\ntable = \"t\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&NODES[..2])
+        )
+    };
+    let cfg = ConfigFile::new("reload-snapshot", &text(""));
+    let snap = cfg.dir.join("t.snapshot");
+    let (proc, web, admin) = run(&cfg).await;
+    cfg.write(&text(
+        "snapshot = \"t.snapshot\"\nsnapshot_interval = \"1s\"\n",
+    ));
+    signal(&proc.0, "HUP");
+    until(
+        &format!("http://{admin}/metrics"),
+        "the reload applied",
+        |_, text| text.contains(r#"limpet_config_reloads_total{result="ok"} 1"#),
+    )
+    .await;
+    let first = node_for("127.0.0.93", web).await;
+    let second = node_for("127.0.0.94", web).await;
+    assert_ne!(first, second);
+    let pinned_at = std::time::SystemTime::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1000 + 2000);
+    loop {
+        let saved_after = std::fs::metadata(&snap)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > pinned_at);
+        if saved_after {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no snapshot saved within the reloaded snapshot_interval (1 s) + 2 s of the pins"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(&proc.0, "KILL");
+    drop(proc);
+
+    let (_proc, web, _) = run(&cfg).await;
+    assert_eq!(
+        node_for("127.0.0.94", web).await,
+        second,
+        "the second client comes first after the restart and keeps its node"
+    );
+    assert_eq!(node_for("127.0.0.93", web).await, first);
+}
+
 /// SIGTERM while a SIGHUP's reload cannot read its file (a FIFO with a writer that sends
 /// nothing, as a hung network mount would hold it): the reload waits on a task of its own,
 /// so the stop is taken at once, and the exit does not wait for the blocked read.

@@ -374,6 +374,70 @@ fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit() {
     );
 }
 
+/// A table whose disk hangs holds no other table's periodic saves: `t`'s temporary file is a
+/// FIFO nobody reads, so its save blocks; `u`, saved at the same interval, is written all the
+/// same. (The saves are made by one upkeep task that reads the running config's tables; it
+/// does not wait on a save.)
+#[test]
+fn a_table_whose_disk_hangs_holds_no_other_table_s_saves() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = TempDir::new("snap-stuck-other");
+    let tmp = dir
+        .path()
+        .join(format!("t.snapshot.tmp.{}", std::process::id()));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&tmp)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+    let u = dir.path().join("u.snapshot");
+    let saved = rt.block_on(async {
+        let running = start(config(
+            &dir,
+            &text(
+                1,
+                "snapshot = \"t.snapshot\"\nsnapshot_interval = \"1s\"\n\n\
+                 [[tables]]\nname = \"u\"\nkey = \"source-ip\"\nsnapshot = \"u.snapshot\"\n\
+                 snapshot_interval = \"1s\"",
+            ),
+        ))
+        .await
+        .expect("start");
+        // t's first save blocks at 1 s; u's second comes at 2 s, its third at 3 s.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut saves = 0;
+        let mut last = None;
+        while saves < 2 && tokio::time::Instant::now() < deadline {
+            let modified = std::fs::metadata(&u).and_then(|m| m.modified()).ok();
+            if modified.is_some() && modified != last {
+                saves += 1;
+                last = modified;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The stuck save is let go (a reader on the FIFO) before the stop, which would
+        // otherwise wait for its own save of t to its limit.
+        let fifo = tmp.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Ok(mut f) = std::fs::File::open(&fifo) {
+                let _ = std::io::Read::read_to_end(&mut f, &mut Vec::new());
+            }
+        })
+        .await;
+        running.stop().await;
+        saves
+    });
+    rt.shutdown_background();
+    assert_eq!(
+        saved, 2,
+        "u saved twice within 5 s while t's save was stuck"
+    );
+}
+
 /// Nodes a and b and limpet's TCP listener `raw` over table `t` (with `table_extra`), on
 /// `tag`'s directory.
 async fn table_over_two_nodes(

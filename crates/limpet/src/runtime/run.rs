@@ -603,51 +603,7 @@ pub async fn start_from(
             }
         }
     }
-    for t in state.tables() {
-        let table = Arc::clone(t);
-        let mut stop = shutdown_rx.clone();
-        tasks.spawn(async move {
-            // Expired entries are also dropped by lookups that meet them; this bounds the
-            // memory of entries nobody looks up again, with bounded work per tick.
-            let purge_every = Duration::from_secs(10);
-            // `snapshot_interval` on its own clock, not rounded up to the purge's ticks (a
-            // 1 s interval used to save every 10 s).
-            let save_every = table.def.snapshot.as_ref().and_then(|s| s.interval);
-            let start = tokio::time::Instant::now();
-            let mut next_purge = start + purge_every;
-            let mut next_save = save_every.map(|every| start + every);
-            loop {
-                let wake = next_save.map_or(next_purge, |at| at.min(next_purge));
-                tokio::select! {
-                    () = super::stopped(&mut stop) => return,
-                    () = tokio::time::sleep_until(wake) => {}
-                }
-                let now = tokio::time::Instant::now();
-                if now >= next_purge {
-                    next_purge = now + purge_every;
-                    limpet_core::table::AffinityStore::purge_expired(
-                        table.lock().store_mut(),
-                        now_ms(),
-                        10_000,
-                    );
-                }
-                if let (Some(at), Some(every)) = (next_save, save_every) {
-                    if now >= at {
-                        next_save = Some(now + every);
-                        let t = Arc::clone(&table);
-                        // File I/O off the async workers, and not waited for past a stop:
-                        // a save stuck on a disk that hangs must not hold the shutdown
-                        // (which saves again, within its limit, after this one).
-                        let saving = tokio::task::spawn_blocking(move || save_snapshot(&t));
-                        tokio::select! {
-                            () = super::stopped(&mut stop) => return,
-                            _ = saving => {}
-                        }
-                    }
-                }
-            }
-        });
-    }
+    tasks.spawn(table_upkeep(Arc::clone(&runtime), shutdown_rx.clone()));
     drop(state);
     // Health checks, the admin listener, drain tracking (node lifecycle).
     super::start_lifecycle(
@@ -981,4 +937,100 @@ pub fn run(args: RunArgs) -> ExitCode {
     // returns (`RELOAD_LOAD_LIMIT`) must not keep the process from exiting.
     rt.shutdown_timeout(Duration::from_secs(1));
     code
+}
+
+/// Every table's upkeep, as the running config has its tables: expired entries purged every
+/// 10 s (lookups drop those they meet; this bounds the memory of entries nobody looks up
+/// again, with bounded work per tick), and each table's snapshot saved at its
+/// `snapshot_interval`, on its own clock. Read from the running state at each wake, so that
+/// a reload's tables are the ones kept: one it adds, or a `snapshot` or interval it sets or
+/// changes, is saved from then on, where it says; a table it removes or re-keys is no longer
+/// saved. (One task per table made at the start saved those tables for good: a reload's
+/// were never saved between shutdowns, and a re-keyed table's old entries were written over
+/// the new ones' file at every interval.)
+async fn table_upkeep(runtime: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
+    const PURGE_EVERY: Duration = Duration::from_secs(10);
+    let mut reloads = runtime.reloads();
+    reloads.mark_unchanged();
+    let mut reloads_gone = false;
+    let mut next_purge = tokio::time::Instant::now() + PURGE_EVERY;
+    // By table name: where and how often it is saved, as last read, and its next save.
+    let mut saves: std::collections::HashMap<String, (PathBuf, Duration, tokio::time::Instant)> =
+        std::collections::HashMap::new();
+    // By table name: its save under way, if any.
+    let mut saving = std::collections::HashMap::new();
+    loop {
+        let now = tokio::time::Instant::now();
+        {
+            let state = runtime.state();
+            saves.retain(|name, _| state.table(name).is_some());
+            for t in state.tables() {
+                match t
+                    .def
+                    .snapshot
+                    .as_ref()
+                    .and_then(|s| Some((&s.path, s.interval?)))
+                {
+                    Some((path, every)) => {
+                        let plan = saves.get(&t.def.name);
+                        if plan.is_none_or(|(p, e, _)| p != path || *e != every) {
+                            saves.insert(t.def.name.clone(), (path.clone(), every, now + every));
+                        }
+                    }
+                    None => {
+                        saves.remove(&t.def.name);
+                    }
+                }
+            }
+        }
+        let wake = saves
+            .values()
+            .map(|(_, _, at)| *at)
+            .fold(next_purge, std::cmp::Ord::min);
+        tokio::select! {
+            () = super::stopped(&mut stop) => return,
+            () = tokio::time::sleep_until(wake) => {}
+            r = reloads.changed(), if !reloads_gone => {
+                // No more reloads (the runtime is gone): the timers alone.
+                reloads_gone = r.is_err();
+                continue;
+            }
+        }
+        let now = tokio::time::Instant::now();
+        let state = runtime.state();
+        if now >= next_purge {
+            next_purge = now + PURGE_EVERY;
+            for t in state.tables() {
+                limpet_core::table::AffinityStore::purge_expired(
+                    t.lock().store_mut(),
+                    now_ms(),
+                    10_000,
+                );
+            }
+        }
+        let due: Vec<Arc<super::Table>> = state
+            .tables()
+            .filter(|t| saves.get(&t.def.name).is_some_and(|(_, _, at)| now >= *at))
+            .map(Arc::clone)
+            .collect();
+        drop(state);
+        for t in due {
+            if let Some((_, every, at)) = saves.get_mut(&t.def.name) {
+                *at = now + *every;
+            }
+            // File I/O off the async workers, and not waited for: a save stuck on a disk
+            // that hangs holds neither the other tables' upkeep nor the shutdown (which
+            // saves again, within its limit). A table whose last save has not returned
+            // skips this one rather than piling blocked threads up behind it.
+            if saving
+                .get(&t.def.name)
+                .is_some_and(|h: &tokio::task::JoinHandle<_>| !h.is_finished())
+            {
+                continue;
+            }
+            let name = t.def.name.clone();
+            saving.insert(name, tokio::task::spawn_blocking(move || save_snapshot(&t)));
+        }
+        saving.retain(|_, h| !h.is_finished());
+    }
 }
