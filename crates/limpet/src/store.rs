@@ -435,6 +435,17 @@ impl Store {
         e.expire_ms = expire_ms;
     }
 
+    /// Pins came into a shared table from outside the store (a snapshot read at start, or a
+    /// running limpet's handover): publish every local pin at the writer's next tick, as
+    /// after an outage. The start's own resyncs (the writer's first tick, the first
+    /// subscription) may have run before they came: a snapshot read on a slow disk lands
+    /// seconds later, a handover's pins after the new limpet serves. Unreconciled, a
+    /// restored pin the fleet re-pinned meanwhile would route its session elsewhere than
+    /// the other instances until its first expiry refresh, up to `expire / 2` later.
+    pub(crate) fn pins_restored(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
     /// Forgets the tables a reload removed or made local again (`shared`: the tables that
     /// go through the store now), so they are neither refreshed nor published.
     pub(crate) fn retain(&self, shared: &[&str]) {

@@ -24,6 +24,15 @@ const NODES: [(&str, &str); 3] = [
     ("ODESA", "127.0.0.4"),
 ];
 
+/// Lines of settings added to an instance's config.
+#[derive(Debug, Clone, Copy, Default)]
+struct Extra<'a> {
+    /// On its TCP listener.
+    raw: &'a str,
+    /// On its source-IP table (`terminal`).
+    terminal: &'a str,
+}
+
 /// One limpet instance of the fleet.
 struct Instance {
     running: Running,
@@ -53,10 +62,11 @@ impl Instance {
         expire: &str,
         timeout: &str,
     ) -> Instance {
-        Instance::start_raw(tag, url, (http, tcp), node_order, expire, timeout, "").await
+        let extra = Extra::default();
+        Instance::start_raw(tag, url, (http, tcp), node_order, expire, timeout, extra).await
     }
 
-    /// [`Instance::start_at`] with `raw_extra` (lines of settings) on its TCP listener.
+    /// [`Instance::start_at`] with `extra` settings.
     async fn start_raw(
         tag: &str,
         url: &str,
@@ -64,7 +74,7 @@ impl Instance {
         node_order: &[usize],
         expire: &str,
         timeout: &str,
-        raw_extra: &str,
+        extra: Extra<'_>,
     ) -> Instance {
         let dir = TempDir::new(tag);
         let mut text = String::new();
@@ -86,6 +96,7 @@ name = "terminal"
 key = "source-ip"
 expire = "{expire}"
 shared = true
+{terminal_extra}
 
 [[tables]]
 name = "sessions"
@@ -113,7 +124,9 @@ bind = "127.0.0.1:0"
 node_port = {http}
 table = "sessions"
 "#,
-            url = url
+            url = url,
+            terminal_extra = extra.terminal,
+            raw_extra = extra.raw,
         ));
         let cfg = config(&dir, &text);
         let running = start(cfg).await.expect("start");
@@ -883,7 +896,10 @@ impl Alone {
             &[0, 1, 2],
             expire,
             "500ms",
-            raw_extra,
+            Extra {
+                raw: raw_extra,
+                ..Extra::default()
+            },
         )
         .await;
         a.settled().await;
@@ -1352,6 +1368,117 @@ async fn half_open_store_connections_are_replaced() {
     assert!(a.status().invalidations >= 1, "{:?}", a.status());
     a.running.stop().await;
     b.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// Subscribers of the store's channel of re-pins.
+async fn subscribers(redis: &Redis) -> u64 {
+    let Ok(mut c) = redis.conn().await else {
+        return 0;
+    };
+    redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("limpet:pins")
+        .query_async::<(String, u64)>(&mut c)
+        .await
+        .map_or(0, |(_, n)| n)
+}
+
+/// A snapshot that reaches the table after the start's resyncs (read from a slow disk; here
+/// a FIFO the test writes once they ran) is reconciled with the store all the same: the
+/// fleet re-pinned the client since the snapshot was saved, and the instance routes it to
+/// the store's node, not the snapshot's. (Before, only the start's resyncs published the
+/// local pins, on a table still empty, and the restored pin held until its key's first
+/// expiry refresh, up to `expire / 2` later, while the other instances routed the client
+/// to the store's node.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_restored_from_a_snapshot_after_the_start_s_resyncs_follow_the_store() {
+    use limpet_core::table::{encode_snapshot, AffinityStore as _, LruTable, TableConfig};
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let src = "127.0.14.10";
+    let (saved, fleet) = (NODES[0].0, NODES[1].0);
+    // Another instance re-pinned the client since this one's snapshot was saved.
+    let key = format!("limpet:terminal:ip:{src}");
+    redis.set_px(&key, fleet, 600_000).await;
+    let dir = TempDir::new("restored-late-fifo");
+    let snapshot = dir.path().join("terminal.snapshot");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&snapshot)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+    let bytes = {
+        let mut t = LruTable::new(TableConfig::new(100, 600_000)).expect("table");
+        let n = t.intern(saved).expect("intern");
+        let ip = src.parse().expect("ip");
+        t.put(KeyRef::ip(ip, IpPrefix::HOST), n, limpet::clock::now_ms());
+        encode_snapshot(&t, limpet::clock::now_ms())
+    };
+    // The disk: its open for writing returns once limpet's read opened the FIFO; the bytes
+    // are written, and the FIFO closed (the read's end of file), when `go` says so or is
+    // dropped (a test failing before lets the start go on).
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let disk = std::thread::spawn({
+        let path = snapshot.clone();
+        move || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path)?;
+            let _ = wait.recv();
+            std::io::Write::write_all(&mut f, &bytes)
+        }
+    });
+    let terminal = format!("snapshot = \"{}\"", snapshot.display());
+    let url = redis.url();
+    let starting = Instance::start_raw(
+        "restored-late",
+        &url,
+        (ports.http, ports.tcp),
+        &[0, 1, 2],
+        "10m",
+        "500ms",
+        Extra {
+            terminal: &terminal,
+            ..Extra::default()
+        },
+    );
+    let resynced = async move {
+        // The start's resyncs: the writer's first tick's, and the one its subscription asks
+        // for at the writer's next tick (200 ms). Two of the writer's once-a-second checks
+        // (`PEXPIRE` of its marker) after the subscription mean a whole tick ran after it.
+        until("the instance subscribes", async || {
+            subscribers(&redis).await == 1
+        })
+        .await;
+        let checks = redis.command_calls("pexpire").await;
+        until("the writer ticks after the subscription", async || {
+            redis.command_calls("pexpire").await >= checks + 2
+        })
+        .await;
+        let _ = go.send(());
+        redis
+    };
+    let (a, redis) = tokio::join!(starting, resynced);
+    match disk.join() {
+        Ok(written) => written.expect("the snapshot written into the FIFO"),
+        Err(_) => panic!("the disk thread panicked"),
+    }
+    a.settled().await;
+    assert_eq!(
+        a.http(src).await,
+        fleet,
+        "the client follows the store's pin"
+    );
+    assert_eq!(a.pin(src).as_deref(), Some(fleet));
+    assert_eq!(redis.get(&key).await.as_deref(), Some(fleet));
+    let st = a.status();
+    assert!(
+        st.adopted >= 1,
+        "the restored pin took the store's node: {st:?}"
+    );
+    a.running.stop().await;
     for n in &mut nodes {
         n.kill().await;
     }

@@ -222,6 +222,14 @@ impl Table {
         }
     }
 
+    /// Pins were restored into the table (a snapshot, a handover): a shared table's are
+    /// reconciled with the store (see [`Store::pins_restored`]).
+    pub(crate) fn pins_restored(&self) {
+        if let Some((s, _)) = &self.shared {
+            s.pins_restored();
+        }
+    }
+
     fn expire_ms(&self) -> u64 {
         u64::try_from(self.def.expire.as_millis()).unwrap_or(u64::MAX)
     }

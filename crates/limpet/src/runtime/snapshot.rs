@@ -140,8 +140,10 @@ fn restore_on(table: &Table, bytes: &[u8], offset_ms: i64) -> SnapshotLoad {
     let expire_ms = u64::try_from(table.def.expire.as_millis()).unwrap_or(u64::MAX);
     match decode_on(bytes, now, offset_ms, expire_ms) {
         Ok(snap) => {
-            let mut t = table.lock();
-            let report = t.store_mut().restore(&snap, now);
+            let report = table.lock().store_mut().restore(&snap, now);
+            if report.loaded > 0 {
+                table.pins_restored();
+            }
             SnapshotLoad::Loaded {
                 loaded: report.loaded,
                 expired: report.expired + snap.expired,
