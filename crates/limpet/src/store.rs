@@ -174,6 +174,17 @@ if (not cur) or cur == ARGV[5] then \
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) \
 return false end return cur";
 
+/// Why a round trip brought no replies: what became of its commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failed {
+    /// They never left this instance: its connection to the store was refused.
+    NotSent,
+    /// They may have run: sent, and no answer within the bound (the store slow, the
+    /// connection cut or half-open), or an error answer. A re-pin among them may come back
+    /// as the store's message, late.
+    MaybeRan,
+}
+
 /// Pins of one table with their node's name, as sent to the store.
 type Pins = Vec<(TableKey, String)>;
 
@@ -477,26 +488,42 @@ impl Store {
             from: from.map(Arc::from),
         };
         // Counted before anything can refuse it: each one counted is either not sent
-        // (`not_sent` takes it back) or comes back as the store's message.
+        // (`not_sent` takes it back), or comes back as the store's message, or is forgotten
+        // after `ECHO_WAIT_MS`.
         if write == Write::Overwrite {
             lock(&self.own_repins).sent(table, &op.key, now_ms());
         }
         if !self.is_up() {
-            self.not_sent(std::slice::from_ref(&op));
+            self.not_sent(std::slice::from_ref(&op), Failed::NotSent);
             return;
         }
         if let Err(e) = self.ops.try_send(op) {
             let op = match e {
                 mpsc::error::TrySendError::Full(op) | mpsc::error::TrySendError::Closed(op) => op,
             };
-            self.not_sent(std::slice::from_ref(&op));
+            self.not_sent(std::slice::from_ref(&op), Failed::NotSent);
         }
     }
 
-    /// `ops` did not reach the store: the resync publishes the local pins, and overwrites
-    /// the re-pins among them first.
-    fn not_sent(&self, ops: &[Op]) {
-        {
+    /// `ops` did not reach the store, or may not have (`failed`): the resync publishes the
+    /// local pins, and overwrites the re-pins among them first.
+    ///
+    /// Only re-pins that surely never left stop being awaited as echoes. One that may have
+    /// run (its round trip timed out, a slow store) is awaited still: the store ran it and
+    /// publishes it late, and applied as another instance's, its echo would move the entry
+    /// back to an older node and end the session on the node it holds. If it did not run,
+    /// it holds back the key's messages for at most `ECHO_WAIT_MS`, and the resync, which
+    /// compares the store with the node it replaced, settles the key either way.
+    ///
+    /// A round trip that timed out marks the resync too, although the store is slow: a
+    /// write whose fate is unknown is only reconciled by one (a create that did not run
+    /// would leave the key to other instances' fresh choices until its expiry refresh), and
+    /// its writes (create-if-absent, compare-and-set) are right whether the write ran or
+    /// not. A store still too slow fails its next round trip (the liveness check, or the
+    /// resync's first), the second failure in a row, which opens the breaker: it is not sent
+    /// the whole table meanwhile.
+    fn not_sent(&self, ops: &[Op], failed: Failed) {
+        if failed == Failed::NotSent {
             let mut own = lock(&self.own_repins);
             for op in ops.iter().filter(|op| op.write == Write::Overwrite) {
                 own.not_sent(&op.table, &op.key);
@@ -549,8 +576,8 @@ impl Store {
             })
             .collect();
         for (i, chunk) in ops.chunks(BATCH).enumerate() {
-            if !self.write(chunk).await {
-                self.not_sent(&ops[i * BATCH..]);
+            if let Err(failed) = self.write(chunk).await {
+                self.not_sent(&ops[i * BATCH..], failed);
                 return false;
             }
         }
@@ -818,7 +845,7 @@ impl Store {
     }
 
     /// Sends one batch of writes as one pipeline.
-    async fn write(&self, ops: &[Op]) -> bool {
+    async fn write(&self, ops: &[Op]) -> Result<(), Failed> {
         let mut pipe = redis::pipe();
         for op in ops {
             let k = self.key(&op.table, op.key.as_key_ref());
@@ -861,9 +888,7 @@ impl Store {
         }
         let creates = ops.iter().filter(|o| o.write == Write::Create).count() as u64;
         let overwrites = ops.len() as u64 - creates;
-        let Some(replies) = self.round_trip(&pipe, "write").await else {
-            return false;
-        };
+        let replies = self.round_trip(&pipe, "write").await?;
         self.counts.creates.fetch_add(creates, Ordering::Relaxed);
         self.counts
             .overwrites
@@ -877,25 +902,32 @@ impl Store {
                 }
             }
         }
-        true
+        Ok(())
     }
 
-    async fn round_trip(&self, pipe: &redis::Pipeline, what: &str) -> Option<Vec<Value>> {
+    /// One pipeline, bounded by `timeout`. Its commands count as not sent only when the
+    /// connection was refused: any other failure (a timeout above all) may come after the
+    /// store ran them.
+    async fn round_trip(&self, pipe: &redis::Pipeline, what: &str) -> Result<Vec<Value>, Failed> {
         let mut conn = self.conn();
         match tokio::time::timeout(self.def.timeout, pipe.query_async::<Vec<Value>>(&mut conn))
             .await
         {
             Ok(Ok(v)) => {
                 self.success();
-                Some(v)
+                Ok(v)
             }
             Ok(Err(e)) => {
                 self.failure(what, &e.to_string());
-                None
+                Err(if e.is_connection_refusal() {
+                    Failed::NotSent
+                } else {
+                    Failed::MaybeRan
+                })
             }
             Err(_) => {
                 self.failure(what, "timed out");
-                None
+                Err(Failed::MaybeRan)
             }
         }
     }
@@ -915,7 +947,7 @@ impl Store {
                     .arg(px)
                     .arg("GET");
             }
-            let Some(replies) = self.round_trip(&pipe, "publish").await else {
+            let Ok(replies) = self.round_trip(&pipe, "publish").await else {
                 return false;
             };
             self.counts
@@ -1022,7 +1054,7 @@ impl Store {
                         .arg("PX")
                         .arg(px);
                 }
-                let Some(replies) = self.round_trip(&pipe, "refresh").await else {
+                let Ok(replies) = self.round_trip(&pipe, "refresh").await else {
                     return;
                 };
                 self.counts
@@ -1064,8 +1096,10 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 if n == 0 {
                     return;
                 }
-                if !store.is_up() || !store.write(&batch).await {
-                    store.not_sent(&batch);
+                if !store.is_up() {
+                    store.not_sent(&batch, Failed::NotSent);
+                } else if let Err(failed) = store.write(&batch).await {
+                    store.not_sent(&batch, failed);
                 }
                 batch.clear();
             }
@@ -1116,8 +1150,8 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                     }
                 }
                 if !batch.is_empty() {
-                    if !store.write(&batch).await {
-                        store.not_sent(&batch);
+                    if let Err(failed) = store.write(&batch).await {
+                        store.not_sent(&batch, failed);
                     }
                     batch.clear();
                 }

@@ -877,6 +877,8 @@ struct Alone {
     nodes: Vec<TestNode>,
     redis: Redis,
     a: Instance,
+    /// The relay the instance reaches the store through, if any.
+    relay: Option<BlackHole>,
 }
 
 impl Alone {
@@ -886,16 +888,30 @@ impl Alone {
 
     /// [`Alone::start`] with `raw_extra` (lines of settings) on the TCP listener.
     async fn start_raw(tag: &str, expire: &str, raw_extra: &str) -> Alone {
+        Alone::start_via(tag, expire, raw_extra, false).await
+    }
+
+    /// [`Alone::start_raw`]; `relayed`: the instance reaches the store through a
+    /// [`BlackHole`], with a store timeout of 200 ms (shorter than [`SLOW_ANSWERS`]).
+    async fn start_via(tag: &str, expire: &str, raw_extra: &str, relayed: bool) -> Alone {
         let pki = Pki::new();
         let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
         let redis = Redis::start().await;
+        let relay = match relayed {
+            true => Some(BlackHole::start(redis.port).await),
+            false => None,
+        };
+        let (url, timeout) = match &relay {
+            Some(r) => (r.url(), "200ms"),
+            None => (redis.url(), "500ms"),
+        };
         let a = Instance::start_raw(
             tag,
-            &redis.url(),
+            &url,
             (ports.http, ports.tcp),
             &[0, 1, 2],
             expire,
-            "500ms",
+            timeout,
             Extra {
                 raw: raw_extra,
                 ..Extra::default()
@@ -903,7 +919,12 @@ impl Alone {
         )
         .await;
         a.settled().await;
-        Alone { nodes, redis, a }
+        Alone {
+            nodes,
+            redis,
+            a,
+            relay,
+        }
     }
 
     /// Pins `src` over HTTP and waits (bounded) until the pin is in the store; returns the
@@ -933,8 +954,29 @@ impl Alone {
 /// back to the second node and end the session it had just opened.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_that_fails_over_twice_keeps_its_session_when_its_own_re_pins_come_back() {
-    let mut sc = Alone::start_raw("echo", "10m", "balance = \"leastconn\"").await;
-    let src = "127.0.4.30";
+    let sc = Alone::start_raw("echo", "10m", "balance = \"leastconn\"").await;
+    fails_over_twice_and_hears_its_re_pins_back(sc, "127.0.4.30").await;
+}
+
+/// [`a_connect_that_fails_over_twice_keeps_its_session_when_its_own_re_pins_come_back`] with
+/// a slow store: the re-pins' round trip times out, but the store ran them, and their
+/// echoes come back after it. They are still this instance's own. (Before, a write that
+/// timed out counted as never sent, its re-pins no longer awaited, and their echoes applied
+/// as another instance's: the first moved the entry back and ended the session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_pins_whose_write_timed_out_but_ran_are_still_known_as_this_instance_s_own() {
+    let sc = Alone::start_via("echo-slow", "10m", "balance = \"leastconn\"", true).await;
+    fails_over_twice_and_hears_its_re_pins_back(sc, "127.0.4.40").await;
+}
+
+/// A TCP session from `src` whose connect fails over twice, through `sc` (whose store the
+/// relay, if any, slows down from then on); the session stays on the third node, open.
+async fn fails_over_twice_and_hears_its_re_pins_back(mut sc: Alone, src: &str) {
+    let ip = |last: u8| {
+        let mut o = src.parse::<std::net::Ipv4Addr>().expect("ip").octets();
+        o[3] += last;
+        std::net::Ipv4Addr::from(o).to_string()
+    };
     let (pinned, _) = sc.pin_in_store(src).await;
     let names: Vec<&str> = NODES.iter().map(|(n, _)| *n).collect();
     let third = names
@@ -952,30 +994,38 @@ async fn a_connect_that_fails_over_twice_keeps_its_session_when_its_own_re_pins_
     for n in [pinned.as_str(), second] {
         state.set_admin(n, AdminState::Maint).expect("node");
     }
-    let (mut holder, on) = tcp_session("127.0.4.31", sc.a.addr("raw")).await;
+    let (mut holder, on) = tcp_session(&ip(1), sc.a.addr("raw")).await;
     assert_eq!(on, third);
     for n in [pinned.as_str(), second] {
         state.set_admin(n, AdminState::Ready).expect("node");
     }
+    // The key of a later message, pinned while every node and the store answer.
+    let marker = ip(2);
+    let (marker_node, marker_key) = sc.pin_in_store(&marker).await;
     // Both refuse connections now, still UP (no checks).
     for n in sc.nodes.iter_mut().filter(|n| n.name != third) {
         n.kill().await;
     }
-    let overwrites = sc.a.status().overwrites;
+    if let Some(relay) = &sc.relay {
+        relay.slow_answers(true);
+    }
+    let evals = sc.redis.command_calls("eval").await;
+    let before = sc.a.status();
     let (mut session, on) = tcp_session(src, sc.a.addr("raw")).await;
     assert_eq!(on, third, "connect failed over twice");
     until("both re-pins reach the store", async || {
-        sc.a.status().overwrites >= overwrites + 2
+        sc.redis.command_calls("eval").await >= evals + 2
     })
     .await;
-    // Messages come in order: once a later one is applied, the two echoes were read.
-    let marker = "127.0.4.32";
-    let (marker_node, marker_key) = sc.pin_in_store(marker).await;
+    // Messages come in order: once a later one is applied, the two echoes were read. It
+    // is a re-pin as another instance makes it (stored, then announced), so that the
+    // instance's resync, due after a round trip that timed out, agrees with it.
     let moved_to = names
         .iter()
         .copied()
         .find(|n| *n != marker_node)
         .expect("another node");
+    sc.redis.set_px(&marker_key, moved_to, 600_000).await;
     let mut conn = sc.redis.conn().await.expect("redis");
     let _: i64 = redis::cmd("PUBLISH")
         .arg("limpet:pins")
@@ -984,12 +1034,22 @@ async fn a_connect_that_fails_over_twice_keeps_its_session_when_its_own_re_pins_
         .await
         .expect("publish");
     until("the later message is applied", async || {
-        sc.a.pin(marker).as_deref() == Some(moved_to)
+        sc.a.pin(&marker).as_deref() == Some(moved_to)
     })
     .await;
-    let _ = marker_key;
     assert_eq!(sc.a.pin(src).as_deref(), Some(third), "the entry stays");
-    session.write_all(b"still here").await.expect("write");
+    if sc.relay.is_some() {
+        let st = sc.a.status();
+        assert_eq!(
+            st.overwrites, before.overwrites,
+            "the store's answers came too late for every write: {st:?}"
+        );
+        assert!(st.errors > before.errors, "{st:?}");
+    }
+    session
+        .write_all(b"still here")
+        .await
+        .expect("the session on the third node is open");
     let mut back = [0u8; 10];
     tokio::time::timeout(PATIENCE, session.read_exact(&mut back))
         .await
@@ -1233,13 +1293,23 @@ async fn one_behind_a_hole(tag: &str) -> (Redis, BlackHole, Vec<TestNode>, Insta
 /// A TCP relay to the store that can turn every connection it carries into a half-open one:
 /// bytes are read and dropped in both directions, nothing is closed (a store host gone
 /// without a RST, a firewall dropping the flow). Connections made after that are relayed.
+/// It can also slow the store down: the store's bytes reach limpet [`SLOW_ANSWERS`] late,
+/// while limpet's reach the store at once (the store runs each command as it comes, and
+/// its answers and messages come after limpet stopped waiting).
 struct BlackHole {
     port: u16,
     holed: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
     /// New connections are accepted and closed at once (the store unreachable).
     refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The store's bytes are held [`SLOW_ANSWERS`] before they are passed on.
+    slow: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// How late a [`BlackHole`] slowing the store down passes its answers on: longer than two
+/// store timeouts of an instance behind it (200 ms), so that two writes sent one after the
+/// other's timeout have both timed out when the first one's answer comes.
+const SLOW_ANSWERS: Duration = Duration::from_millis(500);
 
 impl BlackHole {
     async fn start(to: u16) -> BlackHole {
@@ -1253,6 +1323,8 @@ impl BlackHole {
         let list = Arc::clone(&holed);
         let refusing = Arc::new(AtomicBool::new(false));
         let refuse = Arc::clone(&refusing);
+        let slow = Arc::new(AtomicBool::new(false));
+        let slowing = Arc::clone(&slow);
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = l.accept().await {
                 if refuse.load(Ordering::Acquire) {
@@ -1266,16 +1338,21 @@ impl BlackHole {
                 list.lock().expect("lock").push(Arc::clone(&hole));
                 let (dr, dw) = down.into_split();
                 let (ur, uw) = up.into_split();
-                for (mut r, mut w, hole) in [
+                for (mut r, mut w, hole, slow) in [
                     (
                         Box::new(dr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
                         Box::new(uw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
                         Arc::clone(&hole),
+                        None,
                     ),
-                    (Box::new(ur), Box::new(dw), hole),
+                    (Box::new(ur), Box::new(dw), hole, Some(Arc::clone(&slowing))),
                 ] {
+                    // Read and passed on by two tasks, so that bytes held back do not hold
+                    // back the reading of the next ones: each chunk is written at its time,
+                    // in order.
+                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
                     tokio::spawn(async move {
-                        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                        use tokio::io::AsyncReadExt as _;
                         let mut buf = vec![0u8; 16 * 1024];
                         loop {
                             let n = match r.read(&mut buf).await {
@@ -1285,7 +1362,20 @@ impl BlackHole {
                             if hole.load(Ordering::Acquire) {
                                 continue;
                             }
-                            if w.write_all(&buf[..n]).await.is_err() {
+                            let mut at = tokio::time::Instant::now();
+                            if slow.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
+                                at += SLOW_ANSWERS;
+                            }
+                            if tx.send((at, buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    tokio::spawn(async move {
+                        use tokio::io::AsyncWriteExt as _;
+                        while let Some((at, bytes)) = rx.recv().await {
+                            tokio::time::sleep_until(at).await;
+                            if w.write_all(&bytes).await.is_err() {
                                 return;
                             }
                         }
@@ -1297,8 +1387,14 @@ impl BlackHole {
             port,
             holed,
             refusing,
+            slow,
             task,
         }
+    }
+
+    /// The store's bytes are passed on [`SLOW_ANSWERS`] late (`true`), or at once again.
+    fn slow_answers(&self, slow: bool) {
+        self.slow.store(slow, std::sync::atomic::Ordering::Release);
     }
 
     /// New connections are closed at once (`true`), or relayed again (`false`).
