@@ -532,6 +532,7 @@ impl Metrics {
             "adopt",
             "invalidation",
             "unknown-node",
+            "key-error",
             "error",
         ] {
             let _ = self.store_ops.get_or_create(&StoreOpLabels { op });

@@ -15,7 +15,7 @@
 //!  every expire/2 ─► GETEX key PX expire of the entries used since (pipelined): another
 //!        node stored ─► adopted (a missed re-pin); a missing key ─► SET NX
 //!  circuit breaker: 2 failed round trips ─► down (logged once, admin, metric): no store I/O,
-//!        fresh connection, PING every second ─► up ─► the re-pins not sent meanwhile
+//!        fresh connection, a write probe every second ─► up ─► the re-pins not sent meanwhile
 //!        overwritten (newer than the store's), then every local pin published with SET NX
 //!        (adopt losers), read and sent a chunk at a time
 //!  up: PEXPIRE of this instance's marker every second ─► gone (flushed) ─► the same resync
@@ -56,7 +56,7 @@ const QUEUE: usize = 65_536;
 const BATCH: usize = 512;
 /// Consecutive failed round trips that open the circuit breaker.
 const TRIP_AFTER: u32 = 2;
-/// How often a store marked down is tried again (one PING).
+/// How often a store marked down is tried again (one write, [`Store::probe`]).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long an instance's marker outlives the instance's last check (a minute): a stopped
 /// instance's goes by itself.
@@ -99,6 +99,21 @@ impl Default for OwnRepins {
 static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
     "a pin in the store names a node this instance does not have: ignored",
 );
+
+/// Keys the store answered with an error of their own (another type under a pin's key),
+/// logged once per interval.
+static KEY_ERRORS: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
+    "a key in the store holds what a pin cannot be (another type): skipped",
+);
+
+/// Whether the store's error answer to one command is about that command's key alone
+/// (`WRONGTYPE`: someone wrote another type under a pin's key, e.g. with `HSET`): the key is
+/// skipped, and the store is not taken for down. Any other error answer (`READONLY`, `OOM`,
+/// `MISCONF`, `NOPERM`, `LOADING`, ...) refuses every write alike: a failure of the round
+/// trip, toward the breaker.
+fn key_error(code: &str) -> bool {
+    code == "WRONGTYPE"
+}
 
 impl OwnRepins {
     /// A re-pin of `key` is on its way.
@@ -238,6 +253,7 @@ struct Counts {
     refreshes: AtomicU64,
     invalidations: AtomicU64,
     unknown_nodes: AtomicU64,
+    key_errors: AtomicU64,
     republished: AtomicU64,
     resyncs: AtomicU64,
     errors: AtomicU64,
@@ -271,6 +287,9 @@ pub struct StoreStatus {
     /// Pins from the store (a message, a GET, a write that lost, a refresh) naming a node
     /// this instance has not got: left alone.
     pub unknown_nodes: u64,
+    /// Commands the store refused for their key alone (another type under a pin's key):
+    /// skipped, the store still up.
+    pub key_errors: u64,
     /// Pins published with create-if-absent after the store was away.
     pub republished: u64,
     /// Full resyncs done (every local pin published: after the store or the subscription
@@ -346,9 +365,9 @@ impl std::fmt::Debug for Store {
 pub type LeftNode = Box<dyn Fn(&str, KeyRef<'_>) + Send + Sync>;
 
 impl Store {
-    /// Connects (one PING, bounded by `connect_timeout`; a store that is away at start only
-    /// opens the breaker) and starts the writer and subscriber tasks. `left` is told of each
-    /// local entry the store moves off a node.
+    /// Connects (one write probe, bounded by `connect_timeout`; a store that is away at
+    /// start only opens the breaker) and starts the writer and subscriber tasks. `left` is
+    /// told of each local entry the store moves off a node.
     pub async fn start(
         def: StoreDef,
         metrics: &crate::metrics::Metrics,
@@ -384,7 +403,7 @@ impl Store {
             op_counters,
             stop,
         });
-        match store.ping(store.def.connect_timeout).await {
+        match store.probe(store.def.connect_timeout).await {
             Ok(()) => {
                 store.connections.fetch_add(1, Ordering::Relaxed);
                 store.set_up(true);
@@ -611,6 +630,11 @@ impl Store {
                 self.counts.get_hits.fetch_add(1, Ordering::Relaxed);
                 Some(name)
             }
+            Ok(Err(e)) if e.code().is_some_and(key_error) => {
+                self.success();
+                self.key_error("GET", &e.to_string());
+                None
+            }
             Ok(Err(e)) => {
                 self.failure("GET", &e.to_string());
                 None
@@ -639,6 +663,7 @@ impl Store {
             creates: g(&c.creates),
             adopted: g(&c.adopted),
             unknown_nodes: g(&c.unknown_nodes),
+            key_errors: g(&c.key_errors),
             overwrites: g(&c.overwrites),
             refreshes: g(&c.refreshes),
             invalidations: g(&c.invalidations),
@@ -670,6 +695,14 @@ impl Store {
         self.counts.unknown_nodes.fetch_add(1, Ordering::Relaxed);
         self.count("unknown-node", 1);
         UNKNOWN_NODES.note_with(|| format!("node {:?}", name.chars().take(64).collect::<String>()));
+    }
+
+    /// The store answered one command with an error about its key alone ([`key_error`]):
+    /// counted, and logged once per interval.
+    fn key_error(&self, what: &str, err: &str) {
+        self.counts.key_errors.fetch_add(1, Ordering::Relaxed);
+        self.count("key-error", 1);
+        KEY_ERRORS.note_with(|| format!("{what}: {}", err.chars().take(200).collect::<String>()));
     }
 
     fn count(&self, op: &'static str, n: u64) {
@@ -740,10 +773,23 @@ impl Store {
         .await;
     }
 
-    async fn ping(&self, limit: Duration) -> Result<(), String> {
+    /// Whether the store takes writes: a write that changes nothing but this instance's
+    /// marker's expiry (`SET marker 1 PX .. XX`: renewed if it is there, not made if it is
+    /// not, so the marker still tells whether a resync's pins are in the store). A `PING`
+    /// answers on a store that refuses writes (a read-only replica, out of memory, a failed
+    /// save with `stop-writes-on-bgsave-error`): the breaker closed on it, the next writes
+    /// failed and opened it again, every second or two for as long as the store refused.
+    async fn probe(&self, limit: Duration) -> Result<(), String> {
         let mut conn = self.conn();
-        match tokio::time::timeout(limit, redis::cmd("PING").query_async::<String>(&mut conn)).await
-        {
+        let mut probe = redis::cmd("SET");
+        probe
+            .arg(&self.marker)
+            .arg(1)
+            .arg("PX")
+            .arg(MARKER_PX)
+            .arg("XX");
+        match tokio::time::timeout(limit, probe.query_async::<Value>(&mut conn)).await {
+            Ok(Ok(Value::ServerError(e))) => Err(e.to_string()),
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("timed out".into()),
@@ -846,7 +892,7 @@ impl Store {
 
     /// Sends one batch of writes as one pipeline.
     async fn write(&self, ops: &[Op]) -> Result<(), Failed> {
-        let mut pipe = redis::pipe();
+        let mut pipe = pipeline();
         for op in ops {
             let k = self.key(&op.table, op.key.as_key_ref());
             let px = self.expire_ms(&op.table);
@@ -896,10 +942,16 @@ impl Store {
         self.count("create", creates);
         self.count("overwrite", overwrites);
         for (op, v) in ops.iter().zip(&replies) {
-            if op.write != Write::Overwrite {
-                if let Value::BulkString(b) = v {
+            match v {
+                // Refused for its key alone (counted by `round_trip`): it did not run, and
+                // no echo of it comes.
+                Value::ServerError(_) if op.write == Write::Overwrite => {
+                    lock(&self.own_repins).not_sent(&op.table, &op.key);
+                }
+                Value::BulkString(b) if op.write != Write::Overwrite => {
                     self.adopt(&op.table, op.key.as_key_ref(), &op.node, b, true);
                 }
+                _ => {}
             }
         }
         Ok(())
@@ -908,13 +960,33 @@ impl Store {
     /// One pipeline, bounded by `timeout`. Its commands count as not sent only when the
     /// connection was refused: any other failure (a timeout above all) may come after the
     /// store ran them.
+    ///
+    /// Each reply is judged on its own (the pipeline is built by [`pipeline`], which keeps
+    /// error replies in place): an error about one command's key ([`key_error`]) is that
+    /// key's, counted and logged, and left in the replies for the caller to skip; any other
+    /// error reply is the store refusing writes, and fails the round trip. (One `WRONGTYPE`
+    /// used to fail the whole pipeline, drop every reply in it and count toward the
+    /// breaker, whose probe then closed it: it flapped for as long as the key was used.)
     async fn round_trip(&self, pipe: &redis::Pipeline, what: &str) -> Result<Vec<Value>, Failed> {
         let mut conn = self.conn();
         match tokio::time::timeout(self.def.timeout, pipe.query_async::<Vec<Value>>(&mut conn))
             .await
         {
             Ok(Ok(v)) => {
+                let refused = v.iter().find_map(|r| match r {
+                    Value::ServerError(e) if !key_error(e.code()) => Some(e),
+                    _ => None,
+                });
+                if let Some(e) = refused {
+                    self.failure(what, &e.to_string());
+                    return Err(Failed::MaybeRan);
+                }
                 self.success();
+                for r in &v {
+                    if let Value::ServerError(e) = r {
+                        self.key_error(what, &e.to_string());
+                    }
+                }
                 Ok(v)
             }
             Ok(Err(e)) => {
@@ -937,7 +1009,7 @@ impl Store {
     async fn publish(&self, table: &Arc<str>, pins: Pins) -> bool {
         let px = self.expire_ms(table);
         for chunk in pins.chunks(BATCH) {
-            let mut pipe = redis::pipe();
+            let mut pipe = pipeline();
             for (key, node) in chunk {
                 pipe.cmd("SET")
                     .arg(self.key(table, key.as_key_ref()))
@@ -1047,7 +1119,7 @@ impl Store {
             };
             let mut missing = Vec::new();
             for chunk in pins.chunks(BATCH) {
-                let mut pipe = redis::pipe();
+                let mut pipe = pipeline();
                 for (key, _) in chunk {
                     pipe.cmd("GETEX")
                         .arg(self.key(&table, key.as_key_ref()))
@@ -1107,7 +1179,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 if !store.is_up() {
                     if last_probe.elapsed() >= PROBE_EVERY {
                         last_probe = tokio::time::Instant::now();
-                        if store.ping(store.def.timeout.max(store.def.connect_timeout)).await.is_ok() {
+                        if store.probe(store.def.timeout.max(store.def.connect_timeout)).await.is_ok() {
                             store.success();
                             store.connections.fetch_add(1, Ordering::Relaxed);
                             store.set_up(true);
@@ -1229,6 +1301,14 @@ async fn subscriber(store: Arc<Store>) {
             () = tokio::time::sleep(PROBE_EVERY) => {}
         }
     }
+}
+
+/// A pipeline whose error replies stay in place among the others (see
+/// [`Store::round_trip`]): without it, one error reply fails the whole pipeline.
+fn pipeline() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe
 }
 
 /// The command connection: connects lazily, bounded by `connect_timeout`. Its own response

@@ -1579,3 +1579,92 @@ async fn pins_restored_from_a_snapshot_after_the_start_s_resyncs_follow_the_stor
         n.kill().await;
     }
 }
+
+/// A key under a pin's name that holds another type (someone's `HSET`): the store answers
+/// each command of that key with `WRONGTYPE`, and the key alone is skipped (counted in
+/// `key_errors`), while the store stays up and other clients' pins reach it. (Before, the
+/// error failed the whole round trip and counted toward the breaker: the client's GET and
+/// create opened it, its probe closed it a second later, and it flapped for as long as the
+/// client was used.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_skipped_and_the_store_stays_up() {
+    let sc = Alone::start("wrongtype", "2s").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let src = "127.0.15.10";
+    let key = format!("limpet:terminal:ip:{src}");
+    let mut c = redis.conn().await.expect("connect");
+    redis::cmd("HSET")
+        .arg(&key)
+        .arg("field")
+        .arg("value")
+        .query_async::<()>(&mut c)
+        .await
+        .expect("HSET");
+    let before = a.status();
+    let node = a.http(src).await;
+    // The client used for 3 s: its GET, its create and its expiry refreshes (every second,
+    // expire 2s) all meet the hash (the pacing is the load, not a wait for an event).
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(a.http(src).await, node);
+        assert!(a.store_up(), "the store marked down: {:?}", a.status());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let st = a.status();
+    assert_eq!(st.errors, before.errors, "no round trip failed: {st:?}");
+    assert!(
+        st.key_errors >= 3 && st.refreshes > before.refreshes,
+        "the GET, the create and a refresh met the hash: {st:?}"
+    );
+    // The hash is left as it is, and another client's pin reaches the store.
+    let kind: String = redis::cmd("TYPE")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .expect("TYPE");
+    assert_eq!(kind, "hash");
+    sc.pin_in_store("127.0.15.11").await;
+    sc.stop().await;
+}
+
+/// A store that refuses writes but answers reads and `PING` (out of memory here:
+/// `maxmemory` under what it holds, no eviction): the refused writes open the breaker, which
+/// stays open while the store refuses them (its probe is a write), and closes once the store
+/// takes writes again; the pins made meanwhile are published then. (Before, a `PING` probe
+/// closed it every second and the next writes opened it again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_refuses_writes_stays_down_until_it_takes_them_again() {
+    let sc = Alone::start("refusing", "10m").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let mut c = redis.conn().await.expect("connect");
+    let maxmemory = async |c: &mut redis::aio::MultiplexedConnection, bytes: u64| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .query_async::<()>(c)
+            .await
+            .expect("CONFIG SET maxmemory");
+    };
+    maxmemory(&mut c, 1).await;
+    breaker_opened_by_new_clients(a, "127.0.16").await;
+    // Three of its once-a-second probes, each refused (the observation window is the
+    // check, not a wait for an event).
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert!(
+            !a.store_up(),
+            "the breaker closed on a store refusing writes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    maxmemory(&mut c, 0).await;
+    until("the store is up again", async || a.store_up()).await;
+    a.settled().await;
+    until(
+        "the pins made while it refused reach the store",
+        async || redis.get("limpet:terminal:ip:127.0.16.1").await.is_some(),
+    )
+    .await;
+    sc.stop().await;
+}
