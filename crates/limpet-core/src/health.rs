@@ -468,6 +468,11 @@ impl Health {
         !self.up && self.unanswered
     }
 
+    /// DOWN with a trial claimed and in flight at `now_ms`: its outcome is on its way.
+    pub fn trial_in_flight(&self, now_ms: u64) -> bool {
+        !self.up && self.trying && now_ms < self.claimed_until_ms
+    }
+
     /// The last claimed trial's mark ([`Self::claim_trial`]), which its caller gives back to
     /// [`Self::trial_abandoned`].
     pub fn trial_claim(&self) -> u32 {

@@ -72,7 +72,7 @@ impl Snapshot {
         let schedule = schedule(&eligible, &weights);
         let next_trial_ms = statuses
             .iter()
-            .filter(|s| s.admin == AdminState::Ready)
+            .filter(|s| s.admin == AdminState::Ready && !s.health.awaits_an_answer())
             .filter_map(|s| s.health.retry_at_ms(s.policy))
             .min()
             .unwrap_or(u64::MAX);
@@ -108,7 +108,8 @@ impl Snapshot {
         &self.eligible
     }
 
-    /// The READY nodes DOWN by their traffic whose trial is due at `now_ms`, in pool order.
+    /// The READY nodes DOWN by their traffic whose trial is due at `now_ms` and may be
+    /// decided by a connect (not one that left requests unanswered), in pool order.
     /// A route tries such a node only for a fresh assignment or a session pinned to it; when
     /// every session was moved off it and none comes fresh (a fixed set of clients on a
     /// source-address table), the I/O layer tries these itself with a connect
@@ -120,7 +121,7 @@ impl Snapshot {
             .iter()
             .enumerate()
             .take(if any { usize::MAX } else { 0 })
-            .filter(move |(_, s)| s.trial_due(now_ms))
+            .filter(move |(_, s)| s.trial_due(now_ms) && !s.health.awaits_an_answer())
             .map(|(i, _)| NodeId(i as u32))
     }
 
@@ -313,7 +314,8 @@ pub struct Route {
 }
 
 impl Route {
-    fn none() -> Route {
+    /// No node: answer 503, close the connection.
+    pub fn none() -> Route {
         Route {
             node: None,
             outcome: Outcome::None,
@@ -1193,11 +1195,22 @@ mod tests {
             },
             ..a
         };
+        let unanswered = {
+            let mut s = up();
+            s.policy.fall = 1;
+            s.health.observe(Observation::NoAnswer, s.policy, 0);
+            s
+        };
+        assert!(unanswered.trial_due(10_000), "an HTTP request may try it");
         let mut claimed = a;
         assert!(claimed
             .health
             .claim_trial(claimed.policy, 10_000, 1_000, false));
-        let s = snap(&[forced, checked, maint, draining, claimed]);
+        let s = snap(&[forced, checked, maint, draining, claimed, unanswered]);
+        assert_eq!(
+            s.next_trial_ms, 11_000,
+            "the unanswered node is not counted"
+        );
         assert_eq!(s.trials_due(10_500).count(), 0);
         assert_eq!(
             s.trials_due(11_000).collect::<Vec<_>>(),

@@ -266,6 +266,12 @@ impl NodeRuntime {
         &self.name
     }
 
+    /// A watch that changes whenever the node's status changes in a way that routes
+    /// differently (its state, its trial time or claim, its admin state).
+    pub fn status_changes(&self) -> watch::Receiver<u64> {
+        self.events.subscribe()
+    }
+
     /// The node's status now (a copy).
     pub fn status(&self) -> NodeStatus {
         *lock(&self.status)

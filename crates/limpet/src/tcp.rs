@@ -479,13 +479,23 @@ async fn connect(
         // the connect, the PROXY header and the TLS handshake, each within `connect`. The
         // claim ends with the attempt, whatever ends it.
         let trial_hold = def.timeouts.queue + def.timeouts.connect * 3;
-        let (route, trial) = state.route(
-            table.zip(key),
-            input,
-            None,
-            trial_hold,
-            crate::nodes::TrialBy::Connect,
-        );
+        // A completed TLS handshake with the node is its process answering: with TLS to the
+        // nodes, a session decides a trial as an HTTP answer does (a node DOWN on handshake
+        // timeouts, which count as unanswered, would otherwise wait for an HTTP request that
+        // a TCP-only node never gets).
+        let by = if def.upstream_tls.is_some() {
+            crate::nodes::TrialBy::Answer
+        } else {
+            crate::nodes::TrialBy::Connect
+        };
+        let (route, trial) = if failed.is_empty() {
+            // The first route may wait for another session's trial of its own node.
+            state
+                .route_first(table.zip(key), input, None, trial_hold, by)
+                .await
+        } else {
+            state.route(table.zip(key), input, None, trial_hold, by)
+        };
         if trial.is_none() && failed.is_empty() {
             state.try_due_trial(
                 clock::now_ms(),
@@ -548,8 +558,16 @@ async fn connect(
         };
         match attempt(&def_now, who, addr).await {
             Ok(stream) => {
-                // For a TCP listener a completed handshake is all traffic can prove.
-                state.observe(node, Observation::TrafficConnected);
+                // For a TCP listener a completed handshake is all traffic can prove, and with
+                // TLS to the node, that its process answers.
+                state.observe(
+                    node,
+                    if def_now.upstream_tls.is_some() {
+                        Observation::TrafficOk
+                    } else {
+                        Observation::TrafficConnected
+                    },
+                );
                 // A connect does not decide the trial of a node that left requests unanswered
                 // (its kernel completes them while the process hangs). Such a trial is not
                 // given to a TCP session, but a request may have gone unanswered since this

@@ -3211,6 +3211,207 @@ async fn a_trial_whose_client_left_lets_the_next_request_try_the_node_at_once() 
     n.kill().await;
 }
 
+/// A TLS node on `listener` that answers each session's first bytes with `NAME:` and them,
+/// or, while `stall` holds, takes connections and never answers the handshake.
+fn tls_echo_node(
+    name: &'static str,
+    listener: TcpListener,
+    stall: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    let (_, server_cfg) = tls_identity(
+        &listener
+            .local_addr()
+            .map_or("127.0.0.1".into(), |a| a.ip().to_string()),
+    );
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut sessions = JoinSet::new();
+        while let Ok((s, _)) = listener.accept().await {
+            if stall.load(Ordering::SeqCst) {
+                held.push(s);
+                continue;
+            }
+            let acceptor = acceptor.clone();
+            sessions.spawn(async move {
+                let Ok(mut tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let mut buf = [0u8; 64];
+                if let Ok(n) = tls.read(&mut buf).await {
+                    let mut out = format!("{name}:").into_bytes();
+                    out.extend_from_slice(&buf[..n]);
+                    let _ = tls.write_all(&out).await;
+                    let _ = tls.flush().await;
+                }
+            });
+        }
+    })
+}
+
+/// Through a TCP listener with TLS to the nodes: the node that answered `ping`.
+async fn tls_session_node(raw: SocketAddr, src: IpAddr) -> Result<String, String> {
+    let mut s = connect_from(src, raw).await;
+    s.write_all(b"ping")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut got = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut got))
+        .await
+        .map_err(|_| "no answer in time".to_owned())?
+        .map_err(|e| format!("read: {e}"))?;
+    let got = String::from_utf8_lossy(&got).into_owned();
+    got.strip_suffix(":ping")
+        .map(str::to_owned)
+        .ok_or_else(|| format!("answer {got:?}"))
+}
+
+/// Without checks, a TCP-only node with TLS to it, DOWN on handshakes it let time out (a
+/// process paused: they count as requests left unanswered), comes back on the next fresh
+/// session's trial once it handshakes again: a completed TLS handshake is its process
+/// answering. Before, only an HTTP request could try a node that left requests unanswered,
+/// and a TCP-only node never gets one: it stayed DOWN for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    let stall = Arc::new(AtomicBool::new(true));
+    let a = tls_echo_node("a", a_listener, Arc::clone(&stall));
+    let b = tls_echo_node("b", b_listener, Arc::new(AtomicBool::new(false)));
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+         [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         table = \"t\"\nupstream_tls = {{ verify = \"none\" }}\n\
+         timeouts = {{ connect = \"300ms\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("tcp-tls-stall", &text);
+    let l = Limpet::start(&cfg).await;
+    let raw = l.addr("raw");
+
+    // Fresh clients until one meets a's stalled handshake: a DOWN, that client served by b.
+    let mut next = 1u8;
+    while node_view(&l, "a").await["state"] != "DOWN" {
+        assert!(next < 20, "a never went DOWN");
+        let src = IpAddr::from([127, 0, 71, next]);
+        next += 1;
+        assert_eq!(tls_session_node(raw, src).await.as_deref(), Ok("b"));
+    }
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["health"]["down_cause"], "traffic", "{view}");
+
+    // a handshakes again; fresh clients keep coming.
+    stall.store(false, Ordering::SeqCst);
+    let back = Instant::now();
+    let bound = Duration::from_millis(300) + SLACK;
+    loop {
+        let src = IpAddr::from([127, 0, 72, next]);
+        next = next.wrapping_add(1);
+        let got = tls_session_node(raw, src).await;
+        assert!(
+            matches!(got.as_deref(), Ok("a" | "b")),
+            "every session served: {got:?}"
+        );
+        let v = node_view(&l, "a").await;
+        if v["state"] == "UP" {
+            break;
+        }
+        assert!(
+            back.elapsed() < bound,
+            "a still DOWN {:?} after it handshakes again: {v}",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    l.stop().await;
+    a.abort();
+    b.abort();
+}
+
+/// Requests of sessions pinned to a node whose trial another request holds wait for that
+/// trial's outcome (at most `TRIAL_AWAIT`, 1 s) rather than move: the node is back, so they
+/// are answered there and keep their pin. Before, each was excluded as from a DOWN node and
+/// re-pinned to b for good (a browser's parallel requests, or every session that came while
+/// the trial's request was out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_pinned_to_a_node_on_trial_wait_for_its_outcome_and_stay_home() {
+    let mut a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let a_addr = a.addr;
+    let mut cfg = quick_config(&[
+        "--to",
+        &format!("a={a_addr}"),
+        "--to",
+        &format!("b={}", b.addr),
+        "--fail-timeout",
+        "300ms",
+    ]);
+    cfg.health.fall = 1;
+    let proxy = Quick::start(cfg).await;
+    a.kill().await;
+    let mut c = H1::open(proxy.addr).await;
+    let moved = c
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((moved.status, moved.node.as_str()), (200, "b"), "{moved:?}");
+    assert_eq!(proxy.state_of("a"), "DOWN");
+    let mut a = Backend::start_at("a", a_addr).await;
+    let due = proxy
+        .trial_at("a")
+        .unwrap_or_else(|| panic!("a has a trial"));
+    let deadline = Instant::now() + PATIENCE;
+    while limpet::clock::now_ms() < due {
+        assert!(Instant::now() < deadline, "a's trial never came due");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The trial: a request of a session of a's that a answers in 500 ms.
+    let mut t = H1::open(proxy.addr).await;
+    t.sender
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("h1 connection: {e}"));
+    let trial = tokio::spawn(
+        t.sender
+            .send_request(request("/slow?ms=500", Some("route=a"))),
+    );
+    while proxy.trial_at("a") == Some(due) {
+        assert!(Instant::now() < deadline, "the /slow request took no trial");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Meanwhile three more requests of a's sessions, each on its own connection.
+    let mut others = JoinSet::new();
+    for _ in 0..3 {
+        let addr = proxy.addr;
+        others.spawn(async move { H1::open(addr).await.get(Some("route=a")).await });
+    }
+    let trial = tokio::time::timeout(PATIENCE, trial)
+        .await
+        .unwrap_or_else(|_| panic!("the trial's answer in time"))
+        .unwrap_or_else(|e| panic!("trial task: {e}"))
+        .unwrap_or_else(|e| panic!("trial: {e}"));
+    let trial = answer_of(trial).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((trial.status, trial.node.as_str()), (200, "a"), "{trial:?}");
+    while let Some(r) = others.join_next().await {
+        let r = r
+            .unwrap_or_else(|e| panic!("request task: {e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (r.status, r.node.as_str(), r.set_cookie.as_deref()),
+            (200, "a", None),
+            "answered by a, the session kept home: {r:?}"
+        );
+    }
+    assert_eq!(proxy.state_of("a"), "UP");
+    drop((c, t));
+    proxy.stop().await;
+    a.kill().await;
+    let mut b = b;
+    b.kill().await;
+}
+
 /// Without checks, a node that went DOWN leaving an HTTP request unanswered (hung: its kernel
 /// completes connects, nothing answers) is not tried by TCP sessions, nor by limpet's own
 /// connects: a completed connect proves nothing about answers, and would only use up the trial

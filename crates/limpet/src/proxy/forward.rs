@@ -367,6 +367,49 @@ fn route(
     exclude: &[Excluded],
     now_ms: u64,
 ) -> (Route, Option<crate::nodes::TrialClaim>) {
+    let (table, input, trial_hold) = route_input(shared, p, exclude, now_ms);
+    shared.state.route(
+        table,
+        input,
+        Some(&ctx.pin),
+        trial_hold,
+        crate::nodes::TrialBy::Answer,
+    )
+}
+
+/// [`route`] for the request's first route, which waits a little for the outcome of another
+/// request's trial of the session's own node ([`crate::runtime::State::route_first`]).
+async fn route_first(
+    ctx: &ConnCtx,
+    shared: &Shared,
+    p: &Presented,
+    now_ms: u64,
+) -> (Route, Option<crate::nodes::TrialClaim>) {
+    let (table, input, trial_hold) = route_input(shared, p, &[], now_ms);
+    shared
+        .state
+        .route_first(
+            table,
+            input,
+            Some(&ctx.pin),
+            trial_hold,
+            crate::nodes::TrialBy::Answer,
+        )
+        .await
+}
+
+/// What [`route`] and [`route_first`] ask of the routing step: the table and key, the
+/// core's input, and how long a trial is claimed for.
+fn route_input<'a>(
+    shared: &'a Shared,
+    p: &'a Presented,
+    exclude: &'a [Excluded],
+    now_ms: u64,
+) -> (
+    Option<(&'a crate::runtime::Table, limpet_core::table::KeyRef<'a>)>,
+    RouteInput<'a>,
+    std::time::Duration,
+) {
     let input = RouteInput {
         cookie: p.cookie,
         failback: shared.affinity.as_ref().is_some_and(|a| a.fails_back()),
@@ -386,13 +429,7 @@ fn route(
     // with the request if it ends first.
     let trial_hold =
         shared.timeouts.queue + shared.timeouts.connect * 2 + shared.timeouts.upstream_answer;
-    shared.state.route(
-        table,
-        input,
-        Some(&ctx.pin),
-        trial_hold,
-        crate::nodes::TrialBy::Answer,
-    )
+    (table, input, trial_hold)
 }
 
 /// A table that learns from answers learns the session the node just handed out
@@ -535,7 +572,7 @@ fn proxy<'a, 'b>(
             t.prefetch(k.as_key_ref()).await;
         }
         let failed: Vec<Excluded> = Vec::new();
-        let (first, trial) = route(ctx, shared, &p, &failed, now);
+        let (first, trial) = route_first(ctx, shared, &p, now).await;
         if trial.is_none() {
             shared.state.try_due_trial(
                 now,

@@ -843,11 +843,56 @@ impl State {
     pub fn route(
         &self,
         table: Option<(&Table, KeyRef<'_>)>,
-        mut input: RouteInput<'_>,
+        input: RouteInput<'_>,
         conn: Option<&ConnPin>,
         trial_hold: Duration,
         trial_by: TrialBy,
     ) -> (Route, Option<TrialClaim>) {
+        match self.route_or_await(table, input, conn, trial_hold, trial_by, false) {
+            Routed::Go(r, trial) => (r, trial),
+            // Not asked to wait: never.
+            Routed::AwaitTrial(_) => (Route::none(), None),
+        }
+    }
+
+    /// [`route`](Self::route), for the first route of a request or session, which may wait:
+    /// when the session's own node (its cookie's or table entry's) is DOWN and due a trial
+    /// that another request holds, it waits for that trial's outcome, for at most
+    /// [`TRIAL_AWAIT`], and routes again: there to the node if it is back, elsewhere if not
+    /// (or if the trial is still in flight). Routed on at once, the session moved off a node
+    /// that was back: a browser's parallel requests, or every session pinned to a node that
+    /// arrived while its trial's request was out, were re-pinned to other nodes for good.
+    pub async fn route_first(
+        &self,
+        table: Option<(&Table, KeyRef<'_>)>,
+        input: RouteInput<'_>,
+        conn: Option<&ConnPin>,
+        trial_hold: Duration,
+        trial_by: TrialBy,
+    ) -> (Route, Option<TrialClaim>) {
+        match self.route_or_await(table, input, conn, trial_hold, trial_by, true) {
+            Routed::Go(r, trial) => (r, trial),
+            Routed::AwaitTrial(mut decided) => {
+                // Boxed: the rare path's timer would otherwise grow every request's future.
+                let _ = Box::pin(tokio::time::timeout(TRIAL_AWAIT, decided.changed())).await;
+                let input = RouteInput {
+                    now_ms: crate::clock::now_ms(),
+                    ..input
+                };
+                self.route(table, input, conn, trial_hold, trial_by)
+            }
+        }
+    }
+
+    fn route_or_await(
+        &self,
+        table: Option<(&Table, KeyRef<'_>)>,
+        mut input: RouteInput<'_>,
+        conn: Option<&ConnPin>,
+        trial_hold: Duration,
+        trial_by: TrialBy,
+        await_trial: bool,
+    ) -> Routed {
         let now = input.now_ms;
         let mut held = table.map(|(t, k)| {
             (
@@ -881,6 +926,39 @@ impl State {
             let cached = self.snapshot();
             let turn = self.rotation.load(Ordering::Acquire);
             let r = limpet_core::route(&cached.snap, turn, &|n| self.active(n), &input);
+            // The session's own node is DOWN with another request's trial of it in flight:
+            // its outcome is waited for, before anything is written, rather than the session
+            // moved off a node that may be back. Not that of a node that left requests
+            // unanswered: its trial most likely waits out its answer timeout too, and each
+            // session coming meanwhile would wait for nothing.
+            if await_trial {
+                let node_of = |p: limpet_core::Pin| match p {
+                    limpet_core::Pin::Node(n) => Some(n),
+                    _ => None,
+                };
+                let own = input
+                    .cookie
+                    .and_then(|c| node_of(c.pin))
+                    .or_else(|| input.table.and_then(|t| node_of(t.pin)));
+                if let Some(rt) = own
+                    .filter(|&n| r.node != Some(n))
+                    .filter(|&n| Excluded::find(input.exclude, n).is_none())
+                    .filter(|&n| {
+                        cached.snap.status(n).is_some_and(|s| {
+                            s.health.trial_in_flight(now) && !s.health.awaits_an_answer()
+                        })
+                    })
+                    .and_then(|n| self.node_rt(n))
+                {
+                    let decided = rt.status_changes();
+                    // Read again once watched: an outcome that came in between is not waited
+                    // for, the request routes again at once.
+                    if rt.status().health.trial_in_flight(crate::clock::now_ms()) {
+                        return Routed::AwaitTrial(decided);
+                    }
+                    continue;
+                }
+            }
             if r.took_turn
                 && self
                     .rotation
@@ -904,10 +982,23 @@ impl State {
             }
             let mut trial = None;
             if let (true, Some(n)) = (r.trial, r.node) {
+                // The session's own node: its trial held by another request is waited for
+                // (watched from before the claim, so an outcome in between is not missed).
+                let own = await_trial
+                    && [input.cookie.map(|c| c.pin), input.table.map(|t| t.pin)]
+                        .contains(&Some(limpet_core::Pin::Node(n)));
+                let decided = own
+                    .then(|| self.node_rt(n))
+                    .flatten()
+                    .filter(|rt| !rt.status().health.awaits_an_answer())
+                    .map(|rt| rt.status_changes());
                 trial = self
                     .node_rt(n)
                     .and_then(|rt| rt.claim_trial(trial_hold, r.trial_early, trial_by));
                 if trial.is_none() {
+                    if let Some(decided) = decided {
+                        return Routed::AwaitTrial(decided);
+                    }
                     taken.push(Excluded {
                         node: n,
                         why: RepinReason::NodeDown,
@@ -938,7 +1029,7 @@ impl State {
                     rt.session_moved(input.spread_key, why);
                 }
             }
-            return (r, trial);
+            return Routed::Go(r, trial);
         }
     }
 
@@ -968,8 +1059,9 @@ impl State {
             Some((
                 n,
                 addr,
+                // The connect's own timeout starts on its task: a margin for getting there.
                 self.node_rt(n)?
-                    .claim_trial(connect, false, TrialBy::Connect)?,
+                    .claim_trial(connect * 2, false, TrialBy::Connect)?,
             ))
         }) else {
             return;
@@ -1185,6 +1277,20 @@ impl State {
         def.upstreams.get(node.index(), local_port)
     }
 }
+
+/// What [`State::route_or_await`] found.
+enum Routed {
+    /// The route, and the trial's claim when it is one.
+    Go(Route, Option<TrialClaim>),
+    /// The session's own node's trial is another request's: a watch of the node's status.
+    AwaitTrial(tokio::sync::watch::Receiver<u64>),
+}
+
+/// The longest a request or session waits for the outcome of another's trial of its own node
+/// before it is routed elsewhere ([`State::route_first`]): a refused connect decides a trial
+/// in milliseconds, an answer in about what the node takes to answer; a node that hangs is
+/// not waited on for long.
+pub const TRIAL_AWAIT: Duration = Duration::from_secs(1);
 
 /// How long a DOWN node's trial may be due with no request to make it before limpet makes it
 /// with a connect of its own ([`State::try_due_trial`]).
