@@ -482,8 +482,17 @@ async fn connect(
         // A completed TLS handshake with the node is its process answering: with TLS to the
         // nodes, a session decides a trial as an HTTP answer does (a node DOWN on handshake
         // timeouts, which count as unanswered, would otherwise wait for an HTTP request that
-        // a TCP-only node never gets).
-        let by = if def.upstream_tls.is_some() {
+        // a TCP-only node never gets). Only where no HTTP listener could try the node: a
+        // handshake proves its TLS end
+        // speaks, not that its HTTP handlers answer (a sidecar, a live thread beside hung
+        // ones), and counted as an answer it would reset the count of an HTTP request left
+        // unanswered.
+        let tls_answers = def.upstream_tls.is_some()
+            && !state
+                .listeners
+                .iter()
+                .any(|l| l.def.load().mode == crate::config::Mode::Http);
+        let by = if tls_answers {
             crate::nodes::TrialBy::Answer
         } else {
             crate::nodes::TrialBy::Connect
@@ -559,10 +568,10 @@ async fn connect(
         match attempt(&def_now, who, addr).await {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove, and with
-                // TLS to the node, that its process answers.
+                // TLS to the node (no HTTP listener beside), that its process answers.
                 state.observe(
                     node,
-                    if def_now.upstream_tls.is_some() {
+                    if tls_answers && def_now.upstream_tls.is_some() {
                         Observation::TrafficOk
                     } else {
                         Observation::TrafficConnected

@@ -3385,7 +3385,11 @@ async fn requests_pinned_to_a_node_on_trial_wait_for_its_outcome_and_stay_home()
     let mut others = JoinSet::new();
     for _ in 0..3 {
         let addr = proxy.addr;
-        others.spawn(async move { H1::open(addr).await.get(Some("route=a")).await });
+        others.spawn(async move {
+            let mut c = H1::open(addr).await;
+            let sent = Instant::now();
+            c.get(Some("route=a")).await.map(|a| (a, sent.elapsed()))
+        });
     }
     let trial = tokio::time::timeout(PATIENCE, trial)
         .await
@@ -3395,13 +3399,18 @@ async fn requests_pinned_to_a_node_on_trial_wait_for_its_outcome_and_stay_home()
     let trial = answer_of(trial).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((trial.status, trial.node.as_str()), (200, "a"), "{trial:?}");
     while let Some(r) = others.join_next().await {
-        let r = r
+        let (r, took) = r
             .unwrap_or_else(|e| panic!("request task: {e}"))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             (r.status, r.node.as_str(), r.set_cookie.as_deref()),
             (200, "a", None),
             "answered by a, the session kept home: {r:?}"
+        );
+        // Sent while the trial's 500 ms answer was out: each waited for it.
+        assert!(
+            took >= Duration::from_millis(150),
+            "routed during the trial, it waited for its outcome: {took:?}"
         );
     }
     assert_eq!(proxy.state_of("a"), "UP");

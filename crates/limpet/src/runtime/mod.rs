@@ -928,35 +928,10 @@ impl State {
             let r = limpet_core::route(&cached.snap, turn, &|n| self.active(n), &input);
             // The session's own node is DOWN with another request's trial of it in flight:
             // its outcome is waited for, before anything is written, rather than the session
-            // moved off a node that may be back. Not that of a node that left requests
-            // unanswered: its trial most likely waits out its answer timeout too, and each
-            // session coming meanwhile would wait for nothing.
+            // moved off a node that may be back.
             if await_trial {
-                let node_of = |p: limpet_core::Pin| match p {
-                    limpet_core::Pin::Node(n) => Some(n),
-                    _ => None,
-                };
-                let own = input
-                    .cookie
-                    .and_then(|c| node_of(c.pin))
-                    .or_else(|| input.table.and_then(|t| node_of(t.pin)));
-                if let Some(rt) = own
-                    .filter(|&n| r.node != Some(n))
-                    .filter(|&n| Excluded::find(input.exclude, n).is_none())
-                    .filter(|&n| {
-                        cached.snap.status(n).is_some_and(|s| {
-                            s.health.trial_in_flight(now) && !s.health.awaits_an_answer()
-                        })
-                    })
-                    .and_then(|n| self.node_rt(n))
-                {
-                    let decided = rt.status_changes();
-                    // Read again once watched: an outcome that came in between is not waited
-                    // for, the request routes again at once.
-                    if rt.status().health.trial_in_flight(crate::clock::now_ms()) {
-                        return Routed::AwaitTrial(decided);
-                    }
-                    continue;
+                if let Some(decided) = self.trial_to_await(&input, &r, &cached.snap, now) {
+                    return Routed::AwaitTrial(decided);
                 }
             }
             if r.took_turn
@@ -982,21 +957,21 @@ impl State {
             }
             let mut trial = None;
             if let (true, Some(n)) = (r.trial, r.node) {
-                // The session's own node: its trial held by another request is waited for
-                // (watched from before the claim, so an outcome in between is not missed).
-                let own = await_trial
-                    && [input.cookie.map(|c| c.pin), input.table.map(|t| t.pin)]
-                        .contains(&Some(limpet_core::Pin::Node(n)));
-                let decided = own
-                    .then(|| self.node_rt(n))
-                    .flatten()
-                    .filter(|rt| !rt.status().health.awaits_an_answer())
-                    .map(|rt| rt.status_changes());
+                // The session's own node, its trial just claimed by another request (a race
+                // with the snapshot): waited for as above, watched from before the claim and
+                // read again after it.
+                let decided = (await_trial && own_node(&input) == Some(n))
+                    .then(|| self.node_rt(n).map(|rt| rt.status_changes()))
+                    .flatten();
                 trial = self
                     .node_rt(n)
                     .and_then(|rt| rt.claim_trial(trial_hold, r.trial_early, trial_by));
                 if trial.is_none() {
-                    if let Some(decided) = decided {
+                    let now = crate::clock::now_ms();
+                    let in_flight = self
+                        .node_rt(n)
+                        .is_some_and(|rt| worth_awaiting(&rt.status(), now));
+                    if let Some(decided) = decided.filter(|_| in_flight) {
                         return Routed::AwaitTrial(decided);
                     }
                     taken.push(Excluded {
@@ -1083,6 +1058,35 @@ impl State {
             }
             drop(claim);
         });
+    }
+
+    /// The session's own node, when `r` moves the session off it because it is DOWN with
+    /// another request's trial of it in flight ([`worth_awaiting`]): a watch of the node's
+    /// status, subscribed before the status is read again (at the same `now` as the snapshot
+    /// was), so that an outcome in between is not missed, and a claim that ran out meanwhile
+    /// lets the route stand rather than routing again on the same snapshot. Not when the route
+    /// sends the session home (`failback`) or elsewhere for a reason the node's return would
+    /// not change.
+    fn trial_to_await(
+        &self,
+        input: &RouteInput<'_>,
+        r: &Route,
+        snap: &Snapshot,
+        now: u64,
+    ) -> Option<tokio::sync::watch::Receiver<u64>> {
+        if r.outcome == limpet_core::Outcome::Failback {
+            return None;
+        }
+        let own = own_node(input)?;
+        if r.node == Some(own) || Excluded::find(input.exclude, own).is_some() {
+            return None;
+        }
+        if !snap.status(own).is_some_and(|s| worth_awaiting(s, now)) {
+            return None;
+        }
+        let rt = self.node_rt(own)?;
+        let decided = rt.status_changes();
+        worth_awaiting(&rt.status(), now).then_some(decided)
     }
 
     /// How many turns of the rotation fresh assignments took (carried over by reloads).
@@ -1276,6 +1280,34 @@ impl State {
     pub fn upstream(&self, def: &ListenerDef, node: NodeId, local_port: u16) -> Option<SocketAddr> {
         def.upstreams.get(node.index(), local_port)
     }
+}
+
+/// The node the session would be sent to once it is back: the shared table's entry where
+/// routing writes the table (the fleet's truth wins over the cookie), else the cookie's, else
+/// the table's.
+fn own_node(input: &RouteInput<'_>) -> Option<NodeId> {
+    let node_of = |p: limpet_core::Pin| match p {
+        limpet_core::Pin::Node(n) => Some(n),
+        _ => None,
+    };
+    let table = input
+        .table
+        .and_then(|t| node_of(t.pin).map(|n| (n, t.writes)));
+    match table {
+        Some((n, true)) => Some(n),
+        _ => input
+            .cookie
+            .and_then(|c| node_of(c.pin))
+            .or(table.map(|(n, _)| n)),
+    }
+}
+
+/// A node whose trial a session waits for rather than move: READY (MAINT and a drain move
+/// sessions whatever the trial says), DOWN with a trial in flight at `now`, and not one
+/// that left requests unanswered (its trial most likely waits out its answer timeout too,
+/// and every session coming meanwhile would wait for nothing).
+fn worth_awaiting(s: &NodeStatus, now: u64) -> bool {
+    s.admin == AdminState::Ready && s.health.trial_in_flight(now) && !s.health.awaits_an_answer()
 }
 
 /// What [`State::route_or_await`] found.
