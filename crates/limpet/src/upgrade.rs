@@ -1545,24 +1545,33 @@ mod tests {
         assert_eq!(state(Some(8_000)).clock_offset(3_000), -5_000);
     }
 
+    /// A holder of no sockets at `path`, on a task until a taker is ready, and a taker that
+    /// received its offer.
+    async fn holding_nothing_taken_over(
+        path: &Path,
+    ) -> (tokio::task::JoinHandle<Option<Ready>>, Handover) {
+        let listener = listen(path).unwrap_or_else(|e| panic!("{e}"));
+        let holder = tokio::spawn(hold(
+            listener,
+            std::sync::Arc::new(Held::new(Vec::new())),
+            std::future::pending(),
+        ));
+        let p = path.to_owned();
+        let h = tokio::task::spawn_blocking(move || take_over(&p))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no holder found"));
+        (holder, h)
+    }
+
     /// A taker that goes away after the holder stopped accepting, before it said it took
     /// over, is not counted on: `confirm` says so, and the holder serves again.
     #[tokio::test]
     async fn a_taker_gone_before_it_took_over_is_not_counted_on() {
         let dir = scratch("gone");
         let path = dir.join("up.sock");
-        let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
-        let holder = tokio::spawn(hold(
-            listener,
-            std::sync::Arc::new(Held::new(Vec::new())),
-            std::future::pending(),
-        ));
-        let p = path.clone();
-        let h = tokio::task::spawn_blocking(move || take_over(&p))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("no holder found"));
+        let (holder, h) = holding_nothing_taken_over(&path).await;
         // Ready, then gone once "stopping" comes.
         let gone = tokio::task::spawn_blocking(move || {
             (&h.conn).write_all(READY).unwrap_or_else(|e| panic!("{e}"));
@@ -1595,18 +1604,7 @@ mod tests {
             (Duration::from_secs(2), Duration::from_millis(500), false),
             (Duration::ZERO, Duration::from_secs(10), true),
         ] {
-            let listener = listen(&path).unwrap_or_else(|e| panic!("{e}"));
-            let holder = tokio::spawn(hold(
-                listener,
-                std::sync::Arc::new(Held::new(Vec::new())),
-                std::future::pending(),
-            ));
-            let p = path.clone();
-            let h = tokio::task::spawn_blocking(move || take_over(&p))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .unwrap_or_else(|| panic!("no holder found"));
+            let (holder, h) = holding_nothing_taken_over(&path).await;
             let taker = tokio::task::spawn_blocking(move || {
                 (&h.conn).write_all(READY)?;
                 let mut fds = Vec::new();

@@ -93,6 +93,29 @@ async fn until(url: &str, what: &str, done: impl Fn(&serde_json::Value, &str) ->
     }
 }
 
+/// Waits (bounded) for the process to exit, and asserts it exited 0.
+async fn exits_0(proc: &mut Proc) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let code = loop {
+        if let Some(s) = proc.0.try_wait().unwrap_or(None) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "limpet did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(code.success(), "{code:?}");
+}
+
+/// Until the admin API at `admin` counts one reload applied.
+async fn until_reloaded(admin: SocketAddr) {
+    until(
+        &format!("http://{admin}/metrics"),
+        "the reload applied",
+        |_, text| text.contains(r#"limpet_config_reloads_total{result="ok"} 1"#),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
     let (_nodes, port) = backend_nodes(&NODES).await;
@@ -168,15 +191,7 @@ async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status.ok(), Some(200));
     // And the process exits 0.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    let code = loop {
-        if let Some(s) = proc.0.try_wait().unwrap_or(None) {
-            break s;
-        }
-        assert!(std::time::Instant::now() < deadline, "limpet did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(code.success(), "{code:?}");
+    exits_0(&mut proc).await;
     // Nothing accepts any more.
     assert!(tokio::net::TcpStream::connect(web).await.is_err());
 }
@@ -193,12 +208,7 @@ async fn a_drain_lengthened_by_a_reload_lets_the_request_in_flight_finish() {
     let (mut proc, web, admin) = run(&cfg).await;
     cfg.write(&config(port, &NODES[..1]));
     signal(&proc.0, "HUP");
-    until(
-        &format!("http://{admin}/metrics"),
-        "the reload applied",
-        |_, text| text.contains(r#"limpet_config_reloads_total{result="ok"} 1"#),
-    )
-    .await;
+    until_reloaded(admin).await;
 
     let slow = tokio::spawn(async move {
         bare_client()
@@ -223,15 +233,7 @@ async fn a_drain_lengthened_by_a_reload_lets_the_request_in_flight_finish() {
         Some(200),
         "answered within the reloaded drain (10 s), not cut at the first (1 s)"
     );
-    let deadline = std::time::Instant::now() + PATIENCE;
-    let code = loop {
-        if let Some(s) = proc.0.try_wait().unwrap_or(None) {
-            break s;
-        }
-        assert!(std::time::Instant::now() < deadline, "limpet did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(code.success(), "{code:?}");
+    exits_0(&mut proc).await;
 }
 
 /// The failure model's crash and restart: a `limpet run` killed with SIGKILL (no shutdown,
@@ -247,16 +249,20 @@ async fn a_crash_and_restart_brings_the_pins_back_from_the_periodic_snapshot() {
         nodes_toml(&NODES[..2])
     );
     let cfg = ConfigFile::new("crash", &text);
-    let snap = cfg.dir.join("t.snapshot");
     let (proc, web, _) = run(&cfg).await;
-    // Two clients, pinned in rotation order: the second is on the node a fresh start does
-    // not give first.
-    let first = node_for("127.0.0.91", web).await;
-    let second = node_for("127.0.0.92", web).await;
+    pins_survive_a_crash(&cfg, proc, web, ["127.0.0.91", "127.0.0.92"]).await;
+}
+
+/// Two clients (`clients`) pinned in rotation order, so the second is on the node a fresh
+/// start does not give first; a periodic save of `t.snapshot` after the pins (within its 1 s
+/// interval and 2 s of slack); then SIGKILL (no shutdown, no final save) and a restart: each
+/// keeps its node, the second asked first.
+async fn pins_survive_a_crash(cfg: &ConfigFile, proc: Proc, web: SocketAddr, clients: [&str; 2]) {
+    let snap = cfg.dir.join("t.snapshot");
+    let first = node_for(clients[0], web).await;
+    let second = node_for(clients[1], web).await;
     assert_ne!(first, second);
     let pinned_at = std::time::SystemTime::now();
-
-    // A save after the pins, within the interval and some slack.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(1000 + 2000);
     loop {
         let saved_after = std::fs::metadata(&snap)
@@ -275,13 +281,13 @@ async fn a_crash_and_restart_brings_the_pins_back_from_the_periodic_snapshot() {
     signal(&proc.0, "KILL");
     drop(proc);
 
-    let (_proc, web, _) = run(&cfg).await;
+    let (_proc, web, _) = run(cfg).await;
     assert_eq!(
-        node_for("127.0.0.92", web).await,
+        node_for(clients[1], web).await,
         second,
         "the second client comes first after the restart and keeps its node"
     );
-    assert_eq!(node_for("127.0.0.91", web).await, first);
+    assert_eq!(node_for(clients[0], web).await, first);
 }
 
 /// A periodic snapshot a reload sets up is saved, and a crash after it is survived: the
@@ -300,46 +306,13 @@ async fn a_periodic_snapshot_a_reload_sets_up_is_saved_and_survives_a_crash() {
         )
     };
     let cfg = ConfigFile::new("reload-snapshot", &text(""));
-    let snap = cfg.dir.join("t.snapshot");
     let (proc, web, admin) = run(&cfg).await;
     cfg.write(&text(
         "snapshot = \"t.snapshot\"\nsnapshot_interval = \"1s\"\n",
     ));
     signal(&proc.0, "HUP");
-    until(
-        &format!("http://{admin}/metrics"),
-        "the reload applied",
-        |_, text| text.contains(r#"limpet_config_reloads_total{result="ok"} 1"#),
-    )
-    .await;
-    let first = node_for("127.0.0.93", web).await;
-    let second = node_for("127.0.0.94", web).await;
-    assert_ne!(first, second);
-    let pinned_at = std::time::SystemTime::now();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(1000 + 2000);
-    loop {
-        let saved_after = std::fs::metadata(&snap)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t > pinned_at);
-        if saved_after {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no snapshot saved within the reloaded snapshot_interval (1 s) + 2 s of the pins"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    signal(&proc.0, "KILL");
-    drop(proc);
-
-    let (_proc, web, _) = run(&cfg).await;
-    assert_eq!(
-        node_for("127.0.0.94", web).await,
-        second,
-        "the second client comes first after the restart and keeps its node"
-    );
-    assert_eq!(node_for("127.0.0.93", web).await, first);
+    until_reloaded(admin).await;
+    pins_survive_a_crash(&cfg, proc, web, ["127.0.0.93", "127.0.0.94"]).await;
 }
 
 /// SIGTERM while a SIGHUP's reload cannot read its file (a FIFO with a writer that sends

@@ -306,6 +306,22 @@ fn opened_file(file: (u64, u64)) -> usize {
         .unwrap_or(0)
 }
 
+/// A FIFO nobody reads in place of table `table`'s snapshot temporary file in `dir`
+/// (`NAME.snapshot.tmp.PID`, this test process's: the runtime runs in it), so that each save
+/// of it blocks opening it, as on a disk that hangs. Its path: a reader opening it lets the
+/// save go.
+fn stuck_save_of(dir: &TempDir, table: &str) -> std::path::PathBuf {
+    let tmp = dir
+        .path()
+        .join(format!("{table}.snapshot.tmp.{}", std::process::id()));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&tmp)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(made.success());
+    tmp
+}
+
 /// A disk that hangs (a dead network mount) holds neither a periodic snapshot save past a
 /// stop nor the shutdown's own save past `SNAPSHOT_SAVE_LIMIT`: `stop` returns at the limit.
 /// The snapshot's temporary file is a FIFO nobody reads, so each save blocks opening it.
@@ -321,16 +337,7 @@ fn a_snapshot_save_stuck_on_the_disk_holds_the_shutdown_only_to_its_limit() {
         .build()
         .expect("runtime");
     let dir = TempDir::new("snap-stuck");
-    // The save's temporary file: `t.snapshot.tmp.PID`, this test process's (the runtime runs
-    // in it).
-    let tmp = dir
-        .path()
-        .join(format!("t.snapshot.tmp.{}", std::process::id()));
-    let made = std::process::Command::new("mkfifo")
-        .arg(&tmp)
-        .status()
-        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
-    assert!(made.success());
+    let tmp = stuck_save_of(&dir, "t");
     // A stop that blocked this thread (a save made on it) is let go after 10 s by a reader on
     // the FIFO, so that the test fails instead of hanging.
     let (done, watch) = std::sync::mpsc::channel::<()>();
@@ -386,14 +393,7 @@ fn a_table_whose_disk_hangs_holds_no_other_table_s_saves() {
         .build()
         .expect("runtime");
     let dir = TempDir::new("snap-stuck-other");
-    let tmp = dir
-        .path()
-        .join(format!("t.snapshot.tmp.{}", std::process::id()));
-    let made = std::process::Command::new("mkfifo")
-        .arg(&tmp)
-        .status()
-        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
-    assert!(made.success());
+    let tmp = stuck_save_of(&dir, "t");
     let u = dir.path().join("u.snapshot");
     let saved = rt.block_on(async {
         let running = start(config(
