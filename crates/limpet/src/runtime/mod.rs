@@ -856,8 +856,9 @@ impl State {
     }
 
     /// [`route`](Self::route), for the first route of a request or session, which may wait:
-    /// when the session's own node (its cookie's or table entry's) is DOWN and due a trial
-    /// that another request holds, it waits for that trial's outcome, for at most
+    /// when the session's own node (the one routing would send it to once back: the written
+    /// table's entry, else its cookie's, else the table's) is DOWN with a trial another
+    /// request holds, it waits for that trial's outcome, for at most
     /// [`TRIAL_AWAIT`], and routes again: there to the node if it is back, elsewhere if not
     /// (or if the trial is still in flight). Routed on at once, the session moved off a node
     /// that was back: a browser's parallel requests, or every session pinned to a node that
@@ -1014,7 +1015,7 @@ impl State {
     /// off it and none came fresh (the fixed clients of a source-address table, the print
     /// server's), a node that blinked stayed DOWN for good, its share of the load on the
     /// others. Called after a route that was no trial; one comparison until a trial is due.
-    /// The trial is claimed as a route claims one (one at a time, for `connect`), and the
+    /// The trial is claimed as a route claims one (one at a time, for twice `connect`), and the
     /// connect's outcome observed as a TCP listener's is: a completed one brings back a node
     /// DOWN by failed connects. A node that left requests unanswered is not tried this way
     /// ([`TrialBy::Connect`]): only an answer brings it back.
