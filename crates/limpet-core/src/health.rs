@@ -496,13 +496,19 @@ impl Health {
             && self.claims == claim
             && self.retry_at_ms != u64::MAX
         {
-            self.trying = false;
-            self.claimed_until_ms = now_ms.min(self.claimed_until_ms);
-            self.retry_at_ms = self
-                .retry_at_ms
-                .min(now_ms.saturating_add(policy.fail_timeout_ms));
+            self.trial_ended_unlearnt(policy, now_ms);
         }
         self.debug_check();
+    }
+
+    /// The trial in flight ended at `now_ms` with nothing learnt of the node: its claim ends
+    /// now, and the next trial is due `fail_timeout` on, never later than the claim said.
+    fn trial_ended_unlearnt(&mut self, policy: HealthPolicy, now_ms: u64) {
+        self.trying = false;
+        self.claimed_until_ms = now_ms.min(self.claimed_until_ms);
+        self.retry_at_ms = self
+            .retry_at_ms
+            .min(now_ms.saturating_add(policy.fail_timeout_ms));
     }
 
     /// Records what was seen of the node at `now_ms`.
@@ -625,9 +631,7 @@ impl Health {
                     // nothing learnt, the next is due as after a failed one. Brought UP by
                     // it, the node took its share of fresh HTTP sessions, each waiting out
                     // its answer timeout, once every `fail_timeout`.
-                    self.trying = false;
-                    self.claimed_until_ms = self.claimed_until_ms.min(now_ms);
-                    self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
+                    self.trial_ended_unlearnt(policy, now_ms);
                     None
                 } else {
                     // Back on probation: its failure streak starts at `fall - 1`, so one

@@ -462,6 +462,27 @@ async fn connect(
     if let (Some(t), Some(k)) = (table, key) {
         t.prefetch(k).await;
     }
+    // A DOWN node's trial is decided by the connect: its wait in the node's queue, then the
+    // connect, the PROXY header and the TLS handshake, each within `connect`. The claim ends
+    // with the attempt, whatever ends it.
+    let trial_hold = def.timeouts.queue + def.timeouts.connect * 3;
+    // A completed TLS handshake with the node is its process answering: with TLS to the
+    // nodes, a session decides a trial as an HTTP answer does (a node DOWN on handshake
+    // timeouts, which count as unanswered, would otherwise wait for an HTTP request that a
+    // TCP-only node never gets). Only where no HTTP listener could try the node: a handshake
+    // proves its TLS end speaks, not that its HTTP handlers answer (a sidecar, a live thread
+    // beside hung ones), and counted as an answer it would reset the count of an HTTP request
+    // left unanswered.
+    let tls_answers = def.upstream_tls.is_some()
+        && !state
+            .listeners
+            .iter()
+            .any(|l| l.def.load().mode == crate::config::Mode::Http);
+    let by = if tls_answers {
+        crate::nodes::TrialBy::Answer
+    } else {
+        crate::nodes::TrialBy::Connect
+    };
     let mut failed: Vec<Excluded> = Vec::new();
     // Each turn adds a node to `failed`, so this ends within the node count.
     loop {
@@ -474,28 +495,6 @@ async fn connect(
             balance: def.balance,
             exclude: &failed,
             now_ms: clock::now_ms(),
-        };
-        // A DOWN node's trial is decided by the connect: its wait in the node's queue, then
-        // the connect, the PROXY header and the TLS handshake, each within `connect`. The
-        // claim ends with the attempt, whatever ends it.
-        let trial_hold = def.timeouts.queue + def.timeouts.connect * 3;
-        // A completed TLS handshake with the node is its process answering: with TLS to the
-        // nodes, a session decides a trial as an HTTP answer does (a node DOWN on handshake
-        // timeouts, which count as unanswered, would otherwise wait for an HTTP request that
-        // a TCP-only node never gets). Only where no HTTP listener could try the node: a
-        // handshake proves its TLS end
-        // speaks, not that its HTTP handlers answer (a sidecar, a live thread beside hung
-        // ones), and counted as an answer it would reset the count of an HTTP request left
-        // unanswered.
-        let tls_answers = def.upstream_tls.is_some()
-            && !state
-                .listeners
-                .iter()
-                .any(|l| l.def.load().mode == crate::config::Mode::Http);
-        let by = if tls_answers {
-            crate::nodes::TrialBy::Answer
-        } else {
-            crate::nodes::TrialBy::Connect
         };
         let (route, trial) = if failed.is_empty() {
             // The first route may wait for another session's trial of its own node.

@@ -3211,18 +3211,15 @@ async fn a_trial_whose_client_left_lets_the_next_request_try_the_node_at_once() 
     n.kill().await;
 }
 
-/// A TLS node on `listener` that answers each session's first bytes with `NAME:` and them,
-/// or, while `stall` holds, takes connections and never answers the handshake.
+/// A TLS node on `listener`, with `server_cfg`'s certificate, that answers each session's
+/// first bytes with `NAME:` and them, or, while `stall` holds, takes connections and never
+/// answers the handshake.
 fn tls_echo_node(
     name: &'static str,
     listener: TcpListener,
+    server_cfg: Arc<rustls::ServerConfig>,
     stall: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
-    let (_, server_cfg) = tls_identity(
-        &listener
-            .local_addr()
-            .map_or("127.0.0.1".into(), |a| a.ip().to_string()),
-    );
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
     tokio::spawn(async move {
         let mut held = Vec::new();
@@ -3275,8 +3272,18 @@ async fn tls_session_node(raw: SocketAddr, src: IpAddr) -> Result<String, String
 async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
     let (a_listener, b_listener, port) = common_port_pair().await;
     let stall = Arc::new(AtomicBool::new(true));
-    let a = tls_echo_node("a", a_listener, Arc::clone(&stall));
-    let b = tls_echo_node("b", b_listener, Arc::new(AtomicBool::new(false)));
+    let a = tls_echo_node(
+        "a",
+        a_listener,
+        tls_identity("127.0.0.2").1,
+        Arc::clone(&stall),
+    );
+    let b = tls_echo_node(
+        "b",
+        b_listener,
+        tls_identity("127.0.0.3").1,
+        Arc::new(AtomicBool::new(false)),
+    );
     let text = format!(
         "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
          [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
@@ -3598,16 +3605,7 @@ async fn a_ca_file_rewritten_in_place_reaches_the_running_tls_checks_at_a_reload
         .unwrap_or_else(|e| panic!("bind node: {e}"));
     let port = node.local_addr().map(|a| a.port()).unwrap_or(0);
     let (node_pem, server_cfg) = tls_identity("127.0.0.2");
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
-    let server = tokio::spawn(async move {
-        let mut handshakes = JoinSet::new();
-        while let Ok((s, _)) = node.accept().await {
-            let acceptor = acceptor.clone();
-            handshakes.spawn(async move {
-                let _ = acceptor.accept(s).await;
-            });
-        }
-    });
+    let server = tls_echo_node("a", node, server_cfg, Arc::new(AtomicBool::new(false)));
     let text = format!(
         "{}[health]\nfall = 1\nrise = 1\ninterval = \"100ms\"\ntimeout = \"1s\"\n\n\
          [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
