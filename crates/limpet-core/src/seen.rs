@@ -88,6 +88,29 @@ impl SeenWindow {
         }
     }
 
+    /// The same estimator over a window of `window_ms` from `now_ms` on (a reload changed
+    /// it), keeping what it counted inside the new window: each slot the new ring covers at
+    /// `now_ms` goes to its place there, so a shorter window stops counting the older
+    /// sessions at once (and forgets them: lengthened again later, it does not count them
+    /// back), and a longer one keeps every slot it held. `window_ms` is clamped as in
+    /// [`Self::new`].
+    pub fn resize(&mut self, window_ms: u64, now_ms: u64) {
+        let mut next = SeenWindow::new(window_ms, self.slot_ms, self.precision);
+        let epoch = now_ms / self.slot_ms;
+        let n = next.slots.len() as u64;
+        let old: Vec<Slot> = std::mem::take(&mut self.slots).into_vec();
+        // Each epoch the new ring covers has its own place in it: no two collide.
+        for slot in old
+            .into_iter()
+            .filter(|s| s.epoch != u64::MAX && s.epoch <= epoch && epoch - s.epoch < n)
+        {
+            let place = (slot.epoch % n) as usize;
+            next.slots[place] = slot;
+        }
+        next.last_seen_ms = self.last_seen_ms;
+        *self = next;
+    }
+
     /// The window this estimator covers at least, in milliseconds.
     pub fn window_ms(&self) -> u64 {
         self.window_ms
@@ -285,6 +308,48 @@ mod tests {
         s.record(mix(99), 11 * slot);
         assert!(within(s.estimate(11 * slot), 21, 0.1));
         assert_eq!(s.estimate(25 * slot), 0);
+    }
+
+    /// A reload's new window applies to what was counted: shortened, the sessions seen
+    /// before it are no longer counted; lengthened, those still inside it stay counted, and
+    /// the ring grows to cover it.
+    #[test]
+    fn a_resized_window_keeps_what_it_counted_inside_the_new_window() {
+        let slot = 60_000;
+        let mut s = SeenWindow::new(10 * slot, slot, 7);
+        for k in keys(7, 100) {
+            s.record(k, 2 * slot);
+        }
+        for k in keys(8, 20) {
+            s.record(k, 9 * slot + 1);
+        }
+        let now = 9 * slot + 2;
+        assert!(within(s.estimate(now), 120, 0.1));
+        s.resize(3 * slot, now);
+        assert_eq!(s.window_ms(), 3 * slot);
+        assert_eq!(s.memory_bytes(), 4 * 128);
+        assert!(
+            within(s.estimate(now), 20, 0.1),
+            "only the sessions of the last 3 min: {}",
+            s.estimate(now)
+        );
+        assert_eq!(s.last_seen_ms(), Some(9 * slot + 1));
+        // Lengthened again: the slot kept is counted over the longer window (the one
+        // forgotten is not), and new ones land in the grown ring.
+        s.resize(30 * slot, now);
+        assert_eq!(s.memory_bytes(), 31 * 128);
+        for k in keys(9, 30) {
+            s.record(k, 20 * slot);
+        }
+        assert!(
+            within(s.estimate(20 * slot), 50, 0.1),
+            "{}",
+            s.estimate(20 * slot)
+        );
+        // The same length: nothing is lost.
+        let before = s.estimate(20 * slot);
+        s.resize(30 * slot, 20 * slot);
+        assert_eq!(s.estimate(20 * slot), before);
     }
 
     #[test]

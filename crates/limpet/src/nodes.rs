@@ -804,7 +804,8 @@ impl Drop for TunnelGuard {
 pub struct NodeBoard {
     nodes: Mutex<BTreeMap<String, Arc<NodeRuntime>>>,
     epoch: Arc<AtomicU64>,
-    seen_window: Duration,
+    /// `[drain] seen_window`, in milliseconds: what a reload sets reaches every node.
+    seen_window_ms: AtomicU64,
 }
 
 impl NodeBoard {
@@ -812,7 +813,7 @@ impl NodeBoard {
         NodeBoard {
             nodes: Mutex::new(BTreeMap::new()),
             epoch: Arc::new(AtomicU64::new(0)),
-            seen_window,
+            seen_window_ms: AtomicU64::new(clock::ms(seen_window)),
         }
     }
 
@@ -825,12 +826,29 @@ impl NodeBoard {
         let n = Arc::new(NodeRuntime::new(
             name,
             Arc::clone(&self.epoch),
-            self.seen_window,
+            Duration::from_millis(self.seen_window_ms.load(Ordering::Relaxed)),
         ));
         nodes.insert(name.to_owned(), Arc::clone(&n));
         // A new node changes what snapshots hold.
         self.epoch.fetch_add(1, Ordering::Release);
         n
+    }
+
+    /// A reload's `[drain] seen_window`: every node's count of the sessions it saw covers
+    /// the new window from now on (keeping what it counted inside it), and nodes added later
+    /// start with it. Unchanged, nothing is touched.
+    pub fn set_seen_window(&self, window: Duration) {
+        let ms = clock::ms(window);
+        // Under the nodes' lock: a node created meanwhile gets one window or the other, and
+        // is then resized with the rest.
+        let nodes = lock(&self.nodes);
+        if self.seen_window_ms.swap(ms, Ordering::Relaxed) == ms {
+            return;
+        }
+        let now = clock::now_ms();
+        for n in nodes.values() {
+            lock(&n.seen).resize(ms, now);
+        }
     }
 
     /// The runtime of a node that exists, without creating one.
@@ -851,6 +869,33 @@ mod tests {
 
     fn node() -> Arc<NodeRuntime> {
         NodeBoard::new(Duration::from_secs(60)).node("a")
+    }
+
+    /// A reload's `seen_window` reaches the nodes that exist (before, their count kept the
+    /// window of the start, though the admin view showed the new one) and those added
+    /// after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_reloaded_seen_window_reaches_every_node() {
+        let board = NodeBoard::new(Duration::from_secs(600));
+        let a = board.node("a");
+        a.seen(limpet_core::seen::mix(1));
+        tokio::time::advance(Duration::from_secs(180)).await;
+        a.seen(limpet_core::seen::mix(2));
+        assert_eq!(a.seen_stats().0, 2, "both within ten minutes");
+        board.set_seen_window(Duration::from_secs(60));
+        assert_eq!(
+            a.seen_stats().0,
+            1,
+            "the session seen three minutes ago is outside the reloaded one-minute window"
+        );
+        let b = board.node("b");
+        b.seen(limpet_core::seen::mix(3));
+        tokio::time::advance(Duration::from_secs(180)).await;
+        assert_eq!(
+            b.seen_stats().0,
+            0,
+            "a node added after the reload has its window"
+        );
     }
 
     /// A watch made before the node goes DOWN resolves whether the DOWN came before its

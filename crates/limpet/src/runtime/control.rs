@@ -625,6 +625,7 @@ async fn reload_locked(
     let mut keep = new_def.clone();
     keep.admin = life.def().admin.clone();
     life.def.store(Arc::new(keep));
+    life.nodes.set_seen_window(new_def.seen_window);
     lock(&life.checks).update(
         new_def.checks.clone(),
         Arc::new(RuntimeSink {
