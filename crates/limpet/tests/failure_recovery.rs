@@ -2659,6 +2659,51 @@ async fn a_reload_that_turns_close_on_node_down_on_closes_a_session_on_a_node_al
     l.stop().await;
 }
 
+/// A reload that shortens a listener's `idle` reaches the client connections open before it:
+/// an HTTP/2 connection that has served a request is closed about `idle` after the reload,
+/// as an HTTP/1.1 one is. Before, an HTTP/2 connection kept the limits it opened with (its
+/// idle watch read them once), so it stayed open for the old 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_shortens_idle_closes_the_connections_open_before_it() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    let text = two_listener_config(port, "", "");
+    let cfg = ConfigFile::new("reload-idle", &text);
+    let l = Limpet::start(&cfg).await;
+    let (mut h1, mut h2) = h1_and_h2_on_a(l.addr("web")).await;
+
+    // The web listener's timeouts come first in the file.
+    let shorter = text.replacen(
+        "timeouts = { drain = \"1s\" }",
+        "timeouts = { drain = \"1s\", idle = \"1s\" }",
+        1,
+    );
+    assert_ne!(shorter, text);
+    cfg.write(&shorter);
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let reloaded = Instant::now();
+    // Within a few times the new idle (the HTTP/2 watch looks every header_read / 4, 3.75
+    // s at the default), far from the old 60 s.
+    let bound = Duration::from_secs(10);
+    for (what, conn) in [("HTTP/2", &mut h2.conn), ("HTTP/1.1", &mut h1.conn)] {
+        let closed = tokio::time::timeout(bound, conn).await;
+        assert!(
+            closed.is_ok(),
+            "the pre-reload {what} connection still open {bound:?} after a reload set idle = 1s"
+        );
+        eprintln!(
+            "{what} connection closed {:?} after the reload",
+            reloaded.elapsed()
+        );
+    }
+    // The listener serves on with the new limit.
+    let mut again = H2::open(l.addr("web")).await;
+    let a = again.get(None).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.status, 200);
+    drop((h1, h2, again));
+    l.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. A node that closes idle kept-alive connections sooner than limpet would keep them
 // ---------------------------------------------------------------------------------------

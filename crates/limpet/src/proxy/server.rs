@@ -666,9 +666,10 @@ impl AnswerClocks {
 /// connection (counted with a print in the watch: about 29,000 looks in a 4 s `h2load -c16
 /// -m10` run of about 280,000 requests).
 async fn stall_watch(ctx: &ConnCtx) {
-    let limit = ctx.shared().timeouts.client_idle;
-    let step = (limit / 4).max(Duration::from_millis(25));
     loop {
+        // Read at each look, as in `idle_watch`: a reload's `client_idle` applies here too.
+        let limit = ctx.shared().timeouts.client_idle;
+        let step = (limit / 4).max(Duration::from_millis(25));
         if ctx.answers.scan(limit) {
             return;
         }
@@ -693,15 +694,18 @@ async fn stall_watch(ctx: &ConnCtx) {
 /// hold the connection for `idle`. It is looked at every quarter of `header_read`, so it is
 /// closed within 1.25 `header_read`.
 async fn idle_watch(ctx: &ConnCtx, h1: bool) {
-    let t = ctx.shared().timeouts;
-    // Re-check at least this often, so a first request arriving mid-sleep switches the limit
-    // from header_read to keep_alive_idle without waiting out the longer one.
-    let mut step = t.header_read.min(t.keep_alive_idle);
-    if !h1 {
-        step = step.min((t.header_read / 4).max(Duration::from_millis(25)));
-    }
-    let between = if h1 { step } else { t.keep_alive_idle };
     loop {
+        // Read at each look: limits a reload set apply to the connections open before it
+        // from their next look on (an HTTP/2 connection may never go through another
+        // watch), as HTTP/1's do from their next request.
+        let t = ctx.shared().timeouts;
+        // Re-check at least this often, so a first request arriving mid-sleep switches the
+        // limit from header_read to keep_alive_idle without waiting out the longer one.
+        let mut step = t.header_read.min(t.keep_alive_idle);
+        if !h1 {
+            step = step.min((t.header_read / 4).max(Duration::from_millis(25)));
+        }
+        let between = if h1 { step } else { t.keep_alive_idle };
         if !h1 {
             if let Some(open) = ctx.hints.head_open_for(crate::clock::now_ms()) {
                 if open >= t.header_read {
