@@ -585,12 +585,17 @@ impl NodeRuntime {
     ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         if a.limit.load(Ordering::Relaxed) == 0 {
-            return Ok(Admitted { node: None });
+            // Counted all the same: a limit a reload sets later holds the connections
+            // already open to it.
+            a.in_use.fetch_add(1, Ordering::SeqCst);
+            return Ok(Admitted {
+                node: Arc::clone(self),
+            });
         }
         // Newcomers do not overtake the queue.
-        if a.waiting.load(Ordering::Acquire) == 0 && a.try_take() {
+        if a.waiting.load(Ordering::SeqCst) == 0 && a.try_take() {
             return Ok(Admitted {
-                node: Some(Arc::clone(self)),
+                node: Arc::clone(self),
             });
         }
         // Boxed: the wait in the queue is the rare path, and its state (the node's events,
@@ -605,7 +610,9 @@ impl NodeRuntime {
         spread_key: u64,
     ) -> Result<Admitted, Refused> {
         let a = &self.admission;
-        let queued = a.waiting.fetch_add(1, Ordering::AcqRel);
+        // SeqCst with `Admitted`'s drop: either the drop sees this waiter and wakes it, or
+        // this waiter's `try_take` sees the slot the drop freed.
+        let queued = a.waiting.fetch_add(1, Ordering::SeqCst);
         let _waiting = Waiting(&a.waiting);
         if queued >= a.max_queue.load(Ordering::Relaxed) {
             return Err(Refused::QueueFull);
@@ -661,16 +668,17 @@ impl NodeRuntime {
         .await;
         match waited {
             Ok(Ok(())) => Ok(Admitted {
-                node: Some(Arc::clone(self)),
+                node: Arc::clone(self),
             }),
             Ok(Err(r)) => Err(r),
             Err(_) => Err(Refused::QueueTimeout),
         }
     }
 
-    /// Connections counted against the node's limit now (0 without a limit).
+    /// Connections holding a slot now: counted against the node's limit, or, without one,
+    /// against the one a reload may set.
     pub fn admitted(&self) -> u32 {
-        *lock(&self.admission.in_use)
+        self.admission.in_use.load(Ordering::Relaxed)
     }
 
     /// Requests and sessions waiting in the node's queue now.
@@ -690,7 +698,10 @@ struct Admission {
     /// 0: unlimited.
     limit: AtomicU32,
     max_queue: AtomicU32,
-    in_use: Mutex<u32>,
+    /// Slots held, with a limit or without: a limit set by a reload on a node that had none
+    /// counts the connections open already (HAProxy's `maxconn` set at runtime counts the
+    /// server's current connections too).
+    in_use: AtomicU32,
     waiting: AtomicU32,
     /// Woken when a slot frees or the limit changes.
     freed: tokio::sync::Notify,
@@ -699,13 +710,11 @@ struct Admission {
 impl Admission {
     fn try_take(&self) -> bool {
         let limit = self.limit.load(Ordering::Relaxed);
-        let mut in_use = lock(&self.in_use);
-        if limit == 0 || *in_use < limit {
-            *in_use += 1;
-            true
-        } else {
-            false
-        }
+        self.in_use
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |in_use| {
+                (limit == 0 || in_use < limit).then_some(in_use + 1)
+            })
+            .is_ok()
     }
 }
 
@@ -718,21 +727,23 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A slot among a node's `max_connections`; dropping it frees the slot for the next waiter.
+/// A slot among a node's `max_connections` (or, without a limit, counted against the one a
+/// reload may set); dropping it frees the slot for the next waiter.
 #[derive(Debug)]
 pub struct Admitted {
-    /// None: the node has no limit.
-    node: Option<Arc<NodeRuntime>>,
+    node: Arc<NodeRuntime>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        if let Some(n) = &self.node {
-            let a = &n.admission;
-            {
-                let mut in_use = lock(&a.in_use);
-                *in_use = in_use.saturating_sub(1);
-            }
+        let a = &self.node.admission;
+        // Never below zero: every slot counted was taken by `admit`.
+        let _ = a
+            .in_use
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1));
+        // Only a waiter needs the wake (none waits on a node without a limit); see `queue`
+        // for why the two orders pair.
+        if a.waiting.load(Ordering::SeqCst) > 0 {
             a.freed.notify_one();
         }
     }
@@ -1022,6 +1033,39 @@ mod tests {
         assert_eq!(rt.admitted(), 0, "nothing left counted");
     }
 
+    /// A limit a reload sets on a node that had none holds the connections open already: with
+    /// two open and a new limit of 2, the next waits in the queue until one of them closes.
+    /// Before, a node without a limit counted nothing, so the new limit started from 0 and
+    /// let two more in (four open against a limit of two).
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_set_on_a_node_without_one_counts_the_connections_open_already() {
+        let rt = node();
+        let wait = Duration::from_secs(5);
+        let open = [
+            rt.admit(wait, 1).await.expect("no limit: at once"),
+            rt.admit(wait, 2).await.expect("no limit: at once"),
+        ];
+        assert_eq!(rt.admitted(), 2, "counted without a limit");
+        rt.set_limits(Some(2), 8);
+        let next = {
+            let rt = Arc::clone(&rt);
+            tokio::spawn(async move { rt.admit(wait, 3).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!next.is_finished(), "both slots of the new limit are held");
+        assert_eq!(rt.queued(), 1);
+        let [first, second] = open;
+        drop(first);
+        let admitted = tokio::time::timeout(Duration::from_millis(10), next)
+            .await
+            .expect("admitted as soon as one closed")
+            .expect("task");
+        assert!(admitted.is_ok());
+        assert_eq!(rt.admitted(), 2);
+        drop((second, admitted));
+        assert_eq!(rt.admitted(), 0, "nothing left counted");
+    }
+
     /// A drain with a deadline lets a queued session go at its moment (the moment routing
     /// re-pins its key), whether it queued before the drain or during it, and one that
     /// queues past its moment goes at once: the queue keeps only what the node may still
@@ -1075,11 +1119,12 @@ mod tests {
     async fn max_connections_queue_and_queue_timeout() {
         let rt = node();
         let wait = Duration::from_secs(5);
-        // No limit: admitted at once, nothing counted.
+        // No limit: admitted at once, counted while held (for a limit set later).
         let free = rt.admit(wait, 0).await;
         assert!(free.is_ok());
-        assert_eq!(rt.admitted(), 0);
+        assert_eq!(rt.admitted(), 1);
         drop(free);
+        assert_eq!(rt.admitted(), 0);
 
         rt.set_limits(Some(1), 1);
         let first = rt.admit(wait, 0).await.expect("a free slot");
