@@ -627,6 +627,19 @@ impl WriteLimit {
         )))
     }
 
+    /// The limit from the next blocked write on (a reload changed it); one lifted stays
+    /// lifted.
+    pub fn set(&self, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(u64::MAX - 1);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                (now != u64::MAX).then_some(ms)
+            });
+    }
+
     /// No limit from now on (the connection became a tunnel).
     pub fn lift(&self) {
         self.0.store(u64::MAX, Ordering::Relaxed);

@@ -2704,6 +2704,128 @@ async fn a_reload_that_shortens_idle_closes_the_connections_open_before_it() {
     l.stop().await;
 }
 
+/// A node that answers `GET /` with `ok` and `GET /big` with a body it never stops
+/// writing; `released` resolves once limpet closed the connection the body goes to.
+async fn flood_node(ip: &str) -> (u16, oneshot::Receiver<()>, JoinHandle<()>) {
+    let l = TcpListener::bind((ip, 0))
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+    let (tx, released) = oneshot::channel();
+    // Taken by the connection that carries `/big` (a reload may give limpet new ones).
+    let tx = Arc::new(Mutex::new(Some(tx)));
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let tx = Arc::clone(&tx);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                    let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let big = head.starts_with(b"GET /big ");
+                    head.drain(..end + 4);
+                    if !big {
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n")
+                        .await;
+                    let chunk = vec![b'x'; 64 * 1024];
+                    while s.write_all(&chunk).await.is_ok() {}
+                    let tx = tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(tx) = tx {
+                        let _ = tx.send(());
+                    }
+                    return;
+                }
+            });
+        }
+    });
+    (port, released, task)
+}
+
+/// A reload that shortens `client_idle` reaches the write stall limit of a client connection
+/// open before it: the connection's next answer, to a client that stopped reading it, is cut
+/// about the new `client_idle` later and its node connection released. Before, the
+/// connection's write limit was the `client_idle` it was accepted with (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_shortens_client_idle_reaches_the_connections_open_before_it() {
+    let (port, released, node) = flood_node("127.0.0.5").await;
+    let text = |client_idle: &str| {
+        format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ drain = \"1s\", client_idle = \"{client_idle}\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("f", "127.0.0.5")])
+        )
+    };
+    let cfg = ConfigFile::new("reload-client-idle", &text("60s"));
+    let l = Limpet::start(&cfg).await;
+    let mut client = TcpStream::connect(l.addr("web"))
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        let mut buf = [0u8; 1024];
+        while !answer.ends_with(b"ok") {
+            let n = client.read(&mut buf).await.unwrap_or(0);
+            assert!(n > 0, "closed before the first answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no first answer"));
+
+    cfg.write(&text("300ms"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut first = [0u8; 12];
+    tokio::time::timeout(PATIENCE, client.read_exact(&mut first))
+        .await
+        .unwrap_or_else(|_| panic!("no answer to /big"))
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    assert_eq!(&first, b"HTTP/1.1 200");
+    // No more reading from here: the kernel's buffers fill, then limpet's write blocks.
+    let stalled = Instant::now();
+    let bound = Duration::from_secs(10);
+    assert!(
+        matches!(tokio::time::timeout(bound, released).await, Ok(Ok(()))),
+        "the stalled answer's node connection still open {bound:?} after the reload set \
+         client_idle = 300ms"
+    );
+    eprintln!(
+        "node connection released {:?} after the client stopped reading",
+        stalled.elapsed()
+    );
+    drop(client);
+    node.abort();
+    l.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. A node that closes idle kept-alive connections sooner than limpet would keep them
 // ---------------------------------------------------------------------------------------

@@ -483,6 +483,8 @@ impl ConnCtx {
             let next = self.generations.current();
             if !Arc::ptr_eq(&next, &mine) {
                 self.pin.carry(&mine.state, &next.state);
+                // The client's write stall limit is the running `client_idle` too.
+                self.write_limit.set(next.timeouts.client_idle);
                 *mine = next;
             }
         }
