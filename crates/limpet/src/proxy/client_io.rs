@@ -164,6 +164,9 @@ pub(crate) struct H2Heads {
     block_open: bool,
     /// What the hints say now: a head was open at the end of the last read.
     marked: bool,
+    /// No head was open at some point of the last read: a head open at its end began in it
+    /// (one head ended and the next began in one read), so its clock starts again.
+    gap: bool,
 }
 
 impl Default for H2Heads {
@@ -176,6 +179,7 @@ impl Default for H2Heads {
             in_head_frame: false,
             block_open: false,
             marked: false,
+            gap: false,
         }
     }
 }
@@ -190,6 +194,7 @@ impl H2Heads {
         let skip = self.preface_left.min(bytes.len());
         self.preface_left -= skip;
         bytes = bytes.get(skip..).unwrap_or_default();
+        self.gap = !self.open();
         while !bytes.is_empty() {
             if self.left > 0 {
                 let n = self.left.min(bytes.len());
@@ -197,6 +202,7 @@ impl H2Heads {
                 bytes = bytes.get(n..).unwrap_or_default();
                 if self.left == 0 {
                     self.in_head_frame = false;
+                    self.gap |= !self.open();
                 }
                 continue;
             }
@@ -219,6 +225,7 @@ impl H2Heads {
                 self.in_head_frame = len > 0;
             }
             self.left = len;
+            self.gap |= !self.open();
         }
     }
 
@@ -292,7 +299,8 @@ impl<S> ClientIo<S> {
         };
         heads.feed(bytes);
         let open = heads.open();
-        if open == heads.marked {
+        // A head open before and after this read is the same head only if none ended in it.
+        if open == heads.marked && !(open && heads.gap) {
             return;
         }
         heads.marked = open;
@@ -753,6 +761,45 @@ mod tests {
         let n = io.read(&mut buf).await.expect("read");
         assert_eq!(n, head.len() - 5);
         assert_eq!(hints.0.head_open_for(t0 + 700), None, "whole: no head open");
+    }
+
+    /// Heads sent back to back, each read ending inside the next: each head's clock starts
+    /// in the read that began it. Before, the clock ran from the first head of the run (the
+    /// state read "open" after every read), so a slow link sending large heads one after
+    /// the other was closed as a slowloris `header_read` after the first, though no head
+    /// took long.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_begins_in_the_read_that_ends_another_has_its_own_clock() {
+        let mut bytes = H2_PREFACE.to_vec();
+        bytes.extend(frame(4, 0, 0, &[]));
+        let first = frame(1, 0x5, 1, &[0x82, 0x86, 0x84]);
+        let second = frame(1, 0x5, 3, &[0x82, 0x86, 0x84]);
+        bytes.extend(&first[..5]);
+        let mut next = first[5..].to_vec();
+        next.extend(&second[..5]);
+        let stream = scripted(&[Some(&bytes), Some(&next), Some(&second[5..7])]);
+        let hints = Arc::new(Hinted(StreamHints::default()));
+        let mut io = ClientIo::new(stream, false)
+            .watch_h2_heads()
+            .with_hints(Arc::clone(&hints) as HintsRef);
+        let mut buf = vec![0u8; 256];
+        io.read(&mut buf).await.expect("read");
+        tokio::time::advance(std::time::Duration::from_millis(700)).await;
+        let n = io.read(&mut buf).await.expect("read");
+        assert_eq!(n, next.len());
+        let now = crate::clock::now_ms();
+        assert_eq!(
+            hints.0.head_open_for(now),
+            Some(std::time::Duration::ZERO),
+            "the second head began in this read: its clock starts now, not 700 ms ago"
+        );
+        tokio::time::advance(std::time::Duration::from_millis(300)).await;
+        io.read(&mut buf).await.expect("read");
+        assert_eq!(
+            hints.0.head_open_for(crate::clock::now_ms()),
+            Some(std::time::Duration::from_millis(300)),
+            "a read inside the same head keeps its clock"
+        );
     }
 
     /// A connection's [`StreamHints`], as its `ConnCtx` holds them.
