@@ -150,22 +150,34 @@ async fn keep_alive(
     sender
 }
 
+/// More failed connects than the fall count, all for want of a descriptor: the session's
+/// node stays UP, so once descriptors are free the same cookie is served by it with no
+/// `Set-Cookie`. Had the failures taken it DOWN, the request would be re-pinned to the other
+/// node (its trial comes only after `fail_timeout`); with one node only, the "no node left"
+/// trial would serve it either way, so the test has two.
 #[test]
 fn out_of_file_descriptors_never_takes_a_node_down() {
     alone(async {
-        let ns = nodes(&["a"]).await;
+        let ns = nodes(&["a", "b"]).await;
         let mut cfg = config(&ns);
         // Every request opens a fresh node connection (nothing pooled to hide the failure).
         cfg.limits.max_idle_per_node = 0;
         let proxy = Proxy::start(cfg).await;
         let mut sender = keep_alive(proxy.addr).await;
-        assert_eq!(get(&mut sender).await, 200);
+        let (status, pin) = exchange(&mut sender, None).await;
+        assert_eq!(status, 200);
+        let pin = pin.unwrap_or_else(|| panic!("a fresh session is pinned"));
+        let cookie = pin.split(';').next().unwrap_or_default().to_owned();
 
         let connects = LOCAL_FDS.count(FdsAt::Connect);
         let hogs = exhaust();
         // More failures than the fall count (3): none is the node's.
         for _ in 0..5 {
-            assert_eq!(get(&mut sender).await, 503, "no socket to the node");
+            assert_eq!(
+                get_pinned(&mut sender, &cookie).await,
+                (503, None),
+                "no socket to the node, and the session is not moved"
+            );
         }
         assert!(
             LOCAL_FDS.count(FdsAt::Connect) >= connects + 5,
@@ -173,9 +185,9 @@ fn out_of_file_descriptors_never_takes_a_node_down() {
         );
         drop(hogs);
         assert_eq!(
-            get(&mut sender).await,
-            200,
-            "recovers by itself; the node is still UP"
+            get_pinned(&mut sender, &cookie).await,
+            (200, None),
+            "recovers by itself; the session's node ({cookie}) is still UP and serves it"
         );
         proxy.stop().await;
     });
