@@ -771,6 +771,44 @@ async fn a_request_queued_past_the_queue_timeout_gets_503() {
     l.stop().await;
 }
 
+/// HAProxy's `maxqueue`: with the node's one slot held and its one queue place taken, the
+/// next request gets 503 (with `Retry-After`) at once, not at the queue timeout (10 s here),
+/// and the queued one is still served when the slot frees.
+#[tokio::test]
+async fn a_request_beyond_a_full_node_queue_gets_503_at_once() {
+    let mut a = CountingNode::start(Duration::from_millis(800)).await;
+    let cfg = ConfigFile::new(
+        "adv-queue-full",
+        &limited_config(a.port, "max_connections = 1\nmax_queue = 1", "10s"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let (first, second) = one_holding_one_queued(&l, &mut a, &url).await;
+    let asked = tokio::time::Instant::now();
+    let third = tokio::time::timeout(
+        SOON,
+        bare_client().get(&url).header("cookie", "route=a").send(),
+    )
+    .await
+    .expect("answered in time")
+    .expect("answer");
+    assert_eq!(third.status().as_u16(), 503, "the queue is full");
+    assert!(third.headers().contains_key("retry-after"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "at once, not at the queue timeout: {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(first.await.expect("task").expect("answer").as_u16(), 200);
+    let second = second.await.expect("task").expect("answer");
+    assert_eq!(
+        second.status().as_u16(),
+        200,
+        "the queued request is served"
+    );
+    l.stop().await;
+}
+
 /// A listener of `max_connections = {max}` before node `a` (a demo node: it serves
 /// WebSockets at `/ws`).
 fn capped_config(port: u16, max: usize) -> String {

@@ -328,7 +328,7 @@ impl NodeAdmin {
 /// A TCP session gets an access log line when it ends (HAProxy's `option tcplog`), saying
 /// how: both sides closed (`end=done`, the bytes each way), nothing moved for the
 /// listener's `idle` (`end=idle`), the client stopped reading for `idle` (`end=
-/// client-stalled`), no node took it (`end=no-node`), its node's queue refused it
+/// client-stalled`) or its node did (`end=node-stalled`), no node took it (`end=no-node`), its node's queue refused it
 /// (`end=queue-timeout`), or limpet cut it (`end=cut`: its node set to MAINT, `cut=
 /// node-maint`; a shutdown's drain deadline, `cut=shutdown`, also for a connection still in
 /// its node's queue then). Before, a TCP session wrote no access log line at all, and one still
@@ -355,6 +355,23 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
             });
         }
     });
+    // A node that never reads what its client sends, and sends a byte every 100 ms.
+    let deaf = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind deaf node");
+    let deaf_port = deaf.local_addr().expect("deaf addr").port();
+    let deafening = tokio::spawn(async move {
+        while let Ok((mut s, _)) = deaf.accept().await {
+            tokio::spawn(async move {
+                for _ in 0..200 {
+                    if s.write_all(b".").await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+        }
+    });
     // A port nobody listens on: bound without listening, so that connections to it are
     // refused and no other test takes it meanwhile.
     let dead = tokio::net::TcpSocket::new_v4().expect("socket");
@@ -373,6 +390,8 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
              timeouts = {{ idle = \"60s\", drain = \"200ms\", queue = \"30s\" }}\n\
              [[listeners]]\nname = \"flood\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
              node_port = {flood_port}\ntimeouts = {{ idle = \"1s\" }}\n\
+             [[listeners]]\nname = \"deaf\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {deaf_port}\ntimeouts = {{ idle = \"1s\" }}\n\
              [[listeners]]\nname = \"dead\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
              node_port = {dead_port}\n\
              [[listeners]]\nname = \"brief\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
@@ -380,7 +399,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
              [admin]\nlisten = \"127.0.0.1:0\"\n"
         ),
     );
-    let (child, lines, listening) = run_logged(&path, 6).await;
+    let (child, lines, listening) = run_logged(&path, 7).await;
     let addr_of = |name: &str| listening.addr(name);
     // A connection the client keeps open until limpet closes it.
     let until_closed = |addr| async move {
@@ -445,6 +464,32 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     common::has_fields(&line, &["listener=flood", "node=a", "end=client-stalled"]);
     assert!(total_ms(&line) >= 1000.0, "{line:?}");
     sending.abort();
+
+    // The other way round: a client that reads all its node sends (a byte every 100 ms) and
+    // sends more than the node, which never reads, can take: closed once its node has
+    // stopped reading for the listener's idle.
+    let flooding_up = tokio::net::TcpStream::connect(addr_of("deaf"))
+        .await
+        .expect("connect");
+    let (mut down, mut up) = flooding_up.into_split();
+    let sending = tokio::spawn(async move {
+        let chunk = vec![b'y'; 64 * 1024];
+        // At most 64 MiB: far more than the buffers on the way hold.
+        for _ in 0..1024 {
+            if up.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let reading = tokio::spawn(async move {
+        let mut sink = [0u8; 1024];
+        while matches!(down.read(&mut sink).await, Ok(n) if n > 0) {}
+    });
+    let line = lines.next().await;
+    common::has_fields(&line, &["listener=deaf", "node=a", "end=node-stalled"]);
+    assert!(total_ms(&line) >= 1000.0, "{line:?}");
+    sending.abort();
+    reading.abort();
 
     // The only node refuses this listener's port: no session.
     until_closed(addr_of("dead")).await;
@@ -539,6 +584,7 @@ async fn a_tcp_session_s_access_log_line_says_how_it_ended() {
     drop(dead);
     echo.abort();
     flooding.abort();
+    deafening.abort();
 }
 
 /// The rest of a TCP session's ends, on the real binary: a drain's deadline cuts an open
