@@ -1430,6 +1430,47 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
     proxy.stop().await;
 }
 
+/// An HTTP/2 client that opens its flow-control windows wide and then stops reading the
+/// socket: the answer's DATA may go, but the socket's buffers fill and limpet's write
+/// blocks. After `client_idle` the connection is closed and the node connection released
+/// (the window-shut case above is the other way an HTTP/2 client stops reading).
+#[tokio::test]
+async fn an_h2_client_that_stops_reading_its_socket_is_closed_after_client_idle() {
+    let mut node =
+        FloodNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n").await;
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "flood".into(),
+        addr: node.addr,
+    }]);
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE (0x4) at its largest, and the connection's window too.
+    hello.extend(h2_frame(0x4, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]));
+    hello.extend(h2_frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    // HEADERS, END_STREAM | END_HEADERS: GET http://t/ (static-table HPACK).
+    hello.extend(h2_frame(0x1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    tokio::time::timeout(SOON, async {
+        while read_h2_frame(&mut s)
+            .await
+            .expect("open until stream 1's head")
+            .0
+            != 0x1
+        {}
+    })
+    .await
+    .expect("stream 1 is answered");
+    // No more reading from here.
+    let failed = node.failed.take().expect("receiver");
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "the node connection of an answer its client stopped reading was not released"
+    );
+    proxy.stop().await;
+}
+
 /// An HTTP/2 client that never opens its flow-control window (SETTINGS_INITIAL_WINDOW_SIZE 0)
 /// asks for an answer with a body: hyper never polls the answer body, so none of its idle
 /// clocks run, while the answer holds its node connection. After `client_idle` the client
