@@ -381,6 +381,44 @@ async fn http1_request_body_that_stops_gets_408_and_the_node_connection_is_relea
     proxy.stop().await;
 }
 
+/// The same with `Expect: 100-continue`: the client waits for the `100 Continue`, sends part
+/// of its body and stops. The body's idle clock runs from then as for any body: 408, and the
+/// node connection released.
+#[tokio::test]
+async fn http1_expect_continue_body_that_stops_gets_408_and_the_node_connection_is_released() {
+    let mut node = SilentNode::start(b"").await;
+    let mut cfg = node.config();
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut cont = [0u8; 25];
+    tokio::time::timeout(SOON, s.read_exact(&mut cont))
+        .await
+        .expect("100 Continue in time")
+        .expect("read");
+    assert!(
+        cont.starts_with(b"HTTP/1.1 100 Continue\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&cont)
+    );
+    s.write_all(b"0123456789").await.expect("write");
+    let mut out = Vec::new();
+    let answered = tokio::time::timeout(SOON, s.read_to_end(&mut out)).await;
+    assert!(answered.is_ok(), "answered and closed in time");
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.trim_start().starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection is released"
+    );
+    proxy.stop().await;
+}
+
 /// An HTTP/2 connection to the proxy, driven by hyper's client.
 async fn h2_client(
     addr: SocketAddr,
