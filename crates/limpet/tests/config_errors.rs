@@ -488,3 +488,62 @@ fn proxy_protocol_send_is_refused_on_an_http_listener() {
     let tcp = text.replace("node_port = 80\n", "node_port = 80\nmode = \"tcp\"\n");
     assert!(Config::from_text(Path::new("limpet.toml"), &tcp).is_ok());
 }
+
+/// `limpet.toml:LINE:COL: ` of the value in `assignment` (`key = value`, found in `text`).
+fn at_value(text: &str, assignment: &str) -> String {
+    let (k, _) = assignment
+        .split_once("= ")
+        .unwrap_or_else(|| panic!("{assignment} is not `key = value`"));
+    let off = text
+        .find(assignment)
+        .unwrap_or_else(|| panic!("{assignment} not in text"));
+    let line = text[..off].matches('\n').count() + 1;
+    let col = off + k.len() + 2 - text[..off].rfind('\n').map_or(0, |i| i + 1) + 1;
+    format!("limpet.toml:{line}:{col}: ")
+}
+
+/// Two listeners; what follows the text is the second's (`listeners[1]`).
+const TWO_LISTENERS: &str = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n\n[[listeners]]\nname = \"api\"\nbind = \"127.0.0.1:0\"\nnode_port = 81\n";
+
+/// A zero timeout is refused at the line of its value, written in `[listeners.timeouts]` or
+/// inline, with the listener's index in the key.
+#[test]
+fn a_zero_timeout_is_refused_at_its_line() {
+    for (timeouts, bad, key) in [
+        (
+            "[listeners.timeouts]\nidle = \"10m\"\nconnect = \"0s\"\n",
+            "connect = \"0s\"",
+            "connect",
+        ),
+        (
+            "timeouts = { idle = \"10m\", queue = \"0ms\" }\n",
+            "queue = \"0ms\"",
+            "queue",
+        ),
+        (
+            "\n[listeners.timeouts]\nheader_read = \"5s\"\n\nupstream_idle = \"0s\"\n",
+            "upstream_idle = \"0s\"",
+            "upstream_idle",
+        ),
+        (
+            "timeouts = { idle = \"0s\" }\nmode = \"tcp\"\n",
+            "idle = \"0s\"",
+            "idle",
+        ),
+    ] {
+        let text = format!("{NODES}{TWO_LISTENERS}{timeouts}");
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!(
+                "{}listeners[1].timeouts.{key}: must be more than 0",
+                at_value(&text, bad)
+            )),
+            "{timeouts:?}: {e}"
+        );
+    }
+    // `drain = "0s"` (close at once on shutdown) is a choice, not a mistake.
+    let text = format!("{NODES}{TWO_LISTENERS}timeouts = {{ drain = \"0s\" }}\n");
+    if let Err(e) = Config::from_text(Path::new("limpet.toml"), &text) {
+        panic!("drain = \"0s\" is refused: {e}");
+    }
+}

@@ -252,17 +252,17 @@ pub(crate) enum RawPpVersion {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTimeouts {
-    pub(crate) connect: Option<Dur>,
-    pub(crate) idle: Option<Dur>,
-    pub(crate) header_read: Option<Dur>,
-    pub(crate) upstream_answer: Option<Dur>,
-    pub(crate) client_idle: Option<Dur>,
-    pub(crate) answer_body_idle: Option<Dur>,
-    pub(crate) tunnel_idle: Option<Dur>,
-    pub(crate) drain: Option<Dur>,
-    pub(crate) proxy_header: Option<Dur>,
-    pub(crate) queue: Option<Dur>,
-    pub(crate) upstream_idle: Option<Dur>,
+    pub(crate) connect: Option<Spanned<Dur>>,
+    pub(crate) idle: Option<Spanned<Dur>>,
+    pub(crate) header_read: Option<Spanned<Dur>>,
+    pub(crate) upstream_answer: Option<Spanned<Dur>>,
+    pub(crate) client_idle: Option<Spanned<Dur>>,
+    pub(crate) answer_body_idle: Option<Spanned<Dur>>,
+    pub(crate) tunnel_idle: Option<Spanned<Dur>>,
+    pub(crate) drain: Option<Spanned<Dur>>,
+    pub(crate) proxy_header: Option<Spanned<Dur>>,
+    pub(crate) queue: Option<Spanned<Dur>>,
+    pub(crate) upstream_idle: Option<Spanned<Dur>>,
 }
 
 /// A duration written as a string: `"30m"`, `"5s"`, `"250ms"`, `"1h30m"`, `"2d"`.

@@ -606,9 +606,27 @@ impl Validator<'_> {
             ..ProxyProtocolDef::default()
         };
         if let Some(t) = &l.timeouts {
-            let set = |d: &Option<Dur>, slot: &mut Duration| {
-                if let Some(d) = d {
-                    *slot = d.0;
+            // `drain = "0s"` closes at once on shutdown; every other timeout must allow time.
+            for (d, k) in [
+                (&t.connect, "connect"),
+                (&t.idle, "idle"),
+                (&t.header_read, "header_read"),
+                (&t.upstream_answer, "upstream_answer"),
+                (&t.client_idle, "client_idle"),
+                (&t.answer_body_idle, "answer_body_idle"),
+                (&t.tunnel_idle, "tunnel_idle"),
+                (&t.proxy_header, "proxy_header"),
+                (&t.queue, "queue"),
+                (&t.upstream_idle, "upstream_idle"),
+            ] {
+                if let Some(d) = d.as_ref().filter(|d| d.get_ref().0.is_zero()) {
+                    return Err(self.err(d, format!("{key}.timeouts.{k}"), "must be more than 0"));
+                }
+            }
+            let get = |d: &Option<Spanned<Dur>>| d.as_ref().map(|d| d.get_ref().0);
+            let set = |d: &Option<Spanned<Dur>>, slot: &mut Duration| {
+                if let Some(d) = get(d) {
+                    *slot = d;
                 }
             };
             set(&t.connect, &mut timeouts.connect);
@@ -621,28 +639,10 @@ impl Validator<'_> {
             set(&t.drain, &mut timeouts.drain);
             set(&t.proxy_header, &mut proxy_protocol.header_timeout);
             // HAProxy: `timeout queue` unset is `timeout connect`.
-            timeouts.queue = t.queue.or(t.connect).map_or(timeouts.queue, |d| d.0);
-            if let Some(d) = t.idle {
-                timeouts.keep_alive_idle = d.0;
-                tcp.idle = d.0;
-            }
-            for (d, k) in [
-                (t.connect, "connect"),
-                (t.idle, "idle"),
-                (t.header_read, "header_read"),
-                (t.upstream_answer, "upstream_answer"),
-                (t.client_idle, "client_idle"),
-                (t.answer_body_idle, "answer_body_idle"),
-                (t.tunnel_idle, "tunnel_idle"),
-                (t.proxy_header, "proxy_header"),
-                (t.queue, "queue"),
-                (t.upstream_idle, "upstream_idle"),
-            ] {
-                if d.is_some_and(|d| d.0.is_zero()) {
-                    return Err(
-                        self.err_nowhere(format!("{key}.timeouts.{k}"), "must be more than 0")
-                    );
-                }
+            timeouts.queue = get(&t.queue).or(get(&t.connect)).unwrap_or(timeouts.queue);
+            if let Some(d) = get(&t.idle) {
+                timeouts.keep_alive_idle = d;
+                tcp.idle = d;
             }
         }
         if let Some(c) = &l.close_on_node_down {
