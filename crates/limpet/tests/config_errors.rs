@@ -547,3 +547,71 @@ fn a_zero_timeout_is_refused_at_its_line() {
         panic!("drain = \"0s\" is refused: {e}");
     }
 }
+
+/// A cookie `path` or `domain` that cannot stand in a `Set-Cookie` value (a control
+/// character, DEL, a `;` that would add an attribute) used to load, and then no answer ever
+/// carried the cookie. Refused at the line of the value; what is accepted makes a header.
+#[test]
+fn cookie_path_and_domain_that_cannot_be_sent_are_refused_at_their_line() {
+    let listener = |cookie: &str| {
+        format!(
+            "{NODES}{TWO_LISTENERS}\n[listeners.cookie]\nname = \"srv\"\n{cookie}\nhttp_only = true\n"
+        )
+    };
+    for (bad, key) in [
+        (r#"path = "/app; Domain=evil.example""#, "path"),
+        (r#"path = "/app\u0001""#, "path"),
+        (r#"path = "/app\u007F""#, "path"),
+        (r#"path = "/app\r\nX-Evil: 1""#, "path"),
+        (r#"path = "/a b""#, "path"),
+        (r#"path = "/é""#, "path"),
+        (r#"path = "app""#, "path"),
+        (r#"path = """#, "path"),
+        (r#"domain = "example.com; Secure""#, "domain"),
+        (r#"domain = "example.com\u0001""#, "domain"),
+        (r#"domain = "example.com\u007F""#, "domain"),
+        (r#"domain = "exa mple.com""#, "domain"),
+        (r#"domain = "example.com/x""#, "domain"),
+        (r#"domain = "a..example""#, "domain"),
+        (r#"domain = "example.""#, "domain"),
+        (r#"domain = ".""#, "domain"),
+        (r#"domain = """#, "domain"),
+    ] {
+        let text = listener(bad);
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!(
+                "{}listeners[1].cookie.{key}: ",
+                at_value(&text, bad)
+            )),
+            "{bad}: {e}"
+        );
+    }
+    // Inline, the same.
+    let text = format!("{NODES}{TWO_LISTENERS}cookie = {{ name = \"srv\", path = \"/;x\" }}\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[1].cookie.path: ",
+            at_value(&text, "path = \"/;x\"")
+        )),
+        "{e}"
+    );
+    for (path, domain) in [
+        ("/", "example.com"),
+        ("/app/v1", ".example.com"),
+        ("/a,b=c~!$&'()*+:@%20", "print-01.Example.COM"),
+        ("/x", "10.0.0.1"),
+    ] {
+        let text = listener(&format!("path = \"{path}\"\ndomain = \"{domain}\""));
+        let cfg = Config::from_text(Path::new("limpet.toml"), &text)
+            .unwrap_or_else(|e| panic!("{path} {domain}: {e}"));
+        let spec = &cfg.listeners[1].cookie.as_ref().expect("a cookie").spec;
+        let set = spec.set_cookie("a", true);
+        assert!(http::HeaderValue::try_from(set.as_str()).is_ok(), "{set}");
+        assert!(
+            set.contains(&format!("; Path={path}; Domain={domain};")),
+            "{set}"
+        );
+    }
+}

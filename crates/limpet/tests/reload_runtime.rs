@@ -123,6 +123,68 @@ async fn a_bad_config_is_refused_with_the_reason_and_the_old_one_serves() {
     l.stop().await;
 }
 
+/// A reload whose cookie `path` cannot stand in a `Set-Cookie` value (here a `;` that would
+/// add an attribute) is refused with the file, line and key, and the running listener goes on
+/// setting its cookie as before: stickiness is not silently lost.
+#[tokio::test]
+async fn a_reload_with_a_cookie_path_that_cannot_be_sent_is_refused() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let with_path = |path: &str| {
+        config(port, &NODES[..2], 1).replace(
+            "\n\n[admin]",
+            &format!("\n[listeners.cookie]\npath = \"{path}\"\n\n[admin]"),
+        )
+    };
+    let good = with_path("/app");
+    let cfg = ConfigFile::new("reload-cookie-path", &good);
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let (s, before) = set_cookie(&url).await;
+    assert_eq!(s, 200);
+    assert!(before.contains("; Path=/app;"), "{before}");
+
+    let bad = with_path("/app; Domain=evil.example");
+    cfg.write(&bad);
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 422, "{v}");
+    let why = v["error"].as_str().unwrap_or("");
+    let off = bad
+        .find("\"/app; Domain")
+        .unwrap_or_else(|| panic!("{bad}"));
+    let line = bad[..off].matches('\n').count() + 1;
+    let col = off - bad[..off].rfind('\n').map_or(0, |i| i + 1) + 1;
+    assert!(
+        why.contains(&format!(
+            "limpet.toml:{line}:{col}: listeners[0].cookie.path: "
+        )),
+        "names the file, line and key: {why}"
+    );
+    // The running config still sets its cookie, with its own path, and nothing else.
+    let (s, after) = set_cookie(&url).await;
+    assert_eq!(s, 200);
+    assert!(
+        after.contains("; Path=/app;") && !after.contains("evil"),
+        "{after}"
+    );
+    l.stop().await;
+}
+
+/// The status and whole `Set-Cookie` value of a GET without a cookie.
+async fn set_cookie(url: &str) -> (u16, String) {
+    let r = bare_client()
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let set = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    (r.status().as_u16(), set)
+}
+
 #[tokio::test]
 async fn a_removed_node_is_maint_for_its_pins() {
     let (_nodes, port) = backend_nodes(&NODES[..2]).await;

@@ -169,8 +169,9 @@ pub(crate) struct RawListener {
 pub(crate) struct RawCookie {
     pub(crate) enabled: Option<bool>,
     pub(crate) name: Option<Spanned<String>>,
-    pub(crate) path: Option<String>,
-    pub(crate) domain: Option<String>,
+    /// Checked at load: it goes into every `Set-Cookie` value as written.
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) domain: Option<Spanned<String>>,
     pub(crate) max_age: Option<Spanned<Dur>>,
     pub(crate) http_only: Option<bool>,
     pub(crate) secure: Option<bool>,

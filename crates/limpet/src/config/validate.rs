@@ -51,6 +51,51 @@ pub(super) fn check_timing(h: Option<&RawHealth>) -> (Duration, Duration, Durati
     (interval, timeout, jitter)
 }
 
+/// A cookie `Path` attribute: RFC 6265's path-value (any CHAR but CTLs and `;`), starting
+/// with `/` (anything else a browser replaces with the request's own directory), and without
+/// a space (which cannot be told from the white space around an attribute).
+fn cookie_path(p: &str) -> Result<(), String> {
+    if !p.starts_with('/') {
+        return Err(format!("{p:?} must start with / (e.g. \"/\" or \"/app\")"));
+    }
+    if p.contains(';') {
+        return Err(format!(
+            "{p:?} holds a \";\", which would end the path and start another cookie attribute"
+        ));
+    }
+    if let Some(c) = p.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!(
+            "{p:?} holds {c:?}: a cookie path is visible ASCII, without spaces or control characters (percent-encode the rest)"
+        ));
+    }
+    Ok(())
+}
+
+/// A cookie `Domain` attribute: a host name (letters, digits, `-`, dot-separated labels), an
+/// IPv4 address among them, with an optional leading `.` (which browsers ignore).
+fn cookie_domain(d: &str) -> Result<(), String> {
+    let host = d.strip_prefix('.').unwrap_or(d);
+    if host.is_empty() {
+        return Err(format!(
+            "{d:?} names no host: give one (e.g. \"example.com\"), or leave `domain` out for the cookie to go back to the host that set it"
+        ));
+    }
+    if let Some(c) = host
+        .chars()
+        .find(|&c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+    {
+        return Err(format!(
+            "{d:?} holds {c:?}: a cookie domain is a host name, letters, digits, \"-\" and \".\" only (an internationalised name in its xn-- form)"
+        ));
+    }
+    if host.len() > 253 || host.split('.').any(|l| l.is_empty() || l.len() > 63) {
+        return Err(format!(
+            "{d:?} is not a host name: each dot-separated label holds 1 to 63 characters, 253 in all"
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses the placeholder `limpet check` prints for a secret, so a listing pasted back as a
 /// config cannot run with a secret everyone can read.
 fn not_redacted(v: &str) -> Result<(), String> {
@@ -751,11 +796,15 @@ impl Validator<'_> {
             }
             spec.name = n.get_ref().as_str().into();
         }
+        // Both go into every Set-Cookie value as written: a byte a header cannot hold would
+        // make each one fail (no answer would pin), and a `;` would add an attribute.
         if let Some(p) = &r.path {
-            spec.path = Some(p.as_str().into());
+            cookie_path(p.get_ref()).map_err(|m| self.err(p, format!("{key}.path"), m))?;
+            spec.path = Some(p.get_ref().as_str().into());
         }
         if let Some(d) = &r.domain {
-            spec.domain = Some(d.as_str().into());
+            cookie_domain(d.get_ref()).map_err(|m| self.err(d, format!("{key}.domain"), m))?;
+            spec.domain = Some(d.get_ref().as_str().into());
         }
         if let Some(m) = &r.max_age {
             spec.max_age = Some(m.get_ref().0.as_secs());
