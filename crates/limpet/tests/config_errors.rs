@@ -615,3 +615,133 @@ fn cookie_path_and_domain_that_cannot_be_sent_are_refused_at_their_line() {
         );
     }
 }
+
+/// `[listeners.check]` errors point at the offending value (not the listener's name) and
+/// name the listener by its index, table or inline.
+#[test]
+fn check_errors_name_the_offending_value_and_the_listener_index() {
+    for (check, bad, key, says) in [
+        (
+            "[listeners.check]\nkind = \"http\"\npath = \"health\"\n",
+            "path = \"health\"",
+            "path",
+            "must start with /",
+        ),
+        (
+            "check = { kind = \"http\", path = \"/a<b>\" }\n",
+            "path = \"/a<b>\"",
+            "path",
+            "",
+        ),
+        (
+            "check = { kind = \"http\", path = \"/health#x\" }\n",
+            "path = \"/health#x\"",
+            "path",
+            "",
+        ),
+        (
+            "check = { kind = \"http\", path = \"/é\" }\n",
+            "path = \"/é\"",
+            "path",
+            "",
+        ),
+        (
+            "[listeners.check]\nkind = \"http\"\n\nmethod = \"G T\"\n",
+            "method = \"G T\"",
+            "method",
+            "is not an HTTP method",
+        ),
+        (
+            "check = { kind = \"http\", host = \"a\\u0001b\" }\n",
+            "host = \"a\\u0001b\"",
+            "host",
+            "cannot be a Host header",
+        ),
+        (
+            "check = { kind = \"http\", host = \"print example\" }\n",
+            "host = \"print example\"",
+            "host",
+            "cannot be a Host header",
+        ),
+        (
+            "[listeners.check]\nkind = \"http\"\nexpect = \"2xx\"\n",
+            "expect = \"2xx\"",
+            "expect",
+            "",
+        ),
+        (
+            "check = { kind = \"htp\" }\n",
+            "kind = \"htp\"",
+            "kind",
+            "did you mean \"http\"?",
+        ),
+        (
+            "check = { kind = \"tls\" }\n",
+            "kind = \"tls\"",
+            "kind",
+            "upstream_tls",
+        ),
+        (
+            "[listeners.check]\nkind = \"tls\"\nverify = \"yes\"\n",
+            "verify = \"yes\"",
+            "verify",
+            "only \"none\"",
+        ),
+        (
+            "check = { kind = \"tls\", verify = \"none\", server_name = \"a b\" }\n",
+            "server_name = \"a b\"",
+            "server_name",
+            "is not a server name",
+        ),
+        (
+            "[listeners.check]\nkind = \"tcp\"\nport = 0\n",
+            "port = 0",
+            "port",
+            "port 0",
+        ),
+    ] {
+        let text = format!("{NODES}{TWO_LISTENERS}{check}");
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!(
+                "{}listeners[1].check.{key}: ",
+                at_value(&text, bad)
+            )),
+            "{check:?}: {e}"
+        );
+        assert!(e.contains(says), "{check:?}: {e}");
+    }
+    // A node's `check_port` of 0 too, at its line.
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = 0\n\n{TWO_LISTENERS}check = {{ kind = \"tcp\" }}\n"
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}nodes[0].check_port: port 0 cannot be connected to",
+            at_value(&text, "check_port = 0")
+        )),
+        "{e}"
+    );
+    let text = format!("{NODES}{TWO_LISTENERS}check = {{ kind = \"http\", path = \"/health?full=1\", method = \"HEAD\", host = \"print.example:8080\" }}\n");
+    if let Err(e) = Config::from_text(Path::new("limpet.toml"), &text) {
+        panic!("a good check is refused: {e}");
+    }
+}
+
+/// Two listeners on one address: the second's `bind` value, by index.
+#[test]
+fn a_bind_taken_by_another_listener_names_its_line_and_index() {
+    let text = format!(
+        "{NODES}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:5011\"\nnode_port = 80\n\n\
+         [[listeners]]\nname = \"api\"\nnode_port = 81\nbind = [\"127.0.0.2:5012\", \"127.0.0.1:5011\"]\n"
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[1].bind: 127.0.0.1:5011 is already bound by listener \"web\"",
+            at_value(&text, "bind = [\"127.0.0.2")
+        )),
+        "{e}"
+    );
+}

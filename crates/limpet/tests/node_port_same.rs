@@ -197,8 +197,9 @@ fn a_check_on_a_same_port_listener_needs_its_own_port() {
         nodes_toml(),
         listener("check = { kind = \"tcp\" }")
     ));
+    // The port is missing: the error points at the check's `kind`.
     assert!(
-        e.starts_with("limpet.toml:10:8: listeners[tls].check.port: "),
+        e.starts_with("limpet.toml:13:18: listeners[0].check.port: "),
         "{e}"
     );
     assert!(

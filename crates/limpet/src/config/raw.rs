@@ -72,14 +72,14 @@ pub(crate) struct RawDrain {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCheck {
-    pub(crate) kind: String,
-    pub(crate) port: Option<u16>,
-    pub(crate) path: Option<String>,
-    pub(crate) method: Option<String>,
-    pub(crate) host: Option<String>,
-    pub(crate) expect: Option<String>,
-    pub(crate) verify: Option<String>,
-    pub(crate) server_name: Option<String>,
+    pub(crate) kind: Spanned<String>,
+    pub(crate) port: Option<Spanned<u16>>,
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) method: Option<Spanned<String>>,
+    pub(crate) host: Option<Spanned<String>>,
+    pub(crate) expect: Option<Spanned<String>>,
+    pub(crate) verify: Option<Spanned<String>>,
+    pub(crate) server_name: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,7 +141,9 @@ pub(crate) enum OneOrMany {
 }
 
 // Tables inside `[[listeners]]` are not wrapped in `Spanned` (toml 0.8 cannot span a table
-// under an array of tables); errors about a whole sub-table point at the listener's name.
+// under an array of tables); errors about a whole sub-table point at the listener's name, and
+// every value inside one that validation can refuse is `Spanned`, so errors about it point at
+// its own line.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {

@@ -317,35 +317,37 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
     w!(o, "queue = {}", dur(t.queue));
 }
 
+/// An optional string of the file, as written.
+fn text(v: &Option<toml::Spanned<String>>) -> Option<&str> {
+    v.as_ref().map(|v| v.get_ref().as_str())
+}
+
 /// A listener's check, on one line (an inline table), its defaults filled in.
 fn check(o: &mut String, c: &RawCheck, l: &ListenerDef) {
-    let mut parts = vec![format!("kind = {}", q(&c.kind))];
-    if let Some(p) = c.port {
+    let kind = c.kind.get_ref();
+    let port = c.port.as_ref().map(|p| *p.get_ref());
+    let mut parts = vec![format!("kind = {}", q(kind))];
+    if let Some(p) = port {
         parts.push(format!("port = {p}"));
     }
-    if c.kind == "http" {
-        parts.push(format!("path = {}", q(c.path.as_deref().unwrap_or("/"))));
-        parts.push(format!(
-            "method = {}",
-            q(c.method.as_deref().unwrap_or("GET"))
-        ));
-        if let Some(h) = &c.host {
+    if kind == "http" {
+        parts.push(format!("path = {}", q(text(&c.path).unwrap_or("/"))));
+        parts.push(format!("method = {}", q(text(&c.method).unwrap_or("GET"))));
+        if let Some(h) = text(&c.host) {
             parts.push(format!("host = {}", q(h)));
         }
-        let expect = c
-            .expect
-            .as_deref()
+        let expect = text(&c.expect)
             .and_then(|e| e.parse::<crate::health::StatusRange>().ok())
             .unwrap_or_default();
         parts.push(format!("expect = {}", q(&expect.to_string())));
     }
-    if let Some(v) = &c.verify {
+    if let Some(v) = text(&c.verify) {
         parts.push(format!("verify = {}", q(v)));
     }
-    if let Some(n) = &c.server_name {
+    if let Some(n) = text(&c.server_name) {
         parts.push(format!("server_name = {}", q(n)));
     }
-    let port = match (c.port, l.upstreams.is_same_port()) {
+    let port = match (port, l.upstreams.is_same_port()) {
         (Some(_), _) => String::new(),
         (None, false) => format!("  # port: a node's check_port, else {}", l.node_port),
         (None, true) => "  # port: each node's check_port".to_owned(),

@@ -205,13 +205,13 @@ impl Validator<'_> {
         }
         // Two listeners on one address would fail at bind time; say so now.
         let mut seen: Vec<(SocketAddr, &str)> = Vec::new();
-        for (l, raw_l) in listeners.iter().zip(&raw.listeners) {
+        for (i, (l, raw_l)) in listeners.iter().zip(&raw.listeners).enumerate() {
             // Port 0 (tests, `limpet run` on any free port) never clashes.
             for a in l.bind.iter().filter(|a| a.port() != 0) {
                 if let Some((_, other)) = seen.iter().find(|(b, _)| b == a) {
                     return Err(self.err(
                         &raw_l.bind,
-                        format!("listeners[{}].bind", l.name),
+                        format!("listeners[{i}].bind"),
                         format!("{a} is already bound by listener {other:?}"),
                     ));
                 }
@@ -352,6 +352,13 @@ impl Validator<'_> {
                     },
                 }
             };
+            if let Some(p) = n.check_port.as_ref().filter(|p| *p.get_ref() == 0) {
+                return Err(self.err(
+                    p,
+                    format!("{key}.check_port"),
+                    "port 0 cannot be connected to",
+                ));
+            }
             let max_connections = count(&n.max_connections, "max_connections")?;
             let max_queue = count(&n.max_queue, "max_queue")?;
             if let (Some(q), None) = (&n.max_queue, max_connections) {
@@ -1098,52 +1105,79 @@ impl Validator<'_> {
             }
             def.admin = Some(settings);
         }
-        for (l, rl) in listeners.iter().zip(&raw.listeners) {
+        for (i, (l, rl)) in listeners.iter().zip(&raw.listeners).enumerate() {
             let Some(c) = &rl.check else { continue };
-            let key = format!("listeners[{}].check", l.name);
-            let bad = |field: &str, msg: String| self.err(&rl.name, format!("{key}.{field}"), msg);
-            let kind = match c.kind.as_str() {
+            let key = format!("listeners[{i}].check");
+            // Each error points at the value it is about; what is missing, at the `kind`.
+            let bad = |at: std::ops::Range<usize>, field: &str, msg: String| {
+                self.src.error(Some(at), format!("{key}.{field}"), msg)
+            };
+            if let Some(p) = c.port.as_ref().filter(|p| *p.get_ref() == 0) {
+                return Err(bad(
+                    p.span(),
+                    "port",
+                    "port 0 cannot be connected to".into(),
+                ));
+            }
+            let kind = match c.kind.get_ref().as_str() {
                 "tcp" => CheckKind::Tcp,
                 "http" => {
                     let mut h = HttpCheck::default();
                     if let Some(p) = &c.path {
-                        if !p.starts_with('/') || p.bytes().any(|b| b <= b' ' || b == 0x7f) {
-                            return Err(bad(
-                                "path",
-                                format!("{p:?} must start with / and hold no spaces"),
-                            ));
-                        }
-                        h.path.clone_from(p);
+                        check_path(p.get_ref()).map_err(|m| bad(p.span(), "path", m))?;
+                        h.path.clone_from(p.get_ref());
                     }
                     if let Some(m) = &c.method {
-                        h.method = m
-                            .parse()
-                            .map_err(|_| bad("method", format!("{m:?} is not an HTTP method")))?;
+                        h.method = m.get_ref().parse().map_err(|_| {
+                            bad(
+                                m.span(),
+                                "method",
+                                format!("{:?} is not an HTTP method", m.get_ref()),
+                            )
+                        })?;
                     }
                     if let Some(host) = &c.host {
-                        if http::HeaderValue::from_str(host).is_err() {
-                            return Err(bad("host", format!("{host:?} cannot be a Host header")));
+                        let v = host.get_ref();
+                        // What the probe sends as is: a header value, and an authority (the
+                        // node reads it as one) with no white space a node would refuse.
+                        if http::HeaderValue::from_str(v).is_err()
+                            || v.parse::<http::uri::Authority>().is_err()
+                        {
+                            return Err(bad(
+                                host.span(),
+                                "host",
+                                format!("{v:?} cannot be a Host header (a host name or address, optionally with :PORT)"),
+                            ));
                         }
-                        h.host = Some(host.clone());
+                        h.host = Some(v.clone());
                     }
                     if let Some(e) = &c.expect {
-                        h.expect = e.parse().map_err(|m: String| bad("expect", m))?;
+                        h.expect = e
+                            .get_ref()
+                            .parse()
+                            .map_err(|m: String| bad(e.span(), "expect", m))?;
                     }
                     CheckKind::Http(h)
                 }
                 "tls" => {
-                    let (config, trust) = match (c.verify.as_deref(), &l.upstream_tls) {
+                    let verify = c.verify.as_ref();
+                    let verify_at = verify.map_or(c.kind.span(), Spanned::span);
+                    let (config, trust) = match (
+                        verify.map(|v| v.get_ref().as_str()),
+                        &l.upstream_tls,
+                    ) {
                         (Some("none"), _) => (
                             crate::health::insecure_tls_config()
-                                .map_err(|e| bad("verify", e.to_string()))?,
+                                .map_err(|e| bad(verify_at.clone(), "verify", e.to_string()))?,
                             "none".to_owned(),
                         ),
                         (Some(other), _) => {
-                            return Err(bad("verify", format!("{other:?}: only \"none\" is accepted here (omit it to verify as upstream_tls does)")))
+                            return Err(bad(verify_at, "verify", format!("{other:?}: only \"none\" is accepted here (omit it to verify as upstream_tls does)")))
                         }
                         (None, Some(u)) => (Arc::clone(&u.config), u.trust.clone()),
                         (None, None) => {
                             return Err(bad(
+                                c.kind.span(),
                                 "kind",
                                 "a tls check verifies as the listener's upstream_tls does: configure upstream_tls, or set verify = \"none\"".into(),
                             ))
@@ -1151,13 +1185,19 @@ impl Validator<'_> {
                     };
                     let name = c
                         .server_name
-                        .clone()
+                        .as_ref()
+                        .map(|n| n.get_ref().clone())
                         .or_else(|| l.upstream_tls.as_ref().and_then(|u| u.server_name.clone()));
+                    let name_at = c.server_name.as_ref().map_or(c.kind.span(), Spanned::span);
                     CheckKind::Tls(TlsCheck {
                         server_name: match name {
                             Some(n) => {
                                 rustls_pki_types::ServerName::try_from(n.clone()).map_err(|_| {
-                                    bad("server_name", format!("{n:?} is not a server name"))
+                                    bad(
+                                        name_at,
+                                        "server_name",
+                                        format!("{n:?} is not a server name"),
+                                    )
                                 })?
                             }
                             None => rustls_pki_types::ServerName::IpAddress(
@@ -1175,6 +1215,7 @@ impl Validator<'_> {
                     let hint = closest(other, ["tcp", "http", "tls"].into_iter())
                         .map_or(String::new(), |s| format!(" (did you mean {s:?}?)"));
                     return Err(bad(
+                        c.kind.span(),
                         "kind",
                         format!(
                             "unknown check kind {other:?}{hint}: use \"tcp\", \"http\" or \"tls\""
@@ -1182,15 +1223,17 @@ impl Validator<'_> {
                     ));
                 }
             };
-            for (i, n) in nodes.iter().enumerate() {
+            let check_port = c.port.as_ref().map(|p| *p.get_ref());
+            for (ni, n) in nodes.iter().enumerate() {
                 let port = raw
                     .nodes
-                    .get(i)
+                    .get(ni)
                     .and_then(|r| r.check_port.as_ref().map(|p| *p.get_ref()))
-                    .or(c.port)
+                    .or(check_port)
                     .or((!l.upstreams.is_same_port()).then_some(l.node_port));
                 let Some(port) = port else {
                     return Err(bad(
+                        c.kind.span(),
                         "port",
                         format!("node_port = \"same\" forwards to whichever port the client used, so the check of node {:?} needs a port: give `port` here or `check_port` on the node", n.name),
                     ));
@@ -1216,4 +1259,21 @@ impl Validator<'_> {
         }
         Ok(def)
     }
+}
+
+/// An HTTP check's request target, sent as written: it starts with `/`, and holds only what
+/// a request target takes (no `#`: a fragment would be dropped, and another path checked).
+fn check_path(p: &str) -> Result<(), String> {
+    if !p.starts_with('/') {
+        return Err(format!("{p:?} must start with /"));
+    }
+    if p.contains('#')
+        || !p.bytes().all(|b| b.is_ascii_graphic())
+        || p.parse::<http::uri::PathAndQuery>().is_err()
+    {
+        return Err(format!(
+            "{p:?} is not a request target: ASCII without spaces, \"#\" or control characters (percent-encode the rest)"
+        ));
+    }
+    Ok(())
 }
