@@ -783,7 +783,8 @@ mod tests {
             .watch_h2_heads()
             .with_hints(Arc::clone(&hints) as HintsRef);
         let mut buf = vec![0u8; 256];
-        io.read(&mut buf).await.expect("read");
+        let n = io.read(&mut buf).await.expect("read");
+        assert_eq!(n, bytes.len());
         tokio::time::advance(std::time::Duration::from_millis(700)).await;
         let n = io.read(&mut buf).await.expect("read");
         assert_eq!(n, next.len());
@@ -794,7 +795,8 @@ mod tests {
             "the second head began in this read: its clock starts now, not 700 ms ago"
         );
         tokio::time::advance(std::time::Duration::from_millis(300)).await;
-        io.read(&mut buf).await.expect("read");
+        let n = io.read(&mut buf).await.expect("read");
+        assert_eq!(n, 2);
         assert_eq!(
             hints.0.head_open_for(crate::clock::now_ms()),
             Some(std::time::Duration::from_millis(300)),
