@@ -1218,19 +1218,34 @@ async fn connection_listing_host_never_removes_host() {
     proxy.stop().await;
 }
 
-/// Deliverable 1: a client that stops reading an HTTP answer. hyper's write to it blocks;
-/// after `client_idle` the write fails, the connection closes and the node connection behind
-/// it is released.
-#[tokio::test]
-async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle() {
-    let mut node =
-        FloodNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n").await;
+/// A proxy with `client_idle` 300 ms to a node whose answer never ends (64 GiB, written as
+/// fast as it is taken).
+async fn proxy_to_an_endless_answer() -> (FloodNode, Proxy) {
+    let node = FloodNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n").await;
     let mut cfg = ProxyConfig::new(vec![NodeConfig {
         name: "flood".into(),
         addr: node.addr,
     }]);
     cfg.timeouts.client_idle = Duration::from_millis(300);
-    let proxy = Proxy::start(cfg).await;
+    (node, Proxy::start(cfg).await)
+}
+
+/// The node's connection, whose answer its client stopped reading, is closed by limpet
+/// within [`SOON`].
+async fn node_connection_released(node: &mut FloodNode) {
+    let failed = node.failed.take().expect("receiver");
+    assert!(
+        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
+        "the node connection of an answer its client stopped reading was not released"
+    );
+}
+
+/// Deliverable 1: a client that stops reading an HTTP answer. hyper's write to it blocks;
+/// after `client_idle` the write fails, the connection closes and the node connection behind
+/// it is released.
+#[tokio::test]
+async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle() {
+    let (mut node, proxy) = proxy_to_an_endless_answer().await;
     let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
     client
         .write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -1243,11 +1258,7 @@ async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle
         .expect("read");
     assert_eq!(&first, b"HTTP/1.1 200");
     // No more reading from here.
-    let failed = node.failed.take().expect("receiver");
-    assert!(
-        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
-        "the stalled answer's node connection was released"
-    );
+    node_connection_released(&mut node).await;
     proxy.stop().await;
 }
 
@@ -1474,14 +1485,7 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
 /// (the window-shut case above is the other way an HTTP/2 client stops reading).
 #[tokio::test]
 async fn an_h2_client_that_stops_reading_its_socket_is_closed_after_client_idle() {
-    let mut node =
-        FloodNode::start(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n").await;
-    let mut cfg = ProxyConfig::new(vec![NodeConfig {
-        name: "flood".into(),
-        addr: node.addr,
-    }]);
-    cfg.timeouts.client_idle = Duration::from_millis(300);
-    let proxy = Proxy::start(cfg).await;
+    let (mut node, proxy) = proxy_to_an_endless_answer().await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
     let mut hello = H2_PREFACE.to_vec();
     // SETTINGS_INITIAL_WINDOW_SIZE (0x4) at its largest, and the connection's window too.
@@ -1501,11 +1505,7 @@ async fn an_h2_client_that_stops_reading_its_socket_is_closed_after_client_idle(
     .await
     .expect("stream 1 is answered");
     // No more reading from here.
-    let failed = node.failed.take().expect("receiver");
-    assert!(
-        matches!(tokio::time::timeout(SOON, failed).await, Ok(Ok(()))),
-        "the node connection of an answer its client stopped reading was not released"
-    );
+    node_connection_released(&mut node).await;
     proxy.stop().await;
 }
 

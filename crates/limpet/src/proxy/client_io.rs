@@ -741,10 +741,8 @@ mod tests {
         let head = frame(1, 0x5, 1, &[0x82, 0x86, 0x84]);
         bytes.extend(&head[..5]);
         let stream = scripted(&[Some(&bytes), None, Some(&head[5..])]);
-        let hints = Arc::new(Hinted(StreamHints::default()));
-        let mut io = ClientIo::new(stream, false)
-            .watch_h2_heads()
-            .with_hints(Arc::clone(&hints) as HintsRef);
+        let (io, hints) = hinted(stream);
+        let mut io = io.watch_h2_heads();
         let mut buf = vec![0u8; 256];
         let n = io.read(&mut buf).await.expect("read");
         assert_eq!(n, bytes.len());
@@ -778,10 +776,8 @@ mod tests {
         let mut next = first[5..].to_vec();
         next.extend(&second[..5]);
         let stream = scripted(&[Some(&bytes), Some(&next), Some(&second[5..7])]);
-        let hints = Arc::new(Hinted(StreamHints::default()));
-        let mut io = ClientIo::new(stream, false)
-            .watch_h2_heads()
-            .with_hints(Arc::clone(&hints) as HintsRef);
+        let (io, hints) = hinted(stream);
+        let mut io = io.watch_h2_heads();
         let mut buf = vec![0u8; 256];
         let n = io.read(&mut buf).await.expect("read");
         assert_eq!(n, bytes.len());
