@@ -737,10 +737,8 @@ pub struct Admitted {
 impl Drop for Admitted {
     fn drop(&mut self) {
         let a = &self.node.admission;
-        // Never below zero: every slot counted was taken by `admit`.
-        let _ = a
-            .in_use
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1));
+        // Never below zero: every `Admitted` counted its slot when `admit` made it.
+        a.in_use.fetch_sub(1, Ordering::SeqCst);
         // Only a waiter needs the wake (none waits on a node without a limit); see `queue`
         // for why the two orders pair.
         if a.waiting.load(Ordering::SeqCst) > 0 {

@@ -407,9 +407,15 @@ async fn http1_expect_continue_body_that_stops_gets_408_and_the_node_connection_
         String::from_utf8_lossy(&cont)
     );
     s.write_all(b"0123456789").await.expect("write");
+    let stopped = Instant::now();
     let mut out = Vec::new();
     let answered = tokio::time::timeout(SOON, s.read_to_end(&mut out)).await;
     assert!(answered.is_ok(), "answered and closed in time");
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(250),
+        "408 before client_idle: {:?}",
+        stopped.elapsed()
+    );
     let text = String::from_utf8_lossy(&out);
     assert!(text.trim_start().starts_with("HTTP/1.1 408"), "{text}");
     assert!(
@@ -1481,10 +1487,10 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
 
 /// An HTTP/2 client that opens its flow-control windows wide and then stops reading the
 /// socket: the answer's DATA may go, but the socket's buffers fill and limpet's write
-/// blocks. After `client_idle` the connection is closed and the node connection released
-/// (the window-shut case above is the other way an HTTP/2 client stops reading).
+/// blocks. After `client_idle` (not before) the answer is cut and its node connection
+/// released (the window-shut case above is the other way an HTTP/2 client stops reading).
 #[tokio::test]
-async fn an_h2_client_that_stops_reading_its_socket_is_closed_after_client_idle() {
+async fn an_h2_client_that_stops_reading_its_socket_has_its_answer_cut_after_client_idle() {
     let (mut node, proxy) = proxy_to_an_endless_answer().await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
     let mut hello = H2_PREFACE.to_vec();
@@ -1505,7 +1511,13 @@ async fn an_h2_client_that_stops_reading_its_socket_is_closed_after_client_idle(
     .await
     .expect("stream 1 is answered");
     // No more reading from here.
+    let stopped = Instant::now();
     node_connection_released(&mut node).await;
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(250),
+        "released before client_idle: {:?}",
+        stopped.elapsed()
+    );
     proxy.stop().await;
 }
 

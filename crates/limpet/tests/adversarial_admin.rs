@@ -776,7 +776,8 @@ async fn a_request_queued_past_the_queue_timeout_gets_503() {
 /// and the queued one is still served when the slot frees.
 #[tokio::test]
 async fn a_request_beyond_a_full_node_queue_gets_503_at_once() {
-    let mut a = CountingNode::start(Duration::from_millis(800)).await;
+    // Held long enough that the third request surely finds both places taken.
+    let mut a = CountingNode::start(Duration::from_secs(2)).await;
     let cfg = ConfigFile::new(
         "adv-queue-full",
         &limited_config(a.port, "max_connections = 1\nmax_queue = 1", "10s"),

@@ -71,8 +71,10 @@ fn cookie_path(p: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A cookie `Domain` attribute: a host name (letters, digits, `-`, dot-separated labels), an
-/// IPv4 address among them, with an optional leading `.` (which browsers ignore).
+/// A cookie `Domain` attribute: what can stand in the attribute as written, a host name
+/// (letters, digits, `-`, `_` and `.`, an optional leading `.`, which browsers ignore) or an
+/// address. Only what would break the header or the attribute is refused, as HAProxy checks
+/// nothing: a `;`, a `,`, white space, control or non-ASCII characters, or no host at all.
 fn cookie_domain(d: &str) -> Result<(), String> {
     let host = d.strip_prefix('.').unwrap_or(d);
     if host.is_empty() {
@@ -82,15 +84,10 @@ fn cookie_domain(d: &str) -> Result<(), String> {
     }
     if let Some(c) = host
         .chars()
-        .find(|&c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+        .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':' | '[' | ']')))
     {
         return Err(format!(
-            "{d:?} holds {c:?}: a cookie domain is a host name, letters, digits, \"-\" and \".\" only (an internationalised name in its xn-- form)"
-        ));
-    }
-    if host.len() > 253 || host.split('.').any(|l| l.is_empty() || l.len() > 63) {
-        return Err(format!(
-            "{d:?} is not a host name: each dot-separated label holds 1 to 63 characters, 253 in all"
+            "{d:?} holds {c:?}: a cookie domain is a host name or address, letters, digits, \"-\", \"_\" and \".\" (an internationalised name in its xn-- form)"
         ));
     }
     Ok(())

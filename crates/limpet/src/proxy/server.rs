@@ -491,6 +491,23 @@ impl ConnCtx {
         Arc::clone(&mine)
     }
 
+    /// The listener's timeouts as the running config has them, for the connection's own
+    /// watches: read without moving the connection to a new generation, which only a
+    /// request does ([`Self::shared`]), so a request in flight keeps writing its pin where
+    /// it began.
+    pub(crate) fn running_timeouts(&self) -> Timeouts {
+        {
+            let mine = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            if mine.state.generation() == self.generations.runtime.generation() {
+                return mine.timeouts;
+            }
+        }
+        let t = self.generations.current().timeouts;
+        // The socket's write stall limit is the connection's own: it follows at once.
+        self.write_limit.set(t.client_idle);
+        t
+    }
+
     /// The listener's settings of the running config, when a reload came since `shared` (a
     /// request's generation, from [`ConnCtx::shared`]) was taken; `None` while `shared` is
     /// still current, one atomic load. For a request that waited (in a node's queue, or an
@@ -670,7 +687,7 @@ impl AnswerClocks {
 async fn stall_watch(ctx: &ConnCtx) {
     loop {
         // Read at each look, as in `idle_watch`: a reload's `client_idle` applies here too.
-        let limit = ctx.shared().timeouts.client_idle;
+        let limit = ctx.running_timeouts().client_idle;
         let step = (limit / 4).max(Duration::from_millis(25));
         if ctx.answers.scan(limit) {
             return;
@@ -700,7 +717,7 @@ async fn idle_watch(ctx: &ConnCtx, h1: bool) {
         // Read at each look: limits a reload set apply to the connections open before it
         // from their next look on (an HTTP/2 connection may never go through another
         // watch), as HTTP/1's do from their next request.
-        let t = ctx.shared().timeouts;
+        let t = ctx.running_timeouts();
         // Re-check at least this often, so a first request arriving mid-sleep switches the
         // limit from header_read to keep_alive_idle without waiting out the longer one.
         let mut step = t.header_read.min(t.keep_alive_idle);
