@@ -1224,6 +1224,19 @@ impl<'a> Attempt<'a> {
                         } else {
                             Cause::Io(std::io::ErrorKind::ConnectionReset)
                         };
+                        // A kept-alive connection that ended before any answer byte: the node
+                        // closed it while idle (the keep-alive race, not the node's fault), as
+                        // on the direct path above, which a TLS node never takes. A replayable
+                        // request goes once more, on a fresh connection to the same node, so
+                        // the session stays where it is pinned.
+                        if was_pooled
+                            && self.replay.is_some()
+                            && !self.upgrade
+                            && matches!(cause, Cause::Io(_))
+                        {
+                            force_fresh = true;
+                            continue;
+                        }
                         // Request bytes may have reached the node; no answer byte was relayed.
                         UpstreamError::new(Stage::AnswerHead, cause, true, err)
                             .on_pooled(was_pooled)
