@@ -2846,7 +2846,9 @@ struct ClosingNode {
 
 impl ClosingNode {
     async fn start(ip: &str, keep_alive: Duration) -> ClosingNode {
-        ClosingNode::serve(ip, keep_alive, None).await
+        ClosingNode::serve(ip, 0, keep_alive, None)
+            .await
+            .expect("bind")
     }
 
     /// The same node speaking TLS (`server_cfg`'s certificate) on each connection.
@@ -2855,17 +2857,31 @@ impl ClosingNode {
         keep_alive: Duration,
         server_cfg: Arc<rustls::ServerConfig>,
     ) -> ClosingNode {
-        let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
-        ClosingNode::serve(ip, keep_alive, Some(acceptor)).await
+        ClosingNode::start_tls_at(ip, 0, keep_alive, server_cfg)
+            .await
+            .expect("bind")
     }
 
+    /// [`Self::start_tls`] on `port` (0: any), which may be taken.
+    async fn start_tls_at(
+        ip: &str,
+        port: u16,
+        keep_alive: Duration,
+        server_cfg: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<ClosingNode> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
+        ClosingNode::serve(ip, port, keep_alive, Some(acceptor)).await
+    }
+
+    /// Each answer names the node by its address (`x-limpet-node`).
     async fn serve(
         ip: &str,
+        port: u16,
         keep_alive: Duration,
         tls: Option<tokio_rustls::TlsAcceptor>,
-    ) -> ClosingNode {
-        let listener = TcpListener::bind((ip, 0)).await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
+    ) -> std::io::Result<ClosingNode> {
+        let listener = TcpListener::bind((ip, port)).await?;
+        let addr = listener.local_addr()?;
         let seen = Arc::new(Mutex::new(Vec::new()));
         let resets = Arc::new(AtomicU64::new(0));
         let (s, r) = (Arc::clone(&seen), Arc::clone(&resets));
@@ -2877,6 +2893,7 @@ impl ClosingNode {
                 };
                 let node = ClosingConn {
                     id,
+                    name: addr.ip(),
                     keep_alive,
                     seen: Arc::clone(&s),
                     resets: Arc::clone(&r),
@@ -2899,18 +2916,19 @@ impl ClosingNode {
                 }
             }
         });
-        ClosingNode {
+        Ok(ClosingNode {
             addr,
             seen,
             resets,
             task,
-        }
+        })
     }
 }
 
 /// One connection of a [`ClosingNode`].
 struct ClosingConn {
     id: u64,
+    name: IpAddr,
     keep_alive: Duration,
     seen: Arc<Mutex<Vec<String>>>,
     resets: Arc<AtomicU64>,
@@ -2925,6 +2943,7 @@ impl ClosingConn {
     {
         let ClosingConn {
             id,
+            name,
             keep_alive,
             seen,
             resets,
@@ -2964,7 +2983,10 @@ impl ClosingConn {
                 let _ = socket2::SockRef::from(tcp(&stream)).set_linger(Some(Duration::ZERO));
                 return;
             }
-            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-conn: {id}\r\n\r\nok");
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-conn: {id}\r\n{}: {name}\r\n\r\nok",
+                limpet::backend::NODE_HEADER
+            );
             if stream.write_all(answer.as_bytes()).await.is_err() || stream.flush().await.is_err() {
                 return;
             }
@@ -3055,6 +3077,94 @@ async fn a_get_lost_to_a_tls_node_s_keep_alive_close_is_replayed_on_a_fresh_conn
     assert_eq!(node_view(&l, "a").await["state"], "UP");
     l.stop().await;
     node.task.abort();
+}
+
+/// TLS to the nodes and an HTTP/2 client: the session's node dying (its connections closed,
+/// its port refused) or hanging its TLS handshake is failed over before any byte of the
+/// request reached a node, and the session is re-pinned to the other node, with no 5xx; the
+/// hung handshake costs `timeouts.connect` (1 s here), not the answer timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tls_to_the_nodes_an_h2_session_moves_off_a_node_that_dies_or_hangs_its_handshake() {
+    let keep_alive = Duration::from_secs(60);
+    let (_, cfg_a) = tls_identity("127.0.0.2");
+    let (_, cfg_b) = tls_identity("127.0.0.3");
+    // Both on one port, as one listener's `node_port` reaches them.
+    let mut pair = None;
+    for _ in 0..50 {
+        let a = ClosingNode::start_tls("127.0.0.2", keep_alive, Arc::clone(&cfg_a)).await;
+        match ClosingNode::start_tls_at("127.0.0.3", a.addr.port(), keep_alive, Arc::clone(&cfg_b))
+            .await
+        {
+            Ok(b) => {
+                pair = Some((a, b));
+                break;
+            }
+            Err(_) => a.task.abort(),
+        }
+    }
+    let (a, b) = pair.unwrap_or_else(|| panic!("no common free port for a and b"));
+    let port = a.addr.port();
+    let cfg = ConfigFile::new(
+        "tls-nodes-failover",
+        &format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             upstream_tls = {{ verify = \"none\" }}\n\
+             timeouts = {{ connect = \"1s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&AB)
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let mut h2 = H2::open(l.addr("web")).await;
+    let home = h2
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((home.status, home.node.as_str()), (200, "127.0.0.2"));
+
+    // a dies: its kept-alive connection closes, its port refuses.
+    a.task.abort();
+    let _ = a.task.await;
+    let moved = h2
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            moved.status,
+            moved.node.as_str(),
+            moved.set_cookie.as_deref()
+        ),
+        (200, "127.0.0.3", Some("route=b")),
+        "a dead TLS node's request fails over and the session moves"
+    );
+
+    // a's address answers TCP but never the TLS handshake (a stopped process's kernel).
+    let hung = TcpListener::bind(("127.0.0.2", port))
+        .await
+        .unwrap_or_else(|e| panic!("bind a again: {e}"));
+    let asked = Instant::now();
+    let moved = h2
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            moved.status,
+            moved.node.as_str(),
+            moved.set_cookie.as_deref()
+        ),
+        (200, "127.0.0.3", Some("route=b")),
+        "a TLS handshake that never ends fails over too"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "within the connect timeout, not the answer timeout: {:?}",
+        asked.elapsed()
+    );
+    drop((h2, hung));
+    l.stop().await;
+    b.task.abort();
 }
 
 /// `timeouts.upstream_idle` below the node's keep-alive timeout: limpet never sends a request
