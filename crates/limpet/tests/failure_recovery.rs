@@ -3167,6 +3167,48 @@ async fn with_tls_to_the_nodes_an_h2_session_moves_off_a_node_that_dies_or_hangs
     b.task.abort();
 }
 
+/// A WebSocket upgrade whose session's node is dead (its port refuses) is sent to the other
+/// node before any byte went out, and the 101 re-pins the session there (`Set-Cookie:
+/// route=b`), so the session's HTTP requests follow the tunnel. An upgrade once sent is never
+/// replayed; a refused connect sent nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_upgrade_to_a_dead_node_opens_on_the_other_and_re_pins() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let (mut nodes, port) = backend_nodes(&AB).await;
+    let text = format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("ws-dead-node", &text);
+    let l = Limpet::start(&cfg).await;
+    nodes[0].kill().await;
+    let mut req = format!("ws://{}/ws", l.addr("web"))
+        .into_client_request()
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    req.headers_mut().insert(
+        http::header::COOKIE,
+        http::HeaderValue::from_static("route=a"),
+    );
+    let (mut ws, answer) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req))
+        .await
+        .unwrap_or_else(|_| panic!("upgraded in time"))
+        .unwrap_or_else(|e| panic!("websocket: {e}"));
+    assert_eq!(
+        route_cookie_of(answer.headers()).as_deref(),
+        Some("route=b"),
+        "the 101 re-pins the session to the node the tunnel went to"
+    );
+    let greeting = match tokio::time::timeout(PATIENCE, ws.next()).await {
+        Ok(Some(Ok(m))) => m.into_text().map(|t| t.to_string()).unwrap_or_default(),
+        other => panic!("no greeting: {other:?}"),
+    };
+    assert_eq!(greeting, "b", "the tunnel runs to b");
+    drop(ws);
+    l.stop().await;
+}
+
 /// `timeouts.upstream_idle` below the node's keep-alive timeout: limpet never sends a request
 /// on a connection the node has kept idle that long, so a POST after a pause goes out on a
 /// fresh connection and is answered. The same node behind a listener that keeps idle
