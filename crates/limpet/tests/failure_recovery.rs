@@ -3191,10 +3191,11 @@ async fn a_websocket_upgrade_to_a_dead_node_opens_on_the_other_and_re_pins() {
         http::header::COOKIE,
         http::HeaderValue::from_static("route=a"),
     );
-    let (mut ws, answer) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req))
-        .await
-        .unwrap_or_else(|_| panic!("upgraded in time"))
-        .unwrap_or_else(|e| panic!("websocket: {e}"));
+    let Ok(upgraded) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req)).await
+    else {
+        panic!("not upgraded in time")
+    };
+    let (mut ws, answer) = upgraded.unwrap_or_else(|e| panic!("websocket: {e}"));
     assert_eq!(
         route_cookie_of(answer.headers()).as_deref(),
         Some("route=b"),
