@@ -115,6 +115,21 @@ async fn closed_at_the_head_timeout_and_the_slot_freed(
     );
 }
 
+/// Reads frames (within [`SOON`]) until one of `kind` comes; the connection must stay open
+/// until then (`open_until` says what for) and the frame come in time (`came`).
+async fn until_h2_frame(s: &mut TcpStream, kind: u8, open_until: &str, came: &str) {
+    let read = tokio::time::timeout(SOON, async {
+        while read_h2_frame(s)
+            .await
+            .unwrap_or_else(|| panic!("{open_until}"))
+            .0
+            != kind
+        {}
+    })
+    .await;
+    assert!(read.is_ok(), "{came}");
+}
+
 /// The next HTTP/2 frame from `s`, as (type, flags, stream, payload); `None` once it closed.
 async fn read_h2_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
     let mut head = [0u8; 9];
@@ -1451,16 +1466,13 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
     s.write_all(&h2_hello_with_its_window_shut())
         .await
         .expect("write");
-    tokio::time::timeout(SOON, async {
-        while read_h2_frame(&mut s)
-            .await
-            .expect("open until the GOAWAY")
-            .0
-            != 0x7
-        {}
-    })
-    .await
-    .expect("a GOAWAY after header_read");
+    until_h2_frame(
+        &mut s,
+        0x7,
+        "open until the GOAWAY",
+        "a GOAWAY after header_read",
+    )
+    .await;
     // In the grace, without acking the PING: GET http://t/ (static-table HPACK).
     s.write_all(&h2_frame(
         0x1,
@@ -1471,16 +1483,13 @@ async fn an_h2_stream_opened_after_the_idle_goaway_with_its_window_shut_is_close
     .await
     .expect("write");
     let started = Instant::now();
-    tokio::time::timeout(SOON, async {
-        while read_h2_frame(&mut s)
-            .await
-            .expect("open until stream 1's head")
-            .0
-            != 0x1
-        {}
-    })
-    .await
-    .expect("stream 1 is answered (its head: DATA waits for the window)");
+    until_h2_frame(
+        &mut s,
+        0x1,
+        "open until stream 1's head",
+        "stream 1 is answered (its head: DATA waits for the window)",
+    )
+    .await;
     stalled_answer_closed_after_client_idle(&mut s, started, &mut node).await;
     proxy.stop().await;
 }
@@ -1500,16 +1509,13 @@ async fn an_h2_client_that_stops_reading_its_socket_has_its_answer_cut_after_cli
     // HEADERS, END_STREAM | END_HEADERS: GET http://t/ (static-table HPACK).
     hello.extend(h2_frame(0x1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
     s.write_all(&hello).await.expect("write");
-    tokio::time::timeout(SOON, async {
-        while read_h2_frame(&mut s)
-            .await
-            .expect("open until stream 1's head")
-            .0
-            != 0x1
-        {}
-    })
-    .await
-    .expect("stream 1 is answered");
+    until_h2_frame(
+        &mut s,
+        0x1,
+        "open until stream 1's head",
+        "stream 1 is answered",
+    )
+    .await;
     // No more reading from here.
     let stopped = Instant::now();
     node_connection_released(&mut node).await;

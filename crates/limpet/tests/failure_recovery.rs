@@ -3116,6 +3116,22 @@ async fn with_tls_to_the_nodes_an_h2_session_moves_off_a_node_that_dies_or_hangs
     );
     let l = Limpet::start(&cfg).await;
     let mut h2 = H2::open(l.addr("web")).await;
+    // The next stream with a's cookie, answered by b (127.0.0.3) and re-pinned there.
+    async fn moved_to_b(h2: &mut H2, what: &str) {
+        let moved = h2
+            .get(Some("route=a"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                moved.status,
+                moved.node.as_str(),
+                moved.set_cookie.as_deref()
+            ),
+            (200, "127.0.0.3", Some("route=b")),
+            "{what}"
+        );
+    }
     let home = h2
         .get(Some("route=a"))
         .await
@@ -3125,38 +3141,18 @@ async fn with_tls_to_the_nodes_an_h2_session_moves_off_a_node_that_dies_or_hangs
     // a dies: its kept-alive connection closes, its port refuses.
     a.task.abort();
     let _ = a.task.await;
-    let moved = h2
-        .get(Some("route=a"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        (
-            moved.status,
-            moved.node.as_str(),
-            moved.set_cookie.as_deref()
-        ),
-        (200, "127.0.0.3", Some("route=b")),
-        "a dead TLS node's request fails over and the session moves"
-    );
+    moved_to_b(
+        &mut h2,
+        "a dead TLS node's request fails over and the session moves",
+    )
+    .await;
 
     // a's address answers TCP but never the TLS handshake (a stopped process's kernel).
     let hung = TcpListener::bind(("127.0.0.2", port))
         .await
         .unwrap_or_else(|e| panic!("bind a again: {e}"));
     let asked = Instant::now();
-    let moved = h2
-        .get(Some("route=a"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        (
-            moved.status,
-            moved.node.as_str(),
-            moved.set_cookie.as_deref()
-        ),
-        (200, "127.0.0.3", Some("route=b")),
-        "a TLS handshake that never ends fails over too"
-    );
+    moved_to_b(&mut h2, "a TLS handshake that never ends fails over too").await;
     assert!(
         asked.elapsed() < Duration::from_secs(5),
         "within the connect timeout, not the answer timeout: {:?}",
