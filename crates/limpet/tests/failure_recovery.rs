@@ -824,6 +824,42 @@ async fn a_trial_of_a_node_still_dead_fails_over_and_the_node_stays_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_get_load_fails_no_request_and_both_nodes_return() {
+    rolling_restart_under_get_load(false).await;
+}
+
+/// The same with HTTP/2 clients: each cookie client one h2c connection, its GETs streams on
+/// it; the new sessions each a connection of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_http2_get_load_fails_no_request_and_both_nodes_return() {
+    rolling_restart_under_get_load(true).await;
+}
+
+/// One GET of a load client over HTTP/2: on `conn` (opened at the first), with the cookie the
+/// session was given; `None` for a new session, a connection of its own and no cookie.
+async fn h2_load_get(
+    addr: SocketAddr,
+    conn: Option<&mut (Option<H2>, Option<String>)>,
+) -> Result<(u16, String), String> {
+    match conn {
+        None => {
+            let a = H2::open(addr).await.get(None).await?;
+            Ok((a.status, a.node))
+        }
+        Some((h2, cookie)) => {
+            let h2 = match h2 {
+                Some(h2) => h2,
+                None => h2.insert(H2::open(addr).await),
+            };
+            let a = h2.get(cookie.as_deref()).await?;
+            if let Some(c) = a.set_cookie {
+                *cookie = Some(c);
+            }
+            Ok((a.status, a.node))
+        }
+    }
+}
+
+async fn rolling_restart_under_get_load(h2: bool) {
     let mut nodes = vec![Backend::start("a").await, Backend::start("b").await];
     let mut cfg = limpet::proxy::ProxyConfig::new(
         ["a", "b"]
@@ -837,7 +873,7 @@ async fn a_rolling_restart_under_get_load_fails_no_request_and_both_nodes_return
     );
     cfg.health.fail_timeout_ms = 1000;
     let proxy = Quick::start(cfg).await;
-    let url = proxy.url();
+    let (url, addr) = (proxy.url(), proxy.addr);
 
     // Load: four cookie clients (sessions pinned to a node, each on its keep-alive
     // connection) and one stream of new sessions (a new connection, no cookie, per request),
@@ -859,11 +895,17 @@ async fn a_rolling_restart_under_get_load_fails_no_request_and_both_nodes_return
             } else {
                 (fresh_client(), "new sessions".to_owned())
             };
+            let mut h2_session = (i < 4).then_some((None, None));
             for _ in 0..5000 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                match get(&c, &url).await {
+                let answer = if h2 {
+                    h2_load_get(addr, h2_session.as_mut()).await
+                } else {
+                    get(&c, &url).await
+                };
+                match answer {
                     Ok((200, _)) => {}
                     other => failures
                         .lock()
