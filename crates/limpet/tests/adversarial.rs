@@ -376,24 +376,39 @@ impl Drop for SilentNode {
 /// holding the half-sent request is closed.
 #[tokio::test]
 async fn http1_request_body_that_stops_gets_408_and_the_node_connection_is_released() {
-    let mut node = SilentNode::start(b"").await;
-    let mut cfg = node.config();
-    cfg.timeouts.client_idle = Duration::from_millis(300);
-    let proxy = Proxy::start(cfg).await;
-    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut node, proxy, mut s) = upload_to_a_silent_node().await;
     s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789")
         .await
         .expect("write");
+    answered_408_and_released(&mut s, &mut node).await;
+    proxy.stop().await;
+}
+
+/// A silent node behind a proxy whose `client_idle` is 300 ms, and a client connection to it.
+async fn upload_to_a_silent_node() -> (SilentNode, Proxy, TcpStream) {
+    let node = SilentNode::start(b"").await;
+    let mut cfg = node.config();
+    cfg.timeouts.client_idle = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let s = TcpStream::connect(proxy.addr).await.expect("connect");
+    (node, proxy, s)
+}
+
+/// The client's stopped body is answered 408 and its connection closed within [`SOON`], and
+/// the node connection holding the half-sent request is released; how long the 408 took.
+async fn answered_408_and_released(s: &mut TcpStream, node: &mut SilentNode) -> Duration {
+    let stopped = Instant::now();
     let mut out = Vec::new();
     let answered = tokio::time::timeout(SOON, s.read_to_end(&mut out)).await;
     assert!(answered.is_ok(), "answered and closed in time");
+    let took = stopped.elapsed();
     let text = String::from_utf8_lossy(&out);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(
         node.connection_closed_within(SOON).await,
         "the node connection is released"
     );
-    proxy.stop().await;
+    took
 }
 
 /// The same with `Expect: 100-continue`: the client waits for the `100 Continue`, sends part
@@ -401,11 +416,7 @@ async fn http1_request_body_that_stops_gets_408_and_the_node_connection_is_relea
 /// node connection released.
 #[tokio::test]
 async fn http1_expect_continue_body_that_stops_gets_408_and_the_node_connection_is_released() {
-    let mut node = SilentNode::start(b"").await;
-    let mut cfg = node.config();
-    cfg.timeouts.client_idle = Duration::from_millis(300);
-    let proxy = Proxy::start(cfg).await;
-    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut node, proxy, mut s) = upload_to_a_silent_node().await;
     s.write_all(
         b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n",
     )
@@ -422,20 +433,10 @@ async fn http1_expect_continue_body_that_stops_gets_408_and_the_node_connection_
         String::from_utf8_lossy(&cont)
     );
     s.write_all(b"0123456789").await.expect("write");
-    let stopped = Instant::now();
-    let mut out = Vec::new();
-    let answered = tokio::time::timeout(SOON, s.read_to_end(&mut out)).await;
-    assert!(answered.is_ok(), "answered and closed in time");
+    let took = answered_408_and_released(&mut s, &mut node).await;
     assert!(
-        stopped.elapsed() >= Duration::from_millis(250),
-        "408 before client_idle: {:?}",
-        stopped.elapsed()
-    );
-    let text = String::from_utf8_lossy(&out);
-    assert!(text.trim_start().starts_with("HTTP/1.1 408"), "{text}");
-    assert!(
-        node.connection_closed_within(SOON).await,
-        "the node connection is released"
+        took >= Duration::from_millis(250),
+        "408 before client_idle: {took:?}"
     );
     proxy.stop().await;
 }
