@@ -850,13 +850,19 @@ struct Slot {
     current: Option<Watched>,
     /// Killed before it took over: its "ready" may still be on its way, and is refused.
     killed: Option<u32>,
+    /// How many successors were started: each one's watcher knows its own by this.
+    started: u64,
 }
 
 /// What is known of the successor that runs. Its watcher decides whether to kill it from
 /// these alone ([`Watched::to_kill`]), under the slot's lock, each time one changes.
 #[derive(Debug)]
 struct Watched {
-    pid: u32,
+    /// Its number among the successors started ([`Slot::started`]).
+    seq: u64,
+    /// Its process id, unknown while its binary is being started (an `exec` that a mount
+    /// that does not answer holds; [`Successor::start`]).
+    pid: Option<u32>,
     /// A handover with it is under way: nothing kills it until that ends.
     handing_over: bool,
     /// It took over: the service's main process now.
@@ -883,11 +889,26 @@ impl Watched {
 /// over from whichever limpet listens there by then.
 pub const STARTED_BY: &str = "LIMPET_UPGRADE_FROM";
 
-/// A successor started: its pid, and its exit status once it exited and was reaped.
+/// A successor being started: its pid once its binary runs, and its exit status once it
+/// exited and was reaped (an error: it could not be started).
 #[derive(Debug)]
 pub struct Started {
-    pub pid: u32,
+    running: tokio::sync::watch::Receiver<Option<u32>>,
     pub exit: tokio::task::JoinHandle<std::io::Result<std::process::ExitStatus>>,
+}
+
+impl Started {
+    /// Its process id, once its binary runs (its `exec` done); `None` if it could not be
+    /// started.
+    pub async fn pid(&mut self) -> Option<u32> {
+        let running = self.running.wait_for(Option::is_some).await.map(|pid| *pid);
+        running.unwrap_or_else(|_| *self.running.borrow())
+    }
+
+    /// Its process id if its binary runs by now.
+    pub fn pid_now(&self) -> Option<u32> {
+        *self.running.borrow()
+    }
 }
 
 /// Whose "ready" a holder has: [`Successor::handing_over`].
@@ -956,38 +977,46 @@ impl Successor {
     }
 
     /// Starts the successor (stdin closed; stdout and stderr, and `NOTIFY_SOCKET`, this
-    /// process's; [`STARTED_BY`] set), unless one runs already (`None`). Its exit is reaped
-    /// on a task of its own and logged: one that exits before taking over (a bad config, a
-    /// bind error: exit 2) leaves this limpet serving, and a later SIGUSR2 may try again.
-    /// On a tokio runtime. The binary is started on the caller's thread (as `exec` goes, a
-    /// binary on a mount that does not answer would hold it).
+    /// process's; [`STARTED_BY`] set), unless one runs or is being started already (`None`).
+    /// Its exit is reaped on a task of its own and logged: one that exits before taking over
+    /// (a bad config, a bind error: exit 2) leaves this limpet serving, and a later SIGUSR2
+    /// may try again. On a tokio runtime.
+    ///
+    /// Returns at once: the binary is started on a blocking thread. Starting a process holds
+    /// the thread that does it until the new one's `exec` is done (the child shares its
+    /// memory until then), and the `exec` of a binary on a mount that does not answer does
+    /// not end; on the thread that heard SIGUSR2, which serves clients, that stopped them
+    /// all. The successor's limit runs from here: one whose `exec` outlasts it is killed as
+    /// soon as it has a process id, as is one abandoned meanwhile; until then a SIGUSR2 is
+    /// ignored, and a "ready" from a child of this process is known as its own.
     pub fn start(&self) -> Option<Started> {
         let mut slot = self.slot();
-        if slot.current.is_some() {
-            tracing::warn!("SIGUSR2: a new limpet started for an upgrade still runs; ignored");
+        if let Some(w) = &slot.current {
+            match w.pid {
+                Some(_) => tracing::warn!(
+                    "SIGUSR2: a new limpet started for an upgrade still runs; ignored"
+                ),
+                None => tracing::warn!(
+                    "SIGUSR2: a new limpet is still being started for an upgrade (its binary not yet running); ignored"
+                ),
+            }
             return None;
         }
-        let child = tokio::process::Command::new(&self.exe)
+        let mut command = tokio::process::Command::new(&self.exe);
+        command
             .args(&self.args)
             .env(STARTED_BY, std::process::id().to_string())
-            .stdin(std::process::Stdio::null())
-            .spawn();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(exe = %self.exe.display(), error = %e, "SIGUSR2: cannot start the new limpet; serving on");
-                return None;
-            }
-        };
-        // A child that has not been waited for always has its id.
-        let pid = child.id().unwrap_or_default();
-        tracing::info!(pid, exe = %self.exe.display(), "SIGUSR2: started a new limpet to take over");
+            .stdin(std::process::Stdio::null());
         let wake = std::sync::Arc::new(tokio::sync::Notify::new());
         let (done, done_rx) = tokio::sync::watch::channel(false);
+        let (running_tx, running) = tokio::sync::watch::channel(None);
         // The killed one's "ready" could only have been on its way just as it was killed.
         slot.killed = None;
+        slot.started += 1;
+        let seq = slot.started;
         slot.current = Some(Watched {
-            pid,
+            seq,
+            pid: None,
             handing_over: false,
             took: false,
             limit_passed: false,
@@ -996,13 +1025,95 @@ impl Successor {
             done: done_rx,
         });
         drop(slot);
-        let (shared, limit) = (std::sync::Arc::clone(&self.slot), self.limit);
+        tracing::info!(exe = %self.exe.display(), "SIGUSR2: starting a new limpet to take over");
+        let (shared, limit, exe) = (
+            std::sync::Arc::clone(&self.slot),
+            self.limit,
+            self.exe.clone(),
+        );
         let exit = tokio::spawn(async move {
+            let ours = |w: &&mut Watched| w.seq == seq;
             // Dropped once it passed or the successor was killed: a timer left behind would
             // only be a wake-up for nothing.
             let mut until = Some(Box::pin(tokio::time::sleep(limit)));
             let mut limit_passed = false;
+            let recorder = std::sync::Arc::clone(&shared);
+            let mut spawning = tokio::task::spawn_blocking(move || {
+                let spawned = command.spawn();
+                // Known as soon as it runs: its "ready" may be read before this task runs
+                // again (and a child of this process is taken for it until then).
+                if let Some(pid) = spawned.as_ref().ok().and_then(tokio::process::Child::id) {
+                    if let Some(w) = lock(&recorder).current.as_mut().filter(|w| w.seq == seq) {
+                        w.pid = Some(pid);
+                    }
+                }
+                spawned
+            });
+            let spawned = loop {
+                tokio::select! {
+                    spawned = &mut spawning => break spawned,
+                    () = async { match until.as_mut() {
+                        Some(u) => u.await,
+                        None => std::future::pending().await,
+                    } } => {
+                        until = None;
+                        limit_passed = true;
+                        if let Some(w) = lock(&shared).current.as_mut().filter(ours) {
+                            w.limit_passed = true;
+                        }
+                    }
+                    // Abandoned while its `exec` lasts: decided once it has a process id.
+                    () = wake.notified() => {}
+                }
+            };
+            let spawned = spawned.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            let mut child = match spawned {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(exe = %exe.display(), error = %e, "SIGUSR2: cannot start the new limpet; serving on");
+                    let mut slot = lock(&shared);
+                    if slot.current.as_mut().filter(ours).is_some() {
+                        slot.current = None;
+                    }
+                    drop(slot);
+                    let _ = done.send(true);
+                    return Err(e);
+                }
+            };
+            // A child that has not been waited for always has its id.
+            let pid = child.id().unwrap_or_default();
+            if let Some(w) = lock(&shared).current.as_mut().filter(ours) {
+                w.pid = Some(pid);
+            }
+            let _ = running_tx.send(Some(pid));
+            tracing::info!(pid, exe = %exe.display(), "SIGUSR2: started a new limpet to take over");
             let status = loop {
+                // Decided first: its limit may have passed, or it may have been abandoned,
+                // while its `exec` lasted.
+                {
+                    let mut slot = lock(&shared);
+                    if slot
+                        .current
+                        .as_mut()
+                        .filter(ours)
+                        .is_some_and(|w| w.to_kill())
+                    {
+                        if limit_passed {
+                            tracing::error!(pid, ?limit, "the new limpet started for an upgrade did not take over within its limit: killing it; serving on");
+                        } else {
+                            tracing::warn!(pid, "the new limpet started for an upgrade can no longer take over: killing it");
+                        }
+                        if let Err(e) = child.start_kill() {
+                            tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: kill failed");
+                        }
+                        // Killed, it runs no more code of its own: a later SIGUSR2 may start
+                        // another even while this one's kernel work (a dead mount) holds its exit.
+                        slot.current = None;
+                        slot.killed = Some(pid);
+                        until = None;
+                        let _ = done.send(true);
+                    }
+                }
                 tokio::select! {
                     status = child.wait() => break status,
                     () = async { match until.as_mut() {
@@ -1011,36 +1122,15 @@ impl Successor {
                     } } => {
                         until = None;
                         limit_passed = true;
-                        if let Some(w) = lock(&shared).current.as_mut().filter(|w| w.pid == pid) {
+                        if let Some(w) = lock(&shared).current.as_mut().filter(ours) {
                             w.limit_passed = true;
                         }
                     }
                     () = wake.notified() => {}
                 }
-                let mut slot = lock(&shared);
-                if slot
-                    .current
-                    .as_ref()
-                    .is_some_and(|w| w.pid == pid && w.to_kill())
-                {
-                    if limit_passed {
-                        tracing::error!(pid, ?limit, "the new limpet started for an upgrade did not take over within its limit: killing it; serving on");
-                    } else {
-                        tracing::warn!(pid, "the new limpet started for an upgrade can no longer take over: killing it");
-                    }
-                    if let Err(e) = child.start_kill() {
-                        tracing::warn!(pid, error = %e, "the new limpet started for an upgrade: kill failed");
-                    }
-                    // Killed, it runs no more code of its own: a later SIGUSR2 may start
-                    // another even while this one's kernel work (a dead mount) holds its exit.
-                    slot.current = None;
-                    slot.killed = Some(pid);
-                    until = None;
-                    let _ = done.send(true);
-                }
             };
             let mut slot = lock(&shared);
-            if slot.current.as_ref().is_some_and(|w| w.pid == pid) {
+            if slot.current.as_mut().filter(ours).is_some() {
                 slot.current = None;
             }
             drop(slot);
@@ -1055,20 +1145,26 @@ impl Successor {
             }
             status
         });
-        Some(Started { pid, exit })
+        Some(Started { running, exit })
     }
 
     /// A taker of process id `pid` said "ready": whose it is. The successor's limit waits
-    /// while the returned handover lasts.
+    /// while the returned handover lasts. While the successor's binary is being started its
+    /// process id is not known yet; a taker that is a child of this process is it then (one
+    /// is started at a time, and this limpet starts no other).
     pub fn handing_over(&self, pid: u32) -> Taker<'_> {
         let mut slot = self.slot();
         let killed = slot.killed == Some(pid);
         match slot.current.as_mut() {
-            Some(w) if w.pid == pid => {
+            Some(w)
+                if w.pid == Some(pid)
+                    || (w.pid.is_none() && parent_of(pid) == Some(std::process::id())) =>
+            {
+                w.pid = Some(pid);
                 w.handing_over = true;
                 Taker::Ours(HandingOver {
                     successor: self,
-                    pid,
+                    seq: w.seq,
                 })
             }
             _ if killed => Taker::Killed,
@@ -1109,6 +1205,15 @@ impl Abandoned {
     }
 }
 
+/// The parent of process `pid` (`/proc/PID/stat`), if it can be read.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold spaces and parentheses: the state, then the
+    // parent's id.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn lock(slot: &std::sync::Mutex<Slot>) -> std::sync::MutexGuard<'_, Slot> {
     slot.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1120,7 +1225,8 @@ fn lock(slot: &std::sync::Mutex<Slot>) -> std::sync::MutexGuard<'_, Slot> {
 #[derive(Debug)]
 pub struct HandingOver<'a> {
     successor: &'a Successor,
-    pid: u32,
+    /// The successor's number ([`Slot::started`]).
+    seq: u64,
 }
 
 impl HandingOver<'_> {
@@ -1136,7 +1242,7 @@ impl HandingOver<'_> {
             .slot()
             .current
             .as_mut()
-            .filter(|w| w.pid == self.pid)
+            .filter(|w| w.seq == self.seq)
         {
             f(w);
         }
@@ -1696,6 +1802,21 @@ mod tests {
     }
 
     /// A path that holds something other than a socket is not replaced.
+    /// A "ready" that comes while the successor's binary is being started is known as its
+    /// own by its parent: this process.
+    #[test]
+    fn a_child_s_parent_is_read_from_proc() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap_or_else(|e| panic!("sleep: {e}"));
+        let parent = parent_of(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(parent, Some(std::process::id()));
+        assert_ne!(parent_of(std::process::id()), Some(std::process::id()));
+    }
+
     #[test]
     fn the_upgrade_socket_replaces_a_socket_only() {
         let dir = scratch("file");

@@ -634,6 +634,7 @@ fn worker_threads() -> Vec<String> {
 /// a mount that does not answer.
 struct HungSuccessor {
     successor: limpet::upgrade::Successor,
+    exe: PathBuf,
     cfg: ConfigFile,
     _writer: Option<std::fs::File>,
 }
@@ -644,8 +645,14 @@ impl HungSuccessor {
     }
 
     fn with_limit(tag: &str, limit: Duration) -> HungSuccessor {
+        HungSuccessor::started_by(tag, limit, |_| PathBuf::from(env!("CARGO_BIN_EXE_limpet")))
+    }
+
+    /// Started by the file `exe` gives in its config's directory.
+    fn started_by(tag: &str, limit: Duration, exe: impl FnOnce(&Path) -> PathBuf) -> HungSuccessor {
         let cfg = ConfigFile::new(tag, "");
         fifo_in_place_of(&cfg.path);
+        let exe = exe(&cfg.dir);
         let args = ["run", "--threads", "1", "-c"]
             .into_iter()
             .map(std::ffi::OsString::from)
@@ -655,13 +662,10 @@ impl HungSuccessor {
                 cfg.dir.join("upgrade.sock").into_os_string(),
             ])
             .collect();
-        let successor = limpet::upgrade::Successor::new(
-            PathBuf::from(env!("CARGO_BIN_EXE_limpet")),
-            args,
-            limit,
-        );
+        let successor = limpet::upgrade::Successor::new(exe.clone(), args, limit);
         HungSuccessor {
             successor,
+            exe,
             cfg,
             _writer: None,
         }
@@ -673,7 +677,8 @@ impl HungSuccessor {
             .successor
             .start()
             .unwrap_or_else(|| panic!("no successor started"));
-        let started = Launched(Some(started));
+        let mut started = Launched(Some(started));
+        started.running_soon().await;
         self._writer = Some(fifo_writer_once_read(&self.cfg.path).await);
         started
     }
@@ -687,21 +692,51 @@ impl HungSuccessor {
     }
 }
 
+impl Drop for HungSuccessor {
+    /// A successor still waiting to open its config (one this test did not kill: it ended
+    /// early) reads its end and exits, rather than wait there for good once the FIFO is gone.
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.cfg.path);
+    }
+}
+
 /// A successor started, killed (SIGKILL, by its PID) if the test ends before it exited.
 struct Launched(Option<limpet::upgrade::Started>);
 
 impl Launched {
+    /// Its process id, once its binary runs.
+    async fn running(&mut self) -> u32 {
+        let s = self.0.as_mut().unwrap_or_else(|| panic!("exited"));
+        s.pid()
+            .await
+            .unwrap_or_else(|| panic!("the successor could not be started"))
+    }
+
+    /// [`running`](Self::running) within `PATIENCE`.
+    async fn running_soon(&mut self) -> u32 {
+        tokio::time::timeout(PATIENCE, self.running())
+            .await
+            .unwrap_or_else(|_| panic!("not running within {PATIENCE:?}"))
+    }
+
     fn pid(&self) -> u32 {
-        self.0.as_ref().map_or(0, |s| s.pid)
+        self.0
+            .as_ref()
+            .and_then(limpet::upgrade::Started::pid_now)
+            .unwrap_or(0)
     }
 
     /// Its exit status, once reaped. Bounded in real time (the paused clock moves only when
     /// the runtime has nothing to do): a successor nobody killed within `PATIENCE` gets
     /// SIGABRT from a watchdog, which shows in the status.
     async fn exit(mut self) -> ExitStatus {
+        let pid = self.pid();
         let s = self.0.take().unwrap_or_else(|| panic!("awaited twice"));
         let (done, watch) = std::sync::mpsc::channel::<()>();
-        let pid = s.pid;
         let watchdog = std::thread::spawn(move || {
             if watch.recv_timeout(PATIENCE).is_err() {
                 signal(pid, rustix::process::Signal::ABORT);
@@ -718,8 +753,8 @@ impl Launched {
 
 impl Drop for Launched {
     fn drop(&mut self) {
-        if let Some(s) = &self.0 {
-            signal(s.pid, rustix::process::Signal::KILL);
+        if let Some(pid) = self.0.as_ref().and_then(limpet::upgrade::Started::pid_now) {
+            signal(pid, rustix::process::Signal::KILL);
         }
     }
 }
@@ -836,6 +871,117 @@ async fn a_successor_in_a_handover_is_killed_past_its_limit_only_if_it_did_not_t
         Some(libc::SIGTERM),
         "killed after it took over"
     );
+}
+
+/// A write lease on a file (`fcntl(F_SETLEASE, F_WRLCK)`, held by perl with the lease
+/// break's SIGIO ignored): an `exec` of the file waits until the lease is let go, as that of
+/// a binary on a mount that does not answer waits for the mount. Let go when dropped (the
+/// holder is killed by its PID), or after 30 s (below the kernel's own 45 s lease break).
+struct Lease {
+    _holder: Guard,
+}
+
+impl Lease {
+    fn hold(path: &Path) -> Lease {
+        use std::io::BufRead;
+        let script = format!(
+            "$SIG{{IO}} = 'IGNORE'; open(my $f, '<', $ARGV[0]) or die \"open: $!\"; \
+             fcntl($f, {}, {}) or die \"lease: $!\"; $| = 1; print \"held\\n\"; sleep 30;",
+            libc::F_SETLEASE,
+            libc::F_WRLCK
+        );
+        let mut child = Command::new("perl")
+            .arg("-e")
+            .arg(script)
+            .arg(path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("perl: {e}"));
+        let out = child
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("perl's stdout"));
+        let holder = Guard(child);
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+        assert_eq!(line, "held\n", "no lease on {}", path.display());
+        Lease { _holder: holder }
+    }
+}
+
+/// A successor whose binary's `exec` does not end (a binary on a mount that does not
+/// answer; here a file under a lease) holds no thread that serves: `start` returns at once
+/// and this runtime's one thread runs on (its timers fire); a SIGUSR2 meanwhile is ignored.
+/// Once the `exec` is let go, a successor whose limit passed meanwhile is killed at once, as
+/// is one its starter abandoned meanwhile. Before, `start` held the thread that heard
+/// SIGUSR2, the one that serves clients, for as long as the `exec` lasted (30 s here).
+#[tokio::test]
+async fn a_successor_whose_exec_hangs_holds_no_thread_and_is_killed_once_it_runs() {
+    use limpet::upgrade::Taker;
+    use std::os::unix::process::ExitStatusExt;
+    for abandoned in [false, true] {
+        // Past its limit while its `exec` lasts, or abandoned with a limit it never reaches.
+        let limit = if abandoned {
+            Duration::from_secs(365 * 86_400)
+        } else {
+            Duration::from_secs(1)
+        };
+        let hung = HungSuccessor::started_by("upgrade-exec-hangs", limit, |dir| {
+            use std::os::unix::fs::PermissionsExt;
+            let exe = dir.join("limpet-on-a-dead-mount");
+            let script = format!(
+                "#!/bin/sh\nexec '{}' \"$@\"\n",
+                env!("CARGO_BIN_EXE_limpet")
+            );
+            std::fs::write(&exe, script).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+            exe
+        });
+        let lease = Lease::hold(&hung.exe);
+        let t0 = std::time::Instant::now();
+        let started = hung
+            .successor
+            .start()
+            .unwrap_or_else(|| panic!("not started"));
+        let took = t0.elapsed();
+        let mut started = Launched(Some(started));
+        assert!(
+            took < Duration::from_millis(500),
+            "start held its thread {took:?}"
+        );
+        // Its `exec` is held: no process id while this thread's timer runs out, on time.
+        let t1 = std::time::Instant::now();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1500), started.running())
+                .await
+                .is_err(),
+            "the exec was not held"
+        );
+        let held = t1.elapsed();
+        assert!(
+            held < Duration::from_secs(3),
+            "this thread was held {held:?}"
+        );
+        assert!(
+            hung.successor.start().is_none(),
+            "a second SIGUSR2 while one is being started"
+        );
+        if abandoned {
+            hung.successor.abandon();
+        }
+        let let_go = std::time::Instant::now();
+        drop(lease);
+        let pid = started.running_soon().await;
+        let status = started.exit().await;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        let at = let_go.elapsed();
+        assert!(
+            at < Duration::from_secs(5),
+            "killed {at:?} after its exec was let go"
+        );
+        assert!(matches!(hung.successor.handing_over(pid), Taker::Killed));
+    }
 }
 
 /// A limpet that stops, or hands over to another process, before its successor took over

@@ -713,7 +713,8 @@ pub fn run(args: RunArgs) -> ExitCode {
             None => None,
         };
         let mut upgrade_signal = || match &successor {
-            // Watched on a task of its own until it exits.
+            // Started on a blocking thread and watched on a task of its own until it exits:
+            // this thread serves clients.
             Some(s) => drop(s.start()),
             None => tracing::warn!(
                 "SIGUSR2: an upgrade in place needs `--upgrade-socket` (and this binary's path); ignored"
