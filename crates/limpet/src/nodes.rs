@@ -578,10 +578,13 @@ impl NodeRuntime {
     /// redistributes a server's queue when it goes down: a busy node keeps its queue, a
     /// failed one does not hold it until the queue timeout and then hand it a hung node's
     /// slots.
+    /// A `trial` (the route sent the session to try a DOWN node) stays in the queue while
+    /// the node is DOWN.
     pub async fn admit(
         self: &Arc<Self>,
         queue_timeout: Duration,
         spread_key: u64,
+        trial: bool,
     ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         if a.limit.load(Ordering::Relaxed) == 0 {
@@ -600,7 +603,7 @@ impl NodeRuntime {
         }
         // Boxed: the wait in the queue is the rare path, and its state (the node's events,
         // the notification) inline would grow every request's future that awaits `admit`.
-        Box::pin(self.queue(queue_timeout, spread_key)).await
+        Box::pin(self.queue(queue_timeout, spread_key, trial)).await
     }
 
     /// [`Self::admit`]'s wait in the node's queue.
@@ -608,6 +611,7 @@ impl NodeRuntime {
         self: &Arc<Self>,
         queue_timeout: Duration,
         spread_key: u64,
+        trial: bool,
     ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         // SeqCst with `Admitted`'s drop: either the drop sees this waiter and wakes it, or
@@ -619,9 +623,10 @@ impl NodeRuntime {
         }
         // Subscribed before the state is read: a change in between is not missed.
         let mut events = self.events.subscribe();
-        // A trial queued for a node already DOWN stays while the node is DOWN: the route
-        // sent it there to try the node.
-        let trial = self.status().state() == NodeState::Down;
+        // A trial stays while the node is DOWN: the route sent it there to try the node. Told
+        // by the route, not read from the node here: one that went DOWN between the route
+        // and this line would take an ordinary session for a trial, held in the queue of a
+        // node out of rotation rather than routed again.
         // Whether the session may stay in the queue, by the core's rule for the node's
         // sessions: it leaves now, at its moment past a drain deadline (the moment routing
         // re-pins its key), or not at all.
@@ -994,10 +999,10 @@ mod tests {
         let rt = node();
         let wait = Duration::from_secs(5);
         rt.set_limits(Some(1), 8);
-        let held = rt.admit(wait, 0).await.expect("a free slot");
+        let held = rt.admit(wait, 0, false).await.expect("a free slot");
         let queued = |key: u64| {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.admit(wait, key).await })
+            tokio::spawn(async move { rt.admit(wait, key, false).await })
         };
         let (first, second) = (queued(1), queued(2));
         tokio::task::yield_now().await;
@@ -1040,14 +1045,14 @@ mod tests {
         let rt = node();
         let wait = Duration::from_secs(5);
         let open = [
-            rt.admit(wait, 1).await.expect("no limit: at once"),
-            rt.admit(wait, 2).await.expect("no limit: at once"),
+            rt.admit(wait, 1, false).await.expect("no limit: at once"),
+            rt.admit(wait, 2, false).await.expect("no limit: at once"),
         ];
         assert_eq!(rt.admitted(), 2, "counted without a limit");
         rt.set_limits(Some(2), 8);
         let next = {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.admit(wait, 3).await })
+            tokio::spawn(async move { rt.admit(wait, 3, false).await })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!next.is_finished(), "both slots of the new limit are held");
@@ -1073,10 +1078,10 @@ mod tests {
         let rt = node();
         let wait = Duration::from_secs(60);
         rt.set_limits(Some(1), 8);
-        let held = rt.admit(wait, 0).await.expect("a free slot");
+        let held = rt.admit(wait, 0, false).await.expect("a free slot");
         let queued = |key: u64| {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.admit(wait, key).await })
+            tokio::spawn(async move { rt.admit(wait, key, false).await })
         };
         let before = queued(1);
         tokio::task::yield_now().await;
@@ -1104,11 +1109,39 @@ mod tests {
         );
         let t1 = tokio::time::Instant::now();
         assert_eq!(
-            rt.admit(wait, 3).await.err(),
+            rt.admit(wait, 3, false).await.err(),
             Some(Refused::Left(RepinReason::DrainEnded))
         );
         assert_eq!(t1.elapsed(), Duration::ZERO, "past its moment: at once");
         drop(held);
+    }
+
+    /// What the route said decides whether a queued session stays for a node that is DOWN:
+    /// a trial stays (it was sent to try the node), and an ordinary session, routed while
+    /// the node was UP, leaves at once, to be routed again. Before, the node's state read on
+    /// entering the queue decided: a session whose node went DOWN between its route and the
+    /// queue was taken for a trial and held there, out to its queue timeout.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_trial_stays_in_the_queue_of_a_node_down() {
+        let rt = node();
+        let wait = Duration::from_secs(60);
+        rt.set_limits(Some(1), 8);
+        let held = rt.admit(wait, 0, false).await.expect("a free slot");
+        assert_eq!(rt.force_health(false), Some(Transition::WentDown));
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(
+            rt.admit(wait, 1, false).await.err(),
+            Some(Refused::Left(RepinReason::NodeDown))
+        );
+        assert_eq!(t0.elapsed(), Duration::ZERO, "at once");
+        let trial = {
+            let rt = Arc::clone(&rt);
+            tokio::spawn(async move { rt.admit(wait, 2, true).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!trial.is_finished(), "a trial waits for the slot");
+        drop(held);
+        assert!(trial.await.expect("task").is_ok(), "the trial has the slot");
     }
 
     /// HAProxy's maxconn / maxqueue / timeout queue on paused time: a full node makes the
@@ -1118,24 +1151,27 @@ mod tests {
         let rt = node();
         let wait = Duration::from_secs(5);
         // No limit: admitted at once, counted while held (for a limit set later).
-        let free = rt.admit(wait, 0).await;
+        let free = rt.admit(wait, 0, false).await;
         assert!(free.is_ok());
         assert_eq!(rt.admitted(), 1);
         drop(free);
         assert_eq!(rt.admitted(), 0);
 
         rt.set_limits(Some(1), 1);
-        let first = rt.admit(wait, 0).await.expect("a free slot");
+        let first = rt.admit(wait, 0, false).await.expect("a free slot");
         assert_eq!(rt.admitted(), 1);
         // The second waits in the queue...
         let second = tokio::spawn({
             let rt = Arc::clone(&rt);
-            async move { rt.admit(wait, 0).await }
+            async move { rt.admit(wait, 0, false).await }
         });
         tokio::task::yield_now().await;
         assert!(!second.is_finished(), "waits for the slot");
         // ...which is full: a third is refused at once.
-        assert_eq!(rt.admit(wait, 0).await.err(), Some(Refused::QueueFull));
+        assert_eq!(
+            rt.admit(wait, 0, false).await.err(),
+            Some(Refused::QueueFull)
+        );
         // The slot frees: the waiter gets it, before its queue timeout.
         let t0 = tokio::time::Instant::now();
         drop(first);
@@ -1144,14 +1180,17 @@ mod tests {
         assert_eq!(rt.admitted(), 1);
         // Nobody frees it: the next one waits the queue timeout, then is refused.
         let t0 = tokio::time::Instant::now();
-        assert_eq!(rt.admit(wait, 0).await.err(), Some(Refused::QueueTimeout));
+        assert_eq!(
+            rt.admit(wait, 0, false).await.err(),
+            Some(Refused::QueueTimeout)
+        );
         assert_eq!(t0.elapsed(), wait);
         drop(second);
         assert_eq!(rt.admitted(), 0);
         // A reload lifting the limit admits at once again.
-        let held = rt.admit(wait, 0).await.expect("slot");
+        let held = rt.admit(wait, 0, false).await.expect("slot");
         rt.set_limits(None, 1);
-        assert!(rt.admit(wait, 0).await.is_ok());
+        assert!(rt.admit(wait, 0, false).await.is_ok());
         drop(held);
     }
 

@@ -527,7 +527,13 @@ async fn connect(
         // the listener's last second, `CUT_GRACE`, to connect and be cut with a line; after
         // that its task is dropped without one.)
         let admitted = match rt {
-            Some(rt) => match until_cut(cut, node, rt.admit(def.timeouts.queue, spread)).await? {
+            Some(rt) => match until_cut(
+                cut,
+                node,
+                rt.admit(def.timeouts.queue, spread, trial.is_some()),
+            )
+            .await?
+            {
                 Ok(a) => Some(a),
                 // The node left rotation (DOWN, MAINT, past a drain) while the session
                 // waited: it routes again without the node, nothing charged.
@@ -576,17 +582,20 @@ async fn connect(
                         Observation::TrafficConnected
                     },
                 );
-                // A connect does not decide the trial of a node that left requests unanswered
-                // (its kernel completes them while the process hangs). Such a trial is not
-                // given to a TCP session, but a request may have gone unanswered since this
-                // one was claimed: the node stays DOWN, and the session goes to another node,
-                // as from a node that refused it, but with nothing charged to this one.
-                if trial.is_some() && rt.is_some_and(|rt| !rt.status().health.is_up()) {
+                // The node left rotation while the session connected (DOWN by its checks or
+                // by other connections' failures, MAINT, its drain ended), or, for a trial,
+                // a request went unanswered since it was claimed (a connect does not decide
+                // the trial of a node that left requests unanswered: its kernel completes
+                // them while the process hangs; such a trial is not given to a TCP session,
+                // but one may become so meanwhile). Nothing of the client's was sent: the
+                // session routes again without the node, as from its queue, nothing charged.
+                // Carried into the relay, the node's close signal would have cut it at once.
+                // Whatever the listener's `close_on_node_down`: that keeps sessions that
+                // were relaying, and this one was not.
+                let left = rt.map(|rt| rt.status().session_end(clock::now_ms(), spread, true));
+                if let Some(limpet_core::SessionEnd::Now(why)) = left {
                     drop(stream);
-                    failed.push(Excluded {
-                        node,
-                        why: limpet_core::RepinReason::NodeDown,
-                    });
+                    failed.push(Excluded { node, why });
                     continue;
                 }
                 if let Some(o) = crate::metrics::PinOutcome::of_route(route.outcome) {

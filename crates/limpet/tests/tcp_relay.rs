@@ -503,3 +503,125 @@ async fn a_session_cut_by_maint_resets_the_node_side_and_one_the_client_ends_doe
     running.stop().await;
     node.abort();
 }
+
+/// A node that holds each connection before its TLS handshake until `go` is true, saying
+/// which node it is on `arrived` as each comes; then it greets with `node=NAME` and echoes.
+async fn held_tls_node(
+    listener: tokio::net::TcpListener,
+    name: &'static str,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+    arrived: tokio::sync::mpsc::UnboundedSender<&'static str>,
+    go: tokio::sync::watch::Receiver<bool>,
+) {
+    while let Ok((s, _)) = listener.accept().await {
+        let (tls, arrived, mut go) = (std::sync::Arc::clone(&tls), arrived.clone(), go.clone());
+        tokio::spawn(async move {
+            let _ = arrived.send(name);
+            if go.wait_for(|g| *g).await.is_err() {
+                return;
+            }
+            let Ok(mut t) = tokio_rustls::TlsAcceptor::from(tls).accept(s).await else {
+                return;
+            };
+            if t.write_all(format!("node={name}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut buf = [0u8; 1024];
+            while let Ok(n @ 1..) = t.read(&mut buf).await {
+                if t.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// A node that leaves rotation while a session's attempt at it is in flight (here its TLS
+/// handshake, held by the node; a connect's SYN retransmitted is the same window): the
+/// attempt completes, but nothing of the client's has gone out, so the session goes to the
+/// other node, whether the node went DOWN (with `close_on_node_down` on or off) or into MAINT.
+/// Before, the session was handed to the relay on the node it had just left: cut at once by
+/// the node's close signal (the client saw its connection end), or, with
+/// `close_on_node_down = false`, relayed to a DOWN node.
+#[tokio::test]
+async fn a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given_the_session() {
+    let pki = Pki::new();
+    let tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
+    let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    let (go, go_rx) = tokio::sync::watch::channel(false);
+    // Both nodes on one port, as a listener's `node_port` needs.
+    let (a, b) = loop {
+        let a = tokio::net::TcpListener::bind("127.0.0.2:0")
+            .await
+            .expect("bind a");
+        let port = a.local_addr().expect("addr").port();
+        if let Ok(b) = tokio::net::TcpListener::bind(("127.0.0.3", port)).await {
+            break (a, b);
+        }
+    };
+    let port = a.local_addr().expect("addr").port();
+    let nodes = [
+        tokio::spawn(held_tls_node(
+            a,
+            "a",
+            std::sync::Arc::clone(&tls),
+            arrived_tx.clone(),
+            go_rx.clone(),
+        )),
+        tokio::spawn(held_tls_node(b, "b", tls, arrived_tx, go_rx)),
+    ];
+    for (i, (how, extra)) in [
+        ("down", ""),
+        ("maint", ""),
+        ("down", "close_on_node_down = false"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        go.send_replace(false);
+        let dir = TempDir::new("tcp-left");
+        let cfg = tcp_config(
+            &dir,
+            &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+            port,
+            &format!("upstream_tls = {{ verify = \"none\" }}\n{extra}"),
+        );
+        let running = start(cfg).await.expect("start");
+        let addr = running.addr("raw").expect("addr");
+        let src = format!("127.0.0.{}", 80 + i);
+        let client = tokio::spawn(async move { tcp_session(&src, addr).await });
+        let first = tokio::time::timeout(common::PATIENCE, arrived.recv())
+            .await
+            .expect("the session's attempt reaches a node")
+            .expect("nodes run");
+        let state = running.runtime().state();
+        if how == "down" {
+            assert!(state.force_health(first, false).is_some());
+        } else {
+            assert!(state
+                .set_admin(first, limpet_core::AdminState::Maint)
+                .is_some());
+        }
+        go.send_replace(true);
+        let (mut s, node) = tokio::time::timeout(common::PATIENCE, client)
+            .await
+            .expect("the session opens")
+            .expect("client task");
+        let other = if first == "a" { "b" } else { "a" };
+        assert_eq!(
+            node, other,
+            "{how} {extra}: the session went to the node that left"
+        );
+        echo(&mut s, b"relayed").await;
+        drop(s);
+        drop(state);
+        running.stop().await;
+        while arrived.try_recv().is_ok() {}
+    }
+    for n in nodes {
+        n.abort();
+    }
+}

@@ -1024,7 +1024,14 @@ impl<'a> Attempt<'a> {
                 // charged.
                 let admitted = match shared.state.node_rt(node) {
                     Some(rt) => {
-                        match rt.admit(shared.timeouts.queue, self.presented.spread).await {
+                        match rt
+                            .admit(
+                                shared.timeouts.queue,
+                                self.presented.spread,
+                                self.route.trial,
+                            )
+                            .await
+                        {
                             Ok(a) => Some(a),
                             Err(crate::nodes::Refused::Left(why)) => {
                                 self.leave(node, why)?;
