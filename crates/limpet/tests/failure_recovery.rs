@@ -452,8 +452,14 @@ async fn connect_from(src: IpAddr, dst: SocketAddr) -> TcpStream {
 /// One keep-alive GET through a TCP session to a demo node (which speaks HTTP): the node
 /// that answered. Reads exactly the answer (head and body), so the session can be used again.
 async fn tcp_get(s: &mut TcpStream) -> Result<String, String> {
+    tcp_get_with(s, "").await
+}
+
+/// [`tcp_get`] with more header lines (`fields`, each ending in CRLF).
+async fn tcp_get_with(s: &mut TcpStream, fields: &str) -> Result<String, String> {
     let exchange = async {
-        s.write_all(b"GET / HTTP/1.1\r\nHost: recovery.test\r\n\r\n")
+        let head = format!("GET / HTTP/1.1\r\nHost: recovery.test\r\n{fields}\r\n");
+        s.write_all(head.as_bytes())
             .await
             .map_err(|e| format!("write: {e}"))?;
         let mut buf = Vec::new();
@@ -1315,6 +1321,54 @@ async fn without_checks_a_hung_node_goes_down_on_answer_timeouts_and_no_get_fail
          requests waited for its answer timeout",
         results.len()
     );
+    proxy.stop().await;
+    drop(hung);
+    b.kill().await;
+}
+
+/// An HTTP/1.1 GET that offers `Upgrade: h2c` (curl's `--http2` on an `http://` URL) is an
+/// ordinary GET: the offer is dropped, as HAProxy and nginx drop it (limpet speaks HTTP/2 to
+/// clients by prior knowledge or ALPN). Its session's node hung, it is replayed on the
+/// other node at the answer timeout; and its kept-alive connection, idle past the second
+/// after which an idle connection is parked, serves the next request. Before, it was taken
+/// for an upgrade: never replayed (504), and once idle the connection was dropped (hyper
+/// handed its socket to the upgrade it had prepared, whose receiver was gone); a refused
+/// WebSocket upgrade did the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_alive() {
+    let (hung, _port, mut b) = hung_a_and_live_b().await;
+    let mut cfg = hung_and_live_config(&hung, &b);
+    cfg.timeouts.upstream_answer = Duration::from_millis(500);
+    cfg.health.fail_timeout_ms = 30_000;
+    let proxy = Quick::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let node = tcp_get_with(
+        &mut s,
+        "Cookie: route=a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+         HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+    )
+    .await;
+    assert_eq!(node.as_deref(), Ok("b"), "replayed off the hung node");
+    // Idle past the moment an idle connection is parked (1 s), then the next request.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
+    assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");
+    // A refused WebSocket upgrade keeps its connection alive too.
+    let mut s = TcpStream::connect(proxy.addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let refused = tcp_get_with(
+        &mut s,
+        "Cookie: route=b\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+    )
+    .await;
+    assert_eq!(refused.as_deref(), Ok("b"), "the node's own refusal");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
+    assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");
     proxy.stop().await;
     drop(hung);
     b.kill().await;

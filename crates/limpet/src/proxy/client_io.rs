@@ -92,6 +92,9 @@ pub(crate) struct StreamHints {
     /// Set when the answer hyper writes next is the connection's last and whole in hand (see
     /// [`StreamHints::set_last_answer`]).
     last_answer: AtomicBool,
+    /// Set once hyper holds an upgrade prepared for one of the connection's requests (see
+    /// [`StreamHints::set_upgrade_held`]).
+    upgrade_held: AtomicBool,
     /// HTTP/2: when the request head the client has begun and not finished began (`now_ms`
     /// scale), 0 while none is: see [`H2Heads`].
     head_since_ms: AtomicU64,
@@ -124,6 +127,20 @@ impl StreamHints {
 
     pub(crate) fn last_answer(&self) -> bool {
         self.last_answer.load(Ordering::Relaxed)
+    }
+
+    /// hyper prepared an upgrade for one of the connection's requests (an HTTP/1.1 request
+    /// with `Upgrade`, or CONNECT), and keeps it after an answer other than 101 (a refused
+    /// WebSocket, an `h2c` offer limpet dropped) until the connection ends: parked, the
+    /// connection would be handed to that upgrade, whose receiver is gone, rather than
+    /// back, and dropped under a client that keeps it alive. Such a connection is never
+    /// parked (`server::park_watch`); it keeps hyper's buffers while idle. Never cleared.
+    pub(crate) fn set_upgrade_held(&self) {
+        self.upgrade_held.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn upgrade_held(&self) -> bool {
+        self.upgrade_held.load(Ordering::Relaxed)
     }
 
     /// HTTP/2: how long the request head the client has begun and not finished has been

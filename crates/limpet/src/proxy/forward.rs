@@ -276,9 +276,20 @@ fn unavailable(shared: &Shared, id: &str) -> Response<ProxyBody> {
     resp
 }
 
+/// Whether `req` asks to switch protocols with the node (a WebSocket, or any protocol but
+/// `h2c`). An offer of `h2c` alone (curl's `--http2` on an `http://` URL) is no upgrade: it
+/// is dropped with the other hop-by-hop fields, as HAProxy and nginx drop it, and the GET
+/// goes on as HTTP/1.1. limpet speaks HTTP/2 to clients itself (prior knowledge, ALPN), and
+/// taken for an upgrade the GET would lose its replay off a failed node and its kept-alive
+/// node connection, for an answer that is HTTP/1.1 all the same.
 fn is_upgrade_request<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_11
-        && req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get_all(header::UPGRADE)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .any(|p| !p.trim_ascii().eq_ignore_ascii_case(b"h2c"))
         && req
             .headers()
             .get_all(header::CONNECTION)
@@ -554,6 +565,13 @@ fn proxy<'a, 'b>(
             );
         }
 
+        if req
+            .extensions()
+            .get::<hyper::upgrade::OnUpgrade>()
+            .is_some()
+        {
+            ctx.hints.set_upgrade_held();
+        }
         let upgrade = is_upgrade_request(&req);
         let websocket = req
             .headers()

@@ -1258,9 +1258,13 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// has answered one since its hyper connection was made (`served_before`: the connection's
 /// count then). Before its first answer hyper holds a connection busy, and asked to close
 /// it would answer the request still to come with `Connection: close`; after one, idle, it
-/// closes at once between two messages.
+/// closes at once between two messages. Never for a connection whose hyper holds an
+/// upgrade ([`super::client_io::StreamHints::set_upgrade_held`]).
 async fn park_watch(ctx: &ConnCtx, served_before: u64) {
     loop {
+        if ctx.hints.upgrade_held() {
+            return std::future::pending().await;
+        }
         match ctx.idle_for() {
             Some(idle) if idle < PARK_AFTER => tokio::time::sleep(PARK_AFTER - idle).await,
             // A connection whose last answer is out is closing: its shutdown must reach the
