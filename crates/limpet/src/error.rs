@@ -6,6 +6,7 @@
 //! | stage | bytes sent | passive health | retried on another node |
 //! |---|---|---|---|
 //! | connect (refused, unreachable, timeout) | no | failure | always |
+//! | connect: no local port free ([`Cause::NoLocalPort`]) | no | — (limpet's own shortage) | always |
 //! | TLS to the node | no | failure | always |
 //! | send: the connection was dead before the request went out | no | failure on a fresh connection; — on a kept-alive one (stale) | always |
 //! | send / answer head: reset or closed after the request went out | maybe | failure on a fresh connection | idempotent requests without a body only |
@@ -65,6 +66,13 @@ pub enum Cause {
     /// node, so passive health learns nothing from it (a node must not flap DOWN/UP because
     /// limpet ran out of sockets).
     Local,
+    /// No local port was free for a connection to the node (EADDRNOTAVAIL at connect: the
+    /// ephemeral range taken by connections to that address, most of them in TIME_WAIT
+    /// after short sessions). limpet's own shortage, not the node's: charged to it, it took
+    /// healthy nodes DOWN under a burst of short sessions, and their load onto the others.
+    /// Unlike [`Cause::Local`], another node (another address) may have ports left: the
+    /// attempt moves on, nothing charged.
+    NoLocalPort,
 }
 
 /// Whether `e` says this process (or the machine) ran out of file descriptors.
@@ -72,6 +80,11 @@ pub fn out_of_fds(e: &io::Error) -> bool {
     // EMFILE (per process) and ENFILE (system-wide) are 24 and 23 on Linux, the BSDs and
     // macOS alike.
     matches!(e.raw_os_error(), Some(23 | 24))
+}
+
+/// Whether `e`, from a connect, says no local port was free for it (EADDRNOTAVAIL).
+pub fn no_local_port(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
 }
 
 /// An attempt that failed at a node. See the module docs for the rules.
@@ -105,6 +118,8 @@ impl UpstreamError {
     pub fn io(stage: Stage, e: &io::Error) -> Self {
         let cause = if out_of_fds(e) {
             Cause::Local
+        } else if stage == Stage::Connect && no_local_port(e) {
+            Cause::NoLocalPort
         } else {
             Cause::Io(e.kind())
         };
@@ -147,7 +162,7 @@ impl UpstreamError {
     /// request slow by itself ([`Observation::SlowAnswer`], not a failure).
     pub fn observation(&self) -> Option<Observation> {
         match (self.stage, self.cause) {
-            (_, Cause::Local | Cause::NodeDown) => None,
+            (_, Cause::Local | Cause::NoLocalPort | Cause::NodeDown) => None,
             (Stage::Connect, _) => Some(Observation::TrafficFailed),
             // The TCP connection was made (a stopped process's kernel makes it too): the
             // handshake that fails or never ends is the node not answering, which a TCP
@@ -204,6 +219,24 @@ impl std::error::Error for UpstreamError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No local port free for a connect: nothing charged to the node, and the attempt may go
+    /// to another (nothing was sent; another address may have ports left).
+    #[test]
+    fn no_local_port_is_never_the_nodes_fault_and_moves_on() {
+        let e = UpstreamError::io(
+            Stage::Connect,
+            &io::Error::from_raw_os_error(libc::EADDRNOTAVAIL),
+        );
+        assert_eq!(e.cause, Cause::NoLocalPort);
+        assert_eq!(e.observation(), None);
+        assert!(e.retry_safe(false));
+        let refused = UpstreamError::io(
+            Stage::Connect,
+            &io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        );
+        assert_eq!(refused.observation(), Some(Observation::TrafficFailed));
+    }
 
     #[test]
     fn running_out_of_file_descriptors_is_never_the_nodes_fault() {

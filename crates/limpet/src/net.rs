@@ -255,6 +255,12 @@ pub fn raise_fd_limit() -> Option<u64> {
 /// Out of file descriptors, wherever limpet noticed it (accept, connect, health check).
 pub static LOCAL_FDS: OutOfFds = OutOfFds::new();
 
+/// No local port free for a connection to a node or a check: limpet's own shortage, logged
+/// at most once per interval, never a verdict on the node.
+pub static NO_LOCAL_PORT: RateLimitedLog = RateLimitedLog::new(
+    "no local port free (EADDRNOTAVAIL): widen net.ipv4.ip_local_port_range, or keep node connections alive; the node is not charged",
+);
+
 /// Other accept errors.
 static ACCEPT_ERRORS: RateLimitedLog = RateLimitedLog::new("accept failed");
 
@@ -552,6 +558,8 @@ pub async fn connect_node(addr: SocketAddr, timeout: Duration) -> Result<TcpStre
         Ok(Err(e)) => {
             if crate::error::out_of_fds(&e) {
                 LOCAL_FDS.note(FdsAt::Connect, "connect to a node");
+            } else if crate::error::no_local_port(&e) {
+                NO_LOCAL_PORT.note_with(|| format!("connect to node address {addr}"));
             }
             return Err(UpstreamError::io(Stage::Connect, &e));
         }

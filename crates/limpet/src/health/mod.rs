@@ -584,14 +584,21 @@ async fn run_check(
         tokio::time::sleep_until(next).await;
         let started = Instant::now();
         let detail = probe(&spec.kind, spec.addr, spec.timeout).await;
-        if detail
-            .error
-            .as_deref()
-            .is_some_and(|e| e.starts_with(probe::LOCAL_FAILURE))
-        {
-            // limpet could not even open a socket: no verdict on the node (it must not
-            // flap DOWN because this process ran out of file descriptors).
-            crate::net::LOCAL_FDS.note(crate::net::FdsAt::Check, "health check");
+        let local = detail.error.as_deref().and_then(|e| {
+            if e.starts_with(probe::LOCAL_FAILURE) {
+                Some(true)
+            } else {
+                e.starts_with(probe::NO_LOCAL_PORT).then_some(false)
+            }
+        });
+        if let Some(fds) = local {
+            // limpet could not even open a socket, or had no local port for it: no verdict
+            // on the node (it must not flap DOWN for this process's own shortage).
+            if fds {
+                crate::net::LOCAL_FDS.note(crate::net::FdsAt::Check, "health check");
+            } else {
+                crate::net::NO_LOCAL_PORT.note("health check");
+            }
             next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
             continue;
         }

@@ -52,6 +52,10 @@ struct Failure {
 /// check loop records no verdict on the node for it.
 pub(crate) const LOCAL_FAILURE: &str = "limpet out of file descriptors";
 
+/// How a check's error starts when no local port was free for its connect: no verdict on the
+/// node either.
+pub(crate) const NO_LOCAL_PORT: &str = "limpet out of local ports";
+
 impl Failure {
     fn new(error: String) -> Self {
         Failure {
@@ -65,6 +69,8 @@ async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
     let s = TcpStream::connect(addr).await.map_err(|e| {
         if crate::error::out_of_fds(&e) {
             Failure::new(format!("{LOCAL_FAILURE}: {e}"))
+        } else if crate::error::no_local_port(&e) {
+            Failure::new(format!("{NO_LOCAL_PORT}: {e}"))
         } else {
             Failure::new(format!("connect: {e}"))
         }
