@@ -258,7 +258,7 @@ pub static LOCAL_FDS: OutOfFds = OutOfFds::new();
 /// No local port free for a connection to a node or a check: limpet's own shortage, logged
 /// at most once per interval, never a verdict on the node.
 pub static NO_LOCAL_PORT: RateLimitedLog = RateLimitedLog::new(
-    "no local port free (EADDRNOTAVAIL): widen net.ipv4.ip_local_port_range, or keep node connections alive; the node is not charged",
+    "no local address or port free to connect from (EADDRNOTAVAIL): the ephemeral ports to that address taken (widen net.ipv4.ip_local_port_range, keep node connections alive), or no source address of the node's family on this host; the node is not charged",
 );
 
 /// Other accept errors.
