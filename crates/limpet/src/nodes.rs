@@ -1000,11 +1000,11 @@ mod tests {
         let wait = Duration::from_secs(5);
         rt.set_limits(Some(1), 8);
         let held = rt.admit(wait, 0, false).await.expect("a free slot");
-        let queued = |key: u64| {
+        let queued = |key: u64, trial: bool| {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.admit(wait, key, false).await })
+            tokio::spawn(async move { rt.admit(wait, key, trial).await })
         };
-        let (first, second) = (queued(1), queued(2));
+        let (first, second) = (queued(1, false), queued(2, false));
         tokio::task::yield_now().await;
         // A drain keeps them waiting: a draining node still serves the sessions it holds.
         rt.set_admin(AdminState::Drain {
@@ -1023,7 +1023,7 @@ mod tests {
         }
         assert_eq!(t0.elapsed(), Duration::ZERO, "at once, not at the timeout");
         // Queued while DOWN (a trial): staying DOWN keeps it; MAINT lets it go.
-        let trial = queued(3);
+        let trial = queued(3, true);
         rt.force_health(false);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!trial.is_finished(), "still DOWN: the trial waits");
