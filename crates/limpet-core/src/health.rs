@@ -115,8 +115,16 @@ impl CheckSlot {
 /// What was seen of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Observation {
-    /// An active check (this slot of the node's) passed.
+    /// An active check (this slot of the node's) passed, with an answer of the node's process
+    /// (an HTTP check's).
     CheckPassed(CheckSlot),
+    /// An active check that proves only that the node takes connections passed: a TCP
+    /// connect, a TLS handshake (a hung process's kernel completes the one, a TLS terminator
+    /// or a thread of its own the other). As [`Observation::CheckPassed`] for the check and
+    /// toward `rise`, but it does not clear a failure streak that holds an unanswered
+    /// request: passing every interval, it kept a node that completes handshakes and never
+    /// answers UP under traffic that timed out on it, however much.
+    CheckConnected(CheckSlot),
     /// An active check failed (refused, timed out, wrong status, handshake error).
     CheckFailed(CheckSlot),
     /// Live traffic was served: an HTTP answer arrived.
@@ -405,11 +413,11 @@ impl Health {
 
     /// Whether an [`Observation::TrafficOk`] (or a [`Observation::TrafficConnected`]) would
     /// leave this health exactly as it is, whenever it came: an UP node with no failure
-    /// counted, or one that only checks move.
+    /// counted, or one that only checks move with no request left unanswered.
     /// The data plane reports an answer on every request; this is what lets it skip a report
     /// that changes nothing instead of taking the node's lock for it.
     pub fn traffic_ok_changes_nothing(&self, policy: HealthPolicy) -> bool {
-        self.up && (policy.checked || self.streak == 0)
+        self.up && (self.streak == 0 || (policy.checked && !self.unanswered))
     }
 
     pub fn availability(&self, policy: HealthPolicy, now_ms: u64) -> Availability {
@@ -519,18 +527,22 @@ impl Health {
         now_ms: u64,
     ) -> Option<Transition> {
         let t = match (self.up, obs) {
-            (true, Observation::CheckPassed(slot)) => {
+            (true, Observation::CheckPassed(slot) | Observation::CheckConnected(slot)) => {
                 self.fails[slot.index()] = 0;
                 self.check_passed(slot);
-                if !self.a_check_fails() {
+                let answered = matches!(obs, Observation::CheckPassed(_));
+                if !self.a_check_fails() && (answered || !self.unanswered) {
                     self.streak = 0;
                     self.unanswered = false;
                 }
                 None
             }
-            // With checks, traffic that gets through proves nothing about the process.
+            // With checks, traffic that gets through proves nothing about the process, but
+            // for an answer after a request left unanswered: the process answers, which
+            // disproves the hang the unanswered request suggested (with connect-level checks
+            // nothing else would: their passes leave such a streak standing).
             (true, Observation::TrafficOk) => {
-                if !policy.checked {
+                if !policy.checked || self.unanswered {
                     self.streak = 0;
                     self.unanswered = false;
                 }
@@ -592,7 +604,10 @@ impl Health {
             // A DOWN node is sent only its trial, the youngest request it has: a slow answer
             // now is one sent before it went DOWN, and says nothing of it since.
             (false, Observation::SlowAnswer) => None,
-            (false, Observation::CheckPassed(slot)) => {
+            // A connect-level check counts toward `rise` as any: a node DOWN for requests it
+            // left unanswered and checked only so comes back this way, there being no trial
+            // for a checked node (and goes DOWN again at `fall` more, if it still hangs).
+            (false, Observation::CheckPassed(slot) | Observation::CheckConnected(slot)) => {
                 self.fails[slot.index()] = 0;
                 self.check_passed(slot);
                 if self.a_check_fails() {
@@ -871,7 +886,7 @@ mod tests {
         /// nothing (so skipping the report is the same as making it).
         #[test]
         fn traffic_ok_changes_nothing_when_it_says_so(
-            steps in proptest::collection::vec((0u8..9, 0u64..30_000), 0..40),
+            steps in proptest::collection::vec((0u8..11, 0u64..30_000), 0..40),
             checked in proptest::prelude::any::<bool>(),
             fall in 1u32..4,
             max_slow_answers in 0u32..3,
@@ -882,7 +897,7 @@ mod tests {
             for (obs, dt) in steps {
                 now += dt;
                 let s1 = CheckSlot::new(1);
-                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer]
+                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer, CheckConnected(S0), CheckConnected(s1)]
                     [usize::from(obs)];
                 h.observe(obs, policy, now);
                 if h.traffic_ok_changes_nothing(policy) {
@@ -948,7 +963,7 @@ mod tests {
         /// exactly as the first would have.
         #[test]
         fn a_carried_health_is_the_health_it_was(
-            steps in proptest::collection::vec((0u8..11, 0u64..30_000), 0..40),
+            steps in proptest::collection::vec((0u8..13, 0u64..30_000), 0..40),
             checked in proptest::prelude::any::<bool>(),
             fall in 1u32..4,
             rise in 1u32..4,
@@ -961,10 +976,10 @@ mod tests {
                 now += dt;
                 let s1 = CheckSlot::new(1);
                 match step {
-                    9 => { h.claim_trial(policy, now, 5_000, true); }
-                    10 => { h.force(false); }
+                    11 => { h.claim_trial(policy, now, 5_000, true); }
+                    12 => { h.force(false); }
                     _ => {
-                        let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer]
+                        let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer, CheckConnected(S0), CheckConnected(s1)]
                             [usize::from(step)];
                         h.observe(obs, policy, now);
                     }
@@ -986,7 +1001,7 @@ mod tests {
             retry_at_ms in proptest::option::of(proptest::prelude::any::<u64>()),
             claimed in proptest::prelude::any::<u64>(),
             slow in proptest::prop_oneof![proptest::prelude::Just(u32::MAX), 0u32..300, proptest::prelude::any::<u32>()],
-            steps in proptest::collection::vec(0u8..9, 0..20),
+            steps in proptest::collection::vec(0u8..11, 0..20),
             cause in proptest::option::of(0usize..4),
             checks in proptest::collection::vec((0usize..70, 0u8..=255, proptest::option::of(0u8..=255)), 0..5),
         ) {
@@ -1028,7 +1043,7 @@ mod tests {
             let mut h = h;
             for (i, step) in steps.into_iter().enumerate() {
                 let s1 = CheckSlot::new(1);
-                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer]
+                let obs = [CheckPassed(S0), CheckFailed(S0), TrafficOk, TrafficFailed, CheckPassed(s1), CheckFailed(s1), TrafficConnected, NoAnswer, SlowAnswer, CheckConnected(S0), CheckConnected(s1)]
                     [usize::from(step)];
                 h.observe(obs, policy, 1_000 + i as u64);
                 // The counts read back without overflowing.
@@ -1042,7 +1057,7 @@ mod tests {
         /// passes bring it UP (or leave it UP): no history keeps a healthy node DOWN.
         #[test]
         fn rise_rounds_of_passes_always_bring_a_checked_node_up(
-            steps in proptest::collection::vec(0u8..10, 0..60),
+            steps in proptest::collection::vec(0u8..12, 0..60),
             fall in 1u32..5,
             rise in 1u32..5,
             max_slow_answers in 0u32..3,
@@ -1057,6 +1072,8 @@ mod tests {
                     6 => { h.observe(TrafficFailed, policy, 0); }
                     7 => { h.force(false); }
                     8 => { h.observe(SlowAnswer, policy, 0); }
+                    10 => { h.observe(NoAnswer, policy, 0); }
+                    11 => { h.observe(CheckConnected(slots[0]), policy, 0); }
                     _ => { h.force(true); }
                 }
             }
@@ -1292,6 +1309,48 @@ mod tests {
         assert!(h.claim_trial(long, 61_000, 5_000, false));
         h.policy_changed(long, short);
         assert_eq!(h.retry_at_ms(short), Some(66_000), "the claim holds");
+    }
+
+    /// With checks that only connect (TCP, a TLS handshake), a node that completes them and
+    /// never answers: their passes do not clear a streak that holds an unanswered request,
+    /// so it goes DOWN on its `fall`-th unanswered request whatever passed between (before,
+    /// every pass cleared it: under traffic slower than one unanswered request per check
+    /// interval it never went DOWN). An HTTP check's pass, or an answer, clears it; and the
+    /// connect-level passes count toward `rise` once it is DOWN.
+    #[test]
+    fn connect_level_check_passes_do_not_hide_unanswered_requests() {
+        let p = checked();
+        let mut h = Health::default();
+        for _ in 0..2 {
+            assert_eq!(h.observe(NoAnswer, p, 0), None);
+            for _ in 0..5 {
+                assert_eq!(h.observe(CheckConnected(S0), p, 0), None);
+            }
+        }
+        assert_eq!(h.observe(NoAnswer, p, 0), Some(Transition::WentDown));
+        assert_eq!(h.observe(CheckConnected(S0), p, 0), None);
+        assert_eq!(
+            h.observe(CheckConnected(S0), p, 0),
+            Some(Transition::WentUp),
+            "back at rise"
+        );
+        for clears in [CheckPassed(S0), TrafficOk] {
+            let mut h = Health::default();
+            h.observe(NoAnswer, p, 0);
+            h.observe(NoAnswer, p, 0);
+            assert_eq!(h.observe(clears, p, 0), None);
+            assert_eq!(
+                h.observe(NoAnswer, p, 0),
+                None,
+                "{clears:?} cleared the streak"
+            );
+        }
+        // A streak of refused connects alone is cleared by a connect-level pass, as before.
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        h.observe(TrafficFailed, p, 0);
+        h.observe(CheckConnected(S0), p, 0);
+        assert_eq!(h.observe(TrafficFailed, p, 0), None);
     }
 
     /// Without checks, a hung node behind an HTTP and a TCP listener: the TCP connects

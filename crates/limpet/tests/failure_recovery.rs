@@ -3091,6 +3091,92 @@ impl ClosingConn {
     }
 }
 
+/// A TLS node that completes every handshake and never answers (a TLS terminator in front
+/// of a hung process), checked by a `tls` check that passes at each interval: two GETs that
+/// time out on it take it DOWN (`fall = 2`), the checks' passes between them notwithstanding,
+/// and each GET is answered by the other node. Before, every pass cleared the count of
+/// unanswered requests: under traffic slower than `fall` timeouts per check interval it
+/// stayed UP, each request to it waiting out its answer timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
+    let (_, cfg_a) = tls_identity("127.0.0.2");
+    let (_, cfg_b) = tls_identity("127.0.0.3");
+    let (hung, b) = loop {
+        let hung = TcpListener::bind("127.0.0.2:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind a: {e}"));
+        let port = hung.local_addr().map(|a| a.port()).unwrap_or(0);
+        if let Ok(b) = ClosingNode::start_tls_at(
+            "127.0.0.3",
+            port,
+            Duration::from_secs(60),
+            Arc::clone(&cfg_b),
+        )
+        .await
+        {
+            break (hung, b);
+        }
+    };
+    let port = b.addr.port();
+    // a: the handshake, then the request read and never answered.
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg_a);
+    let a = tokio::spawn(async move {
+        let mut conns = JoinSet::new();
+        while let Ok((s, _)) = hung.accept().await {
+            let acceptor = acceptor.clone();
+            conns.spawn(async move {
+                if let Ok(mut t) = acceptor.accept(s).await {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(1..) = t.read(&mut buf).await {}
+                }
+            });
+        }
+    });
+    let cfg = ConfigFile::new(
+        "tls-check-hung",
+        &format!(
+            "{}[health]\nfall = 2\nrise = 2\ninterval = \"100ms\"\ntimeout = \"500ms\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             upstream_tls = {{ verify = \"none\" }}\n\
+             timeouts = {{ upstream_answer = \"1s\" }}\n\
+             check = {{ kind = \"tls\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&AB)
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let since = Instant::now();
+    let up = await_state(&l, "a", "UP", since, since + PATIENCE).await;
+    assert!(up.is_ok(), "a passes its TLS checks: {up:?}");
+    for i in 0..2 {
+        let mut h1 = H1::open(l.addr("web")).await;
+        let answer = h1
+            .get(Some("route=a"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (answer.status, answer.node.as_str()),
+            (200, "127.0.0.3"),
+            "GET {i}: replayed on b at the answer timeout"
+        );
+    }
+    let down = await_state(
+        &l,
+        "a",
+        "DOWN",
+        since,
+        Instant::now() + Duration::from_secs(2),
+    )
+    .await;
+    assert!(
+        down.is_ok(),
+        "two unanswered GETs take a DOWN whatever its TLS checks said: {down:?}"
+    );
+    l.stop().await;
+    a.abort();
+    b.task.abort();
+}
+
 /// Writes `req` on `s` and reads what comes back until the peer closes or resets the
 /// connection, at most [`PATIENCE`]: what came, as text (an answer cut by a reset keeps the
 /// bytes before it).

@@ -33,11 +33,15 @@ impl HealthSink for RuntimeSink {
         node: &str,
         check: CheckSlot,
         ok: bool,
-        _detail: &CheckDetail,
+        detail: &CheckDetail,
     ) -> Option<limpet_core::Transition> {
-        // State::observe counts and logs the transition (as for passive failures).
-        let obs = if ok {
+        // State::observe counts and logs the transition (as for passive failures). A pass
+        // with an answer (an HTTP check's status) proves the node's process answers; a TCP
+        // connect or a TLS handshake only that it takes connections.
+        let obs = if ok && detail.status.is_some() {
             Observation::CheckPassed(check)
+        } else if ok {
+            Observation::CheckConnected(check)
         } else {
             Observation::CheckFailed(check)
         };
