@@ -565,18 +565,20 @@ fn proxy<'a, 'b>(
             );
         }
 
-        if req
-            .extensions()
-            .get::<hyper::upgrade::OnUpgrade>()
-            .is_some()
-        {
+        // hyper prepares an upgrade for every HTTP/1.1 request with `Upgrade`, and every
+        // HTTP/1 CONNECT (told here by the head, cheaper than its extension map).
+        let upgrade_offered =
+            req.version() == Version::HTTP_11 && req.headers().contains_key(header::UPGRADE);
+        if upgrade_offered || (req.method() == Method::CONNECT && req.version() < Version::HTTP_2) {
             ctx.hints.set_upgrade_held();
         }
-        let upgrade = is_upgrade_request(&req);
-        let websocket = req
-            .headers()
-            .get(header::UPGRADE)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        let upgrade = upgrade_offered && is_upgrade_request(&req);
+        // Read for a tunnel only (what its close says): no lookup for a plain request.
+        let websocket = upgrade
+            && req
+                .headers()
+                .get(header::UPGRADE)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let client_version = req.version();
         // One clock reading for what the request presents, its first route and its sighting.
