@@ -186,7 +186,9 @@ table = "by-id"
         "header = \"X-Terminal-Id\"\nexpire = \"8h\"\nsize = 100000\n".to_owned(),
         "node_port = \"same\"\nbalance = \"leastconn\"\ntable = \"terminal\"\n".to_owned(),
         "trusted_proxies = [\"10.0.0.0/8\"]\nmax_connections = 2048\nh2_max_concurrent_streams = 100\n".to_owned(),
-        "check = { kind = \"http\", port = 8081, path = \"/health\", method = \"GET\", expect = \"200\" }\n".to_owned(),
+        // Plain, though the listener has upstream_tls: `node_port = "same"`, so the check
+        // goes to a port of its own (HAProxy's check `port` without `check-ssl`).
+        "check = { kind = \"http\", port = 8081, path = \"/health\", method = \"GET\", expect = \"200\", tls = false }\n".to_owned(),
         format!("cert = \"{}\"\nkey = \"{}\"\n", abs.join("site.pem").display(), abs.join("site.key").display()),
         "names = [\"other.example\"]\n".to_owned(),
         "server_name = \"nodes.internal\"\n".to_owned(),

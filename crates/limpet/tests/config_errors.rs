@@ -733,6 +733,109 @@ fn check_errors_name_the_offending_value_and_the_listener_index() {
     }
 }
 
+/// A check's `tls` (whether an `http` check runs over TLS) is refused where it cannot mean
+/// what it says, at the line of its value with the listener's index: on a `tcp` or `tls`
+/// check; `true` on a listener with no upstream TLS settings to verify with (unless
+/// `verify = "none"`); not a boolean. `verify` and `server_name` on an `http` check that
+/// runs plain are refused too: they would be ignored without a word. HAProxy's `check-ssl`
+/// in a check gets the key. What is accepted: `tls = true` with `verify = "none"`, and over
+/// the listener's `upstream_tls`.
+#[test]
+fn a_check_s_tls_errors_name_the_value_and_the_listener_index() {
+    let upstream = "upstream_tls = { verify = \"none\" }\n";
+    for (check, bad, key, says) in [
+        (
+            "check = { kind = \"tcp\", tls = true }\n",
+            "tls = true",
+            "tls",
+            "`tls` says whether an http check runs over TLS; a tcp check only opens the connection",
+        ),
+        (
+            "[listeners.check]\nkind = \"tls\"\nverify = \"none\"\ntls = false\n",
+            "tls = false",
+            "tls",
+            "a tls check is a TLS handshake",
+        ),
+        (
+            "check = { kind = \"http\", path = \"/health\", tls = true }\n",
+            "tls = true",
+            "tls",
+            "an http check over TLS verifies as the listener's upstream_tls does: configure upstream_tls, or set verify = \"none\"",
+        ),
+        (
+            "[listeners.check]\nkind = \"http\"\ntls = \"yes\"\n",
+            "tls = \"yes\"",
+            "tls",
+            "invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            "check = { kind = \"http\", tls = true, verify = \"yes\" }\n",
+            "verify = \"yes\"",
+            "verify",
+            "only \"none\"",
+        ),
+        (
+            "check = { kind = \"http\", verify = \"none\" }\n",
+            "verify = \"none\"",
+            "verify",
+            "this http check runs plain (the listener has no upstream_tls): `verify` is for a check over TLS; set `tls = true` for one",
+        ),
+        (
+            "[listeners.check]\nkind = \"http\"\ntls = false\nserver_name = \"n.example\"\n",
+            "server_name = \"n.example\"",
+            "server_name",
+            "this http check runs plain (`tls = false`)",
+        ),
+        (
+            "check = { kind = \"http\", tls = true, verify = \"none\", server_name = \"a b\" }\n",
+            "server_name = \"a b\"",
+            "server_name",
+            "is not a server name",
+        ),
+        (
+            "check = { kind = \"http\", check-ssl = true }\n",
+            "check-ssl = true",
+            "check-ssl",
+            "did you mean `tls`? (HAProxy's `check-ssl`)",
+        ),
+    ] {
+        let text = format!("{NODES}{TWO_LISTENERS}{check}");
+        let e = error(&text);
+        // An unknown key is pointed at by its name, in the table that refused it.
+        let at = if key == "check-ssl" {
+            format!("{}listeners[1].check: unknown field `check-ssl`", at(&text, bad))
+        } else {
+            format!("{}listeners[1].check.{key}: ", at_value(&text, bad))
+        };
+        assert!(e.starts_with(&at), "{check:?}: {e}");
+        assert!(e.contains(says), "{check:?}: {e}");
+    }
+    // The listener's upstream_tls at a check port: plain by default, so `server_name` there
+    // says so; `tls = true` makes it a check over TLS, accepted.
+    let text = format!(
+        "{NODES}{TWO_LISTENERS}{upstream}check = {{ kind = \"http\", port = 8443, server_name = \"n.example\" }}\n"
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[1].check.server_name: this http check runs plain (it probes a check port, not the node port TLS is on)",
+            at_value(&text, "server_name = \"n.example\"")
+        )),
+        "{e}"
+    );
+    for good in [
+        format!("{upstream}check = {{ kind = \"http\", port = 8443, server_name = \"n.example\", tls = true }}\n"),
+        format!("{upstream}check = {{ kind = \"http\", server_name = \"n.example\" }}\n"),
+        "check = { kind = \"http\", tls = true, verify = \"none\" }\n".to_owned(),
+        "check = { kind = \"http\", tls = false }\n".to_owned(),
+    ] {
+        let text = format!("{NODES}{TWO_LISTENERS}{good}");
+        if let Err(e) = Config::from_text(Path::new("limpet.toml"), &text) {
+            panic!("a good check is refused: {e}\n{text}");
+        }
+    }
+}
+
 /// Two listeners on one address: the second's `bind` value, by index.
 #[test]
 fn a_bind_taken_by_another_listener_names_its_line_and_index() {

@@ -238,6 +238,7 @@ async fn http_check_accepts_only_the_expected_status_range() {
             path: "/healthz?deep=1".into(),
             host: Some("svc.example".into()),
             expect: "200-204".parse().unwrap_or_else(|e: String| panic!("{e}")),
+            tls: None,
         }),
         addr,
     );

@@ -95,6 +95,20 @@ static ALIASES: &[Alias] = &[
         note: CHECK_NOTE,
     },
     Alias {
+        names: &[(H, "check-ssl"), (H, "ssl"), (H, "no-check-ssl")],
+        within: &["listeners.check"],
+        key: "tls",
+        place: "a listener's `check`",
+        note: "`tls = true` or `false`; unset, an `http` check runs over TLS at the node port of a listener with `upstream_tls`",
+    },
+    Alias {
+        names: &[(H, "check-ssl"), (H, "no-check-ssl")],
+        within: &[],
+        key: "tls",
+        place: "a listener's `check`",
+        note: "`check = { kind = \"http\", tls = true }`; unset, an `http` check runs over TLS at the node port of a listener with `upstream_tls`",
+    },
+    Alias {
         names: &[(H, "port"), (H, "check port")],
         within: &["nodes"],
         key: "check_port",
@@ -584,6 +598,19 @@ mod tests {
             )
             .as_deref(),
             Some("did you mean `upstream_idle`? (HAProxy's `pool-purge-delay`)")
+        );
+        assert_eq!(
+            hint("check-ssl", "listeners.check", &["kind", "tls"]).as_deref(),
+            Some(
+                "did you mean `tls`? (HAProxy's `check-ssl`); `tls = true` or `false`; unset, \
+                 an `http` check runs over TLS at the node port of a listener with \
+                 `upstream_tls`"
+            )
+        );
+        assert!(
+            hint("check-ssl", "listeners", &["name", "check"]).is_some_and(
+                |h| h.starts_with("HAProxy's `check-ssl` is `tls` in a listener's `check`")
+            )
         );
         assert!(hint("server", "listeners", &["name"]).is_none());
         assert!(hint("zzz", "", &["nodes"]).is_none());

@@ -80,6 +80,9 @@ pub(crate) struct RawCheck {
     pub(crate) expect: Option<Spanned<String>>,
     pub(crate) verify: Option<Spanned<String>>,
     pub(crate) server_name: Option<Spanned<String>>,
+    /// An `http` check over TLS or plain (HAProxy's `check-ssl` / `no-check-ssl`); unset:
+    /// over TLS exactly where the listener's own connections to the node are.
+    pub(crate) tls: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]

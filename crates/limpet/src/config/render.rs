@@ -17,7 +17,7 @@ use limpet_core::{Balance, SameSite};
 
 use super::listener::{CookieMode, Failback};
 use super::raw::{RawCheck, RawConfig, RawListener};
-use super::validate::check_timing;
+use super::validate::{check_port_of, check_timing, http_check_tls_default};
 use super::{Config, ListenerDef, Mode};
 
 /// What `limpet check` prints in place of a secret (admin token, cookie keys).
@@ -203,13 +203,25 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
             None => w!(o, "# no snapshot: the table starts empty on every start"),
         }
     }
+    let check_ports: Vec<Option<u16>> = raw
+        .nodes
+        .iter()
+        .map(|n| n.check_port.as_ref().map(|p| *p.get_ref()))
+        .collect();
     for (l, r) in cfg.listeners.iter().zip(&raw.listeners) {
-        listener(&mut o, l, r, dir);
+        listener(&mut o, l, r, dir, &check_ports);
     }
     o
 }
 
-fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
+/// One listener; `check_ports` are the nodes' `check_port`s, in order.
+fn listener(
+    o: &mut String,
+    l: &ListenerDef,
+    r: &RawListener,
+    dir: &Path,
+    check_ports: &[Option<u16>],
+) {
     let http = l.mode == Mode::Http;
     w!(o);
     w!(o, "[[listeners]]");
@@ -242,7 +254,7 @@ fn listener(o: &mut String, l: &ListenerDef, r: &RawListener, dir: &Path) {
         );
     }
     if let Some(c) = &r.check {
-        check(o, c, l);
+        check(o, c, l, check_ports);
     }
     if http {
         cookie(o, l);
@@ -322,11 +334,13 @@ fn text(v: &Option<toml::Spanned<String>>) -> Option<&str> {
     v.as_ref().map(|v| v.get_ref().as_str())
 }
 
-/// A listener's check, on one line (an inline table), its defaults filled in.
-fn check(o: &mut String, c: &RawCheck, l: &ListenerDef) {
+/// A listener's check, on one line (an inline table), its defaults filled in; what differs
+/// per node (the port, whether an `http` check runs over TLS) as a comment after it.
+fn check(o: &mut String, c: &RawCheck, l: &ListenerDef, check_ports: &[Option<u16>]) {
     let kind = c.kind.get_ref();
     let port = c.port.as_ref().map(|p| *p.get_ref());
     let mut parts = vec![format!("kind = {}", q(kind))];
+    let mut per_node = Vec::new();
     if let Some(p) = port {
         parts.push(format!("port = {p}"));
     }
@@ -340,6 +354,21 @@ fn check(o: &mut String, c: &RawCheck, l: &ListenerDef) {
             .and_then(|e| e.parse::<crate::health::StatusRange>().ok())
             .unwrap_or_default();
         parts.push(format!("expect = {}", q(&expect.to_string())));
+        // Unset, over TLS or not by the port each node's check probes (validation's rule).
+        // Written out where it is a choice: set, or on a listener with TLS to its nodes
+        // (elsewhere always plain, and the line kept short enough for a reload's report).
+        let over_tls = c.tls.as_ref().map(|t| *t.get_ref());
+        let mut defaults = check_ports
+            .iter()
+            .filter_map(|&p| check_port_of(p, port, l))
+            .map(|p| http_check_tls_default(l, p));
+        let first = defaults.next().unwrap_or(false);
+        match over_tls {
+            Some(t) => parts.push(format!("tls = {t}")),
+            None if l.upstream_tls.is_none() => {}
+            None if defaults.all(|d| d == first) => parts.push(format!("tls = {first}")),
+            None => per_node.push("tls: over TLS at the node port, plain at another".to_owned()),
+        }
     }
     if let Some(v) = text(&c.verify) {
         parts.push(format!("verify = {}", q(v)));
@@ -347,12 +376,20 @@ fn check(o: &mut String, c: &RawCheck, l: &ListenerDef) {
     if let Some(n) = text(&c.server_name) {
         parts.push(format!("server_name = {}", q(n)));
     }
-    let port = match (port, l.upstreams.is_same_port()) {
-        (Some(_), _) => String::new(),
-        (None, false) => format!("  # port: a node's check_port, else {}", l.node_port),
-        (None, true) => "  # port: each node's check_port".to_owned(),
+    match (port, l.upstreams.is_same_port()) {
+        (Some(_), _) => {}
+        (None, false) => per_node.insert(
+            0,
+            format!("port: a node's check_port, else {}", l.node_port),
+        ),
+        (None, true) => per_node.insert(0, "port: each node's check_port".to_owned()),
+    }
+    let comment = if per_node.is_empty() {
+        String::new()
+    } else {
+        format!("  # {}", per_node.join("; "))
     };
-    w!(o, "check = {{ {} }}{port}", parts.join(", "));
+    w!(o, "check = {{ {} }}{comment}", parts.join(", "));
 }
 
 fn cookie(o: &mut String, l: &ListenerDef) {

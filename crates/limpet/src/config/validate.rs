@@ -51,6 +51,27 @@ pub(super) fn check_timing(h: Option<&RawHealth>) -> (Duration, Duration, Durati
     (interval, timeout, jitter)
 }
 
+/// The port a listener's check probes on a node: the node's `check_port`, else the check's
+/// `port`, else the listener's node port (none with `node_port = "same"`).
+pub(super) fn check_port_of(
+    node_check_port: Option<u16>,
+    check_port: Option<u16>,
+    l: &ListenerDef,
+) -> Option<u16> {
+    node_check_port
+        .or(check_port)
+        .or((!l.upstreams.is_same_port()).then_some(l.node_port))
+}
+
+/// Whether an `http` check that does not say (`tls` unset) runs over TLS at `port`: exactly
+/// when the listener reaches its nodes over TLS and `port` is the node port, where that TLS
+/// is. HAProxy's `server ... ssl check` likewise checks over TLS unless a check `port` is set
+/// (then plain unless `check-ssl`); a check port here that is the node port by number is the
+/// node port, since plain HTTP there can never pass.
+pub(super) fn http_check_tls_default(l: &ListenerDef, port: u16) -> bool {
+    l.upstream_tls.is_some() && !l.upstreams.is_same_port() && port == l.node_port
+}
+
 /// A cookie `Path` attribute: RFC 6265's path-value (any CHAR but CTLs and `;`), starting
 /// with `/` (anything else a browser replaces with the request's own directory), and without
 /// a space (which cannot be told from the white space around an attribute).
@@ -1116,6 +1137,57 @@ impl Validator<'_> {
                     "port 0 cannot be connected to".into(),
                 ));
             }
+            // The TLS a check runs over (a `tls` check's handshake, an `http` check's
+            // connection): the listener's own upstream TLS, the very client config its
+            // connections to the nodes use (so the same CA or `verify = "none"`, and ALPN),
+            // unless the check says `verify = "none"`; the name is set per node below. With
+            // no upstream TLS to take and no `verify = "none"`, nothing says what to trust:
+            // refused, pointing at `needs`. The name here stands for every node's until then.
+            let check_tls = |needs: (std::ops::Range<usize>, &str),
+                             what: &str|
+             -> Result<TlsCheck, ConfigError> {
+                let verify = c.verify.as_ref();
+                let verify_at = verify.map_or(c.kind.span(), Spanned::span);
+                let (config, trust) = match (verify.map(|v| v.get_ref().as_str()), &l.upstream_tls) {
+                    (Some("none"), _) => (
+                        crate::health::insecure_tls_config()
+                            .map_err(|e| bad(verify_at.clone(), "verify", e.to_string()))?,
+                        "none".to_owned(),
+                    ),
+                    (Some(other), _) => {
+                        return Err(bad(verify_at, "verify", format!("{other:?}: only \"none\" is accepted here (omit it to verify as upstream_tls does)")))
+                    }
+                    (None, Some(u)) => (Arc::clone(&u.config), u.trust.clone()),
+                    (None, None) => {
+                        return Err(bad(
+                            needs.0,
+                            needs.1,
+                            format!("{what} verifies as the listener's upstream_tls does: configure upstream_tls, or set verify = \"none\""),
+                        ))
+                    }
+                };
+                let server_name = match &c.server_name {
+                    Some(n) => rustls_pki_types::ServerName::try_from(n.get_ref().clone())
+                        .map_err(|_| {
+                            bad(
+                                n.span(),
+                                "server_name",
+                                format!("{:?} is not a server name", n.get_ref()),
+                            )
+                        })?,
+                    None => rustls_pki_types::ServerName::IpAddress(
+                        nodes
+                            .first()
+                            .map_or(IpAddr::from([127, 0, 0, 1]), |n| n.addr)
+                            .into(),
+                    ),
+                };
+                Ok(TlsCheck {
+                    server_name,
+                    config,
+                    trust,
+                })
+            };
             let kind = match c.kind.get_ref().as_str() {
                 "tcp" => CheckKind::Tcp,
                 "http" => {
@@ -1154,60 +1226,10 @@ impl Validator<'_> {
                             .parse()
                             .map_err(|m: String| bad(e.span(), "expect", m))?;
                     }
+                    // Over TLS or plain is decided per node, by the port it probes (below).
                     CheckKind::Http(h)
                 }
-                "tls" => {
-                    let verify = c.verify.as_ref();
-                    let verify_at = verify.map_or(c.kind.span(), Spanned::span);
-                    let (config, trust) = match (
-                        verify.map(|v| v.get_ref().as_str()),
-                        &l.upstream_tls,
-                    ) {
-                        (Some("none"), _) => (
-                            crate::health::insecure_tls_config()
-                                .map_err(|e| bad(verify_at.clone(), "verify", e.to_string()))?,
-                            "none".to_owned(),
-                        ),
-                        (Some(other), _) => {
-                            return Err(bad(verify_at, "verify", format!("{other:?}: only \"none\" is accepted here (omit it to verify as upstream_tls does)")))
-                        }
-                        (None, Some(u)) => (Arc::clone(&u.config), u.trust.clone()),
-                        (None, None) => {
-                            return Err(bad(
-                                c.kind.span(),
-                                "kind",
-                                "a tls check verifies as the listener's upstream_tls does: configure upstream_tls, or set verify = \"none\"".into(),
-                            ))
-                        }
-                    };
-                    let name = c
-                        .server_name
-                        .as_ref()
-                        .map(|n| n.get_ref().clone())
-                        .or_else(|| l.upstream_tls.as_ref().and_then(|u| u.server_name.clone()));
-                    let name_at = c.server_name.as_ref().map_or(c.kind.span(), Spanned::span);
-                    CheckKind::Tls(TlsCheck {
-                        server_name: match name {
-                            Some(n) => {
-                                rustls_pki_types::ServerName::try_from(n.clone()).map_err(|_| {
-                                    bad(
-                                        name_at,
-                                        "server_name",
-                                        format!("{n:?} is not a server name"),
-                                    )
-                                })?
-                            }
-                            None => rustls_pki_types::ServerName::IpAddress(
-                                nodes
-                                    .first()
-                                    .map_or(IpAddr::from([127, 0, 0, 1]), |n| n.addr)
-                                    .into(),
-                            ),
-                        },
-                        config,
-                        trust,
-                    })
-                }
+                "tls" => CheckKind::Tls(check_tls((c.kind.span(), "kind"), "a tls check")?),
                 other => {
                     let hint = closest(other, ["tcp", "http", "tls"].into_iter())
                         .map_or(String::new(), |s| format!(" (did you mean {s:?}?)"));
@@ -1220,29 +1242,92 @@ impl Validator<'_> {
                     ));
                 }
             };
+            let http = matches!(kind, CheckKind::Http(_));
+            if let Some(t) = c.tls.as_ref().filter(|_| !http) {
+                let is = match kind {
+                    CheckKind::Tls(_) => "a tls check is a TLS handshake",
+                    _ => "a tcp check only opens the connection",
+                };
+                return Err(bad(
+                    t.span(),
+                    "tls",
+                    format!("`tls` says whether an http check runs over TLS; {is}"),
+                ));
+            }
             let check_port = c.port.as_ref().map(|p| *p.get_ref());
+            let mut ports = Vec::with_capacity(nodes.len());
             for (ni, n) in nodes.iter().enumerate() {
-                let port = raw
+                let node_check_port = raw
                     .nodes
                     .get(ni)
-                    .and_then(|r| r.check_port.as_ref().map(|p| *p.get_ref()))
-                    .or(check_port)
-                    .or((!l.upstreams.is_same_port()).then_some(l.node_port));
-                let Some(port) = port else {
+                    .and_then(|r| r.check_port.as_ref().map(|p| *p.get_ref()));
+                let Some(port) = check_port_of(node_check_port, check_port, l) else {
                     return Err(bad(
                         c.kind.span(),
                         "port",
                         format!("node_port = \"same\" forwards to whichever port the client used, so the check of node {:?} needs a port: give `port` here or `check_port` on the node", n.name),
                     ));
                 };
+                ports.push(port);
+            }
+            // Per node: whether its http check runs over TLS, as the check says or else by
+            // the port it probes.
+            let over_tls: Vec<bool> = ports
+                .iter()
+                .map(|&port| {
+                    http && c
+                        .tls
+                        .as_ref()
+                        .map_or_else(|| http_check_tls_default(l, port), |t| *t.get_ref())
+                })
+                .collect();
+            let http_tls = if over_tls.contains(&true) {
+                let needs = c
+                    .tls
+                    .as_ref()
+                    .map_or((c.kind.span(), "kind"), |t| (t.span(), "tls"));
+                Some(check_tls(needs, "an http check over TLS")?)
+            } else {
+                if http {
+                    // They say how a check over TLS verifies: on a plain one they would be
+                    // ignored without a word, and the operator most likely meant TLS.
+                    let why = match &c.tls {
+                        Some(_) => "`tls = false`",
+                        None if l.upstream_tls.is_none() => "the listener has no upstream_tls",
+                        None => "it probes a check port, not the node port TLS is on",
+                    };
+                    for (field, v) in [("verify", &c.verify), ("server_name", &c.server_name)] {
+                        if let Some(v) = v {
+                            return Err(bad(
+                                v.span(),
+                                field,
+                                format!("this http check runs plain ({why}): `{field}` is for a check over TLS; set `tls = true` for one"),
+                            ));
+                        }
+                    }
+                }
+                None
+            };
+            for ((n, port), over_tls) in nodes.iter().zip(ports).zip(over_tls) {
                 let mut kind = kind.clone();
-                if let CheckKind::Tls(t) = &mut kind {
-                    if c.server_name.is_none()
-                        && l.upstream_tls
-                            .as_ref()
-                            .is_none_or(|u| u.server_name.is_none())
-                    {
-                        t.server_name = rustls_pki_types::ServerName::IpAddress(n.addr.into());
+                let tls = match &mut kind {
+                    CheckKind::Tls(t) => Some(t),
+                    CheckKind::Http(h) if over_tls => {
+                        h.tls.clone_from(&http_tls);
+                        h.tls.as_mut()
+                    }
+                    _ => None,
+                };
+                if let Some(t) = tls {
+                    if c.server_name.is_none() {
+                        // The name the listener's own connections to this node send and
+                        // verify: its `server_name`, else the node's address.
+                        t.server_name = tls::upstream_name(
+                            l.upstream_tls
+                                .as_ref()
+                                .and_then(|u| u.server_name.as_deref()),
+                            n.addr,
+                        );
                     }
                 }
                 let mut spec = CheckSpec::new(kind, SocketAddr::new(n.addr, port));

@@ -21,10 +21,11 @@
 //! with a port that keeps failing while another answers. A check a reload stops frees its
 //! slot and is forgotten by the node's health ([`HealthSink::forget`]).
 //!
-//! Kinds ([`CheckKind`]): a TCP connect; an HTTP/1.1 request with an expected status range; a
-//! TLS handshake. Defaults are HAProxy's: `inter 2s`, `fall 3`, `rise 2`; the timeout defaults
-//! to the interval (HAProxy's `timeout check` falls back to `inter` the same way), the jitter
-//! to a tenth of the interval.
+//! Kinds ([`CheckKind`]): a TCP connect; an HTTP/1.1 request with an expected status range,
+//! over TLS where the node is reached over TLS (the listener's own client config, so the
+//! check sees what the proxy's connections see); a TLS handshake. Defaults are HAProxy's:
+//! `inter 2s`, `fall 3`, `rise 2`; the timeout defaults to the interval (HAProxy's `timeout
+//! check` falls back to `inter` the same way), the jitter to a tenth of the interval.
 //!
 //! The [`HealthBoard`] keeps, per check, the last result, its error, its duration and the
 //! consecutive counts, for the admin API.
@@ -108,6 +109,10 @@ pub struct HttpCheck {
     /// The `Host` header; the check address when unset.
     pub host: Option<String>,
     pub expect: StatusRange,
+    /// The TLS the request goes over (`None`: plain). A node its listener reaches over TLS
+    /// answers only through TLS on that port: plain HTTP there fails every check, and a TLS
+    /// handshake alone does not show that the node answers requests.
+    pub tls: Option<TlsCheck>,
 }
 
 impl Default for HttpCheck {
@@ -117,11 +122,13 @@ impl Default for HttpCheck {
             path: "/".into(),
             host: None,
             expect: StatusRange::default(),
+            tls: None,
         }
     }
 }
 
-/// A TLS check: the handshake must complete (certificate verified as `config` says).
+/// A TLS check: the handshake must complete (certificate verified as `config` says). Also
+/// the TLS an [`HttpCheck`] goes over.
 #[derive(Clone)]
 pub struct TlsCheck {
     pub server_name: rustls_pki_types::ServerName<'static>,
@@ -146,7 +153,8 @@ impl fmt::Debug for TlsCheck {
 pub enum CheckKind {
     /// The TCP connection opens.
     Tcp,
-    /// An HTTP/1.1 request answers with a status in the expected range.
+    /// An HTTP/1.1 request (over TLS when [`HttpCheck::tls`] says) answers with a status in
+    /// the expected range.
     Http(HttpCheck),
     /// A TLS handshake completes.
     Tls(TlsCheck),
@@ -208,9 +216,10 @@ impl CheckSpec {
     }
 
     /// A short label naming the check, e.g. `tcp 127.0.0.1:9100`, `http 127.0.0.1:8081 GET
-    /// /health` (with ` host H` and ` expect R` when set), `tls 127.0.0.1:8443 name n.example`.
-    /// It is the check's identity on its node: two listeners asking for the same check share
-    /// one, and checks that differ in what they ask (two paths on one port) both run.
+    /// /health` (with ` host H` and ` expect R` when set, and ` over tls name N` when it runs
+    /// over TLS), `tls 127.0.0.1:8443 name n.example`. It is the check's identity on its
+    /// node: two listeners asking for the same check share one, and checks that differ in
+    /// what they ask (two paths on one port, or one port plain and over TLS) both run.
     pub fn label(&self) -> String {
         let (kind, addr) = (self.kind.as_str(), self.addr);
         match &self.kind {
@@ -222,6 +231,9 @@ impl CheckSpec {
                 }
                 if h.expect != StatusRange::default() {
                     l.push_str(&format!(" expect {}", h.expect));
+                }
+                if let Some(t) = &h.tls {
+                    l.push_str(&format!(" over tls name {}", t.server_name.to_str()));
                 }
                 l
             }

@@ -8,8 +8,10 @@ use std::time::Duration;
 use http_body_util::Empty;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::client::TlsStream;
 
 use super::{CheckDetail, CheckKind, HttpCheck, TlsCheck};
 
@@ -85,6 +87,17 @@ async fn tcp(addr: SocketAddr) -> Result<(), Failure> {
 
 async fn http(addr: SocketAddr, check: &HttpCheck) -> Result<u16, Failure> {
     let stream = connect(addr).await?;
+    match &check.tls {
+        Some(tls) => request(handshake(stream, tls).await?, addr, check).await,
+        None => request(stream, addr, check).await,
+    }
+}
+
+/// The check's one request over `stream` (plain or TLS), and its answer's status.
+async fn request<S>(stream: S, addr: SocketAddr, check: &HttpCheck) -> Result<u16, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| Failure::new(format!("http: {e}")))?;
@@ -114,12 +127,15 @@ async fn http(addr: SocketAddr, check: &HttpCheck) -> Result<u16, Failure> {
 }
 
 async fn tls(addr: SocketAddr, check: &TlsCheck) -> Result<(), Failure> {
-    let stream = connect(addr).await?;
+    handshake(connect(addr).await?, check).await.map(drop)
+}
+
+/// A TLS handshake over `stream`, verified as `check` says.
+async fn handshake(stream: TcpStream, check: &TlsCheck) -> Result<TlsStream<TcpStream>, Failure> {
     let connector = tokio_rustls::TlsConnector::from(Arc::clone(&check.config));
     connector
         .connect(check.server_name.clone(), stream)
         .await
-        .map(drop)
         .map_err(|e| Failure::new(format!("tls: {e}")))
 }
 
