@@ -457,8 +457,18 @@ async fn tcp_get(s: &mut TcpStream) -> Result<String, String> {
 
 /// [`tcp_get`] with more header lines (`fields`, each ending in CRLF).
 async fn tcp_get_with(s: &mut TcpStream, fields: &str) -> Result<String, String> {
+    let head = tcp_request(s, "GET / HTTP/1.1", fields).await?;
+    head.lines()
+        .find_map(|l| l.strip_prefix(&format!("{}:", limpet::backend::NODE_HEADER)))
+        .map(|v| v.trim().to_owned())
+        .ok_or_else(|| format!("no node header: {head}"))
+}
+
+/// One request (`line`, `Host`, then `fields`) over `s`, its answer read exactly (head and
+/// `Content-Length` body) so the connection can be used again: the answer head, lowercased.
+async fn tcp_request(s: &mut TcpStream, line: &str, fields: &str) -> Result<String, String> {
     let exchange = async {
-        let head = format!("GET / HTTP/1.1\r\nHost: recovery.test\r\n{fields}\r\n");
+        let head = format!("{line}\r\nHost: recovery.test\r\n{fields}\r\n");
         s.write_all(head.as_bytes())
             .await
             .map_err(|e| format!("write: {e}"))?;
@@ -493,8 +503,7 @@ async fn tcp_get_with(s: &mut TcpStream, fields: &str) -> Result<String, String>
             }
             buf.extend_from_slice(&chunk[..n]);
         }
-        field(&format!("{}:", limpet::backend::NODE_HEADER))
-            .ok_or_else(|| format!("no node header: {head}"))
+        Ok(head)
     };
     tokio::time::timeout(PATIENCE, exchange)
         .await
@@ -1366,6 +1375,18 @@ async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_
     )
     .await;
     assert_eq!(refused.as_deref(), Ok("b"), "the node's own refusal");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
+    assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");
+    // And so does a CONNECT limpet refuses itself (405).
+    let mut s = TcpStream::connect(proxy.addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let refused = tcp_request(&mut s, "CONNECT recovery.test:443 HTTP/1.1", "").await;
+    assert!(
+        refused.as_deref().is_ok_and(|h| h.starts_with("http/1.1 405")),
+        "{refused:?}"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
     assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");

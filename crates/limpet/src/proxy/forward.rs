@@ -507,6 +507,14 @@ fn proxy<'a, 'b>(
     // A block for the reason `handle` is one: `req` is held once, not twice.
     async move {
         let id = log.id;
+        // hyper prepares an upgrade for every HTTP/1.1 request with `Upgrade`, and every
+        // HTTP/1 CONNECT (told here by the head, cheaper than its extension map), and keeps
+        // it whatever the answer: the refusals below included.
+        let upgrade_offered =
+            req.version() == Version::HTTP_11 && req.headers().contains_key(header::UPGRADE);
+        if upgrade_offered || (req.method() == Method::CONNECT && req.version() < Version::HTTP_2) {
+            ctx.hints.set_upgrade_held();
+        }
 
         // Checks hyper does not make. Framing problems close the connection: once two parsers
         // could disagree on where this request ends, nothing after it on the connection is safe.
@@ -565,13 +573,6 @@ fn proxy<'a, 'b>(
             );
         }
 
-        // hyper prepares an upgrade for every HTTP/1.1 request with `Upgrade`, and every
-        // HTTP/1 CONNECT (told here by the head, cheaper than its extension map).
-        let upgrade_offered =
-            req.version() == Version::HTTP_11 && req.headers().contains_key(header::UPGRADE);
-        if upgrade_offered || (req.method() == Method::CONNECT && req.version() < Version::HTTP_2) {
-            ctx.hints.set_upgrade_held();
-        }
         let upgrade = upgrade_offered && is_upgrade_request(&req);
         // Read for a tunnel only (what its close says): no lookup for a plain request.
         let websocket = upgrade
