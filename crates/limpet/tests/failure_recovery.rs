@@ -1384,7 +1384,9 @@ async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_
         .unwrap_or_else(|e| panic!("connect: {e}"));
     let refused = tcp_request(&mut s, "CONNECT recovery.test:443 HTTP/1.1", "").await;
     assert!(
-        refused.as_deref().is_ok_and(|h| h.starts_with("http/1.1 405")),
+        refused
+            .as_deref()
+            .is_ok_and(|h| h.starts_with("http/1.1 405")),
         "{refused:?}"
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -3167,10 +3169,9 @@ async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
     );
     let l = Limpet::start(&cfg).await;
     let since = Instant::now();
-    let up = await_state(&l, "a", "UP", since, since + PATIENCE).await;
-    assert!(up.is_ok(), "a passes its TLS checks: {up:?}");
     for i in 0..2 {
         let mut h1 = H1::open(l.addr("web")).await;
+        let sent = Instant::now();
         let answer = h1
             .get(Some("route=a"))
             .await
@@ -3179,6 +3180,11 @@ async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
             (answer.status, answer.node.as_str()),
             (200, "127.0.0.3"),
             "GET {i}: replayed on b at the answer timeout"
+        );
+        assert!(
+            sent.elapsed() >= Duration::from_secs(1),
+            "GET {i} went to a and waited out its answer timeout: {:?}",
+            sent.elapsed()
         );
     }
     let down = await_state(
@@ -3193,6 +3199,12 @@ async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
         down.is_ok(),
         "two unanswered GETs take a DOWN whatever its TLS checks said: {down:?}"
     );
+    // Taken DOWN by its traffic, its TLS check passing all along.
+    let v = node_view(&l, "a").await;
+    assert_eq!(v["health"]["down_cause"], "traffic", "{v}");
+    let check = &v["checks"][0];
+    assert_eq!(check["failures"], 0, "{v}");
+    assert!(check["checks"].as_u64().is_some_and(|n| n >= 10), "{v}");
     l.stop().await;
     a.abort();
     b.task.abort();
