@@ -28,10 +28,16 @@
 //!   completed connect resets only a streak of failed connects, never one that holds a
 //!   request the node took and did not answer ([`Observation::NoAnswer`]): a hung node
 //!   behind an HTTP and a TCP listener completes every TCP connect. With
-//!   checks it counts for nothing: a node whose kernel still accepts connections while its
-//!   process is stopped completes every connect, and must not be kept UP by that. For the
-//!   same reason a completed HTTP connect is no success at all: an HTTP node is back when
-//!   it answers.
+//!   checks it counts for nothing (a node whose kernel still accepts connections while its
+//!   process is stopped completes every connect, and must not be kept UP by that), but for
+//!   an answer after a request left unanswered: the process answers, and the streak that
+//!   request began is cleared. For the same reason a completed HTTP connect is no success
+//!   at all: an HTTP node is back when it answers.
+//! - A *check pass* of a check that proves only connections (a TCP connect, a TLS
+//!   handshake: [`Observation::CheckConnected`]) clears the check's own failures and a
+//!   streak of refused connects, never one that holds an unanswered request: a TLS end in
+//!   front of a hung process passes it every interval. An HTTP check's pass
+//!   ([`Observation::CheckPassed`]) clears both.
 //! - A *trial* is one request to a DOWN node (no checks) once its `retry_at` has passed.
 //!   [`Health::claim_trial`] hands it to one caller; while the claim holds (the caller's
 //!   connect and answer timeouts), nobody else tries, so a node that is not back costs one

@@ -1285,7 +1285,8 @@ impl<'a> Attempt<'a> {
 }
 
 /// An answer head from `node` to a request sent at `sent_at`: the node's health sees live
-/// traffic served (it resets the failure streak; the core ignores it with checks) and the
+/// traffic served (it resets the failure streak; with checks, only one that holds a request
+/// left unanswered) and the
 /// latency is counted, on one clock reading.
 fn answered(shared: &Shared, node: NodeId, sent_at: Instant) {
     let now = Instant::now();
