@@ -1061,6 +1061,7 @@ impl Successor {
                         if let Some(w) = lock(&shared).current.as_mut().filter(ours) {
                             w.limit_passed = true;
                         }
+                        tracing::error!(exe = %exe.display(), ?limit, "the new limpet started for an upgrade is not running yet (its binary's exec holds: a mount that does not answer?): it will be killed as soon as it runs; serving on");
                     }
                     // Abandoned while its `exec` lasts: decided once it has a process id.
                     () = wake.notified() => {}
