@@ -736,10 +736,10 @@ fn check_errors_name_the_offending_value_and_the_listener_index() {
 /// A check's `tls` (whether an `http` check runs over TLS) is refused where it cannot mean
 /// what it says, at the line of its value with the listener's index: on a `tcp` or `tls`
 /// check; `true` on a listener with no upstream TLS settings to verify with (unless
-/// `verify = "none"`); not a boolean. `verify` and `server_name` on an `http` check that
-/// runs plain are refused too: they would be ignored without a word. HAProxy's `check-ssl`
-/// in a check gets the key. What is accepted: `tls = true` with `verify = "none"`, and over
-/// the listener's `upstream_tls`.
+/// `verify = "none"`); not a boolean. HAProxy's `check-ssl` in a check gets the key. What
+/// is accepted: `tls = true` with `verify = "none"`, and over the listener's
+/// `upstream_tls`; and `verify` or `server_name` on an `http` check that runs plain, which
+/// loaded before checks could run over TLS (ignored, with a warning).
 #[test]
 fn a_check_s_tls_errors_name_the_value_and_the_listener_index() {
     let upstream = "upstream_tls = { verify = \"none\" }\n";
@@ -775,18 +775,6 @@ fn a_check_s_tls_errors_name_the_value_and_the_listener_index() {
             "only \"none\"",
         ),
         (
-            "check = { kind = \"http\", verify = \"none\" }\n",
-            "verify = \"none\"",
-            "verify",
-            "this http check runs plain (the listener has no upstream_tls): `verify` is for a check over TLS; set `tls = true` for one",
-        ),
-        (
-            "[listeners.check]\nkind = \"http\"\ntls = false\nserver_name = \"n.example\"\n",
-            "server_name = \"n.example\"",
-            "server_name",
-            "this http check runs plain (`tls = false`)",
-        ),
-        (
             "check = { kind = \"http\", tls = true, verify = \"none\", server_name = \"a b\" }\n",
             "server_name = \"a b\"",
             "server_name",
@@ -810,20 +798,11 @@ fn a_check_s_tls_errors_name_the_value_and_the_listener_index() {
         assert!(e.starts_with(&at), "{check:?}: {e}");
         assert!(e.contains(says), "{check:?}: {e}");
     }
-    // The listener's upstream_tls at a check port: plain by default, so `server_name` there
-    // says so; `tls = true` makes it a check over TLS, accepted.
-    let text = format!(
-        "{NODES}{TWO_LISTENERS}{upstream}check = {{ kind = \"http\", port = 8443, server_name = \"n.example\" }}\n"
-    );
-    let e = error(&text);
-    assert!(
-        e.starts_with(&format!(
-            "{}listeners[1].check.server_name: this http check runs plain (it probes a check port, not the node port TLS is on)",
-            at_value(&text, "server_name = \"n.example\"")
-        )),
-        "{e}"
-    );
     for good in [
+        // Plain checks with TLS keys: ignored, as they were before checks could run over TLS.
+        "check = { kind = \"http\", verify = \"none\" }\n".to_owned(),
+        "[listeners.check]\nkind = \"http\"\ntls = false\nserver_name = \"n.example\"\n".to_owned(),
+        format!("{upstream}check = {{ kind = \"http\", port = 8443, server_name = \"n.example\" }}\n"),
         format!("{upstream}check = {{ kind = \"http\", port = 8443, server_name = \"n.example\", tls = true }}\n"),
         format!("{upstream}check = {{ kind = \"http\", server_name = \"n.example\" }}\n"),
         "check = { kind = \"http\", tls = true, verify = \"none\" }\n".to_owned(),

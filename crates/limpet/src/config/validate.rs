@@ -1289,8 +1289,10 @@ impl Validator<'_> {
                 Some(check_tls(needs, "an http check over TLS")?)
             } else {
                 if http {
-                    // They say how a check over TLS verifies: on a plain one they would be
-                    // ignored without a word, and the operator most likely meant TLS.
+                    // They say how a check over TLS verifies: on a plain one they are ignored,
+                    // and the operator most likely meant TLS. Said, not refused: such a file
+                    // loaded before checks could run over TLS, and a restart or an upgrade
+                    // must not fail on it.
                     let why = match &c.tls {
                         Some(_) => "`tls = false`",
                         None if l.upstream_tls.is_none() => "the listener has no upstream_tls",
@@ -1298,11 +1300,14 @@ impl Validator<'_> {
                     };
                     for (field, v) in [("verify", &c.verify), ("server_name", &c.server_name)] {
                         if let Some(v) = v {
-                            return Err(bad(
-                                v.span(),
-                                field,
-                                format!("this http check runs plain ({why}): `{field}` is for a check over TLS; set `tls = true` for one"),
-                            ));
+                            tracing::warn!(
+                                "{}",
+                                bad(
+                                    v.span(),
+                                    field,
+                                    format!("ignored: this http check runs plain ({why}): `{field}` is for a check over TLS; set `tls = true` for one"),
+                                )
+                            );
                         }
                     }
                 }
