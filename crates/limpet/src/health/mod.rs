@@ -609,7 +609,11 @@ async fn run_check(
             if fds {
                 crate::net::LOCAL_FDS.note(crate::net::FdsAt::Check, "health check");
             } else {
+                // Shown as this check's failure (the admin API's last error says why), the
+                // node's health left as it is: a lasting cause (no source address of the
+                // node's family on this host) must not look like a passing check.
                 crate::net::NO_LOCAL_PORT.note("health check");
+                board.update(&node, &label, &detail, false);
             }
             next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
             continue;
