@@ -1033,6 +1033,12 @@ impl Successor {
         );
         let exit = tokio::spawn(async move {
             let ours = |w: &&mut Watched| w.seq == seq;
+            // Its limit passed: said in its slot, for `to_kill`.
+            let mark_limit = |shared: &std::sync::Mutex<Slot>| {
+                if let Some(w) = lock(shared).current.as_mut().filter(ours) {
+                    w.limit_passed = true;
+                }
+            };
             // Dropped once it passed or the successor was killed: a timer left behind would
             // only be a wake-up for nothing.
             let mut until = Some(Box::pin(tokio::time::sleep(limit)));
@@ -1052,15 +1058,10 @@ impl Successor {
             let spawned = loop {
                 tokio::select! {
                     spawned = &mut spawning => break spawned,
-                    () = async { match until.as_mut() {
-                        Some(u) => u.await,
-                        None => std::future::pending().await,
-                    } } => {
+                    () = limit_passes(&mut until) => {
                         until = None;
                         limit_passed = true;
-                        if let Some(w) = lock(&shared).current.as_mut().filter(ours) {
-                            w.limit_passed = true;
-                        }
+                        mark_limit(&shared);
                         tracing::error!(exe = %exe.display(), ?limit, "the new limpet started for an upgrade is not running yet (its binary's exec holds: a mount that does not answer?): it will be killed as soon as it runs; serving on");
                     }
                     // Abandoned while its `exec` lasts: decided once it has a process id.
@@ -1117,15 +1118,10 @@ impl Successor {
                 }
                 tokio::select! {
                     status = child.wait() => break status,
-                    () = async { match until.as_mut() {
-                        Some(u) => u.await,
-                        None => std::future::pending().await,
-                    } } => {
+                    () = limit_passes(&mut until) => {
                         until = None;
                         limit_passed = true;
-                        if let Some(w) = lock(&shared).current.as_mut().filter(ours) {
-                            w.limit_passed = true;
-                        }
+                        mark_limit(&shared);
                     }
                     () = wake.notified() => {}
                 }
@@ -1203,6 +1199,14 @@ impl Abandoned {
         if let Some(mut done) = self.0 {
             let _ = tokio::time::timeout(within, done.wait_for(|d| *d)).await;
         }
+    }
+}
+
+/// A successor's limit: its timer, or never once it passed (`None`).
+async fn limit_passes(until: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match until.as_mut() {
+        Some(u) => u.await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1361,9 +1361,16 @@ async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_
     .await;
     assert_eq!(node.as_deref(), Ok("b"), "replayed off the hung node");
     // Idle past the moment an idle connection is parked (1 s), then the next request.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
-    assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");
+    async fn kept_alive(s: &mut TcpStream, what: &str) {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let node = tcp_get_with(s, "Cookie: route=b\r\n").await;
+        assert_eq!(
+            node.as_deref(),
+            Ok("b"),
+            "{what}: the connection kept alive"
+        );
+    }
+    kept_alive(&mut s, "h2c offered").await;
     // A refused WebSocket upgrade keeps its connection alive too.
     let mut s = TcpStream::connect(proxy.addr)
         .await
@@ -1375,9 +1382,7 @@ async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_
     )
     .await;
     assert_eq!(refused.as_deref(), Ok("b"), "the node's own refusal");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
-    assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");
+    kept_alive(&mut s, "a WebSocket refused").await;
     // And so does a CONNECT limpet refuses itself (405).
     let mut s = TcpStream::connect(proxy.addr)
         .await
@@ -1389,9 +1394,7 @@ async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_
             .is_ok_and(|h| h.starts_with("http/1.1 405")),
         "{refused:?}"
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let node = tcp_get_with(&mut s, "Cookie: route=b\r\n").await;
-    assert_eq!(node.as_deref(), Ok("b"), "the connection kept alive");
+    kept_alive(&mut s, "a CONNECT refused").await;
     proxy.stop().await;
     drop(hung);
     b.kill().await;
