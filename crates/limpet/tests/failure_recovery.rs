@@ -33,6 +33,7 @@ use admin_common::lifecycle::{
     admin_json, backend_nodes, bare_client, metrics_text, node_view, nodes_toml, reload, set_state,
     ConfigFile, Limpet,
 };
+use admin_common::ports::common_port_pair;
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Empty};
@@ -1051,21 +1052,6 @@ async fn new_session(addr: SocketAddr, limit: Duration) -> (u16, Duration) {
 async fn hung_a_and_live_b() -> (TcpListener, u16, Backend) {
     let (hung, l, port) = common_port_pair().await;
     (hung, port, Backend::serve("b", l))
-}
-
-/// Two listeners on one free port, of 127.0.0.2 and of 127.0.0.3 (nodes a and b of
-/// `hung_config`), and the port.
-async fn common_port_pair() -> (TcpListener, TcpListener, u16) {
-    for _ in 0..50 {
-        let a = TcpListener::bind("127.0.0.2:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind node a: {e}"));
-        let port = a.local_addr().map(|a| a.port()).unwrap_or(0);
-        if let Ok(b) = TcpListener::bind(("127.0.0.3", port)).await {
-            return (a, b, port);
-        }
-    }
-    panic!("no common free port for the two nodes");
 }
 
 const HUNG_FALL: u64 = 3;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::multiport::{connect_from, get_over, Pki, TempDir};
+use common::ports::common_port_pair;
 use common::PATIENCE;
 use limpet::config::Config;
 use limpet::health::{CheckKind, CheckStatus};
@@ -33,21 +34,6 @@ use tokio::time::Instant;
 
 /// Scheduling slack on a busy two-core machine (another build may be running).
 const SLACK: Duration = Duration::from_millis(1500);
-
-/// Two listening sockets on one free port, of 127.0.0.2 and of 127.0.0.3 (nodes a and b:
-/// one listener's `node_port` reaches both), and the port.
-async fn common_port_pair() -> (TcpListener, TcpListener, u16) {
-    for _ in 0..50 {
-        let a = TcpListener::bind("127.0.0.2:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind node a: {e}"));
-        let port = a.local_addr().map(|a| a.port()).unwrap_or(0);
-        if let Ok(b) = TcpListener::bind(("127.0.0.3", port)).await {
-            return (a, b, port);
-        }
-    }
-    panic!("no common free port for the two nodes");
-}
 
 /// A node behind TLS on `listener`: every connection's handshake completes with `cfg`. A
 /// node that `answers` answers each request `200 node NAME` (naming itself in

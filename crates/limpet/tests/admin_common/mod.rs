@@ -6,3 +6,5 @@
 #[path = "../common/flood.rs"]
 pub mod flood;
 pub mod lifecycle;
+#[path = "../common/ports.rs"]
+pub mod ports;

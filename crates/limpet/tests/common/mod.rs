@@ -9,6 +9,7 @@
 pub mod flood;
 pub mod haproxy;
 pub mod multiport;
+pub mod ports;
 pub mod probe;
 pub mod store_server;
 
