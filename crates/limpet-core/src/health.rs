@@ -138,7 +138,13 @@ pub enum Observation {
     /// A TCP listener's connect to the node completed (with its PROXY header and TLS): all a
     /// relay can prove, and less than an answer: a stopped process's kernel completes it.
     TrafficConnected,
-    /// Live traffic failed before a connection was made: connect refused or timed out.
+    /// Live traffic failed before a connection was made: connect refused or timed out; or
+    /// (a TCP listener's session) the node dropped the connection, closed or reset, before
+    /// any byte moved either way, which is a refused connect a step later (a listen queue
+    /// reset as its listener closes, a process that accepts and closes). Not
+    /// [`Observation::NoAnswer`]: a TCP listener cannot tell a hang from a protocol where
+    /// the client speaks first, and a node DOWN for an unanswered request would wait for an
+    /// answer no TCP session can give.
     TrafficFailed,
     /// A connection was made but the node did not answer: its TLS handshake failed or timed
     /// out, no answer head came within the answer timeout, or a fresh connection was closed

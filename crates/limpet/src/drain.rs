@@ -186,7 +186,8 @@ where
 {
     use crate::relay::{relay, Framing, RelayEnd};
     match relay(client, node, idle, Framing::WebSocket, close).await {
-        RelayEnd::Done(..) | RelayEnd::Error(_) => TunnelEnd::Closed,
+        // (`Unused` only ends a relay that watches its opening, which this one does not.)
+        RelayEnd::Done(..) | RelayEnd::Error(_) | RelayEnd::Unused(_) => TunnelEnd::Closed,
         RelayEnd::Idle | RelayEnd::Stalled(_) => TunnelEnd::Idle,
         RelayEnd::Stopped(_) => TunnelEnd::Deadline,
     }

@@ -25,6 +25,11 @@
 //! WebSocket frame in flight before writing the close frame. Reads and writes are
 //! cancel-safe (`read`/`write`, never `write_all`): a dropped pump loses no byte count.
 //!
+//! A TCP session's relay watches its opening (`on_open`): until the first read on either
+//! side completes, a node that ends its stream or resets ends the relay as
+//! [`RelayEnd::Unused`], leaving the client side as it was, so the session can go to another
+//! node. The client's first bytes end the opening as they are read, before they are sent on.
+//!
 //! Half-close: when one side ends its stream (FIN), the other side's write half is shut down
 //! and the other direction keeps going until it ends too. The last FIN of a relay between
 //! plain TCP sockets rides on `close`: once both sides have ended their streams, shutting a
@@ -105,11 +110,18 @@ pub enum RelayEnd {
     Stalled(Direction),
     /// The close signal fired, with its reason.
     Stopped(&'static str),
+    /// In a relay that watched its opening ([`relay_counted`]'s `on_open`): the node ended
+    /// its stream (the error is `UnexpectedEof`) or failed (a reset) before any byte had
+    /// moved either way. It took nothing of the client's and gave it nothing, and the client
+    /// side is left as it was (not shut down, not reset), so the session can be taken to
+    /// another node: what a node in a rolling restart does to the connections its kernel
+    /// completed into its listen queue and its process never accepted.
+    Unused(io::Error),
 }
 
-/// When each direction last moved a byte, and whether it holds bytes not yet written.
-#[derive(Debug)]
-struct Clock {
+/// When each direction last moved a byte, and whether it holds bytes not yet written; and
+/// the relay's opening, if it watches one.
+struct Clock<'a> {
     start: Instant,
     /// Per direction: ms since `start` of the last read or write.
     moved_ms: [AtomicU64; 2],
@@ -121,16 +133,41 @@ struct Clock {
     /// shutdown that has not completed (a TLS `close_notify` waiting on a full window):
     /// bytes held for the FIN would wait with it.
     ended: [AtomicBool; 2],
+    /// True until the first read on either side completes (bytes, or the end of a stream),
+    /// in a relay that watches its opening: nothing has moved either way yet.
+    opening: AtomicBool,
+    /// Called once, when the opening ends with a move.
+    on_open: Option<&'a (dyn Fn() + Sync)>,
+    /// The opening ended with the node's stream ended or failed: [`RelayEnd::Unused`].
+    unused: AtomicBool,
 }
 
-impl Clock {
-    fn new() -> Self {
+impl<'a> Clock<'a> {
+    fn new(on_open: Option<&'a (dyn Fn() + Sync)>) -> Self {
         Clock {
             start: Instant::now(),
             moved_ms: [AtomicU64::new(0), AtomicU64::new(0)],
             holding: [AtomicBool::new(false), AtomicBool::new(false)],
             ended: [AtomicBool::new(false), AtomicBool::new(false)],
+            opening: AtomicBool::new(on_open.is_some()),
+            on_open,
+            unused: AtomicBool::new(false),
         }
+    }
+
+    /// A read of direction `dir` completed with `read` during the opening: whether it ends
+    /// the relay as [`RelayEnd::Unused`] (the node's stream ended or failed first). Any other
+    /// read ends the opening, and `on_open` learns of it.
+    fn first_read(&self, dir: usize, read: &io::Result<usize>) -> bool {
+        self.opening.store(false, Ordering::Relaxed);
+        if dir == DOWN && !matches!(read, Ok(n) if *n > 0) {
+            self.unused.store(true, Ordering::Relaxed);
+            return true;
+        }
+        if let Some(f) = self.on_open {
+            f();
+        }
+        false
     }
 
     fn now_ms(&self) -> u64 {
@@ -242,6 +279,9 @@ impl<T: Io> Io for Half<T> {
     }
 }
 
+/// [`Pump::dir`] of the node-to-client pump.
+const DOWN: usize = 1;
+
 /// One direction's state, kept outside its future so a dropped pump loses nothing.
 struct Pump {
     dir: usize,
@@ -285,7 +325,7 @@ impl Pump {
     /// a pump that must wait notes that moment (the read, or its last progress, of the same
     /// poll) before it does. Noting every read, write and flush cost three clock reads per
     /// message and direction where one serves.
-    async fn write_held<W: Io>(&mut self, w: &mut W, clock: &Clock) -> io::Result<()> {
+    async fn write_held<W: Io>(&mut self, w: &mut W, clock: &Clock<'_>) -> io::Result<()> {
         let dir = self.dir;
         // Whether the clock shows this pump waiting with bytes held since its last progress.
         let mut noted = false;
@@ -392,7 +432,7 @@ impl Pump {
         &mut self,
         r: &mut R,
         w: &mut W,
-        clock: &Clock,
+        clock: &Clock<'_>,
         fin_on_close: bool,
     ) -> io::Result<()>
     where
@@ -402,7 +442,16 @@ impl Pump {
         loop {
             self.write_held(w, clock).await?;
             self.grow_if_filled();
-            let n = self.fill(r).await?;
+            let read = self.fill(r).await;
+            if clock.opening.load(Ordering::Relaxed) && clock.first_read(self.dir, &read) {
+                return Err(read.err().unwrap_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the node closed the connection before any byte moved",
+                    )
+                }));
+            }
+            let n = read?;
             if n == 0 {
                 self.done = true;
                 if fin_on_close && clock.ended[1 - self.dir].load(Ordering::Relaxed) {
@@ -444,14 +493,29 @@ where
     N: Io,
     S: Future<Output = &'static str>,
 {
-    relay_counted(client, node, idle, framing, FinOnClose::default(), stop)
-        .await
-        .0
+    relay_counted(
+        client,
+        node,
+        idle,
+        framing,
+        FinOnClose::default(),
+        stop,
+        None,
+    )
+    .await
+    .0
 }
 
 /// [`relay`], also returning the bytes moved client to node and node to client however it
 /// ended (a session cut by MAINT or an idle timeout moved bytes too), with the sides whose
 /// last FIN may ride on their close said (`fin_on_close`).
+///
+/// With `on_open`, the relay watches its opening: until a first read on either side
+/// completes, a node whose stream ends or fails ends the relay as [`RelayEnd::Unused`],
+/// the client side untouched. Any other first read (the client's bytes or its FIN, the
+/// node's bytes) ends the opening, and `on_open` is called then, once. A client's bytes end
+/// it as soon as they are read, before they are written on: once sent, whether the node
+/// took them cannot be known, and taking them to another node would not be safe.
 pub async fn relay_counted<C, N, S>(
     client: C,
     node: N,
@@ -459,6 +523,7 @@ pub async fn relay_counted<C, N, S>(
     framing: Framing,
     fin_on_close: FinOnClose,
     stop: S,
+    on_open: Option<&(dyn Fn() + Sync)>,
 ) -> (RelayEnd, u64, u64)
 where
     C: Io,
@@ -467,7 +532,7 @@ where
 {
     let (mut cr, mut cw) = Half::pair(client);
     let (mut nr, mut nw) = Half::pair(node);
-    let clock = Clock::new();
+    let clock = Clock::new(on_open);
     let mut up = Pump::new(Direction::Up, false);
     let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
     tokio::pin!(stop);
@@ -502,6 +567,7 @@ where
                 },
                 r = &mut down_run, if !down_done => match r {
                     Ok(()) => down_done = true,
+                    Err(e) if clock.unused.load(Ordering::Relaxed) => break RelayEnd::Unused(e),
                     Err(e) => break RelayEnd::Error(e),
                 },
                 end = &mut control => break end,
@@ -542,7 +608,7 @@ async fn close_websocket<NR, CW, CR>(
     nr: &mut NR,
     cw: &mut CW,
     cr: &mut CR,
-    clock: &Clock,
+    clock: &Clock<'_>,
     reason: &'static str,
 ) where
     NR: AsyncRead + Unpin,
@@ -1028,7 +1094,7 @@ mod tests {
         let (mut w, _events) = Recorder::new();
         let answer = b"HTTP/1.1 200 OK\r\n\r\nok";
         let mut node: &[u8] = answer;
-        p.run(&mut node, &mut w, &Clock::new(), true)
+        p.run(&mut node, &mut w, &Clock::new(None), true)
             .await
             .expect("relayed");
         assert_eq!(w.writes, vec![(answer.to_vec(), true)]);
@@ -1039,7 +1105,7 @@ mod tests {
         let mut p = Pump::new(Direction::Down, false);
         let (mut w, _events) = Recorder::new();
         let mut node: &[u8] = answer;
-        p.run(&mut node, &mut w, &Clock::new(), false)
+        p.run(&mut node, &mut w, &Clock::new(None), false)
             .await
             .expect("relayed");
         assert_eq!(w.writes, vec![(answer.to_vec(), false)]);
@@ -1054,7 +1120,7 @@ mod tests {
         let (mut node, mut node_side) = tokio::io::duplex(1024);
         let (mut w, mut events) = Recorder::new();
         let mut p = Pump::new(Direction::Down, false);
-        let clock = Clock::new();
+        let clock = Clock::new(None);
         let feed = async {
             node_side.write_all(b"first").await.expect("write");
             events.recv().await.expect("the first write");
@@ -1089,7 +1155,7 @@ mod tests {
     /// down itself: its last bytes, held for the FIN, must not wait for the relay to end.
     #[tokio::test]
     async fn an_end_is_left_to_the_close_only_once_the_other_end_was_passed_on() {
-        let clock = Clock::new();
+        let clock = Clock::new(None);
         // Down: the node ended; its shutdown towards the client does not complete.
         let (mut to_client, _e1) = Recorder::new();
         to_client.shutdown_stuck = true;
@@ -1144,7 +1210,12 @@ mod tests {
         let (mut w, _events) = Recorder::new();
         let mut p = Pump::new(Direction::Up, false);
         let err = p
-            .run(&mut ThenReset(Some(b"abc")), &mut w, &Clock::new(), true)
+            .run(
+                &mut ThenReset(Some(b"abc")),
+                &mut w,
+                &Clock::new(None),
+                true,
+            )
             .await
             .expect_err("the reset");
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
@@ -1165,5 +1236,81 @@ mod tests {
         assert_eq!(p.fill(&mut src).await.expect("read"), 10);
         assert_eq!(&p.buf[..], &[9u8; 10][..]);
         assert_eq!(p.fill(&mut src).await.expect("read"), 0, "then the end");
+    }
+
+    /// A relay that watches its opening: a node that ends its stream before any byte moved
+    /// ends the relay as `Unused`, with the client side untouched (the client gets no FIN
+    /// and can still be written to and read from) and `on_open` never called. Once the
+    /// client's bytes are read, the opening is over (`on_open` called once, when they
+    /// are): the node's end is then an ordinary one, passed on to the client.
+    #[tokio::test]
+    async fn a_node_that_ends_before_any_byte_moved_leaves_the_client_untouched() {
+        let opened = AtomicU64::new(0);
+        let on_open = || {
+            opened.fetch_add(1, Ordering::Relaxed);
+        };
+        let (mut client, mut client_peer) = tokio::io::duplex(1024);
+        let (node, node_peer) = tokio::io::duplex(1024);
+        drop(node_peer);
+        let (end, up, down) = relay_counted(
+            &mut client,
+            node,
+            Duration::from_secs(60),
+            Framing::Bytes,
+            FinOnClose::default(),
+            std::future::pending(),
+            Some(&on_open),
+        )
+        .await;
+        assert!(matches!(end, RelayEnd::Unused(_)), "{end:?}");
+        assert_eq!((up, down, opened.load(Ordering::Relaxed)), (0, 0, 0));
+        // Untouched: both ways still open.
+        client.write_all(b"to client").await.expect("write");
+        let mut got = [0u8; 9];
+        client_peer.read_exact(&mut got).await.expect("read");
+        client_peer.write_all(b"hi").await.expect("write");
+        let mut got = [0u8; 2];
+        client
+            .read_exact(&mut got)
+            .await
+            .expect("the client's bytes are still there");
+
+        // The client speaks first: its bytes end the opening, and the node's end is passed on.
+        let (node, mut node_peer) = tokio::io::duplex(1024);
+        let nodeside = async {
+            let mut got = [0u8; 5];
+            node_peer.read_exact(&mut got).await.expect("node reads");
+            assert_eq!(&got, b"hello");
+            drop(node_peer);
+        };
+        let clientside = async {
+            client_peer
+                .write_all(b"hello")
+                .await
+                .expect("client writes");
+            let mut rest = Vec::new();
+            client_peer
+                .read_to_end(&mut rest)
+                .await
+                .expect("the node's end");
+            drop(client_peer);
+            rest
+        };
+        let (relayed, (), rest) = tokio::join!(
+            relay_counted(
+                &mut client,
+                node,
+                Duration::from_secs(60),
+                Framing::Bytes,
+                FinOnClose::default(),
+                std::future::pending(),
+                Some(&on_open),
+            ),
+            nodeside,
+            clientside
+        );
+        assert!(matches!(relayed.0, RelayEnd::Done(5, 0)), "{:?}", relayed.0);
+        assert!(rest.is_empty());
+        assert_eq!(opened.load(Ordering::Relaxed), 1, "on_open called once");
     }
 }

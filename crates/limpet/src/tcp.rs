@@ -11,7 +11,15 @@
 //!                                           until both sides are done, or idle timeout,
 //!                                           or the node's state ends the session
 //!                                           (NodeRuntime::session_end), or shutdown.
+//!              ▲                                            │ the node dropped it before any
+//!              └──────── route again, excluding it ◄────────┘ byte moved: passive failure
 //! ```
+//!
+//! The relay's opening: until a first byte moves either way, the node has taken nothing of
+//! the client's and given nothing, so a node that closes or resets the connection then (a
+//! listen queue reset as a restart closes it) loses the session no byte: it routes again,
+//! with the client's connection untouched. The connect's success is observed when the
+//! opening ends with a move, so that a node that drops every session goes DOWN.
 //!
 //! Accepting the client and connecting to the node go through [`crate::net`], and the relay
 //! is [`crate::relay`]: the same code HTTP listeners and WebSocket tunnels use. Half-close: when one
@@ -114,6 +122,22 @@ impl<S: Io> Io for Prefixed<S> {
 }
 
 impl<S: Io + ?Sized> Io for Box<S> {
+    fn poll_write_last(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut **self).poll_write_last(cx, buf)
+    }
+
+    fn abort_on_close(&self) {
+        (**self).abort_on_close();
+    }
+}
+
+// A relay that lends its client stream back when the session moves on
+// ([`RelayEnd::Unused`]).
+impl<S: Io + ?Sized> Io for &mut S {
     fn poll_write_last(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -402,6 +426,13 @@ struct Connected {
     hold: Option<crate::runtime::PinHold>,
     /// The session's slot among the node's `max_connections`.
     _admitted: Option<crate::nodes::Admitted>,
+    /// What the completed connect tells of the node, observed once the relay's opening ends
+    /// with a move ([`relay_counted`]'s `on_open`), not at the connect: a node that takes
+    /// connections and drops them at once (in a rolling restart, those its kernel completed
+    /// into its listen queue) would otherwise have each connect reset the failure streak its
+    /// drop adds to, and never go DOWN. `None`: observed at the connect, which decided the
+    /// node's trial.
+    on_open: Option<Observation>,
 }
 
 /// Why no session opened, as the access log says it: `end` (`no-node`: no node could take
@@ -437,18 +468,20 @@ impl NoSession {
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
 /// routing again without every node that failed (each a passive failure; the table's entry
-/// moves with the route). An attempt is the whole way to a usable node stream (connect, the
+/// moves with the route), and without those in `failed` already (a node that dropped the
+/// session unused). An attempt is the whole way to a usable node stream (connect, the
 /// PROXY header, TLS to the node), and nothing of the client's has been sent before it
 /// succeeds, so every failure is safe to take to another node. The route claims a DOWN node's
-/// trial; one someone else holds is skipped.
+/// trial; one someone else holds is skipped. `(who, local_port)`: the client, and the port of
+/// limpet's own socket it reached.
 async fn connect(
     runtime: &Arc<Runtime>,
     state: &Arc<State>,
     li: usize,
     def: &Arc<ListenerDef>,
-    who: &Peer,
-    local_port: u16,
+    (who, local_port): (&Peer, u16),
     cut: &mut watch::Receiver<bool>,
+    failed: &mut Vec<Excluded>,
 ) -> Result<Connected, NoSession> {
     let slot = state
         .listeners
@@ -483,7 +516,6 @@ async fn connect(
     } else {
         crate::nodes::TrialBy::Connect
     };
-    let mut failed: Vec<Excluded> = Vec::new();
     // Each turn adds a node to `failed`, so this ends within the node count.
     loop {
         let input = RouteInput {
@@ -493,7 +525,7 @@ async fn connect(
             table: None,
             spread_key: spread,
             balance: def.balance,
-            exclude: &failed,
+            exclude: failed,
             now_ms: clock::now_ms(),
         };
         let (route, trial) = if failed.is_empty() {
@@ -573,15 +605,20 @@ async fn connect(
         match attempt(&def_now, who, addr).await {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove, and with
-                // TLS to the node (no HTTP listener beside), that its process answers.
-                state.observe(
-                    node,
-                    if tls_answers && def_now.upstream_tls.is_some() {
-                        Observation::TrafficOk
-                    } else {
-                        Observation::TrafficConnected
-                    },
-                );
+                // TLS to the node (no HTTP listener beside), that its process answers. A
+                // trial's is observed now: it decides the trial, whose claim ends with this
+                // attempt. Any other's once the session's opening ends with a move.
+                let seen = if tls_answers && def_now.upstream_tls.is_some() {
+                    Observation::TrafficOk
+                } else {
+                    Observation::TrafficConnected
+                };
+                let on_open = if trial.is_some() {
+                    state.observe(node, seen);
+                    None
+                } else {
+                    Some(seen)
+                };
                 // The node left rotation while the session connected (DOWN by its checks or
                 // by other connections' failures, MAINT, its drain ended), or, for a trial,
                 // a request went unanswered since it was claimed (a connect does not decide
@@ -616,6 +653,7 @@ async fn connect(
                         )
                     }),
                     _admitted: admitted,
+                    on_open,
                 });
             }
             // limpet out of file descriptors: says nothing about the node, and another node
@@ -714,63 +752,115 @@ async fn session(
             return;
         }
     };
-    let (who, local, client, client_tls) =
+    let (who, local, mut client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
-    // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
-    let conn = match connect(&runtime, &state, li, &def, &who, local.port(), &mut cut).await {
-        Ok(conn) => conn,
-        Err(no) => {
-            // Refusals and running out of descriptors are logged where they happen.
-            tracing::debug!(listener = %def.name, client = %who.client, end = no.end, "no TCP session opened");
-            if let Some(started) = started {
-                let node = no.node.map(|n| (state.node_name(n), PinText(None, false)));
-                session_line(&def.name, who.client, node, started, (0, 0), no.end, no.cut);
+    let mut failed: Vec<Excluded> = Vec::new();
+    // Each turn ends the session, or excludes one more node (one that dropped it unused),
+    // so this ends within the node count.
+    let (outcome, node_name, (end, up, down), _held) = loop {
+        // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
+        let conn = match connect(
+            &runtime,
+            &state,
+            li,
+            &def,
+            (&who, local.port()),
+            &mut cut,
+            &mut failed,
+        )
+        .await
+        {
+            Ok(conn) => conn,
+            Err(no) => {
+                // Refusals and running out of descriptors are logged where they happen.
+                tracing::debug!(listener = %def.name, client = %who.client, end = no.end, "no TCP session opened");
+                if let Some(started) = started {
+                    let node = no.node.map(|n| (state.node_name(n), PinText(None, false)));
+                    session_line(&def.name, who.client, node, started, (0, 0), no.end, no.cut);
+                }
+                return;
             }
+        };
+        let Connected {
+            node,
+            outcome,
+            stream,
+            moves,
+            def: conn_def,
+            hold,
+            _admitted: admitted,
+            on_open,
+        } = conn;
+        let (Some(rt), Some(moves)) = (state.node_rt(node).cloned(), moves) else {
             return;
-        }
-    };
-    let (Some(rt), Some(moves)) = (state.node_rt(conn.node).cloned(), conn.moves) else {
-        return;
-    };
-    let _open = rt.open();
-    let node_name = rt.name().to_owned();
-    // Node lifecycle: counted as a tunnel, seen as a session, ended by the node's state.
-    let _tunnel = rt.tunnel();
-    rt.seen(moves.key());
-    let upstream = conn.stream;
-    // The node's runtime outlives reloads: a session opened before one still ends on every
-    // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
-    // deadline.
-    let close_on_down =
-        crate::runtime::CloseOnDown::new(runtime, &def.name, def.tcp.close_on_node_down);
-    let stop = async {
-        tokio::select! {
-            r = rt.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
-                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
-                r.as_str()
+        };
+        let open = rt.open();
+        let node_name = rt.name().to_owned();
+        // Node lifecycle: counted as a tunnel, seen as a session, ended by the node's state.
+        let tunnel = rt.tunnel();
+        rt.seen(moves.key());
+        // The node's runtime outlives reloads: a session opened before one still ends on
+        // every later MAINT, DOWN (`close_on_node_down` as the running config has it) and
+        // drain deadline.
+        let close_on_down = crate::runtime::CloseOnDown::new(
+            Arc::clone(&runtime),
+            &def.name,
+            def.tcp.close_on_node_down,
+        );
+        let stop = async {
+            tokio::select! {
+                r = rt.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
+                    tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
+                    r.as_str()
+                }
+                () = stopped(&mut cut) => "shutdown",
+                // The session's table entry kept while it is open; ends the session when its
+                // requests were pinned elsewhere meanwhile.
+                r = crate::runtime::keep_pin(hold, || close_on_down.now()) => {
+                    tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed: its table entry pins another node now");
+                    r.as_str()
+                }
             }
-            () = stopped(&mut cut) => "shutdown",
-            // The session's table entry kept while it is open; ends the session when its
-            // requests were pinned elsewhere meanwhile.
-            r = crate::runtime::keep_pin(conn.hold, || close_on_down.now()) => {
-                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed: its table entry pins another node now");
-                r.as_str()
+        };
+        let fin_on_close = FinOnClose {
+            client: !client_tls,
+            node: conn_def.upstream_tls.is_none(),
+        };
+        // Every session watches its opening, a trial's too: its connect was observed, but
+        // a drop still fails it.
+        let opened = || {
+            if let Some(obs) = on_open {
+                state.observe(node, obs);
             }
+        };
+        let relayed = relay_counted(
+            &mut client,
+            stream,
+            def.tcp.idle,
+            Framing::Bytes,
+            fin_on_close,
+            stop,
+            Some(&opened),
+        )
+        .await;
+        if let RelayEnd::Unused(e) = &relayed.0 {
+            // The node took the connection and dropped it before any byte moved either way:
+            // nothing of the client's was sent, nothing answered, so the session routes again
+            // without the node, as when its connect is refused, and the node is charged as
+            // for one.
+            tracing::debug!(listener = %def.name, node = %node_name, client = %who.client, error = %e, "node dropped the session unused: routing it again");
+            state.observe(node, Observation::TrafficFailed);
+            failed.push(Excluded {
+                node,
+                why: limpet_core::RepinReason::ConnectFailed,
+            });
+            continue;
         }
+        // The session's hold on the node (its slot, its count) ends with its log line.
+        break (outcome, node_name, relayed, (open, tunnel, admitted));
     };
-    let fin_on_close = FinOnClose {
-        client: !client_tls,
-        node: conn.def.upstream_tls.is_none(),
-    };
-    let (end, up, down) = relay_counted(
-        client,
-        upstream,
-        def.tcp.idle,
-        Framing::Bytes,
-        fin_on_close,
-        stop,
-    )
-    .await;
+    // The relay's end closes the client's connection.
+    drop(client);
     // Counted when the session ends, however it ends: the stats page's bytes of a node
     // include its TCP sessions once they close.
     let traffic = state.lifecycle.metrics.node_traffic(&node_name);
@@ -781,7 +871,8 @@ async fn session(
             tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended");
             ("done", None)
         }
-        RelayEnd::Error(e) => {
+        // (`Unused` routed the session again above.)
+        RelayEnd::Error(e) | RelayEnd::Unused(e) => {
             tracing::debug!(listener = %def.name, node = %node_name, error = %e, "session ended with an error");
             ("error", None)
         }
@@ -799,7 +890,7 @@ async fn session(
         RelayEnd::Stopped(why) => ("cut", Some(*why)),
     };
     if let Some(started) = started {
-        let pin = PinText(Some(conn.outcome), slot.table.is_some());
+        let pin = PinText(Some(outcome), slot.table.is_some());
         session_line(
             &def.name,
             who.client,

@@ -1,5 +1,6 @@
-//! TCP mode: half-close, idle timeout, connect failure fallback with re-pin, and the
-//! per-listener `close_on_node_down` switch.
+//! TCP mode: half-close, idle timeout, connect failure fallback with re-pin, a node that
+//! drops sessions before any byte moved (and a rolling restart), and the per-listener
+//! `close_on_node_down` switch.
 
 mod common;
 
@@ -552,17 +553,7 @@ async fn a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given
     let tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
     let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
     let (go, go_rx) = tokio::sync::watch::channel(false);
-    // Both nodes on one port, as a listener's `node_port` needs.
-    let (a, b) = loop {
-        let a = tokio::net::TcpListener::bind("127.0.0.2:0")
-            .await
-            .expect("bind a");
-        let port = a.local_addr().expect("addr").port();
-        if let Ok(b) = tokio::net::TcpListener::bind(("127.0.0.3", port)).await {
-            break (a, b);
-        }
-    };
-    let port = a.local_addr().expect("addr").port();
+    let (a, b, port) = common::ports::common_port_pair().await;
     let nodes = [
         tokio::spawn(held_tls_node(
             a,
@@ -621,6 +612,311 @@ async fn a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given
         running.stop().await;
         while arrived.try_recv().is_ok() {}
     }
+    for n in nodes {
+        n.abort();
+    }
+}
+
+/// How a node drops a connection it took without a byte: its process closes it (a FIN), or
+/// it is reset (what a node's kernel sends to the connections left in its listen queue when
+/// a rolling restart closes the listener, or a process that exits with bytes unread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DropWith {
+    Fin,
+    Reset,
+}
+
+/// A node that takes each connection, says so on `took`, and drops it: at once, or, with
+/// `after_bytes`, once the client's first bytes have come (which it reports instead).
+async fn dropping_node(
+    listener: tokio::net::TcpListener,
+    with: DropWith,
+    after_bytes: bool,
+    took: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+) {
+    while let Ok((mut s, _)) = listener.accept().await {
+        let mut got = Vec::new();
+        if after_bytes {
+            let mut buf = [0u8; 64];
+            if let Ok(n @ 1..) = s.read(&mut buf).await {
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        if with == DropWith::Reset {
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+        }
+        // Said before the drop, so that the test knows of it before the client can.
+        let _ = took.send(got);
+        drop(s);
+    }
+}
+
+/// A node that greets each connection with `node=NAME` and echoes.
+async fn greeting_node(listener: tokio::net::TcpListener, name: &'static str) {
+    while let Ok((mut s, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            if s.write_all(format!("node={name}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut buf = [0u8; 1024];
+            while let Ok(n @ 1..) = s.read(&mut buf).await {
+                if s.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// A node that takes TCP sessions and drops them before any byte moved either way, closed
+/// (a FIN) or reset, as a node in a rolling restart does to the connections caught in its
+/// listen queue: nothing of the client's was sent, so each session is taken to the other
+/// node (the client, which waits for the node to speak first, is greeted by b and relayed),
+/// its table entry re-pinned there, and the node is charged as for a refused connect: DOWN
+/// at `fall`. Before, the client's connection was closed or reset with it; and a node
+/// observed as connected on each connect, before its drop, would never reach `fall`.
+#[tokio::test]
+async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
+    for (i, with) in [DropWith::Fin, DropWith::Reset].into_iter().enumerate() {
+        let (a, b, port) = common::ports::common_port_pair().await;
+        let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+        let nodes = [
+            tokio::spawn(dropping_node(a, with, false, took_tx)),
+            tokio::spawn(greeting_node(b, "b")),
+        ];
+        let dir = TempDir::new("tcp-unused");
+        let cfg = tcp_config(
+            &dir,
+            &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+            port,
+            "\n[health]\nfall = 2\nfail_timeout = \"60s\"\n",
+        );
+        let running = start(cfg).await.expect("start");
+        let addr = running.addr("raw").expect("addr");
+        let state = running.runtime().state();
+        let a_id = state.node_id("a").expect("node a");
+        let a_rt = std::sync::Arc::clone(state.node_rt(a_id).expect("a's runtime"));
+        // Fresh clients until a has dropped `fall` of them; each is b's.
+        let mut sessions = 0;
+        let mut dropped = 0;
+        while dropped < 2 {
+            assert!(
+                sessions < 20,
+                "{with:?}: a took {dropped} of {sessions} sessions"
+            );
+            let src = format!("127.0.{}.{}", 100 + i, 10 + sessions);
+            let (mut s, node) = tcp_session(&src, addr).await;
+            assert_eq!(node, "b", "{with:?}: session {sessions} was greeted by b");
+            echo(&mut s, b"relayed").await;
+            sessions += 1;
+            while took.try_recv().is_ok() {
+                dropped += 1;
+            }
+            // The session's table entry follows it to b.
+            let (_s, again) = tcp_session(&src, addr).await;
+            assert_eq!(again, "b", "{with:?}: the client came back to b");
+        }
+        let health = a_rt.status().health;
+        assert!(
+            !health.is_up(),
+            "{with:?}: a DOWN after {dropped} sessions it dropped"
+        );
+        assert_eq!(
+            health.down_cause(),
+            Some(limpet_core::DownCause::Traffic),
+            "{with:?}"
+        );
+        // DOWN, a is passed over without being tried.
+        for n in 0..3 {
+            let src = format!("127.0.{}.{}", 100 + i, 200 + n);
+            assert_eq!(tcp_session(&src, addr).await.1, "b");
+        }
+        assert!(
+            took.try_recv().is_err(),
+            "{with:?}: a DOWN takes no session"
+        );
+        drop(state);
+        running.stop().await;
+        for n in nodes {
+            n.abort();
+        }
+    }
+}
+
+/// A client that speaks first (its bytes read and sent to the node before the node drops the
+/// connection) is not taken to another node: whether the node took those bytes cannot be
+/// known, so sending them again elsewhere is not safe. The client's connection ends, as the
+/// node's did, and b never sees the session.
+#[tokio::test]
+async fn a_session_whose_client_spoke_first_is_not_moved_when_its_node_drops_it() {
+    let (a, b, port) = common::ports::common_port_pair().await;
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let nodes = [
+        tokio::spawn(dropping_node(a, DropWith::Fin, true, took_tx)),
+        tokio::spawn(greeting_node(b, "b")),
+    ];
+    let dir = TempDir::new("tcp-spoke-first");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        port,
+        "\n[health]\nfall = 2\nfail_timeout = \"60s\"\n",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    // Fresh clients until one lands on a (those b takes are greeted by it).
+    let mut landed = false;
+    for n in 0..10 {
+        let src = format!("127.0.0.{}", 120 + n).parse().expect("ip");
+        let mut s = connect_from(src, addr).await;
+        s.write_all(b"PRINT job 1\n").await.expect("client writes");
+        let line = read_line(&mut s).await;
+        if let Ok(sent) = took.try_recv() {
+            assert_eq!(sent, b"PRINT job 1\n", "a got the client's bytes");
+            assert_eq!(
+                line, "",
+                "the client's connection ended with a's, not moved to b"
+            );
+            landed = true;
+            break;
+        }
+        assert_eq!(line, "node=b", "a session b took is b's");
+    }
+    assert!(landed, "no session of 10 went to a");
+    running.stop().await;
+    for n in nodes {
+        n.abort();
+    }
+}
+
+/// One TCP session through `addr` from `src`: the node's greeting, then an echo. What went
+/// wrong, if anything.
+async fn greeted_and_echoed(src: &str, addr: std::net::SocketAddr) -> Result<String, String> {
+    let mut s = connect_from(src.parse().map_err(|e| format!("{e}"))?, addr).await;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.last() != Some(&b'\n') {
+        match tokio::time::timeout(common::PATIENCE, s.read(&mut b)).await {
+            Ok(Ok(1)) => line.push(b[0]),
+            Ok(Ok(_)) => break,
+            Ok(Err(e)) => return Err(format!("no greeting: {e}")),
+            Err(_) => return Err("no greeting in time".into()),
+        }
+    }
+    let greeting = String::from_utf8_lossy(&line).trim().to_owned();
+    let Some(node) = greeting.strip_prefix("node=") else {
+        return Err(format!("no greeting (got {greeting:?})"));
+    };
+    s.write_all(b"ping")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut back = [0u8; 4];
+    match tokio::time::timeout(common::PATIENCE, s.read_exact(&mut back)).await {
+        Ok(Ok(_)) if &back == b"ping" => Ok(node.to_owned()),
+        other => Err(format!("{node}: no echo: {other:?}")),
+    }
+}
+
+/// A rolling restart behind a TCP listener, under load: each node in turn stops listening
+/// (the connections its kernel completed into its listen queue are reset; its sessions
+/// already open finish, and `close_on_node_down = false` lets them), goes DOWN on refused connects, comes back on the same address, and
+/// is UP again after its trial. Eight clients open sessions all the while, each from a fresh
+/// source address, and every session is greeted and echoed: those that landed in a closing
+/// listen queue were dropped unused and went to the other node. Before, one or two sessions
+/// in a run were reset without a byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_behind_a_tcp_listener_loses_no_session() {
+    let (a, b, port) = common::ports::common_port_pair().await;
+    let mut nodes = [
+        tokio::spawn(greeting_node(a, "a")),
+        tokio::spawn(greeting_node(b, "b")),
+    ];
+    let dir = TempDir::new("tcp-rolling");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        port,
+        // A graceful restart: the sessions a node still serves once it is DOWN go on.
+        "close_on_node_down = false\n\n[health]\nfall = 2\nfail_timeout = \"100ms\"\n",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let state = running.runtime().state();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for k in 0..8u32 {
+        let done = std::sync::Arc::clone(&done);
+        clients.spawn(async move {
+            let (mut failures, mut served) = (Vec::new(), [0u32; 2]);
+            // Bounded in count as in time (the restarts below take well under a second).
+            for j in 0..5_000u32 {
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let src = format!("127.{}.{}.{}", 10 + k, j / 250, 1 + j % 250);
+                match greeted_and_echoed(&src, addr).await {
+                    Ok(node) => served[usize::from(node == "b")] += 1,
+                    Err(e) => failures.push(format!("client {k} session {j}: {e}")),
+                }
+            }
+            (failures, served)
+        });
+    }
+    for (i, (name, ip)) in [("a", "127.0.0.2"), ("b", "127.0.0.3")]
+        .into_iter()
+        .enumerate()
+    {
+        let rt = std::sync::Arc::clone(
+            state
+                .node_rt(state.node_id(name).expect("node"))
+                .expect("runtime"),
+        );
+        let mut changes = rt.status_changes();
+        // Stops listening; its open sessions go on.
+        nodes[i].abort();
+        let _ = (&mut nodes[i]).await;
+        tokio::time::timeout(
+            common::PATIENCE,
+            changes.wait_for(|_| !rt.status().health.is_up()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name} DOWN on refused connects"))
+        .expect("status watch");
+        let again = tokio::net::TcpListener::bind((ip, port))
+            .await
+            .unwrap_or_else(|e| panic!("{name} back on its address: {e}"));
+        nodes[i] = tokio::spawn(greeting_node(again, name));
+        tokio::time::timeout(
+            common::PATIENCE,
+            changes.wait_for(|_| rt.status().health.is_up()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name} UP after its trial"))
+        .expect("status watch");
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut failures, mut served) = (Vec::new(), [0u32; 2]);
+    while let Some(r) = clients.join_next().await {
+        let (f, s) = r.expect("client task");
+        failures.extend(f);
+        served[0] += s[0];
+        served[1] += s[1];
+    }
+    assert!(
+        failures.is_empty(),
+        "{} sessions failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        served[0] > 0 && served[1] > 0,
+        "both nodes served: {served:?}"
+    );
+    drop(state);
+    running.stop().await;
     for n in nodes {
         n.abort();
     }
