@@ -128,6 +128,11 @@ pub struct DownWatch<'a> {
 }
 
 impl DownWatch<'_> {
+    /// Whether the node has gone DOWN since the watch was made (one atomic load).
+    pub fn went_down(&self) -> bool {
+        self.node.downs.load(Ordering::Acquire) != self.downs
+    }
+
     /// Resolves once the node has gone DOWN since the watch was made: at once if it did
     /// already, else when it does. Only a request still waiting for its answer calls it, so
     /// only such requests register a waiter on the node.

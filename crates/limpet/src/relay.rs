@@ -25,10 +25,11 @@
 //! WebSocket frame in flight before writing the close frame. Reads and writes are
 //! cancel-safe (`read`/`write`, never `write_all`): a dropped pump loses no byte count.
 //!
-//! A TCP session's relay watches its opening (`on_open`): until the first read on either
-//! side completes, a node that ends its stream or resets ends the relay as
-//! [`RelayEnd::Unused`], leaving the client side as it was, so the session can go to another
-//! node. The client's first bytes end the opening as they are read, before they are sent on.
+//! A TCP session's relay watches its opening ([`Opening`]): while nothing has moved either
+//! way, a node that ends its stream or resets within the opening's window, or a close
+//! signal, ends the relay as [`RelayEnd::Unused`], leaving the client side as it was, so the
+//! session can go to another node. The client's first bytes end the opening as they are
+//! read, before they are sent on.
 //!
 //! Half-close: when one side ends its stream (FIN), the other side's write half is shut down
 //! and the other direction keeps going until it ends too. The last FIN of a relay between
@@ -110,13 +111,44 @@ pub enum RelayEnd {
     Stalled(Direction),
     /// The close signal fired, with its reason.
     Stopped(&'static str),
-    /// In a relay that watched its opening ([`relay_counted`]'s `on_open`): the node ended
-    /// its stream (the error is `UnexpectedEof`) or failed (a reset) before any byte had
-    /// moved either way. It took nothing of the client's and gave it nothing, and the client
-    /// side is left as it was (not shut down, not reset), so the session can be taken to
-    /// another node: what a node in a rolling restart does to the connections its kernel
-    /// completed into its listen queue and its process never accepted.
-    Unused(io::Error),
+    /// In a relay that watched its [`Opening`], nothing moved either way before it ended:
+    /// the node took nothing of the client's and gave it nothing. The client side is left as
+    /// it was (not shut down, not reset), so the session can be taken to another node.
+    Unused(Unused),
+}
+
+/// How a relay ended with nothing moved ([`RelayEnd::Unused`]).
+#[derive(Debug)]
+pub enum Unused {
+    /// The node ended its stream (the error is `UnexpectedEof`) or failed (a reset) within
+    /// the opening's window: what a node in a rolling restart does to the connections its
+    /// kernel completed into its listen queue and its process never accepted, or a process
+    /// that accepts and closes.
+    Dropped(io::Error),
+    /// The close signal fired, with its reason. The node's side is reset, the client's left.
+    Stopped(&'static str),
+}
+
+impl std::fmt::Debug for Opening<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opening")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A relay's opening, watched for a TCP session ([`relay_counted`]): it lasts until the
+/// first read on either side completes.
+pub struct Opening<'a> {
+    /// How long after the relay starts a node's end (or reset) with nothing moved is still
+    /// its drop of an unused connection ([`Unused::Dropped`]). Queue resets and
+    /// accept-and-close come at once; a node that closes a connection its client left silent
+    /// for a while (an HTTP server's header timeout) is ending a session like any other, and
+    /// its end is passed on.
+    pub window: Duration,
+    /// Called once, when the opening ends other than with the node's drop or the client's
+    /// error: with a byte either way, the client's FIN, or the node's end past the window.
+    pub on_open: &'a (dyn Fn() + Sync),
 }
 
 /// When each direction last moved a byte, and whether it holds bytes not yet written; and
@@ -133,39 +165,41 @@ struct Clock<'a> {
     /// shutdown that has not completed (a TLS `close_notify` waiting on a full window):
     /// bytes held for the FIN would wait with it.
     ended: [AtomicBool; 2],
-    /// True until the first read on either side completes (bytes, or the end of a stream),
-    /// in a relay that watches its opening: nothing has moved either way yet.
+    /// True until the first read on either side completes (bytes, the end of a stream, an
+    /// error), in a relay that watches its opening: nothing has moved either way yet.
     opening: AtomicBool,
-    /// Called once, when the opening ends with a move.
-    on_open: Option<&'a (dyn Fn() + Sync)>,
-    /// The opening ended with the node's stream ended or failed: [`RelayEnd::Unused`].
-    unused: AtomicBool,
+    watched: Option<Opening<'a>>,
+    /// The opening ended with the node's drop: [`Unused::Dropped`].
+    dropped: AtomicBool,
 }
 
 impl<'a> Clock<'a> {
-    fn new(on_open: Option<&'a (dyn Fn() + Sync)>) -> Self {
+    fn new(watched: Option<Opening<'a>>) -> Self {
         Clock {
             start: Instant::now(),
             moved_ms: [AtomicU64::new(0), AtomicU64::new(0)],
             holding: [AtomicBool::new(false), AtomicBool::new(false)],
             ended: [AtomicBool::new(false), AtomicBool::new(false)],
-            opening: AtomicBool::new(on_open.is_some()),
-            on_open,
-            unused: AtomicBool::new(false),
+            opening: AtomicBool::new(watched.is_some()),
+            watched,
+            dropped: AtomicBool::new(false),
         }
     }
 
-    /// A read of direction `dir` completed with `read` during the opening: whether it ends
-    /// the relay as [`RelayEnd::Unused`] (the node's stream ended or failed first). Any other
-    /// read ends the opening, and `on_open` learns of it.
+    /// A read of direction `dir` completed with `read` during the opening, which it ends:
+    /// whether that is the node's drop ([`Unused::Dropped`]: its stream ended or failed
+    /// within the window). Otherwise `on_open` learns of it, unless it is the client's error.
     fn first_read(&self, dir: usize, read: &io::Result<usize>) -> bool {
         self.opening.store(false, Ordering::Relaxed);
-        if dir == DOWN && !matches!(read, Ok(n) if *n > 0) {
-            self.unused.store(true, Ordering::Relaxed);
+        let Some(o) = &self.watched else {
+            return false;
+        };
+        if dir == DOWN && !matches!(read, Ok(n) if *n > 0) && self.start.elapsed() <= o.window {
+            self.dropped.store(true, Ordering::Relaxed);
             return true;
         }
-        if let Some(f) = self.on_open {
-            f();
+        if dir == DOWN || read.is_ok() {
+            (o.on_open)();
         }
         false
     }
@@ -510,12 +544,13 @@ where
 /// ended (a session cut by MAINT or an idle timeout moved bytes too), with the sides whose
 /// last FIN may ride on their close said (`fin_on_close`).
 ///
-/// With `on_open`, the relay watches its opening: until a first read on either side
-/// completes, a node whose stream ends or fails ends the relay as [`RelayEnd::Unused`],
-/// the client side untouched. Any other first read (the client's bytes or its FIN, the
-/// node's bytes) ends the opening, and `on_open` is called then, once. A client's bytes end
-/// it as soon as they are read, before they are written on: once sent, whether the node
-/// took them cannot be known, and taking them to another node would not be safe.
+/// With an [`Opening`], the relay watches it: until a first read on either side completes,
+/// a node whose stream ends or fails within the window, or the close signal, ends the relay
+/// as [`RelayEnd::Unused`], the client side untouched. Any other first read (the client's
+/// bytes or its FIN, the node's bytes) ends the opening, and `on_open` is called then,
+/// once. A client's bytes end it as soon as they are read, before they are written on: once
+/// sent, whether the node took them cannot be known, and taking them to another node would
+/// not be safe.
 pub async fn relay_counted<C, N, S>(
     client: C,
     node: N,
@@ -523,7 +558,7 @@ pub async fn relay_counted<C, N, S>(
     framing: Framing,
     fin_on_close: FinOnClose,
     stop: S,
-    on_open: Option<&(dyn Fn() + Sync)>,
+    opening: Option<Opening<'_>>,
 ) -> (RelayEnd, u64, u64)
 where
     C: Io,
@@ -532,7 +567,7 @@ where
 {
     let (mut cr, mut cw) = Half::pair(client);
     let (mut nr, mut nw) = Half::pair(node);
-    let clock = Clock::new(on_open);
+    let clock = Clock::new(opening);
     let mut up = Pump::new(Direction::Up, false);
     let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
     tokio::pin!(stop);
@@ -567,7 +602,9 @@ where
                 },
                 r = &mut down_run, if !down_done => match r {
                     Ok(()) => down_done = true,
-                    Err(e) if clock.unused.load(Ordering::Relaxed) => break RelayEnd::Unused(e),
+                    Err(e) if clock.dropped.load(Ordering::Relaxed) => {
+                        break RelayEnd::Unused(Unused::Dropped(e))
+                    }
                     Err(e) => break RelayEnd::Error(e),
                 },
                 end = &mut control => break end,
@@ -579,6 +616,12 @@ where
     };
     let end = match end {
         RelayEnd::Done(..) => RelayEnd::Done(up.bytes, down.bytes),
+        // Stopped with nothing moved: the node's side is reset, as below, and the client's
+        // left for the session to go on elsewhere (or be cut by its caller).
+        RelayEnd::Stopped(reason) if clock.opening.load(Ordering::Relaxed) => {
+            nw.abort_on_close();
+            RelayEnd::Unused(Unused::Stopped(reason))
+        }
         RelayEnd::Stopped(reason) if framing == Framing::WebSocket && !down.done => {
             close_websocket(&mut down, &mut nr, &mut cw, &mut cr, &clock, reason).await;
             // Courtesy to the node, bounded like the rest of the close (a node that stopped
@@ -1249,6 +1292,13 @@ mod tests {
         let on_open = || {
             opened.fetch_add(1, Ordering::Relaxed);
         };
+        let opening = |window| {
+            Some(Opening {
+                window,
+                on_open: &on_open,
+            })
+        };
+        let window = Duration::from_secs(5);
         let (mut client, mut client_peer) = tokio::io::duplex(1024);
         let (node, node_peer) = tokio::io::duplex(1024);
         drop(node_peer);
@@ -1259,10 +1309,13 @@ mod tests {
             Framing::Bytes,
             FinOnClose::default(),
             std::future::pending(),
-            Some(&on_open),
+            opening(window),
         )
         .await;
-        assert!(matches!(end, RelayEnd::Unused(_)), "{end:?}");
+        assert!(
+            matches!(end, RelayEnd::Unused(Unused::Dropped(_))),
+            "{end:?}"
+        );
         assert_eq!((up, down, opened.load(Ordering::Relaxed)), (0, 0, 0));
         // Untouched: both ways still open.
         client.write_all(b"to client").await.expect("write");
@@ -1274,6 +1327,25 @@ mod tests {
             .read_exact(&mut got)
             .await
             .expect("the client's bytes are still there");
+
+        // A close signal with nothing moved: unused too, the client untouched.
+        let (node, _node_peer) = tokio::io::duplex(1024);
+        let (end, ..) = relay_counted(
+            &mut client,
+            node,
+            Duration::from_secs(60),
+            Framing::Bytes,
+            FinOnClose::default(),
+            std::future::ready("node down"),
+            opening(window),
+        )
+        .await;
+        assert!(
+            matches!(end, RelayEnd::Unused(Unused::Stopped("node down"))),
+            "{end:?}"
+        );
+        client.write_all(b"hi").await.expect("write");
+        client_peer.read_exact(&mut got).await.expect("read");
 
         // The client speaks first: its bytes end the opening, and the node's end is passed on.
         let (node, mut node_peer) = tokio::io::duplex(1024);
@@ -1293,7 +1365,7 @@ mod tests {
                 .read_to_end(&mut rest)
                 .await
                 .expect("the node's end");
-            drop(client_peer);
+            client_peer.shutdown().await.expect("the client's end");
             rest
         };
         let (relayed, (), rest) = tokio::join!(
@@ -1304,7 +1376,7 @@ mod tests {
                 Framing::Bytes,
                 FinOnClose::default(),
                 std::future::pending(),
-                Some(&on_open),
+                opening(window),
             ),
             nodeside,
             clientside
@@ -1312,5 +1384,50 @@ mod tests {
         assert!(matches!(relayed.0, RelayEnd::Done(5, 0)), "{:?}", relayed.0);
         assert!(rest.is_empty());
         assert_eq!(opened.load(Ordering::Relaxed), 1, "on_open called once");
+    }
+
+    /// Past the opening's window, a node that ends a connection nothing moved on is ending
+    /// a session like any other (a server's timeout for a silent client): its end is passed
+    /// on to the client, and `on_open` is called (the connect held).
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_ends_a_silent_session_past_the_window_is_passed_on() {
+        let opened = AtomicU64::new(0);
+        let on_open = || {
+            opened.fetch_add(1, Ordering::Relaxed);
+        };
+        let (client, mut client_peer) = tokio::io::duplex(1024);
+        let (node, node_peer) = tokio::io::duplex(1024);
+        let nodeside = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(node_peer);
+        };
+        let clientside = async {
+            let mut rest = Vec::new();
+            client_peer
+                .read_to_end(&mut rest)
+                .await
+                .expect("the node's end");
+            drop(client_peer);
+            rest
+        };
+        let (relayed, (), rest) = tokio::join!(
+            relay_counted(
+                client,
+                node,
+                Duration::from_secs(60),
+                Framing::Bytes,
+                FinOnClose::default(),
+                std::future::pending(),
+                Some(Opening {
+                    window: Duration::from_secs(1),
+                    on_open: &on_open,
+                }),
+            ),
+            nodeside,
+            clientside
+        );
+        assert!(matches!(relayed.0, RelayEnd::Done(0, 0)), "{:?}", relayed.0);
+        assert!(rest.is_empty());
+        assert_eq!(opened.load(Ordering::Relaxed), 1);
     }
 }

@@ -15,11 +15,13 @@
 //!              └──────── route again, excluding it ◄────────┘ byte moved: passive failure
 //! ```
 //!
-//! The relay's opening: until a first byte moves either way, the node has taken nothing of
-//! the client's and given nothing, so a node that closes or resets the connection then (a
-//! listen queue reset as a restart closes it) loses the session no byte: it routes again,
-//! with the client's connection untouched. The connect's success is observed when the
-//! opening ends with a move, so that a node that drops every session goes DOWN.
+//! The relay's opening ([`Opening`]): until a first byte moves either way, the node has taken
+//! nothing of the client's and given nothing, so a node that closes or resets the connection
+//! within the connect timeout (a listen queue reset as a restart closes it) loses the session
+//! no byte: it routes again, with the client's connection untouched, and the node is charged
+//! as for a refused connect. So does a session whose node leaves rotation then, nothing
+//! charged. The connect's success is observed when the opening ends with a move, so that a
+//! node that drops every session goes DOWN.
 //!
 //! Accepting the client and connecting to the node go through [`crate::net`], and the relay
 //! is [`crate::relay`]: the same code HTTP listeners and WebSocket tunnels use. Half-close: when one
@@ -45,7 +47,7 @@ use crate::clock;
 use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
 use crate::logging::access::{Ms, Or, PinText};
-use crate::relay::{relay_counted, Direction, FinOnClose, Framing, RelayEnd};
+use crate::relay::{relay_counted, Direction, FinOnClose, Framing, Opening, RelayEnd, Unused};
 use crate::runtime::{Runtime, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
@@ -635,9 +637,6 @@ async fn connect(
                     failed.push(Excluded { node, why });
                     continue;
                 }
-                if let Some(o) = crate::metrics::PinOutcome::of_route(route.outcome) {
-                    state.lifecycle.metrics.pin(&def.name, o);
-                }
                 return Ok(Connected {
                     node,
                     outcome: route.outcome,
@@ -796,9 +795,14 @@ async fn session(
         };
         let open = rt.open();
         let node_name = rt.name().to_owned();
-        // Node lifecycle: counted as a tunnel, seen as a session, ended by the node's state.
+        // Node lifecycle: counted as a tunnel, ended by the node's state.
         let tunnel = rt.tunnel();
-        rt.seen(moves.key());
+        let key = moves.key();
+        // What the session learns of the node from here is left unsaid once the node has
+        // gone DOWN meanwhile: late, a success would land on another session's trial of it
+        // (bringing it UP, or ending that trial unlearnt), and a failure would end that
+        // trial's claim.
+        let since = rt.watch_down();
         // The node's runtime outlives reloads: a session opened before one still ends on
         // every later MAINT, DOWN (`close_on_node_down` as the running config has it) and
         // drain deadline.
@@ -826,13 +830,24 @@ async fn session(
             client: !client_tls,
             node: conn_def.upstream_tls.is_none(),
         };
-        // Every session watches its opening, a trial's too: its connect was observed, but
-        // a drop still fails it.
-        let opened = || {
-            if let Some(obs) = on_open {
+        // The session is the node's once its opening ends (or the relay does, for one that
+        // never moved): its route's pin outcome is counted and the node has seen it, once,
+        // so that a session a node dropped unused counts once, where it went. `observe`:
+        // the connect's success (a trial's was observed at its connect).
+        let taken = std::sync::atomic::AtomicBool::new(false);
+        let take = |observe: bool| {
+            if taken.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            if let (true, Some(obs), false) = (observe, on_open, since.went_down()) {
                 state.observe(node, obs);
             }
+            if let Some(o) = crate::metrics::PinOutcome::of_route(outcome) {
+                state.lifecycle.metrics.pin(&def.name, o);
+            }
+            rt.seen(key);
         };
+        let opened = || take(true);
         let relayed = relay_counted(
             &mut client,
             stream,
@@ -840,25 +855,54 @@ async fn session(
             Framing::Bytes,
             fin_on_close,
             stop,
-            Some(&opened),
+            // Every session watches its opening, a trial's too: its connect was observed,
+            // but a drop still fails it. A drop comes at once or not at all (a listen queue
+            // reset, accept and close): within the connect timeout, the connect's own bound.
+            Some(Opening {
+                window: conn_def.timeouts.connect,
+                on_open: &opened,
+            }),
         )
         .await;
-        if let RelayEnd::Unused(e) = &relayed.0 {
-            // The node took the connection and dropped it before any byte moved either way:
-            // nothing of the client's was sent, nothing answered, so the session routes again
-            // without the node, as when its connect is refused, and the node is charged as
-            // for one.
-            tracing::debug!(listener = %def.name, node = %node_name, client = %who.client, error = %e, "node dropped the session unused: routing it again");
-            state.observe(node, Observation::TrafficFailed);
-            failed.push(Excluded {
-                node,
-                why: limpet_core::RepinReason::ConnectFailed,
-            });
-            continue;
+        match &relayed.0 {
+            RelayEnd::Unused(Unused::Dropped(e)) => {
+                // The node took the connection and dropped it before any byte moved either
+                // way: nothing of the client's was sent, nothing answered, so the session
+                // routes again without the node, as when its connect is refused, and the
+                // node is charged as for one.
+                tracing::debug!(listener = %def.name, node = %node_name, client = %who.client, error = %e, "node dropped the session unused: routing it again");
+                if !since.went_down() {
+                    state.observe(node, Observation::TrafficFailed);
+                }
+                failed.push(Excluded {
+                    node,
+                    why: limpet_core::RepinReason::ConnectFailed,
+                });
+                continue;
+            }
+            RelayEnd::Unused(Unused::Stopped(why)) if *why != "shutdown" => {
+                // The node's state (DOWN, MAINT, a drain's end) or the session's table entry
+                // moved it off the node before anything moved: it routes again, nothing
+                // charged, as from the node's queue. (Where the table pins another node now,
+                // the route follows it, and the reason for leaving this one goes unused.)
+                tracing::debug!(listener = %def.name, node = %node_name, client = %who.client, why, "session moved before any byte moved: routing it again");
+                let why = match rt.status().session_end(clock::now_ms(), key, true) {
+                    limpet_core::SessionEnd::Now(why) => why,
+                    _ => limpet_core::RepinReason::NodeDown,
+                };
+                failed.push(Excluded { node, why });
+                continue;
+            }
+            _ => {}
         }
+        take(false);
         // The session's hold on the node (its slot, its count) ends with its log line.
         break (outcome, node_name, relayed, (open, tunnel, admitted));
     };
+    // A shutdown's end cuts a session that never moved as it cuts the others.
+    if let RelayEnd::Unused(Unused::Stopped(_)) = end {
+        client.abort_on_close();
+    }
     // The relay's end closes the client's connection.
     drop(client);
     // Counted when the session ends, however it ends: the stats page's bytes of a node
@@ -871,8 +915,8 @@ async fn session(
             tracing::debug!(listener = %def.name, node = %node_name, up, down, "session ended");
             ("done", None)
         }
-        // (`Unused` routed the session again above.)
-        RelayEnd::Error(e) | RelayEnd::Unused(e) => {
+        // (A node's drop routed the session again above.)
+        RelayEnd::Error(e) | RelayEnd::Unused(Unused::Dropped(e)) => {
             tracing::debug!(listener = %def.name, node = %node_name, error = %e, "session ended with an error");
             ("error", None)
         }
@@ -887,7 +931,7 @@ async fn session(
                 Direction::Up => ("node-stalled", None),
             }
         }
-        RelayEnd::Stopped(why) => ("cut", Some(*why)),
+        RelayEnd::Stopped(why) | RelayEnd::Unused(Unused::Stopped(why)) => ("cut", Some(*why)),
     };
     if let Some(started) = started {
         let pin = PinText(Some(outcome), slot.table.is_some());

@@ -617,23 +617,28 @@ async fn a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given
     }
 }
 
-/// How a node drops a connection it took without a byte: its process closes it (a FIN), or
-/// it is reset (what a node's kernel sends to the connections left in its listen queue when
-/// a rolling restart closes the listener, or a process that exits with bytes unread).
+/// What a node does with a connection it took, without a byte: drop it at once, closed (a
+/// FIN) or reset (what a node's kernel sends to the connections left in its listen queue
+/// when a rolling restart closes the listener, or a process that exits with bytes unread);
+/// hold it; or close it after a while (a server's timeout for a silent client).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DropWith {
     Fin,
     Reset,
+    Hold,
+    FinAfter(Duration),
 }
 
-/// A node that takes each connection, says so on `took`, and drops it: at once, or, with
-/// `after_bytes`, once the client's first bytes have come (which it reports instead).
+/// A node that takes each connection, says so on `took`, and does with it what `with` says:
+/// at once, or, with `after_bytes`, once the client's first bytes have come (which it
+/// reports instead).
 async fn dropping_node(
     listener: tokio::net::TcpListener,
     with: DropWith,
     after_bytes: bool,
     took: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
 ) {
+    let mut held = Vec::new();
     while let Ok((mut s, _)) = listener.accept().await {
         let mut got = Vec::new();
         if after_bytes {
@@ -647,7 +652,16 @@ async fn dropping_node(
         }
         // Said before the drop, so that the test knows of it before the client can.
         let _ = took.send(got);
-        drop(s);
+        match with {
+            DropWith::Fin | DropWith::Reset => drop(s),
+            DropWith::Hold => held.push(s),
+            DropWith::FinAfter(d) => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    drop(s);
+                });
+            }
+        }
     }
 }
 
@@ -700,8 +714,8 @@ async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
         let a_id = state.node_id("a").expect("node a");
         let a_rt = std::sync::Arc::clone(state.node_rt(a_id).expect("a's runtime"));
         // Fresh clients until a has dropped `fall` of them; each is b's.
-        let mut sessions = 0;
-        let mut dropped = 0;
+        let mut sessions = 0u64;
+        let mut dropped = 0u64;
         while dropped < 2 {
             assert!(
                 sessions < 20,
@@ -737,6 +751,14 @@ async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
         assert!(
             took.try_recv().is_err(),
             "{with:?}: a DOWN takes no session"
+        );
+        // Each session's pin outcome is counted once, where it went: a dropped one as
+        // re-pinned, not also as the fresh pin to a it began with.
+        let t = state.lifecycle.metrics.totals();
+        assert_eq!(
+            (t.new + t.repinned, t.repinned, t.sticky),
+            (sessions + 3, dropped, sessions),
+            "{with:?}: {t:?}"
         );
         drop(state);
         running.stop().await;
@@ -914,6 +936,126 @@ async fn a_rolling_restart_behind_a_tcp_listener_loses_no_session() {
     assert!(
         served[0] > 0 && served[1] > 0,
         "both nodes served: {served:?}"
+    );
+    drop(state);
+    running.stop().await;
+    for n in nodes {
+        n.abort();
+    }
+}
+
+/// A node that leaves rotation (DOWN, with `close_on_node_down` as by default, or MAINT)
+/// while a session it took has moved nothing either way (the client waits for the node to
+/// speak first, and it has not): the session goes to the other node, which greets it, and
+/// the node is charged nothing. Before, the node's close signal reset the client's
+/// connection.
+#[tokio::test]
+async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_other_node() {
+    for (i, how) in ["down", "maint"].into_iter().enumerate() {
+        let (a, b, port) = common::ports::common_port_pair().await;
+        let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+        let nodes = [
+            tokio::spawn(dropping_node(a, DropWith::Hold, false, took_tx)),
+            tokio::spawn(greeting_node(b, "b")),
+        ];
+        let dir = TempDir::new("tcp-left-unused");
+        let cfg = tcp_config(&dir, &[("a", "127.0.0.2"), ("b", "127.0.0.3")], port, "");
+        let running = start(cfg).await.expect("start");
+        let addr = running.addr("raw").expect("addr");
+        let state = running.runtime().state();
+        let a_rt = std::sync::Arc::clone(
+            state
+                .node_rt(state.node_id("a").expect("node a"))
+                .expect("a's runtime"),
+        );
+        // Fresh clients until a takes one (b greets those it takes).
+        let mut on_a = None;
+        for n in 0..10 {
+            let src = format!("127.0.{}.{}", 110 + i, 10 + n).parse().expect("ip");
+            let mut s = connect_from(src, addr).await;
+            tokio::select! {
+                got = took.recv() => {
+                    got.expect("a runs");
+                    on_a = Some(s);
+                    break;
+                }
+                line = read_line(&mut s) => assert_eq!(line, "node=b"),
+            }
+        }
+        let mut s = on_a.unwrap_or_else(|| panic!("{how}: no session of 10 went to a"));
+        if how == "down" {
+            assert!(state.force_health("a", false).is_some());
+        } else {
+            assert!(state
+                .set_admin("a", limpet_core::AdminState::Maint)
+                .is_some());
+        }
+        assert_eq!(
+            read_line(&mut s).await,
+            "node=b",
+            "{how}: the session went to b"
+        );
+        echo(&mut s, b"relayed").await;
+        assert_eq!(a_rt.status().health.streak(), 0, "{how}: a charged nothing");
+        drop(s);
+        drop(state);
+        running.stop().await;
+        for n in nodes {
+            n.abort();
+        }
+    }
+}
+
+/// A node that closes a session its client left silent, past the opening's window (the
+/// listener's connect timeout, 200 ms here; the node waits 600 ms), is ending a session like
+/// any other, not dropping an unused connection: the client's connection ends with it, the
+/// session is not moved, and the node is charged nothing. Counted as a drop, a silent client
+/// would have charged every node in turn.
+#[tokio::test]
+async fn a_node_that_closes_a_silent_session_past_the_window_is_not_charged() {
+    let (a, b, port) = common::ports::common_port_pair().await;
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let nodes = [
+        tokio::spawn(dropping_node(
+            a,
+            DropWith::FinAfter(Duration::from_millis(600)),
+            false,
+            took_tx,
+        )),
+        tokio::spawn(greeting_node(b, "b")),
+    ];
+    let dir = TempDir::new("tcp-silent");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        port,
+        "timeouts = { connect = \"200ms\" }\n\n[health]\nfall = 1\nfail_timeout = \"60s\"\n",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let state = running.runtime().state();
+    let a_rt = std::sync::Arc::clone(
+        state
+            .node_rt(state.node_id("a").expect("node a"))
+            .expect("a's runtime"),
+    );
+    let mut landed = false;
+    for n in 0..10 {
+        let src = format!("127.0.0.{}", 140 + n).parse().expect("ip");
+        let mut s = connect_from(src, addr).await;
+        let line = read_line(&mut s).await;
+        if took.try_recv().is_ok() {
+            assert_eq!(line, "", "the session ended with a's close, not moved to b");
+            landed = true;
+            break;
+        }
+        assert_eq!(line, "node=b", "a session b took is b's");
+    }
+    assert!(landed, "no session of 10 went to a");
+    let health = a_rt.status().health;
+    assert!(
+        health.is_up() && health.streak() == 0,
+        "a charged nothing: {health:?}"
     );
     drop(state);
     running.stop().await;
