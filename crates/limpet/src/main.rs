@@ -118,7 +118,12 @@ fn main() -> ExitCode {
             limpet::net::raise_fd_limit();
             limpet::runtime::run::run(args)
         }
-        Command::Check(args) => limpet::runtime::run::check(args),
+        Command::Check(args) => {
+            // The warnings validation logs (keys it ignores, naming their lines) are for the
+            // operator checking the file above all.
+            _log = limpet::logging::init();
+            limpet::runtime::run::check(args)
+        }
         Command::Probe(args) => {
             _log = limpet::logging::init();
             limpet::probe::run(args)

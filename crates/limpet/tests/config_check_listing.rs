@@ -257,3 +257,62 @@ table = "by-id"
     let pasted = other.write("restored.toml", &restored);
     assert_eq!(listing(&pasted), first);
 }
+
+/// Keys a check of another kind reads are ignored and said, at their line, by `limpet
+/// check`: `path`, `method`, `host`, `expect` on a `tcp` or `tls` check, `verify` and
+/// `server_name` on a `tcp` one, and the TLS keys of an `http` check that runs plain. The
+/// file still loads (it loaded before they were said), and the listing leaves the `tcp`
+/// check's TLS keys out. Before, nothing was said, and `limpet check` showed no warning at
+/// all: it did not set up the log.
+#[test]
+fn keys_a_check_of_another_kind_reads_are_ignored_and_said_at_their_line() {
+    let dir = TempDir::new("check-foreign-keys");
+    let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+        [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = 9100\n\
+        check = { kind = \"tcp\", path = \"/health\", verify = \"none\" }\n\n\
+        [[listeners]]\nname = \"ipps\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = 443\n\
+        check = { kind = \"tls\", verify = \"none\", expect = \"200\" }\n\n\
+        [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n\
+        check = { kind = \"http\", server_name = \"n.example\" }\n";
+    let path = dir.write("limpet.toml", text);
+    let (code, out, err) = check(&path);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    // FILE:LINE:COLUMN of a value, as configuration errors point at it.
+    let at = |value: &str| {
+        let i = text
+            .find(value)
+            .unwrap_or_else(|| panic!("{value} in the text"));
+        let line = text[..i].matches('\n').count() + 1;
+        let col = i - text[..i].rfind('\n').map_or(0, |n| n + 1) + 1;
+        format!("{}:{line}:{col}: ", path.display())
+    };
+    for (value, key, says) in [
+        (
+            "\"/health\"",
+            "listeners[0].check.path",
+            "ignored: a tcp check only opens a connection; `path` is for an http check",
+        ),
+        (
+            "\"none\" }\n\n[[listeners]]\nname = \"ipps\"",
+            "listeners[0].check.verify",
+            "ignored: a tcp check only opens a connection; `verify` is for a check over TLS",
+        ),
+        (
+            "\"200\"",
+            "listeners[1].check.expect",
+            "ignored: a tls check only completes a TLS handshake; `expect` is for an http check",
+        ),
+        (
+            "\"n.example\"",
+            "listeners[2].check.server_name",
+            "ignored: this http check runs plain",
+        ),
+    ] {
+        let line = format!("{}{key}: {says}", at(value));
+        assert!(err.contains(&line), "no {line:?} in:\n{err}");
+    }
+    assert!(
+        out.contains("check = { kind = \"tcp\" }"),
+        "the tcp check's listing without the keys it ignores:\n{out}"
+    );
+}

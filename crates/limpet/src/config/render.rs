@@ -370,11 +370,14 @@ fn check(o: &mut String, c: &RawCheck, l: &ListenerDef, check_ports: &[Option<u1
             None => per_node.push("tls: over TLS at the node port, plain at another".to_owned()),
         }
     }
-    if let Some(v) = text(&c.verify) {
-        parts.push(format!("verify = {}", q(v)));
-    }
-    if let Some(n) = text(&c.server_name) {
-        parts.push(format!("server_name = {}", q(n)));
+    // A tcp check ignores them (validation says so): the listing leaves them out.
+    if kind != "tcp" {
+        if let Some(v) = text(&c.verify) {
+            parts.push(format!("verify = {}", q(v)));
+        }
+        if let Some(n) = text(&c.server_name) {
+            parts.push(format!("server_name = {}", q(n)));
+        }
     }
     match (port, l.upstreams.is_same_port()) {
         (Some(_), _) => {}

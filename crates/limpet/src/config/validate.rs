@@ -1188,6 +1188,36 @@ impl Validator<'_> {
                     trust,
                 })
             };
+            // Keys another kind of check reads, on a `tcp` or `tls` check: ignored, and said,
+            // naming the line (the operator most likely meant another kind). Said, not
+            // refused: such a file loaded before, and a restart or an upgrade must not fail
+            // on it.
+            let what = match c.kind.get_ref().as_str() {
+                "tcp" => Some("a tcp check only opens a connection"),
+                "tls" => Some("a tls check only completes a TLS handshake"),
+                _ => None,
+            };
+            if let Some(what) = what {
+                let span = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
+                let mut foreign = vec![
+                    ("path", span(&c.path), "an http check"),
+                    ("method", span(&c.method), "an http check"),
+                    ("host", span(&c.host), "an http check"),
+                    ("expect", span(&c.expect), "an http check"),
+                ];
+                if c.kind.get_ref() == "tcp" {
+                    foreign.push(("verify", span(&c.verify), "a check over TLS"));
+                    foreign.push(("server_name", span(&c.server_name), "a check over TLS"));
+                }
+                for (field, at, of) in foreign {
+                    if let Some(at) = at {
+                        tracing::warn!(
+                            "{}",
+                            bad(at, field, format!("ignored: {what}; `{field}` is for {of}"),)
+                        );
+                    }
+                }
+            }
             let kind = match c.kind.get_ref().as_str() {
                 "tcp" => CheckKind::Tcp,
                 "http" => {
