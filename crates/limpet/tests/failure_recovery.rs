@@ -3410,6 +3410,75 @@ async fn a_websocket_upgrade_to_a_dead_node_opens_on_the_other_and_re_pins() {
     l.stop().await;
 }
 
+/// A WebSocket upgrade whose session's node is hung (its kernel takes the connection, its
+/// process never answers) waits out the answer timeout and is answered 504: an upgrade
+/// once sent is never replayed (the node may have taken it), whatever the rule for GETs.
+/// (Replayed on b, it would have been answered 101.) The node is charged (`fall = 1`: DOWN
+/// by its traffic), and the session's next upgrade opens on b, its 101 re-pinning it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_upgrade_to_a_hung_node_is_answered_504_and_not_replayed() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let (mut nodes, port) = backend_nodes(&AB).await;
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"60s\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         timeouts = {{ upstream_answer = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("ws-hung-node", &text);
+    let l = Limpet::start(&cfg).await;
+    // a's process gone, its address taking connections nobody answers.
+    nodes[0].kill().await;
+    let hung = tokio::net::TcpListener::bind(("127.0.0.2", port))
+        .await
+        .unwrap_or_else(|e| panic!("bind a's address: {e}"));
+    let upgrade = || {
+        let mut req = format!("ws://{}/ws", l.addr("web"))
+            .into_client_request()
+            .unwrap_or_else(|e| panic!("request: {e}"));
+        req.headers_mut().insert(
+            http::header::COOKIE,
+            http::HeaderValue::from_static("route=a"),
+        );
+        tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req))
+    };
+    let asked = Instant::now();
+    let refused = upgrade()
+        .await
+        .unwrap_or_else(|_| panic!("no answer in time"));
+    let waited = asked.elapsed();
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(answer)) => {
+            assert_eq!(answer.status(), 504, "the answer timeout's 504")
+        }
+        other => panic!("an upgrade to a hung node is not replayed: {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(5),
+        "answered at the answer timeout: {waited:?}"
+    );
+    let v = node_view(&l, "a").await;
+    assert_eq!(v["health"]["down_cause"], "traffic", "a charged: {v}");
+    // The session's next upgrade: a is DOWN, the tunnel opens on b and re-pins the session.
+    let (mut ws, answer) = upgrade()
+        .await
+        .unwrap_or_else(|_| panic!("not upgraded in time"))
+        .unwrap_or_else(|e| panic!("websocket: {e}"));
+    assert_eq!(
+        route_cookie_of(answer.headers()).as_deref(),
+        Some("route=b")
+    );
+    let greeting = match tokio::time::timeout(PATIENCE, ws.next()).await {
+        Ok(Some(Ok(m))) => m.into_text().map(|t| t.to_string()).unwrap_or_default(),
+        other => panic!("no greeting: {other:?}"),
+    };
+    assert_eq!(greeting, "b");
+    drop((ws, hung));
+    l.stop().await;
+}
+
 /// `timeouts.upstream_idle` below the node's keep-alive timeout: limpet never sends a request
 /// on a connection the node has kept idle that long, so a POST after a pause goes out on a
 /// fresh connection and is answered. The same node behind a listener that keeps idle
