@@ -3367,6 +3367,20 @@ async fn with_tls_to_the_nodes_an_h2_session_moves_off_a_node_that_dies_or_hangs
     b.task.abort();
 }
 
+/// A WebSocket upgrade request for `/ws` through `addr`, with `cookie`.
+fn ws_request(
+    addr: std::net::SocketAddr,
+    cookie: &'static str,
+) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://{addr}/ws")
+        .into_client_request()
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    req.headers_mut()
+        .insert(http::header::COOKIE, http::HeaderValue::from_static(cookie));
+    req
+}
+
 /// A WebSocket upgrade whose session's node is dead (its port refuses) is sent to the other
 /// node before any byte went out, and the 101 re-pins the session there (`Set-Cookie:
 /// route=b`), so the session's HTTP requests follow the tunnel. An upgrade once sent is never
@@ -3374,7 +3388,6 @@ async fn with_tls_to_the_nodes_an_h2_session_moves_off_a_node_that_dies_or_hangs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_upgrade_to_a_dead_node_opens_on_the_other_and_re_pins() {
     use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let (mut nodes, port) = backend_nodes(&AB).await;
     let text = format!(
         "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
@@ -3384,14 +3397,11 @@ async fn a_websocket_upgrade_to_a_dead_node_opens_on_the_other_and_re_pins() {
     let cfg = ConfigFile::new("ws-dead-node", &text);
     let l = Limpet::start(&cfg).await;
     nodes[0].kill().await;
-    let mut req = format!("ws://{}/ws", l.addr("web"))
-        .into_client_request()
-        .unwrap_or_else(|e| panic!("request: {e}"));
-    req.headers_mut().insert(
-        http::header::COOKIE,
-        http::HeaderValue::from_static("route=a"),
-    );
-    let Ok(upgraded) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req)).await
+    let Ok(upgraded) = tokio::time::timeout(
+        PATIENCE,
+        tokio_tungstenite::connect_async(ws_request(l.addr("web"), "route=a")),
+    )
+    .await
     else {
         panic!("not upgraded in time")
     };
@@ -3418,7 +3428,6 @@ async fn a_websocket_upgrade_to_a_dead_node_opens_on_the_other_and_re_pins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_upgrade_to_a_hung_node_is_answered_504_and_not_replayed() {
     use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let (mut nodes, port) = backend_nodes(&AB).await;
     let text = format!(
         "{}[health]\nfall = 1\nfail_timeout = \"60s\"\n\n\
@@ -3435,19 +3444,15 @@ async fn a_websocket_upgrade_to_a_hung_node_is_answered_504_and_not_replayed() {
         .await
         .unwrap_or_else(|e| panic!("bind a's address: {e}"));
     let upgrade = || {
-        let mut req = format!("ws://{}/ws", l.addr("web"))
-            .into_client_request()
-            .unwrap_or_else(|e| panic!("request: {e}"));
-        req.headers_mut().insert(
-            http::header::COOKIE,
-            http::HeaderValue::from_static("route=a"),
-        );
-        tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req))
+        tokio::time::timeout(
+            PATIENCE,
+            tokio_tungstenite::connect_async(ws_request(l.addr("web"), "route=a")),
+        )
     };
     let asked = Instant::now();
-    let refused = upgrade()
-        .await
-        .unwrap_or_else(|_| panic!("no answer in time"));
+    let Ok(refused) = upgrade().await else {
+        panic!("no answer in time")
+    };
     let waited = asked.elapsed();
     match refused {
         Err(tokio_tungstenite::tungstenite::Error::Http(answer)) => {
@@ -3462,10 +3467,10 @@ async fn a_websocket_upgrade_to_a_hung_node_is_answered_504_and_not_replayed() {
     let v = node_view(&l, "a").await;
     assert_eq!(v["health"]["down_cause"], "traffic", "a charged: {v}");
     // The session's next upgrade: a is DOWN, the tunnel opens on b and re-pins the session.
-    let (mut ws, answer) = upgrade()
-        .await
-        .unwrap_or_else(|_| panic!("not upgraded in time"))
-        .unwrap_or_else(|e| panic!("websocket: {e}"));
+    let Ok(upgraded) = upgrade().await else {
+        panic!("not upgraded in time")
+    };
+    let (mut ws, answer) = upgraded.unwrap_or_else(|e| panic!("websocket: {e}"));
     assert_eq!(
         route_cookie_of(answer.headers()).as_deref(),
         Some("route=b")

@@ -685,6 +685,56 @@ async fn greeting_node(listener: tokio::net::TcpListener, name: &'static str) {
     }
 }
 
+/// Node a, doing what `with` says with each connection (with `after_bytes`, once the
+/// client's first bytes have come), and node b, greeting, on one port behind the TCP
+/// listener `raw` of a source-address table (`extra` added to its config); and what a
+/// reports taking.
+struct ADropsBGreets {
+    running: limpet::runtime::run::Running,
+    addr: std::net::SocketAddr,
+    a: std::sync::Arc<limpet::nodes::NodeRuntime>,
+    took: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    nodes: [tokio::task::JoinHandle<()>; 2],
+    _dir: TempDir,
+}
+
+impl ADropsBGreets {
+    async fn start(with: DropWith, after_bytes: bool, extra: &str) -> Self {
+        let (a, b, port) = common::ports::common_port_pair().await;
+        let (took_tx, took) = tokio::sync::mpsc::unbounded_channel();
+        let nodes = [
+            tokio::spawn(dropping_node(a, with, after_bytes, took_tx)),
+            tokio::spawn(greeting_node(b, "b")),
+        ];
+        let dir = TempDir::new("tcp-a-drops");
+        let cfg = tcp_config(&dir, &[("a", "127.0.0.2"), ("b", "127.0.0.3")], port, extra);
+        let running = start(cfg).await.expect("start");
+        let addr = running.addr("raw").expect("addr");
+        let state = running.runtime().state();
+        let a = std::sync::Arc::clone(
+            state
+                .node_rt(state.node_id("a").expect("node a"))
+                .expect("a's runtime"),
+        );
+        ADropsBGreets {
+            running,
+            addr,
+            a,
+            took,
+            nodes,
+            _dir: dir,
+        }
+    }
+
+    async fn stop(self) {
+        drop(self.a);
+        self.running.stop().await;
+        for n in self.nodes {
+            n.abort();
+        }
+    }
+}
+
 /// A node that takes TCP sessions and drops them before any byte moved either way, closed
 /// (a FIN) or reset, as a node in a rolling restart does to the connections caught in its
 /// listen queue: nothing of the client's was sent, so each session is taken to the other
@@ -695,24 +745,13 @@ async fn greeting_node(listener: tokio::net::TcpListener, name: &'static str) {
 #[tokio::test]
 async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
     for (i, with) in [DropWith::Fin, DropWith::Reset].into_iter().enumerate() {
-        let (a, b, port) = common::ports::common_port_pair().await;
-        let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
-        let nodes = [
-            tokio::spawn(dropping_node(a, with, false, took_tx)),
-            tokio::spawn(greeting_node(b, "b")),
-        ];
-        let dir = TempDir::new("tcp-unused");
-        let cfg = tcp_config(
-            &dir,
-            &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
-            port,
+        let mut p = ADropsBGreets::start(
+            with,
+            false,
             "\n[health]\nfall = 2\nfail_timeout = \"60s\"\n",
-        );
-        let running = start(cfg).await.expect("start");
-        let addr = running.addr("raw").expect("addr");
-        let state = running.runtime().state();
-        let a_id = state.node_id("a").expect("node a");
-        let a_rt = std::sync::Arc::clone(state.node_rt(a_id).expect("a's runtime"));
+        )
+        .await;
+        let (addr, a_rt) = (p.addr, std::sync::Arc::clone(&p.a));
         // Fresh clients until a has dropped `fall` of them; each is b's.
         let mut sessions = 0u64;
         let mut dropped = 0u64;
@@ -726,7 +765,7 @@ async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
             assert_eq!(node, "b", "{with:?}: session {sessions} was greeted by b");
             echo(&mut s, b"relayed").await;
             sessions += 1;
-            while took.try_recv().is_ok() {
+            while p.took.try_recv().is_ok() {
                 dropped += 1;
             }
             // The session's table entry follows it to b.
@@ -749,22 +788,19 @@ async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
             assert_eq!(tcp_session(&src, addr).await.1, "b");
         }
         assert!(
-            took.try_recv().is_err(),
+            p.took.try_recv().is_err(),
             "{with:?}: a DOWN takes no session"
         );
         // Each session's pin outcome is counted once, where it went: a dropped one as
         // re-pinned, not also as the fresh pin to a it began with.
-        let t = state.lifecycle.metrics.totals();
+        let t = p.running.runtime().state().lifecycle.metrics.totals();
         assert_eq!(
             (t.new + t.repinned, t.repinned, t.sticky),
             (sessions + 3, dropped, sessions),
             "{with:?}: {t:?}"
         );
-        drop(state);
-        running.stop().await;
-        for n in nodes {
-            n.abort();
-        }
+        drop(a_rt);
+        p.stop().await;
     }
 }
 
@@ -774,21 +810,13 @@ async fn a_node_that_drops_sessions_unused_passes_them_on_and_goes_down() {
 /// node's did, and b never sees the session.
 #[tokio::test]
 async fn a_session_whose_client_spoke_first_is_not_moved_when_its_node_drops_it() {
-    let (a, b, port) = common::ports::common_port_pair().await;
-    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
-    let nodes = [
-        tokio::spawn(dropping_node(a, DropWith::Fin, true, took_tx)),
-        tokio::spawn(greeting_node(b, "b")),
-    ];
-    let dir = TempDir::new("tcp-spoke-first");
-    let cfg = tcp_config(
-        &dir,
-        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
-        port,
+    let mut p = ADropsBGreets::start(
+        DropWith::Fin,
+        true,
         "\n[health]\nfall = 2\nfail_timeout = \"60s\"\n",
-    );
-    let running = start(cfg).await.expect("start");
-    let addr = running.addr("raw").expect("addr");
+    )
+    .await;
+    let addr = p.addr;
     // Fresh clients until one lands on a (those b takes are greeted by it).
     let mut landed = false;
     for n in 0..10 {
@@ -796,7 +824,7 @@ async fn a_session_whose_client_spoke_first_is_not_moved_when_its_node_drops_it(
         let mut s = connect_from(src, addr).await;
         s.write_all(b"PRINT job 1\n").await.expect("client writes");
         let line = read_line(&mut s).await;
-        if let Ok(sent) = took.try_recv() {
+        if let Ok(sent) = p.took.try_recv() {
             assert_eq!(sent, b"PRINT job 1\n", "a got the client's bytes");
             assert_eq!(
                 line, "",
@@ -808,10 +836,7 @@ async fn a_session_whose_client_spoke_first_is_not_moved_when_its_node_drops_it(
         assert_eq!(line, "node=b", "a session b took is b's");
     }
     assert!(landed, "no session of 10 went to a");
-    running.stop().await;
-    for n in nodes {
-        n.abort();
-    }
+    p.stop().await;
 }
 
 /// One TCP session through `addr` from `src`: the node's greeting, then an echo. What went
@@ -952,29 +977,15 @@ async fn a_rolling_restart_behind_a_tcp_listener_loses_no_session() {
 #[tokio::test]
 async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_other_node() {
     for (i, how) in ["down", "maint"].into_iter().enumerate() {
-        let (a, b, port) = common::ports::common_port_pair().await;
-        let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
-        let nodes = [
-            tokio::spawn(dropping_node(a, DropWith::Hold, false, took_tx)),
-            tokio::spawn(greeting_node(b, "b")),
-        ];
-        let dir = TempDir::new("tcp-left-unused");
-        let cfg = tcp_config(&dir, &[("a", "127.0.0.2"), ("b", "127.0.0.3")], port, "");
-        let running = start(cfg).await.expect("start");
-        let addr = running.addr("raw").expect("addr");
-        let state = running.runtime().state();
-        let a_rt = std::sync::Arc::clone(
-            state
-                .node_rt(state.node_id("a").expect("node a"))
-                .expect("a's runtime"),
-        );
+        let mut p = ADropsBGreets::start(DropWith::Hold, false, "").await;
+        let addr = p.addr;
         // Fresh clients until a takes one (b greets those it takes).
         let mut on_a = None;
         for n in 0..10 {
             let src = format!("127.0.{}.{}", 110 + i, 10 + n).parse().expect("ip");
             let mut s = connect_from(src, addr).await;
             tokio::select! {
-                got = took.recv() => {
+                got = p.took.recv() => {
                     got.expect("a runs");
                     on_a = Some(s);
                     break;
@@ -983,6 +994,7 @@ async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_
             }
         }
         let mut s = on_a.unwrap_or_else(|| panic!("{how}: no session of 10 went to a"));
+        let state = p.running.runtime().state();
         if how == "down" {
             assert!(state.force_health("a", false).is_some());
         } else {
@@ -996,13 +1008,9 @@ async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_
             "{how}: the session went to b"
         );
         echo(&mut s, b"relayed").await;
-        assert_eq!(a_rt.status().health.streak(), 0, "{how}: a charged nothing");
-        drop(s);
-        drop(state);
-        running.stop().await;
-        for n in nodes {
-            n.abort();
-        }
+        assert_eq!(p.a.status().health.streak(), 0, "{how}: a charged nothing");
+        drop((s, state));
+        p.stop().await;
     }
 }
 
@@ -1013,38 +1021,19 @@ async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_
 /// would have charged every node in turn.
 #[tokio::test]
 async fn a_node_that_closes_a_silent_session_past_the_window_is_not_charged() {
-    let (a, b, port) = common::ports::common_port_pair().await;
-    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
-    let nodes = [
-        tokio::spawn(dropping_node(
-            a,
-            DropWith::FinAfter(Duration::from_millis(600)),
-            false,
-            took_tx,
-        )),
-        tokio::spawn(greeting_node(b, "b")),
-    ];
-    let dir = TempDir::new("tcp-silent");
-    let cfg = tcp_config(
-        &dir,
-        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
-        port,
+    let mut p = ADropsBGreets::start(
+        DropWith::FinAfter(Duration::from_millis(600)),
+        false,
         "timeouts = { connect = \"200ms\" }\n\n[health]\nfall = 1\nfail_timeout = \"60s\"\n",
-    );
-    let running = start(cfg).await.expect("start");
-    let addr = running.addr("raw").expect("addr");
-    let state = running.runtime().state();
-    let a_rt = std::sync::Arc::clone(
-        state
-            .node_rt(state.node_id("a").expect("node a"))
-            .expect("a's runtime"),
-    );
+    )
+    .await;
+    let addr = p.addr;
     let mut landed = false;
     for n in 0..10 {
         let src = format!("127.0.0.{}", 140 + n).parse().expect("ip");
         let mut s = connect_from(src, addr).await;
         let line = read_line(&mut s).await;
-        if took.try_recv().is_ok() {
+        if p.took.try_recv().is_ok() {
             assert_eq!(line, "", "the session ended with a's close, not moved to b");
             landed = true;
             break;
@@ -1052,14 +1041,49 @@ async fn a_node_that_closes_a_silent_session_past_the_window_is_not_charged() {
         assert_eq!(line, "node=b", "a session b took is b's");
     }
     assert!(landed, "no session of 10 went to a");
-    let health = a_rt.status().health;
+    let health = p.a.status().health;
     assert!(
         health.is_up() && health.streak() == 0,
         "a charged nothing: {health:?}"
     );
-    drop(state);
-    running.stop().await;
-    for n in nodes {
-        n.abort();
+    p.stop().await;
+}
+
+/// A DOWN node's trial is a session's connect (no checks): a node that drops every session
+/// comes UP on that connect, on probation, and its drop of the trial session takes it DOWN
+/// again at once, the session going to b. `fail_timeout` 300 ms: fresh sessions every
+/// 50 ms until a takes its second one (the trial), each greeted by b.
+#[tokio::test]
+async fn a_trial_session_a_node_drops_takes_it_down_again_and_goes_on() {
+    let mut p = ADropsBGreets::start(
+        DropWith::Fin,
+        false,
+        "\n[health]\nfall = 1\nfail_timeout = \"300ms\"\n",
+    )
+    .await;
+    let addr = p.addr;
+    let mut taken = 0;
+    for n in 0..60u32 {
+        let src = format!("127.0.{}.{}", 150 + n / 250, 1 + n % 250);
+        let (mut s, node) = tcp_session(&src, addr).await;
+        assert_eq!(node, "b", "session {n} was greeted by b");
+        echo(&mut s, b"relayed").await;
+        while p.took.try_recv().is_ok() {
+            taken += 1;
+            // Its first drop (fall = 1), or its trial's: DOWN either way.
+            assert!(
+                !p.a.status().health.is_up(),
+                "a DOWN after its drop number {taken}"
+            );
+        }
+        if taken >= 2 {
+            break;
+        }
+        if taken == 1 {
+            // Waiting for a's trial to be due.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
+    assert!(taken >= 2, "a's trial came: {taken} sessions taken");
+    p.stop().await;
 }
