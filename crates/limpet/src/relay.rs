@@ -146,8 +146,8 @@ pub struct Opening<'a> {
     /// for a while (an HTTP server's header timeout) is ending a session like any other, and
     /// its end is passed on.
     pub window: Duration,
-    /// Called once, when the opening ends other than with the node's drop or the client's
-    /// error: with a byte either way, the client's FIN, or the node's end past the window.
+    /// Called once, when the opening ends other than with the node's drop or an error: with
+    /// a byte either way, the client's FIN, or the node's FIN past the window.
     pub on_open: &'a (dyn Fn() + Sync),
 }
 
@@ -188,7 +188,7 @@ impl<'a> Clock<'a> {
 
     /// A read of direction `dir` completed with `read` during the opening, which it ends:
     /// whether that is the node's drop ([`Unused::Dropped`]: its stream ended or failed
-    /// within the window). Otherwise `on_open` learns of it, unless it is the client's error.
+    /// within the window). Otherwise `on_open` learns of it, unless it is an error.
     fn first_read(&self, dir: usize, read: &io::Result<usize>) -> bool {
         self.opening.store(false, Ordering::Relaxed);
         let Some(o) = &self.watched else {
@@ -198,7 +198,8 @@ impl<'a> Clock<'a> {
             self.dropped.store(true, Ordering::Relaxed);
             return true;
         }
-        if dir == DOWN || read.is_ok() {
+        // A reset past the window is no success of the connect, whichever side it came from.
+        if read.is_ok() {
             (o.on_open)();
         }
         false

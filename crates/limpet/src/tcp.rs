@@ -404,6 +404,9 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
+/// The reason a session is cut with at a shutdown's end.
+const SHUTDOWN: &str = "shutdown";
+
 /// TCP sessions refused at a node's queue (`max_connections`), logged at most once per
 /// interval with the count.
 static SESSION_REFUSED: crate::net::RateLimitedLog =
@@ -811,20 +814,19 @@ async fn session(
             &def.name,
             def.tcp.close_on_node_down,
         );
+        // What ended the session's time on the node, but for a shutdown: logged once the
+        // relay says whether the session was cut or, nothing moved yet, moves on.
+        let ended_by = std::sync::OnceLock::new();
         let stop = async {
-            tokio::select! {
-                r = rt.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => {
-                    tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by the node's state");
-                    r.as_str()
-                }
-                () = stopped(&mut cut) => "shutdown",
+            let r = tokio::select! {
+                r = rt.session_end(moves, || close_on_down.now(), close_on_down.reloads()) => r,
+                () = stopped(&mut cut) => return SHUTDOWN,
                 // The session's table entry kept while it is open; ends the session when its
                 // requests were pinned elsewhere meanwhile.
-                r = crate::runtime::keep_pin(hold, || close_on_down.now()) => {
-                    tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed: its table entry pins another node now");
-                    r.as_str()
-                }
-            }
+                r = crate::runtime::keep_pin(hold, || close_on_down.now()) => r,
+            };
+            let _ = ended_by.set(r);
+            r.as_str()
         };
         let fin_on_close = FinOnClose {
             client: !client_tls,
@@ -880,18 +882,25 @@ async fn session(
                 });
                 continue;
             }
-            RelayEnd::Unused(Unused::Stopped(why)) if *why != "shutdown" => {
+            RelayEnd::Unused(Unused::Stopped(_)) if ended_by.get().is_some() => {
                 // The node's state (DOWN, MAINT, a drain's end) or the session's table entry
                 // moved it off the node before anything moved: it routes again, nothing
-                // charged, as from the node's queue. (Where the table pins another node now,
-                // the route follows it, and the reason for leaving this one goes unused.)
-                tracing::debug!(listener = %def.name, node = %node_name, client = %who.client, why, "session moved before any byte moved: routing it again");
-                let why = match rt.status().session_end(clock::now_ms(), key, true) {
-                    limpet_core::SessionEnd::Now(why) => why,
+                // charged, as from the node's queue. (Moved by the table, a fleet or a
+                // failback, the table pins another node now: the route follows it, and the
+                // reason given for leaving this one goes unused.)
+                let r = ended_by.get().copied();
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.map_or("-", |r| r.as_str()), "session moved off its node before any byte moved: routing it again");
+                let why = match r {
+                    Some(crate::nodes::EndReason::Repin(why)) => why,
                     _ => limpet_core::RepinReason::NodeDown,
                 };
                 failed.push(Excluded { node, why });
                 continue;
+            }
+            RelayEnd::Stopped(_) => {
+                if let Some(r) = ended_by.get() {
+                    tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by its node's state or its table entry");
+                }
             }
             _ => {}
         }

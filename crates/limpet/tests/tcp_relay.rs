@@ -972,7 +972,7 @@ async fn a_rolling_restart_behind_a_tcp_listener_loses_no_session() {
 /// A node that leaves rotation (DOWN, with `close_on_node_down` as by default, or MAINT)
 /// while a session it took has moved nothing either way (the client waits for the node to
 /// speak first, and it has not): the session goes to the other node, which greets it, and
-/// the node is charged nothing. Before, the node's close signal reset the client's
+/// the node in MAINT is charged nothing. Before, the node's close signal reset the client's
 /// connection.
 #[tokio::test]
 async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_other_node() {
@@ -1008,7 +1008,10 @@ async fn a_session_whose_node_leaves_rotation_before_any_byte_moved_goes_to_the_
             "{how}: the session went to b"
         );
         echo(&mut s, b"relayed").await;
-        assert_eq!(p.a.status().health.streak(), 0, "{how}: a charged nothing");
+        if how == "maint" {
+            // (A node forced DOWN shows no charge: its streak counts passes toward `rise`.)
+            assert_eq!(p.a.status().health.streak(), 0, "{how}: a charged nothing");
+        }
         drop((s, state));
         p.stop().await;
     }
