@@ -866,8 +866,8 @@ async fn session(
             }),
         )
         .await;
-        match &relayed.0 {
-            RelayEnd::Unused(Unused::Dropped(e)) => {
+        match (&relayed.0, ended_by.get().copied()) {
+            (RelayEnd::Unused(Unused::Dropped(e)), _) => {
                 // The node took the connection and dropped it before any byte moved either
                 // way: nothing of the client's was sent, nothing answered, so the session
                 // routes again without the node, as when its connect is refused, and the
@@ -882,25 +882,22 @@ async fn session(
                 });
                 continue;
             }
-            RelayEnd::Unused(Unused::Stopped(_)) if ended_by.get().is_some() => {
+            (RelayEnd::Unused(Unused::Stopped(_)), Some(r)) => {
                 // The node's state (DOWN, MAINT, a drain's end) or the session's table entry
                 // moved it off the node before anything moved: it routes again, nothing
                 // charged, as from the node's queue. (Moved by the table, a fleet or a
                 // failback, the table pins another node now: the route follows it, and the
                 // reason given for leaving this one goes unused.)
-                let r = ended_by.get().copied();
-                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.map_or("-", |r| r.as_str()), "session moved off its node before any byte moved: routing it again");
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session moved off its node before any byte moved: routing it again");
                 let why = match r {
-                    Some(crate::nodes::EndReason::Repin(why)) => why,
+                    crate::nodes::EndReason::Repin(why) => why,
                     _ => limpet_core::RepinReason::NodeDown,
                 };
                 failed.push(Excluded { node, why });
                 continue;
             }
-            RelayEnd::Stopped(_) => {
-                if let Some(r) = ended_by.get() {
-                    tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by its node's state or its table entry");
-                }
+            (RelayEnd::Stopped(_), Some(r)) => {
+                tracing::info!(listener = %def.name, node = %node_name, client = %who.client, reason = r.as_str(), "session closed by its node's state or its table entry");
             }
             _ => {}
         }
