@@ -1211,10 +1211,8 @@ impl Validator<'_> {
                 }
                 for (field, at, of) in foreign {
                     if let Some(at) = at {
-                        tracing::warn!(
-                            "{}",
-                            bad(at, field, format!("ignored: {what}; `{field}` is for {of}"),)
-                        );
+                        let says = format!("ignored: {what}; `{field}` is for {of}");
+                        tracing::warn!("{}", bad(at, field, says));
                     }
                 }
             }
