@@ -1282,6 +1282,25 @@ mod tests {
         assert_eq!(p.fill(&mut src).await.expect("read"), 0, "then the end");
     }
 
+    /// A byte relay with a 60 s idle time and no FIN on close, watching `opening`.
+    async fn watched<C: Io, N: Io>(
+        client: C,
+        node: N,
+        stop: impl Future<Output = &'static str>,
+        opening: Option<Opening<'_>>,
+    ) -> (RelayEnd, u64, u64) {
+        relay_counted(
+            client,
+            node,
+            Duration::from_secs(60),
+            Framing::Bytes,
+            FinOnClose::default(),
+            stop,
+            opening,
+        )
+        .await
+    }
+
     /// A relay that watches its opening: a node that ends its stream before any byte moved
     /// ends the relay as `Unused`, with the client side untouched (the client gets no FIN
     /// and can still be written to and read from) and `on_open` never called. Once the
@@ -1303,16 +1322,8 @@ mod tests {
         let (mut client, mut client_peer) = tokio::io::duplex(1024);
         let (node, node_peer) = tokio::io::duplex(1024);
         drop(node_peer);
-        let (end, up, down) = relay_counted(
-            &mut client,
-            node,
-            Duration::from_secs(60),
-            Framing::Bytes,
-            FinOnClose::default(),
-            std::future::pending(),
-            opening(window),
-        )
-        .await;
+        let (end, up, down) =
+            watched(&mut client, node, std::future::pending(), opening(window)).await;
         assert!(
             matches!(end, RelayEnd::Unused(Unused::Dropped(_))),
             "{end:?}"
@@ -1331,12 +1342,9 @@ mod tests {
 
         // A close signal with nothing moved: unused too, the client untouched.
         let (node, _node_peer) = tokio::io::duplex(1024);
-        let (end, ..) = relay_counted(
+        let (end, ..) = watched(
             &mut client,
             node,
-            Duration::from_secs(60),
-            Framing::Bytes,
-            FinOnClose::default(),
             std::future::ready("node down"),
             opening(window),
         )
@@ -1370,15 +1378,7 @@ mod tests {
             rest
         };
         let (relayed, (), rest) = tokio::join!(
-            relay_counted(
-                &mut client,
-                node,
-                Duration::from_secs(60),
-                Framing::Bytes,
-                FinOnClose::default(),
-                std::future::pending(),
-                opening(window),
-            ),
+            watched(&mut client, node, std::future::pending(), opening(window)),
             nodeside,
             clientside
         );
@@ -1412,17 +1412,14 @@ mod tests {
             rest
         };
         let (relayed, (), rest) = tokio::join!(
-            relay_counted(
+            watched(
                 client,
                 node,
-                Duration::from_secs(60),
-                Framing::Bytes,
-                FinOnClose::default(),
                 std::future::pending(),
                 Some(Opening {
                     window: Duration::from_secs(1),
                     on_open: &on_open,
-                }),
+                })
             ),
             nodeside,
             clientside

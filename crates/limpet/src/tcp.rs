@@ -757,6 +757,14 @@ async fn session(
     let (who, local, mut client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     let mut failed: Vec<Excluded> = Vec::new();
+    // The node's runtime outlives reloads: a session opened before one still ends on every
+    // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
+    // deadline, whichever node it ends up on.
+    let close_on_down = crate::runtime::CloseOnDown::new(
+        Arc::clone(&runtime),
+        &def.name,
+        def.tcp.close_on_node_down,
+    );
     // Each turn ends the session, or excludes one more node (one that dropped it unused),
     // so this ends within the node count.
     let (outcome, node_name, (end, up, down), _held) = loop {
@@ -806,14 +814,6 @@ async fn session(
         // (bringing it UP, or ending that trial unlearnt), and a failure would end that
         // trial's claim.
         let since = rt.watch_down();
-        // The node's runtime outlives reloads: a session opened before one still ends on
-        // every later MAINT, DOWN (`close_on_node_down` as the running config has it) and
-        // drain deadline.
-        let close_on_down = crate::runtime::CloseOnDown::new(
-            Arc::clone(&runtime),
-            &def.name,
-            def.tcp.close_on_node_down,
-        );
         // What ended the session's time on the node, but for a shutdown: logged once the
         // relay says whether the session was cut or, nothing moved yet, moves on.
         let ended_by = std::sync::OnceLock::new();
