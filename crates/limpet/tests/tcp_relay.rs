@@ -1090,3 +1090,109 @@ async fn a_trial_session_a_node_drops_takes_it_down_again_and_goes_on() {
     assert!(taken >= 2, "a's trial came: {taken} sessions taken");
     p.stop().await;
 }
+
+/// A node that each connection is handed to, for the test to hold or drop.
+async fn handing_node(
+    listener: tokio::net::TcpListener,
+    to: tokio::sync::mpsc::UnboundedSender<tokio::net::TcpStream>,
+) {
+    while let Ok((s, _)) = listener.accept().await {
+        let _ = to.send(s);
+    }
+}
+
+/// What a session learns of its node after the node went DOWN is left unsaid: a node that
+/// drops a session it took before its DOWN, once its trial has brought it back, is not
+/// charged for it. Late, that drop would land on the node's fresh start (here, with
+/// `fall = 1`, taking it DOWN again at once, though every connection since its trial went
+/// well). Session 1 is held silent by a; a goes DOWN by traffic (`close_on_node_down`
+/// off, so session 1 stays); a's trial, a fresh session's connect or limpet's own, brings
+/// it UP; then a drops session 1, which goes to b, and a stays UP.
+#[tokio::test]
+async fn a_drop_of_a_session_from_before_its_node_went_down_does_not_undo_its_trial() {
+    let (a, b, port) = common::ports::common_port_pair().await;
+    let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    let nodes = [
+        tokio::spawn(handing_node(a, handed_tx)),
+        tokio::spawn(greeting_node(b, "b")),
+    ];
+    let dir = TempDir::new("tcp-went-down");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        port,
+        "close_on_node_down = false\ntimeouts = { connect = \"20s\" }\n\
+         [health]\nfall = 1\nfail_timeout = \"300ms\"\n",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let state = running.runtime().state();
+    let a_rt = std::sync::Arc::clone(
+        state
+            .node_rt(state.node_id("a").expect("node a"))
+            .expect("a's runtime"),
+    );
+    // Fresh clients until one lands on a, which holds it; those on b are greeted.
+    let mut n = 0u32;
+    let (mut first, held) = loop {
+        assert!(n < 10, "no session reached a");
+        let src: IpAddr = format!("127.0.160.{}", 1 + n).parse().expect("ip");
+        n += 1;
+        let mut s = connect_from(src, addr).await;
+        let mut line = [0u8; 7];
+        let to_a = tokio::select! {
+            h = handed.recv() => Some(h.expect("a runs")),
+            greeted = s.read_exact(&mut line) => {
+                greeted.expect("greeting");
+                assert_eq!(&line, b"node=b\n");
+                None
+            }
+        };
+        if let Some(h) = to_a {
+            break (s, h);
+        }
+    };
+    assert!(a_rt.status().health.is_up());
+    // a goes DOWN by its traffic (an HTTP request's failure, say): its trial comes after
+    // `fail_timeout`. The session it holds stays (`close_on_node_down = false`).
+    a_rt.observe(limpet_core::Observation::TrafficFailed);
+    assert!(!a_rt.status().health.is_up(), "a DOWN");
+    // Fresh sessions until a is UP again by its trial (a session's connect, or limpet's
+    // own); a keeps what it is handed.
+    let mut trial_conns = Vec::new();
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    while !a_rt.status().health.is_up() {
+        assert!(tokio::time::Instant::now() < deadline, "a never came back");
+        let src: IpAddr = format!("127.0.161.{}", 1 + n).parse().expect("ip");
+        n += 1;
+        trial_conns.push(connect_from(src, addr).await);
+        tokio::select! {
+            h = handed.recv() => trial_conns.push(h.expect("a runs")),
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    // a drops the session it took before its DOWN, within the opening's window: the
+    // session goes to b, and a, back by its trial, is not charged for it.
+    socket2::SockRef::from(&held)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger");
+    drop(held);
+    let mut line = [0u8; 7];
+    tokio::time::timeout(common::PATIENCE, first.read_exact(&mut line))
+        .await
+        .expect("greeted in time")
+        .expect("the first session moved on");
+    assert_eq!(&line, b"node=b\n", "the first session went to b");
+    let health = a_rt.status().health;
+    assert!(
+        health.is_up() && health.streak() == 0,
+        "a, back by its trial, charged nothing for a session from before its DOWN: {health:?}"
+    );
+    drop((first, trial_conns));
+    drop(a_rt);
+    drop(state);
+    running.stop().await;
+    for n in nodes {
+        n.abort();
+    }
+}
