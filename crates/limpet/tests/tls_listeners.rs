@@ -379,3 +379,142 @@ async fn a_slow_handshake_and_the_first_request_head_share_header_read() {
         n.kill().await;
     }
 }
+
+/// A node whose answer never ends: after each request head, a head with a 64 GiB
+/// `Content-Length`, then bytes for as long as they are taken. When limpet stops taking them
+/// (its connection closed), it says so on `released` with how long after the head it was.
+async fn endless_answer_node(
+    listener: tokio::net::TcpListener,
+    released: tokio::sync::mpsc::UnboundedSender<std::time::Duration>,
+) {
+    use tokio::io::AsyncReadExt;
+    while let Ok((mut s, _)) = listener.accept().await {
+        let released = released.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(n @ 1..) => head.extend_from_slice(&b[..n]),
+                    _ => return,
+                }
+            }
+            let started = std::time::Instant::now();
+            let chunk = vec![b'x'; 64 * 1024];
+            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 68719476736\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            while s.write_all(&chunk).await.is_ok() {}
+            let _ = released.send(started.elapsed());
+        });
+    }
+}
+
+/// A client of a TLS listener that stops reading an answer (HTTP/1.1, its socket no longer
+/// read; HTTP/2, its stream's window left shut) holds it for `client_idle`, as a plain
+/// client does: then its connection closes and the node connection behind it is released.
+/// Under TLS the answer's bytes go through rustls's own buffer before the socket's, and that
+/// buffer is bounded: a write blocked behind it is a stall like any other.
+#[tokio::test]
+async fn a_tls_client_that_stops_reading_an_answer_is_closed_after_client_idle() {
+    use tokio::io::AsyncReadExt;
+    const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
+    let pki = Pki::new();
+    let node = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind node");
+    let node_port = node.local_addr().expect("node addr").port();
+    let (released_tx, mut released) = tokio::sync::mpsc::unbounded_channel();
+    let node = tokio::spawn(endless_answer_node(node, released_tx));
+    let (c, k) = pki.issue("limpet", &["print.example"]);
+    let dir = TempDir::new("tls-stall");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"https\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {node_port}\n\
+         tls = {{ cert = \"{c}\", key = \"{k}\" }}\ntimeouts = {{ client_idle = \"500ms\" }}\n",
+        c = c.display(),
+        k = k.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("https").expect("addr");
+    let name = || ServerName::try_from("print.example").expect("name");
+
+    // HTTP/1.1: the head read, then nothing more.
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    let mut tls = tokio_rustls::TlsConnector::from(pki.client(&[b"http/1.1"]))
+        .connect(name(), s)
+        .await
+        .expect("handshake");
+    tls.write_all(b"GET /big HTTP/1.1\r\nHost: print.example\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = [0u8; 12];
+    tls.read_exact(&mut first).await.expect("answer");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let took = tokio::time::timeout(common::PATIENCE, released.recv())
+        .await
+        .expect("HTTP/1.1: the node connection of a stalled answer is released in time")
+        .expect("node runs");
+    assert!(
+        took >= CLIENT_IDLE * 4 / 5,
+        "HTTP/1.1: released before client_idle: {took:?}"
+    );
+    // What is left in the buffers on the way, then the end: the connection was closed.
+    let mut sink = Vec::new();
+    let end = tokio::time::timeout(common::PATIENCE, tls.read_to_end(&mut sink)).await;
+    assert!(
+        end.is_ok(),
+        "HTTP/1.1: the client connection closed, {} bytes after the head",
+        sink.len()
+    );
+
+    // HTTP/2: the answer's head taken, its body never read (hyper's client takes DATA up to
+    // the stream's window, then the window stays shut).
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    let tls = tokio_rustls::TlsConnector::from(pki.client(&[b"h2"]))
+        .connect(name(), s)
+        .await
+        .expect("handshake");
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    let conn_task = tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri("https://print.example/big")
+        .body(Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = send.send_request(req).await.expect("h2 answer head");
+    assert_eq!(resp.status(), 200);
+    let took = tokio::time::timeout(common::PATIENCE, released.recv())
+        .await
+        .expect("HTTP/2: the node connection of a stalled answer is released in time")
+        .expect("node runs");
+    assert!(
+        took >= CLIENT_IDLE * 4 / 5,
+        "HTTP/2: released before client_idle: {took:?}"
+    );
+    let mut body = resp.into_body();
+    let cut = tokio::time::timeout(common::PATIENCE, async {
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            }
+        }
+    })
+    .await
+    .expect("HTTP/2: the stalled answer ends in time");
+    assert!(
+        cut.is_err(),
+        "HTTP/2: the stalled answer was cut, not ended"
+    );
+    drop(send);
+    conn_task.abort();
+    running.stop().await;
+    node.abort();
+}
