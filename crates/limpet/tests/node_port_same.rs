@@ -288,3 +288,112 @@ fn node_port_takes_a_port_or_same_and_refuses_forwarding_to_itself() {
         Some("127.0.0.2:5022".parse().expect("addr"))
     );
 }
+
+/// A node that stops listening on one port of a `node_port = "same"` listener (a print
+/// server whose service on 5022 died while the rest of it runs): a request on that port goes
+/// to the other node on that same port, and the session, one source-address table shared by
+/// an HTTP and a TCP listener each bound on two ports, moves with it on every port. The
+/// node's health is per node: one refused connect counts toward its `fall` whatever port.
+#[tokio::test]
+async fn a_node_dead_on_one_port_of_a_same_port_listener_moves_the_session_on_every_port() {
+    let text = format!(
+        "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = [\"127.0.0.1:0\", \"127.0.0.1:0\"]\nnode_port = \"same\"\ntable = \"t\"\ncookie = {{ enabled = false }}\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = [\"127.0.0.1:0\", \"127.0.0.1:0\"]\nmode = \"tcp\"\nnode_port = \"same\"\ntable = \"t\"\n",
+        nodes_toml()
+    );
+    let running = start(config(&text)).await.expect("start limpet");
+    let ports = |name: &str| -> Vec<SocketAddr> {
+        running
+            .addrs()
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+            .collect()
+    };
+    let (web, raw) = (ports("web"), ports("raw"));
+    let mut services = std::collections::HashMap::new();
+    for (name, ip) in NODES {
+        for a in &web {
+            let l = TcpListener::bind((ip, a.port()))
+                .await
+                .expect("node http bind");
+            services.insert((name, a.port()), tokio::spawn(http_service(l, name)));
+        }
+        for a in &raw {
+            let l = TcpListener::bind((ip, a.port()))
+                .await
+                .expect("node tcp bind");
+            services.insert((name, a.port()), tokio::spawn(tcp_service(l, name)));
+        }
+    }
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(PATIENCE)
+        .build()
+        .expect("client");
+    let get = |a: SocketAddr| {
+        let client = client.clone();
+        async move {
+            let body = client
+                .get(format!("http://{a}/"))
+                .send()
+                .await
+                .expect("request")
+                .text()
+                .await
+                .expect("body");
+            let (node, port) = parse(&body);
+            assert_eq!(port, a.port(), "HTTP client on {a} served by {body:?}");
+            node
+        }
+    };
+    let greeting = |a: SocketAddr| async move {
+        let s = tokio::time::timeout(PATIENCE, TcpStream::connect(a))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let mut line = String::new();
+        tokio::time::timeout(PATIENCE, BufReader::new(s).read_line(&mut line))
+            .await
+            .expect("greeting in time")
+            .expect("greeting");
+        let (node, port) = parse(&line);
+        assert_eq!(port, a.port(), "TCP client on {a} reached {line:?}");
+        node
+    };
+    // The client's pin, the same on every port.
+    let home = get(web[0]).await;
+    assert_eq!(get(web[1]).await, home);
+    for a in &raw {
+        assert_eq!(greeting(*a).await, home);
+    }
+    let other = if home == "a" { "b" } else { "a" };
+    // The home node's service on the second web port dies.
+    let (dead, _) = NODES
+        .iter()
+        .find(|(n, _)| *n == home)
+        .copied()
+        .expect("home is a node");
+    let svc = services.remove(&(dead, web[1].port())).expect("service");
+    svc.abort();
+    let _ = svc.await;
+    // A request on that port is the other node's, on that same port; the session follows
+    // on every port, TCP ones too.
+    assert_eq!(get(web[1]).await, other, "failed over on the dead port");
+    assert_eq!(get(web[0]).await, other, "moved on the other web port");
+    for a in &raw {
+        assert_eq!(greeting(*a).await, other, "moved on raw port {}", a.port());
+    }
+    // One refused connect, counted for the node as a whole.
+    let state = running.runtime().state();
+    let rt = state
+        .node_rt(state.node_id(dead).expect("node"))
+        .expect("runtime");
+    assert_eq!(rt.status().health.streak(), 1, "{:?}", rt.status().health);
+    drop(state);
+    running.stop().await;
+    for (_, s) in services {
+        s.abort();
+    }
+}
