@@ -639,6 +639,19 @@ where
             nw.abort_on_close();
             RelayEnd::Stopped(reason)
         }
+        // Nor did a byte stream end either side's way when one side failed (its reset, a
+        // write it refused) or limpet ended it on a timer (idle, a writer stalled): both
+        // sides are reset, the abort passed on as one (HAProxy does so too), so that a node
+        // does not take a client's half upload, cut by its crash or by a stall, for a whole
+        // one, nor a client a node's half answer. Only a side that ended its own stream (a
+        // FIN, `Done`) ends the other's with a FIN.
+        end @ (RelayEnd::Error(_) | RelayEnd::Idle | RelayEnd::Stalled(_))
+            if framing == Framing::Bytes =>
+        {
+            cw.abort_on_close();
+            nw.abort_on_close();
+            end
+        }
         other => other,
     };
     (end, up.bytes, down.bytes)

@@ -505,6 +505,166 @@ async fn a_session_cut_by_maint_resets_the_node_side_and_one_the_client_ends_doe
     node.abort();
 }
 
+/// A node like [`upload_node`] that reads one byte, then nothing more until `go` is true
+/// (a printer out of paper), saying `.` every 200 ms meanwhile, then reads to the end: it
+/// reports how many bytes it got in all and whether its stream ended cleanly.
+async fn stalling_upload_node(
+    go: tokio::sync::watch::Receiver<bool>,
+) -> (
+    u16,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind node");
+    let port = l.local_addr().expect("node addr").port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (tx, mut go) = (tx.clone(), go.clone());
+            tokio::spawn(async move {
+                if s.write_all(b"node=a\n").await.is_err() {
+                    return;
+                }
+                let mut one = [0u8; 1];
+                if s.read_exact(&mut one).await.is_err() {
+                    return;
+                }
+                // Its status meanwhile, every 200 ms: the session moves the other way.
+                loop {
+                    tokio::select! {
+                        r = async { go.wait_for(|g| *g).await.map(|_| ()) } => match r {
+                            Ok(()) => break,
+                            Err(_) => return,
+                        },
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {
+                            if s.write_all(b".").await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let (mut got, mut buf) = (1, vec![0u8; 64 * 1024]);
+                let clean = loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) => break true,
+                        Ok(n) => got += n,
+                        Err(_) => break false,
+                    }
+                };
+                let _ = tx.send((got, clean));
+            });
+        }
+    });
+    (port, task, rx)
+}
+
+/// A byte stream that neither side ended its own way is reset on both sides, as one cut by
+/// MAINT is: a client that aborts mid-upload (its reset), one that goes silent mid-upload
+/// for `idle`, and a node that stops reading an upload for `idle` (a printer out of paper)
+/// each leave the node with a reset, not an end of stream that a raw protocol takes for
+/// "job complete"; and the client of a node that resets mid-answer gets a reset. Before,
+/// each was passed on as a FIN: the node printed half a job as a whole one.
+#[tokio::test]
+async fn an_abort_an_idle_or_a_stalled_session_reaches_the_other_side_as_a_reset() {
+    let (port, node, mut reports) = upload_node().await;
+    let dir = TempDir::new("tcp-abort");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2")],
+        port,
+        "timeouts = { idle = \"1s\" }",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    // The client aborts: its reset reaches the node as one.
+    let (mut s, _) = tcp_session("127.0.0.1", addr).await;
+    s.write_all(b"half a job").await.expect("write");
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger");
+    drop(s);
+    let (got, clean) = node_end(&mut reports).await;
+    assert_eq!(got, 10);
+    assert!(!clean, "a client's abort reaches the node as a reset");
+    // The client goes silent mid-upload: at `idle`, both sides are reset.
+    let (mut s, _) = tcp_session("127.0.0.1", addr).await;
+    s.write_all(b"half a job").await.expect("write");
+    let (got, clean) = node_end(&mut reports).await;
+    assert_eq!(got, 10);
+    assert!(!clean, "an idle session reaches the node as a reset");
+    assert!(client_end(&mut s).await.is_err(), "and the client as one");
+    drop(s);
+    running.stop().await;
+    node.abort();
+
+    // The node stops reading an upload, though it still writes: at `idle`, the stalled
+    // session is reset on both sides; the node, reading again, finds what its buffers held
+    // and then the reset.
+    let (go, go_rx) = tokio::sync::watch::channel(false);
+    let (port, node, mut reports) = stalling_upload_node(go_rx).await;
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2")],
+        port,
+        "timeouts = { idle = \"1s\" }",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let (s, _) = tcp_session("127.0.0.1", addr).await;
+    let (mut r, mut w) = s.into_split();
+    // More than the sockets on the way can hold; the write ends with the reset.
+    let upload = tokio::spawn(async move {
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..64 {
+            if w.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut rest = Vec::new();
+    let client = tokio::time::timeout(common::PATIENCE, r.read_to_end(&mut rest))
+        .await
+        .expect("the stalled session ends in time");
+    assert!(client.is_err(), "the client of a stalled upload is reset");
+    go.send_replace(true);
+    let (got, clean) = node_end(&mut reports).await;
+    assert!(
+        !clean,
+        "the node of a stalled upload finds a reset after {got} bytes, not an end"
+    );
+    upload.abort();
+    running.stop().await;
+    node.abort();
+
+    // The node resets mid-answer: its client gets a reset, not an end of stream.
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind node");
+    let port = l.local_addr().expect("node addr").port();
+    let node = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let _ = s.write_all(b"node=a\nhalf an answer").await;
+            socket2::SockRef::from(&s)
+                .set_linger(Some(Duration::ZERO))
+                .expect("linger");
+            drop(s);
+        }
+    });
+    let cfg = tcp_config(&dir, &[("a", "127.0.0.2")], port, "");
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let (mut s, _) = tcp_session("127.0.0.1", addr).await;
+    assert!(
+        client_end(&mut s).await.is_err(),
+        "a node's reset reaches the client as one"
+    );
+    drop(s);
+    running.stop().await;
+    node.abort();
+}
+
 /// A node that holds each connection before its TLS handshake until `go` is true, saying
 /// which node it is on `arrived` as each comes; then it greets with `node=NAME` and echoes.
 async fn held_tls_node(
