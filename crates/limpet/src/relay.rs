@@ -644,7 +644,11 @@ where
         // sides are reset, the abort passed on as one (HAProxy does so too), so that a node
         // does not take a client's half upload, cut by its crash or by a stall, for a whole
         // one, nor a client a node's half answer. Only a side that ended its own stream (a
-        // FIN, `Done`) ends the other's with a FIN.
+        // FIN, `Done`) ends the other's with a FIN; so does a TLS side that ended it without
+        // `close_notify` (`UnexpectedEof`): many TLS servers and clients skip it, and HAProxy
+        // takes that end as a shutdown too. Reset for it, a client whose job was done would
+        // take it for failed, and send it again.
+        RelayEnd::Error(e) if e.kind() == io::ErrorKind::UnexpectedEof => RelayEnd::Error(e),
         end @ (RelayEnd::Error(_) | RelayEnd::Idle | RelayEnd::Stalled(_))
             if framing == Framing::Bytes =>
         {

@@ -2130,6 +2130,120 @@ async fn a_request_that_breaks_every_node_is_replayed_once_then_answered_502() {
     }
 }
 
+/// A node that keeps connections alive and answers each GET with its name in
+/// `limpet::backend::NODE_HEADER`, but answers `GET /boom` with the first line of a head and
+/// then closes the connection (a worker that crashes writing it), counting each on `booms`.
+async fn half_head_node(name: &'static str, booms: Arc<AtomicU64>) -> (SocketAddr, JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let booms = Arc::clone(&booms);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut b).await {
+                            Ok(n @ 1..) => buf.extend_from_slice(&b[..n]),
+                            _ => return,
+                        }
+                        continue;
+                    };
+                    let head: Vec<u8> = buf.drain(..end + 4).collect();
+                    if head.starts_with(b"GET /boom ") {
+                        booms.fetch_add(1, Ordering::SeqCst);
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                        return;
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\n{}: {name}\r\ncontent-length: 2\r\n\r\nok",
+                        limpet::backend::NODE_HEADER
+                    );
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// The same request that breaks nodes, reaching them on kept-alive connections after part of
+/// an answer: a node that wrote a head's first line and then closed did not race an idle
+/// close (that ends before any answer byte, and is retried on a fresh connection to the same
+/// node). It failed the request, so it is charged, and the request goes to one other node at
+/// most: 502, the third node never sees it. Before, such a failure on a kept-alive connection
+/// was taken for the keep-alive race: no node charged, and the request replayed on every
+/// node in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_breaks_nodes_on_kept_alive_connections_is_replayed_once_and_charged() {
+    let booms: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut nodes = Vec::new();
+    for (name, n) in ["a", "b", "c"].into_iter().zip(&booms) {
+        nodes.push(half_head_node(name, Arc::clone(n)).await);
+    }
+    let cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(name, (addr, _))| limpet::proxy::NodeConfig {
+                name: (*name).into(),
+                addr: *addr,
+            })
+            .collect(),
+    );
+    let proxy = Quick::start(cfg).await;
+    // A kept-alive connection to each node in limpet's pool.
+    let client = fresh_client();
+    for name in ["a", "b", "c"] {
+        let r = client
+            .get(proxy.url())
+            .header("cookie", format!("route={name}"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        assert_eq!(node_of(r.headers()), name);
+        r.bytes().await.unwrap_or_else(|e| panic!("body: {e}"));
+    }
+    let (status, _) = tokio::time::timeout(
+        PATIENCE,
+        get(&fresh_client(), &format!("{}boom", proxy.url())),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no answer"))
+    .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(status, 502);
+    let seen: Vec<u64> = booms.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    assert_eq!(
+        seen.iter().sum::<u64>(),
+        2,
+        "sent to two nodes, the third left alone: {seen:?}"
+    );
+    let state = proxy.runtime.state();
+    for (name, n) in ["a", "b", "c"].into_iter().zip(&seen) {
+        let id = state.node_id(name).unwrap_or_else(|| panic!("node {name}"));
+        let health = state
+            .node_rt(id)
+            .unwrap_or_else(|| panic!("runtime of {name}"))
+            .status()
+            .health;
+        assert_eq!(
+            u64::from(health.streak()),
+            *n,
+            "{name}: charged for each request it broke: {health:?}"
+        );
+    }
+    drop(state);
+    proxy.stop().await;
+    for (_, t) in nodes {
+        t.abort();
+    }
+}
+
 /// Without checks, a hung node's trial is decided by its answer, and while the trial waits
 /// for it nobody else is sent there: sessions pinned to the node keep being served by b, and
 /// only the trial requests (one per `fail_timeout` + answer timeout) wait on the hung node.

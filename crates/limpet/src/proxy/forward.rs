@@ -1445,7 +1445,12 @@ impl Attempt<'_> {
                 Ok(resp)
             }
             Err(Waited::Failed(e)) if was_pooled && e.closed_before_answer => Err(Direct::Stale),
-            Err(Waited::Failed(e)) => Err(Direct::Failed(e.error.on_pooled(was_pooled))),
+            // Anything else failed after the node took the request: on a kept-alive
+            // connection too, not the keep-alive race (that ends before any answer byte, and
+            // is `Stale` above), but the node failing the request (a head begun and cut off,
+            // a garbled one), charged and replayed once at most as on a fresh connection.
+            // Taken for the race, it was charged to no node and replayed on every one.
+            Err(Waited::Failed(e)) => Err(Direct::Failed(e.error)),
             // No answer within the answer timeout: the node is hung or overloaded, or the
             // request is slow by itself.
             Err(Waited::Timeout) => Err(Direct::Failed(unanswered(
