@@ -626,11 +626,14 @@ fn fresh(
     input: &RouteInput<'_>,
 ) -> Option<Fresh> {
     let excluded = |n: NodeId| Excluded::find(input.exclude, n).is_some();
-    if let Some(i) = snap
-        .statuses
-        .iter()
-        .enumerate()
-        .position(|(i, s)| s.trial_due(input.now_ms) && !excluded(NodeId(i as u32)))
+    // A request that already went out to a node that failed it is no trial: the trial of a
+    // node DOWN, possibly hung, would be its second wait, with no replay after it, though a
+    // node UP could take it.
+    let may_trial = !sent_before(input);
+    if let Some(i) =
+        snap.statuses.iter().enumerate().position(|(i, s)| {
+            may_trial && s.trial_due(input.now_ms) && !excluded(NodeId(i as u32))
+        })
     {
         return Some(Fresh {
             node: NodeId(i as u32),
@@ -665,6 +668,18 @@ fn fresh(
     })
 }
 
+/// Whether the request went out to a node that then failed it (no answer in time, its
+/// connection lost after it, or the node DOWN while it waited): a node excluded for one of
+/// those reasons.
+fn sent_before(input: &RouteInput<'_>) -> bool {
+    input.exclude.iter().any(|e| {
+        matches!(
+            e.why,
+            RepinReason::AnswerTimeout | RepinReason::AnswerFailed | RepinReason::NodeDown
+        )
+    })
+}
+
 /// How many DOWN nodes one request may try early before it is answered 503: a fleet that
 /// is blackholed (every connect waits out its timeout) costs a client two connect timeouts,
 /// not one per node.
@@ -678,12 +693,7 @@ const EARLY_TRIALS_PER_REQUEST: usize = 2;
 /// node came back as quickly as the others stays home), then the one whose trial comes
 /// soonest.
 fn early_trial(snap: &Snapshot, input: &RouteInput<'_>) -> Option<NodeId> {
-    let sent = input.exclude.iter().any(|e| {
-        matches!(
-            e.why,
-            RepinReason::AnswerTimeout | RepinReason::AnswerFailed
-        )
-    });
+    let sent = sent_before(input);
     let tried_down = input
         .exclude
         .iter()
@@ -1095,6 +1105,47 @@ mod tests {
             },
         );
         assert_eq!((failed.node, failed.trial), (Some(B), false));
+    }
+
+    /// A request that went out to a node that failed it (no answer in time, its connection
+    /// lost after it, the node DOWN under it) is not made a DOWN node's trial while a node UP
+    /// takes it: that trial would be its second wait, with no replay after it. One that only
+    /// met refused connects is (nothing of it went out). Before, the replay of a timed-out
+    /// GET went to the node due its trial, hung again, and the client got 504 after two
+    /// answer timeouts though another node was UP.
+    #[test]
+    fn a_request_that_went_out_is_no_trial_of_a_down_node() {
+        let s = snap(&[up(), up(), down_passive(0)]);
+        for why in [
+            RepinReason::AnswerTimeout,
+            RepinReason::AnswerFailed,
+            RepinReason::NodeDown,
+        ] {
+            let r = route(
+                &s,
+                0,
+                &|_| 0,
+                &RouteInput {
+                    now_ms: 10_000,
+                    ..input(&[failed(A, why)])
+                },
+            );
+            assert_eq!((r.node, r.trial), (Some(B), false), "{why:?}");
+        }
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                now_ms: 10_000,
+                ..input(&[failed(A, RepinReason::ConnectFailed)])
+            },
+        );
+        assert_eq!((r.node, r.trial), (Some(C), true), "nothing went out");
+        // With no node UP left to take it, it is not tried early either, NodeDown included.
+        let s = snap(&[up(), down_passive(0)]);
+        let r = route(&s, 0, &|_| 0, &input(&[failed(A, RepinReason::NodeDown)]));
+        assert_eq!(r.node, None);
     }
 
     #[test]
