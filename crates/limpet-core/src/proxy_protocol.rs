@@ -252,6 +252,20 @@ pub fn write_v1(src: SocketAddr, dst: SocketAddr, out: &mut Vec<u8>) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// Appends a header for the sender's own connection, with no client behind it (its health
+/// checks and trials): v1 `PROXY UNKNOWN`, v2 `LOCAL`. A receiver keeps the connection's own
+/// addresses, as HAProxy's `check-send-proxy` asks of it.
+pub fn write_local(version: Version, out: &mut Vec<u8>) {
+    match version {
+        Version::V1 => out.extend_from_slice(b"PROXY UNKNOWN\r\n"),
+        Version::V2 => {
+            out.extend_from_slice(&V2_SIGNATURE);
+            // Version 2, LOCAL; unspecified family; no address block.
+            out.extend_from_slice(&[0x20, 0x00, 0, 0]);
+        }
+    }
+}
+
 /// Appends a version 2 `PROXY` header (TCP, no TLVs) for a connection from `src` to `dst`.
 pub fn write_v2(src: SocketAddr, dst: SocketAddr, out: &mut Vec<u8>) {
     out.extend_from_slice(&V2_SIGNATURE);
@@ -292,6 +306,24 @@ fn to_v6(ip: IpAddr) -> Ipv6Addr {
 
 #[cfg(test)]
 mod tests {
+    /// A header for the sender's own connection reads back as one with no client: the
+    /// connection's own addresses stand, in both versions.
+    #[test]
+    fn a_local_header_reads_back_as_no_client() {
+        for v in [Version::V1, Version::V2] {
+            let mut out = Vec::new();
+            write_local(v, &mut out);
+            let n = out.len();
+            out.extend_from_slice(b"after");
+            let p = parse(&out).unwrap_or_else(|e| panic!("{v:?}: {e}"));
+            assert_eq!(
+                (p.header, p.version, p.consumed),
+                (Header::Unknown, v, n),
+                "{v:?}"
+            );
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

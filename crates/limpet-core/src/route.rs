@@ -56,7 +56,9 @@ pub struct Snapshot {
     schedule: Vec<NodeId>,
     /// When the first trial of a READY node DOWN by its traffic comes due (`u64::MAX`:
     /// none): until then [`Snapshot::trials_due`] has nothing, read with one comparison.
+    /// Without the nodes that left requests unanswered, then with them.
     next_trial_ms: u64,
+    next_answer_trial_ms: u64,
 }
 
 impl Snapshot {
@@ -70,18 +72,24 @@ impl Snapshot {
             .map(|(i, _)| NodeId(i as u32))
             .collect();
         let schedule = schedule(&eligible, &weights);
-        let next_trial_ms = statuses
-            .iter()
-            .filter(|s| s.admin == AdminState::Ready && !s.health.awaits_an_answer())
-            .filter_map(|s| s.health.retry_at_ms(s.policy))
-            .min()
-            .unwrap_or(u64::MAX);
+        let next_trial = |answers: bool| {
+            statuses
+                .iter()
+                .filter(|s| {
+                    s.admin == AdminState::Ready && (answers || !s.health.awaits_an_answer())
+                })
+                .filter_map(|s| s.health.retry_at_ms(s.policy))
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let (next_trial_ms, next_answer_trial_ms) = (next_trial(false), next_trial(true));
         let snap = Snapshot {
             statuses,
             weights,
             eligible,
             schedule,
             next_trial_ms,
+            next_answer_trial_ms,
         };
         snap.debug_check();
         snap
@@ -115,13 +123,23 @@ impl Snapshot {
     /// source-address table), the I/O layer tries these itself with a connect
     /// ([`Health::claim_trial`](crate::Health::claim_trial) as for any trial), so that a node
     /// that blinked does not stay DOWN for want of new clients.
-    pub fn trials_due(&self, now_ms: u64) -> impl Iterator<Item = NodeId> + '_ {
-        let any = now_ms >= self.next_trial_ms;
+    ///
+    /// `answers`: the trial the I/O layer would make gets an answer from the node's process
+    /// (a TLS handshake, for a TCP-only node with TLS to it), so a node that left requests
+    /// unanswered may be tried too; a bare connect would not tell (its kernel completes it
+    /// while the process hangs).
+    pub fn trials_due(&self, now_ms: u64, answers: bool) -> impl Iterator<Item = NodeId> + '_ {
+        let any = now_ms
+            >= if answers {
+                self.next_answer_trial_ms
+            } else {
+                self.next_trial_ms
+            };
         self.statuses
             .iter()
             .enumerate()
             .take(if any { usize::MAX } else { 0 })
-            .filter(move |(_, s)| s.trial_due(now_ms) && !s.health.awaits_an_answer())
+            .filter(move |(_, s)| s.trial_due(now_ms) && (answers || !s.health.awaits_an_answer()))
             .map(|(i, _)| NodeId(i as u32))
     }
 
@@ -1219,9 +1237,9 @@ mod tests {
         let (a, b) = (down_passive(0), down_passive(5_000));
         assert_eq!(due_at(&a), Some(10_000));
         let s = snap(&[up(), a, b]);
-        assert_eq!(s.trials_due(9_999).count(), 0);
-        assert_eq!(s.trials_due(10_000).collect::<Vec<_>>(), [B]);
-        assert_eq!(s.trials_due(15_000).collect::<Vec<_>>(), [B, C]);
+        assert_eq!(s.trials_due(9_999, false).count(), 0);
+        assert_eq!(s.trials_due(10_000, false).collect::<Vec<_>>(), [B]);
+        assert_eq!(s.trials_due(15_000, false).collect::<Vec<_>>(), [B, C]);
 
         let forced = {
             let mut s = down_passive(0);
@@ -1262,11 +1280,18 @@ mod tests {
             s.next_trial_ms, 11_000,
             "the unanswered node is not counted"
         );
-        assert_eq!(s.trials_due(10_500).count(), 0);
+        assert_eq!(s.trials_due(10_500, false).count(), 0);
         assert_eq!(
-            s.trials_due(11_000).collect::<Vec<_>>(),
+            s.trials_due(11_000, false).collect::<Vec<_>>(),
             [NodeId(4)],
             "a claim that lapsed"
+        );
+        // A trial that gets an answer (a TLS handshake) may try the unanswered node too.
+        assert_eq!(s.next_answer_trial_ms, 10_000);
+        assert_eq!(
+            s.trials_due(10_500, true).collect::<Vec<_>>(),
+            [NodeId(5)],
+            "an answer may decide the unanswered node's trial"
         );
     }
 

@@ -542,10 +542,40 @@ async fn connect(
             state.route(table.zip(key), input, None, trial_hold, by)
         };
         if trial.is_none() && failed.is_empty() {
+            // As a session would try the node: the connect, a PROXY header (one that names
+            // no client: limpet's own connection), the TLS handshake.
+            let limit = def.timeouts.connect;
+            let (pp, tls) = (
+                def.proxy_protocol.send,
+                def.upstream_tls
+                    .as_ref()
+                    .map(|u| (Arc::clone(&u.config), u.server_name.clone())),
+            );
             state.try_due_trial(
                 clock::now_ms(),
                 |n| state.upstream(def, n, local_port),
-                def.timeouts.connect,
+                (limit, by),
+                move |addr| async move {
+                    let mut stream = crate::net::connect_node(addr, limit).await?;
+                    if let Some(v) = pp {
+                        let mut h = Vec::with_capacity(16);
+                        proxy_protocol::write_local(v, &mut h);
+                        match tokio::time::timeout(limit, stream.write_all(&h)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
+                            Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
+                        }
+                    }
+                    let tls = tls.as_ref().map(|(config, name)| {
+                        (
+                            config,
+                            crate::tls::upstream_name(name.as_deref(), addr.ip()),
+                        )
+                    });
+                    crate::net::node_tls(addr, stream, tls, limit)
+                        .await
+                        .map(drop)
+                },
             );
         }
         let Some(node) = route.node else {

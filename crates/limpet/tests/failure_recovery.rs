@@ -4144,6 +4144,81 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
     b.abort();
 }
 
+/// The same node with no new client to try it: one client of a source-address table, moved
+/// to b when a stalled its handshakes, keeps coming back (to b). Once a handshakes again it
+/// is UP within its `fail_timeout` and the second limpet waits for a request to try it,
+/// through limpet's own trial: a connect and a TLS handshake, whose completion is the
+/// node's process answering. Before, limpet's own trial was a bare connect, which does not
+/// decide the trial of a node DOWN for what it left unanswered: a stayed DOWN for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_with_no_new_client() {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    let stall = Arc::new(AtomicBool::new(true));
+    let a = tls_echo_node(
+        "a",
+        a_listener,
+        tls_identity("127.0.0.2").1,
+        Arc::clone(&stall),
+    );
+    let b = tls_echo_node(
+        "b",
+        b_listener,
+        tls_identity("127.0.0.3").1,
+        Arc::new(AtomicBool::new(false)),
+    );
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+         [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         table = \"t\"\nupstream_tls = {{ verify = \"none\" }}\n\
+         timeouts = {{ connect = \"300ms\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("tcp-tls-stall-fixed", &text);
+    let l = Limpet::start(&cfg).await;
+    let raw = l.addr("raw");
+
+    // Fresh clients until one meets a's stalled handshake: a DOWN, that client moved to b.
+    let mut next = 1u8;
+    let client = loop {
+        assert!(next < 20, "a never went DOWN");
+        let src = IpAddr::from([127, 0, 73, next]);
+        next += 1;
+        assert_eq!(tls_session_node(raw, src).await.as_deref(), Ok("b"));
+        if node_view(&l, "a").await["state"] == "DOWN" {
+            break src;
+        }
+    };
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["health"]["down_cause"], "traffic", "{view}");
+
+    // a handshakes again; only that one client comes, and it stays on b.
+    stall.store(false, Ordering::SeqCst);
+    let back = Instant::now();
+    let bound = Duration::from_millis(300) + Duration::from_secs(1) + SLACK;
+    loop {
+        assert_eq!(
+            tls_session_node(raw, client).await.as_deref(),
+            Ok("b"),
+            "the client keeps its node"
+        );
+        let v = node_view(&l, "a").await;
+        if v["state"] == "UP" {
+            break;
+        }
+        assert!(
+            back.elapsed() < bound,
+            "a still DOWN {:?} after it handshakes again: {v}",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    l.stop().await;
+    a.abort();
+    b.abort();
+}
+
 /// Requests of sessions pinned to a node whose trial another request holds wait for that
 /// trial's outcome (at most `TRIAL_AWAIT`, 1 s) rather than move: the node is back, so they
 /// are answered there and keep their pin. Before, each was excluded as from a DOWN node and

@@ -595,10 +595,12 @@ fn proxy<'a, 'b>(
         let failed: Vec<Excluded> = Vec::new();
         let (first, trial) = route_first(ctx, shared, &p, now).await;
         if trial.is_none() {
+            let connect = shared.timeouts.connect;
             shared.state.try_due_trial(
                 now,
                 |n| shared.conns.get(n.index()).map(|c| c.addr()),
-                shared.timeouts.connect,
+                (connect, crate::nodes::TrialBy::Connect),
+                move |addr| async move { crate::net::connect_node(addr, connect).await.map(drop) },
             );
         }
         let Some(first_node) = first.node else {

@@ -1015,29 +1015,37 @@ impl State {
     /// off it and none came fresh (the fixed clients of a source-address table, the print
     /// server's), a node that blinked stayed DOWN for good, its share of the load on the
     /// others. Called after a route that was no trial; one comparison until a trial is due.
-    /// The trial is claimed as a route claims one (one at a time, for twice `connect`), and the
-    /// connect's outcome observed as a TCP listener's is: a completed one brings back a node
-    /// DOWN by failed connects. A node that left requests unanswered is not tried this way
-    /// ([`TrialBy::Connect`]): only an answer brings it back.
+    /// The trial is claimed as a route claims one (one at a time, for four times `connect`),
+    /// and `attempt`'s outcome observed as the caller's listener would observe its own: with
+    /// `by` [`TrialBy::Connect`], a completed attempt brings back a node DOWN by failed
+    /// connects, and a node that left requests unanswered is not tried this way (only an
+    /// answer brings it back); with [`TrialBy::Answer`] (a TCP-only node with TLS to it,
+    /// whose completed handshake is its process answering), it is its answer, and such a
+    /// node is tried too.
     /// Only once the trial has been due for [`TRIAL_BY_CONNECT_AFTER`] with no request to
     /// make it: under fresh traffic a request tries the node, as ever, and an HTTP node is
     /// judged by its answer.
-    pub fn try_due_trial(
+    pub fn try_due_trial<A>(
         self: &Arc<Self>,
         now_ms: u64,
         addr: impl Fn(NodeId) -> Option<SocketAddr>,
-        connect: Duration,
-    ) {
+        (connect, by): (Duration, TrialBy),
+        attempt: impl FnOnce(SocketAddr) -> A,
+    ) where
+        A: std::future::Future<Output = Result<(), crate::error::UpstreamError>> + Send + 'static,
+    {
         let cached = self.snapshot();
         let due_since = now_ms.saturating_sub(crate::clock::ms(TRIAL_BY_CONNECT_AFTER));
-        let Some((node, addr, claim)) = cached.snap.trials_due(due_since).find_map(|n| {
+        let answers = by == TrialBy::Answer;
+        let Some((node, addr, claim)) = cached.snap.trials_due(due_since, answers).find_map(|n| {
             let addr = addr(n)?;
             Some((
                 n,
                 addr,
-                // The connect's own timeout starts on its task: a margin for getting there.
-                self.node_rt(n)?
-                    .claim_trial(connect * 2, false, TrialBy::Connect)?,
+                // The attempt's own timeouts start on its task: a margin for getting there.
+                // Up to three steps of `connect` each: the connect, a PROXY header, a TLS
+                // handshake.
+                self.node_rt(n)?.claim_trial(connect * 4, false, by)?,
             ))
         }) else {
             return;
@@ -1048,9 +1056,11 @@ impl State {
             "trying a DOWN node again with a connect (fail_timeout passed, no request tried it)"
         );
         let state = Arc::clone(self);
+        let attempt = attempt(addr);
         tokio::spawn(async move {
-            let outcome = match crate::net::connect_node(addr, connect).await {
-                Ok(_) => Some(Observation::TrafficConnected),
+            let outcome = match attempt.await {
+                Ok(()) if answers => Some(Observation::TrafficOk),
+                Ok(()) => Some(Observation::TrafficConnected),
                 // Out of file descriptors says nothing of the node: the claim just ends.
                 Err(e) => e.observation(),
             };
