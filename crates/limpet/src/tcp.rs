@@ -544,37 +544,19 @@ async fn connect(
         if trial.is_none() && failed.is_empty() {
             // As a session would try the node: the connect, a PROXY header (one that names
             // no client: limpet's own connection), the TLS handshake.
+            // What it needs is copied only when a trial is made.
             let limit = def.timeouts.connect;
-            let (pp, tls) = (
-                def.proxy_protocol.send,
-                def.upstream_tls
-                    .as_ref()
-                    .map(|u| (Arc::clone(&u.config), u.server_name.clone())),
-            );
             state.try_due_trial(
                 clock::now_ms(),
                 |n| state.upstream(def, n, local_port),
                 (limit, by),
-                move |addr| async move {
-                    let mut stream = crate::net::connect_node(addr, limit).await?;
-                    if let Some(v) = pp {
-                        let mut h = Vec::with_capacity(16);
-                        proxy_protocol::write_local(v, &mut h);
-                        match tokio::time::timeout(limit, stream.write_all(&h)).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
-                            Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
-                        }
-                    }
-                    let tls = tls.as_ref().map(|(config, name)| {
-                        (
-                            config,
-                            crate::tls::upstream_name(name.as_deref(), addr.ip()),
-                        )
-                    });
-                    crate::net::node_tls(addr, stream, tls, limit)
-                        .await
-                        .map(drop)
+                |addr| {
+                    let pp = def.proxy_protocol.send;
+                    let tls = def
+                        .upstream_tls
+                        .as_ref()
+                        .map(|u| (Arc::clone(&u.config), u.server_name.clone()));
+                    own_trial(addr, limit, pp, tls)
                 },
             );
         }
@@ -727,6 +709,36 @@ async fn until_cut<T>(
         }
         () = stopped(cut) => Err(NoSession::cut_at_shutdown(node)),
     }
+}
+
+/// limpet's own trial of a DOWN node ([`crate::runtime::State::try_due_trial`]), as a
+/// session would try it: the connect, a PROXY header that names no client (its own
+/// connection: v1 `UNKNOWN`, v2 `LOCAL`), the TLS handshake; each within `limit`.
+async fn own_trial(
+    addr: SocketAddr,
+    limit: Duration,
+    pp: Option<proxy_protocol::Version>,
+    tls: Option<(Arc<rustls::ClientConfig>, Option<String>)>,
+) -> Result<(), UpstreamError> {
+    let mut stream = crate::net::connect_node(addr, limit).await?;
+    if let Some(v) = pp {
+        let mut h = Vec::with_capacity(16);
+        proxy_protocol::write_local(v, &mut h);
+        match tokio::time::timeout(limit, stream.write_all(&h)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
+            Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
+        }
+    }
+    let tls = tls.as_ref().map(|(config, name)| {
+        (
+            config,
+            crate::tls::upstream_name(name.as_deref(), addr.ip()),
+        )
+    });
+    crate::net::node_tls(addr, stream, tls, limit)
+        .await
+        .map(drop)
 }
 
 /// One attempt at a node through the network seam every listener shares
