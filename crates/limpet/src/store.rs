@@ -462,6 +462,14 @@ impl Store {
             self.dirty.store(true, Ordering::Release);
         }
         e.entries = Arc::downgrade(entries);
+        // A new `expire` reaches the store's keys at the next tick, every live entry's: a
+        // key's time left was set with the old one, and the next refresh would otherwise
+        // come at the new cadence (a key in use lived in the store only as long as the old
+        // expiry let it, while the local entry lived on), or the store would keep pins the
+        // table dropped for longer than it keeps them.
+        if e.expire_ms != expire_ms {
+            e.refreshed_ms = 0;
+        }
         e.expire_ms = expire_ms;
     }
 

@@ -1197,6 +1197,44 @@ async fn a_pin_in_the_store_to_a_node_no_config_has_is_left_alone() {
     sc.stop().await;
 }
 
+/// A reload that changes a shared table's `expire` gives every live pin's key the new expiry
+/// at the writer's next tick. Before, the next refresh came at the new cadence (2 s -> 20 s:
+/// ten seconds on), and a key in use expired from the store meanwhile, at its old expiry,
+/// while the local entry lived on: another instance's first request for the client found no
+/// pin and could send it elsewhere. (The reverse, 20 s -> 2 s, kept pins the tables had
+/// dropped in the store for up to 20 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_expire_gives_the_stored_pins_the_new_one() {
+    let sc = Alone::start("expire-reload", "2s").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let (node, key) = sc.pin_in_store("127.0.13.10").await;
+    let ttl = redis.pttl(&key).await;
+    assert!((1..=2_000).contains(&ttl), "the old expiry: {ttl} ms");
+    let path = sc.a._dir.path().join("limpet.toml");
+    let text = std::fs::read_to_string(&path).expect("config");
+    let text = text.replacen("expire = \"2s\"", "expire = \"20s\"", 1);
+    std::fs::write(&path, text).expect("write config");
+    limpet::runtime::reload(a.running.runtime())
+        .await
+        .expect("reload");
+    let reloaded = tokio::time::Instant::now();
+    // The writer ticks every 200 ms: well within the key's old 2 s.
+    loop {
+        let ttl = redis.pttl(&key).await;
+        if ttl > 2_000 {
+            break;
+        }
+        assert!(
+            ttl > 0 && reloaded.elapsed() < Duration::from_millis(1_500),
+            "the key took the new expiry within 1.5 s of the reload: {ttl} ms left after {:?}",
+            reloaded.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(redis.get(&key).await.as_deref(), Some(node.as_str()));
+    sc.stop().await;
+}
+
 /// A reload that changes nothing about the store keeps the carried tables' pins without
 /// sending any of them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -180,6 +180,16 @@ impl Redis {
         redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
     }
 
+    /// `PTTL key`: the key's time left in milliseconds (-2: no such key, -1: no expiry).
+    pub async fn pttl(&self, key: &str) -> i64 {
+        let mut c = self.conn().await.expect("connect");
+        redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .expect("PTTL")
+    }
+
     /// `SET key value PX px`, as another instance (or a hand) writes the store.
     pub async fn set_px(&self, key: &str, value: &str, px: u64) {
         let mut c = self.conn().await.expect("connect");
