@@ -644,21 +644,26 @@ fn fresh(
     input: &RouteInput<'_>,
 ) -> Option<Fresh> {
     let excluded = |n: NodeId| Excluded::find(input.exclude, n).is_some();
-    // A request that already went out to a node that failed it is no trial: the trial of a
-    // node DOWN, possibly hung, would be its second wait, with no replay after it, though a
-    // node UP could take it.
-    let may_trial = !sent_before(input);
-    if let Some(i) =
-        snap.statuses.iter().enumerate().position(|(i, s)| {
-            may_trial && s.trial_due(input.now_ms) && !excluded(NodeId(i as u32))
-        })
-    {
-        return Some(Fresh {
-            node: NodeId(i as u32),
-            trial: true,
-            trial_early: false,
-            took_turn: false,
-        });
+    let due_trial = || {
+        snap.statuses
+            .iter()
+            .enumerate()
+            .position(|(i, s)| s.trial_due(input.now_ms) && !excluded(NodeId(i as u32)))
+            .map(|i| Fresh {
+                node: NodeId(i as u32),
+                trial: true,
+                trial_early: false,
+                took_turn: false,
+            })
+    };
+    // A request that already went out to a node that failed it goes to a node UP first: the
+    // trial of a node DOWN, possibly hung, would be its second wait, with no replay after
+    // it. With no node UP to take it, a due trial still beats its error.
+    let sent = sent_before(input);
+    if !sent {
+        if let Some(f) = due_trial() {
+            return Some(f);
+        }
     }
     let balanced = match input.balance {
         Balance::RoundRobin => {
@@ -677,6 +682,11 @@ fn fresh(
             trial_early: false,
             took_turn: true,
         });
+    }
+    if sent {
+        if let Some(f) = due_trial() {
+            return Some(f);
+        }
     }
     early_trial(snap, input).map(|node| Fresh {
         node,
@@ -1128,7 +1138,8 @@ mod tests {
     /// A request that went out to a node that failed it (no answer in time, its connection
     /// lost after it, the node DOWN under it) is not made a DOWN node's trial while a node UP
     /// takes it: that trial would be its second wait, with no replay after it. One that only
-    /// met refused connects is (nothing of it went out). Before, the replay of a timed-out
+    /// met refused connects is (nothing of it went out); so is one with no node UP left, if
+    /// a trial is due (not early). Before, the replay of a timed-out
     /// GET went to the node due its trial, hung again, and the client got 504 after two
     /// answer timeouts though another node was UP.
     #[test]
@@ -1160,8 +1171,19 @@ mod tests {
             },
         );
         assert_eq!((r.node, r.trial), (Some(C), true), "nothing went out");
-        // With no node UP left to take it, it is not tried early either, NodeDown included.
+        // With no node UP left to take it, a due trial still beats its error; an early one
+        // does not (NodeDown included).
         let s = snap(&[up(), down_passive(0)]);
+        let due = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                now_ms: 10_000,
+                ..input(&[failed(A, RepinReason::AnswerTimeout)])
+            },
+        );
+        assert_eq!((due.node, due.trial), (Some(B), true));
         let r = route(&s, 0, &|_| 0, &input(&[failed(A, RepinReason::NodeDown)]));
         assert_eq!(r.node, None);
     }
