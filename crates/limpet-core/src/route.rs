@@ -696,14 +696,15 @@ fn fresh(
     })
 }
 
-/// Whether the request went out to a node that then failed it (no answer in time, its
-/// connection lost after it, or the node DOWN while it waited): a node excluded for one of
-/// those reasons.
+/// Whether the request went out to a node that then failed it (no answer in time, or its
+/// connection lost after it): a node excluded for one of those reasons. (`NodeDown` is no
+/// sign of it: a request that left a node's queue, lost a trial's claim, or a TCP session
+/// moved before any byte, are excluded for it too, and nothing of theirs went out.)
 fn sent_before(input: &RouteInput<'_>) -> bool {
     input.exclude.iter().any(|e| {
         matches!(
             e.why,
-            RepinReason::AnswerTimeout | RepinReason::AnswerFailed | RepinReason::NodeDown
+            RepinReason::AnswerTimeout | RepinReason::AnswerFailed
         )
     })
 }
@@ -1136,7 +1137,7 @@ mod tests {
     }
 
     /// A request that went out to a node that failed it (no answer in time, its connection
-    /// lost after it, the node DOWN under it) is not made a DOWN node's trial while a node UP
+    /// lost after it) is not made a DOWN node's trial while a node UP
     /// takes it: that trial would be its second wait, with no replay after it. One that only
     /// met refused connects is (nothing of it went out); so is one with no node UP left, if
     /// a trial is due (not early). Before, the replay of a timed-out
@@ -1145,11 +1146,7 @@ mod tests {
     #[test]
     fn a_request_that_went_out_is_no_trial_of_a_down_node() {
         let s = snap(&[up(), up(), down_passive(0)]);
-        for why in [
-            RepinReason::AnswerTimeout,
-            RepinReason::AnswerFailed,
-            RepinReason::NodeDown,
-        ] {
+        for why in [RepinReason::AnswerTimeout, RepinReason::AnswerFailed] {
             let r = route(
                 &s,
                 0,
@@ -1171,8 +1168,20 @@ mod tests {
             },
         );
         assert_eq!((r.node, r.trial), (Some(C), true), "nothing went out");
+        // Nor is a node left for being DOWN (its queue left, a trial's claim lost): nothing
+        // went out either.
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                now_ms: 10_000,
+                ..input(&[failed(A, RepinReason::NodeDown)])
+            },
+        );
+        assert_eq!((r.node, r.trial), (Some(C), true), "left for node-down");
         // With no node UP left to take it, a due trial still beats its error; an early one
-        // does not (NodeDown included).
+        // does not; one left for node-down may be tried early.
         let s = snap(&[up(), down_passive(0)]);
         let due = route(
             &s,
@@ -1184,8 +1193,15 @@ mod tests {
             },
         );
         assert_eq!((due.node, due.trial), (Some(B), true));
-        let r = route(&s, 0, &|_| 0, &input(&[failed(A, RepinReason::NodeDown)]));
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &input(&[failed(A, RepinReason::AnswerTimeout)]),
+        );
         assert_eq!(r.node, None);
+        let r = route(&s, 0, &|_| 0, &input(&[failed(A, RepinReason::NodeDown)]));
+        assert_eq!((r.node, r.trial_early), (Some(B), true));
     }
 
     #[test]

@@ -649,11 +649,18 @@ where
         // takes that end as a shutdown too. Reset for it, a client whose job was done would
         // take it for failed, and send it again.
         RelayEnd::Error(e) if e.kind() == io::ErrorKind::UnexpectedEof => RelayEnd::Error(e),
+        // A direction that finished (its reader's FIN passed on, every byte written) is
+        // left to end as it did: its last bytes may still wait in the kernel for a slow
+        // reader, and a reset would throw them away.
         end @ (RelayEnd::Error(_) | RelayEnd::Idle | RelayEnd::Stalled(_))
             if framing == Framing::Bytes =>
         {
-            cw.abort_on_close();
-            nw.abort_on_close();
+            if !down.done {
+                cw.abort_on_close();
+            }
+            if !up.done {
+                nw.abort_on_close();
+            }
             end
         }
         other => other,

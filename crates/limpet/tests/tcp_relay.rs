@@ -510,14 +510,21 @@ async fn a_session_cut_by_maint_resets_the_node_side_and_one_the_client_ends_doe
 /// reports how many bytes it got in all and whether its stream ended cleanly.
 async fn stalling_upload_node(
     go: tokio::sync::watch::Receiver<bool>,
+    rcvbuf: Option<u32>,
 ) -> (
     u16,
     tokio::task::JoinHandle<()>,
     tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
 ) {
-    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
-        .await
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    if let Some(n) = rcvbuf {
+        // Inherited by the connections it accepts: what they do not take waits on
+        // limpet's side.
+        sock.set_recv_buffer_size(n).expect("SO_RCVBUF");
+    }
+    sock.bind("127.0.0.2:0".parse().expect("addr"))
         .expect("bind node");
+    let l = sock.listen(64).expect("listen");
     let port = l.local_addr().expect("node addr").port();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
@@ -603,7 +610,7 @@ async fn an_abort_an_idle_or_a_stalled_session_reaches_the_other_side_as_a_reset
     // session is reset on both sides; the node, reading again, finds what its buffers held
     // and then the reset.
     let (go, go_rx) = tokio::sync::watch::channel(false);
-    let (port, node, mut reports) = stalling_upload_node(go_rx).await;
+    let (port, node, mut reports) = stalling_upload_node(go_rx, None).await;
     let cfg = tcp_config(
         &dir,
         &[("a", "127.0.0.2")],
@@ -661,6 +668,46 @@ async fn an_abort_an_idle_or_a_stalled_session_reaches_the_other_side_as_a_reset
         "a node's reset reaches the client as one"
     );
     drop(s);
+    running.stop().await;
+    node.abort();
+}
+
+/// A client that sent its whole job and its FIN, then left before the node answered (its
+/// kernel resets what the node says after): the relay ends on the failed write to the
+/// client, but the job's direction had finished, so the node is not reset. It reads the
+/// whole job, then the end of the stream, however late it reads. A reset threw away what
+/// still waited in limpet's socket for the node to take (its window is small here), and the
+/// node found a reset after part of a whole job.
+#[tokio::test]
+async fn a_whole_upload_whose_client_left_reaches_its_node_whole_and_ended() {
+    let (go, go_rx) = tokio::sync::watch::channel(false);
+    // The node's window small: most of the job waits in limpet's socket for it to read.
+    let (port, node, mut reports) = stalling_upload_node(go_rx, Some(2048)).await;
+    let dir = TempDir::new("tcp-whole-job");
+    let cfg = tcp_config(&dir, &[("a", "127.0.0.2")], port, "");
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let (mut s, _) = tcp_session("127.0.0.1", addr).await;
+    let job = vec![b'j'; 12 * 1024];
+    s.write_all(&job).await.expect("write");
+    s.shutdown().await.expect("FIN");
+    drop(s);
+    // The session ends (counted then) once a status byte meets the client's reset.
+    let metrics = std::sync::Arc::clone(&running.runtime().state().lifecycle.metrics);
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    while metrics.traffic("a", limpet::clock::now_ms()).bytes_in < job.len() as u64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    go.send_replace(true);
+    assert_eq!(
+        node_end(&mut reports).await,
+        (job.len(), true),
+        "the whole job, then its end"
+    );
     running.stop().await;
     node.abort();
 }
