@@ -1155,7 +1155,11 @@ impl Store {
                 return;
             }
             if let Some(r) = lock(&self.tables).get_mut(&table) {
-                r.refreshed_ms = now;
+                // A reload that changed `expire` meanwhile asked for a refresh of every key
+                // with the new one (`register`): this one went out with the old.
+                if r.expire_ms == px {
+                    r.refreshed_ms = now;
+                }
             }
         }
     }

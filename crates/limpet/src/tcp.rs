@@ -542,22 +542,13 @@ async fn connect(
             state.route(table.zip(key), input, None, trial_hold, by)
         };
         if trial.is_none() && failed.is_empty() {
-            // As a session would try the node: the connect, a PROXY header (one that names
-            // no client: limpet's own connection), the TLS handshake.
-            // What it needs is copied only when a trial is made.
-            let limit = def.timeouts.connect;
+            // As a session would try the node: the connect, a PROXY header, the TLS
+            // handshake. (The listener's definition is shared only when a trial is made.)
             state.try_due_trial(
                 clock::now_ms(),
                 |n| state.upstream(def, n, local_port),
-                (limit, by),
-                |addr| {
-                    let pp = def.proxy_protocol.send;
-                    let tls = def
-                        .upstream_tls
-                        .as_ref()
-                        .map(|u| (Arc::clone(&u.config), u.server_name.clone()));
-                    own_trial(addr, limit, pp, tls)
-                },
+                (def.timeouts.connect, by),
+                |addr| own_trial(Arc::clone(def), addr),
             );
         }
         let Some(node) = route.node else {
@@ -711,48 +702,39 @@ async fn until_cut<T>(
     }
 }
 
-/// limpet's own trial of a DOWN node ([`crate::runtime::State::try_due_trial`]), as a
-/// session would try it: the connect, a PROXY header that names no client (its own
-/// connection: v1 `UNKNOWN`, v2 `LOCAL`), the TLS handshake; each within `limit`.
-async fn own_trial(
-    addr: SocketAddr,
-    limit: Duration,
-    pp: Option<proxy_protocol::Version>,
-    tls: Option<(Arc<rustls::ClientConfig>, Option<String>)>,
-) -> Result<(), UpstreamError> {
-    let mut stream = crate::net::connect_node(addr, limit).await?;
-    if let Some(v) = pp {
+/// limpet's own trial of a DOWN node ([`crate::runtime::State::try_due_trial`]): a
+/// session's attempt, with a PROXY header that names no client (limpet's own connection:
+/// v1 `UNKNOWN`, v2 `LOCAL`, as HAProxy's `check-send-proxy` sends).
+async fn own_trial(def: Arc<ListenerDef>, addr: SocketAddr) -> Result<(), UpstreamError> {
+    let header = def.proxy_protocol.send.map(|v| {
         let mut h = Vec::with_capacity(16);
         proxy_protocol::write_local(v, &mut h);
-        match tokio::time::timeout(limit, stream.write_all(&h)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),
-            Err(_) => return Err(UpstreamError::timeout(Stage::Connect, false)),
-        }
-    }
-    let tls = tls.as_ref().map(|(config, name)| {
-        (
-            config,
-            crate::tls::upstream_name(name.as_deref(), addr.ip()),
-        )
+        h
     });
-    crate::net::node_tls(addr, stream, tls, limit)
-        .await
-        .map(drop)
+    attempt_with(&def, header, addr).await.map(drop)
 }
 
-/// One attempt at a node through the network seam every listener shares
-/// ([`crate::net::connect_node`], [`crate::net::node_tls`]): connect, send the PROXY header,
-/// then TLS to the node when the listener asks for it. Each step is bounded by the connect
-/// timeout.
+/// One attempt at a node for the client `who`.
 async fn attempt(
     def: &ListenerDef,
     who: &Peer,
     addr: SocketAddr,
 ) -> Result<Box<dyn Io>, UpstreamError> {
+    attempt_with(def, proxy_header_for(&def.proxy_protocol, who), addr).await
+}
+
+/// One attempt at a node through the network seam every listener shares
+/// ([`crate::net::connect_node`], [`crate::net::node_tls`]): connect, send the PROXY header
+/// (`header`), then TLS to the node when the listener asks for it. Each step is bounded by
+/// the connect timeout.
+async fn attempt_with(
+    def: &ListenerDef,
+    header: Option<Vec<u8>>,
+    addr: SocketAddr,
+) -> Result<Box<dyn Io>, UpstreamError> {
     let limit = def.timeouts.connect;
     let mut stream = crate::net::connect_node(addr, limit).await?;
-    if let Some(h) = proxy_header_for(&def.proxy_protocol, who) {
+    if let Some(h) = header {
         match tokio::time::timeout(limit, stream.write_all(&h)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(UpstreamError::io(Stage::Connect, &e)),

@@ -1053,7 +1053,7 @@ impl State {
         drop(cached);
         tracing::info!(
             node = self.node_name(node),
-            "trying a DOWN node again with a connect (fail_timeout passed, no request tried it)"
+            "trying a DOWN node again with an attempt of limpet's own (fail_timeout passed, no request tried it)"
         );
         let state = Arc::clone(self);
         let attempt = attempt(addr);
