@@ -277,6 +277,16 @@ async fn metrics_stats_and_page_are_served() {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .starts_with("text/html"));
+    // Never framed by another site (its buttons would write under a decoy).
+    let h = |name: &str| {
+        page.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(h("x-frame-options"), "DENY");
+    assert_eq!(h("content-security-policy"), "frame-ancestors 'none'");
     let html = page.text().await.unwrap_or_default();
     assert!(html.contains("<title>limpet stats</title>"));
     assert!(

@@ -144,6 +144,11 @@ fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
         .status(status)
         .header(header::CONTENT_TYPE, content_type)
         .header(header::CACHE_CONTROL, "no-store")
+        // Never inside another site's frame: framed under a decoy, the stats page's own
+        // buttons would make writes the cross-site checks let through (same origin, same
+        // host), a click on the other site putting a node in MAINT.
+        .header(header::X_FRAME_OPTIONS, "DENY")
+        .header(header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'")
         .body(Full::new(body.into()))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
