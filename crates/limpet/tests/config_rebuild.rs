@@ -190,3 +190,31 @@ async fn a_held_trial_sends_the_next_session_elsewhere_and_pins_it_there() {
     drop(trial);
     assert_eq!(pin(&state, "10.0.0.3").as_deref(), Some("b"));
 }
+
+/// A node's pins are counted over the whole table, past a first page (4096 slots) of
+/// entries expired but not yet purged. Before, the count stopped at the first page with no
+/// live entry: after a burst of expiries, a node's pins read 0.
+#[test]
+fn pins_are_counted_past_a_page_of_expired_entries() {
+    let state = State::new(cfg(&["a"], "1s")).expect("state");
+    let table = state.table("t").expect("table");
+    let a = state.node_id("a").expect("node");
+    let now = now_ms();
+    {
+        let mut t = table.lock();
+        for i in 0..5_000u32 {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+            t.learn(KeyRef::ip(ip, Default::default()), a, now - 60_000);
+        }
+        for i in 0..3u32 {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + i));
+            t.learn(KeyRef::ip(ip, Default::default()), a, now);
+        }
+    }
+    let view = state
+        .node_views()
+        .into_iter()
+        .find(|v| v.name == "a")
+        .expect("a");
+    assert_eq!(view.pins.get("t"), Some(&3), "{:?}", view.pins);
+}

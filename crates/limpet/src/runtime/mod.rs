@@ -1236,24 +1236,37 @@ impl State {
     /// Every node with its state, open connections and pins per table.
     pub fn node_views(&self) -> Vec<NodeView> {
         let now = crate::clock::now_ms();
+        use limpet_core::table::AffinityStore as _;
+        const PAGE: usize = 4096;
         let mut pins: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); self.nodes.len()];
         for (name, table) in &self.tables {
-            let g = table.lock();
-            let mut page = 0;
+            let mut counts = vec![0u64; self.nodes.len()];
+            let mut page = 0usize;
             loop {
-                let entries =
-                    limpet_core::table::AffinityStore::entries(g.store(), page, 4096, now);
-                if entries.is_empty() {
+                // The table locked a page at a time: routing on it waits for a page at most,
+                // not the whole walk (this runs every second, and on every admin read). A
+                // page may hold only expired entries not yet purged: the walk goes on to the
+                // table's end.
+                let g = table.lock();
+                let store = g.store();
+                if page.saturating_mul(PAGE) >= store.len() {
                     break;
                 }
-                for e in &entries {
-                    if let Some(id) = table.node_of(e.node) {
-                        if let Some(m) = pins.get_mut(id.index()) {
-                            *m.entry(name.clone()).or_insert(0) += 1;
-                        }
+                for e in store.entries(page, PAGE, now) {
+                    if let Some(c) = table
+                        .node_of(e.node)
+                        .and_then(|id| counts.get_mut(id.index()))
+                    {
+                        *c += 1;
                     }
                 }
+                drop(g);
                 page += 1;
+            }
+            for (m, n) in pins.iter_mut().zip(counts) {
+                if n > 0 {
+                    m.insert(name.clone(), n);
+                }
             }
         }
         self.nodes
