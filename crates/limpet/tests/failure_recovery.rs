@@ -2244,6 +2244,145 @@ async fn a_request_that_breaks_nodes_on_kept_alive_connections_is_replayed_once_
     }
 }
 
+/// One HTTP/2 stream whose request body limpet cannot take (its node stopped reading: a
+/// small receive buffer, never read) does not hold up the other streams' uploads on the
+/// same connection: a POST to the other node on a second stream is answered at once, while
+/// the first still waits. Before, the stuck stream's unread body filled the whole
+/// connection's flow-control window (hyper's default: as large as one stream's), and the
+/// second stream's body could not be sent until the first failed at `upstream_answer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_stuck_on_its_upload_does_not_hold_up_the_others() {
+    // a: takes connections and never reads them, with a small receive buffer.
+    let sock = TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+    sock.set_recv_buffer_size(4096)
+        .unwrap_or_else(|e| panic!("SO_RCVBUF: {e}"));
+    sock.bind("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let a_addr = sock.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let a_listener = sock.listen(16).unwrap_or_else(|e| panic!("listen: {e}"));
+    let (a_took_tx, mut a_took) = tokio::sync::mpsc::unbounded_channel();
+    let a = tokio::spawn(async move {
+        while let Ok((s, _)) = a_listener.accept().await {
+            let _ = a_took_tx.send(s);
+        }
+    });
+    let b = Backend::start("b").await;
+    let mut cfg = limpet::proxy::ProxyConfig::new(vec![
+        limpet::proxy::NodeConfig {
+            name: "a".into(),
+            addr: a_addr,
+        },
+        limpet::proxy::NodeConfig {
+            name: "b".into(),
+            addr: b.addr,
+        },
+    ]);
+    cfg.timeouts.upstream_answer = Duration::from_secs(20);
+    let proxy = Quick::start(cfg).await;
+    let s = TcpStream::connect(proxy.addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let (mut sender, conn) = http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>>(
+            TokioIo::new(s),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("h2 handshake: {e}"));
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let post =
+        |route: &str,
+         body: http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>| {
+            http::Request::post(format!("http://{}/upload", proxy.addr))
+                .header("cookie", format!("route={route}"))
+                .body(body)
+                .unwrap_or_else(|e| panic!("request: {e}"))
+        };
+    // Stream 1: 16 MiB to a, fed as hyper takes it; the count of what it took.
+    let taken = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let feed = {
+        let taken = Arc::clone(&taken);
+        tokio::spawn(async move {
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            for _ in 0..256 {
+                if tx.send(chunk.clone()).await.is_err() {
+                    return;
+                }
+                taken.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            }
+        })
+    };
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| {
+            (
+                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b)),
+                rx,
+            )
+        })
+    });
+    sender
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("ready: {e}"));
+    let first = sender.send_request(post(
+        "a",
+        http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream)),
+    ));
+    let first = tokio::spawn(first);
+    let _held = tokio::time::timeout(PATIENCE, a_took.recv())
+        .await
+        .unwrap_or_else(|_| panic!("a never got the upload"));
+    // Until the first upload stops moving: a's buffers and the stream's window full (no
+    // event says so; what it took stays the same for half a second, at most 10 s in all).
+    let started = Instant::now();
+    let mut last = (taken.load(Ordering::SeqCst), Instant::now());
+    while last.1.elapsed() < Duration::from_millis(500) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the upload to a never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = taken.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+    }
+    assert!(!first.is_finished(), "the first upload still waits");
+    // Stream 3: 300 KiB to b, answered at once.
+    sender
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("ready: {e}"));
+    let body = http_body_util::Full::new(Bytes::from(vec![b'y'; 300 * 1024]));
+    let sent = Instant::now();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(5),
+        sender.send_request(post("b", http_body_util::BodyExt::boxed(body))),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the second upload waited for the first"))
+    .unwrap_or_else(|e| panic!("second upload: {e}"));
+    assert_eq!(resp.status(), 200);
+    let text = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap_or_else(|e| panic!("body: {e}"))
+        .to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&text).trim(),
+        (300 * 1024).to_string(),
+        "b read it all"
+    );
+    assert!(sent.elapsed() < Duration::from_secs(5));
+    feed.abort();
+    first.abort();
+    conn.abort();
+    proxy.stop().await;
+    a.abort();
+    drop(b);
+}
+
 /// Without checks, a hung node's trial is decided by its answer, and while the trial waits
 /// for it nobody else is sent there: sessions pinned to the node keep being served by b, and
 /// only the trial requests (one per `fail_timeout` + answer timeout) wait on the hung node.

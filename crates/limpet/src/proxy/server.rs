@@ -793,6 +793,20 @@ pub(crate) struct Builder {
 /// worth of data ahead of a reading client. (HAProxy holds one 16 KiB buffer per stream.)
 const H2_SEND_BUF: usize = 64 * 1024;
 
+/// How much of one HTTP/2 stream's request body a client may send ahead of limpet's reading
+/// it (the stream's flow-control window). The connection's window is this times the streams
+/// a connection may have open: with hyper's default (1 MiB each, the connection's as
+/// large as one stream's), one stream whose body limpet was not reading (queued for a node
+/// at its `max_connections`, waiting for a trial, or sent to a node that stopped reading)
+/// held the whole connection window, and every other stream's upload on the connection
+/// waited for it (a node's slot held by a stream whose own body could not come: a deadlock
+/// until the queue timeout). At 256 KiB a stream still uploads at 5 MB/s over a 50 ms round
+/// trip, and a connection holds at most 25 MiB of bodies at 100 streams.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+
+/// The largest flow-control window HTTP/2 allows (2^31 - 1).
+const H2_MAX_WINDOW: u32 = (1 << 31) - 1;
+
 fn builder(limits: &Limits) -> Builder {
     let mut h1 = http1::Builder::new();
     // `idle_watch` is the request-head clock of HTTP/1 connections (hyper's would take a
@@ -816,7 +830,13 @@ fn builder(limits: &Limits) -> Builder {
     h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(limits.h2_max_concurrent_streams)
-        .max_send_buf_size(H2_SEND_BUF);
+        .max_send_buf_size(H2_SEND_BUF)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(
+            H2_STREAM_WINDOW
+                .saturating_mul(limits.h2_max_concurrent_streams.max(1))
+                .min(H2_MAX_WINDOW),
+        );
     Builder { h1, h2 }
 }
 
