@@ -519,3 +519,70 @@ async fn a_tls_client_that_stops_reading_an_answer_is_closed_after_client_idle()
     running.stop().await;
     node.abort();
 }
+
+/// A WebSocket upgrade whose node holds its 101 as limpet starts shutting down: hyper
+/// writes the 101 all the same (with `Connection: close`), and the tunnel then starts
+/// already closing, so the client gets close 1001 ("going away") after it, as every other
+/// tunnel at a shutdown. Before, the 101 was followed by the bare end of the connection: an
+/// abnormal close (1006) for a browser.
+#[tokio::test]
+async fn an_upgrade_answered_as_limpet_shuts_down_gets_close_1001_after_its_101() {
+    use tokio::io::AsyncReadExt;
+    let pki = Pki::new();
+    let (mut nodes, ports) =
+        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let dir = TempDir::new("upgrade-at-shutdown");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"web\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {http}\ntimeouts = {{ drain = \"10s\" }}\n",
+        http = ports.http,
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("web").expect("addr");
+    let mut ws = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    ws.write_all(
+        b"GET /held-upgrade HTTP/1.1\r\nHost: print.example\r\nUpgrade: websocket\r\n\
+          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await
+    .expect("send upgrade");
+    tokio::time::timeout(common::PATIENCE, HELD_UPGRADES_ARRIVED.acquire())
+        .await
+        .expect("upgrade reached the node in time")
+        .expect("semaphore open")
+        .forget();
+    let stopping = tokio::spawn(running.stop());
+    // The shutdown has begun once limpet stops accepting.
+    tokio::time::timeout(common::PATIENCE, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("limpet stops accepting");
+    HELD_UPGRADES_RELEASED.add_permits(1);
+    let mut got = Vec::new();
+    tokio::time::timeout(common::PATIENCE, ws.read_to_end(&mut got))
+        .await
+        .expect("the tunnel ends in time")
+        .expect("read");
+    let head_end = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4)
+        .unwrap_or_else(|| panic!("no 101 head: {:?}", String::from_utf8_lossy(&got)));
+    assert!(got.starts_with(b"HTTP/1.1 101"), "{got:?}");
+    let frame = &got[head_end..];
+    assert!(
+        frame.len() >= 4 && frame[0] == 0x88 && frame[2..4] == [0x03, 0xe9],
+        "a close frame 1001 after the 101, got {frame:?}"
+    );
+    tokio::time::timeout(common::PATIENCE, stopping)
+        .await
+        .expect("limpet stops in time")
+        .expect("stop task");
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}

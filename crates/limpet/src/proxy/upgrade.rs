@@ -84,13 +84,20 @@ pub(crate) fn spawn_tunnel(
         };
         tokio::pin!(closing);
         // The upgrades complete once hyper has written the 101 to the client: a client that
-        // does not read it holds the node connection and its slot, so this is bounded, and
-        // a close signal ends it too.
+        // does not read it holds the node connection and its slot, so this is bounded. A
+        // close signal meanwhile (a shutdown, MAINT, the session moved) does not drop the
+        // upgrade: hyper writes the 101 all the same, and a client then cut without a word
+        // sees an abnormal end (WebSocket 1006). The tunnel starts, already closing: a
+        // WebSocket client gets close 1001 with the reason, a byte stream is reset.
+        let start = tokio::time::timeout(start_limit, async { tokio::join!(client, upstream) });
+        tokio::pin!(start);
+        let mut closed = None;
         let started = tokio::select! {
-            r = tokio::time::timeout(start_limit, async { tokio::join!(client, upstream) }) => r,
+            r = &mut start => r,
             reason = &mut closing => {
-                tracing::debug!(reason, "tunnel closed before it started");
-                return;
+                tracing::debug!(reason, "tunnel closing before it started");
+                closed = Some(reason);
+                start.await
             }
         };
         let (client, upstream) = match started {
@@ -112,12 +119,18 @@ pub(crate) fn spawn_tunnel(
         } else {
             Framing::Bytes
         };
+        let stop = async {
+            match closed {
+                Some(reason) => reason,
+                None => closing.await,
+            }
+        };
         let end = relay(
             TokioIo::new(client),
             TokioIo::new(upstream),
             idle,
             framing,
-            closing,
+            stop,
         )
         .await;
         tracing::debug!(?end, "tunnel ended");
