@@ -457,3 +457,37 @@ async fn a_streamed_answer_to_a_closing_request_reaches_the_client_in_parts_then
     node.abort();
     proxy.stop().await;
 }
+
+/// A node's trailers reach an HTTP/1.1 client that takes them (`TE: trailers`): its
+/// `Trailer` field, which names them, is the answer's own, not hop-by-hop (RFC 9110 6.6.2;
+/// HAProxy keeps it), and hyper writes trailers only for the fields it names. Before, the
+/// field was dropped as hop-by-hop, and with it every trailer.
+#[tokio::test]
+async fn a_node_s_trailers_reach_an_http1_client_that_takes_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let node = ScriptedNode::start(fixed(
+        b"HTTP/1.1 200 OK\r\ntrailer: x-sum\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-sum: 42\r\n\r\n",
+        false,
+    ))
+    .await;
+    let proxy = proxy_for(&node).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nTE: trailers\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut got))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head");
+    assert!(head.contains("\r\ntrailer: x-sum"), "{text}");
+    assert!(
+        body.starts_with("5\r\nhello\r\n0\r\nx-sum: 42\r\n"),
+        "the trailer after the last chunk: {text}"
+    );
+    proxy.stop().await;
+}

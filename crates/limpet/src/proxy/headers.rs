@@ -9,16 +9,17 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::affinity::CookieEdit;
 
-const HOP_COUNT: usize = 7;
+const HOP_COUNT: usize = 6;
 
 /// Headers that describe one connection, never the message (RFC 9110 7.6.1), plus the legacy
-/// ones proxies still see.
+/// ones proxies still see. Not `Trailer`: it names the message's trailer fields (RFC 9110
+/// 6.6.2), and hyper writes trailers to an HTTP/1.1 peer only for the fields it names, so
+/// removed, it took every trailer with it (HAProxy keeps it).
 const HOP_BY_HOP: [HeaderName; HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
@@ -34,7 +35,6 @@ const HOP_NAMES: [&str; HOP_COUNT] = [
     "keep-alive",
     "proxy-connection",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
 ];
