@@ -547,8 +547,10 @@ async fn connect(
             state.try_due_trial(
                 clock::now_ms(),
                 |n| state.upstream(def, n, local_port),
-                (def.timeouts.connect, by),
-                |addr| own_trial(Arc::clone(def), addr),
+                // Up to three steps of `connect` each (the connect, a PROXY header, a TLS
+                // handshake), and a margin.
+                (def.timeouts.connect * 4, by),
+                |_, addr| own_trial(Arc::clone(def), addr),
             );
         }
         let Some(node) = route.node else {

@@ -4358,6 +4358,115 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_with_no_new_client
     b.abort();
 }
 
+/// A node that answers each request with its name, or, while `hung` holds, reads requests
+/// and never answers; every request line it reads is kept in `lines`.
+async fn hanging_node(
+    name: &'static str,
+    hung: Arc<AtomicBool>,
+    lines: Arc<Mutex<Vec<String>>>,
+) -> (SocketAddr, JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut head = Vec::new();
+            let mut b = [0u8; 2048];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(n @ 1..) => head.extend_from_slice(&b[..n]),
+                    _ => break,
+                }
+            }
+            let line = String::from_utf8_lossy(&head)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            lines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line);
+            if hung.load(Ordering::SeqCst) {
+                held.push(s);
+                continue;
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\n{}: {name}\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                limpet::backend::NODE_HEADER
+            );
+            let _ = s.write_all(answer.as_bytes()).await;
+        }
+    });
+    (addr, task)
+}
+
+/// A node DOWN for a request it left unanswered, back to health, with no new session to try
+/// it: its one client's session moved to b and stays there. Once its trial is due (and a
+/// second more), limpet tries it itself, as a request would, and is answered: `OPTIONS *`,
+/// whose status line (any) is the node's process answering, and the node is UP again.
+/// Before, limpet's own trial was a connect, which does not decide the trial of a node DOWN
+/// for what it left unanswered (its kernel completes connects while the process hangs): a
+/// stayed DOWN for good, its share of the load on the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_for_an_unanswered_request_comes_back_with_no_new_session() {
+    let hung = Arc::new(AtomicBool::new(true));
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let (a_addr, a) = hanging_node("a", Arc::clone(&hung), Arc::clone(&lines)).await;
+    let b = Backend::start("b").await;
+    let mut cfg = quick_config(&[
+        "--to",
+        &format!("a={a_addr}"),
+        "--to",
+        &format!("b={}", b.addr),
+        "--fail-timeout",
+        "300ms",
+    ]);
+    cfg.health.fall = 1;
+    cfg.timeouts.upstream_answer = Duration::from_millis(300);
+    let proxy = Quick::start(cfg).await;
+    // The one client, pinned to a: its GET goes unanswered, a DOWN, the GET replayed on b.
+    let mut c = H1::open(proxy.addr).await;
+    let moved = c
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((moved.status, moved.node.as_str()), (200, "b"), "{moved:?}");
+    assert_eq!(proxy.state_of("a"), "DOWN");
+    // a answers again; the client keeps coming, on b.
+    hung.store(false, Ordering::SeqCst);
+    let back = Instant::now();
+    let bound = Duration::from_millis(300) + Duration::from_secs(1) + SLACK;
+    while proxy.state_of("a") != "UP" {
+        assert!(
+            back.elapsed() < bound,
+            "a still DOWN {:?} after it answers again",
+            back.elapsed()
+        );
+        let r = c
+            .get(Some("route=b"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((r.status, r.node.as_str()), (200, "b"), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = lines
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("OPTIONS * HTTP/1.1"),
+        "limpet's own trial: {seen:?}"
+    );
+    drop(c);
+    proxy.stop().await;
+    a.abort();
+    drop(b);
+}
+
 /// Requests of sessions pinned to a node whose trial another request holds wait for that
 /// trial's outcome (at most `TRIAL_AWAIT`, 1 s) rather than move: the node is back, so they
 /// are answered there and keep their pin. Before, each was excluded as from a DOWN node and

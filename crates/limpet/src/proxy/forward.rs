@@ -595,12 +595,28 @@ fn proxy<'a, 'b>(
         let failed: Vec<Excluded> = Vec::new();
         let (first, trial) = route_first(ctx, shared, &p, now).await;
         if trial.is_none() {
-            let connect = shared.timeouts.connect;
+            // An HTTP listener tries the node as a request would, and is answered: so a node
+            // that left requests unanswered is tried too (a connect would not tell).
+            let (connect, answer) = (shared.timeouts.connect, shared.timeouts.upstream_answer);
             shared.state.try_due_trial(
                 now,
                 |n| shared.conns.get(n.index()).map(|c| c.addr()),
-                (connect, crate::nodes::TrialBy::Connect),
-                move |addr| async move { crate::net::connect_node(addr, connect).await.map(drop) },
+                // The connect and a TLS handshake, the answer, and a margin.
+                (connect * 3 + answer, crate::nodes::TrialBy::Answer),
+                |n, _| {
+                    let conns = shared.conns.get(n.index()).cloned();
+                    async move {
+                        match conns {
+                            Some(c) => c.answers(answer).await,
+                            None => Err(crate::error::UpstreamError::new(
+                                crate::error::Stage::Connect,
+                                crate::error::Cause::Local,
+                                false,
+                                "no connections to the node",
+                            )),
+                        }
+                    }
+                },
             );
         }
         let Some(first_node) = first.node else {

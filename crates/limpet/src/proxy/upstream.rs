@@ -236,6 +236,66 @@ impl NodeConns {
         .await
     }
 
+    /// limpet's own trial of the node as an HTTP listener reaches it
+    /// ([`crate::runtime::State::try_due_trial`]): `OPTIONS * HTTP/1.1` on a connection of its
+    /// own (the server-wide `OPTIONS`, RFC 9110 9.3.7, which asks nothing of any resource;
+    /// HAProxy's `httpchk` sends `OPTIONS /`), answered when a status line comes within
+    /// `answer`, whatever the status: the node's process answers. A trial of a node that left
+    /// requests unanswered must be an answer, which a completed connect is not.
+    pub(crate) async fn answers(&self, answer: Duration) -> Result<(), UpstreamError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
+        let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
+        let mut io = crate::net::node_tls(self.addr, stream, tls, self.connect_timeout).await?;
+        let ask = format!(
+            "OPTIONS * HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nUser-Agent: limpet-trial\r\n\r\n",
+            self.addr
+        );
+        let exchange = async {
+            io.write_all(ask.as_bytes())
+                .await
+                .map_err(|e| UpstreamError::new(Stage::Send, Cause::Io(e.kind()), true, e))?;
+            // The status line's first bytes are enough: `HTTP/1.` and a digit.
+            let mut got = [0u8; 9];
+            let mut n = 0;
+            while n < got.len() {
+                match io.read(&mut got[n..]).await {
+                    Ok(0) => {
+                        return Err(UpstreamError::new(
+                            Stage::AnswerHead,
+                            Cause::Io(std::io::ErrorKind::UnexpectedEof),
+                            true,
+                            "the node closed the connection before answering",
+                        ))
+                    }
+                    Ok(k) => n += k,
+                    Err(e) => {
+                        return Err(UpstreamError::new(
+                            Stage::AnswerHead,
+                            Cause::Io(e.kind()),
+                            true,
+                            e,
+                        ))
+                    }
+                }
+            }
+            if got.starts_with(b"HTTP/1.") && got[8] == b' ' {
+                Ok(())
+            } else {
+                Err(UpstreamError::new(
+                    Stage::AnswerHead,
+                    Cause::Protocol,
+                    true,
+                    "not an HTTP/1 answer",
+                ))
+            }
+        };
+        match tokio::time::timeout(answer, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(UpstreamError::timeout(Stage::AnswerHead, true)),
+        }
+    }
+
     /// Whether the request-driven path ([`super::node_h1`]) can reach this node: plaintext
     /// only (TLS to nodes stays on hyper's client).
     pub(crate) fn plain(&self) -> bool {

@@ -1015,8 +1015,8 @@ impl State {
     /// off it and none came fresh (the fixed clients of a source-address table, the print
     /// server's), a node that blinked stayed DOWN for good, its share of the load on the
     /// others. Called after a route that was no trial; one comparison until a trial is due.
-    /// The trial is claimed as a route claims one (one at a time, for four times `connect`),
-    /// and `attempt`'s outcome observed as the caller's listener would observe its own: with
+    /// The trial is claimed as a route claims one (one at a time, for `hold`: what the
+    /// attempt may take, and a margin for getting to its task), and `attempt`'s outcome observed as the caller's listener would observe its own: with
     /// `by` [`TrialBy::Connect`], a completed attempt brings back a node DOWN by failed
     /// connects, and a node that left requests unanswered is not tried this way (only an
     /// answer brings it back); with [`TrialBy::Answer`] (a TCP-only node with TLS to it,
@@ -1029,8 +1029,8 @@ impl State {
         self: &Arc<Self>,
         now_ms: u64,
         addr: impl Fn(NodeId) -> Option<SocketAddr>,
-        (connect, by): (Duration, TrialBy),
-        attempt: impl FnOnce(SocketAddr) -> A,
+        (hold, by): (Duration, TrialBy),
+        attempt: impl FnOnce(NodeId, SocketAddr) -> A,
     ) where
         A: std::future::Future<Output = Result<(), crate::error::UpstreamError>> + Send + 'static,
     {
@@ -1039,14 +1039,7 @@ impl State {
         let answers = by == TrialBy::Answer;
         let Some((node, addr, claim)) = cached.snap.trials_due(due_since, answers).find_map(|n| {
             let addr = addr(n)?;
-            Some((
-                n,
-                addr,
-                // The attempt's own timeouts start on its task: a margin for getting there.
-                // Up to three steps of `connect` each: the connect, a PROXY header, a TLS
-                // handshake.
-                self.node_rt(n)?.claim_trial(connect * 4, false, by)?,
-            ))
+            Some((n, addr, self.node_rt(n)?.claim_trial(hold, false, by)?))
         }) else {
             return;
         };
@@ -1056,7 +1049,7 @@ impl State {
             "trying a DOWN node again with an attempt of limpet's own (fail_timeout passed, no request tried it)"
         );
         let state = Arc::clone(self);
-        let attempt = attempt(addr);
+        let attempt = attempt(node, addr);
         tokio::spawn(async move {
             let outcome = match attempt.await {
                 Ok(()) if answers => Some(Observation::TrafficOk),
