@@ -98,9 +98,10 @@ type MoveWatchers = std::collections::HashMap<u64, (watch::Sender<Option<EndReas
 /// What decides a trial of a DOWN node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrialBy {
-    /// An HTTP request's answer.
+    /// An answer: an HTTP request's, limpet's own `OPTIONS *` through an HTTP listener, or
+    /// a TLS handshake where only TCP listeners reach the node.
     Answer,
-    /// A completed connect: a TCP listener's session, or limpet's own connect
+    /// A completed connect: a TCP listener's session, or limpet's own attempt through one
     /// ([`crate::runtime::State::try_due_trial`]).
     Connect,
 }

@@ -4561,10 +4561,11 @@ async fn requests_pinned_to_a_node_on_trial_wait_for_its_outcome_and_stay_home()
 
 /// Without checks, a node that went DOWN leaving an HTTP request unanswered (hung: its kernel
 /// completes connects, nothing answers) is not tried by TCP sessions, nor by limpet's own
-/// connects: a completed connect proves nothing about answers, and would only use up the trial
-/// an HTTP request can make. The sessions go to b and a sees no connection, past its
-/// `fail_timeout` and the second after which limpet tries a node itself; the next HTTP request
-/// pinned to a is its trial. Before, a TCP session's connect brought a UP and the session hung
+/// attempts through a TCP listener: a completed connect proves nothing about answers, and
+/// would only use up the trial an HTTP request can make. The sessions go to b and a sees no
+/// connection, past its `fail_timeout` and the second after which limpet tries a node itself
+/// (only TCP sessions come meanwhile: an HTTP request would have limpet try a with an
+/// answered `OPTIONS *`); the next HTTP request pinned to a is its trial. Before, a TCP session's connect brought a UP and the session hung
 /// on it, and fresh HTTP sessions were sent to it again, each waiting out its answer timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_sessions_do_not_try_a_node_down_for_unanswered_requests() {
@@ -4613,7 +4614,7 @@ async fn tcp_sessions_do_not_try_a_node_down_for_unanswered_requests() {
     }
     assert!(
         futures_util::FutureExt::now_or_never(hung.accept()).is_none(),
-        "a TCP session or limpet's own connect tried a"
+        "a TCP session or limpet's own attempt through the TCP listener tried a"
     );
     let view = node_view(&l, "a").await;
     assert_eq!(view["state"], "DOWN", "{view}");

@@ -491,3 +491,62 @@ async fn a_node_s_trailers_reach_an_http1_client_that_takes_them() {
     );
     proxy.stop().await;
 }
+
+/// A client's request trailers go no further: a `Trailer` field naming `X-Forwarded-For`
+/// and a trailer of that name after the body would reach a node that merges trailers into
+/// the head as a client address limpet never set. The node gets the body, chunked, and no
+/// trailer.
+#[tokio::test]
+async fn a_client_s_request_trailers_do_not_reach_the_node() {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let node = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut got = Vec::new();
+            let mut b = [0u8; 4096];
+            // Until the chunked body's end: the last chunk and the empty line after it.
+            while !got.ends_with(b"\r\n\r\n") || !got.windows(5).any(|w| w == b"\r\n0\r\n") {
+                match s.read(&mut b).await {
+                    Ok(n @ 1..) => got.extend_from_slice(&b[..n]),
+                    _ => break,
+                }
+            }
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                .await;
+            let _ = got_tx.send(got);
+        }
+    });
+    let mut cfg = config(&[]);
+    cfg.nodes = vec![NodeConfig {
+        name: "s".into(),
+        addr,
+    }];
+    let proxy = Proxy::start(cfg).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /up HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nTrailer: x-forwarded-for\r\n\
+          Connection: close\r\n\r\n5\r\nhello\r\n0\r\nx-forwarded-for: 10.6.6.6\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+    let got = tokio::time::timeout(PATIENCE, got_rx.recv())
+        .await
+        .expect("the node got it")
+        .expect("node runs");
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(text.contains("\r\n5\r\nhello\r\n0\r\n\r\n"), "{text}");
+    assert!(!text.contains("10.6.6.6"), "{text}");
+    assert!(!text.contains("\r\ntrailer:"), "{text}");
+    proxy.stop().await;
+    node.abort();
+}

@@ -605,8 +605,10 @@ fn proxy<'a, 'b>(
                 (connect * 3 + answer, crate::nodes::TrialBy::Answer),
                 |n, _| {
                     let conns = shared.conns.get(n.index()).cloned();
+                    let rt = shared.state.node_rt(n).cloned();
                     async move {
-                        match conns {
+                        let sent = Instant::now();
+                        let r = match conns {
                             Some(c) => c.answers(answer).await,
                             None => Err(crate::error::UpstreamError::new(
                                 crate::error::Stage::Connect,
@@ -614,7 +616,13 @@ fn proxy<'a, 'b>(
                                 false,
                                 "no connections to the node",
                             )),
+                        };
+                        // An answer like any other: a request sent before it that times out
+                        // is slow by itself, not the node's silence.
+                        if let (Ok(()), Some(rt)) = (&r, rt) {
+                            rt.answered(clock::us_at(sent));
                         }
+                        r
                     }
                 },
             );
@@ -640,6 +648,11 @@ fn proxy<'a, 'b>(
                 join_cookie_lines(&mut headers);
             }
             hdr::remove_hop_by_hop(&mut headers, upgrade);
+            // A request's trailers go no further: a client's `Trailer` would let it send,
+            // after the body, fields limpet sets for the node (`X-Forwarded-For`,
+            // `X-Request-Id`) or strips (the affinity cookie), which a node that merges
+            // trailers into the head would take as limpet's. Without it, hyper sends none.
+            headers.remove(http::header::TRAILER);
             // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
             let forwarding = Forwarding::new(
                 &mut headers,

@@ -795,17 +795,19 @@ const H2_SEND_BUF: usize = 64 * 1024;
 
 /// How much of one HTTP/2 stream's request body a client may send ahead of limpet's reading
 /// it (the stream's flow-control window). The connection's window is this times the streams
-/// a connection may have open: with hyper's default (1 MiB each, the connection's as
-/// large as one stream's), one stream whose body limpet was not reading (queued for a node
-/// at its `max_connections`, waiting for a trial, or sent to a node that stopped reading)
-/// held the whole connection window, and every other stream's upload on the connection
-/// waited for it (a node's slot held by a stream whose own body could not come: a deadlock
-/// until the queue timeout). At 256 KiB a stream still uploads at 5 MB/s over a 50 ms round
-/// trip, and a connection holds at most 25 MiB of bodies at 100 streams.
+/// a connection may have open, up to [`H2_CONN_WINDOW_MAX`]: with hyper's default (1 MiB
+/// each, the connection's as large as one stream's), one stream whose body limpet was not
+/// reading (queued for a node at its `max_connections`, waiting for a trial, or sent to a
+/// node that stopped reading) held the whole connection window, and every other stream's
+/// upload on the connection waited for it (a node's slot held by a stream whose own body
+/// could not come: a deadlock until the queue timeout). At 256 KiB a stream still uploads at
+/// 5 MB/s over a 50 ms round trip (nginx and HAProxy open 64 KiB per stream).
 const H2_STREAM_WINDOW: u32 = 256 * 1024;
 
-/// The largest flow-control window HTTP/2 allows (2^31 - 1).
-const H2_MAX_WINDOW: u32 = (1 << 31) - 1;
+/// The most of its streams' request bodies one HTTP/2 connection may have sent ahead of
+/// limpet's reading them: 32 streams' windows. It bounds what a connection holds (hyper's
+/// default held 1 MiB), and only 32 streams stuck at once would hold up the others.
+const H2_CONN_WINDOW_MAX: u32 = 32 * H2_STREAM_WINDOW;
 
 fn builder(limits: &Limits) -> Builder {
     let mut h1 = http1::Builder::new();
@@ -835,7 +837,7 @@ fn builder(limits: &Limits) -> Builder {
         .initial_connection_window_size(
             H2_STREAM_WINDOW
                 .saturating_mul(limits.h2_max_concurrent_streams.max(1))
-                .min(H2_MAX_WINDOW),
+                .min(H2_CONN_WINDOW_MAX),
         );
     Builder { h1, h2 }
 }

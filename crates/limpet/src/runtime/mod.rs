@@ -1009,22 +1009,22 @@ impl State {
         }
     }
 
-    /// Tries, with a connect of its own to `addr` (the node as the caller's listener reaches
+    /// Tries, with an attempt of its own at `addr` (the node as the caller's listener reaches
     /// it), a DOWN node whose trial is due though no route made it: a route tries such a
     /// node only for a fresh assignment or a session pinned to it, so once every session moved
     /// off it and none came fresh (the fixed clients of a source-address table, the print
     /// server's), a node that blinked stayed DOWN for good, its share of the load on the
     /// others. Called after a route that was no trial; one comparison until a trial is due.
     /// The trial is claimed as a route claims one (one at a time, for `hold`: what the
-    /// attempt may take, and a margin for getting to its task), and `attempt`'s outcome observed as the caller's listener would observe its own: with
-    /// `by` [`TrialBy::Connect`], a completed attempt brings back a node DOWN by failed
-    /// connects, and a node that left requests unanswered is not tried this way (only an
-    /// answer brings it back); with [`TrialBy::Answer`] (a TCP-only node with TLS to it,
-    /// whose completed handshake is its process answering), it is its answer, and such a
-    /// node is tried too.
+    /// attempt may take, and a margin for getting to its task), and `attempt`'s outcome
+    /// observed as the caller's listener would observe its own: with `by`
+    /// [`TrialBy::Connect`] (a TCP listener's connect), a completed attempt brings back a
+    /// node DOWN by failed connects, and a node that left requests unanswered is not tried
+    /// this way; with [`TrialBy::Answer`] (an HTTP listener's `OPTIONS *`, or a TLS handshake
+    /// where only TCP listeners reach the node), it is the node's answer, and such a node is
+    /// tried too.
     /// Only once the trial has been due for [`TRIAL_BY_CONNECT_AFTER`] with no request to
-    /// make it: under fresh traffic a request tries the node, as ever, and an HTTP node is
-    /// judged by its answer.
+    /// make it: under fresh traffic a request tries the node, as ever.
     pub fn try_due_trial<A>(
         self: &Arc<Self>,
         now_ms: u64,
