@@ -647,12 +647,8 @@ fn proxy<'a, 'b>(
             if parts.version == Version::HTTP_2 {
                 join_cookie_lines(&mut headers);
             }
-            hdr::remove_hop_by_hop(&mut headers, upgrade);
-            // A request's trailers go no further: a client's `Trailer` would let it send,
-            // after the body, fields limpet sets for the node (`X-Forwarded-For`,
-            // `X-Request-Id`) or strips (the affinity cookie), which a node that merges
-            // trailers into the head would take as limpet's. Without it, hyper sends none.
-            headers.remove(http::header::TRAILER);
+            // A request's `Trailer` too: its trailers go no further.
+            hdr::remove_hop_by_hop(&mut headers, upgrade, false);
             // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
             let forwarding = Forwarding::new(
                 &mut headers,
@@ -810,7 +806,7 @@ fn proxy<'a, 'b>(
                 );
             }
         }
-        hdr::remove_hop_by_hop(&mut rheaders, switching);
+        hdr::remove_hop_by_hop(&mut rheaders, switching, true);
         if let Some(c) = codings {
             rheaders.insert(header::TRANSFER_ENCODING, c);
         }

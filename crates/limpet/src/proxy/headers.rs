@@ -9,17 +9,16 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::affinity::CookieEdit;
 
-const HOP_COUNT: usize = 6;
+const HOP_COUNT: usize = 7;
 
 /// Headers that describe one connection, never the message (RFC 9110 7.6.1), plus the legacy
-/// ones proxies still see. Not `Trailer`: it names the message's trailer fields (RFC 9110
-/// 6.6.2), and hyper writes trailers to an HTTP/1.1 peer only for the fields it names, so
-/// removed, it took every trailer with it (HAProxy keeps it).
+/// ones proxies still see. And `Trailer` of a request ([`remove_hop_by_hop`]).
 const HOP_BY_HOP: [HeaderName; HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::TE,
+    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
@@ -35,6 +34,7 @@ const HOP_NAMES: [&str; HOP_COUNT] = [
     "keep-alive",
     "proxy-connection",
     "te",
+    "trailer",
     "transfer-encoding",
     "upgrade",
 ];
@@ -171,13 +171,22 @@ pub(crate) fn other_transfer_codings(headers: &HeaderMap) -> Option<HeaderValue>
 /// Runs twice per request (request and answer), so it works from one pass over the names
 /// present: no name is parsed or allocated, and only names that are there are removed
 /// (callgrind: a `remove` per candidate name was 6% of a keep-alive request's instructions).
-pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+///
+/// `keep_trailer` (answers): `Trailer` is not hop-by-hop (RFC 9110 6.6.2), and hyper writes
+/// an answer's trailers to an HTTP/1.1 client only for the fields it names (removed, it
+/// took every trailer with it; HAProxy keeps it). A request's goes, and with it the client's
+/// trailers: after the body they could carry fields limpet sets or strips for the node
+/// (`X-Forwarded-For`, `X-Request-Id`, the affinity cookie) to a node that merges trailers
+/// into the head.
+pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep_trailer: bool) {
     let mut present = [false; HOP_COUNT];
     for k in headers.keys() {
         if let Some(i) = hop_index(k.as_str()) {
             present[i] = true;
         }
     }
+    // HOP_BY_HOP[4] is Trailer.
+    present[4] &= !keep_trailer;
     if !present.contains(&true) {
         return;
     }
@@ -587,6 +596,21 @@ mod tests {
         h
     }
 
+    /// An answer's `Trailer` stays (it names the trailers the client gets); a request's goes.
+    #[test]
+    fn an_answer_keeps_its_trailer_field_and_a_request_loses_it() {
+        assert_eq!(HOP_NAMES[4], "trailer");
+        let fields = [("trailer", "x-sum"), ("te", "trailers"), ("x-kept", "1")];
+        let mut answer = map(&fields);
+        remove_hop_by_hop(&mut answer, false, true);
+        assert_eq!(answer.len(), 2);
+        assert!(answer.contains_key("trailer") && answer.contains_key("x-kept"));
+        let mut request = map(&fields);
+        remove_hop_by_hop(&mut request, false, false);
+        assert_eq!(request.len(), 1);
+        assert!(request.contains_key("x-kept"));
+    }
+
     #[test]
     fn hop_by_hop_and_listed_headers_go() {
         let mut h = map(&[
@@ -597,7 +621,7 @@ mod tests {
             ("upgrade", "websocket"),
             ("x-kept", "1"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        remove_hop_by_hop(&mut h, false, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
         // Listed in a second Connection line, in any case, with spaces; END_TO_END stay.
@@ -608,13 +632,13 @@ mod tests {
             ("host", "shop"),
             ("x-kept", "1"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        remove_hop_by_hop(&mut h, false, false);
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
         assert_eq!(names, ["host", "x-kept"]);
         // Nothing hop-by-hop: nothing changes, even a header that a Connection line would name.
         let mut h = map(&[("x-other", "1"), ("host", "shop")]);
-        remove_hop_by_hop(&mut h, false);
+        remove_hop_by_hop(&mut h, false, false);
         assert_eq!(h.len(), 2);
     }
 
@@ -624,7 +648,7 @@ mod tests {
             ("connection", "keep-alive, Upgrade"),
             ("upgrade", "websocket"),
         ]);
-        remove_hop_by_hop(&mut h, true);
+        remove_hop_by_hop(&mut h, true, false);
         assert_eq!(
             h.get("upgrade").map(|v| v.as_bytes()),
             Some(&b"websocket"[..])
