@@ -306,6 +306,9 @@ fn to_v6(ip: IpAddr) -> Ipv6Addr {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
     /// A header for the sender's own connection reads back as one with no client: the
     /// connection's own addresses stand, in both versions.
     #[test]
@@ -323,9 +326,6 @@ mod tests {
             );
         }
     }
-
-    use super::*;
-    use proptest::prelude::*;
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))

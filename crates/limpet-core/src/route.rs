@@ -116,18 +116,18 @@ impl Snapshot {
         &self.eligible
     }
 
-    /// The READY nodes DOWN by their traffic whose trial is due at `now_ms` and may be
-    /// decided by a connect (not one that left requests unanswered), in pool order.
-    /// A route tries such a node only for a fresh assignment or a session pinned to it; when
-    /// every session was moved off it and none comes fresh (a fixed set of clients on a
-    /// source-address table), the I/O layer tries these itself with a connect
-    /// ([`Health::claim_trial`](crate::Health::claim_trial) as for any trial), so that a node
-    /// that blinked does not stay DOWN for want of new clients.
+    /// The READY nodes DOWN by their traffic whose trial is due at `now_ms`, in pool order
+    /// (with `answers` false, only those a connect may decide: not one that left requests
+    /// unanswered). A route tries such a node only for a fresh assignment or a session
+    /// pinned to it; when every session was moved off it and none comes fresh (a fixed set
+    /// of clients on a source-address table), the I/O layer tries these itself with an
+    /// attempt of its own ([`Health::claim_trial`](crate::Health::claim_trial) as for any
+    /// trial), so that a node that blinked does not stay DOWN for want of new clients.
     ///
     /// `answers`: the trial the I/O layer would make gets an answer from the node's process
-    /// (a TLS handshake, for a TCP-only node with TLS to it), so a node that left requests
-    /// unanswered may be tried too; a bare connect would not tell (its kernel completes it
-    /// while the process hangs).
+    /// (an HTTP listener's `OPTIONS *`, or a TLS handshake where only TCP listeners reach the
+    /// node), so a node that left requests unanswered may be tried too; a bare connect would
+    /// not tell (its kernel completes it while the process hangs).
     pub fn trials_due(&self, now_ms: u64, answers: bool) -> impl Iterator<Item = NodeId> + '_ {
         let any = now_ms
             >= if answers {
@@ -1137,12 +1137,11 @@ mod tests {
     }
 
     /// A request that went out to a node that failed it (no answer in time, its connection
-    /// lost after it) is not made a DOWN node's trial while a node UP
-    /// takes it: that trial would be its second wait, with no replay after it. One that only
-    /// met refused connects is (nothing of it went out); so is one with no node UP left, if
-    /// a trial is due (not early). Before, the replay of a timed-out
-    /// GET went to the node due its trial, hung again, and the client got 504 after two
-    /// answer timeouts though another node was UP.
+    /// lost after it) is not made a DOWN node's trial while a node UP takes it: that trial
+    /// would be its second wait, with no replay after it. One that only met refused connects
+    /// is (nothing of it went out); so is one with no node UP left, if a trial is due (not
+    /// early). Before, the replay of a timed-out GET went to the node due its trial, hung
+    /// again, and the client got 504 after two answer timeouts though another node was UP.
     #[test]
     fn a_request_that_went_out_is_no_trial_of_a_down_node() {
         let s = snap(&[up(), up(), down_passive(0)]);
