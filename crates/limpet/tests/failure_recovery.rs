@@ -4210,13 +4210,19 @@ async fn tls_session_node(raw: SocketAddr, src: IpAddr) -> Result<String, String
         .ok_or_else(|| format!("answer {got:?}"))
 }
 
-/// Without checks, a TCP-only node with TLS to it, DOWN on handshakes it let time out (a
-/// process paused: they count as requests left unanswered), comes back on the next fresh
-/// session's trial once it handshakes again: a completed TLS handshake is its process
-/// answering. Before, only an HTTP request could try a node that left requests unanswered,
-/// and a TCP-only node never gets one: it stayed DOWN for good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
+/// TLS echo nodes a (its handshakes stalled while `stall` holds, as at the start) and b on
+/// one port behind the TCP listener `raw` of a source-address table, with TLS to the nodes,
+/// no checks, `fall = 1`, `fail_timeout` 300 ms and a 300 ms `connect`; the limpet, and its
+/// config file, kept while it runs.
+struct TlsStallPair {
+    l: Limpet,
+    raw: SocketAddr,
+    stall: Arc<AtomicBool>,
+    nodes: [JoinHandle<()>; 2],
+    _cfg: ConfigFile,
+}
+
+async fn tls_stall_pair(tag: &str) -> TlsStallPair {
     let (a_listener, b_listener, port) = common_port_pair().await;
     let stall = Arc::new(AtomicBool::new(true));
     let a = tls_echo_node(
@@ -4240,9 +4246,32 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
          [admin]\nlisten = \"127.0.0.1:0\"\n",
         nodes_toml(&AB)
     );
-    let cfg = ConfigFile::new("tcp-tls-stall", &text);
+    let cfg = ConfigFile::new(tag, &text);
     let l = Limpet::start(&cfg).await;
     let raw = l.addr("raw");
+    TlsStallPair {
+        l,
+        raw,
+        stall,
+        nodes: [a, b],
+        _cfg: cfg,
+    }
+}
+
+/// Without checks, a TCP-only node with TLS to it, DOWN on handshakes it let time out (a
+/// process paused: they count as requests left unanswered), comes back on the next fresh
+/// session's trial once it handshakes again: a completed TLS handshake is its process
+/// answering. Before, only an HTTP request could try a node that left requests unanswered,
+/// and a TCP-only node never gets one: it stayed DOWN for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
+    let TlsStallPair {
+        l,
+        raw,
+        stall,
+        nodes: [a, b],
+        _cfg,
+    } = tls_stall_pair("tcp-tls-stall").await;
 
     // Fresh clients until one meets a's stalled handshake: a DOWN, that client served by b.
     let mut next = 1u8;
@@ -4291,32 +4320,13 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
 /// decide the trial of a node DOWN for what it left unanswered: a stayed DOWN for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_with_no_new_client() {
-    let (a_listener, b_listener, port) = common_port_pair().await;
-    let stall = Arc::new(AtomicBool::new(true));
-    let a = tls_echo_node(
-        "a",
-        a_listener,
-        tls_identity("127.0.0.2").1,
-        Arc::clone(&stall),
-    );
-    let b = tls_echo_node(
-        "b",
-        b_listener,
-        tls_identity("127.0.0.3").1,
-        Arc::new(AtomicBool::new(false)),
-    );
-    let text = format!(
-        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
-         [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
-         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
-         table = \"t\"\nupstream_tls = {{ verify = \"none\" }}\n\
-         timeouts = {{ connect = \"300ms\", drain = \"1s\" }}\n\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n",
-        nodes_toml(&AB)
-    );
-    let cfg = ConfigFile::new("tcp-tls-stall-fixed", &text);
-    let l = Limpet::start(&cfg).await;
-    let raw = l.addr("raw");
+    let TlsStallPair {
+        l,
+        raw,
+        stall,
+        nodes: [a, b],
+        _cfg,
+    } = tls_stall_pair("tcp-tls-stall-fixed").await;
 
     // Fresh clients until one meets a's stalled handshake: a DOWN, that client moved to b.
     let mut next = 1u8;

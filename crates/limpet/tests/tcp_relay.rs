@@ -384,31 +384,7 @@ async fn upload_node() -> (
     tokio::task::JoinHandle<()>,
     tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
 ) {
-    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
-        .await
-        .expect("bind node");
-    let port = l.local_addr().expect("node addr").port();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let task = tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                if s.write_all(b"node=a\n").await.is_err() {
-                    return;
-                }
-                let (mut got, mut buf) = (0, [0u8; 4096]);
-                let clean = loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) => break true,
-                        Ok(n) => got += n,
-                        Err(_) => break false,
-                    }
-                };
-                let _ = tx.send((got, clean));
-            });
-        }
-    });
-    (port, task, rx)
+    upload_node_with(None, None).await
 }
 
 /// How the node saw its connection end (bounded).
@@ -516,6 +492,19 @@ async fn stalling_upload_node(
     tokio::task::JoinHandle<()>,
     tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
 ) {
+    upload_node_with(Some(go), rcvbuf).await
+}
+
+/// [`upload_node`]; with `go`, [`stalling_upload_node`]'s pause after the first byte; with
+/// `rcvbuf`, its receive buffer that small.
+async fn upload_node_with(
+    go: Option<tokio::sync::watch::Receiver<bool>>,
+    rcvbuf: Option<u32>,
+) -> (
+    u16,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
+) {
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
     if let Some(n) = rcvbuf {
         // Inherited by the connections it accepts: what they do not take waits on
@@ -529,30 +518,35 @@ async fn stalling_upload_node(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
-            let (tx, mut go) = (tx.clone(), go.clone());
+            let (tx, go) = (tx.clone(), go.clone());
             tokio::spawn(async move {
                 if s.write_all(b"node=a\n").await.is_err() {
                     return;
                 }
-                let mut one = [0u8; 1];
-                if s.read_exact(&mut one).await.is_err() {
-                    return;
-                }
-                // Its status meanwhile, every 200 ms: the session moves the other way.
-                loop {
-                    tokio::select! {
-                        r = async { go.wait_for(|g| *g).await.map(|_| ()) } => match r {
-                            Ok(()) => break,
-                            Err(_) => return,
-                        },
-                        () = tokio::time::sleep(Duration::from_millis(200)) => {
-                            if s.write_all(b".").await.is_err() {
-                                break;
+                let (mut got, mut buf) = (0, vec![0u8; 64 * 1024]);
+                if let Some(mut go) = go {
+                    match s.read(&mut buf[..1]).await {
+                        Ok(1) => got = 1,
+                        end => {
+                            let _ = tx.send((0, matches!(end, Ok(0))));
+                            return;
+                        }
+                    }
+                    // Its status meanwhile, every 200 ms: the session moves the other way.
+                    loop {
+                        tokio::select! {
+                            r = async { go.wait_for(|g| *g).await.map(|_| ()) } => match r {
+                                Ok(()) => break,
+                                Err(_) => return,
+                            },
+                            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                                if s.write_all(b".").await.is_err() {
+                                    break;
+                                }
                             }
                         }
                     }
                 }
-                let (mut got, mut buf) = (1, vec![0u8; 64 * 1024]);
                 let clean = loop {
                     match s.read(&mut buf).await {
                         Ok(0) => break true,
