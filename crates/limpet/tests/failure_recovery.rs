@@ -4258,6 +4258,25 @@ async fn tls_stall_pair(tag: &str) -> TlsStallPair {
     }
 }
 
+/// Runs `session` every 50 ms until node a reads UP in the admin API, within `bound` of
+/// now (a handshaking again from now on).
+async fn until_a_is_up(l: &Limpet, bound: Duration, mut session: impl AsyncFnMut()) {
+    let back = Instant::now();
+    loop {
+        session().await;
+        let v = node_view(l, "a").await;
+        if v["state"] == "UP" {
+            return;
+        }
+        assert!(
+            back.elapsed() < bound,
+            "a still DOWN {:?} after it handshakes again: {v}",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Without checks, a TCP-only node with TLS to it, DOWN on handshakes it let time out (a
 /// process paused: they count as requests left unanswered), comes back on the next fresh
 /// session's trial once it handshakes again: a completed TLS handshake is its process
@@ -4286,9 +4305,7 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
 
     // a handshakes again; fresh clients keep coming.
     stall.store(false, Ordering::SeqCst);
-    let back = Instant::now();
-    let bound = Duration::from_millis(300) + SLACK;
-    loop {
+    until_a_is_up(&l, Duration::from_millis(300) + SLACK, async || {
         let src = IpAddr::from([127, 0, 72, next]);
         next = next.wrapping_add(1);
         let got = tls_session_node(raw, src).await;
@@ -4296,17 +4313,8 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_on_a_handshake() {
             matches!(got.as_deref(), Ok("a" | "b")),
             "every session served: {got:?}"
         );
-        let v = node_view(&l, "a").await;
-        if v["state"] == "UP" {
-            break;
-        }
-        assert!(
-            back.elapsed() < bound,
-            "a still DOWN {:?} after it handshakes again: {v}",
-            back.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     l.stop().await;
     a.abort();
     b.abort();
@@ -4344,25 +4352,15 @@ async fn a_tcp_node_down_on_tls_handshake_timeouts_comes_back_with_no_new_client
 
     // a handshakes again; only that one client comes, and it stays on b.
     stall.store(false, Ordering::SeqCst);
-    let back = Instant::now();
     let bound = Duration::from_millis(300) + Duration::from_secs(1) + SLACK;
-    loop {
+    until_a_is_up(&l, bound, async || {
         assert_eq!(
             tls_session_node(raw, client).await.as_deref(),
             Ok("b"),
             "the client keeps its node"
         );
-        let v = node_view(&l, "a").await;
-        if v["state"] == "UP" {
-            break;
-        }
-        assert!(
-            back.elapsed() < bound,
-            "a still DOWN {:?} after it handshakes again: {v}",
-            back.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     l.stop().await;
     a.abort();
     b.abort();

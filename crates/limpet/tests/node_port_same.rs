@@ -82,6 +82,16 @@ fn nodes_toml() -> String {
         .collect()
 }
 
+/// The addresses listener `name` is bound to.
+fn bound(running: &limpet::runtime::run::Running, name: &str) -> Vec<SocketAddr> {
+    running
+        .addrs()
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, a)| *a)
+        .collect()
+}
+
 #[tokio::test]
 async fn each_client_reaches_the_node_on_the_port_it_connected_to() {
     // No cookie and no table: every request and connection is a fresh round-robin
@@ -91,15 +101,7 @@ async fn each_client_reaches_the_node_on_the_port_it_connected_to() {
         nodes_toml()
     );
     let running = start(config(&text)).await.expect("start limpet");
-    let ports = |name: &str| -> Vec<SocketAddr> {
-        running
-            .addrs()
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, a)| *a)
-            .collect()
-    };
-    let (web, raw) = (ports("web"), ports("raw"));
+    let (web, raw) = (bound(&running, "web"), bound(&running, "raw"));
     assert_eq!(web.len(), 2, "two binds: {web:?}");
     assert_eq!(raw.len(), 2, "two binds: {raw:?}");
     assert_ne!(web[0].port(), web[1].port());
@@ -303,15 +305,7 @@ async fn a_node_dead_on_one_port_of_a_same_port_listener_moves_the_session_on_ev
         nodes_toml()
     );
     let running = start(config(&text)).await.expect("start limpet");
-    let ports = |name: &str| -> Vec<SocketAddr> {
-        running
-            .addrs()
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, a)| *a)
-            .collect()
-    };
-    let (web, raw) = (ports("web"), ports("raw"));
+    let (web, raw) = (bound(&running, "web"), bound(&running, "raw"));
     let mut services = std::collections::HashMap::new();
     for (name, ip) in NODES {
         for a in &web {

@@ -298,13 +298,9 @@ async fn a_session_moved_while_its_upgrade_waits_for_the_101_gets_no_tunnel_on_t
     let home = http_node(src, http).await;
     let other = if home == "LVIV" { "KYIV" } else { "LVIV" };
     let mut ws = connect_from(src.parse().expect("ip"), http).await;
-    ws.write_all(
-        b"GET /held-upgrade HTTP/1.1\r\nHost: print.example\r\nUpgrade: websocket\r\n\
-          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-          Sec-WebSocket-Version: 13\r\n\r\n",
-    )
-    .await
-    .expect("send upgrade");
+    ws.write_all(HELD_UPGRADE_REQUEST)
+        .await
+        .expect("send upgrade");
     // The upgrade reached its node (the session's), which holds the 101.
     tokio::time::timeout(PATIENCE, HELD_UPGRADES_ARRIVED.acquire())
         .await

@@ -927,6 +927,25 @@ impl ADropsBGreets {
         }
     }
 
+    /// Fresh clients from `127.0.0.{first}` on, each sending `first_bytes` then reading a
+    /// line, until one lands on a: what that client read, and what a reports taking. Those
+    /// b takes are greeted by it; at most 10.
+    async fn until_a_takes_one(&mut self, first: u8, first_bytes: &[u8]) -> (String, Vec<u8>) {
+        for n in 0..10 {
+            let src = format!("127.0.0.{}", first + n).parse().expect("ip");
+            let mut s = connect_from(src, self.addr).await;
+            if !first_bytes.is_empty() {
+                s.write_all(first_bytes).await.expect("client writes");
+            }
+            let line = read_line(&mut s).await;
+            if let Ok(took) = self.took.try_recv() {
+                return (line, took);
+            }
+            assert_eq!(line, "node=b", "a session b took is b's");
+        }
+        panic!("no session of 10 went to a");
+    }
+
     async fn stop(self) {
         drop(self.a);
         self.running.stop().await;
@@ -1017,26 +1036,13 @@ async fn a_session_whose_client_spoke_first_is_not_moved_when_its_node_drops_it(
         "\n[health]\nfall = 2\nfail_timeout = \"60s\"\n",
     )
     .await;
-    let addr = p.addr;
     // Fresh clients until one lands on a (those b takes are greeted by it).
-    let mut landed = false;
-    for n in 0..10 {
-        let src = format!("127.0.0.{}", 120 + n).parse().expect("ip");
-        let mut s = connect_from(src, addr).await;
-        s.write_all(b"PRINT job 1\n").await.expect("client writes");
-        let line = read_line(&mut s).await;
-        if let Ok(sent) = p.took.try_recv() {
-            assert_eq!(sent, b"PRINT job 1\n", "a got the client's bytes");
-            assert_eq!(
-                line, "",
-                "the client's connection ended with a's, not moved to b"
-            );
-            landed = true;
-            break;
-        }
-        assert_eq!(line, "node=b", "a session b took is b's");
-    }
-    assert!(landed, "no session of 10 went to a");
+    let (line, sent) = p.until_a_takes_one(120, b"PRINT job 1\n").await;
+    assert_eq!(sent, b"PRINT job 1\n", "a got the client's bytes");
+    assert_eq!(
+        line, "",
+        "the client's connection ended with a's, not moved to b"
+    );
     p.stop().await;
 }
 
@@ -1231,20 +1237,8 @@ async fn a_node_that_closes_a_silent_session_past_the_window_is_not_charged() {
         "timeouts = { connect = \"200ms\" }\n\n[health]\nfall = 1\nfail_timeout = \"60s\"\n",
     )
     .await;
-    let addr = p.addr;
-    let mut landed = false;
-    for n in 0..10 {
-        let src = format!("127.0.0.{}", 140 + n).parse().expect("ip");
-        let mut s = connect_from(src, addr).await;
-        let line = read_line(&mut s).await;
-        if p.took.try_recv().is_ok() {
-            assert_eq!(line, "", "the session ended with a's close, not moved to b");
-            landed = true;
-            break;
-        }
-        assert_eq!(line, "node=b", "a session b took is b's");
-    }
-    assert!(landed, "no session of 10 went to a");
+    let (line, _) = p.until_a_takes_one(140, b"").await;
+    assert_eq!(line, "", "the session ended with a's close, not moved to b");
     let health = p.a.status().health;
     assert!(
         health.is_up() && health.streak() == 0,

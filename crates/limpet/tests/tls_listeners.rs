@@ -540,13 +540,9 @@ async fn an_upgrade_answered_as_limpet_shuts_down_gets_close_1001_after_its_101(
     let running = start(config(&dir, &text)).await.expect("start");
     let addr = running.addr("web").expect("addr");
     let mut ws = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
-    ws.write_all(
-        b"GET /held-upgrade HTTP/1.1\r\nHost: print.example\r\nUpgrade: websocket\r\n\
-          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-          Sec-WebSocket-Version: 13\r\n\r\n",
-    )
-    .await
-    .expect("send upgrade");
+    ws.write_all(HELD_UPGRADE_REQUEST)
+        .await
+        .expect("send upgrade");
     tokio::time::timeout(common::PATIENCE, HELD_UPGRADES_ARRIVED.acquire())
         .await
         .expect("upgrade reached the node in time")

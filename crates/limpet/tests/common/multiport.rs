@@ -175,6 +175,10 @@ where
 pub static HELD_UPGRADES_ARRIVED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
 /// Permits for held upgrades to be answered 101 (one each; a test adds them).
 pub static HELD_UPGRADES_RELEASED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+/// A WebSocket upgrade to `/held-upgrade`, as a client sends it.
+pub const HELD_UPGRADE_REQUEST: &[u8] = b"GET /held-upgrade HTTP/1.1\r\nHost: print.example\r\n\
+    Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+    Sec-WebSocket-Version: 13\r\n\r\n";
 
 /// Answers every HTTP/1.1 request on `io` with `node NAME` (keep-alive until the client asks
 /// to close or closes); `GET /slow?ms=N&on=NAME` waits N ms first on node NAME (a slow page
