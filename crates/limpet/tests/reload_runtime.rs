@@ -275,6 +275,106 @@ async fn a_reload_names_each_changed_setting_and_refuses_a_mode_change() {
     l.stop().await;
 }
 
+/// Where `needle` starts in `text`: 1-based line and column, as config errors give them.
+fn place_of(text: &str, needle: &str) -> (usize, usize) {
+    let at = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in the config"));
+    let line = text[..at].matches('\n').count() + 1;
+    let column = at - text[..at].rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+/// A reload that adds a listener, removes one, or changes one's `bind` or `mode` needs a
+/// restart: it is refused with the file, line and key of what changed, as an error found
+/// while checking the file would be, and the running configuration keeps serving.
+#[tokio::test]
+async fn a_reload_refuses_a_listener_change_naming_file_line_and_key() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let extra = "[[listeners]]\nname = \"extra\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+                 node_port = 9\n\n";
+    let base = format!("{extra}{}", config(port, &NODES[..2], 1));
+    let cfg = ConfigFile::new("reload-listeners", &base);
+    let l = Limpet::start(&cfg).await;
+    let file = cfg.path.display().to_string();
+    let refused = |text: String| {
+        cfg.write(&text);
+        async {
+            let (s, v) = reload(&l).await;
+            assert_eq!(s, 422, "{v}");
+            v["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no error in {v}"))
+                .to_owned()
+        }
+    };
+
+    // A new listener: its name.
+    let added = format!(
+        "{base}[[listeners]]\nname = \"more\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n"
+    );
+    let (line, col) = place_of(&added, "\"more\"");
+    assert_eq!(
+        refused(added).await,
+        format!(
+            "{file}:{line}:{col}: listeners[2].name: listener \"more\" is new: adding a listener \
+             needs a restart"
+        )
+    );
+
+    // Moved: its bind, in the listener's index of the new file.
+    let moved = base.replacen("bind = \"127.0.0.1:0\"", "bind = \"127.0.0.5:0\"", 2);
+    let moved = moved.replacen("bind = \"127.0.0.5:0\"", "bind = \"127.0.0.1:0\"", 1);
+    let (line, col) = place_of(&moved, "\"127.0.0.5:0\"");
+    assert_eq!(
+        refused(moved).await,
+        format!(
+            "{file}:{line}:{col}: listeners[1].bind: listener \"web\": bind addresses changed: \
+             that needs a restart"
+        )
+    );
+
+    // A mode written out: its value; a mode left to its default: the listener's name.
+    let to_tcp = base.replace("name = \"web\"\n", "name = \"web\"\nmode = \"tcp\"\n");
+    // The line after web's name, after `mode = `.
+    let (name_line, _) = place_of(&to_tcp, "name = \"web\"\nmode = \"tcp\"");
+    let (line, col) = (name_line + 1, "mode = ".len() + 1);
+    assert_eq!(
+        refused(to_tcp).await,
+        format!(
+            "{file}:{line}:{col}: listeners[1].mode: listener \"web\": mode changed: that needs \
+             a restart"
+        )
+    );
+    let to_http = base.replace("mode = \"tcp\"\n", "");
+    let (line, col) = place_of(&to_http, "\"extra\"");
+    assert_eq!(
+        refused(to_http).await,
+        format!(
+            "{file}:{line}:{col}: listeners[0].mode: listener \"extra\": mode changed: that \
+             needs a restart"
+        )
+    );
+
+    // Gone: the new file has no place for it, so the running one's line is named.
+    let (was, _) = place_of(&base, "\"extra\"");
+    assert_eq!(
+        refused(base.replacen(extra, "", 1)).await,
+        format!(
+            "{file}: listeners: listener \"extra\" (line {was} of the running configuration) is \
+             gone: removing a listener needs a restart"
+        )
+    );
+
+    // Every refusal kept the running configuration: the file as it was reloads with no change.
+    cfg.write(&base);
+    let (s, v) = reload(&l).await;
+    assert_eq!((s, &v["changes"]), (200, &serde_json::json!([])), "{v}");
+    let (st, _, _) = get(&bare_client(), &format!("http://{}/", l.addr("web")), None).await;
+    assert_eq!(st, 200);
+    l.stop().await;
+}
+
 /// The error of `reload`, a task whose limit has just passed: it ends within a few
 /// yields (paused time, moved by hand), refused.
 async fn refused_now(

@@ -5,6 +5,7 @@
 //! span ([`key_path_at`]). Semantic errors come from validation, which knows the path it is
 //! checking and takes the span from a `toml::Spanned` field.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,36 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Where some keys of a validated configuration are written: for errors found only after
+/// validation, such as a reload refusing a listener change, which compares two valid files.
+/// Key path (`listeners[1].bind`) to 1-based line and column.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Places(BTreeMap<String, (usize, usize)>);
+
+impl Places {
+    pub(crate) fn note(&mut self, key: String, at: (usize, usize)) {
+        self.0.insert(key, at);
+    }
+
+    /// The line and column noted for `key`.
+    pub fn get(&self, key: &str) -> Option<(usize, usize)> {
+        self.0.get(key).copied()
+    }
+
+    /// An error about `key` of `file`, at the place noted for it (none if it was not noted:
+    /// a configuration not read from a file, or a key the file does not have).
+    pub fn error(&self, file: &Path, key: &str, message: impl Into<String>) -> ConfigError {
+        let (line, column) = self.get(key).unwrap_or((0, 0));
+        ConfigError {
+            file: file.to_owned(),
+            line,
+            column,
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
 /// Builds errors for one file's text.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Source<'a> {
@@ -44,6 +75,11 @@ pub(crate) struct Source<'a> {
 }
 
 impl Source<'_> {
+    /// The line and column of a byte range's start.
+    pub(crate) fn place(&self, span: &Range<usize>) -> (usize, usize) {
+        line_col(self.text, span.start)
+    }
+
     /// An error at `span` (a byte range of the text) about `key`.
     pub(crate) fn error(
         &self,

@@ -42,7 +42,7 @@ use crate::health::CheckSpec;
 pub use listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 
 pub use diff::setting_changes;
-pub use error::ConfigError;
+pub use error::{ConfigError, Places};
 pub use raw::{parse_duration, parse_size};
 pub use render::REDACTED;
 
@@ -65,6 +65,9 @@ pub struct Config {
     /// redacted): what a reload compares ([`setting_changes`]). Empty for a configuration
     /// not read from a file (quick mode, the demo).
     pub listing: String,
+    /// Where the keys a reload compares after validation are written (listeners' `name`,
+    /// `bind` and `mode`), so its refusals name file, line and key. Empty when not from a file.
+    pub places: Places,
 }
 
 /// A node: a machine, named once. Every listener reaches it at `addr:node_port`.

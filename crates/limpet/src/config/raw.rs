@@ -152,7 +152,7 @@ pub(crate) enum OneOrMany {
 pub(crate) struct RawListener {
     pub(crate) name: Spanned<String>,
     pub(crate) bind: Spanned<OneOrMany>,
-    pub(crate) mode: Option<RawMode>,
+    pub(crate) mode: Option<Spanned<RawMode>>,
     pub(crate) node_port: Spanned<RawNodePort>,
     pub(crate) balance: Option<RawBalance>,
     pub(crate) table: Option<Spanned<String>>,

@@ -12,7 +12,7 @@ use limpet_core::table::{IpPrefix, KeySpec, TableConfig};
 use limpet_core::{Balance, CookieSpec, HealthPolicy, Pool, SameSite};
 use toml::Spanned;
 
-use super::error::{closest, ConfigError, Source};
+use super::error::{closest, ConfigError, Places, Source};
 use super::listener::{CookieConfig, CookieMode, Failback, IpNet, Limits, Timeouts};
 use super::raw::*;
 use super::{
@@ -237,6 +237,18 @@ impl Validator<'_> {
             }
         }
         let lifecycle = self.lifecycle(raw, &nodes, &listeners, health)?;
+        let mut places = Places::default();
+        for (i, l) in raw.listeners.iter().enumerate() {
+            let name = self.src.place(&l.name.span());
+            places.note(format!("listeners[{i}].name"), name);
+            places.note(
+                format!("listeners[{i}].bind"),
+                self.src.place(&l.bind.span()),
+            );
+            // A mode left to its default is pointed at by the listener's name.
+            let mode = l.mode.as_ref().map_or(name, |m| self.src.place(&m.span()));
+            places.note(format!("listeners[{i}].mode"), mode);
+        }
         Ok(Config {
             path: self.src.file.to_owned(),
             nodes,
@@ -246,6 +258,7 @@ impl Validator<'_> {
             lifecycle,
             store,
             listing: String::new(),
+            places,
         })
     }
 
@@ -569,7 +582,7 @@ impl Validator<'_> {
         nodes: &[NodeDef],
         tables: &[TableDef],
     ) -> Result<ListenerDef, ConfigError> {
-        let mode = match l.mode {
+        let mode = match l.mode.as_ref().map(Spanned::get_ref) {
             Some(RawMode::Tcp) => Mode::Tcp,
             Some(RawMode::Http) | None => Mode::Http,
         };

@@ -121,6 +121,7 @@ impl ProxyConfig {
             lifecycle: Default::default(),
             store: None,
             listing: String::new(),
+            places: Default::default(),
         })
     }
 }

@@ -518,40 +518,69 @@ async fn reload_locked(
         }
     };
     let old = &state.config;
-    // Listeners are bound once, at start.
-    for l in &cfg.listeners {
+    // Listeners are bound once, at start. A refusal names the file, line and key of the new
+    // configuration, as a refusal found while checking it would.
+    let refuse = |i: usize, field: &str, msg: String| {
+        cfg.places
+            .error(&path, &format!("listeners[{i}].{field}"), msg)
+            .to_string()
+    };
+    for (i, l) in cfg.listeners.iter().enumerate() {
         match old.listeners.iter().find(|o| o.name == l.name) {
             None => {
-                return Err(format!(
-                    "listener {:?} is new: adding a listener needs a restart",
-                    l.name
+                return Err(refuse(
+                    i,
+                    "name",
+                    format!(
+                        "listener {:?} is new: adding a listener needs a restart",
+                        l.name
+                    ),
                 ))
             }
             Some(o) if o.bind != l.bind => {
-                return Err(format!(
-                    "listener {:?}: bind addresses changed: that needs a restart",
-                    l.name
+                return Err(refuse(
+                    i,
+                    "bind",
+                    format!(
+                        "listener {:?}: bind addresses changed: that needs a restart",
+                        l.name
+                    ),
                 ))
             }
             // Its sockets are served by an HTTP or a TCP accept loop, chosen at start.
             Some(o) if o.mode != l.mode => {
-                return Err(format!(
-                    "listener {:?}: mode changed: that needs a restart",
-                    l.name
+                return Err(refuse(
+                    i,
+                    "mode",
+                    format!("listener {:?}: mode changed: that needs a restart", l.name),
                 ))
             }
             Some(_) => {}
         }
     }
-    if let Some(o) = old
+    if let Some((i, o)) = old
         .listeners
         .iter()
-        .find(|o| !cfg.listeners.iter().any(|l| l.name == o.name))
+        .enumerate()
+        .find(|(_, o)| !cfg.listeners.iter().any(|l| l.name == o.name))
     {
-        return Err(format!(
-            "listener {:?} is gone: removing a listener needs a restart",
-            o.name
-        ));
+        // The new file has no place for it: name where the running one had it.
+        let was = old
+            .places
+            .get(&format!("listeners[{i}].name"))
+            .map(|(line, _)| format!(" (line {line} of the running configuration)"))
+            .unwrap_or_default();
+        return Err(cfg
+            .places
+            .error(
+                &path,
+                "listeners",
+                format!(
+                    "listener {:?}{was} is gone: removing a listener needs a restart",
+                    o.name
+                ),
+            )
+            .to_string());
     }
     // Every setting that changed inside what both have, by its key.
     let settings = crate::config::setting_changes(&old.listing, &cfg.listing);
