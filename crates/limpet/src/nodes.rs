@@ -62,7 +62,8 @@ pub struct NodeRuntime {
     active: AtomicU32,
     tunnels: AtomicU64,
     seen: Mutex<SeenWindow>,
-    /// Bumped on every operator command, so a stale drain timer knows it is stale (and
+    /// Bumped on every operator command, every admin state set (a reload's MAINT of a
+    /// removed node too) and every reset, so a stale drain timer knows it is stale (and
     /// ends at once, [`Self::superseded`]: commands with far deadlines, posted again and
     /// again, would otherwise leave a sleeping task each until its deadline).
     command: watch::Sender<u64>,
@@ -426,8 +427,11 @@ impl NodeRuntime {
             .store(since_ms.min(clock::now_ms()), Ordering::Relaxed);
     }
 
+    /// Sets what the operator asks of the node. It supersedes earlier commands (a drain's
+    /// deadline timer ends), whoever sets it: the admin API, or a reload removing the node.
     pub fn set_admin(&self, admin: AdminState) {
         self.update(|s| s.admin = admin);
+        self.command();
     }
 
     pub fn force_health(&self, up: bool) -> Option<Transition> {
@@ -449,6 +453,8 @@ impl NodeRuntime {
                 ..NodeStatus::default()
             }
         });
+        // A node added back is a new node: no command of its earlier life goes on.
+        self.command();
     }
 
     /// Resolves when a long-lived session (its spread key in `moves`) must end, with the
@@ -922,6 +928,40 @@ mod tests {
             b.seen_stats().0,
             0,
             "a node added after the reload has its window"
+        );
+    }
+
+    /// A drain's deadline timer ends at the next command to its node, and also when a
+    /// reload removes the node (its MAINT) or adds it back (a reset): before, the timer of a
+    /// drain given before the removal went on, and logged the deadline of a node that had
+    /// started afresh.
+    #[test]
+    fn a_command_is_superseded_by_the_next_one_a_removal_or_a_node_added_back() {
+        use futures_util::FutureExt;
+        let rt = node();
+        let drain = rt.command();
+        assert!(std::pin::pin!(rt.superseded(drain))
+            .now_or_never()
+            .is_none());
+        let next = rt.command();
+        assert!(std::pin::pin!(rt.superseded(drain))
+            .now_or_never()
+            .is_some());
+
+        // A reload removing the node sets it MAINT, not through a command.
+        rt.set_admin(AdminState::Maint);
+        assert!(
+            std::pin::pin!(rt.superseded(next)).now_or_never().is_some(),
+            "the removal's MAINT supersedes it"
+        );
+
+        let drain = rt.command();
+        rt.reset(HealthPolicy::default());
+        assert!(
+            std::pin::pin!(rt.superseded(drain))
+                .now_or_never()
+                .is_some(),
+            "the node added back supersedes it"
         );
     }
 

@@ -205,7 +205,7 @@ impl Control for RuntimeControl {
         } = cmd
         {
             // Only a log line at the deadline (the deadline itself is the node's state); it
-            // ends with the next command to the node.
+            // ends with the next command to the node, or a reload removing or re-adding it.
             tokio::spawn(async move {
                 tokio::select! {
                     () = tokio::time::sleep(d) => tracing::info!(
