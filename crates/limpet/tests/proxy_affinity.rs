@@ -369,3 +369,103 @@ async fn signed_cookies_are_opaque_sticky_and_unforgeable() {
     other.stop().await;
     proxy.stop().await;
 }
+
+/// A node that sets its own cookie of limpet's name on every answer (`route=evil`, once on
+/// `Path=/` and once on a longer path, which a browser would send first), beside one of its
+/// own. Its answers name it, and its task ends when dropped.
+struct CookieSettingNode {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CookieSettingNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn cookie_setting_node(name: &'static str) -> CookieSettingNode {
+    use hyper::body::{Bytes, Incoming};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("addr: {e}"));
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |_req: hyper::Request<Incoming>| async move {
+                        hyper::Response::builder()
+                            .header("x-limpet-node", name)
+                            .header("set-cookie", "route=evil; Path=/")
+                            .header("set-cookie", "theme=dark; Path=/")
+                            .header("set-cookie", "route=evil; Path=/app")
+                            .body(http_body_util::Full::new(Bytes::from(name)))
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    CookieSettingNode { addr, task }
+}
+
+/// The pin is limpet's to write: a node's own `Set-Cookie` of limpet's cookie name is left
+/// out of its answers (HAProxy's `cookie ... insert` does the same), its other cookies pass.
+/// Before, the node's `route=evil` reached the jar on the second answer, the third request
+/// carried it, read as an unknown node, and the session moved off a node that was UP.
+#[tokio::test]
+async fn a_node_s_own_cookie_of_limpet_s_name_does_not_reach_the_client() {
+    let (a, b) = (
+        cookie_setting_node("a").await,
+        cookie_setting_node("b").await,
+    );
+    let proxy = Proxy::start(limpet::proxy::ProxyConfig::new(vec![
+        limpet::proxy::NodeConfig {
+            name: "a".into(),
+            addr: a.addr,
+        },
+        limpet::proxy::NodeConfig {
+            name: "b".into(),
+            addr: b.addr,
+        },
+    ]))
+    .await;
+    let client = jar_client();
+    let mut home = None;
+    for i in 0..5 {
+        let resp = client.get(proxy.url("/")).send().await.expect("get");
+        assert_eq!(resp.status(), 200);
+        let node = node_of(&resp);
+        assert_eq!(
+            home.get_or_insert_with(|| node.clone()),
+            &node,
+            "request {i}"
+        );
+        let cookies: Vec<&str> = resp
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        assert!(
+            cookies.contains(&"theme=dark; Path=/"),
+            "the node's other cookie passes: {cookies:?}"
+        );
+        let routes: Vec<&&str> = cookies.iter().filter(|c| c.starts_with("route=")).collect();
+        if i == 0 {
+            assert_eq!(routes.len(), 1, "limpet's pin alone: {cookies:?}");
+            assert!(
+                routes[0].starts_with(&format!("route={node}; ")),
+                "{cookies:?}"
+            );
+        } else {
+            assert!(routes.is_empty(), "a sticky hit sets no route: {cookies:?}");
+        }
+    }
+    proxy.stop().await;
+}

@@ -10,7 +10,7 @@
 //! nodes; both go through `limpet_core::CookieCodec`, so the `name` and `signed` modes (and any
 //! later one) are read and written exactly as the sim and the core's tests do.
 
-use http::header::{HeaderValue, COOKIE};
+use http::header::{HeaderValue, COOKIE, SET_COOKIE};
 use http::HeaderMap;
 use limpet_core::{cookie, CookieCodec, CookieSpec, NodeId, ReadPin, Topology};
 
@@ -107,6 +107,35 @@ impl Affinity {
         HeaderValue::try_from(self.cfg.spec.set_cookie(value, tls)).ok()
     }
 
+    /// Takes out of a node's answer every `Set-Cookie` of our cookie's name (or its `-home`
+    /// name): the pin is limpet's to write. Passed on, a node's `route=x` would replace the
+    /// client's pin with a value limpet reads as unknown (or, on a longer `Path`, come first
+    /// in every request) and move a session off a node that is UP. HAProxy's `cookie ...
+    /// insert` removes a server's cookie of its name the same way (unless `preserve`). The
+    /// name is matched as the pin is read: case-sensitive and whole.
+    pub(crate) fn drop_node_cookies(&self, headers: &mut HeaderMap) {
+        let home = self.home.as_ref().map(|h| h.name.as_bytes());
+        let ours = |v: &HeaderValue| {
+            let name = set_cookie_name(v.as_bytes());
+            name == self.name() || Some(name) == home
+        };
+        // Most answers set no cookie, or none of ours: nothing is rebuilt for them.
+        if !headers.get_all(SET_COOKIE).iter().any(ours) {
+            return;
+        }
+        let kept: Vec<HeaderValue> = headers
+            .get_all(SET_COOKIE)
+            .iter()
+            .filter(|v| !ours(v))
+            .cloned()
+            .collect();
+        tracing::debug!("a node's Set-Cookie of limpet's cookie name was left out");
+        headers.remove(SET_COOKIE);
+        for v in kept {
+            headers.append(SET_COOKIE, v);
+        }
+    }
+
     /// Takes every pair of our cookie out of the request's `Cookie` headers, unless configured
     /// to keep it. Other pairs pass byte for byte; a header left empty is dropped. With one
     /// `Cookie` line and no home cookie (the usual request) the map is left as it is and the
@@ -124,6 +153,17 @@ impl Affinity {
                 strip_named(headers, h.name.as_bytes())
             }
         }
+    }
+}
+
+/// The cookie name a `Set-Cookie` value sets, as a browser reads it (RFC 6265 5.2): the
+/// text before the first `=` of the part before the first `;`, without surrounding blanks;
+/// none (empty) without an `=`.
+fn set_cookie_name(value: &[u8]) -> &[u8] {
+    let pair = value.split(|&b| b == b';').next().unwrap_or_default();
+    match pair.iter().position(|&b| b == b'=') {
+        Some(eq) => trim(&pair[..eq]),
+        None => &[],
     }
 }
 
@@ -259,6 +299,60 @@ fn trim(mut s: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_set_cookie_s_name_is_read_as_a_browser_reads_it() {
+        for (v, name) in [
+            ("route=b1; Path=/", &b"route"[..]),
+            (" route =b1", b"route"),
+            ("\troute\t=", b"route"),
+            ("Route=b1", b"Route"),
+            ("xroute=b1", b"xroute"),
+            ("route", b""),
+            ("; route=b1", b""),
+            ("a=route=b1", b"a"),
+        ] {
+            assert_eq!(set_cookie_name(v.as_bytes()), name, "{v:?}");
+        }
+    }
+
+    /// Every `Set-Cookie` of our name or our home name goes, whatever its attributes and
+    /// wherever it stands; the others stay, in their order, byte for byte.
+    #[test]
+    fn a_node_s_cookies_of_our_names_are_left_out_and_the_rest_kept_in_order() {
+        let pool = Topology::with_weights([("a", 1), ("b", 1)]).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = CookieConfig {
+            failback: Failback::Home,
+            ..CookieConfig::default()
+        };
+        let a = Affinity::new(cfg, &pool).unwrap_or_else(|e| panic!("{e}"));
+        let mut headers = HeaderMap::new();
+        for v in [
+            "theme=dark; Path=/",
+            "route=evil; Path=/app",
+            "Route=kept",
+            " route-home = x",
+            "routex=kept",
+            "lang=en",
+        ] {
+            headers.append(SET_COOKIE, HeaderValue::from_static(v));
+        }
+        a.drop_node_cookies(&mut headers);
+        let left: Vec<&[u8]> = headers
+            .get_all(SET_COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        assert_eq!(
+            left,
+            [
+                &b"theme=dark; Path=/"[..],
+                b"Route=kept",
+                b"routex=kept",
+                b"lang=en"
+            ]
+        );
+    }
 
     fn strip(v: &str) -> Option<String> {
         let value = HeaderValue::from_str(v).ok()?;

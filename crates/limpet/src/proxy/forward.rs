@@ -811,6 +811,9 @@ fn proxy<'a, 'b>(
             rheaders.insert(header::TRANSFER_ENCODING, c);
         }
         learn_from_answer(shared, &rheaders, node);
+        if let Some(a) = &shared.affinity {
+            a.drop_node_cookies(&mut rheaders);
+        }
         if let (CookieWrite::Set { issued_ms }, Some(a)) = (chosen.cookie, &shared.affinity) {
             let now = clock::now_ms();
             let topology = shared.state.topology();
