@@ -133,8 +133,11 @@ impl Sim {
             let rest = &input[pos..];
             match self.state {
                 State::Command => {
+                    // A line's length leaves out its ending, `\n` or `\r\n`: a line refused
+                    // with one ending is refused with the other. A `\r` last in what came so
+                    // far may be the start of that ending.
                     let Some(nl) = memchr::memchr(b'\n', rest) else {
-                        if rest.len() > self.limits.max_line {
+                        if without_cr(rest).len() > self.limits.max_line {
                             self.state = State::SkipLine;
                             pos = input.len();
                         }
@@ -143,7 +146,7 @@ impl Sim {
                     pos += nl + 1;
                     // The limit holds however reads split the input: a long line that arrived
                     // whole is refused like one that arrived in pieces.
-                    if nl > self.limits.max_line {
+                    if without_cr(&rest[..nl]).len() > self.limits.max_line {
                         out.extend_from_slice(b"ERR command line too long\n");
                     } else {
                         self.command(&rest[..nl], out);
@@ -352,6 +355,11 @@ pub fn pump(mut sim: Sim, mut input: impl Read, mut output: impl Write) -> io::R
     }
 }
 
+/// A line without the `\r` of a CRLF ending.
+fn without_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,6 +409,25 @@ OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
             run_bytewise(crlf.as_bytes(), Limits::default()),
             REFERENCE_ANSWERS
         );
+    }
+
+    /// `--max-line` counts a command line without its ending: the longest line allowed is
+    /// allowed with LF and with CRLF, one byte more is refused with either, however the
+    /// input is split.
+    #[test]
+    fn the_line_limit_is_the_same_with_lf_and_crlf_endings() {
+        let limits = Limits {
+            max_line: 10,
+            max_head: 64,
+        };
+        for ending in ["\n", "\r\n"] {
+            let input = format!("POOL b1 b2{ending}POOL b1 b22{ending}UP b1{ending}");
+            let want = "OK\nERR command line too long\nOK\n";
+            assert_eq!(run_bytewise(input.as_bytes(), limits), want, "{ending:?}");
+            let mut out = Vec::new();
+            pump(Sim::new(limits), input.as_bytes(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(String::from_utf8_lossy(&out), want, "{ending:?}, one read");
+        }
     }
 
     #[test]

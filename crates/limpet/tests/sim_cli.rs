@@ -123,6 +123,7 @@ fn bad_input_gets_err_and_the_next_command_is_answered() {
         ("UP without a name", b"UP \r\n".to_vec(), "ERR UP and DOWN take exactly one backend name\n"),
         ("invalid UTF-8 command", b"\xff\xfe\n".to_vec(), "ERR unknown command \"\u{fffd}\u{fffd}\"\n"),
         ("invalid UTF-8 in POOL", b"POOL a \xc3\x28\n".to_vec(), "ERR POOL line is not valid UTF-8\n"),
+        ("invalid UTF-8 in a name to UP", b"UP \xff\n".to_vec(), "OK\n"),
         ("NUL in a command", b"PO\0OL a\n".to_vec(), "ERR unknown command \"PO\\0OL\"\n"),
         ("NUL in a node name", b"POOL a\0b\n".to_vec(), "ERR node name \"a\\0b\" cannot be a cookie value (use letters, digits and -._~!#$%&'*+^`|:<>=?@[]/)\n"),
     ];
