@@ -1528,12 +1528,14 @@ async fn an_h2_client_that_stops_reading_its_socket_has_its_answer_cut_after_cli
     proxy.stop().await;
 }
 
-/// An HTTP/2 client that never opens its flow-control window (SETTINGS_INITIAL_WINDOW_SIZE 0)
-/// asks for an answer with a body: hyper never polls the answer body, so none of its idle
-/// clocks run, while the answer holds its node connection. After `client_idle` the client
-/// connection is closed and the node connection released.
+/// An HTTP/2 client that never opens a stream's flow-control window
+/// (SETTINGS_INITIAL_WINDOW_SIZE 0) asks for an answer with a body: hyper never polls the
+/// answer body, so none of its idle clocks run, while the answer holds its node connection.
+/// After `client_idle` (not before) that stream is reset (`RST_STREAM`, `CANCEL`) and the
+/// node connection released; the client connection stays open (a PING is answered). Before,
+/// the whole connection was closed.
 #[tokio::test]
-async fn an_h2_client_that_never_opens_its_window_is_closed_after_client_idle() {
+async fn an_h2_stream_whose_window_never_opens_is_reset_after_client_idle() {
     static ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nsome of the body";
     let mut node = SilentNode::start(ANSWER).await;
     let mut cfg = node.config();
@@ -1545,6 +1547,115 @@ async fn an_h2_client_that_never_opens_its_window_is_closed_after_client_idle() 
     hello.extend(h2_frame(0x1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
     s.write_all(&hello).await.expect("write");
     let started = Instant::now();
-    stalled_answer_closed_after_client_idle(&mut s, started, &mut node).await;
+    let code = until_reset(&mut s, 1).await;
+    assert_eq!(code, 0x8, "reset with CANCEL");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "reset before client_idle: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        node.connection_closed_within(SOON).await,
+        "the node connection was not released"
+    );
+    // PING; its ACK says the connection goes on.
+    s.write_all(&h2_frame(0x6, 0, 0, b"stillup!"))
+        .await
+        .expect("write");
+    let acked = tokio::time::timeout(SOON, async {
+        while let Some((kind, flags, _, payload)) = read_h2_frame(&mut s).await {
+            if kind == 0x6 && flags & 0x1 != 0 {
+                return payload;
+            }
+        }
+        panic!("the connection closed after its stream was reset");
+    })
+    .await
+    .expect("the PING is answered");
+    assert_eq!(acked, b"stillup!");
+    drop(s);
+    proxy.stop().await;
+}
+
+/// Reads frames until stream `id` is reset; its error code.
+async fn until_reset(s: &mut TcpStream, id: u32) -> u32 {
+    tokio::time::timeout(SOON, async {
+        loop {
+            let (kind, _, stream, payload) = read_h2_frame(s)
+                .await
+                .unwrap_or_else(|| panic!("closed before stream {id} was reset"));
+            if kind == 0x3 && stream == id {
+                let code: [u8; 4] = payload
+                    .get(..4)
+                    .and_then(|c| c.try_into().ok())
+                    .unwrap_or_else(|| panic!("a short RST_STREAM"));
+                return u32::from_be_bytes(code);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("stream {id} was not reset within {SOON:?}"))
+}
+
+/// One HTTP/2 stream the client leaves stalled (its window never opened) costs that stream
+/// alone: streams opened before its reset, while it stalls, and after it are answered whole
+/// on the same connection, and the stalled one is reset after `client_idle`. HAProxy's
+/// `timeout client` and nginx's `send_timeout` apply per stream the same way. Before, the
+/// stall closed the connection, and every stream in flight on it with it.
+#[tokio::test]
+async fn a_stalled_h2_stream_is_reset_alone_and_its_connection_s_other_streams_go_on() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.client_idle = Duration::from_millis(400);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let get = |id: u32| h2_frame(0x1, 0x5, id, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']);
+    // Stream 1 stalls: its window is never opened.
+    let mut hello = h2_hello_with_its_window_shut();
+    hello.extend(get(1));
+    s.write_all(&hello).await.expect("write");
+    let started = Instant::now();
+    let mut reset = None;
+    // Streams 3, 5, ...: each opened with its window, one after the other, for three
+    // `client_idle`s; each must end whole.
+    let mut id = 3;
+    while started.elapsed() < Duration::from_millis(1200) || reset.is_none() {
+        assert!(
+            started.elapsed() < SOON,
+            "stream 1 was not reset within {SOON:?}"
+        );
+        let mut ask = get(id);
+        ask.extend(h2_frame(0x8, 0, id, &65_535u32.to_be_bytes()));
+        ask.extend(h2_frame(0x8, 0, 0, &65_535u32.to_be_bytes()));
+        s.write_all(&ask).await.expect("write");
+        tokio::time::timeout(SOON, async {
+            loop {
+                let (kind, flags, stream, payload) = read_h2_frame(&mut s)
+                    .await
+                    .unwrap_or_else(|| panic!("the connection closed before stream {id} ended (stream 1 reset: {reset:?})"));
+                if kind == 0x3 && stream == id {
+                    panic!("stream {id} was reset");
+                }
+                if kind == 0x3 && stream == 1 {
+                    assert_eq!(payload.get(..4), Some(&[0, 0, 0, 0x8][..]), "CANCEL");
+                    reset.get_or_insert(started.elapsed());
+                }
+                if stream == id && (kind == 0 || kind == 1) && flags & 0x1 != 0 {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("stream {id} not answered in time"));
+        id += 2;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reset = reset.unwrap_or_default();
+    assert!(
+        reset >= Duration::from_millis(350),
+        "stream 1 reset before client_idle: {reset:?}"
+    );
+    assert!(id > 9, "streams went before and after the reset: last {id}");
+    drop(s);
     proxy.stop().await;
 }

@@ -159,6 +159,11 @@ impl IdleClock {
 /// lets it send: a client that never opens its window, or stops reading, leaves the body
 /// unpolled (so its own idle clocks never run) while the answer holds its node connection and
 /// slot. The client connection's stall watch reads these clocks (see `server::stall_watch`).
+///
+/// It also cuts its stream alone: the stream's task (hyper spawns one per HTTP/2 stream) is
+/// aborted, which drops the stream's answer and sends the client `RST_STREAM(CANCEL)`, while
+/// the connection's other streams go on, as HAProxy's `timeout client` and nginx's
+/// `send_timeout` apply per stream.
 #[derive(Debug)]
 pub(crate) struct AnswerClock {
     start: Instant,
@@ -166,6 +171,8 @@ pub(crate) struct AnswerClock {
     polled_ms: std::sync::atomic::AtomicU64,
     /// The last poll is waiting for the node (its own `answer_body_idle` bounds that).
     waiting_on_node: std::sync::atomic::AtomicBool,
+    /// The task of the stream this answer is for, once spawned.
+    stream_task: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 impl AnswerClock {
@@ -174,7 +181,30 @@ impl AnswerClock {
             start: Instant::now(),
             polled_ms: std::sync::atomic::AtomicU64::new(0),
             waiting_on_node: std::sync::atomic::AtomicBool::new(false),
+            stream_task: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The answer is there: its stall is counted from now, not from the request.
+    pub(crate) fn start_now(&self) {
+        self.polled(false);
+    }
+
+    /// The task that carries this answer's stream, for [`Self::cut`].
+    pub(crate) fn carried_by(&self, task: tokio::task::AbortHandle) {
+        let _ = self.stream_task.set(task);
+    }
+
+    /// Ends this answer's stream alone (see the type's doc). `false` when its task is not
+    /// known, and the stream cannot be cut by itself.
+    pub(crate) fn cut(&self) -> bool {
+        match self.stream_task.get() {
+            Some(task) => {
+                task.abort();
+                true
+            }
+            None => false,
+        }
     }
 
     fn polled(&self, waiting_on_node: bool) {

@@ -177,9 +177,12 @@ impl AccessLine {
     clippy::manual_async_fn,
     reason = "an async fn would hold its arguments twice"
 )]
+/// `clock`: an HTTP/2 stream's answer clock, made as hyper spawned the stream
+/// (`server::h2_service`), so the stall watch can cut this stream alone.
 pub(crate) fn handle(
     ctx: Arc<ConnCtx>,
     req: Request<Incoming>,
+    clock: Option<Arc<super::body::AnswerClock>>,
 ) -> impl std::future::Future<Output = Result<Response<ProxyBody>, Infallible>> {
     // A block, not an `async fn`: an `async fn` keeps each argument twice in its future
     // (the argument and the local it is moved into), and this future is every request's
@@ -235,7 +238,7 @@ pub(crate) fn handle(
                 b = b.logged(line);
             }
             if h2 {
-                ctx.watch_answer(b)
+                ctx.watch_answer(b, clock)
             } else {
                 b
             }

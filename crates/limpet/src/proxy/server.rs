@@ -547,13 +547,19 @@ impl ConnCtx {
         self.last_sighting.swap(tag, Ordering::Relaxed) != tag
     }
 
-    /// Watches an HTTP/2 answer for the client stalling it (see [`stall_watch`]).
-    pub(crate) fn watch_answer(&self, body: super::body::ProxyBody) -> super::body::ProxyBody {
+    /// Watches an HTTP/2 answer for the client stalling it (see [`stall_watch`]), with the
+    /// clock its stream was given ([`h2_service`]).
+    pub(crate) fn watch_answer(
+        &self,
+        body: super::body::ProxyBody,
+        clock: Option<Arc<super::body::AnswerClock>>,
+    ) -> super::body::ProxyBody {
         // An answer with nothing to send is never polled for data: nothing to watch.
         if hyper::body::Body::is_end_stream(&body) {
             return body;
         }
-        let clock = super::body::AnswerClock::new();
+        let clock = clock.unwrap_or_else(super::body::AnswerClock::new);
+        clock.start_now();
         self.answers.add(&clock);
         body.watched(clock)
     }
@@ -650,19 +656,25 @@ impl AnswerClocks {
         list.push(Arc::downgrade(clock));
     }
 
-    /// Forgets the answers that are done; tells whether one of the others has been
-    /// stalled for `limit`.
+    /// Forgets the answers that are done, and cuts the streams of those stalled for
+    /// `limit`, each alone. Tells whether one could not be cut by itself: the connection
+    /// must then close.
     fn scan(&self, limit: Duration) -> bool {
         let mut list = self.lock();
-        let mut stalled = false;
+        let mut uncut = false;
         list.retain(|w| match w.upgrade() {
             Some(c) => {
-                stalled |= c.stalled_for().is_some_and(|d| d >= limit);
+                if c.stalled_for().is_some_and(|d| d >= limit) {
+                    tracing::debug!(
+                        "an HTTP/2 answer stalled by the client for client_idle: its stream reset"
+                    );
+                    uncut |= !c.cut();
+                }
                 true
             }
             None => false,
         });
-        stalled
+        uncut
     }
 
     #[cfg(test)]
@@ -671,11 +683,14 @@ impl AnswerClocks {
     }
 }
 
-/// Resolves once an HTTP/2 answer of this connection has had data to give and the client has
-/// not taken any for `client_idle`: its flow-control window stayed shut (a client that never
-/// opens it, or stopped reading). The connection is then dropped, which releases every node
-/// connection and slot its answers hold, as HAProxy's `timeout client` does. (HTTP/1 needs
-/// none of this: a stalled client blocks the socket write, which `client_idle` bounds.)
+/// Cuts each HTTP/2 answer of this connection that has had data to give while the client
+/// took none for `client_idle`: its stream's flow-control window stayed shut (a client that
+/// never opens it, or stopped reading that stream). Its stream is reset alone, which releases
+/// the node connection and slot the answer holds, and the connection's other streams go on,
+/// as HAProxy's `timeout client` and nginx's `send_timeout` apply per stream. (A client that
+/// stops reading the socket itself blocks limpet's writes, which `client_idle` bounds for the
+/// whole connection, as for HTTP/1.) Resolves only if a stalled stream could not be cut by
+/// itself: the connection is then dropped.
 ///
 /// The watch looks every `client_idle / 4`, whether answers are in flight or not, so a stall
 /// is seen within 1.25 `client_idle`. It used to sleep while the connection had no answer in
@@ -775,8 +790,43 @@ where
     F::Output: Send + 'static,
 {
     fn execute(&self, fut: F) {
-        tokio::spawn(Box::pin(fut));
+        let clock = NEXT_H2_STREAM.take();
+        let task = tokio::spawn(Box::pin(fut));
+        if let Some(clock) = clock {
+            clock.carried_by(task.abort_handle());
+        }
     }
+}
+
+thread_local! {
+    /// The clock of the HTTP/2 stream whose service future hyper has just made: hyper spawns
+    /// the stream's task right after, on this thread with nothing in between
+    /// (`hyper::proto::h2::server`: `service.call(req)`, then `execute_h2stream`), so
+    /// [`BoxingExecutor`] hands the clock that task to cut ([`super::body::AnswerClock::cut`]).
+    /// Should that order ever change, a clock without its task makes the stall close the
+    /// connection, as it did before streams were cut alone.
+    static NEXT_H2_STREAM: std::cell::Cell<Option<Arc<super::body::AnswerClock>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The service of an HTTP/2 connection: each stream's request gets its answer clock first,
+/// for [`stall_watch`] to cut that stream alone.
+fn h2_service(
+    ctx: &Arc<ConnCtx>,
+) -> impl hyper::service::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = hyper::Response<super::body::ProxyBody>,
+    Error = std::convert::Infallible,
+    Future = impl Future<
+        Output = Result<hyper::Response<super::body::ProxyBody>, std::convert::Infallible>,
+    > + Send,
+> {
+    let ctx = Arc::clone(ctx);
+    service_fn(move |req| {
+        let clock = super::body::AnswerClock::new();
+        NEXT_H2_STREAM.set(Some(Arc::clone(&clock)));
+        forward::handle(Arc::clone(&ctx), req, Some(clock))
+    })
 }
 
 /// hyper's two servers, set up once per listener generation: a connection goes to one or
@@ -1006,7 +1056,7 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
     let mut draining = ctx.shared().draining.clone();
     let svc = {
         let ctx = Arc::clone(&ctx);
-        service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
+        service_fn(move |req| forward::handle(Arc::clone(&ctx), req, None))
     };
     // A client that stops reading an answer fails the blocked write after `client_idle`;
     // reads and writes reach the socket as `ClientIo` says.
@@ -1035,7 +1085,11 @@ async fn serve_connection<I: crate::tcp::Io + 'static>(
         let io = io
             .watch_h2_heads()
             .with_hints(Arc::clone(&ctx) as super::client_io::HintsRef);
-        let mut conn = Box::pin(builder.h2.serve_connection(TokioIo::new(io), svc));
+        let mut conn = Box::pin(
+            builder
+                .h2
+                .serve_connection(TokioIo::new(io), h2_service(&ctx)),
+        );
         let _ = run_connection(&ctx, &mut draining, conn.as_mut(), false).await;
         return;
     }
@@ -1216,7 +1270,7 @@ async fn run_connection<C: ServerConn>(
                 tokio::time::timeout(ctx.shared().timeouts.drain, conn.as_mut()).await.ok()
             }
             Control::Stall => {
-                tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle: connection closed");
+                tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle, its stream not cut alone: connection closed");
                 Some(Ok(()))
             }
             Control::Park => {
