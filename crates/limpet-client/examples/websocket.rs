@@ -5,6 +5,9 @@
 //! ```
 //! Tries the upgrade up to five times: cookies of every answer, a refusal included, are
 //! adopted and sent on the next attempt; the failure table decides whether to wait and retry.
+//! An application also makes its discovery request (an HTTP request through the same jar,
+//! e.g. with the `reqwest` adapter) right before each attempt, so the socket opens on the node
+//! its requests reach; this example, which has the socket alone, has nothing to discover.
 //! Once open, sends one text message, prints the first message back, and closes.
 
 use futures_util::{SinkExt, StreamExt};

@@ -126,7 +126,7 @@ pub struct AffinityJar {
 }
 
 impl AffinityJar {
-    /// An empty jar for `origin` keeping the default names (`route`, `AWSALB*`, `AWSELB`, `SERVERID`).
+    /// An empty jar for `origin` keeping the default names (`route`, `route-home`, `AWSALB*`, `AWSELB`, `SERVERID`).
     pub fn new(origin: Origin) -> Self {
         Self::with_names(origin, CookieNames::default())
     }

@@ -96,6 +96,9 @@ pub struct CookieNames {
 impl CookieNames {
     /// limpet's own cookie name.
     pub const LIMPET: &'static str = "route";
+    /// limpet's home cookie (`failback = "home"`): the node a moved session goes back to.
+    /// Dropped, the session never goes home.
+    pub const LIMPET_HOME: &'static str = "route-home";
     /// The prefix of every AWS Application Load Balancer stickiness cookie.
     pub const AWS_ALB_PREFIX: &'static str = "AWSALB";
     /// The stickiness cookie of the AWS Classic Load Balancer (ELB) with duration-based
@@ -128,11 +131,13 @@ impl CookieNames {
     }
 }
 
-/// `route` (limpet), `AWSALB*` (AWS ALB), `AWSELB` (AWS Classic ELB), `SERVERID` (HAProxy).
+/// `route` and `route-home` (limpet), `AWSALB*` (AWS ALB), `AWSELB` (AWS Classic ELB),
+/// `SERVERID` (HAProxy).
 impl Default for CookieNames {
     fn default() -> Self {
         CookieNames::new([
             NamePattern::Exact(Self::LIMPET.to_owned()),
+            NamePattern::Exact(Self::LIMPET_HOME.to_owned()),
             NamePattern::Prefix(Self::AWS_ALB_PREFIX.to_owned()),
             NamePattern::Exact(Self::AWS_CLASSIC_ELB.to_owned()),
             NamePattern::Exact(Self::HAPROXY.to_owned()),
@@ -149,6 +154,7 @@ mod tests {
         let names = CookieNames::default();
         for yes in [
             "route",
+            "route-home",
             "SERVERID",
             "AWSALB",
             "AWSALBCORS",
@@ -160,7 +166,17 @@ mod tests {
             assert!(names.matches(yes), "{yes}");
         }
         for no in [
-            "Route", "xroute", "route2", "AWSAL", "awsalb", "serverid", "session", "", "awselb",
+            "Route",
+            "xroute",
+            "route2",
+            "route-",
+            "route-homes",
+            "AWSAL",
+            "awsalb",
+            "serverid",
+            "session",
+            "",
+            "awselb",
             "AWSELBX",
         ] {
             assert!(!names.matches(no), "{no}");

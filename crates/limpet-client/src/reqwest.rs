@@ -11,6 +11,14 @@
 //! that header; otherwise the pin is silently lost, which is the very failure this crate exists
 //! to prevent.
 //!
+//! **And its redirects.** A request given a `Cookie` header (by hand or by `attach`) sends
+//! that header on every hop of a redirect reqwest follows, and reqwest does not ask the store
+//! again: a pin the redirect's answer rewrote (a balancer moving the session, or expiring
+//! its cookie) is not what the next hop carries. Send such requests with a client built with
+//! `redirect(reqwest::redirect::Policy::none())` and follow a redirect as a new request,
+//! attached again. Requests without a `Cookie` of their own are best left to the store, which
+//! reqwest asks on every hop.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use limpet_client::{reqwest::AffinityCookieStore, AffinityJar, Origin, SharedJar};
@@ -76,7 +84,8 @@ impl AffinityCookieStore {
 
     /// Merges the jar's cookies into a built request's `Cookie` header(s), leaving one header.
     /// Use it for requests that carry a `Cookie` header of the application's own (see the
-    /// module docs); it does no harm on those that do not.
+    /// module docs). On others it only takes the store out of the request's redirect hops,
+    /// which then carry the pin as it was (the module docs, "And its redirects").
     pub fn attach(&self, request: &mut ::reqwest::Request) {
         let Ok(to) = Origin::from_url(request.url()) else {
             return;

@@ -21,6 +21,9 @@
 //! let jar = SharedJar::new(AffinityJar::new(Origin::parse("ws://print.example")?));
 //! let mut backoff = Backoff::new();
 //! let socket = loop {
+//!     // Discovery first, before each attempt: an HTTP request to the origin through the
+//!     // same jar (the `reqwest` adapter's store), so the socket opens on the node the
+//!     // session's requests reach, under the pin that request may have rewritten.
 //!     let attempt = tungstenite::connect_async(&jar, "ws://print.example/socket").await;
 //!     match attempt {
 //!         Ok((socket, _answer)) => break socket,

@@ -133,7 +133,7 @@ pub struct ProbeArgs {
         long,
         value_name = "LIST",
         value_delimiter = ',',
-        default_value = "route,AWSALB*,AWSELB,SERVERID"
+        default_value = "route,route-home,AWSALB*,AWSELB,SERVERID"
     )]
     pub cookie_names: Vec<NamePattern>,
     /// Send this header with every request and upgrade of every session (e.g.
@@ -575,7 +575,7 @@ mod tests {
         );
         assert_eq!((p.sessions, p.requests, p.rounds), (4, 5, 1));
         assert_eq!(p.node_header.as_str(), "x-limpet-node");
-        for name in ["route", "AWSALBTG", "AWSELB", "SERVERID"] {
+        for name in ["route", "route-home", "AWSALBTG", "AWSELB", "SERVERID"] {
             assert!(p.names.matches(name), "{name}");
         }
         assert!(!p.names.matches("sid"));

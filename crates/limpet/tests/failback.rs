@@ -126,3 +126,59 @@ async fn no_failback_by_default_and_with_none() {
         l.stop().await;
     }
 }
+
+/// The client library with its default names keeps limpet's home cookie beside its pin, so a
+/// session of it goes home like a browser's. Before, its jar kept `route` alone and dropped
+/// `route-home`: the session stayed on b for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_library_session_goes_home_too() {
+    use limpet_client::reqwest::AffinityCookieStore;
+    use limpet_client::{AffinityJar, Origin, SharedJar};
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("failback-client", &config(port, Some("home")));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let origin = Origin::parse(&url).unwrap_or_else(|e| panic!("{e}"));
+    let jar = SharedJar::new(AffinityJar::new(origin));
+    let store = std::sync::Arc::new(AffinityCookieStore::new(jar.clone()));
+    let client = reqwest::Client::builder()
+        .cookie_provider(store)
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let node = || async {
+        let r = client
+            .get(&url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET: {e}"));
+        let n = r
+            .headers()
+            .get(limpet::backend::NODE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let _ = r.bytes().await;
+        n
+    };
+    let held = || jar.cookie_header(&jar.origin()).unwrap_or_default();
+
+    assert_eq!(node().await, "a");
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert_eq!(node().await, "b");
+    assert!(
+        held().contains("route-home=a"),
+        "the jar holds {:?}",
+        held()
+    );
+    assert_eq!(node().await, "b", "stays on b while a is out");
+    set_state(&l, "a", r#"{"state":"ready"}"#).await;
+    assert_eq!(node().await, "a", "home once a is back");
+    assert!(
+        !held().contains("route-home"),
+        "home cookie expired: {:?}",
+        held()
+    );
+    assert_eq!(node().await, "a");
+    l.stop().await;
+}

@@ -17,6 +17,13 @@
 //!   probe cannot attribute (a refused upgrade from the balancer itself, say) and serves the
 //!   next request from the new node. It does not reach further back: a cookie refreshed on the
 //!   old node says nothing about a later move.
+//! - A re-pin must **hold**: the session's next identified answer must come from the node it
+//!   was just moved to. A move on that next answer is a break even with a rewrite: the
+//!   balancer did not honour the pin it had just written. Without this rule a balancer that
+//!   ignores its cookie and sets a new one on every answer (round-robin with a cookie of
+//!   its own) passed with every move a "re-pin". A balancer that moves a session because
+//!   its node stopped keeps it on the new node, unless that one stops too before the
+//!   session's next request: a double failure the probe then reports as a break.
 //! - A session **kept affinity** when it has no break. Re-pins are allowed: they are the
 //!   balancer moving a session cleanly, cookie and all.
 //! - A session is **judged** when at least [`MIN_NAMED_ANSWERS`] of its answers named their
@@ -187,6 +194,8 @@ pub struct SessionJudge {
     rewrite_pending: bool,
     /// The node holding the open WebSocket, if one is open and greeted.
     socket_node: Option<String>,
+    /// The last identified answer was a re-pin, which the next one must hold.
+    repin_to_hold: bool,
 }
 
 impl SessionJudge {
@@ -240,7 +249,7 @@ impl SessionJudge {
         }
         let moved = match &v.last_node {
             Some(prev) if prev != node => {
-                let kind = if self.rewrite_pending {
+                let kind = if self.rewrite_pending && !self.repin_to_hold {
                     MoveKind::Repin
                 } else {
                     MoveKind::Break
@@ -266,6 +275,7 @@ impl SessionJudge {
         }
         v.last_node = Some(node.clone());
         self.rewrite_pending = false;
+        self.repin_to_hold = moved.as_ref().is_some_and(|m| m.kind == MoveKind::Repin);
         moved
     }
 
@@ -503,6 +513,44 @@ mod tests {
         assert!(!v.stayed_on_one_node());
         assert_eq!((v.repins, v.breaks), (1, 0));
         assert_eq!(v.nodes, ["a", "b"]);
+    }
+
+    /// A balancer that ignores its cookie and sets a new one on every answer moves the
+    /// session on nearly every request: each move after a re-pin that did not hold is a
+    /// break. One that re-pins and keeps the session where it put it passes.
+    #[test]
+    fn a_repin_the_next_answer_does_not_hold_is_followed_by_a_break() {
+        let churn = [
+            pinned(0, Via::Discovery, "a"),
+            pinned(0, Via::Request, "b"),
+            pinned(0, Via::Request, "c"),
+            pinned(0, Via::Request, "a"),
+            pinned(0, Via::Request, "b"),
+        ];
+        let v = judge(&churn);
+        assert_eq!((v.repins, v.breaks), (2, 2), "{:?}", v.moves);
+        assert!(!v.kept_affinity());
+        let kinds: Vec<MoveKind> = v.moves.iter().map(|m| m.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                MoveKind::Repin,
+                MoveKind::Break,
+                MoveKind::Repin,
+                MoveKind::Break
+            ]
+        );
+
+        let held = [
+            pinned(0, Via::Discovery, "a"),
+            pinned(1, Via::Request, "b"),
+            at(1, Via::Request, "b"),
+            pinned(2, Via::Request, "c"),
+            at(2, Via::Request, "c"),
+        ];
+        let v = judge(&held);
+        assert_eq!((v.repins, v.breaks), (2, 0), "{:?}", v.moves);
+        assert!(v.kept_affinity());
     }
 
     #[test]
