@@ -2646,6 +2646,39 @@ async fn maint_after_a_reload_repins_pre_reload_h1_and_h2_connections_and_closes
     l.stop().await;
 }
 
+/// A reload that removes a node ends what is open to it as MAINT would, whichever
+/// generation opened it: its TCP session is closed promptly, and the next request of
+/// kept-alive HTTP/1.1 and HTTP/2 connections pinned to it goes to the other node and re-pins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_node_closes_its_tcp_session_and_moves_h1_and_h2() {
+    let (_nodes, port) = backend_nodes(&AB).await;
+    let text = two_listener_config(port, "", "");
+    let cfg = ConfigFile::new("reload-remove-open", &text);
+    let l = Limpet::start(&cfg).await;
+    let (web, raw) = (l.addr("web"), l.addr("raw"));
+    let (mut h1, mut h2) = h1_and_h2_on_a(web).await;
+    let (mut tcp, src) = tcp_session_on(raw, "a", 60).await;
+
+    let without_a = text.replacen(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n",
+        "",
+        1,
+    );
+    assert_ne!(without_a, text, "node a taken out of the config");
+    cfg.write(&without_a);
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "reload refused: {report}");
+
+    let closed = closed_within(&mut tcp, Duration::from_secs(2)).await;
+    assert!(
+        closed.is_some(),
+        "the TCP session from {src} on a was not closed within 2 s of the reload that removed a"
+    );
+    h1_and_h2_move_to_b(&mut h1, &mut h2, "a's removal").await;
+    drop((h1, h2, tcp));
+    l.stop().await;
+}
+
 /// Nodes a and b in this order, or b and a: a reload that renumbers the nodes.
 fn table_web_config(port: u16, order: &[(&str, &str)]) -> String {
     format!(

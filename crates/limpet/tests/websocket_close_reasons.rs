@@ -112,3 +112,44 @@ async fn websockets_close_with_the_cause_on_maint_and_on_down() {
     drop((ws, closing, kept));
     l.stop().await;
 }
+
+/// A reload that removes a node ends the WebSockets open to it as MAINT would, whatever
+/// generation opened them: close 1001 with the MAINT reason, promptly. The socket on the node
+/// that stays goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_node_closes_its_websockets() {
+    let nodes = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+    let (_backends, port) = backend_nodes(&nodes).await;
+    let listener = format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n"
+    );
+    let cfg = ConfigFile::new("ws-removed", &format!("{}{listener}", nodes_toml(&nodes)));
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+    let mut on_a = ws_to(web, "a").await;
+    let mut on_b = ws_to(web, "b").await;
+
+    cfg.write(&format!("{}{listener}", nodes_toml(&nodes[1..])));
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 200, "{v}");
+    let removed_at = tokio::time::Instant::now();
+    assert_eq!(
+        close_of(&mut on_a, "a removed").await,
+        (CloseCode::Away, "node in maintenance".to_owned())
+    );
+    assert!(
+        removed_at.elapsed() < std::time::Duration::from_secs(2),
+        "closed {:?} after the reload",
+        removed_at.elapsed()
+    );
+    on_b.send(Message::text("still here"))
+        .await
+        .unwrap_or_else(|e| panic!("send on b's WebSocket: {e}"));
+    match tokio::time::timeout(PATIENCE, on_b.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "still here"),
+        other => panic!("b's WebSocket should stay open: {other:?}"),
+    }
+    drop((on_a, on_b));
+    l.stop().await;
+}
