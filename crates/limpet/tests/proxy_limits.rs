@@ -336,6 +336,51 @@ async fn shutdown_drains_in_flight_requests() {
     assert!(TcpStream::connect(addr).await.is_err());
 }
 
+/// The same over HTTP/2: two streams of one connection whose answers are on their way when
+/// the shutdown begins both finish whole (the connection gets a GOAWAY, not a cut), then the
+/// connection ends cleanly and the listener is gone.
+#[tokio::test]
+async fn shutdown_drains_http2_streams_in_flight() {
+    use http_body_util::BodyExt;
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let addr = proxy.addr;
+    let bytes = 8 << 20;
+    let (mut send, conn) = common::h2_client(&addr.to_string()).await;
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let req = hyper::Request::get(proxy.url(&format!("/download?bytes={bytes}")))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The answer head has arrived: the stream is in flight for certain.
+        let resp = send
+            .send_request(req)
+            .await
+            .unwrap_or_else(|e| panic!("head: {e}"));
+        assert_eq!(resp.status(), 200);
+        answers.push(resp);
+    }
+    let stopping = tokio::spawn(proxy.stop());
+    for resp in answers {
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("the in-flight stream completes: {e}"))
+            .to_bytes();
+        assert_eq!(body.len(), bytes);
+    }
+    stopping.await.unwrap_or_else(|e| panic!("stopped: {e}"));
+    let ended = tokio::time::timeout(PATIENCE, conn)
+        .await
+        .unwrap_or_else(|_| panic!("the connection did not end"));
+    assert!(
+        matches!(ended, Ok(Ok(()))),
+        "the connection ended cleanly: {ended:?}"
+    );
+    assert!(TcpStream::connect(addr).await.is_err());
+}
+
 /// The failure model's shutdown: in-flight requests get `timeouts.drain`, no more. A request
 /// whose node never answers is cut at the drain deadline: the proxy has stopped by then, the
 /// client gets no answer, and the node's connection is closed.
