@@ -1043,20 +1043,35 @@ async fn a_websocket_client_that_stops_reading_is_closed_after_tunnel_idle() {
     cfg.timeouts.tunnel_idle = Duration::from_millis(500);
     let proxy = Proxy::start(cfg).await;
     let mut client = ws_upgrade(proxy.addr).await;
+    let upgraded = Instant::now();
     let failed = node.failed.take().expect("receiver");
-    // Masked, empty pings every 100 ms: the client side is never quiet.
+    tokio::pin!(failed);
+    // Masked, empty pings every 100 ms: the client side is never quiet. Whether the client
+    // saw its tunnel end (its writes fail once limpet closed it).
     let pinging = async {
         for _ in 0..200 {
             if client.write_all(&[0x89, 0x80, 0, 0, 0, 0]).await.is_err() {
-                break;
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        false
     };
     tokio::select! {
-        r = failed => assert!(r.is_ok(), "the node saw its tunnel closed"),
-        () = pinging => panic!("the tunnel to a client that stopped reading stayed open"),
+        r = &mut failed => assert!(r.is_ok(), "the node saw its tunnel closed"),
+        ended = pinging => {
+            assert!(ended, "the tunnel to a client that stopped reading stayed open");
+            let r = tokio::time::timeout(SOON, &mut failed).await;
+            assert!(matches!(r, Ok(Ok(()))), "the node saw its tunnel closed: {r:?}");
+        }
     }
+    // Its stall is counted from when its buffers filled, after the upgrade: never sooner
+    // than `tunnel_idle` after it.
+    assert!(
+        upgraded.elapsed() >= Duration::from_millis(450),
+        "closed {:?} after the upgrade, before tunnel_idle (500 ms)",
+        upgraded.elapsed()
+    );
     proxy.stop().await;
 }
 
@@ -1280,7 +1295,18 @@ async fn an_http_client_that_stops_reading_an_answer_is_closed_after_client_idle
         .expect("read");
     assert_eq!(&first, b"HTTP/1.1 200");
     // No more reading from here.
+    let stopped = Instant::now();
     node_connection_released(&mut node).await;
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(250),
+        "released before client_idle (300 ms): {:?}",
+        stopped.elapsed()
+    );
+    // The client connection is closed too: what the buffers held, then its end.
+    assert!(
+        closed_within(&mut client, SOON).await.is_ok(),
+        "the client connection was not closed"
+    );
     proxy.stop().await;
 }
 

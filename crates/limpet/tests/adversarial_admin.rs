@@ -276,17 +276,26 @@ async fn a_tcp_client_that_stops_reading_is_closed_after_idle() {
     let l = Limpet::start(&cfg).await;
     let mut client = TcpStream::connect(l.addr("raw")).await.expect("connect");
     let failed = node.failed.take().expect("receiver");
+    tokio::pin!(failed);
+    // Whether the client saw its session end (its writes fail once limpet reset it).
     let sending = async {
         for _ in 0..200 {
             if client.write_all(b"ping\n").await.is_err() {
-                break;
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        false
     };
     tokio::select! {
-        r = failed => assert!(r.is_ok(), "the node saw its session closed"),
-        () = sending => panic!("the session of a client that stopped reading stayed open"),
+        r = &mut failed => assert!(r.is_ok(), "the node saw its session closed"),
+        ended = sending => {
+            assert!(ended, "the session of a client that stopped reading stayed open");
+            // The client learnt of the end first (a reset reaches both sides): the node
+            // must learn of it too.
+            let r = tokio::time::timeout(SOON, &mut failed).await;
+            assert!(matches!(r, Ok(Ok(()))), "the node saw its session closed: {r:?}");
+        }
     }
     l.stop().await;
 }
@@ -742,7 +751,8 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
 }
 
 /// Deliverable 2: a request that waits longer than `timeouts.queue` for a slot gets 503
-/// with Retry-After (HAProxy's `timeout queue`).
+/// with Retry-After (HAProxy's `timeout queue`), at that timeout, not before, and never
+/// reaches the node.
 #[tokio::test]
 async fn a_request_queued_past_the_queue_timeout_gets_503() {
     let mut node = CountingNode::start(Duration::from_secs(30)).await;
@@ -761,12 +771,23 @@ async fn a_request_queued_past_the_queue_timeout_gets_503() {
         .await
         .expect("the first request reached the node")
         .expect("head");
+    let asked = tokio::time::Instant::now();
     let r = tokio::time::timeout(SOON, bare_client().get(&url).send())
         .await
         .expect("answered in time")
         .expect("answer");
     assert_eq!(r.status().as_u16(), 503);
     assert!(r.headers().contains_key("retry-after"));
+    // It waited in the queue for its timeout (not refused at once), and never reached the node.
+    assert!(
+        asked.elapsed() >= Duration::from_millis(250),
+        "503 after {:?}, before the 300 ms queue timeout",
+        asked.elapsed()
+    );
+    assert!(
+        node.heads.try_recv().is_err(),
+        "the queued request reached the node"
+    );
     first.abort();
     l.stop().await;
 }
