@@ -589,11 +589,12 @@ pub fn leaves(input: &RouteInput<'_>, route: &Route) -> Option<(NodeId, Leave)> 
         return None;
     };
     let why = match route.outcome {
-        Outcome::Repin(_) => {
-            Leave::Failed(Excluded::find(input.exclude, n).filter(|w| w.is_failure())?)
-        }
         Outcome::Failback => Leave::Failback,
-        _ => return None,
+        // Whatever the outcome says of the cookie: a request re-pinned, and just as much one
+        // the cookie's own node took (`Sticky`: a cookie naming another node than the
+        // table's, stale after the session's TCP port moved the entry) once the table's node
+        // failed it. The entry moves off a node that may be UP either way.
+        _ => Leave::Failed(Excluded::find(input.exclude, n).filter(|w| w.is_failure())?),
     };
     (n != to).then_some((n, why))
 }
@@ -980,6 +981,33 @@ mod tests {
             }),
             None
         );
+        // A cookie naming another node than the table's: the request that failed on the
+        // table's node goes to the cookie's (`Sticky`), and the entry with it, off a node
+        // that is UP. Before, only a re-pin said so, and the session's TCP sessions stayed
+        // on A while its requests went to B.
+        let cookie_b = RouteInput {
+            cookie: cookie(Pin::Node(B)),
+            table: table(Pin::Node(A), true),
+            ..input(&timed_out)
+        };
+        let r = route(&s, 0, &|_| 0, &cookie_b);
+        assert_eq!(
+            (r.node, r.outcome, r.table),
+            (Some(B), Outcome::Sticky, Some(B))
+        );
+        assert_eq!(
+            leaves(&cookie_b, &r),
+            Some((A, Leave::Failed(RepinReason::AnswerTimeout)))
+        );
+        // The same cookie with nothing failed: the table's node wins, nothing is left.
+        let no_failure = RouteInput {
+            cookie: cookie(Pin::Node(B)),
+            table: table(Pin::Node(A), true),
+            ..input(&[])
+        };
+        let r = route(&s, 0, &|_| 0, &no_failure);
+        assert_eq!(r.node, Some(A));
+        assert_eq!(leaves(&no_failure, &r), None);
     }
 
     /// A session failing back home leaves the node its table entry names (its TCP session

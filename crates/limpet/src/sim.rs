@@ -229,7 +229,7 @@ impl Sim {
     /// End of input: answers what is left (a last line without a newline, a cut-off head).
     pub fn finish(&mut self, rest: &[u8], out: &mut Vec<u8>) {
         match std::mem::replace(&mut self.state, State::Command) {
-            State::Command if rest.len() > self.limits.max_line => {
+            State::Command if without_cr(rest).len() > self.limits.max_line => {
                 out.extend_from_slice(b"ERR command line too long\n");
             }
             State::Command if !rest.is_empty() => self.command(rest, out),
@@ -420,13 +420,24 @@ OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
             max_line: 10,
             max_head: 64,
         };
-        for ending in ["\n", "\r\n"] {
-            let input = format!("POOL b1 b2{ending}POOL b1 b22{ending}UP b1{ending}");
-            let want = "OK\nERR command line too long\nOK\n";
-            assert_eq!(run_bytewise(input.as_bytes(), limits), want, "{ending:?}");
+        // Each line ending, and the last line cut by the end of input with a `\r` of its
+        // ending or with none: the same answers.
+        for (ending, last) in [("\n", "\n"), ("\r\n", "\r\n"), ("\r\n", "\r"), ("\n", "")] {
+            let input =
+                format!("POOL b1 b2{ending}POOL b1 b22{ending}UP b1{ending}POOL b1 b2{last}");
+            let want = "OK\nERR command line too long\nOK\nOK\n";
+            assert_eq!(
+                run_bytewise(input.as_bytes(), limits),
+                want,
+                "{ending:?} {last:?}"
+            );
             let mut out = Vec::new();
             pump(Sim::new(limits), input.as_bytes(), &mut out).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(String::from_utf8_lossy(&out), want, "{ending:?}, one read");
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                want,
+                "{ending:?} {last:?}, one read"
+            );
         }
     }
 

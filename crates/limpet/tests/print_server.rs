@@ -376,18 +376,10 @@ async fn a_node_marked_down_closes_its_tcp_sessions_at_once() {
     let _ = PATIENCE;
 }
 
-/// An HTTP listener with the limpet cookie AND the shared table: the table decides while its
-/// node can take the session, the cookie when it cannot, and the two never split a client.
-#[tokio::test]
-async fn a_cookie_and_a_shared_table_never_split_the_session() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
-    let dir = TempDir::new("cookie-table");
-    let text = format!(
+/// LVIV and KYIV, a source-address table `terminal` shared by an HTTP listener `web` with the
+/// limpet cookie (and `web_extra`) and a TCP listener `raw`.
+fn cookie_and_table_config(ports: &Ports, web_extra: &str) -> String {
+    format!(
         r#"
 [[nodes]]
 name = "LVIV"
@@ -404,6 +396,7 @@ bind = "127.0.0.1:0"
 node_port = {http}
 table = "terminal"
 cookie = {{ name = "route" }}
+{web_extra}
 [[listeners]]
 name = "raw"
 bind = "127.0.0.1:0"
@@ -413,7 +406,63 @@ table = "terminal"
 "#,
         http = ports.http,
         tcp = ports.tcp
+    )
+}
+
+/// A request that fails on the table's node and goes to the node its (stale) cookie names
+/// moves the whole session there, TCP port included: the request is the cookie's own
+/// (`Sticky`), but the entry leaves a node that is UP, and the session's TCP session there
+/// ends at once. Before, only a re-pin said so: the TCP session stayed on the old node while
+/// the requests went to the other, until the next table hold (up to a minute), which then
+/// reset it mid-stream.
+#[tokio::test]
+async fn a_failover_to_a_stale_cookie_s_node_moves_the_tcp_session_too() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("cookie-table-failover");
+    let text = cookie_and_table_config(&ports, "timeouts = { upstream_answer = \"300ms\" }");
+    let running = start(config(&dir, &text)).await.expect("start");
+    let web = running.addr("web").expect("web");
+    let raw = running.addr("raw").expect("raw");
+    let src = "127.0.0.61";
+    let (mut session, home) = tcp_session(src, raw).await;
+    let other = if home == "LVIV" { "KYIV" } else { "LVIV" };
+    // The table sends it to `home`, which is late with this answer; it fails over to the
+    // cookie's node.
+    let s = connect_from(src.parse().expect("ip"), web).await;
+    let req = format!(
+        "GET /slow?ms=2000&on={home} HTTP/1.1\r\nHost: print.example\r\nCookie: route={other}\r\n\
+         Connection: close\r\n\r\n"
     );
+    let (_, answered_by) = get_raw(s, &req).await;
+    assert_eq!(
+        answered_by, other,
+        "the late GET is answered by the cookie's node"
+    );
+    closed_within(&mut session, Duration::from_secs(2)).await;
+    assert_eq!(tcp_session(src, raw).await.1, other, "the TCP port follows");
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// An HTTP listener with the limpet cookie AND the shared table: the table decides while its
+/// node can take the session, the cookie when it cannot, and the two never split a client.
+#[tokio::test]
+async fn a_cookie_and_a_shared_table_never_split_the_session() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("cookie-table");
+    let text = cookie_and_table_config(&ports, "");
     let running = start(config(&dir, &text)).await.expect("start");
     let web = running.addr("web").expect("web");
     let raw = running.addr("raw").expect("raw");

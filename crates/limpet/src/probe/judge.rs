@@ -23,7 +23,10 @@
 //!   ignores its cookie and sets a new one on every answer (round-robin with a cookie of
 //!   its own) passed with every move a "re-pin". A balancer that moves a session because
 //!   its node stopped keeps it on the new node, unless that one stops too before the
-//!   session's next request: a double failure the probe then reports as a break.
+//!   session's next request: a double failure the probe then reports as a break. One
+//!   exception: a move that also removes one of the balancer's cookies is clean, as
+//!   limpet's failback is (the session goes home and its `route-home` expires, which can
+//!   come on the very next answer when the home node was out only briefly).
 //! - A session **kept affinity** when it has no break. Re-pins are allowed: they are the
 //!   balancer moving a session cleanly, cookie and all.
 //! - A session is **judged** when at least [`MIN_NAMED_ANSWERS`] of its answers named their
@@ -92,6 +95,10 @@ pub struct Answer {
     /// set, given a new value, or removed). A `Set-Cookie` repeating the held value is not a
     /// rewrite.
     pub rewritten: bool,
+    /// A balancer cookie held before this answer is gone after it (expired, e.g. limpet's
+    /// `route-home` once a session is home again). Only a balancer that keeps track of the
+    /// session removes one.
+    pub removed: bool,
 }
 
 /// Something that happened to a session.
@@ -196,6 +203,9 @@ pub struct SessionJudge {
     socket_node: Option<String>,
     /// The last identified answer was a re-pin, which the next one must hold.
     repin_to_hold: bool,
+    /// The balancer removed one of its cookies since the last identified answer (that one
+    /// included).
+    removal_pending: bool,
 }
 
 impl SessionJudge {
@@ -221,6 +231,7 @@ impl SessionJudge {
             self.socket_node.clone_from(&answer.node);
         }
         self.rewrite_pending |= answer.rewritten;
+        self.removal_pending |= answer.removed;
         let Some(node) = &answer.node else {
             if let Some(status) = answer.status {
                 v.unidentified = v.unidentified.saturating_add(1);
@@ -249,7 +260,11 @@ impl SessionJudge {
         }
         let moved = match &v.last_node {
             Some(prev) if prev != node => {
-                let kind = if self.rewrite_pending && !self.repin_to_hold {
+                // A move right after a re-pin is clean only if the balancer also removed a
+                // cookie of its own: limpet's failback takes a session home and expires its
+                // `route-home`, which a balancer that ignores its cookie never does.
+                let held = !self.repin_to_hold || self.removal_pending;
+                let kind = if self.rewrite_pending && held {
                     MoveKind::Repin
                 } else {
                     MoveKind::Break
@@ -275,6 +290,7 @@ impl SessionJudge {
         }
         v.last_node = Some(node.clone());
         self.rewrite_pending = false;
+        self.removal_pending = false;
         self.repin_to_hold = moved.as_ref().is_some_and(|m| m.kind == MoveKind::Repin);
         moved
     }
@@ -449,6 +465,7 @@ mod tests {
             node: Some(node.to_owned()),
             cookie_set: false,
             rewritten: false,
+            removed: false,
         })
     }
 
@@ -472,6 +489,7 @@ mod tests {
             node: None,
             cookie_set: rewritten,
             rewritten,
+            removed: false,
         })
     }
 
@@ -551,6 +569,21 @@ mod tests {
         let v = judge(&held);
         assert_eq!((v.repins, v.breaks), (2, 0), "{:?}", v.moves);
         assert!(v.kept_affinity());
+
+        // limpet's failback: moved to b while a was out, home on the very next answer, which
+        // expires `route-home`: clean.
+        let home_again = match pinned(2, Via::Request, "a") {
+            Event::Answer(a) => Event::Answer(Answer { removed: true, ..a }),
+            e => e,
+        };
+        let failback = [
+            pinned(0, Via::Discovery, "a"),
+            pinned(1, Via::Request, "b"),
+            home_again,
+            at(2, Via::Request, "a"),
+        ];
+        let v = judge(&failback);
+        assert_eq!((v.repins, v.breaks), (2, 0), "{:?}", v.moves);
     }
 
     #[test]
@@ -663,6 +696,7 @@ mod tests {
             node: Some("a".into()),
             cookie_set: true,
             rewritten: true,
+            removed: false,
         });
         let none = judge(&[refused]);
         assert_eq!((none.cookie_on_101, none.upgrades), (None, 0));
@@ -776,6 +810,7 @@ mod tests {
             node: Some("a".into()),
             cookie_set: false,
             rewritten: false,
+            removed: false,
         });
         let v = judge(&[
             at(0, Via::Discovery, "a"),

@@ -115,6 +115,13 @@ fn snapshot(jar: &SharedJar) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether a cookie held `before` an answer is gone `after` it.
+fn removed(before: &[(String, String)], after: &[(String, String)]) -> bool {
+    before
+        .iter()
+        .any(|(name, _)| !after.iter().any(|(n, _)| n == name))
+}
+
 /// An error and its causes on one line (reqwest hides the useful part in the sources).
 fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
@@ -222,6 +229,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
         node: None,
         cookie_set: false,
         rewritten: false,
+        removed: false,
     };
     let (socket, outcome, error) = match attempt {
         Ok(Ok((mut ws, resp))) => {
@@ -251,7 +259,9 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
             )),
         ),
     };
-    answer.rewritten = snapshot(jar) != before;
+    let after = snapshot(jar);
+    answer.removed = removed(&before, &after);
+    answer.rewritten = after != before;
     Upgrade {
         answer,
         socket,
@@ -337,6 +347,7 @@ impl Session {
             node: None,
             cookie_set: false,
             rewritten: false,
+            removed: false,
         };
         let sent = self
             .http
@@ -370,7 +381,9 @@ impl Session {
             }
             Err(e) => self.error(describe(&e)),
         }
-        answer.rewritten = snapshot(&self.jar) != before;
+        let after = snapshot(&self.jar);
+        answer.removed = removed(&before, &after);
+        answer.rewritten = after != before;
         self.send(Event::Answer(answer));
     }
 

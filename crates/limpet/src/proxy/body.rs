@@ -173,6 +173,9 @@ pub(crate) struct AnswerClock {
     waiting_on_node: std::sync::atomic::AtomicBool,
     /// The task of the stream this answer is for, once spawned.
     stream_task: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// The task the answer was made in: the stream's own, or the pairing of clock and task
+    /// went wrong ([`Self::cut`] then refuses).
+    answered_in: std::sync::OnceLock<tokio::task::Id>,
 }
 
 impl AnswerClock {
@@ -182,11 +185,16 @@ impl AnswerClock {
             polled_ms: std::sync::atomic::AtomicU64::new(0),
             waiting_on_node: std::sync::atomic::AtomicBool::new(false),
             stream_task: std::sync::OnceLock::new(),
+            answered_in: std::sync::OnceLock::new(),
         })
     }
 
-    /// The answer is there: its stall is counted from now, not from the request.
+    /// The answer is there, made in the current task: its stall is counted from now, not
+    /// from the request.
     pub(crate) fn start_now(&self) {
+        if let Some(id) = tokio::task::try_id() {
+            let _ = self.answered_in.set(id);
+        }
         self.polled(false);
     }
 
@@ -196,14 +204,15 @@ impl AnswerClock {
     }
 
     /// Ends this answer's stream alone (see the type's doc). `false` when its task is not
-    /// known, and the stream cannot be cut by itself.
+    /// known for certain (none was paired with the clock, or the one paired is not the task
+    /// the answer was made in), and the stream cannot be cut by itself.
     pub(crate) fn cut(&self) -> bool {
-        match self.stream_task.get() {
-            Some(task) => {
+        match (self.stream_task.get(), self.answered_in.get()) {
+            (Some(task), Some(&id)) if task.id() == id => {
                 task.abort();
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
@@ -754,6 +763,38 @@ fn poll_answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clock cuts the task it was paired with only if its answer was made in that task:
+    /// paired with another (should hyper ever spawn something between a stream's service
+    /// call and its task), it cuts nothing, and the stall watch closes the connection instead.
+    #[tokio::test]
+    async fn a_clock_cuts_its_own_stream_s_task_only() {
+        let stranger = AnswerClock::new();
+        let c = Arc::clone(&stranger);
+        tokio::spawn(async move { c.start_now() })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let other = tokio::spawn(std::future::pending::<()>());
+        stranger.carried_by(other.abort_handle());
+        assert!(!stranger.cut(), "answered in another task");
+        assert!(!other.is_finished(), "the other task was not aborted");
+        other.abort();
+
+        let clock = AnswerClock::new();
+        let (answered, made) = tokio::sync::oneshot::channel();
+        let c = Arc::clone(&clock);
+        let own = tokio::spawn(async move {
+            c.start_now();
+            let _ = answered.send(());
+            std::future::pending::<()>().await;
+        });
+        clock.carried_by(own.abort_handle());
+        made.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(clock.cut(), "its own stream's task");
+        let ended = own.await;
+        assert!(ended.is_err_and(|e| e.is_cancelled()), "aborted");
+        assert!(!AnswerClock::new().cut(), "no task paired");
+    }
 
     #[test]
     fn an_answer_s_error_says_whose_end_it_was() {
