@@ -179,9 +179,11 @@ pub(crate) struct AnswerClock {
 }
 
 impl AnswerClock {
-    pub(crate) fn new() -> Arc<Self> {
+    /// A clock whose times count from `base` (its connection's start: made for every
+    /// HTTP/2 stream as hyper spawns it, it reads no clock until [`Self::start_now`]).
+    pub(crate) fn new(base: Instant) -> Arc<Self> {
         Arc::new(AnswerClock {
-            start: Instant::now(),
+            start: base,
             polled_ms: std::sync::atomic::AtomicU64::new(0),
             waiting_on_node: std::sync::atomic::AtomicBool::new(false),
             stream_task: std::sync::OnceLock::new(),
@@ -769,7 +771,7 @@ mod tests {
     /// call and its task), it cuts nothing, and the stall watch closes the connection instead.
     #[tokio::test]
     async fn a_clock_cuts_its_own_stream_s_task_only() {
-        let stranger = AnswerClock::new();
+        let stranger = AnswerClock::new(Instant::now());
         let c = Arc::clone(&stranger);
         tokio::spawn(async move { c.start_now() })
             .await
@@ -780,7 +782,7 @@ mod tests {
         assert!(!other.is_finished(), "the other task was not aborted");
         other.abort();
 
-        let clock = AnswerClock::new();
+        let clock = AnswerClock::new(Instant::now());
         let (answered, made) = tokio::sync::oneshot::channel();
         let c = Arc::clone(&clock);
         let own = tokio::spawn(async move {
@@ -793,7 +795,7 @@ mod tests {
         assert!(clock.cut(), "its own stream's task");
         let ended = own.await;
         assert!(ended.is_err_and(|e| e.is_cancelled()), "aborted");
-        assert!(!AnswerClock::new().cut(), "no task paired");
+        assert!(!AnswerClock::new(Instant::now()).cut(), "no task paired");
     }
 
     #[test]

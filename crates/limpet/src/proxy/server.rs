@@ -558,7 +558,7 @@ impl ConnCtx {
         if hyper::body::Body::is_end_stream(&body) {
             return body;
         }
-        let clock = clock.unwrap_or_else(super::body::AnswerClock::new);
+        let clock = clock.unwrap_or_else(|| super::body::AnswerClock::new(self.started));
         clock.start_now();
         self.answers.add(&clock);
         body.watched(clock)
@@ -823,7 +823,7 @@ fn h2_service(
 > {
     let ctx = Arc::clone(ctx);
     service_fn(move |req| {
-        let clock = super::body::AnswerClock::new();
+        let clock = super::body::AnswerClock::new(ctx.started);
         NEXT_H2_STREAM.set(Some(Arc::clone(&clock)));
         forward::handle(Arc::clone(&ctx), req, Some(clock))
     })
@@ -1373,11 +1373,11 @@ mod tests {
     #[test]
     fn answers_that_are_done_are_forgotten_as_the_list_grows() {
         let clocks = AnswerClocks::default();
-        let in_flight = super::super::body::AnswerClock::new();
+        let in_flight = super::super::body::AnswerClock::new(Instant::now());
         clocks.add(&in_flight);
         for _ in 0..10_000 {
             // Each answer is done (its clock dropped) as soon as it is added.
-            clocks.add(&super::super::body::AnswerClock::new());
+            clocks.add(&super::super::body::AnswerClock::new(Instant::now()));
         }
         let kept = clocks.len();
         assert!(kept <= 4, "{kept} clocks kept for one answer in flight");
