@@ -58,7 +58,8 @@ fn err(part: TlsPart, message: String) -> TlsError {
 }
 
 fn read_file(path: &Path, part: TlsPart) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| err(part, format!("cannot read {}: {e}", path.display())))
+    crate::config::read_bounded(path)
+        .map_err(|e| err(part, format!("cannot read {}: {e}", path.display())))
 }
 
 /// A certificate chain and its private key, from PEM files, checked to belong together.

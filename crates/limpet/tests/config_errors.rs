@@ -831,3 +831,130 @@ fn a_bind_taken_by_another_listener_names_its_line_and_index() {
         "{e}"
     );
 }
+
+/// Errors that used to point at the wrong line or key, or say the wrong thing: a signed
+/// cookie's limits and key count at their own values (they pointed at the listener's name),
+/// limits a name-mode cookie would silently ignore, a shared table without a store by its
+/// index (it was named by its name in the index's place), a table size over the maximum with
+/// the size given (it said 4294967295), and a file that is not UTF-8 at its first bad byte
+/// (it named no line).
+#[test]
+fn errors_found_by_review_name_their_own_place() {
+    const L: &str = "[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
+    let key = "0123456789abcdef0123456789abcdef";
+    let signed = |rest: &str| {
+        format!("{NODES}{L}[listeners.cookie]\nmode = \"signed\"\nkeys = [\"{key}\"]\n{rest}")
+    };
+    let text = signed("max_idle = \"500ms\"\n");
+    let e = error(&text);
+    assert_eq!(
+        e,
+        format!(
+            "{}listeners[0].cookie.max_idle: max_idle must be at least 1 second",
+            at(&text, "\"500ms\"")
+        )
+    );
+    let text = signed("max_lifetime = \"0s\"\n");
+    assert!(
+        error(&text).starts_with(&format!(
+            "{}listeners[0].cookie.max_lifetime: ",
+            at(&text, "\"0s\"")
+        )),
+        "{}",
+        error(&text)
+    );
+    let nine = vec![format!("\"{key}\""); 9].join(", ");
+    let text = format!("{NODES}{L}[listeners.cookie]\nmode = \"signed\"\nkeys = [{nine}]\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].cookie.keys: 9 keys",
+            at(&text, &format!("[\"{key}\", "))
+        )),
+        "{e}"
+    );
+    let text = format!("{NODES}{L}[listeners.cookie]\nmode = \"signed\"\nkeys = []\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].cookie.keys: 0 keys",
+            at(&text, "[]")
+        )),
+        "{e}"
+    );
+
+    let text = format!("{NODES}{L}[listeners.cookie]\nmax_idle = \"10m\"\n");
+    assert_eq!(
+        error(&text),
+        format!(
+            "{}listeners[0].cookie.max_idle: max_idle is for mode = \"signed\" (a node's name \
+             carries no time)",
+            at(&text, "\"10m\"")
+        )
+    );
+
+    let text = format!(
+        "{NODES}[[tables]]\nname = \"first\"\nkey = \"source-ip\"\n\
+         [[tables]]\nname = \"second\"\nkey = \"source-ip\"\nshared = true\n"
+    );
+    let e = error(&text);
+    assert!(
+        e.contains("tables[1].shared: a shared table needs a [store]"),
+        "{e}"
+    );
+
+    let text =
+        format!("{NODES}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsize = 99999999999\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}tables[0].size: table size 99999999999 is over the maximum",
+            at(&text, "99999999999")
+        )),
+        "{e}"
+    );
+
+    // Two tables saving to one file (by two spellings of it), or to the config itself.
+    let text = format!(
+        "{NODES}{L}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"pins.snap\"\n\
+         [[tables]]\nname = \"u\"\nkey = \"source-ip\"\nsnapshot = \"./pins.snap\"\n"
+    );
+    assert_eq!(
+        error(&text),
+        format!(
+            "{}tables[1].snapshot: table \"t\" saves to the same file",
+            at(&text, "\"./pins.snap\"")
+        )
+    );
+    let text = format!(
+        "{NODES}{L}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"limpet.toml\"\n"
+    );
+    assert_eq!(
+        error(&text),
+        format!(
+            "{}tables[0].snapshot: is this configuration file itself",
+            at(&text, "\"limpet.toml\"")
+        )
+    );
+
+    // A zoned link-local node address: the zone would be dropped.
+    let text = format!("[[nodes]]\nname = \"a\"\naddress = \"fe80::1%lo\"\n{L}");
+    assert!(
+        error(&text).starts_with(&format!("{}nodes[0].address: ", at(&text, "\"fe80"))),
+        "{}",
+        error(&text)
+    );
+
+    let dir = TempDir::new("config-utf8");
+    let mut bytes = NODES.as_bytes().to_vec();
+    bytes.extend_from_slice(b"# caf\xe9\n");
+    let path = dir.write("latin1.toml", &bytes);
+    let e = match Config::load(&path) {
+        Ok(_) => panic!("accepted a file that is not UTF-8"),
+        Err(e) => e.to_string().replace(&path.display().to_string(), "F"),
+    };
+    assert_eq!(
+        e, "F:5:6: not valid UTF-8 from here (a config file is UTF-8 text)",
+        "the é of `café`, in Latin-1, on line 5"
+    );
+}

@@ -124,7 +124,8 @@ async fn a_second_limpet_on_a_listened_address_is_refused_and_the_first_serves_o
         .unwrap_or_else(|| panic!("no address in {line:?}"));
     let home = http_node("127.0.0.99", web).await;
 
-    let second = spawn(&dir.write("second.toml", text(&web.to_string())));
+    let second_path = dir.write("second.toml", text(&web.to_string()));
+    let second = spawn(&second_path);
     let out = tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut second = second;
@@ -151,6 +152,15 @@ async fn a_second_limpet_on_a_listened_address_is_refused_and_the_first_serves_o
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains(&format!("cannot bind {web}")) && err.contains("another socket listens"),
+        "{err}"
+    );
+    // Named as a config error is: the file, the line and column of the listener's `bind`
+    // (line 12: after two nodes, a table and the listener's name), and its key.
+    assert!(
+        err.contains(&format!(
+            "{}:12:8: listeners[0].bind: listener \"web\": cannot bind {web}",
+            second_path.display()
+        )),
         "{err}"
     );
     for _ in 0..20 {

@@ -725,3 +725,42 @@ async fn reloads_asked_while_one_waits_its_turn_share_its_result() {
     assert_eq!(runtime.state().nodes().len(), 3);
     l.stop().await;
 }
+
+/// What a reload cannot apply is named at every reload until a restart, measured against what
+/// runs: a `[store]` added to a limpet started without one (before, the second reload of the
+/// same file named nothing, the file's last version being taken for what ran). And a
+/// listener's `bind` addresses given in another order are the same sockets: no restart asked.
+#[tokio::test]
+async fn a_reload_names_an_unapplied_store_every_time_and_takes_bind_in_any_order() {
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let text = |bind: &str, store: &str| {
+        format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = {bind}\nnode_port = {port}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n{store}",
+            nodes_toml(&NODES[..1])
+        )
+    };
+    let binds = "[\"127.0.0.1:0\", \"127.0.0.5:0\"]";
+    let cfg = ConfigFile::new("reload-store", &text(binds, ""));
+    let l = Limpet::start(&cfg).await;
+    let store = "\n[store]\nurl = \"redis://127.0.0.1:1/0\"\n";
+    cfg.write(&text(binds, store));
+    for round in 0..2 {
+        let (s, v) = reload(&l).await;
+        assert_eq!(s, 200, "{v}");
+        assert!(
+            v["changes"]
+                .as_array()
+                .is_some_and(|c| c.contains(&serde_json::json!(
+                    "[store] settings changed: they apply after a restart"
+                ))),
+            "reload {round}: {v}"
+        );
+    }
+    cfg.write(&text("[\"127.0.0.5:0\", \"127.0.0.1:0\"]", store));
+    let (s, v) = reload(&l).await;
+    assert_eq!(s, 200, "the same addresses in another order: {v}");
+    let (st, _, _) = get(&bare_client(), &format!("http://{}/", l.addr("web")), None).await;
+    assert_eq!(st, 200);
+    l.stop().await;
+}

@@ -308,14 +308,47 @@ impl Config {
     }
 }
 
-/// A config file's text, or an error naming the file.
+/// The most a file the configuration names (the config itself, a certificate, a key, a CA)
+/// may hold: far above any real one, and a bound on what a path to `/dev/zero`, or a file
+/// that keeps growing, makes limpet read.
+pub(crate) const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// A file's bytes, at most [`MAX_FILE_BYTES`] of them: a longer file is an error.
+pub(crate) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("longer than {} MiB", MAX_FILE_BYTES >> 20),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A config file's text, or an error naming the file (and, for bytes that are not UTF-8,
+/// where the first one is).
 fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let at = |line, column, message| ConfigError {
         file: path.to_owned(),
-        line: 0,
-        column: 0,
+        line,
+        column,
         key: String::new(),
-        message: format!("cannot read: {e}"),
+        message,
+    };
+    let bytes = read_bounded(path).map_err(|e| at(0, 0, format!("cannot read: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        let text = std::str::from_utf8(&e.as_bytes()[..valid]).unwrap_or_default();
+        let (line, column) = error::line_col(text, valid);
+        at(
+            line,
+            column,
+            "not valid UTF-8 from here (a config file is UTF-8 text)".into(),
+        )
     })
 }
 

@@ -132,6 +132,16 @@ struct Validator<'a> {
     dir: PathBuf,
 }
 
+/// Two paths naming one file as written, `.` components aside (`./pins.snap` is
+/// `pins.snap`); links are not followed.
+fn same_path(a: &Path, b: &Path) -> bool {
+    fn parts(p: &Path) -> impl Iterator<Item = std::path::Component<'_>> {
+        p.components()
+            .filter(|c| *c != std::path::Component::CurDir)
+    }
+    parts(a).eq(parts(b))
+}
+
 fn span<T>(s: &Spanned<T>) -> Option<std::ops::Range<usize>> {
     Some(s.span())
 }
@@ -194,11 +204,12 @@ impl Validator<'_> {
             if let Some((t, at)) = raw
                 .tables
                 .iter()
-                .find_map(|t| t.shared.as_ref().filter(|s| *s.get_ref()).map(|s| (t, s)))
+                .enumerate()
+                .find_map(|(i, t)| t.shared.as_ref().filter(|s| *s.get_ref()).map(|s| (i, s)))
             {
                 return Err(self.err(
                     at,
-                    format!("tables[{}].shared", t.name.get_ref()),
+                    format!("tables[{t}].shared"),
                     "a shared table needs a [store] (url = \"redis://host:6379/0\")",
                 ));
             }
@@ -426,6 +437,15 @@ impl Validator<'_> {
         if v.is_empty() {
             return Err(self.err(s, key, "empty address"));
         }
+        // The resolver takes `fe80::1%lo` and drops the zone: limpet would then connect to
+        // the address with no interface, which fails at runtime.
+        if v.contains('%') && v.contains(':') {
+            return Err(self.err(
+                s,
+                key,
+                format!("{v:?}: a link-local IPv6 address with a zone is not supported; give the node a global or loopback address"),
+            ));
+        }
         (v, 0)
             .to_socket_addrs()
             .map_err(|e| self.err(s, key, format!("cannot resolve {v:?}: {e}")))?
@@ -510,7 +530,17 @@ impl Validator<'_> {
             };
             let size = match &t.size {
                 Some(s) => {
-                    let v = u32::try_from(s.get_ref().0).unwrap_or(u32::MAX);
+                    let Ok(v) = u32::try_from(s.get_ref().0) else {
+                        return Err(self.err(
+                            s,
+                            format!("{key}.size"),
+                            format!(
+                                "table size {} is over the maximum {}",
+                                s.get_ref().0,
+                                limpet_core::table::MAX_SIZE
+                            ),
+                        ));
+                    };
                     if let Err(e) = TableConfig::new(v, 1).validate() {
                         return Err(self.err(s, format!("{key}.size"), e.to_string()));
                     }
@@ -547,8 +577,30 @@ impl Validator<'_> {
                             ));
                         }
                     }
+                    let path = self.file(p.get_ref());
+                    // Compared by components (`./pins.snap` is `pins.snap`): a save would
+                    // overwrite the config, or two tables would load each other's pins and
+                    // write over each other's saves.
+                    if same_path(&path, self.src.file) {
+                        return Err(self.err(
+                            p,
+                            format!("{key}.snapshot"),
+                            "is this configuration file itself",
+                        ));
+                    }
+                    if let Some(other) = out.iter().find(|o: &&TableDef| {
+                        o.snapshot
+                            .as_ref()
+                            .is_some_and(|s| same_path(&s.path, &path))
+                    }) {
+                        return Err(self.err(
+                            p,
+                            format!("{key}.snapshot"),
+                            format!("table {:?} saves to the same file", other.name),
+                        ));
+                    }
                     Some(SnapshotDef {
-                        path: self.file(p.get_ref()),
+                        path,
                         interval: iv.as_ref().map(|i| i.get_ref().0),
                     })
                 }
@@ -869,6 +921,18 @@ impl Validator<'_> {
                         "keys are for mode = \"signed\"",
                     ));
                 }
+                // A name-mode cookie carries no time: a limit here would be silently ignored.
+                for (field, v) in [("max_idle", &r.max_idle), ("max_lifetime", &r.max_lifetime)] {
+                    if let Some(v) = v {
+                        return Err(self.err(
+                            v,
+                            format!("{key}.{field}"),
+                            format!(
+                                "{field} is for mode = \"signed\" (a node's name carries no time)"
+                            ),
+                        ));
+                    }
+                }
                 CookieMode::Name
             }
             Some(RawCookieMode::Signed) => {
@@ -879,6 +943,30 @@ impl Validator<'_> {
                         "mode = \"signed\" needs `keys = [\"...\"]` (secrets, newest first)",
                     ));
                 };
+                let count = keys.get_ref().len();
+                if !(1..=limpet_core::codec::MAX_KEYS).contains(&count) {
+                    return Err(self.err(
+                        keys,
+                        format!("{key}.keys"),
+                        format!(
+                            "{count} keys: signed cookies need 1 to {} (the first signs, all verify)",
+                            limpet_core::codec::MAX_KEYS
+                        ),
+                    ));
+                }
+                // Kept in whole seconds: a limit under one would be none.
+                for (field, v) in [("max_idle", &r.max_idle), ("max_lifetime", &r.max_lifetime)] {
+                    if let Some(v) = v
+                        .as_ref()
+                        .filter(|v| v.get_ref().0 < Duration::from_secs(1))
+                    {
+                        return Err(self.err(
+                            v,
+                            format!("{key}.{field}"),
+                            format!("{field} must be at least 1 second"),
+                        ));
+                    }
+                }
                 for (i, k) in keys.get_ref().iter().enumerate() {
                     not_redacted(k).map_err(|m| self.err(keys, format!("{key}.keys"), m))?;
                     // HMAC-SHA256 keys shorter than its 32-byte output weaken it; the core

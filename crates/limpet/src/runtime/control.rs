@@ -483,6 +483,11 @@ pub const RELOAD_LOAD_LIMIT: Duration = Duration::from_secs(30);
 /// A reload's read and check of the file, on a blocking thread.
 pub(crate) type ConfigLoad = tokio::task::JoinHandle<Result<Config, crate::config::ConfigError>>;
 
+/// Whether two `bind` lists hold the same addresses, in whatever order.
+fn same_addresses(a: &[std::net::SocketAddr], b: &[std::net::SocketAddr]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+}
+
 async fn reload_locked(
     runtime: &Arc<Runtime>,
     blocked: &mut Option<ConfigLoad>,
@@ -537,7 +542,8 @@ async fn reload_locked(
                     ),
                 ))
             }
-            Some(o) if o.bind != l.bind => {
+            // As a set: the same addresses in another order bind the same sockets.
+            Some(o) if !same_addresses(&o.bind, &l.bind) => {
                 return Err(refuse(
                     i,
                     "bind",
@@ -626,7 +632,9 @@ async fn reload_locked(
     if new_def.admin != state.lifecycle.def().admin {
         changes.push("admin listener settings changed: they apply after a restart".into());
     }
-    if cfg.store != old.store {
+    // Against the store running, not the last file's: a reload keeps the connection it
+    // started with, so an unapplied change is named at every reload until a restart.
+    if cfg.store.as_ref() != state.store().map(|s| s.def()) {
         changes.push("[store] settings changed: they apply after a restart".into());
     }
     // From here to the end, nothing waits: the rest is applied whole, or, once a stop

@@ -466,8 +466,20 @@ pub async fn start_from(
     let mut tasks = JoinSet::new();
     let mut addrs = Vec::new();
     let mut held = Vec::new();
+    // Named by the file, line and key of the listener's `bind` when the config has them.
+    let config = Arc::clone(&state.config);
     let bind_error = |name: &str, addr: &SocketAddr, e: &dyn std::fmt::Display| {
-        StartError(format!("listener {name:?}: cannot bind {addr}: {e}"))
+        let msg = format!("listener {name:?}: cannot bind {addr}: {e}");
+        let key = config
+            .listeners
+            .iter()
+            .position(|l| l.name == name)
+            .map(|i| format!("listeners[{i}].bind"))
+            .filter(|k| config.places.get(k).is_some());
+        StartError(match key {
+            Some(k) => config.places.error(&config.path, &k, msg).to_string(),
+            None => msg,
+        })
     };
     // Every socket taken over or checked before any is bound (see
     // `workers::bind_reuseport`): this limpet's own addresses may overlap, another
