@@ -94,7 +94,7 @@ fn haproxy_and_nginx_names_get_the_limpet_key() {
         (
             format!("{L}check = {{ kind = \"tcp\", fall = 3 }}\n"),
             "fall = 3",
-            "listeners[0].check",
+            "listeners[0].check.fall",
             "`fall` goes in `[health]`",
         ),
         (
@@ -789,9 +789,12 @@ fn a_check_s_tls_errors_name_the_value_and_the_listener_index() {
     ] {
         let text = format!("{NODES}{TWO_LISTENERS}{check}");
         let e = error(&text);
-        // An unknown key is pointed at by its name, in the table that refused it.
+        // An unknown key is pointed at by its name, and named in the table that refused it.
         let at = if key == "check-ssl" {
-            format!("{}listeners[1].check: unknown field `check-ssl`", at(&text, bad))
+            format!(
+                "{}listeners[1].check.check-ssl: unknown field `check-ssl`",
+                at(&text, bad)
+            )
         } else {
             format!("{}listeners[1].check.{key}: ", at_value(&text, bad))
         };
@@ -943,6 +946,23 @@ fn errors_found_by_review_name_their_own_place() {
         error(&text).starts_with(&format!("{}nodes[0].address: ", at(&text, "\"fe80"))),
         "{}",
         error(&text)
+    );
+
+    // Inside an inline table, and an array over several lines: the key and the element.
+    let text = format!("{NODES}{L}timeouts = {{ connect = \"5s\", idle = 5 }}\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!("{}listeners[0].timeouts.idle: ", at(&text, "5 }"))),
+        "{e}"
+    );
+    let text = format!("{NODES}{L}trusted_proxies = [\n  \"10.0.0.0/8\",\n  5,\n]\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].trusted_proxies[1]: ",
+            at(&text, "5,")
+        )),
+        "{e}"
     );
 
     let dir = TempDir::new("config-utf8");

@@ -130,60 +130,207 @@ pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-/// The dotted key path (with array-of-tables indices) of the key or header at `offset`,
-/// recovered from the text: the last `[table]` / `[[array]]` header above it, and the key on
-/// its line. Inline tables spanning lines are not followed; the path is then the enclosing
-/// one, which still names the right region of the file.
+/// The dotted key path (with array-of-tables indices) of the key or value at `offset`,
+/// recovered from the text: the last `[table]` / `[[array]]` header above it, then the keys
+/// and array positions the text opens on the way to it, inline tables and arrays included,
+/// across lines (`timeouts = { connect = "5s", idle = 5 }` at the `5` is
+/// `listeners[0].timeouts.idle`; the third element of a `certs` array written over several
+/// lines is `certs[2]`).
 pub(crate) fn key_path_at(text: &str, offset: usize) -> String {
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    let mut current = String::new();
-    let mut pos = 0;
-    for line in text.split_inclusive('\n') {
-        let end = pos + line.len();
-        let t = strip_comment(line).trim();
-        let is_header = t.starts_with('[');
-        if is_header {
-            let array = t.starts_with("[[");
-            let inner = t.trim_start_matches('[').trim_end_matches(']').trim();
-            let mut path = String::new();
-            let segs: Vec<&str> = inner
-                .split('.')
-                .map(|s| s.trim().trim_matches('"'))
-                .collect();
-            for (i, seg) in segs.iter().enumerate() {
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(seg);
-                let last = i + 1 == segs.len();
-                if array && last {
-                    match counts.iter_mut().find(|(p, _)| *p == path) {
-                        Some((_, n)) => *n += 1,
-                        None => counts.push((path.clone(), 1)),
-                    }
-                }
-                if let Some((_, n)) = counts.iter().find(|(p, _)| *p == path) {
-                    path.push_str(&format!("[{}]", n - 1));
-                }
-            }
-            current = path;
-        }
-        if offset < end || end == text.len() {
-            if is_header {
-                return current;
-            }
-            let key = t
-                .split_once('=')
-                .map_or("", |(k, _)| k.trim().trim_matches('"'));
-            return match (current.is_empty(), key.is_empty()) {
-                (_, true) => current,
-                (true, false) => key.to_owned(),
-                (false, false) => format!("{current}.{key}"),
-            };
-        }
-        pos = end;
+    /// What the text has open at a point.
+    enum Frame {
+        /// A table (the header's, or an inline one): the key whose value is being read.
+        Table { key: Option<String> },
+        /// An array: the element being read.
+        Array { index: usize },
     }
-    current
+    let path_of = |header: &str, frames: &[Frame]| {
+        let mut path = header.to_owned();
+        for f in frames {
+            match f {
+                Frame::Table { key: Some(k) } if !k.is_empty() => {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(k);
+                }
+                Frame::Table { .. } => {}
+                Frame::Array { index } => path.push_str(&format!("[{index}]")),
+            }
+        }
+        path
+    };
+    let bytes = text.as_bytes();
+    // An offset past the last line is on it, and one on a line's blanks is on what follows.
+    let mut offset = offset.min(text.trim_end_matches(['\n', '\r']).len().saturating_sub(1));
+    while matches!(bytes.get(offset), Some(b' ' | b'\t')) {
+        offset += 1;
+    }
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    let mut header = String::new();
+    let mut frames = vec![Frame::Table { key: None }];
+    let mut i = 0;
+    let mut line_start = true;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if line_start && frames.len() == 1 {
+            // A header line: only at the top level (a line inside an array may start with `[`).
+            let rest = &text[i..];
+            let line = rest.split_inclusive('\n').next().unwrap_or(rest);
+            let t = strip_comment(line).trim();
+            if t.starts_with('[') {
+                header = header_path(t, &mut counts);
+                frames = vec![Frame::Table { key: None }];
+                if offset < i + line.len() {
+                    return header;
+                }
+                i += line.len();
+                continue;
+            }
+        }
+        line_start = false;
+        let in_value = |frames: &[Frame]| match frames.last() {
+            Some(Frame::Table { key }) => key.is_some(),
+            _ => true,
+        };
+        // A key starting at the offset is read first: the path ends with it.
+        let key_here = !in_value(&frames)
+            && !matches!(c, b'\n' | b'#' | b',' | b'}' | b']' | b' ' | b'\t' | b'\r');
+        if i >= offset && !key_here {
+            break;
+        }
+        match c {
+            b'\n' => {
+                line_start = true;
+                if frames.len() == 1 {
+                    frames = vec![Frame::Table { key: None }];
+                }
+                i += 1;
+            }
+            b'#' => {
+                i += text[i..].find('\n').unwrap_or(text.len() - i);
+            }
+            b'"' | b'\'' if in_value(&frames) => i = skip_string(bytes, i),
+            b'{' if in_value(&frames) => {
+                frames.push(Frame::Table { key: None });
+                i += 1;
+            }
+            b'[' if in_value(&frames) => {
+                frames.push(Frame::Array { index: 0 });
+                i += 1;
+            }
+            b'}' | b']' => {
+                if frames.len() > 1 {
+                    frames.pop();
+                }
+                i += 1;
+            }
+            b',' => {
+                match frames.last_mut() {
+                    Some(Frame::Array { index }) => *index += 1,
+                    Some(Frame::Table { key }) => *key = None,
+                    None => {}
+                }
+                i += 1;
+            }
+            b' ' | b'\t' | b'\r' => i += 1,
+            _ if !in_value(&frames) => {
+                // A key, up to its `=` (quoted parts may hold anything but their quote).
+                let start = i;
+                let mut j = i;
+                while j < bytes.len() && bytes[j] != b'=' && bytes[j] != b'\n' {
+                    j = if bytes[j] == b'"' || bytes[j] == b'\'' {
+                        skip_string(bytes, j)
+                    } else {
+                        j + 1
+                    };
+                }
+                let key: String = text[start..j.min(text.len())]
+                    .split('.')
+                    .map(|s| s.trim().trim_matches('"').trim_matches('\''))
+                    .collect::<Vec<_>>()
+                    .join(".");
+                if let Some(Frame::Table { key: k }) = frames.last_mut() {
+                    *k = Some(key);
+                }
+                if offset < j {
+                    return path_of(&header, &frames);
+                }
+                // Past the `=`; a line with none keeps its newline, which ends it.
+                i = if bytes.get(j) == Some(&b'=') {
+                    j + 1
+                } else {
+                    j
+                };
+            }
+            _ => i += 1,
+        }
+    }
+    path_of(&header, &frames)
+}
+
+/// The path of a `[table]` or `[[array]]` header line, counting arrays of tables in `counts`.
+fn header_path(t: &str, counts: &mut Vec<(String, usize)>) -> String {
+    let array = t.starts_with("[[");
+    let inner = strip_comment(t)
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim();
+    let mut path = String::new();
+    let segs: Vec<&str> = inner
+        .split('.')
+        .map(|s| s.trim().trim_matches('"').trim_matches('\''))
+        .collect();
+    for (i, seg) in segs.iter().enumerate() {
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(seg);
+        let last = i + 1 == segs.len();
+        if array && last {
+            match counts.iter_mut().find(|(p, _)| *p == path) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((path.clone(), 1)),
+            }
+        }
+        if let Some((_, n)) = counts.iter().find(|(p, _)| *p == path) {
+            path.push_str(&format!("[{}]", n - 1));
+        }
+    }
+    path
+}
+
+/// The position after the string starting at `i` (`"..."` with escapes, `'...'` literal,
+/// and their triple-quoted forms); the end of the text for one left open.
+fn skip_string(bytes: &[u8], i: usize) -> usize {
+    let q = bytes[i];
+    let triple = bytes.get(i..i + 3) == Some(&[q, q, q][..]);
+    let mut j = i + if triple { 3 } else { 1 };
+    while j < bytes.len() {
+        if q == b'"' && bytes[j] == b'\\' {
+            j += 2;
+            continue;
+        }
+        if bytes[j] == q {
+            if !triple {
+                return j + 1;
+            }
+            if bytes.get(j..j + 3) == Some(&[q, q, q][..]) {
+                // Up to two more quotes belong to the value (`"""x""""` is `x"`).
+                let mut end = j + 3;
+                while end < (j + 5).min(bytes.len()) && bytes[end] == q {
+                    end += 1;
+                }
+                return end;
+            }
+        }
+        if bytes[j] == b'\n' && !triple {
+            return j;
+        }
+        j += 1;
+    }
+    bytes.len()
 }
 
 fn strip_comment(line: &str) -> &str {
@@ -251,6 +398,47 @@ mod tests {
         assert_eq!(at("name = \"y\""), "listeners[1].name");
         assert_eq!(at("cert"), "listeners[1].tls.cert");
         assert_eq!(at("[listeners.tls]"), "listeners[1].tls");
+    }
+
+    /// Inline tables and arrays are followed, on one line and across lines, to the key or
+    /// element at the offset; strings and comments hold no structure.
+    #[test]
+    fn paths_follow_inline_tables_and_arrays() {
+        let text = "[[listeners]]\nname = \"x\"\n\
+                    timeouts = { connect = \"5s\", idle = 5 }\n\
+                    check = { kind = \"http\", port = 70000 } # a { comment [\n\
+                    trusted_proxies = [\n  \"10.0.0.0/8\", # first\n  5,\n]\n\
+                    [listeners.tls]\n\
+                    certs = [\n  { cert = \"/x.pem\", key = \"/y,{[.pem\", nmes = [\"a\"] },\n]\n\
+                    after = 1\n";
+        let at = |needle: &str| key_path_at(text, text.find(needle).unwrap_or(0));
+        assert_eq!(at("5 }"), "listeners[0].timeouts.idle");
+        assert_eq!(at("connect"), "listeners[0].timeouts.connect");
+        assert_eq!(at("70000"), "listeners[0].check.port");
+        assert_eq!(at("5,"), "listeners[0].trusted_proxies[1]");
+        assert_eq!(at("\"10.0"), "listeners[0].trusted_proxies[0]");
+        assert_eq!(at("nmes"), "listeners[0].tls.certs[0].nmes");
+        assert_eq!(at("[\"a\"]"), "listeners[0].tls.certs[0].nmes");
+        assert_eq!(at("after"), "listeners[0].tls.after");
+        assert_eq!(at("name"), "listeners[0].name");
+    }
+
+    /// What review found: a multi-line string closed by extra quotes, a key line with no
+    /// `=`, an empty key, the end of the text, and a line's leading blanks.
+    #[test]
+    fn paths_survive_odd_but_valid_text() {
+        let text = "a = { s = \"\"\"x\"\"\"\", t = 1 }\nb = 2\n[h]\nc = 3\n";
+        let at = |t: &str, needle: &str| key_path_at(t, t.find(needle).unwrap_or(0));
+        assert_eq!(at(text, "t ="), "a.t");
+        assert_eq!(at(text, "b ="), "b");
+        assert_eq!(at(text, "c ="), "h.c");
+        let text = "[[l]]\nfoo\n[[l]]\na = 1\n";
+        assert_eq!(key_path_at(text, 10), "l[1]");
+        assert_eq!(at(text, "a ="), "l[1].a");
+        assert_eq!(key_path_at("[t]\n\"\" = 1\n", 4), "t");
+        assert_eq!(key_path_at("[t]\na = 1\n", 10), "t.a");
+        assert_eq!(key_path_at("[t]\n  a = 1\n", 4), "t.a");
+        assert_eq!(key_path_at("['q']\nk = 1\n", 6), "q.k");
     }
 
     #[test]
