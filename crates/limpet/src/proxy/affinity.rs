@@ -114,6 +114,10 @@ impl Affinity {
     /// insert` removes a server's cookie of its name the same way (unless `preserve`). The
     /// name is matched as the pin is read: case-sensitive and whole.
     pub(crate) fn drop_node_cookies(&self, headers: &mut HeaderMap) {
+        // Most answers set no cookie at all: one lookup, nothing more.
+        if !headers.contains_key(SET_COOKIE) {
+            return;
+        }
         let home = self.home.as_ref().map(|h| h.name.as_bytes());
         let ours = |v: &HeaderValue| {
             let name = set_cookie_name(v.as_bytes());

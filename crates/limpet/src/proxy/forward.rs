@@ -238,10 +238,9 @@ pub(crate) fn handle(
                 b = b.logged(line);
             }
             if h2 {
-                ctx.watch_answer(b, clock)
-            } else {
-                b
+                ctx.watch_answer(&mut b, clock);
             }
+            b
         }))
     }
 }

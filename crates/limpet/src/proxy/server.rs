@@ -551,17 +551,17 @@ impl ConnCtx {
     /// clock its stream was given ([`h2_service`]).
     pub(crate) fn watch_answer(
         &self,
-        body: super::body::ProxyBody,
+        body: &mut super::body::ProxyBody,
         clock: Option<Arc<super::body::AnswerClock>>,
-    ) -> super::body::ProxyBody {
+    ) {
         // An answer with nothing to send is never polled for data: nothing to watch.
-        if hyper::body::Body::is_end_stream(&body) {
-            return body;
+        if hyper::body::Body::is_end_stream(body) {
+            return;
         }
         let clock = clock.unwrap_or_else(|| super::body::AnswerClock::new(self.started));
         clock.start_now();
         self.answers.add(&clock);
-        body.watched(clock)
+        body.watch(clock);
     }
 
     fn touch(&self) {
@@ -790,9 +790,10 @@ where
     F::Output: Send + 'static,
 {
     fn execute(&self, fut: F) {
-        let clock = NEXT_H2_STREAM.take();
-        let task = tokio::spawn(Box::pin(fut));
-        if let Some(clock) = clock {
+        // Boxed first: the stream's future (4-5 KiB) is moved once, into the box.
+        let fut = Box::pin(fut);
+        let task = tokio::spawn(fut);
+        if let Some(clock) = NEXT_H2_STREAM.take() {
             clock.carried_by(task.abort_handle());
         }
     }
