@@ -526,6 +526,28 @@ async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
     stop_all(running, &mut nodes).await;
 }
 
+/// An expiry under two seconds is held as well: every half of it (down to 100 ms), not every
+/// second, which let a 600 ms entry of an open session expire between two holds, and the
+/// client's next connection be balanced afresh beside it.
+#[tokio::test(start_paused = true)]
+async fn an_open_tcp_session_keeps_an_entry_that_expires_in_under_two_seconds() {
+    let (mut nodes, _ports, _dir, running) =
+        table_over_two_nodes("tables-kept-short", "expire = \"600ms\"").await;
+    let addr = running.addr("raw").expect("addr");
+    let client = "127.0.0.97";
+    let (_open, home) = tcp_session(client, addr).await;
+    // 2.8 s in steps of 100 ms: 800 ms after the hold a one-second pace makes at 2 s.
+    for _ in 0..28 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        pin_of(&running, client).as_deref(),
+        Some(home.as_str()),
+        "the open session's entry is kept"
+    );
+    stop_all(running, &mut nodes).await;
+}
+
 /// A reload that shortens the table's expiry reaches the sessions already open: they hold
 /// their entry at once and then at the new pace (chaos run: a session opened under `2m`
 /// held its entry every 60 s, and under a reloaded `6s` the entry expired in between).

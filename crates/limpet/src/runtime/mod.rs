@@ -398,9 +398,11 @@ enum Held {
     Elsewhere,
 }
 
-/// The bounds of the interval of [`keep_pin`]: a short expiry is not kept at a rate that
-/// costs a table lock per second per session, and a long one still within a minute.
-const KEEP_EVERY_MIN: Duration = Duration::from_secs(1);
+/// The bounds of the interval of [`keep_pin`]: half the expiry, so an open session's entry
+/// never expires between two holds (down to 100 ms: a table lock ten times a second per
+/// session, for an expiry of 200 ms or less, which only a test would set), and a long one
+/// still within a minute.
+const KEEP_EVERY_MIN: Duration = Duration::from_millis(100);
 const KEEP_EVERY_MAX: Duration = Duration::from_secs(60);
 
 /// What an open session holds in a table: the table (by name, and the entries it had when
