@@ -861,7 +861,7 @@ fn a_bad_store_url_is_refused_with_its_place() {
     assert!(e.message.contains("redis://"), "{e}");
     let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nshared = true\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\ntable = \"t\"\n";
     let e = limpet::config::Config::from_text(&path, text).expect_err("refused");
-    assert_eq!((e.line, e.key.as_str()), (8, "tables[t].shared"), "{e}");
+    assert_eq!((e.line, e.key.as_str()), (8, "tables[0].shared"), "{e}");
     // The listing hides the password, and refuses the placeholder pasted back.
     let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[store]\nurl = \"redis://limpet:s3cret@127.0.0.1:6379/2\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
     let path = dir.write("limpet.toml", text);

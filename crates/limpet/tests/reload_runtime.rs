@@ -760,6 +760,12 @@ async fn a_reload_names_an_unapplied_store_every_time_and_takes_bind_in_any_orde
     cfg.write(&text("[\"127.0.0.5:0\", \"127.0.0.1:0\"]", store));
     let (s, v) = reload(&l).await;
     assert_eq!(s, 200, "the same addresses in another order: {v}");
+    assert!(
+        v["changes"]
+            .as_array()
+            .is_some_and(|c| !c.iter().any(|x| x.as_str().unwrap_or("").contains("bind"))),
+        "nothing changed in bind: {v}"
+    );
     let (st, _, _) = get(&bare_client(), &format!("http://{}/", l.addr("web")), None).await;
     assert_eq!(st, 200);
     l.stop().await;

@@ -526,9 +526,9 @@ async fn an_open_tcp_session_keeps_its_table_entry_past_expire() {
     stop_all(running, &mut nodes).await;
 }
 
-/// An expiry under two seconds is held as well: every half of it (down to 100 ms), not every
-/// second, which let a 600 ms entry of an open session expire between two holds, and the
-/// client's next connection be balanced afresh beside it.
+/// An expiry under two seconds is held as well: every half of it, not every second, which
+/// let a 600 ms entry of an open session expire between two holds, and the client's next
+/// connection be balanced afresh beside it.
 #[tokio::test(start_paused = true)]
 async fn an_open_tcp_session_keeps_an_entry_that_expires_in_under_two_seconds() {
     let (mut nodes, _ports, _dir, running) =

@@ -117,6 +117,13 @@ fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<String>) {
     match (old, new) {
         (Value::Table(o), Value::Table(n)) => diff_tables(path, o, n, out),
         (o, n) if o == n => {}
+        // A listener's addresses in another order are the same sockets (the reload takes
+        // them so): no change to name.
+        (Value::Array(o), Value::Array(n))
+            if path.ends_with("bind")
+                && o.len() == n.len()
+                && o.iter().all(|x| n.contains(x))
+                && n.iter().all(|x| o.contains(x)) => {}
         (o, n) => {
             let (o, n) = (shown(o), shown(n));
             if o.len() + n.len() > SHOWN {

@@ -115,11 +115,23 @@ fn snapshot(jar: &SharedJar) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Whether a cookie held `before` an answer is gone `after` it.
-fn removed(before: &[(String, String)], after: &[(String, String)]) -> bool {
-    before
-        .iter()
-        .any(|(name, _)| !after.iter().any(|(n, _)| n == name))
+/// Whether an answer deletes (`Max-Age=0`, a past `Expires`) a balancer cookie held
+/// `before` it: the balancer itself removed it, as limpet's failback removes `route-home`.
+/// Read from the answer, not from the jar: a cookie whose own time ran out meanwhile is
+/// gone from the jar all the same, and says nothing of the balancer.
+fn deletes_held_cookie(
+    headers: &HeaderMap,
+    names: &CookieNames,
+    before: &[(String, String)],
+    now: std::time::SystemTime,
+) -> bool {
+    headers.get_all(SET_COOKIE).iter().any(|v| {
+        SetCookie::parse(v.as_bytes()).is_ok_and(|c| {
+            names.matches(c.name())
+                && matches!(c.expiry(now), limpet_client::Expiry::Expired)
+                && before.iter().any(|(n, _)| n == c.name())
+        })
+    })
 }
 
 /// An error and its causes on one line (reqwest hides the useful part in the sources).
@@ -235,6 +247,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
         Ok(Ok((mut ws, resp))) => {
             answer.status = Some(resp.status().as_u16());
             answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
+            answer.removed = deletes_held_cookie(resp.headers(), &plan.names, &before, jar.now());
             let (node, usable) = greeting(&mut ws, plan.timeout).await;
             answer.node = node;
             let outcome = Outcome::UpgradeAnswered(resp.status().as_u16());
@@ -247,6 +260,8 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &plan.node_header);
                 answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
+                answer.removed =
+                    deletes_held_cookie(resp.headers(), &plan.names, &before, jar.now());
             }
             (None, outcome_of_error(&e), Some(upgrade_error(url, &e)))
         }
@@ -259,9 +274,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
             )),
         ),
     };
-    let after = snapshot(jar);
-    answer.removed = removed(&before, &after);
-    answer.rewritten = after != before;
+    answer.rewritten = snapshot(jar) != before;
     Upgrade {
         answer,
         socket,
@@ -370,6 +383,8 @@ impl Session {
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &self.plan.node_header);
                 answer.cookie_set = carries_balancer_cookie(resp.headers(), &self.plan.names);
+                answer.removed =
+                    deletes_held_cookie(resp.headers(), &self.plan.names, &before, self.jar.now());
                 let mut read = 0usize;
                 while read <= MAX_BODY_READ {
                     match resp.chunk().await {
@@ -381,9 +396,7 @@ impl Session {
             }
             Err(e) => self.error(describe(&e)),
         }
-        let after = snapshot(&self.jar);
-        answer.removed = removed(&before, &after);
-        answer.rewritten = after != before;
+        answer.rewritten = snapshot(&self.jar) != before;
         self.send(Event::Answer(answer));
     }
 
@@ -518,4 +531,36 @@ pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: Unbounde
         let _ = s.tx.send(Msg::RoundDone { session: id, round });
     }
     s.close().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    /// A deletion is the answer's: a `Set-Cookie` of a balancer name held before it that
+    /// expires the cookie. A cookie set anew, one never held, or one of another name is not.
+    #[test]
+    fn an_answer_deletes_a_held_cookie_only_by_expiring_it() {
+        let names = CookieNames::default();
+        let held = vec![
+            ("route".to_owned(), "b".to_owned()),
+            ("route-home".to_owned(), "a".to_owned()),
+        ];
+        let now = std::time::SystemTime::now();
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.append(SET_COOKIE, HeaderValue::from_static(v));
+            h
+        };
+        let deletes = |v| deletes_held_cookie(&with(v), &names, &held, now);
+        assert!(deletes("route-home=; Path=/; Max-Age=0"));
+        assert!(deletes(
+            "route-home=; Expires=Thu, 01 Jan 1970 00:00:00 GMT"
+        ));
+        assert!(!deletes("route=a; Path=/"), "set anew");
+        assert!(!deletes("SERVERID=; Max-Age=0"), "never held");
+        assert!(!deletes("sid=; Max-Age=0"), "not a balancer name");
+        assert!(!deletes_held_cookie(&HeaderMap::new(), &names, &held, now));
+    }
 }

@@ -399,10 +399,10 @@ enum Held {
 }
 
 /// The bounds of the interval of [`keep_pin`]: half the expiry, so an open session's entry
-/// never expires between two holds (down to 100 ms: a table lock ten times a second per
-/// session, for an expiry of 200 ms or less, which only a test would set), and a long one
-/// still within a minute.
-const KEEP_EVERY_MIN: Duration = Duration::from_millis(100);
+/// never expires between two holds, however short the expiry (a table lock per session every
+/// half of it: only a test sets an expiry of a second or less), and a long one still within
+/// a minute.
+const KEEP_EVERY_MIN: Duration = Duration::from_millis(1);
 const KEEP_EVERY_MAX: Duration = Duration::from_secs(60);
 
 /// What an open session holds in a table: the table (by name, and the entries it had when
