@@ -451,6 +451,56 @@ async fn a_failover_to_a_stale_cookie_s_node_moves_the_tcp_session_too() {
     }
 }
 
+/// A listener bound on `[::]` takes IPv4 clients too, as IPv4-mapped IPv6 addresses
+/// (`::ffff:127.0.0.71`). The source-address table keys them as the IPv4 address, so a
+/// client that reaches one port through a dual-stack listener and another through an
+/// IPv4-only one is one session, on one node, whichever port pins it first.
+#[tokio::test]
+async fn a_client_through_a_dual_stack_listener_is_the_same_session_on_an_ipv4_one() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(
+        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await;
+    let dir = TempDir::new("dual-stack");
+    let text = format!(
+        "[[nodes]]\nname = \"LVIV\"\naddress = \"127.0.0.2\"\n\
+         [[nodes]]\nname = \"KYIV\"\naddress = \"127.0.0.3\"\n\
+         [[tables]]\nname = \"terminal\"\nkey = \"source-ip\"\n\
+         [[listeners]]\nname = \"web\"\nbind = \"[::]:0\"\nnode_port = {http}\ntable = \"terminal\"\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {tcp}\ntable = \"terminal\"\n",
+        http = ports.http,
+        tcp = ports.tcp
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    // The dual-stack listener, reached over IPv4.
+    let web =
+        std::net::SocketAddr::from(([127, 0, 0, 1], running.addr("web").expect("web").port()));
+    let raw = running.addr("raw").expect("raw");
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..4u8 {
+        // Pinned by the TCP port first, then the HTTP port; and the other way round.
+        let src = format!("127.0.0.{}", 71 + i);
+        let (_s, by_tcp) = tcp_session(&src, raw).await;
+        assert_eq!(http_node(&src, web).await, by_tcp, "{src}: HTTP after TCP");
+        let src = format!("127.0.0.{}", 81 + i);
+        let by_http = http_node(&src, web).await;
+        assert_eq!(
+            tcp_session(&src, raw).await.1,
+            by_http,
+            "{src}: TCP after HTTP"
+        );
+        seen.extend([by_tcp, by_http]);
+    }
+    assert_eq!(seen.len(), 2, "fresh sessions went to both nodes: {seen:?}");
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
 /// An HTTP listener with the limpet cookie AND the shared table: the table decides while its
 /// node can take the session, the cookie when it cannot, and the two never split a client.
 #[tokio::test]
