@@ -978,3 +978,48 @@ fn errors_found_by_review_name_their_own_place() {
         "the é of `café`, in Latin-1, on line 5"
     );
 }
+
+/// Listeners that pin a client through different tables (or one through none) keep two
+/// sessions for a client that uses both: `limpet check` accepts the file and warns, naming
+/// the listener's place; listeners on one table draw no warning.
+#[test]
+fn listeners_on_different_tables_are_warned_of() {
+    let dir = TempDir::new("split-tables");
+    let text = format!(
+        "{NODES}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = 81\n\
+         table = \"t\"\n"
+    );
+    let check = |text: &str| {
+        let path = dir.write("limpet.toml", text);
+        let out = limpet()
+            .args(["check", "-c"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run limpet check");
+        let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "F");
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let stderr = check(&text);
+    let (line, col) = (
+        text[..text.find("name = \"web\"").unwrap_or(0)]
+            .matches('\n')
+            .count()
+            + 1,
+        8,
+    );
+    assert!(
+        stderr.contains(&format!(
+            "F:{line}:{col}: listeners[0].name: listener \"web\" pins by no table, listener \"raw\" by table \"t\""
+        )),
+        "{stderr}"
+    );
+    let one_table = text.replace("node_port = 80\n", "node_port = 80\ntable = \"t\"\n");
+    assert!(
+        !check(&one_table).contains("pins by"),
+        "one table: no warning"
+    );
+}

@@ -247,6 +247,7 @@ impl Validator<'_> {
                 seen.push((*a, &l.name));
             }
         }
+        self.warn_split_sessions(raw, &listeners);
         let lifecycle = self.lifecycle(raw, &nodes, &listeners, health)?;
         let mut places = Places::default();
         for (i, l) in raw.listeners.iter().enumerate() {
@@ -271,6 +272,42 @@ impl Validator<'_> {
             listing: String::new(),
             places,
         })
+    }
+
+    /// Every listener reaches every node (nodes are declared once), so a client using two
+    /// listeners is one session only if both pin it through one table: a listener with another
+    /// table, or none (a cookie alone), beside one with a table keeps its own pins, and the
+    /// client's two connections may land on two nodes (HAProxy's separate stick-tables). Not
+    /// an error, as the listeners may serve unrelated clients: a warning naming the place.
+    fn warn_split_sessions(&self, raw: &RawConfig, listeners: &[ListenerDef]) {
+        let Some((first, table)) = listeners
+            .iter()
+            .find_map(|l| l.table.as_deref().map(|t| (l, t)))
+        else {
+            return;
+        };
+        for (i, (l, r)) in listeners.iter().zip(&raw.listeners).enumerate() {
+            if l.table.as_deref() == Some(table) {
+                continue;
+            }
+            let (at, key) = match &r.table {
+                Some(t) => (t.span(), format!("listeners[{i}].table")),
+                None => (r.name.span(), format!("listeners[{i}].name")),
+            };
+            let how = match &l.table {
+                Some(t) => format!("by table {t:?}"),
+                None => "by no table".to_owned(),
+            };
+            let e = self.src.error(
+                Some(at),
+                key,
+                format!(
+                    "listener {:?} pins {how}, listener {:?} by table {table:?}: a client using both is two sessions, which may land on two nodes; name one table on both to make them one",
+                    l.name, first.name
+                ),
+            );
+            tracing::warn!("{e}");
+        }
     }
 
     /// `[store]`: a redis:// or rediss:// url the client accepts, a prefix, timeouts.
