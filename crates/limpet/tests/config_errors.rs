@@ -979,9 +979,10 @@ fn errors_found_by_review_name_their_own_place() {
     );
 }
 
-/// Listeners that pin a client through different tables (or one through none) keep two
-/// sessions for a client that uses both: `limpet check` accepts the file and warns, naming
-/// the listener's place; listeners on one table draw no warning.
+/// Listeners that pin a client machine through different source-address tables (or one
+/// through none) keep two sessions for a client that uses both: `limpet check` accepts the
+/// file and warns, naming the listener's place; listeners on one table, or one keyed on the
+/// application's own session, draw no warning.
 #[test]
 fn listeners_on_different_tables_are_warned_of() {
     let dir = TempDir::new("split-tables");
@@ -1021,5 +1022,11 @@ fn listeners_on_different_tables_are_warned_of() {
     assert!(
         !check(&one_table).contains("pins by"),
         "one table: no warning"
+    ); // A listener keyed on the application's own session is another kind of session.
+    let app_session = text.replace("node_port = 80\n", "node_port = 80\ntable = \"s\"\n")
+        + "\n[[tables]]\nname = \"s\"\napp_cookie = \"JSESSIONID\"\n";
+    assert!(
+        !check(&app_session).contains("pins by"),
+        "an application-session table: no warning"
     );
 }

@@ -247,7 +247,7 @@ impl Validator<'_> {
                 seen.push((*a, &l.name));
             }
         }
-        self.warn_split_sessions(raw, &listeners);
+        self.warn_split_sessions(raw, &listeners, &tables);
         let lifecycle = self.lifecycle(raw, &nodes, &listeners, health)?;
         let mut places = Places::default();
         for (i, l) in raw.listeners.iter().enumerate() {
@@ -274,33 +274,35 @@ impl Validator<'_> {
         })
     }
 
-    /// Every listener reaches every node (nodes are declared once), so a client using two
-    /// listeners is one session only if both pin it through one table: a listener with another
-    /// table, or none (a cookie alone), beside one with a table keeps its own pins, and the
-    /// client's two connections may land on two nodes (HAProxy's separate stick-tables). Not
-    /// an error, as the listeners may serve unrelated clients: a warning naming the place.
-    fn warn_split_sessions(&self, raw: &RawConfig, listeners: &[ListenerDef]) {
+    /// Every listener reaches every node (nodes are declared once), so a client machine that
+    /// uses two listeners is one session only if both pin it through one source-address
+    /// table: a listener with another one, or none (a cookie alone), beside one with such a
+    /// table keeps its own pins, and the client's two connections may land on two nodes
+    /// (HAProxy's separate stick-tables, the print server's pitfall). Not an error, as the
+    /// listeners may serve unrelated clients: a warning naming the place. A listener keyed
+    /// on an application's session (a cookie or header it issues) is its own kind of
+    /// session and draws none.
+    fn warn_split_sessions(&self, raw: &RawConfig, listeners: &[ListenerDef], tables: &[TableDef]) {
+        let by_source = |name: &str| {
+            tables
+                .iter()
+                .any(|t| t.name == name && matches!(t.key, KeySpec::SourceIp(_)))
+        };
         let Some((first, table)) = listeners
             .iter()
-            .find_map(|l| l.table.as_deref().map(|t| (l, t)))
+            .find_map(|l| l.table.as_deref().filter(|t| by_source(t)).map(|t| (l, t)))
         else {
             return;
         };
         for (i, (l, r)) in listeners.iter().zip(&raw.listeners).enumerate() {
-            if l.table.as_deref() == Some(table) {
-                continue;
-            }
-            let (at, key) = match &r.table {
-                Some(t) => (t.span(), format!("listeners[{i}].table")),
-                None => (r.name.span(), format!("listeners[{i}].name")),
-            };
-            let how = match &l.table {
-                Some(t) => format!("by table {t:?}"),
-                None => "by no table".to_owned(),
+            let (at, key, how) = match (&l.table, &r.table) {
+                (Some(t), _) if t == table || !by_source(t) => continue,
+                (Some(t), Some(at)) => (at.span(), "table", format!("by table {t:?}")),
+                _ => (r.name.span(), "name", "by no table".to_owned()),
             };
             let e = self.src.error(
                 Some(at),
-                key,
+                format!("listeners[{i}].{key}"),
                 format!(
                     "listener {:?} pins {how}, listener {:?} by table {table:?}: a client using both is two sessions, which may land on two nodes; name one table on both to make them one",
                     l.name, first.name
