@@ -4292,7 +4292,7 @@ async fn tls_stall_pair(tag: &str) -> TlsStallPair {
 }
 
 /// Runs `session` every 50 ms until node a reads UP in the admin API, within `bound` of
-/// now (a handshaking again from now on).
+/// now (a serving, or handshaking, again from now on).
 async fn until_a_is_up(l: &Limpet, bound: Duration, mut session: impl AsyncFnMut()) {
     let back = Instant::now();
     loop {
@@ -4303,7 +4303,7 @@ async fn until_a_is_up(l: &Limpet, bound: Duration, mut session: impl AsyncFnMut
         }
         assert!(
             back.elapsed() < bound,
-            "a still DOWN {:?} after it handshakes again: {v}",
+            "a still DOWN {:?} after it came back: {v}",
             back.elapsed()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -4721,25 +4721,15 @@ async fn a_node_that_blinked_comes_back_though_every_session_moved_off_it() {
     // The client goes on, now pinned to b; no new client comes. Within fail_timeout (0.5 s),
     // the second's grace and slack, a is UP.
     let bound = Duration::from_millis(500) + Duration::from_secs(1) + SLACK;
-    loop {
+    until_a_is_up(&l, bound, async || {
         let mut s = connect_from(client, raw).await;
         assert_eq!(
             tcp_get(&mut s).await.as_deref(),
             Ok("b"),
             "the session stays on b"
         );
-        drop(s);
-        let v = node_view(&l, "a").await;
-        if v["state"] == "UP" {
-            break;
-        }
-        assert!(
-            back.elapsed() < bound,
-            "a still DOWN {:?} after it came back, with only sessions pinned to b: {v}",
-            back.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     eprintln!("a UP {:?} after it came back", back.elapsed());
     l.stop().await;
     a.kill().await;

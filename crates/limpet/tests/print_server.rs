@@ -376,6 +376,24 @@ async fn a_node_marked_down_closes_its_tcp_sessions_at_once() {
     let _ = PATIENCE;
 }
 
+/// LVIV (127.0.0.2) and KYIV (127.0.0.3), for a test with a config of its own.
+async fn lviv_and_kyiv() -> (Vec<TestNode>, Ports) {
+    let pki = Pki::new();
+    start_nodes(
+        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
+        pki.server("n", &["127.0.0.2"]),
+    )
+    .await
+}
+
+/// Stops limpet, then the nodes.
+async fn stop_all(running: Running, nodes: &mut [TestNode]) {
+    running.stop().await;
+    for n in nodes {
+        n.kill().await;
+    }
+}
+
 /// LVIV and KYIV, a source-address table `terminal` shared by an HTTP listener `web` with the
 /// limpet cookie (and `web_extra`) and a TCP listener `raw`.
 fn cookie_and_table_config(ports: &Ports, web_extra: &str) -> String {
@@ -417,12 +435,7 @@ table = "terminal"
 /// reset it mid-stream.
 #[tokio::test]
 async fn a_failover_to_a_stale_cookie_s_node_moves_the_tcp_session_too() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
+    let (mut nodes, ports) = lviv_and_kyiv().await;
     let dir = TempDir::new("cookie-table-failover");
     let text = cookie_and_table_config(&ports, "timeouts = { upstream_answer = \"300ms\" }");
     let running = start(config(&dir, &text)).await.expect("start");
@@ -445,10 +458,7 @@ async fn a_failover_to_a_stale_cookie_s_node_moves_the_tcp_session_too() {
     );
     closed_within(&mut session, Duration::from_secs(2)).await;
     assert_eq!(tcp_session(src, raw).await.1, other, "the TCP port follows");
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
 
 /// A listener bound on `[::]` takes IPv4 clients too, as IPv4-mapped IPv6 addresses
@@ -457,12 +467,7 @@ async fn a_failover_to_a_stale_cookie_s_node_moves_the_tcp_session_too() {
 /// IPv4-only one is one session, on one node, whichever port pins it first.
 #[tokio::test]
 async fn a_client_through_a_dual_stack_listener_is_the_same_session_on_an_ipv4_one() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
+    let (mut nodes, ports) = lviv_and_kyiv().await;
     let dir = TempDir::new("dual-stack");
     let text = format!(
         "[[nodes]]\nname = \"LVIV\"\naddress = \"127.0.0.2\"\n\
@@ -495,22 +500,14 @@ async fn a_client_through_a_dual_stack_listener_is_the_same_session_on_an_ipv4_o
         seen.extend([by_tcp, by_http]);
     }
     assert_eq!(seen.len(), 2, "fresh sessions went to both nodes: {seen:?}");
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
 
 /// An HTTP listener with the limpet cookie AND the shared table: the table decides while its
 /// node can take the session, the cookie when it cannot, and the two never split a client.
 #[tokio::test]
 async fn a_cookie_and_a_shared_table_never_split_the_session() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
+    let (mut nodes, ports) = lviv_and_kyiv().await;
     let dir = TempDir::new("cookie-table");
     let text = cookie_and_table_config(&ports, "");
     let running = start(config(&dir, &text)).await.expect("start");
@@ -543,21 +540,13 @@ async fn a_cookie_and_a_shared_table_never_split_the_session() {
     assert_eq!(node, other, "a valid cookie when the table's node is out");
     assert_eq!(tcp_session(src, raw).await.1, other);
     drop(state);
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
 
 /// A table keyed on the application's session cookie, learned from the node's Set-Cookie.
 #[tokio::test]
 async fn an_application_cookie_table_learns_from_set_cookie() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(
-        &[("LVIV", "127.0.0.2"), ("KYIV", "127.0.0.3")],
-        pki.server("n", &["127.0.0.2"]),
-    )
-    .await;
+    let (mut nodes, ports) = lviv_and_kyiv().await;
     let dir = TempDir::new("app-cookie");
     let text = format!(
         "[[nodes]]\nname = \"LVIV\"\naddress = \"127.0.0.2\"\n[[nodes]]\nname = \"KYIV\"\naddress = \"127.0.0.3\"\n[[tables]]\nname = \"sessions\"\napp_cookie = \"JSESSIONID\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\ntable = \"sessions\"\n",
@@ -590,10 +579,7 @@ async fn an_application_cookie_table_learns_from_set_cookie() {
             assert_eq!(&got, n);
         }
     }
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
+    stop_all(running, &mut nodes).await;
 }
 
 /// One GET on a kept-alive connection (no cookie sent, none kept): the node named by the
