@@ -2,8 +2,8 @@
 //! plainly: a `BTreeMap` of entries and an explicit LRU order `Vec`, times as `u64`.
 //!
 //! Every seed runs a few thousand gets, puts, removals, purges, clock moves (forward, back,
-//! and jumps past the table's internal stamp range), clears and snapshot round trips, and
-//! compares every answer and the live contents. The table's own debug invariant checks run
+//! and jumps past the table's internal stamp range), clears, snapshot round trips, and holds
+//! and releases of keys by open sessions, and compares every answer and the live contents. The table's own debug invariant checks run
 //! after each mutation too.
 //!
 //! A failure names its seed. Replay it alone with
@@ -50,6 +50,8 @@ struct Model {
     entries: BTreeMap<TableKey, (NodeRef, u64)>,
     /// Least recently used first.
     order: Vec<TableKey>,
+    /// Keys open sessions hold, and how many hold each.
+    held: BTreeMap<TableKey, u32>,
     stats: TableStats,
 }
 
@@ -110,18 +112,38 @@ impl Model {
             return PutOutcome {
                 previous,
                 evicted: false,
+                stored: true,
             };
         }
         let mut evicted = false;
         if self.entries.len() >= self.size {
-            let oldest = self.order[0].clone();
-            if self.expired(&oldest) {
-                self.stats.expirations += 1;
-            } else {
-                self.stats.evictions += 1;
-                evicted = true;
+            // The least recently used entry goes, unless an open session holds it and it is
+            // live: then it is in use, marked used now, and the next one is looked at. When
+            // every entry is held, the new key is not stored.
+            loop {
+                let oldest = self.order[0].clone();
+                let expired = self.expired(&oldest);
+                if !expired && self.held.contains_key(&oldest) {
+                    if self.entries.keys().all(|k| self.held.contains_key(k)) {
+                        self.stats.refused += 1;
+                        return PutOutcome {
+                            previous: None,
+                            evicted: false,
+                            stored: false,
+                        };
+                    }
+                    self.touch(&oldest);
+                    continue;
+                }
+                if expired {
+                    self.stats.expirations += 1;
+                } else {
+                    self.stats.evictions += 1;
+                    evicted = true;
+                }
+                self.drop_key(&oldest);
+                break;
             }
-            self.drop_key(&oldest);
         }
         self.entries.insert(key.clone(), (node, self.clock));
         self.order.push(key.clone());
@@ -129,6 +151,20 @@ impl Model {
         PutOutcome {
             previous: None,
             evicted,
+            stored: true,
+        }
+    }
+
+    fn hold(&mut self, key: &TableKey) {
+        *self.held.entry(key.clone()).or_insert(0) += 1;
+    }
+
+    fn release(&mut self, key: &TableKey) {
+        if let Some(n) = self.held.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(key);
+            }
         }
     }
 
@@ -216,6 +252,7 @@ fn run(seed: u64) -> Result<(), String> {
         clock: 0,
         entries: BTreeMap::new(),
         order: Vec::new(),
+        held: BTreeMap::new(),
         stats: TableStats::default(),
     };
     let keys = key_space();
@@ -224,7 +261,7 @@ fn run(seed: u64) -> Result<(), String> {
 
     for op in 0..3000 {
         let key = &keys[rng.below(keys.len() as u64) as usize];
-        let what = rng.below(100);
+        let what = rng.below(110);
         let at = now;
         let ctx = |msg: String| format!("op {op} (roll {what}, key {key:?}, now {at}): {msg}");
         match what {
@@ -275,7 +312,22 @@ fn run(seed: u64) -> Result<(), String> {
                 m.entries.retain(|k, _| live.contains_key(k));
                 m.order.retain(|k| live.contains_key(k));
             }
+            100..=104 => {
+                t.hold(key.as_key_ref());
+                m.hold(key);
+            }
+            105..=109 => {
+                t.release(key.as_key_ref());
+                m.release(key);
+            }
             _ => {}
+        }
+        if t.held() != m.held.len() {
+            return Err(ctx(format!(
+                "held: table {}, model {}",
+                t.held(),
+                m.held.len()
+            )));
         }
         let (got, want) = (live_of(&t, now), m.live(now));
         if got != want {
@@ -300,6 +352,7 @@ fn run(seed: u64) -> Result<(), String> {
                 s.updates,
                 s.evictions,
                 s.removals,
+                s.refused,
             )
         };
         if strip(ts) != strip(ms) {

@@ -14,12 +14,14 @@
 //! | `limpet_health_transitions_total` | counter | node, to (`up`, `down`) |
 //! | `limpet_upstream_latency_seconds` | histogram | listener, node (time to the node's answer head) |
 //! | `limpet_table_evictions_total` | counter | table |
+//! | `limpet_table_pins_refused_total` | counter | table (new pins not stored: the table full of entries open sessions hold) |
 //! | `limpet_node_active_connections` | gauge | node |
 //! | `limpet_node_tunnels` | gauge | node (WebSocket and TCP tunnels open) |
 //! | `limpet_node_pins` | gauge | node (pins held in affinity tables) |
 //! | `limpet_node_sessions_seen` | gauge | node (distinct sessions seen in the window, estimated) |
 //! | `limpet_node_state` | gauge | node, state (1 for the current state, 0 otherwise) |
 //! | `limpet_table_entries` | gauge | table |
+//! | `limpet_table_held_keys` | gauge | table (keys open TCP sessions and tunnels hold) |
 //! | `limpet_config_reloads_total` | counter | result (`ok`, `refused`) |
 //! | `limpet_out_of_fds_total` | counter | at (`accept`, `connect`, `check`) |
 //! | `limpet_node_answers_cut_total` | counter | node, cause (`idle`: nothing for `answer_body_idle`; `error`: the node's connection failed mid-body) |
@@ -31,7 +33,7 @@
 //! right before encoding the admin server creates the zero series of every label set it
 //! knows: reloads `ok` and `refused`; per node, health transitions `up` and `down`; per HTTP
 //! listener and node, every request class and the latency histogram; per HTTP listener, every
-//! pin outcome and reason; per table, evictions. So a first reload refused, a first 5xx or a
+//! pin outcome and reason; per table, evictions and refused pins. So a first reload refused, a first 5xx or a
 //! first eviction is an increase from 0 that `rate()` and `increase()` see, not a new series.
 //!
 //! Next to the Prometheus families, a few process-wide totals ([`Totals`]) feed the stats
@@ -336,6 +338,7 @@ pub struct Metrics {
     transitions: Family<TransitionLabels, Counter>,
     latency: Family<LatencyLabels, Histogram>,
     evictions: Family<TableLabels, Counter>,
+    refused: Family<TableLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,
     node_active: Family<NodeLabels, Gauge>,
     node_tunnels: Family<NodeLabels, Gauge>,
@@ -343,14 +346,16 @@ pub struct Metrics {
     node_seen: Family<NodeLabels, Gauge>,
     node_state: Family<NodeStateLabels, Gauge>,
     table_entries: Family<TableLabels, Gauge>,
+    table_held: Family<TableLabels, Gauge>,
     /// Fleet mode: a series only when a `[store]` is configured.
     store_up: ConfiguredGauge,
     store_ops: Family<StoreOpLabels, Counter>,
     totals: Totals,
     /// Per-node traffic for the stats page (and the answers-cut counters' scrape).
     traffic: std::sync::Arc<traffic::Traffic>,
-    /// Evictions per table as last read, so the counter grows by the difference.
-    evictions_seen: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Evictions and refused pins per table as last read, so the counters grow by the
+    /// difference.
+    evictions_seen: std::sync::Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -378,6 +383,18 @@ pub struct NodeGauges<'a> {
     pub http_listeners: Vec<&'a str>,
 }
 
+/// A table's gauges and totals, as the admin server reads them before encoding.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TableGauges<'a> {
+    pub table: &'a str,
+    pub entries: u64,
+    /// Keys open sessions hold.
+    pub held: u64,
+    /// Totals so far (the table's own counters).
+    pub evictions: u64,
+    pub refused: u64,
+}
+
 const STATES: [&str; 4] = ["UP", "DOWN", "DRAIN", "MAINT"];
 
 impl Metrics {
@@ -390,6 +407,7 @@ impl Metrics {
             latency_histogram as fn() -> Histogram,
         );
         let evictions = Family::<TableLabels, Counter>::default();
+        let refused = Family::<TableLabels, Counter>::default();
         let reloads = Family::<ResultLabels, Counter>::default();
         let node_active = Family::<NodeLabels, Gauge>::default();
         let node_tunnels = Family::<NodeLabels, Gauge>::default();
@@ -397,6 +415,7 @@ impl Metrics {
         let node_seen = Family::<NodeLabels, Gauge>::default();
         let node_state = Family::<NodeStateLabels, Gauge>::default();
         let table_entries = Family::<TableLabels, Gauge>::default();
+        let table_held = Family::<TableLabels, Gauge>::default();
         let store_up = ConfiguredGauge::default();
         let store_ops = Family::<StoreOpLabels, Counter>::default();
         registry.register(
@@ -423,6 +442,11 @@ impl Metrics {
             "limpet_table_evictions",
             "Affinity table entries evicted by the size bound",
             Eager(evictions.clone()),
+        );
+        registry.register(
+            "limpet_table_pins_refused",
+            "New pins an affinity table did not store: full, and every entry held by an open session",
+            Eager(refused.clone()),
         );
         registry.register(
             "limpet_config_reloads",
@@ -458,6 +482,11 @@ impl Metrics {
             "limpet_table_entries",
             "Entries held in an affinity table",
             Eager(table_entries.clone()),
+        );
+        registry.register(
+            "limpet_table_held_keys",
+            "Keys of an affinity table that open TCP sessions and tunnels hold (never evicted for room)",
+            Eager(table_held.clone()),
         );
         registry.register(
             "limpet_store_up",
@@ -497,6 +526,7 @@ impl Metrics {
             transitions,
             latency,
             evictions,
+            refused,
             reloads,
             node_active,
             node_tunnels,
@@ -504,6 +534,7 @@ impl Metrics {
             node_seen,
             node_state,
             table_entries,
+            table_held,
             store_up,
             store_ops,
             totals: Totals::default(),
@@ -627,14 +658,14 @@ impl Metrics {
     }
 
     /// Replaces the per-node and per-table gauges with this snapshot (nodes and tables no
-    /// longer configured disappear). Tables come as (name, entries, evictions so far); the
-    /// eviction counter grows by the difference since the last snapshot. Creates the zero
+    /// longer configured disappear). Tables come with their totals so far; the eviction and
+    /// refused-pin counters grow by the difference since the last snapshot. Creates the zero
     /// series of every counter label set the snapshot names (see the module docs); counters
     /// of nodes and tables no longer configured keep their last value.
     pub fn set_gauges<'a>(
         &self,
         nodes: impl IntoIterator<Item = NodeGauges<'a>>,
-        tables: impl IntoIterator<Item = (&'a str, u64, u64)>,
+        tables: impl IntoIterator<Item = TableGauges<'a>>,
     ) {
         for f in [
             &self.node_active,
@@ -646,6 +677,7 @@ impl Metrics {
         }
         self.node_state.clear();
         self.table_entries.clear();
+        self.table_held.clear();
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let mut http_listeners = std::collections::BTreeSet::new();
         for n in nodes {
@@ -701,25 +733,23 @@ impl Metrics {
             .evictions_seen
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        for (t, size, evicted) in tables {
-            self.table_entries
-                .get_or_create(&TableLabels {
-                    table: t.to_owned(),
-                })
-                .set(gauge(size));
-            let _ = self.evictions.get_or_create(&TableLabels {
-                table: t.to_owned(),
-            });
-            let last = seen.insert(t.to_owned(), evicted).unwrap_or(0);
-            // A table rebuilt by a reload starts its totals again: count from there.
-            let delta = if evicted >= last {
-                evicted - last
-            } else {
-                evicted
+        for t in tables {
+            let labels = TableLabels {
+                table: t.table.to_owned(),
             };
-            if delta > 0 {
-                self.table_evictions(t, delta);
-            }
+            self.table_entries
+                .get_or_create(&labels)
+                .set(gauge(t.entries));
+            self.table_held.get_or_create(&labels).set(gauge(t.held));
+            let (last_evicted, last_refused) = seen
+                .insert(t.table.to_owned(), (t.evictions, t.refused))
+                .unwrap_or((0, 0));
+            // A table rebuilt by a reload starts its totals again: count from there.
+            let grown = |now: u64, last: u64| if now >= last { now - last } else { now };
+            self.table_evictions(t.table, grown(t.evictions, last_evicted));
+            self.refused
+                .get_or_create(&labels)
+                .inc_by(grown(t.refused, last_refused));
         }
     }
 
@@ -781,7 +811,12 @@ mod tests {
                 seen: 12,
                 http_listeners: vec!["web"],
             }],
-            [("by-ip", 9, 0)],
+            [TableGauges {
+                table: "by-ip",
+                entries: 9,
+                held: 2,
+                ..TableGauges::default()
+            }],
         );
         let text = m.encode();
         for want in [
@@ -798,14 +833,25 @@ mod tests {
             r#"limpet_node_state{node="a",state="DRAIN"} 1"#,
             r#"limpet_node_state{node="a",state="UP"} 0"#,
             r#"limpet_table_entries{table="by-ip"} 9"#,
+            r#"limpet_table_held_keys{table="by-ip"} 2"#,
+            r#"limpet_table_pins_refused_total{table="by-ip"} 0"#,
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }
-        // Table totals read from the store feed the eviction counter by difference.
-        m.set_gauges([], [("by-ip", 9, 3)]);
-        assert!(m
-            .encode()
-            .contains(r#"limpet_table_evictions_total{table="by-ip"} 5"#));
+        // Table totals read from the store feed the eviction and refused counters by
+        // difference.
+        let by_ip = |evictions, refused| TableGauges {
+            table: "by-ip",
+            entries: 9,
+            held: 0,
+            evictions,
+            refused,
+        };
+        m.set_gauges([], [by_ip(3, 4)]);
+        m.set_gauges([], [by_ip(3, 6)]);
+        let text = m.encode();
+        assert!(text.contains(r#"limpet_table_evictions_total{table="by-ip"} 5"#));
+        assert!(text.contains(r#"limpet_table_pins_refused_total{table="by-ip"} 6"#));
         let t = m.totals();
         assert_eq!((t.requests, t.errors, t.sticky, t.repinned), (2, 1, 1, 1));
         // A node gone from the snapshot disappears from the gauges.
@@ -814,7 +860,7 @@ mod tests {
     }
 
     /// The names of the families as scraped: a counter's samples end in `_total`.
-    const FAMILIES: [&str; 12] = [
+    const FAMILIES: [&str; 14] = [
         "limpet_requests_total",
         "limpet_pins_total",
         "limpet_health_transitions_total",
@@ -827,6 +873,8 @@ mod tests {
         "limpet_node_sessions_seen",
         "limpet_node_state",
         "limpet_table_entries",
+        "limpet_table_pins_refused_total",
+        "limpet_table_held_keys",
     ];
 
     #[test]
@@ -850,7 +898,10 @@ mod tests {
                 http_listeners: vec!["web"],
                 ..NodeGauges::default()
             }],
-            [("by-ip", 0, 0)],
+            [TableGauges {
+                table: "by-ip",
+                ..TableGauges::default()
+            }],
         );
         let text = m.encode();
         for f in FAMILIES {

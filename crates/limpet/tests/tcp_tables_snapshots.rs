@@ -471,7 +471,7 @@ async fn advance_secs(secs: u64) {
     }
 }
 
-/// Drops `client`'s entry from table `t`, as an eviction would.
+/// Drops `client`'s entry from table `t`, as an admin delete does.
 fn evict(running: &limpet::runtime::Running, client: &str) {
     let state = running.runtime().state();
     let table = state.table("t").expect("table");
@@ -570,6 +570,81 @@ async fn a_reload_that_shortens_expire_reaches_the_open_sessions() {
         pin_of(&running, client).as_deref(),
         Some(home.as_str()),
         "the open session's entry is kept under the reloaded expiry"
+    );
+    stop_all(running, &mut nodes).await;
+}
+
+/// An entry an open TCP session holds is never evicted to make room (HAProxy never drops a
+/// stick-table entry a session references): with the table full of held entries, new clients
+/// are served unpinned, and the session's next connection lands on its node beside the one
+/// still open. Before, each new client's pin evicted the least recently used, an open
+/// session's too; its next connection was pinned afresh on the other node, and the session
+/// left on the first was closed as moved at its next hold. Once its sessions end, the entry
+/// is one like any other again, and a new client's pin takes its place.
+#[tokio::test]
+async fn an_entry_an_open_session_holds_is_never_evicted_for_room() {
+    use tokio::io::AsyncWriteExt;
+    let (mut nodes, _ports, _dir, running) = table_over_two_nodes("tables-held", "size = 1").await;
+    let addr = running.addr("raw").expect("addr");
+    let table = || {
+        let state = running.runtime().state();
+        let t = state.table("t").expect("table");
+        let guard = t.lock();
+        let (held, s) = (guard.store().held(), guard.store().stats());
+        (held, s.evictions, s.refused)
+    };
+    let (mut open, home) = tcp_session("127.0.0.71", addr).await;
+    // Round-robin gives these the other node, then `home` again: each would have evicted the
+    // entry before it.
+    let (second, _) = tcp_session("127.0.0.72", addr).await;
+    let (third, _) = tcp_session("127.0.0.73", addr).await;
+    assert_eq!(
+        pin_of(&running, "127.0.0.71").as_deref(),
+        Some(home.as_str())
+    );
+    assert_eq!(pin_of(&running, "127.0.0.72"), None, "served unpinned");
+    assert_eq!(pin_of(&running, "127.0.0.73"), None, "served unpinned");
+    let (held, evictions, refused) = table();
+    assert_eq!((held, evictions), (3, 0), "three held, none evicted");
+    // Each unpinned session's route and its hold (which puts back a missing entry) tried.
+    assert!(refused >= 2, "refused {refused}");
+    let (again, node) = tcp_session("127.0.0.71", addr).await;
+    assert_eq!(
+        node, home,
+        "the session's next connection lands on its node"
+    );
+    open.write_all(b"still here\n").await.expect("write");
+    assert_eq!(
+        read_line(&mut open).await,
+        "still here",
+        "the first one relays on"
+    );
+    // Every session ended: nothing is held, and a new client's pin evicts the entry.
+    for mut s in [open, second, third, again] {
+        s.shutdown().await.expect("close");
+        assert_eq!(read_line(&mut s).await, "", "the node ended its side");
+    }
+    let released = std::time::Instant::now();
+    while table().0 != 0 {
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "holds left after every session ended: {:?}",
+            table()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_fourth, _) = tcp_session("127.0.0.74", addr).await;
+    assert!(pin_of(&running, "127.0.0.74").is_some());
+    assert_eq!(
+        pin_of(&running, "127.0.0.71"),
+        None,
+        "evicted once released"
+    );
+    let (held, evictions, _) = table();
+    assert_eq!(
+        (held, evictions),
+        (1, 1),
+        "the new session's held, the released one evicted"
     );
     stop_all(running, &mut nodes).await;
 }

@@ -26,6 +26,19 @@
 //! drops every expired entry and shifts the others' stamps: O(len) once in that period.
 //! That is why `expire` is capped at [`MAX_EXPIRE_MS`] (2^31 - 1 ms, the same cap HAProxy's
 //! 32-bit ticks put on a stick table's `expire`).
+//!
+//! ## Entries open sessions hold
+//!
+//! A TCP session or a tunnel open on an entry's node [`hold`](LruTable::hold)s its key until it
+//! ends ([`release`](LruTable::release)). Such an entry is in use: room for a new key is never
+//! made by dropping it. Met at the least recently used end, it is marked used now and moves
+//! to the front, and the next entry goes instead; when every entry is held, the new key is not
+//! stored ([`PutOutcome::stored`], counted in `refused`) and its session is served unpinned.
+//! HAProxy never drops a stick-table entry a session references either. A held entry still
+//! expires when idle `expire` (the session's holder marks it used every half `expire`), and an
+//! explicit removal or a reload's smaller `size` with nothing else to drop still takes it.
+//! Holds are kept by key in a side table (`held`), so an [`Entry`] stays 40 bytes; the count of
+//! entries whose key is held (`held_entries`) makes "every entry is held" an O(1) answer.
 
 use std::fmt;
 
@@ -172,6 +185,13 @@ pub struct RestoreReport {
     pub skipped: usize,
 }
 
+/// A key open sessions hold, and how many.
+#[derive(Debug)]
+struct Holder {
+    key: TableKey,
+    count: u32,
+}
+
 /// The in-memory affinity store. See the module docs.
 pub struct LruTable {
     slab: Vec<Entry>,
@@ -188,6 +208,10 @@ pub struct LruTable {
     names: NodeNames,
     key_heap: usize,
     stats: TableStats,
+    /// Keys open sessions hold (module docs), present in the table or not.
+    held: HashTable<Holder>,
+    /// Entries in the slab whose key is in `held`.
+    held_entries: usize,
 }
 
 impl fmt::Debug for LruTable {
@@ -198,6 +222,7 @@ impl fmt::Debug for LruTable {
             .field("size", &self.size)
             .field("expire_ms", &self.expire_ms)
             .field("nodes", &self.names.len())
+            .field("held", &self.held.len())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -220,6 +245,8 @@ impl LruTable {
             names: NodeNames::new(),
             key_heap: 0,
             stats: TableStats::default(),
+            held: HashTable::new(),
+            held_entries: 0,
         })
     }
 
@@ -273,10 +300,58 @@ impl LruTable {
         true
     }
 
+    /// Marks `key` held by one more open session (a TCP session, a WebSocket or other tunnel)
+    /// until its [`release`](Self::release): while held, its entry is never dropped to make
+    /// room (module docs). The key need not have an entry yet; one put later is held too.
+    pub fn hold(&mut self, key: KeyRef<'_>) {
+        let h = self.hasher.hash(key);
+        if let Some(holder) = self.held.find_mut(h, |x| x.key.matches(key)) {
+            holder.count = holder.count.saturating_add(1);
+            return;
+        }
+        let hasher = &self.hasher;
+        self.held.insert_unique(
+            h,
+            Holder {
+                key: key.to_key(),
+                count: 1,
+            },
+            |x| hasher.hash(x.key.as_key_ref()),
+        );
+        if self.find(h, key).is_some() {
+            self.held_entries += 1;
+        }
+        self.debug_check();
+    }
+
+    /// Ends one hold of `key` (its session ended). A key no session holds any more is an
+    /// entry like any other again. A release without a hold changes nothing.
+    pub fn release(&mut self, key: KeyRef<'_>) {
+        let h = self.hasher.hash(key);
+        let Ok(mut slot) = self.held.find_entry(h, |x| x.key.matches(key)) else {
+            return;
+        };
+        if slot.get().count > 1 {
+            slot.get_mut().count -= 1;
+            return;
+        }
+        slot.remove();
+        if self.find(h, key).is_some() {
+            self.held_entries -= 1;
+        }
+        self.debug_check();
+    }
+
+    /// Keys open sessions hold now (whether or not the table has their entry).
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
     /// Changes the table's size and expiry in place (a reload), at `now_ms`. Entries keep
     /// their last use and LRU order: a shorter `expire` ends the ones already idle past it, a
     /// longer one keeps the live ones longer; a smaller `size` drops the least recently used
-    /// beyond it (counted as evictions), a larger one lets the table grow. Returns how many
+    /// beyond it (counted as evictions), sparing the entries open sessions hold while others
+    /// are left to drop (module docs), and a larger one lets the table grow. Returns how many
     /// entries went.
     pub fn reconfigure(
         &mut self,
@@ -292,9 +367,15 @@ impl LruTable {
         self.expire_ms = expire_ms;
         self.size = size;
         gone += self.purge_tail(usize::MAX);
+        let stamp = self.now_stamp();
         while self.slab.len() > size as usize {
             let t = self.tail;
             let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
+            // A size below the sessions open drops held entries too: `size` bounds memory.
+            if self.held_entries < self.slab.len() && self.is_held(h, t) {
+                self.touch(t, stamp);
+                continue;
+            }
             self.remove_at(t, h);
             self.stats.evictions += 1;
             gone += 1;
@@ -475,6 +556,16 @@ impl LruTable {
             .copied()
     }
 
+    /// Whether entry `i` (whose key hashes to `hash`) is held by an open session.
+    #[inline]
+    fn is_held(&self, hash: u64, i: u32) -> bool {
+        !self.held.is_empty() && self.key_held(hash, self.slab[i as usize].key.as_key_ref())
+    }
+
+    fn key_held(&self, hash: u64, key: KeyRef<'_>) -> bool {
+        !self.held.is_empty() && self.held.find(hash, |x| x.key.matches(key)).is_some()
+    }
+
     fn unlink(&mut self, i: u32) {
         let (p, n) = {
             let e = &self.slab[i as usize];
@@ -523,6 +614,9 @@ impl LruTable {
                 slot.remove();
             }
             Err(_) => debug_assert!(false, "entry {i} missing from the index"),
+        }
+        if self.is_held(hash, i) {
+            self.held_entries -= 1;
         }
         let last = (self.slab.len() - 1) as u32;
         let removed = self.slab.swap_remove(i as usize);
@@ -578,25 +672,28 @@ impl LruTable {
                 return PutOutcome {
                     previous: None,
                     evicted: false,
+                    stored: true,
                 };
             }
             self.stats.updates += 1;
             return PutOutcome {
                 previous: Some(previous),
                 evicted: false,
+                stored: true,
             };
         }
         let mut evicted = false;
         if self.slab.len() >= self.size as usize {
-            let t = self.tail;
-            let expired = self.is_expired(t);
-            let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
-            self.remove_at(t, h);
-            if expired {
-                self.stats.expirations += 1;
-            } else {
-                self.stats.evictions += 1;
-                evicted = true;
+            match self.make_room() {
+                Some(e) => evicted = e,
+                None => {
+                    self.stats.refused += 1;
+                    return PutOutcome {
+                        previous: None,
+                        evicted: false,
+                        stored: false,
+                    };
+                }
             }
         }
         if self.slab.len() == self.slab.capacity() {
@@ -619,10 +716,42 @@ impl LruTable {
         let (slab, hasher) = (&self.slab, &self.hasher);
         self.index
             .insert_unique(hash, i, |&j| hasher.hash(slab[j as usize].key.as_key_ref()));
+        if self.is_held(hash, i) {
+            self.held_entries += 1;
+        }
         self.stats.inserts += 1;
         PutOutcome {
             previous: None,
             evicted,
+            stored: true,
+        }
+    }
+
+    /// Drops one entry of a full table for a new one: the least recently used that is
+    /// expired or held by no open session. A held one met on the way is marked used now and
+    /// moves to the front (it is in use), so each is passed over once per trip through the
+    /// list. `Some(true)` for an eviction, `Some(false)` for an expired entry, `None` when
+    /// every entry is held (nothing dropped).
+    fn make_room(&mut self) -> Option<bool> {
+        let stamp = self.now_stamp();
+        loop {
+            let t = self.tail;
+            let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
+            let expired = self.is_expired(t);
+            if !expired && self.is_held(h, t) {
+                if self.held_entries >= self.slab.len() {
+                    return None;
+                }
+                self.touch(t, stamp);
+                continue;
+            }
+            self.remove_at(t, h);
+            if expired {
+                self.stats.expirations += 1;
+            } else {
+                self.stats.evictions += 1;
+            }
+            return Some(!expired);
         }
     }
 
@@ -695,6 +824,15 @@ impl LruTable {
         assert_eq!(seen, len, "the LRU list misses entries");
         let heap: usize = self.slab.iter().map(|e| e.key.heap_len()).sum();
         assert_eq!(heap, self.key_heap, "key heap accounting is off");
+        let held = self
+            .slab
+            .iter()
+            .filter(|e| {
+                let key = e.key.as_key_ref();
+                self.key_held(self.hasher.hash(key), key)
+            })
+            .count();
+        assert_eq!(held, self.held_entries, "held entry count is off");
     }
 }
 
@@ -767,6 +905,7 @@ impl AffinityStore for LruTable {
         self.head = NIL;
         self.tail = NIL;
         self.key_heap = 0;
+        self.held_entries = 0;
         self.debug_check();
     }
 
@@ -876,6 +1015,84 @@ mod tests {
             t.reconfigure(0, 1, T0 + 30_000),
             Err(TableConfigError::ZeroSize)
         );
+    }
+
+    /// An entry an open session holds is never dropped to make room: the next least
+    /// recently used goes instead, and a table full of held entries stores no new key. Once
+    /// released (by every session that held it), it is an entry like any other again.
+    #[test]
+    fn a_held_entry_is_never_dropped_for_room_and_a_full_table_of_them_stores_nothing() {
+        let mut t = table(2, 10_000);
+        let a = t.intern("a").expect("name");
+        t.put(k(1), a, T0);
+        t.put(k(2), a, T0 + 1);
+        t.hold(k(1));
+        t.hold(k(1));
+        let out = t.put(k(3), a, T0 + 2);
+        assert!(out.stored && out.evicted, "{out:?}");
+        assert_eq!(t.peek(k(1), T0 + 2), Some(a), "held: passed over");
+        assert_eq!(
+            t.peek(k(2), T0 + 2),
+            None,
+            "the next least recently used went"
+        );
+        t.hold(k(3));
+        let out = t.put(k(4), a, T0 + 3);
+        assert_eq!(
+            out,
+            PutOutcome {
+                previous: None,
+                evicted: false,
+                stored: false
+            }
+        );
+        assert_eq!(t.peek(k(4), T0 + 3), None);
+        assert_eq!((t.len(), t.stats().refused, t.stats().evictions), (2, 1, 1));
+        // A put to a key already in, held or not, is no new entry: stored.
+        assert!(t.put(k(1), a, T0 + 4).stored);
+        // Held twice, released once: still held.
+        t.release(k(1));
+        assert!(!t.put(k(4), a, T0 + 5).stored);
+        t.release(k(1));
+        t.release(k(1)); // a release without a hold changes nothing
+        assert_eq!(t.held(), 1);
+        let out = t.put(k(4), a, T0 + 6);
+        assert!(out.stored && out.evicted);
+        assert_eq!(t.peek(k(1), T0 + 6), None, "released: dropped as any other");
+        assert_eq!(t.peek(k(3), T0 + 6), Some(a));
+        // A key held before its entry exists is held once put.
+        t.hold(k(5));
+        t.put(k(5), a, T0 + 7);
+        assert!(!t.put(k(6), a, T0 + 8).stored);
+        // Held, an entry still expires when idle `expire` (its holder marks it used).
+        assert!(t.put(k(6), a, T0 + 20_000).stored);
+        assert_eq!(t.peek(k(6), T0 + 20_000), Some(a));
+    }
+
+    /// A reload's smaller `size` spares held entries while others are left to drop, and
+    /// drops held ones too, least recently used first, when the sessions open outnumber it:
+    /// the size bounds memory.
+    #[test]
+    fn a_smaller_size_spares_held_entries_while_it_can() {
+        let mut t = table(4, 10_000);
+        let a = t.intern("a").expect("name");
+        for i in 1..=4 {
+            t.put(k(i), a, T0 + u64::from(i));
+        }
+        t.hold(k(1));
+        t.hold(k(2));
+        assert_eq!(t.reconfigure(2, 10_000, T0 + 10), Ok(2));
+        assert_eq!(t.peek(k(1), T0 + 10), Some(a));
+        assert_eq!(t.peek(k(2), T0 + 10), Some(a));
+        assert_eq!(t.peek(k(3), T0 + 10), None);
+        assert_eq!(t.reconfigure(1, 10_000, T0 + 11), Ok(1));
+        assert_eq!(t.len(), 1);
+        assert_eq!(
+            t.peek(k(2), T0 + 11),
+            Some(a),
+            "the more recently used of the two"
+        );
+        assert_eq!(t.stats().evictions, 3);
     }
 
     /// `keep` refreshes a live entry of the node it names and nothing else, and counts no

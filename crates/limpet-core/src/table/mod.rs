@@ -73,6 +73,9 @@ pub struct PutOutcome {
     pub previous: Option<NodeRef>,
     /// The store was full and dropped its least recently used live entry to make room.
     pub evicted: bool,
+    /// False when the pin was not stored: the store was full and every entry in it is held
+    /// by an open session ([`LruTable::hold`]). The key stays unpinned.
+    pub stored: bool,
 }
 
 /// Counters for metrics. All but `len` and `size` only grow.
@@ -92,6 +95,8 @@ pub struct TableStats {
     pub expirations: u64,
     /// Entries removed on request.
     pub removals: u64,
+    /// New pins not stored: the table was full and every entry in it held by an open session.
+    pub refused: u64,
 }
 
 /// One entry as the admin API shows it.

@@ -206,6 +206,10 @@ pub struct TableView {
     pub capacity: u64,
     pub expire_secs: u64,
     pub evictions: u64,
+    /// Keys open TCP sessions and tunnels hold: their entries are never evicted for room.
+    pub held: u64,
+    /// New pins not stored: the table was full and every entry held by an open session.
+    pub refused: u64,
 }
 
 /// One table entry.

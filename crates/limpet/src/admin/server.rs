@@ -243,9 +243,13 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                         .map(|l| l.name.as_str())
                         .collect(),
                 }),
-                tables
-                    .iter()
-                    .map(|t| (t.name.as_str(), t.size, t.evictions)),
+                tables.iter().map(|t| crate::metrics::TableGauges {
+                    table: &t.name,
+                    entries: t.size,
+                    held: t.held,
+                    evictions: t.evictions,
+                    refused: t.refused,
+                }),
             );
             text(
                 StatusCode::OK,

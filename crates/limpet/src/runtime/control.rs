@@ -229,10 +229,10 @@ impl Control for RuntimeControl {
             .map(|t| {
                 // What the table runs with, not what the file says: the two agree unless a
                 // change failed to apply, and then the view must not hide it.
-                let (stats, size, expire_ms) = {
+                let (stats, size, expire_ms, held) = {
                     let tl = t.lock();
                     let s = tl.store();
-                    (s.stats(), s.size(), s.expire_ms())
+                    (s.stats(), s.size(), s.expire_ms(), s.held())
                 };
                 TableView {
                     name: t.def.name.clone(),
@@ -241,6 +241,8 @@ impl Control for RuntimeControl {
                     capacity: u64::from(size),
                     expire_secs: expire_ms / 1000,
                     evictions: stats.evictions,
+                    held: held as u64,
+                    refused: stats.refused,
                 }
             })
             .collect()

@@ -406,7 +406,9 @@ const KEEP_EVERY_MIN: Duration = Duration::from_millis(1);
 const KEEP_EVERY_MAX: Duration = Duration::from_secs(60);
 
 /// What an open session holds in a table: the table (by name, and the entries it had when
-/// the session opened), its key and its node (by name).
+/// the session opened), its key and its node (by name). From its making until it is dropped,
+/// the key is held in those entries ([`LruTable::hold`]): its entry is never dropped to make
+/// room for another key while the session is open.
 #[derive(Debug)]
 pub struct PinHold {
     runtime: Arc<Runtime>,
@@ -427,6 +429,7 @@ impl PinHold {
         key: limpet_core::table::TableKey,
         node: &str,
     ) -> PinHold {
+        table.lock().store_mut().hold(key.as_key_ref());
         PinHold {
             runtime,
             table: table.def.name.clone(),
@@ -450,6 +453,16 @@ impl PinHold {
             crate::clock::now_ms(),
             state.topology(),
         )
+    }
+}
+
+impl Drop for PinHold {
+    /// The session ended: its key is no longer held where it was (a table a reload replaced
+    /// and no one uses any more is gone, and its holds with it).
+    fn drop(&mut self) {
+        if let Some(entries) = self.entries.upgrade() {
+            lock(&entries).store_mut().release(self.key.as_key_ref());
+        }
     }
 }
 
