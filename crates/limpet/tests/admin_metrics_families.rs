@@ -62,6 +62,8 @@ async fn every_documented_family_is_scraped_before_anything_happened() {
         r#"limpet_config_reloads_total{result="refused"} 0"#,
         r#"limpet_table_evictions_total{table="by-ip"} 0"#,
         r#"limpet_table_entries{table="by-ip"} 0"#,
+        r#"limpet_table_held_keys{table="by-ip"} 0"#,
+        r#"limpet_table_pins_refused_total{table="by-ip"} 0"#,
         r#"limpet_health_transitions_total{node="b",to="down"} 0"#,
         r#"limpet_requests_total{listener="web",node="a",class="5xx"} 0"#,
         r#"limpet_pins_total{listener="web",outcome="repinned",reason="node-down"} 0"#,
