@@ -495,6 +495,58 @@ async fn a_successor_hung_on_its_config_is_killed_when_another_limpet_takes_over
     stops_on_sigterm(&other_notify, &mut other_guard, new).await;
 }
 
+/// A reload signal that reaches a limpet while it reads its config is kept, not fatal: a
+/// successor started for an upgrade, reading its config from a slow mount (here a FIFO),
+/// got an operator's `pkill -HUP limpet` too, and SIGHUP's default action killed it there,
+/// unseen, and the upgrade with it. Now it takes over once its config comes, and the
+/// SIGHUP is its first reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_while_a_successor_reads_its_config_is_its_first_reload() {
+    use std::io::Write;
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let good = config(port);
+    let cfg = ConfigFile::new("notify-usr2-hup", &good);
+    let notify = Notify::bind(&cfg.dir);
+    let (mut guard, successor) = hung_successor(&cfg, &notify).await;
+    let old = guard.child.as_ref().map_or(0, Child::id);
+    // Open for reading by the successor: it is in its config's read.
+    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    signal(successor, "HUP");
+    // Queued before the read returns: by the default action it kills on the way out of it.
+    let _ = writer.write_all(good.as_bytes());
+    drop(writer);
+    let (mut took, mut reloaded) = (false, false);
+    while !(took && reloaded) {
+        let (from, msg) = notify.next().await;
+        if from != successor {
+            continue;
+        }
+        if field(&msg, "MAINPID") == Some(&successor.to_string()) {
+            assert_eq!(field(&msg, "READY"), Some("1"), "{msg:?}");
+            took = true;
+        } else if field(&msg, "RELOADING") == Some("1") {
+            assert!(took, "reloaded before it took over: {msg:?}");
+            reloaded = true;
+        }
+    }
+    // The reload reads the config again, from the FIFO.
+    let mut writer = fifo_writer_once_read(&cfg.path).await;
+    writer.write_all(good.as_bytes()).expect("config");
+    drop(writer);
+    assert_eq!(
+        field(&notify.next().await.1, "READY"),
+        Some("1"),
+        "the reload's end"
+    );
+    let status = guard
+        .child
+        .as_mut()
+        .map(|c| c.wait().unwrap_or_else(|e| panic!("{e}")));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    guard.child = None;
+    took_over_stops_on_sigterm(&notify, successor).await;
+}
+
 /// A `limpet run --upgrade-socket` started with `cfg`, told SIGUSR2 once its config is a FIFO
 /// nobody writes: the successor it starts hangs reading it. The running limpet, and the
 /// successor's pid (from the running one's log).

@@ -696,13 +696,6 @@ fn hold_next(path: &Option<PathBuf>, running: &Running) -> (watch::Sender<bool>,
 /// if one listens there), prints `listening on ADDR (listener NAME)` per bound address on
 /// stdout, and runs until Ctrl-C or SIGTERM, or until a new limpet takes over.
 pub fn run(args: RunArgs) -> ExitCode {
-    let cfg = match Config::load(&args.config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("limpet run: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let rt = match crate::runtime::tokio_runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -710,12 +703,25 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // First of all, before the config is read: from here on a stop or reload signal never
+    // ends the process by its default action, and one that comes before they are awaited is
+    // kept. A config read can take long (a slow mount), and a successor started for an
+    // upgrade is a process an operator's `pkill -HUP limpet` reaches too: by the default
+    // action it died unseen and the upgrade with it. A new limpet must not die between its
+    // "ready" and serving either (`crate::upgrade`).
+    let mut signals = {
+        let _in_runtime = rt.enter();
+        super::Signals::new()
+    };
+    let cfg = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("limpet run: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let workers = super::workers::count(args.threads);
     let code = rt.block_on(async move {
-        // First of all: from here on a stop or reload signal never ends the process by its
-        // default action, and one that comes before they are awaited is kept (a new limpet
-        // must not die between its "ready" and serving, `crate::upgrade`).
-        let mut signals = super::Signals::new();
         // SIGUSR2 starts this binary's successor, with these arguments (read now: a package
         // upgrade replaces the file under a running process).
         let successor = match &args.upgrade_socket {
