@@ -131,6 +131,13 @@ impl SeenWindow {
         self.last_seen_ms
     }
 
+    /// Notes that some session was seen at `at_ms` without counting one: what another
+    /// process saw (the limpet an upgrade took over from), for "no session seen within the
+    /// idle window". Never moves the last sighting back.
+    pub fn saw_at(&mut self, at_ms: u64) {
+        self.last_seen_ms = Some(self.last_seen_ms.map_or(at_ms, |l| l.max(at_ms)));
+    }
+
     /// Records that the session with this (well-mixed) key was seen at `now_ms`.
     pub fn record(&mut self, key: u64, now_ms: u64) {
         let epoch = now_ms / self.slot_ms;
@@ -251,6 +258,11 @@ mod tests {
         s.record(mix(1), 6);
         assert_eq!(s.estimate(10), 1, "duplicates count once");
         assert_eq!(s.last_seen_ms(), Some(6));
+        s.saw_at(4);
+        assert_eq!(s.last_seen_ms(), Some(6), "never back");
+        s.saw_at(8);
+        assert_eq!(s.last_seen_ms(), Some(8));
+        assert_eq!(s.estimate(8), 1, "a sighting counts no session");
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub struct NodeRuntime {
     /// Connections and TCP sessions open to the node now, whichever generation opened them.
     active: AtomicU32,
     tunnels: AtomicU64,
+    /// Connections and sessions the limpet an upgrade took over from had open to the node
+    /// when it handed over, until that limpet exits: it drains them for up to its
+    /// `timeouts.drain` (0 when this limpet started afresh).
+    predecessor_open: AtomicU64,
     seen: Mutex<SeenWindow>,
     /// Bumped on every operator command, every admin state set (a reload's MAINT of a
     /// removed node too) and every reset, so a stale drain timer knows it is stale (and
@@ -221,6 +225,7 @@ impl NodeRuntime {
             events: watch::channel(0).0,
             active: AtomicU32::new(0),
             tunnels: AtomicU64::new(0),
+            predecessor_open: AtomicU64::new(0),
             seen: Mutex::new(seen_window_of(seen_window)),
             command: watch::channel(0).0,
             since_ms: AtomicU64::new(clock::now_ms()),
@@ -545,6 +550,26 @@ impl NodeRuntime {
     /// A session with this well-mixed key was routed to the node.
     pub fn seen(&self, key: u64) {
         lock(&self.seen).record(key, clock::now_ms());
+    }
+
+    /// What the limpet an upgrade took over from had of the node: `open` connections and
+    /// sessions (it drains them on), and its last sighting of a session (ms on this clock).
+    pub fn handed(&self, open: u64, last_seen_ms: Option<u64>) {
+        self.predecessor_open.store(open, Ordering::Relaxed);
+        if let Some(t) = last_seen_ms {
+            lock(&self.seen).saw_at(t);
+        }
+    }
+
+    /// The limpet an upgrade took over from has exited: nothing of it is open any more.
+    pub fn predecessor_gone(&self) {
+        self.predecessor_open.store(0, Ordering::Relaxed);
+    }
+
+    /// What the limpet an upgrade took over from still had open to the node when it handed
+    /// over, while it runs.
+    pub fn predecessor_open(&self) -> u64 {
+        self.predecessor_open.load(Ordering::Relaxed)
     }
 
     /// Distinct sessions seen in the window, and how long ago the last one was.

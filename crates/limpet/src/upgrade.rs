@@ -22,8 +22,9 @@
 //!                                                    loads them
 //!    ◄──────────────────────────── "took" ───────────
 //!    closes its copies; drains as on SIGTERM,        accepts from now on, binds PATH anew
-//!    exits (no snapshot save: the taker owns         for the next upgrade
-//!    the files now)
+//!    exits (no snapshot save: the taker owns         for the next upgrade; watches the
+//!    the files now); keeps the connection open       connection: its end is the holder's
+//!    until it exits                                  exit ([`Predecessor`])
 //!    no "took" (the taker died or hangs): serves its sockets again from its copies
 //! ```
 //!
@@ -175,6 +176,10 @@ struct Last {
     /// them apart). Added after the first version.
     #[serde(default)]
     now_ms: Option<u64>,
+    /// Each node's connections open in the holder and its last sighting of a session
+    /// ([`NodeSeen`]), read entry by entry as `health` is. Added after the first version.
+    #[serde(default)]
+    seen: Vec<serde_json::Value>,
 }
 
 /// A node's health as it crosses ([`limpet_core::CarriedHealth`], its checks named by what
@@ -354,6 +359,8 @@ pub struct State {
     /// The holder's clock ([`crate::clock::now_ms`]) as it read this state (`None` from a
     /// holder of the first version): see [`State::on_clock`].
     pub holder_now_ms: Option<u64>,
+    /// What each node has open in the holder, and when it last saw a session there.
+    pub seen: Vec<NodeSeen>,
 }
 
 impl State {
@@ -404,6 +411,9 @@ impl State {
             }
             n.since_ms = shift(n.since_ms);
         }
+        for n in &mut self.seen {
+            n.last_seen_ms = n.last_seen_ms.map(shift);
+        }
         self.holder_now_ms = Some(now_ms);
         self
     }
@@ -420,6 +430,55 @@ pub struct NodeHealth {
     pub health: CarriedHealth<String>,
     /// When the node entered its state (wall-clock ms).
     pub since_ms: u64,
+}
+
+/// What the holder had of a node as it handed over, so that the taker does not call the
+/// node's drain complete while the holder still drains sessions on it, or saw one within
+/// the drain's idle window: it has neither of its own yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSeen {
+    pub node: String,
+    /// Connections, TCP sessions and tunnels open to it.
+    pub open: u64,
+    /// When a session was last seen on it (wall-clock ms).
+    pub last_seen_ms: Option<u64>,
+}
+
+/// The taker's end of the handover's connection, once it took over: the holder keeps its
+/// own end open until it exits, so this one's end of file is the holder's exit, drain
+/// included. A holder of an earlier version closes it at once: gone at once, as before.
+#[derive(Debug)]
+pub struct Predecessor {
+    conn: UnixStream,
+}
+
+impl Predecessor {
+    /// Resolves once the limpet taken over from has exited (or its end failed).
+    pub async fn gone(self) {
+        use tokio::io::AsyncReadExt;
+        let Ok(conn) = self
+            .conn
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(self.conn))
+        else {
+            return;
+        };
+        let mut conn = conn;
+        let mut buf = [0u8; 64];
+        // Nothing more is said on it: read (and drop) until its end.
+        while let Ok(n) = conn.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// The holder's end of the handover's connection after the taker took over: kept open until
+/// the holder exits ([`Predecessor`]).
+#[derive(Debug)]
+pub struct HandedOver {
+    _conn: UnixStream,
 }
 
 /// What a taker received from the running limpet.
@@ -474,7 +533,8 @@ impl Handover {
     }
 
     /// The offered sockets no listener of this config took (closed with the handover: the
-    /// running limpet's clients on them are refused once it stops).
+    /// running limpet closes its copies once this one took over, and clients are refused
+    /// there from then on).
     pub fn untaken(&self) -> Vec<SocketAddr> {
         self.sockets.iter().map(|(e, _)| e.local).collect()
     }
@@ -485,9 +545,10 @@ impl Handover {
     ///
     /// `Err`: not taken over (no confirmation, or this one's "took" did not reach it: it
     /// serves on, or again); this one must exit without accepting. `Ok`: this one must
-    /// serve, with the state if it could be read (`Ok(Err)`: the running one has stopped
-    /// accepting all the same, and serving without its pins beats serving no one).
-    pub fn complete(mut self) -> Result<Result<State, String>, String> {
+    /// serve, with the state if it could be read (`Err` inside: the running one has stopped
+    /// accepting all the same, and serving without its pins beats serving no one), and the
+    /// running one's end, to learn when it has exited.
+    pub fn complete(mut self) -> Result<(Result<State, String>, Predecessor), String> {
         self.sockets.clear();
         let pid = self.from_pid;
         let fail = |e: std::io::Error| {
@@ -507,7 +568,7 @@ impl Handover {
         (&self.conn).write_all(TOOK).map_err(|e| {
             format!("the running limpet (pid {pid}) did not hear that this one took over: {e}")
         })?;
-        Ok(state)
+        Ok((state, Predecessor { conn: self.conn }))
     }
 }
 
@@ -608,6 +669,11 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
         nodes: last.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
         health: read_health(last.health),
         holder_now_ms: last.now_ms,
+        seen: last
+            .seen
+            .into_iter()
+            .filter_map(|v| serde_json::from_value::<NodeSeen>(v).ok())
+            .collect(),
     })
 }
 
@@ -777,6 +843,11 @@ fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
             .filter_map(|h| serde_json::to_value(HealthEntry::from(h)).ok())
             .collect(),
         now_ms: state.holder_now_ms,
+        seen: state
+            .seen
+            .iter()
+            .filter_map(|n| serde_json::to_value(n).ok())
+            .collect(),
     };
     let mut w = conn;
     w.write_all(STOPPING)?;
@@ -1294,11 +1365,17 @@ impl Ready {
     /// "took" dribbled over 100 s held it 100 s). Past `limit` the socket is shut down, the
     /// blocked call returns at once, and the taker did not take over unless its "took" was
     /// read by then (a taker that wrote it after the shutdown fails to, and does not accept).
-    pub async fn confirm_within(self, state: State, limit: Duration) -> bool {
+    ///
+    /// Took over: this limpet's end of the connection, to keep until it exits
+    /// ([`Predecessor`]).
+    pub async fn confirm_within(self, state: State, limit: Duration) -> Option<HandedOver> {
         let end = self.conn.try_clone();
-        let mut confirming = tokio::task::spawn_blocking(move || self.confirm_on(&state));
+        let mut confirming = tokio::task::spawn_blocking(move || {
+            self.confirm_on(&state)
+                .then_some(HandedOver { _conn: self.conn })
+        });
         if let Ok(r) = tokio::time::timeout(limit, &mut confirming).await {
-            return r.unwrap_or(false);
+            return r.ok().flatten();
         }
         match &end {
             Ok(end) => {
@@ -1309,7 +1386,7 @@ impl Ready {
                 tracing::error!(error = %e, "upgrade: the handover cannot be cut short; waiting for it");
             }
         }
-        confirming.await.unwrap_or(false)
+        confirming.await.ok().flatten()
     }
 
     fn confirm_on(&self, state: &State) -> bool {
@@ -1516,17 +1593,34 @@ mod tests {
                 since_ms: 1_000,
             }],
             holder_now_ms: Some(77),
+            seen: vec![NodeSeen {
+                node: "b".into(),
+                open: 3,
+                last_seen_ms: Some(70),
+            }],
         };
-        let took = tokio::task::spawn_blocking(move || ready.confirm(&state()))
+        let handed = ready
+            .confirm_within(state(), HANDOVER_LIMIT)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(took, "the taker said it took over");
-        let got = completing
+            .unwrap_or_else(|| panic!("the taker said it took over"));
+        let (got, predecessor) = completing
             .await
             .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(got, state());
+        assert_eq!(got, Ok(state()));
+        // The holder's end stays open until it exits (here: until it is dropped), and the
+        // taker learns of its end.
+        let mut gone = std::pin::pin!(predecessor.gone());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut gone)
+                .await
+                .is_err(),
+            "gone while the holder runs"
+        );
+        drop(handed);
+        tokio::time::timeout(HANDOVER_LIMIT, gone)
+            .await
+            .unwrap_or_else(|_| panic!("the holder's end not seen"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1548,6 +1642,7 @@ mod tests {
             tables: Vec::new(),
             nodes: vec![("a".into(), NodeAdmin::Ready)],
             now_ms: Some(1),
+            seen: Vec::new(),
             health: vec![serde_json::json!(HealthEntry {
                 node: "a".into(),
                 up: true,
@@ -1614,6 +1709,11 @@ mod tests {
             since_ms,
         };
         let state = |holder_now_ms| State {
+            seen: vec![NodeSeen {
+                node: "a".into(),
+                open: 1,
+                last_seen_ms: Some(6_000),
+            }],
             tables: Vec::new(),
             nodes: vec![(
                 "a".into(),
@@ -1638,6 +1738,7 @@ mod tests {
         assert_eq!(h.health.retry_at_ms, Some(5_000));
         assert_eq!(h.health.trial_claimed_until_ms, 5_000);
         assert_eq!(h.since_ms, 0, "held at the clock's start, not wrapped");
+        assert_eq!(moved.seen[0].last_seen_ms, Some(1_000));
         // Forward, and without a reading.
         assert_eq!(
             state(Some(1_000)).on_clock(3_000).health[0]
@@ -1735,7 +1836,7 @@ mod tests {
             let started = std::time::Instant::now();
             let took = ready.confirm_within(State::default(), limit).await;
             let waited = started.elapsed();
-            assert_eq!(took, want, "gap {gap:?}");
+            assert_eq!(took.is_some(), want, "gap {gap:?}");
             if !want {
                 assert!(
                     waited < Duration::from_millis(1_900),

@@ -508,7 +508,6 @@ async fn a_sighup_while_a_successor_reads_its_config_is_its_first_reload() {
     let cfg = ConfigFile::new("notify-usr2-hup", &good);
     let notify = Notify::bind(&cfg.dir);
     let (mut guard, successor) = hung_successor(&cfg, &notify).await;
-    let old = guard.child.as_ref().map_or(0, Child::id);
     // Open for reading by the successor: it is in its config's read.
     let mut writer = fifo_writer_once_read(&cfg.path).await;
     signal(successor, "HUP");

@@ -142,7 +142,12 @@ impl RuntimeControl {
                     } => Some(DrainView {
                         deadline_unix_ms: deadline_ms,
                         spread_ms,
-                        complete: drain_complete(active.max(tunnels), ago, def.drain_idle),
+                        // What the limpet this one took over from still drains counts.
+                        complete: drain_complete(
+                            active.max(tunnels) + rt.predecessor_open(),
+                            ago,
+                            def.drain_idle,
+                        ),
                     }),
                     _ => None,
                 };
@@ -826,6 +831,23 @@ impl Signals {
         }
         #[cfg(not(unix))]
         Self {}
+    }
+}
+
+impl Signals {
+    /// Resolves at the first SIGTERM or SIGINT (never, without signals), leaving SIGHUP and
+    /// SIGUSR2 kept for [`serve_signals_with`]: a stop while limpet has not served yet
+    /// (reading its config) stops it there.
+    pub async fn stop_requested(&mut self) {
+        #[cfg(unix)]
+        if let Some([_, term, int, _]) = self.streams.as_mut() {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            return;
+        }
+        std::future::pending::<()>().await;
     }
 }
 

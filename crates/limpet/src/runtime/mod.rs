@@ -1203,6 +1203,40 @@ impl State {
             .collect()
     }
 
+    /// What each node has open here (connections, TCP sessions and tunnels, and what a
+    /// limpet this one took over from still had) and when a session was last seen on it, to
+    /// carry to a new limpet (`crate::upgrade`): it drains on here after the handover.
+    pub fn node_seen(&self) -> Vec<crate::upgrade::NodeSeen> {
+        let now = crate::clock::now_ms();
+        self.nodes
+            .iter()
+            .map(|n| {
+                let (_, ago) = n.rt.seen_stats();
+                crate::upgrade::NodeSeen {
+                    node: n.name.clone(),
+                    open: u64::from(n.rt.active()).max(n.rt.tunnels()) + n.rt.predecessor_open(),
+                    last_seen_ms: ago.map(|a| {
+                        now.saturating_sub(u64::try_from(a.as_millis()).unwrap_or(u64::MAX))
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// Takes what the limpet taken over from had of a node ([`Self::node_seen`] there).
+    pub fn take_node_seen(&self, carried: &crate::upgrade::NodeSeen) {
+        if let Some(rt) = self.node_id(&carried.node).and_then(|id| self.node_rt(id)) {
+            rt.handed(carried.open, carried.last_seen_ms);
+        }
+    }
+
+    /// The limpet taken over from has exited: nothing of it is open to any node.
+    pub fn predecessor_gone(&self) {
+        for n in &self.nodes {
+            n.rt.predecessor_gone();
+        }
+    }
+
     /// Each node's health, to carry to a new limpet (`crate::upgrade`): its checks named by
     /// what they ask, as `checks` (the running set) knows them.
     pub fn node_health(&self) -> Vec<crate::upgrade::NodeHealth> {

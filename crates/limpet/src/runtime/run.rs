@@ -169,15 +169,17 @@ impl Running {
                 nodes: state.node_admin_states(),
                 health: state.node_health(),
                 holder_now_ms: Some(now_ms()),
+                seen: state.node_seen(),
             }
         };
         tokio::task::spawn_blocking(read).await.unwrap_or_default()
     }
 
     /// Loads what a running limpet handed over with its confirmation: its pins (newer than
-    /// any snapshot file), its operator's MAINT and DRAIN, which hold on here, and its
-    /// nodes' health (a node DOWN there is DOWN here, and comes back as it would have
-    /// there).
+    /// any snapshot file), its operator's MAINT and DRAIN, which hold on here, its nodes'
+    /// health (a node DOWN there is DOWN here, and comes back as it would have there), and
+    /// what it still has open to each node and when it last saw a session there (a drain is
+    /// complete here only once that limpet has exited and the idle window has passed).
     pub async fn take_state(&self, handed: crate::upgrade::State) {
         let runtime = Arc::clone(&self.runtime);
         let now = now_ms();
@@ -195,6 +197,9 @@ impl Running {
             }
             for health in &handed.health {
                 state.take_node_health(health);
+            }
+            for seen in &handed.seen {
+                state.take_node_seen(seen);
             }
         };
         let _ = tokio::task::spawn_blocking(load).await;
@@ -586,7 +591,7 @@ pub async fn start_from(
     };
     if let Some(h) = &handover {
         for addr in h.untaken() {
-            tracing::warn!(%addr, "upgrade: a socket of the running limpet that no listener of this config binds: its clients are refused once that limpet stops");
+            tracing::warn!(%addr, "upgrade: a socket of the running limpet that no listener of this config binds: its clients are refused once the handover completes");
         }
     }
     if workers > 1 {
@@ -703,21 +708,40 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // First of all, before the config is read: from here on a stop or reload signal never
-    // ends the process by its default action, and one that comes before they are awaited is
-    // kept. A config read can take long (a slow mount), and a successor started for an
-    // upgrade is a process an operator's `pkill -HUP limpet` reaches too: by the default
-    // action it died unseen and the upgrade with it. A new limpet must not die between its
-    // "ready" and serving either (`crate::upgrade`).
+    // First of all, before the config is read: from here on a reload or upgrade signal
+    // never ends the process by its default action, and one that comes before they are
+    // awaited is kept. A config read can take long (a slow mount), and a successor started
+    // for an upgrade is a process an operator's `pkill -HUP limpet` reaches too: by the
+    // default action it died unseen, and the upgrade with it. A new limpet must not die
+    // between its "ready" and serving either (`crate::upgrade`). A stop (SIGTERM, SIGINT)
+    // while the config is read stops it there, with nothing served yet.
     let mut signals = {
         let _in_runtime = rt.enter();
         super::Signals::new()
     };
-    let cfg = match Config::load(&args.config) {
-        Ok(c) => c,
-        Err(e) => {
+    let path = args.config.clone();
+    let loaded = rt.block_on(async {
+        let load = tokio::task::spawn_blocking(move || Config::load(&path));
+        tokio::select! {
+            r = load => Some(r),
+            () = signals.stop_requested() => None,
+        }
+    });
+    let cfg = match loaded {
+        Some(Ok(Ok(c))) => c,
+        Some(Ok(Err(e))) => {
             eprintln!("limpet run: {e}");
             return ExitCode::from(2);
+        }
+        Some(Err(e)) => {
+            eprintln!("limpet run: reading the config: {e}");
+            return ExitCode::from(2);
+        }
+        None => {
+            eprintln!("limpet run: stopped while reading its config, before serving");
+            // Not a plain drop: that would wait for the read, which may never return.
+            rt.shutdown_background();
+            return ExitCode::SUCCESS;
         }
     };
     let workers = super::workers::count(args.threads);
@@ -810,17 +834,24 @@ pub fn run(args: RunArgs) -> ExitCode {
         if let Some(h) = handover {
             let pid = h.from_pid;
             match tokio::task::spawn_blocking(move || h.complete()).await {
-                Ok(Ok(Ok(handed))) => {
-                    running.take_state(handed).await;
-                    tracing::info!(pid, "took over from the running limpet");
+                Ok(Ok((state, predecessor))) => {
+                    match state {
+                        Ok(handed) => {
+                            running.take_state(handed).await;
+                            tracing::info!(pid, "took over from the running limpet");
+                        }
+                        Err(e) => tracing::error!(
+                            pid, error = %e,
+                            "took over from the running limpet without its pins and node states"
+                        ),
+                    }
                     took_from = Some(pid);
-                }
-                Ok(Ok(Err(e))) => {
-                    tracing::error!(
-                        pid, error = %e,
-                        "took over from the running limpet without its pins and node states"
-                    );
-                    took_from = Some(pid);
+                    // What it had open drains there until it exits; then none of it is.
+                    let runtime = Arc::clone(running.runtime());
+                    tokio::spawn(async move {
+                        predecessor.gone().await;
+                        runtime.state().predecessor_gone();
+                    });
                 }
                 Ok(Err(e)) => {
                     // Nothing accepted yet: leaving now loses no client.
@@ -858,6 +889,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         // drain once it says it took over, or serve again if it does not. Reloads run on
         // tasks of their own across the loop's turns (a new limpet refused, or one that did
         // not take over, must not cost a reload under way), and are aborted once it ends.
+        let mut handed_line = None;
         let handed_over = loop {
             let ready = tokio::select! {
                 () = super::serve_signals_with(running.runtime(), &mut signals, &mut upgrade_signal) => None,
@@ -902,7 +934,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             let took = ready
                 .confirm_within(handed, crate::upgrade::HANDOVER_LIMIT)
                 .await;
-            if took {
+            if let Some(line) = took {
+                // Kept until this process exits: its end tells the new one so.
+                handed_line = Some(line);
                 // Before the drain: this process's exit must not end the unit.
                 crate::notify::handed_over(taker);
                 if let Some(h) = handing_over {
@@ -950,6 +984,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         // Its last words to systemd (STOPPING=1, or the new main process after an upgrade)
         // go out before it exits.
         crate::notify::flush(Duration::from_secs(5));
+        drop(handed_line);
         ExitCode::SUCCESS
     });
     // Not a plain drop, which waits for every blocking task: a reload's read that never
