@@ -384,6 +384,103 @@ async fn tables_are_listed_paged_looked_up_deleted_and_cleared() {
     l.stop().await;
 }
 
+/// A header table's entries are found and deleted by the key its page lists, whatever the
+/// value: one over 256 bytes (kept as its digest, listed as `sha256:` and hex) and one with a
+/// quote and a byte that is not ASCII (listed with escapes). Before, the admin API read the
+/// listed text as a raw value and answered 404 to both: the one pin an operator most needs
+/// to remove (a stuck or hijacked session's) could not be. A page starts at its `offset`
+/// exactly (it was rounded down to a multiple of `limit`).
+#[tokio::test]
+async fn a_header_table_s_entries_are_found_and_deleted_by_the_key_listed() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let text = format!(
+        "{}[[tables]]\nname = \"t\"\nheader = \"X-Sess\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\ntable = \"t\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    );
+    let cfg = ConfigFile::new("tables-keys", &text);
+    let l = Limpet::start(&cfg).await;
+    let long = vec![b'j'; 300];
+    let values: [&[u8]; 3] = [&long, b"a\"b\xff", b"plain"];
+    let c = bare_client();
+    for v in values {
+        let r = c
+            .get(format!("http://{}/", l.addr("web")))
+            .header(
+                "x-sess",
+                reqwest::header::HeaderValue::from_bytes(v).unwrap_or_else(|e| panic!("{e}")),
+            )
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let page = admin_json(&l, "/api/v1/tables/t?offset=0&limit=10").await;
+    let listed: Vec<(String, String)> = page["entries"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                    (s("key"), s("node"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(listed.len(), 3, "{page}");
+    assert!(
+        listed.iter().any(|(k, _)| k.starts_with("sha256:")),
+        "{page}"
+    );
+    assert!(listed.iter().any(|(k, _)| k == "a\\\"b\\xff"), "{page}");
+    // From position 1 exactly, not from the page that holds it.
+    let from_one = admin_json(&l, "/api/v1/tables/t?offset=1&limit=2").await;
+    assert_eq!(from_one["offset"], 1, "{from_one}");
+    let keys = |p: &serde_json::Value| -> Vec<String> {
+        p["entries"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e["key"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(keys(&from_one), keys(&page)[1..3].to_vec());
+    let entry_url = |key: &str| {
+        let mut u = reqwest::Url::parse(&l.admin_url("/api/v1/tables/t/entry"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        u.query_pairs_mut().append_pair("key", key);
+        u
+    };
+    for (key, node) in &listed {
+        let e = admin_json(
+            &l,
+            &format!(
+                "/api/v1/tables/t/entry?{}",
+                entry_url(key).query().unwrap_or_default()
+            ),
+        )
+        .await;
+        assert_eq!(e["key"], key.as_str(), "{e}");
+        assert_eq!(e["node"], node.as_str(), "{e}");
+        let r = c
+            .delete(entry_url(key))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200, "delete {key}");
+        let r = c
+            .get(entry_url(key))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 404, "{key} still there");
+    }
+    l.stop().await;
+}
+
 /// A node checked on two ports (the failure of a print server whose print service stopped
 /// while its web pages still load): `b`'s raw port is dead, its web port answers. `b` goes
 /// DOWN on the raw check's `fall`-th failure although its web check passes in between (each

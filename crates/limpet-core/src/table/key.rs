@@ -211,6 +211,77 @@ impl fmt::Display for KeyRef<'_> {
     }
 }
 
+/// The value keys (header and cookie tables) an operator's `text` can name, as the
+/// [`Display`](fmt::Display) of a key writes it, most likely first: `sha256:` and 32 hex
+/// digits is the key of a value longer than [`MAX_KEY_LEN`]; a value with `\` escapes (as
+/// the display writes quotes, backslashes and bytes that are not printable ASCII) is the
+/// bytes they stand for; and the text as it is, for a value typed as the client sent it.
+/// Text that is the display of some key always names that key among these.
+pub fn value_keys_shown_as(text: &str) -> Vec<TableKey> {
+    let mut out: Vec<TableKey> = Vec::with_capacity(3);
+    if let Some(hex) = text.strip_prefix("sha256:") {
+        if let Some(d) = digest_hex(hex) {
+            out.push(KeyRef::from_digest(d).to_key());
+        }
+    }
+    if let Some(bytes) = unescape_ascii(text) {
+        let k = KeyRef::bytes(&bytes).to_key();
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    let raw = KeyRef::bytes(text.as_bytes()).to_key();
+    if !out.contains(&raw) {
+        out.push(raw);
+    }
+    out
+}
+
+/// 32 lowercase or uppercase hex digits as 16 bytes.
+fn digest_hex(hex: &str) -> Option<[u8; 16]> {
+    let b = hex.as_bytes();
+    if b.len() != 32 {
+        return None;
+    }
+    let mut d = [0u8; 16];
+    for (i, pair) in b.chunks_exact(2).enumerate() {
+        let text = std::str::from_utf8(pair).ok()?;
+        d[i] = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(d)
+}
+
+/// The inverse of `<[u8]>::escape_ascii`: `\t`, `\r`, `\n`, `\\`, `\'`, `\"` and `\xNN`;
+/// `None` for any other backslash sequence (the text is then no escaped display).
+fn unescape_ascii(text: &str) -> Option<Vec<u8>> {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        let (byte, len) = match b.get(i + 1)? {
+            b't' => (b'\t', 2),
+            b'r' => (b'\r', 2),
+            b'n' => (b'\n', 2),
+            b'\\' => (b'\\', 2),
+            b'\'' => (b'\'', 2),
+            b'"' => (b'"', 2),
+            b'x' => {
+                let hex = std::str::from_utf8(b.get(i + 2..i + 4)?).ok()?;
+                (u8::from_str_radix(hex, 16).ok()?, 4)
+            }
+            _ => return None,
+        };
+        out.push(byte);
+        i += len;
+    }
+    Some(out)
+}
+
 impl fmt::Debug for KeyRef<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "KeyRef({}: {})", self.kind().as_str(), self)
@@ -453,6 +524,48 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the admin API lists, it reads back: every value key's display names that key,
+    /// first for a digest or an escaped value, and a plain value as it is.
+    #[test]
+    fn a_value_key_s_display_reads_back_as_that_key() {
+        let long = vec![b'j'; MAX_KEY_LEN + 44];
+        for value in [
+            &b"JSESSIONID=abc"[..],
+            b"a\"b'c\\d",
+            b"tab\tand\xff\x00",
+            &long,
+            b"sha256:not-hex",
+        ] {
+            let key = KeyRef::bytes(value);
+            let shown = key.to_string();
+            let read = value_keys_shown_as(&shown);
+            assert_eq!(read.first(), Some(&key.to_key()), "{shown}");
+        }
+        // A value typed as sent, with a backslash no escape would write, is itself.
+        assert_eq!(
+            value_keys_shown_as(r"C:\tmp\q"),
+            vec![KeyRef::bytes(br"C:\tmp\q").to_key()]
+        );
+        // Text both a digest and a short value display as: both, the digest first.
+        let hex = "00112233445566778899aabbccddeeff";
+        let both = value_keys_shown_as(&format!("sha256:{hex}"));
+        assert_eq!(both.len(), 2);
+        assert_eq!(both[0].as_key_ref().kind(), KeyKind::Digest);
+        assert_eq!(
+            both[1],
+            KeyRef::bytes(format!("sha256:{hex}").as_bytes()).to_key()
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_value_key_reads_back_from_its_display(value in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let key = KeyRef::bytes(&value);
+            let read = value_keys_shown_as(&key.to_string());
+            proptest::prop_assert!(read.contains(&key.to_key()));
+        }
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("test address")

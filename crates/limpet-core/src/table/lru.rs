@@ -398,6 +398,24 @@ impl LruTable {
             .reserve(want, |&j| hasher.hash(slab[j as usize].key.as_key_ref()));
     }
 
+    /// Up to `limit` live entries from position `offset` of the slab (O(limit)), for the
+    /// admin API's pages. The order is unspecified and shifts as entries are removed;
+    /// expired entries not yet purged are skipped, so a page may be short.
+    pub fn entries_at(&self, offset: usize, limit: usize, now_ms: u64) -> Vec<EntryInfo> {
+        let reference = now_ms.max(self.clock_ms);
+        (offset..self.slab.len().min(offset.saturating_add(limit)))
+            .filter_map(|i| {
+                let idle_ms = self.age(i as u32, reference);
+                let e = &self.slab[i];
+                (idle_ms < self.expire_ms).then(|| EntryInfo {
+                    key: e.key.clone(),
+                    node: e.node,
+                    idle_ms,
+                })
+            })
+            .collect()
+    }
+
     /// The memory the table holds now.
     pub fn memory(&self) -> MemoryReport {
         MemoryReport {
@@ -919,19 +937,7 @@ impl AffinityStore for LruTable {
     /// Pages through the slab (O(page_size) per page). The order is unspecified and shifts as
     /// entries are removed; expired entries not yet purged are skipped, so a page may be short.
     fn entries(&self, page: usize, page_size: usize, now_ms: u64) -> Vec<EntryInfo> {
-        let reference = now_ms.max(self.clock_ms);
-        let start = page.saturating_mul(page_size);
-        (start..self.slab.len().min(start.saturating_add(page_size)))
-            .filter_map(|i| {
-                let idle_ms = self.age(i as u32, reference);
-                let e = &self.slab[i];
-                (idle_ms < self.expire_ms).then(|| EntryInfo {
-                    key: e.key.clone(),
-                    node: e.node,
-                    idle_ms,
-                })
-            })
-            .collect()
+        self.entries_at(page.saturating_mul(page_size), page_size, now_ms)
     }
 
     fn stats(&self) -> TableStats {

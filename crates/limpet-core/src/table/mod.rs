@@ -51,8 +51,8 @@ mod snapshot;
 use std::fmt;
 
 pub use key::{
-    app_cookie_in_request, app_cookie_in_set_cookie, app_cookie_in_set_cookies, IpPrefix, KeyError,
-    KeyKind, KeyRef, KeySpec, TableKey, MAX_KEY_LEN,
+    app_cookie_in_request, app_cookie_in_set_cookie, app_cookie_in_set_cookies,
+    value_keys_shown_as, IpPrefix, KeyError, KeyKind, KeyRef, KeySpec, TableKey, MAX_KEY_LEN,
 };
 pub use lru::{
     LruTable, MemoryReport, RestoreReport, TableConfig, TableConfigError, MAX_EXPIRE_MS, MAX_SIZE,

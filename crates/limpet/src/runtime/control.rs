@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use limpet_core::table::{AffinityStore, KeyRef, KeySpec};
+use limpet_core::table::{AffinityStore, KeySpec, TableKey};
 use limpet_core::{AdminState, CheckSlot, Observation};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -85,9 +85,12 @@ fn table<'a>(state: &'a State, name: &str) -> Result<&'a Arc<Table>, ControlErro
         .ok_or_else(|| ControlError::NotFound(format!("no table {name:?}")))
 }
 
-/// Reads an entry key as the admin writes it: an IP address for source-IP tables (masked
-/// by the table's prefix), the value itself for header and cookie tables.
-fn parse_key<'a>(t: &Table, key: &'a str) -> Result<KeyRef<'a>, ControlError> {
+/// Reads an entry key as the admin writes it, as the keys it can name, most likely first:
+/// an IP address for source-IP tables (masked by the table's prefix); for header and cookie
+/// tables the key as the table's listing shows it (`sha256:` and hex for a long value,
+/// escapes for quotes, backslashes and bytes that are not printable ASCII) or the value
+/// as it is ([`value_keys_shown_as`](limpet_core::table::value_keys_shown_as)).
+fn parse_key(t: &Table, key: &str) -> Result<Vec<TableKey>, ControlError> {
     match &t.def.key {
         KeySpec::SourceIp(_) => {
             let ip: std::net::IpAddr = key
@@ -96,9 +99,10 @@ fn parse_key<'a>(t: &Table, key: &'a str) -> Result<KeyRef<'a>, ControlError> {
             t.def
                 .key
                 .request_key(ip, std::iter::empty::<&[u8]>())
+                .map(|k| vec![k.to_key()])
                 .ok_or_else(|| ControlError::BadRequest(format!("no key for {key:?}")))
         }
-        _ => Ok(KeyRef::bytes(key.as_bytes())),
+        _ => Ok(limpet_core::table::value_keys_shown_as(key)),
     }
 }
 
@@ -262,12 +266,11 @@ impl Control for RuntimeControl {
         let state = self.runtime.state();
         let t = table(&state, name)?;
         let limit = limit.max(1);
-        let page = offset / limit;
         let expire = ms(t.def.expire);
         let tl = t.lock();
         let store = tl.store();
         let entries = store
-            .entries(page, limit, now_ms())
+            .entries_at(offset, limit, now_ms())
             .into_iter()
             .map(|e| EntryView {
                 key: e.key.to_string(),
@@ -277,7 +280,7 @@ impl Control for RuntimeControl {
             .collect();
         Ok(TablePage {
             table: name.to_owned(),
-            offset: page * limit,
+            offset,
             limit,
             total: store.len() as u64,
             entries,
@@ -287,26 +290,35 @@ impl Control for RuntimeControl {
     fn table_get(&self, name: &str, key: &str) -> Result<Option<EntryView>, ControlError> {
         let state = self.runtime.state();
         let t = table(&state, name)?;
-        let k = parse_key(t, key)?;
+        let keys = parse_key(t, key)?;
         let tl = t.lock();
         let store = tl.store();
         // A look, not a use: it neither refreshes the entry nor counts a hit.
-        Ok(store.peek_idle(k, now_ms()).map(|(node, idle)| EntryView {
-            key: k.to_string(),
-            node: store.node_name(node).unwrap_or("").to_owned(),
-            expires_in_ms: store.expire_ms().saturating_sub(idle),
+        let now = now_ms();
+        Ok(keys.iter().find_map(|k| {
+            store
+                .peek_idle(k.as_key_ref(), now)
+                .map(|(node, idle)| EntryView {
+                    key: k.to_string(),
+                    node: store.node_name(node).unwrap_or("").to_owned(),
+                    expires_in_ms: store.expire_ms().saturating_sub(idle),
+                })
         }))
     }
 
     fn table_delete(&self, name: &str, key: &str) -> Result<bool, ControlError> {
         let state = self.runtime.state();
         let t = table(&state, name)?;
-        let k = parse_key(t, key)?;
-        let removed = t.lock().store_mut().remove(k).is_some();
-        if removed {
+        let keys = parse_key(t, key)?;
+        let mut tl = t.lock();
+        // The first of the keys the text names that the table has.
+        let removed = keys
+            .iter()
+            .find(|k| tl.store_mut().remove(k.as_key_ref()).is_some());
+        if let Some(k) = removed {
             tracing::info!(table = %name, key = %k, "operator deleted table entry");
         }
-        Ok(removed)
+        Ok(removed.is_some())
     }
 
     fn table_clear(&self, name: &str) -> Result<u64, ControlError> {
