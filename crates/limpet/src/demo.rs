@@ -242,6 +242,7 @@ impl Demo {
             let settings = AdminSettings {
                 listen: admin,
                 token: None,
+                hosts: Vec::new(),
             };
             let mut stop = stop_rx.clone();
             tasks.spawn(async move {

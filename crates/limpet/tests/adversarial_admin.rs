@@ -156,6 +156,52 @@ async fn a_tokenless_admin_refuses_a_rebound_host() {
     l.stop().await;
 }
 
+/// With a token too, a rebound page (no token: it cannot know it) reads nothing: a request
+/// without the token is answered only at an IP address, localhost or a name listed in
+/// `[admin] hosts`. Before, a token turned the `Host` check off, and a page rebound to a
+/// management network's admin listener read node addresses, checks and traffic. With the
+/// token, any `Host` is answered.
+#[tokio::test]
+async fn with_a_token_a_request_without_it_is_answered_at_known_hosts_only() {
+    let (_nodes, port) = backend_nodes(&[("a", "127.0.0.2")]).await;
+    let cfg = ConfigFile::new(
+        "adv-admin-rebind-token",
+        &http_config(
+            port,
+            &format!("token = \"{TOKEN}\"\nhosts = [\"LB1.example.net\"]"),
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let get = |host: String, token: bool| {
+        let mut r = bare_client()
+            .get(l.admin_url("/api/v1/nodes"))
+            .header("host", host);
+        if token {
+            r = r.header("authorization", format!("Bearer {TOKEN}"));
+        }
+        async move {
+            r.send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .status()
+                .as_u16()
+        }
+    };
+    let port = l.admin.port();
+    assert_eq!(get(format!("evil.example:{port}"), false).await, 421);
+    assert_eq!(get(format!("evil.example:{port}"), true).await, 200);
+    assert_eq!(get(format!("lb1.example.net:{port}"), false).await, 200);
+    assert_eq!(get(format!("127.0.0.1:{port}"), false).await, 200);
+    let metrics = bare_client()
+        .get(l.admin_url("/metrics"))
+        .header("host", format!("evil.example:{port}"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(metrics.status().as_u16(), 421);
+    l.stop().await;
+}
+
 /// Finding 7: `HEAD` answers wherever `GET` does; the Bearer scheme is case-insensitive.
 #[tokio::test]
 async fn admin_head_works_and_bearer_is_case_insensitive() {

@@ -979,6 +979,32 @@ fn errors_found_by_review_name_their_own_place() {
     );
 }
 
+/// `[admin] hosts` takes DNS names only: one with a port, an IP address or an empty one is
+/// refused at its own place in the array.
+#[test]
+fn admin_hosts_name_a_bad_entry_at_its_place() {
+    const L: &str = "[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
+    for bad in ["lb1.example.net:9900", "10.0.0.5", "", "a..b"] {
+        let text = format!(
+            "{NODES}{L}[admin]\nlisten = \"127.0.0.1:0\"\nhosts = [\"lb1.example.net\", \"{bad}\"]\n"
+        );
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!(
+                "{}admin.hosts[1]: expected a DNS name",
+                at(&text, &format!("\"{bad}\"]"))
+            )),
+            "{bad:?}: {e}"
+        );
+    }
+    let ok =
+        format!("{NODES}{L}[admin]\nlisten = \"127.0.0.1:0\"\nhosts = [\"LB1.example.net\"]\n");
+    assert!(
+        Config::from_text(Path::new("limpet.toml"), &ok).is_ok(),
+        "{ok}"
+    );
+}
+
 /// Listeners that pin a client machine through different source-address tables (or one
 /// through none) keep two sessions for a client that uses both: `limpet check` accepts the
 /// file and warns, naming the listener's place; listeners on one table, or one keyed on the

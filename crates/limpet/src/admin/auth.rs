@@ -14,6 +14,10 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     /// The bearer token writes must carry. Required off loopback.
     pub token: Option<String>,
+    /// Names the listener is reached by (lowercase, no port), besides IP addresses and
+    /// `localhost`: a request without the token is answered only when its `Host` is one of
+    /// these ([`rebinding_refusal`]).
+    pub hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for AdminSettings {
@@ -21,6 +25,7 @@ impl std::fmt::Debug for AdminSettings {
         f.debug_struct("AdminSettings")
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
@@ -30,6 +35,7 @@ impl Default for AdminSettings {
         AdminSettings {
             listen: DEFAULT_ADMIN_LISTEN,
             token: None,
+            hosts: Vec::new(),
         }
     }
 }
@@ -147,13 +153,18 @@ pub(crate) fn cross_site_refusal(
     None
 }
 
-/// Without a token the admin listener trusts being on loopback; DNS rebinding would turn that
-/// into trust in any web page (a name the attacker controls resolves to 127.0.0.1, and the
-/// browser then calls the page "same origin"). So a tokenless listener answers only requests
-/// addressed to it by an IP literal or `localhost` in `Host`, as a browser or curl on this
-/// machine sends; anything else is refused before it is read (Kubernetes, Jupyter and Docker
-/// do the same).
-pub(crate) fn rebinding_refusal(headers: &http::HeaderMap) -> Option<&'static str> {
+/// What answers a request without the token is where the listener runs: loopback, or a
+/// management network. DNS rebinding would turn that into trust in any web page an operator
+/// opens (a name the attacker controls resolves to the listener's address, and the browser
+/// then calls the page "same origin": it can read node addresses, traffic, and, without a
+/// token, write). So a request without the token is answered only when addressed by an IP
+/// literal, `localhost` or a name the operator lists (`[admin] hosts`) in `Host`; anything
+/// else is refused before it is read (Kubernetes, Jupyter and Docker do the same). A request
+/// with the token is what a rebound page cannot send, whatever its `Host`.
+pub(crate) fn rebinding_refusal(
+    headers: &http::HeaderMap,
+    hosts: &[String],
+) -> Option<&'static str> {
     let Some(host) = headers.get(http::header::HOST) else {
         // HTTP/1.0 without Host: no browser sends that.
         return None;
@@ -164,9 +175,12 @@ pub(crate) fn rebinding_refusal(headers: &http::HeaderMap) -> Option<&'static st
         Some(rest) => rest.split(']').next().unwrap_or(""),
         None => host.rsplit_once(':').map_or(host, |(n, _)| n),
     };
-    let local = name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok();
-    (!local).then_some(
-        "the admin listener without a token answers requests to an IP address or localhost only",
+    let name = name.strip_suffix('.').unwrap_or(name);
+    let known = name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok()
+        || hosts.iter().any(|h| h.eq_ignore_ascii_case(name));
+    (!known).then_some(
+        "the admin listener answers a request without its token only when sent to an IP address, localhost or a name in `[admin] hosts`",
     )
 }
 
@@ -185,19 +199,31 @@ mod tests {
         AdminSettings {
             listen: listen.parse().unwrap_or(DEFAULT_ADMIN_LISTEN),
             token: token.map(str::to_owned),
+            hosts: Vec::new(),
         }
     }
 
     #[test]
-    fn a_tokenless_admin_answers_ip_literals_and_localhost_only() {
+    fn a_request_without_the_token_is_answered_at_ip_literals_localhost_and_listed_names_only() {
+        let hosts = vec!["lb1.example.net".to_owned()];
         let with_host = |h: &str| {
             let mut m = http::HeaderMap::new();
             m.insert(
                 http::header::HOST,
                 http::HeaderValue::from_str(h).unwrap_or(http::HeaderValue::from_static("x")),
             );
-            rebinding_refusal(&m)
+            rebinding_refusal(&m, &hosts)
         };
+        for ok in [
+            "lb1.example.net:9900",
+            "LB1.Example.NET",
+            "lb1.example.net.:9900",
+            "localhost.",
+        ] {
+            assert_eq!(with_host(ok), None, "{ok}");
+        }
+        assert!(with_host("lb2.example.net:9900").is_some());
+        assert!(with_host("lb1.example.net.evil.example").is_some());
         for ok in [
             "127.0.0.1:9900",
             "localhost:9900",
@@ -215,7 +241,7 @@ mod tests {
         ] {
             assert!(with_host(bad).is_some(), "{bad}");
         }
-        assert_eq!(rebinding_refusal(&http::HeaderMap::new()), None);
+        assert_eq!(rebinding_refusal(&http::HeaderMap::new(), &[]), None);
     }
 
     #[test]

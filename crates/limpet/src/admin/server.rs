@@ -174,8 +174,15 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
         .map(percent_decode)
         .collect();
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-    if state.settings.token.is_none() {
-        if let Some(why) = super::auth::rebinding_refusal(req.headers()) {
+    let auth = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    // With the token a request is what no rebound page can send; without it (or with no
+    // token configured) its `Host` must be one the listener is known by.
+    let with_token = state.settings.token.is_some() && state.settings.authorizes(auth);
+    if !with_token {
+        if let Some(why) = super::auth::rebinding_refusal(req.headers(), &state.settings.hosts) {
             return error(StatusCode::MISDIRECTED_REQUEST, why);
         }
     }
@@ -189,10 +196,6 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
         ["api", "v1", "tables", _] | ["api", "v1", "tables", _, "entry"]
     );
     if write || reads_keys {
-        let auth = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
         if !state.settings.authorizes(auth) {
             return error(
                 StatusCode::UNAUTHORIZED,

@@ -57,6 +57,7 @@ pub(crate) struct RawHealth {
 pub(crate) struct RawAdmin {
     pub(crate) listen: Option<Spanned<String>>,
     pub(crate) token: Option<Spanned<String>>,
+    pub(crate) hosts: Option<Vec<Spanned<String>>>,
 }
 
 /// `[drain]`: drain defaults (docs/operations.md).

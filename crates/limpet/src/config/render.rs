@@ -142,6 +142,10 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
                 a.listen
             ),
         }
+        if !a.hosts.is_empty() {
+            let names: Vec<String> = a.hosts.iter().map(|h| q(h)).collect();
+            w!(o, "hosts = [{}]", names.join(", "));
+        }
     }
     if let Some(st) = &cfg.store {
         w!(o);

@@ -1250,9 +1250,32 @@ impl Validator<'_> {
             if let Some(t) = &a.token {
                 not_redacted(t.get_ref()).map_err(|m| self.err(t, "admin.token", m))?;
             }
+            let mut hosts = Vec::new();
+            for (i, h) in a.hosts.iter().flatten().enumerate() {
+                let name = h.get_ref();
+                let ok = !name.is_empty()
+                    && name.len() <= 253
+                    && name.parse::<std::net::IpAddr>().is_err()
+                    && name.split('.').all(|label| {
+                        !label.is_empty()
+                            && label.len() <= 63
+                            && label
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    });
+                if !ok {
+                    return Err(self.err(
+                        h,
+                        format!("admin.hosts[{i}]"),
+                        "expected a DNS name the admin listener is reached by, without a port (e.g. \"lb1.example.net\"); IP addresses and localhost are always answered",
+                    ));
+                }
+                hosts.push(name.to_ascii_lowercase());
+            }
             let settings = crate::admin::AdminSettings {
                 listen,
                 token: a.token.as_ref().map(|t| t.get_ref().clone()),
+                hosts,
             };
             if let Err(e) = settings.validate() {
                 return Err(match (&a.token, &a.listen) {
