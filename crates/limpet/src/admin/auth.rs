@@ -16,7 +16,7 @@ pub struct AdminSettings {
     pub token: Option<String>,
     /// Names the listener is reached by (lowercase, no port), besides IP addresses and
     /// `localhost`: a request without the token is answered only when its `Host` is one of
-    /// these ([`rebinding_refusal`]).
+    /// these (DNS rebinding: see `rebinding_refusal`).
     pub hosts: Vec<String>,
 }
 
