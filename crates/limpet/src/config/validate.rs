@@ -396,13 +396,16 @@ impl Validator<'_> {
             return Err(self.err_nowhere("nodes", "at least one [[nodes]] is needed"));
         }
         let mut out: Vec<NodeDef> = Vec::new();
+        // By name, for the duplicate check: a scan of `out` made 80,000 nodes take 47 s.
+        let mut names: std::collections::HashSet<&str> =
+            std::collections::HashSet::with_capacity(raw.len());
         for (i, n) in raw.iter().enumerate() {
             let key = format!("nodes[{i}]");
             let name = n.name.get_ref();
             if let Err(e) = Pool::new([name.as_str()]) {
                 return Err(self.err(&n.name, format!("{key}.name"), e.to_string()));
             }
-            if out.iter().any(|o| &o.name == name) {
+            if !names.insert(name.as_str()) {
                 return Err(self.err(
                     &n.name,
                     format!("{key}.name"),
