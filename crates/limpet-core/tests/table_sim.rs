@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use limpet_core::table::{
     decode_snapshot, encode_snapshot, AffinityStore, KeyRef, LruTable, NodeRef, PutOutcome,
-    TableConfig, TableKey, TableStats, MAX_EXPIRE_MS,
+    TableConfig, TableKey, TableStats, MAKE_ROOM_WALK, MAX_EXPIRE_MS,
 };
 
 const T0: u64 = 1_700_000_000_000;
@@ -119,12 +119,16 @@ impl Model {
         if self.entries.len() >= self.size {
             // The least recently used entry goes, unless an open session holds it and it is
             // live: then it is in use, marked used now, and the next one is looked at. When
-            // every entry is held, the new key is not stored.
+            // every entry is held, or MAKE_ROOM_WALK held ones were passed over, the new key
+            // is not stored.
+            let mut passed = 0;
             loop {
                 let oldest = self.order[0].clone();
                 let expired = self.expired(&oldest);
                 if !expired && self.held.contains_key(&oldest) {
-                    if self.entries.keys().all(|k| self.held.contains_key(k)) {
+                    if self.entries.keys().all(|k| self.held.contains_key(k))
+                        || passed == MAKE_ROOM_WALK
+                    {
                         self.stats.refused += 1;
                         return PutOutcome {
                             previous: None,
@@ -133,6 +137,7 @@ impl Model {
                         };
                     }
                     self.touch(&oldest);
+                    passed += 1;
                     continue;
                 }
                 if expired {
@@ -238,7 +243,7 @@ fn key_space() -> Vec<TableKey> {
 
 fn run(seed: u64) -> Result<(), String> {
     let mut rng = Rng(seed);
-    let size = rng.pick(&[1u32, 2, 3, 8, 16, 64]);
+    let size = rng.pick(&[1u32, 2, 3, 8, 16, 32, 64]);
     let expire = rng.pick(&[1u64, 50, 1000, MAX_EXPIRE_MS]);
     let config = TableConfig::new(size, expire).with_hash_seed([rng.next(), rng.next()]);
     let mut t = LruTable::new(config).map_err(|e| e.to_string())?;

@@ -14,7 +14,7 @@
 //! | `limpet_health_transitions_total` | counter | node, to (`up`, `down`) |
 //! | `limpet_upstream_latency_seconds` | histogram | listener, node (time to the node's answer head) |
 //! | `limpet_table_evictions_total` | counter | table |
-//! | `limpet_table_pins_refused_total` | counter | table (new pins not stored: the table full of entries open sessions hold) |
+//! | `limpet_table_pins_refused_total` | counter | table (puts not stored: the table full of entries open sessions hold; each try counts) |
 //! | `limpet_node_active_connections` | gauge | node |
 //! | `limpet_node_tunnels` | gauge | node (WebSocket and TCP tunnels open) |
 //! | `limpet_node_pins` | gauge | node (pins held in affinity tables) |
@@ -445,7 +445,7 @@ impl Metrics {
         );
         registry.register(
             "limpet_table_pins_refused",
-            "New pins an affinity table did not store: full, and every entry held by an open session",
+            "Puts of a new key an affinity table did not store, full of entries open sessions hold (each try counts)",
             Eager(refused.clone()),
         );
         registry.register(

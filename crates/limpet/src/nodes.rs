@@ -909,6 +909,15 @@ impl NodeBoard {
         }
     }
 
+    /// The limpet an upgrade took over from has exited: nothing of it is open to any node,
+    /// those the running config has and those a reload removed meanwhile (a node runtime
+    /// outlives its removal, and one added back must not keep the old count).
+    pub fn predecessor_gone(&self) {
+        for n in lock(&self.nodes).values() {
+            n.predecessor_gone();
+        }
+    }
+
     /// The runtime of a node that exists, without creating one.
     pub fn get(&self, name: &str) -> Option<Arc<NodeRuntime>> {
         lock(&self.nodes).get(name).cloned()

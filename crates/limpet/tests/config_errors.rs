@@ -997,8 +997,10 @@ fn admin_hosts_name_a_bad_entry_at_its_place() {
             "{bad:?}: {e}"
         );
     }
-    let ok =
-        format!("{NODES}{L}[admin]\nlisten = \"127.0.0.1:0\"\nhosts = [\"LB1.example.net\"]\n");
+    // Any case, an underscore, a trailing dot: taken.
+    let ok = format!(
+        "{NODES}{L}[admin]\nlisten = \"127.0.0.1:0\"\nhosts = [\"LB1.example.net\", \"lb_2.internal.\"]\n"
+    );
     assert!(
         Config::from_text(Path::new("limpet.toml"), &ok).is_ok(),
         "{ok}"

@@ -396,6 +396,47 @@ async fn concurrent_first_requests_through_both_instances_agree() {
     stop(redis, nodes, a, b).await;
 }
 
+/// A key an instance cannot store (its table full of entries open sessions hold) is served
+/// unpinned there and not published: the fleet is not told of a pin that instance does not
+/// follow (it would balance the key's next request afresh, and the other instances would
+/// follow the published node). The store's writes go out in order, so once a later pin is
+/// in the store, the refused one would be too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_a_table_full_of_held_entries_refuses_is_not_published() {
+    use limpet_core::table::AffinityStore as _;
+    let (redis, nodes, a, b) = fleet("refused").await;
+    a.settled().await;
+    let held_ip: IpAddr = "127.0.9.1".parse().expect("ip");
+    let held = KeyRef::ip(held_ip, IpPrefix::HOST);
+    let table = a
+        .running
+        .runtime()
+        .state()
+        .table("terminal")
+        .cloned()
+        .expect("table");
+    {
+        let mut g = table.lock();
+        let s = g.store_mut();
+        let now = limpet::clock::now_ms();
+        s.reconfigure(1, 600_000, now).expect("size 1");
+        let node = s.intern("a").expect("name");
+        s.put(held, node, now);
+        s.hold(held);
+    }
+    assert!(!a.http("127.0.9.2").await.is_empty(), "served");
+    assert_eq!(a.pin("127.0.9.2"), None, "unpinned here");
+    assert_eq!(table.lock().store().stats().refused, 1);
+    table.lock().store_mut().release(held);
+    pin_in_store(&a, &redis, "127.0.9.3").await;
+    assert_eq!(
+        redis.get("limpet:terminal:ip:127.0.9.2").await,
+        None,
+        "the refused pin was published"
+    );
+    stop(redis, nodes, a, b).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_in_maint_on_one_instance_re_pins_the_client_for_both() {
     let (redis, nodes, a, b) = fleet("maint").await;

@@ -49,6 +49,17 @@ impl Proc {
         Proc { child, web, admin }
     }
 
+    /// [`start`](Self::start), logging at `info`.
+    async fn start_logging(cfg: &ConfigFile, sock: &Path, tag: &str) -> Proc {
+        let (child, started) = spawn_logging(cfg, sock, 1, tag, "info");
+        let child = Guard(child);
+        let (web, admin) = tokio::time::timeout(PATIENCE, started)
+            .await
+            .unwrap_or_else(|_| panic!("limpet {tag} did not start"))
+            .unwrap_or_else(|_| panic!("limpet {tag} exited before listening"));
+        Proc { child, web, admin }
+    }
+
     /// Its exit, within `PATIENCE`.
     async fn exited(&mut self) -> ExitStatus {
         exited(&mut self.child.0).await
@@ -62,6 +73,17 @@ impl Proc {
 type Started = tokio::sync::oneshot::Receiver<(SocketAddr, SocketAddr)>;
 
 fn spawn(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> (Child, Started) {
+    spawn_logging(cfg, sock, threads, tag, "warn")
+}
+
+/// [`spawn`], logging at `level` to `TAG.err` in the config's directory.
+fn spawn_logging(
+    cfg: &ConfigFile,
+    sock: &Path,
+    threads: u16,
+    tag: &str,
+    level: &str,
+) -> (Child, Started) {
     let err =
         std::fs::File::create(cfg.dir.join(format!("{tag}.err"))).unwrap_or_else(|e| panic!("{e}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_limpet"))
@@ -69,7 +91,7 @@ fn spawn(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> (Child, Star
         .arg(&cfg.path)
         .arg("--upgrade-socket")
         .arg(sock)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", level)
         .stdout(Stdio::piped())
         .stderr(Stdio::from(err))
         .spawn()
@@ -330,31 +352,7 @@ async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_it
     let sock = upgrade_socket(&cfg);
     let mut old = Proc::start(&cfg, &sock, 1, "old").await;
     // One request through the TCP listener; the session stays open after its answer.
-    let mut session = tokio::net::TcpStream::connect(old.web)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    session
-        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut head = Vec::new();
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let mut b = [0u8; 256];
-        let n = tokio::time::timeout(PATIENCE, session.read(&mut b))
-            .await
-            .unwrap_or_else(|_| panic!("no answer through the TCP listener"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&head));
-        head.extend_from_slice(&b[..n]);
-    }
-    let node = String::from_utf8_lossy(&head)
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("x-limpet-node: ")
-                .map(str::to_owned)
-        })
-        .unwrap_or_else(|| panic!("no node named: {:?}", String::from_utf8_lossy(&head)));
+    let (session, node) = tcp_session_through(old.web).await;
     let r = bare_client()
         .post(old.admin_url(&format!("/api/v1/nodes/{node}/state")))
         .header("content-type", "application/json")
@@ -392,6 +390,94 @@ async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_it
     assert!(old.exited().await.success());
     let view = node_view_once(&url, |v| v["drain"]["complete"] == true).await;
     assert_eq!(view["admin"], "drain", "{view}");
+}
+
+/// Back-to-back upgrades: A drains a TCP session on a drained node, B took over from A, and
+/// C takes over from B at once. C watches B's end alone, so B, drained of its own, waits for
+/// A to exit before it exits: C's drain is not complete while A still relays the session.
+/// Before, B exited as soon as it had drained nothing, and C called the drain complete
+/// under A's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let text = format!(
+        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {port}\ntimeouts = {{ drain = \"30s\" }}\n\n[drain]\nidle = \"1s\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    );
+    let cfg = ConfigFile::new("upgrade-drain-twice", &text);
+    let sock = upgrade_socket(&cfg);
+    let mut a = Proc::start(&cfg, &sock, 1, "a").await;
+    let (session, node) = tcp_session_through(a.web).await;
+    let r = bare_client()
+        .post(a.admin_url(&format!("/api/v1/nodes/{node}/state")))
+        .header("content-type", "application/json")
+        .body(r#"{"state":"drain"}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    // Past the idle window: only the open session keeps the drain going.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut b = Proc::start_logging(&cfg, &sock, "b").await;
+    let c = Proc::start(&cfg, &sock, 1, "c").await;
+    // B drained nothing of its own, and waits for A.
+    let log = cfg.dir.join("b.err");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("waiting for the limpet this one took over from to exit")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B did not wait for A: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = c.admin_url(&format!("/api/v1/nodes/{node}"));
+    let view = json(&url).await;
+    assert_eq!(
+        view["drain"]["complete"], false,
+        "complete on C while A still drains a session on the node: {view}"
+    );
+    // The session ends: A exits, then B, and the drain is complete on C.
+    drop(session);
+    assert!(a.exited().await.success());
+    assert!(b.exited().await.success());
+    node_view_once(&url, |v| v["drain"]["complete"] == true).await;
+}
+
+/// A TCP session through `web` (a TCP listener to the HTTP nodes), open after one answer,
+/// and the node that answered.
+async fn tcp_session_through(web: SocketAddr) -> (tokio::net::TcpStream, String) {
+    let mut session = tokio::net::TcpStream::connect(web)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    session
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut b = [0u8; 256];
+        let n = tokio::time::timeout(PATIENCE, session.read(&mut b))
+            .await
+            .unwrap_or_else(|_| panic!("no answer through the TCP listener"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&head));
+        head.extend_from_slice(&b[..n]);
+    }
+    let node = String::from_utf8_lossy(&head)
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-limpet-node: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no node named: {:?}", String::from_utf8_lossy(&head)));
+    (session, node)
 }
 
 /// Nodes a, b, c answer; d (127.0.0.5, where nothing listens) refuses every connection.

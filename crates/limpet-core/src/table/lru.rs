@@ -32,8 +32,10 @@
 //! A TCP session or a tunnel open on an entry's node [`hold`](LruTable::hold)s its key until it
 //! ends ([`release`](LruTable::release)). Such an entry is in use: room for a new key is never
 //! made by dropping it. Met at the least recently used end, it is marked used now and moves
-//! to the front, and the next entry goes instead; when every entry is held, the new key is not
-//! stored ([`PutOutcome::stored`], counted in `refused`) and its session is served unpinned.
+//! to the front, and the next entry goes instead (at most [`MAKE_ROOM_WALK`] are passed over
+//! per put: bounded work under the lock); when every entry is held, or the walk's bound
+//! passed, the new key is not stored ([`PutOutcome::stored`], counted in `refused`) and its
+//! session is served unpinned.
 //! HAProxy never drops a stick-table entry a session references either. A held entry still
 //! expires when idle `expire` (the session's holder marks it used every half `expire`), and an
 //! explicit removal or a reload's smaller `size` with nothing else to drop still takes it.
@@ -59,6 +61,10 @@ pub const MAX_SIZE: u32 = 1 << 31;
 
 /// Longest `expire` a table accepts: 2^31 - 1 ms, about 24.8 days (see the module docs).
 pub const MAX_EXPIRE_MS: u64 = (1 << 31) - 1;
+
+/// The most held entries a put into a full table passes over looking for one to drop
+/// (a put of a new key, [`AffinityStore::put`]); past it the new key is not stored.
+pub const MAKE_ROOM_WALK: usize = 16;
 
 /// Up to this many entries the debug invariant check walks the whole table after every
 /// mutation; past it only O(1) checks run, so debug builds stay usable on big tables.
@@ -748,19 +754,24 @@ impl LruTable {
     /// Drops one entry of a full table for a new one: the least recently used that is
     /// expired or held by no open session. A held one met on the way is marked used now and
     /// moves to the front (it is in use), so each is passed over once per trip through the
-    /// list. `Some(true)` for an eviction, `Some(false)` for an expired entry, `None` when
-    /// every entry is held (nothing dropped).
+    /// list, and at most [`MAKE_ROOM_WALK`] are passed over per put: a table nearly full of
+    /// held entries costs each new key bounded work under the lock, not a walk of the table
+    /// (HAProxy's `stktable_trash_oldest` gives up after a batch too). `Some(true)` for an
+    /// eviction, `Some(false)` for an expired entry, `None` when every entry is held, or the
+    /// walk's bound passed (nothing dropped).
     fn make_room(&mut self) -> Option<bool> {
         let stamp = self.now_stamp();
+        let mut passed = 0;
         loop {
             let t = self.tail;
             let h = self.hasher.hash(self.slab[t as usize].key.as_key_ref());
             let expired = self.is_expired(t);
             if !expired && self.is_held(h, t) {
-                if self.held_entries >= self.slab.len() {
+                if self.held_entries >= self.slab.len() || passed == MAKE_ROOM_WALK {
                     return None;
                 }
                 self.touch(t, stamp);
+                passed += 1;
                 continue;
             }
             self.remove_at(t, h);
@@ -1073,6 +1084,32 @@ mod tests {
         // Held, an entry still expires when idle `expire` (its holder marks it used).
         assert!(t.put(k(6), a, T0 + 20_000).stored);
         assert_eq!(t.peek(k(6), T0 + 20_000), Some(a));
+    }
+
+    /// A put into a full table passes over at most [`MAKE_ROOM_WALK`] held entries: bounded
+    /// work under the lock however many are held. The next put goes on from where it stopped.
+    #[test]
+    fn a_put_passes_over_a_bounded_number_of_held_entries() {
+        let n = MAKE_ROOM_WALK as u32 + 2;
+        let mut t = table(n, 10_000);
+        let a = t.intern("a").expect("name");
+        for i in 0..n {
+            t.put(k(i), a, T0 + u64::from(i));
+            if i <= MAKE_ROOM_WALK as u32 {
+                t.hold(k(i));
+            }
+        }
+        let out = t.put(k(100), a, T0 + 100);
+        assert!(!out.stored, "{MAKE_ROOM_WALK} held passed over: refused");
+        assert_eq!(
+            t.peek(k(n - 1), T0 + 100),
+            Some(a),
+            "the unheld one is still in"
+        );
+        let out = t.put(k(101), a, T0 + 101);
+        assert!(out.stored && out.evicted, "{out:?}");
+        assert_eq!(t.peek(k(n - 1), T0 + 101), None, "reached and dropped");
+        assert_eq!(t.stats().refused, 1);
     }
 
     /// A reload's smaller `size` spares held entries while others are left to drop, and

@@ -55,7 +55,8 @@ pub use key::{
     value_keys_shown_as, IpPrefix, KeyError, KeyKind, KeyRef, KeySpec, TableKey, MAX_KEY_LEN,
 };
 pub use lru::{
-    LruTable, MemoryReport, RestoreReport, TableConfig, TableConfigError, MAX_EXPIRE_MS, MAX_SIZE,
+    LruTable, MemoryReport, RestoreReport, TableConfig, TableConfigError, MAKE_ROOM_WALK,
+    MAX_EXPIRE_MS, MAX_SIZE,
 };
 pub use nodes::{Binding, NodeNames, NodeRef};
 pub use snapshot::{
@@ -73,8 +74,9 @@ pub struct PutOutcome {
     pub previous: Option<NodeRef>,
     /// The store was full and dropped its least recently used live entry to make room.
     pub evicted: bool,
-    /// False when the pin was not stored: the store was full and every entry in it is held
-    /// by an open session ([`LruTable::hold`]). The key stays unpinned.
+    /// False when the pin was not stored: the store was full of entries open sessions hold
+    /// ([`LruTable::hold`]: every one, or the first [`MAKE_ROOM_WALK`] at its least recently
+    /// used end). The key stays unpinned.
     pub stored: bool,
 }
 
@@ -95,7 +97,9 @@ pub struct TableStats {
     pub expirations: u64,
     /// Entries removed on request.
     pub removals: u64,
-    /// New pins not stored: the table was full and every entry in it held by an open session.
+    /// Puts of a key not in the table that were not stored, the table being full of entries
+    /// open sessions hold: a new pin, or an open session putting back its own entry (each
+    /// try counts).
     pub refused: u64,
 }
 

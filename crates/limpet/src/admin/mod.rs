@@ -208,7 +208,8 @@ pub struct TableView {
     pub evictions: u64,
     /// Keys open TCP sessions and tunnels hold: their entries are never evicted for room.
     pub held: u64,
-    /// New pins not stored: the table was full and every entry held by an open session.
+    /// Puts of a key not in the table that were not stored, the table being full of entries
+    /// open sessions hold (each try counts).
     pub refused: u64,
 }
 

@@ -1255,7 +1255,9 @@ impl Validator<'_> {
             }
             let mut hosts = Vec::new();
             for (i, h) in a.hosts.iter().flatten().enumerate() {
+                // A trailing dot (a fully qualified name) is the same name.
                 let name = h.get_ref();
+                let name = name.strip_suffix('.').unwrap_or(name);
                 let ok = !name.is_empty()
                     && name.len() <= 253
                     && name.parse::<std::net::IpAddr>().is_err()
@@ -1264,7 +1266,7 @@ impl Validator<'_> {
                             && label.len() <= 63
                             && label
                                 .bytes()
-                                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
                     });
                 if !ok {
                     return Err(self.err(

@@ -122,6 +122,13 @@ impl Lifecycle {
         self.nodes.node(name)
     }
 
+    /// The limpet an upgrade took over from has exited ([`NodeBoard::predecessor_gone`]).
+    ///
+    /// [`NodeBoard::predecessor_gone`]: crate::nodes::NodeBoard::predecessor_gone
+    pub fn predecessor_gone(&self) {
+        self.nodes.predecessor_gone();
+    }
+
     /// A health transition happened (logs are the runtime's; this counts it).
     pub fn transition(&self, node: &str, t: Transition) {
         self.metrics.health_transition(node, t);

@@ -285,6 +285,11 @@ impl Table {
         let (Some((store, name)), Some(out)) = (&self.shared, out) else {
             return;
         };
+        // Not stored here (the table full of entries open sessions hold): this instance
+        // serves the key unpinned, and the fleet is not told of a pin it does not follow.
+        if !out.stored {
+            return;
+        }
         let (write, from) = match out.previous.map(|prev| self.binding.node(prev)) {
             None => (Write::Create, None),
             Some(prev) if prev != Some(node) => (Write::Overwrite, prev.map(|p| names.name(p))),
@@ -1227,13 +1232,6 @@ impl State {
     pub fn take_node_seen(&self, carried: &crate::upgrade::NodeSeen) {
         if let Some(rt) = self.node_id(&carried.node).and_then(|id| self.node_rt(id)) {
             rt.handed(carried.open, carried.last_seen_ms);
-        }
-    }
-
-    /// The limpet taken over from has exited: nothing of it is open to any node.
-    pub fn predecessor_gone(&self) {
-        for n in &self.nodes {
-            n.rt.predecessor_gone();
         }
     }
 

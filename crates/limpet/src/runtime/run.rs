@@ -667,6 +667,10 @@ fn say_on_stdout(lines: String) {
     }
 }
 
+/// How long a limpet that handed over waits, once drained, for the limpet it took over from
+/// to exit (back-to-back upgrades; that one's drain is bounded by its `timeouts.drain`).
+const PREDECESSOR_WAIT_LIMIT: Duration = Duration::from_secs(600);
+
 /// How long a limpet handing over waits for its accept loops to return before it hands
 /// over all the same (they return as soon as they see the stop; this bounds a stuck one).
 const ACCEPT_LOOPS_LIMIT: Duration = Duration::from_secs(5);
@@ -831,7 +835,12 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         };
         let mut took_from = None;
+        // Whether the limpet this one took over from (if any) has exited: one that hands
+        // over in its turn waits for that before it exits, so that the next one, which
+        // watches this one alone, is not told of an end while that one still drains.
+        let (predecessor_gone_tx, mut predecessor_gone) = watch::channel(true);
         if let Some(h) = handover {
+            predecessor_gone_tx.send_replace(false);
             let pid = h.from_pid;
             match tokio::task::spawn_blocking(move || h.complete()).await {
                 Ok(Ok((state, predecessor))) => {
@@ -848,9 +857,11 @@ pub fn run(args: RunArgs) -> ExitCode {
                     took_from = Some(pid);
                     // What it had open drains there until it exits; then none of it is.
                     let runtime = Arc::clone(running.runtime());
+                    let gone = predecessor_gone_tx.clone();
                     tokio::spawn(async move {
                         predecessor.gone().await;
-                        runtime.state().predecessor_gone();
+                        runtime.state().lifecycle.predecessor_gone();
+                        gone.send_replace(true);
                     });
                 }
                 Ok(Err(e)) => {
@@ -984,6 +995,16 @@ pub fn run(args: RunArgs) -> ExitCode {
         // Its last words to systemd (STOPPING=1, or the new main process after an upgrade)
         // go out before it exits.
         crate::notify::flush(Duration::from_secs(5));
+        if handed_line.is_some() && !*predecessor_gone.borrow() {
+            // Back-to-back upgrades: the new one learns of the one before this from this
+            // one's end, so this one outlives it (its drain is bounded, and so is this wait).
+            tracing::info!("drained: waiting for the limpet this one took over from to exit, which the new one learns from this one's exit");
+            let _ = tokio::time::timeout(
+                PREDECESSOR_WAIT_LIMIT,
+                predecessor_gone.wait_for(|gone| *gone),
+            )
+            .await;
+        }
         drop(handed_line);
         ExitCode::SUCCESS
     });
