@@ -514,29 +514,30 @@ async fn a_sighup_while_a_successor_reads_its_config_is_its_first_reload() {
     // Queued before the read returns: by the default action it kills on the way out of it.
     let _ = writer.write_all(good.as_bytes());
     drop(writer);
-    let (mut took, mut reloaded) = (false, false);
-    while !(took && reloaded) {
+    // In any order across the two processes: the old one's word that the successor is the
+    // main process; the successor's own, then its reload (of the kept SIGHUP), which reads
+    // the config again from the FIFO, then the reload's end.
+    let (mut handed, mut took, mut reloaded, mut reload_end) = (false, false, false, false);
+    while !(handed && reload_end) {
         let (from, msg) = notify.next().await;
+        let main = field(&msg, "MAINPID") == Some(&successor.to_string());
         if from != successor {
-            continue;
-        }
-        if field(&msg, "MAINPID") == Some(&successor.to_string()) {
+            assert!(main, "{msg:?}");
+            handed = true;
+        } else if main {
             assert_eq!(field(&msg, "READY"), Some("1"), "{msg:?}");
             took = true;
         } else if field(&msg, "RELOADING") == Some("1") {
             assert!(took, "reloaded before it took over: {msg:?}");
             reloaded = true;
+            let mut writer = fifo_writer_once_read(&cfg.path).await;
+            writer.write_all(good.as_bytes()).expect("config");
+        } else {
+            assert!(reloaded, "{msg:?}");
+            assert_eq!(field(&msg, "READY"), Some("1"), "the reload's end: {msg:?}");
+            reload_end = true;
         }
     }
-    // The reload reads the config again, from the FIFO.
-    let mut writer = fifo_writer_once_read(&cfg.path).await;
-    writer.write_all(good.as_bytes()).expect("config");
-    drop(writer);
-    assert_eq!(
-        field(&notify.next().await.1, "READY"),
-        Some("1"),
-        "the reload's end"
-    );
     let status = guard
         .child
         .as_mut()

@@ -633,7 +633,7 @@ async fn an_entry_an_open_session_holds_is_never_evicted_for_room() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (_fourth, _) = tcp_session("127.0.0.74", addr).await;
+    let (mut fourth, _) = tcp_session("127.0.0.74", addr).await;
     assert!(pin_of(&running, "127.0.0.74").is_some());
     assert_eq!(
         pin_of(&running, "127.0.0.71"),
@@ -646,6 +646,9 @@ async fn an_entry_an_open_session_holds_is_never_evicted_for_room() {
         (1, 1),
         "the new session's held, the released one evicted"
     );
+    // Ended before the stop, which would otherwise wait out its drain.
+    fourth.shutdown().await.expect("close");
+    assert_eq!(read_line(&mut fourth).await, "");
     stop_all(running, &mut nodes).await;
 }
 
