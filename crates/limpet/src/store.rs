@@ -1373,15 +1373,7 @@ fn decode_key(b: &[u8]) -> Option<TableKey> {
         }
         return Some(KeyRef::bytes(v).to_key());
     }
-    let hex = b.strip_prefix(b"d:")?;
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut d = [0u8; 16];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        let s = std::str::from_utf8(pair).ok()?;
-        d[i] = u8::from_str_radix(s, 16).ok()?;
-    }
+    let d = limpet_core::table::digest_from_hex(b.strip_prefix(b"d:")?)?;
     Some(KeyRef::from_digest(d).to_key())
 }
 

@@ -524,6 +524,12 @@ async fn upload_node_with(
                     return;
                 }
                 let (mut got, mut buf) = (0, vec![0u8; 64 * 1024]);
+                // A reset that comes while the node waits is reported to its next status
+                // write, not to the read after it (which then finds a plain end): a failed
+                // write says which. Linux tells a reset in a stream still open both ways
+                // (ECONNRESET) from one after the peer's end (EPIPE: limpet ended the
+                // upload cleanly, then closed).
+                let mut reset = false;
                 if let Some(mut go) = go {
                     match s.read(&mut buf[..1]).await {
                         Ok(1) => got = 1,
@@ -540,7 +546,8 @@ async fn upload_node_with(
                                 Err(_) => return,
                             },
                             () = tokio::time::sleep(Duration::from_millis(200)) => {
-                                if s.write_all(b".").await.is_err() {
+                                if let Err(e) = s.write_all(b".").await {
+                                    reset = e.kind() == std::io::ErrorKind::ConnectionReset;
                                     break;
                                 }
                             }
@@ -549,7 +556,7 @@ async fn upload_node_with(
                 }
                 let clean = loop {
                     match s.read(&mut buf).await {
-                        Ok(0) => break true,
+                        Ok(0) => break !reset,
                         Ok(n) => got += n,
                         Err(_) => break false,
                     }

@@ -342,29 +342,13 @@ async fn pins_and_a_node_in_maint_cross_an_upgrade() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_its_sessions() {
     let (_nodes, port) = backend_nodes(&NODES).await;
-    let text = format!(
-        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
-         node_port = {port}\ntimeouts = {{ drain = \"30s\" }}\n\n[drain]\nidle = \"1s\"\n\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n",
-        nodes_toml(&NODES)
-    );
-    let cfg = ConfigFile::new("upgrade-drain-complete", &text);
-    let sock = upgrade_socket(&cfg);
-    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
-    // One request through the TCP listener; the session stays open after its answer.
-    let (session, node) = tcp_session_through(old.web).await;
-    let r = bare_client()
-        .post(old.admin_url(&format!("/api/v1/nodes/{node}/state")))
-        .header("content-type", "application/json")
-        .body(r#"{"state":"drain"}"#)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status(), 200);
-    // The idle window passes on the old one; its session keeps the drain going there.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let view = json(&old.admin_url(&format!("/api/v1/nodes/{node}"))).await;
-    assert_eq!(view["drain"]["complete"], false, "{view}");
+    let Drained {
+        cfg,
+        sock,
+        first: mut old,
+        session,
+        node,
+    } = drained_under_a_session("upgrade-drain-complete", port, "old").await;
 
     let new = Proc::start(&cfg, &sock, 1, "new").await;
     let url = new.admin_url(&format!("/api/v1/nodes/{node}"));
@@ -400,26 +384,13 @@ async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
     let (_nodes, port) = backend_nodes(&NODES).await;
-    let text = format!(
-        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
-         node_port = {port}\ntimeouts = {{ drain = \"30s\" }}\n\n[drain]\nidle = \"1s\"\n\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n",
-        nodes_toml(&NODES)
-    );
-    let cfg = ConfigFile::new("upgrade-drain-twice", &text);
-    let sock = upgrade_socket(&cfg);
-    let mut a = Proc::start(&cfg, &sock, 1, "a").await;
-    let (session, node) = tcp_session_through(a.web).await;
-    let r = bare_client()
-        .post(a.admin_url(&format!("/api/v1/nodes/{node}/state")))
-        .header("content-type", "application/json")
-        .body(r#"{"state":"drain"}"#)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status(), 200);
-    // Past the idle window: only the open session keeps the drain going.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let Drained {
+        cfg,
+        sock,
+        first: mut a,
+        session,
+        node,
+    } = drained_under_a_session("upgrade-drain-twice", port, "a").await;
     let mut b = Proc::start_logging(&cfg, &sock, "b").await;
     let c = Proc::start(&cfg, &sock, 1, "c").await;
     // B drained nothing of its own, and waits for A.
@@ -447,6 +418,49 @@ async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
     assert!(a.exited().await.success());
     assert!(b.exited().await.success());
     node_view_once(&url, |v| v["drain"]["complete"] == true).await;
+}
+
+/// A limpet with a TCP listener, one of whose nodes is drained under a TCP session still
+/// open through it, past `[drain] idle` (1 s): only that session keeps the drain going.
+struct Drained {
+    cfg: ConfigFile,
+    sock: PathBuf,
+    first: Proc,
+    session: tokio::net::TcpStream,
+    node: String,
+}
+
+async fn drained_under_a_session(tag: &str, port: u16, first: &str) -> Drained {
+    let text = format!(
+        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {port}\ntimeouts = {{ drain = \"30s\" }}\n\n[drain]\nidle = \"1s\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    );
+    let cfg = ConfigFile::new(tag, &text);
+    let sock = upgrade_socket(&cfg);
+    let proc = Proc::start(&cfg, &sock, 1, first).await;
+    // One request through the TCP listener; the session stays open after its answer.
+    let (session, node) = tcp_session_through(proc.web).await;
+    let r = bare_client()
+        .post(proc.admin_url(&format!("/api/v1/nodes/{node}/state")))
+        .header("content-type", "application/json")
+        .body(r#"{"state":"drain"}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    // The idle window passes; the open session keeps the drain going.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let view = json(&proc.admin_url(&format!("/api/v1/nodes/{node}"))).await;
+    assert_eq!(view["drain"]["complete"], false, "{view}");
+    Drained {
+        cfg,
+        sock,
+        first: proc,
+        session,
+        node,
+    }
 }
 
 /// A TCP session through `web` (a TCP listener to the HTTP nodes), open after one answer,

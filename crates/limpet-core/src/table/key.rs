@@ -220,7 +220,7 @@ impl fmt::Display for KeyRef<'_> {
 pub fn value_keys_shown_as(text: &str) -> Vec<TableKey> {
     let mut out: Vec<TableKey> = Vec::with_capacity(3);
     if let Some(hex) = text.strip_prefix("sha256:") {
-        if let Some(d) = digest_hex(hex) {
+        if let Some(d) = digest_from_hex(hex.as_bytes()) {
             out.push(KeyRef::from_digest(d).to_key());
         }
     }
@@ -237,14 +237,14 @@ pub fn value_keys_shown_as(text: &str) -> Vec<TableKey> {
     out
 }
 
-/// 32 lowercase or uppercase hex digits as 16 bytes.
-fn digest_hex(hex: &str) -> Option<[u8; 16]> {
-    let b = hex.as_bytes();
-    if b.len() != 32 {
+/// A digest key's 16 bytes from its 32 hex digits (either case), as the key's display and a
+/// shared store write them; `None` for anything else.
+pub fn digest_from_hex(hex: &[u8]) -> Option<[u8; 16]> {
+    if hex.len() != 32 {
         return None;
     }
     let mut d = [0u8; 16];
-    for (i, pair) in b.chunks_exact(2).enumerate() {
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
         let text = std::str::from_utf8(pair).ok()?;
         d[i] = u8::from_str_radix(text, 16).ok()?;
     }

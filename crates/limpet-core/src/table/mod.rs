@@ -51,7 +51,7 @@ mod snapshot;
 use std::fmt;
 
 pub use key::{
-    app_cookie_in_request, app_cookie_in_set_cookie, app_cookie_in_set_cookies,
+    app_cookie_in_request, app_cookie_in_set_cookie, app_cookie_in_set_cookies, digest_from_hex,
     value_keys_shown_as, IpPrefix, KeyError, KeyKind, KeyRef, KeySpec, TableKey, MAX_KEY_LEN,
 };
 pub use lru::{
