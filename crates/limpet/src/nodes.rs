@@ -572,6 +572,12 @@ impl NodeRuntime {
         self.predecessor_open.load(Ordering::Relaxed)
     }
 
+    /// What keeps a drain of the node from being complete: the connections, TCP sessions and
+    /// tunnels open to it here, and what the limpet taken over from still drains there.
+    pub fn open_to_drain(&self) -> u64 {
+        u64::from(self.active()).max(self.tunnels()) + self.predecessor_open()
+    }
+
     /// Distinct sessions seen in the window, and how long ago the last one was.
     pub fn seen_stats(&self) -> (u64, Option<Duration>) {
         let now = clock::now_ms();

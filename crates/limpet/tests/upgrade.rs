@@ -39,19 +39,17 @@ impl Proc {
     /// listener's and its admin listener's addresses. Its stderr goes to `tag.err` beside the
     /// config.
     async fn start(cfg: &ConfigFile, sock: &Path, threads: u16, tag: &str) -> Proc {
-        let (child, started) = spawn(cfg, sock, threads, tag);
-        // Killed (by the guard) if it does not start.
-        let child = Guard(child);
-        let (web, admin) = tokio::time::timeout(PATIENCE, started)
-            .await
-            .unwrap_or_else(|_| panic!("limpet {tag} did not start"))
-            .unwrap_or_else(|_| panic!("limpet {tag} exited before listening"));
-        Proc { child, web, admin }
+        Proc::started(spawn(cfg, sock, threads, tag), tag).await
     }
 
-    /// [`start`](Self::start), logging at `info`.
+    /// [`start`](Self::start) with one thread, logging at `info`.
     async fn start_logging(cfg: &ConfigFile, sock: &Path, tag: &str) -> Proc {
-        let (child, started) = spawn_logging(cfg, sock, 1, tag, "info");
+        Proc::started(spawn_logging(cfg, sock, 1, tag, "info"), tag).await
+    }
+
+    /// The process `spawn` made, once it listens.
+    async fn started((child, started): (Child, Started), tag: &str) -> Proc {
+        // Killed (by the guard) if it does not start.
         let child = Guard(child);
         let (web, admin) = tokio::time::timeout(PATIENCE, started)
             .await
@@ -341,14 +339,14 @@ async fn pins_and_a_node_in_maint_cross_an_upgrade() {
 /// has exited and no session was seen within `[drain] idle`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_its_sessions() {
-    let (_nodes, port) = backend_nodes(&NODES).await;
     let Drained {
+        _nodes,
         cfg,
         sock,
         first: mut old,
         session,
         node,
-    } = drained_under_a_session("upgrade-drain-complete", port, "old").await;
+    } = drained_under_a_session("upgrade-drain-complete", "old").await;
 
     let new = Proc::start(&cfg, &sock, 1, "new").await;
     let url = new.admin_url(&format!("/api/v1/nodes/{node}"));
@@ -383,14 +381,14 @@ async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_it
 /// under A's session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
-    let (_nodes, port) = backend_nodes(&NODES).await;
     let Drained {
+        _nodes,
         cfg,
         sock,
         first: mut a,
         session,
         node,
-    } = drained_under_a_session("upgrade-drain-twice", port, "a").await;
+    } = drained_under_a_session("upgrade-drain-twice", "a").await;
     let mut b = Proc::start_logging(&cfg, &sock, "b").await;
     let c = Proc::start(&cfg, &sock, 1, "c").await;
     // B drained nothing of its own, and waits for A.
@@ -423,6 +421,7 @@ async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
 /// A limpet with a TCP listener, one of whose nodes is drained under a TCP session still
 /// open through it, past `[drain] idle` (1 s): only that session keeps the drain going.
 struct Drained {
+    _nodes: Vec<BackendNode>,
     cfg: ConfigFile,
     sock: PathBuf,
     first: Proc,
@@ -430,7 +429,8 @@ struct Drained {
     node: String,
 }
 
-async fn drained_under_a_session(tag: &str, port: u16, first: &str) -> Drained {
+async fn drained_under_a_session(tag: &str, first: &str) -> Drained {
+    let (nodes, port) = backend_nodes(&NODES).await;
     let text = format!(
         "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
          node_port = {port}\ntimeouts = {{ drain = \"30s\" }}\n\n[drain]\nidle = \"1s\"\n\n\
@@ -455,6 +455,7 @@ async fn drained_under_a_session(tag: &str, port: u16, first: &str) -> Drained {
     let view = json(&proc.admin_url(&format!("/api/v1/nodes/{node}"))).await;
     assert_eq!(view["drain"]["complete"], false, "{view}");
     Drained {
+        _nodes: nodes,
         cfg,
         sock,
         first: proc,

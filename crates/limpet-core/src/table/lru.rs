@@ -583,7 +583,7 @@ impl LruTable {
     /// Whether entry `i` (whose key hashes to `hash`) is held by an open session.
     #[inline]
     fn is_held(&self, hash: u64, i: u32) -> bool {
-        !self.held.is_empty() && self.key_held(hash, self.slab[i as usize].key.as_key_ref())
+        self.key_held(hash, self.slab[i as usize].key.as_key_ref())
     }
 
     fn key_held(&self, hash: u64, key: KeyRef<'_>) -> bool {

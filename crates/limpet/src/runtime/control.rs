@@ -146,12 +146,7 @@ impl RuntimeControl {
                     } => Some(DrainView {
                         deadline_unix_ms: deadline_ms,
                         spread_ms,
-                        // What the limpet this one took over from still drains counts.
-                        complete: drain_complete(
-                            active.max(tunnels) + rt.predecessor_open(),
-                            ago,
-                            def.drain_idle,
-                        ),
+                        complete: drain_complete(rt.open_to_drain(), ago, def.drain_idle),
                     }),
                     _ => None,
                 };

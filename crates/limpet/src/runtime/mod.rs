@@ -1219,7 +1219,7 @@ impl State {
                 let (_, ago) = n.rt.seen_stats();
                 crate::upgrade::NodeSeen {
                     node: n.name.clone(),
-                    open: u64::from(n.rt.active()).max(n.rt.tunnels()) + n.rt.predecessor_open(),
+                    open: n.rt.open_to_drain(),
                     last_seen_ms: ago.map(|a| {
                         now.saturating_sub(u64::try_from(a.as_millis()).unwrap_or(u64::MAX))
                     }),
