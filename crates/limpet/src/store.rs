@@ -11,7 +11,7 @@
 //!             first pin  ─► SET key node NX PX expire GET ─► lost the race? adopt the winner
 //!             re-pin     ─► EVAL: SET key node PX expire + PUBLISH channel (one atomic step)
 //!  subscriber task ◄─ PUBLISH {prefix}pins ◄─ any instance's re-pin ─► local entry moved
-//!  local miss (first request of a key here) ─► Store::fetch: GET, bounded ─► local entry
+//!  local miss (first request of a key here) ─► Store::fetch: GETEX, bounded ─► local entry
 //!  every expire/2 ─► GETEX key PX expire of the entries used since (pipelined): another
 //!        node stored ─► adopted (a missed re-pin); a missing key ─► SET NX
 //!  circuit breaker: 2 failed round trips ─► down (logged once, admin, metric): no store I/O,
@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use limpet_core::table::{AffinityStore, AffinityTable, KeyRef, LruTable, TableKey};
+use limpet_core::table::{AffinityStore, AffinityTable, KeyRef, LruTable, NodeRef, TableKey};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -198,6 +198,15 @@ enum Failed {
     /// connection cut or half-open), or an error answer. A re-pin among them may come back
     /// as the store's message, late.
     MaybeRan,
+}
+
+/// The table's identity of a node named by the store, if it is one of the running config's
+/// nodes. A name the table knows from an earlier config (a node a reload removed: names are
+/// never dropped) is no more a node to pin than one it never had: adopted, it undid a
+/// re-pin made off the removed node (the store still naming it), and the session moved
+/// again at its next request.
+pub(crate) fn serving(t: &AffinityTable<LruTable>, name: &str) -> Option<NodeRef> {
+    t.store().known(name).filter(|r| t.node_of(*r).is_some())
 }
 
 /// Pins of one table with their node's name, as sent to the store.
@@ -613,7 +622,7 @@ impl Store {
 
     /// The fleet's pin of `key` for a key this instance has no entry for (the first request
     /// of a session here: a failover of the virtual IP, or the other protocol's port on
-    /// another instance). One GET bounded by `timeout`; `None` when the store has none, is
+    /// another instance). One GETEX (renewing the key's expiry) bounded by `timeout`; `None` when the store has none, is
     /// down or too slow (then the request is routed fresh and the pin reconciled by the
     /// create-if-absent write).
     pub async fn fetch(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
@@ -621,13 +630,21 @@ impl Store {
             return None;
         }
         let rkey = self.key(table, key);
+        let px = self.expire_ms(table);
         let mut conn = self.conn();
         self.count("get", 1);
         self.counts.gets.fetch_add(1, Ordering::Relaxed);
+        // GETEX, not GET: the pin is in use again from now (here), so its key gets the whole
+        // expiry, as a use's refresh would give it. Read with GET, it kept the time the last
+        // instance to use it left, and this instance's first refresh of it comes up to
+        // `expire / 2` later: the key could expire meanwhile, and a first request through
+        // another instance (the session's other port) pin the client afresh, elsewhere.
         let r = tokio::time::timeout(
             self.def.timeout,
-            redis::cmd("GET")
+            redis::cmd("GETEX")
                 .arg(&rkey)
+                .arg("PX")
+                .arg(px)
                 .query_async::<Option<Vec<u8>>>(&mut conn),
         )
         .await;
@@ -833,14 +850,14 @@ impl Store {
         let now = now_ms();
         let adopted = {
             let mut t = lock(&entries);
-            let s = t.store_mut();
+            let s = t.store();
             let current = s.peek(key, now).and_then(|r| s.node_name(r));
             if current != Some(tried) {
                 return;
             }
-            let w = s.known(winner);
+            let w = serving(&t, winner);
             if let Some(w) = w {
-                s.put(key, w, now);
+                t.store_mut().put(key, w, now);
             }
             w.is_some()
         };
@@ -875,7 +892,7 @@ impl Store {
         }
         let left = {
             let mut t = lock(&entries);
-            let s = t.store_mut();
+            let s = t.store();
             let Some(current) = s.peek(key.as_key_ref(), now) else {
                 return;
             };
@@ -883,12 +900,12 @@ impl Store {
             if was.as_deref() == Some(node) {
                 return;
             }
-            let Some(r) = s.known(node) else {
+            let Some(r) = serving(&t, node) else {
                 drop(t);
                 self.unknown_node(node);
                 return;
             };
-            s.put(key.as_key_ref(), r, now);
+            t.store_mut().put(key.as_key_ref(), r, now);
             was
         };
         self.counts.invalidations.fetch_add(1, Ordering::Relaxed);
@@ -1012,11 +1029,51 @@ impl Store {
         }
     }
 
+    /// Writes what is queued now (`rx`: the writer's queue), a batch at a time. False if a
+    /// round trip failed.
+    ///
+    /// Called after local pins are read and before the round trip that compares them with
+    /// the store: a re-pin made before the read is queued by then (a local write queues its
+    /// store write under the table lock), and reaches the store first. Read back before it,
+    /// the store's older node would be adopted over the re-pin (the entry still holding the
+    /// node that was read), ending the session's connections on the node it moved to, and the
+    /// re-pin's own write, applied after, left the store and this instance on two nodes.
+    /// A re-pin made after the read moved the entry off what was read, which
+    /// [`adopt`](Self::adopt) leaves alone.
+    async fn flush(&self, rx: &mut mpsc::Receiver<Op>) -> bool {
+        // What is queued now, no more: a storm of new writes does not hold the caller.
+        let mut left = rx.len();
+        let mut batch = Vec::with_capacity(left.min(BATCH));
+        while left > 0 {
+            while batch.len() < BATCH.min(left) {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            left -= batch.len();
+            let written = self.write(&batch).await;
+            if let Err(failed) = written {
+                self.not_sent(&batch, failed);
+                return false;
+            }
+            batch.clear();
+        }
+        true
+    }
+
     /// Publishes `pins` of `table` with create-if-absent, adopting the store's node where it
-    /// had another. False if a round trip failed.
-    async fn publish(&self, table: &Arc<str>, pins: Pins) -> bool {
+    /// had another. False if a round trip failed. The writes queued meanwhile go first
+    /// ([`flush`](Self::flush)).
+    async fn publish(&self, table: &Arc<str>, pins: Pins, rx: &mut mpsc::Receiver<Op>) -> bool {
         let px = self.expire_ms(table);
         for chunk in pins.chunks(BATCH) {
+            if !self.flush(rx).await {
+                return false;
+            }
             let mut pipe = pipeline();
             for (key, node) in chunk {
                 pipe.cmd("SET")
@@ -1057,10 +1114,10 @@ impl Store {
     /// for the chunk, so routing never waits for a whole big table; an entry added or moved
     /// meanwhile went to the store by its own write, and one a chunk missed (the order
     /// shifts as entries are removed) by its next expiry refresh.
-    async fn resync(&self) {
+    async fn resync(&self, rx: &mut mpsc::Receiver<Op>) {
         self.resyncing.store(true, Ordering::SeqCst);
         self.dirty.store(false, Ordering::SeqCst);
-        let done = self.overwrite_repins().await && self.publish_all().await;
+        let done = self.overwrite_repins().await && self.publish_all(rx).await;
         self.resyncing.store(false, Ordering::SeqCst);
         if done {
             self.set_marker().await;
@@ -1072,7 +1129,7 @@ impl Store {
     }
 
     /// The resync's work: false if a round trip failed.
-    async fn publish_all(&self) -> bool {
+    async fn publish_all(&self, rx: &mut mpsc::Receiver<Op>) -> bool {
         for (table, entries) in self.registered() {
             let mut page = 0usize;
             loop {
@@ -1088,7 +1145,7 @@ impl Store {
                         .collect()
                 };
                 page += 1;
-                if !pins.is_empty() && !self.publish(&table, pins).await {
+                if !pins.is_empty() && !self.publish(&table, pins, rx).await {
                     return false;
                 }
             }
@@ -1102,7 +1159,7 @@ impl Store {
     /// node: another one than the local entry's means a re-pin this instance missed (a lost
     /// message), and the local entry takes it unless it moved meanwhile. A key the store lost
     /// (expired, restarted empty) is published again with create-if-absent.
-    async fn refresh_due(&self) {
+    async fn refresh_due(&self, rx: &mut mpsc::Receiver<Op>) {
         let now = now_ms();
         let due: Vec<(Arc<str>, Entries, u64, u64)> = lock(&self.tables)
             .iter()
@@ -1127,6 +1184,10 @@ impl Store {
             };
             let mut missing = Vec::new();
             for chunk in pins.chunks(BATCH) {
+                // Re-pins made before the read go first ([`Store::flush`]).
+                if !self.flush(rx).await {
+                    return;
+                }
                 let mut pipe = pipeline();
                 for (key, _) in chunk {
                     pipe.cmd("GETEX")
@@ -1151,7 +1212,7 @@ impl Store {
                     }
                 }
             }
-            if !missing.is_empty() && !self.publish(&table, missing).await {
+            if !missing.is_empty() && !self.publish(&table, missing, rx).await {
                 return;
             }
             if let Some(r) = lock(&self.tables).get_mut(&table) {
@@ -1225,24 +1286,10 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                         continue;
                     }
                 }
-                // Writes queued before the refresh reads the local entries go first, so the
-                // store has a local re-pin before the refresh compares its node with it.
-                while let Ok(op) = rx.try_recv() {
-                    batch.push(op);
-                    if batch.len() == BATCH {
-                        break;
-                    }
-                }
-                if !batch.is_empty() {
-                    if let Err(failed) = store.write(&batch).await {
-                        store.not_sent(&batch, failed);
-                    }
-                    batch.clear();
-                }
                 if store.dirty.load(Ordering::Acquire) {
-                    store.resync().await;
+                    store.resync(&mut rx).await;
                 }
-                store.refresh_due().await;
+                store.refresh_due(&mut rx).await;
             }
         }
     }

@@ -935,16 +935,28 @@ impl Alone {
     /// [`Alone::start_raw`]; `relayed`: the instance reaches the store through a
     /// [`BlackHole`], with a store timeout of 200 ms (shorter than [`SLOW_ANSWERS`]).
     async fn start_via(tag: &str, expire: &str, raw_extra: &str, relayed: bool) -> Alone {
+        let relay_timeout = relayed.then_some("200ms");
+        Alone::start_relayed(tag, expire, raw_extra, relay_timeout).await
+    }
+
+    /// [`Alone::start_raw`]; with `relay_timeout`, the instance reaches the store through a
+    /// [`BlackHole`], with that store timeout.
+    async fn start_relayed(
+        tag: &str,
+        expire: &str,
+        raw_extra: &str,
+        relay_timeout: Option<&str>,
+    ) -> Alone {
         let pki = Pki::new();
         let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
         let redis = Redis::start().await;
-        let relay = match relayed {
-            true => Some(BlackHole::start(redis.port).await),
-            false => None,
+        let relay = match relay_timeout {
+            Some(_) => Some(BlackHole::start(redis.port).await),
+            None => None,
         };
-        let (url, timeout) = match &relay {
-            Some(r) => (r.url(), "200ms"),
-            None => (redis.url(), "500ms"),
+        let (url, timeout) = match (&relay, relay_timeout) {
+            (Some(r), Some(t)) => (r.url(), t),
+            _ => (redis.url(), "500ms"),
         };
         let a = Instance::start_raw(
             tag,
@@ -1174,6 +1186,225 @@ async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh(
     sc.stop().await;
 }
 
+/// A re-pin made while the store's writer waits on a round trip, just before a resync reads
+/// the local pins, reaches the store before the resync compares what it read with it. Before,
+/// the resync's create-if-absent read the store's older node back and adopted it over the
+/// re-pin (the entry held what was read): the session's TCP session on the node it had moved
+/// to was ended, and the re-pin's own write, applied after, left the store and this instance
+/// on two nodes. (The expiry refresh compares alike, and writes first alike.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_queued_as_a_resync_reads_the_pins_is_not_undone_by_it() {
+    let sc = Alone::start_relayed("queued-repin", "10m", "", Some("2s")).await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let relay = sc.relay.as_ref().expect("relay");
+    let (src, other) = ("127.0.14.10", "127.0.14.11");
+    let (first, key) = sc.pin_in_store(src).await;
+    let (second, _) = sc.pin_in_store(other).await;
+    assert_ne!(first, second, "two fresh clients, round robin");
+    let maint = |node: &str| {
+        a.running
+            .runtime()
+            .state()
+            .set_admin(node, AdminState::Maint)
+            .expect("node");
+    };
+    // The writer's next liveness check is held; meanwhile the store loses this instance's
+    // marker, so the check, answered once let go, starts a resync.
+    let mut check = relay.hold_next(b"PEXPIRE");
+    check.seen("the liveness check").await;
+    let mut c = redis.conn().await.expect("connect");
+    let markers: Vec<String> = redis::cmd("KEYS")
+        .arg("limpet:instance:*")
+        .query_async(&mut c)
+        .await
+        .expect("KEYS");
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    redis::cmd("DEL")
+        .arg(&markers)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("DEL");
+    // Another client's re-pin while the check waits: queued, and its write, the writer's
+    // next round trip, is held in turn.
+    maint(&second);
+    assert_ne!(a.http(other).await, second);
+    let mut write = relay.hold_next(b"EVAL");
+    check.release();
+    write.seen("the queued re-pin's write").await;
+    // The session's own re-pin while that write waits, and its TCP session on the node it
+    // moved to.
+    maint(&first);
+    let moved = a.http(src).await;
+    assert_ne!(moved, first);
+    let (mut session, on) = tcp_session(src, a.addr("raw")).await;
+    assert_eq!(on, moved);
+    let resyncs = a.status().resyncs;
+    write.release();
+    until("the resync is done", async || a.status().resyncs > resyncs).await;
+    until("the store holds the re-pin", async || {
+        redis.get(&key).await.as_deref() == Some(moved.as_str())
+    })
+    .await;
+    assert_eq!(
+        a.pin(src).as_deref(),
+        Some(moved.as_str()),
+        "the instance's pin follows the store's"
+    );
+    assert_eq!(a.status().adopted, 0, "{:?}", a.status());
+    still_open(&mut session, &moved).await;
+    assert_eq!(a.http(src).await, moved);
+    drop(session);
+    sc.stop().await;
+}
+
+/// Asserts that `session` (a TCP session on `node`) is still open: the node echoes a line.
+async fn still_open(session: &mut tokio::net::TcpStream, node: &str) {
+    session.write_all(b"still here\n").await.expect("write");
+    assert_eq!(
+        common::multiport::read_line(session).await,
+        "still here",
+        "the TCP session on {node} is still open"
+    );
+}
+
+/// Reloads `inst` with its config less the node `node`.
+async fn reload_without(inst: &Instance, node: &str) {
+    let path = inst._dir.path().join("limpet.toml");
+    let text = std::fs::read_to_string(&path).expect("config");
+    let (_, ip) = NODES.iter().find(|(n, _)| *n == node).expect("node");
+    let block = format!("[[nodes]]\nname = \"{node}\"\naddress = \"{ip}\"\n");
+    assert!(text.contains(&block), "{text}");
+    std::fs::write(&path, text.replacen(&block, "", 1)).expect("write config");
+    limpet::runtime::reload(inst.running.runtime())
+        .await
+        .expect("reload");
+}
+
+/// A re-pin made while the store was away, off a node a reload removed meanwhile, is
+/// replayed over that node when the store returns: the store, still naming the removed
+/// node, takes the re-pin as it is. Before, the replay compared the store with no node at
+/// all (the running config has no name for the removed node), lost, and the instance
+/// adopted the removed node back (its table keeps every name it had): the session's TCP
+/// session on its new node was ended, and its next request re-pinned it afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_off_a_removed_node_made_while_the_store_was_away_stands_when_it_returns() {
+    let sc = Alone::start("removed-away", "10m").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let src = "127.0.14.20";
+    let (first, key) = sc.pin_in_store(src).await;
+    redis.pause();
+    breaker_opened_by_new_clients(a, "127.0.17").await;
+    reload_without(a, &first).await;
+    let (mut session, moved) = tcp_session(src, a.addr("raw")).await;
+    assert_ne!(moved, first, "re-pinned off the removed node");
+    let before = a.status();
+    redis.resume();
+    until("the resync after the store returned", async || {
+        let st = a.status();
+        st.up && st.resyncs > before.resyncs && !st.resync_pending
+    })
+    .await;
+    assert_eq!(
+        redis.get(&key).await.as_deref(),
+        Some(moved.as_str()),
+        "the store holds the re-pin"
+    );
+    assert_eq!(a.pin(src).as_deref(), Some(moved.as_str()));
+    let st = a.status();
+    assert_eq!(
+        (st.adopted, st.unknown_nodes),
+        (before.adopted, before.unknown_nodes),
+        "the replay took the store's pin as the node it replaced: {st:?}"
+    );
+    still_open(&mut session, &moved).await;
+    drop(session);
+    assert_eq!(a.http(src).await, moved);
+    sc.stop().await;
+}
+
+/// A pin in the store to a node a reload removed is no more a node to pin than one no
+/// config ever had, although the table keeps its name: a re-pin message naming it leaves
+/// the local entry alone, and a first request whose stored pin names it gets a configured
+/// node, which then overwrites the store's for the fleet. Before, both took the removed
+/// node (its name known): the client's next request found it unknown and was re-pinned
+/// afresh, a second move, and its TCP session on the node it had was ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_in_the_store_to_a_node_a_reload_removed_is_left_alone() {
+    let sc = Alone::start("removed-store", "10m").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let (src, fresh) = ("127.0.14.30", "127.0.14.31");
+    let (first, key) = sc.pin_in_store(src).await;
+    let removed = NODES
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n != first)
+        .expect("another node");
+    reload_without(a, removed).await;
+    let (mut session, on) = tcp_session(src, a.addr("raw")).await;
+    assert_eq!(on, first);
+    let unknown = a.status().unknown_nodes;
+    let mut c = redis.conn().await.expect("connect");
+    redis::cmd("PUBLISH")
+        .arg("limpet:pins")
+        .arg(format!("terminal\n{removed}\nip:{src}"))
+        .query_async::<()>(&mut c)
+        .await
+        .expect("PUBLISH");
+    until("the message was seen", async || {
+        a.status().unknown_nodes > unknown
+    })
+    .await;
+    assert_eq!(a.pin(src).as_deref(), Some(first.as_str()));
+    still_open(&mut session, &first).await;
+    drop(session);
+    assert_eq!(redis.get(&key).await.as_deref(), Some(first.as_str()));
+
+    let fresh_key = format!("limpet:terminal:ip:{fresh}");
+    redis.set_px(&fresh_key, removed, 60_000).await;
+    let unknown = a.status().unknown_nodes;
+    let got = a.http(fresh).await;
+    assert_ne!(got, removed);
+    assert_eq!(a.pin(fresh).as_deref(), Some(got.as_str()));
+    until("the store holds the client's configured node", async || {
+        redis.get(&fresh_key).await.as_deref() == Some(got.as_str())
+    })
+    .await;
+    assert_eq!(a.http(fresh).await, got);
+    let st = a.status();
+    assert_eq!(
+        (st.unknown_nodes - unknown, st.adopted),
+        (2, 0),
+        "the GET and the create's answer named the removed node: {st:?}"
+    );
+    sc.stop().await;
+}
+
+/// The first request of a client through an instance that holds no entry for it reads the
+/// fleet's pin and renews its key: the pin is in use again, so the key gets the table's whole
+/// expiry. Before, a plain GET left the key the time the last instance to use the pin had
+/// given it: the key could expire before this instance's first refresh of it, and a first
+/// request through another instance (the session's other port) pinned the client afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_read_from_the_store_gets_the_whole_expiry_again() {
+    let sc = Alone::start("getex", "10m").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let src = "127.0.14.40";
+    let key = format!("limpet:terminal:ip:{src}");
+    let (node, _) = NODES[1];
+    // Another instance's pin, its key near its end.
+    redis.set_px(&key, node, 3_000).await;
+    let gets = a.status().get_hits;
+    assert_eq!(a.http(src).await, node, "the fleet's pin");
+    assert_eq!(a.status().get_hits, gets + 1, "{:?}", a.status());
+    let ttl = redis.pttl(&key).await;
+    assert!(
+        ttl > 3_000 && ttl <= 600_000,
+        "the key has the table's expiry (10 minutes) again: {ttl} ms left"
+    );
+    assert_eq!(redis.get(&key).await.as_deref(), Some(node));
+    sc.stop().await;
+}
+
 /// A pin in the store to a node this instance has not got (another instance's config, or
 /// anyone who can write the store) is never adopted, whichever way it comes, and the table's
 /// list of node names does not grow (it grew by one name for each distinct value, for the
@@ -1382,7 +1613,39 @@ struct BlackHole {
     refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The store's bytes are held [`SLOW_ANSWERS`] before they are passed on.
     slow: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// limpet's bytes from the next command that holds a pattern on are held until the test
+    /// lets them go ([`BlackHole::hold_next`]).
+    gate: std::sync::Arc<std::sync::Mutex<Option<Gate>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// An armed [`BlackHole::hold_next`]: the pattern, who to tell when it passes, and what lets
+/// it go.
+struct Gate {
+    pattern: &'static [u8],
+    seen: tokio::sync::oneshot::Sender<()>,
+    release: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// A command of limpet's held by the relay ([`BlackHole::hold_next`]).
+struct Held {
+    seen: tokio::sync::oneshot::Receiver<()>,
+    release: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Held {
+    /// Waits (bounded) until the command has reached the relay: limpet waits for its answer.
+    async fn seen(&mut self, what: &str) {
+        tokio::time::timeout(PATIENCE, &mut self.seen)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not sent within {PATIENCE:?}"))
+            .expect("relay");
+    }
+
+    /// Passes the command on to the store, and what came after it.
+    fn release(self) {
+        let _ = self.release.send(());
+    }
 }
 
 /// How late a [`BlackHole`] slowing the store down passes its answers on: longer than two
@@ -1404,6 +1667,8 @@ impl BlackHole {
         let refuse = Arc::clone(&refusing);
         let slow = Arc::new(AtomicBool::new(false));
         let slowing = Arc::clone(&slow);
+        let gate: Arc<Mutex<Option<Gate>>> = Arc::default();
+        let gating = Arc::clone(&gate);
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = l.accept().await {
                 if refuse.load(Ordering::Acquire) {
@@ -1417,14 +1682,21 @@ impl BlackHole {
                 list.lock().expect("lock").push(Arc::clone(&hole));
                 let (dr, dw) = down.into_split();
                 let (ur, uw) = up.into_split();
-                for (mut r, mut w, hole, slow) in [
+                for (mut r, mut w, hole, slow, gate) in [
                     (
                         Box::new(dr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
                         Box::new(uw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
                         Arc::clone(&hole),
                         None,
+                        Some(Arc::clone(&gating)),
                     ),
-                    (Box::new(ur), Box::new(dw), hole, Some(Arc::clone(&slowing))),
+                    (
+                        Box::new(ur),
+                        Box::new(dw),
+                        hole,
+                        Some(Arc::clone(&slowing)),
+                        None,
+                    ),
                 ] {
                     // Read and passed on by two tasks, so that bytes held back do not hold
                     // back the reading of the next ones: each chunk is written at its time,
@@ -1445,14 +1717,29 @@ impl BlackHole {
                             if slow.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
                                 at += SLOW_ANSWERS;
                             }
-                            if tx.send((at, buf[..n].to_vec())).is_err() {
+                            let bytes = buf[..n].to_vec();
+                            let held = gate.as_ref().and_then(|g| {
+                                let mut g = g.lock().expect("lock");
+                                let hit = g.as_ref().is_some_and(|g| {
+                                    bytes.windows(g.pattern.len()).any(|w| w == g.pattern)
+                                });
+                                let armed = if hit { g.take() } else { None };
+                                armed.map(|a| {
+                                    let _ = a.seen.send(());
+                                    a.release
+                                })
+                            });
+                            if tx.send((at, bytes, held)).is_err() {
                                 return;
                             }
                         }
                     });
                     tokio::spawn(async move {
                         use tokio::io::AsyncWriteExt as _;
-                        while let Some((at, bytes)) = rx.recv().await {
+                        while let Some((at, bytes, held)) = rx.recv().await {
+                            if let Some(release) = held {
+                                let _ = release.await;
+                            }
                             tokio::time::sleep_until(at).await;
                             if w.write_all(&bytes).await.is_err() {
                                 return;
@@ -1467,8 +1754,22 @@ impl BlackHole {
             holed,
             refusing,
             slow,
+            gate,
             task,
         }
+    }
+
+    /// Holds the next command of limpet's that holds `pattern` (and everything limpet sends
+    /// after it on that connection) until [`Held::release`].
+    fn hold_next(&self, pattern: &'static [u8]) -> Held {
+        let (seen_tx, seen) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel();
+        *self.gate.lock().expect("lock") = Some(Gate {
+            pattern,
+            seen: seen_tx,
+            release: release_rx,
+        });
+        Held { seen, release }
     }
 
     /// The store's bytes are passed on [`SLOW_ANSWERS`] late (`true`), or at once again.

@@ -263,9 +263,12 @@ impl Table {
         let mut t = self.lock();
         let s = t.store_mut();
         // A concurrent request may have pinned it meanwhile: its write is on its way to the
-        // store (and adopts the store's node if it lost).
+        // store (and adopts the store's node if it lost). A node this generation has not got
+        // (a name the table keeps from an earlier config) is not taken: the request pins
+        // afresh, and its create, losing, heals the store's pin for the fleet.
         if s.peek(key, now).is_none() {
-            match limpet_core::table::AffinityStore::known(s, &node) {
+            let known = limpet_core::table::AffinityStore::known(s, &node);
+            match known.filter(|r| self.binding.node(*r).is_some()) {
                 Some(r) => {
                     limpet_core::table::AffinityStore::put(s, key, r, now);
                 }
@@ -281,7 +284,18 @@ impl Table {
     /// overwritten for the fleet; a pin put again on the same node sends nothing (the expiry
     /// refresh is lazy and batched). Called under the table lock, so the store receives the
     /// writes of a key in the order they were made.
-    fn published(&self, key: KeyRef<'_>, node: NodeId, out: Option<PutOutcome>, names: &Topology) {
+    ///
+    /// `t` is the table, locked: a re-pin's former node is named by the table's own name for
+    /// it, which a node a reload removed still has (the store holds that name, and a re-pin
+    /// replayed after an outage compares the store with it).
+    fn published(
+        &self,
+        t: &AffinityTable<LruTable>,
+        key: KeyRef<'_>,
+        node: NodeId,
+        out: Option<PutOutcome>,
+        names: &Topology,
+    ) {
         let (Some((store, name)), Some(out)) = (&self.shared, out) else {
             return;
         };
@@ -290,9 +304,12 @@ impl Table {
         if !out.stored {
             return;
         }
-        let (write, from) = match out.previous.map(|prev| self.binding.node(prev)) {
+        let (write, from) = match out.previous {
             None => (Write::Create, None),
-            Some(prev) if prev != Some(node) => (Write::Overwrite, prev.map(|p| names.name(p))),
+            Some(prev) if self.binding.node(prev) != Some(node) => (
+                Write::Overwrite,
+                limpet_core::table::AffinityStore::node_name(t.store(), prev),
+            ),
             Some(_) => return,
         };
         store.send(write, name, key, names.name(node), from);
@@ -354,7 +371,7 @@ impl Table {
     pub fn learn(&self, key: KeyRef<'_>, node: NodeId, now_ms: u64, topology: &Topology) {
         let mut t = self.lock();
         let out = t.learn_in(&self.binding, key, node, now_ms);
-        self.published(key, node, out, topology);
+        self.published(&t, key, node, out, topology);
     }
 
     /// This generation's node for a stored identity.
@@ -384,7 +401,7 @@ impl Table {
             }
             None => {
                 let out = t.learn_in(&self.binding, key, node, now_ms);
-                self.published(key, node, out, topology);
+                self.published(&t, key, node, out, topology);
             }
         }
         let expire = Duration::from_millis(t.store().expire_ms());
@@ -1016,7 +1033,7 @@ impl State {
             }
             if let (Some((t, b, k, _, table)), Some(node)) = (held.as_mut(), r.table) {
                 let out = t.learn_in(b, *k, node, now);
-                table.published(*k, node, out, &self.topology);
+                table.published(t, *k, node, out, &self.topology);
             }
             // The session moves off a node that failed its request, or fails back home: its
             // TCP sessions and tunnels there end, so the session lives on one node.
