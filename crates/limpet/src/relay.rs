@@ -632,8 +632,8 @@ where
         }
         // A byte stream cut by a close signal (MAINT, DOWN, a moved session, a drain's or a
         // shutdown's end) has no message boundary to stop at: both sides are reset, so that
-        // neither takes what it got so far for the whole stream. (A side with no socket of
-        // its own here, an upgraded HTTP connection, ends as it would anyway.)
+        // neither takes what it got so far for the whole stream (an upgraded HTTP
+        // connection's too: its socket is reached under hyper's, `proxy::upgrade`).
         RelayEnd::Stopped(reason) if framing == Framing::Bytes => {
             cw.abort_on_close();
             nw.abort_on_close();
@@ -890,7 +890,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
 }
 
 /// An HTTP client connection's last answer is written with `poll_write_last`
-/// (`proxy::client_io`), under the same deadline as any write.
+/// (`proxy::client_io`), under the same deadline as any write; an upgraded connection's
+/// stream cut mid-way is reset (`proxy::upgrade`).
 impl<I: Io> Io for WriteDeadline<I> {
     fn poll_write_last(
         mut self: std::pin::Pin<&mut Self>,
@@ -899,6 +900,10 @@ impl<I: Io> Io for WriteDeadline<I> {
     ) -> std::task::Poll<io::Result<usize>> {
         let r = std::pin::Pin::new(&mut self.io).poll_write_last(cx, buf);
         self.progressed(r, cx)
+    }
+
+    fn abort_on_close(&self) {
+        self.io.abort_on_close();
     }
 }
 

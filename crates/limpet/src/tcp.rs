@@ -165,8 +165,9 @@ impl<S: Io> Io for tokio_rustls::client::TlsStream<S> {
         self.get_ref().0.abort_on_close();
     }
 }
-// Upgraded HTTP connections (WebSocket and other tunnels) are relayed as they come out of
-// hyper.
+// An upgraded HTTP connection whose stream hyper does not give back (not one of the
+// proxy's own, `proxy::upgrade`) is relayed as it comes out of hyper: it has no socket to
+// reset.
 impl<T> Io for hyper_util::rt::TokioIo<T> where T: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
 
 /// A stream with bytes already read from it put back in front (what followed a PROXY header,

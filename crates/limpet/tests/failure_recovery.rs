@@ -4809,3 +4809,190 @@ async fn a_ca_file_rewritten_in_place_reaches_the_running_tls_checks_at_a_reload
     l.stop().await;
     server.abort();
 }
+
+/// How a [`TunnelNode`] ends its side of the tunnel when told.
+#[derive(Debug, Clone, Copy)]
+enum NodeEnd {
+    /// A FIN: the stream ended whole.
+    Fin,
+    /// A reset (`SO_LINGER` 0): its process crashed, or it aborted the stream.
+    Reset,
+}
+
+/// A node that answers one upgrade to a byte stream (`Upgrade: tcp`) with a 101 and `abc`,
+/// then ends its side as the test tells it, or, told nothing, reads until its client side
+/// ends and says how: `Ok(())` for a FIN, the error otherwise.
+struct TunnelNode {
+    addr: SocketAddr,
+    end: Option<oneshot::Sender<NodeEnd>>,
+    saw: Option<oneshot::Receiver<std::io::Result<()>>>,
+    task: JoinHandle<()>,
+}
+
+impl TunnelNode {
+    async fn start() -> TunnelNode {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind node");
+        let addr = listener.local_addr().expect("addr");
+        let (end_tx, end_rx) = oneshot::channel();
+        let (saw_tx, saw) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(1) => head.push(b[0]),
+                    _ => return,
+                }
+            }
+            let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n\r\nabc";
+            if s.write_all(answer).await.is_err() {
+                return;
+            }
+            let mut sink = [0u8; 1024];
+            tokio::select! {
+                end = end_rx => match end {
+                    Ok(NodeEnd::Fin) => {
+                        let _ = s.shutdown().await;
+                        // Hold the socket until the client side is done with it.
+                        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                    }
+                    Ok(NodeEnd::Reset) => {
+                        let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                    }
+                    Err(_) => {}
+                },
+                r = async {
+                    loop {
+                        match s.read(&mut sink).await {
+                            Ok(0) => return Ok(()),
+                            Ok(_) => continue,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                } => {
+                    let _ = saw_tx.send(r);
+                }
+            }
+        });
+        TunnelNode {
+            addr,
+            end: Some(end_tx),
+            saw: Some(saw),
+            task,
+        }
+    }
+
+    /// limpet in front of this node alone (`a`).
+    async fn limpet(&self) -> Quick {
+        let mut cfg = limpet::proxy::ProxyConfig::new(vec![limpet::proxy::NodeConfig {
+            name: "a".into(),
+            addr: self.addr,
+        }]);
+        cfg.timeouts.drain = Duration::from_secs(1);
+        Quick::start(cfg).await
+    }
+}
+
+/// Opens a byte-stream tunnel through `proxy` and reads the node's `abc` through it.
+async fn open_tunnel(proxy: SocketAddr) -> TcpStream {
+    let mut c = TcpStream::connect(proxy).await.expect("connect");
+    c.write_all(b"GET /attach HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\nabc") {
+        let n = tokio::time::timeout(PATIENCE, c.read(&mut b))
+            .await
+            .expect("the 101 and abc in time")
+            .expect("read");
+        assert_eq!(
+            n,
+            1,
+            "ended before the 101 and abc: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.push(b[0]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 101"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    c
+}
+
+/// How the client's side of a tunnel ends: `Ok(())` for a FIN, the error otherwise.
+async fn client_end(c: &mut TcpStream) -> std::io::Result<()> {
+    let mut b = [0u8; 64];
+    match tokio::time::timeout(PATIENCE, c.read(&mut b))
+        .await
+        .expect("the tunnel ended in time")
+    {
+        Ok(0) => Ok(()),
+        Ok(n) => panic!("unexpected bytes: {:?}", &b[..n]),
+        Err(e) => Err(e),
+    }
+}
+
+/// A byte-stream tunnel after a 101 (`Upgrade: tcp`, as `docker attach` uses) passes a
+/// node's abort on as an abort, and its clean end as an end: the client reads a reset where
+/// the node reset, a FIN where it sent one. Before, hyper's upgraded connection hid the
+/// socket, and every end reached the client as a FIN: a download cut by the node's crash
+/// read as complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_stream_tunnel_passes_a_node_s_reset_on_as_a_reset_and_its_end_as_an_end() {
+    for (end, reset) in [(NodeEnd::Reset, true), (NodeEnd::Fin, false)] {
+        let mut node = TunnelNode::start().await;
+        let proxy = node.limpet().await;
+        let mut c = open_tunnel(proxy.addr).await;
+        let _ = node.end.take().expect("end").send(end);
+        let got = client_end(&mut c).await;
+        match reset {
+            true => assert!(
+                matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+                "the node's reset reaches the client as a reset: {got:?}"
+            ),
+            false => assert!(
+                got.is_ok(),
+                "the node's FIN reaches the client as a FIN: {got:?}"
+            ),
+        }
+        drop(c);
+        proxy.stop().await;
+        node.task.abort();
+    }
+}
+
+/// A byte-stream tunnel cut by a close signal (its node put in MAINT) is reset on both
+/// sides, so that neither takes the stream it got so far for a whole one. Before, both
+/// sides read a FIN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_stream_tunnel_cut_by_maint_is_reset_on_both_sides() {
+    let mut node = TunnelNode::start().await;
+    let proxy = node.limpet().await;
+    let mut c = open_tunnel(proxy.addr).await;
+    proxy
+        .runtime
+        .state()
+        .set_admin("a", limpet_core::AdminState::Maint);
+    let got = client_end(&mut c).await;
+    assert!(
+        matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the client reads a reset: {got:?}"
+    );
+    let saw = tokio::time::timeout(PATIENCE, node.saw.take().expect("saw"))
+        .await
+        .expect("the node's side ended in time")
+        .expect("node");
+    assert!(
+        matches!(&saw, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the node reads a reset: {saw:?}"
+    );
+    drop(c);
+    proxy.stop().await;
+    node.task.abort();
+}

@@ -419,6 +419,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for ClientIo<S> {
     }
 }
 
+// An upgraded connection's stream is relayed as a TCP session's is
+// ([`super::upgrade`]): cut, its socket is reset.
+impl<S: Io> Io for ClientIo<S> {
+    fn abort_on_close(&self) {
+        self.io.abort_on_close();
+    }
+}
+
 impl<S: Io> AsyncWrite for ClientIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
