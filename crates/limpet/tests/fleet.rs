@@ -1405,6 +1405,42 @@ async fn a_pin_read_from_the_store_gets_the_whole_expiry_again() {
     sc.stop().await;
 }
 
+/// A store slower than the instance's `timeout` (300 ms against 200 ms) but quick enough
+/// for a connect and a write within a connect's bound (`connect_timeout`, 1 s) keeps the
+/// breaker open: the probe's bound is the connect's, but each command on the connection is
+/// bounded inside `timeout` (the connection's own response timeout), so the probe fails.
+/// (Closed at each probe, it would open again at the next two round trips: a resync started,
+/// a new connection made and a new client kept waiting `timeout`, every second or so.) Once
+/// the store is quick again, the breaker closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_slower_than_its_timeout_keeps_the_breaker_open() {
+    let sc = Alone::start_via("slow-breaker", "10m", "", true).await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let relay = sc.relay.as_ref().expect("relay");
+    relay.slow_answers_by(Duration::from_millis(300));
+    breaker_opened_by_new_clients(a, "127.0.18").await;
+    let connections = a.status().connections;
+    // Probes go out every second, each a `SET .. XX` of the marker (which the store runs at
+    // once: only its answers are late); three of them cover two probe rounds at least.
+    let sets = redis.command_calls("set").await;
+    until("three more probes reached the store", async || {
+        assert!(
+            !a.store_up(),
+            "the breaker closed on a store slower than its timeout"
+        );
+        redis.command_calls("set").await >= sets + 3
+    })
+    .await;
+    assert!(!a.store_up());
+    assert_eq!(a.status().connections, connections, "{:?}", a.status());
+    relay.slow_answers(false);
+    until("the breaker closes once the store is quick", async || {
+        a.store_up()
+    })
+    .await;
+    sc.stop().await;
+}
+
 /// A pin in the store to a node this instance has not got (another instance's config, or
 /// anyone who can write the store) is never adopted, whichever way it comes, and the table's
 /// list of node names does not grow (it grew by one name for each distinct value, for the
@@ -1612,7 +1648,8 @@ struct BlackHole {
     /// New connections are accepted and closed at once (the store unreachable).
     refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The store's bytes are held [`SLOW_ANSWERS`] before they are passed on.
-    slow: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// How late, in milliseconds (0: at once).
+    slow: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// limpet's bytes from the next command that holds a pattern on are held until the test
     /// lets them go ([`BlackHole::hold_next`]).
     gate: std::sync::Arc<std::sync::Mutex<Option<Gate>>>,
@@ -1665,7 +1702,7 @@ impl BlackHole {
         let list = Arc::clone(&holed);
         let refusing = Arc::new(AtomicBool::new(false));
         let refuse = Arc::clone(&refusing);
-        let slow = Arc::new(AtomicBool::new(false));
+        let slow = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let slowing = Arc::clone(&slow);
         let gate: Arc<Mutex<Option<Gate>>> = Arc::default();
         let gating = Arc::clone(&gate);
@@ -1714,8 +1751,8 @@ impl BlackHole {
                                 continue;
                             }
                             let mut at = tokio::time::Instant::now();
-                            if slow.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
-                                at += SLOW_ANSWERS;
+                            if let Some(s) = &slow {
+                                at += Duration::from_millis(s.load(Ordering::Acquire));
                             }
                             let bytes = buf[..n].to_vec();
                             let held = gate.as_ref().and_then(|g| {
@@ -1774,7 +1811,13 @@ impl BlackHole {
 
     /// The store's bytes are passed on [`SLOW_ANSWERS`] late (`true`), or at once again.
     fn slow_answers(&self, slow: bool) {
-        self.slow.store(slow, std::sync::atomic::Ordering::Release);
+        self.slow_answers_by(if slow { SLOW_ANSWERS } else { Duration::ZERO });
+    }
+
+    /// The store's bytes are passed on `late`.
+    fn slow_answers_by(&self, late: Duration) {
+        let ms = u64::try_from(late.as_millis()).expect("ms");
+        self.slow.store(ms, std::sync::atomic::Ordering::Release);
     }
 
     /// New connections are closed at once (`true`), or relayed again (`false`).
