@@ -906,6 +906,24 @@ fn errors_found_by_review_name_their_own_place() {
         "{e}"
     );
 
+    // A shared table's name is part of its store keys: `a:b` keyed `x` and `a` keyed `b:x`
+    // would share them. A local table may take the name.
+    let store = "[store]\nurl = \"redis://127.0.0.1:6379/0\"\n";
+    let text =
+        format!("{NODES}{store}[[tables]]\nname = \"a:b\"\nheader = \"X-Tenant\"\nshared = true\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}tables[0].name: \"a:b\": a shared table's name is part of its store keys",
+            at(&text, "\"a:b\"")
+        )),
+        "{e}"
+    );
+    let local = format!("{NODES}{L}[[tables]]\nname = \"a:b\"\nheader = \"X-Tenant\"\n");
+    if let Err(e) = Config::from_text(Path::new("limpet.toml"), &local) {
+        panic!("a local table named a:b: {e}");
+    }
+
     let text =
         format!("{NODES}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsize = 99999999999\n");
     let e = error(&text);

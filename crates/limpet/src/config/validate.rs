@@ -511,6 +511,22 @@ impl Validator<'_> {
                     format!("duplicate table name {name:?}"),
                 ));
             }
+            // A shared table's name is part of its keys in the store (`{prefix}{table}:`)
+            // and of the re-pin messages (`table\nnode\nkey`): with a `:`, two tables could
+            // share store keys (`a` keyed `b:x` and `a:b` keyed `x`), and a control character
+            // would break the message.
+            if t.shared.as_ref().is_some_and(|s| *s.get_ref())
+                && name.chars().any(|c| c == ':' || c.is_control())
+            {
+                return Err(self.err(
+                    &t.name,
+                    format!("{key}.name"),
+                    format!(
+                        "{name:?}: a shared table's name is part of its store keys; \
+                         no ':' or control characters"
+                    ),
+                ));
+            }
             let set = [
                 t.key.is_some(),
                 t.header.is_some(),
