@@ -7,7 +7,7 @@
 //!                      ├─ session 1 ...                                                        │ balancer
 //!                      └─ session N-1 ...                                                      │
 //!                                                                                              ▼
-//!   session::Msg (Event: node + cookie rewritten?) ◄── node header / first text frame, Set-Cookie
+//!   session::Msg (Event: node + cookie rewritten?) ◄── node header (a 101's too) / first text frame, Set-Cookie
 //!        │
 //!        ▼
 //!   driver ─► judge::SessionJudge per session (pure) ─► Move (re-pin / break), as it happens
@@ -113,7 +113,8 @@ pub struct ProbeArgs {
     #[arg(value_name = "URL")]
     pub url: String,
     /// After discovery, open a WebSocket at this path on the URL's origin (e.g. `/ws`); its
-    /// node is the first text frame the server sends.
+    /// node is the node header on its 101, or without one the first text frame the server
+    /// sends.
     #[arg(long, value_name = "PATH")]
     pub ws: Option<String>,
     /// Independent client sessions, each with its own cookie jar and connections.
@@ -340,8 +341,12 @@ impl Plan {
         }
         let ws_url = match &args.ws {
             None => None,
-            Some(path) if !path.starts_with('/') => {
-                return Err(format!("--ws {path:?} must be a path starting with /"));
+            // `//host/ws` is a path to `Url::join`'s eyes only as a scheme-relative URL: it
+            // would probe another host, whose answers the session's jar does not follow.
+            Some(path) if !path.starts_with('/') || path.starts_with("//") => {
+                return Err(format!(
+                    "--ws {path:?} must be a path starting with / (on the URL's host)"
+                ));
             }
             Some(path) => {
                 let mut u = url.join(path).map_err(|e| format!("--ws {path:?}: {e}"))?;
@@ -580,6 +585,12 @@ mod tests {
         }
         assert!(!p.names.matches("sid"));
         assert!(p.extra.headers.is_empty());
+        // A scheme-relative `//host/ws` would probe another host than the URL's.
+        let e = plan(&["http://h/", "--ws", "//other/ws"]).map(|p| p.ws_url);
+        assert!(
+            e.as_ref().is_err_and(|e| e.contains("must be a path")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -232,7 +232,13 @@ impl Sim {
             State::Command if without_cr(rest).len() > self.limits.max_line => {
                 out.extend_from_slice(b"ERR command line too long\n");
             }
-            State::Command if !rest.is_empty() => self.command(rest, out),
+            State::Command if !rest.is_empty() => {
+                self.command(rest, out);
+                // A last `REQUEST` line starts a head that never comes.
+                if matches!(self.state, State::Head { .. }) {
+                    out.extend_from_slice(b"ERR request cut off by end of input\n");
+                }
+            }
             State::Command => {}
             State::Head { .. } => out.extend_from_slice(b"ERR request cut off by end of input\n"),
             State::SkipLine => out.extend_from_slice(b"ERR command line too long\n"),

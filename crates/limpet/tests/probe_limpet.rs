@@ -394,6 +394,53 @@ async fn header_and_cookie_options_reach_an_app_behind_a_login() {
     proxy.stop().await;
 }
 
+/// A WebSocket whose first text frame is the application's (a welcome message), not its
+/// node's name, is named by the 101's node header: the run through sticky limpet is kept.
+/// Before, the welcome was taken for the socket's node, every upgrade a move without a
+/// rewrite, and the run broken (exit 1) against a balancer that kept every session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_named_by_its_101_s_header_is_judged_by_it() {
+    let ns = [LoginNode::start("a").await, LoginNode::start("b").await];
+    let proxy = Proxy::start(ProxyConfig::new(
+        ns.iter()
+            .map(|n| NodeConfig {
+                name: n.name.clone(),
+                addr: n.addr,
+            })
+            .collect(),
+    ))
+    .await;
+    let url = proxy.url("/");
+    let auth = format!("Authorization: {LOGIN_TOKEN}");
+    let run = probe(&[
+        url.as_str(),
+        "--ws",
+        "/ws-app",
+        "--sessions",
+        "2",
+        "--requests",
+        "3",
+        "--header",
+        auth.as_str(),
+        "--cookie",
+        LOGIN_COOKIE,
+        "--json",
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let r = run.report();
+    assert_eq!(r["outcome"], "kept", "{r}");
+    let s = &r["summary"];
+    assert_eq!(u(&s["breaks"]), 0, "{s}");
+    assert_eq!(
+        u(&s["answers"]),
+        u(&s["named_by_header"]),
+        "every answer, the upgrades too, named by the header: {s}"
+    );
+    assert!(u(&s["upgrades"]) >= 2, "{s}");
+    proxy.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_path_answering_200_is_named_for_what_it_is() {
     // The demo nodes answer `/` with a page: a wrong `--ws` is a 200, not a 101.

@@ -143,6 +143,16 @@ fn request_cut_off_by_end_of_input_is_an_err() {
         sim(b"POOL a\nREQUEST\n"),
         "OK\nERR request cut off by end of input\n"
     );
+    // The last line without its newline is a line all the same.
+    for last in [&b"REQUEST"[..], b"REQUEST\r"] {
+        let input = [&b"POOL a\n"[..], last].concat();
+        assert_eq!(
+            sim(&input),
+            "OK\nERR request cut off by end of input\n",
+            "{:?}",
+            String::from_utf8_lossy(&input)
+        );
+    }
 }
 
 #[test]

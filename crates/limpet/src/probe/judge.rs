@@ -61,7 +61,8 @@ pub const MIN_NAMED_ANSWERS: u32 = 2;
 pub enum Via {
     /// The HTTP request that runs before each upgrade (and first, for every session).
     Discovery,
-    /// The WebSocket upgrade (its node is the socket's first text frame).
+    /// The WebSocket upgrade (its node is the 101's node header, or without one the socket's
+    /// first text frame).
     Upgrade,
     /// One of the `--requests` HTTP requests of a round.
     Request,
@@ -89,6 +90,8 @@ pub struct Answer {
     pub status: Option<u16>,
     /// The node that served it; `None` when it could not be identified.
     pub node: Option<String>,
+    /// `node` is the node header's (not a socket's first text frame).
+    pub by_header: bool,
     /// The answer carried a `Set-Cookie` whose name is a balancer cookie name.
     pub cookie_set: bool,
     /// After this answer the session holds different balancer cookies than before it (one was
@@ -244,9 +247,7 @@ impl SessionJudge {
             return None;
         };
         v.answers = v.answers.saturating_add(1);
-        // An accepted upgrade's node is its first text frame; every other answer's is the
-        // node header.
-        if !(answer.via == Via::Upgrade && answer.status == Some(101)) {
+        if answer.by_header {
             v.named_by_header = v.named_by_header.saturating_add(1);
         }
         if answer.via != Via::Upgrade && self.socket_node.as_ref().is_some_and(|s| s != node) {
@@ -463,6 +464,8 @@ mod tests {
             via,
             status: Some(if via == Via::Upgrade { 101 } else { 200 }),
             node: Some(node.to_owned()),
+            // As limpet's nodes name themselves: an accepted socket by its first frame.
+            by_header: via != Via::Upgrade,
             cookie_set: false,
             rewritten: false,
             removed: false,
@@ -487,6 +490,7 @@ mod tests {
             via: Via::Request,
             status,
             node: None,
+            by_header: false,
             cookie_set: rewritten,
             rewritten,
             removed: false,
@@ -694,6 +698,7 @@ mod tests {
             via: Via::Upgrade,
             status: Some(503),
             node: Some("a".into()),
+            by_header: true,
             cookie_set: true,
             rewritten: true,
             removed: false,
@@ -808,6 +813,7 @@ mod tests {
             via: Via::Upgrade,
             status: Some(503),
             node: Some("a".into()),
+            by_header: true,
             cookie_set: false,
             rewritten: false,
             removed: false,

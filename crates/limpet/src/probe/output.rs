@@ -420,7 +420,7 @@ pub(crate) fn human(r: &Report<'_>) -> String {
         "node named by header {}{}; balancer cookies: {}",
         p.node_header,
         if p.ws_url.is_some() {
-            " and the socket's first text frame"
+            " (a WebSocket's 101 too; without it, the socket's first text frame)"
         } else {
             ""
         },

@@ -73,7 +73,7 @@ enum Socket {
 pub struct FreshUpgrade {
     /// The upgrade's status; `None` without an answer.
     pub status: Option<u16>,
-    /// The node the socket's first text frame named.
+    /// The node the 101's node header, or without one the socket's first text frame, named.
     pub node: Option<String>,
     /// The answer carried a balancer cookie.
     pub cookie_set: bool,
@@ -239,6 +239,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
         via,
         status: None,
         node: None,
+        by_header: false,
         cookie_set: false,
         rewritten: false,
         removed: false,
@@ -248,7 +249,16 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
             answer.status = Some(resp.status().as_u16());
             answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
             answer.removed = deletes_held_cookie(resp.headers(), &plan.names, &before, jar.now());
-            let (node, usable) = greeting(&mut ws, plan.timeout).await;
+            // The node header when the 101 carries it (a socket's first frame is the
+            // application's: `{"type":"welcome"}` named as a node was a move, and a sticky
+            // balancer's run broken); else the first text frame, as limpet's nodes send.
+            let (node, usable) = match node_in(resp.headers(), &plan.node_header) {
+                Some(named) => {
+                    answer.by_header = true;
+                    (Some(named), true)
+                }
+                None => greeting(&mut ws, plan.timeout).await,
+            };
             answer.node = node;
             let outcome = Outcome::UpgradeAnswered(resp.status().as_u16());
             (usable.then_some(ws), outcome, None)
@@ -259,6 +269,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
             if let WsError::Http(resp) = &e {
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &plan.node_header);
+                answer.by_header = answer.node.is_some();
                 answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
                 answer.removed =
                     deletes_held_cookie(resp.headers(), &plan.names, &before, jar.now());
@@ -358,6 +369,7 @@ impl Session {
             via,
             status: None,
             node: None,
+            by_header: false,
             cookie_set: false,
             rewritten: false,
             removed: false,
@@ -382,6 +394,7 @@ impl Session {
             Ok(mut resp) => {
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &self.plan.node_header);
+                answer.by_header = answer.node.is_some();
                 answer.cookie_set = carries_balancer_cookie(resp.headers(), &self.plan.names);
                 answer.removed =
                     deletes_held_cookie(resp.headers(), &self.plan.names, &before, self.jar.now());

@@ -216,7 +216,8 @@ impl LoginCounts {
 /// `Authorization: Bearer t0ken` and the cookie `sid=s3cr3t`; any other gets a 401 without
 /// the node header, as a login gate in front of the app would answer. Logged in, it is a demo
 /// node: `X-Limpet-Node: NAME` on every answer, and at `/ws` a WebSocket whose first text
-/// frame is its name. Stopped (listener and every connection) when dropped.
+/// frame is its name; at `/ws-app`, one whose first text frame is an application's welcome
+/// (`{"type":"welcome"}`), its node named by the 101's header alone. Stopped (listener and every connection) when dropped.
 pub struct LoginNode {
     pub name: String,
     pub addr: std::net::SocketAddr,
@@ -312,10 +313,13 @@ async fn login_answer(
         .headers()
         .get(http::header::SEC_WEBSOCKET_KEY)
         .map(|k| derive_accept_key(k.as_bytes()));
-    if let (Some(accept), "/ws") = (key, req.uri().path()) {
+    if let (Some(accept), "/ws" | "/ws-app") = (key, req.uri().path()) {
         counts.upgraded.fetch_add(1, SeqCst);
         let on_upgrade = hyper::upgrade::on(&mut req);
-        let name = node.to_string();
+        let name = match req.uri().path() {
+            "/ws" => node.to_string(),
+            _ => r#"{"type":"welcome"}"#.to_owned(),
+        };
         tokio::spawn(async move {
             use futures_util::{SinkExt, StreamExt};
             let Ok(upgraded) = on_upgrade.await else {
