@@ -395,11 +395,18 @@ pub fn route(
             None => Verdict::Repin(RepinReason::UnknownNode),
         }
     };
+    // A request that went out to a node that failed it is no trial of a DOWN node while a
+    // node UP can take it, whatever pins the DOWN node (as for a fresh assignment, 6): the
+    // trial, of a node possibly hung, would be its second wait, with no replay after it.
+    let sent = sent_before(input);
     let pin_reason = |pin: Pin| -> Result<Option<(NodeId, bool)>, RepinReason> {
         match pin {
             Pin::None => Ok(None),
             Pin::Node(id) => match verdict(id) {
                 Verdict::Honour => Ok(Some((id, false))),
+                Verdict::Trial if sent && snap.takes_elsewhere(id, input.exclude) => {
+                    Err(RepinReason::NodeDown)
+                }
                 Verdict::Trial => Ok(Some((id, true))),
                 Verdict::Repin(r) => Err(r),
             },
@@ -1229,6 +1236,76 @@ mod tests {
         assert_eq!(r.node, None);
         let r = route(&s, 0, &|_| 0, &input(&[failed(A, RepinReason::NodeDown)]));
         assert_eq!((r.node, r.trial_early), (Some(B), true));
+    }
+
+    /// Nor does a pin make a request that went out a DOWN node's trial while a node UP can
+    /// take it: not the cookie's pin once the home node it failed back to timed out, not a
+    /// stale cookie's once the table's node failed it, not the table's own. (Before, each
+    /// made the replay the trial: a second answer timeout, possibly on a hung node, then a
+    /// 504 with a node UP.) With no node UP left, the pin's trial still beats an error.
+    #[test]
+    fn a_pin_makes_a_request_that_went_out_no_trial_of_a_down_node() {
+        // A the home (UP), B DOWN and due its trial, C UP.
+        let s = snap(&[up(), down_passive(0), up()]);
+        for why in [RepinReason::AnswerTimeout, RepinReason::AnswerFailed] {
+            let timed_out = [failed(A, why)];
+            let failback = RouteInput {
+                cookie: cookie_home(Pin::Node(B), Pin::Node(A)),
+                failback: true,
+                now_ms: 10_000,
+                ..input(&timed_out)
+            };
+            let r = route(&s, 0, &|_| 0, &failback);
+            assert_eq!((r.node, r.trial), (Some(C), false), "failback, {why:?}");
+            let stale_cookie = RouteInput {
+                cookie: cookie(Pin::Node(B)),
+                table: table(Pin::Node(A), true),
+                now_ms: 10_000,
+                ..input(&timed_out)
+            };
+            let r = route(&s, 0, &|_| 0, &stale_cookie);
+            assert_eq!(
+                (r.node, r.trial),
+                (Some(C), false),
+                "table and cookie, {why:?}"
+            );
+            let table_pin = RouteInput {
+                table: table(Pin::Node(B), false),
+                now_ms: 10_000,
+                ..input(&timed_out)
+            };
+            let r = route(&s, 0, &|_| 0, &table_pin);
+            assert_eq!((r.node, r.trial), (Some(C), false), "table, {why:?}");
+        }
+        // Nothing went out (a refused connect): the pin's trial goes first.
+        let refused = [failed(A, RepinReason::ConnectFailed)];
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(B)),
+                now_ms: 10_000,
+                ..input(&refused)
+            },
+        );
+        assert_eq!((r.node, r.trial), (Some(B), true), "nothing went out");
+        // No node UP left to take it: the pin's trial.
+        let timed_out = [
+            failed(A, RepinReason::AnswerTimeout),
+            failed(C, RepinReason::AnswerTimeout),
+        ];
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                cookie: cookie(Pin::Node(B)),
+                now_ms: 10_000,
+                ..input(&timed_out)
+            },
+        );
+        assert_eq!((r.node, r.trial), (Some(B), true), "no node UP left");
     }
 
     #[test]
