@@ -667,8 +667,12 @@ fn fresh(
     // A request that already went out to a node that failed it goes to a node UP first: the
     // trial of a node DOWN, possibly hung, would be its second wait, with no replay after
     // it. With no node UP to take it, a due trial still beats its error.
+    // Nor after it tried as many DOWN nodes as one request may (their connects refused or
+    // timed out): a fleet with several nodes blackholed costs the client two connect
+    // timeouts, not one per node, before an UP node takes it; the next request tries the
+    // next node due.
     let sent = sent_before(input);
-    if !sent {
+    if !sent && down_tried(snap, input) < TRIALS_PER_REQUEST {
         if let Some(f) = due_trial() {
             return Some(f);
         }
@@ -717,29 +721,32 @@ fn sent_before(input: &RouteInput<'_>) -> bool {
     })
 }
 
-/// How many DOWN nodes one request may try early before it is answered 503: a fleet that
-/// is blackholed (every connect waits out its timeout) costs a client two connect timeouts,
-/// not one per node.
-const EARLY_TRIALS_PER_REQUEST: usize = 2;
+/// How many DOWN nodes one request may try (due their trial, or early) before it goes to a
+/// node UP, or is answered 503 when none is: a fleet that is blackholed (every connect waits
+/// out its timeout) costs a client two connect timeouts, not one per node.
+const TRIALS_PER_REQUEST: usize = 2;
 
-/// The DOWN node to try early when no node takes the request ([`Route::trial_early`]), if
-/// any. Only while nothing was sent for this request: a node that took it and did not answer
-/// (an answer timeout, a lost connection) ends it with its error rather than replaying it on
-/// a node already known to be DOWN, possibly hung. At most [`EARLY_TRIALS_PER_REQUEST`] per
-/// request. The session's own node first (its cookie's or table entry's: a session whose
-/// node came back as quickly as the others stays home), then the one whose trial comes
-/// soonest.
-fn early_trial(snap: &Snapshot, input: &RouteInput<'_>) -> Option<NodeId> {
-    let sent = sent_before(input);
-    let tried_down = input
+/// How many DOWN nodes this request tried already (their connects failed).
+fn down_tried(snap: &Snapshot, input: &RouteInput<'_>) -> usize {
+    input
         .exclude
         .iter()
         .filter(|e| {
             e.why == RepinReason::ConnectFailed
                 && snap.status(e.node).is_some_and(|s| !s.takes_fresh())
         })
-        .count();
-    if sent || tried_down >= EARLY_TRIALS_PER_REQUEST {
+        .count()
+}
+
+/// The DOWN node to try early when no node takes the request ([`Route::trial_early`]), if
+/// any. Only while nothing was sent for this request: a node that took it and did not answer
+/// (an answer timeout, a lost connection) ends it with its error rather than replaying it on
+/// a node already known to be DOWN, possibly hung. At most [`TRIALS_PER_REQUEST`] per
+/// request. The session's own node first (its cookie's or table entry's: a session whose
+/// node came back as quickly as the others stays home), then the one whose trial comes
+/// soonest.
+fn early_trial(snap: &Snapshot, input: &RouteInput<'_>) -> Option<NodeId> {
+    if sent_before(input) || down_tried(snap, input) >= TRIALS_PER_REQUEST {
         return None;
     }
     let may = |n: NodeId| {
@@ -1435,6 +1442,71 @@ mod tests {
             [NodeId(5)],
             "an answer may decide the unanswered node's trial"
         );
+    }
+
+    /// Several nodes due their trial (blackholed: each connect waits out its timeout): one
+    /// request tries two of them at most, then goes to the node UP; the next request tries
+    /// the next one due. Before, it tried every one in turn, a connect timeout each.
+    #[test]
+    fn one_request_tries_two_nodes_due_their_trial_at_most() {
+        let s = snap(&[
+            down_passive(0),
+            down_passive(0),
+            down_passive(0),
+            down_passive(0),
+            up(),
+        ]);
+        let mut refused = Vec::new();
+        let up_node = NodeId(4);
+        loop {
+            let r = route(
+                &s,
+                0,
+                &|_| 0,
+                &RouteInput {
+                    now_ms: 10_000,
+                    ..input(&refused)
+                },
+            );
+            let node = r.node.expect("routed");
+            if node == up_node {
+                assert!(!r.trial);
+                break;
+            }
+            assert!(r.trial, "{node:?} is a trial");
+            refused.push(Excluded {
+                node,
+                why: RepinReason::ConnectFailed,
+            });
+            assert!(refused.len() <= 4, "a loop");
+        }
+        assert_eq!(
+            refused.len(),
+            2,
+            "two trials, then the node UP: {refused:?}"
+        );
+        // With nothing UP, two trials then none.
+        let s = snap(&[down_passive(0), down_passive(0), down_passive(0)]);
+        let two = [
+            Excluded {
+                node: A,
+                why: RepinReason::ConnectFailed,
+            },
+            Excluded {
+                node: B,
+                why: RepinReason::ConnectFailed,
+            },
+        ];
+        let r = route(
+            &s,
+            0,
+            &|_| 0,
+            &RouteInput {
+                now_ms: 10_000,
+                ..input(&two)
+            },
+        );
+        assert_eq!(r.node, None);
     }
 
     /// Every node DOWN by its traffic alone, none due its trial: the one whose trial comes

@@ -410,10 +410,18 @@ impl Model {
             Err(r) => table_reason = Some(r),
         }
         // 6. Fresh: the first READY node (pool order) DOWN and due its trial, else
-        //    up[k mod len(up)]; nodes refused for this request skipped either way.
+        //    up[k mod len(up)]; nodes refused for this request skipped either way. At most
+        //    two DOWN nodes tried per request, due or early (every refusal here is a connect
+        //    that sent nothing).
         let nodes = (0..self.nodes.len()).map(|i| NodeId(i as u32));
+        let tried_down = a
+            .exclude
+            .iter()
+            .filter(|&&n| !(self.node(n).up && self.node(n).admin == Admin::Ready))
+            .count();
         let due = nodes.clone().find(|&n| {
-            self.node(n).admin == Admin::Ready
+            tried_down < 2
+                && self.node(n).admin == Admin::Ready
                 && self.trial_due(n, a.now)
                 && !a.exclude.contains(&n)
         });
@@ -428,13 +436,7 @@ impl Model {
             .find(|n| !a.exclude.contains(n));
         // ... and when neither: a READY node DOWN by traffic (not forced) with no trial in
         // flight, tried early: the session's own (cookie, then table), else the one whose
-        // trial comes soonest (pool order among equals). At most two DOWN nodes tried per
-        // request (every refusal here is a connect that sent nothing).
-        let tried_down = a
-            .exclude
-            .iter()
-            .filter(|&&n| !(self.node(n).up && self.node(n).admin == Admin::Ready))
-            .count();
+        // trial comes soonest (pool order among equals).
         let may = |n: NodeId| {
             self.node(n).admin == Admin::Ready
                 && self.early_possible(n, a.now)
