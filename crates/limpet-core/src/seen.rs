@@ -39,6 +39,10 @@ pub const DEFAULT_PRECISION: u8 = 7;
 pub const DEFAULT_SLOT_MS: u64 = 60_000;
 /// The default window: ten minutes.
 pub const DEFAULT_WINDOW_MS: u64 = 10 * 60_000;
+/// The most slots a window holds: with [`DEFAULT_SLOT_MS`], a day ([`MAX_WINDOW_MS`]).
+pub const MAX_SLOTS: u64 = 1440;
+/// The longest window of [`DEFAULT_SLOT_MS`] slots.
+pub const MAX_WINDOW_MS: u64 = MAX_SLOTS * DEFAULT_SLOT_MS;
 
 #[derive(Debug, Clone)]
 struct Slot {
@@ -66,12 +70,13 @@ impl Default for SeenWindow {
 impl SeenWindow {
     /// A window of `window_ms` made of slots of `slot_ms`, each a sketch of `2^precision`
     /// registers. Out-of-range arguments are clamped: `precision` to 4..=12, `slot_ms` to at
-    /// least 1, `window_ms` to at least one slot, and the ring to at most 1441 slots.
+    /// least 1, `window_ms` to at least one slot and at most [`MAX_SLOTS`] of them (what
+    /// [`Self::window_ms`] reports then: the window covered, not the one asked for).
     pub fn new(window_ms: u64, slot_ms: u64, precision: u8) -> Self {
         let precision = precision.clamp(4, 12);
         let slot_ms = slot_ms.max(1);
-        let window_ms = window_ms.max(slot_ms);
-        let full = window_ms.div_ceil(slot_ms).min(1440);
+        let window_ms = window_ms.clamp(slot_ms, slot_ms.saturating_mul(MAX_SLOTS));
+        let full = window_ms.div_ceil(slot_ms).min(MAX_SLOTS);
         let n = usize::try_from(full + 1).unwrap_or(1441);
         let slots = (0..n)
             .map(|_| Slot {
@@ -247,6 +252,17 @@ mod tests {
     fn within(est: u64, truth: u64, rel: f64) -> bool {
         let (e, t) = (est as f64, truth as f64);
         (e - t).abs() <= rel * t
+    }
+
+    /// A window longer than [`MAX_SLOTS`] slots says what it covers: a day of minutes. (It
+    /// reported the two days asked while it counted the last day alone.)
+    #[test]
+    fn a_window_past_its_slots_reports_what_it_covers() {
+        let s = SeenWindow::new(2 * MAX_WINDOW_MS, DEFAULT_SLOT_MS, DEFAULT_PRECISION);
+        assert_eq!(s.window_ms(), MAX_WINDOW_MS);
+        let mut s = SeenWindow::new(MAX_WINDOW_MS, DEFAULT_SLOT_MS, DEFAULT_PRECISION);
+        s.record(mix(1), 0);
+        assert_eq!(s.estimate(MAX_WINDOW_MS - DEFAULT_SLOT_MS), 1);
     }
 
     #[test]

@@ -906,6 +906,16 @@ fn errors_found_by_review_name_their_own_place() {
         "{e}"
     );
 
+    // Sessions seen are counted in minutes, a day of them at most.
+    let text = format!("{NODES}{L}[drain]\nseen_window = \"25h\"\n");
+    assert_eq!(
+        error(&text),
+        format!(
+            "{}drain.seen_window: must be at most 24h",
+            at(&text, "\"25h\"")
+        )
+    );
+
     // A shared table's name is part of its store keys: `a:b` keyed `x` and `a` keyed `b:x`
     // would share them. A local table may take the name.
     let store = "[store]\nurl = \"redis://127.0.0.1:6379/0\"\n";

@@ -386,9 +386,14 @@ impl LruTable {
             self.stats.evictions += 1;
             gone += 1;
         }
-        // A full table holds no spare slab: give back what a smaller size no longer needs.
+        // A full table holds no spare slab: give back what a smaller size no longer needs,
+        // the index's buckets too (a hash table keeps them through removals).
         if self.slab.capacity() > size as usize {
             self.slab.shrink_to(size as usize);
+            let (slab, hasher) = (&self.slab, &self.hasher);
+            self.index.shrink_to(size as usize, |&j| {
+                hasher.hash(slab[j as usize].key.as_key_ref())
+            });
         }
         self.debug_check();
         Ok(gone)
@@ -995,6 +1000,28 @@ mod tests {
         assert_eq!(t.live_entries(T0 + 1_000, usize::MAX).len(), 5);
         // Expired entries are left out.
         assert_eq!(t.live_entries(T0 + 10_250, usize::MAX).len(), 3);
+    }
+
+    /// A smaller size gives the memory of a larger one back, the index's as the slab's: a
+    /// table shrunk from 100,000 entries to 1,000 holds what one made with 1,000 holds (and
+    /// reserved). Before, the index kept its buckets for 100,000 for the table's life.
+    #[test]
+    fn a_smaller_size_gives_its_memory_back() {
+        let mut t = table(100_000, 10_000);
+        let n = t.intern("a").expect("name");
+        for i in 0..100_000 {
+            t.put(k(i), n, T0);
+        }
+        assert_eq!(t.reconfigure(1_000, 10_000, T0), Ok(99_000));
+        let mut fresh = table(1_000, 10_000);
+        fresh.reserve(1_000);
+        let (shrunk, made) = (t.memory(), fresh.memory());
+        assert!(
+            shrunk.index_bytes <= made.index_bytes && shrunk.slab_bytes <= made.slab_bytes,
+            "shrunk {shrunk:?}, made {made:?}"
+        );
+        assert_eq!(t.len(), 1_000);
+        assert_eq!(t.get(k(99_999), T0), Some(n));
     }
 
     /// A reload's size and expiry apply to the entries already held, on the virtual clock:

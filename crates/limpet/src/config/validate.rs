@@ -1252,6 +1252,13 @@ impl Validator<'_> {
                 def.drain_idle = v;
             }
             if let Some(v) = dur(&d.seen_window, "drain.seen_window", Duration::from_secs(60))? {
+                // Counted in minute slots, a day of them at most.
+                let most = Duration::from_millis(limpet_core::seen::MAX_WINDOW_MS);
+                if v > most {
+                    if let Some(at) = &d.seen_window {
+                        return Err(self.err(at, "drain.seen_window", "must be at most 24h"));
+                    }
+                }
                 def.seen_window = v;
             }
         }
