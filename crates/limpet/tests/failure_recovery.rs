@@ -1377,8 +1377,11 @@ async fn a_get_offering_h2c_is_replayed_off_a_hung_node_and_its_connection_kept_
     assert!(
         refused
             .as_deref()
-            .is_ok_and(|h| h.starts_with("http/1.1 405")),
-        "{refused:?}"
+            .is_ok_and(|h| h.starts_with("http/1.1 405")
+                && h.contains(
+                    "\r\nallow: get, head, post, put, delete, options, patch, trace\r\n"
+                )),
+        "a 405 that lists what is allowed: {refused:?}"
     );
     kept_alive(&mut s, "a CONNECT refused").await;
     proxy.stop().await;

@@ -196,8 +196,13 @@ impl CookieEdit {
             CookieEdit::Drop => {
                 headers.remove(COOKIE);
             }
+            // Only over a line still there: a `Cookie` the client's `Connection` line named
+            // was removed with the hop-by-hop fields, and stays out (as the path that writes
+            // the head itself leaves it out).
             CookieEdit::Replace(v) => {
-                headers.insert(COOKIE, v);
+                if let Some(line) = headers.get_mut(COOKIE) {
+                    *line = v;
+                }
             }
         }
     }

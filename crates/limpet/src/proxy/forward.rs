@@ -521,7 +521,13 @@ fn proxy<'a, 'b>(
         // Checks hyper does not make. Framing problems close the connection: once two parsers
         // could disagree on where this request ends, nothing after it on the connection is safe.
         if req.method() == Method::CONNECT {
-            return local(StatusCode::METHOD_NOT_ALLOWED, id, "CONNECT is not proxied");
+            let mut refused = local(StatusCode::METHOD_NOT_ALLOWED, id, "CONNECT is not proxied");
+            // A 405 lists what is allowed (RFC 9110 15.5.6): every method but this one.
+            refused.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, TRACE"),
+            );
+            return refused;
         }
         let target_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
         if target_len > shared.limits.max_uri_bytes {
