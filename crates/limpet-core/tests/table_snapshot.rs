@@ -4,8 +4,8 @@
 use std::net::Ipv4Addr;
 
 use limpet_core::table::{
-    decode_snapshot, encode_snapshot, AffinityStore, KeyKind, KeyRef, LruTable, SnapshotError,
-    TableConfig,
+    decode_snapshot, encode_snapshot, snapshot_len, AffinityStore, KeyKind, KeyRef, LruTable,
+    SnapshotError, TableConfig, SNAPSHOT_PREFIX_LEN,
 };
 use proptest::prelude::*;
 
@@ -113,6 +113,24 @@ fn a_snapshot_larger_than_the_table_keeps_the_most_recent() {
     assert!(small.get(KeyRef::bytes(b""), T0 + 100).is_some());
     assert!(small.get(v4(19), T0 + 100).is_some());
     assert!(small.get(v4(18), T0 + 100).is_none());
+}
+
+/// A snapshot's first bytes say how long it is, so a reader of a file needs no more than
+/// that; bytes that are not a snapshot's (zeros, as `/dev/zero` gives) or too few say nothing.
+#[test]
+fn a_snapshot_s_prefix_says_its_length() {
+    for t in [store(10), sample()] {
+        let bytes = encode_snapshot(&t, T0);
+        assert_eq!(
+            snapshot_len(&bytes[..SNAPSHOT_PREFIX_LEN]),
+            Some(bytes.len() as u64)
+        );
+        assert_eq!(snapshot_len(&bytes[..SNAPSHOT_PREFIX_LEN - 1]), None);
+    }
+    assert_eq!(snapshot_len(&[0u8; SNAPSHOT_PREFIX_LEN]), None);
+    let mut other_version = encode_snapshot(&sample(), T0);
+    other_version[8] = 9;
+    assert_eq!(snapshot_len(&other_version[..SNAPSHOT_PREFIX_LEN]), None);
 }
 
 #[test]

@@ -60,7 +60,8 @@ pub use lru::{
 };
 pub use nodes::{Binding, NodeNames, NodeRef};
 pub use snapshot::{
-    decode_snapshot, encode_snapshot, Snapshot, SnapshotEntry, SnapshotError, SNAPSHOT_VERSION,
+    decode_snapshot, encode_snapshot, snapshot_len, Snapshot, SnapshotEntry, SnapshotError,
+    SNAPSHOT_PREFIX_LEN, SNAPSHOT_VERSION,
 };
 
 use crate::decision::{Decision, Pin};

@@ -198,6 +198,23 @@ fn write_key(out: &mut Vec<u8>, key: KeyRef<'_>) {
     }
 }
 
+/// How many bytes of a file [`snapshot_len`] reads: the magic, the version, the flags, the
+/// reserved word and the total length.
+pub const SNAPSHOT_PREFIX_LEN: usize = 24;
+
+/// The length a snapshot says it has (its total-length field), from the file's first
+/// [`SNAPSHOT_PREFIX_LEN`] bytes; `None` when they are not the start of a snapshot this code
+/// reads (another magic, another version, too few bytes). A reader of a file reads no more
+/// than that length and one byte (to tell trailing bytes), or than the prefix when `None`:
+/// a path naming `/dev/zero`, or a file that keeps growing, is not read until memory runs out.
+pub fn snapshot_len(prefix: &[u8]) -> Option<u64> {
+    let magic = prefix.get(..MAGIC.len())?;
+    let version = prefix.get(8..10)?;
+    let total = prefix.get(16..SNAPSHOT_PREFIX_LEN)?;
+    (magic == MAGIC && version == SNAPSHOT_VERSION.to_le_bytes())
+        .then(|| u64::from_le_bytes(total.try_into().unwrap_or([0; 8])))
+}
+
 /// Reads a snapshot, dropping entries idle for `expire_ms` or more at `now_ms` (the table's
 /// current `expire`, which may differ from the one in force when the snapshot was written).
 /// Entries come back sorted by last use, oldest first.

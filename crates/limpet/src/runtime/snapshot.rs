@@ -41,7 +41,7 @@ pub const SNAPSHOT_LOAD_LIMIT: std::time::Duration = std::time::Duration::from_s
 /// start uses [`load_snapshots`]).
 pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
     let snap = table.def.snapshot.as_ref()?;
-    let result = match read_snapshot(&snap.path, longest_snapshot(table.def.size)) {
+    let result = match read_snapshot(&snap.path) {
         Ok(bytes) => restore(table, &bytes),
         Err(not) => not,
     };
@@ -63,10 +63,9 @@ pub async fn load_snapshots(tables: impl IntoIterator<Item = std::sync::Arc<Tabl
         .into_iter()
         .filter_map(|t| {
             let path = t.def.snapshot.as_ref()?.path.clone();
-            let limit = longest_snapshot(t.def.size);
             let read = tokio::task::spawn_blocking({
                 let path = path.clone();
-                move || read_snapshot(&path, limit)
+                move || read_snapshot(&path)
             });
             Some((t, path, read))
         })
@@ -85,29 +84,27 @@ pub async fn load_snapshots(tables: impl IntoIterator<Item = std::sync::Arc<Tabl
     }
 }
 
-/// The most bytes a snapshot of a table of `size` entries can hold: its entries at their
-/// longest (a kind, a key of `MAX_KEY_LEN` bytes and its length, a node and an idle time)
-/// and 64 MiB for the header and the node names (every name a config file of at most 16 MiB
-/// can give, with room for those of earlier configs).
-fn longest_snapshot(size: u32) -> u64 {
-    const ENTRY: u64 = 1 + 2 + limpet_core::table::MAX_KEY_LEN as u64 + 4 + 4;
-    (64 << 20) + u64::from(size) * ENTRY
-}
-
 /// A snapshot file's bytes, after removing the temporary files killed limpets left beside
-/// it; or what loading it did instead (missing, unreadable, longer than `limit`). Read at
-/// most `limit` bytes and one: a path that names `/dev/zero`, a log that keeps growing or a
-/// large unrelated file is refused at that length, not read until memory runs out (past the
-/// start's wait, its thread read on, and the allocation that failed aborted the process).
-fn read_snapshot(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotLoad> {
+/// it; or what loading it did instead (missing, unreadable). No more is read than the length
+/// the file's first bytes give, and one byte (which the decoder takes for trailing bytes), or
+/// than those first bytes when they are not a snapshot's: a path naming `/dev/zero`, a log
+/// that keeps growing or a large unrelated file is not read until memory runs out (past the
+/// start's wait its thread read on, and the allocation that failed aborted the process).
+fn read_snapshot(path: &Path) -> Result<Vec<u8>, SnapshotLoad> {
+    use limpet_core::table::{snapshot_len, SNAPSHOT_PREFIX_LEN};
     use std::io::Read as _;
     remove_stale_temporaries(path);
     let mut bytes = Vec::new();
-    let read = std::fs::File::open(path).and_then(|f| f.take(limit + 1).read_to_end(&mut bytes));
+    let read = std::fs::File::open(path).and_then(|mut f| {
+        (&mut f)
+            .take(SNAPSHOT_PREFIX_LEN as u64)
+            .read_to_end(&mut bytes)?;
+        let rest = snapshot_len(&bytes)
+            .map_or(0, |total| total.saturating_sub(SNAPSHOT_PREFIX_LEN as u64))
+            .saturating_add(1);
+        f.take(rest).read_to_end(&mut bytes)
+    });
     match read {
-        Ok(_) if bytes.len() as u64 > limit => Err(SnapshotLoad::Skipped(format!(
-            "longer than a snapshot of this table can be ({limit} bytes)"
-        ))),
         Ok(_) => Ok(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SnapshotLoad::Missing),
         Err(e) => Err(SnapshotLoad::Skipped(format!("cannot read: {e}"))),
@@ -331,20 +328,31 @@ fn remove_stale_temporaries(path: &Path) {
 mod tests {
     use super::*;
 
-    /// A snapshot path naming `/dev/zero` (or a file that keeps growing) is read up to the
-    /// longest snapshot the table can have, then refused; before, it was read until memory
-    /// ran out.
+    /// A snapshot path naming `/dev/zero` is read no further than a snapshot's first bytes,
+    /// and a snapshot file that keeps growing no further than the length it gives and one
+    /// byte (the decoder then reports trailing bytes); before, both were read until memory
+    /// ran out. A snapshot whole is read whole.
     #[test]
-    fn a_snapshot_file_longer_than_any_snapshot_is_refused_at_that_length() {
+    fn a_snapshot_file_is_read_no_further_than_its_length() {
+        use limpet_core::table::{encode_snapshot, AffinityStore, KeyRef, LruTable, TableConfig};
         let dir = scratch("endless");
+        let zero = dir.join("zero.snapshot");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap_or_else(|e| panic!("{e}"));
+        let read = read_snapshot(&zero).map(|b| b.len());
+        assert!(matches!(read, Ok(n) if n <= 25), "{read:?}");
+
+        let mut t = LruTable::new(TableConfig::new(10, 60_000)).unwrap_or_else(|e| panic!("{e}"));
+        let n = t.intern("a").unwrap_or_else(|| panic!("name"));
+        t.put(KeyRef::bytes(b"k"), n, 1_000);
+        let whole = encode_snapshot(&t, 1_000);
         let path = dir.join("t.snapshot");
-        std::os::unix::fs::symlink("/dev/zero", &path).unwrap_or_else(|e| panic!("{e}"));
-        match read_snapshot(&path, 1 << 20) {
-            Err(SnapshotLoad::Skipped(why)) => assert!(why.contains("longer than"), "{why}"),
-            other => panic!("{:?}", other.map(|b| b.len())),
-        }
-        assert_eq!(longest_snapshot(0), 64 << 20);
-        assert_eq!(longest_snapshot(1_000), (64 << 20) + 1_000 * 267);
+        std::fs::write(&path, &whole).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read_snapshot(&path).ok(), Some(whole.clone()));
+        let mut grown = whole.clone();
+        grown.extend(std::iter::repeat_n(7u8, 10_000));
+        std::fs::write(&path, &grown).unwrap_or_else(|e| panic!("{e}"));
+        let read = read_snapshot(&path).map(|b| b.len());
+        assert_eq!(read.ok(), Some(whole.len() + 1));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
