@@ -28,7 +28,11 @@
 //!    and write it into the table, which had no entry a node could honour.
 //! 5. The table's entry for the session's key names a node that honours it.
 //! 6. A fresh assignment: a DOWN node due its trial first (without checks nothing else would
-//!    ever try it), then the listener's balance over the UP nodes.
+//!    ever try it), then the listener's balance over the UP nodes. Not the trial when the
+//!    request already went out to a node that failed it (a second wait, maybe on a hung
+//!    node), nor after two DOWN nodes refused it (`TRIALS_PER_REQUEST`): an UP node then;
+//!    with none, a due trial still beats an error. Steps 2, 3 and 5 make no trial of a
+//!    request that went out either, while an UP node can take it.
 //!
 //! Pins to nodes in `exclude` (nodes that already failed for this request) are re-pinned
 //! with the reason each was excluded for ([`Excluded`]: how the node failed, e.g.
@@ -1445,8 +1449,8 @@ mod tests {
     }
 
     /// Several nodes due their trial (blackholed: each connect waits out its timeout): one
-    /// request tries two of them at most, then goes to the node UP; the next request tries
-    /// the next one due. Before, it tried every one in turn, a connect timeout each.
+    /// request tries two of them at most, then goes to the node UP. Before, it tried every
+    /// one in turn, a connect timeout each.
     #[test]
     fn one_request_tries_two_nodes_due_their_trial_at_most() {
         let s = snap(&[

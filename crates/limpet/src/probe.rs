@@ -350,6 +350,15 @@ impl Plan {
             }
             Some(path) => {
                 let mut u = url.join(path).map_err(|e| format!("--ws {path:?}: {e}"))?;
+                // Whatever else the URL parser reads as another host (`/\host`, a tab
+                // inside `//`): the URL's origin or nothing.
+                if (u.host_str(), u.port_or_known_default())
+                    != (url.host_str(), url.port_or_known_default())
+                {
+                    return Err(format!(
+                        "--ws {path:?} must be a path starting with / (on the URL's host)"
+                    ));
+                }
                 u.set_scheme(ws_scheme)
                     .map_err(|()| format!("--ws {path:?}: cannot make a {ws_scheme}:// URL"))?;
                 Some(u)
@@ -586,11 +595,13 @@ mod tests {
         assert!(!p.names.matches("sid"));
         assert!(p.extra.headers.is_empty());
         // A scheme-relative `//host/ws` would probe another host than the URL's.
-        let e = plan(&["http://h/", "--ws", "//other/ws"]).map(|p| p.ws_url);
-        assert!(
-            e.as_ref().is_err_and(|e| e.contains("must be a path")),
-            "{e:?}"
-        );
+        for other in ["//other/ws", "/\\other/ws", "/\t/other/ws"] {
+            let e = plan(&["http://h/", "--ws", other]).map(|p| p.ws_url);
+            assert!(
+                e.as_ref().is_err_and(|e| e.contains("must be a path")),
+                "{other:?}: {e:?}"
+            );
+        }
     }
 
     #[test]

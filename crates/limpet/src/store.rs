@@ -630,7 +630,6 @@ impl Store {
             return None;
         }
         let rkey = self.key(table, key);
-        let px = self.expire_ms(table);
         let mut conn = self.conn();
         self.count("get", 1);
         self.counts.gets.fetch_add(1, Ordering::Relaxed);
@@ -638,14 +637,18 @@ impl Store {
         // expiry, as a use's refresh would give it. Read with GET, it kept the time the last
         // instance to use it left, and this instance's first refresh of it comes up to
         // `expire / 2` later: the key could expire meanwhile, and a first request through
-        // another instance (the session's other port) pin the client afresh, elsewhere.
+        // another instance (the session's other port) pin the client afresh, elsewhere. A
+        // table a reload made local or removed (a request of the generation before it) only
+        // reads: its expiry is not this instance's to set.
+        let px = self.registered_expire_ms(table);
+        let mut read = redis::cmd(if px.is_some() { "GETEX" } else { "GET" });
+        read.arg(&rkey);
+        if let Some(px) = px {
+            read.arg("PX").arg(px);
+        }
         let r = tokio::time::timeout(
             self.def.timeout,
-            redis::cmd("GETEX")
-                .arg(&rkey)
-                .arg("PX")
-                .arg(px)
-                .query_async::<Option<Vec<u8>>>(&mut conn),
+            read.query_async::<Option<Vec<u8>>>(&mut conn),
         )
         .await;
         match r {
@@ -829,7 +832,12 @@ impl Store {
     }
 
     fn expire_ms(&self, table: &str) -> u64 {
-        lock(&self.tables).get(table).map_or(1, |r| r.expire_ms)
+        self.registered_expire_ms(table).unwrap_or(1)
+    }
+
+    /// The `expire` of a table that goes through the store now.
+    fn registered_expire_ms(&self, table: &str) -> Option<u64> {
+        lock(&self.tables).get(table).map(|r| r.expire_ms)
     }
 
     /// The store had another node for a key this instance created (or published) with
@@ -1141,6 +1149,8 @@ impl Store {
                     }
                     s.entries(page, BATCH, now_ms())
                         .into_iter()
+                        // Not an entry naming a node a reload removed: its next use re-pins it.
+                        .filter(|e| t.node_of(e.node).is_some())
                         .filter_map(|e| Some((e.key, s.node_name(e.node)?.to_owned())))
                         .collect()
                 };
@@ -1179,6 +1189,9 @@ impl Store {
                 let s = t.store();
                 s.used_since(since, now, usize::MAX)
                     .into_iter()
+                    // Not an entry naming a node a reload removed (its next use re-pins it):
+                    // missing from the store, it would be created there again.
+                    .filter(|(_, r)| t.node_of(*r).is_some())
                     .filter_map(|(k, r)| Some((k, s.node_name(r)?.to_owned())))
                     .collect()
             };

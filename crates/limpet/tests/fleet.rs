@@ -1194,7 +1194,8 @@ async fn a_pin_changed_in_the_store_without_a_message_is_adopted_by_the_refresh(
 /// on two nodes. (The expiry refresh compares alike, and writes first alike.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_pin_queued_as_a_resync_reads_the_pins_is_not_undone_by_it() {
-    let sc = Alone::start_relayed("queued-repin", "10m", "", Some("2s")).await;
+    // A store timeout well past what the test takes while the relay holds a command.
+    let sc = Alone::start_relayed("queued-repin", "10m", "", Some("5s")).await;
     let (a, redis) = (&sc.a, &sc.redis);
     let relay = sc.relay.as_ref().expect("relay");
     let (src, other) = ("127.0.14.10", "127.0.14.11");
@@ -1332,13 +1333,12 @@ async fn a_re_pin_off_a_removed_node_made_while_the_store_was_away_stands_when_i
 async fn a_pin_in_the_store_to_a_node_a_reload_removed_is_left_alone() {
     let sc = Alone::start("removed-store", "10m").await;
     let (a, redis) = (&sc.a, &sc.redis);
-    let (src, fresh) = ("127.0.14.30", "127.0.14.31");
+    let (src, fresh, gone) = ("127.0.14.30", "127.0.14.31", "127.0.14.32");
     let (first, key) = sc.pin_in_store(src).await;
-    let removed = NODES
-        .iter()
-        .map(|(n, _)| *n)
-        .find(|n| *n != first)
-        .expect("another node");
+    // A client pinned to the node the reload removes.
+    let (removed, gone_key) = sc.pin_in_store(gone).await;
+    assert_ne!(removed, first, "round robin");
+    let removed = removed.as_str();
     reload_without(a, removed).await;
     let (mut session, on) = tcp_session(src, a.addr("raw")).await;
     assert_eq!(on, first);
@@ -1376,6 +1376,21 @@ async fn a_pin_in_the_store_to_a_node_a_reload_removed_is_left_alone() {
         (2, 0),
         "the GET and the create's answer named the removed node: {st:?}"
     );
+
+    // The store loses its data: the resync publishes the pins again, but not one naming the
+    // removed node (its client's next request re-pins it).
+    let resyncs = a.status().resyncs;
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut c)
+        .await
+        .expect("FLUSHALL");
+    until("the resync after the flush", async || {
+        let st = a.status();
+        st.resyncs > resyncs && !st.resync_pending
+    })
+    .await;
+    assert_eq!(redis.get(&key).await.as_deref(), Some(first.as_str()));
+    assert_eq!(redis.get(&gone_key).await, None, "the removed node's pin");
     sc.stop().await;
 }
 
@@ -1391,14 +1406,14 @@ async fn a_pin_read_from_the_store_gets_the_whole_expiry_again() {
     let src = "127.0.14.40";
     let key = format!("limpet:terminal:ip:{src}");
     let (node, _) = NODES[1];
-    // Another instance's pin, its key near its end.
-    redis.set_px(&key, node, 3_000).await;
+    // Another instance's pin, its key with 10 s left of the table's 10 minutes.
+    redis.set_px(&key, node, 10_000).await;
     let gets = a.status().get_hits;
     assert_eq!(a.http(src).await, node, "the fleet's pin");
     assert_eq!(a.status().get_hits, gets + 1, "{:?}", a.status());
     let ttl = redis.pttl(&key).await;
     assert!(
-        ttl > 3_000 && ttl <= 600_000,
+        ttl > 10_000 && ttl <= 600_000,
         "the key has the table's expiry (10 minutes) again: {ttl} ms left"
     );
     assert_eq!(redis.get(&key).await.as_deref(), Some(node));

@@ -807,7 +807,7 @@ mod tests {
     }
 
     #[test]
-    fn named_by_header_counts_all_but_accepted_upgrades() {
+    fn named_by_header_counts_the_answers_the_header_named() {
         let refused = Event::Answer(Answer {
             round: 0,
             via: Via::Upgrade,

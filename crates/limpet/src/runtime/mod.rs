@@ -240,7 +240,7 @@ impl Table {
     }
 
     /// Before routing a key this instance holds no entry for (the session's first request
-    /// here): the fleet's pin from the store, into the local table. Awaits one GET bounded by
+    /// here): the fleet's pin from the store, into the local table. Awaits one read bounded by
     /// the store's `timeout`, and nothing when the key is held locally, the table is not
     /// shared or the store is down. [`State::route`] itself never waits for the store.
     pub async fn prefetch(&self, key: KeyRef<'_>) {
