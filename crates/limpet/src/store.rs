@@ -622,9 +622,9 @@ impl Store {
 
     /// The fleet's pin of `key` for a key this instance has no entry for (the first request
     /// of a session here: a failover of the virtual IP, or the other protocol's port on
-    /// another instance). One GETEX (renewing the key's expiry) bounded by `timeout`; `None` when the store has none, is
-    /// down or too slow (then the request is routed fresh and the pin reconciled by the
-    /// create-if-absent write).
+    /// another instance). One GETEX (renewing the key's expiry) bounded by `timeout`; `None`
+    /// when the store has none, is down or too slow (then the request is routed fresh and the
+    /// pin reconciled by the create-if-absent write).
     pub async fn fetch(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
         if !self.is_up() {
             return None;
