@@ -1288,35 +1288,28 @@ mod tests {
             let r = route(&s, 0, &|_| 0, &table_pin);
             assert_eq!((r.node, r.trial), (Some(C), false), "table, {why:?}");
         }
+        let pinned_to_b = |exclude: &[Excluded]| {
+            let r = route(
+                &s,
+                0,
+                &|_| 0,
+                &RouteInput {
+                    cookie: cookie(Pin::Node(B)),
+                    now_ms: 10_000,
+                    ..input(exclude)
+                },
+            );
+            (r.node, r.trial)
+        };
         // Nothing went out (a refused connect): the pin's trial goes first.
         let refused = [failed(A, RepinReason::ConnectFailed)];
-        let r = route(
-            &s,
-            0,
-            &|_| 0,
-            &RouteInput {
-                cookie: cookie(Pin::Node(B)),
-                now_ms: 10_000,
-                ..input(&refused)
-            },
-        );
-        assert_eq!((r.node, r.trial), (Some(B), true), "nothing went out");
+        assert_eq!(pinned_to_b(&refused), (Some(B), true), "nothing went out");
         // No node UP left to take it: the pin's trial.
         let timed_out = [
             failed(A, RepinReason::AnswerTimeout),
             failed(C, RepinReason::AnswerTimeout),
         ];
-        let r = route(
-            &s,
-            0,
-            &|_| 0,
-            &RouteInput {
-                cookie: cookie(Pin::Node(B)),
-                now_ms: 10_000,
-                ..input(&timed_out)
-            },
-        );
-        assert_eq!((r.node, r.trial), (Some(B), true), "no node UP left");
+        assert_eq!(pinned_to_b(&timed_out), (Some(B), true), "no node UP left");
     }
 
     #[test]

@@ -307,8 +307,8 @@ async fn one_named_answer_per_session_is_unjudged_not_a_pass() {
     proxy.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn header_and_cookie_options_reach_an_app_behind_a_login() {
+/// Two nodes of an application behind a login (`a`, `b`), and limpet in front of them.
+async fn behind_a_login() -> ([LoginNode; 2], Proxy) {
     let ns = [LoginNode::start("a").await, LoginNode::start("b").await];
     let proxy = Proxy::start(ProxyConfig::new(
         ns.iter()
@@ -319,6 +319,12 @@ async fn header_and_cookie_options_reach_an_app_behind_a_login() {
             .collect(),
     ))
     .await;
+    (ns, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_and_cookie_options_reach_an_app_behind_a_login() {
+    let (ns, proxy) = behind_a_login().await;
     let totals = || {
         ns.iter().fold((0, 0, 0), |(a, u, r), n| {
             let (na, nu, nr) = n.counts.get();
@@ -400,16 +406,7 @@ async fn header_and_cookie_options_reach_an_app_behind_a_login() {
 /// rewrite, and the run broken (exit 1) against a balancer that kept every session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_named_by_its_101_s_header_is_judged_by_it() {
-    let ns = [LoginNode::start("a").await, LoginNode::start("b").await];
-    let proxy = Proxy::start(ProxyConfig::new(
-        ns.iter()
-            .map(|n| NodeConfig {
-                name: n.name.clone(),
-                addr: n.addr,
-            })
-            .collect(),
-    ))
-    .await;
+    let (_nodes, proxy) = behind_a_login().await;
     let url = proxy.url("/");
     let auth = format!("Authorization: {LOGIN_TOKEN}");
     let run = probe(&[
