@@ -586,3 +586,35 @@ async fn a_cookie_the_client_s_connection_line_names_is_dropped_on_either_path()
     }
     proxy.stop().await;
 }
+
+/// A node's `Content-Length` given more than once with one value (`5, 5`, or two lines of
+/// `5`) frames the body by that value (RFC 9110 8.6 lets a recipient take it), and the
+/// client is sent that one value on one line, on either path to the node (a bodiless GET
+/// and a POST with a body): passed on as it came, a strict client refuses the answer.
+#[tokio::test]
+async fn a_content_length_repeated_with_one_value_reaches_the_client_as_one() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\nconnection: close\r\n\r\nhello"[..],
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nContent-Length: 5\r\nconnection: close\r\n\r\nhello",
+    ] {
+        let node = ScriptedNode::start(fixed(answer, true)).await;
+        let proxy = proxy_for(&node).await;
+        for request in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi",
+        ] {
+            let got = common::raw_exchange(proxy.addr, request).await;
+            let (head, body) = got.split_once("\r\n\r\n").unwrap_or((&got, ""));
+            let lengths: Vec<&str> = head
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .filter(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                .map(|(_, v)| v.trim())
+                .collect();
+            assert!(head.starts_with("HTTP/1.1 200"), "{got}");
+            assert_eq!(lengths, ["5"], "{got}");
+            assert_eq!(body, "hello", "{got}");
+        }
+        proxy.stop().await;
+    }
+}

@@ -164,6 +164,21 @@ pub(crate) fn other_transfer_codings(headers: &HeaderMap) -> Option<HeaderValue>
     HeaderValue::from_bytes(&codings).ok()
 }
 
+/// The one value of a `Content-Length` given as a list (`5, 5`) or on several lines, or
+/// `None` when it is a single value or absent. Both paths from a node have already refused
+/// values that differ, so the first stands for all; RFC 9110 8.6 lets a recipient replace
+/// the list with it, and a proxy that passed the list on would have strict clients refuse
+/// the answer.
+pub(crate) fn repeated_content_length(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut lines = headers.get_all(header::CONTENT_LENGTH).iter();
+    let first = lines.next()?;
+    if lines.next().is_none() && !first.as_bytes().contains(&b',') {
+        return None;
+    }
+    let value = first.as_bytes().split(|&b| b == b',').next()?.trim_ascii();
+    HeaderValue::from_bytes(value).ok()
+}
+
 /// Removes hop-by-hop headers, including every header the `Connection` lines name. For an
 /// upgrade (`keep_upgrade`), `Upgrade` stays and `Connection: upgrade` is written back, since
 /// the upgrade must be negotiated with the node itself.
