@@ -2,6 +2,10 @@
 //! time on a hit and on a miss, and insert time into a full table (each insert evicts the
 //! least recently used entry, the steady state of a busy table).
 //!
+//! Whole-table reads (`table_1m_ipv4_reads`) against one page of the paged reads the binary
+//! makes (`table_1m_ipv4_pages`): what a snapshot save or an expiry refresh holds the table's
+//! lock for.
+//!
 //! Run: `cargo bench -p limpet-core --bench table`. The memory figures print first, twice:
 //! computed from the table's allocations, and measured as the growth of the process's resident
 //! set (`VmRSS` in /proc/self/status, so no counting allocator and no `unsafe` is needed).
@@ -13,7 +17,9 @@ use std::hint::black_box;
 use std::net::Ipv4Addr;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use limpet_core::table::{AffinityStore, AffinityTable, KeyRef, LruTable, TableConfig};
+use limpet_core::table::{
+    encode_snapshot, AffinityStore, AffinityTable, KeyRef, LruTable, SnapshotPages, TableConfig,
+};
 use limpet_core::{Pin, Pool};
 
 const N: u32 = 1_000_000;
@@ -123,6 +129,33 @@ fn bench(c: &mut Criterion) {
             black_box(pool.decide(pin, now))
         })
     });
+    g.finish();
+
+    // Whole-table reads (a snapshot save, a shared table's expiry refresh): how long the
+    // table's lock would be held read at once, against one page of the paged read.
+    let mut g = c.benchmark_group("table_1m_ipv4_reads");
+    g.sample_size(10);
+    g.bench_function("snapshot_whole", |b| {
+        b.iter(|| black_box(encode_snapshot(t.store(), now)))
+    });
+    g.bench_function("used_at_whole", |b| {
+        b.iter(|| black_box(t.store().used_at(0, N as usize, 0, now)))
+    });
+    g.finish();
+    let mut g = c.benchmark_group("table_1m_ipv4_pages");
+    g.bench_function("snapshot_page_4096", |b| {
+        b.iter(|| {
+            let mut pages = SnapshotPages::new();
+            black_box(pages.read(t.store(), 4096, now))
+        })
+    });
+    g.bench_function("used_at_page_4096", |b| {
+        b.iter(|| black_box(t.store().used_at(4096, 4096, 0, now)))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("table_1m_ipv4");
+    g.throughput(Throughput::Elements(1));
     let node = t
         .store_mut()
         .intern("kyiv")

@@ -350,7 +350,7 @@ impl Held {
 /// The holder's state, read once it has stopped accepting, sent with "stopping".
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct State {
-    /// Each table's pins (`encode_snapshot` bytes), by name.
+    /// Each table's pins (snapshot bytes), by name.
     pub tables: Vec<(String, Vec<u8>)>,
     /// Each node's admin state, by name.
     pub nodes: Vec<(String, AdminState)>,

@@ -460,30 +460,31 @@ impl LruTable {
         })
     }
 
-    /// The live entries used at or after `since_ms`, most recently used first, at most `max`
-    /// of them: the walk starts at the head of the LRU list and stops at the first older
-    /// entry, so its cost is the number returned (a shared table's lazy expiry refresh).
-    pub fn used_since(&self, since_ms: u64, now_ms: u64, max: usize) -> Vec<(TableKey, NodeRef)> {
+    /// The live entries used at or after `since_ms` among up to `limit` slab positions from
+    /// `offset` (O(limit)), each with its last use (epoch ms). For work over the whole table
+    /// a page at a time, the table locked only for the page (a shared table's expiry
+    /// refresh, a snapshot save): a big table read at once held its lock for 100 ms per
+    /// million entries, and every request to it waited.
+    ///
+    /// The order is the slab's. A removal between pages moves the last entry into the hole,
+    /// so a walk that has passed the hole misses that entry; none is read twice, though a
+    /// key removed and put again can be (at its new position, with its new last use).
+    pub fn used_at(
+        &self,
+        offset: usize,
+        limit: usize,
+        since_ms: u64,
+        now_ms: u64,
+    ) -> Vec<(TableKey, NodeRef, u64)> {
         let reference = now_ms.max(self.clock_ms);
-        let mut out = Vec::new();
-        let mut at = self.head;
-        while at != NIL && out.len() < max {
-            let e = &self.slab[at as usize];
-            if self.base_ms + u64::from(e.stamp) < since_ms {
-                break;
-            }
-            if self.age(at, reference) < self.expire_ms {
-                out.push((e.key.clone(), e.node));
-            }
-            at = e.next;
-        }
-        out
-    }
-
-    /// Every live entry, most recently used first, at most `max` (a shared table's
-    /// publication of its pins after the store was away).
-    pub fn live_entries(&self, now_ms: u64, max: usize) -> Vec<(TableKey, NodeRef)> {
-        self.used_since(0, now_ms, max)
+        (offset..self.slab.len().min(offset.saturating_add(limit)))
+            .filter_map(|i| {
+                let e = &self.slab[i];
+                let last_used = self.base_ms + u64::from(e.stamp);
+                (last_used >= since_ms && self.age(i as u32, reference) < self.expire_ms)
+                    .then(|| (e.key.clone(), e.node, last_used))
+            })
+            .collect()
     }
 
     /// Replaces the table's content with a decoded snapshot's entries. Entries that expired by
@@ -982,24 +983,45 @@ mod tests {
     }
 
     #[test]
-    fn used_since_walks_only_the_recently_used_entries() {
+    fn used_at_reads_a_page_of_positions_for_the_entries_used_since() {
         let mut t = table(8, 10_000);
         let n = t.intern("a").expect("name");
         for i in 0..5 {
             t.put(k(i), n, T0 + u64::from(i) * 100);
         }
-        // A hit moves key 1 to the front with a new stamp.
+        // A hit gives key 1 a new last use.
         assert_eq!(t.get(k(1), T0 + 1_000), Some(n));
-        let recent: Vec<TableKey> = t
-            .used_since(T0 + 300, T0 + 1_000, usize::MAX)
-            .into_iter()
-            .map(|(key, _)| key)
+        let used = |offset, limit, since, now| {
+            let mut keys: Vec<(TableKey, u64)> = t
+                .used_at(offset, limit, since, now)
+                .into_iter()
+                .map(|(key, _, last)| (key, last))
+                .collect();
+            keys.sort_by_key(|(_, last)| *last);
+            keys
+        };
+        assert_eq!(
+            used(0, 8, T0 + 300, T0 + 1_000),
+            vec![
+                (k(3).to_key(), T0 + 300),
+                (k(4).to_key(), T0 + 400),
+                (k(1).to_key(), T0 + 1_000)
+            ]
+        );
+        // Pages of two positions cover the same entries, none twice.
+        let mut paged: Vec<(TableKey, u64)> = (0..3)
+            .flat_map(|p| used(p * 2, 2, T0 + 300, T0 + 1_000))
             .collect();
-        assert_eq!(recent, vec![k(1).to_key(), k(4).to_key(), k(3).to_key()]);
-        assert_eq!(t.used_since(T0 + 300, T0 + 1_000, 2).len(), 2);
-        assert_eq!(t.live_entries(T0 + 1_000, usize::MAX).len(), 5);
-        // Expired entries are left out.
-        assert_eq!(t.live_entries(T0 + 10_250, usize::MAX).len(), 3);
+        paged.sort_by_key(|(_, last)| *last);
+        assert_eq!(paged, used(0, 8, T0 + 300, T0 + 1_000));
+        assert_eq!(
+            used(4, 8, 0, T0 + 1_000).len(),
+            1,
+            "positions past the end are none"
+        );
+        assert_eq!(used(0, 8, 0, T0 + 1_000).len(), 5);
+        // Expired entries are left out: keys 0, 2 (idle 10 s by then) go.
+        assert_eq!(used(0, 8, 0, T0 + 10_250).len(), 3);
     }
 
     /// A smaller size gives the memory of a larger one back, the index's as the slab's: a

@@ -20,7 +20,7 @@
 //!   route.table ──AffinityTable::learn_in(binding, key, node, now)──► AffinityStore::put
 //!  node's Set-Cookie ──KeySpec::response_key──► learn (application-cookie tables)
 //!  reload: new Topology ──AffinityTable::bind──► a Binding per generation; entries untouched
-//!  timer:  AffinityStore::purge_expired(now, budget)      shutdown/interval: encode_snapshot
+//!  timer:  AffinityStore::purge_expired(now, budget)   shutdown/interval: SnapshotPages
 //! ```
 //!
 //! ## Pieces
@@ -31,7 +31,10 @@
 //!   in-memory one (bounded, LRU eviction, idle expiry, ~50 bytes per IPv4 entry all in).
 //! * [`NodeRef`]/[`NodeNames`]/[`Binding`]: entries store node *names* (interned), so pins
 //!   survive a reload that renumbers or removes nodes.
-//! * [`encode_snapshot`]/[`decode_snapshot`]: versioned, checksummed snapshot bytes.
+//! * [`encode_snapshot`]/[`decode_snapshot`]: versioned, checksummed snapshot bytes;
+//!   [`SnapshotPages`] reads a table for them a page of positions at a time (the binary
+//!   locks a table shared with traffic only for a page), as [`LruTable::used_at`] does for
+//!   a shared table's expiry refresh.
 //!
 //! ## Other stores
 //!
@@ -61,7 +64,7 @@ pub use lru::{
 pub use nodes::{Binding, NodeNames, NodeRef};
 pub use snapshot::{
     decode_snapshot, encode_snapshot, snapshot_len, Snapshot, SnapshotEntry, SnapshotError,
-    SNAPSHOT_PREFIX_LEN, SNAPSHOT_VERSION,
+    SnapshotPages, SNAPSHOT_PREFIX_LEN, SNAPSHOT_VERSION,
 };
 
 use crate::decision::{Decision, Pin};

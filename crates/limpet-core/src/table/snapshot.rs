@@ -38,6 +38,7 @@ use std::fmt;
 use super::hash::crc32;
 use super::key::{KeyRef, RefRepr, TableKey, MAX_KEY_LEN};
 use super::lru::LruTable;
+use super::nodes::{NodeNames, NodeRef};
 use super::AffinityStore;
 
 const MAGIC: [u8; 8] = *b"LMPTSTCK";
@@ -141,11 +142,74 @@ impl fmt::Display for SnapshotError {
 impl std::error::Error for SnapshotError {}
 
 /// Writes the live entries of `table` (idle times taken at `now_ms`, or the table's clock if
-/// later), least recently used first.
+/// later), least recently used first, in one pass: the table is read whole. A table shared
+/// with traffic is read a page at a time with [`SnapshotPages`] instead.
 pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
     let saved_at = now_ms.max(table.clock_ms());
-    let names = table.names();
-    let mut out = Vec::with_capacity(HEADER_LEN + 16 * names.len() + 17 * table.len() + 4);
+    encode_entries(
+        saved_at,
+        table.names(),
+        table.len(),
+        table
+            .iter_oldest_first(saved_at)
+            .map(|(key, node, last_used)| (key.as_key_ref(), node, last_used)),
+    )
+}
+
+/// A snapshot read from its table a page of positions at a time
+/// ([`LruTable::used_at`]), so the caller can let go of the table's lock between pages: the
+/// table read whole for a save held it about 50 ms per million entries (and a request to it
+/// waited that long). What a page-at-a-time read gives up is an entry moved, between pages,
+/// into a position already read (a removal fills its hole with the last entry): it is not
+/// saved this time. A key removed and put again between pages may be read twice; the later
+/// use is written last, and a restore keeps it.
+#[derive(Debug, Default)]
+pub struct SnapshotPages {
+    entries: Vec<(TableKey, NodeRef, u64)>,
+    next: usize,
+}
+
+impl SnapshotPages {
+    /// Nothing read yet.
+    pub fn new() -> Self {
+        SnapshotPages::default()
+    }
+
+    /// Reads the live entries at the next `limit` positions of `table`; false once the read
+    /// has reached the table's end.
+    pub fn read(&mut self, table: &LruTable, limit: usize, now_ms: u64) -> bool {
+        self.entries
+            .extend(table.used_at(self.next, limit, 0, now_ms));
+        self.next = self.next.saturating_add(limit);
+        self.next < table.len()
+    }
+
+    /// The snapshot of the entries read, least recently used first, idle times taken at
+    /// `now_ms` (or `table`'s clock if later). Names are `table`'s as they are now: a table
+    /// only ever adds names, so every entry read still names its node by the same index.
+    pub fn encode(mut self, table: &LruTable, now_ms: u64) -> Vec<u8> {
+        let saved_at = now_ms.max(table.clock_ms());
+        self.entries.sort_by_key(|&(_, _, last_used)| last_used);
+        encode_entries(
+            saved_at,
+            table.names(),
+            self.entries.len(),
+            self.entries
+                .iter()
+                .map(|(key, node, last_used)| (key.as_key_ref(), *node, *last_used)),
+        )
+    }
+}
+
+/// The snapshot bytes of `entries` (least recently used first) naming `names`, saved at
+/// `saved_at`; `len` sizes the buffer.
+fn encode_entries<'k>(
+    saved_at: u64,
+    names: &NodeNames,
+    len: usize,
+    entries: impl Iterator<Item = (KeyRef<'k>, NodeRef, u64)>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + 16 * names.len() + 17 * len + 4);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
@@ -159,11 +223,12 @@ pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
         out.extend_from_slice(name.as_bytes());
     }
     let mut count: u32 = 0;
-    for (key, node, last_used) in table.iter_oldest_first(saved_at) {
-        write_key(&mut out, key.as_key_ref());
+    for (key, node, last_used) in entries {
+        write_key(&mut out, key);
         out.extend_from_slice(&(node.index() as u32).to_le_bytes());
-        // Live entries are idle less than `expire` <= 2^31 - 1 ms, so this fits.
-        let idle = u32::try_from(saved_at - last_used).unwrap_or(u32::MAX);
+        // Live entries are idle less than `expire` <= 2^31 - 1 ms, so this fits (an entry
+        // that expired while a paged read went on says so on load).
+        let idle = u32::try_from(saved_at.saturating_sub(last_used)).unwrap_or(u32::MAX);
         out.extend_from_slice(&idle.to_le_bytes());
         count += 1;
     }

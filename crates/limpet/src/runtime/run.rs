@@ -161,10 +161,7 @@ impl Running {
             crate::upgrade::State {
                 tables: state
                     .tables()
-                    .map(|t| {
-                        let bytes = limpet_core::table::encode_snapshot(t.lock().store(), now_ms());
-                        (t.def.name.clone(), bytes)
-                    })
+                    .map(|t| (t.def.name.clone(), super::snapshot::encode_paged(t)))
                     .collect(),
                 nodes: state.node_admin_states(),
                 health: state.node_health(),
