@@ -877,6 +877,85 @@ async fn a_request_beyond_a_full_node_queue_gets_503_at_once() {
     l.stop().await;
 }
 
+/// A request that holds node `a`'s only slot (`max_connections = 1`) and finds its kept-alive
+/// connection closed by the node before any answer byte (the keep-alive race) is sent again
+/// on a fresh connection to `a` in the slot it holds: it is answered, and the request queued
+/// meanwhile after it. Before, the retry gave the slot up and asked again behind the queue:
+/// with the queue full (`max_queue = 1`) it got 503 for nothing but the node's idle close.
+#[tokio::test]
+async fn a_retry_after_the_keep_alive_race_keeps_its_slot() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.2:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    // The node: its first connection answers one request, then takes the next and, once
+    // told (`close`), closes without a byte; every other connection answers each request.
+    let (reached, mut second_came) = tokio::sync::mpsc::channel::<()>(1);
+    let close = Arc::new(tokio::sync::Notify::new());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let node = tokio::spawn({
+        let (close, connections) = (Arc::clone(&close), Arc::clone(&connections));
+        async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let first = connections.fetch_add(1, Ordering::SeqCst) == 0;
+                let (reached, close) = (reached.clone(), Arc::clone(&close));
+                tokio::spawn(async move {
+                    let (mut heads, mut seen, mut buf) = (0, Vec::new(), [0u8; 4096]);
+                    loop {
+                        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        seen.clear();
+                        heads += 1;
+                        if first && heads == 2 {
+                            let _ = reached.send(()).await;
+                            close.notified().await;
+                            return;
+                        }
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    let cfg = ConfigFile::new(
+        "adv-race-slot",
+        &limited_config(port, "max_connections = 1\nmax_queue = 1", "10s"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let get = |url: String| async move { bare_client().get(&url).send().await.map(|r| r.status()) };
+    assert_eq!(get(url.clone()).await.expect("answer").as_u16(), 200);
+    let held = tokio::spawn(get(url.clone()));
+    tokio::time::timeout(SOON, second_came.recv())
+        .await
+        .expect("the second request reached a on the kept-alive connection");
+    let queued = tokio::spawn(get(url.clone()));
+    tokio::time::timeout(SOON, async {
+        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the third request queued for a");
+    close.notify_one();
+    let held = held.await.expect("task").expect("answer");
+    assert_eq!(held.as_u16(), 200, "the retry kept its slot");
+    assert_eq!(queued.await.expect("task").expect("answer").as_u16(), 200);
+    assert!(
+        connections.load(Ordering::SeqCst) >= 2,
+        "the retry went on a fresh connection"
+    );
+    l.stop().await;
+    node.abort();
+}
+
 /// A listener of `max_connections = {max}` before node `a` (a demo node: it serves
 /// WebSockets at `/ws`).
 fn capped_config(port: u16, max: usize) -> String {

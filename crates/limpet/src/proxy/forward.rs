@@ -1058,6 +1058,10 @@ impl<'a> Attempt<'a> {
             let shared = self.shared;
             let answer_timeout = shared.timeouts.upstream_answer;
             let mut force_fresh = self.upgrade;
+            // The slot a turn that goes once more to the same node on a fresh connection
+            // (the keep-alive race) keeps for it: given back and asked for again, it woke the
+            // next waiter and queued behind it (503 at once when the queue was full).
+            let mut kept: Option<(NodeId, crate::nodes::Admitted)> = None;
             // Each turn either returns or adds a node to `failed` (or spends the one
             // fresh-connection retry), so the loop ends within 2 * nodes turns.
             loop {
@@ -1083,8 +1087,9 @@ impl<'a> Attempt<'a> {
                 // A node that leaves rotation (DOWN, MAINT, past a drain) while the request
                 // waits lets it go: it routes again without the node, nothing sent and nothing
                 // charged.
-                let admitted = match shared.state.node_rt(node) {
-                    Some(rt) => {
+                let admitted = match (kept.take(), shared.state.node_rt(node)) {
+                    (Some((n, slot)), _) if n == node => Some(slot),
+                    (_, Some(rt)) => {
                         match rt
                             .admit(
                                 shared.timeouts.queue,
@@ -1109,7 +1114,7 @@ impl<'a> Attempt<'a> {
                             }
                         }
                     }
-                    None => None,
+                    (_, None) => None,
                 };
                 // The node's connections where the running config has the node: a reload
                 // while the request waited (in the queue above, or out an answer timeout
@@ -1158,6 +1163,7 @@ impl<'a> Attempt<'a> {
                             // request is replayable: once more, on a fresh connection to the same
                             // node, so the session stays where it is pinned.
                             force_fresh = true;
+                            kept = admitted.map(|slot| (node, slot));
                             continue;
                         }
                         Err(Direct::ConnectFailed(e)) => {
@@ -1261,6 +1267,7 @@ impl<'a> Attempt<'a> {
                             pending = Some(req);
                             if was_pooled {
                                 force_fresh = true;
+                                kept = admitted.map(|slot| (node, slot));
                                 continue;
                             }
                             let err = UpstreamError::new(
@@ -1303,6 +1310,7 @@ impl<'a> Attempt<'a> {
                             && matches!(cause, Cause::Io(_))
                         {
                             force_fresh = true;
+                            kept = admitted.map(|slot| (node, slot));
                             continue;
                         }
                         // Request bytes may have reached the node; no answer byte was relayed.
