@@ -287,8 +287,11 @@ impl FloodNode {
                 while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
             });
             let chunk = vec![0x5au8; 16 * 1024];
-            admin_common::flood::flood(&mut w, &chunk, blocked_tx).await;
-            let _ = failed_tx.send(());
+            // Told only when a write failed: a flood that ran to its bound was all
+            // taken in (buffered without bound), and the receiver sees its sender dropped.
+            if admin_common::flood::flood(&mut w, &chunk, blocked_tx).await {
+                let _ = failed_tx.send(());
+            }
             reader.abort();
         });
         FloodNode {
@@ -321,6 +324,7 @@ async fn a_tcp_client_that_stops_reading_is_closed_after_idle() {
     let cfg = ConfigFile::new("adv-tcp-stall", &tcp_config(node.port, "500ms"));
     let l = Limpet::start(&cfg).await;
     let mut client = TcpStream::connect(l.addr("raw")).await.expect("connect");
+    let connected = tokio::time::Instant::now();
     let failed = node.failed.take().expect("receiver");
     tokio::pin!(failed);
     // Whether the client saw its session end (its writes fail once limpet reset it).
@@ -343,6 +347,13 @@ async fn a_tcp_client_that_stops_reading_is_closed_after_idle() {
             assert!(matches!(r, Ok(Ok(()))), "the node saw its session closed: {r:?}");
         }
     }
+    // The stall is counted from when the client's buffers filled, after the connect: not
+    // sooner than `idle` (500 ms) after it, and by then with room for a loaded machine.
+    let took = connected.elapsed();
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(4),
+        "closed {took:?} after the connect, with idle 500 ms"
+    );
     l.stop().await;
 }
 

@@ -243,15 +243,22 @@ async fn a_streamed_post_fails_over_when_the_node_refuses_the_connection() {
     let mut ns = nodes(&["a", "b"]).await;
     let proxy = Proxy::start(config(&ns)).await;
     ns[0].kill().await;
-    // Nothing reached "a": the body is still in hand and goes to "b" whole.
+    // Pinned to "a", so "a" is tried first. Nothing reached it: the body is still in hand
+    // and goes to "b" whole.
     let resp = plain_client()
         .post(proxy.url("/upload"))
+        .header("cookie", "route=a")
         .body(vec![1u8; 100_000])
         .send()
         .await
         .expect("post");
     assert_eq!(resp.status(), 200);
     assert_eq!(node_of(&resp), "b");
+    assert!(
+        set_cookie(&resp).is_some_and(|c| c.starts_with("route=b")),
+        "re-pinned off a: {:?}",
+        set_cookie(&resp)
+    );
     assert_eq!(resp.text().await.expect("body").trim(), "100000");
     proxy.stop().await;
 }

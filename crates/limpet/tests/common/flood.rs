@@ -9,14 +9,18 @@ use tokio::sync::oneshot;
 
 /// Writes `unit` to `w` again and again, at most 4096 times (64 MiB in 16 KiB units, far more
 /// than any socket buffers hold). The first time a write stays blocked for 200 ms, `blocked`
-/// is told; the writing goes on until a write fails (the tunnel was closed) or the bound is
-/// reached.
-pub async fn flood<W: AsyncWrite + Unpin>(w: &mut W, unit: &[u8], blocked: oneshot::Sender<()>) {
+/// is told; the writing goes on until a write fails (the tunnel was closed: true) or the
+/// bound is reached (false: everything was taken, so something buffered without bound).
+pub async fn flood<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    unit: &[u8],
+    blocked: oneshot::Sender<()>,
+) -> bool {
     let mut blocked = Some(blocked);
     for _ in 0..4096 {
         match tokio::time::timeout(Duration::from_millis(200), w.write_all(unit)).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => break,
+            Ok(Err(_)) => return true,
             Err(_) => {
                 if let Some(tx) = blocked.take() {
                     let _ = tx.send(());
@@ -24,9 +28,10 @@ pub async fn flood<W: AsyncWrite + Unpin>(w: &mut W, unit: &[u8], blocked: onesh
                 // Keep trying: the write either goes through or fails once the tunnel is
                 // closed.
                 if w.write_all(unit).await.is_err() {
-                    break;
+                    return true;
                 }
             }
         }
     }
+    false
 }
