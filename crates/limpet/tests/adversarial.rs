@@ -1709,3 +1709,34 @@ async fn a_stalled_h2_stream_is_reset_alone_and_its_connection_s_other_streams_g
     drop(s);
     proxy.stop().await;
 }
+
+/// An HTTP/2 connection with no request in flight whose client never answers the shutdown's
+/// GOAWAY and PING (a frozen process, a vanished phone) is dropped once quiet for the close
+/// grace, as at an idle close: the stop takes about a second, not the whole `drain` (30 s
+/// here). Before, it held every shutdown and every upgrade's old limpet for `drain`, and
+/// the snapshot save waited behind it. A stream in flight still gets `drain`
+/// (`proxy_limits.rs` `shutdown_drains_http2_streams_in_flight`).
+#[tokio::test]
+async fn an_idle_http2_client_that_never_answers_the_goaway_does_not_hold_the_drain() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.drain = Duration::from_secs(30);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut hello = H2_PREFACE.to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    hello.extend(h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    s.write_all(&hello).await.expect("write");
+    read_h2_answer(&mut s, 1).await;
+    // From here on the client reads nothing and answers nothing.
+    let stopping = Instant::now();
+    tokio::time::timeout(SOON, proxy.stop())
+        .await
+        .expect("the stop waited out the drain for an idle connection");
+    let took = stopping.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "stopped {took:?} after asking: the close grace (1 s) lets a request that crossed the GOAWAY come"
+    );
+    drop(s);
+}

@@ -1268,7 +1268,21 @@ async fn run_connection<C: ServerConn>(
             }
             Control::Drain => {
                 conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(ctx.shared().timeouts.drain, conn.as_mut()).await.ok()
+                // In flight, a request has `drain` to finish. Without one, the connection
+                // goes once quiet for the close grace, as at an idle close: h2 closes an idle
+                // connection only once the client acks the GOAWAY's PING, and one that never
+                // does (a frozen process, a vanished phone) held the stop for all of `drain`.
+                let grace = CLOSE_GRACE.min(ctx.shared().timeouts.header_read);
+                ctx.touch();
+                tokio::time::timeout(ctx.shared().timeouts.drain, async {
+                    tokio::select! {
+                        r = conn.as_mut() => Some(r),
+                        () = quiet_for(ctx, grace) => None,
+                    }
+                })
+                .await
+                .ok()
+                .flatten()
             }
             Control::Stall => {
                 tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle, its stream not cut alone: connection closed");
