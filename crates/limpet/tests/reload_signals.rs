@@ -653,3 +653,80 @@ async fn a_second_sigterm_resets_the_open_tcp_sessions() {
     }
     drop(client);
 }
+
+/// A second SIGTERM during an HTTP listener's drain ends it too, and the shutdown's snapshot
+/// is saved before the exit: with a request in flight for the 60 s drain, limpet exits
+/// within seconds of the second signal and a restart finds the pins. Before, only TCP
+/// listeners heeded the second signal: the save waited for the HTTP drain, the process
+/// exited a second later without it, and every pin since the start was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_ends_an_http_drain_and_the_snapshot_is_saved() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let cfg = ConfigFile::new(
+        "second-sigterm-http",
+        &format!(
+            "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"t.snapshot\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             table = \"t\"\ntimeouts = {{ drain = \"60s\", upstream_answer = \"120s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&NODES[..2])
+        ),
+    );
+    let (mut proc, web, admin) = run_logging(&cfg, "info", Stdio::piped()).await;
+    let (shutting, shut_down) = std::sync::mpsc::channel::<()>();
+    if let Some(err) = proc.0.stderr.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if line.contains("shutting down") {
+                    let _ = shutting.send(());
+                }
+            }
+        });
+    }
+    let clients = ["127.0.0.93", "127.0.0.94"];
+    let first = node_for(clients[0], web).await;
+    let second = node_for(clients[1], web).await;
+    assert_ne!(first, second);
+    // In flight for the whole drain: a request its node answers after two minutes.
+    let slow = tokio::spawn(async move {
+        bare_client()
+            .get(format!("http://{web}/slow?ms=120000"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    until(
+        &format!("http://{admin}/api/v1/nodes"),
+        "the slow request in flight",
+        |v, _| {
+            v.as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|n| n["active_connections"].as_u64().unwrap_or(0) >= 1)
+            })
+        },
+    )
+    .await;
+    let snap = cfg.dir.join("t.snapshot");
+    assert!(!snap.exists(), "no snapshot before the shutdown");
+    signal(&proc.0, "TERM");
+    tokio::task::spawn_blocking(move || shut_down.recv_timeout(PATIENCE))
+        .await
+        .expect("join")
+        .expect("limpet logs its shutdown");
+    signal(&proc.0, "TERM");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while proc.0.try_wait().unwrap_or(None).is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "limpet did not exit within 5 s of the second signal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(snap.exists(), "the shutdown's snapshot was saved");
+    slow.abort();
+    drop(proc);
+
+    let (_proc, web, _) = run(&cfg).await;
+    assert_eq!(node_for(clients[1], web).await, second, "pins came back");
+    assert_eq!(node_for(clients[0], web).await, first);
+}

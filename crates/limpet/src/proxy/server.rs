@@ -1028,14 +1028,17 @@ pub async fn serve_listener_on(
     // The drain as the running config says now: a reload since the listener started may
     // have changed it (TCP listeners read it at the drain too).
     let drain_timeout = generations.drain();
-    if tokio::time::timeout(drain_timeout, async {
-        let _ = done_rx.recv().await;
-        tunnels.wait().await;
-    })
-    .await
-    .is_err()
-    {
-        tracing::warn!("drain timeout: closing remaining connections");
+    // The drain, unless a second signal ends it sooner (as the TCP listeners' does): the
+    // snapshot saves wait for every listener, and the second signal gives them a second.
+    let ended = tokio::select! {
+        r = tokio::time::timeout(drain_timeout, async {
+            let _ = done_rx.recv().await;
+            tunnels.wait().await;
+        }) => r.is_ok(),
+        () = generations.runtime.cut_requested() => false,
+    };
+    if !ended {
+        tracing::warn!("drain over: closing remaining connections");
     }
     Ok(())
 }
