@@ -146,7 +146,8 @@ fn bench(c: &mut Criterion) {
     g.bench_function("snapshot_page_4096", |b| {
         b.iter(|| {
             let mut pages = SnapshotPages::new();
-            black_box(pages.read(t.store(), 4096, now))
+            black_box(pages.read(t.store(), 4096, now));
+            pages
         })
     });
     g.bench_function("used_at_page_4096", |b| {

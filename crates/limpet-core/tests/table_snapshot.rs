@@ -77,10 +77,10 @@ fn a_snapshot_round_trips() {
 }
 
 /// A snapshot read a page of positions at a time (the binary locks the table per page)
-/// restores the same table as one read whole, LRU order included. Traffic between pages: a
-/// key removed and put again on another node is read twice and restored once, on its new
-/// node; a new key is saved; the last entry, moved into the removed key's position (already
-/// read), is the one this save gives up.
+/// restores the same table as one read whole, LRU order included. With traffic between
+/// pages: a key removed from positions not read yet moves the last entry (read) into its
+/// hole, where it is read again and restored once; a key put during the read is left out,
+/// as from a snapshot taken when the read began; nothing else is lost.
 #[test]
 fn a_snapshot_read_a_page_at_a_time_restores_as_one_read_whole() {
     let t = sample();
@@ -90,29 +90,26 @@ fn a_snapshot_read_a_page_at_a_time_restores_as_one_read_whole() {
         reads += 1;
     }
     assert_eq!(reads, 5, "24 entries, five positions a page");
-    let paged = pages.encode(&t, T0 + 100);
-    assert_eq!(paged, encode_snapshot(&t, T0 + 100), "the same bytes");
+    assert_eq!(
+        pages.encode(T0 + 100),
+        encode_snapshot(&t, T0 + 100),
+        "the same bytes"
+    );
 
     let mut t = sample();
     let a = t.intern("lviv").expect("intern");
     let mut pages = SnapshotPages::new();
     assert!(pages.read(&t, 12, T0 + 100));
+    // Key 2 (position 2, not read yet) removed: the last entry (read) fills its hole.
     assert_eq!(t.remove(v4(2)), Some(a));
-    let b = t.intern("kyiv").expect("intern");
-    t.put(v4(2), b, T0 + 120);
     t.put(v4(500), a, T0 + 130);
     while pages.read(&t, 12, T0 + 140) {}
-    let snap = decode_snapshot(&pages.encode(&t, T0 + 140), T0 + 140, EXPIRE).expect("valid");
+    let snap = decode_snapshot(&pages.encode(T0 + 140), T0 + 140, EXPIRE).expect("valid");
+    assert_eq!(snap.entries.len(), 23 + 1, "the moved entry read twice");
     let mut restored = store(100);
     restored.restore(&snap, T0 + 140);
-    let mut want = contents(&t, T0 + 140);
-    let lost = want
-        .iter()
-        .position(|(_, _, idle)| *idle == 140 - 33)
-        .expect("the last put before the save: moved into the hole");
-    want.remove(lost);
-    assert_eq!(contents(&restored, T0 + 140), want);
-    assert_eq!(restored.peek(v4(2), T0 + 140), restored.names().get("kyiv"));
+    t.remove(v4(500));
+    assert_eq!(contents(&restored, T0 + 140), contents(&t, T0 + 140));
 }
 
 #[test]

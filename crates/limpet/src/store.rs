@@ -1189,24 +1189,27 @@ impl Store {
         for (table, entries, since, px) in due {
             let mut missing = Vec::new();
             // The table is read a page of positions at a time, locked only for the page
-            // (read whole, a million used entries held it about 100 ms); an entry a page
-            // missed (a removal moved it) has its key's time cut short at most by `expire / 2`
-            // and is published again by its next use's refresh if the store has lost it.
-            let mut offset = 0usize;
+            // (read whole, a million used entries held it about 100 ms), from the slab's end
+            // down: a removal between pages moves the last entry, already read, into its
+            // hole, so no entry used since the last refresh is missed (one is read twice at
+            // most; one put during the read went to the store by its own write).
+            let mut below = usize::MAX;
             loop {
                 let (pins, more): (Pins, bool) = {
                     let t = lock(&entries);
                     let s = t.store();
+                    let end = below.min(s.len());
+                    let start = end.saturating_sub(REFRESH_PAGE);
                     let pins = s
-                        .used_at(offset, REFRESH_PAGE, since, now)
+                        .used_at(start, end - start, since, now)
                         .into_iter()
                         // Not an entry naming a node a reload removed (its next use re-pins
                         // it): missing from the store, it would be created there again.
                         .filter(|(_, r, _)| t.node_of(*r).is_some())
                         .filter_map(|(k, r, _)| Some((k, s.node_name(r)?.to_owned())))
                         .collect();
-                    offset = offset.saturating_add(REFRESH_PAGE);
-                    (pins, offset < s.len())
+                    below = start;
+                    (pins, start > 0)
                 };
                 for chunk in pins.chunks(BATCH) {
                     // Re-pins made before the read go first ([`Store::flush`]).

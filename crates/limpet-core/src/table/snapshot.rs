@@ -159,14 +159,23 @@ pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
 /// A snapshot read from its table a page of positions at a time
 /// ([`LruTable::used_at`]), so the caller can let go of the table's lock between pages: the
 /// table read whole for a save held it about 50 ms per million entries (and a request to it
-/// waited that long). What a page-at-a-time read gives up is an entry moved, between pages,
-/// into a position already read (a removal fills its hole with the last entry): it is not
-/// saved this time. A key removed and put again between pages may be read twice; the later
-/// use is written last, and a restore keeps it.
+/// waited that long).
+///
+/// Pages go from the slab's end down to its start. A removal between pages fills its hole
+/// with the slab's last entry, which is behind the read (already read: it is read again, and
+/// a restore keeps it once) or an entry put since the read began; so every entry there when
+/// the read began and still there is read. What the snapshot may leave out is only what was
+/// put during the read (a key removed and put again included), as a snapshot taken when
+/// the read began would. [`encode`](Self::encode) needs no table: the caller encodes with
+/// the table's lock let go.
 #[derive(Debug, Default)]
 pub struct SnapshotPages {
     entries: Vec<(TableKey, NodeRef, u64)>,
-    next: usize,
+    /// The positions at and above this are read (`None`: nothing yet).
+    below: Option<usize>,
+    /// The table's names and clock, taken at the last page.
+    names: NodeNames,
+    clock_ms: u64,
 }
 
 impl SnapshotPages {
@@ -175,24 +184,32 @@ impl SnapshotPages {
         SnapshotPages::default()
     }
 
-    /// Reads the live entries at the next `limit` positions of `table`; false once the read
-    /// has reached the table's end.
+    /// Reads the live entries at the next `limit` positions of `table` (downwards); false
+    /// once the read has reached the table's start. The last page also takes the table's
+    /// names (a table only ever adds names, so every entry read names its node by the same
+    /// index in them) and clock.
     pub fn read(&mut self, table: &LruTable, limit: usize, now_ms: u64) -> bool {
+        let end = self.below.unwrap_or(usize::MAX).min(table.len());
+        let start = end.saturating_sub(limit.max(1));
         self.entries
-            .extend(table.used_at(self.next, limit, 0, now_ms));
-        self.next = self.next.saturating_add(limit);
-        self.next < table.len()
+            .extend(table.used_at(start, end - start, 0, now_ms));
+        self.below = Some(start);
+        if start > 0 {
+            return true;
+        }
+        self.names = table.names().clone();
+        self.clock_ms = table.clock_ms();
+        false
     }
 
     /// The snapshot of the entries read, least recently used first, idle times taken at
-    /// `now_ms` (or `table`'s clock if later). Names are `table`'s as they are now: a table
-    /// only ever adds names, so every entry read still names its node by the same index.
-    pub fn encode(mut self, table: &LruTable, now_ms: u64) -> Vec<u8> {
-        let saved_at = now_ms.max(table.clock_ms());
+    /// `now_ms` (or the table's clock at the last page, if later).
+    pub fn encode(mut self, now_ms: u64) -> Vec<u8> {
+        let saved_at = now_ms.max(self.clock_ms);
         self.entries.sort_by_key(|&(_, _, last_used)| last_used);
         encode_entries(
             saved_at,
-            table.names(),
+            &self.names,
             self.entries.len(),
             self.entries
                 .iter()

@@ -98,6 +98,9 @@ pub(crate) struct StreamHints {
     /// HTTP/2: when the request head the client has begun and not finished began (`now_ms`
     /// scale), 0 while none is: see [`H2Heads`].
     head_since_ms: AtomicU64,
+    /// HTTP/2: bytes written to the client so far (a shutdown tells a client still taking
+    /// an answer's last bytes from one that stopped answering: `server::run_connection`).
+    written: AtomicU64,
 }
 
 impl StreamHints {
@@ -148,6 +151,11 @@ impl StreamHints {
     pub(crate) fn head_open_for(&self, now_ms: u64) -> Option<std::time::Duration> {
         let since = self.head_since_ms.load(Ordering::Relaxed);
         (since != 0).then(|| std::time::Duration::from_millis(now_ms.saturating_sub(since)))
+    }
+
+    /// HTTP/2: the bytes written to the client so far.
+    pub(crate) fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     fn set_head_since(&self, ms: u64) {
@@ -344,6 +352,16 @@ impl<S> ClientIo<S> {
         self.io.put_back(bytes);
     }
 
+    /// HTTP/2: counts what a write took into the hints' `written`.
+    fn count_written(&self, r: &Poll<io::Result<usize>>) {
+        if let (Some(_), Some(h), Poll::Ready(Ok(n))) = (&self.heads, &self.hints, r) {
+            (**h)
+                .as_ref()
+                .written
+                .fetch_add(*n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// `Pending` (the task woken at once, so it runs again after the other ready tasks) the
     /// first time; `Ready` the time after.
     fn poll_turn_end(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -436,11 +454,13 @@ impl<S: Io> AsyncWrite for ClientIo<S> {
         std::task::ready!(self.poll_turn_end(cx));
         let last = self.hinted(StreamHints::last_answer);
         let io = Pin::new(&mut self.io);
-        if last {
+        let r = if last {
             io.poll_write_last(cx, buf)
         } else {
             io.poll_write(cx, buf)
-        }
+        };
+        self.count_written(&r);
+        r
     }
 
     /// The last answer's slices are written as one, when they are small enough to be copied
@@ -453,14 +473,15 @@ impl<S: Io> AsyncWrite for ClientIo<S> {
         std::task::ready!(self.poll_turn_end(cx));
         let last = self.hinted(StreamHints::last_answer);
         let mut io = Pin::new(&mut self.io);
-        if last {
-            if let Some(r) =
-                crate::tcp::as_one_write(bufs, |one| io.as_mut().poll_write_last(cx, one))
-            {
-                return r;
-            }
-        }
-        io.poll_write_vectored(cx, bufs)
+        let r = match last
+            .then(|| crate::tcp::as_one_write(bufs, |one| io.as_mut().poll_write_last(cx, one)))
+            .flatten()
+        {
+            Some(r) => r,
+            None => io.poll_write_vectored(cx, bufs),
+        };
+        self.count_written(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -1271,16 +1271,18 @@ async fn run_connection<C: ServerConn>(
             }
             Control::Drain => {
                 conn.as_mut().graceful_shutdown();
-                // In flight, a request has `drain` to finish. Without one, the connection
-                // goes once quiet for the close grace, as at an idle close: h2 closes an idle
-                // connection only once the client acks the GOAWAY's PING, and one that never
-                // does (a frozen process, a vanished phone) held the stop for all of `drain`.
+                // In flight, a request has `drain` to finish. HTTP/2 without one goes once
+                // it has had no request in flight and taken no byte for the close grace: h2
+                // closes an idle connection only once the client acks the GOAWAY's PING, and
+                // one that never does (a frozen process, a vanished phone) held the stop for
+                // all of `drain`. An answer's last bytes h2 still holds keep it while the
+                // client takes them. (hyper closes an idle HTTP/1 connection at once.)
                 let grace = CLOSE_GRACE.min(ctx.shared().timeouts.header_read);
                 ctx.touch();
                 tokio::time::timeout(ctx.shared().timeouts.drain, async {
                     tokio::select! {
                         r = conn.as_mut() => Some(r),
-                        () = quiet_for(ctx, grace) => None,
+                        () = quiet_and_unwritten_for(ctx, grace), if !h1 => None,
                     }
                 })
                 .await
@@ -1367,6 +1369,18 @@ async fn park_watch(ctx: &ConnCtx, served_before: u64) {
             Some(_) if ctx.hints.last_answer() => tokio::time::sleep(PARK_AFTER).await,
             Some(_) if ctx.served.load(Ordering::Relaxed) > served_before => return,
             _ => tokio::time::sleep(PARK_AFTER).await,
+        }
+    }
+}
+
+/// HTTP/2: resolves once the connection has had no request in flight and written nothing
+/// to the client for `limit`.
+async fn quiet_and_unwritten_for(ctx: &ConnCtx, limit: Duration) {
+    loop {
+        let written = ctx.hints.written();
+        tokio::time::sleep(limit).await;
+        if ctx.idle_for().is_some_and(|idle| idle >= limit) && ctx.hints.written() == written {
+            return;
         }
     }
 }

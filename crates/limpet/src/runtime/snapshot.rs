@@ -197,17 +197,13 @@ fn decode_on(
 const SNAPSHOT_PAGE: usize = 4096;
 
 /// `table`'s snapshot bytes (a save's, a hand-over's), read a page of positions at a time
-/// with the table locked only for the page: routing never waits for a whole big table (read
-/// at once, a million entries held the lock for about 50 ms). Blocking work for a blocking
-/// thread.
+/// with the table locked only for the page, and encoded with it let go: routing never waits
+/// for a whole big table (read and encoded at once, a million entries held the lock for
+/// about 50 ms). Blocking work for a blocking thread.
 pub(crate) fn encode_paged(table: &Table) -> Vec<u8> {
     let mut pages = SnapshotPages::new();
-    loop {
-        let t = table.lock();
-        if !pages.read(t.store(), SNAPSHOT_PAGE, now_ms()) {
-            return pages.encode(t.store(), now_ms());
-        }
-    }
+    while pages.read(table.lock().store(), SNAPSHOT_PAGE, now_ms()) {}
+    pages.encode(now_ms())
 }
 
 /// Saves `table` to its snapshot file, if it has one. Errors are returned for the log; the
