@@ -813,8 +813,11 @@ fn proxy<'a, 'b>(
                     "node answer in a transfer coding the client's protocol cannot carry",
                 );
             }
-        } else if let Some(length) = hdr::repeated_content_length(&rheaders) {
-            rheaders.insert(header::CONTENT_LENGTH, length);
+        } else if matches!(rbody, NodeAnswer::Hyper(_)) {
+            // (`node_h1` does this for its answers as it reads their framing.)
+            if let Some(length) = hdr::repeated_content_length(&rheaders) {
+                rheaders.insert(header::CONTENT_LENGTH, length);
+            }
         }
         hdr::remove_hop_by_hop(&mut rheaders, switching, true);
         if let Some(c) = codings {

@@ -439,7 +439,13 @@ fn parse_head(
         }
         headers.append(name, value);
     }
-    let (framing, framing_reusable) = framing_of(version, status, &headers, head_request)?;
+    let (framing, framing_reusable, repeated) =
+        framing_of(version, status, &headers, head_request)?;
+    if let (true, Framing::Length(n)) = (repeated, framing) {
+        // A length given more than once with one value (`5, 5`): passed on as one value on
+        // one line (RFC 9110 8.6), which strict clients need.
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
     let lines = connection.iter().chain(
         connection_in_map
             .then(|| headers.get_all(header::CONNECTION).iter())
@@ -454,19 +460,24 @@ fn parse_head(
     Ok(Some((parts, framing, keep_alive, len)))
 }
 
-/// The body's framing (RFC 9112 6.3), and whether it leaves the connection reusable.
+/// The body's framing (RFC 9112 6.3), whether it leaves the connection reusable, and
+/// whether a `Content-Length` was given more than once (one value, or it is refused).
 fn framing_of(
     version: Version,
     status: StatusCode,
     headers: &HeaderMap,
     head_request: bool,
-) -> Result<(Framing, bool), H1Error> {
+) -> Result<(Framing, bool, bool), H1Error> {
     if head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
-        return Ok((Framing::Empty, status != StatusCode::SWITCHING_PROTOCOLS));
+        return Ok((
+            Framing::Empty,
+            status != StatusCode::SWITCHING_PROTOCOLS,
+            false,
+        ));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
         if version == Version::HTTP_10 {
@@ -484,12 +495,13 @@ fn framing_of(
         // trusted for another request (RFC 9112 6.3, point 3).
         let reusable = chunked && !headers.contains_key(header::CONTENT_LENGTH);
         return Ok(if chunked {
-            (Framing::Chunked(Chunk::Size), reusable)
+            (Framing::Chunked(Chunk::Size), reusable, false)
         } else {
-            (Framing::UntilClose, false)
+            (Framing::UntilClose, false, false)
         });
     }
     let mut length: Option<u64> = None;
+    let mut repeated = false;
     for v in headers.get_all(header::CONTENT_LENGTH) {
         for part in v.as_bytes().split(|&b| b == b',') {
             let part = part.trim_ascii();
@@ -505,12 +517,13 @@ fn framing_of(
                     "conflicting Content-Length in the answer",
                 ));
             }
+            repeated |= length.is_some();
             length = Some(n);
         }
     }
     Ok(match length {
-        Some(n) => (Framing::Length(n), true),
-        None => (Framing::UntilClose, false),
+        Some(n) => (Framing::Length(n), true, repeated),
+        None => (Framing::UntilClose, false, false),
     })
 }
 
