@@ -967,6 +967,48 @@ async fn a_retry_after_the_keep_alive_race_keeps_its_slot() {
     node.abort();
 }
 
+/// A request that leaves node `a`'s queue (set to MAINT while it waited) for `b` is counted
+/// open on `b` while `b` works on it, and no longer on `a`: before, it stayed counted on the
+/// node it had left (whose `active` read 2) and not on `b` (0), whose drain could read
+/// complete while the request was still in flight there.
+#[tokio::test]
+async fn a_request_that_moves_to_another_node_is_counted_open_there() {
+    let a = CountingNode::start_held("127.0.0.2").await;
+    let mut b = CountingNode::spawn("127.0.0.3", a.port, None).await;
+    let cfg = ConfigFile::new(
+        "adv-open-moves",
+        &format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("a", "127.0.0.2"), ("b", "127.0.0.3")])
+                .replace("name = \"a\"\n", "name = \"a\"\nmax_connections = 1\n"),
+            a.port
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let mut a = a;
+    let (first, second) = one_holding_one_queued(&l, &mut a, &url).await;
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    tokio::time::timeout(SOON, b.heads.recv())
+        .await
+        .expect("the queued request reached b")
+        .expect("head");
+    let active = |v: serde_json::Value| v["active_connections"].as_u64();
+    assert_eq!(active(node_view(&l, "b").await), Some(1), "counted on b");
+    assert_eq!(
+        active(node_view(&l, "a").await),
+        Some(1),
+        "a holds its own only"
+    );
+    b.answer_one();
+    let second = second.await.expect("task").expect("answer");
+    assert_eq!(second.status().as_u16(), 200);
+    a.answer_one();
+    let _ = first.await;
+    l.stop().await;
+}
+
 /// A listener of `max_connections = {max}` before node `a` (a demo node: it serves
 /// WebSockets at `/ws`).
 fn capped_config(port: u16, max: usize) -> String {

@@ -638,8 +638,9 @@ fn proxy<'a, 'b>(
         let Some(first_node) = first.node else {
             return unavailable(shared, id);
         };
-        // Counted open to its node from now until the answer body is done (drain accounting).
-        let mut in_flight = (first_node, shared.state.open(first_node));
+        // Counted open to its node from now until the answer body is done (drain accounting,
+        // `active`): on each node the request goes to as it goes there (`Attempt::run`).
+        let in_flight = (first_node, shared.state.open(first_node));
 
         // The head every attempt sends, and the request as handed to its first attempt. In a
         // block: `parts`, the head and the body are moved on or dropped here, and a binding
@@ -715,8 +716,10 @@ fn proxy<'a, 'b>(
             admitted: None,
             moves: None,
             sent_failed: false,
+            open: in_flight,
         };
         let result = attempt.run(pending, body_done).await;
+        let mut in_flight = attempt.open;
         let chosen = attempt.route;
         let admitted = attempt.admitted.take();
         let moves = attempt.moves.take();
@@ -964,6 +967,10 @@ struct Attempt<'a> {
     moves: Option<crate::nodes::MoveWatch>,
     /// A node failed the request once it went out (see [`Attempt::fail_over`]).
     sent_failed: bool,
+    /// The node the request is counted open to, moved with it when it goes to another:
+    /// left on the first, a request that failed over or left a queue counted on a node it
+    /// had left and not on the one it waited for, whose drain could read complete under it.
+    open: (NodeId, Option<crate::nodes::ConnGuard>),
 }
 
 impl<'a> Attempt<'a> {
@@ -1076,6 +1083,9 @@ impl<'a> Attempt<'a> {
                         "no node available",
                     ));
                 };
+                if self.open.0 != node {
+                    self.open = (node, shared.state.open(node));
+                }
                 if self.upgrade {
                     self.moves = shared
                         .state
