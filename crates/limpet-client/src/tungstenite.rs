@@ -162,11 +162,27 @@ pub async fn connect_async_with_connector<R>(
 where
     R: IntoClientRequest + Unpin,
 {
+    connect_async_with_config(jar, request, None, connector).await
+}
+
+/// [`connect_async_with_connector`] with tungstenite's settings of the caller's (`config`:
+/// the largest message and frame the socket takes, say; `None` is tungstenite's defaults,
+/// 64 MiB messages). Needs the `tungstenite-rustls` feature.
+#[cfg(feature = "tungstenite-rustls")]
+pub async fn connect_async_with_config<R>(
+    jar: &SharedJar,
+    request: R,
+    config: Option<::tokio_tungstenite::tungstenite::protocol::WebSocketConfig>,
+    connector: Option<::tokio_tungstenite::Connector>,
+) -> Result<(WebSocketStream<MaybeTlsStream<TcpStream>>, Response), Error>
+where
+    R: IntoClientRequest + Unpin,
+{
     let mut request = request.into_client_request()?;
     apply_to_request(jar, &mut request);
     let uri = request.uri().clone();
     let result =
-        ::tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector).await;
+        ::tokio_tungstenite::connect_async_tls_with_config(request, config, false, connector).await;
     adopt_result(jar, &uri, &result);
     result
 }

@@ -201,3 +201,55 @@ async fn an_upgrade_without_answer_is_a_transport_failure_to_retry() {
     assert_eq!(classify(outcome_of_error(&error)), Verdict::RetryLater);
     assert!(jar.lock().is_empty());
 }
+
+/// A config's message cap reaches the socket `connect_async_with_config` opens: a server's
+/// message larger than it fails the read (tungstenite's capacity error) rather than being
+/// gathered whole, and one within it is read. (`limpet probe` caps its sockets so: with
+/// tungstenite's 64 MiB, a server under test could make each session hold one whole.)
+#[cfg(feature = "tungstenite-rustls")]
+#[tokio::test]
+async fn a_config_s_message_cap_reaches_the_socket() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+    use tokio_tungstenite::tungstenite::{error::CapacityError, Message};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("ws://{}/socket", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(async move {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(mut socket) = tokio_tungstenite::accept_async(stream).await else {
+            return;
+        };
+        let _ = socket.send(Message::text("x".repeat(1000))).await;
+        let _ = socket.send(Message::text("x".repeat(64 * 1024))).await;
+        while let Some(Ok(_)) = socket.next().await {}
+    });
+    let config = WebSocketConfig {
+        max_message_size: Some(32 * 1024),
+        max_frame_size: Some(32 * 1024),
+        ..Default::default()
+    };
+    let (mut socket, _) = limpet_client::tungstenite::connect_async_with_config(
+        &jar_for(&url),
+        url.as_str(),
+        Some(config),
+        None,
+    )
+    .await
+    .expect("upgrade");
+    let small = socket.next().await;
+    assert!(
+        matches!(&small, Some(Ok(Message::Text(t))) if t.len() == 1000),
+        "{small:?}"
+    );
+    let large = socket.next().await;
+    assert!(
+        matches!(
+            large,
+            Some(Err(Error::Capacity(CapacityError::MessageTooLong { .. })))
+        ),
+        "{large:?}"
+    );
+    server.abort();
+}

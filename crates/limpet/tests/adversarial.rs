@@ -224,9 +224,13 @@ async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {
         .await
         .expect("write");
     let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
-    closed_within(&mut s, SOON)
+    let took = closed_within(&mut s, SOON)
         .await
         .expect("a stalled head is closed");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(300 + 1500),
+        "closed {took:?} after half a head, with header_read 300 ms"
+    );
     assert!(next.await.expect("task"), "the next client is served");
     proxy.stop().await;
 }
@@ -305,9 +309,13 @@ async fn a_silent_connection_is_closed_within_the_head_timeout_and_frees_its_slo
     let proxy = Proxy::start(cfg).await;
     let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
     let next = tokio::spawn(served_within(proxy.addr, PATIENCE));
-    closed_within(&mut s, SOON)
+    let took = closed_within(&mut s, SOON)
         .await
         .expect("a silent connection is closed");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(300 + 1500),
+        "closed {took:?} after the connect, with header_read 300 ms"
+    );
     assert!(next.await.expect("task"), "the next client is served");
     proxy.stop().await;
 }
@@ -380,7 +388,11 @@ async fn http1_request_body_that_stops_gets_408_and_the_node_connection_is_relea
     s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789")
         .await
         .expect("write");
-    answered_408_and_released(&mut s, &mut node).await;
+    let took = answered_408_and_released(&mut s, &mut node).await;
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(300 + 1500),
+        "408 {took:?} after the body stopped, with client_idle 300 ms"
+    );
     proxy.stop().await;
 }
 
@@ -769,11 +781,17 @@ async fn h2_request_body_that_stops_gets_408_and_the_node_connection_is_released
         .header("content-length", "100")
         .body(StreamBody::new(tokio_stream_like::Rx(rx)))
         .expect("request");
+    let sent = Instant::now();
     let resp = tokio::time::timeout(SOON, sender.send_request(req))
         .await
         .expect("answered in time")
         .expect("answer");
     assert_eq!(resp.status(), 408);
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(300 + 1500),
+        "408 {took:?} after the body's first bytes, with client_idle 300 ms"
+    );
     assert!(
         node.connection_closed_within(SOON).await,
         "the node connection is released"

@@ -164,6 +164,25 @@ async fn greeting(ws: &mut Ws, timeout: Duration) -> (Option<String>, bool) {
     read.unwrap_or((None, true))
 }
 
+/// The largest WebSocket message (and frame) the probe takes: it reads only a greeting's
+/// first characters, and with tungstenite's 64 MiB a server under test could make each of up
+/// to 1,000 sessions hold one whole. A larger one fails the socket's read, which the probe
+/// takes as the socket's end.
+const MAX_WS_MESSAGE: usize = 1 << 20;
+
+/// The most messages one look at an open socket reads (`Session::poll_socket`).
+const POLLED_MESSAGES: usize = 64;
+
+/// The probe's WebSocket settings: tungstenite's, messages and frames capped at
+/// [`MAX_WS_MESSAGE`].
+fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+        max_message_size: Some(MAX_WS_MESSAGE),
+        max_frame_size: Some(MAX_WS_MESSAGE),
+        ..Default::default()
+    }
+}
+
 /// Whether a frame read from an open socket ends it. Frames after the greeting mean nothing
 /// to the probe; pings are answered by tungstenite as it reads.
 fn is_closing(msg: Option<Result<Message, WsError>>) -> bool {
@@ -231,7 +250,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
         for (name, value) in &plan.extra.headers {
             request.headers_mut().append(name.clone(), value.clone());
         }
-        tungstenite::connect_async_with_connector(jar, request, connector).await
+        tungstenite::connect_async_with_config(jar, request, Some(ws_config()), connector).await
     };
     let attempt = tokio::time::timeout(plan.timeout, connect).await;
     let mut answer = Answer {
@@ -467,12 +486,16 @@ impl Session {
         }
     }
 
-    /// Reads whatever the open socket already has, without waiting.
+    /// Reads what the open socket already has, without waiting: [`POLLED_MESSAGES`] at most,
+    /// so a server that keeps sending cannot hold the session here.
     fn poll_socket(&mut self, round: u32) {
         let Socket::Open(ws) = &mut self.socket else {
             return;
         };
-        while let Some(msg) = ws.next().now_or_never() {
+        for _ in 0..POLLED_MESSAGES {
+            let Some(msg) = ws.next().now_or_never() else {
+                return;
+            };
             if is_closing(msg) {
                 self.socket_closed(round);
                 return;
