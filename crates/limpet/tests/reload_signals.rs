@@ -148,13 +148,7 @@ async fn sighup_reloads_and_sigterm_shuts_down_gracefully() {
         .unwrap_or_else(|e| panic!("websocket: {e}"));
     let first = tokio::time::timeout(PATIENCE, ws.next()).await;
     assert!(matches!(first, Ok(Some(Ok(Message::Text(_))))), "{first:?}");
-    let slow = tokio::spawn(async move {
-        bare_client()
-            .get(format!("http://{web}/slow?ms=800"))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let slow = slow_get(web, 800);
     until(&nodes_url, "the slow request in flight", |v, _| {
         let active: u64 = v
             .as_array()
@@ -210,13 +204,7 @@ async fn a_drain_lengthened_by_a_reload_lets_the_request_in_flight_finish() {
     signal(&proc.0, "HUP");
     until_reloaded(admin).await;
 
-    let slow = tokio::spawn(async move {
-        bare_client()
-            .get(format!("http://{web}/slow?ms=2500"))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let slow = slow_get(web, 2500);
     until(
         &format!("http://{admin}/api/v1/nodes/a"),
         "the slow request in flight",
@@ -586,6 +574,33 @@ async fn a_failed_tls_handshake_with_a_node_is_logged_with_its_reason() {
     drop(proc);
 }
 
+/// A GET of the backend's `/slow?ms=MS` through `web`, spawned: its status, once answered.
+fn slow_get(web: SocketAddr, ms: u64) -> tokio::task::JoinHandle<reqwest::Result<u16>> {
+    tokio::spawn(async move {
+        bare_client()
+            .get(format!("http://{web}/slow?ms={ms}"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    })
+}
+
+/// Told of the log's "shutting down" line (`proc` started logging at `info` to a pipe):
+/// the first signal was taken, and a second one sent after it is not taken for the first.
+fn shutting_down_line(proc: &mut Proc) -> std::sync::mpsc::Receiver<()> {
+    let (shutting, shut_down) = std::sync::mpsc::channel::<()>();
+    if let Some(err) = proc.0.stderr.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if line.contains("shutting down") {
+                    let _ = shutting.send(());
+                }
+            }
+        });
+    }
+    shut_down
+}
+
 /// A second SIGTERM during the drain cuts the open TCP sessions as the drain's end would:
 /// the node sees its stream reset, not ended. Dropped instead, a session ended with a FIN
 /// after the 1,600 bytes the node had, and a print job cut mid-upload looked whole to the
@@ -607,18 +622,7 @@ async fn a_second_sigterm_resets_the_open_tcp_sessions() {
         ),
     );
     let (mut proc, raw, _admin) = run_logging(&cfg, "info", Stdio::piped()).await;
-    // The log's "shutting down" line: the first signal was taken (a second one sent before
-    // that could be taken for the first).
-    let (shutting, shut_down) = std::sync::mpsc::channel::<()>();
-    if let Some(err) = proc.0.stderr.take() {
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if line.contains("shutting down") {
-                    let _ = shutting.send(());
-                }
-            }
-        });
-    }
+    let shut_down = shutting_down_line(&mut proc);
     let mut client = tokio::net::TcpStream::connect(raw).await.expect("connect");
     let (mut at_node, _) = tokio::time::timeout(PATIENCE, node.accept())
         .await
@@ -673,28 +677,13 @@ async fn a_second_sigterm_ends_an_http_drain_and_the_snapshot_is_saved() {
         ),
     );
     let (mut proc, web, admin) = run_logging(&cfg, "info", Stdio::piped()).await;
-    let (shutting, shut_down) = std::sync::mpsc::channel::<()>();
-    if let Some(err) = proc.0.stderr.take() {
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if line.contains("shutting down") {
-                    let _ = shutting.send(());
-                }
-            }
-        });
-    }
+    let shut_down = shutting_down_line(&mut proc);
     let clients = ["127.0.0.93", "127.0.0.94"];
     let first = node_for(clients[0], web).await;
     let second = node_for(clients[1], web).await;
     assert_ne!(first, second);
     // In flight for the whole drain: a request its node answers after two minutes.
-    let slow = tokio::spawn(async move {
-        bare_client()
-            .get(format!("http://{web}/slow?ms=120000"))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let slow = slow_get(web, 120_000);
     until(
         &format!("http://{admin}/api/v1/nodes"),
         "the slow request in flight",
