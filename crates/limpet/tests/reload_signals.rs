@@ -574,6 +574,17 @@ async fn a_failed_tls_handshake_with_a_node_is_logged_with_its_reason() {
     drop(proc);
 }
 
+/// SIGTERM, and once limpet logs its shutdown (`shut_down`, from [`shutting_down_line`]),
+/// SIGTERM again: the second signal, not one taken for the first.
+async fn sigterm_twice(proc: &Proc, shut_down: std::sync::mpsc::Receiver<()>) {
+    signal(&proc.0, "TERM");
+    tokio::task::spawn_blocking(move || shut_down.recv_timeout(PATIENCE))
+        .await
+        .expect("join")
+        .expect("limpet logs its shutdown");
+    signal(&proc.0, "TERM");
+}
+
 /// A GET of the backend's `/slow?ms=MS` through `web`, spawned: its status, once answered.
 fn slow_get(web: SocketAddr, ms: u64) -> tokio::task::JoinHandle<reqwest::Result<u16>> {
     tokio::spawn(async move {
@@ -635,12 +646,7 @@ async fn a_second_sigterm_resets_the_open_tcp_sessions() {
         .expect("the job's first bytes reach the node")
         .expect("read");
 
-    signal(&proc.0, "TERM");
-    tokio::task::spawn_blocking(move || shut_down.recv_timeout(PATIENCE))
-        .await
-        .expect("join")
-        .expect("limpet logs its shutdown");
-    signal(&proc.0, "TERM");
+    sigterm_twice(&proc, shut_down).await;
     let mut byte = [0u8; 1];
     let end = tokio::time::timeout(PATIENCE, at_node.read(&mut byte))
         .await
@@ -697,12 +703,7 @@ async fn a_second_sigterm_ends_an_http_drain_and_the_snapshot_is_saved() {
     .await;
     let snap = cfg.dir.join("t.snapshot");
     assert!(!snap.exists(), "no snapshot before the shutdown");
-    signal(&proc.0, "TERM");
-    tokio::task::spawn_blocking(move || shut_down.recv_timeout(PATIENCE))
-        .await
-        .expect("join")
-        .expect("limpet logs its shutdown");
-    signal(&proc.0, "TERM");
+    sigterm_twice(&proc, shut_down).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while proc.0.try_wait().unwrap_or(None).is_none() {
         assert!(
