@@ -68,11 +68,7 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
         }
         // Without the token the drain is refused, and the page says so.
         let drain_beta = "tr[data-node='beta'] button[data-action='drain']";
-        browser
-            .find(Locator::Css(drain_beta))
-            .await?
-            .click()
-            .await?;
+        on_fresh(async || browser.find(Locator::Css(drain_beta)).await?.click().await).await?;
         browser
             .wait()
             .at_most(Duration::from_secs(10))
@@ -88,16 +84,8 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
             .await?
             .send_keys(TOKEN)
             .await?;
-        browser
-            .find(Locator::Id("save-token"))
-            .await?
-            .click()
-            .await?;
-        browser
-            .find(Locator::Css(drain_beta))
-            .await?
-            .click()
-            .await?;
+        on_fresh(async || browser.find(Locator::Id("save-token")).await?.click().await).await?;
+        on_fresh(async || browser.find(Locator::Css(drain_beta)).await?.click().await).await?;
         browser
             .wait()
             .at_most(Duration::from_secs(10))
@@ -107,7 +95,8 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
             .await?;
         assert_eq!(node_view(&admin, "beta").await["state"], "DRAIN");
         // Outcomes are shown as counts.
-        let totals = browser.find(Locator::Id("totals")).await?.text().await?;
+        let totals =
+            on_fresh(async || browser.find(Locator::Id("totals")).await?.text().await).await?;
         assert!(totals.contains("Requests\n3"), "{totals}");
 
         save_screenshot(&browser.screenshot().await?, "stats-page.png");
@@ -118,6 +107,21 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
     drop(driver);
     admin.stop().await;
     result.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Runs `act` (a find and a use of what it found) again when the page re-rendered the
+/// element between the two: the page refreshes itself every 2 s, and an element found just
+/// before is then stale. At most three tries.
+async fn on_fresh<T>(
+    mut act: impl AsyncFnMut() -> Result<T, fantoccini::error::CmdError>,
+) -> Result<T, fantoccini::error::CmdError> {
+    let mut tries = 1;
+    loop {
+        match act().await {
+            Err(e) if tries < 3 && e.to_string().contains("stale element") => tries += 1,
+            r => return r,
+        }
+    }
 }
 
 /// Polls a JavaScript condition in the page until it holds; fails (with the node table's
