@@ -719,7 +719,7 @@ fn proxy<'a, 'b>(
             open: in_flight,
         };
         let result = attempt.run(pending, body_done).await;
-        let mut in_flight = attempt.open;
+        let in_flight = attempt.open;
         let chosen = attempt.route;
         let admitted = attempt.admitted.take();
         let moves = attempt.moves.take();
@@ -774,9 +774,8 @@ fn proxy<'a, 'b>(
             }
         };
 
-        if in_flight.0 != node {
-            in_flight = (node, shared.state.open(node));
-        }
+        // `Attempt::run` moved the count to each node it went to, this one last.
+        debug_assert_eq!(in_flight.0, node, "the request is counted open on its node");
         if ctx.first_sighting(node, p.spread, now) {
             if let Some(rt) = shared.state.node_rt(node) {
                 rt.seen(p.spread);
