@@ -472,6 +472,61 @@ impl NoSession {
     }
 }
 
+/// Why [`connect`] gave no node stream.
+enum NotConnected {
+    /// No session opens.
+    No(NoSession),
+    /// The session routes again, and a reload came since its generation: it routes on in
+    /// the running one ([`follow_reload`]).
+    Reloaded,
+}
+
+impl From<NoSession> for NotConnected {
+    fn from(no: NoSession) -> Self {
+        NotConnected::No(no)
+    }
+}
+
+/// Moves a session of listener `li` of `state` to the running generation when a reload
+/// came since `state`: for a session that routes after it (its PROXY header or TLS
+/// handshake straddled the reload, or it routes again after leaving a queue or a failed
+/// node). Nodes the reload added are candidates then, ones it removed are not: routed over
+/// its own generation, a session that waited across a blue/green reload found every node
+/// gone and was closed while the next one was served. The listener's settings are the
+/// running ones; the nodes that failed the session are carried by name.
+fn follow_reload(
+    runtime: &Runtime,
+    state: &mut Arc<State>,
+    li: &mut usize,
+    def: &mut Arc<ListenerDef>,
+    failed: &mut Vec<Excluded>,
+) {
+    if runtime.generation() == state.generation() {
+        return;
+    }
+    let now = runtime.state();
+    // Listeners are never removed by a reload (one that tries is refused).
+    let Some((li_now, def_now)) = now
+        .listeners
+        .iter()
+        .map(|l| l.def.load_full())
+        .enumerate()
+        .find(|(_, d)| d.name == def.name)
+    else {
+        return;
+    };
+    failed.retain_mut(|e| match now.node_id(state.node_name(e.node)) {
+        Some(n) => {
+            e.node = n;
+            true
+        }
+        None => false,
+    });
+    *state = now;
+    *li = li_now;
+    *def = def_now;
+}
+
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
 /// routing again without every node that failed (each a passive failure; the table's entry
 /// moves with the route), and without those in `failed` already (a node that dropped the
@@ -488,7 +543,7 @@ async fn connect(
     (who, local_port): (&Peer, u16),
     cut: &mut watch::Receiver<bool>,
     failed: &mut Vec<Excluded>,
-) -> Result<Connected, NoSession> {
+) -> Result<Connected, NotConnected> {
     let slot = state
         .listeners
         .get(li)
@@ -524,6 +579,9 @@ async fn connect(
     };
     // Each turn adds a node to `failed`, so this ends within the node count.
     loop {
+        if !failed.is_empty() && runtime.generation() != state.generation() {
+            return Err(NotConnected::Reloaded);
+        }
         let input = RouteInput {
             cookie: None,
             failback: false,
@@ -556,7 +614,7 @@ async fn connect(
         }
         let Some(node) = route.node else {
             NO_NODE.note(&def.name);
-            return Err(NoSession::refused("no-node", None));
+            return Err(NoSession::refused("no-node", None).into());
         };
         // Watched from the route on: a move of the session off this node while it connects
         // (another of its connections failed there) ends it as soon as it runs.
@@ -597,7 +655,7 @@ async fn connect(
                         crate::nodes::Refused::QueueTimeout => "queue-timeout",
                         _ => "queue-full",
                     };
-                    return Err(NoSession::refused(why, Some(node)));
+                    return Err(NoSession::refused(why, Some(node)).into());
                 }
             },
             None => None,
@@ -667,7 +725,7 @@ async fn connect(
             // limpet out of file descriptors: says nothing about the node, and another node
             // would fail the same way; the client's connection is closed, its pin kept.
             Err(err) if err.cause == crate::error::Cause::Local => {
-                return Err(NoSession::refused("out-of-fds", Some(node)))
+                return Err(NoSession::refused("out-of-fds", Some(node)).into())
             }
             Err(err) => {
                 tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "node attempt failed");
@@ -757,15 +815,15 @@ async fn attempt_with(
 /// drain is over: the session, if still open, is cut then (reset on both sides).
 async fn session(
     runtime: Arc<Runtime>,
-    state: Arc<State>,
-    li: usize,
+    mut state: Arc<State>,
+    mut li: usize,
     (stream, peer, bound): (crate::socket::ClientSocket, SocketAddr, SocketAddr),
     mut cut: watch::Receiver<bool>,
 ) {
     let Some(slot) = state.listeners.get(li) else {
         return;
     };
-    let def = slot.def.load_full();
+    let mut def = slot.def.load_full();
     // The session's access log line counts from here, as HAProxy's `tcplog` counts from the
     // accept (the PROXY header and TLS handshake included).
     let started = crate::logging::access::on().then(tokio::time::Instant::now);
@@ -784,6 +842,9 @@ async fn session(
     let (who, local, mut client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     let mut failed: Vec<Excluded> = Vec::new();
+    // A reload while its PROXY header or TLS handshake came: the session routes in the
+    // running generation.
+    follow_reload(&runtime, &mut state, &mut li, &mut def, &mut failed);
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
     // deadline, whichever node it ends up on.
@@ -808,7 +869,11 @@ async fn session(
         .await
         {
             Ok(conn) => conn,
-            Err(no) => {
+            Err(NotConnected::Reloaded) => {
+                follow_reload(&runtime, &mut state, &mut li, &mut def, &mut failed);
+                continue;
+            }
+            Err(NotConnected::No(no)) => {
                 // Refusals and running out of descriptors are logged where they happen.
                 tracing::debug!(listener = %def.name, client = %who.client, end = no.end, "no TCP session opened");
                 if let Some(started) = started {
@@ -967,7 +1032,8 @@ async fn session(
         RelayEnd::Stopped(why) | RelayEnd::Unused(Unused::Stopped(why)) => ("cut", Some(*why)),
     };
     if let Some(started) = started {
-        let pin = PinText(Some(outcome), slot.table.is_some());
+        let pinned = state.listeners.get(li).is_some_and(|l| l.table.is_some());
+        let pin = PinText(Some(outcome), pinned);
         session_line(
             &def.name,
             who.client,

@@ -743,6 +743,68 @@ async fn a_request_queued_while_a_reload_moves_its_node_goes_to_the_new_address(
     l.stop().await;
 }
 
+/// A request waiting in its node's queue when a reload replaces every node (blue/green: `a`
+/// out, `green` in) routes again over the running config: served by the node the reload
+/// added and re-pinned there, not answered 503 for want of a node in the config it came
+/// under (the reload row of the failure model).
+#[tokio::test]
+async fn a_request_queued_while_a_reload_replaces_every_node_is_served_by_the_added_one() {
+    let mut blue = CountingNode::start_held("127.0.0.2").await;
+    let mut green = CountingNode::start_at("127.0.0.4", blue.port, Duration::ZERO).await;
+    let port = blue.port;
+    let cfg = ConfigFile::new(
+        "adv-queue-blue-green",
+        &limited_config(port, "max_connections = 1", "60s"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let (first, second) = one_holding_one_queued(&l, &mut blue, &url).await;
+    cfg.write(&limited_config(port, "", "60s").replace(
+        "name = \"a\"\naddress = \"127.0.0.2\"",
+        "name = \"green\"\naddress = \"127.0.0.4\"",
+    ));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let r = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the queued request answered at once")
+        .expect("task")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200);
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        cookie.starts_with("route=green"),
+        "re-pinned to green: {cookie:?}"
+    );
+    // Counted on the node that answered, under its own name.
+    let metrics = metrics_text(&l).await;
+    assert!(
+        metrics.contains(r#"limpet_requests_total{listener="web",node="green",class="2xx"} 1"#)
+            && metrics.contains(r#"{listener="web",node="a",class="2xx"} 0"#),
+        "{metrics}"
+    );
+    tokio::time::timeout(SOON, green.heads.recv())
+        .await
+        .expect("the added node took the queued request")
+        .expect("head");
+    assert!(
+        blue.heads.try_recv().is_err(),
+        "the removed node got the queued request"
+    );
+    // The request at the removed node is answered there.
+    blue.answer_one();
+    assert_eq!(
+        first.await.expect("task").expect("first answer").as_u16(),
+        200
+    );
+    l.stop().await;
+}
+
 /// The same for a TCP session: queued for its node's only slot while a reload moves the
 /// node and turns on the PROXY header to nodes, it is relayed to the new address, with the
 /// header, once the slot frees.
@@ -752,33 +814,11 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
     let mut moved = CountingNode::start_at("127.0.0.4", old.port, Duration::ZERO).await;
     let port = old.port;
     let text = |ip: &str, proxy_header: &str| {
-        format!(
-            "[[nodes]]\nname = \"a\"\naddress = \"{ip}\"\nmax_connections = 1\n\n\
-             [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
-             node_port = {port}\ntimeouts = {{ queue = \"60s\" }}\n{proxy_header}\n\
-             [admin]\nlisten = \"127.0.0.1:0\"\n",
-        )
+        queued_tcp_config(port, ("a", ip), "max_connections = 1", proxy_header)
     };
     let cfg = ConfigFile::new("adv-tcp-queue-moved", &text("127.0.0.2", ""));
     let l = Limpet::start(&cfg).await;
-    let raw = l.addr("raw");
-    const HEAD: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
-    // The first session takes the node's only slot and keeps it while it is open.
-    let mut first = TcpStream::connect(raw).await.expect("connect");
-    first.write_all(HEAD).await.expect("write");
-    tokio::time::timeout(SOON, old.heads.recv())
-        .await
-        .expect("the first session reached the node")
-        .expect("head");
-    let mut second = TcpStream::connect(raw).await.expect("connect");
-    second.write_all(HEAD).await.expect("write");
-    tokio::time::timeout(SOON, async {
-        while node_view(&l, "a").await["queued"].as_u64().unwrap_or(0) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the second session queued");
+    let (first, mut second) = one_session_holding_one_queued(&l, &mut old).await;
     cfg.write(&text(
         "127.0.0.4",
         "[listeners.proxy_protocol]\nsend = \"v1\"\n",
@@ -786,12 +826,10 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
     drop(first);
-    let mut answer = [0u8; 15];
-    tokio::time::timeout(SOON, second.read_exact(&mut answer))
-        .await
-        .expect("the queued session relayed")
-        .expect("read");
-    assert_eq!(&answer, b"HTTP/1.1 200 OK");
+    assert_eq!(
+        &status_line(&mut second, "the queued session").await,
+        b"HTTP/1.1 200 OK"
+    );
     let head = tokio::time::timeout(SOON, moved.heads.recv())
         .await
         .expect("the node at its new address took the queued session")
@@ -804,6 +842,205 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
         old.heads.try_recv().is_err(),
         "the old address got the queued session"
     );
+    l.stop().await;
+}
+
+/// A request that fails over after a reload routes in the running config, the nodes that
+/// failed it carried by name: the reload put a new node `c` first (renumbering `a`), and the
+/// request `a` left unanswered goes to `c`, not back to `a` under `c`'s old number (nor to
+/// 503, as over the config it came under, where `a` was the only node).
+#[tokio::test]
+async fn a_request_that_fails_over_after_a_reload_is_served_by_a_node_the_reload_added() {
+    let mut a = CountingNode::start_held("127.0.0.2").await;
+    let mut c = CountingNode::start_at("127.0.0.4", a.port, Duration::ZERO).await;
+    let port = a.port;
+    let text = |nodes: &[(&str, &str)]| {
+        format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ upstream_answer = \"2s\", drain = \"1s\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(nodes)
+        )
+    };
+    let cfg = ConfigFile::new("adv-failover-added", &text(&[("a", "127.0.0.2")]));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let request = tokio::spawn(async move {
+        bare_client()
+            .get(&url)
+            .header("cookie", "route=a")
+            .send()
+            .await
+    });
+    tokio::time::timeout(SOON, a.heads.recv())
+        .await
+        .expect("the request reached a")
+        .expect("head");
+    cfg.write(&text(&[("c", "127.0.0.4"), ("a", "127.0.0.2")]));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let r = tokio::time::timeout(SOON, request)
+        .await
+        .expect("answered after a's answer timeout")
+        .expect("task")
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200);
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(cookie.starts_with("route=c"), "re-pinned to c: {cookie:?}");
+    tokio::time::timeout(SOON, c.heads.recv())
+        .await
+        .expect("c took the request")
+        .expect("head");
+    assert!(a.heads.try_recv().is_err(), "a was sent the request again");
+    l.stop().await;
+}
+
+/// Two TCP sessions through listener `raw` to node `a` at its `max_connections = 1`: the
+/// first takes its only slot (`node` has its head) and keeps it while open, the second waits
+/// in its queue (its `queued` seen by the admin API).
+async fn one_session_holding_one_queued(
+    l: &Limpet,
+    node: &mut CountingNode,
+) -> (TcpStream, TcpStream) {
+    const HEAD: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let raw = l.addr("raw");
+    let mut first = TcpStream::connect(raw).await.expect("connect");
+    first.write_all(HEAD).await.expect("write");
+    tokio::time::timeout(SOON, node.heads.recv())
+        .await
+        .expect("the first session reached the node")
+        .expect("head");
+    let mut second = TcpStream::connect(raw).await.expect("connect");
+    second.write_all(HEAD).await.expect("write");
+    tokio::time::timeout(SOON, async {
+        while node_view(l, "a").await["queued"].as_u64().unwrap_or(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second session queued");
+    (first, second)
+}
+
+/// A TCP listener's config with one node, `name` at `ip`, and `more` for the listener.
+fn queued_tcp_config(port: u16, (name, ip): (&str, &str), node: &str, more: &str) -> String {
+    format!(
+        "[[nodes]]\nname = \"{name}\"\naddress = \"{ip}\"\n{node}\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {port}\ntimeouts = {{ queue = \"60s\" }}\n{more}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+    )
+}
+
+/// Reads one relayed answer's status line from `s`, within [`SOON`].
+async fn status_line(s: &mut TcpStream, what: &str) -> [u8; 15] {
+    let mut answer = [0u8; 15];
+    tokio::time::timeout(SOON, s.read_exact(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("{what} relayed"))
+        .unwrap_or_else(|e| panic!("{what} relayed: {e}"));
+    answer
+}
+
+/// The TCP form of the blue/green reload: a session queued for its node's only slot when a
+/// reload replaces every node is relayed at once to the node the reload added, not closed
+/// for want of a node in the config it came under.
+#[tokio::test]
+async fn a_tcp_session_queued_while_a_reload_replaces_every_node_reaches_the_added_one() {
+    let mut blue = CountingNode::start_at("127.0.0.2", 0, Duration::ZERO).await;
+    let mut green = CountingNode::start_at("127.0.0.4", blue.port, Duration::ZERO).await;
+    let port = blue.port;
+    let cfg = ConfigFile::new(
+        "adv-tcp-queue-blue-green",
+        &queued_tcp_config(port, ("a", "127.0.0.2"), "max_connections = 1", ""),
+    );
+    let l = Limpet::start(&cfg).await;
+    let (first, mut second) = one_session_holding_one_queued(&l, &mut blue).await;
+    cfg.write(&queued_tcp_config(port, ("green", "127.0.0.4"), "", ""));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    // The first session stays open: the second is not waiting for its slot.
+    assert_eq!(
+        &status_line(&mut second, "the queued session").await,
+        b"HTTP/1.1 200 OK"
+    );
+    tokio::time::timeout(SOON, green.heads.recv())
+        .await
+        .expect("the added node took the queued session")
+        .expect("head");
+    assert!(
+        blue.heads.try_recv().is_err(),
+        "the removed node got the queued session"
+    );
+    drop(first);
+    l.stop().await;
+}
+
+/// Whether every connection made to the listening socket `addr` was taken from its accept
+/// queue: the kernel's count of connections waiting there (`rx_queue` of the socket's
+/// listening line in /proc/net/tcp) is zero.
+fn accept_queue_empty(addr: std::net::SocketAddr) -> bool {
+    let std::net::SocketAddr::V4(v4) = addr else {
+        return false;
+    };
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table.lines().any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // local_address, rem_address, st (0A: LISTEN), tx_queue:rx_queue.
+        f.len() > 4 && f[1] == local && f[3] == "0A" && f[4].ends_with(":00000000")
+    })
+}
+
+/// A TCP session whose PROXY header comes after a reload that replaced every node (accepted
+/// before it, so taken under the old config) routes in the running config: it reaches the
+/// node the reload added instead of being closed for want of a node.
+#[tokio::test]
+async fn a_tcp_session_whose_proxy_header_straddles_a_reload_reaches_the_added_node() {
+    let _blue = CountingNode::start_at("127.0.0.2", 0, Duration::ZERO).await;
+    let mut green = CountingNode::start_at("127.0.0.4", _blue.port, Duration::ZERO).await;
+    let port = _blue.port;
+    let accept = "proxy_protocol = { accept_from = [\"127.0.0.1\"] }";
+    let cfg = ConfigFile::new(
+        "adv-tcp-header-blue-green",
+        &queued_tcp_config(port, ("a", "127.0.0.2"), "", accept),
+    );
+    let l = Limpet::start(&cfg).await;
+    let raw = l.addr("raw");
+    let mut client = TcpStream::connect(raw).await.expect("connect");
+    // limpet has taken the connection (its session begun under the running config), and
+    // waits for the PROXY header.
+    tokio::time::timeout(SOON, async {
+        while !accept_queue_empty(raw) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("limpet took the connection");
+    cfg.write(&queued_tcp_config(port, ("green", "127.0.0.4"), "", accept));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    client
+        .write_all(b"PROXY TCP4 192.0.2.1 127.0.0.1 40000 80\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert_eq!(
+        &status_line(&mut client, "the session").await,
+        b"HTTP/1.1 200 OK"
+    );
+    tokio::time::timeout(SOON, green.heads.recv())
+        .await
+        .expect("the added node took the session")
+        .expect("head");
     l.stop().await;
 }
 

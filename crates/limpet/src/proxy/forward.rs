@@ -52,6 +52,9 @@ struct Access<'a> {
     line: Option<Box<Line>>,
     node: Option<NodeId>,
     outcome: Option<Outcome>,
+    /// The generation the request moved to when it routed again after a reload
+    /// ([`Attempt::move_to`]): `node` is one of its ids.
+    moved: Option<Arc<Shared>>,
 }
 
 /// What the access log line tells of the request itself.
@@ -91,6 +94,7 @@ impl Access<'_> {
         // that do not belong in logs; at most 256 characters.
         let path = uri.path();
         let path = &path[..path.char_indices().nth(256).map_or(path.len(), |(i, _)| i)];
+        let shared = self.moved.as_ref().unwrap_or(&shared);
         let node = self.node.map_or("-", |n| shared.node_name(n));
         let mut text = String::with_capacity(path.len() + node.len());
         text.push_str(path);
@@ -210,6 +214,7 @@ pub(crate) fn handle(
             }),
             node: None,
             outcome: None,
+            moved: None,
         };
         // Read before the request is handed on: hyper closes the connection after this
         // answer (HTTP/1 only). Not after CONNECT or any request with `Upgrade`, even one
@@ -226,10 +231,12 @@ pub(crate) fn handle(
         if last && resp.body().whole_in_hand() {
             ctx.hints.set_last_answer();
         }
-        // Node lifecycle: metrics hooks, through the listener's pre-resolved handles.
-        shared.metrics.request(log.node, resp.status().as_u16());
+        // Node lifecycle: metrics hooks, through the listener's pre-resolved handles (of
+        // the generation whose node ids `log.node` is in).
+        let counted = log.moved.as_deref().unwrap_or(&shared);
+        counted.metrics.request(log.node, resp.status().as_u16());
         if let Some(o) = log.outcome.and_then(crate::metrics::PinOutcome::of_route) {
-            shared.metrics.pin(o);
+            counted.metrics.pin(o);
         }
         let line = log.into_line(resp.status());
         Ok(resp.map(|b| {
@@ -332,12 +339,46 @@ fn table_key<'a>(ctx: &ConnCtx, shared: &Shared, headers: &'a HeaderMap) -> Opti
 
 /// What a request presents for routing, read once from its head: the affinity cookie and
 /// home cookie, the table key, and the session's spread key.
+#[derive(Clone)]
 struct Presented {
     cookie: Option<CookieIn>,
     key: Option<TableKey>,
     spread: u64,
     /// The cookie's issue time, or the one a new cookie will carry (signed cookies).
     issued_ms: Option<u64>,
+}
+
+impl Presented {
+    /// What the request presented as generation `to` reads it, for a request that routes
+    /// again after a reload ([`Attempt::move_to`]). Pins name nodes by name: one to a node
+    /// `to` still has is to its id there, one to a node the reload removed reads unknown and
+    /// re-pins, as the same cookie would on a request that came after the reload. The table
+    /// key carries over when the table is keyed alike; a table the reload keyed otherwise is
+    /// keyed by the client's address where it can be, and by a header or cookie from the
+    /// session's next request on.
+    fn carried(&self, ctx: &ConnCtx, from: &Shared, to: &Shared) -> Presented {
+        let pin = |p: Pin| match p {
+            Pin::Node(n) => to
+                .state
+                .node_id(from.node_name(n))
+                .map_or(Pin::Unknown, Pin::Node),
+            other => other,
+        };
+        let key = match (&from.table, &to.table) {
+            (Some(a), Some(b)) if a.key_spec() == b.key_spec() => self.key.clone(),
+            _ => table_key(ctx, to, &HeaderMap::new()).map(KeyRef::to_key),
+        };
+        Presented {
+            cookie: to.affinity.as_ref().and(self.cookie).map(|c| CookieIn {
+                pin: pin(c.pin),
+                home: pin(c.home),
+                ..c
+            }),
+            key,
+            spread: self.spread,
+            issued_ms: self.issued_ms,
+        }
+    }
 }
 
 fn presented(ctx: &ConnCtx, shared: &Shared, headers: &HeaderMap, now: u64) -> Presented {
@@ -640,7 +681,7 @@ fn proxy<'a, 'b>(
         };
         // Counted open to its node from now until the answer body is done (drain accounting,
         // `active`): on each node the request goes to as it goes there (`Attempt::run`).
-        let in_flight = (first_node, shared.state.open(first_node));
+        let in_flight = (Some(first_node), shared.state.open(first_node));
 
         // The head every attempt sends, and the request as handed to its first attempt. In a
         // block: `parts`, the head and the body are moved on or dropped here, and a binding
@@ -707,6 +748,7 @@ fn proxy<'a, 'b>(
             ctx,
             shared,
             presented: &p,
+            moved: None,
             route: first,
             trial,
             failed,
@@ -723,6 +765,12 @@ fn proxy<'a, 'b>(
         let chosen = attempt.route;
         let admitted = attempt.admitted.take();
         let moves = attempt.moves.take();
+        // A request that routed again after a reload ends in the running generation: its
+        // node id, cookie, table and counts are of that one from here on.
+        let moved = attempt.moved.take();
+        let shared: &Shared = moved.as_ref().map_or(shared, |m| &m.shared);
+        let p: &Presented = moved.as_ref().map_or(&p, |m| &m.presented);
+        log.moved = moved.as_ref().map(|m| Arc::clone(&m.shared));
         log.outcome = Some(chosen.outcome);
         log.node = chosen.node;
         let Some(node) = chosen.node else {
@@ -775,7 +823,11 @@ fn proxy<'a, 'b>(
         };
 
         // `Attempt::run` moved the count to each node it went to, this one last.
-        debug_assert_eq!(in_flight.0, node, "the request is counted open on its node");
+        debug_assert_eq!(
+            in_flight.0,
+            Some(node),
+            "the request is counted open on its node"
+        );
         if ctx.first_sighting(node, p.spread, now) {
             if let Some(rt) = shared.state.node_rt(node) {
                 rt.seen(p.spread);
@@ -939,13 +991,24 @@ fn join_cookie_lines(headers: &mut HeaderMap) {
     }
 }
 
+/// The generation a request moved to, and what it presented as that generation reads it
+/// ([`Attempt::move_to`]).
+struct Moved {
+    shared: Arc<Shared>,
+    presented: Presented,
+}
+
 /// One request's attempts at nodes: the route it follows, the nodes that failed for it, and
 /// the failover rules of the module docs, decided from each [`UpstreamError`].
 struct Attempt<'a> {
     ctx: &'a ConnCtx,
-    /// The request's generation of the listener's settings ([`ConnCtx::shared`]).
+    /// The request's generation of the listener's settings ([`ConnCtx::shared`]), until it
+    /// routes again after a reload (`moved`).
     shared: &'a Shared,
     presented: &'a Presented,
+    /// The running generation, when the request routed again after a reload: boxed, as a
+    /// rare path's state in every request's future.
+    moved: Option<Box<Moved>>,
     /// The route being tried; on return, the node that answered (or was last tried).
     route: Route,
     /// The route's node is DOWN and this request is its trial: the claim lasts while the
@@ -969,10 +1032,44 @@ struct Attempt<'a> {
     /// The node the request is counted open to, moved with it when it goes to another:
     /// left on the first, a request that failed over or left a queue counted on a node it
     /// had left and not on the one it waited for, whose drain could read complete under it.
-    open: (NodeId, Option<crate::nodes::ConnGuard>),
+    /// (`None`: a node a reload removed, the request moved on.)
+    open: (Option<NodeId>, Option<crate::nodes::ConnGuard>),
 }
 
 impl<'a> Attempt<'a> {
+    /// The generation the request routes in: its own, or the one it moved to.
+    fn shared(&self) -> &Shared {
+        self.moved.as_ref().map_or(self.shared, |m| &m.shared)
+    }
+
+    fn presented(&self) -> &Presented {
+        self.moved.as_ref().map_or(self.presented, |m| &m.presented)
+    }
+
+    /// Moves the request to `now`, the running generation, to route again there: a node the
+    /// reload added is a candidate and one it removed is not (routed over its own
+    /// generation, a request that waited across a blue/green reload found every node of
+    /// its own gone and was answered 503 while the next request was served). Its failed
+    /// nodes and the node it is counted open to are carried by name; the answer then
+    /// re-pins, counts and logs in `now` ([`Attempt::run`]'s caller reads `moved`).
+    fn move_to(&mut self, now: Arc<Shared>) {
+        let was = self.shared();
+        let by_name = |n: NodeId| now.state.node_id(was.node_name(n));
+        let presented = self.presented().carried(self.ctx, was, &now);
+        let failed = self
+            .failed
+            .iter()
+            .filter_map(|e| by_name(e.node).map(|node| Excluded { node, why: e.why }))
+            .collect();
+        let open = self.open.0.and_then(by_name);
+        self.failed = failed;
+        self.open.0 = open;
+        self.moved = Some(Box::new(Moved {
+            shared: now,
+            presented,
+        }));
+    }
+
     /// The node failed this request: passive health learns what the error says, and the
     /// request routes again without it (the answer re-pins).
     fn fail_over(&mut self, node: NodeId, e: &UpstreamError) -> Result<(), UpstreamError> {
@@ -982,7 +1079,10 @@ impl<'a> Attempt<'a> {
         if e.cause == Cause::Local {
             return Err(e.clone());
         }
-        let state = &self.shared.state;
+        // The generation `node` is of (the request may move on below).
+        let here = self.moved.as_ref().map(|m| Arc::clone(&m.shared));
+        let was: &Shared = here.as_deref().unwrap_or(self.shared);
+        let state = &was.state;
         // A second node that fails the request once it went out (no answer in time, or the
         // connection lost after it): the request is the likely cause (a report that
         // outlasts `upstream_answer`, a request that crashes whichever worker takes it),
@@ -1011,18 +1111,22 @@ impl<'a> Attempt<'a> {
             return Err(e.clone());
         }
         // Answered elsewhere, if at all: this node's failure is counted here.
-        self.shared.metrics.attempt_failed(node);
+        was.metrics.attempt_failed(node);
         Ok(())
     }
 
     /// Routes the request again without `node` (excluded for `why`, which the answer's
     /// re-pin reports); false when no node is left, the route unchanged.
+    /// After a reload, it routes in the running generation ([`Attempt::move_to`]).
     fn route_without(&mut self, node: NodeId, why: limpet_core::RepinReason) -> bool {
         self.failed.push(Excluded { node, why });
+        if let Some(now) = self.ctx.reloaded_since(self.shared()) {
+            self.move_to(now);
+        }
         let (next, trial) = route(
             self.ctx,
-            self.shared,
-            self.presented,
+            self.shared(),
+            self.presented(),
             &self.failed,
             clock::now_ms(),
         );
@@ -1064,8 +1168,6 @@ impl<'a> Attempt<'a> {
     ) -> impl std::future::Future<Output = Result<Response<NodeAnswer>, UpstreamError>> + use<'s, 'a>
     {
         async move {
-            let shared = self.shared;
-            let answer_timeout = shared.timeouts.upstream_answer;
             let mut force_fresh = self.upgrade;
             // The slot a turn that goes once more to the same node on a fresh connection
             // (the keep-alive race) keeps for it: given back and asked for again, it woke the
@@ -1074,6 +1176,11 @@ impl<'a> Attempt<'a> {
             // Each turn either returns or adds a node to `failed` (or spends the one
             // fresh-connection retry), so the loop ends within 2 * nodes turns.
             loop {
+                // The generation the request routes in this turn: its own, or the running
+                // one it moved to on a route after a reload.
+                let here = self.moved.as_ref().map(|m| Arc::clone(&m.shared));
+                let shared: &Shared = here.as_deref().unwrap_or(self.shared);
+                let answer_timeout = shared.timeouts.upstream_answer;
                 let Some(node) = self.route.node else {
                     return Err(UpstreamError::new(
                         Stage::Connect,
@@ -1082,8 +1189,8 @@ impl<'a> Attempt<'a> {
                         "no node available",
                     ));
                 };
-                if self.open.0 != node {
-                    self.open = (node, shared.state.open(node));
+                if self.open.0 != Some(node) {
+                    self.open = (Some(node), shared.state.open(node));
                 }
                 if self.upgrade {
                     self.moves = shared
@@ -1464,7 +1571,7 @@ impl Attempt<'_> {
         force_fresh: bool,
         watch: Option<crate::nodes::DownWatch<'_>>,
     ) -> Result<Response<super::node_h1::NodeBody>, Direct> {
-        let shared = self.shared;
+        let shared = self.shared();
         // One reading for the idle connections' expiry, the send time and the answer's
         // deadline (a connect in between takes a new one).
         let mut sent_at = Instant::now();

@@ -512,7 +512,8 @@ impl ConnCtx {
     /// request's generation, from [`ConnCtx::shared`]) was taken; `None` while `shared` is
     /// still current, one atomic load. For a request that waited (in a node's queue, or an
     /// answer timeout before a failover): it reaches its node where the running config
-    /// has it, though it keeps its own generation for everything else.
+    /// has it, and a request that routes again moves to the running generation whole
+    /// (`forward::Attempt::move_to`).
     pub(crate) fn reloaded_since(&self, shared: &Shared) -> Option<Arc<Shared>> {
         if shared.state.generation() == self.generations.runtime.generation() {
             return None;
