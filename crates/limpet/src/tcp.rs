@@ -493,19 +493,22 @@ impl From<NoSession> for NotConnected {
 /// node). Nodes the reload added are candidates then, ones it removed are not: routed over
 /// its own generation, a session that waited across a blue/green reload found every node
 /// gone and was closed while the next one was served. The listener's settings are the
-/// running ones; the nodes that failed the session are carried by name.
+/// running ones; the nodes that failed the session are carried by name, those the running
+/// generation lacks kept aside in `gone` and excluded again should a later reload add them
+/// back (so that the session's attempts stay bounded by the node names it meets). False
+/// when there is nothing to follow: no newer generation (generations only rise: one
+/// installed but not yet numbered as the runtime's is not followed back), or no listener of
+/// the name in it (a reload never removes one).
 fn follow_reload(
     runtime: &Runtime,
-    state: &mut Arc<State>,
-    li: &mut usize,
-    def: &mut Arc<ListenerDef>,
+    (state, li, def): (&mut Arc<State>, &mut usize, &mut Arc<ListenerDef>),
     failed: &mut Vec<Excluded>,
-) {
-    if runtime.generation() == state.generation() {
-        return;
+    gone: &mut Vec<(Box<str>, limpet_core::RepinReason)>,
+) -> bool {
+    if runtime.generation() <= state.generation() {
+        return false;
     }
     let now = runtime.state();
-    // Listeners are never removed by a reload (one that tries is refused).
     let Some((li_now, def_now)) = now
         .listeners
         .iter()
@@ -513,18 +516,27 @@ fn follow_reload(
         .enumerate()
         .find(|(_, d)| d.name == def.name)
     else {
-        return;
+        return false;
     };
-    failed.retain_mut(|e| match now.node_id(state.node_name(e.node)) {
-        Some(n) => {
-            e.node = n;
-            true
+    let mut carried = Vec::with_capacity(failed.len());
+    for e in failed.iter() {
+        match now.node_id(state.node_name(e.node)) {
+            Some(node) => carried.push(Excluded { node, why: e.why }),
+            None => gone.push((state.node_name(e.node).into(), e.why)),
         }
-        None => false,
+    }
+    gone.retain(|(name, why)| match now.node_id(name) {
+        Some(node) => {
+            carried.push(Excluded { node, why: *why });
+            false
+        }
+        None => true,
     });
+    *failed = carried;
     *state = now;
     *li = li_now;
     *def = def_now;
+    true
 }
 
 /// Routes the connection through the one core decision ([`State::route`]) and connects,
@@ -577,9 +589,10 @@ async fn connect(
     } else {
         crate::nodes::TrialBy::Connect
     };
-    // Each turn adds a node to `failed`, so this ends within the node count.
+    // Each turn adds a node to `failed`, so this ends within the node count (or returns
+    // to follow a reload, which keeps the failed nodes by name: `follow_reload`).
     loop {
-        if !failed.is_empty() && runtime.generation() != state.generation() {
+        if !failed.is_empty() && runtime.generation() > state.generation() {
             return Err(NotConnected::Reloaded);
         }
         let input = RouteInput {
@@ -613,6 +626,11 @@ async fn connect(
             );
         }
         let Some(node) = route.node else {
+            // A reload since the session's generation was taken (its first route may have
+            // waited for a trial): routed once more, in the running one.
+            if runtime.generation() > state.generation() {
+                return Err(NotConnected::Reloaded);
+            }
             NO_NODE.note(&def.name);
             return Err(NoSession::refused("no-node", None).into());
         };
@@ -842,9 +860,15 @@ async fn session(
     let (who, local, mut client, client_tls) =
         (accepted.who, accepted.local, accepted.io, accepted.tls);
     let mut failed: Vec<Excluded> = Vec::new();
+    let mut gone = Vec::new();
     // A reload while its PROXY header or TLS handshake came: the session routes in the
     // running generation.
-    follow_reload(&runtime, &mut state, &mut li, &mut def, &mut failed);
+    follow_reload(
+        &runtime,
+        (&mut state, &mut li, &mut def),
+        &mut failed,
+        &mut gone,
+    );
     // The node's runtime outlives reloads: a session opened before one still ends on every
     // later MAINT, DOWN (`close_on_node_down` as the running config has it) and drain
     // deadline, whichever node it ends up on.
@@ -853,8 +877,9 @@ async fn session(
         &def.name,
         def.tcp.close_on_node_down,
     );
-    // Each turn ends the session, or excludes one more node (one that dropped it unused),
-    // so this ends within the node count.
+    // Each turn ends the session, excludes one more node (one that dropped it unused), or
+    // follows a reload that keeps the failed nodes by name, so this ends within the node
+    // names the session meets.
     let (outcome, node_name, (end, up, down), _held) = loop {
         // `node_port = "same"` follows the port of limpet's own socket, not a PROXY header's.
         let conn = match connect(
@@ -869,11 +894,21 @@ async fn session(
         .await
         {
             Ok(conn) => conn,
-            Err(NotConnected::Reloaded) => {
-                follow_reload(&runtime, &mut state, &mut li, &mut def, &mut failed);
-                continue;
+            Err(NotConnected::Reloaded)
+                if follow_reload(
+                    &runtime,
+                    (&mut state, &mut li, &mut def),
+                    &mut failed,
+                    &mut gone,
+                ) =>
+            {
+                continue
             }
-            Err(NotConnected::No(no)) => {
+            Err(e) => {
+                let no = match e {
+                    NotConnected::No(no) => no,
+                    NotConnected::Reloaded => NoSession::refused("no-node", None),
+                };
                 // Refusals and running out of descriptors are logged where they happen.
                 tracing::debug!(listener = %def.name, client = %who.client, end = no.end, "no TCP session opened");
                 if let Some(started) = started {

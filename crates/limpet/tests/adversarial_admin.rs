@@ -845,14 +845,14 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
     l.stop().await;
 }
 
-/// A request that fails over after a reload routes in the running config, the nodes that
-/// failed it carried by name: the reload put a new node `c` first (renumbering `a`), and the
-/// request `a` left unanswered goes to `c`, not back to `a` under `c`'s old number (nor to
-/// 503, as over the config it came under, where `a` was the only node).
-#[tokio::test]
-async fn a_request_that_fails_over_after_a_reload_is_served_by_a_node_the_reload_added() {
+/// A request pinned to `a`, the only node, which `a` holds unanswered while a reload puts a
+/// new node `c` first (renumbering `a`); `c` set to MAINT after the reload when `maint_c`.
+/// Returns the answer once `a`'s answer timeout (2 s) has passed, and limpet.
+async fn unanswered_across_a_reload_that_adds_c(
+    maint_c: bool,
+) -> (reqwest::Response, Limpet, CountingNode, CountingNode) {
     let mut a = CountingNode::start_held("127.0.0.2").await;
-    let mut c = CountingNode::start_at("127.0.0.4", a.port, Duration::ZERO).await;
+    let c = CountingNode::start_at("127.0.0.4", a.port, Duration::ZERO).await;
     let port = a.port;
     let text = |nodes: &[(&str, &str)]| {
         format!(
@@ -879,11 +879,24 @@ async fn a_request_that_fails_over_after_a_reload_is_served_by_a_node_the_reload
     cfg.write(&text(&[("c", "127.0.0.4"), ("a", "127.0.0.2")]));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
+    if maint_c {
+        set_state(&l, "c", r#"{"state":"maint"}"#).await;
+    }
     let r = tokio::time::timeout(SOON, request)
         .await
         .expect("answered after a's answer timeout")
         .expect("task")
         .expect("answer");
+    (r, l, a, c)
+}
+
+/// A request that fails over after a reload routes in the running config, the nodes that
+/// failed it carried by name: the reload put a new node `c` first (renumbering `a`), and the
+/// request `a` left unanswered goes to `c`, not back to `a` under `c`'s old number (nor to
+/// 503, as over the config it came under, where `a` was the only node).
+#[tokio::test]
+async fn a_request_that_fails_over_after_a_reload_is_served_by_a_node_the_reload_added() {
+    let (r, l, mut a, mut c) = unanswered_across_a_reload_that_adds_c(false).await;
     assert_eq!(r.status().as_u16(), 200);
     let cookie = r
         .headers()
@@ -897,6 +910,23 @@ async fn a_request_that_fails_over_after_a_reload_is_served_by_a_node_the_reload
         .expect("c took the request")
         .expect("head");
     assert!(a.heads.try_recv().is_err(), "a was sent the request again");
+    l.stop().await;
+}
+
+/// The same with `c` in MAINT: no node of the running config takes the request either, so
+/// it stays in its own and its 504 is counted (and logged) under `a`, the node that left it
+/// unanswered, not under whichever node has `a`'s old number in the running config (`c`).
+#[tokio::test]
+async fn a_request_no_node_of_the_running_config_takes_is_answered_under_its_own_node() {
+    let (r, l, _a, mut c) = unanswered_across_a_reload_that_adds_c(true).await;
+    assert_eq!(r.status().as_u16(), 504);
+    let metrics = metrics_text(&l).await;
+    assert!(
+        metrics.contains(r#"limpet_requests_total{listener="web",node="a",class="5xx"} 1"#)
+            && metrics.contains(r#"limpet_requests_total{listener="web",node="c",class="5xx"} 0"#),
+        "{metrics}"
+    );
+    assert!(c.heads.try_recv().is_err(), "c in MAINT took the request");
     l.stop().await;
 }
 
@@ -964,7 +994,8 @@ async fn a_tcp_session_queued_while_a_reload_replaces_every_node_reaches_the_add
     cfg.write(&queued_tcp_config(port, ("green", "127.0.0.4"), "", ""));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
-    // The first session stays open: the second is not waiting for its slot.
+    // The reload sets `a` to MAINT, which lets its queue go (and closes the first session):
+    // the queued session is relayed at once, to the added node.
     assert_eq!(
         &status_line(&mut second, "the queued session").await,
         b"HTTP/1.1 200 OK"
@@ -981,24 +1012,32 @@ async fn a_tcp_session_queued_while_a_reload_replaces_every_node_reaches_the_add
     l.stop().await;
 }
 
-/// Whether every connection made to the listening socket `addr` was taken from its accept
-/// queue: the kernel's count of connections waiting there (`rx_queue` of the socket's
-/// listening line in /proc/net/tcp) is zero.
-fn accept_queue_empty(addr: std::net::SocketAddr) -> bool {
-    let std::net::SocketAddr::V4(v4) = addr else {
-        return false;
+/// Whether limpet has taken `client`'s connection to its listening socket `addr` from the
+/// accept queue: the connection is established on the listener's side (its child socket in
+/// /proc/net/tcp, made as the handshake's last ACK arrives) and the listening socket's
+/// queue of connections not yet accepted (`rx_queue` of its LISTEN line) is empty.
+fn accepted(addr: std::net::SocketAddr, client: std::net::SocketAddr) -> bool {
+    let hex = |a: std::net::SocketAddr| match a {
+        std::net::SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        std::net::SocketAddr::V6(_) => String::new(),
     };
-    let local = format!(
-        "{:08X}:{:04X}",
-        u32::from_le_bytes(v4.ip().octets()),
-        v4.port()
-    );
+    let (local, remote) = (hex(addr), hex(client));
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    table.lines().any(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // local_address, rem_address, st (0A: LISTEN), tx_queue:rx_queue.
-        f.len() > 4 && f[1] == local && f[3] == "0A" && f[4].ends_with(":00000000")
-    })
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() > 4 && f[1] == local)
+        .collect();
+    // local_address, rem_address, st (01: ESTABLISHED, 0A: LISTEN), tx_queue:rx_queue.
+    let established = lines.iter().any(|f| f[2] == remote && f[3] == "01");
+    let queue_empty = lines
+        .iter()
+        .any(|f| f[3] == "0A" && f[4].ends_with(":00000000"));
+    !local.is_empty() && established && queue_empty
 }
 
 /// A TCP session whose PROXY header comes after a reload that replaced every node (accepted
@@ -1017,10 +1056,11 @@ async fn a_tcp_session_whose_proxy_header_straddles_a_reload_reaches_the_added_n
     let l = Limpet::start(&cfg).await;
     let raw = l.addr("raw");
     let mut client = TcpStream::connect(raw).await.expect("connect");
+    let me = client.local_addr().expect("local address");
     // limpet has taken the connection (its session begun under the running config), and
     // waits for the PROXY header.
     tokio::time::timeout(SOON, async {
-        while !accept_queue_empty(raw) {
+        while !accepted(raw, me) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })

@@ -53,7 +53,7 @@ struct Access<'a> {
     node: Option<NodeId>,
     outcome: Option<Outcome>,
     /// The generation the request moved to when it routed again after a reload
-    /// ([`Attempt::move_to`]): `node` is one of its ids.
+    /// ([`Attempt::route_in`]): `node` is one of its ids.
     moved: Option<Arc<Shared>>,
 }
 
@@ -350,7 +350,7 @@ struct Presented {
 
 impl Presented {
     /// What the request presented as generation `to` reads it, for a request that routes
-    /// again after a reload ([`Attempt::move_to`]). Pins name nodes by name: one to a node
+    /// again after a reload ([`Attempt::route_in`]). Pins name nodes by name: one to a node
     /// `to` still has is to its id there, one to a node the reload removed reads unknown and
     /// re-pins, as the same cookie would on a request that came after the reload. The table
     /// key carries over when the table is keyed alike; a table the reload keyed otherwise is
@@ -676,12 +676,14 @@ fn proxy<'a, 'b>(
                 },
             );
         }
-        let Some(first_node) = first.node else {
+        // No node: unless a reload came meanwhile (in which `Attempt::run` routes it once
+        // more), the answer is 503.
+        if first.node.is_none() && ctx.reloaded_since(shared).is_none() {
             return unavailable(shared, id);
-        };
+        }
         // Counted open to its node from now until the answer body is done (drain accounting,
         // `active`): on each node the request goes to as it goes there (`Attempt::run`).
-        let in_flight = (Some(first_node), shared.state.open(first_node));
+        let in_flight = (first.node, first.node.and_then(|n| shared.state.open(n)));
 
         // The head every attempt sends, and the request as handed to its first attempt. In a
         // block: `parts`, the head and the body are moved on or dropped here, and a binding
@@ -992,10 +994,14 @@ fn join_cookie_lines(headers: &mut HeaderMap) {
 }
 
 /// The generation a request moved to, and what it presented as that generation reads it
-/// ([`Attempt::move_to`]).
+/// ([`Attempt::route_in`]).
 struct Moved {
     shared: Arc<Shared>,
     presented: Presented,
+    /// Nodes that failed the request in an earlier generation, by name, which this one
+    /// lacks: excluded again should a later reload add them back, so that the request's
+    /// attempts stay bounded by the node names it meets however many reloads come.
+    gone: Vec<(Box<str>, limpet_core::RepinReason)>,
 }
 
 /// One request's attempts at nodes: the route it follows, the nodes that failed for it, and
@@ -1046,28 +1052,51 @@ impl<'a> Attempt<'a> {
         self.moved.as_ref().map_or(self.presented, |m| &m.presented)
     }
 
-    /// Moves the request to `now`, the running generation, to route again there: a node the
-    /// reload added is a candidate and one it removed is not (routed over its own
-    /// generation, a request that waited across a blue/green reload found every node of
-    /// its own gone and was answered 503 while the next request was served). Its failed
-    /// nodes and the node it is counted open to are carried by name; the answer then
-    /// re-pins, counts and logs in `now` ([`Attempt::run`]'s caller reads `moved`).
-    fn move_to(&mut self, now: Arc<Shared>) {
+    /// Routes the request in `now`, the running generation, and moves it there when a node
+    /// of `now` takes it: a node the reload added is a candidate and one it removed is not
+    /// (routed over its own generation, a request that waited across a blue/green reload
+    /// found every node of its own gone and was answered 503 while the next request was
+    /// served). Its failed nodes and the node it is counted open to are carried by name;
+    /// the answer then re-pins, counts and logs in `now` ([`Attempt::run`]'s caller reads
+    /// `moved`). False, and nothing changed, when no node of `now` takes it.
+    fn route_in(&mut self, now: Arc<Shared>, now_ms: u64) -> bool {
         let was = self.shared();
         let by_name = |n: NodeId| now.state.node_id(was.node_name(n));
         let presented = self.presented().carried(self.ctx, was, &now);
-        let failed = self
-            .failed
-            .iter()
-            .filter_map(|e| by_name(e.node).map(|node| Excluded { node, why: e.why }))
-            .collect();
+        let mut gone = self
+            .moved
+            .as_ref()
+            .map(|m| m.gone.clone())
+            .unwrap_or_default();
+        let mut failed = Vec::with_capacity(self.failed.len());
+        for e in &self.failed {
+            match by_name(e.node) {
+                Some(node) => failed.push(Excluded { node, why: e.why }),
+                None => gone.push((was.node_name(e.node).into(), e.why)),
+            }
+        }
+        gone.retain(|(name, why)| match now.state.node_id(name) {
+            Some(node) => {
+                failed.push(Excluded { node, why: *why });
+                false
+            }
+            None => true,
+        });
+        let (next, trial) = route(self.ctx, &now, &presented, &failed, now_ms);
+        if next.node.is_none() {
+            return false;
+        }
         let open = self.open.0.and_then(by_name);
         self.failed = failed;
         self.open.0 = open;
+        self.route = next;
+        self.trial = trial;
         self.moved = Some(Box::new(Moved {
             shared: now,
             presented,
+            gone,
         }));
+        true
     }
 
     /// The node failed this request: passive health learns what the error says, and the
@@ -1117,18 +1146,22 @@ impl<'a> Attempt<'a> {
 
     /// Routes the request again without `node` (excluded for `why`, which the answer's
     /// re-pin reports); false when no node is left, the route unchanged.
-    /// After a reload, it routes in the running generation ([`Attempt::move_to`]).
+    /// After a reload, it routes in the running generation ([`Attempt::route_in`]) when a
+    /// node there takes it.
     fn route_without(&mut self, node: NodeId, why: limpet_core::RepinReason) -> bool {
         self.failed.push(Excluded { node, why });
+        let now_ms = clock::now_ms();
         if let Some(now) = self.ctx.reloaded_since(self.shared()) {
-            self.move_to(now);
+            if self.route_in(now, now_ms) {
+                return true;
+            }
         }
         let (next, trial) = route(
             self.ctx,
             self.shared(),
             self.presented(),
             &self.failed,
-            clock::now_ms(),
+            now_ms,
         );
         if next.node.is_none() {
             return false;
@@ -1174,7 +1207,9 @@ impl<'a> Attempt<'a> {
             // next waiter and queued behind it (503 at once when the queue was full).
             let mut kept: Option<(NodeId, crate::nodes::Admitted)> = None;
             // Each turn either returns or adds a node to `failed` (or spends the one
-            // fresh-connection retry), so the loop ends within 2 * nodes turns.
+            // fresh-connection retry), so the loop ends within 2 * nodes turns. A move to a
+            // running generation carries `failed` by name, keeping aside the nodes it lacks
+            // (`Moved::gone`), so it stays within twice the node names the request meets.
             loop {
                 // The generation the request routes in this turn: its own, or the running
                 // one it moved to on a route after a reload.
@@ -1182,6 +1217,15 @@ impl<'a> Attempt<'a> {
                 let shared: &Shared = here.as_deref().unwrap_or(self.shared);
                 let answer_timeout = shared.timeouts.upstream_answer;
                 let Some(node) = self.route.node else {
+                    // No node in the request's generation for its first route, and a reload
+                    // since that generation was taken (the request came as the reload
+                    // swapped, or its first route waited for a trial meanwhile): routed
+                    // once more, in the running generation.
+                    if let Some(now) = self.ctx.reloaded_since(shared) {
+                        if self.route_in(now, clock::now_ms()) {
+                            continue;
+                        }
+                    }
                     return Err(UpstreamError::new(
                         Stage::Connect,
                         Cause::Io(std::io::ErrorKind::NotFound),

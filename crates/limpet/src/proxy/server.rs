@@ -513,7 +513,7 @@ impl ConnCtx {
     /// still current, one atomic load. For a request that waited (in a node's queue, or an
     /// answer timeout before a failover): it reaches its node where the running config
     /// has it, and a request that routes again moves to the running generation whole
-    /// (`forward::Attempt::move_to`).
+    /// (`forward::Attempt::route_in`).
     pub(crate) fn reloaded_since(&self, shared: &Shared) -> Option<Arc<Shared>> {
         if shared.state.generation() == self.generations.runtime.generation() {
             return None;
