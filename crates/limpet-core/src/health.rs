@@ -618,20 +618,31 @@ impl Health {
             (false, Observation::SlowAnswer) => None,
             // A connect-level check counts toward `rise` as any: a node DOWN for requests it
             // left unanswered and checked only so comes back this way, there being no trial
-            // for a checked node (and goes DOWN again at `fall` more, if it still hangs).
+            // for a checked node. An answer (an HTTP check's pass) disproves the hang; with
+            // none, the node comes back on probation: one more unanswered request takes it
+            // DOWN again, not `fall` of them (each a client waiting out its answer timeout,
+            // on every cycle of a hang that outlasts `rise` connects).
             (false, Observation::CheckPassed(slot) | Observation::CheckConnected(slot)) => {
                 self.fails[slot.index()] = 0;
                 self.check_passed(slot);
+                if matches!(obs, Observation::CheckPassed(_)) {
+                    self.unanswered = false;
+                }
                 if self.a_check_fails() {
                     // Another check of the node still fails: not a pass of the node.
                     None
                 } else {
                     self.streak += 1;
                     if self.streak >= policy.rise.max(1) && self.every_check_passed(policy.rise) {
+                        let probation = self.unanswered && policy.fall > 1;
                         *self = Health {
                             claims: self.claims,
                             ..Health::default()
                         };
+                        if probation {
+                            self.streak = policy.fall - 1;
+                            self.unanswered = true;
+                        }
                         Some(Transition::WentUp)
                     } else {
                         None
@@ -1328,7 +1339,8 @@ mod tests {
     /// so it goes DOWN on its `fall`-th unanswered request whatever passed between (before,
     /// every pass cleared it: under traffic slower than one unanswered request per check
     /// interval it never went DOWN). An HTTP check's pass, or an answer, clears it; and the
-    /// connect-level passes count toward `rise` once it is DOWN.
+    /// connect-level passes count toward `rise` once it is DOWN, bringing it back on
+    /// probation (below).
     #[test]
     fn connect_level_check_passes_do_not_hide_unanswered_requests() {
         let p = checked();
@@ -1363,6 +1375,60 @@ mod tests {
         h.observe(TrafficFailed, p, 0);
         h.observe(CheckConnected(S0), p, 0);
         assert_eq!(h.observe(TrafficFailed, p, 0), None);
+    }
+
+    /// A node DOWN for requests it left unanswered, checked only at the connect level (a
+    /// `tcp` or `tls` check, which a hung process's kernel completes): back at `rise`, it is
+    /// on probation, so its first unanswered request takes it DOWN again (before, `fall` of
+    /// them, each a client waiting out its answer timeout, on every cycle of the hang). A
+    /// connect-level pass does not end the probation; an answer does, as does an HTTP
+    /// check's pass while it is DOWN (the process answers), after which it comes back
+    /// without one.
+    #[test]
+    fn a_node_back_on_connect_level_passes_after_a_hang_is_on_probation() {
+        let p = checked();
+        let hung = || {
+            let mut h = Health::default();
+            for _ in 0..p.fall {
+                h.observe(NoAnswer, p, 0);
+            }
+            assert!(!h.is_up());
+            h
+        };
+        let back = |h: &mut Health, pass: Observation| {
+            for _ in 1..p.rise {
+                assert_eq!(h.observe(pass, p, 0), None);
+            }
+            assert_eq!(h.observe(pass, p, 0), Some(Transition::WentUp));
+        };
+        let mut h = hung();
+        back(&mut h, CheckConnected(S0));
+        assert_eq!(h.observe(CheckConnected(S0), p, 0), None);
+        assert_eq!(
+            h.observe(NoAnswer, p, 0),
+            Some(Transition::WentDown),
+            "still hung: DOWN at its first unanswered request"
+        );
+        // An answer ends the probation: `fall` unanswered requests again.
+        let mut h = hung();
+        back(&mut h, CheckConnected(S0));
+        h.observe(TrafficOk, p, 0);
+        for _ in 1..p.fall {
+            assert_eq!(h.observe(NoAnswer, p, 0), None);
+        }
+        // An HTTP check that answered while it was DOWN: back without probation.
+        let mut h = hung();
+        back(&mut h, CheckPassed(S0));
+        assert_eq!(h.observe(NoAnswer, p, 0), None);
+        // `fall = 1`: DOWN at the first unanswered request anyway.
+        let one = HealthPolicy { fall: 1, ..p };
+        let mut h = Health::default();
+        h.observe(NoAnswer, one, 0);
+        for _ in 0..one.rise {
+            h.observe(CheckConnected(S0), one, 0);
+        }
+        assert!(h.is_up());
+        assert_eq!(h.observe(NoAnswer, one, 0), Some(Transition::WentDown));
     }
 
     /// Without checks, a hung node behind an HTTP and a TCP listener: the TCP connects
