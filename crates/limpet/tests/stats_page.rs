@@ -1,7 +1,8 @@
 //! The live stats page in a real headless Chromium, driven through chromedriver.
 //!
-//! - With three nodes: the page loads, shows the nodes, refuses a drain without the token,
-//!   drains a node once the token is entered, and shows the new state
+//! - With three nodes: the page loads, shows the nodes, refuses a drain without the token
+//!   and one whose deadline is not a number, drains a node once the token is entered, and
+//!   shows the new state
 //!   (`target/test-artifacts/stats-page.png`).
 //! - With ten nodes at 1280 px: no horizontal scrolling and the actions column in view; per
 //!   node the requests, errors, answer times, bytes, open connections, time in state and
@@ -85,6 +86,20 @@ async fn stats_page_shows_nodes_and_drains_one_in_chromium() {
             .send_keys(TOKEN)
             .await?;
         on_fresh(async || browser.find(Locator::Id("save-token")).await?.click().await).await?;
+        // A deadline the browser cannot read as a number ("1e": the field's value reads
+        // empty) is refused on the page, not sent as a drain without a deadline.
+        let deadline = browser.find(Locator::Id("deadline")).await?;
+        deadline.send_keys("1e").await?;
+        on_fresh(async || browser.find(Locator::Css(drain_beta)).await?.click().await).await?;
+        browser
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::XPath(
+                "//div[@id='msg'][contains(., 'not a number of seconds')]",
+            ))
+            .await?;
+        assert_eq!(node_view(&admin, "beta").await["state"], "UP");
+        deadline.clear().await?;
         on_fresh(async || browser.find(Locator::Css(drain_beta)).await?.click().await).await?;
         browser
             .wait()
