@@ -243,6 +243,7 @@ impl Demo {
                 listen: admin,
                 token: None,
                 hosts: Vec::new(),
+                state_file: None,
             };
             let mut stop = stop_rx.clone();
             tasks.spawn(async move {

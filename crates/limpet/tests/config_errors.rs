@@ -968,6 +968,32 @@ fn errors_found_by_review_name_their_own_place() {
         )
     );
 
+    // The admin state file: not the config, not a table's snapshot, not empty.
+    let text = format!(
+        "{NODES}{L}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"pins.snap\"\n\n\
+         [admin]\nstate_file = \"./pins.snap\"\n"
+    );
+    assert_eq!(
+        error(&text),
+        format!(
+            "{}admin.state_file: table \"t\" saves its snapshot to the same file",
+            at(&text, "\"./pins.snap\"")
+        )
+    );
+    for (path, why) in [
+        ("limpet.toml", "is this configuration file itself"),
+        ("", "empty path"),
+    ] {
+        let text = format!("{NODES}{L}[admin]\nstate_file = \"{path}\"\n");
+        assert_eq!(
+            error(&text),
+            format!(
+                "{}admin.state_file: {why}",
+                at(&text, &format!("\"{path}\"\n"))
+            )
+        );
+    }
+
     // A zoned link-local node address: the zone would be dropped.
     let text = format!("[[nodes]]\nname = \"a\"\naddress = \"fe80::1%lo\"\n{L}");
     assert!(

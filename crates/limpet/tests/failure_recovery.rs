@@ -3446,6 +3446,16 @@ async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
         ),
     );
     let l = Limpet::start(&cfg).await;
+    two_unanswered_gets_take_a_down(&l, "its TLS checks").await;
+    l.stop().await;
+    a.abort();
+    b.task.abort();
+}
+
+/// Two GETs pinned to a, each answered by b (127.0.0.3) once a's answer timeout (1 s) has
+/// passed; then a is DOWN within 2 s, by its traffic, its one check (`checked`) having
+/// passed all along (at least 10 times).
+async fn two_unanswered_gets_take_a_down(l: &Limpet, checked: &str) {
     let since = Instant::now();
     for i in 0..2 {
         let mut h1 = H1::open(l.addr("web")).await;
@@ -3466,7 +3476,7 @@ async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
         );
     }
     let down = await_state(
-        &l,
+        l,
         "a",
         "DOWN",
         since,
@@ -3475,17 +3485,65 @@ async fn tls_check_passes_do_not_keep_a_node_that_never_answers_up() {
     .await;
     assert!(
         down.is_ok(),
-        "two unanswered GETs take a DOWN whatever its TLS checks said: {down:?}"
+        "two unanswered GETs take a DOWN whatever {checked} said: {down:?}"
     );
-    // Taken DOWN by its traffic, its TLS check passing all along.
-    let v = node_view(&l, "a").await;
+    // Taken DOWN by its traffic, its check passing all along.
+    let v = node_view(l, "a").await;
     assert_eq!(v["health"]["down_cause"], "traffic", "{v}");
     let check = &v["checks"][0];
     assert_eq!(check["failures"], 0, "{v}");
     assert!(check["checks"].as_u64().is_some_and(|n| n >= 10), "{v}");
+}
+
+/// A node whose traffic port hangs (the kernel accepts, the process reads and never
+/// answers) while its check, on another port (a management endpoint with its own threads),
+/// answers 200 at every interval: its answers speak for that port only. Two GETs that time
+/// out on it take it DOWN (`fall = 2`), each replayed on b. Before, every check answer was a
+/// sign of life for the node: each timed-out GET counted as slow by itself, answered 504
+/// and never failed over, and the node stayed UP for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_answering_on_another_port_does_not_keep_a_hung_node_up() {
+    let (hung, b) = loop {
+        let hung = TcpListener::bind("127.0.0.2:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind a: {e}"));
+        let port = hung.local_addr().map(|a| a.port()).unwrap_or(0);
+        if let Ok(b) = ClosingNode::serve("127.0.0.3", port, Duration::from_secs(60), None).await {
+            break (hung, b);
+        }
+    };
+    let port = b.addr.port();
+    // a's traffic port: the request read and never answered.
+    let a = tokio::spawn(async move {
+        let mut conns = JoinSet::new();
+        while let Ok((mut s, _)) = hung.accept().await {
+            conns.spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(1..) = s.read(&mut buf).await {}
+            });
+        }
+    });
+    // a's management port, which answers.
+    let manage = ClosingNode::start("127.0.0.2", Duration::from_secs(60)).await;
+    let cfg = ConfigFile::new(
+        "check-other-port-hung",
+        &format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check}\n\n\
+             [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n\
+             [health]\nfall = 2\nrise = 2\ninterval = \"100ms\"\ntimeout = \"500ms\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ upstream_answer = \"1s\" }}\n\
+             check = {{ kind = \"http\", path = \"/health\" }}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            check = manage.addr.port()
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    two_unanswered_gets_take_a_down(&l, "its check on another port").await;
     l.stop().await;
     a.abort();
     b.task.abort();
+    manage.task.abort();
 }
 
 /// Writes `req` on `s` and reads what comes back until the peer closes or resets the

@@ -39,6 +39,7 @@ impl HealthSink for PoolSink {
         node: &str,
         check: CheckSlot,
         ok: bool,
+        _answered: bool,
         detail: &CheckDetail,
     ) -> Option<Transition> {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());

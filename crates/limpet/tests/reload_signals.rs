@@ -303,6 +303,95 @@ async fn a_periodic_snapshot_a_reload_sets_up_is_saved_and_survives_a_crash() {
     pins_survive_a_crash(&cfg, proc, web, ["127.0.0.93", "127.0.0.94"]).await;
 }
 
+/// What the operator set survives a crash with `[admin] state_file`: MAINT on b and a
+/// DRAIN of c with its deadline, set through the admin API and written at once; after a
+/// SIGKILL and a restart, b is MAINT and c DRAIN with the same deadline and spread, and
+/// fresh clients go to a alone. A reload that removes c takes it out of the file. Before,
+/// every node came back READY and took fresh clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_states_survive_a_crash_with_a_state_file() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let text = |nodes: &[(&str, &str)]| {
+        format!(
+            "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\nstate_file = \"nodes.state\"\n",
+            nodes_toml(nodes)
+        )
+    };
+    let cfg = ConfigFile::new("node-states", &text(&NODES));
+    let file = cfg.dir.join("nodes.state");
+    // Until the state file reads as `done` says (bounded).
+    let file_until = |what: &'static str, done: fn(&str) -> bool| {
+        let file = file.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                if done(&text) {
+                    return text;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{what}: {text:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let (proc, _, admin) = run(&cfg).await;
+    for (node, body) in [
+        ("b", r#"{"state":"maint"}"#),
+        (
+            "c",
+            r#"{"state":"drain","deadline_secs":3600,"spread_secs":5}"#,
+        ),
+    ] {
+        let r = bare_client()
+            .post(format!("http://{admin}/api/v1/nodes/{node}/state"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status(), 200, "{node}");
+    }
+    let drain_before = json(&format!("http://{admin}/api/v1/nodes/c")).await["drain"].clone();
+    assert!(
+        drain_before["deadline_unix_ms"].as_u64().is_some(),
+        "{drain_before}"
+    );
+    file_until("b and c written", |t| {
+        t.contains("maint b\n") && t.contains("drain c ")
+    })
+    .await;
+    signal(&proc.0, "KILL");
+    drop(proc);
+
+    let (_proc, web, admin) = run(&cfg).await;
+    let view = |n: &'static str| {
+        let url = format!("http://{admin}/api/v1/nodes/{n}");
+        async move { json(&url).await }
+    };
+    assert_eq!(view("a").await["state"], "UP");
+    assert_eq!(view("b").await["state"], "MAINT");
+    let c = view("c").await;
+    assert_eq!(c["state"], "DRAIN", "{c}");
+    assert_eq!(
+        c["drain"]["deadline_unix_ms"],
+        drain_before["deadline_unix_ms"]
+    );
+    assert_eq!(c["drain"]["spread_ms"], 5000);
+    for i in 0..6 {
+        let (s, node, _) = get(&bare_client(), &format!("http://{web}/"), None).await;
+        assert_eq!((s, node.as_str()), (200, "a"), "fresh client {i}");
+    }
+    // A reload without c: the file lists the nodes the running config has.
+    cfg.write(&text(&NODES[..2]));
+    signal(&_proc.0, "HUP");
+    until_reloaded(admin).await;
+    file_until("c left out after the reload", |t| {
+        t.contains("maint b\n") && !t.contains("drain c ")
+    })
+    .await;
+}
+
 /// SIGTERM while a SIGHUP's reload cannot read its file (a FIFO with a writer that sends
 /// nothing, as a hung network mount would hold it): the reload waits on a task of its own,
 /// so the stop is taken at once, and the exit does not wait for the blocked read.

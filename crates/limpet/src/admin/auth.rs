@@ -18,6 +18,9 @@ pub struct AdminSettings {
     /// `localhost`: a request without the token is answered only when its `Host` is one of
     /// these (DNS rebinding: see `rebinding_refusal`).
     pub hosts: Vec<String>,
+    /// Where the operator's node states are kept across restarts
+    /// (`crate::runtime::node_states`); `None`: they last as long as the process.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for AdminSettings {
@@ -26,6 +29,7 @@ impl std::fmt::Debug for AdminSettings {
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("hosts", &self.hosts)
+            .field("state_file", &self.state_file)
             .finish()
     }
 }
@@ -36,6 +40,7 @@ impl Default for AdminSettings {
             listen: DEFAULT_ADMIN_LISTEN,
             token: None,
             hosts: Vec::new(),
+            state_file: None,
         }
     }
 }
@@ -200,6 +205,7 @@ mod tests {
             listen: listen.parse().unwrap_or(DEFAULT_ADMIN_LISTEN),
             token: token.map(str::to_owned),
             hosts: Vec::new(),
+            state_file: None,
         }
     }
 

@@ -273,6 +273,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// What the admin API reads and changes. The runtime implements it.
 pub trait Control: Send + Sync + 'static {
     fn nodes(&self) -> Vec<NodeView>;
+    /// [`Control::nodes`] without their table pins (`table_pins` 0): what needs only the
+    /// nodes' states, which must not walk every table's entries to count pins, nor wait on
+    /// a table's lock (the drain watch, every second).
+    fn node_states(&self) -> Vec<NodeView> {
+        self.nodes()
+    }
     fn set_node(&self, node: &str, cmd: NodeCommand) -> Result<NodeView, ControlError>;
     fn tables(&self) -> Vec<TableView>;
     fn table_page(
@@ -304,7 +310,7 @@ pub fn drain_complete(active: u64, last_seen_ago: Option<Duration>, idle: Durati
 pub async fn log_drain_completions(control: Arc<dyn Control>, every: Duration) {
     let mut reported: std::collections::BTreeSet<String> = Default::default();
     loop {
-        for n in control.nodes() {
+        for n in control.node_states() {
             match &n.drain {
                 Some(d) if d.complete => {
                     if reported.insert(n.name.clone()) {

@@ -58,6 +58,7 @@ pub(crate) struct RawAdmin {
     pub(crate) listen: Option<Spanned<String>>,
     pub(crate) token: Option<Spanned<String>>,
     pub(crate) hosts: Option<Vec<Spanned<String>>>,
+    pub(crate) state_file: Option<Spanned<String>>,
 }
 
 /// `[drain]`: drain defaults (docs/operations.md).

@@ -146,6 +146,13 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
             let names: Vec<String> = a.hosts.iter().map(|h| q(h)).collect();
             w!(o, "hosts = [{}]", names.join(", "));
         }
+        match &a.state_file {
+            Some(p) => w!(o, "state_file = {}", q(&p.display().to_string())),
+            None => w!(
+                o,
+                "# no state_file: node states set through the admin API last until a restart"
+            ),
+        }
     }
     if let Some(st) = &cfg.store {
         w!(o);

@@ -248,7 +248,7 @@ impl Validator<'_> {
             }
         }
         self.warn_split_sessions(raw, &listeners, &tables);
-        let lifecycle = self.lifecycle(raw, &nodes, &listeners, health)?;
+        let lifecycle = self.lifecycle(raw, &nodes, &listeners, health, &tables)?;
         let mut places = Places::default();
         for (i, l) in raw.listeners.iter().enumerate() {
             let name = self.src.place(&l.name.span());
@@ -1228,6 +1228,7 @@ impl Validator<'_> {
         nodes: &[NodeDef],
         listeners: &[ListenerDef],
         health: HealthPolicy,
+        tables: &[TableDef],
     ) -> Result<super::LifecycleDef, ConfigError> {
         use crate::health::{CheckKind, CheckSpec, HttpCheck, TlsCheck};
         let mut def = super::LifecycleDef::default();
@@ -1300,10 +1301,39 @@ impl Validator<'_> {
                 }
                 hosts.push(name.to_ascii_lowercase());
             }
+            let state_file = match &a.state_file {
+                None => None,
+                Some(p) if p.get_ref().is_empty() => {
+                    return Err(self.err(p, "admin.state_file", "empty path"));
+                }
+                Some(p) => {
+                    let path = self.file(p.get_ref());
+                    if same_path(&path, self.src.file) {
+                        return Err(self.err(
+                            p,
+                            "admin.state_file",
+                            "is this configuration file itself",
+                        ));
+                    }
+                    if let Some(t) = tables.iter().find(|t| {
+                        t.snapshot
+                            .as_ref()
+                            .is_some_and(|s| same_path(&s.path, &path))
+                    }) {
+                        return Err(self.err(
+                            p,
+                            "admin.state_file",
+                            format!("table {:?} saves its snapshot to the same file", t.name),
+                        ));
+                    }
+                    Some(path)
+                }
+            };
             let settings = crate::admin::AdminSettings {
                 listen,
                 token: a.token.as_ref().map(|t| t.get_ref().clone()),
                 hosts,
+                state_file,
             };
             if let Err(e) = settings.validate() {
                 return Err(match (&a.token, &a.listen) {
@@ -1563,6 +1593,23 @@ impl Validator<'_> {
                 def.checks.push((n.name.clone(), spec));
             }
         }
+        // Whether a check's answer speaks for the node's HTTP traffic: it probes a port an
+        // HTTP listener forwards to the node (with `node_port = "same"` the port is the
+        // client's, any of them: every check is taken to).
+        let http: Vec<&ListenerDef> = listeners
+            .iter()
+            .filter(|l| l.mode == crate::config::Mode::Http)
+            .collect();
+        let any_port = http.iter().any(|l| l.upstreams.is_same_port());
+        for (node, spec) in &mut def.checks {
+            let index = nodes.iter().position(|n| n.name == *node);
+            spec.answers_for_traffic = any_port
+                || http.iter().any(|l| {
+                    index
+                        .and_then(|i| l.upstreams.get(i, 0))
+                        .is_some_and(|a| a.port() == spec.addr.port())
+                });
+        }
         Ok(def)
     }
 }
@@ -1582,4 +1629,58 @@ fn check_path(p: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+
+    /// Each check's `answers_for_traffic` for `text`, by node and port.
+    fn answering(text: &str) -> Vec<(String, u16, bool)> {
+        let cfg = Config::from_text(std::path::Path::new("limpet.toml"), text)
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        cfg.lifecycle
+            .checks
+            .iter()
+            .map(|(n, c)| (n.clone(), c.addr.port(), c.answers_for_traffic))
+            .collect()
+    }
+
+    /// An HTTP check's answer speaks for a node's traffic only on a port an HTTP listener
+    /// forwards to: a node's `check_port` elsewhere (a management port), or a check of a TCP
+    /// listener with no HTTP listener at its port, proves only that port's process answers.
+    /// With `node_port = "same"` any port may be the traffic's.
+    #[test]
+    fn a_check_answers_for_traffic_only_on_a_port_http_traffic_reaches() {
+        let nodes = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = 9000\n\n\
+                     [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n";
+        let http = |port: &str| {
+            format!(
+                "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+                 check = {{ kind = \"http\" }}\n\n"
+            )
+        };
+        let tcp = "[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+                   node_port = 9100\ncheck = { kind = \"http\", port = 8080 }\n\n";
+        let row = |n: &str, port: u16, answers: bool| (n.to_owned(), port, answers);
+        assert_eq!(
+            answering(&format!("{nodes}{}", http("8080"))),
+            [row("a", 9000, false), row("b", 8080, true)]
+        );
+        // The TCP listener's check at 8080 speaks for the HTTP listener's traffic there.
+        let both = answering(&format!("{nodes}{}{tcp}", http("8080")));
+        assert!(both.contains(&row("b", 8080, true)), "{both:?}");
+        assert!(both.contains(&row("a", 9000, false)), "{both:?}");
+        // Without an HTTP listener, no check's answer speaks for traffic.
+        assert_eq!(
+            answering(&format!("{nodes}{tcp}")),
+            [row("a", 9000, false), row("b", 8080, false)]
+        );
+        // `node_port = "same"`: the client's port, any of them.
+        let same = answering(&format!("{nodes}{}", http("\"same\"")).replace(
+            "check = { kind = \"http\" }",
+            "check = { kind = \"http\", port = 8081 }",
+        ));
+        assert_eq!(same, [row("a", 9000, true), row("b", 8081, true)]);
+    }
 }

@@ -187,6 +187,13 @@ pub struct CheckSpec {
     /// Each wait is `interval` plus a uniformly random offset in `[-jitter, +jitter]`, and the
     /// first check waits a random part of one interval.
     pub jitter: Duration,
+    /// An HTTP check's answer speaks for the node's HTTP traffic: it probes a port an HTTP
+    /// listener forwards to. One on another port (a management port, a print server's web
+    /// port beside its raw one) proves that port's process answers, not the traffic's: its
+    /// pass counts as a connect-level one for a request left unanswered (it neither clears
+    /// that streak nor makes such a request a slow one), so a node whose traffic port hangs
+    /// while its check port answers goes DOWN on its unanswered requests.
+    pub answers_for_traffic: bool,
 }
 
 impl CheckSpec {
@@ -202,6 +209,7 @@ impl CheckSpec {
             fall: 3,
             rise: 2,
             jitter: interval / 10,
+            answers_for_traffic: true,
         }
     }
 
@@ -257,12 +265,16 @@ pub struct CheckDetail {
 /// Where check results go. Implemented by the runtime over the decision core; `record`
 /// returns the state change the result caused, if any.
 pub trait HealthSink: Send + Sync + 'static {
-    /// A result of the check in `check`'s slot of `node`.
+    /// A result of the check in `check`'s slot of `node`. `answered`: a pass that proves the
+    /// node's traffic answers (an HTTP check's answer on a port traffic reaches,
+    /// [`CheckSpec::answers_for_traffic`]); any other pass only that the node takes
+    /// connections.
     fn record(
         &self,
         node: &str,
         check: CheckSlot,
         ok: bool,
+        answered: bool,
         detail: &CheckDetail,
     ) -> Option<Transition>;
 
@@ -618,10 +630,11 @@ async fn run_check(
             next = (started + next_delay(spec.interval, spec.jitter, &mut rng)).max(Instant::now());
             continue;
         }
-        if detail.status.is_some() {
+        let answered = detail.status.is_some() && spec.answers_for_traffic;
+        if answered {
             sink.answered(&node, started);
         }
-        let t = sink.record(&node, slot, detail.ok, &detail);
+        let t = sink.record(&node, slot, detail.ok, answered, &detail);
         board.update(&node, &label, &detail, t.is_some());
         match t {
             Some(Transition::WentDown) => tracing::warn!(

@@ -61,6 +61,10 @@ pub struct Lifecycle {
     pub(crate) slow_answers: Mutex<()>,
     /// The listeners' accept loops running now (a handover to a new limpet waits for none).
     pub accepting: Arc<crate::net::AcceptLoops>,
+    /// Told when what the operator asked of a node (`State::set_admin`) or the set of nodes
+    /// (a reload) changed: the node-state file's writer waits on it
+    /// (`crate::runtime::node_states`).
+    pub(crate) admin_changed: tokio::sync::Notify,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,6 +85,7 @@ impl Lifecycle {
             conn_limits: Mutex::new(std::collections::HashMap::new()),
             slow_answers: Mutex::new(()),
             accepting: Arc::default(),
+            admin_changed: tokio::sync::Notify::new(),
         })
     }
 

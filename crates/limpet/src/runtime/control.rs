@@ -33,12 +33,14 @@ impl HealthSink for RuntimeSink {
         node: &str,
         check: CheckSlot,
         ok: bool,
-        detail: &CheckDetail,
+        answered: bool,
+        _detail: &CheckDetail,
     ) -> Option<limpet_core::Transition> {
         // State::observe counts and logs the transition (as for passive failures). A pass
-        // with an answer (an HTTP check's status) proves the node's process answers; a TCP
-        // connect or a TLS handshake only that it takes connections.
-        let obs = if ok && detail.status.is_some() {
+        // with an answer (an HTTP check's status, on a port traffic reaches) proves the
+        // node's process answers; a TCP connect or a TLS handshake (or an answer on another
+        // port) only that it takes connections.
+        let obs = if ok && answered {
             Observation::CheckPassed(check)
         } else if ok {
             Observation::CheckConnected(check)
@@ -111,7 +113,9 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl RuntimeControl {
-    fn view(&self, state: &State) -> Vec<NodeView> {
+    /// The nodes as the admin API shows them; their table pins counted when `pins` says
+    /// ([`State::node_views_counting`]).
+    fn view(&self, state: &State, pins: bool) -> Vec<NodeView> {
         let life = &state.lifecycle;
         let board = life.board();
         let def = life.def();
@@ -132,7 +136,7 @@ impl RuntimeControl {
             })
             .collect();
         state
-            .node_views()
+            .node_views_counting(pins)
             .into_iter()
             .map(|v| {
                 let rt = life.node(&v.name);
@@ -182,7 +186,11 @@ impl RuntimeControl {
 
 impl Control for RuntimeControl {
     fn nodes(&self) -> Vec<NodeView> {
-        self.view(&self.runtime.state())
+        self.view(&self.runtime.state(), true)
+    }
+
+    fn node_states(&self) -> Vec<NodeView> {
+        self.view(&self.runtime.state(), false)
     }
 
     fn set_node(&self, node: &str, cmd: NodeCommand) -> Result<NodeView, ControlError> {
@@ -220,7 +228,7 @@ impl Control for RuntimeControl {
                 }
             });
         }
-        self.view(&state)
+        self.view(&state, true)
             .into_iter()
             .find(|v| v.name == node)
             .ok_or_else(|| ControlError::NotFound(format!("no node {node:?}")))
@@ -664,6 +672,8 @@ async fn reload_locked(
     }
     runtime.swap(next);
     let life = Arc::clone(&state.lifecycle);
+    // The node-state file lists the running config's nodes: a removed one leaves it.
+    life.admin_changed.notify_one();
     // Listener `max_connections`: the limits the listening sockets share, changed in place.
     {
         let defs: Vec<_> = runtime
@@ -743,6 +753,16 @@ pub async fn start(
                 accept_stop,
             },
         );
+    }
+    if let Some(path) = def.admin.as_ref().and_then(|a| a.state_file.clone()) {
+        let mut stop = shutdown.clone();
+        let runtime = Arc::clone(runtime);
+        tasks.spawn(async move {
+            tokio::select! {
+                () = super::node_states::write_on_change(runtime, path) => {}
+                () = stopped(&mut stop) => {}
+            }
+        });
     }
     {
         let mut stop = shutdown.clone();
@@ -912,6 +932,55 @@ pub async fn serve_signals_with(
 #[cfg(test)]
 mod tests {
     use super::ReloadTasks;
+
+    /// What needs only the nodes' states (the drain watch, every second on the main
+    /// thread, beside the health checks) neither walks the tables nor waits for one: read
+    /// while a table's lock is held elsewhere, it answers at once; the full view counts the
+    /// table's pins (before, the drain watch walked every entry of every table each second,
+    /// tens of milliseconds per million, waiting on each page's lock).
+    #[test]
+    fn node_states_answer_without_the_tables() {
+        use crate::admin::Control as _;
+        let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+                    [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+                    [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+                    node_port = 9\ntable = \"t\"\n";
+        let config =
+            crate::config::Config::from_text(std::path::Path::new("t.toml"), text).expect("config");
+        let state = crate::runtime::State::new(config).expect("state");
+        let table = std::sync::Arc::clone(state.table("t").expect("table t"));
+        let a = state.node_id("a").expect("a");
+        table.learn(
+            limpet_core::table::KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
+            a,
+            crate::clock::now_ms(),
+            state.topology(),
+        );
+        let control = std::sync::Arc::new(super::RuntimeControl {
+            runtime: crate::runtime::Runtime::new(state),
+        });
+        let held = table.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn({
+            let control = std::sync::Arc::clone(&control);
+            move || {
+                let _ = tx.send(control.node_states());
+            }
+        });
+        let states = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("answered while the table is locked");
+        drop(held);
+        reader.join().expect("reader");
+        assert_eq!(states.len(), 1);
+        assert_eq!(states[0].name, "a");
+        assert_eq!(states[0].table_pins, 0, "pins not counted");
+        assert_eq!(
+            control.nodes()[0].table_pins,
+            1,
+            "the full view counts them"
+        );
+    }
 
     /// A stop waits for a reload applying what it read (on another thread of a multi-thread
     /// runtime, an abort cannot stop it mid-way), and no reload applies after it: a reload is

@@ -29,6 +29,7 @@
 //! await; node runtimes lock per node for one status change.
 
 mod control;
+mod node_states;
 pub mod run;
 mod snapshot;
 pub mod workers;
@@ -1213,6 +1214,7 @@ impl State {
         let id = self.node_id(node)?;
         let rt = self.node_rt(id)?;
         rt.set_admin(admin);
+        self.lifecycle.admin_changed.notify_one();
         Some(rt.status().state())
     }
 
@@ -1292,11 +1294,19 @@ impl State {
 
     /// Every node with its state, open connections and pins per table.
     pub fn node_views(&self) -> Vec<NodeView> {
+        self.node_views_counting(true)
+    }
+
+    /// [`State::node_views`], with the pins per table counted only when `pins` says: the
+    /// count walks every table's entries (tens of milliseconds per million), which what
+    /// needs only the nodes' states must not pay.
+    pub fn node_views_counting(&self, pins: bool) -> Vec<NodeView> {
         let now = crate::clock::now_ms();
         use limpet_core::table::AffinityStore as _;
         const PAGE: usize = 4096;
+        let counted = pins;
         let mut pins: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); self.nodes.len()];
-        for (name, table) in &self.tables {
+        for (name, table) in self.tables.iter().filter(|_| counted) {
             let mut counts = vec![0u64; self.nodes.len()];
             let mut page = 0usize;
             loop {

@@ -460,6 +460,16 @@ pub async fn start_from(
     };
     // Off the async threads and bounded: a snapshot never blocks a start.
     super::load_snapshots(state.tables().cloned().collect::<Vec<_>>()).await;
+    // The operator's node states from before a stop or a crash (an upgrade's come later).
+    if let Some(path) = state
+        .lifecycle
+        .def()
+        .admin
+        .as_ref()
+        .and_then(|a| a.state_file.clone())
+    {
+        super::node_states::load(&state, &path).await;
+    }
     let runtime = Runtime::new(state);
     let state = runtime.state();
     let (go_tx, go_rx) = watch::channel(false);

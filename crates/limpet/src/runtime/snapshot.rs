@@ -234,7 +234,7 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
 /// `path` with `.tmp.PID` added (not in place of its extension: two tables saved to `t.a`
 /// and `t.b` at once would share `t.tmp.PID`, and each could rename the other's bytes over
 /// its own file).
-fn temporary(path: &Path, pid: u32) -> PathBuf {
+pub(super) fn temporary(path: &Path, pid: u32) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(format!(".tmp.{pid}"));
     PathBuf::from(name)
@@ -244,7 +244,7 @@ fn temporary(path: &Path, pid: u32) -> PathBuf {
 /// the directory: after a crash of the machine the file holds the old snapshot or the new
 /// one, never a name that points at blocks not yet written (the rename can reach the disk
 /// before the data). On an error the temporary file is removed.
-fn write_durably(tmp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_durably(tmp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let written = std::fs::File::create(tmp).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()

@@ -1,0 +1,221 @@
+//! The operator's node states on disk (`[admin] state_file`): what the admin API set (MAINT,
+//! DRAIN and its deadline), written at each change and read at start, so that a node an
+//! operator took out of service stays out through a crash and a restart (HAProxy's
+//! `server-state-file`, which there takes a dump before each reload).
+//!
+//! ```text
+//!  State::set_admin (admin API, upgrade hand-over, start) ─┐
+//!  reload (nodes added or removed)                        ─┴► Lifecycle::admin_changed
+//!     ─► writer task: the running nodes' states ─► temporary file, flushed, renamed over
+//!  start: read (bounded, off the async threads) ─► State::set_admin per node the config has
+//! ```
+//!
+//! The file is text, one line per node not READY (`maint NAME`, `drain NAME DEADLINE
+//! SPREAD_MS`, the deadline in Unix milliseconds or `-`), after a version line. A line it
+//! cannot read is reported and skipped, a node the config no longer has is left out, and a
+//! file that cannot be read at all starts every node READY: the file never keeps limpet
+//! from starting. An upgrade's hand-over comes after it, and wins (it is newer).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use limpet_core::AdminState;
+
+use super::{Runtime, State};
+
+/// The file's first line: what it is, and its format's version.
+const HEADER: &str = "limpet-node-states 1";
+
+/// The file's text for `states` (every node of the running config): the nodes not READY.
+pub(super) fn encode(states: &[(String, AdminState)]) -> String {
+    let mut out = format!("{HEADER}\n");
+    for (node, admin) in states {
+        match admin {
+            AdminState::Ready => {}
+            AdminState::Maint => out.push_str(&format!("maint {node}\n")),
+            AdminState::Drain {
+                deadline_ms,
+                spread_ms,
+            } => {
+                let deadline = deadline_ms.map_or_else(|| "-".to_owned(), |d| d.to_string());
+                out.push_str(&format!("drain {node} {deadline} {spread_ms}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// The states `text` holds, and a reason for each line it could not read (numbered from 1).
+/// A text without the version line holds none.
+pub(super) fn decode(text: &str) -> (Vec<(String, AdminState)>, Vec<String>) {
+    let mut lines = text.lines();
+    if lines.next() != Some(HEADER) {
+        return (
+            Vec::new(),
+            vec![format!("line 1: not {HEADER:?}: nothing read")],
+        );
+    }
+    let mut states = Vec::new();
+    let mut refused = Vec::new();
+    for (i, line) in lines.enumerate() {
+        let words: Vec<&str> = line.split_ascii_whitespace().collect();
+        let state = match words.as_slice() {
+            [] => continue,
+            ["maint", node] => Some((node, AdminState::Maint)),
+            ["drain", node, deadline, spread] => {
+                let deadline_ms = match *deadline {
+                    "-" => Some(None),
+                    d => d.parse::<u64>().ok().map(Some),
+                };
+                deadline_ms
+                    .zip(spread.parse::<u64>().ok())
+                    .map(|(deadline_ms, spread_ms)| {
+                        (
+                            node,
+                            AdminState::Drain {
+                                deadline_ms,
+                                spread_ms,
+                            },
+                        )
+                    })
+            }
+            _ => None,
+        };
+        match state {
+            Some((node, admin)) => states.push(((*node).to_owned(), admin)),
+            None => refused.push(format!(
+                "line {}: expected `maint NODE` or `drain NODE DEADLINE_MS|- SPREAD_MS`",
+                i + 2
+            )),
+        }
+    }
+    (states, refused)
+}
+
+/// Reads the state file `path` (off the async threads, at most
+/// [`super::snapshot::SNAPSHOT_LOAD_LIMIT`]) and sets each node it names that `state` has:
+/// what the operator had set when the last limpet stopped or crashed.
+pub(super) async fn load(state: &State, path: &Path) {
+    let read = tokio::task::spawn_blocking({
+        let path = path.to_owned();
+        move || read_bounded(&path)
+    });
+    let text = match tokio::time::timeout(super::snapshot::SNAPSHOT_LOAD_LIMIT, read).await {
+        Ok(Ok(Ok(text))) => text,
+        Ok(Ok(Err(e))) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Ok(Ok(Err(e))) => {
+            tracing::warn!(path = %path.display(), error = %e, "node states not read: every node starts READY");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(path = %path.display(), error = %e, "node states not read: every node starts READY");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(path = %path.display(), "node states not read within {} s (the disk does not answer): every node starts READY", super::snapshot::SNAPSHOT_LOAD_LIMIT.as_secs());
+            return;
+        }
+    };
+    let (states, refused) = decode(&text);
+    for why in refused {
+        tracing::warn!(path = %path.display(), "node states: {why}: skipped");
+    }
+    for (node, admin) in states {
+        match state.set_admin(&node, admin) {
+            Some(now) => {
+                tracing::info!(node = %node, state = now.as_str(), "node state from {}", path.display());
+            }
+            None => {
+                tracing::info!(node = %node, "node states: no node {node:?} in the config: left out");
+            }
+        }
+    }
+}
+
+/// The file's text, at most 1 MiB (a path naming `/dev/zero` or a log is not read until
+/// memory runs out).
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(1 << 20)
+        .read_to_end(&mut bytes)?;
+    String::from_utf8(bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// Writes the running nodes' states to `path` each time they change
+/// ([`crate::lifecycle::Lifecycle::admin_changed`]), until dropped. One write at a time, the
+/// latest states each time (changes while a write runs are written by the next); a disk
+/// that does not answer holds this task only.
+pub(super) async fn write_on_change(runtime: Arc<Runtime>, path: std::path::PathBuf) {
+    let changed = Arc::clone(&runtime.state().lifecycle);
+    loop {
+        changed.admin_changed.notified().await;
+        let text = encode(&runtime.state().node_admin_states());
+        let target = path.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let tmp = super::snapshot::temporary(&target, std::process::id());
+            super::snapshot::write_durably(&tmp, &target, text.as_bytes())
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => tracing::debug!(path = %path.display(), "node states saved"),
+            Ok(Err(e)) => {
+                tracing::warn!(path = %path.display(), error = %e, "node states not saved")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "node states not saved")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the operator set reads back as it was written, READY nodes left out; a line
+    /// that cannot be read is named and skipped, the others kept; a file without the
+    /// version line holds nothing.
+    #[test]
+    fn states_read_back_as_written_and_a_bad_line_is_skipped() {
+        let states = vec![
+            ("a".to_owned(), AdminState::Ready),
+            ("b".to_owned(), AdminState::Maint),
+            (
+                "c".to_owned(),
+                AdminState::Drain {
+                    deadline_ms: Some(1_800_000_000_000),
+                    spread_ms: 60_000,
+                },
+            ),
+            (
+                "d".to_owned(),
+                AdminState::Drain {
+                    deadline_ms: None,
+                    spread_ms: 0,
+                },
+            ),
+        ];
+        let text = encode(&states);
+        assert_eq!(
+            text,
+            "limpet-node-states 1\nmaint b\ndrain c 1800000000000 60000\ndrain d - 0\n"
+        );
+        let (read, refused) = decode(&text);
+        assert_eq!(read, states[1..]);
+        assert!(refused.is_empty());
+
+        let (read, refused) = decode(&format!("{text}drain e soon 0\nup f\n\nmaint g\n"));
+        assert_eq!(read.len(), 4);
+        assert_eq!(read[3], ("g".to_owned(), AdminState::Maint));
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(refused[0].starts_with("line 5:"), "{refused:?}");
+        assert!(refused[1].starts_with("line 6:"), "{refused:?}");
+
+        let (read, refused) = decode("maint b\n");
+        assert!(read.is_empty());
+        assert_eq!(refused.len(), 1);
+    }
+}
