@@ -1379,11 +1379,11 @@ mod tests {
 
     /// A node DOWN for requests it left unanswered, checked only at the connect level (a
     /// `tcp` or `tls` check, which a hung process's kernel completes): back at `rise`, it is
-    /// on probation, so its first unanswered request takes it DOWN again (before, `fall` of
-    /// them, each a client waiting out its answer timeout, on every cycle of the hang). A
-    /// connect-level pass does not end the probation; an answer does, as does an HTTP
-    /// check's pass while it is DOWN (the process answers), after which it comes back
-    /// without one.
+    /// on probation, as after a trial, so its first unanswered request (or any failure)
+    /// takes it DOWN again (before, `fall` of them, each a client waiting out its answer
+    /// timeout, on every cycle of the hang). A connect-level pass does not end the
+    /// probation; an answer does, as does an HTTP check's pass while it is DOWN (the process
+    /// answers), after which it comes back without one.
     #[test]
     fn a_node_back_on_connect_level_passes_after_a_hang_is_on_probation() {
         let p = checked();
@@ -1408,6 +1408,14 @@ mod tests {
             h.observe(NoAnswer, p, 0),
             Some(Transition::WentDown),
             "still hung: DOWN at its first unanswered request"
+        );
+        // As after a trial, any failure ends it: a failed check too.
+        let mut h = hung();
+        back(&mut h, CheckConnected(S0));
+        assert_eq!(
+            h.observe(CheckFailed(S0), p, 0),
+            Some(Transition::WentDown),
+            "a failed check on probation"
         );
         // An answer ends the probation: `fall` unanswered requests again.
         let mut h = hung();

@@ -994,6 +994,34 @@ fn errors_found_by_review_name_their_own_place() {
         );
     }
 
+    // More distinct checks of one node than the core keeps apart (64): refused at the
+    // check that would be the 65th; 64 load.
+    let listeners = |n: usize| {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "[[listeners]]\nname = \"l{i}\"\nbind = \"127.0.0.1:{}\"\nnode_port = 80\n\
+                     check = {{ kind = \"http\", path = \"/c{i}\" }}\n\n",
+                    20000 + i
+                )
+            })
+            .collect::<String>()
+    };
+    assert!(Config::from_text(
+        Path::new("limpet.toml"),
+        &format!("{NODES}{}", listeners(64))
+    )
+    .is_ok());
+    let text = format!("{NODES}{}", listeners(65));
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[64].check.kind: node \"a\" would have more than 64 distinct checks",
+            at(&text, "\"http\", path = \"/c64\"")
+        )),
+        "{e}"
+    );
+
     // A zoned link-local node address: the zone would be dropped.
     let text = format!("[[nodes]]\nname = \"a\"\naddress = \"fe80::1%lo\"\n{L}");
     assert!(

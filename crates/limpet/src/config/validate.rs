@@ -1344,6 +1344,11 @@ impl Validator<'_> {
             }
             def.admin = Some(settings);
         }
+        // Each node's distinct checks (by what they ask): the core keeps the results of at
+        // most `CheckSlot::COUNT` apart, and more would share its last slot, where a pass of
+        // one clears the other's failures (a dead port that never takes its node DOWN).
+        let mut distinct: std::collections::HashMap<&str, std::collections::HashSet<String>> =
+            std::collections::HashMap::new();
         for (i, (l, rl)) in listeners.iter().zip(&raw.listeners).enumerate() {
             let Some(c) = &rl.check else { continue };
             let key = format!("listeners[{i}].check");
@@ -1590,25 +1595,46 @@ impl Validator<'_> {
                 spec.jitter = jitter;
                 spec.fall = health.fall;
                 spec.rise = health.rise;
+                let checks = distinct.entry(n.name.as_str()).or_default();
+                if checks.insert(spec.label()) && checks.len() > limpet_core::CheckSlot::COUNT {
+                    return Err(bad(
+                        c.kind.span(),
+                        "kind",
+                        format!(
+                            "node {:?} would have more than {} distinct checks (each listener's check that asks something else is one more)",
+                            n.name,
+                            limpet_core::CheckSlot::COUNT
+                        ),
+                    ));
+                }
                 def.checks.push((n.name.clone(), spec));
             }
         }
-        // Whether a check's answer speaks for the node's HTTP traffic: it probes a port an
-        // HTTP listener forwards to the node (with `node_port = "same"` the port is the
-        // client's, any of them: every check is taken to).
-        let http: Vec<&ListenerDef> = listeners
+        // Whether a check's answer speaks for the node's traffic: it probes a port that
+        // traffic whose silence counts as unanswered reaches (an HTTP listener's, or a TCP
+        // listener's speaking TLS to the nodes, whose handshakes count so). With
+        // `node_port = "same"` those are the listener's own bound ports (any, for one bound
+        // to port 0).
+        let answering: Vec<&ListenerDef> = listeners
             .iter()
-            .filter(|l| l.mode == crate::config::Mode::Http)
+            .filter(|l| l.mode == crate::config::Mode::Http || l.upstream_tls.is_some())
             .collect();
-        let any_port = http.iter().any(|l| l.upstreams.is_same_port());
+        let index: std::collections::HashMap<&str, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
         for (node, spec) in &mut def.checks {
-            let index = nodes.iter().position(|n| n.name == *node);
-            spec.answers_for_traffic = any_port
-                || http.iter().any(|l| {
-                    index
-                        .and_then(|i| l.upstreams.get(i, 0))
-                        .is_some_and(|a| a.port() == spec.addr.port())
-                });
+            let port = spec.addr.port();
+            let i = index.get(node.as_str()).copied();
+            spec.answers_for_traffic = answering.iter().any(|l| {
+                if l.upstreams.is_same_port() {
+                    l.bind.iter().any(|b| b.port() == 0 || b.port() == port)
+                } else {
+                    i.and_then(|i| l.upstreams.get(i, 0))
+                        .is_some_and(|a| a.port() == port)
+                }
+            });
         }
         Ok(def)
     }
@@ -1649,7 +1675,8 @@ mod tests {
     /// An HTTP check's answer speaks for a node's traffic only on a port an HTTP listener
     /// forwards to: a node's `check_port` elsewhere (a management port), or a check of a TCP
     /// listener with no HTTP listener at its port, proves only that port's process answers.
-    /// With `node_port = "same"` any port may be the traffic's.
+    /// With `node_port = "same"` the traffic's ports are the listener's bound ones (any, for
+    /// one bound to port 0); a TCP listener speaking TLS to the nodes counts as traffic.
     #[test]
     fn a_check_answers_for_traffic_only_on_a_port_http_traffic_reaches() {
         let nodes = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = 9000\n\n\
@@ -1676,11 +1703,34 @@ mod tests {
             answering(&format!("{nodes}{tcp}")),
             [row("a", 9000, false), row("b", 8080, false)]
         );
-        // `node_port = "same"`: the client's port, any of them.
-        let same = answering(&format!("{nodes}{}", http("\"same\"")).replace(
-            "check = { kind = \"http\" }",
-            "check = { kind = \"http\", port = 8081 }",
-        ));
-        assert_eq!(same, [row("a", 9000, true), row("b", 8081, true)]);
+        // `node_port = "same"`: the listener's own bound ports (any, bound to port 0).
+        let same = |bind: &str| {
+            answering(
+                &format!("{nodes}{}", http("\"same\""))
+                    .replace("127.0.0.1:0", bind)
+                    .replace(
+                        "check = { kind = \"http\" }",
+                        "check = { kind = \"http\", port = 8081 }",
+                    ),
+            )
+        };
+        assert_eq!(
+            same("127.0.0.1:8081"),
+            [row("a", 9000, false), row("b", 8081, true)]
+        );
+        assert_eq!(
+            same("127.0.0.1:0"),
+            [row("a", 9000, true), row("b", 8081, true)]
+        );
+        // A TCP listener speaking TLS to the nodes: its handshakes' silence counts as
+        // unanswered, so a check at its node port speaks for it.
+        let tls = tcp.replace(
+            "node_port = 9100\n",
+            "node_port = 8080\nupstream_tls = { verify = \"none\" }\n",
+        );
+        assert_eq!(
+            answering(&format!("{nodes}{tls}")),
+            [row("a", 9000, false), row("b", 8080, true)]
+        );
     }
 }

@@ -65,6 +65,13 @@ pub struct Lifecycle {
     /// (a reload) changed: the node-state file's writer waits on it
     /// (`crate::runtime::node_states`).
     pub(crate) admin_changed: tokio::sync::Notify,
+    /// Held by the node-state file's writer for each write: a hand-over to a new limpet
+    /// takes it (bounded) so that this process's last write lands before the new one's
+    /// first, never after it.
+    pub(crate) state_write: tokio::sync::Mutex<()>,
+    /// Set from a hand-over's start: this process writes the node-state file no more (the
+    /// new limpet does); cleared when it serves again after a hand-over that failed.
+    pub(crate) states_handed: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,6 +93,8 @@ impl Lifecycle {
             slow_answers: Mutex::new(()),
             accepting: Arc::default(),
             admin_changed: tokio::sync::Notify::new(),
+            state_write: tokio::sync::Mutex::new(()),
+            states_handed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

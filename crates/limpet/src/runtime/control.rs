@@ -652,7 +652,7 @@ async fn reload_locked(
     changes.extend(settings);
     let new_def = cfg.lifecycle.clone();
     if new_def.admin != state.lifecycle.def().admin {
-        changes.push("admin listener settings changed: they apply after a restart".into());
+        changes.push("[admin] settings changed: they apply after a restart".into());
     }
     // Against the store running, not the last file's: a reload keeps the connection it
     // started with, so an unapplied change is named at every reload until a restart.
@@ -757,9 +757,10 @@ pub async fn start(
     if let Some(path) = def.admin.as_ref().and_then(|a| a.state_file.clone()) {
         let mut stop = shutdown.clone();
         let runtime = Arc::clone(runtime);
+        let serving = go.clone();
         tasks.spawn(async move {
             tokio::select! {
-                () = super::node_states::write_on_change(runtime, path) => {}
+                () = super::node_states::write_on_change(runtime, path, serving) => {}
                 () = stopped(&mut stop) => {}
             }
         });

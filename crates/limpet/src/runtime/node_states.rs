@@ -136,6 +136,8 @@ pub(super) async fn load(state: &State, path: &Path) {
 /// memory runs out).
 fn read_bounded(path: &Path) -> std::io::Result<String> {
     use std::io::Read as _;
+    // Those a limpet killed mid-write left beside it, as for snapshots.
+    super::snapshot::remove_stale_temporaries(path);
     let mut bytes = Vec::new();
     std::fs::File::open(path)?
         .take(1 << 20)
@@ -145,13 +147,30 @@ fn read_bounded(path: &Path) -> std::io::Result<String> {
 }
 
 /// Writes the running nodes' states to `path` each time they change
-/// ([`crate::lifecycle::Lifecycle::admin_changed`]), until dropped. One write at a time, the
-/// latest states each time (changes while a write runs are written by the next); a disk
-/// that does not answer holds this task only.
-pub(super) async fn write_on_change(runtime: Arc<Runtime>, path: std::path::PathBuf) {
-    let changed = Arc::clone(&runtime.state().lifecycle);
+/// ([`crate::lifecycle::Lifecycle::admin_changed`]), once `serving` turns true, until
+/// dropped. One write at a time, the latest states each time (changes while a write runs
+/// are written by the next); a disk that does not answer holds this task only. Not before
+/// limpet serves: a new limpet taking over from a running one writes nothing until the
+/// hand-over is confirmed and its states taken (one that never takes over leaves the file
+/// to the running one), and none while it hands over in turn.
+pub(super) async fn write_on_change(
+    runtime: Arc<Runtime>,
+    path: std::path::PathBuf,
+    mut serving: tokio::sync::watch::Receiver<bool>,
+) {
+    if serving.wait_for(|s| *s).await.is_err() {
+        return;
+    }
+    let life = Arc::clone(&runtime.state().lifecycle);
     loop {
-        changed.admin_changed.notified().await;
+        life.admin_changed.notified().await;
+        let _one = life.state_write.lock().await;
+        if life
+            .states_handed
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            continue;
+        }
         let text = encode(&runtime.state().node_admin_states());
         let target = path.clone();
         let written = tokio::task::spawn_blocking(move || {

@@ -155,6 +155,21 @@ impl Running {
     /// table's pins and every node's admin state and health, as they are now (read off the async
     /// threads: a large table takes a while to encode).
     pub async fn handover_state(&self) -> crate::upgrade::State {
+        // The node-state file is the new limpet's from here: this one writes no more, and
+        // a write of its still on its way lands first (bounded: a disk that does not answer
+        // holds the hand-over no longer).
+        let life = Arc::clone(&self.runtime.state().lifecycle);
+        life.states_handed
+            .store(true, std::sync::atomic::Ordering::Release);
+        if tokio::time::timeout(
+            super::snapshot::SNAPSHOT_LOAD_LIMIT,
+            life.state_write.lock(),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!("upgrade: a write of the node-state file still waits on the disk; handing over all the same");
+        }
         let runtime = Arc::clone(&self.runtime);
         let read = move || {
             let state = runtime.state();
@@ -228,6 +243,11 @@ impl Running {
     /// exit at the stop, as at any stop). Returns how many sockets serve again, the admin one
     /// included.
     pub fn resume(&mut self) -> usize {
+        // The node-state file is this one's again, written as the states are now.
+        let life = Arc::clone(&self.runtime.state().lifecycle);
+        life.states_handed
+            .store(false, std::sync::atomic::Ordering::Release);
+        life.admin_changed.notify_one();
         let (accept_stop, accept_stop_rx) = watch::channel(false);
         self.accept_stop = accept_stop;
         let sockets = self.held_listeners();

@@ -292,7 +292,7 @@ fn process_exists(pid: u32) -> bool {
 /// A file of a process that exists (another limpet saving now, or a process that took a
 /// dead one's id), one younger than [`STALE_AFTER`], and a name limpet does not write
 /// (`FILE.tmp.` and a process id in decimal) are kept.
-fn remove_stale_temporaries(path: &Path) {
+pub(super) fn remove_stale_temporaries(path: &Path) {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return;
     };
