@@ -155,21 +155,6 @@ impl Running {
     /// table's pins and every node's admin state and health, as they are now (read off the async
     /// threads: a large table takes a while to encode).
     pub async fn handover_state(&self) -> crate::upgrade::State {
-        // The node-state file is the new limpet's from here: this one writes no more, and
-        // a write of its still on its way lands first (bounded: a disk that does not answer
-        // holds the hand-over no longer).
-        let life = Arc::clone(&self.runtime.state().lifecycle);
-        life.states_handed
-            .store(true, std::sync::atomic::Ordering::Release);
-        if tokio::time::timeout(
-            super::snapshot::SNAPSHOT_LOAD_LIMIT,
-            life.state_write.lock(),
-        )
-        .await
-        .is_err()
-        {
-            tracing::warn!("upgrade: a write of the node-state file still waits on the disk; handing over all the same");
-        }
         let runtime = Arc::clone(&self.runtime);
         let read = move || {
             let state = runtime.state();
@@ -185,6 +170,26 @@ impl Running {
             }
         };
         tokio::task::spawn_blocking(read).await.unwrap_or_default()
+    }
+
+    /// Before a hand-over, while this limpet still accepts: the node-state file is the new
+    /// limpet's from here, so this one writes no more, and a write of its still on its way
+    /// lands first (bounded: a disk that does not answer holds the hand-over no longer, and
+    /// clients are still served meanwhile). The states are read for the new limpet after
+    /// this ([`Running::handover_state`]); [`Running::resume`] gives the file back.
+    pub async fn hand_node_states_over(&self) {
+        let life = Arc::clone(&self.runtime.state().lifecycle);
+        life.states_handed
+            .store(true, std::sync::atomic::Ordering::Release);
+        if tokio::time::timeout(
+            super::snapshot::SNAPSHOT_LOAD_LIMIT,
+            life.state_write.lock(),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!("upgrade: a write of the node-state file still waits on the disk; handing over all the same");
+        }
     }
 
     /// Loads what a running limpet handed over with its confirmation: its pins (newer than
@@ -963,6 +968,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                 (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
                 continue;
             }
+            running.hand_node_states_over().await;
             running.stop_accepting();
             if !running.accepting_stopped(ACCEPT_LOOPS_LIMIT).await {
                 tracing::warn!("upgrade: an accept loop still runs after {ACCEPT_LOOPS_LIMIT:?}; handing over all the same");

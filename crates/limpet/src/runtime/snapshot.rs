@@ -325,10 +325,10 @@ pub(super) fn remove_stale_temporaries(path: &Path) {
             let stale = entry.path();
             match std::fs::remove_file(&stale) {
                 Ok(()) => {
-                    tracing::info!(path = %stale.display(), "removed a snapshot's temporary file left by a limpet that no longer runs")
+                    tracing::info!(path = %stale.display(), "removed a temporary file (a snapshot's or the node states') left by a limpet that no longer runs")
                 }
                 Err(e) => {
-                    tracing::warn!(path = %stale.display(), error = %e, "cannot remove a stale snapshot temporary file")
+                    tracing::warn!(path = %stale.display(), error = %e, "cannot remove a stale temporary file (a snapshot's or the node states')")
                 }
             }
         }
