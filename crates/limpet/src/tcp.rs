@@ -518,21 +518,7 @@ fn follow_reload(
     else {
         return false;
     };
-    let mut carried = Vec::with_capacity(failed.len());
-    for e in failed.iter() {
-        match now.node_id(state.node_name(e.node)) {
-            Some(node) => carried.push(Excluded { node, why: e.why }),
-            None => gone.push((state.node_name(e.node).into(), e.why)),
-        }
-    }
-    gone.retain(|(name, why)| match now.node_id(name) {
-        Some(node) => {
-            carried.push(Excluded { node, why: *why });
-            false
-        }
-        None => true,
-    });
-    *failed = carried;
+    *failed = state.carry_excluded(failed, &now, gone);
     *state = now;
     *li = li_now;
     *def = def_now;

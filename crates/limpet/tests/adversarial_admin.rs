@@ -621,6 +621,25 @@ async fn one_holding_one_queued(
     (first, second)
 }
 
+/// `r` is a 200 re-pinned to node `name` (its `Set-Cookie`), which took the request (`node`
+/// has its head, within [`SOON`]).
+async fn served_and_repinned(r: &reqwest::Response, (name, node): (&str, &mut CountingNode)) {
+    assert_eq!(r.status().as_u16(), 200);
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    assert!(
+        cookie.starts_with(&format!("route={name}")),
+        "re-pinned to {name}: {cookie:?}"
+    );
+    tokio::time::timeout(SOON, node.heads.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{name} took the request"))
+        .expect("head");
+}
+
 /// Sets node `a` to MAINT and returns the queued request's answer, which must come at once
 /// (within [`SOON`]), not at the queue timeout.
 async fn maint_then_answer(
@@ -659,18 +678,7 @@ async fn a_request_queued_for_a_node_that_goes_to_maint_is_served_by_another_at_
     // to a too, waits in a's queue.
     let (first, second) = one_holding_one_queued(&l, &mut a, &url).await;
     let r = maint_then_answer(&l, second).await;
-    assert_eq!(r.status().as_u16(), 200);
-    let cookie = r
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    assert!(cookie.starts_with("route=b"), "re-pinned to b: {cookie:?}");
-    tokio::time::timeout(SOON, b.heads.recv())
-        .await
-        .expect("b served it")
-        .expect("head");
+    served_and_repinned(&r, ("b", &mut b)).await;
     assert_eq!(
         a.most.load(std::sync::atomic::Ordering::SeqCst),
         1,
@@ -770,17 +778,7 @@ async fn a_request_queued_while_a_reload_replaces_every_node_is_served_by_the_ad
         .expect("the queued request answered at once")
         .expect("task")
         .expect("answer");
-    assert_eq!(r.status().as_u16(), 200);
-    let cookie = r
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    assert!(
-        cookie.starts_with("route=green"),
-        "re-pinned to green: {cookie:?}"
-    );
+    served_and_repinned(&r, ("green", &mut green)).await;
     // Counted on the node that answered, under its own name.
     let metrics = metrics_text(&l).await;
     assert!(
@@ -788,10 +786,6 @@ async fn a_request_queued_while_a_reload_replaces_every_node_is_served_by_the_ad
             && metrics.contains(r#"{listener="web",node="a",class="2xx"} 0"#),
         "{metrics}"
     );
-    tokio::time::timeout(SOON, green.heads.recv())
-        .await
-        .expect("the added node took the queued request")
-        .expect("head");
     assert!(
         blue.heads.try_recv().is_err(),
         "the removed node got the queued request"
@@ -897,18 +891,7 @@ async fn unanswered_across_a_reload_that_adds_c(
 #[tokio::test]
 async fn a_request_that_fails_over_after_a_reload_is_served_by_a_node_the_reload_added() {
     let (r, l, mut a, mut c) = unanswered_across_a_reload_that_adds_c(false).await;
-    assert_eq!(r.status().as_u16(), 200);
-    let cookie = r
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    assert!(cookie.starts_with("route=c"), "re-pinned to c: {cookie:?}");
-    tokio::time::timeout(SOON, c.heads.recv())
-        .await
-        .expect("c took the request")
-        .expect("head");
+    served_and_repinned(&r, ("c", &mut c)).await;
     assert!(a.heads.try_recv().is_err(), "a was sent the request again");
     l.stop().await;
 }

@@ -1043,6 +1043,12 @@ struct Attempt<'a> {
 }
 
 impl<'a> Attempt<'a> {
+    /// The generation it moved to, held apart from `self` (for a turn that also changes
+    /// the attempt); `None` while it routes in its own.
+    fn moved_shared(&self) -> Option<Arc<Shared>> {
+        self.moved.as_ref().map(|m| Arc::clone(&m.shared))
+    }
+
     /// The generation the request routes in: its own, or the one it moved to.
     fn shared(&self) -> &Shared {
         self.moved.as_ref().map_or(self.shared, |m| &m.shared)
@@ -1068,20 +1074,9 @@ impl<'a> Attempt<'a> {
             .as_ref()
             .map(|m| m.gone.clone())
             .unwrap_or_default();
-        let mut failed = Vec::with_capacity(self.failed.len());
-        for e in &self.failed {
-            match by_name(e.node) {
-                Some(node) => failed.push(Excluded { node, why: e.why }),
-                None => gone.push((was.node_name(e.node).into(), e.why)),
-            }
-        }
-        gone.retain(|(name, why)| match now.state.node_id(name) {
-            Some(node) => {
-                failed.push(Excluded { node, why: *why });
-                false
-            }
-            None => true,
-        });
+        let failed = was
+            .state
+            .carry_excluded(&self.failed, &now.state, &mut gone);
         let (next, trial) = route(self.ctx, &now, &presented, &failed, now_ms);
         if next.node.is_none() {
             return false;
@@ -1109,7 +1104,7 @@ impl<'a> Attempt<'a> {
             return Err(e.clone());
         }
         // The generation `node` is of (the request may move on below).
-        let here = self.moved.as_ref().map(|m| Arc::clone(&m.shared));
+        let here = self.moved_shared();
         let was: &Shared = here.as_deref().unwrap_or(self.shared);
         let state = &was.state;
         // A second node that fails the request once it went out (no answer in time, or the
@@ -1213,7 +1208,7 @@ impl<'a> Attempt<'a> {
             loop {
                 // The generation the request routes in this turn: its own, or the running
                 // one it moved to on a route after a reload.
-                let here = self.moved.as_ref().map(|m| Arc::clone(&m.shared));
+                let here = self.moved_shared();
                 let shared: &Shared = here.as_deref().unwrap_or(self.shared);
                 let answer_timeout = shared.timeouts.upstream_answer;
                 let Some(node) = self.route.node else {

@@ -1218,6 +1218,35 @@ impl State {
         Some(rt.status().state())
     }
 
+    /// `failed` (nodes of this generation that failed a request or session) as generation
+    /// `to` names them, for one that routes again after a reload: carried by name, those
+    /// `to` lacks kept aside in `gone`, and those of `gone` that `to` has back excluded again,
+    /// so that its attempts stay bounded by the node names it meets however many reloads
+    /// come (HTTP's `forward::Attempt::route_in`, TCP's `tcp::follow_reload`).
+    pub fn carry_excluded(
+        &self,
+        failed: &[limpet_core::Excluded],
+        to: &State,
+        gone: &mut Vec<(Box<str>, limpet_core::RepinReason)>,
+    ) -> Vec<limpet_core::Excluded> {
+        use limpet_core::Excluded;
+        let mut carried = Vec::with_capacity(failed.len());
+        for e in failed {
+            match to.node_id(self.node_name(e.node)) {
+                Some(node) => carried.push(Excluded { node, why: e.why }),
+                None => gone.push((self.node_name(e.node).into(), e.why)),
+            }
+        }
+        gone.retain(|(name, why)| match to.node_id(name) {
+            Some(node) => {
+                carried.push(Excluded { node, why: *why });
+                false
+            }
+            None => true,
+        });
+        carried
+    }
+
     /// What the operator asked of each node (MAINT, DRAIN, READY), by name: what a new limpet
     /// taking over from this one keeps (`crate::upgrade`).
     pub fn node_admin_states(&self) -> Vec<(String, AdminState)> {

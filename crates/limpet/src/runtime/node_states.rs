@@ -100,13 +100,10 @@ pub(super) async fn load(state: &State, path: &Path) {
         let path = path.to_owned();
         move || read_bounded(&path)
     });
+    let read = async { read.await.map_err(std::io::Error::other)? };
     let text = match tokio::time::timeout(super::snapshot::SNAPSHOT_LOAD_LIMIT, read).await {
-        Ok(Ok(Ok(text))) => text,
-        Ok(Ok(Err(e))) if e.kind() == std::io::ErrorKind::NotFound => return,
-        Ok(Ok(Err(e))) => {
-            tracing::warn!(path = %path.display(), error = %e, "node states not read: every node starts READY");
-            return;
-        }
+        Ok(Ok(text)) => text,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return,
         Ok(Err(e)) => {
             tracing::warn!(path = %path.display(), error = %e, "node states not read: every node starts READY");
             return;
@@ -177,15 +174,12 @@ pub(super) async fn write_on_change(
             let tmp = super::snapshot::temporary(&target, std::process::id());
             super::snapshot::write_durably(&tmp, &target, text.as_bytes())
         })
-        .await;
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|w| w);
         match written {
-            Ok(Ok(())) => tracing::debug!(path = %path.display(), "node states saved"),
-            Ok(Err(e)) => {
-                tracing::warn!(path = %path.display(), error = %e, "node states not saved")
-            }
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "node states not saved")
-            }
+            Ok(()) => tracing::debug!(path = %path.display(), "node states saved"),
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "node states not saved"),
         }
     }
 }
