@@ -4,7 +4,8 @@
 //!
 //! Whole-table reads (`table_1m_ipv4_reads`) against one page of the paged reads the binary
 //! makes (`table_1m_ipv4_pages`): what a snapshot save or an expiry refresh holds the table's
-//! lock for.
+//! lock for; and the pins per node the admin API's node view shows, counted by a walk of the
+//! entries against the counts the table keeps (`pins_by_walk`, `pins_kept`).
 //!
 //! Run: `cargo bench -p limpet-core --bench table`. The memory figures print first, twice:
 //! computed from the table's allocations, and measured as the growth of the process's resident
@@ -141,6 +142,22 @@ fn bench(c: &mut Criterion) {
     g.bench_function("used_at_whole", |b| {
         b.iter(|| black_box(t.store().used_at(0, N as usize, 0, now)))
     });
+    // The pins per node as the admin API's node view read them: counted page by page
+    // before, read from the counts the table keeps now.
+    g.bench_function("pins_by_walk", |b| {
+        b.iter(|| {
+            let mut counts = std::collections::BTreeMap::new();
+            let mut page = 0;
+            while page * 4096 < t.store().len() {
+                for e in t.store().entries(page, 4096, now) {
+                    *counts.entry(e.node).or_insert(0u64) += 1;
+                }
+                page += 1;
+            }
+            black_box(counts)
+        })
+    });
+    g.bench_function("pins_kept", |b| b.iter(|| black_box(t.store().pins(now))));
     g.finish();
     let mut g = c.benchmark_group("table_1m_ipv4_pages");
     g.bench_function("snapshot_page_4096", |b| {

@@ -3,8 +3,8 @@
 //!
 //! Every seed runs a few thousand gets, puts, removals, purges, clock moves (forward, back,
 //! and jumps past the table's internal stamp range), clears, snapshot round trips, and holds
-//! and releases of keys by open sessions, and compares every answer and the live contents. The table's own debug invariant checks run
-//! after each mutation too.
+//! and releases of keys by open sessions, and compares every answer, the live contents and
+//! the pins per node. The table's own debug invariant checks run after each mutation too.
 //!
 //! A failure names its seed. Replay it alone with
 //! `LIMPET_SEED=<seed> cargo test -p limpet-core --test table_sim -- --nocapture`;
@@ -337,6 +337,15 @@ fn run(seed: u64) -> Result<(), String> {
         let (got, want) = (live_of(&t, now), m.live(now));
         if got != want {
             return Err(ctx(format!("live entries: table {got:?}, model {want:?}")));
+        }
+        // The pins per node the table keeps as entries change match a count of the live ones.
+        let mut per_node: BTreeMap<NodeRef, u64> = BTreeMap::new();
+        for &(node, _) in want.values() {
+            *per_node.entry(node).or_default() += 1;
+        }
+        let pins: BTreeMap<NodeRef, u64> = t.pins(now).into_iter().collect();
+        if pins != per_node {
+            return Err(ctx(format!("pins: table {pins:?}, model {per_node:?}")));
         }
         // Expired entries may linger until something drops them, and the table may drop
         // them earlier than the model (a rebase purges), so only bounds hold for len.

@@ -218,6 +218,11 @@ pub struct LruTable {
     held: HashTable<Holder>,
     /// Entries in the slab whose key is in `held`.
     held_entries: usize,
+    /// Entries in the slab per node identity (by [`NodeRef::index`]), kept as entries come,
+    /// move and go, so the pins per node are O(nodes) to read ([`AffinityStore::pins`]): a
+    /// count that walked the slab held each page's lock and the admin's thread for tens of
+    /// milliseconds per million entries, at every read of the admin API.
+    per_node: Vec<u32>,
 }
 
 impl fmt::Debug for LruTable {
@@ -253,6 +258,7 @@ impl LruTable {
             stats: TableStats::default(),
             held: HashTable::new(),
             held_entries: 0,
+            per_node: Vec::new(),
         })
     }
 
@@ -596,6 +602,23 @@ impl LruTable {
         !self.held.is_empty() && self.held.find(hash, |x| x.key.matches(key)).is_some()
     }
 
+    /// Counts one more entry pinned to `node`.
+    fn count_in(&mut self, node: NodeRef) {
+        let i = node.index();
+        if self.per_node.len() <= i {
+            self.per_node.resize(i + 1, 0);
+        }
+        self.per_node[i] += 1;
+    }
+
+    /// Counts one entry pinned to `node` less.
+    fn count_out(&mut self, node: NodeRef) {
+        match self.per_node.get_mut(node.index()) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => debug_assert!(false, "no entry of {node:?} was counted"),
+        }
+    }
+
     fn unlink(&mut self, i: u32) {
         let (p, n) = {
             let e = &self.slab[i as usize];
@@ -673,6 +696,7 @@ impl LruTable {
             }
         }
         self.key_heap -= removed.key.heap_len();
+        self.count_out(removed.node);
         removed
     }
 
@@ -694,6 +718,10 @@ impl LruTable {
         if let Some(i) = self.find(hash, key) {
             let expired = self.is_expired(i);
             let previous = std::mem::replace(&mut self.slab[i as usize].node, node);
+            if previous != node {
+                self.count_out(previous);
+                self.count_in(node);
+            }
             self.touch(i, stamp);
             if expired {
                 // Logically the old entry was gone: this is a new pin, not a change.
@@ -742,6 +770,7 @@ impl LruTable {
             prev: NIL,
             next: NIL,
         });
+        self.count_in(node);
         self.push_front(i);
         let (slab, hasher) = (&self.slab, &self.hasher);
         self.index
@@ -868,6 +897,14 @@ impl LruTable {
             })
             .count();
         assert_eq!(held, self.held_entries, "held entry count is off");
+        let mut per_node = vec![0u32; self.per_node.len()];
+        for e in &self.slab {
+            match per_node.get_mut(e.node.index()) {
+                Some(n) => *n += 1,
+                None => panic!("entry of {:?} was never counted", e.node),
+            }
+        }
+        assert_eq!(per_node, self.per_node, "pins per node are off");
     }
 }
 
@@ -941,6 +978,7 @@ impl AffinityStore for LruTable {
         self.tail = NIL;
         self.key_heap = 0;
         self.held_entries = 0;
+        self.per_node.clear();
         self.debug_check();
     }
 
@@ -955,6 +993,28 @@ impl AffinityStore for LruTable {
     /// entries are removed; expired entries not yet purged are skipped, so a page may be short.
     fn entries(&self, page: usize, page_size: usize, now_ms: u64) -> Vec<EntryInfo> {
         self.entries_at(page.saturating_mul(page_size), page_size, now_ms)
+    }
+
+    /// The counts kept per node, less the expired entries not yet purged: those are a run
+    /// at the list's tail (module docs), walked here. Purges keep that run short
+    /// ([`purge_expired`](AffinityStore::purge_expired) on a timer, and lookups), so a read
+    /// is O(nodes) but for a burst of expiries the purge has not reached yet.
+    fn pins(&self, now_ms: u64) -> Vec<(NodeRef, u64)> {
+        let reference = now_ms.max(self.clock_ms);
+        let mut live: Vec<u64> = self.per_node.iter().map(|&n| u64::from(n)).collect();
+        let mut at = self.tail;
+        while at != NIL && self.age(at, reference) >= self.expire_ms {
+            let e = &self.slab[at as usize];
+            if let Some(n) = live.get_mut(e.node.index()) {
+                *n = n.saturating_sub(1);
+            }
+            at = e.prev;
+        }
+        live.into_iter()
+            .enumerate()
+            .filter(|&(_, n)| n > 0)
+            .filter_map(|(i, n)| Some((NodeRef(u32::try_from(i).ok()?), n)))
+            .collect()
     }
 
     fn stats(&self) -> TableStats {

@@ -163,6 +163,10 @@ pub trait AffinityStore: fmt::Debug {
     /// Page `page` (from 0) of `page_size` entries, for the admin API. Live entries only.
     fn entries(&self, page: usize, page_size: usize, now_ms: u64) -> Vec<EntryInfo>;
 
+    /// Live pins per node identity at `now_ms` (identities with none left out), for the
+    /// admin API's node view and metrics, without a walk of the entries.
+    fn pins(&self, now_ms: u64) -> Vec<(NodeRef, u64)>;
+
     fn stats(&self) -> TableStats;
 }
 

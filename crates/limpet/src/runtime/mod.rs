@@ -1326,43 +1326,30 @@ impl State {
         self.node_views_counting(true)
     }
 
-    /// [`State::node_views`], with the pins per table counted only when `pins` says: the
-    /// count walks every table's entries (tens of milliseconds per million), which what
-    /// needs only the nodes' states must not pay.
+    /// [`State::node_views`], with the pins per table counted only when `pins` says (the
+    /// tables kept a count per node as entries change, read under each table's lock: what
+    /// needs only the nodes' states takes no table's lock).
     pub fn node_views_counting(&self, pins: bool) -> Vec<NodeView> {
         let now = crate::clock::now_ms();
         use limpet_core::table::AffinityStore as _;
-        const PAGE: usize = 4096;
         let counted = pins;
         let mut pins: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); self.nodes.len()];
+        // Expired entries not yet purged are what a count must walk (`AffinityStore::pins`):
+        // purged first, a page at a time under the table's lock, so that a burst of
+        // expiries the timer has not reached holds routing on the table for a page at most.
+        const PAGE: usize = 4096;
         for (name, table) in self.tables.iter().filter(|_| counted) {
-            let mut counts = vec![0u64; self.nodes.len()];
-            let mut page = 0usize;
             loop {
-                // The table locked a page at a time: routing on it waits for a page at most,
-                // not the whole walk (this runs every second, and on every admin read). A
-                // page may hold only expired entries not yet purged: the walk goes on to the
-                // table's end.
-                let g = table.lock();
-                let store = g.store();
-                if page.saturating_mul(PAGE) >= store.len() {
-                    break;
+                let mut g = table.lock();
+                if g.store_mut().purge_expired(now, PAGE) == PAGE {
+                    continue;
                 }
-                for e in store.entries(page, PAGE, now) {
-                    if let Some(c) = table
-                        .node_of(e.node)
-                        .and_then(|id| counts.get_mut(id.index()))
-                    {
-                        *c += 1;
+                for (node, n) in g.store().pins(now) {
+                    if let Some(m) = table.node_of(node).and_then(|id| pins.get_mut(id.index())) {
+                        m.insert(name.clone(), n);
                     }
                 }
-                drop(g);
-                page += 1;
-            }
-            for (m, n) in pins.iter_mut().zip(counts) {
-                if n > 0 {
-                    m.insert(name.clone(), n);
-                }
+                break;
             }
         }
         self.nodes
