@@ -691,6 +691,94 @@ async fn an_admin_listener_on_a_listener_s_address_is_refused_at_start() {
     }
 }
 
+/// The rest of an admin request sent on `s`, then its answer: the status line and the body.
+async fn admin_answer(s: &mut tokio::net::TcpStream, rest: &str) -> (String, String) {
+    s.write_all(rest.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or_else(|| panic!("no content-length: {head:?}"));
+            if got.len() >= end + 4 + len {
+                let body = String::from_utf8_lossy(&got[end + 4..end + 4 + len]).into_owned();
+                let status = head.lines().next().unwrap_or("").to_owned();
+                return (status, body);
+            }
+        }
+        let mut b = [0u8; 4096];
+        let n = tokio::time::timeout_at(deadline, s.read(&mut b))
+            .await
+            .unwrap_or_else(|_| panic!("no answer: {:?}", String::from_utf8_lossy(&got)))
+            .unwrap_or_else(|e| panic!("read: {e}"));
+        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&b[..n]);
+    }
+}
+
+/// An admin write that reaches the old limpet after it handed its state over (a request
+/// under way at the upgrade, which the old one still serves while it drains) is refused with
+/// a 503 that says why, not applied: the new limpet took the nodes' states and the tables
+/// before it, so the write would change only the process about to exit. Before, the old one
+/// answered 200 and the node stayed READY in the new one: the operator's MAINT was lost
+/// without a word. The same write sent again reaches the new limpet and holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_write_to_a_limpet_that_handed_over_is_refused_not_lost() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let text = format!(
+        "{}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+         node_port = {port}\ntimeouts = {{ drain = \"30s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&NODES)
+    );
+    let cfg = ConfigFile::new("upgrade-late-write", &text);
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    // A session the old limpet drains after the hand-over: it stays until that ends.
+    let (session, _) = tcp_session_through(old.web).await;
+    // A MAINT under way when the upgrade comes: its head and the first bytes of its body.
+    let mut admin = tokio::net::TcpStream::connect(old.admin)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    admin
+        .write_all(
+            b"POST /api/v1/nodes/c/state HTTP/1.1\r\nHost: localhost\r\n\
+              Content-Type: application/json\r\nContent-Length: 17\r\n\r\n{\"state\":\"mai",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    let (status, body) = admin_answer(&mut admin, "nt\"}").await;
+    assert!(status.starts_with("HTTP/1.1 503"), "{status} {body}");
+    assert!(body.contains("handing over"), "{body}");
+    let view = json(&new.admin_url("/api/v1/nodes/c")).await;
+    assert_eq!(view["admin"], "ready", "{view}");
+    // Sent again, it reaches the new limpet.
+    let r = bare_client()
+        .post(new.admin_url("/api/v1/nodes/c/state"))
+        .header("content-type", "application/json")
+        .body(r#"{"state":"maint"}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    let view = json(&new.admin_url("/api/v1/nodes/c")).await;
+    assert_eq!(view["admin"], "maint", "{view}");
+    drop((admin, session));
+    assert!(old.exited().await.success());
+}
+
 /// The new limpet died (or hung) after the running one stopped accepting and before it said it
 /// took over: the running one serves again, from the copies of its sockets it held, and the
 /// client that waited in the accept queue meanwhile is served. (In process: the moment is not

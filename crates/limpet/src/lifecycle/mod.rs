@@ -70,8 +70,10 @@ pub struct Lifecycle {
     /// first, never after it.
     pub(crate) state_write: tokio::sync::Mutex<()>,
     /// Set from a hand-over's start: this process writes the node-state file no more (the
-    /// new limpet does); cleared when it serves again after a hand-over that failed.
-    pub(crate) states_handed: std::sync::atomic::AtomicBool,
+    /// new limpet does), and its admin API refuses writes (the new limpet takes the states
+    /// and tables as they are then: a later write here would be lost with this process);
+    /// cleared when it serves again after a hand-over that failed.
+    pub(crate) handing_state_over: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,7 +96,7 @@ impl Lifecycle {
             accepting: Arc::default(),
             admin_changed: tokio::sync::Notify::new(),
             state_write: tokio::sync::Mutex::new(()),
-            states_handed: std::sync::atomic::AtomicBool::new(false),
+            handing_state_over: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -108,6 +108,26 @@ fn parse_key(t: &Table, key: &str) -> Result<Vec<TableKey>, ControlError> {
     }
 }
 
+/// Refuses an admin write once this limpet began handing its state over to a new one (an
+/// upgrade): the new one takes the nodes' states and the tables as they are then, so a
+/// write here would change only a process about to exit, and be lost with it. Refused, the
+/// operator's retry reaches the new limpet, which has the admin listener's socket by then
+/// (or this one again, should the hand-over fail).
+fn writable(state: &State) -> Result<(), ControlError> {
+    if state
+        .lifecycle
+        .handing_state_over
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return Err(ControlError::Stopping(
+            "limpet is handing over to a new process (an upgrade): write refused; \
+             retry, the new one answers on this address"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -195,6 +215,7 @@ impl Control for RuntimeControl {
 
     fn set_node(&self, node: &str, cmd: NodeCommand) -> Result<NodeView, ControlError> {
         let state = self.runtime.state();
+        writable(&state)?;
         let life = Arc::clone(&state.lifecycle);
         let def = life.def();
         let admin = match cmd {
@@ -311,6 +332,7 @@ impl Control for RuntimeControl {
 
     fn table_delete(&self, name: &str, key: &str) -> Result<bool, ControlError> {
         let state = self.runtime.state();
+        writable(&state)?;
         let t = table(&state, name)?;
         let keys = parse_key(t, key)?;
         let mut tl = t.lock();
@@ -326,6 +348,7 @@ impl Control for RuntimeControl {
 
     fn table_clear(&self, name: &str) -> Result<u64, ControlError> {
         let state = self.runtime.state();
+        writable(&state)?;
         let t = table(&state, name)?;
         let mut tl = t.lock();
         let n = tl.store().len() as u64;
@@ -334,7 +357,12 @@ impl Control for RuntimeControl {
     }
 
     fn reload(&self) -> BoxFuture<'_, Result<ReloadReport, ControlError>> {
-        Box::pin(reload(&self.runtime))
+        Box::pin(async move {
+            // The new limpet read the file at its start; a reload here would apply to a
+            // process about to exit.
+            writable(&self.runtime.state())?;
+            reload(&self.runtime).await
+        })
     }
 
     fn metrics(&self) -> Arc<Metrics> {

@@ -163,7 +163,7 @@ pub(super) async fn write_on_change(
         life.admin_changed.notified().await;
         let _one = life.state_write.lock().await;
         if life
-            .states_handed
+            .handing_state_over
             .load(std::sync::atomic::Ordering::Acquire)
         {
             continue;

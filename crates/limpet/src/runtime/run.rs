@@ -179,7 +179,7 @@ impl Running {
     /// this ([`Running::handover_state`]); [`Running::resume`] gives the file back.
     pub async fn hand_node_states_over(&self) {
         let life = Arc::clone(&self.runtime.state().lifecycle);
-        life.states_handed
+        life.handing_state_over
             .store(true, std::sync::atomic::Ordering::Release);
         if tokio::time::timeout(
             super::snapshot::SNAPSHOT_LOAD_LIMIT,
@@ -250,7 +250,7 @@ impl Running {
     pub fn resume(&mut self) -> usize {
         // The node-state file is this one's again, written as the states are now.
         let life = Arc::clone(&self.runtime.state().lifecycle);
-        life.states_handed
+        life.handing_state_over
             .store(false, std::sync::atomic::Ordering::Release);
         life.admin_changed.notify_one();
         let (accept_stop, accept_stop_rx) = watch::channel(false);
