@@ -82,6 +82,11 @@ pub struct NodeRuntime {
     /// what tells a request slow by itself from a hung node ([`limpet_core::answered_since`]).
     /// An atomic, not the status lock: it moves with every answer.
     youngest_answered_us: AtomicU64,
+    /// How many times a reload gave the node another address ([`Self::readdress`]):
+    /// changed and read under the status lock, so that what a request or session saw at an
+    /// address the node no longer has is told apart from what it sees at its address now
+    /// ([`Self::observe_at_address`]).
+    readdressed: AtomicU64,
     /// Woken (every waiter) when the node's health goes DOWN: a replayable request waiting
     /// for the node's answer stops waiting and is replayed elsewhere ([`DownWatch::wait`]).
     down: tokio::sync::Notify,
@@ -232,6 +237,7 @@ impl NodeRuntime {
             admission: Admission::default(),
             moves: Mutex::new(MoveWatchers::new()),
             youngest_answered_us: AtomicU64::new(0),
+            readdressed: AtomicU64::new(0),
             down: tokio::sync::Notify::new(),
             downs: AtomicU64::new(0),
         }
@@ -334,14 +340,56 @@ impl NodeRuntime {
         self.observe_at(obs, clock::now_ms())
     }
 
-    /// [`observe`](Self::observe) at `now_ms`, a reading the caller took.
+    /// [`observe`](Self::observe) at `now_ms`, a reading the caller took, at the node's
+    /// address now.
     pub fn observe_at(&self, obs: Observation, now_ms: u64) -> Option<Transition> {
+        self.observe_at_address(obs, self.readdressed.load(Ordering::Relaxed), now_ms)
+    }
+
+    /// [`observe_at`](Self::observe_at) for what was seen at the node's address of
+    /// `readdressed` (a generation's [`Self::readdressed`]): nothing once a reload has given
+    /// the node another address since. A request left unanswered at the address the node
+    /// had says nothing of the node at its new one (a blue/green move by address, or a host
+    /// name resolved anew), and must not take it DOWN there.
+    pub fn observe_at_address(
+        &self,
+        obs: Observation,
+        readdressed: u64,
+        now_ms: u64,
+    ) -> Option<Transition> {
         if matches!(obs, Observation::TrafficOk | Observation::TrafficConnected)
             && self.quiet_ok.load(Ordering::Acquire)
         {
             return None;
         }
-        self.update(|s| s.health.observe(obs, s.policy, now_ms))
+        self.update(|s| {
+            (self.readdressed.load(Ordering::Relaxed) == readdressed)
+                .then(|| s.health.observe(obs, s.policy, now_ms))
+                .flatten()
+        })
+    }
+
+    /// How many times a reload gave the node another address: what a generation that
+    /// knows the node at its address now passes to [`Self::observe_at_address`].
+    pub fn readdressed(&self) -> u64 {
+        let _status = lock(&self.status);
+        self.readdressed.load(Ordering::Relaxed)
+    }
+
+    /// A reload gave the node another address: its health was that of the old address, so
+    /// it starts as a node new to limpet does (as [`Self::reset`], under `policy`), keeping
+    /// what the operator set (MAINT, DRAIN: those name the node, not the address), and what
+    /// is seen at the old address from now on no longer counts. Returns the node's new
+    /// [`Self::readdressed`].
+    pub fn readdress(&self, policy: HealthPolicy) -> u64 {
+        self.update(|s| {
+            *s = NodeStatus {
+                admin: s.admin,
+                policy,
+                ..NodeStatus::default()
+            };
+            self.readdressed.fetch_add(1, Ordering::Relaxed) + 1
+        })
     }
 
     /// The node answered a request sent at `sent_us` ([`clock::us_at`]).

@@ -913,6 +913,109 @@ async fn a_request_no_node_of_the_running_config_takes_is_answered_under_its_own
     l.stop().await;
 }
 
+/// A config of nodes `a` at `a_ip` and `b` at 127.0.0.3 on `port`, DOWN at one failure for
+/// an hour (no checks), with a 1 s answer timeout.
+fn readdressed_config(port: u16, a_ip: &str) -> String {
+    format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         timeouts = {{ upstream_answer = \"1s\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&[("a", a_ip), ("b", "127.0.0.3")])
+    )
+}
+
+/// A request with `a`'s cookie: answered 200 by `a` at its new address, with no re-pin.
+async fn served_by_a_at(l: &Limpet, moved: &mut CountingNode) {
+    let r = bare_client()
+        .get(format!("http://{}/", l.addr("web")))
+        .header("cookie", "route=a")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers().get("set-cookie").is_none(),
+        "re-pinned: {:?}",
+        r.headers().get("set-cookie")
+    );
+    tokio::time::timeout(SOON, moved.heads.recv())
+        .await
+        .expect("a took the request at its new address")
+        .expect("head");
+}
+
+/// A node a reload gives another address (blue/green by address, or a host name resolved
+/// anew) starts as a new node would: DOWN at its old address, where nothing listens, it
+/// takes its sessions at once at the new one. Before, it stayed DOWN until its trial, an hour
+/// away, and its sessions were re-pinned elsewhere: the old address's failures held the new
+/// one out.
+#[tokio::test]
+async fn a_node_down_at_its_old_address_serves_at_once_at_the_new_one() {
+    let mut b = CountingNode::start_at("127.0.0.3", 0, Duration::ZERO).await;
+    let port = b.port;
+    let mut moved = CountingNode::start_at("127.0.0.4", port, Duration::ZERO).await;
+    let cfg = ConfigFile::new("adv-readdress-down", &readdressed_config(port, "127.0.0.2"));
+    let l = Limpet::start(&cfg).await;
+    // Nothing listens at a's address: its connect is refused, the request fails over to b.
+    let r = bare_client()
+        .get(format!("http://{}/", l.addr("web")))
+        .header("cookie", "route=a")
+        .send()
+        .await
+        .expect("answer");
+    served_and_repinned(&r, ("b", &mut b)).await;
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    cfg.write(&readdressed_config(port, "127.0.0.4"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    assert_eq!(node_view(&l, "a").await["state"], "UP");
+    served_by_a_at(&l, &mut moved).await;
+    l.stop().await;
+}
+
+/// A request left unanswered at a node's old address, past a reload that gave the node
+/// another address, charges the node nothing at the new one: the request is replayed on
+/// `b`, and `a` stays UP and takes its sessions at its new address. Before, the timeout at
+/// the old address took `a` DOWN for an hour (`fall = 1`), at an address that never failed.
+#[tokio::test]
+async fn a_request_unanswered_at_a_node_s_old_address_does_not_charge_it_at_the_new_one() {
+    let mut old = CountingNode::start_held("127.0.0.2").await;
+    let port = old.port;
+    let mut b = CountingNode::start_at("127.0.0.3", port, Duration::ZERO).await;
+    let mut moved = CountingNode::start_at("127.0.0.4", port, Duration::ZERO).await;
+    let cfg = ConfigFile::new(
+        "adv-readdress-stale",
+        &readdressed_config(port, "127.0.0.2"),
+    );
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let request = tokio::spawn(async move {
+        bare_client()
+            .get(&url)
+            .header("cookie", "route=a")
+            .send()
+            .await
+    });
+    tokio::time::timeout(SOON, old.heads.recv())
+        .await
+        .expect("the request reached a at its old address")
+        .expect("head");
+    cfg.write(&readdressed_config(port, "127.0.0.4"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let r = tokio::time::timeout(SOON, request)
+        .await
+        .expect("answered after the answer timeout")
+        .expect("task")
+        .expect("answer");
+    served_and_repinned(&r, ("b", &mut b)).await;
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["state"], "UP", "{view}");
+    served_by_a_at(&l, &mut moved).await;
+    l.stop().await;
+}
+
 /// Two TCP sessions through listener `raw` to node `a` at its `max_connections = 1`: the
 /// first takes its only slot (`node` has its head) and keeps it while open, the second waits
 /// in its queue (its `queued` seen by the admin API).

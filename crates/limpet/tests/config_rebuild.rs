@@ -13,10 +13,12 @@ use limpet_core::{Balance, RouteInput};
 
 fn cfg(nodes: &[&str], expire: &str) -> Config {
     let mut text = String::new();
-    for (i, n) in nodes.iter().enumerate() {
+    // Each node at an address of its own name's (a: 127.0.0.2, b: .3, ...): a reload that
+    // reorders the nodes moves none of them.
+    for n in nodes {
+        let host = 2 + n.bytes().next().map_or(0, |b| b.saturating_sub(b'a'));
         text.push_str(&format!(
-            "[[nodes]]\nname = \"{n}\"\naddress = \"127.0.0.{}\"\n",
-            i + 2
+            "[[nodes]]\nname = \"{n}\"\naddress = \"127.0.0.{host}\"\n"
         ));
     }
     text.push_str(&format!(

@@ -781,8 +781,8 @@ async fn an_admin_write_to_a_limpet_that_handed_over_is_refused_not_lost() {
 
 /// The new limpet died (or hung) after the running one stopped accepting and before it said it
 /// took over: the running one serves again, from the copies of its sockets it held, and the
-/// client that waited in the accept queue meanwhile is served. (In process: the moment is not
-/// one a real process can be killed at on purpose.)
+/// client that waited in the accept queue meanwhile is served; its admin API takes writes
+/// again. (In process: the moment is not one a real process can be killed at on purpose.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
     let (_nodes, port) = backend_nodes(&NODES).await;
@@ -797,6 +797,7 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
         .as_mut()
         .unwrap_or_else(|| panic!("not running"));
     get_once(web).await.unwrap_or_else(|e| panic!("{e}"));
+    running.hand_node_states_over().await;
     running.stop_accepting();
     assert!(running.accepting_stopped(PATIENCE).await);
     // Nobody accepts now; the sockets stay open (the copies held for the new limpet), so a
@@ -818,6 +819,15 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
         nodes.is_array() || nodes.is_object(),
         "the admin API answers again: {nodes}"
     );
+    // Its admin writes are its own again (refused while it was handing over).
+    let r = bare_client()
+        .post(format!("http://{admin}/api/v1/nodes/c/state"))
+        .header("content-type", "application/json")
+        .body(r#"{"state":"maint"}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
     for _ in 0..5 {
         get_once(web)
             .await

@@ -996,9 +996,9 @@ impl AffinityStore for LruTable {
     }
 
     /// The counts kept per node, less the expired entries not yet purged: those are a run
-    /// at the list's tail (module docs), walked here. Purges keep that run short
-    /// ([`purge_expired`](AffinityStore::purge_expired) on a timer, and lookups), so a read
-    /// is O(nodes) but for a burst of expiries the purge has not reached yet.
+    /// at the list's tail (module docs), walked here. A holder that purges often
+    /// ([`purge_expired`](AffinityStore::purge_expired) on a timer: the binary's every
+    /// second) keeps that run to the expiries since, so a read is O(nodes) plus those.
     fn pins(&self, now_ms: u64) -> Vec<(NodeRef, u64)> {
         let reference = now_ms.max(self.clock_ms);
         let mut live: Vec<u64> = self.per_node.iter().map(|&n| u64::from(n)).collect();

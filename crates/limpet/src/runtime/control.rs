@@ -359,9 +359,12 @@ impl Control for RuntimeControl {
     fn reload(&self) -> BoxFuture<'_, Result<ReloadReport, ControlError>> {
         Box::pin(async move {
             // The new limpet read the file at its start; a reload here would apply to a
-            // process about to exit.
+            // process about to exit. Asked again once done: a reload that was under way
+            // as the hand-over began applied here alone, and is to be sent again.
             writable(&self.runtime.state())?;
-            reload(&self.runtime).await
+            let report = reload(&self.runtime).await?;
+            writable(&self.runtime.state())?;
+            Ok(report)
         })
     }
 

@@ -78,6 +78,9 @@ pub struct NodeSlot {
     pub name: String,
     pub addr: IpAddr,
     pub rt: Arc<NodeRuntime>,
+    /// The node's [`NodeRuntime::readdressed`] at `addr`: what this generation sees of
+    /// the node counts only while the node has that address.
+    readdressed: u64,
 }
 
 /// The node a client connection was given for an earlier request whose cookie has not come
@@ -714,6 +717,7 @@ impl State {
                 NodeSlot {
                     name: n.name.clone(),
                     addr: n.addr,
+                    readdressed: rt.readdressed(),
                     rt,
                 }
             })
@@ -769,6 +773,18 @@ impl State {
         for name in &added {
             if let Some(rt) = next.node_id(name).and_then(|id| next.node_rt(id)) {
                 rt.reset(node_policy(&next.config, name));
+            }
+        }
+        // A node at another address than before starts as a new one would (its health was
+        // the old address's); what the older generations see at the old address no longer
+        // counts. Its admin state and its pins stay: they name the node.
+        for slot in &mut next.nodes {
+            if self
+                .nodes
+                .iter()
+                .any(|o| o.name == slot.name && o.addr != slot.addr)
+            {
+                slot.readdressed = slot.rt.readdress(node_policy(&next.config, &slot.name));
             }
         }
         next.rotation = AtomicU64::new(self.rotation.load(Ordering::Relaxed));
@@ -1163,8 +1179,9 @@ impl State {
         ) {
             return None;
         }
-        let rt = self.node_rt(node)?;
-        let t = rt.observe_at(obs, now_ms);
+        let slot = self.nodes.get(node.index())?;
+        let rt = &slot.rt;
+        let t = rt.observe_at_address(obs, slot.readdressed, now_ms);
         if t == Some(Transition::WentUp) && limpet_core::pool::back_from_trial(obs) {
             // Back from a trial: the others DOWN by their traffic are due theirs now
             // (`Health::trial_due_now`), as in the core's `Pool::observe`.
@@ -1334,22 +1351,14 @@ impl State {
         use limpet_core::table::AffinityStore as _;
         let counted = pins;
         let mut pins: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); self.nodes.len()];
-        // Expired entries not yet purged are what a count must walk (`AffinityStore::pins`):
-        // purged first, a page at a time under the table's lock, so that a burst of
-        // expiries the timer has not reached holds routing on the table for a page at most.
-        const PAGE: usize = 4096;
         for (name, table) in self.tables.iter().filter(|_| counted) {
-            loop {
-                let mut g = table.lock();
-                if g.store_mut().purge_expired(now, PAGE) == PAGE {
-                    continue;
+            // The count walks the expired entries not yet purged (`AffinityStore::pins`),
+            // which the tables' upkeep purges every second (`table_upkeep`).
+            let g = table.lock();
+            for (node, n) in g.store().pins(now) {
+                if let Some(m) = table.node_of(node).and_then(|id| pins.get_mut(id.index())) {
+                    m.insert(name.clone(), n);
                 }
-                for (node, n) in g.store().pins(now) {
-                    if let Some(m) = table.node_of(node).and_then(|id| pins.get_mut(id.index())) {
-                        m.insert(name.clone(), n);
-                    }
-                }
-                break;
             }
         }
         self.nodes

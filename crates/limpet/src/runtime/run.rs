@@ -1048,8 +1048,8 @@ pub fn run(args: RunArgs) -> ExitCode {
 }
 
 /// Every table's upkeep, as the running config has its tables: expired entries purged every
-/// 10 s (lookups drop those they meet; this bounds the memory of entries nobody looks up
-/// again, with bounded work per tick), and each table's snapshot saved at its
+/// second (lookups drop those they meet; this bounds the memory of entries nobody looks up
+/// again, and the walk a count of pins makes, a page at a time), and each table's snapshot saved at its
 /// `snapshot_interval`, on its own clock. Read from the running state at each wake, so that
 /// a reload's tables are the ones kept: one it adds, or a `snapshot` or interval it sets or
 /// changes, is saved from then on, where it says; a table it removes or re-keys is no longer
@@ -1057,7 +1057,8 @@ pub fn run(args: RunArgs) -> ExitCode {
 /// were never saved between shutdowns, and a re-keyed table's old entries were written over
 /// the new ones' file at every interval.)
 async fn table_upkeep(runtime: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
-    const PURGE_EVERY: Duration = Duration::from_secs(10);
+    const PURGE_EVERY: Duration = Duration::from_secs(1);
+    const PURGE_PAGE: usize = 4096;
     let mut reloads = runtime.reloads();
     reloads.mark_unchanged();
     let mut reloads_gone = false;
@@ -1106,22 +1107,32 @@ async fn table_upkeep(runtime: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
         }
         let now = tokio::time::Instant::now();
         let state = runtime.state();
-        if now >= next_purge {
-            next_purge = now + PURGE_EVERY;
-            for t in state.tables() {
-                limpet_core::table::AffinityStore::purge_expired(
-                    t.lock().store_mut(),
-                    now_ms(),
-                    10_000,
-                );
-            }
-        }
         let due: Vec<Arc<super::Table>> = state
             .tables()
             .filter(|t| saves.get(&t.def.name).is_some_and(|(_, _, at)| now >= *at))
             .map(Arc::clone)
             .collect();
+        let purged: Vec<Arc<super::Table>> = if now >= next_purge {
+            next_purge = now + PURGE_EVERY;
+            state.tables().map(Arc::clone).collect()
+        } else {
+            Vec::new()
+        };
         drop(state);
+        for t in purged {
+            // Every expired entry, a page at a time under the table's lock, the thread given
+            // back between pages: the run of expired entries a count of pins walks
+            // (`State::node_views_counting`) stays one second's worth, and a burst of
+            // expiries holds routing on the table for a page at most.
+            while limpet_core::table::AffinityStore::purge_expired(
+                t.lock().store_mut(),
+                now_ms(),
+                PURGE_PAGE,
+            ) == PURGE_PAGE
+            {
+                tokio::task::yield_now().await;
+            }
+        }
         for t in due {
             if let Some((_, every, at)) = saves.get_mut(&t.def.name) {
                 *at = now + *every;
