@@ -59,6 +59,50 @@ const BATCH: usize = 512;
 const REFRESH_PAGE: usize = 4096;
 /// Consecutive failed round trips that open the circuit breaker.
 const TRIP_AFTER: u32 = 2;
+
+/// Which way a round trip went, for the breaker: reads (a request's `GET`, the liveness
+/// check) and writes (the writer's pipelines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Read,
+    Write,
+}
+
+/// Round trips failed in a row, counted apart for reads and writes: [`TRIP_AFTER`] in a row
+/// either way open the breaker. A store that answers reads while it refuses writes, or
+/// times them out (out of memory under `noeviction`, pipelines slower than `timeout` where
+/// single commands are not), is opened by its writes however many reads succeed between
+/// them: with one count, each new client's `GET` cleared the failed write before it, and the
+/// store read as up while every pin sent to it was dropped.
+#[derive(Debug, Default)]
+struct Breaker {
+    reads: AtomicU32,
+    writes: AtomicU32,
+}
+
+impl Breaker {
+    fn of(&self, way: Way) -> &AtomicU32 {
+        match way {
+            Way::Read => &self.reads,
+            Way::Write => &self.writes,
+        }
+    }
+
+    fn success(&self, way: Way) {
+        self.of(way).store(0, Ordering::Relaxed);
+    }
+
+    /// Counts a failure; whether it is the one that opens the breaker.
+    fn failure(&self, way: Way) -> bool {
+        self.of(way).fetch_add(1, Ordering::AcqRel) + 1 >= TRIP_AFTER
+    }
+
+    /// The store is up again (its probe, a write, went through): nothing in a row.
+    fn reset(&self) {
+        self.reads.store(0, Ordering::Relaxed);
+        self.writes.store(0, Ordering::Relaxed);
+    }
+}
 /// How often a store marked down is tried again (one write, [`Store::probe`]).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long an instance's marker outlives the instance's last check (a minute): a stopped
@@ -68,8 +112,20 @@ const MARKER_PX: u64 = 60_000;
 const REPINS_KEPT: usize = 65_536;
 
 /// How long one of this instance's re-pins is expected back as the store's message
-/// ([`OwnRepins`]): a write goes out within a tick and comes back within a round trip.
+/// ([`OwnRepins`]), at least: a write goes out within a tick and comes back within a round
+/// trip. With a longer `timeout`, longer ([`echo_wait_ms`]).
 const ECHO_WAIT_MS: u64 = 2_000;
+
+/// How long a re-pin is expected back with round trips bounded by `timeout`: its batch may
+/// wait for the one before it (a round trip) and take one itself, and a round trip that
+/// timed out may still have run and be published late. An echo that came after a fixed 2 s
+/// was applied as another instance's re-pin when `timeout` was set longer: it moved the
+/// entry back to the node the request had failed over from, and ended the session's
+/// connections on the node it held.
+fn echo_wait_ms(timeout: Duration) -> u64 {
+    let round_trip = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    ECHO_WAIT_MS.max(round_trip.saturating_mul(2).saturating_add(1_000))
+}
 
 /// This instance's re-pins on their way through the store, by table and key: how many, and
 /// until when they are expected back. Messages arrive in the order the store ran their
@@ -81,6 +137,8 @@ const ECHO_WAIT_MS: u64 = 2_000;
 #[derive(Debug)]
 struct OwnRepins {
     keys: HashMap<(Arc<str>, TableKey), (u32, u64)>,
+    /// How long a re-pin is awaited ([`echo_wait_ms`]).
+    wait_ms: u64,
     /// The size at which the next sweep of expired entries runs: twice what the last one
     /// left (at least [`REPINS_KEPT`]), so that a storm of re-pins all still awaited (a
     /// large node going DOWN) costs each insert O(1), not a sweep of the whole map.
@@ -90,17 +148,20 @@ struct OwnRepins {
 
 impl Default for OwnRepins {
     fn default() -> Self {
-        OwnRepins {
-            keys: HashMap::new(),
-            sweep_at: REPINS_KEPT,
-            sweeps: 0,
-        }
+        OwnRepins::waiting(ECHO_WAIT_MS)
     }
 }
 
 /// Pins from the store to nodes this instance has not got, logged once per interval.
 static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
     "a pin in the store names a node this instance does not have: ignored",
+);
+
+/// Subscriptions to the re-pin channel that failed while the store was up, logged once per
+/// interval.
+static SUBSCRIBE_ERRORS: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
+    "the store refused the subscription to re-pins (needs access to the channel `{prefix}pins`): \
+     other instances' re-pins reach this one only at each key's expiry refresh",
 );
 
 /// Keys the store answered with an error of their own (another type under a pin's key),
@@ -119,6 +180,16 @@ fn key_error(code: &str) -> bool {
 }
 
 impl OwnRepins {
+    /// Re-pins awaited `wait_ms` each.
+    fn waiting(wait_ms: u64) -> Self {
+        OwnRepins {
+            keys: HashMap::new(),
+            wait_ms,
+            sweep_at: REPINS_KEPT,
+            sweeps: 0,
+        }
+    }
+
     /// A re-pin of `key` is on its way.
     fn sent(&mut self, table: &Arc<str>, key: &TableKey, now: u64) {
         if self.keys.len() >= self.sweep_at {
@@ -131,7 +202,7 @@ impl OwnRepins {
             .entry((Arc::clone(table), key.clone()))
             .or_insert((0, 0));
         e.0 += 1;
-        e.1 = now + ECHO_WAIT_MS;
+        e.1 = now + self.wait_ms;
     }
 
     /// Forgets `k`; an empty map sweeps again at the usual size, not at twice a storm's.
@@ -270,6 +341,7 @@ struct Counts {
     resyncs: AtomicU64,
     errors: AtomicU64,
     dropped: AtomicU64,
+    subscribe_failures: AtomicU64,
 }
 
 /// What the admin API shows of the store (`GET /api/v1/store`).
@@ -315,6 +387,13 @@ pub struct StoreStatus {
     /// Connections limpet itself opened to the store: the first command connection, each
     /// subscription, and each recovery after the breaker opened (a reload opens none).
     pub connections: u64,
+    /// The subscription to other instances' re-pins holds now. Without it (a store user
+    /// without access to the channel, a proxy that has no pub/sub), their re-pins reach this
+    /// instance only at each key's expiry refresh, and a session can meanwhile run on two
+    /// nodes; it is tried again every second, each failure logged (once per interval).
+    pub subscribed: bool,
+    /// Subscriptions the store refused while it answered commands (up).
+    pub subscribe_failures: u64,
 }
 
 /// One process's link to the store: a connection manager for commands, a subscription for
@@ -336,7 +415,9 @@ pub struct Store {
     ops: mpsc::Sender<Op>,
     up: AtomicBool,
     since_ms: AtomicU64,
-    failures: AtomicU32,
+    failures: Breaker,
+    /// [`StoreStatus::subscribed`].
+    subscribed: AtomicBool,
     /// Pins not published (breaker open, queue full, a missed invalidation): publish every
     /// local pin with create-if-absent when the store is up.
     dirty: AtomicBool,
@@ -393,6 +474,7 @@ impl Store {
         let (tx, rx) = mpsc::channel(QUEUE);
         let (stop, _) = watch::channel(false);
         let (up_gauge, op_counters) = metrics.store_handles();
+        let echo_wait = echo_wait_ms(def.timeout);
         let store = Arc::new(Store {
             channel: format!("{}pins", def.prefix),
             marker: format!("{}instance:{}-{}", def.prefix, std::process::id(), now_ms()),
@@ -402,11 +484,12 @@ impl Store {
             ops: tx,
             up: AtomicBool::new(false),
             since_ms: AtomicU64::new(now_ms()),
-            failures: AtomicU32::new(0),
+            failures: Breaker::default(),
+            subscribed: AtomicBool::new(false),
             dirty: AtomicBool::new(true),
             resyncing: AtomicBool::new(false),
             repins_away: Mutex::new(HashMap::new()),
-            own_repins: Mutex::new(OwnRepins::default()),
+            own_repins: Mutex::new(OwnRepins::waiting(echo_wait)),
             left,
             tables: Mutex::new(HashMap::new()),
             counts: Counts::default(),
@@ -656,22 +739,22 @@ impl Store {
         .await;
         match r {
             Ok(Ok(v)) => {
-                self.success();
+                self.success(Way::Read);
                 let name = v.and_then(|b| String::from_utf8(b).ok())?;
                 self.counts.get_hits.fetch_add(1, Ordering::Relaxed);
                 Some(name)
             }
             Ok(Err(e)) if e.code().is_some_and(key_error) => {
-                self.success();
+                self.success(Way::Read);
                 self.key_error("GET", &e.to_string());
                 None
             }
             Ok(Err(e)) => {
-                self.failure("GET", &e.to_string());
+                self.failure(Way::Read, "GET", &e.to_string());
                 None
             }
             Err(_) => {
-                self.failure("GET", "timed out");
+                self.failure(Way::Read, "GET", "timed out");
                 None
             }
         }
@@ -705,6 +788,8 @@ impl Store {
             errors: g(&c.errors),
             dropped: g(&c.dropped),
             connections: g(&self.connections),
+            subscribed: self.subscribed.load(Ordering::Acquire),
+            subscribe_failures: g(&c.subscribe_failures),
         }
     }
 
@@ -748,16 +833,15 @@ impl Store {
         self.up_gauge.set(i64::from(up));
     }
 
-    fn success(&self) {
-        self.failures.store(0, Ordering::Relaxed);
+    fn success(&self, way: Way) {
+        self.failures.success(way);
     }
 
-    /// A failed round trip; the second in a row opens the breaker (logged once).
-    fn failure(&self, what: &str, err: &str) {
+    /// A failed round trip; the second in a row of its way opens the breaker (logged once).
+    fn failure(&self, way: Way, what: &str, err: &str) {
         self.counts.errors.fetch_add(1, Ordering::Relaxed);
         self.count("error", 1);
-        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= TRIP_AFTER && self.up.swap(false, Ordering::AcqRel) {
+        if self.failures.failure(way) && self.up.swap(false, Ordering::AcqRel) {
             self.set_up(false);
             self.dirty.store(true, Ordering::Release);
             self.reconnect();
@@ -1014,10 +1098,10 @@ impl Store {
                     _ => None,
                 });
                 if let Some(e) = refused {
-                    self.failure(what, &e.to_string());
+                    self.failure(Way::Write, what, &e.to_string());
                     return Err(Failed::MaybeRan);
                 }
-                self.success();
+                self.success(Way::Write);
                 for r in &v {
                     if let Value::ServerError(e) = r {
                         self.key_error(what, &e.to_string());
@@ -1026,7 +1110,7 @@ impl Store {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                self.failure(what, &e.to_string());
+                self.failure(Way::Write, what, &e.to_string());
                 Err(if e.is_connection_refusal() {
                     Failed::NotSent
                 } else {
@@ -1034,7 +1118,7 @@ impl Store {
                 })
             }
             Err(_) => {
-                self.failure(what, "timed out");
+                self.failure(Way::Write, what, "timed out");
                 Err(Failed::MaybeRan)
             }
         }
@@ -1285,7 +1369,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                     if last_probe.elapsed() >= PROBE_EVERY {
                         last_probe = tokio::time::Instant::now();
                         if store.probe(store.def.timeout.max(store.def.connect_timeout)).await.is_ok() {
-                            store.success();
+                            store.failures.reset();
                             store.connections.fetch_add(1, Ordering::Relaxed);
                             store.set_up(true);
                             tracing::info!(store = %store.def.redacted_url(),
@@ -1302,9 +1386,9 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 if last_probe.elapsed() >= PROBE_EVERY {
                     last_probe = tokio::time::Instant::now();
                     match store.holds_marker(store.def.timeout).await {
-                        Ok(true) => store.success(),
+                        Ok(true) => store.success(Way::Read),
                         Ok(false) => {
-                            store.success();
+                            store.success(Way::Read);
                             let pending = store.dirty.swap(true, Ordering::AcqRel)
                                 || store.resyncing.load(Ordering::Acquire);
                             if !pending && store.counts.resyncs.load(Ordering::Relaxed) > 0 {
@@ -1312,7 +1396,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                                     "the store lost this instance's pins (flushed, or restarted without its data): publishing them again");
                             }
                         }
-                        Err(e) => store.failure("PEXPIRE", &e),
+                        Err(e) => store.failure(Way::Read, "PEXPIRE", &e),
                     }
                     if !store.is_up() {
                         continue;
@@ -1358,6 +1442,7 @@ async fn subscriber(store: Arc<Store>) {
             Ok((mut sink, mut msgs)) => {
                 store.dirty.store(true, Ordering::SeqCst);
                 store.connections.fetch_add(1, Ordering::Relaxed);
+                store.subscribed.store(true, Ordering::Release);
                 let mut ping = tokio::time::interval(PROBE_EVERY);
                 ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 ping.tick().await;
@@ -1383,7 +1468,17 @@ async fn subscriber(store: Arc<Store>) {
                         }
                     }
                 }
+                store.subscribed.store(false, Ordering::Release);
                 tracing::debug!("store subscription lost");
+            }
+            // A store that answers commands but refuses the subscription (an ACL user
+            // without the channel) is up all the same: said, or it goes unseen.
+            Err(e) if store.is_up() => {
+                store
+                    .counts
+                    .subscribe_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                SUBSCRIBE_ERRORS.note_with(|| e.chars().take(200).collect());
             }
             Err(e) => tracing::debug!(error = %e, "store subscription failed"),
         }
@@ -1461,6 +1556,31 @@ mod tests {
     use super::*;
     use limpet_core::table::IpPrefix;
 
+    /// Writes that fail with a successful read between each two (each new client's `GET`
+    /// answered, its pin's write refused) open the breaker at the second; reads alone do
+    /// too; a success clears its own way's count only, and the probe's both.
+    #[test]
+    fn failed_writes_open_the_breaker_whatever_reads_succeed_between_them() {
+        let b = Breaker::default();
+        assert!(!b.failure(Way::Write));
+        b.success(Way::Read);
+        assert!(
+            b.failure(Way::Write),
+            "a read's success cleared a failed write"
+        );
+        b.reset();
+        assert!(!b.failure(Way::Read));
+        b.success(Way::Write);
+        assert!(b.failure(Way::Read));
+        b.reset();
+        assert!(!b.failure(Way::Write));
+        b.success(Way::Write);
+        assert!(
+            !b.failure(Way::Write),
+            "a write's success clears the writes' count"
+        );
+    }
+
     /// While this instance's re-pins of a key are on their way, as many messages of the key
     /// are skipped (their echoes, or older messages), then messages apply again; one that
     /// was not sent, or did not come back in time, holds nothing back.
@@ -1489,6 +1609,26 @@ mod tests {
         own.sent(&t, &k, 3_000);
         assert!(!own.skip("terminal", &k, 3_000 + ECHO_WAIT_MS + 1));
         assert!(own.keys.is_empty(), "nothing kept");
+    }
+
+    /// With round trips bounded by a longer `timeout` (5 s), a re-pin is awaited longer than
+    /// the 2 s floor: its echo published 4 s after the write was queued (a batch behind a
+    /// slow one) is still known as this instance's own, not applied as another's re-pin.
+    #[test]
+    fn a_longer_timeout_awaits_re_pins_longer() {
+        assert_eq!(echo_wait_ms(Duration::from_millis(500)), ECHO_WAIT_MS);
+        let wait = echo_wait_ms(Duration::from_secs(5));
+        assert_eq!(wait, 11_000);
+        let mut own = OwnRepins::waiting(wait);
+        let t: Arc<str> = Arc::from("terminal");
+        let k = KeyRef::ip("10.0.0.1".parse().expect("ip"), IpPrefix::HOST).to_key();
+        own.sent(&t, &k, 1_000);
+        assert!(own.skip("terminal", &k, 5_000), "the late echo is its own");
+        own.sent(&t, &k, 6_000);
+        assert!(
+            !own.skip("terminal", &k, 6_000 + wait + 1),
+            "a lost echo waits no longer"
+        );
     }
 
     /// A storm of re-pins all still awaited (a large node going DOWN: more than 65,536 keys

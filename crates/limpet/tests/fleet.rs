@@ -2080,6 +2080,58 @@ async fn a_key_of_another_type_is_skipped_and_the_store_stays_up() {
     sc.stop().await;
 }
 
+/// A store user without access to the re-pin channel (what Redis 7 gives a new ACL user:
+/// `resetchannels`): the store serves its commands, so it is up and pins reach it, but the
+/// subscription to other instances' re-pins is refused, and the admin API says so
+/// (`subscribed: false`, the log once per interval). Before, nothing said it: the store read
+/// as up while other instances' re-pins came only at each key's expiry refresh. Given the
+/// channel, the user's next try (within a second) holds the subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_user_without_the_re_pin_channel_is_up_but_not_subscribed() {
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let mut c = redis.conn().await.expect("connect");
+    let acl = async |c: &mut redis::aio::MultiplexedConnection, rules: &[&str]| {
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("fleet")
+            .arg(rules)
+            .query_async::<()>(c)
+            .await
+            .expect("ACL SETUSER");
+    };
+    acl(&mut c, &["on", ">pw", "~*", "+@all", "resetchannels"]).await;
+    let url = format!("redis://fleet:pw@127.0.0.1:{}/0", redis.port);
+    let a = Instance::start_raw(
+        "acl-channel",
+        &url,
+        (ports.http, ports.tcp),
+        &[0, 1, 2],
+        "10m",
+        "500ms",
+        Extra::default(),
+    )
+    .await;
+    let node = a.http("127.0.17.1").await;
+    until("the pin reaches the store", async || {
+        redis.get("limpet:terminal:ip:127.0.17.1").await.as_deref() == Some(node.as_str())
+    })
+    .await;
+    until("the subscription is refused", async || {
+        a.status().subscribe_failures > 0
+    })
+    .await;
+    let st = a.status();
+    assert!(st.up && !st.subscribed, "{st:?}");
+    acl(&mut c, &["&limpet:pins"]).await;
+    until("the subscription holds", async || a.status().subscribed).await;
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
 /// A store that refuses writes but answers reads and `PING` (out of memory here:
 /// `maxmemory` under what it holds, no eviction): the refused writes open the breaker, which
 /// stays open while the store refuses them (its probe is a write), and closes once the store
