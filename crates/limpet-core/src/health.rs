@@ -346,6 +346,17 @@ impl Default for Health {
 }
 
 impl Health {
+    /// The health of a node new to limpet ([`Health::default`]: UP, nothing counted) for a
+    /// node whose past no longer applies (added back by a reload, or moved to another
+    /// address), keeping the count of trials claimed: a trial claimed before, still in
+    /// flight, must not be taken for a later one's when it ends ([`Self::trial_abandoned`]).
+    pub fn afresh(&self) -> Health {
+        Health {
+            claims: self.claims,
+            ..Health::default()
+        }
+    }
+
     pub fn is_up(&self) -> bool {
         self.up
     }
@@ -1487,6 +1498,38 @@ mod tests {
         assert!(h.early_trial_possible(p, 11), "a refused connect");
         assert!(h.claim_trial(p, 11, 5_000, true));
         assert!(h.early_trial_possible(p, 5_011), "the claim lapsed");
+    }
+
+    /// A node that starts afresh (a reload moved it to another address) while a trial of it
+    /// is in flight keeps its count of claims: the old trial's end, with nothing learnt,
+    /// does not end the trial claimed at the new address (with the count back at 0, its
+    /// number was the old one's, and its success went unheard: DOWN a `fail_timeout` more).
+    #[test]
+    fn a_trial_claimed_before_a_fresh_start_does_not_end_a_later_one() {
+        let p = HealthPolicy {
+            fall: 1,
+            fail_timeout_ms: 10_000,
+            ..HealthPolicy::default()
+        };
+        let mut h = Health::default();
+        h.observe(TrafficFailed, p, 0);
+        assert!(h.claim_trial(p, 10_000, 63_000, false));
+        let before = h.trial_claim();
+        // Moved to another address (a reload) while that trial is in flight: UP afresh,
+        // then DOWN at the new address, and its own trial claimed.
+        h = h.afresh();
+        assert!(h.is_up());
+        h.observe(TrafficFailed, p, 11_000);
+        assert!(h.claim_trial(p, 21_000, 63_000, false));
+        assert_ne!(h.trial_claim(), before, "a claim number used again");
+        // The old trial ends with nothing learnt: the new one holds on, and its success
+        // brings the node back.
+        h.trial_abandoned(p, before, 21_500);
+        assert!(
+            h.trial_in_flight(21_500),
+            "the old claim ended the new trial"
+        );
+        assert_eq!(h.observe(TrafficOk, p, 22_000), Some(Transition::WentUp));
     }
 
     /// A trial whose request ended with nothing learnt of the node (the client left, a

@@ -386,7 +386,7 @@ impl NodeRuntime {
             *s = NodeStatus {
                 admin: s.admin,
                 policy,
-                ..NodeStatus::default()
+                health: s.health.afresh(),
             };
             self.readdressed.fetch_add(1, Ordering::Relaxed) + 1
         })
@@ -503,6 +503,7 @@ impl NodeRuntime {
         self.update(|s| {
             *s = NodeStatus {
                 policy,
+                health: s.health.afresh(),
                 ..NodeStatus::default()
             }
         });

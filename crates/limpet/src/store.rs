@@ -157,11 +157,11 @@ static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::n
     "a pin in the store names a node this instance does not have: ignored",
 );
 
-/// Subscriptions to the re-pin channel that failed while the store was up, logged once per
-/// interval.
+/// Subscriptions to the re-pin channel the store refused, logged once per interval.
 static SUBSCRIBE_ERRORS: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
-    "the store refused the subscription to re-pins (needs access to the channel `{prefix}pins`): \
-     other instances' re-pins reach this one only at each key's expiry refresh",
+    "the store refused the subscription to re-pins (the store user needs the channel: the \
+     prefix and `pins`): other instances' re-pins reach this one only at each key's expiry \
+     refresh",
 );
 
 /// Keys the store answered with an error of their own (another type under a pin's key),
@@ -392,7 +392,7 @@ pub struct StoreStatus {
     /// instance only at each key's expiry refresh, and a session can meanwhile run on two
     /// nodes; it is tried again every second, each failure logged (once per interval).
     pub subscribed: bool,
-    /// Subscriptions the store refused while it answered commands (up).
+    /// Subscriptions the store refused (it answered the `SUBSCRIBE` with an error).
     pub subscribe_failures: u64,
 }
 
@@ -1428,10 +1428,24 @@ async fn subscriber(store: Arc<Store>) {
                     .map_err(|_| "timed out".to_owned())?
                     .map_err(|e| e.to_string())?;
             let (mut sink, msgs) = ps.split();
-            tokio::time::timeout(store.def.connect_timeout, sink.subscribe(&store.channel))
+            match tokio::time::timeout(store.def.connect_timeout, sink.subscribe(&store.channel))
                 .await
-                .map_err(|_| "timed out".to_owned())?
-                .map_err(|e| e.to_string())?;
+            {
+                Err(_) => return Err("timed out".to_owned()),
+                // The store answered, with a refusal (`NOPERM`: an ACL user without the
+                // channel): said, as a store that is up all the same.
+                Ok(Err(e)) if e.code().is_some() => {
+                    store
+                        .counts
+                        .subscribe_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    let text = e.to_string();
+                    SUBSCRIBE_ERRORS.note_with(|| text.chars().take(200).collect());
+                    return Err(text);
+                }
+                Ok(Err(e)) => return Err(e.to_string()),
+                Ok(Ok(())) => {}
+            }
             Ok::<_, String>((sink, msgs))
         };
         let ps = tokio::select! {
@@ -1470,15 +1484,6 @@ async fn subscriber(store: Arc<Store>) {
                 }
                 store.subscribed.store(false, Ordering::Release);
                 tracing::debug!("store subscription lost");
-            }
-            // A store that answers commands but refuses the subscription (an ACL user
-            // without the channel) is up all the same: said, or it goes unseen.
-            Err(e) if store.is_up() => {
-                store
-                    .counts
-                    .subscribe_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                SUBSCRIBE_ERRORS.note_with(|| e.chars().take(200).collect());
             }
             Err(e) => tracing::debug!(error = %e, "store subscription failed"),
         }

@@ -200,6 +200,10 @@ struct HealthEntry {
     down_cause: Option<String>,
     checks: Vec<CheckEntry>,
     since_ms: u64,
+    /// The node's address in the holder: health is of that address. Added after the first
+    /// version (a holder without it is taken at its word).
+    #[serde(default)]
+    address: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,6 +236,7 @@ impl From<&NodeHealth> for HealthEntry {
                 })
                 .collect(),
             since_ms: n.since_ms,
+            address: n.address,
         }
     }
 }
@@ -266,6 +271,7 @@ impl From<HealthEntry> for NodeHealth {
                     .collect(),
             },
             since_ms: e.since_ms,
+            address: e.address,
         }
     }
 }
@@ -430,6 +436,9 @@ pub struct NodeHealth {
     pub health: CarriedHealth<String>,
     /// When the node entered its state (wall-clock ms).
     pub since_ms: u64,
+    /// The address the health is of (`None` from a holder that did not say): a taker whose
+    /// config gives the node another address starts its health anew, as a reload does.
+    pub address: Option<std::net::IpAddr>,
 }
 
 /// What the holder had of a node as it handed over, so that the taker does not call the
@@ -1598,6 +1607,7 @@ mod tests {
                     )],
                 },
                 since_ms: 1_000,
+                address: Some(std::net::IpAddr::from([10, 0, 0, 3])),
             }],
             holder_now_ms: Some(77),
             seen: vec![NodeSeen {
@@ -1662,6 +1672,7 @@ mod tests {
                 checks: Vec::new(),
                 since_ms: 0,
                 trial_claimed_until_ms: 0,
+                address: None,
             })],
         };
         let text = serde_json::to_string(&now).unwrap_or_else(|e| panic!("{e}"));
@@ -1714,6 +1725,7 @@ mod tests {
                 checks: Vec::new(),
             },
             since_ms,
+            address: None,
         };
         let state = |holder_now_ms| State {
             seen: vec![NodeSeen {

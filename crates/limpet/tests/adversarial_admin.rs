@@ -914,12 +914,12 @@ async fn a_request_no_node_of_the_running_config_takes_is_answered_under_its_own
 }
 
 /// A config of nodes `a` at `a_ip` and `b` at 127.0.0.3 on `port`, DOWN at one failure for
-/// an hour (no checks), with a 1 s answer timeout.
+/// an hour (no checks), with a 3 s answer timeout.
 fn readdressed_config(port: u16, a_ip: &str) -> String {
     format!(
         "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n\
          [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
-         timeouts = {{ upstream_answer = \"1s\", drain = \"1s\" }}\n\n\
+         timeouts = {{ upstream_answer = \"3s\", drain = \"1s\" }}\n\n\
          [admin]\nlisten = \"127.0.0.1:0\"\n",
         nodes_toml(&[("a", a_ip), ("b", "127.0.0.3")])
     )
@@ -1004,6 +1004,10 @@ async fn a_request_unanswered_at_a_node_s_old_address_does_not_charge_it_at_the_
     cfg.write(&readdressed_config(port, "127.0.0.4"));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
+    // The request's answer timeout passes after the reload, not before it (else the test
+    // would show a node DOWN at its old address started afresh, not an old address's
+    // timeout left uncounted).
+    assert!(!request.is_finished(), "answered before the reload");
     let r = tokio::time::timeout(SOON, request)
         .await
         .expect("answered after the answer timeout")

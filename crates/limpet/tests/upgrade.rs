@@ -560,6 +560,50 @@ async fn a_node_down_by_its_traffic_is_down_after_an_upgrade_until_its_trial() {
     }
 }
 
+/// A node the running limpet has DOWN at one address, which the new limpet's config moves
+/// to another, starts its health anew in the new one (as a reload that moves it does): UP at
+/// once at the address that answers, where the old one's trial was an hour away. Before, the
+/// health of the old address crossed by name and held the node out for that hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_new_config_moves_does_not_take_the_old_address_s_health() {
+    let (_nodes, port) = backend_nodes(&WITH_DEAD[..3]).await;
+    let text = |nodes: &[(&str, &str)]| {
+        config(port, "").replace(
+            &nodes_toml(&NODES),
+            &format!(
+                "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n",
+                nodes_toml(nodes)
+            ),
+        )
+    };
+    let cfg = ConfigFile::new("upgrade-health-moved", &text(&WITH_DEAD));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    for ip in ["127.0.0.81", "127.0.0.82", "127.0.0.83", "127.0.0.84"] {
+        assert_ne!(node_for(ip, old.web).await, "d");
+    }
+    let before = json(&old.admin_url("/api/v1/nodes/d")).await;
+    assert_eq!(before["state"], "DOWN", "{before}");
+
+    // d answers at a new address, which the new limpet's config gives it.
+    let moved = "127.0.0.6";
+    let _d = backend_node_again("d", moved.parse().unwrap_or_else(|e| panic!("{e}")), port).await;
+    let mut nodes = WITH_DEAD;
+    nodes[3] = ("d", moved);
+    cfg.write(&text(&nodes));
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(old.exited().await.success());
+    let view = json(&new.admin_url("/api/v1/nodes/d")).await;
+    assert_eq!(view["state"], "UP", "{view}");
+    assert_eq!(view["address"], moved, "{view}");
+    // And it takes clients there: the rotation reaches it within four fresh ones.
+    let mut served = Vec::new();
+    for ip in ["127.0.0.85", "127.0.0.86", "127.0.0.87", "127.0.0.88"] {
+        served.push(node_for(ip, new.web).await);
+    }
+    assert!(served.iter().any(|n| n == "d"), "{served:?}");
+}
+
 /// A node the running limpet's checks have DOWN is DOWN in the new one, held there by that
 /// check: the new config checks every hour, so nothing but the handover can have told it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -363,7 +363,13 @@ impl Control for RuntimeControl {
             // as the hand-over began applied here alone, and is to be sent again.
             writable(&self.runtime.state())?;
             let report = reload(&self.runtime).await?;
-            writable(&self.runtime.state())?;
+            if writable(&self.runtime.state()).is_err() {
+                return Err(ControlError::Stopping(
+                    "the reload was applied to this limpet, which is handing over to a new \
+                     process (an upgrade): send it again to reach the new one"
+                        .into(),
+                ));
+            }
             Ok(report)
         })
     }
@@ -661,7 +667,7 @@ async fn reload_locked(
                         .any(|c| c.starts_with(&format!("node {}: address:", n.name))) =>
             {
                 changes.push(format!(
-                    "node {}: its address is {} now (was {})",
+                    "node {}: its address is {} now (was {}): its health starts anew",
                     n.name, n.addr, o.addr
                 ))
             }

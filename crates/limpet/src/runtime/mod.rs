@@ -1318,6 +1318,7 @@ impl State {
                     node: n.name.clone(),
                     health,
                     since_ms,
+                    address: Some(n.addr),
                 }
             })
             .collect()
@@ -1326,11 +1327,23 @@ impl State {
     /// Takes a node's health from the limpet this one took over from: a node it had DOWN is
     /// DOWN here, each of its checks' counts in the slot this process gave the check that asks
     /// the same (a check this config does not have is left out, as a reload forgets it).
-    /// Unknown nodes are ignored.
+    /// Unknown nodes are ignored, and so is the health of a node this config gives another
+    /// address (as a reload starts such a node's health anew: [`NodeRuntime::readdress`]).
     pub fn take_node_health(&self, carried: &crate::upgrade::NodeHealth) {
-        let Some(rt) = self.node_id(&carried.node).and_then(|id| self.node_rt(id)) else {
+        let Some(slot) = self
+            .node_id(&carried.node)
+            .and_then(|id| self.nodes.get(id.index()))
+        else {
             return;
         };
+        if carried.address.is_some_and(|a| a != slot.addr) {
+            tracing::info!(
+                node = %carried.node,
+                "upgrade: the node's address changed; its health starts anew here"
+            );
+            return;
+        }
+        let rt = &slot.rt;
         let slots = lock(&self.lifecycle.checks).slots_of(&carried.node);
         let health = limpet_core::Health::carried(&carried.health, |label: &String| {
             slots.iter().find(|(l, _)| l == label).map(|(_, s)| *s)
