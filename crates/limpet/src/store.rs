@@ -59,6 +59,29 @@ const BATCH: usize = 512;
 const REFRESH_PAGE: usize = 4096;
 /// Consecutive failed round trips that open the circuit breaker.
 const TRIP_AFTER: u32 = 2;
+/// How often a store marked down is tried again (one write, [`Store::probe`]).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long an instance's marker outlives the instance's last check (a minute): a stopped
+/// instance's goes by itself.
+const MARKER_PX: u64 = 60_000;
+/// Most re-pins kept for the resync while the store is away ([`Store::repins_away`]).
+const REPINS_KEPT: usize = 65_536;
+
+/// How long one of this instance's re-pins is expected back as the store's message
+/// ([`OwnRepins`]), at least: a write goes out within a tick and comes back within a round
+/// trip. With a longer `timeout`, longer ([`echo_wait_ms`]).
+const ECHO_WAIT_MS: u64 = 2_000;
+
+/// How long a re-pin is expected back with round trips bounded by `timeout`: its batch may
+/// wait for the one before it (a round trip) and take one itself, and a round trip that
+/// timed out may still have run and be published late. An echo that came after a fixed 2 s
+/// was applied as another instance's re-pin when `timeout` was set longer: it moved the
+/// entry back to the node the request had failed over from, and ended the session's
+/// connections on the node it held.
+fn echo_wait_ms(timeout: Duration) -> u64 {
+    let round_trip = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    ECHO_WAIT_MS.max(round_trip.saturating_mul(2).saturating_add(1_000))
+}
 
 /// Which way a round trip went, for the breaker: reads (a request's `GET`, the liveness
 /// check) and writes (the writer's pipelines).
@@ -102,29 +125,6 @@ impl Breaker {
         self.reads.store(0, Ordering::Relaxed);
         self.writes.store(0, Ordering::Relaxed);
     }
-}
-/// How often a store marked down is tried again (one write, [`Store::probe`]).
-const PROBE_EVERY: Duration = Duration::from_secs(1);
-/// How long an instance's marker outlives the instance's last check (a minute): a stopped
-/// instance's goes by itself.
-const MARKER_PX: u64 = 60_000;
-/// Most re-pins kept for the resync while the store is away ([`Store::repins_away`]).
-const REPINS_KEPT: usize = 65_536;
-
-/// How long one of this instance's re-pins is expected back as the store's message
-/// ([`OwnRepins`]), at least: a write goes out within a tick and comes back within a round
-/// trip. With a longer `timeout`, longer ([`echo_wait_ms`]).
-const ECHO_WAIT_MS: u64 = 2_000;
-
-/// How long a re-pin is expected back with round trips bounded by `timeout`: its batch may
-/// wait for the one before it (a round trip) and take one itself, and a round trip that
-/// timed out may still have run and be published late. An echo that came after a fixed 2 s
-/// was applied as another instance's re-pin when `timeout` was set longer: it moved the
-/// entry back to the node the request had failed over from, and ended the session's
-/// connections on the node it held.
-fn echo_wait_ms(timeout: Duration) -> u64 {
-    let round_trip = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    ECHO_WAIT_MS.max(round_trip.saturating_mul(2).saturating_add(1_000))
 }
 
 /// This instance's re-pins on their way through the store, by table and key: how many, and

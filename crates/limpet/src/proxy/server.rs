@@ -391,6 +391,9 @@ pub(crate) struct ConnCtx {
     /// window: see [`ConnCtx::first_sighting`].
     last_sighting: AtomicU64,
     started: Instant,
+    /// When the connection was ready for its first bytes: taken, its PROXY header read and
+    /// its TLS handshake done ([`FIRST_BYTES_GRACE`] runs from here).
+    ready: Instant,
     /// The connection's slot among its listener's `max_connections`: held as long as the
     /// connection, and handed to the tunnel an upgrade opens, which outlives the connection's
     /// task ([`ConnCtx::take_slot`]).
@@ -425,6 +428,7 @@ impl ConnCtx {
             last_touch_ms: AtomicU64::new(0),
             last_sighting: AtomicU64::new(0),
             started: Instant::now(),
+            ready: Instant::now(),
             shared: std::sync::Mutex::new(shared),
             generations,
             slot: std::sync::Mutex::new(None),
@@ -1158,15 +1162,18 @@ async fn until_idle_or_drain<T>(
     }
 }
 
-/// How long a connection accepted just before its listener drains has, from its accept, to
-/// send its first bytes. A client's request leaves right after its connect completes, and a
-/// drain that falls between the accept and the bytes (a shutdown, or an upgrade handing the
-/// socket to a new limpet: `crate::upgrade`) would otherwise close it unanswered, the
-/// request reset on its way.
+/// How long a connection accepted just before its listener drains has, from the moment it
+/// is ready (accepted, and its TLS handshake done), to send its first bytes. A client's
+/// request leaves right after its connect (or its handshake) completes, and a drain that
+/// falls between that and the bytes (a shutdown, or an upgrade handing the socket to a new
+/// limpet: `crate::upgrade`) would otherwise close it unanswered, the request reset on its
+/// way. Counted from the accept, a TLS handshake slower than the grace (a far client) used
+/// it all up before the client could send anything.
 const FIRST_BYTES_GRACE: Duration = Duration::from_secs(1);
 
 /// [`until_idle_or_drain`] for a connection's first bytes: a drain leaves it until
-/// [`FIRST_BYTES_GRACE`] after its accept (within `header_read`) to send them.
+/// [`FIRST_BYTES_GRACE`] after it was ready (within `header_read` of its accept) to send
+/// them.
 async fn until_first_bytes<T>(
     ctx: &ConnCtx,
     draining: &mut watch::Receiver<bool>,
@@ -1179,10 +1186,9 @@ async fn until_first_bytes<T>(
         () = idle_watch(ctx, true) => return None,
         () = drained(draining) => {}
     }
-    let grace = FIRST_BYTES_GRACE.min(ctx.shared().timeouts.header_read);
-    tokio::time::timeout_at(ctx.started + grace, wait)
-        .await
-        .ok()
+    let header_read = ctx.shared().timeouts.header_read;
+    let by = (ctx.ready + FIRST_BYTES_GRACE).min(ctx.started + header_read);
+    tokio::time::timeout_at(by, wait).await.ok()
 }
 
 /// Resolves once the listener drains.
@@ -1522,6 +1528,21 @@ mod tests {
         Arc<Builder>,
         watch::Sender<bool>,
     ) {
+        accepted_ago(runtime, listener, Duration::ZERO).await
+    }
+
+    /// [`accepted`], the connection taken `ago` before it was ready (a TLS handshake's time).
+    async fn accepted_ago(
+        runtime: &Arc<Runtime>,
+        listener: &tokio::net::TcpListener,
+        ago: Duration,
+    ) -> (
+        tokio::net::TcpStream,
+        tokio::net::TcpStream,
+        Arc<ConnCtx>,
+        Arc<Builder>,
+        watch::Sender<bool>,
+    ) {
         let addr = listener.local_addr().expect("addr");
         let (drain_tx, drain_rx) = watch::channel(false);
         let generations = Arc::new(
@@ -1540,7 +1561,10 @@ mod tests {
             tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         let (client, (server_side, peer)) = (client.expect("connect"), accepted.expect("accept"));
         let current = generations.current();
-        let ctx = Arc::new(ConnCtx::new(generations, current, peer, peer, false));
+        let taken = Instant::now()
+            .checked_sub(ago)
+            .expect("an instant that long ago");
+        let ctx = Arc::new(ConnCtx::new(generations, current, peer, peer, false).since(taken));
         (client, server_side, ctx, builder, drain_tx)
     }
 
@@ -2050,6 +2074,34 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), served2)
             .await
             .expect("the silent connection ends")
+            .expect("served");
+    }
+
+    /// The grace runs from when the connection is ready for its request, not from its
+    /// accept: a client whose TLS handshake took 900 ms (a far client) and whose request
+    /// leaves 200 ms after it, as the listener drains, is answered. Before, the grace had
+    /// run out 100 ms before the request and the connection was closed unanswered.
+    #[tokio::test]
+    async fn a_request_after_a_slow_handshake_as_the_listener_drains_is_answered() {
+        use tokio::io::AsyncWriteExt;
+        let node = echo_node().await;
+        let (runtime, listener) = proxy_to(node).await;
+        let (mut client, server_side, ctx, builder, drain) =
+            accepted_ago(&runtime, &listener, Duration::from_millis(900)).await;
+        let served = tokio::spawn(serve_connection(Arc::clone(&ctx), builder, server_side));
+        drain.send(true).expect("drain");
+        // The client's pace, not a wait for an event (counted from the accept, the grace
+        // ends 100 ms before the request).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client
+            .write_all(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("request");
+        let answer = read_answer(&mut client).await;
+        assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the connection ends")
             .expect("served");
     }
 }
