@@ -412,6 +412,7 @@ impl ConnCtx {
         tls: bool,
     ) -> Self {
         let trusted = shared.trusted.iter().any(|n| n.contains(tcp_peer.ip()));
+        let now = Instant::now();
         ConnCtx {
             peer,
             tls,
@@ -427,8 +428,8 @@ impl ConnCtx {
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
             last_sighting: AtomicU64::new(0),
-            started: Instant::now(),
-            ready: Instant::now(),
+            started: now,
+            ready: now,
             shared: std::sync::Mutex::new(shared),
             generations,
             slot: std::sync::Mutex::new(None),
