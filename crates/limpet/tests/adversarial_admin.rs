@@ -587,14 +587,7 @@ async fn one_holding_one_queued(
 ) {
     let first = tokio::spawn({
         let url = url.to_owned();
-        async move {
-            bare_client()
-                .get(&url)
-                .header("cookie", "route=a")
-                .send()
-                .await
-                .map(|r| r.status())
-        }
+        async move { get_as_a(&url).await.map(|r| r.status()) }
     });
     tokio::time::timeout(SOON, a.heads.recv())
         .await
@@ -602,13 +595,7 @@ async fn one_holding_one_queued(
         .expect("head");
     let second = tokio::spawn({
         let url = url.to_owned();
-        async move {
-            bare_client()
-                .get(&url)
-                .header("cookie", "route=a")
-                .send()
-                .await
-        }
+        async move { get_as_a(&url).await }
     });
     tokio::time::timeout(SOON, async {
         while node_view(l, "a").await["queued"].as_u64().unwrap_or(0) == 0 && !second.is_finished()
@@ -839,6 +826,30 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
     l.stop().await;
 }
 
+/// A GET of `url` with `a`'s cookie (`route=a`).
+async fn get_as_a(url: &str) -> reqwest::Result<reqwest::Response> {
+    bare_client()
+        .get(url)
+        .header("cookie", "route=a")
+        .send()
+        .await
+}
+
+/// A GET with `a`'s cookie through listener `web`, under way: returned once `node` (where
+/// `a` is) has its head.
+async fn request_held_at(
+    l: &Limpet,
+    node: &mut CountingNode,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let url = format!("http://{}/", l.addr("web"));
+    let request = tokio::spawn(async move { get_as_a(&url).await });
+    tokio::time::timeout(SOON, node.heads.recv())
+        .await
+        .expect("the request reached a")
+        .expect("head");
+    request
+}
+
 /// A request pinned to `a`, the only node, which `a` holds unanswered while a reload puts a
 /// new node `c` first (renumbering `a`); `c` set to MAINT after the reload when `maint_c`.
 /// Returns the answer once `a`'s answer timeout (2 s) has passed, and limpet.
@@ -858,18 +869,7 @@ async fn unanswered_across_a_reload_that_adds_c(
     };
     let cfg = ConfigFile::new("adv-failover-added", &text(&[("a", "127.0.0.2")]));
     let l = Limpet::start(&cfg).await;
-    let url = format!("http://{}/", l.addr("web"));
-    let request = tokio::spawn(async move {
-        bare_client()
-            .get(&url)
-            .header("cookie", "route=a")
-            .send()
-            .await
-    });
-    tokio::time::timeout(SOON, a.heads.recv())
-        .await
-        .expect("the request reached a")
-        .expect("head");
+    let request = request_held_at(&l, &mut a).await;
     cfg.write(&text(&[("c", "127.0.0.4"), ("a", "127.0.0.2")]));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");
@@ -927,10 +927,7 @@ fn readdressed_config(port: u16, a_ip: &str) -> String {
 
 /// A request with `a`'s cookie: answered 200 by `a` at its new address, with no re-pin.
 async fn served_by_a_at(l: &Limpet, moved: &mut CountingNode) {
-    let r = bare_client()
-        .get(format!("http://{}/", l.addr("web")))
-        .header("cookie", "route=a")
-        .send()
+    let r = get_as_a(&format!("http://{}/", l.addr("web")))
         .await
         .expect("answer");
     assert_eq!(r.status().as_u16(), 200);
@@ -958,10 +955,7 @@ async fn a_node_down_at_its_old_address_serves_at_once_at_the_new_one() {
     let cfg = ConfigFile::new("adv-readdress-down", &readdressed_config(port, "127.0.0.2"));
     let l = Limpet::start(&cfg).await;
     // Nothing listens at a's address: its connect is refused, the request fails over to b.
-    let r = bare_client()
-        .get(format!("http://{}/", l.addr("web")))
-        .header("cookie", "route=a")
-        .send()
+    let r = get_as_a(&format!("http://{}/", l.addr("web")))
         .await
         .expect("answer");
     served_and_repinned(&r, ("b", &mut b)).await;
@@ -989,18 +983,7 @@ async fn a_request_unanswered_at_a_node_s_old_address_does_not_charge_it_at_the_
         &readdressed_config(port, "127.0.0.2"),
     );
     let l = Limpet::start(&cfg).await;
-    let url = format!("http://{}/", l.addr("web"));
-    let request = tokio::spawn(async move {
-        bare_client()
-            .get(&url)
-            .header("cookie", "route=a")
-            .send()
-            .await
-    });
-    tokio::time::timeout(SOON, old.heads.recv())
-        .await
-        .expect("the request reached a at its old address")
-        .expect("head");
+    let request = request_held_at(&l, &mut old).await;
     cfg.write(&readdressed_config(port, "127.0.0.4"));
     let (s, report) = reload(&l).await;
     assert_eq!(s, 200, "{report}");

@@ -121,6 +121,17 @@ fn config(port: u16, extra_listener: &str) -> String {
     )
 }
 
+/// POSTs `{"state": state}` to a node's state endpoint `url`: the answer.
+async fn post_state(url: &str, state: &str) -> reqwest::Response {
+    bare_client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"state":"{state}"}}"#))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn upgrade_socket(cfg: &ConfigFile) -> PathBuf {
     cfg.dir.join("upgrade.sock")
 }
@@ -310,13 +321,11 @@ async fn pins_and_a_node_in_maint_cross_an_upgrade() {
         .map(|(n, _)| *n)
         .find(|n| *n != first && *n != second)
         .unwrap_or_else(|| panic!("a third node"));
-    let r = bare_client()
-        .post(old.admin_url(&format!("/api/v1/nodes/{maint}/state")))
-        .header("content-type", "application/json")
-        .body(r#"{"state":"maint"}"#)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_state(
+        &old.admin_url(&format!("/api/v1/nodes/{maint}/state")),
+        "maint",
+    )
+    .await;
     assert_eq!(r.status(), 200);
 
     let new = Proc::start(&cfg, &sock, 1, "new").await;
@@ -442,13 +451,11 @@ async fn drained_under_a_session(tag: &str, first: &str) -> Drained {
     let proc = Proc::start(&cfg, &sock, 1, first).await;
     // One request through the TCP listener; the session stays open after its answer.
     let (session, node) = tcp_session_through(proc.web).await;
-    let r = bare_client()
-        .post(proc.admin_url(&format!("/api/v1/nodes/{node}/state")))
-        .header("content-type", "application/json")
-        .body(r#"{"state":"drain"}"#)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_state(
+        &proc.admin_url(&format!("/api/v1/nodes/{node}/state")),
+        "drain",
+    )
+    .await;
     assert_eq!(r.status(), 200);
     // The idle window passes; the open session keeps the drain going.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -522,6 +529,33 @@ async fn node_view_once(
     }
 }
 
+/// The config of [`d_down_by_traffic`]: `nodes` on `port`, DOWN at one failure for an hour.
+fn d_down_config(port: u16, nodes: &[(&str, &str)]) -> String {
+    config(port, "").replace(
+        &nodes_toml(&NODES),
+        &format!(
+            "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n",
+            nodes_toml(nodes)
+        ),
+    )
+}
+
+/// A limpet (to be upgraded) of nodes a, b, c answering on `port` and d refusing, `fall = 1`
+/// and `fail_timeout = "1h"`, once d is DOWN by its traffic: fresh clients go round the
+/// nodes, the one given d is refused there and answered by another node (the connect failed
+/// before any byte was sent).
+async fn d_down_by_traffic(tag: &str, port: u16) -> (ConfigFile, PathBuf, Proc) {
+    let cfg = ConfigFile::new(tag, &d_down_config(port, &WITH_DEAD));
+    let sock = upgrade_socket(&cfg);
+    let old = Proc::start(&cfg, &sock, 1, "old").await;
+    for ip in ["127.0.0.81", "127.0.0.82", "127.0.0.83", "127.0.0.84"] {
+        assert_ne!(node_for(ip, old.web).await, "d");
+    }
+    let before = json(&old.admin_url("/api/v1/nodes/d")).await;
+    assert_eq!(before["state"], "DOWN", "{before}");
+    (cfg, sock, old)
+}
+
 /// A node the running limpet has DOWN by its traffic (a refused connect, `fall = 1`) is DOWN
 /// in the new one from its first moment, with the trial the old one set (an hour away):
 /// not UP, to be found dead again by a client's connect. The new one has no way to learn it
@@ -529,23 +563,7 @@ async fn node_view_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_down_by_its_traffic_is_down_after_an_upgrade_until_its_trial() {
     let (_nodes, port) = backend_nodes(&WITH_DEAD[..3]).await;
-    let text = config(port, "").replace(
-        &nodes_toml(&NODES),
-        &format!(
-            "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n",
-            nodes_toml(&WITH_DEAD)
-        ),
-    );
-    let cfg = ConfigFile::new("upgrade-health-traffic", &text);
-    let sock = upgrade_socket(&cfg);
-    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
-    // Fresh clients go round the nodes; the one given d is refused there and answered by
-    // another node (the connect failed before any byte was sent), and d goes DOWN.
-    for ip in ["127.0.0.81", "127.0.0.82", "127.0.0.83", "127.0.0.84"] {
-        assert_ne!(node_for(ip, old.web).await, "d");
-    }
-    let before = json(&old.admin_url("/api/v1/nodes/d")).await;
-    assert_eq!(before["state"], "DOWN", "{before}");
+    let (cfg, sock, mut old) = d_down_by_traffic("upgrade-health-traffic", port).await;
 
     let new = Proc::start(&cfg, &sock, 1, "new").await;
     assert!(old.exited().await.success());
@@ -567,30 +585,14 @@ async fn a_node_down_by_its_traffic_is_down_after_an_upgrade_until_its_trial() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_the_new_config_moves_does_not_take_the_old_address_s_health() {
     let (_nodes, port) = backend_nodes(&WITH_DEAD[..3]).await;
-    let text = |nodes: &[(&str, &str)]| {
-        config(port, "").replace(
-            &nodes_toml(&NODES),
-            &format!(
-                "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n",
-                nodes_toml(nodes)
-            ),
-        )
-    };
-    let cfg = ConfigFile::new("upgrade-health-moved", &text(&WITH_DEAD));
-    let sock = upgrade_socket(&cfg);
-    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
-    for ip in ["127.0.0.81", "127.0.0.82", "127.0.0.83", "127.0.0.84"] {
-        assert_ne!(node_for(ip, old.web).await, "d");
-    }
-    let before = json(&old.admin_url("/api/v1/nodes/d")).await;
-    assert_eq!(before["state"], "DOWN", "{before}");
+    let (cfg, sock, mut old) = d_down_by_traffic("upgrade-health-moved", port).await;
 
     // d answers at a new address, which the new limpet's config gives it.
     let moved = "127.0.0.6";
     let _d = backend_node_again("d", moved.parse().unwrap_or_else(|e| panic!("{e}")), port).await;
     let mut nodes = WITH_DEAD;
     nodes[3] = ("d", moved);
-    cfg.write(&text(&nodes));
+    cfg.write(&d_down_config(port, &nodes));
     let new = Proc::start(&cfg, &sock, 1, "new").await;
     assert!(old.exited().await.success());
     let view = json(&new.admin_url("/api/v1/nodes/d")).await;
@@ -809,13 +811,7 @@ async fn an_admin_write_to_a_limpet_that_handed_over_is_refused_not_lost() {
     let view = json(&new.admin_url("/api/v1/nodes/c")).await;
     assert_eq!(view["admin"], "ready", "{view}");
     // Sent again, it reaches the new limpet.
-    let r = bare_client()
-        .post(new.admin_url("/api/v1/nodes/c/state"))
-        .header("content-type", "application/json")
-        .body(r#"{"state":"maint"}"#)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_state(&new.admin_url("/api/v1/nodes/c/state"), "maint").await;
     assert_eq!(r.status(), 200);
     let view = json(&new.admin_url("/api/v1/nodes/c")).await;
     assert_eq!(view["admin"], "maint", "{view}");
@@ -864,13 +860,7 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
         "the admin API answers again: {nodes}"
     );
     // Its admin writes are its own again (refused while it was handing over).
-    let r = bare_client()
-        .post(format!("http://{admin}/api/v1/nodes/c/state"))
-        .header("content-type", "application/json")
-        .body(r#"{"state":"maint"}"#)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_state(&format!("http://{admin}/api/v1/nodes/c/state"), "maint").await;
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     for _ in 0..5 {
         get_once(web)

@@ -1579,10 +1579,38 @@ mod tests {
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     ) {
+        one_connection_ago(node, Duration::ZERO).await
+    }
+
+    /// [`one_connection`], the connection taken `ago` before it was ready (a TLS handshake's
+    /// time).
+    async fn one_connection_ago(
+        node: SocketAddr,
+        ago: Duration,
+    ) -> (
+        tokio::net::TcpStream,
+        Arc<ConnCtx>,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (runtime, listener) = proxy_to(node).await;
-        let (client, server_side, ctx, builder, drain_tx) = accepted(&runtime, &listener).await;
+        let (client, server_side, ctx, builder, drain_tx) =
+            accepted_ago(&runtime, &listener, ago).await;
         let served = tokio::spawn(serve_connection(Arc::clone(&ctx), builder, server_side));
         (client, ctx, drain_tx, served)
+    }
+
+    /// A request sent on `client` `after` its listener drained (the client's pace, not a
+    /// wait for an event), answered 200.
+    async fn answered_after_the_drain(client: &mut tokio::net::TcpStream, after: Duration) {
+        use tokio::io::AsyncWriteExt;
+        tokio::time::sleep(after).await;
+        client
+            .write_all(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("request");
+        let answer = read_answer(client).await;
+        assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
     }
 
     /// Reads one answer of the echo node (its head, then the body its length says).
@@ -2044,21 +2072,15 @@ mod tests {
     /// sends nothing is closed once that has passed. Before, both were closed at the drain.
     #[tokio::test]
     async fn a_request_on_its_way_as_the_listener_drains_is_answered() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncReadExt;
         let node = echo_node().await;
         let (mut client, _ctx, drain, served) = one_connection(node).await;
         let (mut silent, _ctx2, drain2, served2) = one_connection(node).await;
         drain.send(true).expect("drain");
         drain2.send(true).expect("drain");
-        // The request comes 50 ms after the drain (the client's pace, not a wait for an
-        // event: with the grace at 0 the connection is closed by then and this fails).
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        client
-            .write_all(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .expect("request");
-        let answer = read_answer(&mut client).await;
-        assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
+        // The request comes 50 ms after the drain (with the grace at 0 the connection is
+        // closed by then and this fails).
+        answered_after_the_drain(&mut client, Duration::from_millis(50)).await;
         // Answered, then closed: the listener is draining.
         let mut buf = [0u8; 64];
         assert!(matches!(client.read(&mut buf).await, Ok(0) | Err(_)));
@@ -2084,22 +2106,12 @@ mod tests {
     /// run out 100 ms before the request and the connection was closed unanswered.
     #[tokio::test]
     async fn a_request_after_a_slow_handshake_as_the_listener_drains_is_answered() {
-        use tokio::io::AsyncWriteExt;
         let node = echo_node().await;
-        let (runtime, listener) = proxy_to(node).await;
-        let (mut client, server_side, ctx, builder, drain) =
-            accepted_ago(&runtime, &listener, Duration::from_millis(900)).await;
-        let served = tokio::spawn(serve_connection(Arc::clone(&ctx), builder, server_side));
+        let (mut client, _ctx, drain, served) =
+            one_connection_ago(node, Duration::from_millis(900)).await;
         drain.send(true).expect("drain");
-        // The client's pace, not a wait for an event (counted from the accept, the grace
-        // ends 100 ms before the request).
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        client
-            .write_all(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .expect("request");
-        let answer = read_answer(&mut client).await;
-        assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
+        // Counted from the accept, the grace ends 100 ms before the request.
+        answered_after_the_drain(&mut client, Duration::from_millis(200)).await;
         tokio::time::timeout(Duration::from_secs(5), served)
             .await
             .expect("the connection ends")
