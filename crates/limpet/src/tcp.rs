@@ -48,7 +48,7 @@ use crate::config::{ListenerDef, ProxyProtocolDef};
 use crate::error::{Stage, UpstreamError};
 use crate::logging::access::{Ms, Or, PinText};
 use crate::relay::{relay_counted, Direction, FinOnClose, Framing, Opening, RelayEnd, Unused};
-use crate::runtime::{Runtime, State};
+use crate::runtime::{Runtime, SeenIn, State};
 
 /// A byte stream limpet relays: TCP, or TLS over TCP, on either side.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {
@@ -439,6 +439,9 @@ struct Connected {
     /// drop adds to, and never go DOWN. `None`: observed at the connect, which decided the
     /// node's trial.
     on_open: Option<Observation>,
+    /// Where what the session sees of the node is observed, when not in its own generation
+    /// (it connected where a reload since put the node).
+    seen_in: Option<crate::runtime::SeenIn>,
 }
 
 /// Why no session opened, as the access log says it: `end` (`no-node`: no node could take
@@ -668,7 +671,8 @@ async fn connect(
         // waited in the queue may have moved it or changed the listener's TLS or PROXY
         // header to nodes. A node the reload removed is left as one set to MAINT (what the
         // reload does to it).
-        let Some((def_now, addr)) = runtime.upstream_now(state, def, node, local_port) else {
+        let Some((def_now, addr, seen_in)) = runtime.upstream_now(state, def, node, local_port)
+        else {
             failed.push(Excluded {
                 node,
                 why: limpet_core::RepinReason::NodeMaint,
@@ -687,7 +691,7 @@ async fn connect(
                     Observation::TrafficConnected
                 };
                 let on_open = if trial.is_some() {
-                    state.observe(node, seen);
+                    SeenIn::observe(seen_in.as_ref(), state, node, seen);
                     None
                 } else {
                     Some(seen)
@@ -724,6 +728,7 @@ async fn connect(
                     }),
                     _admitted: admitted,
                     on_open,
+                    seen_in,
                 });
             }
             // limpet out of file descriptors: says nothing about the node, and another node
@@ -734,7 +739,7 @@ async fn connect(
             Err(err) => {
                 tracing::debug!(listener = %def.name, node = state.node_name(node), error = %err, "node attempt failed");
                 if let Some(obs) = err.observation() {
-                    state.observe(node, obs);
+                    SeenIn::observe(seen_in.as_ref(), state, node, obs);
                 }
                 failed.push(Excluded {
                     node,
@@ -913,6 +918,7 @@ async fn session(
             hold,
             _admitted: admitted,
             on_open,
+            seen_in,
         } = conn;
         let (Some(rt), Some(moves)) = (state.node_rt(node).cloned(), moves) else {
             return;
@@ -955,7 +961,7 @@ async fn session(
                 return;
             }
             if let (true, Some(obs), false) = (observe, on_open, since.went_down()) {
-                state.observe(node, obs);
+                SeenIn::observe(seen_in.as_ref(), &state, node, obs);
             }
             if let Some(o) = crate::metrics::PinOutcome::of_route(outcome) {
                 state.lifecycle.metrics.pin(&def.name, o);
@@ -987,7 +993,7 @@ async fn session(
                 // node is charged as for one.
                 tracing::debug!(listener = %def.name, node = %node_name, client = %who.client, error = %e, "node dropped the session unused: routing it again");
                 if !since.went_down() {
-                    state.observe(node, Observation::TrafficFailed);
+                    SeenIn::observe(seen_in.as_ref(), &state, node, Observation::TrafficFailed);
                 }
                 failed.push(Excluded {
                     node,

@@ -826,6 +826,75 @@ async fn a_tcp_session_queued_while_a_reload_moves_its_node_goes_to_the_new_addr
     l.stop().await;
 }
 
+/// A request waiting in its node's queue when a reload moves the node to an address where
+/// nothing listens connects there once admitted, and what it meets there counts for the
+/// node: refused, the node goes DOWN (`fall = 1`), and the request, with nowhere else to
+/// go, is answered an error. Before, the refusal was observed in the request's own
+/// generation, whose address for the node no longer counts: the node stayed UP at an address
+/// that refused.
+#[tokio::test]
+async fn a_request_queued_across_a_reload_that_moves_its_node_is_counted_at_the_new_address() {
+    let mut old = CountingNode::start_held("127.0.0.2").await;
+    let port = old.port;
+    let text = |ip: &str| {
+        format!(
+            "[health]\nfall = 1\nfail_timeout = \"1h\"\n\n{}",
+            limited_config(port, "max_connections = 1", "60s").replace("127.0.0.2", ip)
+        )
+    };
+    let cfg = ConfigFile::new("adv-queue-moved-dead", &text("127.0.0.2"));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let (first, second) = one_holding_one_queued(&l, &mut old, &url).await;
+    cfg.write(&text("127.0.0.6"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    old.answer_one();
+    assert_eq!(
+        first.await.expect("task").expect("first answer").as_u16(),
+        200
+    );
+    let r = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the queued request answered")
+        .expect("task")
+        .expect("answer");
+    assert!(r.status().is_server_error(), "{}", r.status());
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["state"], "DOWN", "{view}");
+    l.stop().await;
+}
+
+/// The same for a TCP session: queued for its node's only slot while a reload moves the node
+/// to an address where nothing listens, it is refused there once the slot frees, and the
+/// node goes DOWN for it (the session, with no other node, is closed).
+#[tokio::test]
+async fn a_tcp_session_queued_across_a_reload_that_moves_its_node_is_counted_at_the_new_address() {
+    let mut old = CountingNode::start_at("127.0.0.2", 0, Duration::ZERO).await;
+    let port = old.port;
+    let text = |ip: &str| {
+        format!(
+            "[health]\nfall = 1\nfail_timeout = \"1h\"\n\n{}",
+            queued_tcp_config(port, ("a", ip), "max_connections = 1", "")
+        )
+    };
+    let cfg = ConfigFile::new("adv-tcp-queue-moved-dead", &text("127.0.0.2"));
+    let l = Limpet::start(&cfg).await;
+    let (first, mut second) = one_session_holding_one_queued(&l, &mut old).await;
+    cfg.write(&text("127.0.0.6"));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    drop(first);
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(SOON, second.read(&mut buf))
+        .await
+        .expect("the queued session closed");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["state"], "DOWN", "{view}");
+    l.stop().await;
+}
+
 /// A GET of `url` with `a`'s cookie (`route=a`).
 async fn get_as_a(url: &str) -> reqwest::Result<reqwest::Response> {
     bare_client()

@@ -42,6 +42,7 @@ use super::upgrade;
 use crate::clock;
 use crate::error::{Cause, Stage, UpstreamError};
 use crate::logging::access::{Ms, Or, PinText};
+use crate::runtime::SeenIn;
 
 /// The access log line, filled in as the request progresses. It keeps ids, not text: the
 /// line is only formatted when the access log is on.
@@ -761,6 +762,7 @@ fn proxy<'a, 'b>(
             moves: None,
             sent_failed: false,
             open: in_flight,
+            seen_in: None,
         };
         let result = attempt.run(pending, body_done).await;
         let in_flight = attempt.open;
@@ -1040,6 +1042,10 @@ struct Attempt<'a> {
     /// had left and not on the one it waited for, whose drain could read complete under it.
     /// (`None`: a node a reload removed, the request moved on.)
     open: (Option<NodeId>, Option<crate::nodes::ConnGuard>),
+    /// This turn's node as the running generation has it, when the turn connects where a
+    /// reload since put the node (the request waited across it): what the turn sees of the
+    /// node is observed there ([`SeenIn`]).
+    seen_in: Option<SeenIn>,
 }
 
 impl<'a> Attempt<'a> {
@@ -1123,7 +1129,7 @@ impl<'a> Attempt<'a> {
         let charged = observed.is_some_and(|o| o != limpet_core::Observation::SlowAnswer);
         let sent_failure = e.stage == Stage::AnswerHead && (charged || e.cause == Cause::NodeDown);
         if let Some(obs) = observed {
-            state.observe(node, obs);
+            SeenIn::observe(self.seen_in.as_ref(), state, node, obs);
         }
         if sent_failure && self.sent_failed {
             return Err(e.clone());
@@ -1278,14 +1284,18 @@ impl<'a> Attempt<'a> {
                 // while the request waited (in the queue above, or out an answer timeout
                 // before this failover) may have moved its address, and a request that
                 // came before it must not connect to the old one.
+                self.seen_in = None;
                 let reloaded = match self.ctx.reloaded_since(shared) {
                     None => None,
                     Some(now) => match now
                         .state
                         .node_id(shared.state.node_name(node))
-                        .and_then(|id| now.conns.get(id.index()).cloned())
+                        .and_then(|id| Some((id, now.conns.get(id.index()).cloned()?)))
                     {
-                        Some(c) => Some(c),
+                        Some((id, c)) => {
+                            self.seen_in = Some(SeenIn::new(Arc::clone(&now.state), id));
+                            Some(c)
+                        }
                         // The reload removed the node: it left, as one set to MAINT (what
                         // the reload does to it), nothing sent.
                         None => {
@@ -1337,7 +1347,7 @@ impl<'a> Attempt<'a> {
                         continue;
                     }
                     if let Some(obs) = err.observation() {
-                        shared.state.observe(node, obs);
+                        SeenIn::observe(self.seen_in.as_ref(), &shared.state, node, obs);
                     }
                     return Err(err);
                 }
@@ -1412,7 +1422,7 @@ impl<'a> Attempt<'a> {
                         if !self.upgrade {
                             conns.recycle(sender);
                         }
-                        answered(shared, node, sent_at);
+                        answered(shared, node, sent_at, self.seen_in.as_ref());
                         return Ok(resp.map(NodeAnswer::Hyper));
                     }
                     // No answer within the answer timeout: the node is hung or overloaded,
@@ -1482,7 +1492,7 @@ impl<'a> Attempt<'a> {
                     continue;
                 }
                 if let Some(obs) = err.observation() {
-                    shared.state.observe(node, obs);
+                    SeenIn::observe(self.seen_in.as_ref(), &shared.state, node, obs);
                 }
                 return Err(err);
             }
@@ -1494,14 +1504,18 @@ impl<'a> Attempt<'a> {
 /// traffic served (it resets the failure streak; with checks, only one that holds a request
 /// left unanswered) and the
 /// latency is counted, on one clock reading.
-fn answered(shared: &Shared, node: NodeId, sent_at: Instant) {
+fn answered(shared: &Shared, node: NodeId, sent_at: Instant, seen_in: Option<&SeenIn>) {
     let now = Instant::now();
     if let Some(rt) = shared.state.node_rt(node) {
         rt.answered(clock::us_at(sent_at));
     }
-    shared
-        .state
-        .observe_at(node, Observation::TrafficOk, clock::ms_at(now));
+    SeenIn::observe_at(
+        seen_in,
+        &shared.state,
+        node,
+        Observation::TrafficOk,
+        clock::ms_at(now),
+    );
     shared
         .metrics
         .upstream_latency(node, now.saturating_duration_since(sent_at));
@@ -1647,7 +1661,7 @@ impl Attempt<'_> {
         let waited = wait_answer(exchange, watch, elsewhere, sent_at, answer_timeout).await;
         match waited {
             Ok(resp) => {
-                answered(shared, node, sent_at);
+                answered(shared, node, sent_at, self.seen_in.as_ref());
                 Ok(resp)
             }
             Err(Waited::Failed(e)) if was_pooled && e.closed_before_answer => Err(Direct::Stale),

@@ -1524,10 +1524,10 @@ impl Runtime {
         def: &Arc<ListenerDef>,
         node: NodeId,
         local_port: u16,
-    ) -> Option<(Arc<ListenerDef>, SocketAddr)> {
+    ) -> Option<(Arc<ListenerDef>, SocketAddr, Option<SeenIn>)> {
         if since.generation() == self.generation() {
             let addr = since.upstream(def, node, local_port)?;
-            return Some((Arc::clone(def), addr));
+            return Some((Arc::clone(def), addr, None));
         }
         let now = self.state();
         let id = now.node_id(since.node_name(node))?;
@@ -1539,7 +1539,14 @@ impl Runtime {
             .find(|l| l.name == def.name)
             .unwrap_or_else(|| Arc::clone(def));
         let addr = now.upstream(&def, id, local_port)?;
-        Some((def, addr))
+        Some((
+            def,
+            addr,
+            Some(SeenIn {
+                state: now,
+                node: id,
+            }),
+        ))
     }
 
     /// Installs a state built by [`State::rebuild`]. Listeners are bound once at start, so a
@@ -1550,6 +1557,49 @@ impl Runtime {
         // After the store: whoever sees the new number finds the new state.
         self.generation.store(generation, Ordering::Release);
         self.reloads.send_replace(generation);
+    }
+}
+
+/// The generation (and the node's id in it) whose address a connection used, when not the
+/// connection's own ([`Runtime::upstream_now`]: a session that waited in a node's queue
+/// across a reload connects where the running config has the node): what the connection
+/// sees of the node is observed there, at the address it went to, not in its own
+/// generation, whose address for a node the reload moved no longer counts
+/// ([`crate::nodes::NodeRuntime::observe_at_address`]).
+#[derive(Debug, Clone)]
+pub struct SeenIn {
+    state: Arc<State>,
+    node: NodeId,
+}
+
+impl SeenIn {
+    /// `node` of `state` (the running generation a connection went to).
+    pub fn new(state: Arc<State>, node: NodeId) -> SeenIn {
+        SeenIn { state, node }
+    }
+
+    /// Observes `obs` of `node` of `own` where the connection saw it: in `seen`'s
+    /// generation when it has one, else in `own`.
+    pub fn observe(seen: Option<&SeenIn>, own: &State, node: NodeId, obs: Observation) {
+        SeenIn::observe_at(seen, own, node, obs, crate::clock::now_ms());
+    }
+
+    /// [`SeenIn::observe`] at `now_ms`, a reading the caller took.
+    pub fn observe_at(
+        seen: Option<&SeenIn>,
+        own: &State,
+        node: NodeId,
+        obs: Observation,
+        now_ms: u64,
+    ) {
+        match seen {
+            Some(s) => {
+                s.state.observe_at(s.node, obs, now_ms);
+            }
+            None => {
+                own.observe_at(node, obs, now_ms);
+            }
+        }
     }
 }
 
