@@ -441,7 +441,7 @@ struct Connected {
     on_open: Option<Observation>,
     /// Where what the session sees of the node is observed, when not in its own generation
     /// (it connected where a reload since put the node).
-    seen_in: Option<crate::runtime::SeenIn>,
+    seen_in: Option<SeenIn>,
 }
 
 /// Why no session opened, as the access log says it: `end` (`no-node`: no node could take

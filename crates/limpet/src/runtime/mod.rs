@@ -1539,14 +1539,7 @@ impl Runtime {
             .find(|l| l.name == def.name)
             .unwrap_or_else(|| Arc::clone(def));
         let addr = now.upstream(&def, id, local_port)?;
-        Some((
-            def,
-            addr,
-            Some(SeenIn {
-                state: now,
-                node: id,
-            }),
-        ))
+        Some((def, addr, Some(SeenIn::new(now, id))))
     }
 
     /// Installs a state built by [`State::rebuild`]. Listeners are bound once at start, so a
