@@ -695,6 +695,37 @@ async fn a_request_queued_for_the_only_node_that_goes_to_maint_gets_503_at_once(
     l.stop().await;
 }
 
+/// A request through listener `web` held by `node` (node `a`, at its `max_connections = 1`)
+/// and a second queued behind it; then `cfg` rewritten as `moved` and reloaded, and `answers`
+/// of the node's held answers let go: the first request answered 200, the queued one's
+/// answer.
+async fn queued_across_a_reload(
+    l: &Limpet,
+    cfg: &ConfigFile,
+    node: &mut CountingNode,
+    moved: &str,
+    answers: usize,
+) -> reqwest::Response {
+    let url = format!("http://{}/", l.addr("web"));
+    let (first, second) = one_holding_one_queued(l, node, &url).await;
+    cfg.write(moved);
+    let (s, report) = reload(l).await;
+    assert_eq!(s, 200, "{report}");
+    // The held request's answer frees the node's slot for the queued one.
+    for _ in 0..answers {
+        node.answer_one();
+    }
+    assert_eq!(
+        first.await.expect("task").expect("first answer").as_u16(),
+        200
+    );
+    tokio::time::timeout(SOON, second)
+        .await
+        .expect("the queued request answered")
+        .expect("task")
+        .expect("answer")
+}
+
 /// A request waiting in its node's queue when a reload moves the node to another address
 /// is sent to the new address once admitted, not to the one the running config no longer
 /// names (the reload row of the failure model: connections opened before a reload obey it).
@@ -707,25 +738,9 @@ async fn a_request_queued_while_a_reload_moves_its_node_goes_to_the_new_address(
         |ip: &str| limited_config(port, "max_connections = 1", "60s").replace("127.0.0.2", ip);
     let cfg = ConfigFile::new("adv-queue-moved", &text("127.0.0.2"));
     let l = Limpet::start(&cfg).await;
-    let url = format!("http://{}/", l.addr("web"));
-    let (first, second) = one_holding_one_queued(&l, &mut old, &url).await;
-    cfg.write(&text("127.0.0.4"));
-    let (s, report) = reload(&l).await;
-    assert_eq!(s, 200, "{report}");
-    // The held request's answer frees the node's slot for the queued one (and a second
-    // answer, so that a queued request sent to the old address would be answered there too,
-    // and found below).
-    old.answer_one();
-    old.answer_one();
-    assert_eq!(
-        first.await.expect("task").expect("first answer").as_u16(),
-        200
-    );
-    let r = tokio::time::timeout(SOON, second)
-        .await
-        .expect("the queued request answered")
-        .expect("task")
-        .expect("answer");
+    // A second answer of the old address, so that a queued request sent there would be
+    // answered there too, and found below.
+    let r = queued_across_a_reload(&l, &cfg, &mut old, &text("127.0.0.4"), 2).await;
     assert_eq!(r.status().as_u16(), 200);
     tokio::time::timeout(SOON, moved.heads.recv())
         .await
@@ -844,21 +859,7 @@ async fn a_request_queued_across_a_reload_that_moves_its_node_is_counted_at_the_
     };
     let cfg = ConfigFile::new("adv-queue-moved-dead", &text("127.0.0.2"));
     let l = Limpet::start(&cfg).await;
-    let url = format!("http://{}/", l.addr("web"));
-    let (first, second) = one_holding_one_queued(&l, &mut old, &url).await;
-    cfg.write(&text("127.0.0.6"));
-    let (s, report) = reload(&l).await;
-    assert_eq!(s, 200, "{report}");
-    old.answer_one();
-    assert_eq!(
-        first.await.expect("task").expect("first answer").as_u16(),
-        200
-    );
-    let r = tokio::time::timeout(SOON, second)
-        .await
-        .expect("the queued request answered")
-        .expect("task")
-        .expect("answer");
+    let r = queued_across_a_reload(&l, &cfg, &mut old, &text("127.0.0.6"), 1).await;
     assert!(r.status().is_server_error(), "{}", r.status());
     let view = node_view(&l, "a").await;
     assert_eq!(view["state"], "DOWN", "{view}");
