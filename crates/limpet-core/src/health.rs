@@ -1500,12 +1500,9 @@ mod tests {
         assert!(h.early_trial_possible(p, 5_011), "the claim lapsed");
     }
 
-    /// A node that starts afresh (a reload moved it to another address) while a trial of it
-    /// is in flight keeps its count of claims: the old trial's end, with nothing learnt,
-    /// does not end the trial claimed at the new address (with the count back at 0, its
-    /// number was the old one's, and its success went unheard: DOWN a `fail_timeout` more).
-    #[test]
-    fn a_trial_claimed_before_a_fresh_start_does_not_end_a_later_one() {
+    /// A node DOWN at 0 ms by its one failure (`fall = 1`, no checks), its trial due a
+    /// `fail_timeout` (10 s) on, and its policy.
+    fn down_by_one_failure() -> (HealthPolicy, Health) {
         let p = HealthPolicy {
             fall: 1,
             fail_timeout_ms: 10_000,
@@ -1513,6 +1510,16 @@ mod tests {
         };
         let mut h = Health::default();
         h.observe(TrafficFailed, p, 0);
+        (p, h)
+    }
+
+    /// A node that starts afresh (a reload moved it to another address) while a trial of it
+    /// is in flight keeps its count of claims: the old trial's end, with nothing learnt,
+    /// does not end the trial claimed at the new address (with the count back at 0, its
+    /// number was the old one's, and its success went unheard: DOWN a `fail_timeout` more).
+    #[test]
+    fn a_trial_claimed_before_a_fresh_start_does_not_end_a_later_one() {
+        let (p, mut h) = down_by_one_failure();
         assert!(h.claim_trial(p, 10_000, 63_000, false));
         let before = h.trial_claim();
         // Moved to another address (a reload) while that trial is in flight: UP afresh,
@@ -1539,13 +1546,7 @@ mod tests {
     /// claim another replaced, or whose outcome came, is not touched.
     #[test]
     fn an_abandoned_trial_frees_its_claim() {
-        let p = HealthPolicy {
-            fall: 1,
-            fail_timeout_ms: 10_000,
-            ..HealthPolicy::default()
-        };
-        let mut h = Health::default();
-        h.observe(TrafficFailed, p, 0);
+        let (p, mut h) = down_by_one_failure();
         assert!(h.claim_trial(p, 1, 63_000, true));
         let claim = h.trial_claim();
         assert!(!h.early_trial_possible(p, 100));

@@ -1517,18 +1517,19 @@ mod tests {
         (runtime_of(cfg, addr).expect("runtime"), listener)
     }
 
-    /// A client connection to `listener`, not yet served: the client's end, the accepted
-    /// end, the connection's context and builder, and the drain switch of its listener.
-    async fn accepted(
-        runtime: &Arc<Runtime>,
-        listener: &tokio::net::TcpListener,
-    ) -> (
+    /// What [`accepted`] gives: the client's end, the accepted end, the connection's context
+    /// and builder, and the drain switch of its listener.
+    type Accepted = (
         tokio::net::TcpStream,
         tokio::net::TcpStream,
         Arc<ConnCtx>,
         Arc<Builder>,
         watch::Sender<bool>,
-    ) {
+    );
+
+    /// A client connection to `listener`, not yet served: the client's end, the accepted
+    /// end, the connection's context and builder, and the drain switch of its listener.
+    async fn accepted(runtime: &Arc<Runtime>, listener: &tokio::net::TcpListener) -> Accepted {
         accepted_ago(runtime, listener, Duration::ZERO).await
     }
 
@@ -1537,13 +1538,7 @@ mod tests {
         runtime: &Arc<Runtime>,
         listener: &tokio::net::TcpListener,
         ago: Duration,
-    ) -> (
-        tokio::net::TcpStream,
-        tokio::net::TcpStream,
-        Arc<ConnCtx>,
-        Arc<Builder>,
-        watch::Sender<bool>,
-    ) {
+    ) -> Accepted {
         let addr = listener.local_addr().expect("addr");
         let (drain_tx, drain_rx) = watch::channel(false);
         let generations = Arc::new(
