@@ -498,17 +498,21 @@ impl NodeRuntime {
         });
     }
 
-    /// Back to a fresh node's status (a node added again after a reload removed it).
-    pub fn reset(&self, policy: HealthPolicy) {
-        self.update(|s| {
+    /// Back to a fresh node's status (a node added again after a reload removed it): as
+    /// [`Self::readdress`], what is seen of the node's earlier life (a request still
+    /// unanswered at whatever address it had) no longer counts, and no command of that life
+    /// goes on. Returns the node's new [`Self::readdressed`].
+    pub fn reset(&self, policy: HealthPolicy) -> u64 {
+        let readdressed = self.update(|s| {
             *s = NodeStatus {
                 policy,
                 health: s.health.afresh(),
                 ..NodeStatus::default()
-            }
+            };
+            self.readdressed.fetch_add(1, Ordering::Relaxed) + 1
         });
-        // A node added back is a new node: no command of its earlier life goes on.
         self.command();
+        readdressed
     }
 
     /// Resolves when a long-lived session (its spread key in `moves`) must end, with the

@@ -986,12 +986,17 @@ async fn a_request_no_node_of_the_running_config_takes_is_answered_under_its_own
 /// A config of nodes `a` at `a_ip` and `b` at 127.0.0.3 on `port`, DOWN at one failure for
 /// an hour (no checks), with a 3 s answer timeout.
 fn readdressed_config(port: u16, a_ip: &str) -> String {
+    config_of_nodes(port, &[("a", a_ip), ("b", "127.0.0.3")])
+}
+
+/// [`readdressed_config`]'s listener and health in front of `nodes`.
+fn config_of_nodes(port: u16, nodes: &[(&str, &str)]) -> String {
     format!(
         "{}[health]\nfall = 1\nfail_timeout = \"1h\"\n\n\
          [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
          timeouts = {{ upstream_answer = \"3s\", drain = \"1s\" }}\n\n\
          [admin]\nlisten = \"127.0.0.1:0\"\n",
-        nodes_toml(&[("a", a_ip), ("b", "127.0.0.3")])
+        nodes_toml(nodes)
     )
 }
 
@@ -1044,23 +1049,49 @@ async fn a_node_down_at_its_old_address_serves_at_once_at_the_new_one() {
 /// the old address took `a` DOWN for an hour (`fall = 1`), at an address that never failed.
 #[tokio::test]
 async fn a_request_unanswered_at_a_node_s_old_address_does_not_charge_it_at_the_new_one() {
+    unanswered_across_reloads("adv-readdress-stale", |port| {
+        vec![readdressed_config(port, "127.0.0.4")]
+    })
+    .await;
+}
+
+/// The same across two reloads, one that removes the node and one that adds it back at
+/// another address: the node added back is a new node, and the request its earlier life left
+/// unanswered does not charge it. Before, only a reload that changed the address in one step
+/// dropped what the old address saw: the removal and the re-adding each compared the node
+/// with the generation just before, and the timeout took `a` DOWN (`fall = 1`) where it
+/// never failed.
+#[tokio::test]
+async fn a_request_unanswered_before_its_node_was_removed_does_not_charge_it_added_back() {
+    unanswered_across_reloads("adv-readd-stale", |port| {
+        vec![
+            config_of_nodes(port, &[("b", "127.0.0.3")]),
+            readdressed_config(port, "127.0.0.4"),
+        ]
+    })
+    .await;
+}
+
+/// A request with `a`'s cookie held unanswered by `a` at 127.0.0.2 across reloads to each
+/// of `configs(port)` in turn, the last with `a` at 127.0.0.4: replayed on `b` at its
+/// answer timeout, after the reloads, and `a` UP and serving at 127.0.0.4.
+async fn unanswered_across_reloads(name: &str, configs: impl Fn(u16) -> Vec<String>) {
     let mut old = CountingNode::start_held("127.0.0.2").await;
     let port = old.port;
     let mut b = CountingNode::start_at("127.0.0.3", port, Duration::ZERO).await;
     let mut moved = CountingNode::start_at("127.0.0.4", port, Duration::ZERO).await;
-    let cfg = ConfigFile::new(
-        "adv-readdress-stale",
-        &readdressed_config(port, "127.0.0.2"),
-    );
+    let cfg = ConfigFile::new(name, &readdressed_config(port, "127.0.0.2"));
     let l = Limpet::start(&cfg).await;
     let request = request_held_at(&l, &mut old).await;
-    cfg.write(&readdressed_config(port, "127.0.0.4"));
-    let (s, report) = reload(&l).await;
-    assert_eq!(s, 200, "{report}");
-    // The request's answer timeout passes after the reload, not before it (else the test
+    for text in configs(port) {
+        cfg.write(&text);
+        let (s, report) = reload(&l).await;
+        assert_eq!(s, 200, "{report}");
+    }
+    // The request's answer timeout passes after the reloads, not before them (else the test
     // would show a node DOWN at its old address started afresh, not an old address's
     // timeout left uncounted).
-    assert!(!request.is_finished(), "answered before the reload");
+    assert!(!request.is_finished(), "answered before the reloads");
     let r = tokio::time::timeout(SOON, request)
         .await
         .expect("answered after the answer timeout")

@@ -770,21 +770,21 @@ impl State {
         }
         let mut next =
             State::with_lifecycle(config, Arc::clone(&self.lifecycle), self.store.clone())?;
-        for name in &added {
-            if let Some(rt) = next.node_id(name).and_then(|id| next.node_rt(id)) {
-                rt.reset(node_policy(&next.config, name));
-            }
-        }
-        // A node at another address than before starts as a new one would (its health was
-        // the old address's); what the older generations see at the old address no longer
-        // counts. Its admin state and its pins stay: they name the node.
+        // A node added back starts fresh, and one at another address than before starts as
+        // a new one would (its health was the old address's), keeping its admin state and
+        // its pins (they name the node). Either way what the older generations still see of
+        // it (a request unanswered at the address it had, whether the same or not: a
+        // removal took it out of every check's reckoning) no longer counts.
         for slot in &mut next.nodes {
-            if self
+            let policy = node_policy(&next.config, &slot.name);
+            if added.contains(&slot.name) {
+                slot.readdressed = slot.rt.reset(policy);
+            } else if self
                 .nodes
                 .iter()
                 .any(|o| o.name == slot.name && o.addr != slot.addr)
             {
-                slot.readdressed = slot.rt.readdress(node_policy(&next.config, &slot.name));
+                slot.readdressed = slot.rt.readdress(policy);
             }
         }
         next.rotation = AtomicU64::new(self.rotation.load(Ordering::Relaxed));
