@@ -253,6 +253,9 @@ impl AnswerClock {
 #[derive(Debug)]
 pub(crate) struct UpBody {
     inner: Option<Incoming>,
+    /// The client connection the body comes on, told when the body is let go before its end
+    /// ([`super::server::ConnCtx::note_body_cut`]); none without a body.
+    conn: Option<Arc<super::server::ConnCtx>>,
     /// Set to true once `inner` ended; dropped (closing the channel) with the body.
     done: Option<watch::Sender<bool>>,
     /// The bytes read so far; none for a request without a body (there is nothing to count,
@@ -274,9 +277,13 @@ impl BodyDone {
 }
 
 impl UpBody {
-    /// The client's streamed body and a receiver that resolves once it has been read through.
-    /// The client's streamed body, ended with [`BodyIdle`] once nothing came for `idle`.
-    pub(crate) fn streamed(inner: Incoming, idle: Duration) -> (Self, BodyDone) {
+    /// The client's streamed body, coming on `conn`, and a receiver that resolves once it has
+    /// been read through. Ended with [`BodyIdle`] once nothing came for `idle`.
+    pub(crate) fn streamed(
+        inner: Incoming,
+        conn: &Arc<super::server::ConnCtx>,
+        idle: Duration,
+    ) -> (Self, BodyDone) {
         if inner.is_end_stream() {
             // No body (most requests): nothing to stream, time or wait for.
             return (UpBody::empty(), BodyDone(None));
@@ -285,6 +292,7 @@ impl UpBody {
         (
             UpBody {
                 inner: Some(inner),
+                conn: Some(Arc::clone(conn)),
                 done: Some(tx),
                 tally: Some(Arc::default()),
                 idle: Some(IdleClock::new(idle)),
@@ -296,6 +304,7 @@ impl UpBody {
     pub(crate) fn empty() -> Self {
         UpBody {
             inner: None,
+            conn: None,
             done: None,
             tally: None,
             idle: None,
@@ -311,6 +320,24 @@ impl UpBody {
     fn finish(&mut self) {
         if let Some(tx) = self.done.take() {
             let _ = tx.send(true);
+        }
+    }
+
+    /// Lets the client's body go before its end: its connection is told first, so that it
+    /// is never parked (hyper, its reader gone, stops reading the body and closes, and a
+    /// parked socket's next bytes, the rest of the body, would be read as a request head).
+    fn cut(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.note_body_cut();
+        }
+        self.inner = None;
+    }
+}
+
+impl Drop for UpBody {
+    fn drop(&mut self) {
+        if self.inner.is_some() {
+            self.cut();
         }
     }
 }
@@ -329,6 +356,8 @@ impl Body for UpBody {
         };
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(None) => {
+                // Read to its end: hyper is between two messages.
+                this.inner = None;
                 this.finish();
                 Poll::Ready(None)
             }
@@ -354,7 +383,7 @@ impl Body for UpBody {
                 if this.idle.as_mut().is_some_and(|c| c.expired(cx)) {
                     // The client went quiet mid-body: end it, which closes the node
                     // connection (hyper never reuses one whose request did not finish).
-                    this.inner = None;
+                    this.cut();
                     this.finish();
                     if let Some(t) = &this.tally {
                         t.client_failed();

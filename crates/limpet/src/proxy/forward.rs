@@ -728,7 +728,7 @@ fn proxy<'a, 'b>(
             // from there on the request-driven path); any other is handed to its first
             // attempt.
             let replayable = is_idempotent(&head.method) && body.is_end_stream() && !upgrade;
-            let (up_body, body_done) = UpBody::streamed(body, shared.timeouts.client_idle);
+            let (up_body, body_done) = UpBody::streamed(body, ctx, shared.timeouts.client_idle);
             // Request body bytes, counted to the node that finally answers.
             let request_bytes = up_body.tally();
             if replayable {

@@ -25,7 +25,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -380,6 +380,9 @@ pub(crate) struct ConnCtx {
     pub(crate) hints: super::client_io::StreamHints,
     /// How many times it was parked.
     parks: AtomicU64,
+    /// HTTP/1: a request body was let go before its end since the last request came (see
+    /// [`ConnCtx::note_body_cut`]).
+    body_cut: AtomicBool,
     /// The connection's watchers' wake flag (`crate::wake::OnWake::on`; the context is their
     /// waker, so that no connection allocates one).
     control: crate::wake::Signal,
@@ -401,6 +404,13 @@ pub(crate) struct ConnCtx {
 }
 
 impl ConnCtx {
+    /// A request body of this connection was let go before its end: hyper, its reader gone,
+    /// stops reading the body and closes the connection, which is then not between two
+    /// messages and must not be parked ([`run_connection`]'s `Park`).
+    pub(crate) fn note_body_cut(&self) {
+        self.body_cut.store(true, Ordering::Release);
+    }
+
     /// `peer` is the client (from a PROXY header when one was accepted); `tcp_peer` the
     /// address the connection came from, which decides whether its `X-Forwarded-*` is trusted.
     /// `shared` is `generations`' current one (the accept loop has it at hand).
@@ -423,6 +433,7 @@ impl ConnCtx {
             answers: AnswerClocks::default(),
             hints: super::client_io::StreamHints::default(),
             parks: AtomicU64::new(0),
+            body_cut: AtomicBool::new(false),
             control: crate::wake::Signal::new(),
             active: AtomicUsize::new(0),
             served: AtomicU64::new(0),
@@ -622,6 +633,11 @@ pub(crate) struct ActiveGuard(Arc<ConnCtx>);
 impl ActiveGuard {
     /// `arrived`: the request's clock reading as it came.
     pub(crate) fn new(ctx: &Arc<ConnCtx>, arrived: Instant) -> Self {
+        // A request head came: hyper read the one before to its end (HTTP/1 reads one
+        // message at a time), whatever its body's reader did.
+        if ctx.body_cut.load(Ordering::Relaxed) {
+            ctx.body_cut.store(false, Ordering::Relaxed);
+        }
         ctx.active.fetch_add(1, Ordering::AcqRel);
         ctx.served.fetch_add(1, Ordering::Relaxed);
         ctx.touch_at(arrived);
@@ -1311,8 +1327,16 @@ async fn run_connection<C: ServerConn>(
                 conn.as_mut().graceful_shutdown();
                 tokio::select! {
                     biased;
+                    // hyper also ends a connection whose request body lost its reader
+                    // (the node's connection went, the client's body idled out) mid-body:
+                    // it stops reading and closes, and the close only flushed. The socket
+                    // is not between two messages then, and is closed, not parked: its
+                    // next bytes are the rest of the body, which a parked connection would
+                    // read as a request head (smuggled past a proxy in front that sends
+                    // them as a body).
                     r = conn.as_mut() => match r {
-                        Ok(()) => return true,
+                        Ok(()) if !ctx.body_cut.load(Ordering::Acquire) => return true,
+                        Ok(()) => Some(Ok(())),
                         Err(e) => Some(Err(e)),
                     },
                     () = idle_watch(ctx, h1) => None,
@@ -1971,6 +1995,82 @@ mod tests {
         assert!(read_answer(&mut client)
             .await
             .ends_with("GET /next HTTP/1.1"));
+    }
+
+    /// A connection whose request body lost its reader mid-body (a node that answered a
+    /// POST at once, 401, without reading its body, and closed its connection a while later)
+    /// after it had idled past `PARK_AFTER` is closed, not parked: hyper, its body's reader
+    /// gone, stops reading the body and ends the connection, not between two messages.
+    /// Before, it was parked, and the rest of the body (here a request head, as a proxy in
+    /// front sends another user's bytes as the body) was read as a request and sent to the
+    /// node: request smuggling.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_whose_request_body_lost_its_reader_is_closed_not_parked() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // The node answers each head with a 401 at once, reads nothing more, and closes the
+        // connection once told to.
+        let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind node");
+        let node_addr = node.local_addr().expect("node addr");
+        let (heads_tx, mut heads) = mpsc::unbounded_channel::<String>();
+        let (close_tx, close) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = node.accept().await {
+                let (heads_tx, mut close) = (heads_tx.clone(), close.clone());
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&got)
+                        .lines()
+                        .next()
+                        .map(str::to_owned);
+                    let _ = heads_tx.send(line.unwrap_or_default());
+                    let _ = s
+                        .write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    let _ = close.wait_for(|c| *c).await;
+                });
+            }
+        });
+        let (mut client, ctx, _drain, served) = one_connection(node_addr).await;
+        client
+            .write_all(
+                b"POST /upload HTTP/1.1\r\nHost: a\r\ncontent-length: 100000\r\n\r\n0123456789",
+            )
+            .await
+            .expect("a head and the start of its body");
+        let answer = read_answer(&mut client).await;
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{answer:?}");
+        assert_eq!(heads.recv().await.as_deref(), Some("POST /upload HTTP/1.1"));
+        // Idle past the park time, the body still to come: hyper goes on reading it.
+        tokio::time::sleep(PARK_AFTER + Duration::from_millis(100)).await;
+        assert_eq!(ctx.parks.load(Ordering::Relaxed), 0, "parked mid-body");
+        let _ = close_tx.send(true);
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(
+            ctx.shared().timeouts.header_read / 2,
+            client.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(
+            matches!(closed, Ok(Ok(0) | Err(_))),
+            "the connection stayed open (parks: {}): its next bytes, the rest of the body, \
+             would be read as a request head; {rest:?}",
+            ctx.parks.load(Ordering::Relaxed)
+        );
+        assert_eq!(ctx.parks.load(Ordering::Relaxed), 0);
+        served.await.expect("served");
+        assert!(
+            heads.try_recv().is_err(),
+            "no other request reached the node"
+        );
     }
 
     /// Parking keeps the connection's limits: a parked connection is closed (a FIN, no
