@@ -47,6 +47,24 @@ impl RepinReason {
         )
     }
 
+    /// Every reason, in declaration order.
+    pub const ALL: [RepinReason; 9] = [
+        RepinReason::UnknownNode,
+        RepinReason::NodeDown,
+        RepinReason::NodeMaint,
+        RepinReason::DrainEnded,
+        RepinReason::InvalidCookie,
+        RepinReason::ExpiredCookie,
+        RepinReason::ConnectFailed,
+        RepinReason::AnswerTimeout,
+        RepinReason::AnswerFailed,
+    ];
+
+    /// The reason [`as_str`](Self::as_str) writes as `s`.
+    pub fn parse(s: &str) -> Option<RepinReason> {
+        RepinReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             RepinReason::UnknownNode => "unknown-node",

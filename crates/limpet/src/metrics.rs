@@ -258,19 +258,6 @@ impl<M: EncodeMetric> EncodeMetric for Eager<M> {
 /// Every status class a request is counted under.
 const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
 
-/// Every reason a pin is re-pinned for.
-const REPIN_REASONS: [RepinReason; 9] = [
-    RepinReason::UnknownNode,
-    RepinReason::NodeDown,
-    RepinReason::NodeMaint,
-    RepinReason::DrainEnded,
-    RepinReason::InvalidCookie,
-    RepinReason::ExpiredCookie,
-    RepinReason::ConnectFailed,
-    RepinReason::AnswerTimeout,
-    RepinReason::AnswerFailed,
-];
-
 /// How a request's pin was handled, for [`Metrics::pin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PinOutcome {
@@ -720,7 +707,7 @@ impl Metrics {
         for listener in http_listeners {
             let outcomes = [("sticky", "none"), ("new", "none")]
                 .into_iter()
-                .chain(REPIN_REASONS.iter().map(|r| ("repinned", r.as_str())));
+                .chain(RepinReason::ALL.iter().map(|r| ("repinned", r.as_str())));
             for (outcome, reason) in outcomes {
                 let _ = self.pins.get_or_create(&PinLabels {
                     listener: listener.to_owned(),

@@ -78,6 +78,8 @@ pub struct NodeRuntime {
     /// Sessions moved off the node because it failed one of their requests, while it may
     /// still be UP ([`limpet_core::leaves`]): their long-lived connections here end too.
     moves: Mutex<MoveWatchers>,
+    /// The board's: where moves are told besides ([`NodeBoard::tell_moves`]).
+    moves_told: Arc<MovesTold>,
     /// The send time ([`clock::us_at`]) of the youngest request the node has answered:
     /// what tells a request slow by itself from a hung node ([`limpet_core::answered_since`]).
     /// An atomic, not the status lock: it moves with every answer.
@@ -96,6 +98,14 @@ pub struct NodeRuntime {
     /// any routing change moves): a DOWN, UP and DOWN again between two readings is seen.
     downs: AtomicU64,
 }
+
+/// A session moved off a node here (its node's name, its spread key, why), told to the
+/// limpet an upgrade took over from, which may still drain long-lived sessions of its own
+/// on the node ([`NodeBoard::tell_moves`]).
+pub type MovedOff = (String, u64, EndReason);
+
+/// Where a board's moves are told, once set (shared by its nodes).
+type MovesTold = Mutex<Option<tokio::sync::mpsc::Sender<MovedOff>>>;
 
 /// The long-lived sessions watching for moves, by spread key: one channel per key, made
 /// by the first session of the key and removed with the last, and how many sessions watch
@@ -180,6 +190,16 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    /// The reason [`as_str`](Self::as_str) writes as `s`.
+    pub fn parse(s: &str) -> Option<EndReason> {
+        match s {
+            "fleet-re-pin" => Some(EndReason::FleetRepin),
+            "failback" => Some(EndReason::Failback),
+            "table-moved" => Some(EndReason::TableMoved),
+            _ => limpet_core::RepinReason::parse(s).map(EndReason::Repin),
+        }
+    }
+
     /// As logs write it: the re-pin reason, `fleet-re-pin` or `table-moved`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -221,7 +241,12 @@ impl Drop for MoveWatch {
 }
 
 impl NodeRuntime {
-    fn new(name: &str, epoch: Arc<AtomicU64>, seen_window: Duration) -> Self {
+    fn new(
+        name: &str,
+        epoch: Arc<AtomicU64>,
+        moves_told: Arc<MovesTold>,
+        seen_window: Duration,
+    ) -> Self {
         NodeRuntime {
             name: name.to_owned(),
             status: Mutex::new(NodeStatus::default()),
@@ -236,6 +261,7 @@ impl NodeRuntime {
             since_ms: AtomicU64::new(clock::now_ms()),
             admission: Admission::default(),
             moves: Mutex::new(MoveWatchers::new()),
+            moves_told,
             youngest_answered_us: AtomicU64::new(0),
             readdressed: AtomicU64::new(0),
             down: tokio::sync::Notify::new(),
@@ -263,9 +289,22 @@ impl NodeRuntime {
         self.moved(spread_key, EndReason::FleetRepin);
     }
 
+    /// The limpet that took over from this one (a binary upgrade) moved the session with
+    /// this spread key off the node (`why`): its long-lived sessions that this limpet still
+    /// drains on the node end, as for [`Self::session_moved`], so that the session does not
+    /// live on two nodes while this one drains.
+    pub fn session_moved_by_successor(&self, spread_key: u64, why: EndReason) {
+        self.moved(spread_key, why);
+    }
+
     fn moved(&self, spread_key: u64, why: EndReason) {
         if let Some((tx, _)) = lock(&self.moves).get(&spread_key) {
             tx.send_replace(Some(why));
+        }
+        // A move is rare (a failover, a fleet's re-pin, a failback), so the lock is taken
+        // by moves only. Full, a move is dropped: the predecessor stops at its drain's end.
+        if let Some(tx) = lock(&self.moves_told).as_ref() {
+            let _ = tx.try_send((self.name.clone(), spread_key, why));
         }
     }
 
@@ -921,6 +960,7 @@ impl Drop for TunnelGuard {
 pub struct NodeBoard {
     nodes: Mutex<BTreeMap<String, Arc<NodeRuntime>>>,
     epoch: Arc<AtomicU64>,
+    moves_told: Arc<MovesTold>,
     /// `[drain] seen_window`, in milliseconds: what a reload sets reaches every node.
     seen_window_ms: AtomicU64,
 }
@@ -930,6 +970,7 @@ impl NodeBoard {
         NodeBoard {
             nodes: Mutex::new(BTreeMap::new()),
             epoch: Arc::new(AtomicU64::new(0)),
+            moves_told: Arc::default(),
             seen_window_ms: AtomicU64::new(clock::ms(seen_window)),
         }
     }
@@ -943,6 +984,7 @@ impl NodeBoard {
         let n = Arc::new(NodeRuntime::new(
             name,
             Arc::clone(&self.epoch),
+            Arc::clone(&self.moves_told),
             Duration::from_millis(self.seen_window_ms.load(Ordering::Relaxed)),
         ));
         nodes.insert(name.to_owned(), Arc::clone(&n));
@@ -975,6 +1017,18 @@ impl NodeBoard {
         for n in lock(&self.nodes).values() {
             n.predecessor_gone();
         }
+    }
+
+    /// From now on every session moved off a node of the board is told to `to` as well
+    /// (the limpet an upgrade took over from: [`crate::upgrade::Predecessor`]), or to
+    /// nothing more (`None`: it exited).
+    pub fn tell_moves(&self, to: Option<tokio::sync::mpsc::Sender<MovedOff>>) {
+        *lock(&self.moves_told) = to;
+    }
+
+    /// Every node runtime of the board, by name.
+    pub fn all(&self) -> Vec<Arc<NodeRuntime>> {
+        lock(&self.nodes).values().cloned().collect()
     }
 
     /// The runtime of a node that exists, without creating one.

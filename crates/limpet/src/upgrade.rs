@@ -25,6 +25,8 @@
 //!    exits (no snapshot save: the taker owns         for the next upgrade; watches the
 //!    the files now); keeps the connection open       connection: its end is the holder's
 //!    until it exits                                  exit ([`Predecessor`])
+//!    ◄──── node states and health as they change, sessions moved off a node ([`Told`]) ──
+//!    what it drains obeys them
 //!    no "took" (the taker died or hangs): serves its sockets again from its copies
 //! ```
 //!
@@ -462,9 +464,14 @@ pub struct Predecessor {
 }
 
 impl Predecessor {
-    /// Resolves once the limpet taken over from has exited (or its end failed).
-    pub async fn gone(self) {
-        use tokio::io::AsyncReadExt;
+    /// Resolves once the limpet taken over from has exited (or its end failed). Meanwhile
+    /// tells it what `told` brings ([`Told`]): it drains connections of its own, which
+    /// must obey what happens here as they would there. Each message is written within
+    /// a second (`TELL_LIMIT`); one that is not (a holder of an earlier version, which reads
+    /// nothing after "took", once the socket's buffer is full) ends the telling, not the
+    /// watch for the holder's exit.
+    pub async fn gone_telling(self, mut told: tokio::sync::mpsc::Receiver<Told>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let Ok(conn) = self
             .conn
             .set_nonblocking(true)
@@ -472,13 +479,99 @@ impl Predecessor {
         else {
             return;
         };
-        let mut conn = conn;
+        let (mut rd, mut wr) = conn.into_split();
         let mut buf = [0u8; 64];
-        // Nothing more is said on it: read (and drop) until its end.
-        while let Ok(n) = conn.read(&mut buf).await {
-            if n == 0 {
-                break;
+        let mut telling = true;
+        loop {
+            tokio::select! {
+                // The holder says nothing on it: read (and drop) until its end.
+                r = rd.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) {
+                    return;
+                },
+                t = told.recv(), if telling => {
+                    let Some(t) = t else {
+                        telling = false;
+                        continue;
+                    };
+                    let Ok(json) = serde_json::to_vec(&ToldWire::from(t)) else {
+                        continue;
+                    };
+                    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+                    bytes.extend_from_slice(&json);
+                    let wrote = tokio::time::timeout(TELL_LIMIT, wr.write_all(&bytes)).await;
+                    if !matches!(wrote, Ok(Ok(()))) {
+                        tracing::warn!("upgrade: the limpet taken over from does not take what this one tells it; it drains on what it knew");
+                        telling = false;
+                    }
+                }
             }
+        }
+    }
+}
+
+/// How long one message to the limpet taken over from may take to write ([`Told`]).
+const TELL_LIMIT: Duration = Duration::from_secs(1);
+
+/// What a taker tells the limpet it took over from while that one drains: each node's
+/// admin state and health as they change in the taker (an operator's MAINT, a node its
+/// checks took DOWN, a node its reload removed), and the sessions it moved off a node.
+/// The holder's own checks stopped when it handed over and its admin API refuses writes:
+/// without this, the connections and TCP sessions it drains obeyed none of it until its
+/// drain's end (a session moved on the taker while its TCP session drains on the holder
+/// lived on two nodes).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Told {
+    /// The changed nodes' admin states and health, with the taker's clock reading
+    /// (`holder_now_ms`, as the handover's state has it; its tables and sightings empty).
+    pub state: State,
+    /// Sessions moved off a node in the taker: node, spread key, why.
+    pub moved: Vec<crate::nodes::MovedOff>,
+}
+
+/// [`Told`] as it crosses: a length and JSON, as a header ([`read_json`]). Each field
+/// may be left out, and what is not understood is left out alone.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ToldWire {
+    #[serde(default)]
+    nodes: Vec<(String, NodeAdmin)>,
+    #[serde(default)]
+    health: Vec<serde_json::Value>,
+    #[serde(default)]
+    now_ms: Option<u64>,
+    /// Node, spread key, why (as logs write it).
+    #[serde(default)]
+    moved: Vec<(String, u64, String)>,
+}
+
+impl From<Told> for ToldWire {
+    fn from(t: Told) -> Self {
+        ToldWire {
+            nodes: wire_nodes(&t.state.nodes),
+            health: wire_health(&t.state.health),
+            now_ms: t.state.holder_now_ms,
+            moved: t
+                .moved
+                .into_iter()
+                .map(|(n, k, why)| (n, k, why.as_str().to_owned()))
+                .collect(),
+        }
+    }
+}
+
+impl From<ToldWire> for Told {
+    fn from(w: ToldWire) -> Self {
+        Told {
+            state: State {
+                nodes: w.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
+                health: read_health(w.health),
+                holder_now_ms: w.now_ms,
+                ..State::default()
+            },
+            moved: w
+                .moved
+                .into_iter()
+                .filter_map(|(n, k, why)| Some((n, k, crate::nodes::EndReason::parse(&why)?)))
+                .collect(),
         }
     }
 }
@@ -487,7 +580,54 @@ impl Predecessor {
 /// the holder exits ([`Predecessor`]).
 #[derive(Debug)]
 pub struct HandedOver {
-    _conn: UnixStream,
+    conn: UnixStream,
+}
+
+impl HandedOver {
+    /// What the taker tells this limpet from now on ([`Told`]), read on a copy of the
+    /// connection (this one stays open until the process exits). `None`: no copy.
+    pub fn told(&self) -> Option<Telling> {
+        let conn = self.conn.try_clone().ok()?;
+        conn.set_nonblocking(true).ok()?;
+        tokio::net::UnixStream::from_std(conn)
+            .ok()
+            .map(|conn| Telling { conn })
+    }
+}
+
+/// What the taker tells the holder it took over from, a message at a time
+/// ([`HandedOver::told`]).
+#[derive(Debug)]
+pub struct Telling {
+    conn: tokio::net::UnixStream,
+}
+
+impl Telling {
+    /// The next message; `None` at the taker's end (or a message too large, or a read that
+    /// failed: nothing more is read then). One not understood is skipped.
+    pub async fn next(&mut self) -> Option<Told> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            let mut len = [0u8; 8];
+            self.conn.read_exact(&mut len).await.ok()?;
+            let len = u64::from_le_bytes(len);
+            if len > MAX_HEADER {
+                tracing::warn!(
+                    len,
+                    "upgrade: a message from the new limpet too large; no more are read"
+                );
+                return None;
+            }
+            let mut json = vec![0u8; usize::try_from(len).ok()?];
+            self.conn.read_exact(&mut json).await.ok()?;
+            match serde_json::from_slice::<ToldWire>(&json) {
+                Ok(w) => return Some(w.into()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "upgrade: a message from the new limpet not understood; skipped")
+                }
+            }
+        }
+    }
 }
 
 /// What a taker received from the running limpet.
@@ -686,6 +826,22 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
     })
 }
 
+/// Nodes' admin states as they cross.
+fn wire_nodes(nodes: &[(String, AdminState)]) -> Vec<(String, NodeAdmin)> {
+    nodes
+        .iter()
+        .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
+        .collect()
+}
+
+/// Nodes' health as it crosses, entry by entry ([`read_health`] reads it back).
+fn wire_health(health: &[NodeHealth]) -> Vec<serde_json::Value> {
+    health
+        .iter()
+        .filter_map(|h| serde_json::to_value(HealthEntry::from(h)).ok())
+        .collect()
+}
+
 /// Each node's health as the holder wrote it, entry by entry: one not understood (a later
 /// version's shape) is logged and left out, its node judged by this limpet's checks and
 /// traffic alone, and the others are kept.
@@ -841,16 +997,8 @@ fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
                 len: b.len() as u64,
             })
             .collect(),
-        nodes: state
-            .nodes
-            .iter()
-            .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
-            .collect(),
-        health: state
-            .health
-            .iter()
-            .filter_map(|h| serde_json::to_value(HealthEntry::from(h)).ok())
-            .collect(),
+        nodes: wire_nodes(&state.nodes),
+        health: wire_health(&state.health),
         now_ms: state.holder_now_ms,
         seen: state
             .seen
@@ -1381,7 +1529,7 @@ impl Ready {
         let end = self.conn.try_clone();
         let mut confirming = tokio::task::spawn_blocking(move || {
             self.confirm_on(&state)
-                .then_some(HandedOver { _conn: self.conn })
+                .then_some(HandedOver { conn: self.conn })
         });
         if let Ok(r) = tokio::time::timeout(limit, &mut confirming).await {
             return r.ok().flatten();
@@ -1626,14 +1774,41 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, Ok(state()));
         // The holder's end stays open until it exits (here: until it is dropped), and the
-        // taker learns of its end.
-        let mut gone = std::pin::pin!(predecessor.gone());
+        // taker learns of its end. Meanwhile what the taker tells reaches the holder as
+        // it was told: node states and health, and moves.
+        let (tell, told) = tokio::sync::mpsc::channel(4);
+        let mut gone = std::pin::pin!(predecessor.gone_telling(told));
         assert!(
             tokio::time::timeout(Duration::from_millis(100), &mut gone)
                 .await
                 .is_err(),
             "gone while the holder runs"
         );
+        let mut telling = handed
+            .told()
+            .unwrap_or_else(|| panic!("the holder's end read"));
+        let news = || Told {
+            state: State {
+                nodes: state().nodes,
+                health: state().health,
+                holder_now_ms: Some(78),
+                ..State::default()
+            },
+            moved: vec![(
+                "a".to_owned(),
+                42,
+                crate::nodes::EndReason::Repin(limpet_core::RepinReason::AnswerTimeout),
+            )],
+        };
+        for _ in 0..2 {
+            tell.send(news()).await.unwrap_or_else(|e| panic!("{e}"));
+            let got = tokio::select! {
+                t = telling.next() => t,
+                () = &mut gone => panic!("gone while the holder runs"),
+            };
+            assert_eq!(got, Some(news()));
+        }
+        drop(telling);
         drop(handed);
         tokio::time::timeout(HANDOVER_LIMIT, gone)
             .await

@@ -427,6 +427,46 @@ async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
     node_view_once(&url, |v| v["drain"]["complete"] == true).await;
 }
 
+/// An operator's MAINT set on the new limpet reaches what the old one still drains: its TCP
+/// session on the node ends at once, not at its drain's end (30 s), and the old limpet,
+/// with nothing left to drain, exits. Before, the old one's node states were frozen at the
+/// handover (its checks stopped, its admin API refuses writes) and the session went on on a
+/// node in maintenance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maint_set_on_the_new_limpet_ends_the_old_one_s_session_on_the_node() {
+    let Drained {
+        _nodes,
+        cfg,
+        sock,
+        first: mut old,
+        mut session,
+        node,
+    } = drained_under_a_session("upgrade-told-maint", "old").await;
+    let new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(
+        old.child.0.try_wait().ok().flatten().is_none(),
+        "the old one drains its session"
+    );
+    let r = post_state(
+        &new.admin_url(&format!("/api/v1/nodes/{node}/state")),
+        "maint",
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let mut rest = [0u8; 256];
+    let ended = tokio::time::timeout(Duration::from_secs(5), session.read(&mut rest)).await;
+    assert!(
+        matches!(ended, Ok(Ok(0) | Err(_))),
+        "the old limpet's session on {node} still open 5 s after MAINT on the new one: {ended:?}"
+    );
+    assert!(old.exited().await.success());
+    // The new one's state is its own: MAINT there too.
+    assert_eq!(
+        json(&new.admin_url(&format!("/api/v1/nodes/{node}"))).await["admin"],
+        "maint"
+    );
+}
+
 /// A limpet with a TCP listener, one of whose nodes is drained under a TCP session still
 /// open through it, past `[drain] idle` (1 s): only that session keeps the drain going.
 struct Drained {

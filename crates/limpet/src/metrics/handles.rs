@@ -11,10 +11,7 @@ use limpet_core::{NodeId, RepinReason};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::{
-    LatencyLabels, Metrics, NodeTraffic, PinLabels, PinOutcome, RequestLabels, CLASSES,
-    REPIN_REASONS,
-};
+use super::{LatencyLabels, Metrics, NodeTraffic, PinLabels, PinOutcome, RequestLabels, CLASSES};
 
 /// One node's series on one listener.
 #[derive(Debug)]
@@ -34,8 +31,8 @@ pub struct ListenerMetrics {
     own: [Counter; 6],
     sticky: Counter,
     new: Counter,
-    /// By [`REPIN_REASONS`] order.
-    repinned: [Counter; REPIN_REASONS.len()],
+    /// By [`RepinReason::ALL`] order.
+    repinned: [Counter; RepinReason::ALL.len()],
 }
 
 /// The index of a status's class in [`CLASSES`] (0 means no answer).
@@ -98,7 +95,7 @@ impl ListenerMetrics {
             own: requests(""),
             sticky: pin("sticky", "none"),
             new: pin("new", "none"),
-            repinned: REPIN_REASONS.map(|r| pin("repinned", r.as_str())),
+            repinned: RepinReason::ALL.map(|r| pin("repinned", r.as_str())),
         }
     }
 
@@ -169,7 +166,7 @@ impl ListenerMetrics {
 }
 
 fn repin_index(r: RepinReason) -> usize {
-    REPIN_REASONS.iter().position(|x| *x == r).unwrap_or(0)
+    RepinReason::ALL.iter().position(|x| *x == r).unwrap_or(0)
 }
 
 #[cfg(test)]

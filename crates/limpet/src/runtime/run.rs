@@ -699,6 +699,95 @@ fn say_on_stdout(lines: String) {
     }
 }
 
+/// Tells the limpet this one took over from, until it exits, what changes here that the
+/// connections it still drains must obey ([`crate::upgrade::Told`]): each node whose
+/// status changes in a way that routes differently (its admin state, by the operator or a
+/// reload removing it; its health), and each session moved off a node (`moves`, from the
+/// node board). Nodes added by a later reload are not watched: the predecessor has none
+/// of its own on them.
+async fn tell_predecessor(
+    runtime: Arc<super::Runtime>,
+    mut moves: tokio::sync::mpsc::Receiver<crate::nodes::MovedOff>,
+    told: tokio::sync::mpsc::Sender<crate::upgrade::Told>,
+) {
+    let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let mut watchers = tokio::task::JoinSet::new();
+    for rt in runtime.state().lifecycle.nodes.all() {
+        let mut events = rt.status_changes();
+        let tx = changed_tx.clone();
+        watchers.spawn(async move {
+            while events.changed().await.is_ok() {
+                if tx.send(rt.name().to_owned()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(changed_tx);
+    loop {
+        let t = tokio::select! {
+            () = told.closed() => return,
+            Some(name) = changed.recv() => {
+                let mut names = std::collections::BTreeSet::from([name]);
+                while let Ok(n) = changed.try_recv() {
+                    names.insert(n);
+                }
+                let state = runtime.state();
+                let board = &state.lifecycle.nodes;
+                crate::upgrade::Told {
+                    state: crate::upgrade::State {
+                        nodes: names
+                            .iter()
+                            .filter_map(|n| Some((n.clone(), board.get(n)?.status().admin)))
+                            .collect(),
+                        health: state
+                            .node_health()
+                            .into_iter()
+                            .filter(|h| names.contains(&h.node))
+                            .collect(),
+                        holder_now_ms: Some(now_ms()),
+                        ..crate::upgrade::State::default()
+                    },
+                    moved: Vec::new(),
+                }
+            }
+            Some(m) = moves.recv() => crate::upgrade::Told {
+                moved: vec![m],
+                ..crate::upgrade::Told::default()
+            },
+            else => return,
+        };
+        if told.send(t).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Takes what the limpet that took over from this one told it ([`tell_predecessor`]): the
+/// nodes' admin states and health, moved onto this one's clock, and the sessions it moved
+/// off a node, whose long-lived connections this one still drains there end.
+fn take_told(runtime: &super::Runtime, told: crate::upgrade::Told) {
+    let state = runtime.state();
+    let board = &state.lifecycle.nodes;
+    let handed = told.state.on_clock(now_ms());
+    for (node, admin) in &handed.nodes {
+        if let Some(rt) = board.get(node) {
+            // Set again, an unchanged state would end a drain's deadline timer for nothing.
+            if rt.status().admin != *admin {
+                rt.set_admin(*admin);
+            }
+        }
+    }
+    for health in &handed.health {
+        state.take_node_health(health);
+    }
+    for (node, key, why) in told.moved {
+        if let Some(rt) = board.get(&node) {
+            rt.session_moved_by_successor(key, why);
+        }
+    }
+}
+
 /// How long a limpet that handed over waits, once drained, for the limpet it took over from
 /// to exit (back-to-back upgrades; that one's drain is bounded by its `timeouts.drain`).
 const PREDECESSOR_WAIT_LIMIT: Duration = Duration::from_secs(600);
@@ -888,10 +977,16 @@ pub fn run(args: RunArgs) -> ExitCode {
                     }
                     took_from = Some(pid);
                     // What it had open drains there until it exits; then none of it is.
+                    // Meanwhile it is told what changes here, which what it drains obeys.
                     let runtime = Arc::clone(running.runtime());
                     let gone = predecessor_gone_tx.clone();
+                    let (told_tx, told) = tokio::sync::mpsc::channel(64);
+                    let (moves_tx, moves) = tokio::sync::mpsc::channel(1024);
+                    runtime.state().lifecycle.nodes.tell_moves(Some(moves_tx));
+                    tokio::spawn(tell_predecessor(Arc::clone(&runtime), moves, told_tx));
                     tokio::spawn(async move {
-                        predecessor.gone().await;
+                        predecessor.gone_telling(told).await;
+                        runtime.state().lifecycle.nodes.tell_moves(None);
                         runtime.state().lifecycle.predecessor_gone();
                         gone.send_replace(true);
                     });
@@ -979,6 +1074,16 @@ pub fn run(args: RunArgs) -> ExitCode {
                 .confirm_within(handed, crate::upgrade::HANDOVER_LIMIT)
                 .await;
             if let Some(line) = took {
+                // What the new one tells this one while it drains: what it drains obeys
+                // the node states and moves made there from now on.
+                if let Some(mut telling) = line.told() {
+                    let runtime = Arc::clone(running.runtime());
+                    tokio::spawn(async move {
+                        while let Some(told) = telling.next().await {
+                            take_told(&runtime, told);
+                        }
+                    });
+                }
                 // Kept until this process exits: its end tells the new one so.
                 handed_line = Some(line);
                 // Before the drain: this process's exit must not end the unit.
@@ -1151,5 +1256,89 @@ async fn table_upkeep(runtime: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
             saving.insert(name, tokio::task::spawn_blocking(move || save_snapshot(&t)));
         }
         saving.retain(|_, h| !h.is_finished());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nodes::EndReason;
+    use crate::proxy::{runtime_of, NodeConfig, ProxyConfig};
+    use limpet_core::{AdminState, Leave, RepinReason};
+
+    /// The next message told, within 5 s.
+    async fn next(
+        told: &mut tokio::sync::mpsc::Receiver<crate::upgrade::Told>,
+    ) -> Option<crate::upgrade::Told> {
+        tokio::time::timeout(Duration::from_secs(5), told.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    fn one_node_runtime() -> Arc<Runtime> {
+        let cfg = ProxyConfig::new(vec![NodeConfig {
+            name: "a".to_owned(),
+            addr: SocketAddr::from(([127, 0, 0, 2], 1)),
+        }]);
+        runtime_of(cfg, SocketAddr::from(([127, 0, 0, 1], 1))).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    /// What a new limpet tells the one it took over from, end to end between two runtimes:
+    /// a session the new one moves off a node ends the old one's long-lived session of the
+    /// same key there, with the move's reason, and a MAINT set on the new one is the old
+    /// one's. (The wire between them: `upgrade`'s tests.)
+    #[tokio::test]
+    async fn what_the_new_limpet_tells_reaches_the_old_one_s_sessions() {
+        let (taker, holder) = (one_node_runtime(), one_node_runtime());
+        let (told_tx, mut told) = tokio::sync::mpsc::channel(8);
+        let (moves_tx, moves) = tokio::sync::mpsc::channel(8);
+        taker.state().lifecycle.nodes.tell_moves(Some(moves_tx));
+        tokio::spawn(tell_predecessor(Arc::clone(&taker), moves, told_tx));
+        let node = |r: &Arc<Runtime>| {
+            r.state()
+                .lifecycle
+                .nodes
+                .get("a")
+                .unwrap_or_else(|| panic!("node a"))
+        };
+
+        let held = node(&holder);
+        let session = {
+            let (watch, held) = (held.watch(7), Arc::clone(&held));
+            tokio::spawn(async move {
+                held.session_end(watch, || true, tokio::sync::watch::channel(0).1)
+                    .await
+            })
+        };
+        node(&taker).session_moved(7, Leave::Failed(RepinReason::AnswerTimeout));
+        let t = next(&mut told)
+            .await
+            .unwrap_or_else(|| panic!("the move told"));
+        take_told(&holder, t);
+        let ended = tokio::time::timeout(Duration::from_secs(5), session).await;
+        assert!(
+            matches!(ended, Ok(Ok(EndReason::Repin(RepinReason::AnswerTimeout)))),
+            "{ended:?}"
+        );
+
+        // The move's message was sent from the telling's loop: its watches of the nodes are
+        // set by now.
+        assert!(taker.state().set_admin("a", AdminState::Maint).is_some());
+        let t = next(&mut told)
+            .await
+            .unwrap_or_else(|| panic!("the MAINT told"));
+        assert_eq!(held.status().admin, AdminState::Ready);
+        take_told(&holder, t);
+        assert_eq!(held.status().admin, AdminState::Maint);
+
+        // And its health: DOWN there is DOWN here (the old one's checks stopped).
+        assert!(taker.state().force_health("a", false).is_some());
+        let t = next(&mut told)
+            .await
+            .unwrap_or_else(|| panic!("the DOWN told"));
+        assert!(held.status().health.is_up());
+        take_told(&holder, t);
+        assert!(!held.status().health.is_up());
     }
 }
