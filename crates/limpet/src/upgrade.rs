@@ -489,10 +489,13 @@ impl Predecessor {
                     return;
                 },
                 t = told.recv(), if telling => {
-                    let Some(t) = t else {
+                    let Some(mut t) = t else {
                         telling = false;
                         continue;
                     };
+                    // The clock reading the holder measures the two clocks' difference by:
+                    // as the message leaves, not as it was made (it may have waited).
+                    t.state.holder_now_ms = Some(crate::clock::now_ms());
                     let Ok(json) = serde_json::to_vec(&ToldWire::from(t)) else {
                         continue;
                     };
@@ -502,6 +505,8 @@ impl Predecessor {
                     if !matches!(wrote, Ok(Ok(()))) {
                         tracing::warn!("upgrade: the limpet taken over from does not take what this one tells it; it drains on what it knew");
                         telling = false;
+                        // Its sender learns it, and stops gathering what to tell.
+                        told.close();
                     }
                 }
             }
@@ -521,8 +526,9 @@ const TELL_LIMIT: Duration = Duration::from_secs(1);
 /// lived on two nodes).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Told {
-    /// The changed nodes' admin states and health, with the taker's clock reading
-    /// (`holder_now_ms`, as the handover's state has it; its tables and sightings empty).
+    /// The changed nodes' admin states and health, with the taker's clock reading as the
+    /// message leaves (`holder_now_ms`, as the handover's state has it; its tables and
+    /// sightings empty).
     pub state: State,
     /// Sessions moved off a node in the taker: node, spread key, why.
     pub moved: Vec<crate::nodes::MovedOff>,
@@ -1800,13 +1806,19 @@ mod tests {
                 crate::nodes::EndReason::Repin(limpet_core::RepinReason::AnswerTimeout),
             )],
         };
+        let now = crate::clock::now_ms();
         for _ in 0..2 {
             tell.send(news()).await.unwrap_or_else(|e| panic!("{e}"));
-            let got = tokio::select! {
+            let mut got = tokio::select! {
                 t = telling.next() => t,
                 () = &mut gone => panic!("gone while the holder runs"),
-            };
-            assert_eq!(got, Some(news()));
+            }
+            .unwrap_or_else(|| panic!("told"));
+            // Stamped with the taker's clock as it left.
+            let left = got.state.holder_now_ms.take();
+            assert!(left.is_some_and(|ms| ms >= now), "{left:?}");
+            got.state.holder_now_ms = Some(78);
+            assert_eq!(got, news());
         }
         drop(telling);
         drop(handed);

@@ -390,30 +390,17 @@ async fn a_drain_is_not_complete_after_an_upgrade_while_the_old_limpet_drains_it
 /// under A's session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_upgrades_keep_the_first_limpet_s_sessions_counted() {
-    let Drained {
-        _nodes,
-        cfg,
-        sock,
-        first: mut a,
-        session,
-        node,
-    } = drained_under_a_session("upgrade-drain-twice", "a").await;
-    let mut b = Proc::start_logging(&cfg, &sock, "b").await;
-    let c = Proc::start(&cfg, &sock, 1, "c").await;
-    // B drained nothing of its own, and waits for A.
-    let log = cfg.dir.join("b.err");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("waiting for the limpet this one took over from to exit")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "B did not wait for A: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (
+        Drained {
+            _nodes,
+            first: mut a,
+            session,
+            node,
+            ..
+        },
+        mut b,
+        c,
+    ) = three_in_a_row("upgrade-drain-twice").await;
     let url = c.admin_url(&format!("/api/v1/nodes/{node}"));
     let view = json(&url).await;
     assert_eq!(
@@ -465,6 +452,54 @@ async fn a_maint_set_on_the_new_limpet_ends_the_old_one_s_session_on_the_node() 
         json(&new.admin_url(&format!("/api/v1/nodes/{node}"))).await["admin"],
         "maint"
     );
+}
+
+/// Back-to-back upgrades: A ([`drained_under_a_session`]) drains its TCP session, B took
+/// over from A, and C from B at once; B, drained of its own, waits for A (seen in its log
+/// within `PATIENCE`). Returns A's, B and C.
+async fn three_in_a_row(tag: &str) -> (Drained, Proc, Proc) {
+    let a = drained_under_a_session(tag, "a").await;
+    let b = Proc::start_logging(&a.cfg, &a.sock, "b").await;
+    let c = Proc::start(&a.cfg, &a.sock, 1, "c").await;
+    let log = a.cfg.dir.join("b.err");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("waiting for the limpet this one took over from to exit")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B did not wait for A: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (a, b, c)
+}
+
+/// A limpet waiting, drained, for the one it took over from (back-to-back upgrades) exits on
+/// a SIGTERM: the operator or the service manager stopping it. Before, the signal was
+/// handled and ignored, and it waited up to ten minutes for the first one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limpet_waiting_for_the_one_it_took_over_from_exits_on_a_signal() {
+    let (
+        Drained {
+            _nodes,
+            first: mut a,
+            session,
+            ..
+        },
+        mut b,
+        _c,
+    ) = three_in_a_row("upgrade-wait-signal").await;
+    signal(b.child.0.id(), rustix::process::Signal::TERM);
+    assert!(b.exited().await.success());
+    assert!(
+        a.child.0.try_wait().ok().flatten().is_none(),
+        "A drains its session on"
+    );
+    drop(session);
+    assert!(a.exited().await.success());
 }
 
 /// A limpet with a TCP listener, one of whose nodes is drained under a TCP session still

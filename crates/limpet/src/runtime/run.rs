@@ -702,63 +702,90 @@ fn say_on_stdout(lines: String) {
 /// Tells the limpet this one took over from, until it exits, what changes here that the
 /// connections it still drains must obey ([`crate::upgrade::Told`]): each node whose
 /// status changes in a way that routes differently (its admin state, by the operator or a
-/// reload removing it; its health), and each session moved off a node (`moves`, from the
-/// node board). Nodes added by a later reload are not watched: the predecessor has none
-/// of its own on them.
-async fn tell_predecessor(
+/// reload removing it; its health), each session moved off a node (`moves`, from the node
+/// board), and first, MAINT for the nodes it handed over that this config lacks (`gone`),
+/// as a reload removing them would set. The nodes are watched from this call on, before the
+/// returned future runs: a change made as this one starts serving is not missed. A node
+/// this config lacks and a later reload adds is not watched (its MAINT, told first, ended
+/// the predecessor's sessions on it).
+fn tell_predecessor(
     runtime: Arc<super::Runtime>,
     mut moves: tokio::sync::mpsc::Receiver<crate::nodes::MovedOff>,
     told: tokio::sync::mpsc::Sender<crate::upgrade::Told>,
-) {
-    let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let mut watchers = tokio::task::JoinSet::new();
-    for rt in runtime.state().lifecycle.nodes.all() {
-        let mut events = rt.status_changes();
-        let tx = changed_tx.clone();
-        watchers.spawn(async move {
-            while events.changed().await.is_ok() {
-                if tx.send(rt.name().to_owned()).is_err() {
-                    return;
+    gone: Vec<String>,
+) -> impl std::future::Future<Output = ()> {
+    let watched: Vec<_> = runtime
+        .state()
+        .lifecycle
+        .nodes
+        .all()
+        .into_iter()
+        .map(|rt| (rt.status_changes(), rt))
+        .collect();
+    async move {
+        let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let mut watchers = tokio::task::JoinSet::new();
+        for (mut events, rt) in watched {
+            let tx = changed_tx.clone();
+            watchers.spawn(async move {
+                while events.changed().await.is_ok() {
+                    if tx.send(rt.name().to_owned()).is_err() {
+                        return;
+                    }
                 }
+            });
+        }
+        drop(changed_tx);
+        if !gone.is_empty() {
+            let first = crate::upgrade::Told {
+                state: crate::upgrade::State {
+                    nodes: gone
+                        .into_iter()
+                        .map(|n| (n, limpet_core::AdminState::Maint))
+                        .collect(),
+                    ..crate::upgrade::State::default()
+                },
+                moved: Vec::new(),
+            };
+            if told.send(first).await.is_err() {
+                return;
             }
-        });
-    }
-    drop(changed_tx);
-    loop {
-        let t = tokio::select! {
-            () = told.closed() => return,
-            Some(name) = changed.recv() => {
-                let mut names = std::collections::BTreeSet::from([name]);
-                while let Ok(n) = changed.try_recv() {
-                    names.insert(n);
+        }
+        loop {
+            let t = tokio::select! {
+                () = told.closed() => return,
+                Some(name) = changed.recv() => {
+                    let mut names = std::collections::BTreeSet::from([name]);
+                    while let Ok(n) = changed.try_recv() {
+                        names.insert(n);
+                    }
+                    let state = runtime.state();
+                    let board = &state.lifecycle.nodes;
+                    crate::upgrade::Told {
+                        state: crate::upgrade::State {
+                            nodes: names
+                                .iter()
+                                .filter_map(|n| Some((n.clone(), board.get(n)?.status().admin)))
+                                .collect(),
+                            health: state
+                                .node_health()
+                                .into_iter()
+                                .filter(|h| names.contains(&h.node))
+                                .collect(),
+                            ..crate::upgrade::State::default()
+                        },
+                        moved: Vec::new(),
+                    }
                 }
-                let state = runtime.state();
-                let board = &state.lifecycle.nodes;
-                crate::upgrade::Told {
-                    state: crate::upgrade::State {
-                        nodes: names
-                            .iter()
-                            .filter_map(|n| Some((n.clone(), board.get(n)?.status().admin)))
-                            .collect(),
-                        health: state
-                            .node_health()
-                            .into_iter()
-                            .filter(|h| names.contains(&h.node))
-                            .collect(),
-                        holder_now_ms: Some(now_ms()),
-                        ..crate::upgrade::State::default()
-                    },
-                    moved: Vec::new(),
-                }
+                Some(m) = moves.recv() => crate::upgrade::Told {
+                    moved: vec![m],
+                    ..crate::upgrade::Told::default()
+                },
+                else => return,
+            };
+            if told.send(t).await.is_err() {
+                return;
             }
-            Some(m) = moves.recv() => crate::upgrade::Told {
-                moved: vec![m],
-                ..crate::upgrade::Told::default()
-            },
-            else => return,
-        };
-        if told.send(t).await.is_err() {
-            return;
         }
     }
 }
@@ -960,6 +987,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         // over in its turn waits for that before it exits, so that the next one, which
         // watches this one alone, is not told of an end while that one still drains.
         let (predecessor_gone_tx, mut predecessor_gone) = watch::channel(true);
+        // The nodes the limpet taken over from has and this config lacks: MAINT there.
+        let mut handed_only: Vec<String> = Vec::new();
         if let Some(h) = handover {
             predecessor_gone_tx.send_replace(false);
             let pid = h.from_pid;
@@ -967,6 +996,17 @@ pub fn run(args: RunArgs) -> ExitCode {
                 Ok(Ok((state, predecessor))) => {
                     match state {
                         Ok(handed) => {
+                            let state = running.runtime().state();
+                            handed_only = handed
+                                .nodes
+                                .iter()
+                                .map(|(n, _)| n)
+                                .chain(handed.health.iter().map(|h| &h.node))
+                                .filter(|n| state.node_id(n).is_none())
+                                .cloned()
+                                .collect::<std::collections::BTreeSet<_>>()
+                                .into_iter()
+                                .collect();
                             running.take_state(handed).await;
                             tracing::info!(pid, "took over from the running limpet");
                         }
@@ -983,7 +1023,12 @@ pub fn run(args: RunArgs) -> ExitCode {
                     let (told_tx, told) = tokio::sync::mpsc::channel(64);
                     let (moves_tx, moves) = tokio::sync::mpsc::channel(1024);
                     runtime.state().lifecycle.nodes.tell_moves(Some(moves_tx));
-                    tokio::spawn(tell_predecessor(Arc::clone(&runtime), moves, told_tx));
+                    tokio::spawn(tell_predecessor(
+                        Arc::clone(&runtime),
+                        moves,
+                        told_tx,
+                        std::mem::take(&mut handed_only),
+                    ));
                     tokio::spawn(async move {
                         predecessor.gone_telling(told).await;
                         runtime.state().lifecycle.nodes.tell_moves(None);
@@ -1136,12 +1181,19 @@ pub fn run(args: RunArgs) -> ExitCode {
         if handed_line.is_some() && !*predecessor_gone.borrow() {
             // Back-to-back upgrades: the new one learns of the one before this from this
             // one's end, so this one outlives it (its drain is bounded, and so is this wait).
+            // A signal ends the wait (the operator, or a service manager stopping this
+            // process: it has nothing of its own left, and a signal is no longer its death
+            // once limpet handles them).
             tracing::info!("drained: waiting for the limpet this one took over from to exit, which the new one learns from this one's exit");
-            let _ = tokio::time::timeout(
-                PREDECESSOR_WAIT_LIMIT,
-                predecessor_gone.wait_for(|gone| *gone),
-            )
-            .await;
+            tokio::select! {
+                _ = tokio::time::timeout(
+                    PREDECESSOR_WAIT_LIMIT,
+                    predecessor_gone.wait_for(|gone| *gone),
+                ) => {}
+                () = crate::proxy::quick::stop_signal() => {
+                    tracing::warn!("signal: exiting before the limpet this one took over from");
+                }
+            }
         }
         drop(handed_line);
         ExitCode::SUCCESS
@@ -1276,54 +1328,107 @@ mod tests {
             .flatten()
     }
 
-    fn one_node_runtime() -> Arc<Runtime> {
-        let cfg = ProxyConfig::new(vec![NodeConfig {
-            name: "a".to_owned(),
-            addr: SocketAddr::from(([127, 0, 0, 2], 1)),
-        }]);
+    /// A runtime with nodes `names`.
+    fn runtime_with(names: &[&str]) -> Arc<Runtime> {
+        let cfg = ProxyConfig::new(
+            names
+                .iter()
+                .zip(2u8..)
+                .map(|(n, ip)| NodeConfig {
+                    name: (*n).to_owned(),
+                    addr: SocketAddr::from(([127, 0, 0, ip], 1)),
+                })
+                .collect(),
+        );
         runtime_of(cfg, SocketAddr::from(([127, 0, 0, 1], 1))).unwrap_or_else(|e| panic!("{e:?}"))
     }
 
+    /// A long-lived session of `key` on `node`, ending as its node's state says (DOWN
+    /// included).
+    fn session_on(
+        node: &Arc<crate::nodes::NodeRuntime>,
+        key: u64,
+    ) -> tokio::task::JoinHandle<EndReason> {
+        let (watch, node) = (node.watch(key), Arc::clone(node));
+        tokio::spawn(async move {
+            node.session_end(watch, || true, tokio::sync::watch::channel(0).1)
+                .await
+        })
+    }
+
+    /// What `session` ended with, within 5 s.
+    async fn ended(session: tokio::task::JoinHandle<EndReason>) -> Option<EndReason> {
+        tokio::time::timeout(Duration::from_secs(5), session)
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
     /// What a new limpet tells the one it took over from, end to end between two runtimes:
-    /// a session the new one moves off a node ends the old one's long-lived session of the
-    /// same key there, with the move's reason, and a MAINT set on the new one is the old
-    /// one's. (The wire between them: `upgrade`'s tests.)
+    /// first MAINT for a node it handed over that the new config lacks; then a DOWN there
+    /// (made before the telling ran: the nodes are watched from the call on) ends the old
+    /// one's sessions on the node as its own DOWN would; a session the new one moves off a
+    /// node ends the old one's long-lived session of the same key there, with the move's
+    /// reason (the node back UP there first, and so here); a MAINT there is the old one's.
+    /// (The wire between them: `upgrade`'s tests.)
     #[tokio::test]
     async fn what_the_new_limpet_tells_reaches_the_old_one_s_sessions() {
-        let (taker, holder) = (one_node_runtime(), one_node_runtime());
-        let (told_tx, mut told) = tokio::sync::mpsc::channel(8);
-        let (moves_tx, moves) = tokio::sync::mpsc::channel(8);
-        taker.state().lifecycle.nodes.tell_moves(Some(moves_tx));
-        tokio::spawn(tell_predecessor(Arc::clone(&taker), moves, told_tx));
-        let node = |r: &Arc<Runtime>| {
+        let (taker, holder) = (runtime_with(&["a"]), runtime_with(&["a", "z"]));
+        let node = |r: &Arc<Runtime>, name: &str| {
             r.state()
                 .lifecycle
                 .nodes
-                .get("a")
-                .unwrap_or_else(|| panic!("node a"))
+                .get(name)
+                .unwrap_or_else(|| panic!("node {name}"))
         };
+        let (held, held_z) = (node(&holder, "a"), node(&holder, "z"));
+        let on_z = session_on(&held_z, 9);
+        let on_a = session_on(&held, 8);
+        let (told_tx, mut told) = tokio::sync::mpsc::channel(8);
+        let (moves_tx, moves) = tokio::sync::mpsc::channel(8);
+        taker.state().lifecycle.nodes.tell_moves(Some(moves_tx));
+        let telling = tell_predecessor(Arc::clone(&taker), moves, told_tx, vec!["z".to_owned()]);
+        assert!(taker.state().force_health("a", false).is_some());
+        tokio::spawn(telling);
 
-        let held = node(&holder);
-        let session = {
-            let (watch, held) = (held.watch(7), Arc::clone(&held));
-            tokio::spawn(async move {
-                held.session_end(watch, || true, tokio::sync::watch::channel(0).1)
-                    .await
-            })
-        };
-        node(&taker).session_moved(7, Leave::Failed(RepinReason::AnswerTimeout));
+        let t = next(&mut told).await.unwrap_or_else(|| panic!("z told"));
+        take_told(&holder, t);
+        assert_eq!(held_z.status().admin, AdminState::Maint);
+        assert_eq!(
+            ended(on_z).await,
+            Some(EndReason::Repin(RepinReason::NodeMaint))
+        );
+
+        let t = next(&mut told)
+            .await
+            .unwrap_or_else(|| panic!("the DOWN told"));
+        assert!(held.status().health.is_up());
+        take_told(&holder, t);
+        assert!(!held.status().health.is_up());
+        assert_eq!(
+            ended(on_a).await,
+            Some(EndReason::Repin(RepinReason::NodeDown))
+        );
+
+        // Back UP there, back UP here.
+        assert!(taker.state().force_health("a", true).is_some());
+        let t = next(&mut told)
+            .await
+            .unwrap_or_else(|| panic!("the UP told"));
+        take_told(&holder, t);
+        assert!(held.status().health.is_up());
+
+        let on_a = session_on(&held, 7);
+        node(&taker, "a").session_moved(7, Leave::Failed(RepinReason::AnswerTimeout));
         let t = next(&mut told)
             .await
             .unwrap_or_else(|| panic!("the move told"));
         take_told(&holder, t);
-        let ended = tokio::time::timeout(Duration::from_secs(5), session).await;
-        assert!(
-            matches!(ended, Ok(Ok(EndReason::Repin(RepinReason::AnswerTimeout)))),
-            "{ended:?}"
+        assert_eq!(
+            ended(on_a).await,
+            Some(EndReason::Repin(RepinReason::AnswerTimeout))
         );
 
-        // The move's message was sent from the telling's loop: its watches of the nodes are
-        // set by now.
         assert!(taker.state().set_admin("a", AdminState::Maint).is_some());
         let t = next(&mut told)
             .await
@@ -1331,14 +1436,5 @@ mod tests {
         assert_eq!(held.status().admin, AdminState::Ready);
         take_told(&holder, t);
         assert_eq!(held.status().admin, AdminState::Maint);
-
-        // And its health: DOWN there is DOWN here (the old one's checks stopped).
-        assert!(taker.state().force_health("a", false).is_some());
-        let t = next(&mut told)
-            .await
-            .unwrap_or_else(|| panic!("the DOWN told"));
-        assert!(held.status().health.is_up());
-        take_told(&holder, t);
-        assert!(!held.status().health.is_up());
     }
 }
