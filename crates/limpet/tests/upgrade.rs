@@ -485,7 +485,7 @@ async fn a_limpet_waiting_for_the_one_it_took_over_from_exits_on_a_signal() {
     let (
         Drained {
             _nodes,
-            first: mut a,
+            first: a,
             session,
             ..
         },
@@ -494,6 +494,40 @@ async fn a_limpet_waiting_for_the_one_it_took_over_from_exits_on_a_signal() {
     ) = three_in_a_row("upgrade-wait-signal").await;
     signal(b.child.0.id(), rustix::process::Signal::TERM);
     assert!(b.exited().await.success());
+    drains_on_until_its_session_ends(a, session).await;
+}
+
+/// The same signal while that limpet still drains a session of its own: the session is cut,
+/// and it exits without waiting for the one before. Before, the signal cut the session and
+/// the wait that followed listened for another one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limpet_signalled_while_it_drains_does_not_wait_for_the_one_before() {
+    let Drained {
+        _nodes,
+        cfg,
+        sock,
+        first: a,
+        session,
+        ..
+    } = drained_under_a_session("upgrade-drain-signal", "a").await;
+    let mut b = Proc::start_logging(&cfg, &sock, "b").await;
+    let (mut own, _) = tcp_session_through(b.web).await;
+    let _c = Proc::start(&cfg, &sock, 1, "c").await;
+    // B drains its own session (its drain is 30 s).
+    assert!(
+        b.child.0.try_wait().ok().flatten().is_none(),
+        "B drains its session"
+    );
+    signal(b.child.0.id(), rustix::process::Signal::TERM);
+    let mut rest = [0u8; 64];
+    let cut = tokio::time::timeout(PATIENCE, own.read(&mut rest)).await;
+    assert!(matches!(cut, Ok(Ok(0) | Err(_))), "B's session: {cut:?}");
+    assert!(b.exited().await.success());
+    drains_on_until_its_session_ends(a, session).await;
+}
+
+/// `a` still runs, draining `session`, and exits once the session ends.
+async fn drains_on_until_its_session_ends(mut a: Proc, session: tokio::net::TcpStream) {
     assert!(
         a.child.0.try_wait().ok().flatten().is_none(),
         "A drains its session on"

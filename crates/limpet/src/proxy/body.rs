@@ -375,6 +375,11 @@ impl Body for UpBody {
                     if let Some(t) = &this.tally {
                         t.add(data.len() as u64);
                     }
+                } else if frame.is_trailers() {
+                    // A body's trailers are its last frame: hyper's client lets the body go
+                    // after them without polling it to its end. Read through.
+                    this.inner = None;
+                    this.finish();
                 }
                 if let Some(c) = &mut this.idle {
                     c.moved();

@@ -1160,10 +1160,18 @@ pub fn run(args: RunArgs) -> ExitCode {
         let runtime = Arc::clone(running.runtime());
         let stop = running.stop_saving(!handed_over);
         tokio::pin!(stop);
+        // On the signals registered at the start: one that comes at any moment from here on
+        // is taken (a listener made anew at each wait would miss one that came between).
+        let mut signalled = false;
         tokio::select! {
             () = &mut stop => {}
-            () = crate::proxy::quick::stop_signal() => {
-                tracing::warn!("second signal: cutting the open sessions, exiting now");
+            () = signals.stop_requested() => {
+                signalled = true;
+                if handed_over {
+                    tracing::warn!("signal: cutting the open sessions, exiting now");
+                } else {
+                    tracing::warn!("second signal: cutting the open sessions, exiting now");
+                }
                 // Cut, not dropped: a dropped relay ends its node's stream with a FIN, and a
                 // print job cut mid-upload would look whole to the node (chaos run 27).
                 runtime.cut_now();
@@ -1178,19 +1186,19 @@ pub fn run(args: RunArgs) -> ExitCode {
         // Its last words to systemd (STOPPING=1, or the new main process after an upgrade)
         // go out before it exits.
         crate::notify::flush(Duration::from_secs(5));
-        if handed_line.is_some() && !*predecessor_gone.borrow() {
+        if handed_line.is_some() && !*predecessor_gone.borrow() && !signalled {
             // Back-to-back upgrades: the new one learns of the one before this from this
             // one's end, so this one outlives it (its drain is bounded, and so is this wait).
-            // A signal ends the wait (the operator, or a service manager stopping this
-            // process: it has nothing of its own left, and a signal is no longer its death
-            // once limpet handles them).
+            // A signal, during the drain or this wait, ends it (the operator, or a service
+            // manager stopping this process: it has nothing of its own left, and a signal is
+            // no longer its death once limpet handles them).
             tracing::info!("drained: waiting for the limpet this one took over from to exit, which the new one learns from this one's exit");
             tokio::select! {
                 _ = tokio::time::timeout(
                     PREDECESSOR_WAIT_LIMIT,
                     predecessor_gone.wait_for(|gone| *gone),
                 ) => {}
-                () = crate::proxy::quick::stop_signal() => {
+                () = signals.stop_requested() => {
                     tracing::warn!("signal: exiting before the limpet this one took over from");
                 }
             }
