@@ -7,7 +7,7 @@ use std::path::Path;
 use limpet::clock::now_ms;
 use limpet::config::Config;
 use limpet::runtime::{Runtime, State};
-use limpet_core::table::KeyRef;
+use limpet_core::table::{AffinityStore as _, KeyRef};
 use limpet_core::{AdminState, NodeState, Pin};
 use limpet_core::{Balance, RouteInput};
 
@@ -76,6 +76,64 @@ fn rebuild_keeps_node_states_and_pins_by_name() {
     rt.swap(new);
     assert_eq!(rt.state().nodes().len(), 3);
     assert_eq!(rt.state().nodes()[0].name, "d");
+}
+
+/// A reload that changes a table's key replaces it (as one that removes it: `reload_runtime`):
+/// the generation before it, which a TCP session opened then holds for as long as it is
+/// open, lets the replaced table's entries go, and keeps the table the reload carried on.
+/// Before, the replaced table's entries stayed in memory until the last such session ended.
+#[test]
+fn a_table_a_reload_keys_anew_lets_its_entries_go() {
+    let with = |tables: &str| {
+        let text = format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n{tables}\
+             [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = 9\ntable = \"t\"\n"
+        );
+        Config::from_text(Path::new("limpet.toml"), &text).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let kept = "[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n";
+    let old = State::new(with(&format!(
+        "{kept}[[tables]]\nname = \"u\"\nkey = \"source-ip\"\n"
+    )))
+    .expect("state");
+    let a = old.node_id("a").expect("a");
+    for name in ["t", "u"] {
+        let table = old.table(name).expect("table");
+        for i in 1..=100u8 {
+            let ip = IpAddr::from([10, 0, 0, i]);
+            table
+                .lock()
+                .learn(KeyRef::ip(ip, Default::default()), a, now_ms());
+        }
+    }
+    // `u` keyed anew: one key per /24.
+    let new = old
+        .rebuild(with(&format!(
+            "{kept}[[tables]]\nname = \"u\"\nkey = \"source-ip\"\nipv4_prefix = 24\n"
+        )))
+        .expect("rebuild");
+    let replaced = old.replaced_tables(&new);
+    assert_eq!(
+        replaced
+            .iter()
+            .map(|t| t.def.name.as_str())
+            .collect::<Vec<_>>(),
+        ["u"]
+    );
+    for t in &replaced {
+        t.let_go();
+    }
+    let len = |s: &State, name: &str| s.table(name).map(|t| t.lock().store().len());
+    assert_eq!(
+        len(&old, "u"),
+        Some(0),
+        "the replaced table's entries let go"
+    );
+    assert_eq!(len(&old, "t"), Some(100), "the carried table kept whole");
+    assert_eq!(len(&new, "t"), Some(100));
+    assert_eq!(len(&new, "u"), Some(0), "a table keyed anew starts empty");
+    assert_eq!(pin(&new, "10.0.0.7").as_deref(), Some("a"));
 }
 
 #[test]

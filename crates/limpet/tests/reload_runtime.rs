@@ -770,3 +770,48 @@ async fn a_reload_names_an_unapplied_store_every_time_and_takes_bind_in_any_orde
     assert_eq!(st, 200);
     l.stop().await;
 }
+
+/// A reload that removes a table lets its entries go in the generation before it (which a
+/// TCP session opened then holds for as long as it is open), and keeps the table it carries
+/// on whole. Before, the removed table's entries stayed in memory until the last session of
+/// that generation ended.
+#[tokio::test]
+async fn a_table_a_reload_removes_lets_its_entries_go_at_once() {
+    use limpet_core::table::{AffinityStore as _, KeyRef};
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let text = |tables: &[&str]| {
+        let mut t = nodes_toml(&NODES[..1]);
+        for name in tables {
+            t.push_str(&format!(
+                "[[tables]]\nname = \"{name}\"\nkey = \"source-ip\"\n"
+            ));
+        }
+        format!(
+            "{t}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {port}\ntable = \"t\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n"
+        )
+    };
+    let cfg = ConfigFile::new("reload-table-gone", &text(&["t", "u"]));
+    let l = Limpet::start(&cfg).await;
+    let old = l
+        .running
+        .as_ref()
+        .unwrap_or_else(|| panic!("running"))
+        .runtime()
+        .state();
+    let a = old.node_id("a").unwrap_or_else(|| panic!("a"));
+    for name in ["t", "u"] {
+        let table = old.table(name).unwrap_or_else(|| panic!("{name}"));
+        for i in 1..=50u8 {
+            let key = KeyRef::ip(std::net::IpAddr::from([10, 0, 0, i]), Default::default());
+            table.lock().learn(key, a, limpet::clock::now_ms());
+        }
+    }
+    cfg.write(&text(&["t"]));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let len = |name: &str| old.table(name).map(|t| t.lock().store().len());
+    assert_eq!(len("u"), Some(0), "the removed table's entries let go");
+    assert_eq!(len("t"), Some(50), "the carried table kept whole");
+    l.stop().await;
+}

@@ -240,6 +240,18 @@ impl fmt::Debug for LruTable {
 }
 
 impl LruTable {
+    /// Lets every entry go and gives their memory back, where [`AffinityStore::clear`] keeps
+    /// it for the entries to come: for a table no one will fill again (one a reload
+    /// replaced, which only connections of the generation before it still reach). The keys
+    /// open sessions hold stay held, as a clear keeps them.
+    pub fn let_go(&mut self) {
+        AffinityStore::clear(self);
+        self.slab = Vec::new();
+        self.index = HashTable::new();
+        self.per_node = Vec::new();
+        self.debug_check();
+    }
+
     /// An empty table. Memory is taken as entries arrive, never beyond `size`.
     pub fn new(config: TableConfig) -> Result<Self, TableConfigError> {
         config.validate()?;
@@ -1087,6 +1099,27 @@ mod tests {
     /// A smaller size gives the memory of a larger one back, the index's as the slab's: a
     /// table shrunk from 100,000 entries to 1,000 holds what one made with 1,000 holds (and
     /// reserved). Before, the index kept its buckets for 100,000 for the table's life.
+    /// `let_go` empties the table and gives back what its entries took (a clear keeps it);
+    /// the table takes entries again afterwards.
+    #[test]
+    fn let_go_gives_the_entries_memory_back() {
+        let mut t = table(10_000, 10_000);
+        let n = t.intern("a").expect("name");
+        for i in 0..10_000 {
+            t.put(k(i), n, T0);
+        }
+        t.clear();
+        assert!(t.memory().slab_bytes > 0, "a clear keeps the memory");
+        for i in 0..10_000 {
+            t.put(k(i), n, T0);
+        }
+        t.let_go();
+        let m = t.memory();
+        assert_eq!((m.entries, m.slab_bytes, m.index_bytes), (0, 0, 0));
+        t.put(k(7), n, T0);
+        assert_eq!(t.get(k(7), T0 + 1), Some(n));
+    }
+
     #[test]
     fn a_smaller_size_gives_its_memory_back() {
         let mut t = table(100_000, 10_000);

@@ -698,7 +698,7 @@ async fn reload_locked(
     }
     // From here to the end, nothing waits: the rest is applied whole, or, once a stop
     // began, not at all.
-    let Some(_applying) = state.lifecycle.reload_tasks.applying() else {
+    let Some(applying) = state.lifecycle.reload_tasks.applying() else {
         return Err("limpet is stopping: nothing of this reload was applied".into());
     };
     let next = state.rebuild(cfg)?;
@@ -708,6 +708,12 @@ async fn reload_locked(
         state.set_admin(n, AdminState::Maint);
     }
     runtime.swap(next);
+    // The tables the reload replaced: their entries go now, not with the last connection of
+    // the generation before (a TCP session holds it while open), on a blocking thread;
+    // awaited once the rest is applied.
+    let replaced = state.replaced_tables(&runtime.state());
+    let let_go = (!replaced.is_empty())
+        .then(|| tokio::task::spawn_blocking(move || replaced.iter().for_each(|t| t.let_go())));
     let life = Arc::clone(&state.lifecycle);
     // The node-state file lists the running config's nodes: a removed one leaves it.
     life.admin_changed.notify_one();
@@ -734,6 +740,11 @@ async fn reload_locked(
             runtime: Arc::downgrade(runtime),
         }),
     );
+    // Applied whole: a stop may come from here on.
+    drop(applying);
+    if let Some(h) = let_go {
+        let _ = h.await;
+    }
     Ok(ReloadReport {
         generation: life.reloaded(),
         changes,
