@@ -208,6 +208,27 @@ impl Quick {
             .map_or("?", |v| v.state.as_str())
     }
 
+    /// Whether `node`'s routing state is `want` by `deadline`: woken by the node's status
+    /// changes, not a poll.
+    async fn until_state(&self, node: &str, want: &str, deadline: Instant) -> bool {
+        let Some(rt) = self.runtime.state().lifecycle.nodes.get(node) else {
+            return false;
+        };
+        // Subscribed before the first look: a change between the two is not missed.
+        let mut changes = rt.status_changes();
+        loop {
+            if self.state_of(node) == want {
+                return true;
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, changes.changed()).await,
+                Ok(Ok(()))
+            ) {
+                return self.state_of(node) == want;
+            }
+        }
+    }
+
     /// What took `node` DOWN, as the admin API names it (`None` while UP).
     fn down_cause(&self, node: &str) -> Option<&'static str> {
         self.runtime
@@ -951,28 +972,22 @@ async fn rolling_restart_under_get_load(h2: bool) {
         let addr = nodes[i].addr;
         nodes[i].kill().await;
         let killed = Instant::now();
-        let deadline = killed + PATIENCE;
-        while proxy.state_of(name) != "DOWN" {
-            assert!(
-                Instant::now() < deadline,
-                "{name} never went DOWN under load"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        assert!(
+            proxy.until_state(name, "DOWN", killed + PATIENCE).await,
+            "{name} never went DOWN under load"
+        );
         let down_after = killed.elapsed();
         // Some load while it is down.
         let now = served.load(Ordering::Relaxed);
         wait_served(now + 20).await;
         nodes[i] = Backend::start_at(name, addr).await;
         let restarted = Instant::now();
-        let deadline = restarted + FAIL_TIMEOUT + SLACK;
-        while proxy.state_of(name) != "UP" {
-            assert!(
-                Instant::now() < deadline,
-                "{name} not back UP within fail_timeout + slack of its restart"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        assert!(
+            proxy
+                .until_state(name, "UP", restarted + FAIL_TIMEOUT + SLACK)
+                .await,
+            "{name} not back UP within fail_timeout + slack of its restart"
+        );
         eprintln!(
             "{name}: DOWN {down_after:?} after its kill, restarted {:?} after it, back UP \
              {:?} after its restart",
