@@ -7,7 +7,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{
-    body_of, config, jar_client, node_of, nodes, plain_client, raw_exchange, set_cookie, Proxy,
+    body_of, config, jar_client, node_in, node_of, nodes, plain_client, raw_exchange, set_cookie,
+    set_cookie_in, Proxy,
 };
 use limpet::proxy::Sticky;
 
@@ -136,6 +137,42 @@ async fn killing_the_pinned_node_repins_on_the_very_next_request() {
         assert_eq!(resp.status(), 200);
         assert_eq!(node_of(&resp), moved, "the client stays on its new node");
         assert!(set_cookie(&resp).is_none());
+    }
+    proxy.stop().await;
+}
+
+/// Over HTTP/2 a client may send its cookies as several `cookie` fields (RFC 9113 8.2.3, as
+/// browsers do): the first `route` pair across them decides, as across HTTP/1.1 `Cookie`
+/// lines. Another cookie first changes nothing; an unusable first `route` gets a fresh pin
+/// with its cookie, a later valid one never looked at.
+#[tokio::test]
+async fn over_http2_the_first_route_pair_across_cookie_fields_decides() {
+    let ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let (mut send, _conn) = common::h2_client(&proxy.addr.to_string()).await;
+    for (fields, sticky) in [
+        (&["lang=en", "route=b"][..], Some("b")),
+        (&["route=b; x=1", "route=a"][..], Some("b")),
+        (&["route=zz", "route=b"][..], None),
+        (&["route=", "route=b"][..], None),
+    ] {
+        let mut req = http::Request::get(proxy.url("/"));
+        for f in fields {
+            req = req.header("cookie", *f);
+        }
+        let req = req
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let resp = send.send_request(req).await.expect("answer");
+        assert_eq!(resp.status(), 200, "{fields:?}");
+        let (node, set) = (node_in(resp.headers()), set_cookie_in(resp.headers()));
+        match sticky {
+            Some(home) => assert_eq!((node.as_str(), set), (home, None), "{fields:?}"),
+            None => assert!(
+                set.is_some_and(|c| c.starts_with(&format!("route={node};"))),
+                "{fields:?}: a fresh pin on {node}"
+            ),
+        }
     }
     proxy.stop().await;
 }

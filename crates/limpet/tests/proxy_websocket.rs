@@ -123,12 +123,7 @@ async fn a_refused_upgrade_carries_the_cookie_too() {
     match open(&proxy, "/ws-refuse?status=503", None).await {
         Err(WsError::Http(resp)) => {
             assert_eq!(resp.status(), 503);
-            let node = resp
-                .headers()
-                .get("x-limpet-node")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
+            let node = common::node_in(resp.headers());
             let cookie = set_cookie_in(resp.headers()).expect("refusal carries the pin");
             assert!(cookie.starts_with(&format!("route={node};")), "{cookie}");
         }

@@ -163,6 +163,25 @@ fn nul_bytes_in_a_head_are_just_bytes() {
     );
 }
 
+/// The first `route` pair decides, whatever its value: empty, or with bytes that are not
+/// UTF-8, it names no node, and the request is pinned afresh, the later valid pair never
+/// looked at; a node's name followed by such a byte names no node either.
+#[test]
+fn a_first_route_value_that_names_no_node_pins_afresh_whatever_follows() {
+    assert_eq!(
+        sim(b"POOL a b\n\
+              REQUEST\nGET / HTTP/1.1\nCookie: route=; route=b\n\n\
+              REQUEST\nGET / HTTP/1.1\nCookie: route=\xff\xfe; route=a\n\n\
+              REQUEST\nGET / HTTP/1.1\nCookie: route=b\xe9\nCookie: route=b\n\n\
+              REQUEST\nGET / HTTP/1.1\nCookie: x=\xff; route=b\n\n"),
+        "OK\n\
+         a new Set-Cookie: route=a; Path=/; HttpOnly\n\
+         b new Set-Cookie: route=b; Path=/; HttpOnly\n\
+         a new Set-Cookie: route=a; Path=/; HttpOnly\n\
+         b sticky\n"
+    );
+}
+
 #[test]
 fn one_megabyte_header_line_is_refused_and_the_run_goes_on() {
     let mut input = b"POOL a b\nREQUEST\nGET / HTTP/1.1\nX-Big: ".to_vec();

@@ -153,7 +153,12 @@ pub async fn body_of(req: reqwest::RequestBuilder) -> String {
 }
 
 pub fn node_of(resp: &reqwest::Response) -> String {
-    resp.headers()
+    node_in(resp.headers())
+}
+
+/// The node an answer's head names (`X-Limpet-Node`), empty without one.
+pub fn node_in(headers: &http::HeaderMap) -> String {
+    headers
         .get("x-limpet-node")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
