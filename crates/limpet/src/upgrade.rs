@@ -534,16 +534,13 @@ pub struct Told {
     pub moved: Vec<crate::nodes::MovedOff>,
 }
 
-/// [`Told`] as it crosses: a length and JSON, as a header ([`read_json`]). Each field
-/// may be left out, and what is not understood is left out alone.
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// [`Told`] as it crosses: a length and JSON, as a header ([`read_json`]): the handover's
+/// state header ([`Last`], its tables and sightings empty) and the moves. What is not
+/// understood is left out alone.
+#[derive(Debug, Serialize, Deserialize)]
 struct ToldWire {
-    #[serde(default)]
-    nodes: Vec<(String, NodeAdmin)>,
-    #[serde(default)]
-    health: Vec<serde_json::Value>,
-    #[serde(default)]
-    now_ms: Option<u64>,
+    #[serde(flatten)]
+    state: Last,
     /// Node, spread key, why (as logs write it).
     #[serde(default)]
     moved: Vec<(String, u64, String)>,
@@ -552,9 +549,7 @@ struct ToldWire {
 impl From<Told> for ToldWire {
     fn from(t: Told) -> Self {
         ToldWire {
-            nodes: wire_nodes(&t.state.nodes),
-            health: wire_health(&t.state.health),
-            now_ms: t.state.holder_now_ms,
+            state: Last::from(&t.state),
             moved: t
                 .moved
                 .into_iter()
@@ -567,12 +562,7 @@ impl From<Told> for ToldWire {
 impl From<ToldWire> for Told {
     fn from(w: ToldWire) -> Self {
         Told {
-            state: State {
-                nodes: w.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
-                health: read_health(w.health),
-                holder_now_ms: w.now_ms,
-                ..State::default()
-            },
+            state: state_of(w.state, Vec::new()),
             moved: w
                 .moved
                 .into_iter()
@@ -819,7 +809,12 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
     if !fds.is_empty() {
         return Err(invalid("descriptors with the state"));
     }
-    Ok(State {
+    Ok(state_of(last, tables))
+}
+
+/// The state a header tells, with its tables' bytes.
+fn state_of(last: Last, tables: Vec<(String, Vec<u8>)>) -> State {
+    State {
         tables,
         nodes: last.nodes.into_iter().map(|(n, a)| (n, a.into())).collect(),
         health: read_health(last.health),
@@ -829,23 +824,39 @@ fn receive_state(conn: &UnixStream, fds: &mut Vec<OwnedFd>) -> std::io::Result<S
             .into_iter()
             .filter_map(|v| serde_json::from_value::<NodeSeen>(v).ok())
             .collect(),
-    })
+    }
 }
 
-/// Nodes' admin states as they cross.
-fn wire_nodes(nodes: &[(String, AdminState)]) -> Vec<(String, NodeAdmin)> {
-    nodes
-        .iter()
-        .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
-        .collect()
-}
-
-/// Nodes' health as it crosses, entry by entry ([`read_health`] reads it back).
-fn wire_health(health: &[NodeHealth]) -> Vec<serde_json::Value> {
-    health
-        .iter()
-        .filter_map(|h| serde_json::to_value(HealthEntry::from(h)).ok())
-        .collect()
+impl From<&State> for Last {
+    /// The header of `state`: its tables by name and length (their bytes follow it).
+    fn from(state: &State) -> Self {
+        Last {
+            tables: state
+                .tables
+                .iter()
+                .map(|(name, b)| TableEntry {
+                    name: name.clone(),
+                    len: b.len() as u64,
+                })
+                .collect(),
+            nodes: state
+                .nodes
+                .iter()
+                .map(|(n, a)| (n.clone(), NodeAdmin::from(*a)))
+                .collect(),
+            health: state
+                .health
+                .iter()
+                .filter_map(|h| serde_json::to_value(HealthEntry::from(h)).ok())
+                .collect(),
+            now_ms: state.holder_now_ms,
+            seen: state
+                .seen
+                .iter()
+                .filter_map(|n| serde_json::to_value(n).ok())
+                .collect(),
+        }
+    }
 }
 
 /// Each node's health as the holder wrote it, entry by entry: one not understood (a later
@@ -994,24 +1005,7 @@ fn send_offer(conn: &UnixStream, sockets: &[HeldSocket]) -> std::io::Result<()> 
 
 /// "stopping", then the state: its header and each table's bytes.
 fn send_state(conn: &UnixStream, state: &State) -> std::io::Result<()> {
-    let last = Last {
-        tables: state
-            .tables
-            .iter()
-            .map(|(name, b)| TableEntry {
-                name: name.clone(),
-                len: b.len() as u64,
-            })
-            .collect(),
-        nodes: wire_nodes(&state.nodes),
-        health: wire_health(&state.health),
-        now_ms: state.holder_now_ms,
-        seen: state
-            .seen
-            .iter()
-            .filter_map(|n| serde_json::to_value(n).ok())
-            .collect(),
-    };
+    let last = Last::from(state);
     let mut w = conn;
     w.write_all(STOPPING)?;
     write_json(conn, &last)?;
