@@ -193,13 +193,28 @@ impl UpstreamError {
 
     /// What a session pinned to the node is re-pinned for when this error moves its request
     /// elsewhere: no connection, no answer in time, the node DOWN meanwhile, or a connection
-    /// lost (or broken) after the request went out.
+    /// lost (or broken) after the request went out, a part of it included.
     pub fn repin_reason(&self) -> RepinReason {
         match (self.stage, self.cause) {
             (_, Cause::NodeDown) => RepinReason::NodeDown,
             (Stage::AnswerHead, Cause::Timeout) => RepinReason::AnswerTimeout,
             (Stage::AnswerHead, _) => RepinReason::AnswerFailed,
+            (Stage::Send, _) if self.sent => RepinReason::AnswerFailed,
             _ => RepinReason::ConnectFailed,
+        }
+    }
+
+    /// Whether the request had gone out, whole or in part, when its node failed it: the
+    /// node lost the connection or left it unanswered once bytes of it were written. A
+    /// write that fails after a first part went out (a node that resets the connection on
+    /// a head it will not take, while limpet still writes it) is one too: the request may be
+    /// the cause, as a request that outlasts the answer timeout may be, and it is not
+    /// replayed on every node in turn ([`crate::proxy`]'s cap of one replay after sending).
+    pub fn failed_after_sending(&self) -> bool {
+        match self.stage {
+            Stage::AnswerHead => true,
+            Stage::Send => self.sent,
+            _ => false,
         }
     }
 
@@ -236,6 +251,23 @@ mod tests {
             &io::Error::from_raw_os_error(libc::ECONNREFUSED),
         );
         assert_eq!(refused.observation(), Some(Observation::TrafficFailed));
+    }
+
+    /// A write that failed once a first part of the request had gone out (a node resetting
+    /// a head it will not take) is a failure after sending, as an unanswered request is:
+    /// counted toward the one replay after sending, and the session re-pinned for a
+    /// connection lost after the request went out, not for a connect that failed.
+    #[test]
+    fn a_write_cut_after_a_first_part_went_out_is_a_failure_after_sending() {
+        let reset = Cause::Io(io::ErrorKind::ConnectionReset);
+        let cut = UpstreamError::new(Stage::Send, reset, true, "");
+        assert!(cut.failed_after_sending());
+        assert_eq!(cut.repin_reason(), RepinReason::AnswerFailed);
+        let before = UpstreamError::new(Stage::Send, reset, false, "");
+        assert!(!before.failed_after_sending());
+        assert_eq!(before.repin_reason(), RepinReason::ConnectFailed);
+        assert!(UpstreamError::timeout(Stage::AnswerHead, true).failed_after_sending());
+        assert!(!UpstreamError::timeout(Stage::Connect, false).failed_after_sending());
     }
 
     #[test]

@@ -1564,6 +1564,113 @@ async fn a_request_slow_on_every_node_is_replayed_once_then_answered_504() {
     }
 }
 
+/// A node that resets each connection once the first bytes of a request came, while the
+/// rest of a large head is still on its way: its kernel takes little at a time (a small MSS
+/// and receive buffer), so limpet's write of a head of tens of KiB fails after a first part
+/// went out (a node, or a device before it, that refuses a head it will not take with a
+/// reset). `accepted` counts the connections that reached it.
+struct Resetting {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl Resetting {
+    fn start() -> Resetting {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None)
+            .unwrap_or_else(|e| panic!("resetting node socket: {e}"));
+        // Both set before `listen`: accepted connections take them (the MSS is announced in
+        // the handshake, and limpet's send buffer is sized from it).
+        socket
+            .set_tcp_mss(536)
+            .unwrap_or_else(|e| panic!("resetting node mss: {e}"));
+        socket
+            .set_recv_buffer_size(2048)
+            .unwrap_or_else(|e| panic!("resetting node rcvbuf: {e}"));
+        socket
+            .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap_or_else(|e| panic!("bind resetting node: {e}"));
+        socket
+            .listen(16)
+            .unwrap_or_else(|e| panic!("listen resetting node: {e}"));
+        socket
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("resetting node nonblocking: {e}"));
+        let listener = TcpListener::from_std(socket.into())
+            .unwrap_or_else(|e| panic!("resetting node listener: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("resetting node addr: {e}"));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut first = [0u8; 1];
+                    if matches!(s.read(&mut first).await, Ok(1)) {
+                        // Closed with data unread and no linger: a reset.
+                        let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                    }
+                });
+            }
+        });
+        Resetting {
+            addr,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for Resetting {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A GET whose head every node resets while limpet writes it (a head a node will not take)
+/// failed each node after a part of it went out: it is replayed on one other node, not on
+/// each in turn, then answered 502, as a request unanswered on two nodes is. Replayed on
+/// all, a few such requests charged every node and could take them all DOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_head_each_node_resets_is_tried_on_two_nodes_only() {
+    let nodes: Vec<Resetting> = (0..3).map(|_| Resetting::start()).collect();
+    let cfg = limpet::proxy::ProxyConfig::new(
+        ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(name, n)| limpet::proxy::NodeConfig {
+                name: (*name).into(),
+                addr: n.addr,
+            })
+            .collect(),
+    );
+    let proxy = Quick::start(cfg).await;
+    // Well under the listener's `max_header_bytes` (64 KiB), far over what a node with
+    // that MSS lets limpet's kernel hold at once.
+    let cookie = format!("big={}", "x".repeat(48 * 1024));
+    let answer = tokio::time::timeout(
+        PATIENCE,
+        fresh_client()
+            .get(proxy.url())
+            .header("cookie", cookie)
+            .send(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no answer"))
+    .unwrap_or_else(|e| panic!("GET: {e}"));
+    assert_eq!(answer.status(), 502);
+    let reached: u64 = nodes
+        .iter()
+        .map(|n| n.accepted.load(Ordering::SeqCst))
+        .sum();
+    assert_eq!(reached, 2, "two nodes tried, one left alone");
+    assert_eq!(errors_per_node(&proxy), [0, 1, 1]);
+    proxy.stop().await;
+}
+
 /// A node that takes every connection and reads each request head, then never answers:
 /// each head's request line is told on `heads` as it arrives (the request reached the node).
 struct Holding {

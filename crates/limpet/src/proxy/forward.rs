@@ -1127,7 +1127,7 @@ impl<'a> Attempt<'a> {
         // node takes it until its checks fail must not take every node DOWN in turn.
         // (A slow answer is never failed over: it is the request's, not the node's.)
         let charged = observed.is_some_and(|o| o != limpet_core::Observation::SlowAnswer);
-        let sent_failure = e.stage == Stage::AnswerHead && (charged || e.cause == Cause::NodeDown);
+        let sent_failure = e.failed_after_sending() && (charged || e.cause == Cause::NodeDown);
         if let Some(obs) = observed {
             SeenIn::observe(self.seen_in.as_ref(), state, node, obs);
         }
