@@ -605,14 +605,18 @@ async fn connect(
         if trial.is_none() && failed.is_empty() {
             // As a session would try the node: the connect, a PROXY header, the TLS
             // handshake. (The listener's definition is shared only when a trial is made.)
-            state.try_due_trial(
-                clock::now_ms(),
+            let now = clock::now_ms();
+            let tried = state.try_due_trial(
+                now,
                 |n| state.upstream(def, n, local_port),
                 // Up to three steps of `connect` each (the connect, a PROXY header, a TLS
                 // handshake), and a margin.
                 (def.timeouts.connect * 4, by),
                 |_, addr| own_trial(Arc::clone(def), addr),
             );
+            if !tried && by == crate::nodes::TrialBy::Connect {
+                try_due_answer_trial(state, now);
+            }
         }
         let Some(node) = route.node else {
             // A reload since the session's generation was taken (its first route may have
@@ -770,6 +774,52 @@ async fn until_cut<T>(
         }
         () = stopped(cut) => Err(NoSession::cut_at_shutdown(node)),
     }
+}
+
+/// limpet's own trial, as an HTTP listener of the config reaches it, of a DOWN node that left
+/// HTTP requests unanswered, which a TCP listener's connect may not try
+/// ([`crate::nodes::NodeRuntime::claim_trial`]): only an answer brings it back. Without it,
+/// once HTTP requests stopped coming (a print server's web page used now and then, its raw
+/// port all day), such a node stayed DOWN for good, its sessions on the others, every TCP
+/// session refused when all the nodes were. Asked the way an HTTP listener's own trial asks
+/// (`OPTIONS *`, [`crate::proxy::upstream::answers_at`]), at the address the first HTTP
+/// listener that has one reaches the node at (a `node_port = "same"` listener bound to
+/// port 0 has none). Nothing is looked up before a trial is due.
+fn try_due_answer_trial(state: &Arc<State>, now: u64) {
+    if !state.answer_trial_due(now) {
+        return;
+    }
+    let http = || {
+        state.listeners.iter().find_map(|l| {
+            let d = l.def.load_full();
+            let port = if d.upstreams.is_same_port() {
+                d.bind.first().map_or(0, SocketAddr::port)
+            } else {
+                0
+            };
+            (d.mode == crate::config::Mode::Http && (!d.upstreams.is_same_port() || port != 0))
+                .then_some((d, port))
+        })
+    };
+    let Some((first, _)) = http() else {
+        return;
+    };
+    let (connect, answer) = (first.timeouts.connect, first.timeouts.upstream_answer);
+    state.try_due_trial(
+        now,
+        |n| http().and_then(|(d, port)| d.upstreams.get(n.index(), port)),
+        // The connect and a TLS handshake, the answer, and a margin.
+        (connect * 3 + answer, crate::nodes::TrialBy::Answer),
+        |_, addr| async move {
+            let tls = first.upstream_tls.as_ref().map(|u| {
+                (
+                    &u.config,
+                    crate::tls::upstream_name(u.server_name.as_deref(), addr.ip()),
+                )
+            });
+            crate::proxy::upstream::answers_at(addr, tls, connect, answer).await
+        },
+    );
 }
 
 /// limpet's own trial of a DOWN node ([`crate::runtime::State::try_due_trial`]): a

@@ -48,7 +48,7 @@ mod node_h1;
 pub mod quick;
 mod server;
 mod upgrade;
-mod upstream;
+pub(crate) mod upstream;
 
 pub use body::ProxyBody;
 pub use config::{

@@ -243,57 +243,8 @@ impl NodeConns {
     /// `answer`, whatever the status: the node's process answers. A trial of a node that left
     /// requests unanswered must be an answer, which a completed connect is not.
     pub(crate) async fn answers(&self, answer: Duration) -> Result<(), UpstreamError> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
         let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
-        let mut io = crate::net::node_tls(self.addr, stream, tls, self.connect_timeout).await?;
-        let ask = format!(
-            "OPTIONS * HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nUser-Agent: limpet-trial\r\n\r\n",
-            self.addr
-        );
-        let exchange = async {
-            io.write_all(ask.as_bytes())
-                .await
-                .map_err(|e| UpstreamError::new(Stage::Send, Cause::Io(e.kind()), true, e))?;
-            // The status line's first bytes are enough: `HTTP/1.` and a digit.
-            let mut got = [0u8; 9];
-            let mut n = 0;
-            while n < got.len() {
-                match io.read(&mut got[n..]).await {
-                    Ok(0) => {
-                        return Err(UpstreamError::new(
-                            Stage::AnswerHead,
-                            Cause::Io(std::io::ErrorKind::UnexpectedEof),
-                            true,
-                            "the node closed the connection before answering",
-                        ))
-                    }
-                    Ok(k) => n += k,
-                    Err(e) => {
-                        return Err(UpstreamError::new(
-                            Stage::AnswerHead,
-                            Cause::Io(e.kind()),
-                            true,
-                            e,
-                        ))
-                    }
-                }
-            }
-            if got.starts_with(b"HTTP/1.") && got[8] == b' ' {
-                Ok(())
-            } else {
-                Err(UpstreamError::new(
-                    Stage::AnswerHead,
-                    Cause::Protocol,
-                    true,
-                    "not an HTTP/1 answer",
-                ))
-            }
-        };
-        match tokio::time::timeout(answer, exchange).await {
-            Ok(r) => r,
-            Err(_) => Err(UpstreamError::timeout(Stage::AnswerHead, true)),
-        }
+        answers_at(self.addr, tls, self.connect_timeout, answer).await
     }
 
     /// Whether the request-driven path ([`super::node_h1`]) can reach this node: plaintext
@@ -382,6 +333,66 @@ impl NodeConns {
             drop(idle);
             me.sweep_soon();
         });
+    }
+}
+
+/// limpet's own trial of a node at `addr` as an HTTP listener reaches it (TLS to it when
+/// `tls` is set): see [`NodeConns::answers`]. Also how a TCP listener tries a node that left
+/// HTTP requests unanswered (`crate::tcp`), which only an answer can bring back.
+pub(crate) async fn answers_at(
+    addr: SocketAddr,
+    tls: Option<(&Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    connect_timeout: Duration,
+    answer: Duration,
+) -> Result<(), UpstreamError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = crate::net::connect_node(addr, connect_timeout).await?;
+    let mut io = crate::net::node_tls(addr, stream, tls, connect_timeout).await?;
+    let ask = format!(
+        "OPTIONS * HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nUser-Agent: limpet-trial\r\n\r\n"
+    );
+    let exchange = async {
+        io.write_all(ask.as_bytes())
+            .await
+            .map_err(|e| UpstreamError::new(Stage::Send, Cause::Io(e.kind()), true, e))?;
+        // The status line's first bytes are enough: `HTTP/1.` and a digit.
+        let mut got = [0u8; 9];
+        let mut n = 0;
+        while n < got.len() {
+            match io.read(&mut got[n..]).await {
+                Ok(0) => {
+                    return Err(UpstreamError::new(
+                        Stage::AnswerHead,
+                        Cause::Io(std::io::ErrorKind::UnexpectedEof),
+                        true,
+                        "the node closed the connection before answering",
+                    ))
+                }
+                Ok(k) => n += k,
+                Err(e) => {
+                    return Err(UpstreamError::new(
+                        Stage::AnswerHead,
+                        Cause::Io(e.kind()),
+                        true,
+                        e,
+                    ))
+                }
+            }
+        }
+        if got.starts_with(b"HTTP/1.") && got[8] == b' ' {
+            Ok(())
+        } else {
+            Err(UpstreamError::new(
+                Stage::AnswerHead,
+                Cause::Protocol,
+                true,
+                "not an HTTP/1 answer",
+            ))
+        }
+    };
+    match tokio::time::timeout(answer, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(UpstreamError::timeout(Stage::AnswerHead, true)),
     }
 }
 

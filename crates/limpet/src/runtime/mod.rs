@@ -1104,13 +1104,15 @@ impl State {
     /// tried too.
     /// Only once the trial has been due for [`TRIAL_BY_CONNECT_AFTER`] with no request to
     /// make it: under fresh traffic a request tries the node, as ever.
+    /// Whether a trial was started.
     pub fn try_due_trial<A>(
         self: &Arc<Self>,
         now_ms: u64,
         addr: impl Fn(NodeId) -> Option<SocketAddr>,
         (hold, by): (Duration, TrialBy),
         attempt: impl FnOnce(NodeId, SocketAddr) -> A,
-    ) where
+    ) -> bool
+    where
         A: std::future::Future<Output = Result<(), crate::error::UpstreamError>> + Send + 'static,
     {
         let cached = self.snapshot();
@@ -1120,7 +1122,7 @@ impl State {
             let addr = addr(n)?;
             Some((n, addr, self.node_rt(n)?.claim_trial(hold, false, by)?))
         }) else {
-            return;
+            return false;
         };
         drop(cached);
         tracing::info!(
@@ -1141,6 +1143,19 @@ impl State {
             }
             drop(claim);
         });
+        true
+    }
+
+    /// Whether a DOWN node is due a trial that an attempt of limpet's own decided by an
+    /// answer may make ([`State::try_due_trial`] with [`TrialBy::Answer`]): one comparison
+    /// until one is.
+    pub fn answer_trial_due(&self, now_ms: u64) -> bool {
+        let due_since = now_ms.saturating_sub(crate::clock::ms(TRIAL_BY_CONNECT_AFTER));
+        self.snapshot()
+            .snap
+            .trials_due(due_since, true)
+            .next()
+            .is_some()
     }
 
     /// The session's own node, when `r` moves the session off it because it is DOWN with
