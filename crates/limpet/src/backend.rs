@@ -69,15 +69,14 @@ pub type HookFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait DemoHooks: Send + Sync + 'static {
     /// The page node `node` serves for `/index.html` (and `/` asked as HTML).
     fn page(&self, node: &str) -> String;
-    /// Answers `method path?query` under `/demo/`: a status and a JSON body. `demo_header`
-    /// says whether the request carried `X-Limpet-Demo` (which a cross-site form cannot
-    /// send, so the hooks can refuse writes without it).
+    /// Answers `method path?query` under `/demo/`: a status and a JSON body. `refusal` says
+    /// why a write must be refused, if it must ([`demo_write_refusal`]).
     fn control<'a>(
         &'a self,
         method: &'a http::Method,
         path: &'a str,
         query: &'a str,
-        demo_header: bool,
+        refusal: Option<&'static str>,
     ) -> HookFuture<'a, (StatusCode, String)>;
 }
 
@@ -220,6 +219,23 @@ impl std::fmt::Display for Dropped {
 
 impl std::error::Error for Dropped {}
 
+/// Why a write to the demo's control endpoint is refused, if it is. It changes nodes with no
+/// token, so it is taken only from the demo's own page:
+/// - with `X-Limpet-Demo`, which the page sends and a cross-site form cannot;
+/// - sent to an IP address or `localhost` (its `Host`), as the admin listener's writes without
+///   a token are: a page of another site whose name was made to resolve to loopback (DNS
+///   rebinding) is same-origin with the demo, and could send the header.
+pub(crate) fn demo_write_refusal(headers: &http::HeaderMap) -> Option<&'static str> {
+    if !headers.contains_key("x-limpet-demo") {
+        return Some("demo actions need the X-Limpet-Demo header (the demo page sends it)");
+    }
+    crate::admin::rebinding_refusal(headers, &[]).map(|_| {
+        "demo actions are taken only from the demo page loaded by IP address or localhost \
+         (e.g. http://127.0.0.1:8080/): another name may be a foreign site resolved to \
+         loopback"
+    })
+}
+
 async fn handle(
     name: Arc<str>,
     hooks: Option<Arc<dyn DemoHooks>>,
@@ -230,10 +246,8 @@ async fn handle(
     if let Some(hooks) = &hooks {
         if path.starts_with("/demo/") {
             let query = req.uri().query().unwrap_or("").to_owned();
-            let demo_header = req.headers().contains_key("x-limpet-demo");
-            let (status, body) = hooks
-                .control(req.method(), &path, &query, demo_header)
-                .await;
+            let refusal = demo_write_refusal(req.headers());
+            let (status, body) = hooks.control(req.method(), &path, &query, refusal).await;
             let mut resp = answer(&name, status, "application/json", full(body));
             // Node states change from one second to the next.
             resp.headers_mut()

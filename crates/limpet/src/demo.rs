@@ -18,7 +18,9 @@
 //! | POST | `/demo/nodes/{node}/drain?deadline_secs=N` | `{"state":"drain","deadline_secs":N,"spread_secs":0}` to the admin API (default N = 5) |
 //! | POST | `/demo/nodes/{node}/maint`, `/ready` | the same state to the admin API |
 //!
-//! Writes need the `X-Limpet-Demo` header (the page sends it; a cross-site form cannot), and
+//! Writes need the `X-Limpet-Demo` header (the page sends it; a cross-site form cannot) and a
+//! `Host` that is an IP address or `localhost` (a foreign name resolved to loopback, DNS
+//! rebinding, is refused as the admin listener refuses it), and
 //! are refused when they would leave no node running and ready: the page itself needs one to
 //! reach this endpoint, or nothing could start the others again.
 //!
@@ -70,6 +72,7 @@ const CHECK_RISE: u32 = 2;
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Address for the proxy; when the default is taken, a free port is used instead.
+    /// Loopback only: the demo page stops and starts nodes with no token.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// Address for limpet's admin listener (stats page, JSON API, /metrics). Loopback only:
@@ -80,7 +83,7 @@ pub struct DemoArgs {
 
 /// Runs the demo until Ctrl-C. A bad argument exits with code 2, as every command does.
 pub fn run(args: DemoArgs) -> ExitCode {
-    if let Err(e) = admin_on_loopback(args.admin) {
+    if let Err(e) = on_loopback(args.listen, args.admin) {
         eprintln!("limpet demo: {e}");
         return ExitCode::from(2);
     }
@@ -122,15 +125,21 @@ pub struct Demo {
     tasks: JoinSet<()>,
 }
 
-/// The demo's admin listener has no token, so it may only listen where no one else reaches.
-fn admin_on_loopback(admin: SocketAddr) -> Result<(), String> {
-    if admin.ip().is_loopback() {
-        Ok(())
-    } else {
-        Err(format!(
-            "--admin {admin}: the demo's admin listener has no token, so it listens on loopback only (e.g. 127.0.0.1:9900)"
-        ))
+/// The demo's admin listener has no token, and its page's control endpoint (served through
+/// the proxy) stops, starts, drains and sets nodes with none either: both may only listen
+/// where no one else reaches.
+fn on_loopback(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
+    if !listen.ip().is_loopback() {
+        return Err(format!(
+            "--listen {listen}: the demo page stops and starts nodes with no token, so the demo listens on loopback only (e.g. 127.0.0.1:8080)"
+        ));
     }
+    if !admin.ip().is_loopback() {
+        return Err(format!(
+            "--admin {admin}: the demo's admin listener has no token, so it listens on loopback only (e.g. 127.0.0.1:9900)"
+        ));
+    }
+    Ok(())
 }
 
 /// Binds `addr`; when it is taken and names a fixed port, a free port of the same address.
@@ -153,11 +162,11 @@ fn local(l: &TcpListener) -> Result<SocketAddr, String> {
 }
 
 impl Demo {
-    /// Starts the nodes, the proxy on `listen` and the admin listener on `admin` (which must
-    /// be a loopback address: the demo sets no token). A default port that is taken is
+    /// Starts the nodes, the proxy on `listen` and the admin listener on `admin` (both must
+    /// be loopback addresses: the demo sets no token). A default port that is taken is
     /// replaced by a free one; port 0 picks a free one.
     pub async fn start(listen: SocketAddr, admin: SocketAddr) -> Result<Demo, String> {
-        admin_on_loopback(admin)?;
+        on_loopback(listen, admin)?;
         // Each node gets a port chosen by the system: nothing to collide with.
         let mut node_listeners = Vec::new();
         for name in NODES {
@@ -615,17 +624,14 @@ impl DemoNodes {
         method: &Method,
         path: &str,
         query: &str,
-        demo_header: bool,
+        refusal: Option<&'static str>,
     ) -> (StatusCode, String) {
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         match parts.as_slice() {
             ["demo", "nodes"] if method == Method::GET => self.list().await,
             ["demo", "nodes", name, action] if method == Method::POST => {
-                if !demo_header {
-                    return refused(
-                        StatusCode::FORBIDDEN,
-                        "demo actions need the X-Limpet-Demo header (the demo page sends it)",
-                    );
+                if let Some(why) = refusal {
+                    return refused(StatusCode::FORBIDDEN, why);
                 }
                 match self.node(name) {
                     Some(node) => self.act(node, action, query).await,
@@ -650,9 +656,9 @@ impl DemoHooks for DemoNodes {
         method: &'a Method,
         path: &'a str,
         query: &'a str,
-        demo_header: bool,
+        refusal: Option<&'static str>,
     ) -> HookFuture<'a, (StatusCode, String)> {
-        Box::pin(self.control_impl(method, path, query, demo_header))
+        Box::pin(self.control_impl(method, path, query, refusal))
     }
 }
 

@@ -166,3 +166,18 @@ fn demo_refuses_an_admin_listener_off_loopback() {
     assert!(stderr.contains("loopback only"), "{stderr}");
     assert!(out.stdout.is_empty(), "nothing started: {out:?}");
 }
+
+#[test]
+fn demo_refuses_a_proxy_listener_off_loopback() {
+    // The demo page's control endpoint, served through the proxy, stops and starts nodes with
+    // no token: anywhere but loopback anyone reaching the port could.
+    let out = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["demo", "--listen", "0.0.0.0:0", "--admin", "127.0.0.1:0"])
+        .output()
+        .expect("run limpet demo");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--listen 0.0.0.0:0"), "{stderr}");
+    assert!(stderr.contains("loopback only"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing started: {out:?}");
+}

@@ -170,6 +170,22 @@ async fn stopping_then_draining_the_visitors_node_moves_its_http_and_websocket()
         .await;
     assert_eq!(forged.status, 403, "{}", forged.body);
 
+    // Nor one sent to a name that is neither an IP address nor localhost, with the header:
+    // a foreign site's page whose name was made to resolve to loopback (DNS rebinding) is
+    // same-origin with the demo and could send it.
+    let rebound = visitor
+        .answer(
+            visitor
+                .client
+                .post(format!("{}/demo/nodes/{home}/stop", visitor.base))
+                .header("host", "evil.example:8080")
+                .header("X-Limpet-Demo", "1"),
+        )
+        .await;
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
+    assert!(rebound.body.contains("localhost"), "{}", rebound.body);
+    assert_eq!(node_state(&visitor.nodes().await, &home)["running"], true);
+
     // Stop the visitor's node, as its button does.
     let stopped = visitor.press(&home, "stop", "").await;
     assert_eq!(stopped["ok"], true, "{stopped}");

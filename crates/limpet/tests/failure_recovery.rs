@@ -1875,7 +1875,7 @@ impl limpet::backend::DemoHooks for Stall {
         _method: &'a http::Method,
         _path: &'a str,
         _query: &'a str,
-        _demo_header: bool,
+        _refusal: Option<&'static str>,
     ) -> limpet::backend::HookFuture<'a, (http::StatusCode, String)> {
         self.arrived.fetch_add(1, Ordering::SeqCst);
         self.told.notify_waiters();

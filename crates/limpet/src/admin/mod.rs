@@ -60,6 +60,7 @@ use limpet_core::{Health, HealthPolicy};
 use serde::Serialize;
 
 pub use crate::metrics::{HistoryView, TrafficView, SAMPLE_EVERY};
+pub(crate) use auth::rebinding_refusal;
 pub use auth::{AdminSettings, AdminSettingsError, DEFAULT_ADMIN_LISTEN};
 pub use server::serve;
 
