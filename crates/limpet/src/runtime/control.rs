@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use limpet_core::table::{AffinityStore, KeySpec, TableKey};
+use limpet_core::table::{AffinityStore, KeyKind, KeySpec, TableKey};
 use limpet_core::{AdminState, CheckSlot, Observation};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -341,7 +341,19 @@ impl Control for RuntimeControl {
             .iter()
             .find(|k| tl.store_mut().remove(k.as_key_ref()).is_some());
         if let Some(k) = removed {
-            tracing::info!(table = %name, key = %k, "operator deleted table entry");
+            // A cookie's or a header's value is an application session id, which the admin
+            // API shows only to a holder of the token (docs/admin.md): the log, read more
+            // widely, does not get it. A client address it does, as the access log has it.
+            match k.kind() {
+                KeyKind::V4 | KeyKind::V6 => {
+                    tracing::info!(table = %name, key = %k, "operator deleted table entry");
+                }
+                KeyKind::Bytes | KeyKind::Digest => tracing::info!(
+                    table = %name,
+                    key = "(a session id: not logged)",
+                    "operator deleted table entry"
+                ),
+            }
         }
         Ok(removed.is_some())
     }
@@ -1029,6 +1041,94 @@ mod tests {
             1,
             "the full view counts them"
         );
+    }
+
+    /// An operator's delete of a table entry is logged with the key only when the key is a
+    /// client address: a cookie's or a header's value is a session id, which the admin API
+    /// shows only with the token, and the log would show to whoever reads it.
+    #[test]
+    fn a_deleted_entry_s_session_id_stays_out_of_the_log() {
+        use crate::admin::Control as _;
+        let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+                    [[tables]]\nname = \"by-id\"\nheader = \"X-Terminal-Id\"\n\n\
+                    [[tables]]\nname = \"by-ip\"\nkey = \"source-ip\"\n\n\
+                    [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+                    node_port = 9\ntable = \"by-id\"\n\n\
+                    [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+                    node_port = 9\ntable = \"by-ip\"\n";
+        let config =
+            crate::config::Config::from_text(std::path::Path::new("t.toml"), text).expect("config");
+        let state = crate::runtime::State::new(config).expect("state");
+        let a = state.node_id("a").expect("a");
+        let now = crate::clock::now_ms();
+        state.table("by-id").expect("by-id").learn(
+            limpet_core::table::KeyRef::bytes(b"s3cret-session-id"),
+            a,
+            now,
+            state.topology(),
+        );
+        state.table("by-ip").expect("by-ip").learn(
+            limpet_core::table::KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 7)),
+            a,
+            now,
+            state.topology(),
+        );
+        let control = super::RuntimeControl {
+            runtime: crate::runtime::Runtime::new(state),
+        };
+        let written = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(written.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(matches!(
+                control.table_delete("by-id", "s3cret-session-id"),
+                Ok(true)
+            ));
+            assert!(matches!(
+                control.table_delete("by-ip", "192.0.2.7"),
+                Ok(true)
+            ));
+        });
+        let log = written.text();
+        assert_eq!(
+            log.matches("operator deleted table entry").count(),
+            2,
+            "{log}"
+        );
+        assert!(!log.contains("s3cret"), "the session id was logged: {log}");
+        assert!(
+            log.contains("192.0.2.7"),
+            "the address was not logged: {log}"
+        );
+    }
+
+    /// What a test's subscriber wrote.
+    #[derive(Clone, Default)]
+    struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Log {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+        }
+    }
+
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+        type Writer = Log;
+        fn make_writer(&'a self) -> Log {
+            self.clone()
+        }
     }
 
     /// A stop waits for a reload applying what it read (on another thread of a multi-thread
