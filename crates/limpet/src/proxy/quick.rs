@@ -189,6 +189,7 @@ pub fn run(args: ProxyArgs) -> ExitCode {
         if workers > 1 {
             return serve_on_workers(cfg, &args.listen, workers).await;
         }
+        crate::runtime::workers::keep_a_timer_due();
         let listener = match tokio::net::TcpListener::bind(&args.listen).await {
             Ok(l) => l,
             Err(e) => {

@@ -898,6 +898,9 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let workers = super::workers::count(args.threads);
     let code = rt.block_on(async move {
+        if workers <= 1 {
+            super::workers::keep_a_timer_due();
+        }
         // SIGUSR2 starts this binary's successor, with these arguments (read now: a package
         // upgrade replaces the file under a running process).
         let successor = match &args.upgrade_socket {
