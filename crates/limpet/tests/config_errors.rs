@@ -835,6 +835,65 @@ fn a_bind_taken_by_another_listener_names_its_line_and_index() {
     );
 }
 
+/// The admin listener on an address a listener binds (or one a wildcard of either covers):
+/// refused by the check, at `admin.listen`, or at the listener's `bind` when `admin.listen`
+/// is left to its default. Before, `limpet check` passed and `limpet run` failed at the bind
+/// with no line.
+#[test]
+fn the_admin_listener_on_a_listener_s_address_names_its_place() {
+    let web = |bind: &str| {
+        format!("{NODES}[[listeners]]\nname = \"web\"\nbind = \"{bind}\"\nnode_port = 80\n\n")
+    };
+    let text = format!(
+        "{}[admin]\nlisten = \"127.0.0.1:5011\"\n",
+        web("127.0.0.1:5011")
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}admin.listen: 127.0.0.1:5011 is already bound by listener \"web\"",
+            at_value(&text, "listen = \"127.0.0.1:5011\"")
+        )),
+        "{e}"
+    );
+    let text = format!(
+        "{}[admin]\nlisten = \"127.0.0.1:5013\"\n",
+        web("0.0.0.0:5013")
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}admin.listen: 127.0.0.1:5013 is already bound by listener \"web\"",
+            at_value(&text, "listen = \"127.0.0.1:5013\"")
+        )),
+        "a wildcard listener covers it: {e}"
+    );
+    let text = format!("{}[admin]\n", web("127.0.0.1:9900"));
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].bind: 127.0.0.1:9900 is the admin listener's address (the default of admin.listen)",
+            at_value(&text, "bind = \"127.0.0.1:9900\"")
+        )),
+        "{e}"
+    );
+    for good in [
+        format!(
+            "{}[admin]\nlisten = \"127.0.0.1:5014\"\n",
+            web("127.0.0.1:5011")
+        ),
+        format!(
+            "{}[admin]\nlisten = \"127.0.0.2:5011\"\n",
+            web("127.0.0.1:5011")
+        ),
+        format!("{}[admin]\nlisten = \"127.0.0.1:0\"\n", web("127.0.0.1:0")),
+    ] {
+        if let Err(e) = Config::from_text(Path::new("limpet.toml"), &good) {
+            panic!("refused: {e}\n{good}");
+        }
+    }
+}
+
 /// Errors that used to point at the wrong line or key, or say the wrong thing: a signed
 /// cookie's limits and key count at their own values (they pointed at the listener's name),
 /// limits a name-mode cookie would silently ignore, a shared table without a store by its

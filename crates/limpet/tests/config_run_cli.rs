@@ -791,3 +791,52 @@ async fn an_answer_cut_mid_body_is_logged_with_whose_end_it_was() {
     while held_rx.recv().await.is_some() {}
     serving.abort();
 }
+
+/// An admin listener that cannot bind (another process listens there) stops `limpet run`
+/// with the file, line and column of `admin.listen` and its key, as a listener's bind error
+/// does. Before, it named the address only.
+#[test]
+fn an_admin_listener_that_cannot_bind_names_its_place() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let addr = taken.local_addr().expect("addr");
+    let dir = TempDir::new("admin-bind");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n[[listeners]]\nname = \"web\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = 80\n[admin]\nlisten = \"{addr}\"\n"
+    );
+    let path = dir.write("limpet.toml", &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["run", "-c"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn limpet run");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("limpet run kept running with its admin address taken");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).expect("stderr");
+    }
+    assert!(!status.success(), "{err}");
+    // Line 9, after the node, the listener and `[admin]`; column 10, the value.
+    assert!(
+        err.contains(&format!(
+            "{}:9:10: admin.listen: admin listener: cannot bind {addr}",
+            path.display()
+        )),
+        "{err}"
+    );
+    drop(taken);
+}

@@ -261,6 +261,10 @@ impl Validator<'_> {
             let mode = l.mode.as_ref().map_or(name, |m| self.src.place(&m.span()));
             places.note(format!("listeners[{i}].mode"), mode);
         }
+        // The admin listener's bind error at start names its place too.
+        if let Some(l) = raw.admin.as_ref().and_then(|a| a.listen.as_ref()) {
+            places.note("admin.listen".to_owned(), self.src.place(&l.span()));
+        }
         Ok(Config {
             path: self.src.file.to_owned(),
             nodes,
@@ -1341,6 +1345,37 @@ impl Validator<'_> {
                     (None, Some(l)) => self.err(l, "admin.listen", e.to_string()),
                     (None, None) => self.err_nowhere("admin", e.to_string()),
                 });
+            }
+            // The admin listener binds without `SO_REUSEPORT`: on an address a listener binds
+            // (or one a wildcard of either covers) it fails at start; say so now, as for two
+            // listeners. Port 0 never clashes.
+            let overlaps = |b: &SocketAddr| {
+                b.port() == listen.port()
+                    && (b.ip() == listen.ip()
+                        || b.ip().is_unspecified()
+                        || listen.ip().is_unspecified())
+            };
+            if listen.port() != 0 {
+                if let Some((i, l)) = listeners
+                    .iter()
+                    .enumerate()
+                    .find(|(_, l)| l.bind.iter().any(overlaps))
+                {
+                    let msg = format!("{listen} is already bound by listener {:?}", l.name);
+                    return Err(match (&a.listen, raw.listeners.get(i)) {
+                        (Some(at), _) => self.err(at, "admin.listen", msg),
+                        // `admin.listen` left to its default: the listener's `bind` is the
+                        // place to point at.
+                        (None, Some(rl)) => self.err(
+                            &rl.bind,
+                            format!("listeners[{i}].bind"),
+                            format!(
+                                "{listen} is the admin listener's address (the default of admin.listen): bind the listener elsewhere or set admin.listen"
+                            ),
+                        ),
+                        (None, None) => self.err_nowhere("admin.listen", msg),
+                    });
+                }
             }
             def.admin = Some(settings);
         }

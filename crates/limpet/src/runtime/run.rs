@@ -611,7 +611,15 @@ pub async fn start_from(
             let l = match got.into_iter().next() {
                 Some(l) => l,
                 None => super::workers::bind_one(admin.listen).map_err(|e| {
-                    StartError(format!("admin listener: cannot bind {}: {e}", admin.listen))
+                    // Named by the file, line and key of `admin.listen` when the file has it.
+                    let msg = format!("admin listener: cannot bind {}: {e}", admin.listen);
+                    StartError(match config.places.get("admin.listen") {
+                        Some(_) => config
+                            .places
+                            .error(&config.path, "admin.listen", msg)
+                            .to_string(),
+                        None => msg,
+                    })
                 })?,
             };
             let h = crate::upgrade::HeldSocket::of(crate::upgrade::Role::Admin, admin.listen, &l)
