@@ -982,11 +982,18 @@ impl Store {
             return;
         };
         let now = now_ms();
-        if lock(&self.own_repins).skip(table, &key, now) {
-            return;
-        }
         let left = {
             let mut t = lock(&entries);
+            // Decided under the table's lock, which a local re-pin holds from its put to its
+            // `sent` (`runtime::Table::published`). Decided before it, a message taken for
+            // another instance's re-pin could be applied after a local re-pin of the key made
+            // meanwhile, which the store runs after the message's: the entry back on the
+            // message's node (the session's connections on the newer one ended), the local
+            // re-pin's echo skipped, and the fleet on the newer node, until the key's
+            // expiry refresh.
+            if lock(&self.own_repins).skip(table, &key, now) {
+                return;
+            }
             let s = t.store();
             let Some(current) = s.peek(key.as_key_ref(), now) else {
                 return;
@@ -1667,6 +1674,91 @@ mod tests {
         }
         assert!(own.keys.is_empty());
         assert_eq!(own.sweep_at, REPINS_KEPT);
+    }
+
+    /// A re-pin message is decided (this instance's own echo, or another's re-pin) under the
+    /// table's lock, which a local re-pin holds from its put to its announcement: a local
+    /// re-pin of the key made while the message waits for the lock comes after it in the
+    /// store too, and the message is skipped. Before, the decision came before the lock: the
+    /// message, taken for another instance's re-pin, overwrote the newer local pin (and
+    /// ended the session's connections on its node), while the fleet kept the newer one.
+    #[test]
+    fn a_message_waiting_for_the_table_behind_a_local_re_pin_does_not_undo_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let metrics = crate::metrics::Metrics::new();
+        let def = StoreDef {
+            url: "redis://127.0.0.1:1".into(),
+            prefix: "t:".into(),
+            timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_millis(100),
+        };
+        let store = rt
+            .block_on(Store::start(def, &metrics, Box::new(|_, _| {})))
+            .expect("store");
+        // Up, so that a re-pin is sent (queued: nothing runs the writer meanwhile).
+        store.set_up(true);
+        let topology =
+            limpet_core::Topology::with_weights([("x", 1), ("w", 1), ("z", 1)]).expect("nodes");
+        let lru = LruTable::new(limpet_core::table::TableConfig::new(10, 60_000)).expect("lru");
+        let entries: Entries = Arc::new(Mutex::new(AffinityTable::new(lru, &topology)));
+        store.register("t", &entries, 60_000);
+        let (x, w) = (limpet_core::NodeId(0), limpet_core::NodeId(1));
+        let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 9));
+        let now = now_ms();
+        lock(&entries).learn(key, x, now);
+
+        // Another instance's re-pin of the key to z arrives while this instance's route holds
+        // the table to re-pin it to w.
+        let table = lock(&entries);
+        let mut payload = b"t\nz\n".to_vec();
+        encode_key(key, &mut payload);
+        let applying = std::thread::Builder::new()
+            .name("store-applies".into())
+            .spawn({
+                let store = Arc::clone(&store);
+                move || store.apply(&payload)
+            })
+            .expect("thread");
+        until_asleep("store-applies");
+        let mut table = table;
+        table.learn(key, w, now);
+        store.send(Write::Overwrite, &Arc::from("t"), key, "w", Some("x"));
+        drop(table);
+        applying.join().expect("apply");
+        let t = lock(&entries);
+        let pinned = t
+            .store()
+            .peek(key, now)
+            .and_then(|r| t.store().node_name(r));
+        assert_eq!(pinned, Some("w"), "the newer local re-pin holds");
+    }
+
+    /// Waits (bounded) until this process's thread named `name` sleeps: here, waiting for a
+    /// lock another thread holds.
+    fn until_asleep(name: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let asleep = |task: std::path::PathBuf| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim_end() == name)
+                && std::fs::read_to_string(task.join("stat")).is_ok_and(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+                })
+        };
+        while !std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| asleep(t.path()))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "thread {name} never waited"
+            );
+            std::thread::yield_now();
+        }
     }
 
     #[test]
