@@ -70,7 +70,8 @@ pub trait DemoHooks: Send + Sync + 'static {
     /// The page node `node` serves for `/index.html` (and `/` asked as HTML).
     fn page(&self, node: &str) -> String;
     /// Answers `method path?query` under `/demo/`: a status and a JSON body. `refusal` says
-    /// why a write must be refused, if it must ([`demo_write_refusal`]).
+    /// why a write must be refused, if it must (without the demo page's header, or sent to
+    /// a name that is neither an IP address nor `localhost`).
     fn control<'a>(
         &'a self,
         method: &'a http::Method,

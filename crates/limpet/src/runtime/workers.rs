@@ -30,8 +30,8 @@ use crate::config::Mode;
 /// longer).
 const TIMER_FLOOR: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Keeps a timer due within [`TIMER_FLOOR`] on the runtime that serves listeners (call it
-/// once per such runtime): a request's timers then never come before every timer tokio's
+/// Keeps a timer due within 50 ms (`TIMER_FLOOR`) on the runtime that serves listeners (call
+/// it once per such runtime): a request's timers then never come before every timer tokio's
 /// time driver knew of when it last parked. Such a timer makes the driver wake itself (tokio
 /// 1.x, `time::Handle::reregister`: a `write` to the runtime's eventfd, then one more turn of
 /// the event loop that finds nothing to do), and every request's timer was one whenever
