@@ -653,6 +653,18 @@ async fn connect(
                     failed.push(Excluded { node, why });
                     continue;
                 }
+                // The trial of a DOWN node whose every slot stayed held (sessions from before
+                // it went DOWN that `close_on_node_down = false` keeps, or a limit a reload
+                // lowered): the node is not tried now, and the session goes to another node,
+                // nothing charged, as an HTTP request does (`proxy::forward`). Its claim goes
+                // with this turn's route.
+                Err(_) if trial.is_some() => {
+                    failed.push(Excluded {
+                        node,
+                        why: limpet_core::RepinReason::NodeDown,
+                    });
+                    continue;
+                }
                 Err(r) => {
                     // Clients drive how often this happens: rate-limited, as a log line per
                     // refused connection would let them fill the log.

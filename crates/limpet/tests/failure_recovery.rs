@@ -4700,6 +4700,167 @@ async fn a_node_down_for_an_unanswered_request_comes_back_with_no_new_session() 
     drop(b);
 }
 
+/// The trial of a DOWN node whose every slot stays held (here by a POST's slow answer from
+/// before it went DOWN, at `max_connections = 1`) waits in the node's queue, as a trial
+/// does, and at the queue timeout goes elsewhere: answered by b, the node still DOWN, its
+/// next trial a `fail_timeout` on. Before, it was answered 503 at the queue timeout,
+/// though b could take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trial_of_a_down_node_whose_slots_are_all_held_is_answered_elsewhere() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let mut cfg = quick_config(&[
+        "--to",
+        &format!("a={}", a.addr),
+        "--to",
+        &format!("b={}", b.addr),
+        "--fail-timeout",
+        "300ms",
+    ]);
+    cfg.health.fall = 1;
+    cfg.timeouts.queue = Duration::from_secs(1);
+    let proxy = Quick::start(cfg).await;
+    let state = proxy.runtime.state();
+    let a_rt = state
+        .lifecycle
+        .nodes
+        .get("a")
+        .unwrap_or_else(|| panic!("node a"));
+    a_rt.set_limits(Some(1), 10);
+    // a's one slot held by a slow answer of its own: a POST, which a DOWN does not move
+    // (a GET waiting on the node would be replayed elsewhere at once, freeing the slot).
+    let url = format!("{}slow?ms=4000", proxy.url());
+    let holder = tokio::spawn(async move {
+        fresh_client()
+            .post(url)
+            .header("cookie", "route=a")
+            .body("held")
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let deadline = Instant::now() + PATIENCE;
+    while a_rt.admitted() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow request never reached a"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // a DOWN by its traffic (a refused connect, as passive health sees one).
+    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
+    state.observe(a_id, limpet_core::Observation::TrafficFailed);
+    assert_eq!(proxy.state_of("a"), "DOWN");
+    let due = proxy
+        .trial_at("a")
+        .unwrap_or_else(|| panic!("a has a trial"));
+    while limpet::clock::now_ms() < due {
+        assert!(Instant::now() < deadline, "a's trial never came due");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A request of a's session: a's trial, with every slot of a's held.
+    let mut c = H1::open(proxy.addr).await;
+    let sent = Instant::now();
+    let r = c
+        .get(Some("route=a"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((r.status, r.node.as_str()), (200, "b"), "{r:?}");
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "answered by b at the queue timeout, before a's slot was free: {took:?}"
+    );
+    assert_eq!(proxy.state_of("a"), "DOWN");
+    // The claim ended with the request's move: the next trial is due a `fail_timeout` on,
+    // as after a trial that learnt nothing, not at the end of the claim's hold.
+    let now = limpet::clock::now_ms();
+    assert!(
+        proxy.trial_at("a").is_some_and(|t| t <= now + 300),
+        "a's next trial due within its fail_timeout: {:?} at {now}",
+        proxy.trial_at("a")
+    );
+    let held = tokio::time::timeout(PATIENCE, holder)
+        .await
+        .unwrap_or_else(|_| panic!("the slow answer in time"))
+        .unwrap_or_else(|e| panic!("holder task: {e}"))
+        .unwrap_or_else(|e| panic!("slow GET: {e}"));
+    assert_eq!(held, 200);
+    drop(c);
+    proxy.stop().await;
+    let (mut a, mut b) = (a, b);
+    a.kill().await;
+    b.kill().await;
+}
+
+/// The same through a TCP listener: a DOWN node's one slot held by a session from before it
+/// went DOWN (`close_on_node_down = false` keeps it), the next session of a client pinned
+/// to it is its trial, waits in its queue for the queue timeout, then goes to b. Before, it
+/// was closed unserved ("queue-timeout").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_trial_of_a_down_node_whose_slots_are_all_held_goes_elsewhere() {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    let mut a = Backend::serve("a", a_listener);
+    let mut b = Backend::serve("b", b_listener);
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+         [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         table = \"t\"\nclose_on_node_down = false\n\
+         timeouts = {{ queue = \"1s\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("tcp-trial-held", &text);
+    let l = Limpet::start(&cfg).await;
+    let raw = l.addr("raw");
+    let state = l
+        .running
+        .as_ref()
+        .unwrap_or_else(|| panic!("running"))
+        .runtime()
+        .state();
+    let a_rt = state
+        .lifecycle
+        .nodes
+        .get("a")
+        .unwrap_or_else(|| panic!("node a"));
+    a_rt.set_limits(Some(1), 10);
+    // The one client, pinned to a, its session holding a's one slot.
+    let (held, client) = tcp_session_on(raw, "a", 80).await;
+    assert_eq!(a_rt.admitted(), 1);
+    // a DOWN by its traffic (a refused connect, as passive health sees one).
+    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
+    state.observe(a_id, limpet_core::Observation::TrafficFailed);
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    let due = a_rt
+        .status()
+        .health
+        .retry_at_ms(a_rt.status().policy)
+        .unwrap_or_else(|| panic!("a has a trial"));
+    let deadline = Instant::now() + PATIENCE;
+    while limpet::clock::now_ms() < due {
+        assert!(Instant::now() < deadline, "a's trial never came due");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The client's next session: a's trial, every slot of a's held.
+    let sent = Instant::now();
+    let mut s = connect_from(client, raw).await;
+    assert_eq!(tcp_get(&mut s).await.as_deref(), Ok("b"));
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "served by b at the queue timeout: {took:?}"
+    );
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    drop((s, held));
+    l.stop().await;
+    a.kill().await;
+    b.kill().await;
+}
+
 /// Requests of sessions pinned to a node whose trial another request holds wait for that
 /// trial's outcome (at most `TRIAL_AWAIT`, 1 s) rather than move: the node is back, so they
 /// are answered there and keep their pin. Before, each was excluded as from a DOWN node and
