@@ -152,6 +152,42 @@ impl Default for OwnRepins {
     }
 }
 
+/// Keys being read by [`Store::fetch`]: the reads of each, and whether a re-pin message of
+/// it came meanwhile.
+type Fetching = HashMap<(Arc<str>, TableKey), (u32, bool)>;
+
+/// One read of a key by [`Store::fetch`], counted in [`Store`]'s `fetching` until dropped.
+struct Reading<'a> {
+    all: &'a Mutex<Fetching>,
+    key: (Arc<str>, TableKey),
+}
+
+impl<'a> Reading<'a> {
+    fn start(all: &'a Mutex<Fetching>, key: (Arc<str>, TableKey)) -> Self {
+        lock(all).entry(key.clone()).or_insert((0, false)).0 += 1;
+        Reading { all, key }
+    }
+
+    /// Whether a re-pin message of the key came since the last look (and no longer).
+    fn moved(&self) -> bool {
+        lock(self.all)
+            .get_mut(&self.key)
+            .is_some_and(|r| std::mem::take(&mut r.1))
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let mut all = lock(self.all);
+        if let Some(r) = all.get_mut(&self.key) {
+            r.0 -= 1;
+            if r.0 == 0 {
+                all.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// Pins from the store to nodes this instance has not got, logged once per interval.
 static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
     "a pin in the store names a node this instance does not have: ignored",
@@ -432,6 +468,9 @@ pub struct Store {
     repins_away: Mutex<RepinsAway>,
     /// This instance's re-pins on their way through the store (see [`OwnRepins`]).
     own_repins: Mutex<OwnRepins>,
+    /// Keys a first request here is reading from the store ([`Store::fetch`]): how many
+    /// reads, and whether a re-pin message of the key came meanwhile.
+    fetching: Mutex<Fetching>,
     /// Told of every local entry the store moved off a node (another instance's re-pin, or
     /// the store's node adopted): the node the entry left, and the key. The runtime ends
     /// the session's long-lived connections on that node (`close_on_node_down`), so a
@@ -490,6 +529,7 @@ impl Store {
             resyncing: AtomicBool::new(false),
             repins_away: Mutex::new(HashMap::new()),
             own_repins: Mutex::new(OwnRepins::waiting(echo_wait)),
+            fetching: Mutex::new(HashMap::new()),
             left,
             tables: Mutex::new(HashMap::new()),
             counts: Counts::default(),
@@ -711,10 +751,40 @@ impl Store {
     /// another instance). One GETEX (renewing the key's expiry) bounded by `timeout`; `None`
     /// when the store has none, is down or too slow (then the request is routed fresh and the
     /// pin reconciled by the create-if-absent write).
+    ///
+    /// A re-pin message of the key that comes while it is read finds no local entry to move
+    /// (`apply` drops it), and the answer may be older than the message: put in the table, it
+    /// would keep this instance on the older node while the fleet is on the newer one, until
+    /// the key's expiry refresh. So the key is read once more, after the message; a key moved
+    /// during that read too is left to the route, whose create is answered the store's pin
+    /// and adopts it.
     pub async fn fetch(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
+        self.fetch_with(table, key, || self.read_pin(table, key))
+            .await
+    }
+
+    /// [`Store::fetch`] with `read` as the store's read of the key.
+    async fn fetch_with<F: std::future::Future<Output = Option<String>>>(
+        &self,
+        table: &str,
+        key: KeyRef<'_>,
+        mut read: impl FnMut() -> F,
+    ) -> Option<String> {
         if !self.is_up() {
             return None;
         }
+        let reading = Reading::start(&self.fetching, (Arc::from(table), key.to_key()));
+        for _ in 0..2 {
+            let pin = read().await;
+            if !reading.moved() {
+                return pin;
+            }
+        }
+        None
+    }
+
+    /// One GETEX of `key` (see [`Store::fetch`]).
+    async fn read_pin(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
         let rkey = self.key(table, key);
         let mut conn = self.conn();
         self.count("get", 1);
@@ -996,6 +1066,10 @@ impl Store {
             }
             let s = t.store();
             let Some(current) = s.peek(key.as_key_ref(), now) else {
+                // A first request here may be reading the key: its answer may be older.
+                if let Some(r) = lock(&self.fetching).get_mut(&(Arc::from(table), key)) {
+                    r.1 = true;
+                }
                 return;
             };
             let was = s.node_name(current).map(str::to_owned);
@@ -1734,6 +1808,62 @@ mod tests {
             .peek(key, now)
             .and_then(|r| t.store().node_name(r));
         assert_eq!(pinned, Some("w"), "the newer local re-pin holds");
+    }
+
+    /// A re-pin message of a key that a first request here is reading (no local entry for
+    /// the message to move) has the key read once more, after the message: the store's
+    /// newer pin is the one taken, not the read's older answer. A key moved during that read
+    /// too is left to the route. Before, the older answer went into the table and held the
+    /// key on the older node until its expiry refresh, the fleet on the newer.
+    #[test]
+    fn a_re_pin_that_comes_while_a_key_is_read_has_it_read_again() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let metrics = crate::metrics::Metrics::new();
+        let def = StoreDef {
+            url: "redis://127.0.0.1:1".into(),
+            prefix: "t:".into(),
+            timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_millis(100),
+        };
+        let store = rt
+            .block_on(Store::start(def, &metrics, Box::new(|_, _| {})))
+            .expect("store");
+        store.set_up(true);
+        let topology = limpet_core::Topology::with_weights([("y", 1), ("z", 1)]).expect("nodes");
+        let lru = LruTable::new(limpet_core::table::TableConfig::new(10, 60_000)).expect("lru");
+        let entries: Entries = Arc::new(Mutex::new(AffinityTable::new(lru, &topology)));
+        store.register("t", &entries, 60_000);
+        let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 10));
+        let mut message = b"t\nz\n".to_vec();
+        encode_key(key, &mut message);
+        // The store read: the first answers y, and another instance's re-pin to z comes (as
+        // the subscriber hands it to `apply`) before that answer is taken.
+        let reads = std::cell::Cell::new(0);
+        let answers = |moved_during: &'static [bool]| {
+            reads.set(0);
+            let (store, message, reads) = (&store, &message, &reads);
+            move || {
+                let n = reads.get();
+                reads.set(n + 1);
+                if moved_during.get(n).copied().unwrap_or(false) {
+                    store.apply(message);
+                }
+                let pin = if n == 0 { "y" } else { "z" };
+                std::future::ready(Some(pin.to_owned()))
+            }
+        };
+        let got = rt.block_on(store.fetch_with("t", key, answers(&[true])));
+        assert_eq!(got.as_deref(), Some("z"), "read again after the message");
+        assert_eq!(reads.get(), 2);
+        let got = rt.block_on(store.fetch_with("t", key, answers(&[])));
+        assert_eq!(got.as_deref(), Some("y"), "no message: one read");
+        assert_eq!(reads.get(), 1);
+        let got = rt.block_on(store.fetch_with("t", key, answers(&[true, true])));
+        assert_eq!(got, None, "moved during both reads: left to the route");
+        assert!(lock(&store.fetching).is_empty(), "nothing kept");
     }
 
     /// Waits (bounded) until this process's thread named `name` sleeps: here, waiting for a
