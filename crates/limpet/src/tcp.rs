@@ -615,7 +615,7 @@ async fn connect(
                 |_, addr| own_trial(Arc::clone(def), addr),
             );
             if !tried && by == crate::nodes::TrialBy::Connect {
-                try_due_answer_trial(state, now);
+                try_due_answer_trial(state, now, def, local_port);
             }
         }
         let Some(node) = route.node else {
@@ -791,45 +791,57 @@ async fn until_cut<T>(
 /// limpet's own trial, as an HTTP listener of the config reaches it, of a DOWN node that left
 /// HTTP requests unanswered, which a TCP listener's connect may not try
 /// ([`crate::nodes::NodeRuntime::claim_trial`]): only an answer brings it back. Without it,
-/// once HTTP requests stopped coming (a print server's web page used now and then, its raw
-/// port all day), such a node stayed DOWN for good, its sessions on the others, every TCP
+/// once HTTP requests stopped coming (a print server's raw port used all day, its web page
+/// now and then), such a node stayed DOWN for good, its sessions on the others, every TCP
 /// session refused when all the nodes were. Asked the way an HTTP listener's own trial asks
-/// (`OPTIONS *`, [`crate::proxy::upstream::answers_at`]), at the address the first HTTP
-/// listener that has one reaches the node at (a `node_port = "same"` listener bound to
-/// port 0 has none). Nothing is looked up before a trial is due.
-fn try_due_answer_trial(state: &Arc<State>, now: u64) {
+/// (`OPTIONS *`, [`crate::proxy::upstream::answers_at`], its answer counted as the node's),
+/// at the address the first HTTP listener that has one reaches the node at (a `node_port =
+/// "same"` listener needs a bind with a port). With no HTTP listener left (a reload removed
+/// the last one), nothing of the config can ask the node: the listener's own attempt (`def`,
+/// `local_port`) decides the trial, as the only one there is. Nothing is looked up before a
+/// trial is due.
+fn try_due_answer_trial(state: &Arc<State>, now: u64, def: &Arc<ListenerDef>, local_port: u16) {
+    use crate::nodes::TrialBy;
     if !state.answer_trial_due(now) {
         return;
     }
-    let http = || {
-        state.listeners.iter().find_map(|l| {
-            let d = l.def.load_full();
-            let port = if d.upstreams.is_same_port() {
-                d.bind.first().map_or(0, SocketAddr::port)
-            } else {
-                0
-            };
-            (d.mode == crate::config::Mode::Http && (!d.upstreams.is_same_port() || port != 0))
-                .then_some((d, port))
-        })
-    };
-    let Some((first, _)) = http() else {
+    let http = state.listeners.iter().find_map(|l| {
+        let d = l.def.load_full();
+        let port = if d.upstreams.is_same_port() {
+            d.bind.iter().map(SocketAddr::port).find(|p| *p != 0)?
+        } else {
+            0
+        };
+        (d.mode == crate::config::Mode::Http).then_some((d, port))
+    });
+    let Some((http, port)) = http else {
+        state.try_due_trial(
+            now,
+            |n| state.upstream(def, n, local_port),
+            (def.timeouts.connect * 4, TrialBy::Answer),
+            |_, addr| own_trial(Arc::clone(def), addr),
+        );
         return;
     };
-    let (connect, answer) = (first.timeouts.connect, first.timeouts.upstream_answer);
+    let (connect, answer) = (http.timeouts.connect, http.timeouts.upstream_answer);
     state.try_due_trial(
         now,
-        |n| http().and_then(|(d, port)| d.upstreams.get(n.index(), port)),
-        // The connect and a TLS handshake, the answer, and a margin.
-        (connect * 3 + answer, crate::nodes::TrialBy::Answer),
-        |_, addr| async move {
-            let tls = first.upstream_tls.as_ref().map(|u| {
+        |n| http.upstreams.get(n.index(), port),
+        (
+            crate::proxy::upstream::answer_trial_hold(connect, answer),
+            TrialBy::Answer,
+        ),
+        |n, addr| {
+            let tls = http.upstream_tls.as_ref().map(|u| {
                 (
-                    &u.config,
+                    Arc::clone(&u.config),
                     crate::tls::upstream_name(u.server_name.as_deref(), addr.ip()),
                 )
             });
-            crate::proxy::upstream::answers_at(addr, tls, connect, answer).await
+            crate::proxy::upstream::counted_as_answer(state.node_rt(n).cloned(), async move {
+                let tls = tls.as_ref().map(|(c, name)| (c, name.clone()));
+                crate::proxy::upstream::answers_at(addr, tls, connect, answer).await
+            })
         },
     );
 }

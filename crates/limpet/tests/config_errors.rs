@@ -877,11 +877,19 @@ fn the_admin_listener_on_a_listener_s_address_names_its_place() {
         )),
         "{e}"
     );
+    let text = format!("{}[admin]\nlisten = \"127.0.0.1:5015\"\n", web("[::]:5015"));
+    let e = error(&text);
+    assert!(
+        e.contains("admin.listen: 127.0.0.1:5015 is already bound by listener \"web\""),
+        "`[::]` covers IPv4 too: {e}"
+    );
     for good in [
         format!(
             "{}[admin]\nlisten = \"127.0.0.1:5014\"\n",
             web("127.0.0.1:5011")
         ),
+        // A wildcard of one family leaves the other's addresses free.
+        format!("{}[admin]\nlisten = \"[::1]:5016\"\n", web("0.0.0.0:5016")),
         format!(
             "{}[admin]\nlisten = \"127.0.0.2:5011\"\n",
             web("127.0.0.1:5011")

@@ -1581,7 +1581,8 @@ impl Resetting {
         let socket = Socket::new(Domain::IPV4, Type::STREAM, None)
             .unwrap_or_else(|e| panic!("resetting node socket: {e}"));
         // Both set before `listen`: accepted connections take them (the MSS is announced in
-        // the handshake, and limpet's send buffer is sized from it).
+        // the handshake; with it and the receive window this small, limpet's send buffer
+        // does not grow toward the head's size).
         socket
             .set_tcp_mss(536)
             .unwrap_or_else(|e| panic!("resetting node mss: {e}"));
@@ -1637,7 +1638,7 @@ impl Drop for Resetting {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_head_each_node_resets_is_tried_on_two_nodes_only() {
     let nodes: Vec<Resetting> = (0..3).map(|_| Resetting::start()).collect();
-    let cfg = limpet::proxy::ProxyConfig::new(
+    let mut cfg = limpet::proxy::ProxyConfig::new(
         ["a", "b", "c"]
             .iter()
             .zip(&nodes)
@@ -1647,10 +1648,12 @@ async fn a_request_whose_head_each_node_resets_is_tried_on_two_nodes_only() {
             })
             .collect(),
     );
+    cfg.limits.max_header_bytes = 1024 * 1024;
     let proxy = Quick::start(cfg).await;
-    // Well under the listener's `max_header_bytes` (64 KiB), far over what a node with
-    // that MSS lets limpet's kernel hold at once.
-    let cookie = format!("big={}", "x".repeat(48 * 1024));
+    // Under the listener's `max_header_bytes` (raised to 1 MiB here), far over what limpet's
+    // kernel holds at once for a node that takes this little, whatever its `tcp_wmem`'s
+    // default: the write cannot complete before the reset.
+    let cookie = format!("big={}", "x".repeat(768 * 1024));
     let answer = tokio::time::timeout(
         PATIENCE,
         fresh_client()
@@ -5025,10 +5028,10 @@ async fn tcp_sessions_alone_bring_back_a_node_down_for_unanswered_requests_once_
         sessions += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        heads_seen()[1..],
-        ["OPTIONS * HTTP/1.1", "OPTIONS * HTTP/1.1"],
-        "no TCP session reached a, only limpet's own trials"
+    let hung_heads = heads_seen();
+    assert!(
+        hung_heads[1..].iter().all(|h| h == "OPTIONS * HTTP/1.1"),
+        "no TCP session reached a, only limpet's own trials: {hung_heads:?}"
     );
     let view = node_view(&l, "a").await;
     assert_eq!(view["state"], "DOWN", "{view}");
@@ -5047,14 +5050,139 @@ async fn tcp_sessions_alone_bring_back_a_node_down_for_unanswered_requests_once_
         );
     })
     .await;
+    // The first head a read after it answered again: a is DOWN until then, so nothing but
+    // a trial reaches it (sessions may follow once it is UP).
     assert_eq!(
-        heads_seen().last().map(String::as_str),
+        heads_seen().get(hung_heads.len()).map(String::as_str),
         Some("OPTIONS * HTTP/1.1"),
         "limpet's own trial brought a back: {:?}",
         heads_seen()
     );
     l.stop().await;
     a.abort();
+    b.kill().await;
+}
+
+/// limpet's own `OPTIONS *` of a node, made for TCP sessions, is an answer like any other:
+/// a request sent to the node before it, still unanswered at its answer timeout, is slow by
+/// itself, and the node that answered the trial stays UP (`fall = 1`). Without it counted,
+/// that request's timeout took the node DOWN again as it came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_it() {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    let mut a = Backend::serve("a", a_listener);
+    let mut b = Backend::serve("b", b_listener);
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         timeouts = {{ upstream_answer = \"5s\", drain = \"1s\" }}\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         timeouts = {{ connect = \"1s\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("tcp-trial-sign-of-life", &text);
+    let l = Limpet::start(&cfg).await;
+    let state = l
+        .running
+        .as_ref()
+        .unwrap_or_else(|| panic!("running"))
+        .runtime()
+        .state();
+    let a_rt = state
+        .lifecycle
+        .nodes
+        .get("a")
+        .unwrap_or_else(|| panic!("node a"));
+    // A POST to a that a answers in 8 s, past the 5 s answer timeout.
+    let url = format!("http://{}/slow?ms=8000", l.addr("web"));
+    let slow = tokio::spawn(async move {
+        bare_client()
+            .post(url)
+            .header("cookie", "route=a")
+            .body("slow")
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let deadline = Instant::now() + PATIENCE;
+    while a_rt.admitted() < 1 {
+        assert!(Instant::now() < deadline, "the POST never reached a");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // a DOWN for a request it left unanswered (as another request's timeout would take it):
+    // only an answer brings it back.
+    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
+    state.observe(a_id, limpet_core::Observation::NoAnswer);
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    // Only TCP sessions come: limpet's own `OPTIONS *` brings a back.
+    let raw = l.addr("raw");
+    until_a_is_up(
+        &l,
+        Duration::from_millis(300) + Duration::from_secs(1) + SLACK,
+        async || {
+            let mut s = TcpStream::connect(raw)
+                .await
+                .unwrap_or_else(|e| panic!("connect raw: {e}"));
+            assert!(matches!(tcp_get(&mut s).await.as_deref(), Ok("a" | "b")));
+        },
+    )
+    .await;
+    // The POST times out: slow by itself, a answered a younger request (the trial).
+    let status = tokio::time::timeout(PATIENCE, slow)
+        .await
+        .unwrap_or_else(|_| panic!("the POST's answer in time"))
+        .unwrap_or_else(|e| panic!("POST task: {e}"))
+        .unwrap_or_else(|e| panic!("POST: {e}"));
+    assert_eq!(status, 504);
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["state"], "UP", "{view}");
+    l.stop().await;
+    a.kill().await;
+    b.kill().await;
+}
+
+/// A node DOWN for requests it left unanswered in a config with no HTTP listener (its
+/// health carried over by an upgrade from a limpet that had one): nothing of this config can
+/// ask it, so limpet's own attempt through the TCP listener, a connect, decides its trial, and
+/// it comes back with only TCP sessions coming. Without that, it stayed DOWN for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_http_listener_a_node_down_for_unanswered_requests_comes_back_on_a_connect() {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    let mut a = Backend::serve("a", a_listener);
+    let mut b = Backend::serve("b", b_listener);
+    let text = format!(
+        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+         [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
+         timeouts = {{ connect = \"1s\", drain = \"1s\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(&AB)
+    );
+    let cfg = ConfigFile::new("tcp-only-unanswered", &text);
+    let l = Limpet::start(&cfg).await;
+    let state = l
+        .running
+        .as_ref()
+        .unwrap_or_else(|| panic!("running"))
+        .runtime()
+        .state();
+    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
+    state.observe(a_id, limpet_core::Observation::NoAnswer);
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    let raw = l.addr("raw");
+    until_a_is_up(
+        &l,
+        Duration::from_millis(300) + Duration::from_secs(1) + SLACK,
+        async || {
+            let mut s = TcpStream::connect(raw)
+                .await
+                .unwrap_or_else(|e| panic!("connect raw: {e}"));
+            assert!(matches!(tcp_get(&mut s).await.as_deref(), Ok("a" | "b")));
+        },
+    )
+    .await;
+    l.stop().await;
+    a.kill().await;
     b.kill().await;
 }
 

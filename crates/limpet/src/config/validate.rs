@@ -1347,13 +1347,15 @@ impl Validator<'_> {
                 });
             }
             // The admin listener binds without `SO_REUSEPORT`: on an address a listener binds
-            // (or one a wildcard of either covers) it fails at start; say so now, as for two
-            // listeners. Port 0 never clashes.
+            // (or one a wildcard of either covers: `0.0.0.0` every IPv4 address, `[::]` every
+            // address of both families, as limpet binds it) it fails at start; say so now, as
+            // for two listeners. Port 0 never clashes.
+            let covers = |wild: &SocketAddr, a: &SocketAddr| {
+                wild.ip().is_unspecified() && (wild.is_ipv6() || a.is_ipv4())
+            };
             let overlaps = |b: &SocketAddr| {
                 b.port() == listen.port()
-                    && (b.ip() == listen.ip()
-                        || b.ip().is_unspecified()
-                        || listen.ip().is_unspecified())
+                    && (b.ip() == listen.ip() || covers(b, &listen) || covers(&listen, b))
             };
             if listen.port() != 0 {
                 if let Some((i, l)) = listeners

@@ -651,14 +651,15 @@ fn proxy<'a, 'b>(
             shared.state.try_due_trial(
                 now,
                 |n| shared.conns.get(n.index()).map(|c| c.addr()),
-                // The connect and a TLS handshake, the answer, and a margin.
-                (connect * 3 + answer, crate::nodes::TrialBy::Answer),
+                (
+                    super::upstream::answer_trial_hold(connect, answer),
+                    crate::nodes::TrialBy::Answer,
+                ),
                 |n, _| {
                     let conns = shared.conns.get(n.index()).cloned();
                     let rt = shared.state.node_rt(n).cloned();
-                    async move {
-                        let sent = Instant::now();
-                        let r = match conns {
+                    super::upstream::counted_as_answer(rt, async move {
+                        match conns {
                             Some(c) => c.answers(answer).await,
                             None => Err(crate::error::UpstreamError::new(
                                 crate::error::Stage::Connect,
@@ -666,14 +667,8 @@ fn proxy<'a, 'b>(
                                 false,
                                 "no connections to the node",
                             )),
-                        };
-                        // An answer like any other: a request sent before it that times out
-                        // is slow by itself, not the node's silence.
-                        if let (Ok(()), Some(rt)) = (&r, rt) {
-                            rt.answered(clock::us_at(sent));
                         }
-                        r
-                    }
+                    })
                 },
             );
         }

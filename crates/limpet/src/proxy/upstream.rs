@@ -336,6 +336,27 @@ impl NodeConns {
     }
 }
 
+/// How long limpet's own `OPTIONS *` trial of a node may take, its claim's hold: the
+/// connect and a TLS handshake, the answer, and a margin.
+pub(crate) fn answer_trial_hold(connect: Duration, answer: Duration) -> Duration {
+    connect * 3 + answer
+}
+
+/// `trial`, limpet's own `OPTIONS *` of a node, its answer counted as any answer of the
+/// node's (`rt`): a request sent before it that times out is slow by itself, not the node's
+/// silence.
+pub(crate) async fn counted_as_answer(
+    rt: Option<Arc<crate::nodes::NodeRuntime>>,
+    trial: impl std::future::Future<Output = Result<(), UpstreamError>>,
+) -> Result<(), UpstreamError> {
+    let sent = tokio::time::Instant::now();
+    let r = trial.await;
+    if let (Ok(()), Some(rt)) = (&r, rt) {
+        rt.answered(crate::clock::us_at(sent));
+    }
+    r
+}
+
 /// limpet's own trial of a node at `addr` as an HTTP listener reaches it (TLS to it when
 /// `tls` is set): see [`NodeConns::answers`]. Also how a TCP listener tries a node that left
 /// HTTP requests unanswered (`crate::tcp`), which only an answer can bring back.
