@@ -607,10 +607,15 @@ async fn read_to_its_end(s: &mut tokio::net::TcpStream, late: &str) -> String {
 /// The config file a reload is reading from its FIFO comes: `text` through `writer`, which
 /// is closed, and the FIFO replaced by a plain file holding the same, for the reloads after.
 fn the_file_comes(mut writer: std::fs::File, cfg: &ConfigFile, text: &str) {
+    // The regular file takes the FIFO's place first (the reader holds the FIFO open): a
+    // reload that opens the path once the FIFO's bytes are read gets the file, not a FIFO
+    // with no writer left, which it would wait on for good. (Replaced after the bytes, a
+    // reload joined behind the first could open the FIFO in between on a loaded machine.)
+    let next = cfg.path.with_extension("next");
+    std::fs::write(&next, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::rename(&next, &cfg.path).unwrap_or_else(|e| panic!("{e}"));
     std::io::Write::write_all(&mut writer, text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
     drop(writer);
-    std::fs::remove_file(&cfg.path).unwrap_or_else(|e| panic!("{e}"));
-    cfg.write(text);
 }
 
 /// An admin reload whose caller hangs up (or times out) while the file is read is applied
