@@ -825,8 +825,9 @@ async fn a_limpet_of_another_config_does_not_take_over() {
 }
 
 /// The admin listener is bound without `SO_REUSEPORT`: one on a listener's address is refused
-/// at start (were it bound like the listeners, the kernel would deal that address's clients
-/// between the proxy and the admin API).
+/// (were it bound like the listeners, the kernel would deal that address's clients between
+/// the proxy and the admin API), by the config's check, naming `admin.listen`, before
+/// anything binds.
 #[tokio::test]
 async fn an_admin_listener_on_a_listener_s_address_is_refused_at_start() {
     let (_nodes, port) = backend_nodes(&NODES).await;
@@ -837,12 +838,18 @@ async fn an_admin_listener_on_a_listener_s_address_is_refused_at_start() {
         .replace("bind = \"127.0.0.1:0\"", &format!("bind = \"{at}\""))
         .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{at}\""));
     let cfg = ConfigFile::new("upgrade-admin-clash", &text);
-    match limpet::runtime::start(cfg.load()).await {
-        Ok(running) => {
-            running.stop().await;
-            panic!("started with the admin listener on the web listener's address {at}");
+    match limpet::config::Config::load(&cfg.path) {
+        Ok(config) => {
+            if let Ok(running) = limpet::runtime::start(config).await {
+                running.stop().await;
+            }
+            panic!("the admin listener on the web listener's address {at} passed the check");
         }
-        Err(e) => assert!(e.to_string().contains("admin listener"), "{e}"),
+        Err(e) => assert!(
+            e.to_string()
+                .contains(&format!("admin.listen: {at} is already bound by listener")),
+            "{e}"
+        ),
     }
 }
 
