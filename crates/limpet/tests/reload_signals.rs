@@ -392,6 +392,75 @@ async fn node_states_survive_a_crash_with_a_state_file() {
     .await;
 }
 
+/// A node state the disk refused at first is written once it takes it, with no further
+/// change to prompt it: MAINT on b is answered 200 while the state file cannot be written (a
+/// directory in place of its temporary file, as a full disk or a read-only one refuses it);
+/// once the disk takes it again, the file reads `maint b` within the retry's first seconds,
+/// and a SIGKILL then leaves b MAINT after a restart. Before, the write waited for the next
+/// change, and the crash brought b back READY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_state_the_disk_refused_is_written_once_it_takes_it() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let text = format!(
+        "{}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\nstate_file = \"nodes.state\"\n",
+        nodes_toml(&NODES[..2])
+    );
+    let cfg = ConfigFile::new("node-states-retry", &text);
+    let file = cfg.dir.join("nodes.state");
+    let (mut proc, _, admin) = run_logging(&cfg, "warn", Stdio::piped()).await;
+    // Told when the write fails (the warning on limpet's stderr).
+    let err = proc.0.stderr.take().expect("stderr");
+    let (tx, refused) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("node states not saved") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(line);
+                }
+            }
+        }
+    });
+    // The write's temporary file (`nodes.state.tmp.PID`) cannot be created.
+    let blocker = cfg.dir.join(format!("nodes.state.tmp.{}", proc.0.id()));
+    std::fs::create_dir(&blocker).unwrap_or_else(|e| panic!("{e}"));
+    let r = bare_client()
+        .post(format!("http://{admin}/api/v1/nodes/b/state"))
+        .header("content-type", "application/json")
+        .body(r#"{"state":"maint"}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    // The write was tried and refused: nothing of b in the file.
+    tokio::time::timeout(PATIENCE, refused)
+        .await
+        .expect("the refused write is logged")
+        .expect("line");
+    assert!(!std::fs::read_to_string(&file)
+        .unwrap_or_default()
+        .contains("maint b"));
+    // The disk takes writes again; nothing else changes.
+    std::fs::remove_dir(&blocker).unwrap_or_else(|e| panic!("{e}"));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&file)
+        .unwrap_or_default()
+        .contains("maint b\n")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's MAINT never reached the file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(&proc.0, "KILL");
+    drop(proc);
+    let (_proc, _, admin) = run(&cfg).await;
+    let view = json(&format!("http://{admin}/api/v1/nodes/b")).await;
+    assert_eq!(view["state"], "MAINT", "{view}");
+}
+
 /// SIGTERM while a SIGHUP's reload cannot read its file (a FIFO with a writer that sends
 /// nothing, as a hung network mount would hold it): the reload waits on a task of its own,
 /// so the stop is taken at once, and the exit does not wait for the blocked read.

@@ -159,8 +159,20 @@ pub(super) async fn write_on_change(
         return;
     }
     let life = Arc::clone(&runtime.state().lifecycle);
+    // After a write that failed (a full disk, a directory made read-only), the states are
+    // written again at a backoff as well as at the next change, until a write succeeds:
+    // waiting for the next change only, an operator's MAINT answered 200 stayed off the disk
+    // for good once the disk was back, and a crash then brought the node back READY.
+    let mut retry: Option<std::time::Duration> = None;
+    let mut failures = 0u32;
     loop {
-        life.admin_changed.notified().await;
+        match retry {
+            None => life.admin_changed.notified().await,
+            Some(after) => tokio::select! {
+                () = life.admin_changed.notified() => {}
+                () = tokio::time::sleep(after) => {}
+            },
+        }
         let _one = life.state_write.lock().await;
         if life
             .handing_state_over
@@ -172,17 +184,41 @@ pub(super) async fn write_on_change(
         let target = path.clone();
         let written = tokio::task::spawn_blocking(move || {
             let tmp = super::snapshot::temporary(&target, std::process::id());
-            super::snapshot::write_durably(&tmp, &target, text.as_bytes())
+            super::snapshot::write_durably(
+                &tmp,
+                &target,
+                text.as_bytes(),
+                super::snapshot::STATE_FILE_MODE,
+            )
         })
         .await
         .map_err(std::io::Error::other)
         .and_then(|w| w);
         match written {
+            Ok(()) if failures > 0 => {
+                tracing::info!(path = %path.display(), failures, "node states saved again");
+                (retry, failures) = (None, 0);
+            }
             Ok(()) => tracing::debug!(path = %path.display(), "node states saved"),
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "node states not saved"),
+            Err(e) => {
+                // Logged at the first failure of a streak; the retries that fail too, at
+                // debug (one a second at first, then at most one every `RETRY_MAX`).
+                if failures == 0 {
+                    tracing::warn!(path = %path.display(), error = %e, "node states not saved: written again once the disk takes them");
+                } else {
+                    tracing::debug!(path = %path.display(), error = %e, failures, "node states still not saved");
+                }
+                failures = failures.saturating_add(1);
+                retry = Some(retry.map_or(RETRY_FIRST, |d| (d * 2).min(RETRY_MAX)));
+            }
         }
     }
 }
+
+/// The first wait before the node states are written again after a failed write.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait between two writes of node states that keep failing.
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {
