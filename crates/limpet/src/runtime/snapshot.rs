@@ -220,7 +220,7 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     // This process's own temporary name: a limpet handing over to a new one may still be
     // saving when the new one saves (`crate::upgrade`).
     let tmp = temporary(&snap.path, std::process::id());
-    let result = write_durably(&tmp, &snap.path, &bytes).map(|()| bytes.len());
+    let result = write_durably(&tmp, &snap.path, &bytes, SNAPSHOT_MODE).map(|()| bytes.len());
     match &result {
         Ok(n) => tracing::debug!(table = %table.def.name, bytes = n, "snapshot saved"),
         Err(e) => {
@@ -229,6 +229,16 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     }
     Some(result)
 }
+
+/// A snapshot file's mode: its owner's only. Its keys are what pins sessions, a cookie's or a
+/// header's value an application session id that lets its reader take the session over (the
+/// admin API shows them only with the token, and the log not at all); with the usual umask,
+/// it was readable by every user of the machine, and an operator's `chmod` was undone by the
+/// next save.
+pub(super) const SNAPSHOT_MODE: u32 = 0o600;
+
+/// The node-state file's mode: node names and states, readable by all, as before.
+pub(super) const STATE_FILE_MODE: u32 = 0o644;
 
 /// The temporary file a save of `path` by process `pid` writes before renaming it over:
 /// `path` with `.tmp.PID` added (not in place of its extension: two tables saved to `t.a`
@@ -244,11 +254,27 @@ pub(super) fn temporary(path: &Path, pid: u32) -> PathBuf {
 /// the directory: after a crash of the machine the file holds the old snapshot or the new
 /// one, never a name that points at blocks not yet written (the rename can reach the disk
 /// before the data). On an error the temporary file is removed.
-pub(super) fn write_durably(tmp: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let written = std::fs::File::create(tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
+///
+/// The file gets `mode` whatever the umask, and whatever an earlier file at `tmp` had (open
+/// keeps an existing file's mode).
+pub(super) fn write_durably(
+    tmp: &Path,
+    target: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(tmp)
+        .and_then(|mut f| {
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        });
     let renamed = written.and_then(|()| std::fs::rename(tmp, target));
     if renamed.is_err() {
         let _ = std::fs::remove_file(tmp);
@@ -468,15 +494,41 @@ mod tests {
         let dir = scratch("save");
         let target = dir.join("t.snapshot");
         let tmp = temporary(&target, std::process::id());
-        write_durably(&tmp, &target, b"pins").unwrap_or_else(|e| panic!("{e}"));
+        write_durably(&tmp, &target, b"pins", SNAPSHOT_MODE).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(std::fs::read(&target).ok().as_deref(), Some(&b"pins"[..]));
         assert!(!tmp.exists());
 
         let blocked = dir.join("blocked");
         std::fs::create_dir_all(blocked.join("inside")).unwrap_or_else(|e| panic!("{e}"));
         let tmp = temporary(&blocked, std::process::id());
-        assert!(write_durably(&tmp, &blocked, b"pins").is_err());
+        assert!(write_durably(&tmp, &blocked, b"pins", SNAPSHOT_MODE).is_err());
         assert!(!tmp.exists(), "the failed save's temporary file is removed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A snapshot file is its owner's only, whatever the umask, the mode the file had before
+    /// (an operator's `chmod 644`) or a temporary file left with another mode: its keys may
+    /// be session ids. Before, it took the umask's mode (usually world-readable).
+    #[test]
+    fn a_saved_snapshot_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = scratch("mode");
+        let target = dir.join("t.snapshot");
+        let mode = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o777)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        std::fs::write(&target, b"old").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tmp = temporary(&target, std::process::id());
+        std::fs::write(&tmp, b"left").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_durably(&tmp, &target, b"pins", SNAPSHOT_MODE).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(mode(&target), 0o600);
+        assert_eq!(std::fs::read(&target).ok().as_deref(), Some(&b"pins"[..]));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
