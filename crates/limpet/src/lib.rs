@@ -74,3 +74,6 @@ pub mod tcp;
 pub mod tls;
 pub mod upgrade;
 pub mod wake;
+
+#[cfg(test)]
+mod test_util;

@@ -1796,7 +1796,7 @@ mod tests {
                 move || store.apply(&payload)
             })
             .expect("thread");
-        until_asleep("store-applies");
+        crate::test_util::until_asleep("store-applies");
         let mut table = table;
         table.learn(key, w, now);
         store.send(Write::Overwrite, &Arc::from("t"), key, "w", Some("x"));
@@ -1864,31 +1864,6 @@ mod tests {
         let got = rt.block_on(store.fetch_with("t", key, answers(&[true, true])));
         assert_eq!(got, None, "moved during both reads: left to the route");
         assert!(lock(&store.fetching).is_empty(), "nothing kept");
-    }
-
-    /// Waits (bounded) until this process's thread named `name` sleeps: here, waiting for a
-    /// lock another thread holds.
-    fn until_asleep(name: &str) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let asleep = |task: std::path::PathBuf| {
-            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim_end() == name)
-                && std::fs::read_to_string(task.join("stat")).is_ok_and(|s| {
-                    s.rsplit_once(')')
-                        .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
-                })
-        };
-        while !std::fs::read_dir("/proc/self/task")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|t| asleep(t.path()))
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "thread {name} never waited"
-            );
-            std::thread::yield_now();
-        }
     }
 
     #[test]

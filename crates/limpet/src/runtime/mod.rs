@@ -176,11 +176,6 @@ pub struct Table {
     binding: Binding,
     /// A shared table's store (fleet mode) and its name as the store keys it.
     shared: Option<(Arc<Store>, Arc<str>)>,
-    /// Held while the table's snapshot is saved ([`save_snapshot`]): one save of a table at
-    /// a time (a shutdown's may start while a periodic one is stuck in a write, and two
-    /// writers of one temporary file would interleave), and a table whose disk hangs holds
-    /// no other table's saves. Shared with the generations the table is carried over to.
-    pub(crate) saving: Arc<Mutex<()>>,
 }
 
 impl Table {
@@ -199,7 +194,6 @@ impl Table {
         let binding = table.bind(topology);
         let mut t = Table {
             inner: Arc::new(Mutex::new(table)),
-            saving: Arc::new(Mutex::new(())),
             binding,
             shared: None,
             def,
@@ -353,7 +347,6 @@ impl Table {
         let mut t = Table {
             def,
             inner: Arc::clone(&self.inner),
-            saving: Arc::clone(&self.saving),
             binding,
             shared: None,
         };

@@ -210,10 +210,10 @@ pub(crate) fn encode_paged(table: &Table) -> Vec<u8> {
 /// table is untouched either way.
 pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     let snap = table.def.snapshot.as_ref()?;
-    // One save of the table at a time (see `Table::saving`). Saves run on blocking threads,
-    // where waiting here is fine.
-    let _one = table
-        .saving
+    // One save of the file at a time (`file_lock`). Saves run on blocking threads, where
+    // waiting here is fine.
+    let lock = file_lock(&snap.path);
+    let _one = lock
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let bytes = encode_paged(table);
@@ -228,6 +228,23 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
         }
     }
     Some(result)
+}
+
+/// The lock of snapshot file `path` in this process: one save of a file at a time, whichever
+/// table saves it. A reload that keys a table anew, or gives a removed table's file to
+/// another, makes a new table; a save of the old one still under way (a slow disk) and one
+/// of the new one (its interval's, or the shutdown's) would both write the one temporary
+/// file, and the file would end as neither's. One lock per file the process ever saved: a
+/// few, named by the config.
+fn file_lock(path: &Path) -> std::sync::Arc<std::sync::Mutex<()>> {
+    static LOCKS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<std::sync::Mutex<()>>>>,
+    > = std::sync::OnceLock::new();
+    let mut all = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    std::sync::Arc::clone(all.entry(path.to_owned()).or_default())
 }
 
 /// A snapshot file's mode: its owner's only. Its keys are what pins sessions, a cookie's or a
@@ -424,6 +441,87 @@ mod tests {
         let bytes = encode_paged(&table);
         let snap = decode_snapshot(&bytes, now, 600_000).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(snap.entries.len(), n as usize);
+    }
+
+    /// Saves of one file by two tables take turns: a reload that keys a table anew makes a
+    /// new table, whose save may start while the old one's still writes on a slow disk.
+    /// Here the old one's save blocks on its temporary file (a FIFO nobody reads, as a disk
+    /// that hangs), then the new one's starts; once the disk goes on (the FIFO read, which
+    /// fails the old save at its flush), the file holds the new table's pins, whole. Before,
+    /// each table had a lock of its own: both wrote the one temporary file, and the file
+    /// was neither's.
+    #[test]
+    fn saves_of_one_file_by_two_tables_take_turns() {
+        use limpet_core::table::{AffinityStore, IpPrefix, KeyRef, KeySpec};
+        let dir = scratch("turns");
+        let path = dir.join("t.snapshot");
+        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let table = |node: &str, key: KeySpec| {
+            let def = crate::config::TableDef {
+                name: "t".into(),
+                key,
+                expire: std::time::Duration::from_secs(600),
+                size: 100,
+                snapshot: Some(crate::config::SnapshotDef {
+                    path: path.clone(),
+                    interval: None,
+                }),
+                shared: false,
+            };
+            let t =
+                super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"));
+            {
+                let mut l = t.lock();
+                let s = l.store_mut();
+                let n = s.intern(node).unwrap_or_else(|| panic!("intern"));
+                s.put(
+                    KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
+                    n,
+                    now_ms(),
+                );
+            }
+            std::sync::Arc::new(t)
+        };
+        let old = table("a", KeySpec::SourceIp(IpPrefix::HOST));
+        let new = table("b", KeySpec::SourceIp(IpPrefix::HOST));
+        let tmp = temporary(&path, std::process::id());
+        let made = std::process::Command::new("mkfifo")
+            .arg(&tmp)
+            .status()
+            .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+        assert!(made.success());
+        let save = |name: &str, t: &std::sync::Arc<super::super::Table>| {
+            let t = std::sync::Arc::clone(t);
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(move || save_snapshot(&t))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let saving_old = save("save-old", &old);
+        crate::test_util::until_asleep("save-old");
+        let saving_new = save("save-new", &new);
+        crate::test_util::until_asleep("save-new");
+        // The disk goes on.
+        let mut f = std::fs::File::open(&tmp).unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::io::Read::read_to_end(&mut f, &mut Vec::new());
+        drop(f);
+        let old_saved = saving_old.join().unwrap_or_else(|_| panic!("old save"));
+        let new_saved = saving_new.join().unwrap_or_else(|_| panic!("new save"));
+        assert!(
+            matches!(new_saved, Some(Ok(_))),
+            "{new_saved:?} ({old_saved:?})"
+        );
+        let bytes = read_snapshot(&path).unwrap_or_else(|e| panic!("{e:?}"));
+        let now = now_ms();
+        let snap = decode_snapshot(&bytes, now, 600_000).unwrap_or_else(|e| panic!("{e}"));
+        let nodes: Vec<&str> = snap
+            .entries
+            .iter()
+            .filter_map(|e| snap.node_name(e))
+            .collect();
+        assert_eq!(nodes, ["b"], "the new table's pins, whole");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn scratch(tag: &str) -> PathBuf {
