@@ -796,10 +796,10 @@ async fn until_cut<T>(
 /// session refused when all the nodes were. Asked the way an HTTP listener's own trial asks
 /// (`OPTIONS *`, [`crate::proxy::upstream::answers_at`], its answer counted as the node's),
 /// at the address the first HTTP listener that has one reaches the node at (a `node_port =
-/// "same"` listener needs a bind with a port). With no HTTP listener left (a reload removed
-/// the last one), nothing of the config can ask the node: the listener's own attempt (`def`,
-/// `local_port`) decides the trial, as the only one there is. Nothing is looked up before a
-/// trial is due.
+/// "same"` listener needs a bind with a port). With no HTTP listener in the config (the
+/// node's health carried over by an upgrade from a config that had one), nothing of it can
+/// ask the node: the listener's own attempt (`def`, `local_port`) decides the trial, as the
+/// only one there is. Nothing is looked up before a trial is due.
 fn try_due_answer_trial(state: &Arc<State>, now: u64, def: &Arc<ListenerDef>, local_port: u16) {
     use crate::nodes::TrialBy;
     if !state.answer_trial_due(now) {

@@ -457,10 +457,11 @@ mod tests {
         let path = dir.join("t.snapshot");
         let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
             .unwrap_or_else(|e| panic!("{e}"));
-        let table = |node: &str, key: KeySpec| {
+        // Two tables of one name and file, as a reload that keys a table anew makes.
+        let table = |node: &str| {
             let def = crate::config::TableDef {
                 name: "t".into(),
-                key,
+                key: KeySpec::SourceIp(IpPrefix::HOST),
                 expire: std::time::Duration::from_secs(600),
                 size: 100,
                 snapshot: Some(crate::config::SnapshotDef {
@@ -483,8 +484,7 @@ mod tests {
             }
             std::sync::Arc::new(t)
         };
-        let old = table("a", KeySpec::SourceIp(IpPrefix::HOST));
-        let new = table("b", KeySpec::SourceIp(IpPrefix::HOST));
+        let (old, new) = (table("a"), table("b"));
         let tmp = temporary(&path, std::process::id());
         let made = std::process::Command::new("mkfifo")
             .arg(&tmp)
