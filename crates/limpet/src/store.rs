@@ -1758,27 +1758,8 @@ mod tests {
     /// ended the session's connections on its node), while the fleet kept the newer one.
     #[test]
     fn a_message_waiting_for_the_table_behind_a_local_re_pin_does_not_undo_it() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let metrics = crate::metrics::Metrics::new();
-        let def = StoreDef {
-            url: "redis://127.0.0.1:1".into(),
-            prefix: "t:".into(),
-            timeout: Duration::from_millis(100),
-            connect_timeout: Duration::from_millis(100),
-        };
-        let store = rt
-            .block_on(Store::start(def, &metrics, Box::new(|_, _| {})))
-            .expect("store");
-        // Up, so that a re-pin is sent (queued: nothing runs the writer meanwhile).
-        store.set_up(true);
-        let topology =
-            limpet_core::Topology::with_weights([("x", 1), ("w", 1), ("z", 1)]).expect("nodes");
-        let lru = LruTable::new(limpet_core::table::TableConfig::new(10, 60_000)).expect("lru");
-        let entries: Entries = Arc::new(Mutex::new(AffinityTable::new(lru, &topology)));
-        store.register("t", &entries, 60_000);
+        let (rt, store) = offline_store();
+        let entries = table_t(&store, &["x", "w", "z"]);
         let (x, w) = (limpet_core::NodeId(0), limpet_core::NodeId(1));
         let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 9));
         let now = now_ms();
@@ -1817,25 +1798,8 @@ mod tests {
     /// key on the older node until its expiry refresh, the fleet on the newer.
     #[test]
     fn a_re_pin_that_comes_while_a_key_is_read_has_it_read_again() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let metrics = crate::metrics::Metrics::new();
-        let def = StoreDef {
-            url: "redis://127.0.0.1:1".into(),
-            prefix: "t:".into(),
-            timeout: Duration::from_millis(100),
-            connect_timeout: Duration::from_millis(100),
-        };
-        let store = rt
-            .block_on(Store::start(def, &metrics, Box::new(|_, _| {})))
-            .expect("store");
-        store.set_up(true);
-        let topology = limpet_core::Topology::with_weights([("y", 1), ("z", 1)]).expect("nodes");
-        let lru = LruTable::new(limpet_core::table::TableConfig::new(10, 60_000)).expect("lru");
-        let entries: Entries = Arc::new(Mutex::new(AffinityTable::new(lru, &topology)));
-        store.register("t", &entries, 60_000);
+        let (rt, store) = offline_store();
+        let _entries = table_t(&store, &["y", "z"]);
         let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 10));
         let mut message = b"t\nz\n".to_vec();
         encode_key(key, &mut message);
@@ -1864,6 +1828,38 @@ mod tests {
         let got = rt.block_on(store.fetch_with("t", key, answers(&[true, true])));
         assert_eq!(got, None, "moved during both reads: left to the route");
         assert!(lock(&store.fetching).is_empty(), "nothing kept");
+    }
+
+    /// A store whose server is away (nothing listens at its port), taken for up: a re-pin
+    /// is queued (nothing runs the writer while the test holds the thread), and messages are
+    /// handed to `apply` by the test. With the runtime it was started on.
+    fn offline_store() -> (tokio::runtime::Runtime, Arc<Store>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let metrics = crate::metrics::Metrics::new();
+        let def = StoreDef {
+            url: "redis://127.0.0.1:1".into(),
+            prefix: "t:".into(),
+            timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_millis(100),
+        };
+        let store = rt
+            .block_on(Store::start(def, &metrics, Box::new(|_, _| {})))
+            .expect("store");
+        store.set_up(true);
+        (rt, store)
+    }
+
+    /// Table `t` over `nodes` (in that order), shared through `store`.
+    fn table_t(store: &Store, nodes: &[&str]) -> Entries {
+        let topology =
+            limpet_core::Topology::with_weights(nodes.iter().map(|n| (*n, 1))).expect("nodes");
+        let lru = LruTable::new(limpet_core::table::TableConfig::new(10, 60_000)).expect("lru");
+        let entries: Entries = Arc::new(Mutex::new(AffinityTable::new(lru, &topology)));
+        store.register("t", &entries, 60_000);
+        entries
     }
 
     #[test]

@@ -4477,6 +4477,35 @@ async fn tls_stall_pair(tag: &str) -> TlsStallPair {
     }
 }
 
+/// The state of the running limpet `l`.
+fn running_state(l: &Limpet) -> Arc<State> {
+    l.running
+        .as_ref()
+        .unwrap_or_else(|| panic!("running"))
+        .runtime()
+        .state()
+}
+
+/// Takes node a of `l` DOWN for a request it left unanswered (as a request's timeout would),
+/// which only an answer decides, then runs fresh TCP sessions through listener `raw` until a
+/// is UP again (bounded: its 300 ms `fail_timeout`, the second after which limpet tries a
+/// node itself, and slack).
+async fn down_unanswered_until_tcp_sessions_bring_it_back(l: &Limpet) {
+    let state = running_state(l);
+    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
+    state.observe(a_id, limpet_core::Observation::NoAnswer);
+    assert_eq!(node_view(l, "a").await["state"], "DOWN");
+    let raw = l.addr("raw");
+    let bound = Duration::from_millis(300) + Duration::from_secs(1) + SLACK;
+    until_a_is_up(l, bound, async || {
+        let mut s = TcpStream::connect(raw)
+            .await
+            .unwrap_or_else(|e| panic!("connect raw: {e}"));
+        assert!(matches!(tcp_get(&mut s).await.as_deref(), Ok("a" | "b")));
+    })
+    .await;
+}
+
 /// Runs `session` every 50 ms until node a reads UP in the admin API, within `bound` of
 /// now (a serving, or handshaking, again from now on).
 async fn until_a_is_up(l: &Limpet, bound: Duration, mut session: impl AsyncFnMut()) {
@@ -4818,12 +4847,7 @@ async fn a_tcp_trial_of_a_down_node_whose_slots_are_all_held_goes_elsewhere() {
     let cfg = ConfigFile::new("tcp-trial-held", &text);
     let l = Limpet::start(&cfg).await;
     let raw = l.addr("raw");
-    let state = l
-        .running
-        .as_ref()
-        .unwrap_or_else(|| panic!("running"))
-        .runtime()
-        .state();
+    let state = running_state(&l);
     let a_rt = state
         .lifecycle
         .nodes
@@ -5083,12 +5107,7 @@ async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_
     );
     let cfg = ConfigFile::new("tcp-trial-sign-of-life", &text);
     let l = Limpet::start(&cfg).await;
-    let state = l
-        .running
-        .as_ref()
-        .unwrap_or_else(|| panic!("running"))
-        .runtime()
-        .state();
+    let state = running_state(&l);
     let a_rt = state
         .lifecycle
         .nodes
@@ -5112,22 +5131,8 @@ async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_
     }
     // a DOWN for a request it left unanswered (as another request's timeout would take it):
     // only an answer brings it back.
-    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
-    state.observe(a_id, limpet_core::Observation::NoAnswer);
-    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
     // Only TCP sessions come: limpet's own `OPTIONS *` brings a back.
-    let raw = l.addr("raw");
-    until_a_is_up(
-        &l,
-        Duration::from_millis(300) + Duration::from_secs(1) + SLACK,
-        async || {
-            let mut s = TcpStream::connect(raw)
-                .await
-                .unwrap_or_else(|e| panic!("connect raw: {e}"));
-            assert!(matches!(tcp_get(&mut s).await.as_deref(), Ok("a" | "b")));
-        },
-    )
-    .await;
+    down_unanswered_until_tcp_sessions_bring_it_back(&l).await;
     // The POST times out: slow by itself, a answered a younger request (the trial).
     let status = tokio::time::timeout(PATIENCE, slow)
         .await
@@ -5160,27 +5165,7 @@ async fn with_no_http_listener_a_node_down_for_unanswered_requests_comes_back_on
     );
     let cfg = ConfigFile::new("tcp-only-unanswered", &text);
     let l = Limpet::start(&cfg).await;
-    let state = l
-        .running
-        .as_ref()
-        .unwrap_or_else(|| panic!("running"))
-        .runtime()
-        .state();
-    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
-    state.observe(a_id, limpet_core::Observation::NoAnswer);
-    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
-    let raw = l.addr("raw");
-    until_a_is_up(
-        &l,
-        Duration::from_millis(300) + Duration::from_secs(1) + SLACK,
-        async || {
-            let mut s = TcpStream::connect(raw)
-                .await
-                .unwrap_or_else(|e| panic!("connect raw: {e}"));
-            assert!(matches!(tcp_get(&mut s).await.as_deref(), Ok("a" | "b")));
-        },
-    )
-    .await;
+    down_unanswered_until_tcp_sessions_bring_it_back(&l).await;
     l.stop().await;
     a.kill().await;
     b.kill().await;
