@@ -1758,7 +1758,7 @@ mod tests {
     /// ended the session's connections on its node), while the fleet kept the newer one.
     #[test]
     fn a_message_waiting_for_the_table_behind_a_local_re_pin_does_not_undo_it() {
-        let (rt, store) = offline_store();
+        let (_rt, store) = offline_store();
         let entries = table_t(&store, &["x", "w", "z"]);
         let (x, w) = (limpet_core::NodeId(0), limpet_core::NodeId(1));
         let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 9));

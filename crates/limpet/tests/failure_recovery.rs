@@ -4477,6 +4477,19 @@ async fn tls_stall_pair(tag: &str) -> TlsStallPair {
     }
 }
 
+/// Demo nodes a and b on one port of 127.0.0.2 and 127.0.0.3 (`nodes_toml(&AB)`).
+async fn ab_on_a_common_port() -> (Backend, Backend, u16) {
+    let (a_listener, b_listener, port) = common_port_pair().await;
+    (
+        Backend::serve("a", a_listener),
+        Backend::serve("b", b_listener),
+        port,
+    )
+}
+
+/// Passive health that takes a node DOWN at its first failure and tries it 300 ms later.
+const FALL_ONE: &str = "[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n";
+
 /// The state of the running limpet `l`.
 fn running_state(l: &Limpet) -> Arc<State> {
     l.running
@@ -4832,11 +4845,9 @@ async fn a_trial_of_a_down_node_whose_slots_are_all_held_is_answered_elsewhere()
 /// was closed unserved ("queue-timeout").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_trial_of_a_down_node_whose_slots_are_all_held_goes_elsewhere() {
-    let (a_listener, b_listener, port) = common_port_pair().await;
-    let mut a = Backend::serve("a", a_listener);
-    let mut b = Backend::serve("b", b_listener);
+    let (mut a, mut b, port) = ab_on_a_common_port().await;
     let text = format!(
-        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+        "{}{FALL_ONE}\
          [[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n\
          [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
          table = \"t\"\nclose_on_node_down = false\n\
@@ -5093,11 +5104,9 @@ async fn tcp_sessions_alone_bring_back_a_node_down_for_unanswered_requests_once_
 /// that request's timeout took the node DOWN again as it came back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_it() {
-    let (a_listener, b_listener, port) = common_port_pair().await;
-    let mut a = Backend::serve("a", a_listener);
-    let mut b = Backend::serve("b", b_listener);
+    let (mut a, mut b, port) = ab_on_a_common_port().await;
     let text = format!(
-        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+        "{}{FALL_ONE}\
          [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
          timeouts = {{ upstream_answer = \"5s\", drain = \"1s\" }}\n\n\
          [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
@@ -5153,11 +5162,9 @@ async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_
 /// it comes back with only TCP sessions coming. Without that, it stayed DOWN for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_http_listener_a_node_down_for_unanswered_requests_comes_back_on_a_connect() {
-    let (a_listener, b_listener, port) = common_port_pair().await;
-    let mut a = Backend::serve("a", a_listener);
-    let mut b = Backend::serve("b", b_listener);
+    let (mut a, mut b, port) = ab_on_a_common_port().await;
     let text = format!(
-        "{}[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n\
+        "{}{FALL_ONE}\
          [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {port}\n\
          timeouts = {{ connect = \"1s\", drain = \"1s\" }}\n\n\
          [admin]\nlisten = \"127.0.0.1:0\"\n",
