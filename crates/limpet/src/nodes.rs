@@ -737,6 +737,22 @@ impl NodeRuntime {
                 node: Arc::clone(self),
             });
         }
+        // A DOWN node's trial takes a free slot or none. Every slot held (by sessions from
+        // before it went DOWN that `close_on_node_down = false` keeps, or a limit a reload
+        // lowered), the node is not tried now, and the request or session goes elsewhere at
+        // once, nothing charged (its claim ends with it: the next trial a `fail_timeout` on).
+        // Queued, it waited out the queue timeout at each DOWN node it tried, then was
+        // answered elsewhere or 503 all the same. A node back UP meanwhile is a busy node:
+        // its queue, as for any request.
+        if trial && self.status().state() == NodeState::Down {
+            return if a.try_take() {
+                Ok(Admitted {
+                    node: Arc::clone(self),
+                })
+            } else {
+                Err(Refused::Left(RepinReason::NodeDown))
+            };
+        }
         // Newcomers do not overtake the queue.
         if a.waiting.load(Ordering::SeqCst) == 0 && a.try_take() {
             return Ok(Admitted {

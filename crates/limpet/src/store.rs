@@ -152,27 +152,35 @@ impl Default for OwnRepins {
     }
 }
 
-/// Keys being read by [`Store::fetch`]: the reads of each, and whether a re-pin message of
-/// it came meanwhile.
-type Fetching = HashMap<(Arc<str>, TableKey), (u32, bool)>;
+/// Keys being read by first requests here ([`crate::runtime::Table::prefetch`]): the reads
+/// of each, and how many re-pin messages of it came while any was read.
+type Fetching = HashMap<(Arc<str>, TableKey), (u32, u64)>;
 
-/// One read of a key by [`Store::fetch`], counted in [`Store`]'s `fetching` until dropped.
-struct Reading<'a> {
+/// One first request's read of a key ([`Store::reading`]), counted in [`Store`]'s `fetching`
+/// until dropped.
+#[derive(Debug)]
+pub(crate) struct Reading<'a> {
     all: &'a Mutex<Fetching>,
     key: (Arc<str>, TableKey),
+    /// The key's count of messages when this read last looked.
+    seen: u64,
 }
 
 impl<'a> Reading<'a> {
     fn start(all: &'a Mutex<Fetching>, key: (Arc<str>, TableKey)) -> Self {
-        lock(all).entry(key.clone()).or_insert((0, false)).0 += 1;
-        Reading { all, key }
+        let mut m = lock(all);
+        let e = m.entry(key.clone()).or_insert((0, 0));
+        e.0 += 1;
+        let seen = e.1;
+        drop(m);
+        Reading { all, key, seen }
     }
 
-    /// Whether a re-pin message of the key came since the last look (and no longer).
-    fn moved(&self) -> bool {
-        lock(self.all)
-            .get_mut(&self.key)
-            .is_some_and(|r| std::mem::take(&mut r.1))
+    /// Whether a re-pin message of the key came since this read began or last looked; looks
+    /// again from now. Each read of the key sees every message, whichever looks first.
+    pub(crate) fn moved(&mut self) -> bool {
+        let now = lock(self.all).get(&self.key).map_or(self.seen, |e| e.1);
+        std::mem::replace(&mut self.seen, now) != now
     }
 }
 
@@ -746,45 +754,22 @@ impl Store {
         true
     }
 
-    /// The fleet's pin of `key` for a key this instance has no entry for (the first request
-    /// of a session here: a failover of the virtual IP, or the other protocol's port on
-    /// another instance). One GETEX (renewing the key's expiry) bounded by `timeout`; `None`
-    /// when the store has none, is down or too slow (then the request is routed fresh and the
-    /// pin reconciled by the create-if-absent write).
-    ///
-    /// A re-pin message of the key that comes while it is read finds no local entry to move
-    /// (`apply` drops it), and the answer may be older than the message: put in the table, it
-    /// would keep this instance on the older node while the fleet is on the newer one, until
-    /// the key's expiry refresh. So the key is read once more, after the message; a key moved
-    /// during that read too is left to the route, whose create is answered the store's pin
-    /// and adopts it.
-    pub async fn fetch(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
-        self.fetch_with(table, key, || self.read_pin(table, key))
-            .await
+    /// A first request's read of `key` in `table` ([`crate::runtime::Table::prefetch`]),
+    /// told of the re-pin messages of the key that come meanwhile (`apply` finds no local
+    /// entry to move for them).
+    pub(crate) fn reading(&self, table: &str, key: KeyRef<'_>) -> Reading<'_> {
+        Reading::start(&self.fetching, (Arc::from(table), key.to_key()))
     }
 
-    /// [`Store::fetch`] with `read` as the store's read of the key.
-    async fn fetch_with<F: std::future::Future<Output = Option<String>>>(
-        &self,
-        table: &str,
-        key: KeyRef<'_>,
-        mut read: impl FnMut() -> F,
-    ) -> Option<String> {
+    /// The fleet's pin of `key` for a key this instance has no entry for (the first request
+    /// of a session here: a failover of the virtual IP, or the other protocol's port on
+    /// another instance): one GETEX (renewing the key's expiry) bounded by `timeout`; `None`
+    /// when the store has none, is down or too slow (then the request is routed fresh and the
+    /// pin reconciled by the create-if-absent write).
+    pub(crate) async fn read_pin(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
         if !self.is_up() {
             return None;
         }
-        let reading = Reading::start(&self.fetching, (Arc::from(table), key.to_key()));
-        for _ in 0..2 {
-            let pin = read().await;
-            if !reading.moved() {
-                return pin;
-            }
-        }
-        None
-    }
-
-    /// One GETEX of `key` (see [`Store::fetch`]).
-    async fn read_pin(&self, table: &str, key: KeyRef<'_>) -> Option<String> {
         let rkey = self.key(table, key);
         let mut conn = self.conn();
         self.count("get", 1);
@@ -897,7 +882,7 @@ impl Store {
             .inc_by(n);
     }
 
-    fn set_up(&self, up: bool) {
+    pub(crate) fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Release);
         self.since_ms.store(now_ms(), Ordering::Relaxed);
         self.up_gauge.set(i64::from(up));
@@ -1040,7 +1025,7 @@ impl Store {
 
     /// Another instance (or this one) re-pinned `key`: a local entry follows; a key this
     /// instance has no entry for is left to the GET of its first request here.
-    fn apply(&self, payload: &[u8]) {
+    pub(crate) fn apply(&self, payload: &[u8]) {
         let mut parts = payload.splitn(3, |b| *b == b'\n');
         let (Some(table), Some(node), Some(k)) = (parts.next(), parts.next(), parts.next()) else {
             return;
@@ -1066,9 +1051,13 @@ impl Store {
             }
             let s = t.store();
             let Some(current) = s.peek(key.as_key_ref(), now) else {
-                // A first request here may be reading the key: its answer may be older.
-                if let Some(r) = lock(&self.fetching).get_mut(&(Arc::from(table), key)) {
-                    r.1 = true;
+                // A first request here may be reading the key: its answer may be older. Told
+                // under the table's lock, under which that request looks.
+                let mut reads = lock(&self.fetching);
+                if !reads.is_empty() {
+                    if let Some(r) = reads.get_mut(&(Arc::from(table), key)) {
+                        r.1 += 1;
+                    }
                 }
                 return;
             };
@@ -1637,6 +1626,15 @@ fn decode_key(b: &[u8]) -> Option<TableKey> {
     Some(KeyRef::from_digest(d).to_key())
 }
 
+/// The payload of another instance's re-pin of `key` in `table` to `node`, as the store
+/// publishes it.
+#[cfg(test)]
+pub(crate) fn repin_message(table: &str, node: &str, key: KeyRef<'_>) -> Vec<u8> {
+    let mut payload = format!("{table}\n{node}\n").into_bytes();
+    encode_key(key, &mut payload);
+    payload
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1758,7 +1756,7 @@ mod tests {
     /// ended the session's connections on its node), while the fleet kept the newer one.
     #[test]
     fn a_message_waiting_for_the_table_behind_a_local_re_pin_does_not_undo_it() {
-        let (_rt, store) = offline_store();
+        let (_rt, store) = crate::test_util::offline_store();
         let entries = table_t(&store, &["x", "w", "z"]);
         let (x, w) = (limpet_core::NodeId(0), limpet_core::NodeId(1));
         let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 9));
@@ -1768,8 +1766,7 @@ mod tests {
         // Another instance's re-pin of the key to z arrives while this instance's route holds
         // the table to re-pin it to w.
         let table = lock(&entries);
-        let mut payload = b"t\nz\n".to_vec();
-        encode_key(key, &mut payload);
+        let payload = repin_message("t", "z", key);
         let applying = std::thread::Builder::new()
             .name("store-applies".into())
             .spawn({
@@ -1791,65 +1788,21 @@ mod tests {
         assert_eq!(pinned, Some("w"), "the newer local re-pin holds");
     }
 
-    /// A re-pin message of a key that a first request here is reading (no local entry for
-    /// the message to move) has the key read once more, after the message: the store's
-    /// newer pin is the one taken, not the read's older answer. A key moved during that read
-    /// too is left to the route. Before, the older answer went into the table and held the
-    /// key on the older node until its expiry refresh, the fleet on the newer.
+    /// Every read of a key in flight is told of a re-pin message of it, whichever looks
+    /// first, and each looks again from then on; one that began after the message is not.
     #[test]
-    fn a_re_pin_that_comes_while_a_key_is_read_has_it_read_again() {
-        let (rt, store) = offline_store();
+    fn every_read_of_a_key_is_told_of_a_message_that_came_meanwhile() {
+        let (_rt, store) = crate::test_util::offline_store();
         let _entries = table_t(&store, &["y", "z"]);
-        let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 10));
-        let mut message = b"t\nz\n".to_vec();
-        encode_key(key, &mut message);
-        // The store read: the first answers y, and another instance's re-pin to z comes (as
-        // the subscriber hands it to `apply`) before that answer is taken.
-        let reads = std::cell::Cell::new(0);
-        let answers = |moved_during: &'static [bool]| {
-            reads.set(0);
-            let (store, message, reads) = (&store, &message, &reads);
-            move || {
-                let n = reads.get();
-                reads.set(n + 1);
-                if moved_during.get(n).copied().unwrap_or(false) {
-                    store.apply(message);
-                }
-                let pin = if n == 0 { "y" } else { "z" };
-                std::future::ready(Some(pin.to_owned()))
-            }
-        };
-        let got = rt.block_on(store.fetch_with("t", key, answers(&[true])));
-        assert_eq!(got.as_deref(), Some("z"), "read again after the message");
-        assert_eq!(reads.get(), 2);
-        let got = rt.block_on(store.fetch_with("t", key, answers(&[])));
-        assert_eq!(got.as_deref(), Some("y"), "no message: one read");
-        assert_eq!(reads.get(), 1);
-        let got = rt.block_on(store.fetch_with("t", key, answers(&[true, true])));
-        assert_eq!(got, None, "moved during both reads: left to the route");
+        let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 11));
+        let (mut first, mut second) = (store.reading("t", key), store.reading("t", key));
+        store.apply(&repin_message("t", "z", key));
+        let mut later = store.reading("t", key);
+        assert!(first.moved() && second.moved(), "both reads told");
+        assert!(!first.moved() && !second.moved(), "and told once");
+        assert!(!later.moved(), "a read begun after the message");
+        drop((first, second, later));
         assert!(lock(&store.fetching).is_empty(), "nothing kept");
-    }
-
-    /// A store whose server is away (nothing listens at its port), taken for up: a re-pin
-    /// is queued (nothing runs the writer while the test holds the thread), and messages are
-    /// handed to `apply` by the test. With the runtime it was started on.
-    fn offline_store() -> (tokio::runtime::Runtime, Arc<Store>) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let metrics = crate::metrics::Metrics::new();
-        let def = StoreDef {
-            url: "redis://127.0.0.1:1".into(),
-            prefix: "t:".into(),
-            timeout: Duration::from_millis(100),
-            connect_timeout: Duration::from_millis(100),
-        };
-        let store = rt
-            .block_on(Store::start(def, &metrics, Box::new(|_, _| {})))
-            .expect("store");
-        store.set_up(true);
-        (rt, store)
     }
 
     /// Table `t` over `nodes` (in that order), shared through `store`.

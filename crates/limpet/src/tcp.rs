@@ -606,14 +606,7 @@ async fn connect(
             // As a session would try the node: the connect, a PROXY header, the TLS
             // handshake. (The listener's definition is shared only when a trial is made.)
             let now = clock::now_ms();
-            let tried = state.try_due_trial(
-                now,
-                |n| state.upstream(def, n, local_port),
-                // Up to three steps of `connect` each (the connect, a PROXY header, a TLS
-                // handshake), and a margin.
-                (def.timeouts.connect * 4, by),
-                |_, addr| own_trial(Arc::clone(def), addr),
-            );
+            let tried = own_connect_trial(state, now, (def, local_port), by);
             if !tried && by == crate::nodes::TrialBy::Connect {
                 try_due_answer_trial(state, now, def, local_port);
             }
@@ -651,18 +644,6 @@ async fn connect(
                 // waited: it routes again without the node, nothing charged.
                 Err(crate::nodes::Refused::Left(why)) => {
                     failed.push(Excluded { node, why });
-                    continue;
-                }
-                // The trial of a DOWN node whose every slot stayed held (sessions from before
-                // it went DOWN that `close_on_node_down = false` keeps, or a limit a reload
-                // lowered): the node is not tried now, and the session goes to another node,
-                // nothing charged, as an HTTP request does (`proxy::forward`). Its claim goes
-                // with this turn's route.
-                Err(_) if trial.is_some() => {
-                    failed.push(Excluded {
-                        node,
-                        why: limpet_core::RepinReason::NodeDown,
-                    });
                     continue;
                 }
                 Err(r) => {
@@ -815,12 +796,7 @@ fn try_due_answer_trial(state: &Arc<State>, now: u64, def: &Arc<ListenerDef>, lo
         (d.mode == crate::config::Mode::Http).then_some((d, port))
     });
     let Some((http, port)) = http else {
-        state.try_due_trial(
-            now,
-            |n| state.upstream(def, n, local_port),
-            (def.timeouts.connect * 4, TrialBy::Answer),
-            |_, addr| own_trial(Arc::clone(def), addr),
-        );
+        own_connect_trial(state, now, (def, local_port), TrialBy::Answer);
         return;
     };
     let (connect, answer) = (http.timeouts.connect, http.timeouts.upstream_answer);
@@ -844,6 +820,25 @@ fn try_due_answer_trial(state: &Arc<State>, now: u64, def: &Arc<ListenerDef>, lo
             })
         },
     );
+}
+
+/// limpet's own trial of a DOWN node due one through the listener `def` (as its socket on
+/// `local_port` reaches the nodes), decided `by` the attempt's completion: as a session would
+/// try the node, the connect, a PROXY header, the TLS handshake. Whether one was started.
+fn own_connect_trial(
+    state: &Arc<State>,
+    now: u64,
+    (def, local_port): (&Arc<ListenerDef>, u16),
+    by: crate::nodes::TrialBy,
+) -> bool {
+    state.try_due_trial(
+        now,
+        |n| state.upstream(def, n, local_port),
+        // Up to three steps of `connect` each (the connect, a PROXY header, a TLS handshake),
+        // and a margin.
+        (def.timeouts.connect * 4, by),
+        |_, addr| own_trial(Arc::clone(def), addr),
+    )
 }
 
 /// limpet's own trial of a DOWN node ([`crate::runtime::State::try_due_trial`]): a

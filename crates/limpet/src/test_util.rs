@@ -27,3 +27,29 @@ pub(crate) fn until_asleep(name: &str) {
         std::thread::yield_now();
     }
 }
+
+/// A fleet store whose server is away (nothing listens at its port), taken for up: a re-pin is
+/// queued (nothing runs the writer while the test holds the thread), and re-pin messages are
+/// handed to `Store::apply` by the test. With the runtime it was started on.
+pub(crate) fn offline_store() -> (tokio::runtime::Runtime, std::sync::Arc<crate::store::Store>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let metrics = crate::metrics::Metrics::new();
+    let def = crate::config::StoreDef {
+        url: "redis://127.0.0.1:1".into(),
+        prefix: "t:".into(),
+        timeout: Duration::from_millis(100),
+        connect_timeout: Duration::from_millis(100),
+    };
+    let store = rt
+        .block_on(crate::store::Store::start(
+            def,
+            &metrics,
+            Box::new(|_, _| {}),
+        ))
+        .expect("store");
+    store.set_up(true);
+    (rt, store)
+}

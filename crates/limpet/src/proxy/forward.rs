@@ -1263,18 +1263,6 @@ impl<'a> Attempt<'a> {
                                 force_fresh = self.upgrade;
                                 continue;
                             }
-                            // The trial of a DOWN node that waited out the queue timeout, or
-                            // found the queue full, behind slots held by sessions from before
-                            // it went DOWN (or a limit a reload lowered): the node is not tried
-                            // now. The request goes to another node, nothing charged, as one
-                            // whose node left the queue; its claim goes with the route (the
-                            // next trial a `fail_timeout` on). Answered 503, a trial would
-                            // cost a request another node could take.
-                            Err(_) if self.route.trial => {
-                                self.leave(node, limpet_core::RepinReason::NodeDown)?;
-                                force_fresh = self.upgrade;
-                                continue;
-                            }
                             Err(r) => {
                                 return Err(UpstreamError::new(
                                     Stage::Queue,

@@ -238,10 +238,31 @@ impl Table {
     }
 
     /// Before routing a key this instance holds no entry for (the session's first request
-    /// here): the fleet's pin from the store, into the local table. Awaits one read bounded by
-    /// the store's `timeout`, and nothing when the key is held locally, the table is not
-    /// shared or the store is down. [`State::route`] itself never waits for the store.
+    /// here): the fleet's pin from the store, into the local table. Awaits a read bounded by
+    /// the store's `timeout` (two at most, below), and nothing when the key is held locally,
+    /// the table is not shared or the store is down. [`State::route`] itself never waits for
+    /// the store.
+    ///
+    /// A re-pin message of the key that comes while it is read finds no local entry to move
+    /// (the store's `apply` drops it), and the read's answer may be older than the message:
+    /// put in the table, it kept this instance on the older node while the fleet was on the
+    /// newer one, until the key's expiry refresh. So whether one came is looked at under the
+    /// table's lock, under which `apply` tells it, and the key is then read once more; a key
+    /// moved during that read too is left to the route, whose create is answered the store's
+    /// pin and adopts it.
     pub async fn prefetch(&self, key: KeyRef<'_>) {
+        let Some((store, name)) = &self.shared else {
+            return;
+        };
+        self.prefetch_with(key, || store.read_pin(name, key)).await;
+    }
+
+    /// [`Table::prefetch`] with `read` as the store's read of the key.
+    async fn prefetch_with<F: std::future::Future<Output = Option<String>>>(
+        &self,
+        key: KeyRef<'_>,
+        mut read: impl FnMut() -> F,
+    ) {
         let Some((store, name)) = &self.shared else {
             return;
         };
@@ -254,27 +275,35 @@ impl Table {
         {
             return;
         }
-        let Some(node) = store.fetch(name, key).await else {
-            return;
-        };
-        let now = crate::clock::now_ms();
-        let mut t = self.lock();
-        let s = t.store_mut();
-        // A concurrent request may have pinned it meanwhile: its write is on its way to the
-        // store (and adopts the store's node if it lost). A node this generation has not got
-        // (a name the table keeps from an earlier config) is not taken: the request pins
-        // afresh, and its create, losing, heals the store's pin for the fleet.
-        if s.peek(key, now).is_none() {
-            let known = limpet_core::table::AffinityStore::known(s, &node);
-            match known.filter(|r| self.binding.node(*r).is_some()) {
-                Some(r) => {
-                    limpet_core::table::AffinityStore::put(s, key, r, now);
-                }
-                None => {
-                    drop(t);
-                    store.unknown_node(&node);
+        let mut reading = store.reading(name, key);
+        for _ in 0..2 {
+            let Some(node) = read().await else {
+                return;
+            };
+            let now = crate::clock::now_ms();
+            let mut t = self.lock();
+            if reading.moved() {
+                continue;
+            }
+            let s = t.store_mut();
+            // A concurrent request may have pinned it meanwhile: its write is on its way to
+            // the store (and adopts the store's node if it lost). A node this generation has
+            // not got (a name the table keeps from an earlier config) is not taken: the
+            // request pins afresh, and its create, losing, heals the store's pin for the
+            // fleet.
+            if s.peek(key, now).is_none() {
+                let known = limpet_core::table::AffinityStore::known(s, &node);
+                match known.filter(|r| self.binding.node(*r).is_some()) {
+                    Some(r) => {
+                        limpet_core::table::AffinityStore::put(s, key, r, now);
+                    }
+                    None => {
+                        drop(t);
+                        store.unknown_node(&node);
+                    }
                 }
             }
+            return;
         }
     }
 
@@ -1696,6 +1725,66 @@ pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<crate::net::ConnLi
 mod tests {
     use super::*;
     use limpet_core::table::IpPrefix;
+
+    /// A re-pin message of a key that a first request here is reading (no local entry for
+    /// the message to move) has the key read once more, after the message: the store's newer
+    /// pin is the one put in the table, not the read's older answer; a key moved during that
+    /// read too is left to the route. Before, the older answer went into the table and held
+    /// the key on the older node until its expiry refresh, the fleet on the newer.
+    #[test]
+    fn a_re_pin_that_comes_while_a_key_is_read_has_it_read_again() {
+        use limpet_core::table::AffinityStore as _;
+        let (rt, store) = crate::test_util::offline_store();
+        let topology = Topology::with_weights([("y", 1), ("z", 1)]).expect("nodes");
+        let def = crate::config::TableDef {
+            name: "t".into(),
+            key: limpet_core::table::KeySpec::SourceIp(IpPrefix::HOST),
+            expire: Duration::from_secs(600),
+            size: 10,
+            snapshot: None,
+            shared: true,
+        };
+        let table = Table::new(def, &topology, Some(&store)).expect("table");
+        table.register();
+        let key = limpet_core::table::KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 10));
+        let message = crate::store::repin_message("t", "z", key);
+        // The store's reads: the first answers y, and another instance's re-pin to z comes
+        // (as the subscriber hands it to `apply`) before that answer is taken; the next
+        // answer z.
+        let reads = std::cell::Cell::new(0);
+        let read = |moved_during: &'static [bool]| {
+            reads.set(0);
+            let (store, message, reads) = (&store, &message, &reads);
+            move || {
+                let n = reads.get();
+                reads.set(n + 1);
+                if moved_during.get(n).copied().unwrap_or(false) {
+                    store.apply(message);
+                }
+                std::future::ready(Some(if n == 0 { "y" } else { "z" }.to_owned()))
+            }
+        };
+        let pinned = || {
+            let t = table.lock();
+            let s = t.store();
+            s.peek(key, crate::clock::now_ms())
+                .and_then(|r| s.node_name(r).map(str::to_owned))
+        };
+        rt.block_on(table.prefetch_with(key, read(&[true])));
+        assert_eq!(
+            pinned().as_deref(),
+            Some("z"),
+            "read again after the message"
+        );
+        assert_eq!(reads.get(), 2);
+        table.lock().store_mut().clear();
+        rt.block_on(table.prefetch_with(key, read(&[])));
+        assert_eq!(pinned().as_deref(), Some("y"), "no message: one read");
+        assert_eq!(reads.get(), 1);
+        table.lock().store_mut().clear();
+        rt.block_on(table.prefetch_with(key, read(&[true, true])));
+        assert_eq!(pinned(), None, "moved during both reads: left to the route");
+    }
 
     /// A state of nodes named `nodes`, in that order.
     fn state_of(nodes: &[&str]) -> State {

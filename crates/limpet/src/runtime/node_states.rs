@@ -184,12 +184,8 @@ pub(super) async fn write_on_change(
         let target = path.clone();
         let written = tokio::task::spawn_blocking(move || {
             let tmp = super::snapshot::temporary(&target, std::process::id());
-            super::snapshot::write_durably(
-                &tmp,
-                &target,
-                text.as_bytes(),
-                super::snapshot::STATE_FILE_MODE,
-            )
+            // The umask's mode: node names and states.
+            super::snapshot::write_durably(&tmp, &target, text.as_bytes(), None)
         })
         .await
         .map_err(std::io::Error::other)

@@ -220,7 +220,7 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     // This process's own temporary name: a limpet handing over to a new one may still be
     // saving when the new one saves (`crate::upgrade`).
     let tmp = temporary(&snap.path, std::process::id());
-    let result = write_durably(&tmp, &snap.path, &bytes, SNAPSHOT_MODE).map(|()| bytes.len());
+    let result = write_durably(&tmp, &snap.path, &bytes, Some(SNAPSHOT_MODE)).map(|()| bytes.len());
     match &result {
         Ok(n) => tracing::debug!(table = %table.def.name, bytes = n, "snapshot saved"),
         Err(e) => {
@@ -254,9 +254,6 @@ fn file_lock(path: &Path) -> std::sync::Arc<std::sync::Mutex<()>> {
 /// next save.
 pub(super) const SNAPSHOT_MODE: u32 = 0o600;
 
-/// The node-state file's mode: node names and states, readable by all, as before.
-pub(super) const STATE_FILE_MODE: u32 = 0o644;
-
 /// The temporary file a save of `path` by process `pid` writes before renaming it over:
 /// `path` with `.tmp.PID` added (not in place of its extension: two tables saved to `t.a`
 /// and `t.b` at once would share `t.tmp.PID`, and each could rename the other's bytes over
@@ -272,26 +269,31 @@ pub(super) fn temporary(path: &Path, pid: u32) -> PathBuf {
 /// one, never a name that points at blocks not yet written (the rename can reach the disk
 /// before the data). On an error the temporary file is removed.
 ///
-/// The file gets `mode` whatever the umask, and whatever an earlier file at `tmp` had (open
-/// keeps an existing file's mode).
+/// With a `mode`, the file gets it whatever the umask, and whatever an earlier file at `tmp`
+/// had (open keeps an existing file's mode); without one, the umask's. A symbolic link at
+/// `tmp` is not followed (the name is predictable).
 pub(super) fn write_durably(
     tmp: &Path,
     target: &Path,
     bytes: &[u8],
-    mode: u32,
+    mode: Option<u32>,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let written = std::fs::OpenOptions::new()
-        .write(true)
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true)
         .create(true)
         .truncate(true)
-        .mode(mode)
-        .open(tmp)
-        .and_then(|mut f| {
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            f.write_all(bytes)?;
-            f.sync_all()
-        });
+        .custom_flags(libc::O_NOFOLLOW);
+    if let Some(m) = mode {
+        open.mode(m);
+    }
+    let written = open.open(tmp).and_then(|mut f| {
+        if let Some(m) = mode {
+            f.set_permissions(std::fs::Permissions::from_mode(m))?;
+        }
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
     let renamed = written.and_then(|()| std::fs::rename(tmp, target));
     if renamed.is_err() {
         let _ = std::fs::remove_file(tmp);
@@ -592,14 +594,15 @@ mod tests {
         let dir = scratch("save");
         let target = dir.join("t.snapshot");
         let tmp = temporary(&target, std::process::id());
-        write_durably(&tmp, &target, b"pins", SNAPSHOT_MODE).unwrap_or_else(|e| panic!("{e}"));
+        write_durably(&tmp, &target, b"pins", Some(SNAPSHOT_MODE))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(std::fs::read(&target).ok().as_deref(), Some(&b"pins"[..]));
         assert!(!tmp.exists());
 
         let blocked = dir.join("blocked");
         std::fs::create_dir_all(blocked.join("inside")).unwrap_or_else(|e| panic!("{e}"));
         let tmp = temporary(&blocked, std::process::id());
-        assert!(write_durably(&tmp, &blocked, b"pins", SNAPSHOT_MODE).is_err());
+        assert!(write_durably(&tmp, &blocked, b"pins", Some(SNAPSHOT_MODE)).is_err());
         assert!(!tmp.exists(), "the failed save's temporary file is removed");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -624,7 +627,8 @@ mod tests {
         std::fs::write(&tmp, b"left").unwrap_or_else(|e| panic!("{e}"));
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))
             .unwrap_or_else(|e| panic!("{e}"));
-        write_durably(&tmp, &target, b"pins", SNAPSHOT_MODE).unwrap_or_else(|e| panic!("{e}"));
+        write_durably(&tmp, &target, b"pins", Some(SNAPSHOT_MODE))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mode(&target), 0o600);
         assert_eq!(std::fs::read(&target).ok().as_deref(), Some(&b"pins"[..]));
         let _ = std::fs::remove_dir_all(&dir);
