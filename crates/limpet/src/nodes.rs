@@ -720,8 +720,8 @@ impl NodeRuntime {
     /// redistributes a server's queue when it goes down: a busy node keeps its queue, a
     /// failed one does not hold it until the queue timeout and then hand it a hung node's
     /// slots.
-    /// A `trial` (the route sent the session to try a DOWN node) stays in the queue while
-    /// the node is DOWN.
+    /// A `trial` (the route sent the session to try a DOWN node) takes a free slot or none
+    /// while the node is DOWN (below).
     pub async fn admit(
         self: &Arc<Self>,
         queue_timeout: Duration,
@@ -761,7 +761,7 @@ impl NodeRuntime {
         }
         // Boxed: the wait in the queue is the rare path, and its state (the node's events,
         // the notification) inline would grow every request's future that awaits `admit`.
-        Box::pin(self.queue(queue_timeout, spread_key, trial)).await
+        Box::pin(self.queue(queue_timeout, spread_key)).await
     }
 
     /// [`Self::admit`]'s wait in the node's queue.
@@ -769,7 +769,6 @@ impl NodeRuntime {
         self: &Arc<Self>,
         queue_timeout: Duration,
         spread_key: u64,
-        trial: bool,
     ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         // SeqCst with `Admitted`'s drop: either the drop sees this waiter and wakes it, or
@@ -781,20 +780,11 @@ impl NodeRuntime {
         }
         // Subscribed before the state is read: a change in between is not missed.
         let mut events = self.events.subscribe();
-        // A trial stays while the node is DOWN: the route sent it there to try the node. Told
-        // by the route, not read from the node here: one that went DOWN between the route
-        // and this line would take an ordinary session for a trial, held in the queue of a
-        // node out of rotation rather than routed again.
         // Whether the session may stay in the queue, by the core's rule for the node's
         // sessions: it leaves now, at its moment past a drain deadline (the moment routing
-        // re-pins its key), or not at all.
-        let verdict = || {
-            let status = self.status();
-            if trial && status.state() == NodeState::Down {
-                return SessionEnd::Never;
-            }
-            status.session_end(clock::now_ms(), spread_key, true)
-        };
+        // re-pins its key), or not at all. A trial queues only for a node back UP (`admit`),
+        // and leaves as any session should the node go DOWN again.
+        let verdict = || self.status().session_end(clock::now_ms(), spread_key, true);
         let waited = tokio::time::timeout(queue_timeout, async {
             loop {
                 let freed = a.freed.notified();
@@ -1208,8 +1198,8 @@ mod tests {
 
     /// A node that leaves rotation while sessions wait in its queue lets them go at once,
     /// with the reason, instead of at the queue timeout (HAProxy redistributes the queue of
-    /// a server that goes down); a drain, which keeps the node's sessions, keeps them, and a
-    /// trial queued for a node already DOWN is not let go by its staying DOWN.
+    /// a server that goes down); a drain, which keeps the node's sessions, keeps them, and
+    /// MAINT lets go what waits for a node UP.
     #[tokio::test(start_paused = true)]
     async fn a_node_leaving_rotation_lets_its_queue_go() {
         let rt = node();
@@ -1238,14 +1228,15 @@ mod tests {
             );
         }
         assert_eq!(t0.elapsed(), Duration::ZERO, "at once, not at the timeout");
-        // Queued while DOWN (a trial): staying DOWN keeps it; MAINT lets it go.
-        let trial = queued(3, true);
-        rt.force_health(false);
+        // Queued for a node UP (a trial of a node back meanwhile, or any session), MAINT
+        // lets it go.
+        rt.force_health(true);
+        let waiting = queued(3, true);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!trial.is_finished(), "still DOWN: the trial waits");
+        assert!(!waiting.is_finished(), "UP and full: it waits");
         rt.set_admin(AdminState::Maint);
         assert_eq!(
-            trial.await.expect("task").err(),
+            waiting.await.expect("task").err(),
             Some(Refused::Left(RepinReason::NodeMaint))
         );
         drop(held);
@@ -1332,32 +1323,42 @@ mod tests {
         drop(held);
     }
 
-    /// What the route said decides whether a queued session stays for a node that is DOWN:
-    /// a trial stays (it was sent to try the node), and an ordinary session, routed while
-    /// the node was UP, leaves at once, to be routed again. Before, the node's state read on
-    /// entering the queue decided: a session whose node went DOWN between its route and the
-    /// queue was taken for a trial and held there, out to its queue timeout.
+    /// A DOWN node's trial takes a free slot or none: with every slot held (a session from
+    /// before the node went DOWN), it is refused at once, as an ordinary session routed
+    /// while the node was UP is, and goes elsewhere; with a slot free it has it at once; for a
+    /// node back UP meanwhile it is a busy node's session and waits in the queue. Before, a
+    /// trial waited in the DOWN node's queue out to its timeout, to be answered 503 (or
+    /// closed) though another node could take it.
     #[tokio::test(start_paused = true)]
-    async fn only_a_trial_stays_in_the_queue_of_a_node_down() {
+    async fn a_trial_of_a_node_down_takes_a_free_slot_or_none() {
         let rt = node();
         let wait = Duration::from_secs(60);
         rt.set_limits(Some(1), 8);
         let held = rt.admit(wait, 0, false).await.expect("a free slot");
         assert_eq!(rt.force_health(false), Some(Transition::WentDown));
         let t0 = tokio::time::Instant::now();
-        assert_eq!(
-            rt.admit(wait, 1, false).await.err(),
-            Some(Refused::Left(RepinReason::NodeDown))
-        );
+        for trial in [false, true] {
+            assert_eq!(
+                rt.admit(wait, 1, trial).await.err(),
+                Some(Refused::Left(RepinReason::NodeDown)),
+                "trial {trial}"
+            );
+        }
         assert_eq!(t0.elapsed(), Duration::ZERO, "at once");
-        let trial = {
+        drop(held);
+        let tried = rt
+            .admit(wait, 2, true)
+            .await
+            .expect("a free slot: the trial has it");
+        rt.force_health(true);
+        let waiting = {
             let rt = Arc::clone(&rt);
-            tokio::spawn(async move { rt.admit(wait, 2, true).await })
+            tokio::spawn(async move { rt.admit(wait, 3, true).await })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!trial.is_finished(), "a trial waits for the slot");
-        drop(held);
-        assert!(trial.await.expect("task").is_ok(), "the trial has the slot");
+        assert!(!waiting.is_finished(), "back UP and full: it waits");
+        drop(tried);
+        assert!(waiting.await.expect("task").is_ok(), "the freed slot");
     }
 
     /// HAProxy's maxconn / maxqueue / timeout queue on paused time: a full node makes the

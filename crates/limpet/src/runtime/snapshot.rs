@@ -634,6 +634,26 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A symbolic link at the temporary file's name (predictable: the path and the pid) is
+    /// not followed: the save fails and the file it points at is left as it was. Followed,
+    /// the save truncated and rewrote whatever file the link named, with the snapshot's mode.
+    #[test]
+    fn a_save_does_not_follow_a_link_at_its_temporary_name() {
+        let dir = scratch("link");
+        let target = dir.join("t.snapshot");
+        let other = dir.join("other");
+        std::fs::write(&other, b"someone else's").unwrap_or_else(|e| panic!("{e}"));
+        let tmp = temporary(&target, std::process::id());
+        std::os::unix::fs::symlink(&other, &tmp).unwrap_or_else(|e| panic!("{e}"));
+        assert!(write_durably(&tmp, &target, b"pins", Some(SNAPSHOT_MODE)).is_err());
+        assert_eq!(
+            std::fs::read(&other).ok().as_deref(),
+            Some(&b"someone else's"[..])
+        );
+        assert!(!target.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Temporary files of processes that no longer run are removed at load, once older than
     /// a save could be; this process's, a running process's (pid 1), a young one, another
     /// snapshot's and names limpet does not write are kept.
