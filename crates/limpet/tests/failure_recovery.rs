@@ -4490,6 +4490,42 @@ async fn ab_on_a_common_port() -> (Backend, Backend, u16) {
 /// Passive health that takes a node DOWN at its first failure and tries it 300 ms later.
 const FALL_ONE: &str = "[health]\nfall = 1\nfail_timeout = \"300ms\"\n\n";
 
+/// Node `name`'s runtime in `state`.
+fn node_rt(state: &State, name: &str) -> Arc<limpet::nodes::NodeRuntime> {
+    state
+        .lifecycle
+        .nodes
+        .get(name)
+        .unwrap_or_else(|| panic!("node {name}"))
+}
+
+/// Waits (bounded) until a request or session holds one of the slots of node `rt`.
+async fn until_admitted(rt: &limpet::nodes::NodeRuntime) {
+    let deadline = Instant::now() + PATIENCE;
+    while rt.admitted() < 1 {
+        assert!(Instant::now() < deadline, "nothing reached the node");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Takes node `name` DOWN by its traffic (a refused connect, as passive health sees one, at
+/// `fall = 1`), then waits (bounded) until its trial is due.
+async fn refused_then_trial_due(state: &State, name: &str) {
+    let id = state.node_id(name).unwrap_or_else(|| panic!("{name}'s id"));
+    state.observe(id, limpet_core::Observation::TrafficFailed);
+    let rt = node_rt(state, name);
+    let due = rt
+        .status()
+        .health
+        .retry_at_ms(rt.status().policy)
+        .unwrap_or_else(|| panic!("{name} has a trial"));
+    let deadline = Instant::now() + PATIENCE;
+    while limpet::clock::now_ms() < due {
+        assert!(Instant::now() < deadline, "{name}'s trial never came due");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The state of the running limpet `l`.
 fn running_state(l: &Limpet) -> Arc<State> {
     l.running
@@ -4766,11 +4802,7 @@ async fn a_trial_of_a_down_node_whose_slots_are_all_held_is_answered_elsewhere()
     cfg.timeouts.queue = Duration::from_secs(5);
     let proxy = Quick::start(cfg).await;
     let state = proxy.runtime.state();
-    let a_rt = state
-        .lifecycle
-        .nodes
-        .get("a")
-        .unwrap_or_else(|| panic!("node a"));
+    let a_rt = node_rt(&state, "a");
     a_rt.set_limits(Some(1), 10);
     // a's one slot held by a slow answer of its own: a POST, which a DOWN does not move
     // (a GET waiting on the node would be replayed elsewhere at once, freeing the slot).
@@ -4784,25 +4816,10 @@ async fn a_trial_of_a_down_node_whose_slots_are_all_held_is_answered_elsewhere()
             .await
             .map(|r| r.status().as_u16())
     });
-    let deadline = Instant::now() + PATIENCE;
-    while a_rt.admitted() < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow request never reached a"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // a DOWN by its traffic (a refused connect, as passive health sees one).
-    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
-    state.observe(a_id, limpet_core::Observation::TrafficFailed);
+    until_admitted(&a_rt).await;
+    // a DOWN by its traffic, its trial due.
+    refused_then_trial_due(&state, "a").await;
     assert_eq!(proxy.state_of("a"), "DOWN");
-    let due = proxy
-        .trial_at("a")
-        .unwrap_or_else(|| panic!("a has a trial"));
-    while limpet::clock::now_ms() < due {
-        assert!(Instant::now() < deadline, "a's trial never came due");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 
     // A request of a's session: a's trial, with every slot of a's held.
     let mut c = H1::open(proxy.addr).await;
@@ -4859,29 +4876,14 @@ async fn a_tcp_trial_of_a_down_node_whose_slots_are_all_held_goes_elsewhere() {
     let l = Limpet::start(&cfg).await;
     let raw = l.addr("raw");
     let state = running_state(&l);
-    let a_rt = state
-        .lifecycle
-        .nodes
-        .get("a")
-        .unwrap_or_else(|| panic!("node a"));
+    let a_rt = node_rt(&state, "a");
     a_rt.set_limits(Some(1), 10);
     // The one client, pinned to a, its session holding a's one slot.
     let (held, client) = tcp_session_on(raw, "a", 80).await;
     assert_eq!(a_rt.admitted(), 1);
-    // a DOWN by its traffic (a refused connect, as passive health sees one).
-    let a_id = state.node_id("a").unwrap_or_else(|| panic!("a's id"));
-    state.observe(a_id, limpet_core::Observation::TrafficFailed);
+    // a DOWN by its traffic, its trial due.
+    refused_then_trial_due(&state, "a").await;
     assert_eq!(node_view(&l, "a").await["state"], "DOWN");
-    let due = a_rt
-        .status()
-        .health
-        .retry_at_ms(a_rt.status().policy)
-        .unwrap_or_else(|| panic!("a has a trial"));
-    let deadline = Instant::now() + PATIENCE;
-    while limpet::clock::now_ms() < due {
-        assert!(Instant::now() < deadline, "a's trial never came due");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 
     // The client's next session: a's trial, every slot of a's held.
     let sent = Instant::now();
@@ -5117,11 +5119,7 @@ async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_
     let cfg = ConfigFile::new("tcp-trial-sign-of-life", &text);
     let l = Limpet::start(&cfg).await;
     let state = running_state(&l);
-    let a_rt = state
-        .lifecycle
-        .nodes
-        .get("a")
-        .unwrap_or_else(|| panic!("node a"));
+    let a_rt = node_rt(&state, "a");
     // A POST to a that a answers in 8 s, past the 5 s answer timeout.
     let url = format!("http://{}/slow?ms=8000", l.addr("web"));
     let slow = tokio::spawn(async move {
@@ -5133,11 +5131,7 @@ async fn a_tcp_driven_trial_s_answer_is_a_sign_of_life_for_requests_sent_before_
             .await
             .map(|r| r.status().as_u16())
     });
-    let deadline = Instant::now() + PATIENCE;
-    while a_rt.admitted() < 1 {
-        assert!(Instant::now() < deadline, "the POST never reached a");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_admitted(&a_rt).await;
     // a DOWN for a request it left unanswered (as another request's timeout would take it):
     // only an answer brings it back.
     // Only TCP sessions come: limpet's own `OPTIONS *` brings a back.
