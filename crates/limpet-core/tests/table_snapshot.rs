@@ -112,6 +112,35 @@ fn a_snapshot_read_a_page_at_a_time_restores_as_one_read_whole() {
     assert_eq!(contents(&restored, T0 + 140), contents(&t, T0 + 140));
 }
 
+/// A snapshot encoded for a reader on another clock (the wall clock, stepped since the table's
+/// clock was set to it) reads there with every time moved by the step: entries as idle as on
+/// the table's clock, neither aged by the step nor kept past their time.
+#[test]
+fn a_snapshot_encoded_for_another_clock_reads_there_as_idle_as_here() {
+    const STEP: i64 = -2 * 3_600_000;
+    let t = sample();
+    let here = {
+        let mut pages = SnapshotPages::new();
+        while pages.read(&t, 5, T0 + 100) {}
+        decode_snapshot(&pages.encode(T0 + 100), T0 + 100, EXPIRE).expect("valid")
+    };
+    let mut pages = SnapshotPages::new();
+    while pages.read(&t, 5, T0 + 100) {}
+    let there_now = T0 + 100 - 2 * 3_600_000;
+    let there =
+        decode_snapshot(&pages.encode_on(T0 + 100, STEP), there_now, EXPIRE).expect("valid");
+    assert_eq!(there.saved_at_ms, there_now);
+    assert_eq!(
+        there.entries.len(),
+        here.entries.len(),
+        "none aged by the step"
+    );
+    for (a, b) in here.entries.iter().zip(&there.entries) {
+        assert_eq!(a.key, b.key);
+        assert_eq!(b.last_used_ms, a.last_used_ms - 2 * 3_600_000);
+    }
+}
+
 #[test]
 fn downtime_counts_as_idle_time_and_expired_entries_are_dropped_at_load() {
     let t = sample();

@@ -53,3 +53,26 @@ pub(crate) fn offline_store() -> (tokio::runtime::Runtime, std::sync::Arc<crate:
     store.set_up(true);
     (rt, store)
 }
+
+/// The wall clock as it reads now (ms since the Unix epoch), as a limpet started now anchors
+/// its clock to it.
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// On a paused tokio runtime, advances its time until this process's clock
+/// ([`crate::clock::now_ms`]) reads at least `by` ahead of the wall clock: as after the wall
+/// clock was stepped back by `by` while limpet ran. In steps (the clock's anchor is the
+/// process's, and may have been taken on another test's runtime), bounded.
+pub(crate) async fn clock_ahead_of_wall(by: Duration) {
+    let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+    for _ in 0..1000 {
+        if crate::clock::now_ms().saturating_sub(wall_ms()) >= by_ms {
+            return;
+        }
+        tokio::time::advance(by).await;
+    }
+    panic!("this process's clock never read {by:?} ahead of the wall clock");
+}

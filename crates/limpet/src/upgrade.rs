@@ -77,7 +77,7 @@ const OFFER_LIMIT: Duration = Duration::from_secs(2 * HANDOVER_LIMIT.as_secs());
 /// The least difference between the holder's clock and the taker's taken as a step of the
 /// wall clock between their starts ([`State::clock_offset`]); less is the handover's own
 /// time.
-pub const CLOCK_STEP_MIN: Duration = Duration::from_secs(1);
+pub use crate::clock::CLOCK_STEP_MIN;
 
 /// Descriptors per `SCM_RIGHTS` message (the kernel takes at most 253).
 const FDS_PER_MESSAGE: usize = 200;

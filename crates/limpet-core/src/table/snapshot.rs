@@ -148,6 +148,7 @@ pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
     let saved_at = now_ms.max(table.clock_ms());
     encode_entries(
         saved_at,
+        saved_at,
         table.names(),
         table.len(),
         table
@@ -204,11 +205,22 @@ impl SnapshotPages {
 
     /// The snapshot of the entries read, least recently used first, idle times taken at
     /// `now_ms` (or the table's clock at the last page, if later).
-    pub fn encode(mut self, now_ms: u64) -> Vec<u8> {
+    pub fn encode(self, now_ms: u64) -> Vec<u8> {
+        self.encode_on(now_ms, 0)
+    }
+
+    /// [`encode`](Self::encode) for a reader on a clock `offset_ms` ahead of the table's
+    /// (negative: behind): idle times as `encode` takes them, the save time moved by the
+    /// offset, so that every entry's time moves with it. A file is written on the wall clock
+    /// as it reads at the save, which a clock kept monotonic since its process started (the
+    /// binary's) is apart from by any step the wall clock took since.
+    pub fn encode_on(mut self, now_ms: u64, offset_ms: i64) -> Vec<u8> {
         let saved_at = now_ms.max(self.clock_ms);
         self.entries.sort_by_key(|&(_, _, last_used)| last_used);
         encode_entries(
             saved_at,
+            u64::try_from((i128::from(saved_at) + i128::from(offset_ms)).max(0))
+                .unwrap_or(u64::MAX),
             &self.names,
             self.entries.len(),
             self.entries
@@ -219,9 +231,11 @@ impl SnapshotPages {
 }
 
 /// The snapshot bytes of `entries` (least recently used first) naming `names`, saved at
-/// `saved_at`; `len` sizes the buffer.
+/// `saved_at` on their clock, written as saved at `written_at` (the reader's clock); `len`
+/// sizes the buffer.
 fn encode_entries<'k>(
     saved_at: u64,
+    written_at: u64,
     names: &NodeNames,
     len: usize,
     entries: impl Iterator<Item = (KeyRef<'k>, NodeRef, u64)>,
@@ -232,7 +246,7 @@ fn encode_entries<'k>(
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes()); // total length, patched below
-    out.extend_from_slice(&saved_at.to_le_bytes());
+    out.extend_from_slice(&written_at.to_le_bytes());
     out.extend_from_slice(&(names.len() as u32).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes()); // entry count, patched below
     for (_, name) in names.iter() {

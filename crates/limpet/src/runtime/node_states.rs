@@ -45,6 +45,33 @@ pub(super) fn encode(states: &[(String, AdminState)]) -> String {
     out
 }
 
+/// The file's text for the running nodes' states. Drain deadlines are on the wall clock as
+/// it reads now, which a limpet started later anchors its clock to: on this process's clock,
+/// a wall clock stepped since it started (an NTP step of hours) would move every deadline
+/// by the step at a restart (a drain of minutes cut at once, or held for hours).
+fn file_text(state: &State) -> String {
+    encode(&moved(
+        state.node_admin_states(),
+        crate::clock::wall_step_ms(),
+    ))
+}
+
+/// `states` with their drain deadlines moved by `by_ms` (onto another clock).
+fn moved(mut states: Vec<(String, AdminState)>, by_ms: i64) -> Vec<(String, AdminState)> {
+    if by_ms != 0 {
+        for (_, admin) in &mut states {
+            if let AdminState::Drain {
+                deadline_ms: Some(d),
+                ..
+            } = admin
+            {
+                *d = crate::clock::shifted(*d, by_ms);
+            }
+        }
+    }
+    states
+}
+
 /// The states `text` holds, and a reason for each line it could not read (numbered from 1).
 /// A text without the version line holds none.
 pub(super) fn decode(text: &str) -> (Vec<(String, AdminState)>, Vec<String>) {
@@ -114,6 +141,8 @@ pub(super) async fn load(state: &State, path: &Path) {
         }
     };
     let (states, refused) = decode(&text);
+    // Written on the wall clock of the write: moved onto this process's (`write_on_change`).
+    let states = moved(states, crate::clock::wall_step_ms().saturating_neg());
     for why in refused {
         tracing::warn!(path = %path.display(), "node states: {why}: skipped");
     }
@@ -180,7 +209,7 @@ pub(super) async fn write_on_change(
         {
             continue;
         }
-        let text = encode(&runtime.state().node_admin_states());
+        let text = file_text(&runtime.state());
         let target = path.clone();
         let written = tokio::task::spawn_blocking(move || {
             let tmp = super::snapshot::temporary(&target, std::process::id());
@@ -262,5 +291,67 @@ mod tests {
         let (read, refused) = decode("maint b\n");
         assert!(read.is_empty());
         assert_eq!(refused.len(), 1);
+    }
+
+    /// A drain deadline crosses a restart on the wall clock, whatever this process's clock
+    /// reads: here it reads two hours ahead of the wall clock (as after the wall clock was
+    /// stepped back two hours while limpet ran). A deadline ten minutes off is written as
+    /// ten minutes past the wall clock (which a limpet started now anchors to; on this
+    /// process's clock, it would hold the drain two hours more), and a file that says ten
+    /// minutes past the wall clock is read as ten minutes past this one (read as it is, the
+    /// deadline would be two hours past, the drain cut at once).
+    #[tokio::test(start_paused = true)]
+    async fn drain_deadlines_cross_a_restart_on_the_wall_clock() {
+        const TEN_MIN: u64 = 600_000;
+        let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+                    [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 9\n";
+        let config =
+            crate::config::Config::from_text(std::path::Path::new("t.toml"), text).expect("config");
+        let state = State::new(config).expect("state");
+        crate::test_util::clock_ahead_of_wall(std::time::Duration::from_secs(2 * 3600)).await;
+        let drain = |deadline| AdminState::Drain {
+            deadline_ms: Some(deadline),
+            spread_ms: 0,
+        };
+        let deadline = |state: &State| match state.node_admin_states().as_slice() {
+            [(
+                _,
+                AdminState::Drain {
+                    deadline_ms: Some(d),
+                    ..
+                },
+            )] => *d,
+            other => panic!("{other:?}"),
+        };
+        let near = |a: u64, b: u64| a.abs_diff(b) < 60_000;
+
+        state.set_admin("a", drain(crate::clock::now_ms() + TEN_MIN));
+        let (written, _) = decode(&file_text(&state));
+        let wall = crate::test_util::wall_ms();
+        match written.as_slice() {
+            [(
+                _,
+                AdminState::Drain {
+                    deadline_ms: Some(d),
+                    ..
+                },
+            )] => assert!(near(*d, wall + TEN_MIN), "{d} against {wall}"),
+            other => panic!("{other:?}"),
+        }
+
+        let dir = std::env::temp_dir().join(format!("limpet-states-wall-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("states");
+        std::fs::write(&path, encode(&[("a".to_owned(), drain(wall + TEN_MIN))])).expect("write");
+        state.set_admin("a", AdminState::Ready);
+        load(&state, &path).await;
+        let now = crate::clock::now_ms();
+        assert!(
+            near(deadline(&state), now + TEN_MIN),
+            "{} against {now}",
+            deadline(&state)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

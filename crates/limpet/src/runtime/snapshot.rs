@@ -146,8 +146,11 @@ pub(crate) fn restore_handed(table: &Table, bytes: &[u8], offset_ms: i64) -> Sna
     result
 }
 
+/// Restores a snapshot file's bytes: their times are the wall clock's at the save
+/// ([`save_snapshot`]), moved onto this process's clock by the step the wall clock took
+/// since it started ([`crate::clock::wall_step_ms`], none at a start).
 fn restore(table: &Table, bytes: &[u8]) -> SnapshotLoad {
-    restore_on(table, bytes, 0)
+    restore_on(table, bytes, crate::clock::wall_step_ms().saturating_neg())
 }
 
 /// [`restore`] of bytes whose times are on a clock `offset_ms` behind this one.
@@ -178,15 +181,12 @@ fn decode_on(
     offset_ms: i64,
     expire_ms: u64,
 ) -> Result<limpet_core::table::Snapshot, limpet_core::table::SnapshotError> {
-    // In i128: the offset comes from the holder's clock reading, and `-i64::MIN` does not
-    // fit an i64.
-    let shift = |t: u64, by: i128| u64::try_from((i128::from(t) + by).max(0)).unwrap_or(u64::MAX);
-    let by = i128::from(offset_ms);
-    let mut snap = decode_snapshot(bytes, shift(now, -by), expire_ms)?;
+    use crate::clock::shifted;
+    let mut snap = decode_snapshot(bytes, shifted(now, offset_ms.saturating_neg()), expire_ms)?;
     if offset_ms != 0 {
-        snap.saved_at_ms = shift(snap.saved_at_ms, by);
+        snap.saved_at_ms = shifted(snap.saved_at_ms, offset_ms);
         for e in &mut snap.entries {
-            e.last_used_ms = shift(e.last_used_ms, by);
+            e.last_used_ms = shifted(e.last_used_ms, offset_ms);
         }
     }
     Ok(snap)
@@ -201,9 +201,14 @@ const SNAPSHOT_PAGE: usize = 4096;
 /// for a whole big table (read and encoded at once, a million entries held the lock for
 /// about 50 ms). Blocking work for a blocking thread.
 pub(crate) fn encode_paged(table: &Table) -> Vec<u8> {
+    encode_paged_on(table, 0)
+}
+
+/// [`encode_paged`] with every time moved by `offset_ms` (onto another clock).
+fn encode_paged_on(table: &Table, offset_ms: i64) -> Vec<u8> {
     let mut pages = SnapshotPages::new();
     while pages.read(table.lock().store(), SNAPSHOT_PAGE, now_ms()) {}
-    pages.encode(now_ms())
+    pages.encode_on(now_ms(), offset_ms)
 }
 
 /// Saves `table` to its snapshot file, if it has one. Errors are returned for the log; the
@@ -216,7 +221,12 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     let _one = lock
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let bytes = encode_paged(table);
+    // On the wall clock as it reads now, which is what a limpet started later anchors its
+    // clock to: this process's clock is apart from it by any step the wall clock took since
+    // it started (an NTP step of hours on a machine whose clock was off), and a file on it
+    // would have a restart take every pin as older by the step (past `expire`, all lost)
+    // or younger (kept past its time).
+    let bytes = encode_paged_on(table, crate::clock::wall_step_ms());
     // This process's own temporary name: a limpet handing over to a new one may still be
     // saving when the new one saves (`crate::upgrade`).
     let tmp = temporary(&snap.path, std::process::id());
@@ -523,6 +533,81 @@ mod tests {
             .filter_map(|e| snap.node_name(e))
             .collect();
         assert_eq!(nodes, ["b"], "the new table's pins, whole");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A snapshot file crosses a restart on the wall clock, whatever this process's clock
+    /// reads: here it reads two hours ahead of the wall clock (as after the wall clock was
+    /// stepped back two hours while limpet ran). A pin used just now is saved as used just
+    /// now on the wall clock (which a limpet started now anchors to; on this process's
+    /// clock, its pins would be kept two hours past their time), and a file a limpet wrote
+    /// just now on the wall clock loads with its pins as idle as they were (read on this
+    /// clock, two hours old: past the table's `expire` of one hour, every pin dropped).
+    #[tokio::test(start_paused = true)]
+    async fn snapshot_files_cross_a_restart_on_the_wall_clock() {
+        use limpet_core::table::{
+            encode_snapshot, AffinityStore, IpPrefix, KeyRef, KeySpec, LruTable, TableConfig,
+        };
+        const HOUR: u64 = 3_600_000;
+        let dir = scratch("wall");
+        let path = dir.join("t.snapshot");
+        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let table = || {
+            let def = crate::config::TableDef {
+                name: "t".into(),
+                key: KeySpec::SourceIp(IpPrefix::HOST),
+                expire: std::time::Duration::from_millis(HOUR),
+                size: 100,
+                snapshot: Some(crate::config::SnapshotDef {
+                    path: path.clone(),
+                    interval: None,
+                }),
+                shared: false,
+            };
+            super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+        crate::test_util::clock_ahead_of_wall(std::time::Duration::from_millis(2 * HOUR)).await;
+        let near = |a: u64, b: u64| a.abs_diff(b) < 60_000;
+
+        let saved = table();
+        {
+            let mut l = saved.lock();
+            let s = l.store_mut();
+            let a = s.intern("a").unwrap_or_else(|| panic!("intern"));
+            s.put(key, a, now_ms());
+        }
+        assert!(matches!(save_snapshot(&saved), Some(Ok(_))));
+        let wall = crate::test_util::wall_ms();
+        let bytes = read_snapshot(&path).unwrap_or_else(|e| panic!("{e:?}"));
+        let snap = decode_snapshot(&bytes, wall, HOUR).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(snap.entries.len(), 1);
+        let used = snap.entries[0].last_used_ms;
+        assert!(
+            near(used, wall),
+            "used at {used}, the wall clock reads {wall}"
+        );
+
+        let mut written =
+            LruTable::new(TableConfig::new(10, HOUR)).unwrap_or_else(|e| panic!("{e}"));
+        let a = written.intern("a").unwrap_or_else(|| panic!("intern"));
+        written.put(key, a, wall);
+        std::fs::write(&path, encode_snapshot(&written, wall)).unwrap_or_else(|e| panic!("{e}"));
+        let loaded = table();
+        assert_eq!(
+            load_snapshot(&loaded),
+            Some(SnapshotLoad::Loaded {
+                loaded: 1,
+                expired: 0
+            })
+        );
+        let idle = loaded
+            .lock()
+            .store()
+            .peek_idle(key, now_ms())
+            .map(|(_, idle)| idle);
+        assert!(idle.is_some_and(|i| i < 60_000), "idle {idle:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
