@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -52,8 +52,10 @@ use crate::metrics::StoreOpLabels;
 /// Writes waiting for the writer task; past this, writes are dropped and the pins published
 /// later by the resync (a store that cannot keep up is treated like one that is away).
 const QUEUE: usize = 65_536;
-/// Most commands in one pipeline.
+/// Most commands in one pipeline ([`Batch`]).
 const BATCH: usize = 512;
+/// Fewest commands in one pipeline a store's timeouts shrink it to ([`Batch`]).
+const BATCH_MIN: usize = 16;
 /// Table positions the expiry refresh reads per lock of the table: 0.1-0.2 ms of it at a
 /// million entries (`cargo bench -p limpet-core --bench table -- pages`).
 const REFRESH_PAGE: usize = 4096;
@@ -369,6 +371,43 @@ struct Registered {
     refreshed_ms: u64,
 }
 
+/// How many commands go in one pipeline: [`BATCH`] at most, halved after each pipeline that
+/// timed out (down to [`BATCH_MIN`]), doubled back after each one of as many commands that
+/// came back within a quarter of the timeout. A store, or a link to it, that answers one
+/// command within `timeout` but not 512 at once (a narrow link, a store busy with others)
+/// failed every resync pipeline: two in a row opened the breaker, the next probe (one
+/// command) closed it, and the resync began again from the start, for as long as it lasted.
+#[derive(Debug)]
+struct Batch(AtomicUsize);
+
+impl Batch {
+    fn size(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A pipeline of `len` commands was answered after `took` of `timeout` (`None`: it
+    /// timed out). A pipeline of [`BATCH_MIN`] commands or fewer that timed out (a probe, a
+    /// read) says nothing of the size: the store is slow or away.
+    fn came_back(&self, len: usize, took: Option<Duration>, timeout: Duration) {
+        let size = self.size();
+        let next = match took {
+            None if len > BATCH_MIN => (size.min(len) / 2).max(BATCH_MIN),
+            Some(t) if len >= size && t <= timeout / 4 => size.saturating_mul(2).min(BATCH),
+            _ => return,
+        };
+        if next != size {
+            tracing::debug!(from = size, to = next, "store pipeline resized");
+            self.0.store(next, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch(AtomicUsize::new(BATCH))
+    }
+}
+
 /// Counters of store traffic (also in `/metrics` as `limpet_store_ops_total`).
 #[derive(Debug, Default)]
 struct Counts {
@@ -438,6 +477,9 @@ pub struct StoreStatus {
     pub subscribed: bool,
     /// Subscriptions the store refused (it answered the `SUBSCRIBE` with an error).
     pub subscribe_failures: u64,
+    /// Most commands sent in one pipeline now: 512, less after pipelines that timed out
+    /// (see `docs/fleet.md`).
+    pub pipeline_commands: usize,
 }
 
 /// One process's link to the store: a connection manager for commands, a subscription for
@@ -460,6 +502,8 @@ pub struct Store {
     up: AtomicBool,
     since_ms: AtomicU64,
     failures: Breaker,
+    /// Commands per pipeline.
+    batch: Batch,
     /// [`StoreStatus::subscribed`].
     subscribed: AtomicBool,
     /// Pins not published (breaker open, queue full, a missed invalidation): publish every
@@ -532,6 +576,7 @@ impl Store {
             up: AtomicBool::new(false),
             since_ms: AtomicU64::new(now_ms()),
             failures: Breaker::default(),
+            batch: Batch::default(),
             subscribed: AtomicBool::new(false),
             dirty: AtomicBool::new(true),
             resyncing: AtomicBool::new(false),
@@ -745,11 +790,14 @@ impl Store {
                 from,
             })
             .collect();
-        for (i, chunk) in ops.chunks(BATCH).enumerate() {
+        let mut rest = &ops[..];
+        while !rest.is_empty() {
+            let (chunk, after) = rest.split_at(rest.len().min(self.batch.size()));
             if let Err(failed) = self.write(chunk).await {
-                self.not_sent(&ops[i * BATCH..], failed);
+                self.not_sent(rest, failed);
                 return false;
             }
+            rest = after;
         }
         true
     }
@@ -845,6 +893,7 @@ impl Store {
             connections: g(&self.connections),
             subscribed: self.subscribed.load(Ordering::Acquire),
             subscribe_failures: g(&c.subscribe_failures),
+            pipeline_commands: self.batch.size(),
         }
     }
 
@@ -1159,9 +1208,21 @@ impl Store {
     /// breaker, whose probe then closed it: it flapped for as long as the key was used.)
     async fn round_trip(&self, pipe: &redis::Pipeline, what: &str) -> Result<Vec<Value>, Failed> {
         let mut conn = self.conn();
-        match tokio::time::timeout(self.def.timeout, pipe.query_async::<Vec<Value>>(&mut conn))
-            .await
-        {
+        let sent = tokio::time::Instant::now();
+        let answer =
+            tokio::time::timeout(self.def.timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await;
+        match &answer {
+            Ok(Ok(_)) => self
+                .batch
+                .came_back(pipe.len(), Some(sent.elapsed()), self.def.timeout),
+            // The manager's own timeout ([`response_timeout`]) comes first.
+            Ok(Err(e)) if e.is_timeout() => {
+                self.batch.came_back(pipe.len(), None, self.def.timeout);
+            }
+            Err(_) => self.batch.came_back(pipe.len(), None, self.def.timeout),
+            Ok(Err(_)) => {}
+        }
+        match answer {
             Ok(Ok(v)) => {
                 let refused = v.iter().find_map(|r| match r {
                     Value::ServerError(e) if !key_error(e.code()) => Some(e),
@@ -1210,7 +1271,7 @@ impl Store {
         let mut left = rx.len();
         let mut batch = Vec::with_capacity(left.min(BATCH));
         while left > 0 {
-            while batch.len() < BATCH.min(left) {
+            while batch.len() < self.batch.size().min(left) {
                 match rx.try_recv() {
                     Ok(op) => batch.push(op),
                     Err(_) => break,
@@ -1235,7 +1296,10 @@ impl Store {
     /// ([`flush`](Self::flush)).
     async fn publish(&self, table: &Arc<str>, pins: Pins, rx: &mut mpsc::Receiver<Op>) -> bool {
         let px = self.expire_ms(table);
-        for chunk in pins.chunks(BATCH) {
+        let mut rest = &pins[..];
+        while !rest.is_empty() {
+            let (chunk, after) = rest.split_at(rest.len().min(self.batch.size()));
+            rest = after;
             if !self.flush(rx).await {
                 return false;
             }
@@ -1365,7 +1429,10 @@ impl Store {
                     below = start;
                     (pins, start > 0)
                 };
-                for chunk in pins.chunks(BATCH) {
+                let mut rest = &pins[..];
+                while !rest.is_empty() {
+                    let (chunk, after) = rest.split_at(rest.len().min(self.batch.size()));
+                    rest = after;
                     // Re-pins made before the read go first ([`Store::flush`]).
                     if !self.flush(rx).await {
                         return;
@@ -1423,7 +1490,7 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
     loop {
         tokio::select! {
             () = crate::runtime::stopped(&mut stop) => return,
-            n = rx.recv_many(&mut batch, BATCH) => {
+            n = rx.recv_many(&mut batch, store.batch.size()) => {
                 if n == 0 {
                     return;
                 }
@@ -1643,6 +1710,33 @@ mod tests {
     /// Writes that fail with a successful read between each two (each new client's `GET`
     /// answered, its pin's write refused) open the breaker at the second; reads alone do
     /// too; a success clears its own way's count only, and the probe's both.
+    /// Pipelines halve at each that timed out, to the least; a small one that timed out (a
+    /// probe) says nothing of the size; one of the full size answered within a quarter of
+    /// the timeout doubles it back, to the most; a slower one, or a shorter one, keeps it.
+    #[test]
+    fn pipelines_shrink_when_they_time_out_and_grow_back_when_quick() {
+        let timeout = Duration::from_millis(200);
+        let b = Batch::default();
+        b.came_back(BATCH, None, timeout);
+        assert_eq!(b.size(), BATCH / 2);
+        b.came_back(1, None, timeout);
+        assert_eq!(b.size(), BATCH / 2, "a probe's timeout");
+        for _ in 0..10 {
+            b.came_back(b.size(), None, timeout);
+        }
+        assert_eq!(b.size(), BATCH_MIN);
+        b.came_back(BATCH_MIN, Some(Duration::from_millis(60)), timeout);
+        assert_eq!(b.size(), BATCH_MIN, "answered, but not quickly");
+        b.came_back(BATCH_MIN - 1, Some(Duration::from_millis(1)), timeout);
+        assert_eq!(b.size(), BATCH_MIN, "quick, but not full");
+        b.came_back(BATCH_MIN, Some(Duration::from_millis(50)), timeout);
+        assert_eq!(b.size(), 2 * BATCH_MIN);
+        for _ in 0..10 {
+            b.came_back(b.size(), Some(Duration::from_millis(1)), timeout);
+        }
+        assert_eq!(b.size(), BATCH);
+    }
+
     #[test]
     fn failed_writes_open_the_breaker_whatever_reads_succeed_between_them() {
         let b = Breaker::default();

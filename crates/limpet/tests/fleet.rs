@@ -1676,6 +1676,9 @@ struct BlackHole {
     /// The store's bytes are held [`SLOW_ANSWERS`] before they are passed on.
     /// How late, in milliseconds (0: at once).
     slow: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// limpet's bytes reach the store at most this many a second, on each connection (0:
+    /// as fast as they come): a narrow link ([`BlackHole::narrow_to`]).
+    rate: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// limpet's bytes from the next command that holds a pattern on are held until the test
     /// lets them go ([`BlackHole::hold_next`]).
     gate: std::sync::Arc<std::sync::Mutex<Option<Gate>>>,
@@ -1730,6 +1733,8 @@ impl BlackHole {
         let refuse = Arc::clone(&refusing);
         let slow = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let slowing = Arc::clone(&slow);
+        let rate = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let narrowing = Arc::clone(&rate);
         let gate: Arc<Mutex<Option<Gate>>> = Arc::default();
         let gating = Arc::clone(&gate);
         let task = tokio::spawn(async move {
@@ -1745,19 +1750,21 @@ impl BlackHole {
                 list.lock().expect("lock").push(Arc::clone(&hole));
                 let (dr, dw) = down.into_split();
                 let (ur, uw) = up.into_split();
-                for (mut r, mut w, hole, slow, gate) in [
+                for (mut r, mut w, hole, slow, gate, rate) in [
                     (
                         Box::new(dr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
                         Box::new(uw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
                         Arc::clone(&hole),
                         None,
                         Some(Arc::clone(&gating)),
+                        Some(Arc::clone(&narrowing)),
                     ),
                     (
                         Box::new(ur),
                         Box::new(dw),
                         hole,
                         Some(Arc::clone(&slowing)),
+                        None,
                         None,
                     ),
                 ] {
@@ -1768,6 +1775,8 @@ impl BlackHole {
                     tokio::spawn(async move {
                         use tokio::io::AsyncReadExt as _;
                         let mut buf = vec![0u8; 16 * 1024];
+                        // When the link is free again (a narrow one's).
+                        let mut free = tokio::time::Instant::now();
                         loop {
                             let n = match r.read(&mut buf).await {
                                 Ok(0) | Err(_) => return,
@@ -1779,6 +1788,13 @@ impl BlackHole {
                             let mut at = tokio::time::Instant::now();
                             if let Some(s) = &slow {
                                 at += Duration::from_millis(s.load(Ordering::Acquire));
+                            }
+                            let per_second = rate.as_ref().map_or(0, |r| r.load(Ordering::Acquire));
+                            if per_second > 0 {
+                                let n = u64::try_from(n).expect("n");
+                                at = at.max(free)
+                                    + Duration::from_micros(n * 1_000_000 / per_second);
+                                free = at;
                             }
                             let bytes = buf[..n].to_vec();
                             let held = gate.as_ref().and_then(|g| {
@@ -1817,6 +1833,7 @@ impl BlackHole {
             holed,
             refusing,
             slow,
+            rate,
             gate,
             task,
         }
@@ -1844,6 +1861,13 @@ impl BlackHole {
     fn slow_answers_by(&self, late: Duration) {
         let ms = u64::try_from(late.as_millis()).expect("ms");
         self.slow.store(ms, std::sync::atomic::Ordering::Release);
+    }
+
+    /// limpet's bytes reach the store at most `per_second` a second on each connection, in
+    /// order: one command crosses at once, a pipeline of many takes its time.
+    fn narrow_to(&self, per_second: u64) {
+        self.rate
+            .store(per_second, std::sync::atomic::Ordering::Release);
     }
 
     /// New connections are closed at once (`true`), or relayed again (`false`).
@@ -2022,6 +2046,65 @@ async fn pins_restored_from_a_snapshot_after_the_start_s_resyncs_follow_the_stor
     assert!(
         st.adopted >= 1,
         "the restored pin took the store's node: {st:?}"
+    );
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A store reached over a link too narrow for a whole pipeline within the store timeout
+/// (64 KiB/s, 200 ms: the 512 commands of a full pipeline take about 0.8 s to cross, one
+/// command well under a millisecond): the pipelines shrink after each that timed out until
+/// they fit, and the start's resync publishes every pin of a table of 2,000 restored from
+/// its snapshot. (Before, every resync pipeline timed out, two in a row opened the breaker,
+/// the next probe closed it and the resync began again: not one pin reached the store.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_too_slow_for_a_whole_pipeline_gets_every_pin_in_smaller_ones() {
+    use limpet_core::table::{encode_snapshot, AffinityStore as _, LruTable, TableConfig};
+    const PINS: u32 = 2_000;
+    let pki = Pki::new();
+    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    let relay = BlackHole::start(redis.port).await;
+    relay.narrow_to(64 * 1024);
+    let dir = TempDir::new("narrow-snapshot");
+    let snapshot = dir.path().join("terminal.snapshot");
+    let bytes = {
+        let mut t = LruTable::new(TableConfig::new(10_000, 600_000)).expect("table");
+        let n = t.intern(NODES[0].0).expect("intern");
+        let now = limpet::clock::now_ms();
+        for i in 0..PINS {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+            t.put(KeyRef::ip(IpAddr::V4(ip), IpPrefix::HOST), n, now);
+        }
+        encode_snapshot(&t, now)
+    };
+    std::fs::write(&snapshot, bytes).expect("snapshot");
+    let terminal = format!("snapshot = \"{}\"", snapshot.display());
+    let a = Instance::start_raw(
+        "narrow",
+        &relay.url(),
+        (ports.http, ports.tcp),
+        &[0, 1, 2],
+        "10m",
+        "200ms",
+        Extra {
+            terminal: &terminal,
+            ..Extra::default()
+        },
+    )
+    .await;
+    a.settled().await;
+    assert_eq!(
+        redis.count("limpet:terminal:ip:*").await,
+        PINS as usize,
+        "every pin in the store"
+    );
+    let st = a.status();
+    assert!(
+        st.pipeline_commands < 512 && st.up,
+        "pipelines shrunk to fit the link: {st:?}"
     );
     a.running.stop().await;
     for n in &mut nodes {

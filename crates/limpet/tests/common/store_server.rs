@@ -175,6 +175,17 @@ impl Redis {
             .unwrap_or(0)
     }
 
+    /// How many keys match `pattern` (`KEYS`: a test's small store).
+    pub async fn count(&self, pattern: &str) -> usize {
+        let mut c = self.conn().await.expect("connect");
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut c)
+            .await
+            .expect("KEYS");
+        keys.len()
+    }
+
     pub async fn get(&self, key: &str) -> Option<String> {
         let mut c = self.conn().await.ok()?;
         redis::cmd("GET").arg(key).query_async(&mut c).await.ok()?
