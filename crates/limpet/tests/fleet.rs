@@ -1790,10 +1790,9 @@ impl BlackHole {
                                 at += Duration::from_millis(s.load(Ordering::Acquire));
                             }
                             let per_second = rate.as_ref().map_or(0, |r| r.load(Ordering::Acquire));
-                            if per_second > 0 {
-                                let n = u64::try_from(n).expect("n");
-                                at = at.max(free)
-                                    + Duration::from_micros(n * 1_000_000 / per_second);
+                            let n_us = u64::try_from(n).expect("n") * 1_000_000;
+                            if let Some(us) = n_us.checked_div(per_second) {
+                                at = at.max(free) + Duration::from_micros(us);
                                 free = at;
                             }
                             let bytes = buf[..n].to_vec();
