@@ -1420,6 +1420,111 @@ async fn h2_rapid_reset_ends_the_connection() {
     proxy.stop().await;
 }
 
+/// HTTP/2 rapid reset spread over many reads: rounds of 100 streams opened, each request at
+/// the node, then all 100 reset. Each reset costs a node connection (cut mid-exchange), so a
+/// connection that does this is closed once it has reset 200 streams in flight: the node
+/// sees about 200 connections, not the 2,000 of 20 rounds. (Before, h2's own limit, on
+/// resets of streams not yet accepted, never saw these: the 20 rounds went through, and a
+/// few clients could run the machine out of ports.)
+#[tokio::test]
+async fn h2_rapid_reset_spread_over_many_reads_ends_the_connection() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const ROUNDS: u32 = 20;
+    const STREAMS: u32 = 100;
+    // The node: takes each connection and its request, and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let node = tokio::spawn({
+        let accepted = Arc::clone(&accepted);
+        async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                held.push(s);
+            }
+        }
+    });
+    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr,
+    }]))
+    .await;
+    let s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut r, mut w) = s.into_split();
+    // Its reader: told when a GOAWAY or the end of the connection comes.
+    let (ended_tx, mut ended) = tokio::sync::watch::channel(false);
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut head = [0u8; 9];
+            if r.read_exact(&mut head).await.is_err() {
+                break;
+            }
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            if r.read_exact(&mut payload).await.is_err() || head[3] == 7 {
+                break;
+            }
+        }
+        let _ = ended_tx.send(true);
+    });
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    w.write_all(&out).await.expect("preface");
+    let mut rounds = 0;
+    for round in 0..ROUNDS {
+        if *ended.borrow() {
+            break;
+        }
+        let first = 2 * round * STREAMS + 1;
+        let ids = (0..STREAMS).map(|i| first + 2 * i);
+        let heads: Vec<u8> = ids
+            .clone()
+            .flat_map(|id| h2_frame(1, 0x5, id, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']))
+            .collect();
+        if w.write_all(&heads).await.is_err() {
+            break;
+        }
+        // Each request at the node (or the connection closed meanwhile).
+        let at_node = (round as usize + 1) * STREAMS as usize;
+        let waited = tokio::time::timeout(PATIENCE, async {
+            while accepted.load(Ordering::Relaxed) < at_node && !*ended.borrow() {
+                tokio::select! {
+                    _ = ended.changed() => {}
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "round {round}: the requests never reached the node"
+        );
+        let resets: Vec<u8> = ids
+            .flat_map(|id| h2_frame(3, 0, id, &8u32.to_be_bytes()))
+            .collect();
+        if w.write_all(&resets).await.is_err() {
+            break;
+        }
+        rounds += 1;
+    }
+    assert!(
+        tokio::time::timeout(SOON, ended.wait_for(|e| *e))
+            .await
+            .is_ok(),
+        "the connection is closed after {rounds} rounds"
+    );
+    let seen = accepted.load(Ordering::Relaxed);
+    assert!(
+        seen <= 300,
+        "{seen} node connections for one client connection ({rounds} rounds)"
+    );
+    reader.abort();
+    node.abort();
+    proxy.stop().await;
+}
+
 /// An upload to a node that stopped reading (a frozen process: its kernel accepted the
 /// connection, then its socket buffers filled) is bounded: the write to the node that cannot
 /// proceed for `upstream_answer` fails, the client gets 504 (or its upload is cut), and the

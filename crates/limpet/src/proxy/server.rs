@@ -401,6 +401,10 @@ pub(crate) struct ConnCtx {
     /// connection, and handed to the tunnel an upgrade opens, which outlives the connection's
     /// task ([`ConnCtx::take_slot`]).
     slot: std::sync::Mutex<Option<crate::net::ConnPermit>>,
+    /// HTTP/2: streams the client reset while limpet still forwarded them
+    /// ([`StreamCancel`]), and the notice that they reached [`cancel_limit`].
+    cancelled: std::sync::atomic::AtomicU32,
+    too_many_cancels: tokio::sync::Notify,
 }
 
 impl ConnCtx {
@@ -444,6 +448,8 @@ impl ConnCtx {
             shared: std::sync::Mutex::new(shared),
             generations,
             slot: std::sync::Mutex::new(None),
+            cancelled: std::sync::atomic::AtomicU32::new(0),
+            too_many_cancels: tokio::sync::Notify::new(),
         }
     }
 
@@ -851,8 +857,56 @@ fn h2_service(
     service_fn(move |req| {
         let clock = super::body::AnswerClock::new(ctx.started);
         NEXT_H2_STREAM.set(Some(Arc::clone(&clock)));
-        forward::handle(Arc::clone(&ctx), req, Some(clock))
+        let cancel = StreamCancel(Some(Arc::clone(&ctx)));
+        let answer = forward::handle(Arc::clone(&ctx), req, Some(clock));
+        async move {
+            let answered = answer.await;
+            cancel.answered();
+            answered
+        }
     })
+}
+
+/// How many of its streams an HTTP/2 client may reset while limpet still forwards them,
+/// over a connection's life, before the connection is closed: twice the streams it may have
+/// open at once, and 200 at least. Each such reset costs a request at a node and the node
+/// connection it was on (cut mid-exchange, not pooled); a client that opens streams and
+/// resets them at once, round after round (the rapid reset of CVE-2023-44487 spread over
+/// many reads, which h2's own limit on resets of streams not yet accepted does not see), made
+/// one connection open node connections without bound, until the machine ran out of ports.
+/// A browser cancels a few requests at a time (a page left while it loads). HAProxy counts
+/// such "glitches" per connection (`tune.h2.fe.glitches-threshold`); nginx caps a
+/// connection's streams (`keepalive_requests`, 1,000).
+fn cancel_limit(max_concurrent_streams: u32) -> u32 {
+    max_concurrent_streams.saturating_mul(2).max(200)
+}
+
+/// An HTTP/2 stream's service future: dropped before its answer was made, the client reset
+/// the stream (or the connection went) while limpet forwarded it, and the connection counts
+/// it toward [`cancel_limit`].
+struct StreamCancel(Option<Arc<ConnCtx>>);
+
+impl StreamCancel {
+    /// The answer was made: nothing to count.
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for StreamCancel {
+    fn drop(&mut self) {
+        let Some(ctx) = self.0.take() else {
+            return;
+        };
+        let n = ctx
+            .cancelled
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        if n == cancel_limit(ctx.shared().limits.h2_max_concurrent_streams) {
+            tracing::info!(peer = %ctx.peer, cancelled = n, "an HTTP/2 client reset this many streams in flight: its connection closed");
+            ctx.too_many_cancels.notify_one();
+        }
+    }
 }
 
 /// hyper's two servers, set up once per listener generation: a connection goes to one or
@@ -1270,6 +1324,7 @@ async fn run_connection<C: ServerConn>(
             () = drained(draining) => Control::Drain,
             // HTTP/1 needs none (see `stall_watch`).
             () = stall_watch(ctx), if !h1 => Control::Stall,
+            () = ctx.too_many_cancels.notified(), if !h1 => Control::Cancels,
             () = park_watch(ctx, served_before), if h1 => Control::Park,
         }
     });
@@ -1320,6 +1375,8 @@ async fn run_connection<C: ServerConn>(
                 tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle, its stream not cut alone: connection closed");
                 Some(Ok(()))
             }
+            // Closed at once, its streams with it: what it has in flight is what it resets.
+            Control::Cancels => Some(Ok(())),
             Control::Park => {
                 // No request in flight: hyper closes at once, between two messages (a head
                 // that has only begun to come is handed back with the stream), and the
@@ -1367,6 +1424,8 @@ enum Control {
     Drain,
     /// An HTTP/2 answer stalled by the client ([`stall_watch`]).
     Stall,
+    /// An HTTP/2 client reset [`cancel_limit`] streams in flight.
+    Cancels,
     /// An HTTP/1 connection without a request in flight for [`PARK_AFTER`].
     Park,
 }
