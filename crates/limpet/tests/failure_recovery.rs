@@ -1631,6 +1631,65 @@ impl Drop for Resetting {
     }
 }
 
+/// A node with a body timeout shorter than limpet's `client_idle` (nginx's
+/// `client_body_timeout`, Apache's `mod_reqtimeout`) ends the connection of a client that
+/// stopped sending its upload: the client gets 408, and the node is not charged. `fall`
+/// such clients at once leave it UP and serving. (Before, each was the node's failure, a
+/// 502: a few clients stalling uploads took a healthy node DOWN, and every session on it
+/// moved.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_gives_up_on_a_stalled_upload_is_not_charged_and_the_client_gets_408() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // The node: reads what comes, and closes once nothing came for its body timeout.
+    const NODE_BODY_TIMEOUT: Duration = Duration::from_millis(1500);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let node = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(Ok(n)) =
+                    tokio::time::timeout(NODE_BODY_TIMEOUT, s.read(&mut buf)).await
+                {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut cfg = limpet::proxy::ProxyConfig::new(vec![limpet::proxy::NodeConfig {
+        name: "n".into(),
+        addr,
+    }]);
+    cfg.timeouts.client_idle = Duration::from_secs(10);
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let uploads = (0..fall).map(|_| {
+        let to = proxy.addr;
+        tokio::spawn(async move {
+            let mut s = TcpStream::connect(to).await.expect("connect");
+            s.write_all(
+                b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789",
+            )
+            .await
+            .expect("write");
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer)).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        })
+    });
+    for upload in futures_util::future::join_all(uploads).await {
+        let answer = upload.expect("client");
+        assert!(
+            answer.starts_with("HTTP/1.1 408"),
+            "the client's doing: {answer:?}"
+        );
+    }
+    assert_eq!(proxy.state_of("n"), "UP", "the node is not charged");
+    node.abort();
+}
+
 /// A GET whose head every node resets while limpet writes it (a head a node will not take)
 /// failed each node after a part of it went out: it is replayed on one other node, not on
 /// each in turn, then answered 502, as a request unanswered on two nodes is. Replayed on

@@ -51,6 +51,10 @@ struct Tally {
     /// The client's body failed (an error, or nothing for `client_idle`): the node
     /// connection was closed for the client's sake, and the answer it cuts is not the node's.
     client_failed: bool,
+    /// Since when limpet has waited for the client's next body bytes, asked for them and
+    /// none come (`None`: bytes came since, or limpet is not asking: the node is not taking
+    /// them).
+    waiting_since: Option<Instant>,
 }
 
 impl BodyTally {
@@ -61,6 +65,7 @@ impl BodyTally {
 
     fn add(&self, n: u64) {
         let mut t = self.lock();
+        t.waiting_since = None;
         match &t.node {
             Some(node) => node.add_in(n),
             None => t.pending += n,
@@ -76,6 +81,14 @@ impl BodyTally {
 
     fn client_failed(&self) {
         self.lock().client_failed = true;
+    }
+
+    /// limpet asked for the client's next bytes and none have come.
+    fn waiting_for_client(&self) {
+        let mut t = self.lock();
+        if t.waiting_since.is_none() {
+            t.waiting_since = Some(Instant::now());
+        }
     }
 
     /// Whether the client's body failed.
@@ -265,14 +278,24 @@ pub(crate) struct UpBody {
 }
 
 /// Resolves once the client's body has been read through: at once for a request without one.
-pub(crate) struct BodyDone(Option<watch::Receiver<bool>>);
+pub(crate) struct BodyDone(Option<(watch::Receiver<bool>, Arc<BodyTally>)>);
 
 impl BodyDone {
     pub(crate) async fn wait(&mut self) {
-        if let Some(rx) = &mut self.0 {
+        if let Some((rx, _)) = &mut self.0 {
             // A closed channel means the body is gone: done either way.
             let _ = rx.wait_for(|d| *d).await;
         }
+    }
+
+    /// How long limpet has been waiting for the client's next body bytes, the body not read
+    /// through (`None`: read through, no body, or bytes came since limpet last asked).
+    pub(crate) fn client_quiet_for(&self) -> Option<Duration> {
+        let (rx, tally) = self.0.as_ref()?;
+        if *rx.borrow() {
+            return None;
+        }
+        tally.lock().waiting_since.map(|t| t.elapsed())
     }
 }
 
@@ -289,15 +312,16 @@ impl UpBody {
             return (UpBody::empty(), BodyDone(None));
         }
         let (tx, rx) = watch::channel(false);
+        let tally: Arc<BodyTally> = Arc::default();
         (
             UpBody {
                 inner: Some(inner),
                 conn: Some(Arc::clone(conn)),
                 done: Some(tx),
-                tally: Some(Arc::default()),
+                tally: Some(Arc::clone(&tally)),
                 idle: Some(IdleClock::new(idle)),
             },
-            BodyDone(Some(rx)),
+            BodyDone(Some((rx, tally))),
         )
     }
 
@@ -396,6 +420,9 @@ impl Body for UpBody {
                         t.client_failed();
                     }
                     return Poll::Ready(Some(Err(Box::new(BodyIdle))));
+                }
+                if let Some(t) = &this.tally {
+                    t.waiting_for_client();
                 }
                 Poll::Pending
             }

@@ -1454,6 +1454,23 @@ impl<'a> Attempt<'a> {
                             };
                             return Err(UpstreamError::new(Stage::ClientBody, cause, true, err));
                         }
+                        // The node ended the connection while limpet waited for the
+                        // client's body (a node's own body timeout shorter than
+                        // `client_idle`: nginx's `client_body_timeout`, Apache's
+                        // `mod_reqtimeout`): the client's doing, answered 408 and not the
+                        // node's failure. Charged, a few clients that stall their uploads
+                        // took a healthy node DOWN, and every session on it moved.
+                        if body_done
+                            .client_quiet_for()
+                            .is_some_and(|q| q >= CLIENT_QUIET_BEFORE_NODE_GAVE_UP)
+                        {
+                            return Err(UpstreamError::new(
+                                Stage::ClientBody,
+                                Cause::Timeout,
+                                true,
+                                err,
+                            ));
+                        }
                         let cause = if err.is_parse() || err.is_parse_status() {
                             Cause::Protocol
                         } else if timed_out(&err) {
@@ -1494,6 +1511,12 @@ impl<'a> Attempt<'a> {
         }
     }
 }
+
+/// How long the client must have left limpet waiting for its body's next bytes for a node
+/// that then ends the connection unanswered to be taken as giving up on the client (its body
+/// timeout), not as failing: a node's body timeout is seconds; a node that fails while a
+/// client pauses this long is charged at the next request's connect.
+const CLIENT_QUIET_BEFORE_NODE_GAVE_UP: Duration = Duration::from_secs(1);
 
 /// An answer head from `node` to a request sent at `sent_at`: the node's health sees live
 /// traffic served (it resets the failure streak; with checks, only one that holds a request
