@@ -1690,6 +1690,102 @@ async fn a_node_that_gives_up_on_a_stalled_upload_is_not_charged_and_the_client_
     node.abort();
 }
 
+/// A node that answers an upload at once (a 401 before the body, as an auth check does) and
+/// reads the body on keeps the request's slot until the upload ends: its node connection is
+/// in use meanwhile. At `max_connections = 1`, the slot is held after the client has read
+/// the whole answer, while the body still goes to the node, and let go once it is through.
+/// (Before, it went with the answer's end: a second request reached the node beside the
+/// upload, and a drain read the node as having no connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_answered_before_its_end_holds_its_node_slot_until_it_is_through() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const BODY: usize = 20_000;
+    const CHUNK: usize = 1_000;
+    // The node: answers each request at once (a POST with 401, its body read after), and
+    // reads the next on the same connection.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let node = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    buf.drain(..end + 4);
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let answer: &[u8] = if head.starts_with("post") {
+                        b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    while buf.len() < length {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..length);
+                }
+            });
+        }
+    });
+    let cfg = limpet::proxy::ProxyConfig::new(vec![limpet::proxy::NodeConfig {
+        name: "n".into(),
+        addr,
+    }]);
+    let proxy = Quick::start(cfg).await;
+    let state = proxy.runtime.state();
+    let rt = node_rt(&state, "n");
+    rt.set_limits(Some(1), 10);
+
+    let mut up = TcpStream::connect(proxy.addr).await.expect("connect");
+    let head = format!("POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: {BODY}\r\n\r\n");
+    up.write_all(head.as_bytes()).await.expect("head");
+    up.write_all(&[b'x'; CHUNK]).await.expect("first chunk");
+    // The whole answer (no body), read by the client.
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(PATIENCE, up.read(&mut byte))
+            .await
+            .expect("the answer in time")
+            .expect("read");
+        assert_eq!(n, 1, "the answer ended early: {answer:?}");
+        answer.push(byte[0]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 401"), "{answer:?}");
+    // The upload goes on, on the node's one connection: its slot still held.
+    for _ in 1..BODY / CHUNK {
+        assert_eq!(rt.admitted(), 1, "the upload's slot let go with its answer");
+        up.write_all(&[b'x'; CHUNK]).await.expect("chunk");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Through: the slot goes, and the next request is served.
+    let deadline = Instant::now() + PATIENCE;
+    while rt.admitted() > 0 {
+        assert!(Instant::now() < deadline, "the slot was never let go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let next = get(&fresh_client(), &proxy.url()).await;
+    assert_eq!(next.map(|(status, _)| status), Ok(200));
+    node.abort();
+}
+
 /// A GET whose head every node resets while limpet writes it (a head a node will not take)
 /// failed each node after a part of it went out: it is replayed on one other node, not on
 /// each in turn, then answered 502, as a request unanswered on two nodes is. Replayed on

@@ -278,6 +278,7 @@ pub(crate) struct UpBody {
 }
 
 /// Resolves once the client's body has been read through: at once for a request without one.
+#[derive(Debug)]
 pub(crate) struct BodyDone(Option<(watch::Receiver<bool>, Arc<BodyTally>)>);
 
 impl BodyDone {
@@ -286,6 +287,18 @@ impl BodyDone {
             // A closed channel means the body is gone: done either way.
             let _ = rx.wait_for(|d| *d).await;
         }
+    }
+
+    /// Another watch of the same body (`None` for a request without one).
+    pub(crate) fn watcher(&self) -> Option<BodyDone> {
+        self.0
+            .as_ref()
+            .map(|(rx, tally)| BodyDone(Some((rx.clone(), Arc::clone(tally)))))
+    }
+
+    /// Whether the body has been read through.
+    fn is_done(&self) -> bool {
+        self.0.as_ref().is_none_or(|(rx, _)| *rx.borrow())
     }
 
     /// How long limpet has been waiting for the client's next body bytes, the body not read
@@ -635,6 +648,10 @@ pub struct ProxyBody {
     clock: Option<Arc<AnswerClock>>,
     /// The request's body, when it had one: a cut that its client caused is not the node's.
     request: Option<Arc<BodyTally>>,
+    /// The request's upload, when it had a body: an answer that ends before it (a node that
+    /// answers 401 or 413 at once and reads on) leaves the node connection in use, so the
+    /// slot and the open count go with the upload ([`ProxyBody::until_upload_done`]).
+    upload: Option<BodyDone>,
 }
 
 impl ProxyBody {
@@ -648,6 +665,7 @@ impl ProxyBody {
             traffic: None,
             clock: None,
             request: None,
+            upload: None,
         }
     }
 
@@ -660,6 +678,7 @@ impl ProxyBody {
             traffic: None,
             clock: None,
             request: None,
+            upload: None,
         }
     }
 
@@ -715,10 +734,41 @@ impl ProxyBody {
         self
     }
 
+    /// Holds the node slot and the open count, should the answer end first, until `upload`
+    /// (the request's body, on the same node connection) is read through or let go: HAProxy
+    /// counts a stream against a server's `maxconn` until both its directions end. Before,
+    /// the slot went with the answer's end, and a node at `max_connections = 1` that
+    /// answered an upload at once and read on had a second connection while it did, and a
+    /// drain read it as having none.
+    pub(crate) fn until_upload_done(mut self, upload: Option<BodyDone>) -> Self {
+        self.upload = upload;
+        self
+    }
+
     /// Keeps the node's open-connection count up until the body is done.
     pub(crate) fn with_node_guard(mut self, guard: crate::nodes::ConnGuard) -> Self {
         self._node = Some(guard);
         self
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        let Some(upload) = self.upload.take() else {
+            return;
+        };
+        if upload.is_done() || (self._admitted.is_none() && self._node.is_none()) {
+            return;
+        }
+        let held = (self._admitted.take(), self._node.take());
+        // Off the runtime (a body dropped by a test's own thread), they go now.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut upload = upload;
+                upload.wait().await;
+                drop(held);
+            });
+        }
     }
 }
 

@@ -759,6 +759,7 @@ fn proxy<'a, 'b>(
             open: in_flight,
             seen_in: None,
         };
+        let upload = body_done.watcher();
         let result = attempt.run(pending, body_done).await;
         let in_flight = attempt.open;
         let chosen = attempt.route;
@@ -952,7 +953,7 @@ fn proxy<'a, 'b>(
             Some(t) => body.counted(Arc::clone(t), request_bytes),
             None => body,
         };
-        let body = body.with_admission(admitted);
+        let body = body.with_admission(admitted).until_upload_done(upload);
         out.map(|_| match in_flight.1 {
             Some(guard) => body.with_node_guard(guard),
             None => body,
