@@ -494,8 +494,24 @@ impl Pump {
                     clock.ended[self.dir].store(true, Ordering::Relaxed);
                     return Ok(());
                 }
-                // Half-close: the other side learns this side is done writing.
-                w.shutdown().await?;
+                // Half-close: the other side learns this side is done writing. A shutdown
+                // that cannot complete (a TLS close_notify behind records the peer does not
+                // take) is a write held like any other, bounded by the stall rule while the
+                // other direction keeps the relay busy; it held the tunnel, its node slot and
+                // its listener slot until a close signal.
+                let mut noted = false;
+                std::future::poll_fn(|cx| {
+                    let p = Pin::new(&mut *w).poll_shutdown(cx);
+                    if p.is_pending() && !noted {
+                        clock.moved(self.dir, true);
+                        noted = true;
+                    }
+                    p
+                })
+                .await?;
+                if noted {
+                    clock.moved(self.dir, false);
+                }
                 clock.ended[self.dir].store(true, Ordering::Relaxed);
                 return Ok(());
             }
@@ -569,7 +585,9 @@ where
     let (mut cr, mut cw) = Half::pair(client);
     let (mut nr, mut nw) = Half::pair(node);
     let clock = Clock::new(opening);
-    let mut up = Pump::new(Direction::Up, false);
+    // WebSocket: both directions' frames followed, the client's so that a clean close knows
+    // where its close answer starts.
+    let mut up = Pump::new(Direction::Up, framing == Framing::WebSocket);
     let mut down = Pump::new(Direction::Down, framing == Framing::WebSocket);
     tokio::pin!(stop);
     let end = {
@@ -624,7 +642,7 @@ where
             RelayEnd::Unused(Unused::Stopped(reason))
         }
         RelayEnd::Stopped(reason) if framing == Framing::WebSocket && !down.done => {
-            close_websocket(&mut down, &mut nr, &mut cw, &mut cr, &clock, reason).await;
+            close_websocket(&mut down, &up, &mut nr, &mut cw, &mut cr, &clock, reason).await;
             // Courtesy to the node, bounded like the rest of the close (a node that stopped
             // reading would otherwise hold it up to its write limit, `tunnel_idle`).
             let _ = tokio::time::timeout(CLOSE_GRACE, nw.shutdown()).await;
@@ -670,9 +688,13 @@ where
 
 /// After a close signal: finish the WebSocket frame the client is in the middle of, write
 /// close 1001, and give the client [`CLOSE_GRACE`] to answer. A client that does not read
-/// is not waited for beyond the grace.
+/// is not waited for beyond the grace. A client the node's own close frame already reached
+/// gets no second one (nothing may follow a close, RFC 6455 5.5.1): it is only given the
+/// grace to answer. The client's answer is looked for from where its stream is (`up`: the
+/// frames it passed, and the bytes read and not passed), not from the middle of a frame.
 async fn close_websocket<NR, CW, CR>(
     down: &mut Pump,
+    up: &Pump,
     nr: &mut NR,
     cw: &mut CW,
     cr: &mut CR,
@@ -709,14 +731,18 @@ async fn close_websocket<NR, CW, CR>(
     .await
     .unwrap_or(false);
     if finished {
-        let _ = tokio::time::timeout(CLOSE_GRACE, async {
-            cw.write_all(&close_frame_going_away(reason)).await?;
-            cw.flush().await
-        })
-        .await;
+        let node_closed = down.frames.as_ref().is_some_and(FrameTracker::close_seen);
+        if !node_closed {
+            let _ = tokio::time::timeout(CLOSE_GRACE, async {
+                cw.write_all(&close_frame_going_away(reason)).await?;
+                cw.flush().await
+            })
+            .await;
+        }
         // The handshake is complete once the client has sent its own close frame (not
         // forwarded), or closed.
-        let mut from_client = FrameTracker::new();
+        let mut from_client = up.frames.clone().unwrap_or_default();
+        from_client.consume(&up.buf[up.pos..]);
         let mut buf = [0u8; 1024];
         let _ = tokio::time::timeout(CLOSE_GRACE, async {
             while !from_client.close_seen() {
@@ -1011,6 +1037,196 @@ mod tests {
     }
 
     impl Io for tokio::io::DuplexStream {}
+
+    /// A stream whose reads and writes go through, and whose shutdown never completes (a
+    /// TLS client's close_notify behind records it does not take).
+    struct StuckShut(tokio::io::DuplexStream);
+
+    impl AsyncRead for StuckShut {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for StuckShut {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.0).poll_write(cx, buf)
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_flush(cx)
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl Io for StuckShut {}
+
+    /// A half-close the client cannot take is bounded like any held write: the node ends its
+    /// stream, the shutdown towards the client never completes, and the client keeps sending
+    /// every second (the relay never quiet both ways). The relay ends as stalled towards the
+    /// client `idle` after the node's end. (Before, the shutdown was on no clock: the
+    /// tunnel, its node slot and its listener slot were held until a close signal.)
+    #[tokio::test(start_paused = true)]
+    async fn a_half_close_the_client_cannot_take_is_a_stall() {
+        let idle = Duration::from_secs(10);
+        let (client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (node, mut node_peer) = tokio::io::duplex(64 * 1024);
+        let relay = relay(
+            StuckShut(client),
+            node,
+            idle,
+            Framing::Bytes,
+            std::future::pending(),
+        );
+        let peers = async {
+            node_peer.write_all(b"bye").await.expect("node writes");
+            node_peer.shutdown().await.expect("node ends");
+            let mut sink = vec![0u8; 1024];
+            let client = async {
+                loop {
+                    client_peer.write_all(b".").await.expect("client writes");
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), client_peer.read(&mut sink))
+                            .await;
+                }
+            };
+            let mut up = vec![0u8; 1024];
+            let node = async {
+                while node_peer.read(&mut up).await.is_ok_and(|n| n > 0) {}
+                std::future::pending::<()>().await;
+            };
+            tokio::join!(client, node);
+        };
+        let started = Instant::now();
+        let end = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::select! {
+                end = relay => end,
+                _ = peers => unreachable!("the peers go on for good"),
+            }
+        })
+        .await
+        .expect("the relay ends, not never");
+        assert!(matches!(end, RelayEnd::Stalled(Direction::Down)), "{end:?}");
+        let took = started.elapsed();
+        assert!(
+            took >= idle && took < idle + Duration::from_secs(1),
+            "{took:?}"
+        );
+    }
+
+    /// A WebSocket relay, and the sender of its close signal ("node in maintenance").
+    fn websocket_relay(
+        client: tokio::io::DuplexStream,
+        node: tokio::io::DuplexStream,
+    ) -> (
+        impl Future<Output = RelayEnd>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let relay = relay(
+            client,
+            node,
+            Duration::from_secs(600),
+            Framing::WebSocket,
+            async {
+                let _ = stopped.await;
+                "node in maintenance"
+            },
+        );
+        (relay, stop)
+    }
+
+    /// A close signal after the node's own close frame reached the client sends no second
+    /// one (nothing may follow a close, RFC 6455 5.5.1): the client, which answers the
+    /// node's close, reads nothing more but the end of the stream. (Before, it got a close
+    /// 1001 "node in maintenance" after the node's close 1000.)
+    #[tokio::test(start_paused = true)]
+    async fn a_client_the_node_s_close_reached_gets_no_second_close() {
+        let (client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (node, mut node_peer) = tokio::io::duplex(64 * 1024);
+        let (relay, stop) = websocket_relay(client, node);
+        let peers = async {
+            node_peer
+                .write_all(&[0x88, 0x02, 0x03, 0xE8])
+                .await
+                .expect("node's close");
+            let mut close = [0u8; 4];
+            client_peer
+                .read_exact(&mut close)
+                .await
+                .expect("client reads");
+            assert_eq!(close, [0x88, 0x02, 0x03, 0xE8]);
+            let _ = stop.send(());
+            // The client's answer to the node's close (masked, key 0).
+            client_peer
+                .write_all(&[0x88, 0x82, 0, 0, 0, 0, 0x03, 0xE8])
+                .await
+                .expect("client's close");
+            let mut rest = Vec::new();
+            client_peer
+                .read_to_end(&mut rest)
+                .await
+                .expect("to the end");
+            rest
+        };
+        let (end, rest) = tokio::join!(relay, peers);
+        assert!(matches!(end, RelayEnd::Stopped(_)), "{end:?}");
+        assert!(rest.is_empty(), "after the node's close: {rest:x?}");
+    }
+
+    /// The client's answer to limpet's close is found where the client's stream is: the
+    /// signal comes in the middle of a client frame whose payload looks like a frame head
+    /// (`82 7F` and a length that takes the next bytes), then the client sends the rest and
+    /// its close. limpet ends the stream as soon as the close comes. (Before, the answer was
+    /// looked for from the middle of the frame: the payload read as a head whose length
+    /// swallowed the close, and the relay waited out its 2 s grace.)
+    #[tokio::test(start_paused = true)]
+    async fn a_close_answer_after_the_rest_of_a_client_frame_ends_the_relay_at_once() {
+        let (client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (node, mut node_peer) = tokio::io::duplex(64 * 1024);
+        let (relay, stop) = websocket_relay(client, node);
+        let peers = async {
+            // A binary frame of 16 bytes, unmasked for short: its head and 8 bytes.
+            let mut first = vec![0x82, 0x10];
+            first.extend([0u8; 8]);
+            client_peer.write_all(&first).await.expect("client writes");
+            let mut got = vec![0u8; first.len()];
+            node_peer.read_exact(&mut got).await.expect("node reads");
+            let _ = stop.send(());
+            let mut close = [0u8; 2];
+            client_peer
+                .read_exact(&mut close)
+                .await
+                .expect("limpet's close");
+            assert_eq!(close[0], 0x88);
+            client_peer
+                .write_all(&[0x82, 0x7F, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x88, 0x00])
+                .await
+                .expect("the rest, then the client's close");
+            let answered = Instant::now();
+            let mut rest = Vec::new();
+            client_peer
+                .read_to_end(&mut rest)
+                .await
+                .expect("to the end");
+            answered.elapsed()
+        };
+        let (end, took) = tokio::join!(relay, peers);
+        assert!(matches!(end, RelayEnd::Stopped(_)), "{end:?}");
+        assert!(
+            took < Duration::from_millis(100),
+            "ended {took:?} after the close"
+        );
+    }
 
     /// An HTTP connection's last answer (written with `poll_write_last`, to leave with the
     /// FIN) goes to the stream as its last bytes, under the same deadline as any write: to a
