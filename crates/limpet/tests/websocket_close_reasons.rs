@@ -153,3 +153,89 @@ async fn a_reload_that_removes_a_node_closes_its_websockets() {
     drop((on_a, on_b));
     l.stop().await;
 }
+
+/// What a close signal does to a tunnel follows the protocol the node switched to (its 101's
+/// `Upgrade`), not the first the client offered: a client offering `websocket, x-test` that
+/// the node switches to WebSocket gets close 1001 `node in maintenance` at MAINT. (Before,
+/// the offer's first value alone decided: this tunnel was taken for a byte stream and
+/// reset.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_offered_beside_another_protocol_closes_with_1001() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // The node: switches to WebSocket, then holds the tunnel open.
+    let node = TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind node: {e}"));
+    let port = node.local_addr().map(|a| a.port()).unwrap_or(0);
+    let node_task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = node.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match s.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                          Connection: Upgrade\r\n\
+                          Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+                    )
+                    .await;
+                let mut sink = [0u8; 1024];
+                while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n"
+    );
+    let cfg = ConfigFile::new("ws-offered-beside", &text);
+    let l = Limpet::start(&cfg).await;
+    let mut c = tokio::net::TcpStream::connect(l.addr("web"))
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    c.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n\
+          Upgrade: websocket, x-test\r\nSec-WebSocket-Version: 13\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("upgrade request: {e}"));
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(PATIENCE, c.read(&mut byte)).await {
+            Ok(Ok(1)) => head.push(byte[0]),
+            other => panic!(
+                "the 101: {other:?} after {:?}",
+                String::from_utf8_lossy(&head)
+            ),
+        }
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let v = set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert_eq!(v["state"], "MAINT", "{v}");
+    let mut close = [0u8; 4];
+    tokio::time::timeout(PATIENCE, c.read_exact(&mut close))
+        .await
+        .unwrap_or_else(|_| panic!("nothing after MAINT"))
+        .unwrap_or_else(|e| panic!("a close frame, not a reset: {e}"));
+    assert_eq!(close[0], 0x88, "a close frame: {close:x?}");
+    assert_eq!(
+        &close[2..4],
+        &1001u16.to_be_bytes(),
+        "going away: {close:x?}"
+    );
+    node_task.abort();
+    l.stop().await;
+}

@@ -624,12 +624,6 @@ fn proxy<'a, 'b>(
         }
 
         let upgrade = upgrade_offered && is_upgrade_request(&req);
-        // Read for a tunnel only (what its close says): no lookup for a plain request.
-        let websocket = upgrade
-            && req
-                .headers()
-                .get(header::UPGRADE)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let client_version = req.version();
         // One clock reading for what the request presents, its first route and its sighting.
@@ -918,6 +912,16 @@ fn proxy<'a, 'b>(
         if let (Some(client), Some(upstream), Some(rt)) =
             (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
         {
+            // The protocol the node switched to (its 101's `Upgrade`, RFC 9110 7.8), not the
+            // client's offer, which may list several: it decides whether a close signal ends
+            // the tunnel with a WebSocket close frame or a reset.
+            let websocket = out
+                .headers()
+                .get(header::UPGRADE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .and_then(|p| p.trim().split('/').next())
+                .is_some_and(|p| p.eq_ignore_ascii_case("websocket"));
             upgrade::spawn_tunnel(
                 client,
                 upstream,
