@@ -198,6 +198,7 @@ pub(crate) fn handle(
         let arrived = Instant::now();
         let guard = ActiveGuard::new(&ctx, arrived);
         let h2 = req.version() == Version::HTTP_2;
+        let unanswered = super::server::Unanswered::stream(&ctx, h2);
         // The listener's current generation, for the whole request (a reload since the
         // connection's last request is followed from this one on).
         let shared = ctx.shared();
@@ -240,6 +241,7 @@ pub(crate) fn handle(
             counted.metrics.pin(o);
         }
         let line = log.into_line(resp.status());
+        unanswered.answered();
         Ok(resp.map(|b| {
             let mut b = b.with_guard(guard);
             if let Some(line) = line {
@@ -957,11 +959,12 @@ fn proxy<'a, 'b>(
             Some(t) => body.counted(Arc::clone(t), request_bytes),
             None => body,
         };
-        let body = body.with_admission(admitted).until_upload_done(upload);
-        out.map(|_| match in_flight.1 {
+        let body = body.with_admission(admitted);
+        let body = match in_flight.1 {
             Some(guard) => body.with_node_guard(guard),
             None => body,
-        })
+        };
+        out.map(|_| body.held_until_upload_done(upload))
     }
 }
 
