@@ -738,6 +738,11 @@ impl ProxyBody {
         self.clock = Some(clock);
     }
 
+    /// Whether the answer is limpet's own (no node's).
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self.inner, Inner::Local(_))
+    }
+
     /// Whether all of the body is in memory already, so that writing it waits for nothing:
     /// a local answer, an empty one, or a node's answer whose bytes have all come
     /// ([`super::node_h1::NodeBody::whole_in_hand`]).

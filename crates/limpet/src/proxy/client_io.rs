@@ -92,6 +92,9 @@ pub(crate) struct StreamHints {
     /// Set when the answer hyper writes next is the connection's last and whole in hand (see
     /// [`StreamHints::set_last_answer`]).
     last_answer: AtomicBool,
+    /// Set once hyper will close the connection after an answer, whatever its body (see
+    /// [`StreamHints::set_closing`]).
+    closing: AtomicBool,
     /// Set once hyper holds an upgrade prepared for one of the connection's requests (see
     /// [`StreamHints::set_upgrade_held`]).
     upgrade_held: AtomicBool,
@@ -130,6 +133,23 @@ impl StreamHints {
 
     pub(crate) fn last_answer(&self) -> bool {
         self.last_answer.load(Ordering::Relaxed)
+    }
+
+    /// The connection ends after the answer in flight: the client asked for it
+    /// (`Connection: close`, HTTP/1.0 without keep-alive), the answer says so (limpet's own
+    /// answers to a request whose framing it does not trust), or limpet answered without
+    /// reading the request's body (hyper may close rather than read it through). Such a connection is never parked (`server::park_watch`),
+    /// whether or not its answer was whole in hand ([`StreamHints::set_last_answer`]):
+    /// parked while its last write waited on a slow client, its close only flushed and the
+    /// socket was kept, so an HTTP/1.0 client waited for the end of an answer delimited by
+    /// the close, a `Connection: close` was not honoured, and the bytes after a request
+    /// answered 400 for its framing were read as a new request. Never cleared.
+    pub(crate) fn set_closing(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
     }
 
     /// hyper prepared an upgrade for one of the connection's requests (an HTTP/1.1 request

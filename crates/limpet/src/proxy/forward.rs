@@ -224,14 +224,23 @@ pub(crate) fn handle(
         // upgrade after the answer instead of shutting it down. Only bodiless requests:
         // hyper may still be reading an unread body when the answer is written.
         // `client_closes` first: false for a kept-alive request, it spares the rest.
-        let last = !h2
-            && hdr::client_closes(&req)
+        let closes = !h2 && hdr::client_closes(&req);
+        let last = closes
             && req.body().is_end_stream()
             && req.method() != Method::CONNECT
             && !req.headers().contains_key(header::UPGRADE);
+        let body_unread = !h2 && !req.body().is_end_stream();
         let resp = proxy(&ctx, &shared, req, &mut log, arrived).await;
         if last && resp.body().whole_in_hand() {
             ctx.hints.set_last_answer();
+        }
+        // limpet's own answers only: a node's `Connection` is not passed on.
+        if closes
+            || (!h2
+                && resp.body().is_local()
+                && (body_unread || hdr::answer_closes(resp.headers())))
+        {
+            ctx.hints.set_closing();
         }
         // Node lifecycle: metrics hooks, through the listener's pre-resolved handles (of
         // the generation whose node ids `log.node` is in).

@@ -140,6 +140,15 @@ pub(crate) fn client_closes<B>(req: &http::Request<B>) -> bool {
     }
 }
 
+/// Whether an answer's own `Connection` says `close` (limpet's answers to a request whose
+/// framing it does not trust): hyper closes the connection after it.
+pub(crate) fn answer_closes(headers: &HeaderMap) -> bool {
+    headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+    })
+}
+
 /// The transfer codings of a message's `Transfer-Encoding` other than `chunked`, in order
 /// (`gzip, chunked` gives `gzip`), or `None` when it names none. They say how the body is
 /// encoded on this hop; a proxy that reframes the body must carry them on or refuse it, or

@@ -1462,7 +1462,9 @@ async fn park_watch(ctx: &ConnCtx, served_before: u64) {
             // A connection whose last answer is out is closing: its shutdown must reach the
             // socket, where the answer's bytes wait for the FIN
             // (`client_io::StreamHints::set_last_answer`).
-            Some(_) if ctx.hints.last_answer() => tokio::time::sleep(PARK_AFTER).await,
+            Some(_) if ctx.hints.last_answer() || ctx.hints.closing() => {
+                tokio::time::sleep(PARK_AFTER).await;
+            }
             Some(_) if ctx.served.load(Ordering::Relaxed) > served_before => return,
             _ => tokio::time::sleep(PARK_AFTER).await,
         }
@@ -1734,6 +1736,33 @@ mod tests {
     /// after it and all of it is in hand (a node's answer that has all come, or limpet's own):
     /// not on a connection kept alive, not for a request with a body (hyper may still be
     /// reading it), not after CONNECT or `Upgrade`, not for an answer still coming.
+    /// An HTTP/1 connection hyper will close after its answer is never parked, however long
+    /// it stays without a request in flight: its answer's last bytes may still wait on a slow
+    /// client, and parked, its close would only flush and keep the socket (an HTTP/1.0
+    /// client waiting for the end of an answer the close delimits, a `Connection: close`
+    /// not honoured, bytes after a request answered 400 for its framing read as a new
+    /// request). One that is not closing is parked after [`PARK_AFTER`].
+    #[tokio::test(start_paused = true)]
+    async fn a_closing_connection_is_never_parked() {
+        let node = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let (runtime, listener) = proxy_to(node.local_addr().expect("addr")).await;
+        for closing in [false, true] {
+            let (_client, _server_side, ctx, _builder, _drain) =
+                accepted(&runtime, &listener).await;
+            // One request served; none in flight since.
+            drop(ActiveGuard::new(&ctx, Instant::now()));
+            if closing {
+                ctx.hints.set_closing();
+            }
+            let parked = tokio::time::timeout(PARK_AFTER * 10, park_watch(&ctx, 0))
+                .await
+                .is_ok();
+            assert_eq!(parked, !closing, "closing: {closing}");
+        }
+    }
+
     #[tokio::test]
     async fn only_a_closing_connections_answer_whole_in_hand_is_marked_its_last() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1774,6 +1803,8 @@ mod tests {
             let answer = read_answer(&mut client).await;
             assert!(answer.contains(" 200 OK\r\n"), "{answer:?}");
             assert_eq!(ctx.hints.last_answer(), last, "{head:?}");
+            // Closing whenever hyper closes, whole in hand or not (never parked).
+            assert_eq!(ctx.hints.closing(), closes, "{head:?}");
             // What hyper did: a second request is answered, or meets the end.
             let second = client
                 .write_all(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -1807,6 +1838,28 @@ mod tests {
             let answer = read_answer(&mut client).await;
             assert!(answer.starts_with("HTTP/1.1 5"), "{answer:?}");
             assert_eq!(ctx.hints.last_answer(), last, "{head:?}");
+            drop(client);
+            served.await.expect("served");
+        }
+        // limpet's own answers after which the connection is not kept for parking, whatever
+        // the client asked: one to a request whose framing it does not trust (400 with
+        // `Connection: close`), and one to a request whose body it did not read (the node
+        // refuses: 503).
+        for (head, status) in [
+            (
+                "GET /a HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                "HTTP/1.1 400",
+            ),
+            (
+                "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi",
+                "HTTP/1.1 503",
+            ),
+        ] {
+            let (mut client, ctx, _drain, served) = one_connection(dead_addr).await;
+            client.write_all(head.as_bytes()).await.expect("request");
+            let answer = read_answer(&mut client).await;
+            assert!(answer.starts_with(status), "{answer:?}");
+            assert!(ctx.hints.closing(), "{head:?}");
             drop(client);
             served.await.expect("served");
         }
