@@ -114,6 +114,10 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ParseError> {
         }
         return Err(ParseError::Incomplete);
     };
+    // The CR found in the window's last byte would make a line of 108 with its LF.
+    if cr + 2 > V1_MAX_LEN {
+        return Err(ParseError::Invalid("v1 line longer than 107 bytes"));
+    }
     match buf.get(cr + 1) {
         None => return Err(ParseError::Incomplete),
         Some(b'\n') => {}
@@ -344,6 +348,25 @@ mod tests {
         );
         assert_eq!(p.version, Version::V1);
         assert_eq!(&buf[p.consumed..], b"GET / HTTP/1.1\r\n");
+    }
+
+    /// A line of 107 bytes, CRLF included, is the longest the spec allows; one of 108 is
+    /// refused (its CR in the 107th byte was taken before).
+    #[test]
+    fn a_v1_line_of_108_bytes_is_refused_and_one_of_107_read() {
+        let line = |len: usize| {
+            let mut l = b"PROXY UNKNOWN ".to_vec();
+            l.resize(len - 2, b'x');
+            l.extend_from_slice(b"\r\n");
+            l
+        };
+        let longest = line(V1_MAX_LEN);
+        let p = parse(&longest).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((p.header, p.consumed), (Header::Unknown, V1_MAX_LEN));
+        assert!(matches!(
+            parse(&line(V1_MAX_LEN + 1)),
+            Err(ParseError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -202,13 +202,21 @@ impl IpNet {
                     .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+            // An IPv6 range holds the IPv4 peers its IPv4-mapped part covers: a range
+            // written as the log prints a dual-stack socket's peer (`::ffff:10.0.0.5`,
+            // `::ffff:10.0.0.0/104`) or one that covers them all (`::/0`). Compared as IPv6
+            // only, it never matched, and a balancer's PROXY header was taken for data.
+            (IpAddr::V6(net), ip) => {
+                let ip = match ip {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    IpAddr::V6(v6) => v6,
+                };
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.prefix))
                     .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
-            _ => false,
+            (IpAddr::V4(_), IpAddr::V6(_)) => false,
         }
     }
 }
@@ -263,6 +271,13 @@ mod tests {
         assert!(net("0.0.0.0/0").contains(ip("1.2.3.4")));
         assert!(net("::1").contains(ip("::1")));
         assert!(!net("::1").contains(ip("127.0.0.1")));
+        // IPv6 ranges of IPv4-mapped addresses hold the IPv4 peers they map.
+        assert!(net("::ffff:127.0.0.1").contains(ip("127.0.0.1")));
+        assert!(net("::ffff:127.0.0.1").contains(ip("::ffff:127.0.0.1")));
+        assert!(net("::ffff:10.0.0.0/104").contains(ip("10.1.2.3")));
+        assert!(!net("::ffff:10.0.0.0/104").contains(ip("11.0.0.1")));
+        assert!(net("::/0").contains(ip("1.2.3.4")));
+        assert!(!net("::ffff:127.0.0.1").contains(ip("127.0.0.2")));
         assert!("10.0.0.0/33".parse::<IpNet>().is_err());
         assert!("nope".parse::<IpNet>().is_err());
     }
