@@ -492,6 +492,49 @@ async fn a_node_s_trailers_reach_an_http1_client_that_takes_them() {
     proxy.stop().await;
 }
 
+/// A node's trailers that carry connection-specific fields (`connection` and the field it
+/// names, `keep-alive`, `transfer-encoding`) reach an HTTP/2 client without them: its stream
+/// ends cleanly with the other trailers. (Before, they were passed on, h2 refused to send
+/// them, and the stream was reset after the whole answer: curl's "stream was not closed
+/// cleanly".)
+#[tokio::test]
+async fn a_node_s_hop_by_hop_trailers_do_not_reset_an_http2_client_s_stream() {
+    use http_body_util::BodyExt as _;
+    let node = ScriptedNode::start(fixed(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\
+          x-sum: 42\r\nconnection: x-hop\r\nx-hop: 1\r\nkeep-alive: 5\r\n\
+          transfer-encoding: chunked\r\n\r\n",
+        false,
+    ))
+    .await;
+    let proxy = proxy_for(&node).await;
+    let (mut send, conn) = common::h2_client(&proxy.addr.to_string()).await;
+    let req = http::Request::builder()
+        .uri(format!("http://{}/", proxy.addr))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = tokio::time::timeout(common::PATIENCE, send.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(resp.status(), 200);
+    let body = tokio::time::timeout(common::PATIENCE, resp.into_body().collect())
+        .await
+        .expect("the body in time")
+        .expect("the stream ends cleanly, not reset");
+    let trailers = body.trailers().cloned().expect("the trailers");
+    assert_eq!(body.to_bytes(), "hello");
+    assert_eq!(
+        trailers.get("x-sum").map(|v| v.as_bytes()),
+        Some(&b"42"[..])
+    );
+    for hop in ["connection", "x-hop", "keep-alive", "transfer-encoding"] {
+        assert!(!trailers.contains_key(hop), "{hop} in {trailers:?}");
+    }
+    conn.abort();
+    proxy.stop().await;
+}
+
 /// A client's request trailers go no further: a `Trailer` field naming `X-Forwarded-For`
 /// and a trailer of that name after the body would reach a node that merges trailers into
 /// the head as a client address limpet never set. The node gets the body, chunked, and no

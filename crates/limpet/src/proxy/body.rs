@@ -868,9 +868,13 @@ fn poll_answer(
 ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
     match inner {
         Inner::Upstream(b, idle) => match Pin::new(b).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(t), Some(data)) = (&*cuts.traffic, frame.data_ref()) {
-                    t.add_out(data.len() as u64);
+            Poll::Ready(Some(Ok(mut frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if let Some(t) = &*cuts.traffic {
+                        t.add_out(data.len() as u64);
+                    }
+                } else if let Some(trailers) = frame.trailers_mut() {
+                    super::headers::strip_trailer_hop_fields(trailers);
                 }
                 idle.moved();
                 Poll::Ready(Some(Ok(frame)))

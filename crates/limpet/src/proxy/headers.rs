@@ -140,6 +140,24 @@ pub(crate) fn client_closes<B>(req: &http::Request<B>) -> bool {
     }
 }
 
+/// A node's answer trailers without the fields no trailer may carry on to a client: the
+/// hop-by-hop ones (and the names a trailer `Connection` lists) and `Content-Length`. An
+/// HTTP/2 client's stream was reset at its very end for one of them (h2 refuses to send
+/// connection-specific fields), after every byte of its answer; an HTTP/1.1 client's hyper
+/// drops what it has not declared.
+pub(crate) fn strip_trailer_hop_fields(trailers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = trailers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&listed) {
+        trailers.remove(name);
+    }
+    trailers.remove(header::CONTENT_LENGTH);
+}
+
 /// Whether an answer's own `Connection` says `close` (limpet's answers to a request whose
 /// framing it does not trust): hyper closes the connection after it.
 pub(crate) fn answer_closes(headers: &HeaderMap) -> bool {

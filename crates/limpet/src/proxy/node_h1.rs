@@ -778,7 +778,8 @@ impl Body for NodeBody {
 }
 
 /// A chunk-size line: hex digits, then optional extensions (`;name=value`), which are
-/// ignored as RFC 9112 7.1.1 allows. Whitespace before `;` is tolerated, as hyper does.
+/// ignored as RFC 9112 7.1.1 allows. Spaces and tabs before `;` are tolerated, as hyper
+/// does; any other byte there, and a CR anywhere, are not.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, BoxError> {
     let digits_end = line
         .iter()
@@ -788,8 +789,13 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, BoxError> {
     if digits.is_empty() || digits.len() > 16 {
         return Err(malformed("bad chunk size"));
     }
-    let rest = rest.trim_ascii_start();
-    if !(rest.is_empty() || rest.starts_with(b";")) {
+    // Spaces and tabs only before `;` (RFC 9112's BWS), and no CR anywhere in the line
+    // (hyper refuses a bare CR, in the size or an extension).
+    let rest = &rest[rest
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(rest.len())..];
+    if !(rest.is_empty() || rest.starts_with(b";")) || rest.contains(&b'\r') {
         return Err(malformed("bad chunk size"));
     }
     let mut size: u64 = 0;
@@ -1065,7 +1071,18 @@ mod tests {
         assert_eq!(parse_chunk_size(b"1a").ok(), Some(26));
         assert_eq!(parse_chunk_size(b"A;ext=1").ok(), Some(10));
         assert_eq!(parse_chunk_size(b"0 ; x").ok(), Some(0));
-        for bad in [&b""[..], b"g", b"-1", b"1 2", b"0x10", b"11111111111111111"] {
+        assert_eq!(parse_chunk_size(b"5\t;x").ok(), Some(5));
+        for bad in [
+            &b""[..],
+            b"g",
+            b"-1",
+            b"1 2",
+            b"0x10",
+            b"11111111111111111",
+            b"5\r",
+            b"5\x0c",
+            b"5;a\rb",
+        ] {
             assert!(parse_chunk_size(bad).is_err(), "{bad:?}");
         }
     }
