@@ -386,12 +386,13 @@ impl Batch {
     }
 
     /// A pipeline of `len` commands was answered after `took` of `timeout` (`None`: it
-    /// timed out). A pipeline of [`BATCH_MIN`] commands or fewer that timed out (a probe, a
-    /// read) says nothing of the size: the store is slow or away.
+    /// timed out). One that timed out halves the size only if it held half of it or more:
+    /// a shorter one (a probe, a read, a small batch of queued writes) says nothing of the
+    /// size, only that the store is slow or away.
     fn came_back(&self, len: usize, took: Option<Duration>, timeout: Duration) {
         let size = self.size();
         let next = match took {
-            None if len > BATCH_MIN => (size.min(len) / 2).max(BATCH_MIN),
+            None if len > BATCH_MIN && len.saturating_mul(2) >= size => (size / 2).max(BATCH_MIN),
             Some(t) if len >= size && t <= timeout / 4 => size.saturating_mul(2).min(BATCH),
             _ => return,
         };
@@ -1707,9 +1708,6 @@ mod tests {
     use super::*;
     use limpet_core::table::IpPrefix;
 
-    /// Writes that fail with a successful read between each two (each new client's `GET`
-    /// answered, its pin's write refused) open the breaker at the second; reads alone do
-    /// too; a success clears its own way's count only, and the probe's both.
     /// Pipelines halve at each that timed out, to the least; a small one that timed out (a
     /// probe) says nothing of the size; one of the full size answered within a quarter of
     /// the timeout doubles it back, to the most; a slower one, or a shorter one, keeps it.
@@ -1721,6 +1719,8 @@ mod tests {
         assert_eq!(b.size(), BATCH / 2);
         b.came_back(1, None, timeout);
         assert_eq!(b.size(), BATCH / 2, "a probe's timeout");
+        b.came_back(BATCH / 4 - 1, None, timeout);
+        assert_eq!(b.size(), BATCH / 2, "a batch of less than half the size");
         for _ in 0..10 {
             b.came_back(b.size(), None, timeout);
         }
@@ -1737,6 +1737,9 @@ mod tests {
         assert_eq!(b.size(), BATCH);
     }
 
+    /// Writes that fail with a successful read between each two (each new client's `GET`
+    /// answered, its pin's write refused) open the breaker at the second; reads alone do
+    /// too; a success clears its own way's count only, and the probe's both.
     #[test]
     fn failed_writes_open_the_breaker_whatever_reads_succeed_between_them() {
         let b = Breaker::default();

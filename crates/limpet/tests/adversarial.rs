@@ -1525,6 +1525,42 @@ async fn h2_rapid_reset_spread_over_many_reads_ends_the_connection() {
     proxy.stop().await;
 }
 
+/// A long-lived HTTP/2 connection that cancels some of its requests (a page that aborts
+/// fetches as the user types) is not taken for a rapid reset: 1,000 requests answered, then
+/// 250 cancelled in flight (more than the 200 a rapid reset is closed at, but a fifth of
+/// what it asked), and the connection still answers.
+#[tokio::test]
+async fn an_h2_connection_that_cancels_a_few_of_many_requests_stays_open() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let (mut send, conn) = common::h2_client(&proxy.addr.to_string()).await;
+    let get = |path: &str| {
+        http::Request::builder()
+            .uri(format!("http://{}{path}", proxy.addr))
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request")
+    };
+    for _ in 0..1_000 {
+        let resp = tokio::time::timeout(PATIENCE, send.send_request(get("/")))
+            .await
+            .expect("answered in time")
+            .expect("answer");
+        assert_eq!(resp.status(), 200);
+    }
+    for _ in 0..250 {
+        // Sent, and dropped before its answer: the stream is reset.
+        let pending = send.send_request(get("/slow?ms=10000"));
+        let _ = tokio::time::timeout(Duration::from_millis(2), pending).await;
+    }
+    let resp = tokio::time::timeout(PATIENCE, send.send_request(get("/")))
+        .await
+        .expect("answered in time")
+        .expect("the connection still answers");
+    assert_eq!(resp.status(), 200);
+    conn.abort();
+    proxy.stop().await;
+}
+
 /// An upload to a node that stopped reading (a frozen process: its kernel accepted the
 /// connection, then its socket buffers filled) is bounded: the write to the node that cannot
 /// proceed for `upstream_answer` fails, the client gets 504 (or its upload is cut), and the

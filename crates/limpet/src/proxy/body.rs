@@ -296,9 +296,12 @@ impl BodyDone {
             .map(|(rx, tally)| BodyDone(Some((rx.clone(), Arc::clone(tally)))))
     }
 
-    /// Whether the body has been read through.
-    fn is_done(&self) -> bool {
-        self.0.as_ref().is_none_or(|(rx, _)| *rx.borrow())
+    /// Whether the body's upload is over: read through, or let go (its reader gone: the
+    /// node connection it went on closes with it).
+    fn is_over(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|(rx, _)| *rx.borrow() || rx.has_changed().is_err())
     }
 
     /// How long limpet has been waiting for the client's next body bytes, the body not read
@@ -374,9 +377,11 @@ impl UpBody {
 impl Drop for UpBody {
     fn drop(&mut self) {
         // A body with a length is dropped by hyper's client once its last byte went out,
-        // never polled to its end: read through, it is no cut.
+        // never polled to its end: read through, it is no cut, and it is done.
         if self.inner.as_ref().is_some_and(|b| !b.is_end_stream()) {
             self.cut();
+        } else {
+            self.finish();
         }
     }
 }
@@ -667,7 +672,7 @@ struct UploadHold {
 
 impl Drop for UploadHold {
     fn drop(&mut self) {
-        if self.upload.is_done() || (self.admitted.is_none() && self.node.is_none()) {
+        if self.upload.is_over() || (self.admitted.is_none() && self.node.is_none()) {
             return;
         }
         let upload = std::mem::take(&mut self.upload);

@@ -138,14 +138,21 @@ impl StreamHints {
     /// The connection ends after the answer in flight: the client asked for it
     /// (`Connection: close`, HTTP/1.0 without keep-alive), the answer says so (limpet's own
     /// answers to a request whose framing it does not trust), or limpet answered without
-    /// reading the request's body (hyper may close rather than read it through). Such a connection is never parked (`server::park_watch`),
+    /// reading the request's body (hyper may close rather than read it through; should it
+    /// read the body through and keep the connection, the next request clears the hint). Such a connection is never parked (`server::park_watch`),
     /// whether or not its answer was whole in hand ([`StreamHints::set_last_answer`]):
     /// parked while its last write waited on a slow client, its close only flushed and the
     /// socket was kept, so an HTTP/1.0 client waited for the end of an answer delimited by
     /// the close, a `Connection: close` was not honoured, and the bytes after a request
-    /// answered 400 for its framing were read as a new request. Never cleared.
+    /// answered 400 for its framing were read as a new request. Cleared when a request
+    /// comes ([`StreamHints::request_came`]).
     pub(crate) fn set_closing(&self) {
         self.closing.store(true, Ordering::Relaxed);
+    }
+
+    /// A request came on the connection: hyper did not close it after the one before.
+    pub(crate) fn request_came(&self) {
+        self.closing.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn closing(&self) -> bool {

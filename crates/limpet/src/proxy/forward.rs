@@ -1471,23 +1471,6 @@ impl<'a> Attempt<'a> {
                             };
                             return Err(UpstreamError::new(Stage::ClientBody, cause, true, err));
                         }
-                        // The node ended the connection while limpet waited for the
-                        // client's body (a node's own body timeout shorter than
-                        // `client_idle`: nginx's `client_body_timeout`, Apache's
-                        // `mod_reqtimeout`): the client's doing, answered 408 and not the
-                        // node's failure. Charged, a few clients that stall their uploads
-                        // took a healthy node DOWN, and every session on it moved.
-                        if body_done
-                            .client_quiet_for()
-                            .is_some_and(|q| q >= CLIENT_QUIET_BEFORE_NODE_GAVE_UP)
-                        {
-                            return Err(UpstreamError::new(
-                                Stage::ClientBody,
-                                Cause::Timeout,
-                                true,
-                                err,
-                            ));
-                        }
                         let cause = if err.is_parse() || err.is_parse_status() {
                             Cause::Protocol
                         } else if timed_out(&err) {
@@ -1496,6 +1479,24 @@ impl<'a> Attempt<'a> {
                         } else {
                             Cause::Io(std::io::ErrorKind::ConnectionReset)
                         };
+                        // The node ended the connection while limpet waited for the
+                        // client's body (a node's own body timeout shorter than
+                        // `client_idle`: nginx's `client_body_timeout`, Apache's
+                        // `mod_reqtimeout`): the client's doing, answered 408 and not the
+                        // node's failure. Charged, a few clients that stall their uploads
+                        // took a healthy node DOWN, and every session on it moved.
+                        if matches!(cause, Cause::Io(_))
+                            && body_done
+                                .client_quiet_for()
+                                .is_some_and(|q| q >= CLIENT_QUIET_BEFORE_NODE_GAVE_UP)
+                        {
+                            return Err(UpstreamError::new(
+                                Stage::ClientBody,
+                                Cause::Timeout,
+                                true,
+                                err,
+                            ));
+                        }
                         // A kept-alive connection that ended before any answer byte: the node
                         // closed it while idle (the keep-alive race, not the node's fault), as
                         // on the direct path above, which a TLS node never takes. A replayable

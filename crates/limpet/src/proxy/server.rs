@@ -647,6 +647,7 @@ impl ActiveGuard {
         if ctx.body_cut.load(Ordering::Relaxed) {
             ctx.body_cut.store(false, Ordering::Relaxed);
         }
+        ctx.hints.request_came();
         ctx.active.fetch_add(1, Ordering::AcqRel);
         ctx.served.fetch_add(1, Ordering::Relaxed);
         ctx.touch_at(arrived);
@@ -861,14 +862,17 @@ fn h2_service(
     })
 }
 
-/// How many of its streams an HTTP/2 client may reset while limpet still forwards them,
-/// over a connection's life, before the connection is closed: twice the streams it may have
-/// open at once, and 200 at least. Each such reset costs a request at a node and the node
+/// How many of its streams an HTTP/2 client may reset while limpet still forwards them
+/// before the connection is closed (with GOAWAY, and a second's grace), once they are also
+/// more than half of its streams: twice the streams it may have open at once, and 200 at
+/// least. Each such reset costs a request at a node and the node
 /// connection it was on (cut mid-exchange, not pooled); a client that opens streams and
 /// resets them at once, round after round (the rapid reset of CVE-2023-44487 spread over
 /// many reads, which h2's own limit on resets of streams not yet accepted does not see), made
 /// one connection open node connections without bound, until the machine ran out of ports.
-/// A browser cancels a few requests at a time (a page left while it loads). HAProxy counts
+/// A browser cancels a few requests at a time (a page left while it loads, fetches aborted as
+/// the user types): over a long-lived connection its resets add up, but stay a small part
+/// of what it asked, so the share is what tells an attacker. HAProxy counts
 /// such "glitches" per connection (`tune.h2.fe.glitches-threshold`); nginx caps a
 /// connection's streams (`keepalive_requests`, 1,000).
 fn cancel_limit(max_concurrent_streams: u32) -> u32 {
@@ -904,8 +908,10 @@ impl Drop for Unanswered<'_> {
             .cancelled
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
-        if n == cancel_limit(ctx.shared().limits.h2_max_concurrent_streams) {
-            tracing::info!(peer = %ctx.peer, cancelled = n, "an HTTP/2 client reset this many streams in flight: its connection closed");
+        if n >= cancel_limit(ctx.shared().limits.h2_max_concurrent_streams)
+            && u64::from(n).saturating_mul(2) > ctx.served.load(Ordering::Relaxed)
+        {
+            // One stored permit however many come: the connection's watch takes it once.
             ctx.too_many_cancels.notify_one();
         }
     }
@@ -1377,8 +1383,18 @@ async fn run_connection<C: ServerConn>(
                 tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle, its stream not cut alone: connection closed");
                 Some(Ok(()))
             }
-            // Closed at once, its streams with it: what it has in flight is what it resets.
-            Control::Cancels => Some(Ok(())),
+            // GOAWAY, and a second for the streams in flight (what such a client has in
+            // flight is mostly what it resets); then closed.
+            Control::Cancels => {
+                tracing::info!(
+                    peer = %ctx.peer,
+                    cancelled = ctx.cancelled.load(Ordering::Relaxed),
+                    served = ctx.served.load(Ordering::Relaxed),
+                    "an HTTP/2 client reset most of its streams in flight: its connection closed"
+                );
+                conn.as_mut().graceful_shutdown();
+                tokio::time::timeout(CLOSE_GRACE, conn.as_mut()).await.ok()
+            }
             Control::Park => {
                 // No request in flight: hyper closes at once, between two messages (a head
                 // that has only begun to come is handed back with the stream), and the
@@ -1731,11 +1747,6 @@ mod tests {
         }
     }
 
-    /// An answer is marked its connection's last, to leave with the FIN
-    /// (`client_io::StreamHints::set_last_answer`), only when hyper closes the connection
-    /// after it and all of it is in hand (a node's answer that has all come, or limpet's own):
-    /// not on a connection kept alive, not for a request with a body (hyper may still be
-    /// reading it), not after CONNECT or `Upgrade`, not for an answer still coming.
     /// An HTTP/1 connection hyper will close after its answer is never parked, however long
     /// it stays without a request in flight: its answer's last bytes may still wait on a slow
     /// client, and parked, its close would only flush and keep the socket (an HTTP/1.0
@@ -1761,8 +1772,19 @@ mod tests {
                 .is_ok();
             assert_eq!(parked, !closing, "closing: {closing}");
         }
+        // A request that comes after all (hyper read an unread body through and kept the
+        // connection) clears it: the connection may be parked again.
+        let (_client, _server_side, ctx, _builder, _drain) = accepted(&runtime, &listener).await;
+        ctx.hints.set_closing();
+        drop(ActiveGuard::new(&ctx, Instant::now()));
+        assert!(!ctx.hints.closing());
     }
 
+    /// An answer is marked its connection's last, to leave with the FIN
+    /// (`client_io::StreamHints::set_last_answer`), only when hyper closes the connection
+    /// after it and all of it is in hand (a node's answer that has all come, or limpet's own):
+    /// not on a connection kept alive, not for a request with a body (hyper may still be
+    /// reading it), not after CONNECT or `Upgrade`, not for an answer still coming.
     #[tokio::test]
     async fn only_a_closing_connections_answer_whole_in_hand_is_marked_its_last() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
