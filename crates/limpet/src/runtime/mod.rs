@@ -176,6 +176,9 @@ pub struct Table {
     binding: Binding,
     /// A shared table's store (fleet mode) and its name as the store keys it.
     shared: Option<(Arc<Store>, Arc<str>)>,
+    /// A reload replaced it and let its entries go ([`Table::let_go`]): its snapshot file is
+    /// the new table's from then on (`snapshot::save_snapshot`).
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Table {
@@ -197,6 +200,7 @@ impl Table {
             binding,
             shared: None,
             def,
+            retired: std::sync::atomic::AtomicBool::new(false),
         };
         t.link(shared);
         Ok(t)
@@ -378,6 +382,7 @@ impl Table {
             inner: Arc::clone(&self.inner),
             binding,
             shared: None,
+            retired: std::sync::atomic::AtomicBool::new(false),
         };
         t.link(store);
         t
@@ -396,7 +401,14 @@ impl Table {
     /// reload replaced ([`State::replaced_tables`]). Under one lock: a million entries take
     /// tens of milliseconds, and only the generation before the reload waits for it.
     pub fn let_go(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::Release);
         self.lock().store_mut().let_go();
+    }
+
+    /// Whether a reload replaced the table ([`Table::let_go`]).
+    pub(crate) fn retired(&self) -> bool {
+        self.retired.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Pins `key` to `node` of this generation (a learned answer header), `topology` being

@@ -221,6 +221,14 @@ pub fn save_snapshot(table: &Table) -> Option<std::io::Result<usize>> {
     let _one = lock
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // A table a reload replaced (keyed anew, or its file given to another) saves no more:
+    // its save, begun before the reload and let in after the new table's, wrote the old
+    // table's entries (let go by then: none) over the new table's, which a crash before
+    // the new table's next save then lost.
+    if table.retired() {
+        tracing::debug!(table = %table.def.name, "snapshot of a table a reload replaced: not saved");
+        return None;
+    }
     // On the wall clock as it reads now, which is what a limpet started later anchors its
     // clock to: this process's clock is apart from it by any step the wall clock took since
     // it started (an NTP step of hours on a machine whose clock was off), and a file on it
@@ -608,6 +616,58 @@ mod tests {
             .peek_idle(key, now_ms())
             .map(|(_, idle)| idle);
         assert!(idle.is_some_and(|i| i < 60_000), "idle {idle:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A table a reload replaced saves no more: its save, let in after the new table's
+    /// (begun before the reload, on a slow disk), leaves the file the new table's. Before, it
+    /// wrote the old table's entries, let go by then, over them: an empty snapshot until the
+    /// new table's next save, and a crash meanwhile lost every pin.
+    #[test]
+    fn a_table_a_reload_replaced_does_not_save_over_the_new_one() {
+        use limpet_core::table::{AffinityStore, IpPrefix, KeyRef, KeySpec};
+        let dir = scratch("replaced");
+        let path = dir.join("t.snapshot");
+        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let table = |node: &str| {
+            let def = crate::config::TableDef {
+                name: "t".into(),
+                key: KeySpec::SourceIp(IpPrefix::HOST),
+                expire: std::time::Duration::from_secs(600),
+                size: 100,
+                snapshot: Some(crate::config::SnapshotDef {
+                    path: path.clone(),
+                    interval: None,
+                }),
+                shared: false,
+            };
+            let t =
+                super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"));
+            {
+                let mut l = t.lock();
+                let s = l.store_mut();
+                let n = s.intern(node).unwrap_or_else(|| panic!("intern"));
+                s.put(
+                    KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
+                    n,
+                    now_ms(),
+                );
+            }
+            t
+        };
+        let (old, new) = (table("a"), table("b"));
+        assert!(matches!(save_snapshot(&new), Some(Ok(_))));
+        old.let_go();
+        assert!(save_snapshot(&old).is_none(), "the replaced table's save");
+        let bytes = read_snapshot(&path).unwrap_or_else(|e| panic!("{e:?}"));
+        let snap = decode_snapshot(&bytes, now_ms(), 600_000).unwrap_or_else(|e| panic!("{e}"));
+        let nodes: Vec<&str> = snap
+            .entries
+            .iter()
+            .filter_map(|e| snap.node_name(e))
+            .collect();
+        assert_eq!(nodes, ["b"], "the new table's pins");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
