@@ -620,7 +620,35 @@ fn cookie_path_and_domain_that_cannot_be_sent_are_refused_at_their_line() {
     }
 }
 
+/// A cookie `max_age` under a second, or not a whole number of seconds, is refused at its
+/// line: `Max-Age` counts whole seconds, and `Max-Age=0` has a browser delete the cookie, so
+/// every pin limpet sent unpinned its client at once (before, "500ms" loaded as 0).
+#[test]
+fn a_cookie_max_age_under_a_second_is_refused_at_its_line() {
+    let listener = |max_age: &str| {
+        format!(
+            "{NODES}{TWO_LISTENERS}\n[listeners.cookie]\nname = \"srv\"\nmax_age = \"{max_age}\"\n"
+        )
+    };
+    for bad in ["0s", "500ms", "1500ms"] {
+        let text = listener(bad);
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!(
+                "{}listeners[1].cookie.max_age: ",
+                at_value(&text, &format!("max_age = \"{bad}\""))
+            )),
+            "{bad}: {e}"
+        );
+    }
+    let text = listener("8h");
+    let cfg = Config::from_text(Path::new("limpet.toml"), &text).unwrap_or_else(|e| panic!("{e}"));
+    let spec = &cfg.listeners[1].cookie.as_ref().expect("a cookie").spec;
+    assert!(spec.set_cookie("a", false).contains("Max-Age=28800"));
+}
+
 /// `[listeners.check]` errors point at the offending value (not the listener's name) and
+/// name the listener by its index, table or inline./// `[listeners.check]` errors point at the offending value (not the listener's name) and
 /// name the listener by its index, table or inline.
 #[test]
 fn check_errors_name_the_offending_value_and_the_listener_index() {

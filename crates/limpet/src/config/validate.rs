@@ -959,7 +959,17 @@ impl Validator<'_> {
             spec.domain = Some(d.get_ref().as_str().into());
         }
         if let Some(m) = &r.max_age {
-            spec.max_age = Some(m.get_ref().0.as_secs());
+            // `Max-Age` counts whole seconds, and 0 deletes the cookie: under a second, every
+            // pin limpet sent would have unpinned its client at once.
+            let d = m.get_ref().0;
+            if d < std::time::Duration::from_secs(1) || d.subsec_nanos() != 0 {
+                return Err(self.err(
+                    m,
+                    format!("{key}.max_age"),
+                    "a whole number of seconds, 1 or more (a browser deletes a cookie of Max-Age=0)",
+                ));
+            }
+            spec.max_age = Some(d.as_secs());
         }
         if let Some(h) = r.http_only {
             spec.http_only = h;

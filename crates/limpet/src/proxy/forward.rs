@@ -895,9 +895,7 @@ fn proxy<'a, 'b>(
                 issued_ms.or(p.issued_ms).unwrap_or(now),
                 now,
             );
-            if let Some(v) = a.set_cookie(&value, ctx.tls) {
-                rheaders.append(header::SET_COOKIE, v);
-            }
+            let cookie = a.set_cookie(&value, ctx.tls);
             let home = match chosen.home {
                 HomeWrite::Set(was) => {
                     a.set_home_cookie(&a.encode(topology, was, now, now), ctx.tls)
@@ -905,10 +903,23 @@ fn proxy<'a, 'b>(
                 HomeWrite::Clear => a.clear_home_cookie(ctx.tls),
                 HomeWrite::Keep => None,
             };
-            if let Some(v) = home {
-                rheaders.append(header::SET_COOKIE, v);
+            // A node's answer that fits an HTTP/2 head, but not with the cookie, goes
+            // without it (the client is pinned at its next request): never a 502 for a
+            // cookie.
+            let fits = client_version != Version::HTTP_2 || {
+                let ours: usize = [&cookie, &home]
+                    .into_iter()
+                    .flatten()
+                    .map(|v| header::SET_COOKIE.as_str().len() + v.len() + 32)
+                    .sum();
+                hdr::fits_h2_with(&rheaders, ours + hdr::NO_CACHE_SET_COOKIE_SIZE).is_some()
+            };
+            if fits {
+                for v in [cookie, home].into_iter().flatten() {
+                    rheaders.append(header::SET_COOKIE, v);
+                }
+                hdr::add_no_cache_set_cookie(&mut rheaders);
             }
-            hdr::add_no_cache_set_cookie(&mut rheaders);
         }
         if client_version == Version::HTTP_2 && hdr::too_large_for_h2(&rheaders) {
             return local(

@@ -572,38 +572,59 @@ pub(crate) const H2_MAX_ANSWER_HEAD: usize = 64 * 1024;
 /// Whether `headers` is larger than [`H2_MAX_ANSWER_HEAD`] as a field section (stops
 /// counting once it is).
 pub(crate) fn too_large_for_h2(headers: &HeaderMap) -> bool {
-    let mut size = 0usize;
-    headers.iter().any(|(n, v)| {
-        size += n.as_str().len() + v.len() + 32;
-        size > H2_MAX_ANSWER_HEAD
-    })
+    fits_h2_with(headers, 0).is_none()
 }
+
+/// What `headers` and `more` bytes of fields (as a field section counts them) leave of
+/// [`H2_MAX_ANSWER_HEAD`]; `None` when they do not fit (counting stops there).
+pub(crate) fn fits_h2_with(headers: &HeaderMap, more: usize) -> Option<usize> {
+    let mut size = more;
+    for (n, v) in headers {
+        size += n.as_str().len() + v.len() + 32;
+        if size > H2_MAX_ANSWER_HEAD {
+            return None;
+        }
+    }
+    H2_MAX_ANSWER_HEAD.checked_sub(size)
+}
+
+/// The most [`add_no_cache_set_cookie`] adds to a field section: its directive, a separator,
+/// and a field of its own.
+pub(crate) const NO_CACHE_SET_COOKIE_SIZE: usize = 13 + 32 + 24;
 
 /// Adds `no-cache="set-cookie"` to `Cache-Control`, keeping the node's directives. Nothing is
 /// added when a stronger directive (`no-store`, `private`, bare `no-cache`) is already there.
 pub(crate) fn add_no_cache_set_cookie(headers: &mut HeaderMap) {
-    const OURS: &str = "no-cache=\"set-cookie\"";
-    let existing: Vec<String> = headers
+    const OURS: &[u8] = b"no-cache=\"set-cookie\"";
+    // As bytes: a node's value that is not text (an extension's quoted value of bytes above
+    // 0x7f) is kept as it came. Read as text, it was left out of the merge and the merged
+    // line replaced it, a `private` beside it lost (a shared cache could then keep the
+    // answer).
+    let existing: Vec<&[u8]> = headers
         .get_all(header::CACHE_CONTROL)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(|v| v.trim().to_owned())
+        .map(|v| v.as_bytes().trim_ascii())
         .filter(|v| !v.is_empty())
         .collect();
     let covered = existing
         .iter()
-        .flat_map(|v| v.split(','))
-        .map(|d| d.trim().to_ascii_lowercase())
-        .any(|d| d == "no-store" || d == "private" || d == "no-cache" || d == OURS);
+        .flat_map(|v| v.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|d| {
+            d.eq_ignore_ascii_case(b"no-store")
+                || d.eq_ignore_ascii_case(b"private")
+                || d.eq_ignore_ascii_case(b"no-cache")
+                || d.eq_ignore_ascii_case(OURS)
+        });
     if covered {
         return;
     }
-    let merged = if existing.is_empty() {
-        OURS.to_owned()
-    } else {
-        format!("{}, {OURS}", existing.join(", "))
-    };
-    if let Ok(v) = HeaderValue::try_from(merged) {
+    let mut merged = existing.join(&b", "[..]);
+    if !merged.is_empty() {
+        merged.extend_from_slice(b", ");
+    }
+    merged.extend_from_slice(OURS);
+    if let Ok(v) = HeaderValue::from_bytes(&merged) {
         headers.insert(header::CACHE_CONTROL, v);
     }
 }
@@ -945,6 +966,28 @@ mod tests {
         assert_eq!(
             h.get("cache-control").map(|v| v.as_bytes()),
             Some(&b"no-store"[..])
+        );
+        // A node's lines that are not text are kept, and a `private` among them counts
+        // (before, such a line was left out of the merge, and its `private` lost).
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CACHE_CONTROL,
+            HeaderValue::from_bytes(b"max-age=5, x=\"\xe9\"").expect("value"),
+        );
+        add_no_cache_set_cookie(&mut h);
+        assert_eq!(
+            h.get("cache-control").map(|v| v.as_bytes()),
+            Some(&b"max-age=5, x=\"\xe9\", no-cache=\"set-cookie\""[..])
+        );
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CACHE_CONTROL,
+            HeaderValue::from_bytes(b"private, x=\"\xe9\"").expect("value"),
+        );
+        add_no_cache_set_cookie(&mut h);
+        assert_eq!(
+            h.get("cache-control").map(|v| v.as_bytes()),
+            Some(&b"private, x=\"\xe9\""[..])
         );
     }
 }
