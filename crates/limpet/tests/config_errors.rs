@@ -402,6 +402,26 @@ fn tls_files_are_checked_when_the_config_is() {
     );
     let e = error(&text);
     assert!(e.contains("listeners[0].tls.certs[0].names: "), "{e}");
+    // One name on two certificates (without regard to case): the SNI resolver would keep the
+    // second alone, silently; refused at the second's name.
+    let (cert2, key2) = pki.issue("three", &["print.example"]);
+    let text = format!(
+        "{NODES}[[listeners]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\nnode_port = 443\n\
+         [[listeners.tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\nnames = [\"print.example\"]\n\
+         [[listeners.tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\nnames = [\"Print.Example\"]\n",
+        cert.display(),
+        key.display(),
+        cert2.display(),
+        key2.display()
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].tls.certs[1].names: ",
+            at(&text, "\"Print.Example\"")
+        )),
+        "{e}"
+    );
     // The good pair passes.
     Config::from_text(Path::new("limpet.toml"), &listener(&cert, &key)).expect("valid TLS config");
 }
@@ -647,8 +667,35 @@ fn a_cookie_max_age_under_a_second_is_refused_at_its_line() {
     assert!(spec.set_cookie("a", false).contains("Max-Age=28800"));
 }
 
+/// limpet's cookie named as its table's application cookie (or its `-home` so) is refused
+/// at the cookie's name: limpet strips its cookie from requests and drops a node's
+/// `Set-Cookie` of that name, so the application would lose its session (HAProxy's `cookie
+/// JSESSIONID prefix` carried over). Another name loads.
+#[test]
+fn a_cookie_named_as_the_table_s_application_cookie_is_refused_at_its_name() {
+    let text = |cookie: &str, app: &str| {
+        format!(
+            "{NODES}[[tables]]\nname = \"s\"\napp_cookie = \"{app}\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\ntable = \"s\"\n\
+             [listeners.cookie]\nname = \"{cookie}\"\n"
+        )
+    };
+    for (cookie, app) in [("JSESSIONID", "JSESSIONID"), ("srv", "srv-home")] {
+        let t = text(cookie, app);
+        let e = error(&t);
+        assert!(
+            e.starts_with(&format!(
+                "{}listeners[0].cookie.name: ",
+                at_value(&t, &format!("name = \"{cookie}\""))
+            )),
+            "{cookie}: {e}"
+        );
+    }
+    let t = text("route", "JSESSIONID");
+    assert!(Config::from_text(Path::new("limpet.toml"), &t).is_ok());
+}
+
 /// `[listeners.check]` errors point at the offending value (not the listener's name) and
-/// name the listener by its index, table or inline./// `[listeners.check]` errors point at the offending value (not the listener's name) and
 /// name the listener by its index, table or inline.
 #[test]
 fn check_errors_name_the_offending_value_and_the_listener_index() {
@@ -1062,6 +1109,29 @@ fn errors_found_by_review_name_their_own_place() {
             at(&text, "\"limpet.toml\"")
         )
     );
+    // The config reached another way: through `..`, or by its absolute path (the config is
+    // `limpet.toml` in the working directory).
+    let here = std::env::current_dir().expect("working directory");
+    let dir = here
+        .file_name()
+        .expect("a directory name")
+        .to_string_lossy();
+    for other in [
+        format!("../{dir}/limpet.toml"),
+        here.join("limpet.toml").display().to_string(),
+    ] {
+        let text = format!(
+            "{NODES}{L}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\nsnapshot = \"{other}\"\n"
+        );
+        assert_eq!(
+            error(&text),
+            format!(
+                "{}tables[0].snapshot: is this configuration file itself",
+                at(&text, &format!("\"{other}\""))
+            ),
+            "{other}"
+        );
+    }
 
     // The admin state file: not the config, not a table's snapshot, not empty.
     let text = format!(

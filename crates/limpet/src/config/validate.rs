@@ -132,14 +132,27 @@ struct Validator<'a> {
     dir: PathBuf,
 }
 
-/// Two paths naming one file as written, `.` components aside (`./pins.snap` is
-/// `pins.snap`); links are not followed.
+/// Two paths naming one file: each made absolute (from the working directory) and its `.`
+/// and `..` components folded (`./pins.snap` is `pins.snap`, `../etc/limpet.toml` from
+/// `/etc` is `/etc/limpet.toml`, an absolute path is its relative one). Links are not
+/// followed.
 fn same_path(a: &Path, b: &Path) -> bool {
-    fn parts(p: &Path) -> impl Iterator<Item = std::path::Component<'_>> {
-        p.components()
-            .filter(|c| *c != std::path::Component::CurDir)
+    fn normal(p: &Path) -> PathBuf {
+        use std::path::Component;
+        let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+        let mut out = PathBuf::new();
+        for c in abs.components() {
+            match c {
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    out.pop();
+                }
+                other => out.push(other),
+            }
+        }
+        out
     }
-    parts(a).eq(parts(b))
+    normal(a) == normal(b)
 }
 
 fn span<T>(s: &Spanned<T>) -> Option<std::ops::Range<usize>> {
@@ -640,7 +653,7 @@ impl Validator<'_> {
                         }
                     }
                     let path = self.file(p.get_ref());
-                    // Compared by components (`./pins.snap` is `pins.snap`): a save would
+                    // Compared as files (`./pins.snap` is `pins.snap`, see `same_path`): a save would
                     // overwrite the config, or two tables would load each other's pins and
                     // write over each other's saves.
                     if same_path(&path, self.src.file) {
@@ -779,6 +792,28 @@ impl Validator<'_> {
             (None, Mode::Http) if table.is_none() => Some(CookieConfig::default()),
             (None, _) => None,
         };
+        // limpet takes its cookie out of every request and drops a node's `Set-Cookie` of its
+        // name: named as the table's application cookie (HAProxy's `cookie JSESSIONID prefix`
+        // carried over), the application's own session would never reach it again.
+        if let (Some(c), Some(t)) = (&cookie, &table) {
+            let app = tables
+                .iter()
+                .find(|d| &d.name == t)
+                .and_then(|d| match &d.key {
+                    KeySpec::AppCookie(name) => Some(name),
+                    _ => None,
+                });
+            let ours = [c.spec.name.to_string(), format!("{}-home", c.spec.name)];
+            if let Some(app) = app.filter(|a| ours.iter().any(|o| o == &***a)) {
+                let msg = format!(
+                    "{app:?} is table {t:?}'s application cookie: limpet's own cookie (and its `-home`) needs another name, or the application loses its session"
+                );
+                return Err(match l.cookie.as_ref().and_then(|r| r.name.as_ref()) {
+                    Some(n) => self.err(n, format!("{key}.cookie.name"), msg),
+                    None => self.err(&l.name, format!("{key}.cookie.name"), msg),
+                });
+            }
+        }
         let balance = match l.balance {
             Some(RawBalance::LeastConn) => Balance::LeastConn,
             Some(RawBalance::RoundRobin) | None => Balance::RoundRobin,
@@ -1120,6 +1155,25 @@ impl Validator<'_> {
                 return Err(self.err(k, format!("{key}.cert"), "`key` needs `cert`"))
             }
             (None, None) => {}
+        }
+        // A name given to two certificates: the SNI resolver keeps the last it is given (names
+        // compared without case), so the first would never be served; say so at the second.
+        let mut named: Vec<(String, usize)> = Vec::new();
+        for (i, c) in r.certs.iter().enumerate() {
+            for n in &c.names {
+                let lower = n.get_ref().to_ascii_lowercase();
+                if let Some((_, first)) = named.iter().find(|(m, _)| *m == lower) {
+                    return Err(self.err(
+                        n,
+                        format!("{key}.certs[{i}].names"),
+                        format!(
+                            "{:?} is already a name of {key}.certs[{first}]: a name goes to one certificate",
+                            n.get_ref()
+                        ),
+                    ));
+                }
+                named.push((lower, i));
+            }
         }
         for (i, c) in r.certs.iter().enumerate() {
             entries.push(Entry {
