@@ -695,6 +695,47 @@ fn a_cookie_named_as_the_table_s_application_cookie_is_refused_at_its_name() {
     assert!(Config::from_text(Path::new("limpet.toml"), &t).is_ok());
 }
 
+/// The HTTP listeners' timeouts and `trusted_proxies` on a tcp listener are refused at their
+/// line: taken and never used, a `tunnel_idle = "1h"` (HAProxy's `timeout tunnel` carried
+/// over) left the sessions ending at `idle` all the same, and `limpet check` said nothing.
+#[test]
+fn http_only_settings_on_a_tcp_listener_are_refused_at_their_line() {
+    let tcp = |extra: &str| {
+        format!(
+            "{NODES}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = 9100\n{extra}"
+        )
+    };
+    for k in [
+        "upstream_answer",
+        "client_idle",
+        "answer_body_idle",
+        "tunnel_idle",
+        "upstream_idle",
+    ] {
+        let text = tcp(&format!("[listeners.timeouts]\n{k} = \"1h\"\n"));
+        let e = error(&text);
+        assert!(
+            e.starts_with(&format!(
+                "{}listeners[0].timeouts.{k}: only for mode = \"http\"",
+                at_value(&text, &format!("{k} = \"1h\""))
+            )),
+            "{k}: {e}"
+        );
+    }
+    let text = tcp("trusted_proxies = [\"10.0.0.0/8\"]\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].trusted_proxies: only for mode = \"http\"",
+            at(&text, "\"10.0.0.0/8\"")
+        )),
+        "{e}"
+    );
+    // What a tcp listener runs on loads.
+    let text = tcp("[listeners.timeouts]\nidle = \"1h\"\nconnect = \"2s\"\nheader_read = \"5s\"\n");
+    assert!(Config::from_text(Path::new("limpet.toml"), &text).is_ok());
+}
+
 /// `[listeners.check]` errors point at the offending value (not the listener's name) and
 /// name the listener by its index, table or inline.
 #[test]

@@ -855,6 +855,27 @@ impl Validator<'_> {
                     return Err(self.err(d, format!("{key}.timeouts.{k}"), "must be more than 0"));
                 }
             }
+            // A tcp listener's sessions run on `idle` (both ways), `connect`, `queue`,
+            // `proxy_header`, `header_read` (a TLS handshake) and `drain`: the HTTP ones would
+            // be taken and never used (HAProxy's `timeout tunnel` carried over as `tunnel_idle`,
+            // the sessions still ending at `idle`).
+            if mode == Mode::Tcp {
+                for (d, k) in [
+                    (&t.upstream_answer, "upstream_answer"),
+                    (&t.client_idle, "client_idle"),
+                    (&t.answer_body_idle, "answer_body_idle"),
+                    (&t.tunnel_idle, "tunnel_idle"),
+                    (&t.upstream_idle, "upstream_idle"),
+                ] {
+                    if let Some(d) = d {
+                        return Err(self.err(
+                            d,
+                            format!("{key}.timeouts.{k}"),
+                            "only for mode = \"http\" (a tcp listener's sessions end at `idle`)",
+                        ));
+                    }
+                }
+            }
             let get = |d: &Option<Spanned<Dur>>| d.as_ref().map(|d| d.get_ref().0);
             let set = |d: &Option<Spanned<Dur>>, slot: &mut Duration| {
                 if let Some(d) = get(d) {
@@ -904,6 +925,13 @@ impl Validator<'_> {
             });
         }
         let mut trusted_proxies = Vec::new();
+        if let (Mode::Tcp, Some(a)) = (mode, l.trusted_proxies.iter().flatten().next()) {
+            return Err(self.err(
+                a,
+                format!("{key}.trusted_proxies"),
+                "only for mode = \"http\" (X-Forwarded-For); a tcp listener trusts PROXY headers with `proxy_protocol.accept_from`",
+            ));
+        }
         for a in l.trusted_proxies.iter().flatten() {
             trusted_proxies.push(self.net(a, &format!("{key}.trusted_proxies"))?);
         }
