@@ -37,6 +37,64 @@ fn bad_arguments_exit_2_with_a_clear_message() {
     }
 }
 
+/// `limpet proxy` refuses what a config file refuses: a `--fail-timeout` under 100 ms (at 0
+/// every request tried a DOWN node, and `--max-slow-answers` had no window), and a node at
+/// its own listening address (each request would come back to it, until connections ran
+/// out). Before, both ran. Each run is bounded: one that starts serving is killed, and fails.
+#[tokio::test]
+async fn a_fail_timeout_under_100ms_or_a_node_at_its_own_address_is_refused() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let own = format!("127.0.0.1:{port}");
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--to",
+                "127.0.0.1:1",
+                "--fail-timeout",
+                "0s",
+            ],
+            "fail timeout",
+        ),
+        (
+            vec![
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--to",
+                "127.0.0.1:1",
+                "--fail-timeout",
+                "50ms",
+            ],
+            "fail timeout",
+        ),
+        (
+            vec!["proxy", "--listen", &own, "--to", &own],
+            "forward to itself",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_limpet"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(PATIENCE, out)
+            .await
+            .unwrap_or_else(|_| panic!("{args:?}: still running (not refused)"))
+            .expect("run limpet");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
 /// `limpet run --upgrade-limit 0s` is refused before anything else (the config named does
 /// not exist): every successor SIGUSR2 started would be killed at its start. A duration that
 /// does not parse is refused the same way; one that does is taken (the error is then about

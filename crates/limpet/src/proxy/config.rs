@@ -70,6 +70,11 @@ impl ProxyConfig {
                 "max client connections must be at least 1".into(),
             ));
         }
+        // As a config file's `health.fail_timeout`: at 0 a DOWN node's trial is due at once
+        // (every request tries it), and `max_slow_answers` has no window to count in.
+        if self.health.fail_timeout_ms < 100 {
+            return Err(ConfigError("fail timeout must be at least 100 ms".into()));
+        }
         Ok(())
     }
 }
@@ -81,6 +86,23 @@ impl ProxyConfig {
     pub fn to_config(&self, bind: SocketAddr) -> Result<crate::config::Config, ConfigError> {
         use crate::config::{Config, ListenerDef, Mode, NodeDef, ProxyProtocolDef, TcpDef};
         self.validate()?;
+        // A node at the proxy's own address (its port, on the address it listens on, or on
+        // loopback when it listens on every address): each request would come back to it,
+        // as a config file's listener is refused for (`node_port` at its own `bind`).
+        if bind.port() != 0 {
+            let own = |a: &SocketAddr| {
+                a.port() == bind.port()
+                    && (a.ip() == bind.ip()
+                        || (bind.ip().is_unspecified()
+                            && (a.ip().is_loopback() || a.ip().is_unspecified())))
+            };
+            if let Some(n) = self.nodes.iter().find(|n| own(&n.addr)) {
+                return Err(ConfigError(format!(
+                    "node {:?} at {} is the proxy's own address {bind}: limpet would forward to itself",
+                    n.name, n.addr
+                )));
+            }
+        }
         let listener = ListenerDef {
             name: "proxy".into(),
             bind: vec![bind],
