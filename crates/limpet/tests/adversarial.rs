@@ -724,6 +724,22 @@ async fn head_node() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
+/// An HTTP/2 client connection to `addr` that takes any answer head, to see what limpet
+/// sends; its connection driven by a task of its own.
+async fn h2_taking_any_head(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .max_header_list_size(4 << 20)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
 /// A node answer head too large for HTTP/2 clients (they bound the CONTINUATION frames they
 /// read, and nghttp2's drop the whole connection past 8: every other stream is lost, chaos
 /// run) is that stream's 502, and the connection serves its next streams; a head under the
@@ -736,15 +752,7 @@ async fn an_answer_head_too_large_for_http2_is_that_stream_s_502_and_the_connect
         addr: node,
     }]))
     .await;
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            // The test's client takes any head, to see what limpet sends.
-            .max_header_list_size(4 << 20)
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = h2_taking_any_head(proxy.addr).await;
     let mut status_of = async |kib: usize| {
         let req = http::Request::get(format!("http://{}/head?kib={kib}", proxy.addr))
             .body(http_body_util::Empty::<Bytes>::new())
@@ -784,14 +792,7 @@ async fn an_answer_that_fits_http2_only_without_the_cookie_goes_without_it() {
         addr: node,
     }]))
     .await;
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .max_header_list_size(4 << 20)
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = h2_taking_any_head(proxy.addr).await;
     // `content-length: 2` (47 as HTTP/2 counts it) and `x-pad` (37 and the padding).
     let pad = 64 * 1024 - 60 - 47 - 37;
     for cookie in [None, Some("route=n")] {

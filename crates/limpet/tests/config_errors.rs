@@ -422,6 +422,14 @@ fn tls_files_are_checked_when_the_config_is() {
         )),
         "{e}"
     );
+    // One certificate naming a name twice maps it to itself: it loads.
+    let text = format!(
+        "{NODES}[[listeners]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\nnode_port = 443\n\
+         [[listeners.tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\nnames = [\"print.example\", \"Print.Example\"]\n",
+        cert.display(),
+        key.display()
+    );
+    Config::from_text(Path::new("limpet.toml"), &text).expect("a name twice on one certificate");
     // The good pair passes.
     Config::from_text(Path::new("limpet.toml"), &listener(&cert, &key)).expect("valid TLS config");
 }
@@ -680,8 +688,11 @@ fn a_cookie_named_as_the_table_s_application_cookie_is_refused_at_its_name() {
              [listeners.cookie]\nname = \"{cookie}\"\n"
         )
     };
-    for (cookie, app) in [("JSESSIONID", "JSESSIONID"), ("srv", "srv-home")] {
-        let t = text(cookie, app);
+    for (cookie, app, failback) in [
+        ("JSESSIONID", "JSESSIONID", ""),
+        ("srv", "srv-home", "failback = \"home\"\n"),
+    ] {
+        let t = format!("{}{failback}", text(cookie, app));
         let e = error(&t);
         assert!(
             e.starts_with(&format!(
@@ -691,8 +702,15 @@ fn a_cookie_named_as_the_table_s_application_cookie_is_refused_at_its_name() {
             "{cookie}: {e}"
         );
     }
-    let t = text("route", "JSESSIONID");
-    assert!(Config::from_text(Path::new("limpet.toml"), &t).is_ok());
+    // Another name loads, and so does a `-home` name without `failback = "home"` (no such
+    // cookie is made then).
+    for (cookie, app) in [("route", "JSESSIONID"), ("srv", "srv-home")] {
+        let t = text(cookie, app);
+        assert!(
+            Config::from_text(Path::new("limpet.toml"), &t).is_ok(),
+            "{cookie} {app}"
+        );
+    }
 }
 
 /// The HTTP listeners' timeouts and `trusted_proxies` on a tcp listener are refused at their

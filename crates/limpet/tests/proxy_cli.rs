@@ -48,7 +48,7 @@ async fn a_fail_timeout_under_100ms_or_a_node_at_its_own_address_is_refused() {
         .expect("a free port")
         .port();
     let own = format!("127.0.0.1:{port}");
-    let cases: [(Vec<&str>, &str); 3] = [
+    let cases: [(Vec<&str>, &str); 5] = [
         (
             vec![
                 "proxy",
@@ -77,11 +77,19 @@ async fn a_fail_timeout_under_100ms_or_a_node_at_its_own_address_is_refused() {
             vec!["proxy", "--listen", &own, "--to", &own],
             "forward to itself",
         ),
+        (
+            vec!["proxy", "--listen", &own, "--to", &own, "--threads", "1"],
+            "forward to itself",
+        ),
+        (
+            vec!["proxy", "--listen", &own, "--to", &own, "--threads", "2"],
+            "forward to itself",
+        ),
     ];
     for (args, says) in cases {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_limpet"))
             .args(&args)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .output();
@@ -92,6 +100,9 @@ async fn a_fail_timeout_under_100ms_or_a_node_at_its_own_address_is_refused() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
+        // Refused before `listening on`, which scripts wait for.
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(!said.contains("listening on"), "{args:?}: {said}");
     }
 }
 

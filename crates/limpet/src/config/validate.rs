@@ -803,8 +803,12 @@ impl Validator<'_> {
                     KeySpec::AppCookie(name) => Some(name),
                     _ => None,
                 });
-            let ours = [c.spec.name.to_string(), format!("{}-home", c.spec.name)];
-            if let Some(app) = app.filter(|a| ours.iter().any(|o| o == &***a)) {
+            // Its `-home` cookie only with `failback = "home"`.
+            let home = (c.failback == crate::config::Failback::Home)
+                .then(|| format!("{}-home", c.spec.name));
+            let ours = std::iter::once(c.spec.name.to_string()).chain(home);
+            let mut ours = ours;
+            if let Some(app) = app.filter(|a| ours.any(|o| o == ***a)) {
                 let msg = format!(
                     "{app:?} is table {t:?}'s application cookie: limpet's own cookie (and its `-home`) needs another name, or the application loses its session"
                 );
@@ -1190,7 +1194,8 @@ impl Validator<'_> {
         for (i, c) in r.certs.iter().enumerate() {
             for n in &c.names {
                 let lower = n.get_ref().to_ascii_lowercase();
-                if let Some((_, first)) = named.iter().find(|(m, _)| *m == lower) {
+                // One certificate naming a name twice maps it to itself: harmless.
+                if let Some((_, first)) = named.iter().find(|(m, j)| *m == lower && *j != i) {
                     return Err(self.err(
                         n,
                         format!("{key}.certs[{i}].names"),

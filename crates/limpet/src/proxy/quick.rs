@@ -48,7 +48,7 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "route", value_name = "NAME")]
     pub cookie: String,
     /// Without active checks, how long a node taken DOWN by failed connections waits before
-    /// one connection tries it again (nginx's `fail_timeout`).
+    /// one connection tries it again (nginx's `fail_timeout`); 100 ms at least.
     #[arg(long = "fail-timeout", default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_duration)]
     pub fail_timeout: std::time::Duration,
     /// A node that lets this many requests outlast the answer timeout within one
@@ -197,6 +197,12 @@ pub fn run(args: ProxyArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        // What the bound address decides (a node at the proxy's own address) is refused
+        // before `listening on`, which scripts wait for.
+        if let Ok(Err(e)) = listener.local_addr().map(|a| cfg.to_config(a)) {
+            eprintln!("limpet proxy: invalid proxy configuration: {e}");
+            return ExitCode::from(2);
+        }
         let local = listener
             .local_addr()
             .map_or_else(|_| args.listen.clone(), |a| a.to_string());

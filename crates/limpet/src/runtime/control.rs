@@ -719,6 +719,11 @@ async fn reload_locked(
     for n in &removed {
         state.set_admin(n, AdminState::Maint);
     }
+    // The tables it replaces save no more from before the swap: a save of one let in after
+    // the new table's would write its entries over them (`snapshot::save_snapshot`).
+    for t in state.replaced_tables(&next) {
+        t.retire();
+    }
     runtime.swap(next);
     // The tables the reload replaced: their entries go now, not with the last connection of
     // the generation before (a TCP session holds it while open), on a blocking thread;

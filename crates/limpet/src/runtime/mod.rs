@@ -401,9 +401,14 @@ impl Table {
     /// reload replaced ([`State::replaced_tables`]). Under one lock: a million entries take
     /// tens of milliseconds, and only the generation before the reload waits for it.
     pub fn let_go(&self) {
+        self.retire();
+        self.lock().store_mut().let_go();
+    }
+
+    /// A reload replaces the table: its snapshot file is the new table's from now on.
+    pub fn retire(&self) {
         self.retired
             .store(true, std::sync::atomic::Ordering::Release);
-        self.lock().store_mut().let_go();
     }
 
     /// Whether a reload replaced the table ([`Table::let_go`]).

@@ -472,38 +472,10 @@ mod tests {
     /// was neither's.
     #[test]
     fn saves_of_one_file_by_two_tables_take_turns() {
-        use limpet_core::table::{AffinityStore, IpPrefix, KeyRef, KeySpec};
         let dir = scratch("turns");
         let path = dir.join("t.snapshot");
-        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
-            .unwrap_or_else(|e| panic!("{e}"));
         // Two tables of one name and file, as a reload that keys a table anew makes.
-        let table = |node: &str| {
-            let def = crate::config::TableDef {
-                name: "t".into(),
-                key: KeySpec::SourceIp(IpPrefix::HOST),
-                expire: std::time::Duration::from_secs(600),
-                size: 100,
-                snapshot: Some(crate::config::SnapshotDef {
-                    path: path.clone(),
-                    interval: None,
-                }),
-                shared: false,
-            };
-            let t =
-                super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"));
-            {
-                let mut l = t.lock();
-                let s = l.store_mut();
-                let n = s.intern(node).unwrap_or_else(|| panic!("intern"));
-                s.put(
-                    KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
-                    n,
-                    now_ms(),
-                );
-            }
-            std::sync::Arc::new(t)
-        };
+        let table = |node: &str| std::sync::Arc::new(saving_table(&path, 600_000, Some(node)));
         let (old, new) = (table("a"), table("b"));
         let tmp = temporary(&path, std::process::id());
         let made = std::process::Command::new("mkfifo")
@@ -553,28 +525,11 @@ mod tests {
     /// clock, two hours old: past the table's `expire` of one hour, every pin dropped).
     #[tokio::test(start_paused = true)]
     async fn snapshot_files_cross_a_restart_on_the_wall_clock() {
-        use limpet_core::table::{
-            encode_snapshot, AffinityStore, IpPrefix, KeyRef, KeySpec, LruTable, TableConfig,
-        };
+        use limpet_core::table::{encode_snapshot, AffinityStore, KeyRef, LruTable, TableConfig};
         const HOUR: u64 = 3_600_000;
         let dir = scratch("wall");
         let path = dir.join("t.snapshot");
-        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
-            .unwrap_or_else(|e| panic!("{e}"));
-        let table = || {
-            let def = crate::config::TableDef {
-                name: "t".into(),
-                key: KeySpec::SourceIp(IpPrefix::HOST),
-                expire: std::time::Duration::from_millis(HOUR),
-                size: 100,
-                snapshot: Some(crate::config::SnapshotDef {
-                    path: path.clone(),
-                    interval: None,
-                }),
-                shared: false,
-            };
-            super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"))
-        };
+        let table = || saving_table(&path, HOUR, None);
         let key = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1));
         crate::test_util::clock_ahead_of_wall(std::time::Duration::from_millis(2 * HOUR)).await;
         let near = |a: u64, b: u64| a.abs_diff(b) < 60_000;
@@ -625,37 +580,9 @@ mod tests {
     /// new table's next save, and a crash meanwhile lost every pin.
     #[test]
     fn a_table_a_reload_replaced_does_not_save_over_the_new_one() {
-        use limpet_core::table::{AffinityStore, IpPrefix, KeyRef, KeySpec};
         let dir = scratch("replaced");
         let path = dir.join("t.snapshot");
-        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
-            .unwrap_or_else(|e| panic!("{e}"));
-        let table = |node: &str| {
-            let def = crate::config::TableDef {
-                name: "t".into(),
-                key: KeySpec::SourceIp(IpPrefix::HOST),
-                expire: std::time::Duration::from_secs(600),
-                size: 100,
-                snapshot: Some(crate::config::SnapshotDef {
-                    path: path.clone(),
-                    interval: None,
-                }),
-                shared: false,
-            };
-            let t =
-                super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"));
-            {
-                let mut l = t.lock();
-                let s = l.store_mut();
-                let n = s.intern(node).unwrap_or_else(|| panic!("intern"));
-                s.put(
-                    KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
-                    n,
-                    now_ms(),
-                );
-            }
-            t
-        };
+        let table = |node: &str| saving_table(&path, 600_000, Some(node));
         let (old, new) = (table("a"), table("b"));
         assert!(matches!(save_snapshot(&new), Some(Ok(_))));
         old.let_go();
@@ -669,6 +596,37 @@ mod tests {
             .collect();
         assert_eq!(nodes, ["b"], "the new table's pins");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Table `t` of nodes a and b, keyed on the source address, expiring entries after
+    /// `expire_ms` and saving to `path`; with 192.0.2.1 pinned to `node` now, if given.
+    fn saving_table(path: &Path, expire_ms: u64, node: Option<&str>) -> super::super::Table {
+        use limpet_core::table::{AffinityStore, IpPrefix, KeyRef, KeySpec};
+        let topology = limpet_core::Topology::with_weights([("a", 1), ("b", 1)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let def = crate::config::TableDef {
+            name: "t".into(),
+            key: KeySpec::SourceIp(IpPrefix::HOST),
+            expire: std::time::Duration::from_millis(expire_ms),
+            size: 100,
+            snapshot: Some(crate::config::SnapshotDef {
+                path: path.to_owned(),
+                interval: None,
+            }),
+            shared: false,
+        };
+        let t = super::super::Table::new(def, &topology, None).unwrap_or_else(|e| panic!("{e}"));
+        if let Some(node) = node {
+            let mut l = t.lock();
+            let s = l.store_mut();
+            let n = s.intern(node).unwrap_or_else(|| panic!("intern"));
+            s.put(
+                KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
+                n,
+                now_ms(),
+            );
+        }
+        t
     }
 
     fn scratch(tag: &str) -> PathBuf {
