@@ -724,6 +724,17 @@ async fn head_node() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
+/// A proxy to one [`head_node`] (node `n`), and the node's task.
+async fn proxy_to_head_node() -> (Proxy, tokio::task::JoinHandle<()>) {
+    let (node, task) = head_node().await;
+    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr: node,
+    }]))
+    .await;
+    (proxy, task)
+}
+
 /// An HTTP/2 client connection to `addr` that takes any answer head, to see what limpet
 /// sends; its connection driven by a task of its own.
 async fn h2_taking_any_head(
@@ -746,12 +757,7 @@ async fn h2_taking_any_head(
 /// limit passes, and an HTTP/1.1 client still takes the large one.
 #[tokio::test]
 async fn an_answer_head_too_large_for_http2_is_that_stream_s_502_and_the_connection_goes_on() {
-    let (node, task) = head_node().await;
-    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
-        name: "n".into(),
-        addr: node,
-    }]))
-    .await;
+    let (proxy, task) = proxy_to_head_node().await;
     let mut sender = h2_taking_any_head(proxy.addr).await;
     let mut status_of = async |kib: usize| {
         let req = http::Request::get(format!("http://{}/head?kib={kib}", proxy.addr))
@@ -786,12 +792,7 @@ async fn an_answer_head_too_large_for_http2_is_that_stream_s_502_and_the_connect
 /// client got 502 where a client with the cookie got 200.)
 #[tokio::test]
 async fn an_answer_that_fits_http2_only_without_the_cookie_goes_without_it() {
-    let (node, task) = head_node().await;
-    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
-        name: "n".into(),
-        addr: node,
-    }]))
-    .await;
+    let (proxy, task) = proxy_to_head_node().await;
     let mut sender = h2_taking_any_head(proxy.addr).await;
     // `content-length: 2` (47 as HTTP/2 counts it) and `x-pad` (37 and the padding).
     let pad = 64 * 1024 - 60 - 47 - 37;

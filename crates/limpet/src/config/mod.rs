@@ -314,6 +314,17 @@ impl Config {
 pub(crate) const MAX_FILE_BYTES: u64 = 16 << 20;
 
 /// A file's bytes, at most [`MAX_FILE_BYTES`] of them: a longer file is an error.
+/// Whether a connection to `node` comes back to a listener bound at `bind`: the same port,
+/// at the address it binds, or at loopback (or the unspecified address, which reaches it)
+/// when it binds every address. A config file's listener and `limpet proxy` refuse such a
+/// node: each request would be forwarded to limpet again, until connections ran out.
+pub(crate) fn loops_back(bind: SocketAddr, node: SocketAddr) -> bool {
+    node.port() == bind.port()
+        && (node.ip() == bind.ip()
+            || (bind.ip().is_unspecified()
+                && (node.ip().is_loopback() || node.ip().is_unspecified())))
+}
+
 pub(crate) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut bytes = Vec::new();

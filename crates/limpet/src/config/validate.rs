@@ -749,8 +749,10 @@ impl Validator<'_> {
         // limpet, which forwards it again: refuse the loop before it starts.
         for b in bind.iter().filter(|b| b.port() != 0) {
             let to = node_port.unwrap_or(b.port());
-            let own = |ip: IpAddr| ip == b.ip() || (b.ip().is_unspecified() && ip.is_loopback());
-            if let Some(n) = nodes.iter().find(|n| to == b.port() && own(n.addr)) {
+            if let Some(n) = nodes
+                .iter()
+                .find(|n| super::loops_back(*b, SocketAddr::new(n.addr, to)))
+            {
                 return Err(self.err(
                     &l.node_port,
                     format!("{key}.node_port"),

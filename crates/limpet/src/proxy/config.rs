@@ -90,13 +90,11 @@ impl ProxyConfig {
         // loopback when it listens on every address): each request would come back to it,
         // as a config file's listener is refused for (`node_port` at its own `bind`).
         if bind.port() != 0 {
-            let own = |a: &SocketAddr| {
-                a.port() == bind.port()
-                    && (a.ip() == bind.ip()
-                        || (bind.ip().is_unspecified()
-                            && (a.ip().is_loopback() || a.ip().is_unspecified())))
-            };
-            if let Some(n) = self.nodes.iter().find(|n| own(&n.addr)) {
+            if let Some(n) = self
+                .nodes
+                .iter()
+                .find(|n| crate::config::loops_back(bind, n.addr))
+            {
                 return Err(ConfigError(format!(
                     "node {:?} at {} is the proxy's own address {bind}: limpet would forward to itself",
                     n.name, n.addr

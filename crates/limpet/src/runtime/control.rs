@@ -721,14 +721,14 @@ async fn reload_locked(
     }
     // The tables it replaces save no more from before the swap: a save of one let in after
     // the new table's would write its entries over them (`snapshot::save_snapshot`).
-    for t in state.replaced_tables(&next) {
+    let replaced = state.replaced_tables(&next);
+    for t in &replaced {
         t.retire();
     }
     runtime.swap(next);
     // The tables the reload replaced: their entries go now, not with the last connection of
     // the generation before (a TCP session holds it while open), on a blocking thread;
     // awaited once the rest is applied.
-    let replaced = state.replaced_tables(&runtime.state());
     let let_go = (!replaced.is_empty())
         .then(|| tokio::task::spawn_blocking(move || replaced.iter().for_each(|t| t.let_go())));
     let life = Arc::clone(&state.lifecycle);
