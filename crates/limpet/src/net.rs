@@ -488,6 +488,8 @@ pub struct Client {
     /// When the connection was taken: `header_read` runs from here.
     pub accepted: Instant,
     pub tls: bool,
+    /// An HTTP listener's TLS client: where its records stand (`crate::tls::records`).
+    pub records: Option<Arc<crate::tls::RecordClock>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -527,12 +529,26 @@ pub async fn accept_client(
     let (who, stream) = crate::tcp::read_proxy_header(stream, peer, local, &def.proxy_protocol)
         .await
         .map_err(|e| format!("PROXY header refused: {e}"))?;
+    let mut records = None;
     let (io, tls): (Box<dyn Io>, bool) = match &def.tls {
         Some(cfg) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
             let by = accepted + def.timeouts.header_read;
-            match tokio::time::timeout_at(by, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => (Box::new(s), true),
+            let handshake = if def.mode == crate::config::Mode::Http {
+                // Its records are followed for the idle watch (`crate::tls::records`).
+                let clock = Arc::new(crate::tls::RecordClock::default());
+                let watched = crate::tls::RecordWatch::new(stream, Arc::clone(&clock));
+                records = Some(clock);
+                tokio::time::timeout_at(by, acceptor.accept(watched))
+                    .await
+                    .map(|r| r.map(|s| Box::new(s) as Box<dyn Io>))
+            } else {
+                tokio::time::timeout_at(by, acceptor.accept(stream))
+                    .await
+                    .map(|r| r.map(|s| Box::new(s) as Box<dyn Io>))
+            };
+            match handshake {
+                Ok(Ok(s)) => (s, true),
                 Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}")),
                 Err(_) => return Err("TLS handshake timed out".into()),
             }
@@ -545,6 +561,7 @@ pub async fn accept_client(
         local,
         io,
         tls,
+        records,
         accepted,
     })
 }

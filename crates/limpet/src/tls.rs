@@ -12,9 +12,16 @@
 //! Everything that reads a file runs while the config is validated, so a bad path or a key
 //! that does not match its certificate is a config error (with file, line and key), never a
 //! runtime failure.
+//!
+//! An HTTP listener's client streams are read under rustls through [`RecordWatch`], which
+//! follows the record framing so that a record begun and never finished is timed like the
+//! request head inside it ([`records`]).
 
 use std::path::Path;
 use std::sync::Arc;
+
+pub mod records;
+pub use records::{RecordClock, RecordWatch};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;

@@ -582,3 +582,163 @@ async fn an_upgrade_answered_as_limpet_shuts_down_gets_close_1001_after_its_101(
         n.kill().await;
     }
 }
+
+/// The failure model's slow head on a later HTTP/2 stream, over TLS: rustls shows nothing
+/// of a record until it is whole, so a head inside a record that never ends left an HTTP/2
+/// connection looking idle between requests, open for `idle` (30 s here) instead of
+/// `header_read`. A connection kept idle with whole records (the client's PINGs) is not
+/// such a head: it stays open past `header_read` and serves its next request.
+#[tokio::test]
+async fn an_h2_tls_connection_left_inside_a_record_closes_at_header_read() {
+    use tokio::io::AsyncReadExt;
+    const HEADER_READ: std::time::Duration = std::time::Duration::from_secs(1);
+    let pki = Pki::new();
+    let (mut nodes, ports) =
+        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let (c, k) = pki.issue("limpet", &["print.example"]);
+    let dir = TempDir::new("tls-record-time");
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"https\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {http}\ntls = {{ cert = \"{c}\", key = \"{k}\" }}\n\
+         timeouts = {{ header_read = \"1s\", idle = \"30s\" }}\n",
+        http = ports.http,
+        c = c.display(),
+        k = k.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("https").expect("addr");
+    let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+    // A second handle on the socket, to write bytes under TLS and to see the close.
+    let s = s.into_std().expect("std socket");
+    let raw = s.try_clone().expect("clone");
+    let s = tokio::net::TcpStream::from_std(s).expect("tokio socket");
+    let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tls = tokio_rustls::TlsConnector::from(pki.client(&[b"h2"]))
+        .connect(
+            ServerName::try_from("print.example").expect("name"),
+            Silenced {
+                socket: s,
+                silent: Arc::clone(&silent),
+            },
+        )
+        .await
+        .expect("handshake");
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(std::time::Duration::from_millis(200))
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(tls))
+        .await
+        .expect("h2 handshake");
+    let conn_task = tokio::spawn(conn);
+    let get = |send: &mut hyper::client::conn::http2::SendRequest<Empty<bytes::Bytes>>| {
+        let req = http::Request::builder()
+            .uri("https://print.example/")
+            .body(Empty::<bytes::Bytes>::new())
+            .expect("request");
+        send.send_request(req)
+    };
+    let first = get(&mut send).await.expect("first answer");
+    assert_eq!(first.status(), 200);
+    first.into_body().collect().await.expect("first body");
+    // Idle for over twice `header_read`, PINGs coming in whole records: still open.
+    tokio::time::sleep(HEADER_READ * 5 / 2).await;
+    let second = get(&mut send).await.expect("answered after PINGs alone");
+    assert_eq!(second.status(), 200);
+    second.into_body().collect().await.expect("second body");
+    // The client's TLS side goes quiet (nothing it writes reaches the socket, which stays
+    // open through `raw`), and an application-data record of 100 bytes begins under it:
+    // its header and three bytes.
+    silent.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(send);
+    conn_task.abort();
+    let _ = conn_task.await;
+    let mut raw = tokio::net::TcpStream::from_std(raw).expect("tokio socket");
+    raw.write_all(&[23, 3, 3, 0, 100, 1, 2, 3])
+        .await
+        .expect("a record begun");
+    let begun = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(HEADER_READ * 4, async {
+        loop {
+            match raw.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {} // GOAWAY, close_notify
+            }
+        }
+    })
+    .await;
+    let took = begun.elapsed();
+    assert!(
+        closed.is_ok(),
+        "still open {took:?} after the record began, header_read being {HEADER_READ:?}"
+    );
+    assert!(
+        took >= HEADER_READ && took < HEADER_READ * 3,
+        "closed {took:?} after the record began, header_read being {HEADER_READ:?}"
+    );
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// A client's socket that can be silenced: from then on what is written to it is dropped, its
+/// shutdown does nothing and nothing is read from it, so another handle on the socket has it
+/// to itself.
+struct Silenced {
+    socket: tokio::net::TcpStream,
+    silent: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Silenced {
+    fn is_silent(&self) -> bool {
+        self.silent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl tokio::io::AsyncRead for Silenced {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.is_silent() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.socket).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Silenced {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.is_silent() {
+            return std::task::Poll::Ready(Ok(buf.len()));
+        }
+        std::pin::Pin::new(&mut self.socket).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.is_silent() {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.socket).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.is_silent() {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.socket).poll_shutdown(cx)
+    }
+}

@@ -405,6 +405,9 @@ pub(crate) struct ConnCtx {
     /// ([`Unanswered`]), and the notice that they reached [`cancel_limit`].
     cancelled: std::sync::atomic::AtomicU32,
     too_many_cancels: tokio::sync::Notify,
+    /// Over TLS: where the client's records stand (`crate::tls::records`), for
+    /// [`idle_watch`].
+    records: Option<Arc<crate::tls::RecordClock>>,
 }
 
 impl ConnCtx {
@@ -450,7 +453,14 @@ impl ConnCtx {
             slot: std::sync::Mutex::new(None),
             cancelled: std::sync::atomic::AtomicU32::new(0),
             too_many_cancels: tokio::sync::Notify::new(),
+            records: None,
         }
+    }
+
+    /// A TLS connection whose records `records` follows.
+    pub(crate) fn reading_records(mut self, records: Option<Arc<crate::tls::RecordClock>>) -> Self {
+        self.records = records;
+        self
     }
 
     /// The connection as taken at `accepted` (before its PROXY header and TLS handshake):
@@ -758,7 +768,9 @@ async fn stall_watch(ctx: &ConnCtx) {
 /// from its first bytes, whatever else is in flight; h2 surfaces no request until its head
 /// is whole, so without this a stalled head on a later stream would count as idle time and
 /// hold the connection for `idle`. It is looked at every quarter of `header_read`, so it is
-/// closed within 1.25 `header_read`.
+/// closed within 1.25 `header_read`. Over TLS no frame header shows until its record is
+/// whole: a TLS record begun and not finished while no request is in flight is given
+/// `header_read` too (`crate::tls::records`).
 async fn idle_watch(ctx: &ConnCtx, h1: bool) {
     loop {
         // Read at each look: limits a reload set apply to the connections open before it
@@ -773,9 +785,21 @@ async fn idle_watch(ctx: &ConnCtx, h1: bool) {
         }
         let between = if h1 { step } else { t.keep_alive_idle };
         if !h1 {
-            if let Some(open) = ctx.hints.head_open_for(crate::clock::now_ms()) {
+            let now_ms = crate::clock::now_ms();
+            if let Some(open) = ctx.hints.head_open_for(now_ms) {
                 if open >= t.header_read {
                     tracing::debug!(peer = %ctx.peer, "an HTTP/2 request head unfinished for header_read: connection closed");
+                    return;
+                }
+            }
+            // Over TLS, a head inside a record that never ends shows nothing above rustls:
+            // with no request in flight, a record unfinished for `header_read` is taken for
+            // one. (With a request in flight the record may be its upload's, which a slow
+            // link sends slower than that; the connection is in use then anyway.)
+            let record = ctx.records.as_ref().and_then(|r| r.open_for(now_ms));
+            if let (Some(open), Some(idle)) = (record, ctx.idle_for()) {
+                if open.min(idle) >= t.header_read {
+                    tracing::debug!(peer = %ctx.peer, "a TLS record unfinished for header_read on an idle HTTP/2 connection: connection closed");
                     return;
                 }
             }
@@ -1096,7 +1120,8 @@ pub async fn serve_listener_on(
                         let ctx = Arc::new(
                             ConnCtx::new(generations, current, c.who.client, c.tcp_peer, c.tls)
                                 .holding(permit)
-                                .since(c.accepted),
+                                .since(c.accepted)
+                                .reading_records(c.records),
                         );
                         serve_connection(ctx, builder, c.io).await;
                     }
