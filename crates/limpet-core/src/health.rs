@@ -40,8 +40,10 @@
 //!   ([`Observation::CheckPassed`]) clears both.
 //! - A *trial* is one request to a DOWN node (no checks) once its `retry_at` has passed.
 //!   [`Health::claim_trial`] hands it to one caller; while the claim holds (the caller's
-//!   connect and answer timeouts), nobody else tries, so a node that is not back costs one
-//!   request per `fail_timeout`, never the traffic of a whole probation. The caller
+//!   connect and answer timeouts, or until the caller gives it back with the outcome:
+//!   [`Health::trial_abandoned`]), nobody else tries, whatever failures of earlier requests
+//!   arrive meanwhile, so a node that is not back costs one request per `fail_timeout`,
+//!   never the traffic of a whole probation. The caller
 //!   connects first and fails over if the trial is refused; a hung node's trial waits for
 //!   its answer timeout, and an idempotent request is then replayed elsewhere.
 //! - A node back from a trial is on probation: its failure streak starts at `fall - 1`, so
@@ -425,13 +427,15 @@ impl Health {
     }
 
     /// Whether `other` routes exactly like this one: the same state, the same trial time and
-    /// the same trial claim (an early trial waits for the claim to end).
+    /// the same trial claim, in flight or not (an early trial waits for the claim to end, and
+    /// no trial is due while one is in flight).
     /// The failure or success streak does not route; the I/O layer rebuilds its routing
     /// snapshot only when this changes, not on every streak step.
     pub fn routes_like(&self, other: &Health) -> bool {
         self.up == other.up
             && self.retry_at_ms == other.retry_at_ms
             && self.claimed_until_ms == other.claimed_until_ms
+            && self.trying == other.trying
     }
 
     /// Whether an [`Observation::TrafficOk`] (or a [`Observation::TrafficConnected`]) would
@@ -443,10 +447,19 @@ impl Health {
         self.up && (self.streak == 0 || (policy.checked && !self.unanswered))
     }
 
+    /// Whether the node takes requests at `now_ms`: UP, DOWN with its trial due, or DOWN.
+    /// One trial at a time: a failure seen while one is in flight may be a request's from
+    /// before the node went DOWN (its answer timeout comes late), which leaves the trial to
+    /// its own outcome and only moves the next one's time (see `observe`), so no trial is
+    /// due while one is in flight.
     pub fn availability(&self, policy: HealthPolicy, now_ms: u64) -> Availability {
         if self.up {
             Availability::Up
-        } else if !policy.checked && self.retry_at_ms != u64::MAX && now_ms >= self.retry_at_ms {
+        } else if !policy.checked
+            && self.retry_at_ms != u64::MAX
+            && now_ms >= self.retry_at_ms
+            && !self.trial_in_flight(now_ms)
+        {
             Availability::TrialDue
         } else {
             Availability::Down
@@ -510,16 +523,19 @@ impl Health {
         self.claims
     }
 
-    /// The trial claimed as `claim` ended at `now_ms` with nothing learnt of the node: its
-    /// request was cancelled (the client left, an HTTP/2 stream reset, a drain's cut), or
-    /// ended for the client's fault or limpet's before the node could answer (a body that
-    /// stopped coming, a queue timeout). Left to its claim, it would hold every early trial
-    /// until the longest its outcome could take (about a minute by default): with no other node to take them,
-    /// every request meanwhile answered 503 though the node may well be back. So the claim
-    /// ends now, and the next trial is due as after a failed one (`fail_timeout` from now,
-    /// never later than the claim would have made it): a node that hangs is not handed one
-    /// request after another by clients that give up on it. A claim another trial replaced,
-    /// or one whose outcome was observed, is left alone.
+    /// The trial claimed as `claim` is over at `now_ms`, given back by its caller: with its
+    /// outcome observed (a failure, which does not end a trial by itself: see `observe`),
+    /// or with nothing learnt of the node: its request was cancelled (the client left, an
+    /// HTTP/2 stream reset, a drain's cut), or ended for the client's fault or limpet's
+    /// before the node could answer (a body that stopped coming, a queue timeout). Left to
+    /// its claim, it would hold every early trial until the longest its outcome could take
+    /// (about a minute by default): with no other node to take them, every request
+    /// meanwhile answered 503 though the node may well be back. So the claim ends now, and
+    /// the next trial is due as after a failed one (`fail_timeout` from now, or from a
+    /// failure seen during the trial, never later than the claim would have made it): a
+    /// node that hangs is not handed one request after another by clients that give up on
+    /// it. A claim another trial replaced, or one whose success brought the node back, is
+    /// left alone.
     pub fn trial_abandoned(&mut self, policy: HealthPolicy, claim: u32, now_ms: u64) {
         if !self.up
             && !policy.checked
@@ -701,10 +717,22 @@ impl Health {
                 }
                 if !policy.checked && self.retry_at_ms != u64::MAX {
                     self.retry_at_ms = now_ms.saturating_add(policy.fail_timeout_ms);
-                    self.trying = false;
-                    if obs == Observation::TrafficFailed {
-                        self.claimed_until_ms = 0;
+                    if !self.trial_in_flight(now_ms) {
+                        self.trying = false;
+                        if obs == Observation::TrafficFailed {
+                            self.claimed_until_ms = 0;
+                        }
                     }
+                    // With a trial in flight this failure may be the trial's own or a
+                    // request's from before the node went DOWN, whose answer timeout comes
+                    // late: nothing here tells them apart. The trial goes on (its success
+                    // still brings the node back, and no other trial is made meanwhile);
+                    // it ends with its claim, which its caller gives back once it has its
+                    // outcome (`trial_abandoned`), or which runs out. The next trial is
+                    // then due `fail_timeout` after this failure at the earliest. Before,
+                    // a late answer timeout ended the trial: a second one was due while
+                    // the first still waited on the node, and the first's success was
+                    // taken for one no trial made.
                 }
                 None
             }
@@ -1479,7 +1507,9 @@ mod tests {
     }
 
     /// An early trial in flight is not reopened by the late answer timeout of a request sent
-    /// before the node went DOWN (one trial at a time); a refused connect frees it at once.
+    /// before the node went DOWN (one trial at a time), nor by a failed connect, which may be
+    /// a late one too; its own refused connect frees it at once, as its caller moves on and
+    /// gives the claim back.
     #[test]
     fn an_early_trial_holds_until_its_claim_lapses_or_a_connect_is_refused() {
         let p = HealthPolicy {
@@ -1495,7 +1525,12 @@ mod tests {
         assert!(!h.early_trial_possible(p, 4), "a late answer timeout");
         assert!(!h.claim_trial(p, 4, 5_000, true));
         h.observe(TrafficFailed, p, 10);
-        assert!(h.early_trial_possible(p, 11), "a refused connect");
+        assert!(
+            !h.early_trial_possible(p, 11),
+            "a failed connect, maybe late"
+        );
+        h.trial_abandoned(p, h.trial_claim(), 10);
+        assert!(h.early_trial_possible(p, 11), "its own refused connect");
         assert!(h.claim_trial(p, 11, 5_000, true));
         assert!(h.early_trial_possible(p, 5_011), "the claim lapsed");
     }
@@ -1567,11 +1602,13 @@ mod tests {
         assert!(!h.early_trial_possible(p, 10_200));
         assert_eq!(h.claimed_until_ms, until);
 
-        // Nor is one whose outcome came: a failed trial waits its `fail_timeout`.
+        // One that failed and is given back after: the next waits `fail_timeout` from the
+        // failure, not from the give-back.
         h.observe(NoAnswer, p, 20_000);
-        let after_failure = h;
         h.trial_abandoned(p, second, 20_001);
-        assert_eq!(h, after_failure);
+        assert!(!h.trial_in_flight(20_001));
+        assert_eq!(h.availability(p, 29_999), Availability::Down);
+        assert_eq!(h.availability(p, 30_000), Availability::TrialDue);
 
         // A short claim is not lengthened: due when it would have lapsed.
         assert!(h.claim_trial(p, 30_000, 2_000, false));
@@ -1586,16 +1623,17 @@ mod tests {
         h.trial_abandoned(p, h.trial_claim(), 32_200);
         assert_eq!(h, up);
 
-        // Two claims ending the same millisecond are told apart: the first, whose connect
-        // was refused, does not end the second when it is given back.
+        // Two claims in one millisecond are told apart: the first, whose connect was
+        // refused and whose claim ran out, does not end the second when it is given back
+        // after it.
         let mut h = Health::default();
         h.observe(TrafficFailed, p, 0);
-        assert!(h.claim_trial(p, 1, 5_000, true));
+        assert!(h.claim_trial(p, 1, 1, true));
         let refused = h.trial_claim();
         h.observe(TrafficFailed, p, 1);
-        assert!(h.claim_trial(p, 1, 5_000, true));
+        assert!(h.claim_trial(p, 2, 5_000, true));
         let until = h.claimed_until_ms;
-        h.trial_abandoned(p, refused, 1);
+        h.trial_abandoned(p, refused, 2);
         assert_eq!(
             (h.claimed_until_ms, h.trying),
             (until, true),
@@ -1642,6 +1680,7 @@ mod tests {
         h.observe(TrafficFailed, p, 0);
         assert!(h.claim_trial(p, 1_000, 3_000, false));
         h.observe(NoAnswer, p, 1_500);
+        h.trial_abandoned(p, h.trial_claim(), 1_500);
         assert!(h.claim_trial(p, 2_500, 3_000, false));
         assert_eq!(h.observe(TrafficConnected, p, 2_510), None);
 
@@ -1794,12 +1833,55 @@ mod tests {
         assert_eq!(h.observe(TrafficOk, p, 10_500), None);
         assert!(!h.is_up());
         assert!(h.claim_trial(p, 11_000, 1_000, false));
-        // A failure seen meanwhile (a late answer timeout) ends the trial: its success,
-        // if it comes, no longer counts, and the wait starts again.
+        // The trial fails, and its caller gives the claim back: a success after that
+        // (another request's from before) is no trial's, and the wait starts again.
         assert_eq!(h.observe(TrafficFailed, p, 11_100), None);
+        h.trial_abandoned(p, h.trial_claim(), 11_100);
         assert_eq!(h.observe(TrafficOk, p, 11_200), None);
+        assert!(!h.claim_trial(p, 21_099, 1_000, false));
         assert!(h.claim_trial(p, 21_100, 1_000, false));
         assert_eq!(h.observe(TrafficOk, p, 21_200), Some(Transition::WentUp));
+    }
+
+    /// A failure seen while a trial is in flight may be a request's from before the node
+    /// went DOWN, whose answer timeout comes late: the trial goes on to its own outcome, no
+    /// second trial is made meanwhile, and the next one is due `fail_timeout` after the
+    /// failure at the earliest. Before, the late timeout ended the trial: a second trial
+    /// was due while the first still waited on the (hung) node, each trial's timeout opened
+    /// the next (two clients at once waiting on it for as long as it hung), and the first
+    /// trial's success, had the node come back, was not counted.
+    #[test]
+    fn a_late_failure_opens_no_second_trial_while_one_is_in_flight() {
+        let p = HealthPolicy::default(); // fall 3, fail_timeout 10 s
+        let mut h = Health::default();
+        for t in [30_000, 30_001, 30_002] {
+            h.observe(NoAnswer, p, t);
+        }
+        assert!(!h.is_up());
+        assert!(h.claim_trial(p, 40_002, 33_000, false), "held to 73_002");
+        let first = h.trial_claim();
+        // A POST sent at 25_000 times out now.
+        assert_eq!(h.observe(NoAnswer, p, 55_000), None);
+        assert!(h.trial_in_flight(55_000));
+        assert!(!h.early_trial_possible(p, 65_000));
+        assert!(
+            !h.claim_trial(p, 65_000, 33_000, false),
+            "one trial at a time while the claim holds"
+        );
+        // The node came back meanwhile: the trial's answer brings it UP.
+        let mut back = h;
+        assert_eq!(
+            back.observe(TrafficOk, p, 66_000),
+            Some(Transition::WentUp),
+            "the trial's success counts"
+        );
+        // Or the trial times out too, and its caller gives the claim back: the next trial
+        // is due `fail_timeout` after that.
+        assert_eq!(h.observe(NoAnswer, p, 70_002), None);
+        h.trial_abandoned(p, first, 70_002);
+        assert!(!h.trial_in_flight(70_003));
+        assert_eq!(h.availability(p, 80_001), Availability::Down);
+        assert!(h.claim_trial(p, 80_002, 33_000, false));
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! each node appears `weight` times, interleaved so that no node gets a burst (each of a
 //! node's turns sits at its ideal point `(i + 1/2) / weight` of the cycle). Least-connections
 //! ([`Balance::LeastConn`]) instead picks the eligible node with the fewest open connections
-//! per unit of weight, ties going to rotation order. The pool does not count connections: the
-//! caller supplies the live counts with each decision (`active: impl Fn(NodeId) -> u32`), so
-//! counts kept outside the pool (by node name, across reloads) are what least-connections reads.
+//! per unit of weight: the rotation's turn when that node is among those tied on the fewest,
+//! else a tied node drawn by a hash of the turn (`route::least_conn` says why). The pool
+//! does not count connections: the caller supplies the live counts with each decision
+//! (`active: impl Fn(NodeId) -> u32`), so counts kept outside the pool (by node name, across
+//! reloads) are what least-connections reads.
 //!
 //! Only fresh assignments advance the rotation; a sticky hit does not take a turn. The eligible
 //! list and the schedule (a [`Snapshot`]) are rebuilt on every state change rather than
@@ -31,7 +33,8 @@ pub enum Balance {
     /// Weighted round-robin in pool order.
     #[default]
     RoundRobin,
-    /// Fewest open connections per unit of weight; ties go to rotation order.
+    /// Fewest open connections per unit of weight; ties go to the rotation's turn when it is
+    /// among them, else to a tied node drawn by a hash of the turn.
     LeastConn,
 }
 
@@ -231,6 +234,18 @@ impl Pool {
             .claim_trial(status.policy, now_ms, hold_ms, early);
         self.rebuild();
         claimed
+    }
+
+    /// The trial of a node claimed last is over at `now_ms`: its caller gives the claim back
+    /// once it has the outcome, or has given up on it, as the I/O layer's claim does when
+    /// dropped (see [`crate::health::Health::trial_abandoned`]).
+    pub fn give_back_trial(&mut self, id: NodeId, now_ms: u64) {
+        if let Some(node) = self.nodes.get_mut(id.index()) {
+            let status = &mut node.status;
+            let claim = status.health.trial_claim();
+            status.health.trial_abandoned(status.policy, claim, now_ms);
+            self.rebuild();
+        }
     }
 
     /// Carries what a running pool learned into this one, built from a new configuration:

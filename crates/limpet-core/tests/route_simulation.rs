@@ -254,10 +254,13 @@ impl Model {
         }
     }
 
-    /// DOWN, not forced, and its `fail_timeout` (or the hold of a claimed trial) has passed.
+    /// DOWN, not forced, its `fail_timeout` (or the hold of a claimed trial) has passed, and
+    /// no trial in flight (one at a time).
     fn trial_due(&self, n: NodeId, now: u64) -> bool {
         let node = self.node(n);
-        !node.up && node.retry_at.is_some_and(|t| now >= t)
+        !node.up
+            && node.retry_at.is_some_and(|t| now >= t)
+            && !(node.trying && now < node.claimed_until)
     }
 
     /// Whether a pin to `n` is honoured: not refused for this request, not MAINT, not DOWN
@@ -904,6 +907,9 @@ impl Sim<'_> {
             ));
         }
         if r.trial {
+            // Its outcome observed, the trial's claim is given back, as the I/O layer's
+            // claim is dropped with the attempt.
+            self.pool.give_back_trial(n, self.now);
             if ok {
                 self.stats.trials_ok += 1;
             } else {
