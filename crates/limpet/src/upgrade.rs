@@ -688,12 +688,17 @@ impl Handover {
     /// most [`HANDOVER_LIMIT`]), reads its pins and node states as they are then, and says
     /// it took over. Blocking.
     ///
-    /// `Err`: not taken over (no confirmation, or this one's "took" did not reach it: it
-    /// serves on, or again); this one must exit without accepting. `Ok`: this one must
-    /// serve, with the state if it could be read (`Err` inside: the running one has stopped
-    /// accepting all the same, and serving without its pins beats serving no one), and the
-    /// running one's end, to learn when it has exited.
-    pub fn complete(mut self) -> Result<(Result<State, String>, Predecessor), String> {
+    /// `Err`: not taken over (no confirmation, a state this one could not read whole, or
+    /// this one's "took" did not reach it: it serves on, or again); this one must exit
+    /// without accepting. `Ok`: this one must serve, with the state, and the running one's
+    /// end, to learn when it has exited.
+    ///
+    /// "took" is said only once the whole state is read. Said after a state it could not
+    /// read (too large, a header it does not understand, a transfer that stalled), it
+    /// stopped reading with the rest unsent: the running one, blocked writing it, gave up
+    /// at its limit and served again, never reading the "took" behind it, while this one
+    /// served too: two limpets on one socket, each with tables of its own.
+    pub fn complete(mut self) -> Result<(State, Predecessor), String> {
         self.sockets.clear();
         let pid = self.from_pid;
         let fail = |e: std::io::Error| {
@@ -708,8 +713,9 @@ impl Handover {
                 "the running limpet (pid {pid}) answered the handover with something else"
             ));
         }
-        let state = receive_state(&self.conn, &mut fds)
-            .map_err(|e| format!("the running limpet's (pid {pid}) pins and node states: {e}"));
+        let state = receive_state(&self.conn, &mut fds).map_err(|e| {
+            format!("the running limpet's (pid {pid}) pins and node states: {e}; it serves on")
+        })?;
         (&self.conn).write_all(TOOK).map_err(|e| {
             format!("the running limpet (pid {pid}) did not hear that this one took over: {e}")
         })?;
@@ -1772,7 +1778,7 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(got, Ok(state()));
+        assert_eq!(got, state());
         // The holder's end stays open until it exits (here: until it is dropped), and the
         // taker learns of its end. Meanwhile what the taker tells reaches the holder as
         // it was told: node states and health, and moves.
@@ -2000,6 +2006,36 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         gone.await.unwrap_or_else(|e| panic!("{e}"));
         assert!(!took);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A taker that cannot read the state whole (here a header over its limit, as one it does
+    /// not understand or a transfer that stalls would be too) does not take over: the two
+    /// sides agree, and only the holder serves. Before, the taker said "took" and served
+    /// while the holder, blocked writing the rest of the state, gave up at its limit and
+    /// served again, the "took" unread: two limpets on one socket.
+    #[tokio::test]
+    async fn a_taker_that_cannot_read_the_state_whole_does_not_take_over() {
+        let dir = scratch("unread");
+        let path = dir.join("up.sock");
+        let (holder, h) = holding_nothing_taken_over(&path).await;
+        let taker = tokio::task::spawn_blocking(move || h.complete().map(|_| ()));
+        let ready = holder
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("the holder saw no ready taker"));
+        // A header over `MAX_HEADER`: a node name of 17 MiB.
+        let state = State {
+            nodes: vec![("x".repeat(17 << 20), AdminState::Maint)],
+            ..State::default()
+        };
+        let held = ready
+            .confirm_within(state, Duration::from_secs(2))
+            .await
+            .is_some();
+        let took = taker.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(took.is_err(), "the taker serves though it read no state");
+        assert!(!held, "the holder counts on a taker that did not take over");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

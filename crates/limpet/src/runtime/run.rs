@@ -998,34 +998,26 @@ pub fn run(args: RunArgs) -> ExitCode {
         // over in its turn waits for that before it exits, so that the next one, which
         // watches this one alone, is not told of an end while that one still drains.
         let (predecessor_gone_tx, mut predecessor_gone) = watch::channel(true);
-        // The nodes the limpet taken over from has and this config lacks: MAINT there.
-        let mut handed_only: Vec<String> = Vec::new();
         if let Some(h) = handover {
             predecessor_gone_tx.send_replace(false);
             let pid = h.from_pid;
             match tokio::task::spawn_blocking(move || h.complete()).await {
-                Ok(Ok((state, predecessor))) => {
-                    match state {
-                        Ok(handed) => {
-                            let state = running.runtime().state();
-                            handed_only = handed
-                                .nodes
-                                .iter()
-                                .map(|(n, _)| n)
-                                .chain(handed.health.iter().map(|h| &h.node))
-                                .filter(|n| state.node_id(n).is_none())
-                                .cloned()
-                                .collect::<std::collections::BTreeSet<_>>()
-                                .into_iter()
-                                .collect();
-                            running.take_state(handed).await;
-                            tracing::info!(pid, "took over from the running limpet");
-                        }
-                        Err(e) => tracing::error!(
-                            pid, error = %e,
-                            "took over from the running limpet without its pins and node states"
-                        ),
-                    }
+                Ok(Ok((handed, predecessor))) => {
+                    let state = running.runtime().state();
+                    // The nodes the limpet taken over from has and this config lacks:
+                    // MAINT there.
+                    let mut handed_only: Vec<String> = handed
+                        .nodes
+                        .iter()
+                        .map(|(n, _)| n)
+                        .chain(handed.health.iter().map(|h| &h.node))
+                        .filter(|n| state.node_id(n).is_none())
+                        .cloned()
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    running.take_state(handed).await;
+                    tracing::info!(pid, "took over from the running limpet");
                     took_from = Some(pid);
                     // What it had open drains there until it exits; then none of it is.
                     // Meanwhile it is told what changes here, which what it drains obeys.
