@@ -698,7 +698,17 @@ impl Handover {
     /// stopped reading with the rest unsent: the running one, blocked writing it, gave up
     /// at its limit and served again, never reading the "took" behind it, while this one
     /// served too: two limpets on one socket, each with tables of its own.
-    pub fn complete(mut self) -> Result<(State, Predecessor), String> {
+    pub fn complete(self) -> Result<(State, Predecessor), String> {
+        self.complete_after_stopping(|| {})
+    }
+
+    /// [`complete`](Self::complete), running `between` once the running one has said it
+    /// stopped accepting, before its state is read: where a test makes something happen to
+    /// the running one in the middle of a handover.
+    pub fn complete_after_stopping(
+        mut self,
+        between: impl FnOnce(),
+    ) -> Result<(State, Predecessor), String> {
         self.sockets.clear();
         let pid = self.from_pid;
         let fail = |e: std::io::Error| {
@@ -713,6 +723,7 @@ impl Handover {
                 "the running limpet (pid {pid}) answered the handover with something else"
             ));
         }
+        between();
         let state = receive_state(&self.conn, &mut fds).map_err(|e| {
             format!("the running limpet's (pid {pid}) pins and node states: {e}; it serves on")
         })?;

@@ -497,6 +497,84 @@ async fn a_limpet_waiting_for_the_one_it_took_over_from_exits_on_a_signal() {
     drains_on_until_its_session_ends(a, session).await;
 }
 
+/// A stop signal that reaches the running limpet in the middle of a handover, after it
+/// stopped accepting and before the new one says it took over, is the first signal: the
+/// handover completes and the running one drains, its request in flight answered. Before,
+/// nothing waited for the signal then, so it was kept and taken at the drain's first wait
+/// as the one that cuts: the request in flight was cut about a second after "took", and the
+/// log said "cutting the open sessions". (The new limpet is played here by
+/// `limpet::upgrade`'s own taker, which sends the signal at that moment.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_during_a_handover_drains_rather_than_cuts() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("upgrade-signal-mid", &config(port, ""));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start_logging(&cfg, &sock, "old").await;
+    let web = old.web;
+    // A request the node answers in 3 s, in flight through the handover.
+    let slow = tokio::spawn(async move {
+        let status = bare_client()
+            .get(format!("http://{web}/slow?ms=3000"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .status()
+            .as_u16();
+        Ok::<u16, String>(status)
+    });
+    let metrics = old.admin_url("/metrics");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let text = bare_client()
+            .get(&metrics)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if text
+            .lines()
+            .any(|l| l.starts_with("limpet_node_active_connections{") && l.ends_with(" 1"))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the request never reached a node"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = old.child.0.id();
+    let path = sock.clone();
+    let took = tokio::task::spawn_blocking(move || {
+        let h = limpet::upgrade::take_over(&path)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no running limpet at the upgrade socket"));
+        h.complete_after_stopping(|| {
+            signal(pid, rustix::process::Signal::TERM);
+            // Delivered and seen by the running one before its state is read.
+            std::thread::sleep(Duration::from_millis(300));
+        })
+        .map(|(_, predecessor)| predecessor)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let _predecessor = took.unwrap_or_else(|e| panic!("the handover: {e}"));
+    let status = slow.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        status,
+        Ok(200),
+        "the request in flight through the handover"
+    );
+    assert!(old.exited().await.success());
+    let log = std::fs::read_to_string(cfg.dir.join("old.err")).unwrap_or_default();
+    assert!(
+        !log.contains("cutting the open sessions"),
+        "the first signal cut the drain:\n{log}"
+    );
+}
+
 /// The same signal while that limpet still drains a session of its own: the session is cut,
 /// and it exits without waiting for the one before. Before, the signal cut the session and
 /// the wait that followed listened for another one.

@@ -192,6 +192,15 @@ impl Running {
         }
     }
 
+    /// The node-state file is this one's again ([`Self::hand_node_states_over`] undone: no
+    /// new limpet took it over), written as the states are now.
+    pub fn keep_node_states(&self) {
+        let life = Arc::clone(&self.runtime.state().lifecycle);
+        life.handing_state_over
+            .store(false, std::sync::atomic::Ordering::Release);
+        life.admin_changed.notify_one();
+    }
+
     /// Loads what a running limpet handed over with its confirmation: its pins (newer than
     /// any snapshot file), its operator's MAINT and DRAIN, which hold on here, its nodes'
     /// health (a node DOWN there is DOWN here, and comes back as it would have there), and
@@ -248,11 +257,7 @@ impl Running {
     /// exit at the stop, as at any stop). Returns how many sockets serve again, the admin one
     /// included.
     pub fn resume(&mut self) -> usize {
-        // The node-state file is this one's again, written as the states are now.
-        let life = Arc::clone(&self.runtime.state().lifecycle);
-        life.handing_state_over
-            .store(false, std::sync::atomic::Ordering::Release);
-        life.admin_changed.notify_one();
+        self.keep_node_states();
         let (accept_stop, accept_stop_rx) = watch::channel(false);
         self.accept_stop = accept_stop;
         let sockets = self.held_listeners();
@@ -1111,16 +1116,49 @@ pub fn run(args: RunArgs) -> ExitCode {
                 (upgrade_stop, next) = hold_next(&args.upgrade_socket, &running);
                 continue;
             }
-            running.hand_node_states_over().await;
-            running.stop_accepting();
-            if !running.accepting_stopped(ACCEPT_LOOPS_LIMIT).await {
-                tracing::warn!("upgrade: an accept loop still runs after {ACCEPT_LOOPS_LIMIT:?}; handing over all the same");
+            // A stop signal before this one stops accepting wins: the new one is let go (it
+            // hears no "stopping", and exits without having accepted), and this one stops.
+            // (A signal that comes while nothing waits for it is kept for the next wait:
+            // unwatched here, it went on to cut this one's drain once the handover was done.)
+            let stop_first = tokio::select! {
+                biased;
+                () = signals.stop_requested() => true,
+                () = running.hand_node_states_over() => false,
+            };
+            if stop_first {
+                tracing::info!("upgrade: a stop signal came first: the new limpet is let go");
+                drop(ready);
+                running.keep_node_states();
+                break false;
             }
-            let handed = running.handover_state().await;
+            running.stop_accepting();
             let taker = ready.pid();
-            let took = ready
-                .confirm_within(handed, crate::upgrade::HANDOVER_LIMIT)
-                .await;
+            // From here the handover completes: a stop signal meanwhile is the first one,
+            // whose drain follows (after the handover, or at once if the new one does not
+            // take over), not the second one's cut.
+            let mut stop_came = false;
+            let took = {
+                let handoff = async {
+                    if !running.accepting_stopped(ACCEPT_LOOPS_LIMIT).await {
+                        tracing::warn!("upgrade: an accept loop still runs after {ACCEPT_LOOPS_LIMIT:?}; handing over all the same");
+                    }
+                    let handed = running.handover_state().await;
+                    ready
+                        .confirm_within(handed, crate::upgrade::HANDOVER_LIMIT)
+                        .await
+                };
+                tokio::pin!(handoff);
+                loop {
+                    tokio::select! {
+                        biased;
+                        took = &mut handoff => break took,
+                        () = signals.stop_requested(), if !stop_came => {
+                            stop_came = true;
+                            tracing::info!("upgrade: a stop signal during the handover: draining once it ends");
+                        }
+                    }
+                }
+            };
             if let Some(line) = took {
                 // What the new one tells this one while it drains: what it drains obeys
                 // the node states and moves made there from now on.
@@ -1142,6 +1180,11 @@ pub fn run(args: RunArgs) -> ExitCode {
                 running.let_go();
                 tracing::info!("a new limpet took over: draining, then exiting");
                 break true;
+            }
+            if stop_came {
+                tracing::error!("upgrade: the new limpet did not take over; stopping, as signalled");
+                running.keep_node_states();
+                break false;
             }
             let n = running.resume();
             tracing::error!(
