@@ -125,6 +125,11 @@ fn main() -> ExitCode {
             limpet::runtime::run::check(args)
         }
         Command::Probe(args) => {
+            // Each session holds a WebSocket and a connection at once: `--sessions 1000 --ws`
+            // needs more than a 1024 soft limit. Raised before logging starts, so its info
+            // line does not precede every report; a limit still too low shows in the
+            // report's errors (`Too many open files`).
+            limpet::net::raise_fd_limit();
             _log = limpet::logging::init();
             limpet::probe::run(args)
         }

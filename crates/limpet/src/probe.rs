@@ -24,9 +24,11 @@
 //! the 101), without I/O, so the rules are unit-tested apart from any network.
 //!
 //! Without `--watch` there is one round. With it, round `r` starts `r * --interval` after the
-//! first, for `--rounds` rounds (or as many as fit in `--duration`, or until Ctrl-C); a socket
-//! that closes is reconnected after the client crate's backoff, scaled to start at
-//! `--backoff-min`.
+//! first (or when round `r - 1` ends, if later), for `--rounds` rounds (or those that start
+//! within `--duration`, or until Ctrl-C); a socket that closes is reconnected as soon as the
+//! client crate's backoff, scaled to start at `--backoff-min`, is due, between rounds too.
+//! Each HTTP request goes on a new connection, so a balancer that places connections rather
+//! than sessions is caught.
 //!
 //! Exit codes: 0 when every session kept affinity (re-pins allowed) with at least two answers
 //! naming its node, 1 when any session broke it, 2 for a usage error or when the run cannot
@@ -67,6 +69,9 @@ pub use session::FreshUpgrade;
 
 /// The longest duration any flag takes: a week.
 const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest `--backoff-min`: its schedule doubles to 30 times it, already 30 h between two
+/// attempts, and `Plan::backoff_delay` relies on the bound.
+const MAX_BACKOFF_MIN: Duration = Duration::from_secs(3600);
 /// Distinct error messages kept for the report.
 const MAX_ERRORS_KEPT: usize = 8;
 
@@ -159,7 +164,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "DUR", requires = "watch", value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// First delay before reconnecting a closed WebSocket; it doubles per failed attempt up
-    /// to 30 times this (the client library's 1 s to 30 s, scaled).
+    /// to 30 times this (the client library's 1 s to 30 s, scaled). At most 1h.
     #[arg(long, default_value = "1s", value_name = "DUR", value_parser = parse_duration)]
     pub backoff_min: Duration,
     /// Give up on a request, an upgrade or a greeting after this long.
@@ -313,6 +318,8 @@ pub(crate) struct Plan {
     pub(crate) watch: bool,
     /// Rounds per session; `u32::MAX` for "until interrupted".
     pub(crate) rounds: u32,
+    /// `--duration`: no round starts once this long has passed since the first.
+    pub(crate) duration: Option<Duration>,
     pub(crate) interval: Duration,
     pub(crate) backoff_min: Duration,
     pub(crate) timeout: Duration,
@@ -375,12 +382,14 @@ impl Plan {
             (false, _, _) => 1,
             (true, Some(k), _) => k,
             (true, None, Some(d)) => {
+                // The rounds due within `d`; the sessions also stop at `d` when answers are
+                // slow enough to make rounds late (`Plan::duration`).
                 let k = d.as_nanos().div_ceil(args.interval.as_nanos().max(1));
                 u32::try_from(k).unwrap_or(u32::MAX).max(1)
             }
             (true, None, None) => u32::MAX,
         };
-        if args.backoff_min > Duration::from_secs(3600) {
+        if args.backoff_min > MAX_BACKOFF_MIN {
             return Err("--backoff-min is at most 1h".into());
         }
         Ok(Plan {
@@ -393,6 +402,7 @@ impl Plan {
             extra,
             watch: args.watch,
             rounds,
+            duration: args.duration.filter(|_| args.watch),
             interval: args.interval,
             backoff_min: args.backoff_min,
             timeout: args.timeout,
@@ -708,6 +718,16 @@ mod tests {
         };
         assert_eq!(watch(&["--rounds", "7"]), Ok(7));
         assert_eq!(watch(&["--duration", "10s", "--interval", "3s"]), Ok(4));
+        let d = plan(&["http://h/", "--watch", "--duration", "10s"]).map(|p| p.duration);
+        assert_eq!(
+            d,
+            Ok(Some(Duration::from_secs(10))),
+            "the sessions stop at it too"
+        );
+        assert_eq!(
+            plan(&["http://h/", "--watch"]).map(|p| p.duration),
+            Ok(None)
+        );
         assert_eq!(watch(&[]), Ok(u32::MAX));
         assert!(watch(&["--rounds", "2", "--duration", "1s"]).is_err());
         assert!(
@@ -741,5 +761,9 @@ mod tests {
             .map(|_| p.backoff_delay(&mut b).as_millis())
             .collect();
         assert_eq!(delays, [50, 100, 200, 400, 800, 1500, 1500]);
+        // As documented: up to an hour, not the week other durations take.
+        assert!(plan(&["http://h/", "--backoff-min", "1h"]).is_ok());
+        let e = plan(&["http://h/", "--backoff-min", "61m"]).map(|p| p.backoff_min);
+        assert!(e.as_ref().is_err_and(|e| e.contains("at most 1h")), "{e:?}");
     }
 }

@@ -92,15 +92,17 @@ pub struct Answer {
     pub node: Option<String>,
     /// `node` is the node header's (not a socket's first text frame).
     pub by_header: bool,
-    /// The answer carried a `Set-Cookie` whose name is a balancer cookie name.
+    /// The session's jar took a balancer cookie from the answer (stored it or rewrote it, a
+    /// repeat included). One the jar refuses (`Secure` over `http://`, a `Path` other than
+    /// `/`, another `Domain`...) pins nothing and is not counted.
     pub cookie_set: bool,
     /// After this answer the session holds different balancer cookies than before it (one was
     /// set, given a new value, or removed). A `Set-Cookie` repeating the held value is not a
     /// rewrite.
     pub rewritten: bool,
-    /// A balancer cookie held before this answer is gone after it (expired, e.g. limpet's
-    /// `route-home` once a session is home again). Only a balancer that keeps track of the
-    /// session removes one.
+    /// The answer expired a balancer cookie held before it, and the jar removed it (e.g.
+    /// limpet's `route-home` once a session is home again). Only a balancer that keeps track
+    /// of the session removes one; a deletion the jar refuses (`Path=/x`) removes nothing.
     pub removed: bool,
 }
 

@@ -13,19 +13,23 @@
 //! only for a request without one, so [`AffinityCookieStore::attach`] does the merge).
 //!
 //! Time per round: round 0 starts at once; round `r` at `start + r * interval`, or as soon as
-//! round `r - 1` is done if that is later. Between rounds the session watches its socket, so a
-//! closure is noticed when it happens, not at the next request.
+//! round `r - 1` is done if that is later, but never once `--duration` has passed since
+//! `start`. Between rounds the session watches its socket, so a closure is noticed when it
+//! happens, not at the next request, and reconnects it when the backoff falls due.
+//!
+//! Every request goes on a connection of its own (see [`new_jar`]): a balancer that places
+//! connections, not sessions, must show it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::{FutureExt, StreamExt};
 use limpet_client::reqwest::AffinityCookieStore;
 use limpet_client::tungstenite::{self, outcome_of_error};
 use limpet_client::{
-    classify, AffinityJar, Backoff, CookieNames, Origin, Outcome, SetCookie, SharedJar, Verdict,
+    classify, Adoption, AffinityJar, Backoff, Origin, Outcome, SharedJar, Verdict,
 };
-use reqwest::header::{HeaderMap, HeaderName, SET_COOKIE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, SET_COOKIE};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
@@ -42,7 +46,7 @@ type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// Node names longer than this (in characters) are cut: they go to a terminal and a report.
 const MAX_NODE_CHARS: usize = 128;
 /// Bytes of an answer body read before the rest is dropped (with its connection). The body
-/// means nothing to the probe; reading a little lets small answers reuse the connection.
+/// means nothing to the probe; reading it lets the connection close cleanly once it is done.
 const MAX_BODY_READ: usize = 1 << 20;
 
 /// What a session tells the driver.
@@ -75,7 +79,8 @@ pub struct FreshUpgrade {
     pub status: Option<u16>,
     /// The node the 101's node header, or without one the socket's first text frame, named.
     pub node: Option<String>,
-    /// The answer carried a balancer cookie.
+    /// The answer set a balancer cookie that the jar took (by its rules: not a `Secure`
+    /// one over `ws://`, say).
     pub cookie_set: bool,
 }
 
@@ -98,14 +103,6 @@ fn node_in(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
         .and_then(clean_node)
 }
 
-/// Whether an answer carries a `Set-Cookie` of a balancer name (whatever the jar then does).
-fn carries_balancer_cookie(headers: &HeaderMap, names: &CookieNames) -> bool {
-    headers
-        .get_all(SET_COOKIE)
-        .iter()
-        .any(|v| SetCookie::parse(v.as_bytes()).is_ok_and(|c| names.matches(c.name())))
-}
-
 /// The balancer cookies held now, to tell a rewrite from a repeat.
 fn snapshot(jar: &SharedJar) -> Vec<(String, String)> {
     let now = jar.now();
@@ -115,23 +112,40 @@ fn snapshot(jar: &SharedJar) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Whether an answer deletes (`Max-Age=0`, a past `Expires`) a balancer cookie held
-/// `before` it: the balancer itself removed it, as limpet's failback removes `route-home`.
-/// Read from the answer, not from the jar: a cookie whose own time ran out meanwhile is
-/// gone from the jar all the same, and says nothing of the balancer.
-fn deletes_held_cookie(
-    headers: &HeaderMap,
-    names: &CookieNames,
-    before: &[(String, String)],
-    now: std::time::SystemTime,
-) -> bool {
-    headers.get_all(SET_COOKIE).iter().any(|v| {
-        SetCookie::parse(v.as_bytes()).is_ok_and(|c| {
-            names.matches(c.name())
-                && matches!(c.expiry(now), limpet_client::Expiry::Expired)
-                && before.iter().any(|(n, _)| n == c.name())
-        })
-    })
+/// What the session's jar did with an answer's balancer cookies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Adopted {
+    /// The jar took a balancer cookie from the answer: stored it, or rewrote a held one
+    /// (a repeat of the held value included: the balancer did set it).
+    set: bool,
+    /// The jar removed a balancer cookie it held, live, before the answer: the balancer
+    /// expired it, as limpet's failback expires `route-home`.
+    removed: bool,
+}
+
+/// What the jar did with the answer's `Set-Cookie` lines, by replaying them on a copy of the
+/// jar as it was before the answer (`before`). The jar's rules decide, not the names alone:
+/// a `Secure` cookie over `http://`, a `Path` other than `/` or a foreign `Domain` is refused
+/// by the jar, so it pins nothing and removes nothing, and must not be reported as a cookie
+/// set or excuse a move as a removal. Each session sends one request at a time, so `before`
+/// is the jar the adapter fed this answer to.
+fn adopted(before: &AffinityJar, headers: &HeaderMap, now: SystemTime) -> Adopted {
+    let mut jar = before.clone();
+    // A cookie whose own time ran out meanwhile is gone from the jar all the same; an answer
+    // expiring it too says nothing of the balancer.
+    jar.remove_expired(now);
+    // The adapters adopt an answer as the jar's origin's (redirects are not followed, and the
+    // WebSocket's `ws://` is the same origin as `http://`).
+    let origin = jar.origin().clone();
+    let mut out = Adopted::default();
+    for line in headers.get_all(SET_COOKIE) {
+        match jar.adopt(&origin, line.as_bytes(), now) {
+            Adoption::Stored | Adoption::Replaced => out.set = true,
+            Adoption::Removed => out.removed = true,
+            Adoption::Ignored(_) => {}
+        }
+    }
+    out
 }
 
 /// An error and its causes on one line (reqwest hides the useful part in the sources).
@@ -241,6 +255,7 @@ struct Upgrade {
 
 async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) -> Upgrade {
     let before = snapshot(jar);
+    let before_jar = jar.lock().clone();
     // `None` over ws://: tokio-tungstenite's plain connector.
     let connector = plan.tls.clone().map(Connector::Rustls);
     let connect = async {
@@ -266,8 +281,8 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
     let (socket, outcome, error) = match attempt {
         Ok(Ok((mut ws, resp))) => {
             answer.status = Some(resp.status().as_u16());
-            answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
-            answer.removed = deletes_held_cookie(resp.headers(), &plan.names, &before, jar.now());
+            let cookies = adopted(&before_jar, resp.headers(), jar.now());
+            (answer.cookie_set, answer.removed) = (cookies.set, cookies.removed);
             // The node header when the 101 carries it (a socket's first frame is the
             // application's: `{"type":"welcome"}` named as a node was a move, and a sticky
             // balancer's run broken); else the first text frame, as limpet's nodes send.
@@ -289,9 +304,8 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &plan.node_header);
                 answer.by_header = answer.node.is_some();
-                answer.cookie_set = carries_balancer_cookie(resp.headers(), &plan.names);
-                answer.removed =
-                    deletes_held_cookie(resp.headers(), &plan.names, &before, jar.now());
+                let cookies = adopted(&before_jar, resp.headers(), jar.now());
+                (answer.cookie_set, answer.removed) = (cookies.set, cookies.removed);
             }
             (None, outcome_of_error(&e), Some(upgrade_error(url, &e)))
         }
@@ -324,7 +338,17 @@ fn new_jar(plan: &Plan) -> Result<(SharedJar, reqwest::Client), String> {
         // The same trust as the WebSocket's; ALPN http/1.1 (see `tls`).
         http = http.use_preconfigured_tls(rustls::ClientConfig::clone(tls));
     }
+    // One connection per request, announced with `Connection: close`: a balancer may decide
+    // by connection (round-robin TCP, an L4 balancer), and a real client's next request can
+    // go on a new one (keep-alive expired, requests in parallel, the client restarted). With
+    // one kept-alive connection per session, all its requests would reach one node and such
+    // a balancer would pass. `close` lets the server close first, so the TIME_WAIT of the
+    // many short connections is mostly the server's, not the probe's ephemeral ports'.
+    let mut every_request = HeaderMap::new();
+    every_request.insert(CONNECTION, HeaderValue::from_static("close"));
     let http = http
+        .pool_max_idle_per_host(0)
+        .default_headers(every_request)
         .cookie_provider(store)
         // The probe judges the balancer's answers, not where they point.
         .redirect(reqwest::redirect::Policy::none())
@@ -383,6 +407,7 @@ impl Session {
         // answer is judged, or the judge would see HTTP away from a socket that is gone.
         self.poll_socket(round);
         let before = snapshot(&self.jar);
+        let before_jar = self.jar.lock().clone();
         let mut answer = Answer {
             round,
             via,
@@ -414,9 +439,8 @@ impl Session {
                 answer.status = Some(resp.status().as_u16());
                 answer.node = node_in(resp.headers(), &self.plan.node_header);
                 answer.by_header = answer.node.is_some();
-                answer.cookie_set = carries_balancer_cookie(resp.headers(), &self.plan.names);
-                answer.removed =
-                    deletes_held_cookie(resp.headers(), &self.plan.names, &before, self.jar.now());
+                let cookies = adopted(&before_jar, resp.headers(), self.jar.now());
+                (answer.cookie_set, answer.removed) = (cookies.set, cookies.removed);
                 let mut read = 0usize;
                 while read <= MAX_BODY_READ {
                     match resp.chunk().await {
@@ -468,20 +492,32 @@ impl Session {
         matches!(self.socket, Socket::Retry(at) if at <= Instant::now())
     }
 
-    /// Waits until `deadline`, watching the socket; a closure is recorded in `round` (the
-    /// round just finished) and schedules a reconnect.
-    async fn idle_until(&mut self, deadline: Instant, round: u32) {
-        loop {
-            let Socket::Open(ws) = &mut self.socket else {
-                tokio::time::sleep_until(deadline).await;
-                return;
-            };
-            let closed = tokio::select! {
-                () = tokio::time::sleep_until(deadline) => return,
-                msg = ws.next() => is_closing(msg),
-            };
-            if closed {
-                self.socket_closed(round);
+    /// Waits until `deadline`, the start of `next_round`, watching the socket. A closure is
+    /// recorded in the round just finished; a reconnect whose backoff falls due before the
+    /// deadline happens then, as the client library's schedule says, not at the round's start,
+    /// and counts in `next_round` (the round it prepares).
+    ///
+    /// Bounded in time by `deadline`; each pass waits for it, a frame, or a reconnect's due
+    /// time (each attempt pushes the next one back by the backoff, at least `--backoff-min`).
+    async fn idle_until(&mut self, deadline: Instant, next_round: u32) {
+        while Instant::now() < deadline {
+            match &mut self.socket {
+                Socket::Open(ws) => {
+                    let closed = tokio::select! {
+                        () = tokio::time::sleep_until(deadline) => return,
+                        msg = ws.next() => is_closing(msg),
+                    };
+                    if closed {
+                        self.socket_closed(next_round.saturating_sub(1));
+                    }
+                }
+                Socket::Retry(at) if *at < deadline => {
+                    tokio::time::sleep_until(*at).await;
+                    self.connect_socket(next_round).await;
+                }
+                Socket::Retry(_) | Socket::NotWanted | Socket::GivenUp => {
+                    tokio::time::sleep_until(deadline).await;
+                }
             }
         }
     }
@@ -554,7 +590,12 @@ pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: Unbounde
             else {
                 break;
             };
-            s.idle_until(at, round - 1).await;
+            s.idle_until(at, round).await;
+            // `--duration` bounds the run: a round due within it but reached after it, behind
+            // slow answers, does not start.
+            if s.plan.duration.is_some_and(|d| start.elapsed() >= d) {
+                break;
+            }
         }
         if s.reconnect_due() {
             s.connect_socket(round).await;
@@ -572,31 +613,127 @@ pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: Unbounde
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
+    use limpet_client::CookieNames;
+
+    fn answer_setting(lines: &[&'static str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for &line in lines {
+            h.append(SET_COOKIE, HeaderValue::from_static(line));
+        }
+        h
+    }
+
+    /// A jar for `url` with the default names, holding `route=b` and `route-home=a`.
+    fn jar_holding(url: &str, now: SystemTime) -> AffinityJar {
+        let origin = Origin::parse(url).expect("origin");
+        let mut jar = AffinityJar::with_names(origin.clone(), CookieNames::default());
+        for line in ["route=b; Path=/", "route-home=a; Path=/"] {
+            assert_eq!(
+                jar.adopt(&origin, line.as_bytes(), now),
+                Adoption::Stored,
+                "{line}"
+            );
+        }
+        jar
+    }
 
     /// A deletion is the answer's: a `Set-Cookie` of a balancer name held before it that
     /// expires the cookie. A cookie set anew, one never held, or one of another name is not.
     #[test]
     fn an_answer_deletes_a_held_cookie_only_by_expiring_it() {
-        let names = CookieNames::default();
-        let held = vec![
-            ("route".to_owned(), "b".to_owned()),
-            ("route-home".to_owned(), "a".to_owned()),
-        ];
-        let now = std::time::SystemTime::now();
-        let with = |v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.append(SET_COOKIE, HeaderValue::from_static(v));
-            h
-        };
-        let deletes = |v| deletes_held_cookie(&with(v), &names, &held, now);
-        assert!(deletes("route-home=; Path=/; Max-Age=0"));
-        assert!(deletes(
+        let now = SystemTime::now();
+        let jar = jar_holding("http://lb.example/", now);
+        let removes = |line| adopted(&jar, &answer_setting(&[line]), now).removed;
+        assert!(removes("route-home=; Path=/; Max-Age=0"));
+        assert!(removes(
             "route-home=; Expires=Thu, 01 Jan 1970 00:00:00 GMT"
         ));
-        assert!(!deletes("route=a; Path=/"), "set anew");
-        assert!(!deletes("SERVERID=; Max-Age=0"), "never held");
-        assert!(!deletes("sid=; Max-Age=0"), "not a balancer name");
-        assert!(!deletes_held_cookie(&HeaderMap::new(), &names, &held, now));
+        assert!(!removes("route=a; Path=/"), "set anew");
+        assert!(!removes("SERVERID=; Max-Age=0"), "never held");
+        assert!(!removes("sid=; Max-Age=0"), "not a balancer name");
+        assert_eq!(adopted(&jar, &HeaderMap::new(), now), Adopted::default());
+    }
+
+    /// A deletion the jar refuses keeps the cookie, so it removes nothing: with `Path=/x`
+    /// (the jar keeps only root-path cookies) or a `Domain` the origin is not in. Counted as
+    /// a removal, it would excuse a move right after a re-pin, which the judge breaks.
+    #[test]
+    fn a_deletion_the_jar_refuses_is_not_a_removal() {
+        let now = SystemTime::now();
+        let jar = jar_holding("http://lb.example/", now);
+        let removes = |line| adopted(&jar, &answer_setting(&[line]), now).removed;
+        assert!(!removes("route-home=; Path=/x; Max-Age=0"), "Path=/x");
+        assert!(
+            !removes("route-home=; Domain=other.example; Max-Age=0"),
+            "another domain"
+        );
+        assert!(
+            !removes("route-home=; Path=/; Secure; Max-Age=0"),
+            "Secure over http"
+        );
+        // The same lines over https, on the root path, in the origin's domain: removals.
+        let tls = jar_holding("https://app.lb.example/", now);
+        for line in [
+            "route-home=; Path=/; Max-Age=0",
+            "route-home=; Domain=lb.example; Max-Age=0",
+            "route-home=; Path=/; Secure; Max-Age=0",
+        ] {
+            assert!(
+                adopted(&tls, &answer_setting(&[line]), now).removed,
+                "{line}"
+            );
+        }
+    }
+
+    /// A cookie is set only when the jar takes it. A `Secure` one over `http://` (on a 101,
+    /// say) is refused by the jar, which then sends nothing: no cookie set. Over `https://`
+    /// the same line is one.
+    #[test]
+    fn a_cookie_the_jar_refuses_is_not_a_cookie_set() {
+        let now = SystemTime::now();
+        let sets = |url: &str, lines: &[&'static str]| {
+            let origin = Origin::parse(url).expect("origin");
+            let empty = AffinityJar::with_names(origin, CookieNames::default());
+            adopted(&empty, &answer_setting(lines), now).set
+        };
+        assert!(!sets("http://lb.example/", &["route=a; Path=/; Secure"]));
+        assert!(sets("https://lb.example/", &["route=a; Path=/; Secure"]));
+        assert!(!sets("http://lb.example/", &["route=a; Path=/ws"]), "Path");
+        assert!(
+            !sets("http://lb.example/", &["route=a; Domain=other.example"]),
+            "Domain"
+        );
+        assert!(
+            !sets("http://lb.example/", &["sid=a; Path=/"]),
+            "not a balancer name"
+        );
+        // One line the jar refuses beside one it takes: the answer did set a cookie.
+        assert!(sets(
+            "http://lb.example/",
+            &["AWSALB=x; Path=/; Secure", "route=a; Path=/"]
+        ));
+        assert!(
+            sets("ws://lb.example/", &["route=a"]),
+            "ws:// is http://'s origin"
+        );
+    }
+
+    /// A rewrite of a held cookie, even to the value held, is a cookie set (the balancer did
+    /// set it); a held cookie that ran out on its own is no removal when the answer expires it.
+    #[test]
+    fn a_repeat_is_set_and_a_lapsed_cookie_is_not_removed() {
+        let now = SystemTime::now();
+        let origin = Origin::parse("http://lb.example/").expect("origin");
+        let mut jar = jar_holding("http://lb.example/", now);
+        assert!(adopted(&jar, &answer_setting(&["route=b; Path=/"]), now).set);
+        let short = "route-home=a; Path=/; Max-Age=1";
+        assert_eq!(
+            jar.adopt(&origin, short.as_bytes(), now),
+            Adoption::Replaced
+        );
+        let later = now + Duration::from_secs(2);
+        let expire = answer_setting(&["route-home=; Path=/; Max-Age=0"]);
+        assert!(!adopted(&jar, &expire, later).removed);
+        assert!(adopted(&jar, &expire, now).removed);
     }
 }
