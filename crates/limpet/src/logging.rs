@@ -31,8 +31,8 @@ pub const DEFAULT_FILTER: &str = "info,h2=error,hyper=error,rustls=error,tokio_r
 
 /// Lines queued for the writer at most (`tracing-appender`'s default): about a second of
 /// the access log at 100,000 requests/s. What a client sends is clipped in them (a path to
-/// 256 characters, a method to 32), so an access line stays under about 600 bytes and a full
-/// queue under about 80 MB.
+/// 256 characters as written, escapes included, a method to 32), so an access line stays
+/// under about 600 bytes and a full queue under about 80 MB.
 pub const LINES: usize = 128_000;
 
 /// The writer's count of dropped lines, once logging is set up.
@@ -122,6 +122,67 @@ pub(crate) mod access {
         }
     }
 
+    /// The longest path an access line writes, in characters as written: an escape counts
+    /// its own length ([`push_escaped`]), so a path of escapes makes no longer a line than a
+    /// path of plain characters.
+    pub(crate) const PATH_CHARS: usize = 256;
+
+    /// Whether `c` is written escaped in an access line: every control character (C0, DEL
+    /// and C1, among them U+0085 NEL and the 8-bit CSI U+009B), the line and paragraph
+    /// separators U+2028 and U+2029, and the backslash that starts an escape (so that a
+    /// path holding the text `\u{85}` reads apart from one holding the character).
+    /// tracing's formatter escapes only the `message` field; a client's path goes out as it
+    /// came, and a log reader splitting lines by Unicode's rules (U+0085, U+2028) would read
+    /// whatever follows as a record of its own: a forged access line.
+    fn needs_escape(c: char) -> bool {
+        c.is_control() || matches!(c, '\\' | '\u{2028}' | '\u{2029}')
+    }
+
+    /// Appends `s` to `out` as a log value, at most `max` characters as written: what
+    /// [`needs_escape`] says as `\u{85}` (Rust's escape, the hex of the code point) and a
+    /// backslash as `\\`; any other character, ASCII or not, as it is. An escape that
+    /// does not fit whole is left out with the rest. No allocation of its own: a path with
+    /// nothing to escape in its first `max` bytes (all printable ASCII, the common case,
+    /// told apart with one pass over them) is copied at once.
+    pub(crate) fn push_escaped(out: &mut String, s: &str, max: usize) {
+        let head = &s.as_bytes()[..s.len().min(max)];
+        if head.iter().all(|&b| matches!(b, 0x20..=0x7e) && b != b'\\') {
+            // ASCII: a character is a byte, and `head` ends on a character's boundary.
+            out.push_str(&s[..head.len()]);
+            return;
+        }
+        let mut left = max;
+        // The start of the characters kept as they are, not yet copied.
+        let mut plain = 0;
+        for (i, c) in s.char_indices() {
+            if left == 0 {
+                out.push_str(&s[plain..i]);
+                return;
+            }
+            if !needs_escape(c) {
+                left -= 1;
+                continue;
+            }
+            out.push_str(&s[plain..i]);
+            plain = i + c.len_utf8();
+            let before = out.len();
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else {
+                use std::fmt::Write as _;
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            // Escapes are ASCII: their length in bytes is their length in characters.
+            let n = out.len() - before;
+            if n > left {
+                out.truncate(before);
+                return;
+            }
+            left -= n;
+        }
+        out.push_str(&s[plain..]);
+    }
+
     /// Milliseconds, to the microsecond (integer arithmetic: a float's formatting costs
     /// more).
     pub(crate) struct Ms(pub Duration);
@@ -190,5 +251,31 @@ mod tests {
         assert!((95..=96).contains(&dropped), "{dropped}");
         drop(go);
         drop(guard);
+    }
+
+    /// A path's control characters, line separators and backslashes are escaped, other
+    /// characters kept; the clip counts characters as written, and an escape that does not
+    /// fit is left out whole, not cut into something that reads as another escape.
+    #[test]
+    fn access_values_escape_line_breaks_and_clip_as_written() {
+        let esc = |s: &str, max: usize| {
+            let mut out = String::from("<");
+            access::push_escaped(&mut out, s, max);
+            out
+        };
+        assert_eq!(esc("/plain/path", 256), "</plain/path");
+        assert_eq!(esc("/plain/path", 3), "</pl");
+        assert_eq!(esc("/caf\u{e9}/\u{65e5}", 256), "</caf\u{e9}/\u{65e5}");
+        assert_eq!(
+            esc("/x\u{85}a\u{2028}b\u{2029}c\u{9b}d\u{7f}e\\f", 256),
+            r"</x\u{85}a\u{2028}b\u{2029}c\u{9b}d\u{7f}e\\f"
+        );
+        // `/x` (2) and `\u{85}` (6) fit in 8; in 7 the escape is left out.
+        assert_eq!(esc("/x\u{85}yz", 8), r"</x\u{85}");
+        assert_eq!(esc("/x\u{85}yz", 7), "</x");
+        assert_eq!(esc("\u{e9}\u{e9}\u{e9}", 2), "<\u{e9}\u{e9}");
+        // Past the clip, nothing more is looked at: a long plain head is copied at once.
+        let long = format!("/{}\u{85}", "a".repeat(300));
+        assert_eq!(esc(&long, 256).len(), 257);
     }
 }

@@ -341,8 +341,9 @@ pub struct Metrics {
     /// Per-node traffic for the stats page (and the answers-cut counters' scrape).
     traffic: std::sync::Arc<traffic::Traffic>,
     /// Evictions and refused pins per table as last read, so the counters grow by the
-    /// difference.
-    evictions_seen: std::sync::Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
+    /// difference; keyed by the table's name and key ([`TableGauges`]): a reload that keys
+    /// a table anew builds another table, whose totals start again from 0.
+    evictions_seen: std::sync::Mutex<std::collections::BTreeMap<(String, String), (u64, u64)>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -374,6 +375,10 @@ pub struct NodeGauges<'a> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TableGauges<'a> {
     pub table: &'a str,
+    /// What the table is keyed on (`source-ip`, `header x-user`...): with the name, which
+    /// table this is. A reload keeps a table (and its totals) exactly when it keeps both;
+    /// one that keys it anew builds another, whose totals start at 0.
+    pub key: &'a str,
     pub entries: u64,
     /// Keys open sessions hold.
     pub held: u64,
@@ -615,13 +620,15 @@ impl Metrics {
         self.traffic.view(node, now_ms)
     }
 
-    /// Samples every node's traffic for the charts; the admin server calls it every
-    /// [`SAMPLE_EVERY`].
-    pub fn sample(&self, now_ms: u64) {
-        self.traffic.sample(now_ms);
+    /// Samples the traffic of the `configured` nodes (the running configuration's) for the
+    /// charts, and drops the history of every other node; the admin server calls it every
+    /// [`SAMPLE_EVERY`]. The counters of a node no longer configured stay (its Prometheus
+    /// series keep their last value, and a node added back carries on under its name).
+    pub fn sample<'a>(&self, now_ms: u64, configured: impl IntoIterator<Item = &'a str>) {
+        self.traffic.sample(now_ms, configured);
     }
 
-    /// The charts' points of every node sampled since limpet started.
+    /// The charts' points of every configured node, as last sampled.
     pub fn history(&self, now_ms: u64) -> HistoryView {
         self.traffic.history(now_ms)
     }
@@ -646,9 +653,15 @@ impl Metrics {
 
     /// Replaces the per-node and per-table gauges with this snapshot (nodes and tables no
     /// longer configured disappear). Tables come with their totals so far; the eviction and
-    /// refused-pin counters grow by the difference since the last snapshot. Creates the zero
+    /// refused-pin counters grow by the difference since the last snapshot of the same table
+    /// (its name and key: a table a reload keyed anew counts from 0, its totals added to
+    /// the old one's, not diffed against them). Snapshots must come in the order they were
+    /// read (the admin server reads and applies one scrape at a time). Creates the zero
     /// series of every counter label set the snapshot names (see the module docs); counters
     /// of nodes and tables no longer configured keep their last value.
+    ///
+    /// What a replaced table counted after the last snapshot before the reload is not seen:
+    /// the snapshot reads the running tables only.
     pub fn set_gauges<'a>(
         &self,
         nodes: impl IntoIterator<Item = NodeGauges<'a>>,
@@ -720,6 +733,9 @@ impl Metrics {
             .evictions_seen
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        // The tables of this snapshot only: one removed and later added back (a new table,
+        // its totals from 0) is not diffed against what the old one had.
+        let mut now_seen = std::collections::BTreeMap::new();
         for t in tables {
             let labels = TableLabels {
                 table: t.table.to_owned(),
@@ -728,16 +744,19 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(gauge(t.entries));
             self.table_held.get_or_create(&labels).set(gauge(t.held));
-            let (last_evicted, last_refused) = seen
-                .insert(t.table.to_owned(), (t.evictions, t.refused))
-                .unwrap_or((0, 0));
-            // A table rebuilt by a reload starts its totals again: count from there.
+            let id = (t.table.to_owned(), t.key.to_owned());
+            let (last_evicted, last_refused) = seen.get(&id).copied().unwrap_or((0, 0));
+            // A table's totals only grow while it lives: lower ones are of a table built
+            // anew under the same name and key (removed and added back between two
+            // scrapes), counted from 0.
             let grown = |now: u64, last: u64| if now >= last { now - last } else { now };
             self.table_evictions(t.table, grown(t.evictions, last_evicted));
             self.refused
                 .get_or_create(&labels)
                 .inc_by(grown(t.refused, last_refused));
+            now_seen.insert(id, (t.evictions, t.refused));
         }
+        *seen = now_seen;
     }
 
     pub fn totals(&self) -> TotalsView {
@@ -829,6 +848,7 @@ mod tests {
         // difference.
         let by_ip = |evictions, refused| TableGauges {
             table: "by-ip",
+            key: "",
             entries: 9,
             held: 0,
             evictions,
@@ -844,6 +864,43 @@ mod tests {
         // A node gone from the snapshot disappears from the gauges.
         m.set_gauges([], []);
         assert!(!m.encode().contains(r#"limpet_node_pins{node="a"}"#));
+    }
+
+    /// A reload that keys a table anew builds another table, whose totals start at 0: its
+    /// evictions add to the old one's (3 seen, then 4 in the new table: 7), where a diff by
+    /// name alone counted 4 - 3. A table removed and added back later starts at 0 too.
+    #[test]
+    fn a_table_keyed_anew_adds_its_totals_to_the_old_one_s() {
+        let m = Metrics::new();
+        let t = |key, evictions, refused| TableGauges {
+            table: "t",
+            key,
+            evictions,
+            refused,
+            ..TableGauges::default()
+        };
+        let counted = |m: &Metrics| {
+            let text = m.encode();
+            let value = |family: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{family}{{table=\"t\"}} ")))
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            (
+                value("limpet_table_evictions_total"),
+                value("limpet_table_pins_refused_total"),
+            )
+        };
+        m.set_gauges([], [t("source-ip", 3, 1)]);
+        assert_eq!(counted(&m), (Some(3), Some(1)));
+        m.set_gauges([], [t("header x-sess", 4, 2)]);
+        assert_eq!(counted(&m), (Some(7), Some(3)));
+        m.set_gauges([], [t("header x-sess", 6, 2)]);
+        assert_eq!(counted(&m), (Some(9), Some(3)));
+        // Removed, then added back with the key it had: a new table again.
+        m.set_gauges([], []);
+        m.set_gauges([], [t("header x-sess", 1, 0)]);
+        assert_eq!(counted(&m), (Some(10), Some(3)));
     }
 
     /// The names of the families as scraped: a counter's samples end in `_total`.

@@ -130,6 +130,37 @@ async fn bad_requests_get_clear_errors() {
     l.stop().await;
 }
 
+/// `/api/v1/store` is a read: another method there is 405 (wrong method), as on every other
+/// endpoint, while a `GET` without a `[store]` stays 404. Before, the 405 fallback left the
+/// store out and `PUT /api/v1/store` answered 404, "no such endpoint".
+#[tokio::test]
+async fn a_wrong_method_on_the_store_endpoint_is_405() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("admin-store-405", &config(port, "listen = \"127.0.0.1:0\""));
+    let l = Limpet::start(&cfg).await;
+    let url = l.admin_url("/api/v1/store");
+    for method in [
+        reqwest::Method::PUT,
+        reqwest::Method::DELETE,
+        reqwest::Method::POST,
+    ] {
+        let r = bare_client()
+            .request(method.clone(), &url)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap_or_default();
+        assert_eq!(status, 405, "{method} /api/v1/store: {body}");
+        assert!(body.contains("method not allowed"), "{method}: {body}");
+    }
+    let (s, v) = get_json(&url).await;
+    assert_eq!(s, 404, "no [store] configured: {v}");
+    l.stop().await;
+}
+
 #[test]
 fn limpet_refuses_an_admin_listener_off_loopback_without_a_token() {
     let text = config(8080, "listen = \"0.0.0.0:9900\"");

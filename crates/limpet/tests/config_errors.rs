@@ -1364,3 +1364,60 @@ fn listeners_on_different_tables_are_warned_of() {
         "an application-session table: no warning"
     );
 }
+
+/// A listener's or table's name that would break a Prometheus scrape or a log line is
+/// refused at its line: `prometheus-client` writes label values as they are, so one `"`,
+/// `\` or line break in `listener="..."` or `table="..."` made the whole `/metrics` text
+/// unreadable, and a TCP session's access line writes its listener's name. Before, any name
+/// but an empty one was taken.
+#[test]
+fn listener_and_table_names_that_break_metric_labels_or_log_lines_are_refused() {
+    const TABLE: &str = "[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n";
+    const LISTENER: &str =
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\ntable = \"t\"\n";
+    // (the name as the TOML file writes it, the character the error names)
+    let bad = [
+        (r#""we\"b""#, r#"'"'"#),
+        (r#""we\\b""#, r"'\\'"),
+        (r#""we\nb""#, r"'\n'"),
+        (r#""we\u0085b""#, r"'\u{85}'"),
+        (r#""we\u2028b""#, r"'\u{2028}'"),
+        (r#""we\u009bb""#, r"'\u{9b}'"),
+    ];
+    for (name, c) in bad {
+        let listener = LISTENER.replace("\"web\"", name);
+        let text = format!("{NODES}{TABLE}{listener}");
+        let e = error(&text);
+        let want = format!(
+            "{}listeners[0].name: ",
+            at_value(&text, &format!("name = {name}"))
+        );
+        assert!(e.starts_with(&want), "{name}: {e}");
+        assert!(e.contains(&format!("holds {c}")), "{name}: {e}");
+        assert!(e.contains("a listener name is a metric label value"), "{e}");
+
+        let table = TABLE.replace("\"t\"", name);
+        let listener = LISTENER.replace("\"t\"", name);
+        let text = format!("{NODES}{table}{listener}");
+        let e = error(&text);
+        let want = format!(
+            "{}tables[0].name: ",
+            at_value(&text, &format!("name = {name}"))
+        );
+        assert!(e.starts_with(&want), "{name}: {e}");
+        assert!(e.contains(&format!("holds {c}")), "{name}: {e}");
+        assert!(e.contains("a table name is a metric label value"), "{e}");
+    }
+    // Anything else printable stays a name, spaces and non-ASCII letters included.
+    let text = format!(
+        "{NODES}{}{}",
+        TABLE.replace("\"t\"", "\"by ip/24 é\""),
+        LISTENER
+            .replace("\"web\"", "\"web front-1 (ü)\"")
+            .replace("\"t\"", "\"by ip/24 é\"")
+    );
+    assert!(
+        Config::from_text(Path::new("limpet.toml"), &text).is_ok(),
+        "{text}"
+    );
+}

@@ -295,6 +295,38 @@ async fn the_access_log_clips_a_long_method() {
     drop(child);
 }
 
+/// A path's control characters and line separators are written escaped in the access line:
+/// the request target may hold any byte from 0x80 up (httparse and `http` take valid UTF-8
+/// there), so a client could send U+0085 (NEL), U+2028 or the 8-bit CSI U+009B. Before,
+/// they went into the line raw (tracing escapes only the `message` field), and a log reader
+/// splitting lines by Unicode's rules read what followed a NEL as a second, forged access
+/// record. A backslash is escaped too, so a path holding the text `\u{85}` reads apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_escapes_control_characters_and_line_separators_of_the_path() {
+    let ns = nodes(&["a"]).await;
+    let (child, addr, stderr) = logging_proxy(&ns[0]).await;
+    let addr: std::net::SocketAddr = addr.parse().expect("listen address");
+    // No spaces: a request target has none (a NEL and what follows is the forgery).
+    let target = "/x\u{85}id=forged\u{2028}y\u{2029}\u{9b}2J\\z";
+    let answer = raw_exchange(
+        addr,
+        format!("GET {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 "), "{answer:?}");
+    let logged = first_access_line(stderr).await;
+    let bad: Vec<char> = logged
+        .chars()
+        .filter(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?} raw in {logged:?}");
+    assert!(
+        logged.contains(r"path=/x\u{85}id=forged\u{2028}y\u{2029}\u{9b}2J\\z "),
+        "NEL, separators, CSI or backslash not escaped: {logged:?}"
+    );
+    drop(child);
+}
+
 /// The access log line is written when the answer ends, and says how it ended: a whole
 /// answer `end=done` with its body bytes; one whose node failed after its head went out
 /// keeps its status (the client got a 200 head) but says `end=node-error` and the bytes

@@ -825,3 +825,111 @@ async fn a_table_a_reload_removes_lets_its_entries_go_at_once() {
     assert_eq!(len("t"), Some(50), "the carried table kept whole");
     l.stop().await;
 }
+
+/// `limpet_table_evictions_total{table}` of the `/metrics` text (`None`: no such series).
+fn evictions(metrics: &str, table: &str) -> Option<u64> {
+    let series = format!("limpet_table_evictions_total{{table=\"{table}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A reload that keys a table anew builds another table, whose own totals start at 0: its
+/// evictions add to what the old one counted. A table of size 2 keyed on the source address
+/// evicts 3 of 5 client addresses, scraped; keyed on a header by the reload, it evicts 4 of 6
+/// sessions: the counter says 7. Before, the counter grew by the difference of the totals
+/// under the table's name, and said 4 (the new table's 4 less the old one's 3).
+#[tokio::test]
+async fn a_table_keyed_anew_by_a_reload_adds_its_evictions_to_the_counter() {
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let text = |key: &str| {
+        format!(
+            "{}[[tables]]\nname = \"t\"\n{key}\nsize = 2\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\ntable = \"t\"\n\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&NODES[..1])
+        )
+    };
+    let cfg = ConfigFile::new("reload-table-evictions", &text("key = \"source-ip\""));
+    let l = Limpet::start(&cfg).await;
+    let web = l.addr("web");
+    for i in 1..=5 {
+        assert_eq!(node_for(&format!("127.0.1.{i}"), web).await, "a");
+    }
+    assert_eq!(evictions(&metrics_text(&l).await, "t"), Some(3));
+
+    cfg.write(&text("header = \"X-Sess\""));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let url = format!("http://{web}/");
+    let c = bare_client();
+    for i in 0..6 {
+        let r = c
+            .get(&url)
+            .header("x-sess", format!("s{i}"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let tables = admin_json(&l, "/api/v1/tables").await;
+    assert_eq!(tables[0]["evictions"], 4, "the new table's own: {tables}");
+    assert_eq!(evictions(&metrics_text(&l).await, "t"), Some(7));
+    l.stop().await;
+}
+
+/// The names in `/api/v1/history`.
+async fn history_nodes(l: &Limpet) -> Vec<String> {
+    let h = admin_json(l, "/api/v1/history").await;
+    h["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{h}"))
+        .iter()
+        .map(|n| n["node"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Waits (bounded) until `/api/v1/history` lists `node`: the admin server samples every
+/// 5 s. The names listed then.
+async fn history_with(l: &Limpet, node: &str) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let names = history_nodes(l).await;
+        if names.iter().any(|n| n == node) {
+            return names;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{node} never sampled: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A node a reload renames leaves the charts' history at the next sample, the one that
+/// first samples its new name: the history is of the running configuration's nodes. Before,
+/// every node name ever seen was sampled and served for the life of the process, one ring
+/// more for each rename.
+#[tokio::test]
+async fn a_node_a_reload_renames_leaves_the_history() {
+    let (_nodes, port) = backend_nodes(&NODES[..2]).await;
+    let cfg = ConfigFile::new("reload-history", &config(port, &NODES[..2], 1));
+    let l = Limpet::start(&cfg).await;
+    let names = history_with(&l, "b").await;
+    assert_eq!(names, ["a", "b"]);
+
+    // `b` renamed `b2`, at the same address.
+    cfg.write(&config(port, &[NODES[0], ("b2", NODES[1].1)], 1));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    let names = history_with(&l, "b2").await;
+    assert_eq!(names, ["a", "b2"], "b's history is gone");
+    // Its counters stay, as its Prometheus series do.
+    let text = metrics_text(&l).await;
+    assert!(
+        text.contains(r#"limpet_node_answers_slow_total{node="b"} 0"#),
+        "{text}"
+    );
+    l.stop().await;
+}

@@ -19,14 +19,19 @@
 //! | GET | `/api/v1/tables/{table}/entry?key=K` | look up one entry (404 when absent) |
 //! | DELETE | `/api/v1/tables/{table}/entry?key=K` | **write**: delete one entry |
 //! | DELETE | `/api/v1/tables/{table}` | **write**: clear the table |
+//! | GET | `/api/v1/store` | fleet mode: the shared store's state ([`crate::store::StoreStatus`]; 404 without a `[store]`) |
 //! | POST | `/api/v1/reload` | **write**: reload the configuration file (422 with the reason when refused, 503 once limpet is stopping); applied or refused whole even if the caller hangs up first |
 //! | GET | `/api/v1/stats` | totals of requests and pin outcomes, and the server's uptime (the page computes rates) |
 //! | GET | `/api/v1/history` | per node, one point per sample of the last five minutes: requests/s, errors/s, p99 answer time ([`HistoryView`]) |
 //!
 //! `HEAD` answers wherever `GET` does. Errors are JSON `{"error": "..."}` with 400 (bad
-//! request), 401 (missing or wrong token), 403 (a cross-site write), 404 (no such node, table
-//! or entry), 405, 413 (body over 16 KiB), 422 (reload refused), 503 (reload asked for, or
-//! still reading its file, once limpet is stopping).
+//! request), 401 (missing or wrong token), 403 (a cross-site write, or a `POST` without
+//! `Content-Type: application/json`), 404 (no such node, table, entry or endpoint, or no
+//! `[store]`), 405 (a method the path does not answer), 408 (a write's body not whole within
+//! 10 s), 413 (body over 16 KiB), 421 (a request without the token whose `Host` the listener
+//! is not known by: DNS rebinding, `auth::rebinding_refusal`), 422 (reload refused), 503
+//! (reload asked for, or still reading its file, once limpet is stopping; a write that
+//! reaches a limpet handing over to a new one in an upgrade).
 //!
 //! ## Authorization
 //!
@@ -44,7 +49,9 @@
 //!
 //! Each node's traffic (requests, errors, bytes, answer times) is counted by the data plane
 //! into [`crate::metrics`]; [`serve`] samples it every [`SAMPLE_EVERY`] into a five-minute
-//! ring for the stats page's charts, for as long as the admin listener runs.
+//! ring for the stats page's charts, for as long as the admin listener runs: the running
+//! configuration's nodes only ([`Control::node_states`]), a node a reload removed or renamed
+//! leaving the history at the next sample.
 
 mod auth;
 mod server;

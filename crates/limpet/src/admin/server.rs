@@ -31,6 +31,9 @@ struct State {
     control: Arc<dyn Control>,
     settings: AdminSettings,
     started: Instant,
+    /// Held by a `/metrics` scrape (see there). Waited for, not blocked on: a scrape waiting
+    /// its turn leaves its thread to the tasks that share it.
+    scrape: tokio::sync::Mutex<()>,
 }
 
 /// The task sampling node traffic for the stats page's charts; stopped with the server,
@@ -38,13 +41,20 @@ struct State {
 struct Sampler(tokio::task::JoinHandle<()>);
 
 impl Sampler {
-    fn start(metrics: Arc<crate::metrics::Metrics>) -> Self {
+    fn start(control: Arc<dyn Control>) -> Self {
+        let metrics = control.metrics();
         Sampler(tokio::spawn(async move {
             let mut every = tokio::time::interval(super::SAMPLE_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                metrics.sample(crate::clock::now_ms());
+                // The running configuration's nodes only: a node a reload removed or renamed
+                // leaves the charts, and its history goes (`Metrics::sample`).
+                let nodes = control.node_states();
+                metrics.sample(
+                    crate::clock::now_ms(),
+                    nodes.iter().map(|n| n.name.as_str()),
+                );
             }
         }))
     }
@@ -65,11 +75,12 @@ pub async fn serve(
     settings: AdminSettings,
     shutdown: impl Future<Output = ()>,
 ) {
-    let _sampler = Sampler::start(control.metrics());
+    let _sampler = Sampler::start(Arc::clone(&control));
     let state = Arc::new(State {
         control,
         settings,
         started: Instant::now(),
+        scrape: tokio::sync::Mutex::new(()),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     // The admin listener is for a few operators and scrapers: its connections are bounded
@@ -228,6 +239,10 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
         ),
         (&Method::GET, ["ready"]) => text(StatusCode::OK, "text/plain", "ready\n"),
         (&Method::GET, ["metrics"]) => {
+            // One scrape at a time, from its read of the tables to its encoding: the table
+            // counters grow by the difference from the snapshot applied before, and a
+            // scrape's older snapshot applied after a newer one read as totals gone down.
+            let _one = state.scrape.lock().await;
             let m = c.metrics();
             let nodes = c.nodes();
             let tables = c.tables();
@@ -248,6 +263,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
                 }),
                 tables.iter().map(|t| crate::metrics::TableGauges {
                     table: &t.name,
+                    key: &t.key,
                     entries: t.size,
                     held: t.held,
                     evictions: t.evictions,
@@ -344,8 +360,9 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
             Ok(report) => json(StatusCode::OK, &report),
             Err(e) => control_error(e),
         },
+        // Every path some method answers: a wrong method there is 405, not 404.
         (_, ["" | "ready" | "metrics"])
-        | (_, ["api", "v1", "stats" | "history" | "nodes" | "tables" | "reload"])
+        | (_, ["api", "v1", "stats" | "history" | "nodes" | "tables" | "reload" | "store"])
         | (_, ["api", "v1", "nodes", _] | ["api", "v1", "tables", _])
         | (_, ["api", "v1", "nodes", _, "state"] | ["api", "v1", "tables", _, "entry"]) => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")

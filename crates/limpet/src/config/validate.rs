@@ -114,6 +114,24 @@ fn cookie_domain(d: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A listener's or table's name: it goes as it is into Prometheus label values
+/// (`listener="..."`, `table="..."`; `prometheus-client` writes label values unescaped, so
+/// a `"`, a `\` or a line break would break the whole scrape, not one series) and into
+/// log lines (a TCP session's access line names its listener), where a control character or
+/// a line separator could start a forged line. `what`: `listener` or `table`.
+fn label_name(what: &str, name: &str) -> Result<(), String> {
+    match name
+        .chars()
+        .find(|&c| c.is_control() || matches!(c, '"' | '\\' | '\u{2028}' | '\u{2029}'))
+    {
+        Some(c) => Err(format!(
+            "{name:?} holds {c:?}: a {what} name is a metric label value and a log value: no \
+             control characters, line separators, quotes (\") or backslashes (\\)"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Refuses the placeholder `limpet check` prints for a secret, so a listing pasted back as a
 /// config cannot run with a secret everyone can read.
 fn not_redacted(v: &str) -> Result<(), String> {
@@ -521,6 +539,9 @@ impl Validator<'_> {
             if name.is_empty() {
                 return Err(self.err(&t.name, format!("{key}.name"), "empty table name"));
             }
+            if let Err(e) = label_name("table", name) {
+                return Err(self.err(&t.name, format!("{key}.name"), e));
+            }
             if out.iter().any(|o| &o.name == name) {
                 return Err(self.err(
                     &t.name,
@@ -715,6 +736,9 @@ impl Validator<'_> {
         };
         if l.name.get_ref().is_empty() {
             return Err(self.err(&l.name, format!("{key}.name"), "empty listener name"));
+        }
+        if let Err(e) = label_name("listener", l.name.get_ref()) {
+            return Err(self.err(&l.name, format!("{key}.name"), e));
         }
         let bind_strs: Vec<String> = match l.bind.get_ref() {
             OneOrMany::One(s) => vec![s.clone()],

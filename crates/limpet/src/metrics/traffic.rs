@@ -3,12 +3,14 @@
 //! Prometheus gets counters and histograms (the parent module) and computes rates itself. An
 //! operator on the stats page wants the answers directly: per node, requests and errors per
 //! second, p50/p99 answer time, bytes, and a chart of the last minutes. This module keeps what
-//! that takes, in memory, for the life of the process:
+//! that takes, in memory: the counters for the life of the process, the history for as long
+//! as the node is configured:
 //!
 //! ```text
 //!  data plane hooks ─► NodeTraffic (cumulative atomics, one per node name)
 //!        Metrics::request, Metrics::upstream_latency, body byte counts (proxy::body)
-//!  sampler (the admin server, every SAMPLE_EVERY) ─► a ring of HISTORY_SAMPLES samples per node
+//!  sampler (the admin server, every SAMPLE_EVERY) ─► a ring of HISTORY_SAMPLES samples per
+//!        configured node (a node a reload removed or renamed: its ring dropped)
 //!  reads ─► TrafficView: rates over the last RATE_WINDOW, p50/p99 over the last LATENCY_WINDOW
 //!        ─► HistoryView: one point per sample (requests/s, errors/s, p99) for the charts
 //! ```
@@ -359,16 +361,23 @@ impl Traffic {
         self.history.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes one sample of every node's counters.
-    pub(super) fn sample(&self, now_ms: u64) {
+    /// Takes one sample of the counters of every node in `configured`, and drops the
+    /// history of every other: a node a reload removed or renamed was sampled, and its ring
+    /// kept and served, for the life of the process (one more for each rename). Its counters
+    /// stay: they are what its Prometheus series read, and a node added back carries on
+    /// under its name (its history starts anew).
+    pub(super) fn sample<'a>(&self, now_ms: u64, configured: impl IntoIterator<Item = &'a str>) {
+        let configured: std::collections::BTreeSet<&str> = configured.into_iter().collect();
         let nodes: Vec<(String, Arc<NodeTraffic>)> = self
             .nodes
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
+            .filter(|(n, _)| configured.contains(n.as_str()))
             .map(|(n, t)| (n.clone(), Arc::clone(t)))
             .collect();
         let mut history = self.lock_history();
+        history.retain(|n, _| configured.contains(n.as_str()));
         for (name, t) in nodes {
             let h = history.entry(name).or_insert_with(|| NodeHistory {
                 samples: VecDeque::with_capacity(HISTORY_SAMPLES),
@@ -580,9 +589,9 @@ mod tests {
         assert!((v.requests_per_sec - 3.1).abs() < 1e-9, "{v:?}");
         assert!((v.errors_per_sec - 0.1).abs() < 1e-9, "{v:?}");
         // Sampled, then quiet: once the window has passed, nothing per second.
-        t.sample(start + 5_000);
-        t.sample(start + 10_000);
-        t.sample(start + 15_000);
+        t.sample(start + 5_000, ["a"]);
+        t.sample(start + 10_000, ["a"]);
+        t.sample(start + 15_000, ["a"]);
         let v = t.view("a", start + 25_000);
         assert_eq!(v.requests_per_sec, 0.0, "{v:?}");
         assert_eq!(v.requests, 31, "totals stay");
@@ -603,13 +612,13 @@ mod tests {
         for _ in 0..100 {
             a.answer_time(Duration::from_millis(200));
         }
-        t.sample(start + 5_000);
+        t.sample(start + 5_000, ["a"]);
         let v = t.view("a", start + 6_000);
         let p50 = v.answer_p50_ms.unwrap_or(0.0);
         assert!((188.0..=213.0).contains(&p50), "{v:?}");
         // A minute later, fast answers only: the slow ones left the window.
         for i in 2..=14 {
-            t.sample(start + i * 5_000);
+            t.sample(start + i * 5_000, ["a"]);
         }
         for _ in 0..10 {
             a.answer_time(Duration::from_millis(2));
@@ -619,9 +628,51 @@ mod tests {
         assert!((1.8..=2.2).contains(&p99), "{v:?}");
         // Nothing at all in the window: no figure.
         for i in 15..=30 {
-            t.sample(start + i * 5_000);
+            t.sample(start + i * 5_000, ["a"]);
         }
         assert_eq!(t.view("a", start + 150_000).answer_p50_ms, None);
+    }
+
+    /// A node the configuration no longer has (a reload removed or renamed it) is not
+    /// sampled, and its history goes, while its counters stay; added back, it is sampled
+    /// again from there. Before, every node ever seen was sampled and kept for good.
+    #[test]
+    fn a_node_no_longer_configured_leaves_the_history_and_keeps_its_counters() {
+        let t = Traffic::default();
+        let start = 7_000_000;
+        for n in ["a", "b"] {
+            t.node(n, || start).request(false);
+        }
+        t.sample(start + 5_000, ["a", "b"]);
+        let names = |t: &Traffic, at| {
+            t.history(at)
+                .nodes
+                .into_iter()
+                .map(|n| (n.node, n.t_ms.len()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(&t, start + 5_000),
+            [("a".to_owned(), 1), ("b".to_owned(), 1)]
+        );
+        // `b` renamed `c`.
+        t.node("c", || start + 6_000);
+        t.sample(start + 10_000, ["a", "c"]);
+        assert_eq!(
+            names(&t, start + 10_000),
+            [("a".to_owned(), 2), ("c".to_owned(), 1)]
+        );
+        assert_eq!(t.view("b", start + 10_000).requests, 1, "counters kept");
+        // `b` added back: a history of its own again, from its next sample.
+        t.sample(start + 15_000, ["a", "b", "c"]);
+        assert_eq!(
+            names(&t, start + 15_000),
+            [
+                ("a".to_owned(), 3),
+                ("b".to_owned(), 1),
+                ("c".to_owned(), 2)
+            ]
+        );
     }
 
     #[test]
@@ -634,7 +685,7 @@ mod tests {
                 a.request(i % 10 == 0);
             }
             a.answer_time(Duration::from_millis(i));
-            t.sample(start + i * 5_000);
+            t.sample(start + i * 5_000, ["a"]);
         }
         t.node("b", || start);
         let h = t.history(start + 400_000);

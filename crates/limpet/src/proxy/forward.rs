@@ -92,18 +92,22 @@ impl Access<'_> {
         // Text, not the request's `Uri` and generation: an answer may stream for hours,
         // and those would keep the client's read buffer and the generation's node pools
         // (after a reload) for as long. The path only: query strings often carry tokens
-        // that do not belong in logs; at most 256 characters.
+        // that do not belong in logs; at most 256 characters, its control characters and
+        // line separators escaped (the client chose them: raw, a U+0085 or U+2028 would
+        // start a forged line for a reader that splits lines by Unicode's rules).
         let path = uri.path();
-        let path = &path[..path.char_indices().nth(256).map_or(path.len(), |(i, _)| i)];
         let shared = self.moved.as_ref().unwrap_or(&shared);
         let node = self.node.map_or("-", |n| shared.node_name(n));
-        let mut text = String::with_capacity(path.len() + node.len());
-        text.push_str(path);
+        let max = crate::logging::access::PATH_CHARS;
+        // Exact for a path of printable ASCII; escapes and wider characters may grow it.
+        let mut text = String::with_capacity(path.len().min(max) + node.len());
+        crate::logging::access::push_escaped(&mut text, path, max);
+        let path_len = text.len();
         text.push_str(node);
         Some(AccessLine {
             id,
             method,
-            path_len: path.len(),
+            path_len,
             text,
             pin: PinText(
                 self.outcome,
