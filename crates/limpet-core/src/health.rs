@@ -185,13 +185,15 @@ pub struct Health {
     /// While down without checks: when the next trial may start. `u64::MAX`: never (a forced
     /// DOWN).
     retry_at_ms: u64,
-    /// While down without checks: a trial was claimed since the node went DOWN or last
-    /// failed, so a success now is that trial's (or at least a sign of life after it).
+    /// While down without checks: a trial was claimed and is not over (its claim not given
+    /// back, and no failure seen after its claim ran out), so a success now is that trial's
+    /// (or at least a sign of life after it).
     trying: bool,
-    /// While down: the last claimed trial holds until then. An early trial waits for it,
-    /// whatever failures arrive meanwhile (the late answer timeouts of requests sent before
-    /// the node went DOWN end `trying`, not the claim: one trial at a time), except a
-    /// refused connect, which says the node refuses now and frees the next try.
+    /// While down: the last claimed trial holds until then, or until its caller gives it
+    /// back with its outcome ([`Health::trial_abandoned`]). No other trial is made
+    /// meanwhile, due or early, whatever failures arrive (the late answer timeouts of
+    /// requests sent before the node went DOWN, a connect that was already failing: one
+    /// trial at a time); they only move the next trial's time.
     claimed_until_ms: u64,
     /// How many trials were claimed, ever (wrapping): the last one's mark, by which its
     /// caller gives it back ([`Health::trial_abandoned`]). Kept through every change of
@@ -896,8 +898,13 @@ impl Health {
         } else {
             h.up = false;
             h.unanswered = c.unanswered;
-            h.retry_at_ms = c.retry_at_ms.unwrap_or(u64::MAX);
             h.claimed_until_ms = c.trial_claimed_until_ms;
+            // The carrying process's trial stays its own: none is due here before its claim
+            // ends, though a failure seen there meanwhile (a late answer timeout) set the next
+            // trial's time earlier (`trying`, which holds that off there, is not carried).
+            h.retry_at_ms = c
+                .retry_at_ms
+                .map_or(u64::MAX, |r| r.max(c.trial_claimed_until_ms));
             h.down_cause = Some(c.down_cause.unwrap_or(DownCause::Traffic));
             if h.a_check_fails() {
                 h.streak = 0;
@@ -1841,6 +1848,25 @@ mod tests {
         assert!(!h.claim_trial(p, 21_099, 1_000, false));
         assert!(h.claim_trial(p, 21_100, 1_000, false));
         assert_eq!(h.observe(TrafficOk, p, 21_200), Some(Transition::WentUp));
+    }
+
+    /// A trial in flight crosses an upgrade as the carrying process's: a late failure there
+    /// made the next trial's time earlier than the claim's end, which `trying` holds off
+    /// there; the receiving process makes no trial before the claim ends either.
+    #[test]
+    fn a_carried_trial_in_flight_holds_off_the_next_one_across_an_upgrade() {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
+        for t in [0, 1, 2] {
+            h.observe(NoAnswer, p, t);
+        }
+        assert!(h.claim_trial(p, 10_002, 33_000, false), "held to 43_002");
+        h.observe(NoAnswer, p, 15_000);
+        assert_eq!(h.availability(p, 30_000), Availability::Down);
+        let carried = Health::carried(&h.carry(Some), |&s| Some(s));
+        assert_eq!(carried.availability(p, 30_000), Availability::Down);
+        assert!(!carried.early_trial_possible(p, 30_000));
+        assert_eq!(carried.availability(p, 43_002), Availability::TrialDue);
     }
 
     /// A failure seen while a trial is in flight may be a request's from before the node

@@ -236,13 +236,21 @@ impl Pool {
         claimed
     }
 
-    /// The trial of a node claimed last is over at `now_ms`: its caller gives the claim back
-    /// once it has the outcome, or has given up on it, as the I/O layer's claim does when
-    /// dropped (see [`crate::health::Health::trial_abandoned`]).
-    pub fn give_back_trial(&mut self, id: NodeId, now_ms: u64) {
+    /// The mark of the last trial of a node claimed ([`crate::health::Health::trial_claim`]),
+    /// which its caller gives back with [`Pool::give_back_trial`].
+    pub fn trial_claim(&self, id: NodeId) -> Option<u32> {
+        self.nodes
+            .get(id.index())
+            .map(|n| n.status.health.trial_claim())
+    }
+
+    /// The trial of a node claimed as `claim` is over at `now_ms`: its caller gives the claim
+    /// back once it has the outcome, or has given up on it, as the I/O layer's claim does
+    /// when dropped (see [`crate::health::Health::trial_abandoned`]). A later claim is left
+    /// alone.
+    pub fn give_back_trial(&mut self, id: NodeId, claim: u32, now_ms: u64) {
         if let Some(node) = self.nodes.get_mut(id.index()) {
             let status = &mut node.status;
-            let claim = status.health.trial_claim();
             status.health.trial_abandoned(status.policy, claim, now_ms);
             self.rebuild();
         }

@@ -892,6 +892,7 @@ impl Sim<'_> {
                 return Ok(false);
             }
         }
+        let claim = self.pool.trial_claim(n).unwrap_or_default();
         let ok = !refuse && self.alive[n.index()];
         let obs = if ok {
             Observation::TrafficOk
@@ -909,7 +910,7 @@ impl Sim<'_> {
         if r.trial {
             // Its outcome observed, the trial's claim is given back, as the I/O layer's
             // claim is dropped with the attempt.
-            self.pool.give_back_trial(n, self.now);
+            self.pool.give_back_trial(n, claim, self.now);
             if ok {
                 self.stats.trials_ok += 1;
             } else {

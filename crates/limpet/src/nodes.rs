@@ -127,7 +127,10 @@ pub enum TrialBy {
 }
 
 /// A DOWN node's trial, claimed by one request or TCP session ([`NodeRuntime::claim_trial`]).
-/// Dropped with no outcome observed since, it ends the claim.
+/// Dropped, it ends the claim (unless a success brought the node back): a failure observed
+/// does not end a trial by itself, as it may be an earlier request's (a late answer
+/// timeout), so the holder drops its claim as soon as the attempt is over, before anything
+/// long (a TCP session's relay, a replay elsewhere) follows.
 #[derive(Debug)]
 pub struct TrialClaim {
     node: Arc<NodeRuntime>,
@@ -474,10 +477,11 @@ impl NodeRuntime {
     /// trial's outcome may take to be known: the connect timeout, and for HTTP the answer
     /// timeout too).
     ///
-    /// The claim is the caller's until it drops it: one dropped before the trial's outcome
-    /// was observed (the request cancelled, or ended for its client's fault or limpet's)
-    /// ends the claim then ([`limpet_core::Health::trial_abandoned`]), rather than holding
-    /// every other early trial off until `hold` ran out.
+    /// The claim is the caller's until it drops it, which ends the trial then
+    /// ([`limpet_core::Health::trial_abandoned`]): once its failure is observed, or with
+    /// nothing learnt (the request cancelled, or ended for its client's fault or limpet's),
+    /// rather than holding every other trial off until `hold` ran out. Kept past its
+    /// attempt, it holds them off all that time.
     ///
     /// A trial decided `by` a connect is not made of a node that awaits an answer
     /// ([`limpet_core::Health::awaits_an_answer`]): it would only use up the trial an HTTP

@@ -575,6 +575,46 @@ async fn a_stop_signal_during_a_handover_drains_rather_than_cuts() {
     );
 }
 
+/// Back to back, the stop signal during the handover also ends the wait for the limpet
+/// before: B, which took over from A (still draining a session), is signalled while C takes
+/// over from it, drains nothing of its own, and exits without waiting for A. Before the
+/// handover watched for signals, the kept signal did end that wait (by cutting); once it
+/// was watched, it was forgotten there, and B waited for A (up to ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limpet_signalled_during_its_handover_does_not_wait_for_the_one_before() {
+    let Drained {
+        _nodes,
+        cfg,
+        sock,
+        first: a,
+        session,
+        ..
+    } = drained_under_a_session("upgrade-handover-signal", "a").await;
+    let mut b = Proc::start_logging(&cfg, &sock, "b").await;
+    let pid = b.child.0.id();
+    let path = sock.clone();
+    let took = tokio::task::spawn_blocking(move || {
+        let h = limpet::upgrade::take_over(&path)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no running limpet at the upgrade socket"));
+        h.complete_after_stopping(|| {
+            signal(pid, rustix::process::Signal::TERM);
+            std::thread::sleep(Duration::from_millis(300));
+        })
+        .map(|(_, predecessor)| predecessor)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let _c = took.unwrap_or_else(|e| panic!("the handover: {e}"));
+    assert!(b.exited().await.success(), "B waits for A");
+    let log = std::fs::read_to_string(cfg.dir.join("b.err")).unwrap_or_default();
+    assert!(
+        !log.contains("waiting for the limpet this one took over from"),
+        "{log}"
+    );
+    drains_on_until_its_session_ends(a, session).await;
+}
+
 /// The same signal while that limpet still drains a session of its own: the session is cut,
 /// and it exits without waiting for the one before. Before, the signal cut the session and
 /// the wait that followed listened for another one.

@@ -1081,6 +1081,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         // tasks of their own across the loop's turns (a new limpet refused, or one that did
         // not take over, must not cost a reload under way), and are aborted once it ends.
         let mut handed_line = None;
+        // A stop signal came during a handover: it drains as the first one does, and does
+        // not wait for a limpet before it (below).
+        let mut stopped_in_handover = false;
         let handed_over = loop {
             let ready = tokio::select! {
                 () = super::serve_signals_with(running.runtime(), &mut signals, &mut upgrade_signal) => None,
@@ -1154,6 +1157,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                         took = &mut handoff => break took,
                         () = signals.stop_requested(), if !stop_came => {
                             stop_came = true;
+                            stopped_in_handover = true;
                             tracing::info!("upgrade: a stop signal during the handover: draining once it ends");
                         }
                     }
@@ -1208,7 +1212,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         tokio::pin!(stop);
         // On the signals registered at the start: one that comes at any moment from here on
         // is taken (a listener made anew at each wait would miss one that came between).
-        let mut signalled = false;
+        let mut signalled = stopped_in_handover;
         tokio::select! {
             () = &mut stop => {}
             () = signals.stop_requested() => {
