@@ -642,6 +642,28 @@ impl Metrics {
             .inc_by(n);
     }
 
+    /// A reload replaced table `table` keyed on `key` (a new key, or the table removed), whose
+    /// totals were `evictions` and `refused`: what it counted since the last scrape goes to
+    /// the counters now, as the scrapes after the reload read the running tables only.
+    pub fn table_replaced(&self, table: &str, key: &str, evictions: u64, refused: u64) {
+        let mut seen = self
+            .evictions_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (last_evicted, last_refused) = seen
+            .remove(&(table.to_owned(), key.to_owned()))
+            .unwrap_or((0, 0));
+        let labels = TableLabels {
+            table: table.to_owned(),
+        };
+        self.evictions
+            .get_or_create(&labels)
+            .inc_by(evictions.saturating_sub(last_evicted));
+        self.refused
+            .get_or_create(&labels)
+            .inc_by(refused.saturating_sub(last_refused));
+    }
+
     /// A configuration reload was applied (`ok`) or refused.
     pub fn reload(&self, ok: bool) {
         self.reloads
@@ -660,8 +682,8 @@ impl Metrics {
     /// series of every counter label set the snapshot names (see the module docs); counters
     /// of nodes and tables no longer configured keep their last value.
     ///
-    /// What a replaced table counted after the last snapshot before the reload is not seen:
-    /// the snapshot reads the running tables only.
+    /// What a replaced table counted after the last snapshot reaches the counters at the
+    /// reload ([`Metrics::table_replaced`]): the snapshot reads the running tables only.
     pub fn set_gauges<'a>(
         &self,
         nodes: impl IntoIterator<Item = NodeGauges<'a>>,

@@ -836,10 +836,12 @@ fn evictions(metrics: &str, table: &str) -> Option<u64> {
 }
 
 /// A reload that keys a table anew builds another table, whose own totals start at 0: its
-/// evictions add to what the old one counted. A table of size 2 keyed on the source address
-/// evicts 3 of 5 client addresses, scraped; keyed on a header by the reload, it evicts 4 of 6
-/// sessions: the counter says 7. Before, the counter grew by the difference of the totals
-/// under the table's name, and said 4 (the new table's 4 less the old one's 3).
+/// evictions add to what the old one counted, those since the last scrape included. A table
+/// of size 2 keyed on the source address evicts 3 of 5 client addresses, scraped, then 2
+/// more unscraped; keyed on a header by the reload, it evicts 4 of 6 sessions: the counter
+/// says 9. Before, the counter grew by the difference of the totals under the table's name,
+/// and said 4 (the new table's 4 less the old one's 3 scraped); keyed by name and key, it
+/// said 7 (the old table's last 2 never scraped).
 #[tokio::test]
 async fn a_table_keyed_anew_by_a_reload_adds_its_evictions_to_the_counter() {
     let (_nodes, port) = backend_nodes(&NODES[..1]).await;
@@ -858,6 +860,9 @@ async fn a_table_keyed_anew_by_a_reload_adds_its_evictions_to_the_counter() {
         assert_eq!(node_for(&format!("127.0.1.{i}"), web).await, "a");
     }
     assert_eq!(evictions(&metrics_text(&l).await, "t"), Some(3));
+    for i in 6..=7 {
+        assert_eq!(node_for(&format!("127.0.1.{i}"), web).await, "a");
+    }
 
     cfg.write(&text("header = \"X-Sess\""));
     let (s, report) = reload(&l).await;
@@ -875,7 +880,7 @@ async fn a_table_keyed_anew_by_a_reload_adds_its_evictions_to_the_counter() {
     }
     let tables = admin_json(&l, "/api/v1/tables").await;
     assert_eq!(tables[0]["evictions"], 4, "the new table's own: {tables}");
-    assert_eq!(evictions(&metrics_text(&l).await, "t"), Some(7));
+    assert_eq!(evictions(&metrics_text(&l).await, "t"), Some(9));
     l.stop().await;
 }
 

@@ -726,6 +726,27 @@ async fn reload_locked(
         t.retire();
     }
     runtime.swap(next);
+    // What the replaced tables counted since the last scrape, to the counters now (the
+    // scrapes read the running tables). One whose name and key the new config keeps had its
+    // totals carried to the new table, which the scrapes go on diffing.
+    {
+        let running = runtime.state();
+        for t in &replaced {
+            let key = key_text(&t.def.key);
+            let kept = running
+                .table(&t.def.name)
+                .is_some_and(|n| key_text(&n.def.key) == key);
+            if !kept {
+                let stats = t.lock().store().stats();
+                state.lifecycle.metrics.table_replaced(
+                    &t.def.name,
+                    &key,
+                    stats.evictions,
+                    stats.refused,
+                );
+            }
+        }
+    }
     // The tables the reload replaced: their entries go now, not with the last connection of
     // the generation before (a TCP session holds it while open), on a blocking thread;
     // awaited once the rest is applied.
