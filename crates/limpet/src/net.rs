@@ -541,7 +541,15 @@ pub async fn accept_client(
                 records = Some(clock);
                 tokio::time::timeout_at(by, acceptor.accept(watched))
                     .await
-                    .map(|r| r.map(|s| Box::new(s) as Box<dyn Io>))
+                    .map(|r| {
+                        r.map(|mut s| {
+                            // Only HTTP/2 reads where its records stand.
+                            if s.get_ref().1.alpn_protocol() != Some(b"h2") {
+                                s.get_mut().0.unwatched();
+                            }
+                            Box::new(s) as Box<dyn Io>
+                        })
+                    })
             } else {
                 tokio::time::timeout_at(by, acceptor.accept(stream))
                     .await
