@@ -466,8 +466,10 @@ pub async fn accept(listener: &Listener, name: &str) -> (ClientSocket, SocketAdd
             Err(e) => {
                 if crate::error::out_of_fds(&e) {
                     LOCAL_FDS.note(FdsAt::Accept, name);
-                } else if ACCEPT_ERRORS.note(name) {
-                    tracing::debug!(listener = name, error = %e, "accept error");
+                } else {
+                    // The error in the line itself: ENOBUFS, EPERM (a firewall) and
+                    // ECONNABORTED call for different things.
+                    ACCEPT_ERRORS.note_with(|| format!("{name}: {e}"));
                 }
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }

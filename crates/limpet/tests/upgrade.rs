@@ -132,6 +132,41 @@ async fn post_state(url: &str, state: &str) -> reqwest::Response {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// An upgrade whose config adds a listener at a specific address on the port of a wildcard
+/// one it takes over (`127.0.0.1:P` beside `0.0.0.0:P`, a pair a fresh start allows, as
+/// nginx's) takes over: the old one exits, and the added listener answers. Before, the check
+/// that no other process listens there met the wildcard socket just taken over, and the new
+/// limpet refused to start ("another socket listens").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_may_add_a_listener_beside_a_wildcard_one_it_takes_over() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let p = std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let web = |extra: &str| {
+        format!(
+            "{}[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n\n[[listeners]]\nname = \"web\"\n\
+             bind = \"0.0.0.0:{p}\"\nnode_port = {port}\ntable = \"t\"\n\n{extra}\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&NODES)
+        )
+    };
+    let cfg = ConfigFile::new("upgrade-overlap", &web(""));
+    let sock = upgrade_socket(&cfg);
+    let mut old = Proc::start(&cfg, &sock, 1, "old").await;
+    cfg.write(&web(&format!(
+        "[[listeners]]\nname = \"local\"\nbind = \"127.0.0.1:{p}\"\nnode_port = {port}\n\
+         table = \"t\"\n\n"
+    )));
+    let _new = Proc::start(&cfg, &sock, 1, "new").await;
+    assert!(old.exited().await.success());
+    let at = SocketAddr::from(([127, 0, 0, 1], p));
+    get_once(at)
+        .await
+        .unwrap_or_else(|e| panic!("the added listener: {e}"));
+}
+
 fn upgrade_socket(cfg: &ConfigFile) -> PathBuf {
     cfg.dir.join("upgrade.sock")
 }

@@ -525,7 +525,10 @@ pub async fn start_from(
     };
     // Every socket taken over or checked before any is bound (see
     // `workers::bind_reuseport`): this limpet's own addresses may overlap, another
-    // process's must not (a taken-over address is this limpet's now).
+    // process's must not (a taken-over address is this limpet's now, and so is an address it
+    // overlaps: a new `127.0.0.1:P` beside a `0.0.0.0:P` taken over, which its probe's bind
+    // would meet, as nginx's pair of a wildcard and a specific address on one port).
+    let taking_over = handover.is_some();
     let mut taken = Vec::new();
     for slot in &state.listeners {
         let def = slot.def.load_full();
@@ -537,13 +540,20 @@ pub async fn start_from(
                     .map_err(|e| bind_error(&def.name, addr, &e))?,
                 None => Vec::new(),
             };
-            if got.is_empty() {
-                super::workers::refuse_if_listened(*addr)
-                    .map_err(|e| bind_error(&def.name, addr, &e))?;
-            }
-            taken.push(got);
+            taken.push((def.name.clone(), *addr, got));
         }
     }
+    let held_addrs: Vec<SocketAddr> = taken
+        .iter()
+        .filter(|(_, _, got)| !got.is_empty())
+        .map(|(_, addr, _)| *addr)
+        .collect();
+    for (name, addr, got) in &taken {
+        if got.is_empty() && !held_addrs.iter().any(|h| overlaps(*h, *addr)) {
+            super::workers::refuse_if_listened(*addr).map_err(|e| bind_error(name, addr, &e))?;
+        }
+    }
+    let taken: Vec<_> = taken.into_iter().map(|(_, _, got)| got).collect();
     if let Some(h) = handover.as_deref() {
         // A running limpet none of whose listeners this config has is another service's
         // (an upgrade socket path shared by mistake): taking over would stop it.
@@ -569,9 +579,10 @@ pub async fn start_from(
                     .first()
                     .and_then(|l| l.local_addr().ok())
                     .unwrap_or(*addr);
-                // Beside sockets taken over, not listening until this limpet may accept:
-                // a listening one would take a share of new clients at once.
-                let listen = per_worker.is_empty();
+                // Beside sockets taken over, or at an address the running limpet lacks, not
+                // listening until this limpet may accept: a listening one would take a share
+                // of new clients at once, or queue clients a failed handover then resets.
+                let listen = per_worker.is_empty() && !taking_over;
                 match super::workers::bind_reuseport_with(
                     at,
                     per_address - per_worker.len(),
@@ -688,6 +699,12 @@ pub async fn start_from(
         workers: workers.max(1),
         held: Arc::new(crate::upgrade::Held::new(held)),
     })
+}
+
+/// Whether a socket bound at `a` and one at `b` would meet in a bind: the same port, and
+/// the same address or a wildcard on either side (an IPv6 wildcard may hold IPv4 too).
+fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// Writes `lines` to stdout on a thread of its own: the listeners accept by now, and a
