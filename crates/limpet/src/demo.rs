@@ -73,11 +73,11 @@ const CHECK_RISE: u32 = 2;
 pub struct DemoArgs {
     /// Address for the proxy; when the default is taken, a free port is used instead.
     /// Loopback only: the demo page stops and starts nodes with no token.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value_t = DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// Address for limpet's admin listener (stats page, JSON API, /metrics). Loopback only:
     /// the demo sets no admin token. When the default is taken, a free port is used instead.
-    #[arg(long, default_value = "127.0.0.1:9900")]
+    #[arg(long, default_value_t = DEFAULT_ADMIN)]
     admin: SocketAddr,
 }
 
@@ -142,11 +142,24 @@ fn on_loopback(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
-/// Binds `addr`; when it is taken and names a fixed port, a free port of the same address.
-async fn bind_or_free(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
+/// The default `--listen`.
+const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
+/// The default `--admin`.
+const DEFAULT_ADMIN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9900);
+
+/// Binds `addr`; when it is the default (`default`) and taken, a free port of the same
+/// address. An address given on purpose is bound or refused: a script pointed at it would
+/// otherwise talk to whatever holds it.
+async fn bind_or_free(
+    addr: SocketAddr,
+    default: SocketAddr,
+    what: &str,
+) -> Result<TcpListener, String> {
     match TcpListener::bind(addr).await {
         Ok(l) => Ok(l),
-        Err(first) if addr.port() != 0 => {
+        Err(first) if addr == default && first.kind() == std::io::ErrorKind::AddrInUse => {
             let l = TcpListener::bind(SocketAddr::new(addr.ip(), 0))
                 .await
                 .map_err(|e| format!("cannot listen on {} for {what}: {e}", addr.ip()))?;
@@ -175,8 +188,8 @@ impl Demo {
                 .map_err(|e| format!("cannot bind node {name} on loopback: {e}"))?;
             node_listeners.push((name, local(&l)?, l));
         }
-        let proxy_listener = bind_or_free(listen, "the proxy").await?;
-        let admin_listener = bind_or_free(admin, "the admin listener").await?;
+        let proxy_listener = bind_or_free(listen, DEFAULT_LISTEN, "the proxy").await?;
+        let admin_listener = bind_or_free(admin, DEFAULT_ADMIN, "the admin listener").await?;
         let addr = local(&proxy_listener)?;
         let admin = local(&admin_listener)?;
 
@@ -332,6 +345,10 @@ struct DemoNodes {
     client: reqwest::Client,
     /// Stopped nodes still finishing their answers in flight; awaited when the demo stops.
     finishing: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// Held by an action that takes a node out (stop, drain, MAINT) from its check that
+    /// another node serves to its end: two at once each saw the other's node serving, and
+    /// left none.
+    taking_out: tokio::sync::Mutex<()>,
     /// Itself, for the nodes it starts (they serve its hooks).
     me: Weak<DemoNodes>,
 }
@@ -386,6 +403,7 @@ impl DemoNodes {
             admin,
             client,
             finishing: std::sync::Mutex::new(Vec::new()),
+            taking_out: tokio::sync::Mutex::new(()),
             me: me.clone(),
         }))
     }
@@ -429,7 +447,10 @@ impl DemoNodes {
         };
         let _ = run.stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), run.listener_closed).await;
-        crate::lifecycle::lock(&self.finishing).push(run.task);
+        let mut finishing = crate::lifecycle::lock(&self.finishing);
+        // Those done already go: a page's stop and start, over and over, kept them all.
+        finishing.retain(|t| !t.is_finished());
+        finishing.push(run.task);
         true
     }
 
@@ -547,6 +568,10 @@ impl DemoNodes {
     async fn act(&self, node: &DemoNode, action: &str, query: &str) -> (StatusCode, String) {
         let name = node.name;
         let takes_out = matches!(action, "stop" | "drain" | "maint");
+        let _one = match takes_out {
+            true => Some(self.taking_out.lock().await),
+            false => None,
+        };
         if takes_out && !self.another_node_serves(name).await {
             return refused(
                 StatusCode::CONFLICT,

@@ -53,9 +53,15 @@ enum State {
     /// Expecting a command line.
     Command,
     /// Inside a REQUEST head; the scan for its end resumes at `scan` (relative to the input).
-    Head { scan: usize, bad_args: bool },
-    /// Discarding an over-long command line up to its newline.
-    SkipLine,
+    /// `refused`: the answer for the whole request when its `REQUEST` line was refused (with
+    /// arguments, or too long): its head is read all the same, to stay in step.
+    Head {
+        scan: usize,
+        refused: Option<&'static [u8]>,
+    },
+    /// Discarding an over-long command line up to its newline; `request`: the line is a
+    /// `REQUEST`, whose head follows it and is read (and refused) with it.
+    SkipLine { request: bool },
     /// Discarding an over-long head up to the empty line that ends it.
     SkipHead { line: LineSoFar },
 }
@@ -124,9 +130,11 @@ impl Sim {
         self.fresh_lines = fresh;
     }
 
-    /// Answers every complete command in `input`, appending one line per command to `out`.
-    /// Returns how many bytes of `input` were consumed; the caller passes the rest again, with
-    /// more bytes after it, on the next call.
+    /// Answers the complete commands in `input`, appending one line per command to `out`,
+    /// until `out` holds [`OUT_BUDGET`] bytes or more (so that one read of thousands of
+    /// requests naming long nodes does not gather their answers in memory). Returns how many
+    /// bytes of `input` were consumed; the caller writes `out` and passes the rest again (with
+    /// more bytes after it, once nothing more is consumed).
     pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> usize {
         let mut pos = 0;
         loop {
@@ -138,7 +146,9 @@ impl Sim {
                     // far may be the start of that ending.
                     let Some(nl) = memchr::memchr(b'\n', rest) else {
                         if without_cr(rest).len() > self.limits.max_line {
-                            self.state = State::SkipLine;
+                            self.state = State::SkipLine {
+                                request: is_request_line(rest),
+                            };
                             pos = input.len();
                         }
                         return pos;
@@ -147,21 +157,34 @@ impl Sim {
                     // The limit holds however reads split the input: a long line that arrived
                     // whole is refused like one that arrived in pieces.
                     if without_cr(&rest[..nl]).len() > self.limits.max_line {
-                        out.extend_from_slice(b"ERR command line too long\n");
+                        if is_request_line(&rest[..nl]) {
+                            self.state = State::Head {
+                                scan: 0,
+                                refused: Some(LINE_TOO_LONG),
+                            };
+                        } else {
+                            out.extend_from_slice(LINE_TOO_LONG);
+                        }
                     } else {
                         self.command(&rest[..nl], out);
                     }
+                    if out.len() >= OUT_BUDGET {
+                        return pos;
+                    }
                 }
-                State::Head { scan, bad_args } => match head_end(rest, scan) {
+                State::Head { scan, refused } => match head_end(rest, scan) {
                     HeadEnd::Complete { head, consumed } => {
                         pos += consumed;
                         self.state = State::Command;
-                        if head > self.limits.max_head {
+                        if let Some(why) = refused {
+                            out.extend_from_slice(why);
+                        } else if head > self.limits.max_head {
                             out.extend_from_slice(b"ERR request head too large\n");
-                        } else if bad_args {
-                            out.extend_from_slice(b"ERR REQUEST takes no arguments\n");
                         } else {
                             self.request(&rest[..head], out);
+                        }
+                        if out.len() >= OUT_BUDGET {
+                            return pos;
                         }
                     }
                     HeadEnd::Incomplete { resume_at } => {
@@ -183,16 +206,26 @@ impl Sim {
                         }
                         self.state = State::Head {
                             scan: resume_at,
-                            bad_args,
+                            refused,
                         };
                         return pos;
                     }
                 },
-                State::SkipLine => match memchr::memchr(b'\n', rest) {
+                State::SkipLine { request } => match memchr::memchr(b'\n', rest) {
                     Some(nl) => {
                         pos += nl + 1;
-                        self.state = State::Command;
-                        out.extend_from_slice(b"ERR command line too long\n");
+                        if request {
+                            self.state = State::Head {
+                                scan: 0,
+                                refused: Some(LINE_TOO_LONG),
+                            };
+                        } else {
+                            self.state = State::Command;
+                            out.extend_from_slice(LINE_TOO_LONG);
+                            if out.len() >= OUT_BUDGET {
+                                return pos;
+                            }
+                        }
                     }
                     None => return input.len(),
                 },
@@ -230,7 +263,7 @@ impl Sim {
     pub fn finish(&mut self, rest: &[u8], out: &mut Vec<u8>) {
         match std::mem::replace(&mut self.state, State::Command) {
             State::Command if without_cr(rest).len() > self.limits.max_line => {
-                out.extend_from_slice(b"ERR command line too long\n");
+                out.extend_from_slice(LINE_TOO_LONG);
             }
             State::Command if !rest.is_empty() => {
                 self.command(rest, out);
@@ -241,7 +274,7 @@ impl Sim {
             }
             State::Command => {}
             State::Head { .. } => out.extend_from_slice(b"ERR request cut off by end of input\n"),
-            State::SkipLine => out.extend_from_slice(b"ERR command line too long\n"),
+            State::SkipLine { .. } => out.extend_from_slice(LINE_TOO_LONG),
             State::SkipHead { .. } => out.extend_from_slice(b"ERR request head too large\n"),
         }
     }
@@ -258,7 +291,10 @@ impl Sim {
             b"REQUEST" => {
                 self.state = State::Head {
                     scan: 0,
-                    bad_args: words.next().is_some(),
+                    refused: words
+                        .next()
+                        .is_some()
+                        .then_some(b"ERR REQUEST takes no arguments\n".as_slice()),
                 };
             }
             b"POOL" => match std::str::from_utf8(line) {
@@ -353,12 +389,40 @@ pub fn pump(mut sim: Sim, mut input: impl Read, mut output: impl Write) -> io::R
             output.write_all(&out)?;
             return output.flush();
         }
-        let consumed = sim.feed(&buf, &mut out);
-        buf.drain(..consumed);
-        output.write_all(&out)?;
-        out.clear();
+        // `feed` returns once its output reaches `OUT_BUDGET`: written, then fed again with
+        // the rest, until it wants more input.
+        loop {
+            let consumed = sim.feed(&buf, &mut out);
+            buf.drain(..consumed);
+            let more = out.len() >= OUT_BUDGET;
+            output.write_all(&out)?;
+            out.clear();
+            if !more {
+                break;
+            }
+        }
         output.flush()?;
     }
+}
+
+/// The answer to a command line over `--max-line`.
+const LINE_TOO_LONG: &[u8] = b"ERR command line too long\n";
+
+/// How much output [`Sim::feed`] gathers before it returns for it to be written: each answer
+/// may be as long as two node names, and one read holds thousands of commands.
+const OUT_BUDGET: usize = 64 * 1024;
+
+/// Whether a command line (or its start) is a `REQUEST`: its first word, after any white
+/// space. A `REQUEST` line refused for its length still has a head after it, which is read
+/// with it, or the head's lines would be taken for commands.
+fn is_request_line(line: &[u8]) -> bool {
+    let start = line
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(line.len());
+    line[start..]
+        .strip_prefix(b"REQUEST")
+        .is_some_and(|rest| rest.first().is_none_or(u8::is_ascii_whitespace))
 }
 
 /// A line without the `\r` of a CRLF ending.
@@ -388,6 +452,61 @@ mod tests {
         }
         sim.finish(&buf, &mut out);
         String::from_utf8(out).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A `REQUEST` line over `--max-line` (trailing white space) is refused once, with its
+    /// head: the head's lines are not taken for commands. Before, `DOWN b1` inside the head
+    /// ran, `Host: x` was an unknown command, and the next request found no node UP.
+    #[test]
+    fn an_over_long_request_line_is_refused_with_its_head() {
+        let input =
+            b"POOL b1\nREQUEST                 \nDOWN b1\nHost: x\n\nREQUEST\nGET / HTTP/1.1\n\n";
+        let limits = Limits {
+            max_line: 16,
+            max_head: 1024,
+        };
+        let want = "OK\nERR command line too long\nb1 new Set-Cookie: route=b1; Path=/; HttpOnly\n";
+        assert_eq!(run_bytewise(input, limits), want);
+        let mut sim = Sim::new(limits);
+        let mut out = Vec::new();
+        let consumed = sim.feed(input, &mut out);
+        assert_eq!(consumed, input.len());
+        assert_eq!(String::from_utf8_lossy(&out), want);
+        // An over-long line of another command is one line.
+        let other = b"POOL b1\nDOWN b1                 \nREQUEST\nGET / HTTP/1.1\n\n";
+        assert_eq!(
+            run_bytewise(other, limits),
+            "OK\nERR command line too long\nb1 new Set-Cookie: route=b1; Path=/; HttpOnly\n"
+        );
+    }
+
+    /// One read of thousands of requests naming a long node: `feed` returns once its output
+    /// reaches its budget, and the pump writes it before feeding the rest. Before, every
+    /// answer of the read was gathered first (about 120 MB here, the square of the name's
+    /// length in general).
+    #[test]
+    fn the_answers_to_one_read_are_written_as_they_come() {
+        let mut input = format!("POOL {}\n", "n".repeat(60_000)).into_bytes();
+        for _ in 0..1000 {
+            input.extend_from_slice(b"REQUEST\nG\n\n");
+        }
+        let mut sim = Sim::new(Limits::default());
+        let mut out = Vec::new();
+        let mut fed = 0;
+        let mut answers = 0;
+        while fed < input.len() {
+            let consumed = sim.feed(&input[fed..], &mut out);
+            assert!(consumed > 0, "nothing consumed at {fed}");
+            assert!(out.len() < 4 << 20, "{} bytes of answers held", out.len());
+            fed += consumed;
+            answers += out.iter().filter(|&&b| b == b'\n').count();
+            out.clear();
+        }
+        assert_eq!(answers, 1001);
+        let mut written = Vec::new();
+        pump(Sim::new(Limits::default()), &input[..], &mut written)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(written.iter().filter(|&&b| b == b'\n').count(), 1001);
     }
 
     const REFERENCE: &str = "POOL b1 b2 b3\nREQUEST\nGET /cart HTTP/1.1\nHost: shop.example\n\n\

@@ -316,3 +316,38 @@ fn keys_a_check_of_another_kind_reads_are_ignored_and_said_at_their_line() {
         "the tcp check's listing without the keys it ignores:\n{out}"
     );
 }
+
+/// A node-state file given relative to a config that `-c` names by a relative path is listed
+/// absolute, as every other path is: saved elsewhere and checked, the listing names the same
+/// file. Before, it was listed relative to the directory `check` ran in (`conf/nodes.state`),
+/// which the saved listing then read relative to its own directory: another file, and every
+/// node's MAINT or DRAIN gone at the next start from it.
+#[test]
+fn a_state_file_given_relative_is_listed_absolute() {
+    let dir = TempDir::new("listing-state-file");
+    let conf = dir.path().join("conf");
+    std::fs::create_dir_all(&conf).expect("conf dir");
+    std::fs::write(
+        conf.join("limpet.toml"),
+        "[[nodes]]\nname = \"a\"\naddress = \"10.0.0.1\"\n\n[[listeners]]\nname = \"web\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = 8080\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         state_file = \"nodes.state\"\n",
+    )
+    .expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_limpet"))
+        .args(["check", "-c", "conf/limpet.toml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run limpet check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let want = format!("state_file = \"{}\"", conf.join("nodes.state").display());
+    assert!(text.contains(&want), "{want} not in:\n{text}");
+    let first = text
+        .strip_suffix("# conf/limpet.toml: configuration OK\n")
+        .unwrap_or_else(|| panic!("no verdict line at the end:\n{text}"))
+        .to_owned();
+    let other = TempDir::new("listing-state-file-again");
+    let again = other.write("pasted.toml", &first);
+    assert_eq!(listing(&again), first);
+}

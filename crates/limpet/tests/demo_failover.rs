@@ -281,3 +281,52 @@ async fn stopping_then_draining_the_visitors_node_moves_its_http_and_websocket()
         .await
         .expect("the demo stops");
 }
+
+/// Two stops at once, of the two nodes left running and ready: one of them is refused (409),
+/// and a node still serves the page. Before, each stop's check saw the other node serving,
+/// both went through, and nothing was left to serve the page or the demo's control endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stops_at_once_never_leave_no_node_serving() {
+    let demo = Demo::start(
+        "127.0.0.1:0".parse().expect("addr"),
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await
+    .expect("demo starts");
+    let visitor = Visitor::new(&demo);
+    visitor.press("charlie", "stop", "").await;
+    let stop = |node: &'static str| {
+        visitor.answer(
+            visitor
+                .client
+                .post(format!("{}/demo/nodes/{node}/stop", visitor.base))
+                .header("X-Limpet-Demo", "1"),
+        )
+    };
+    let (a, b) = tokio::join!(stop("alpha"), stop("bravo"));
+    let mut statuses = [a.status, b.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409], "{} / {}", a.body, b.body);
+    let nodes = visitor.nodes().await;
+    assert!(
+        ["alpha", "bravo"]
+            .iter()
+            .any(|n| node_state(&nodes, n)["running"] == true),
+        "{nodes}"
+    );
+    tokio::time::timeout(Duration::from_secs(30), demo.stop())
+        .await
+        .expect("the demo stops");
+}
+
+/// An address given on purpose that is taken is refused, not swapped for a free port (a
+/// script pointed at it would talk to whatever holds it); only the default moves.
+#[tokio::test]
+async fn a_taken_address_given_on_purpose_is_refused() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = held.local_addr().expect("addr");
+    let Err(e) = Demo::start(taken, "127.0.0.1:0".parse().expect("addr")).await else {
+        panic!("{taken}, taken, was not refused");
+    };
+    assert!(e.contains(&taken.to_string()), "{e}");
+}

@@ -147,7 +147,9 @@ pub(super) fn render(cfg: &Config, raw: &RawConfig, dir: &Path) -> String {
             w!(o, "hosts = [{}]", names.join(", "));
         }
         match &a.state_file {
-            Some(p) => w!(o, "state_file = {}", q(&p.display().to_string())),
+            // Absolute, as every other path of the listing: relative to a config given by a
+            // relative path, it named another file once the listing was saved elsewhere.
+            Some(p) => w!(o, "state_file = {}", abs(p)),
             None => w!(
                 o,
                 "# no state_file: node states set through the admin API last until a restart"
