@@ -131,7 +131,7 @@ impl Sim {
     }
 
     /// Answers the complete commands in `input`, appending one line per command to `out`,
-    /// until `out` holds [`OUT_BUDGET`] bytes or more (so that one read of thousands of
+    /// until `out` holds `OUT_BUDGET` bytes or more (so that one read of thousands of
     /// requests naming long nodes does not gather their answers in memory). Returns how many
     /// bytes of `input` were consumed; the caller writes `out` and passes the rest again (with
     /// more bytes after it, once nothing more is consumed).

@@ -239,3 +239,74 @@ async fn a_websocket_offered_beside_another_protocol_closes_with_1001() {
     node_task.abort();
     l.stop().await;
 }
+
+/// Reloads with the config rewritten (a comment added): the reload is taken.
+async fn reload_with_a_comment(l: &Limpet, cfg: &ConfigFile, text: &str, n: u32) {
+    cfg.write(&format!("{text}\n# reload {n}\n"));
+    let (s, report) = reload(l).await;
+    assert_eq!(s, 200, "reload refused: {report}");
+}
+
+/// WebSockets opened before a reload obey the states set after it, as every connection
+/// opened before a reload must (the failure model's reload row): MAINT closes them with 1001
+/// `node in maintenance`, and the node going DOWN by its checks closes the one on a listener
+/// with `close_on_node_down` (the default) with 1001 `node down`, while the one on a listener
+/// that opted out keeps relaying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_opened_before_a_reload_close_on_a_later_maint_and_down() {
+    let nodes = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
+    let (_backends, port) = backend_nodes(&nodes).await;
+    let check_target = TcpListener::bind("127.0.0.2:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind check target: {e}"));
+    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
+    let check_task = tokio::spawn(async move {
+        while let Ok((s, _)) = check_target.accept().await {
+            drop(s);
+        }
+    });
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n\n\
+         [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n\
+         [health]\nfall = 2\nrise = 1\ninterval = \"100ms\"\ntimeout = \"200ms\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         check = {{ kind = \"tcp\" }}\n\n\
+         [[listeners]]\nname = \"keep\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+         close_on_node_down = false\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n"
+    );
+    let cfg = ConfigFile::new("ws-before-reload", &text);
+    let l = Limpet::start(&cfg).await;
+    let (web, keep) = (l.addr("web"), l.addr("keep"));
+
+    let mut ws = ws_to(web, "a").await;
+    reload_with_a_comment(&l, &cfg, &text, 1).await;
+    let v = set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    assert_eq!(v["state"], "MAINT", "{v}");
+    assert_eq!(
+        close_of(&mut ws, "MAINT after a reload").await,
+        (CloseCode::Away, "node in maintenance".to_owned())
+    );
+    let v = set_state(&l, "a", r#"{"state":"ready"}"#).await;
+    assert_eq!(v["state"], "UP", "{v}");
+
+    let mut closing = ws_to(web, "a").await;
+    let mut kept = ws_to(keep, "a").await;
+    reload_with_a_comment(&l, &cfg, &text, 2).await;
+    check_task.abort();
+    let _ = check_task.await;
+    assert_eq!(
+        close_of(&mut closing, "DOWN after a reload").await,
+        (CloseCode::Away, "node down".to_owned())
+    );
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+    kept.send(Message::text("still here"))
+        .await
+        .unwrap_or_else(|e| panic!("send on the kept WebSocket: {e}"));
+    match tokio::time::timeout(PATIENCE, kept.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "still here"),
+        other => panic!("close_on_node_down = false: the WebSocket should stay open: {other:?}"),
+    }
+    drop((ws, closing, kept));
+    l.stop().await;
+}
