@@ -71,19 +71,24 @@ const CHECK_RISE: u32 = 2;
 /// Arguments of `limpet demo` (all optional).
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Address for the proxy; when the default is taken, a free port is used instead.
-    /// Loopback only: the demo page stops and starts nodes with no token.
-    #[arg(long, default_value_t = DEFAULT_LISTEN)]
-    listen: SocketAddr,
-    /// Address for limpet's admin listener (stats page, JSON API, /metrics). Loopback only:
-    /// the demo sets no admin token. When the default is taken, a free port is used instead.
-    #[arg(long, default_value_t = DEFAULT_ADMIN)]
-    admin: SocketAddr,
+    /// Address for the proxy [default: 127.0.0.1:8080; when that is taken, a free port is
+    /// used instead, while an address given here that is taken is refused]. Loopback only:
+    /// the demo page stops and starts nodes with no token.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Address for limpet's admin listener (stats page, JSON API, /metrics) [default:
+    /// 127.0.0.1:9900; when that is taken, a free port is used instead]. Loopback only: the
+    /// demo sets no admin token.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
 }
 
 /// Runs the demo until Ctrl-C. A bad argument exits with code 2, as every command does.
 pub fn run(args: DemoArgs) -> ExitCode {
-    if let Err(e) = on_loopback(args.listen, args.admin) {
+    if let Err(e) = on_loopback(
+        args.listen.unwrap_or(DEFAULT_LISTEN),
+        args.admin.unwrap_or(DEFAULT_ADMIN),
+    ) {
         eprintln!("limpet demo: {e}");
         return ExitCode::from(2);
     }
@@ -98,7 +103,7 @@ pub fn run(args: DemoArgs) -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let demo = match Demo::start(args.listen, args.admin).await {
+        let demo = match Demo::start_or_defaults(args.listen, args.admin).await {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("limpet demo: {e}");
@@ -149,17 +154,13 @@ const DEFAULT_LISTEN: SocketAddr =
 const DEFAULT_ADMIN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9900);
 
-/// Binds `addr`; when it is the default (`default`) and taken, a free port of the same
+/// Binds `addr`; when it is a default (`may_move`) and taken, a free port of the same
 /// address. An address given on purpose is bound or refused: a script pointed at it would
 /// otherwise talk to whatever holds it.
-async fn bind_or_free(
-    addr: SocketAddr,
-    default: SocketAddr,
-    what: &str,
-) -> Result<TcpListener, String> {
+async fn bind_or_free(addr: SocketAddr, may_move: bool, what: &str) -> Result<TcpListener, String> {
     match TcpListener::bind(addr).await {
         Ok(l) => Ok(l),
-        Err(first) if addr == default && first.kind() == std::io::ErrorKind::AddrInUse => {
+        Err(first) if may_move && first.kind() == std::io::ErrorKind::AddrInUse => {
             let l = TcpListener::bind(SocketAddr::new(addr.ip(), 0))
                 .await
                 .map_err(|e| format!("cannot listen on {} for {what}: {e}", addr.ip()))?;
@@ -176,9 +177,33 @@ fn local(l: &TcpListener) -> Result<SocketAddr, String> {
 
 impl Demo {
     /// Starts the nodes, the proxy on `listen` and the admin listener on `admin` (both must
-    /// be loopback addresses: the demo sets no token). A default port that is taken is
-    /// replaced by a free one; port 0 picks a free one.
+    /// be loopback addresses: the demo sets no token). Port 0 picks a free one; an address
+    /// that is taken is refused.
     pub async fn start(listen: SocketAddr, admin: SocketAddr) -> Result<Demo, String> {
+        Demo::start_on(listen, false, admin, false).await
+    }
+
+    /// [`Demo::start`] on the addresses given, or the defaults (127.0.0.1:8080 and :9900),
+    /// a default that is taken replaced by a free port of its address.
+    pub async fn start_or_defaults(
+        listen: Option<SocketAddr>,
+        admin: Option<SocketAddr>,
+    ) -> Result<Demo, String> {
+        Demo::start_on(
+            listen.unwrap_or(DEFAULT_LISTEN),
+            listen.is_none(),
+            admin.unwrap_or(DEFAULT_ADMIN),
+            admin.is_none(),
+        )
+        .await
+    }
+
+    async fn start_on(
+        listen: SocketAddr,
+        listen_may_move: bool,
+        admin: SocketAddr,
+        admin_may_move: bool,
+    ) -> Result<Demo, String> {
         on_loopback(listen, admin)?;
         // Each node gets a port chosen by the system: nothing to collide with.
         let mut node_listeners = Vec::new();
@@ -188,8 +213,8 @@ impl Demo {
                 .map_err(|e| format!("cannot bind node {name} on loopback: {e}"))?;
             node_listeners.push((name, local(&l)?, l));
         }
-        let proxy_listener = bind_or_free(listen, DEFAULT_LISTEN, "the proxy").await?;
-        let admin_listener = bind_or_free(admin, DEFAULT_ADMIN, "the admin listener").await?;
+        let proxy_listener = bind_or_free(listen, listen_may_move, "the proxy").await?;
+        let admin_listener = bind_or_free(admin, admin_may_move, "the admin listener").await?;
         let addr = local(&proxy_listener)?;
         let admin = local(&admin_listener)?;
 

@@ -1,8 +1,9 @@
 //! `limpet sim`: the cookie-stickiness line protocol of `sticky-cookie-rules.md`.
 //!
 //! [`Sim`] is the protocol engine and does no I/O: [`Sim::feed`] takes the bytes read so far,
-//! answers every command that is complete, and says how many bytes it consumed; the caller keeps
-//! the rest for the next read. [`run`] is the thin loop around it: read stdin, feed, write the
+//! answers the commands that are complete (until its answers fill a budget: the caller writes
+//! them and feeds the rest again), and says how many bytes it consumed; the caller keeps the
+//! rest for the next read. [`run`] is the thin loop around it: read stdin, feed, write the
 //! answers and flush before blocking on the next read, so the sim works in a pipe and
 //! interactively alike.
 //!
@@ -59,9 +60,10 @@ enum State {
         scan: usize,
         refused: Option<&'static [u8]>,
     },
-    /// Discarding an over-long command line up to its newline; `request`: the line is a
-    /// `REQUEST`, whose head follows it and is read (and refused) with it.
-    SkipLine { request: bool },
+    /// Discarding an over-long command line up to its newline; `word`: whether it is a
+    /// `REQUEST` (whose head follows it and is read, and refused, with it), as far as its
+    /// bytes so far tell.
+    SkipLine { word: FirstWord },
     /// Discarding an over-long head up to the empty line that ends it.
     SkipHead { line: LineSoFar },
 }
@@ -147,7 +149,7 @@ impl Sim {
                     let Some(nl) = memchr::memchr(b'\n', rest) else {
                         if without_cr(rest).len() > self.limits.max_line {
                             self.state = State::SkipLine {
-                                request: is_request_line(rest),
+                                word: FirstWord::Leading.then(rest),
                             };
                             pos = input.len();
                         }
@@ -157,7 +159,7 @@ impl Sim {
                     // The limit holds however reads split the input: a long line that arrived
                     // whole is refused like one that arrived in pieces.
                     if without_cr(&rest[..nl]).len() > self.limits.max_line {
-                        if is_request_line(&rest[..nl]) {
+                        if FirstWord::Leading.then(&rest[..nl]).is_request() {
                             self.state = State::Head {
                                 scan: 0,
                                 refused: Some(LINE_TOO_LONG),
@@ -176,10 +178,12 @@ impl Sim {
                     HeadEnd::Complete { head, consumed } => {
                         pos += consumed;
                         self.state = State::Command;
-                        if let Some(why) = refused {
-                            out.extend_from_slice(why);
-                        } else if head > self.limits.max_head {
+                        // The head's size first, as when the head arrives in pieces (it is
+                        // then skipped as too large before its end is seen).
+                        if head > self.limits.max_head {
                             out.extend_from_slice(b"ERR request head too large\n");
+                        } else if let Some(why) = refused {
+                            out.extend_from_slice(why);
                         } else {
                             self.request(&rest[..head], out);
                         }
@@ -211,10 +215,10 @@ impl Sim {
                         return pos;
                     }
                 },
-                State::SkipLine { request } => match memchr::memchr(b'\n', rest) {
+                State::SkipLine { word } => match memchr::memchr(b'\n', rest) {
                     Some(nl) => {
                         pos += nl + 1;
-                        if request {
+                        if word.then(&rest[..nl]).is_request() {
                             self.state = State::Head {
                                 scan: 0,
                                 refused: Some(LINE_TOO_LONG),
@@ -227,7 +231,12 @@ impl Sim {
                             }
                         }
                     }
-                    None => return input.len(),
+                    None => {
+                        self.state = State::SkipLine {
+                            word: word.then(rest),
+                        };
+                        return input.len();
+                    }
                 },
                 State::SkipHead { mut line } => {
                     let mut at = 0;
@@ -412,17 +421,56 @@ const LINE_TOO_LONG: &[u8] = b"ERR command line too long\n";
 /// may be as long as two node names, and one read holds thousands of commands.
 const OUT_BUDGET: usize = 64 * 1024;
 
-/// Whether a command line (or its start) is a `REQUEST`: its first word, after any white
-/// space. A `REQUEST` line refused for its length still has a head after it, which is read
-/// with it, or the head's lines would be taken for commands.
-fn is_request_line(line: &[u8]) -> bool {
-    let start = line
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(line.len());
-    line[start..]
-        .strip_prefix(b"REQUEST")
-        .is_some_and(|rest| rest.first().is_none_or(u8::is_ascii_whitespace))
+/// How far a command line's first word, read as its bytes come, is `REQUEST`. A `REQUEST`
+/// line refused for its length still has a head after it, which is read with it, or the
+/// head's lines would be taken for commands; an over-long line is judged as it streams by,
+/// so the word may be cut between two reads (or come after white space longer than a read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstWord {
+    /// White space only so far.
+    Leading,
+    /// The word so far is the first `n` bytes of `REQUEST`.
+    Matching(u8),
+    /// The word is `REQUEST`, and ended.
+    Request,
+    /// The word is another, or the line has none.
+    Other,
+}
+
+impl FirstWord {
+    const WORD: &'static [u8] = b"REQUEST";
+
+    /// After `bytes`, the next ones of the line.
+    fn then(mut self, bytes: &[u8]) -> FirstWord {
+        for &b in bytes {
+            self = match self {
+                FirstWord::Leading if b.is_ascii_whitespace() => FirstWord::Leading,
+                FirstWord::Leading if b == Self::WORD[0] => FirstWord::Matching(1),
+                FirstWord::Matching(n) if usize::from(n) == Self::WORD.len() => {
+                    if b.is_ascii_whitespace() {
+                        FirstWord::Request
+                    } else {
+                        FirstWord::Other
+                    }
+                }
+                FirstWord::Matching(n) if Self::WORD.get(usize::from(n)) == Some(&b) => {
+                    FirstWord::Matching(n + 1)
+                }
+                FirstWord::Request => return FirstWord::Request,
+                _ => return FirstWord::Other,
+            };
+        }
+        self
+    }
+
+    /// At the end of the line: whether its first word is `REQUEST`.
+    fn is_request(self) -> bool {
+        match self {
+            FirstWord::Request => true,
+            FirstWord::Matching(n) => usize::from(n) == Self::WORD.len(),
+            FirstWord::Leading | FirstWord::Other => false,
+        }
+    }
 }
 
 /// A line without the `\r` of a CRLF ending.
@@ -587,6 +635,58 @@ OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
         );
     }
 
+    /// Feeds `buf` as the pump does: again after each budget of answers, until nothing more
+    /// is consumed; what is left waits for more input.
+    fn feed_all(sim: &mut Sim, buf: &mut Vec<u8>, out: &mut Vec<u8>) {
+        loop {
+            let used = sim.feed(buf, out);
+            buf.drain(..used);
+            if used == 0 {
+                return;
+            }
+        }
+    }
+
+    /// A `REQUEST` with arguments and a head over the limit is answered the same whether its
+    /// head arrives whole or in pieces (the size first); a `REQUEST` line over the limit whose
+    /// word comes after more white space than one read holds is still read with its head.
+    #[test]
+    fn refused_requests_answer_alike_however_reads_split_them() {
+        let limits = Limits {
+            max_line: 16,
+            max_head: 64,
+        };
+        let big = format!(
+            "POOL a\nREQUEST x\nGET / HTTP/1.1\nX: {}\n\nUP a\n",
+            "y".repeat(500)
+        );
+        let mut out = Vec::new();
+        pump(Sim::new(limits), big.as_bytes(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "OK\nERR request head too large\nOK\n"
+        );
+        assert_eq!(
+            run_bytewise(big.as_bytes(), limits),
+            "OK\nERR request head too large\nOK\n"
+        );
+        let spaced = format!(
+            "POOL b1\n{}REQUEST\nDOWN b1\n\nREQUEST\nG\n\n",
+            " ".repeat(14)
+        );
+        let want = "OK\nERR command line too long\nb1 new Set-Cookie: route=b1; Path=/; HttpOnly\n";
+        assert_eq!(run_bytewise(spaced.as_bytes(), limits), want);
+        let mut out = Vec::new();
+        pump(Sim::new(limits), spaced.as_bytes(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(String::from_utf8_lossy(&out), want);
+        // `REQUESTX` is another word.
+        let x = format!("POOL b1\nREQUESTX{}\nUP b1\n", " ".repeat(20));
+        assert_eq!(
+            run_bytewise(x.as_bytes(), limits),
+            "OK\nERR command line too long\nOK\n"
+        );
+    }
+
     proptest::proptest! {
         /// However reads split the input, the answers are the same as for one read.
         #[test]
@@ -594,13 +694,14 @@ OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
             cuts in proptest::collection::vec(0usize..400, 0..12),
             max in 16usize..200,
         ) {
-            let input = format!("{REFERENCE}POOL a b\r\nREQUEST\nGET / HTTP/1.1\nX: {}\n\n\nFOO\nREQUEST\nGET / HTTP/1.1\r\nCookie: route=b\r\n\r\n{}\nUP a\nREQUEST\nGET /", "z".repeat(150), "Q".repeat(150));
+            let input = format!("{REFERENCE}POOL a b\r\nREQUEST\nGET / HTTP/1.1\nX: {}\n\n\nFOO\nREQUEST\nGET / HTTP/1.1\r\nCookie: route=b\r\n\r\n{}\nUP a\nREQUEST x\nGET / HTTP/1.1\nX: {}\n\n{}REQUEST\nDOWN a\n\nREQUEST\nGET /", "z".repeat(150), "Q".repeat(150), "w".repeat(150), " ".repeat(150));
             let limits = Limits { max_line: max, max_head: max };
             let whole = {
                 let mut sim = Sim::new(limits);
                 let mut out = Vec::new();
-                let used = sim.feed(input.as_bytes(), &mut out);
-                sim.finish(&input.as_bytes()[used..], &mut out);
+                let mut buf = input.as_bytes().to_vec();
+                feed_all(&mut sim, &mut buf, &mut out);
+                sim.finish(&buf, &mut out);
                 out
             };
             let mut cuts = cuts;
@@ -614,8 +715,7 @@ OK\nb3 new Set-Cookie: route=b3; Path=/; HttpOnly\n";
                 let cut = cut.min(input.len()).max(from);
                 buf.extend_from_slice(&input.as_bytes()[from..cut]);
                 from = cut;
-                let used = sim.feed(&buf, &mut out);
-                buf.drain(..used);
+                feed_all(&mut sim, &mut buf, &mut out);
             }
             sim.finish(&buf, &mut out);
             proptest::prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&whole));

@@ -1366,6 +1366,11 @@ impl<'a> Attempt<'a> {
                             force_fresh = false;
                             continue;
                         }
+                        Err(Direct::LeftDown) => {
+                            self.leave(node, limpet_core::RepinReason::NodeDown)?;
+                            force_fresh = false;
+                            continue;
+                        }
                         Err(Direct::Failed(e)) => e,
                     };
                     if err.retry_safe(true) {
@@ -1392,16 +1397,24 @@ impl<'a> Attempt<'a> {
                     // Boxed: the connect future is the largest of this function's awaits, and
                     // inline it would grow every request's future (moved by value into hyper's
                     // connection or an HTTP/2 stream's task) by that much, for a rare path.
-                    None => match Box::pin(conns.connect(if self.upgrade {
-                        shared.timeouts.tunnel_idle
-                    } else {
-                        shared.timeouts.upstream_answer
-                    }))
+                    None => match connect_unless_down(
+                        conns.connect(if self.upgrade {
+                            shared.timeouts.tunnel_idle
+                        } else {
+                            shared.timeouts.upstream_answer
+                        }),
+                        watch,
+                    )
                     .await
                     {
-                        Ok(s) => s,
-                        Err(e) => {
+                        Some(Ok(s)) => s,
+                        Some(Err(e)) => {
                             self.fail_over(node, &e)?;
+                            force_fresh = self.upgrade;
+                            continue;
+                        }
+                        None => {
+                            self.leave(node, limpet_core::RepinReason::NodeDown)?;
                             force_fresh = self.upgrade;
                             continue;
                         }
@@ -1656,10 +1669,37 @@ fn unanswered(shared: &Shared, node: NodeId, sent_at: Instant, pooled: bool) -> 
 enum Direct {
     /// A kept-alive connection turned out closed before any answer byte: retry fresh.
     Stale,
+    /// The node went DOWN while the connection to it was being made: nothing sent, nothing
+    /// charged; routed again without it ([`connect_unless_down`]).
+    LeftDown,
     /// No connection to the node (connect failed): fail over, as on the hyper path.
     ConnectFailed(UpstreamError),
     /// Sent, or partly: the failover rules decide.
     Failed(UpstreamError),
+}
+
+/// A connection to a node, or `None` once the node has gone DOWN (`watch`) while it was
+/// being made: nothing is sent yet, so whatever the request, it routes again without the
+/// node. A hung node whose listen queue is full takes no connect; before, a request that
+/// began connecting to it just before its checks took it DOWN waited out the whole connect
+/// timeout (3 s by default) after the DOWN. Boxed, the connect and the watch together: the
+/// largest of an attempt's awaits, inline they would grow every request's future (moved by
+/// value into hyper's connection or an HTTP/2 stream's task) for a path a kept-alive
+/// connection skips.
+fn connect_unless_down<'a, T: 'a>(
+    connect: impl std::future::Future<Output = T> + Send + 'a,
+    watch: Option<crate::nodes::DownWatch<'a>>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<T>> + Send + 'a>> {
+    Box::pin(async move {
+        let Some(watch) = watch else {
+            return Some(connect.await);
+        };
+        tokio::select! {
+            biased;
+            r = connect => Some(r),
+            () = watch.wait() => None,
+        }
+    })
 }
 
 impl Attempt<'_> {
@@ -1690,12 +1730,13 @@ impl Attempt<'_> {
             let was_pooled = pooled.is_some();
             let conn = match pooled {
                 Some(c) => c,
-                None => match conns.connect_h1(answer_timeout).await {
-                    Ok(c) => {
+                None => match connect_unless_down(conns.connect_h1(answer_timeout), watch).await {
+                    Some(Ok(c)) => {
                         sent_at = Instant::now();
                         c
                     }
-                    Err(e) => return Err(Direct::ConnectFailed(e)),
+                    Some(Err(e)) => return Err(Direct::ConnectFailed(e)),
+                    None => return Err(Direct::LeftDown),
                 },
             };
             let exchange = conn.exchange(
