@@ -532,6 +532,27 @@ async fn a_limpet_waiting_for_the_one_it_took_over_from_exits_on_a_signal() {
     drains_on_until_its_session_ends(a, session).await;
 }
 
+/// Takes over from the limpet (pid `pid`) at the upgrade socket `sock` as a new limpet would
+/// (`limpet::upgrade`'s own taker), sending it SIGTERM once it has stopped accepting and
+/// before its state is read: the middle of the handover. The running one's end, to keep.
+async fn take_over_signalling_midway(sock: &Path, pid: u32) -> limpet::upgrade::Predecessor {
+    let path = sock.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let h = limpet::upgrade::take_over(&path)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no running limpet at the upgrade socket"));
+        h.complete_after_stopping(|| {
+            signal(pid, rustix::process::Signal::TERM);
+            // Delivered and seen by the running one before its state is read.
+            std::thread::sleep(Duration::from_millis(300));
+        })
+        .map(|(_, predecessor)| predecessor)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("the handover: {e}"))
+}
+
 /// A stop signal that reaches the running limpet in the middle of a handover, after it
 /// stopped accepting and before the new one says it took over, is the first signal: the
 /// handover completes and the running one drains, its request in flight answered. Before,
@@ -580,22 +601,7 @@ async fn a_stop_signal_during_a_handover_drains_rather_than_cuts() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let pid = old.child.0.id();
-    let path = sock.clone();
-    let took = tokio::task::spawn_blocking(move || {
-        let h = limpet::upgrade::take_over(&path)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("no running limpet at the upgrade socket"));
-        h.complete_after_stopping(|| {
-            signal(pid, rustix::process::Signal::TERM);
-            // Delivered and seen by the running one before its state is read.
-            std::thread::sleep(Duration::from_millis(300));
-        })
-        .map(|(_, predecessor)| predecessor)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let _predecessor = took.unwrap_or_else(|e| panic!("the handover: {e}"));
+    let _predecessor = take_over_signalling_midway(&sock, old.child.0.id()).await;
     let status = slow.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         status,
@@ -626,21 +632,7 @@ async fn a_limpet_signalled_during_its_handover_does_not_wait_for_the_one_before
         ..
     } = drained_under_a_session("upgrade-handover-signal", "a").await;
     let mut b = Proc::start_logging(&cfg, &sock, "b").await;
-    let pid = b.child.0.id();
-    let path = sock.clone();
-    let took = tokio::task::spawn_blocking(move || {
-        let h = limpet::upgrade::take_over(&path)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("no running limpet at the upgrade socket"));
-        h.complete_after_stopping(|| {
-            signal(pid, rustix::process::Signal::TERM);
-            std::thread::sleep(Duration::from_millis(300));
-        })
-        .map(|(_, predecessor)| predecessor)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let _c = took.unwrap_or_else(|e| panic!("the handover: {e}"));
+    let _c = take_over_signalling_midway(&sock, b.child.0.id()).await;
     assert!(b.exited().await.success(), "B waits for A");
     let log = std::fs::read_to_string(cfg.dir.join("b.err")).unwrap_or_default();
     assert!(

@@ -53,11 +53,22 @@ async fn close_of(ws: &mut Ws, what: &str) -> (CloseCode, String) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn websockets_close_with_the_cause_on_maint_and_on_down() {
+/// Nodes a and b, a's `tcp` check aimed at a port of the test's (`check_task` accepts there:
+/// aborting it takes a DOWN), and limpet with two HTTP listeners: `web`, and `keep` with
+/// `close_on_node_down = false`.
+struct Checked {
+    _backends: Vec<BackendNode>,
+    check_task: tokio::task::JoinHandle<()>,
+    l: Limpet,
+    web: SocketAddr,
+    keep: SocketAddr,
+    cfg: ConfigFile,
+    text: String,
+}
+
+async fn checked(tag: &str) -> Checked {
     let nodes = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
     let (_backends, port) = backend_nodes(&nodes).await;
-    // a's active check probes a port of this test's: closing it takes a DOWN.
     let check_target = TcpListener::bind("127.0.0.2:0")
         .await
         .unwrap_or_else(|e| panic!("bind check target: {e}"));
@@ -77,9 +88,55 @@ async fn websockets_close_with_the_cause_on_maint_and_on_down() {
          close_on_node_down = false\n\n\
          [admin]\nlisten = \"127.0.0.1:0\"\n"
     );
-    let cfg = ConfigFile::new("ws-close-reasons", &text);
+    let cfg = ConfigFile::new(tag, &text);
     let l = Limpet::start(&cfg).await;
     let (web, keep) = (l.addr("web"), l.addr("keep"));
+    Checked {
+        _backends,
+        check_task,
+        l,
+        web,
+        keep,
+        cfg,
+        text,
+    }
+}
+
+/// Takes a DOWN by its check (the check's target stops): `closing` (on `web`) gets 1001
+/// `node down`, and `kept` (on `keep`, `close_on_node_down = false`) keeps relaying.
+async fn down_closes_one_and_keeps_the_other(
+    l: &Limpet,
+    check_task: tokio::task::JoinHandle<()>,
+    closing: &mut Ws,
+    kept: &mut Ws,
+    what: &str,
+) {
+    check_task.abort();
+    let _ = check_task.await;
+    assert_eq!(
+        close_of(closing, what).await,
+        (CloseCode::Away, "node down".to_owned())
+    );
+    assert_eq!(node_view(l, "a").await["state"], "DOWN");
+    kept.send(Message::text("still here"))
+        .await
+        .unwrap_or_else(|e| panic!("send on the kept WebSocket: {e}"));
+    match tokio::time::timeout(PATIENCE, kept.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "still here"),
+        other => panic!("close_on_node_down = false: the WebSocket should stay open: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_close_with_the_cause_on_maint_and_on_down() {
+    let Checked {
+        _backends,
+        check_task,
+        l,
+        web,
+        keep,
+        ..
+    } = checked("ws-close-reasons").await;
 
     // MAINT through the admin API.
     let mut ws = ws_to(web, "a").await;
@@ -95,20 +152,7 @@ async fn websockets_close_with_the_cause_on_maint_and_on_down() {
     // DOWN by checks: the default listener closes, the one that opted out keeps relaying.
     let mut closing = ws_to(web, "a").await;
     let mut kept = ws_to(keep, "a").await;
-    check_task.abort();
-    let _ = check_task.await;
-    assert_eq!(
-        close_of(&mut closing, "DOWN").await,
-        (CloseCode::Away, "node down".to_owned())
-    );
-    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
-    kept.send(Message::text("still here"))
-        .await
-        .unwrap_or_else(|e| panic!("send on the kept WebSocket: {e}"));
-    match tokio::time::timeout(PATIENCE, kept.next()).await {
-        Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "still here"),
-        other => panic!("close_on_node_down = false: the WebSocket should stay open: {other:?}"),
-    }
+    down_closes_one_and_keeps_the_other(&l, check_task, &mut closing, &mut kept, "DOWN").await;
     drop((ws, closing, kept));
     l.stop().await;
 }
@@ -254,30 +298,15 @@ async fn reload_with_a_comment(l: &Limpet, cfg: &ConfigFile, text: &str, n: u32)
 /// that opted out keeps relaying.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websockets_opened_before_a_reload_close_on_a_later_maint_and_down() {
-    let nodes = [("a", "127.0.0.2"), ("b", "127.0.0.3")];
-    let (_backends, port) = backend_nodes(&nodes).await;
-    let check_target = TcpListener::bind("127.0.0.2:0")
-        .await
-        .unwrap_or_else(|e| panic!("bind check target: {e}"));
-    let check_port = check_target.local_addr().map(|a| a.port()).unwrap_or(0);
-    let check_task = tokio::spawn(async move {
-        while let Ok((s, _)) = check_target.accept().await {
-            drop(s);
-        }
-    });
-    let text = format!(
-        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\ncheck_port = {check_port}\n\n\
-         [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n\
-         [health]\nfall = 2\nrise = 1\ninterval = \"100ms\"\ntimeout = \"200ms\"\n\n\
-         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
-         check = {{ kind = \"tcp\" }}\n\n\
-         [[listeners]]\nname = \"keep\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
-         close_on_node_down = false\n\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n"
-    );
-    let cfg = ConfigFile::new("ws-before-reload", &text);
-    let l = Limpet::start(&cfg).await;
-    let (web, keep) = (l.addr("web"), l.addr("keep"));
+    let Checked {
+        _backends,
+        check_task,
+        l,
+        web,
+        keep,
+        cfg,
+        text,
+    } = checked("ws-before-reload").await;
 
     let mut ws = ws_to(web, "a").await;
     reload_with_a_comment(&l, &cfg, &text, 1).await;
@@ -293,20 +322,14 @@ async fn websockets_opened_before_a_reload_close_on_a_later_maint_and_down() {
     let mut closing = ws_to(web, "a").await;
     let mut kept = ws_to(keep, "a").await;
     reload_with_a_comment(&l, &cfg, &text, 2).await;
-    check_task.abort();
-    let _ = check_task.await;
-    assert_eq!(
-        close_of(&mut closing, "DOWN after a reload").await,
-        (CloseCode::Away, "node down".to_owned())
-    );
-    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
-    kept.send(Message::text("still here"))
-        .await
-        .unwrap_or_else(|e| panic!("send on the kept WebSocket: {e}"));
-    match tokio::time::timeout(PATIENCE, kept.next()).await {
-        Ok(Some(Ok(Message::Text(t)))) => assert_eq!(t.as_str(), "still here"),
-        other => panic!("close_on_node_down = false: the WebSocket should stay open: {other:?}"),
-    }
+    down_closes_one_and_keeps_the_other(
+        &l,
+        check_task,
+        &mut closing,
+        &mut kept,
+        "DOWN after a reload",
+    )
+    .await;
     drop((ws, closing, kept));
     l.stop().await;
 }
