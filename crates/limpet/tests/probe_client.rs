@@ -11,9 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::probe::{probe, Host, ProbeProc};
-use common::{nodes, Node, Proxy, PATIENCE};
-use limpet::proxy::{NodeConfig, ProxyConfig};
+use common::probe::{probe, proxy_over_hosts, ProbeProc};
+use common::{nodes, Node, PATIENCE};
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -130,20 +129,7 @@ async fn duration_bounds_a_watch_whose_answers_are_slow() {
 async fn a_closed_socket_reconnects_when_its_backoff_is_due_not_at_the_next_round() {
     let ns = nodes(&["a", "b"]).await;
     // Each node behind a host that can crash with every connection, the socket included.
-    let mut hosts = Vec::new();
-    for n in &ns {
-        hosts.push((n.name.clone(), Host::start(n.addr).await));
-    }
-    let proxy = Proxy::start(ProxyConfig::new(
-        hosts
-            .iter()
-            .map(|(name, h)| NodeConfig {
-                name: name.clone(),
-                addr: h.addr,
-            })
-            .collect(),
-    ))
-    .await;
+    let (proxy, mut hosts) = proxy_over_hosts(&ns).await;
     let mut p = ProbeProc::spawn(&[
         &proxy.url("/"),
         "--ws",

@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::probe::{probe, Host, LoginNode, ProbeProc, LOGIN_COOKIE, LOGIN_TOKEN};
+use common::probe::{probe, proxy_over_hosts, LoginNode, ProbeProc, LOGIN_COOKIE, LOGIN_TOKEN};
 use common::{config, nodes, Proxy};
 use limpet::proxy::{NodeConfig, ProxyConfig, Sticky};
 use serde_json::Value;
@@ -96,21 +96,8 @@ async fn fails_with_sticky_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_pinned_node_under_watch_is_a_repin_not_a_break() {
     let ns = nodes(&["a", "b", "c"]).await;
-    // Each node behind a host that can crash with every connection, sockets included.
-    let mut hosts = Vec::new();
-    for n in &ns {
-        hosts.push((n.name.clone(), Host::start(n.addr).await));
-    }
-    let proxy = Proxy::start(ProxyConfig::new(
-        hosts
-            .iter()
-            .map(|(name, h)| NodeConfig {
-                name: name.clone(),
-                addr: h.addr,
-            })
-            .collect(),
-    ))
-    .await;
+    // Each node behind a host that can crash with every connection, the socket included.
+    let (proxy, mut hosts) = proxy_over_hosts(&ns).await;
     let mut p = ProbeProc::spawn(&[
         &proxy.url("/"),
         "--ws",

@@ -48,43 +48,28 @@ async fn a_fail_timeout_under_100ms_or_a_node_at_its_own_address_is_refused() {
         .expect("a free port")
         .port();
     let own = format!("127.0.0.1:{port}");
+    let to_nowhere = |timeout| {
+        vec![
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--to",
+            "127.0.0.1:1",
+            "--fail-timeout",
+            timeout,
+        ]
+    };
+    let to_itself = |more: &[&'static str]| {
+        let mut args = vec!["proxy", "--listen", own.as_str(), "--to", own.as_str()];
+        args.extend_from_slice(more);
+        args
+    };
     let cases: [(Vec<&str>, &str); 5] = [
-        (
-            vec![
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--to",
-                "127.0.0.1:1",
-                "--fail-timeout",
-                "0s",
-            ],
-            "fail timeout",
-        ),
-        (
-            vec![
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--to",
-                "127.0.0.1:1",
-                "--fail-timeout",
-                "50ms",
-            ],
-            "fail timeout",
-        ),
-        (
-            vec!["proxy", "--listen", &own, "--to", &own],
-            "forward to itself",
-        ),
-        (
-            vec!["proxy", "--listen", &own, "--to", &own, "--threads", "1"],
-            "forward to itself",
-        ),
-        (
-            vec!["proxy", "--listen", &own, "--to", &own, "--threads", "2"],
-            "forward to itself",
-        ),
+        (to_nowhere("0s"), "fail timeout"),
+        (to_nowhere("50ms"), "fail timeout"),
+        (to_itself(&[]), "forward to itself"),
+        (to_itself(&["--threads", "1"]), "forward to itself"),
+        (to_itself(&["--threads", "2"]), "forward to itself"),
     ];
     for (args, says) in cases {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_limpet"))

@@ -332,6 +332,36 @@ upstream_tls = {{ ca = "{ca}" }}
     }
 }
 
+/// An HTTPS listener (certificate for `print.example`) with `timeouts` in front of node a
+/// (TLS-capable, on 127.0.0.2): the PKI, the nodes, the config's directory (kept as long as
+/// limpet runs), limpet and the listener's address.
+async fn https_on_one_node(
+    tag: &str,
+    timeouts: &str,
+) -> (
+    Pki,
+    Vec<TestNode>,
+    TempDir,
+    limpet::runtime::Running,
+    std::net::SocketAddr,
+) {
+    let pki = Pki::new();
+    let (nodes, ports) = start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let (c, k) = pki.issue("limpet", &["print.example"]);
+    let dir = TempDir::new(tag);
+    let text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"https\"\n\
+         bind = \"127.0.0.1:0\"\nnode_port = {http}\ntls = {{ cert = \"{c}\", key = \"{k}\" }}\n\
+         timeouts = {{ {timeouts} }}\n",
+        http = ports.http,
+        c = c.display(),
+        k = k.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("https").expect("addr");
+    (pki, nodes, dir, running, addr)
+}
+
 /// `header_read` runs from the connection's accept, the TLS handshake and the first request
 /// head sharing it: a client that takes most of it to start its handshake, then sends no
 /// request, is closed at `header_read` after it connected, not that long after the handshake
@@ -340,21 +370,8 @@ upstream_tls = {{ ca = "{ca}" }}
 async fn a_slow_handshake_and_the_first_request_head_share_header_read() {
     use tokio::io::AsyncReadExt;
     const HEADER_READ: std::time::Duration = std::time::Duration::from_secs(2);
-    let pki = Pki::new();
-    let (mut nodes, ports) =
-        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
-    let (c, k) = pki.issue("limpet", &["print.example"]);
-    let dir = TempDir::new("tls-head-time");
-    let text = format!(
-        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"https\"\n\
-         bind = \"127.0.0.1:0\"\nnode_port = {http}\ntls = {{ cert = \"{c}\", key = \"{k}\" }}\n\
-         timeouts = {{ header_read = \"2s\" }}\n",
-        http = ports.http,
-        c = c.display(),
-        k = k.display(),
-    );
-    let running = start(config(&dir, &text)).await.expect("start");
-    let addr = running.addr("https").expect("addr");
+    let (pki, mut nodes, _dir, running, addr) =
+        https_on_one_node("tls-head-time", "header_read = \"2s\"").await;
     let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
     let connected = std::time::Instant::now();
     // The client's own pace: most of `header_read` before its ClientHello.
@@ -592,21 +609,8 @@ async fn an_upgrade_answered_as_limpet_shuts_down_gets_close_1001_after_its_101(
 async fn an_h2_tls_connection_left_inside_a_record_closes_at_header_read() {
     use tokio::io::AsyncReadExt;
     const HEADER_READ: std::time::Duration = std::time::Duration::from_secs(1);
-    let pki = Pki::new();
-    let (mut nodes, ports) =
-        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
-    let (c, k) = pki.issue("limpet", &["print.example"]);
-    let dir = TempDir::new("tls-record-time");
-    let text = format!(
-        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"https\"\n\
-         bind = \"127.0.0.1:0\"\nnode_port = {http}\ntls = {{ cert = \"{c}\", key = \"{k}\" }}\n\
-         timeouts = {{ header_read = \"1s\", idle = \"30s\" }}\n",
-        http = ports.http,
-        c = c.display(),
-        k = k.display(),
-    );
-    let running = start(config(&dir, &text)).await.expect("start");
-    let addr = running.addr("https").expect("addr");
+    let (pki, mut nodes, _dir, running, addr) =
+        https_on_one_node("tls-record-time", "header_read = \"1s\", idle = \"30s\"").await;
     let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
     // A second handle on the socket, to write bytes under TLS and to see the close.
     let s = s.into_std().expect("std socket");

@@ -102,6 +102,19 @@ async fn checked(tag: &str) -> Checked {
     }
 }
 
+/// Sets a to MAINT through the admin API: `ws`, on a, gets 1001 `node in maintenance`; then
+/// a is READY (UP) again.
+async fn maint_closes_it_then_ready(l: &Limpet, ws: &mut Ws, what: &str) {
+    let v = set_state(l, "a", r#"{"state":"maint"}"#).await;
+    assert_eq!(v["state"], "MAINT", "{v}");
+    assert_eq!(
+        close_of(ws, what).await,
+        (CloseCode::Away, "node in maintenance".to_owned())
+    );
+    let v = set_state(l, "a", r#"{"state":"ready"}"#).await;
+    assert_eq!(v["state"], "UP", "{v}");
+}
+
 /// Takes a DOWN by its check (the check's target stops): `closing` (on `web`) gets 1001
 /// `node down`, and `kept` (on `keep`, `close_on_node_down = false`) keeps relaying.
 async fn down_closes_one_and_keeps_the_other(
@@ -140,14 +153,7 @@ async fn websockets_close_with_the_cause_on_maint_and_on_down() {
 
     // MAINT through the admin API.
     let mut ws = ws_to(web, "a").await;
-    let v = set_state(&l, "a", r#"{"state":"maint"}"#).await;
-    assert_eq!(v["state"], "MAINT", "{v}");
-    assert_eq!(
-        close_of(&mut ws, "MAINT").await,
-        (CloseCode::Away, "node in maintenance".to_owned())
-    );
-    let v = set_state(&l, "a", r#"{"state":"ready"}"#).await;
-    assert_eq!(v["state"], "UP", "{v}");
+    maint_closes_it_then_ready(&l, &mut ws, "MAINT").await;
 
     // DOWN by checks: the default listener closes, the one that opted out keeps relaying.
     let mut closing = ws_to(web, "a").await;
@@ -310,14 +316,7 @@ async fn websockets_opened_before_a_reload_close_on_a_later_maint_and_down() {
 
     let mut ws = ws_to(web, "a").await;
     reload_with_a_comment(&l, &cfg, &text, 1).await;
-    let v = set_state(&l, "a", r#"{"state":"maint"}"#).await;
-    assert_eq!(v["state"], "MAINT", "{v}");
-    assert_eq!(
-        close_of(&mut ws, "MAINT after a reload").await,
-        (CloseCode::Away, "node in maintenance".to_owned())
-    );
-    let v = set_state(&l, "a", r#"{"state":"ready"}"#).await;
-    assert_eq!(v["state"], "UP", "{v}");
+    maint_closes_it_then_ready(&l, &mut ws, "MAINT after a reload").await;
 
     let mut closing = ws_to(web, "a").await;
     let mut kept = ws_to(keep, "a").await;

@@ -120,6 +120,26 @@ pub async fn probe(args: &[&str]) -> Finished {
     ProbeProc::spawn(args).finish().await
 }
 
+/// limpet's quick proxy in front of `nodes`, each behind a [`Host`] that can crash with every
+/// connection it holds (sockets included): the proxy and the hosts by node name.
+pub async fn proxy_over_hosts(nodes: &[super::Node]) -> (super::Proxy, Vec<(String, Host)>) {
+    let mut hosts = Vec::new();
+    for n in nodes {
+        hosts.push((n.name.clone(), Host::start(n.addr).await));
+    }
+    let proxy = super::Proxy::start(limpet::proxy::ProxyConfig::new(
+        hosts
+            .iter()
+            .map(|(name, h)| limpet::proxy::NodeConfig {
+                name: name.clone(),
+                addr: h.addr,
+            })
+            .collect(),
+    ))
+    .await;
+    (proxy, hosts)
+}
+
 /// A node's host that can crash: a TCP relay in front of a node, which [`Host::crash`] stops
 /// together with every connection through it, WebSockets included, as a dead machine would.
 /// (Stopping an in-process node alone leaves its upgraded sockets running.)
