@@ -103,11 +103,9 @@ fn node_in(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
         .and_then(clean_node)
 }
 
-/// The balancer cookies held now, to tell a rewrite from a repeat.
-fn snapshot(jar: &SharedJar) -> Vec<(String, String)> {
-    let now = jar.now();
-    jar.lock()
-        .cookies(now)
+/// The balancer cookies `jar` holds at `now`, to tell a rewrite from a repeat.
+fn held(jar: &AffinityJar, now: SystemTime) -> Vec<(String, String)> {
+    jar.cookies(now)
         .map(|c| (c.name().to_owned(), c.value().to_owned()))
         .collect()
 }
@@ -254,8 +252,8 @@ struct Upgrade {
 }
 
 async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) -> Upgrade {
-    let before = snapshot(jar);
     let before_jar = jar.lock().clone();
+    let before = held(&before_jar, jar.now());
     // `None` over ws://: tokio-tungstenite's plain connector.
     let connector = plan.tls.clone().map(Connector::Rustls);
     let connect = async {
@@ -318,7 +316,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
             )),
         ),
     };
-    answer.rewritten = snapshot(jar) != before;
+    answer.rewritten = held(&jar.lock(), jar.now()) != before;
     Upgrade {
         answer,
         socket,
@@ -406,8 +404,8 @@ impl Session {
         // A socket that closed since it was last read must count as closed before this
         // answer is judged, or the judge would see HTTP away from a socket that is gone.
         self.poll_socket(round);
-        let before = snapshot(&self.jar);
         let before_jar = self.jar.lock().clone();
+        let before = held(&before_jar, self.jar.now());
         let mut answer = Answer {
             round,
             via,
@@ -452,7 +450,7 @@ impl Session {
             }
             Err(e) => self.error(describe(&e)),
         }
-        answer.rewritten = snapshot(&self.jar) != before;
+        answer.rewritten = held(&self.jar.lock(), self.jar.now()) != before;
         self.send(Event::Answer(answer));
     }
 
