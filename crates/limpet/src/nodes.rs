@@ -173,6 +173,27 @@ impl DownWatch<'_> {
     }
 }
 
+/// A connection to a node (`connect`: the connect and whatever handshake comes before any
+/// byte of the client's), or `None` once the node has gone DOWN (`watch`) while it was being
+/// made: nothing of the client's is sent yet, so whatever the request or TCP session, it
+/// routes again without the node. A hung node whose listen queue is full takes no connect;
+/// before, a request or session that began connecting to it just before its checks took it
+/// DOWN waited out the whole connect timeout (3 s by default) after the DOWN. The connect is
+/// polled first: one that completes at once registers no waiter on the node.
+pub(crate) async fn unless_down<T>(
+    connect: impl std::future::Future<Output = T>,
+    watch: Option<DownWatch<'_>>,
+) -> Option<T> {
+    let Some(watch) = watch else {
+        return Some(connect.await);
+    };
+    tokio::select! {
+        biased;
+        r = connect => Some(r),
+        () = watch.wait() => None,
+    }
+}
+
 /// Why a long-lived session on a node ends ([`NodeRuntime::session_end`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndReason {

@@ -624,6 +624,9 @@ async fn connect(
         // (another of its connections failed there) ends it as soon as it runs.
         let rt = state.node_rt(node);
         let moves = rt.map(|rt| rt.watch(spread));
+        // And its health going DOWN while the session waits in its queue or connects: the
+        // attempt stops there ([`crate::nodes::unless_down`]).
+        let down = rt.map(|rt| rt.watch_down());
         // A node at its max_connections: the session waits in its queue, as HTTP requests
         // do; refused (queue full or timed out), the client's connection is closed.
         // The wait in the queue ends when a shutdown's drain does: the session would be cut
@@ -676,7 +679,23 @@ async fn connect(
             });
             continue;
         };
-        match attempt(&def_now, who, addr).await {
+        // A node whose listen queue is full (a hung process) takes no connect: the session
+        // would wait out the connect timeout after its checks took it DOWN. Nothing of the
+        // client's has gone out: it routes again without the node, nothing charged.
+        // Pinned where it is: moved into the race by value, the attempt's large future was
+        // copied (+300 instructions a `tcp-close` session).
+        let attempted = {
+            let attempting = std::pin::pin!(attempt(&def_now, who, addr));
+            crate::nodes::unless_down(attempting, down).await
+        };
+        let Some(attempted) = attempted else {
+            failed.push(Excluded {
+                node,
+                why: limpet_core::RepinReason::NodeDown,
+            });
+            continue;
+        };
+        match attempted {
             Ok(stream) => {
                 // For a TCP listener a completed handshake is all traffic can prove, and with
                 // TLS to the node (no HTTP listener beside), that its process answers. A

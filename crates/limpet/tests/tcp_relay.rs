@@ -748,6 +748,34 @@ async fn held_tls_node(
     }
 }
 
+/// Nodes a (127.0.0.2) and b (127.0.0.3) on one port, each a [`held_tls_node`] that holds
+/// the TLS handshakes of its connections until its own `go` (a's first, b's second): their
+/// tasks, where each tells a connection arriving, and the port.
+async fn held_tls_pair(
+    go: [tokio::sync::watch::Receiver<bool>; 2],
+) -> (
+    [tokio::task::JoinHandle<()>; 2],
+    tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+    u16,
+) {
+    let pki = Pki::new();
+    let tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
+    let (arrived_tx, arrived) = tokio::sync::mpsc::unbounded_channel();
+    let (a, b, port) = common::ports::common_port_pair().await;
+    let [go_a, go_b] = go;
+    let nodes = [
+        tokio::spawn(held_tls_node(
+            a,
+            "a",
+            std::sync::Arc::clone(&tls),
+            arrived_tx.clone(),
+            go_a,
+        )),
+        tokio::spawn(held_tls_node(b, "b", tls, arrived_tx, go_b)),
+    ];
+    (nodes, arrived, port)
+}
+
 /// A node that leaves rotation while a session's attempt at it is in flight (here its TLS
 /// handshake, held by the node; a connect's SYN retransmitted is the same window): the
 /// attempt completes, but nothing of the client's has gone out, so the session goes to the
@@ -757,21 +785,8 @@ async fn held_tls_node(
 /// `close_on_node_down = false`, relayed to a DOWN node.
 #[tokio::test]
 async fn a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given_the_session() {
-    let pki = Pki::new();
-    let tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
-    let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
     let (go, go_rx) = tokio::sync::watch::channel(false);
-    let (a, b, port) = common::ports::common_port_pair().await;
-    let nodes = [
-        tokio::spawn(held_tls_node(
-            a,
-            "a",
-            std::sync::Arc::clone(&tls),
-            arrived_tx.clone(),
-            go_rx.clone(),
-        )),
-        tokio::spawn(held_tls_node(b, "b", tls, arrived_tx, go_rx)),
-    ];
+    let (nodes, mut arrived, port) = held_tls_pair([go_rx.clone(), go_rx]).await;
     for (i, (how, extra)) in [
         ("down", ""),
         ("maint", ""),
@@ -820,6 +835,49 @@ async fn a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given
         running.stop().await;
         while arrived.try_recv().is_ok() {}
     }
+    for n in nodes {
+        n.abort();
+    }
+}
+
+/// A node that goes DOWN while a session's attempt at it hangs (here its TLS handshake, which
+/// the node never answers: as a hung process whose listen queue is full never answers a
+/// connect) lets the session go at once: it opens on the other node, long before the
+/// attempt's connect timeout (60 s). Before, it waited out that timeout after the DOWN.
+#[tokio::test]
+async fn a_session_connecting_to_a_node_that_goes_down_goes_to_the_other_node_at_once() {
+    // Each node's own release: the first one reached never answers.
+    let (go_a, go_a_rx) = tokio::sync::watch::channel(false);
+    let (go_b, go_b_rx) = tokio::sync::watch::channel(false);
+    let (nodes, mut arrived, port) = held_tls_pair([go_a_rx, go_b_rx]).await;
+    let dir = TempDir::new("tcp-down-connecting");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        port,
+        "upstream_tls = { verify = \"none\" }\ntimeouts = { connect = \"60s\" }",
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let client = tokio::spawn(async move { tcp_session("127.0.0.90", addr).await });
+    let first = tokio::time::timeout(common::PATIENCE, arrived.recv())
+        .await
+        .expect("the session's attempt reaches a node")
+        .expect("nodes run");
+    let other = if first == "a" { "b" } else { "a" };
+    // Only the other node answers.
+    if other == "a" { &go_a } else { &go_b }.send_replace(true);
+    let state = running.runtime().state();
+    assert!(state.force_health(first, false).is_some());
+    let (mut s, node) = tokio::time::timeout(common::PATIENCE, client)
+        .await
+        .expect("the session opens on the other node before the connect timeout")
+        .expect("client task");
+    assert_eq!(node, other, "the session went to the node that went DOWN");
+    echo(&mut s, b"relayed").await;
+    drop(s);
+    drop(state);
+    running.stop().await;
     for n in nodes {
         n.abort();
     }

@@ -1678,28 +1678,15 @@ enum Direct {
     Failed(UpstreamError),
 }
 
-/// A connection to a node, or `None` once the node has gone DOWN (`watch`) while it was
-/// being made: nothing is sent yet, so whatever the request, it routes again without the
-/// node. A hung node whose listen queue is full takes no connect; before, a request that
-/// began connecting to it just before its checks took it DOWN waited out the whole connect
-/// timeout (3 s by default) after the DOWN. Boxed, the connect and the watch together: the
-/// largest of an attempt's awaits, inline they would grow every request's future (moved by
-/// value into hyper's connection or an HTTP/2 stream's task) for a path a kept-alive
-/// connection skips.
+/// [`crate::nodes::unless_down`], boxed: the connect and the watch together are the largest
+/// of an attempt's awaits, and inline they would grow every request's future (moved by value
+/// into hyper's connection or an HTTP/2 stream's task) for a path a kept-alive connection
+/// skips.
 fn connect_unless_down<'a, T: 'a>(
     connect: impl std::future::Future<Output = T> + Send + 'a,
     watch: Option<crate::nodes::DownWatch<'a>>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<T>> + Send + 'a>> {
-    Box::pin(async move {
-        let Some(watch) = watch else {
-            return Some(connect.await);
-        };
-        tokio::select! {
-            biased;
-            r = connect => Some(r),
-            () = watch.wait() => None,
-        }
-    })
+    Box::pin(crate::nodes::unless_down(connect, watch))
 }
 
 impl Attempt<'_> {
