@@ -1,17 +1,19 @@
-//! A node that is a real process, stopped with SIGSTOP under traffic and resumed with
-//! SIGCONT: the failure model's hung node, as a stopped process really is (its kernel
+//! Nodes that are real processes, under traffic: one stopped with SIGSTOP and resumed with
+//! SIGCONT (the failure model's hung node, as a stopped process really is: its kernel
 //! completes connects into its backlog and takes the bytes of connections already open, and
-//! it answers all of them late when it resumes), not a socket that never accepts.
+//! it answers all of them late when it resumes), not a socket that never accepts; and a
+//! rolling restart of every node, each stopped gracefully (SIGTERM) or killed (SIGKILL) and
+//! started again on its address.
 //!
-//! Node a is `limpet proxy --sticky none` in front of a demo node (a process of its own, so
-//! the signal stops it alone); node b is a demo node in the test. limpet, HTTP-checked, is in
-//! front of both.
+//! A node is `limpet proxy --sticky none` in front of a demo node (a process of its own, so
+//! a signal reaches it alone), or a demo node in the test. limpet, HTTP-checked, is in front.
 
 mod admin_common;
 
 use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use admin_common::lifecycle::*;
@@ -46,13 +48,13 @@ fn signal(p: &Proc, sig: rustix::process::Signal) {
     rustix::process::kill_process(pid, sig).unwrap_or_else(|e| panic!("kill: {e}"));
 }
 
-/// `limpet proxy --sticky none --listen IP:0 --to a=TO`, once it listens: the process and
-/// its port.
-async fn node_process(ip: &str, to: SocketAddr) -> (Proc, u16) {
+/// `limpet proxy --sticky none --listen IP:PORT --to a=TO` (`port` 0: any), once it
+/// listens: the process and its port.
+async fn node_process(ip: &str, port: u16, to: SocketAddr) -> (Proc, u16) {
     let mut child = Proc(
         Command::new(env!("CARGO_BIN_EXE_limpet"))
             .args(["proxy", "--threads", "1", "--sticky", "none", "--listen"])
-            .arg(format!("{ip}:0"))
+            .arg(format!("{ip}:{port}"))
             .arg("--to")
             .arg(format!("a={to}"))
             .stdout(Stdio::piped())
@@ -82,6 +84,21 @@ async fn node_process(ip: &str, to: SocketAddr) -> (Proc, u16) {
         .map(|a| a.port())
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
     (child, port)
+}
+
+/// limpet's config: `nodes` (name, address) HTTP-checked every `INTERVAL_MS` (`fall`,
+/// `rise`), one listener at `node_port`, an admin API.
+fn checked_config(name: &str, nodes: &[(&str, &str)], node_port: u16) -> ConfigFile {
+    let text = format!(
+        "{}[health]\nfall = {FALL}\nrise = {RISE}\ninterval = \"{INTERVAL_MS}ms\"\n\
+         timeout = \"{TIMEOUT_MS}ms\"\nfail_timeout = \"60s\"\n\n\
+         [[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = {node_port}\n\
+         timeouts = {{ upstream_answer = \"{ANSWER_MS}ms\", drain = \"1s\" }}\n\
+         check = {{ kind = \"http\", path = \"/\" }}\n\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        nodes_toml(nodes)
+    );
+    ConfigFile::new(name, &text)
 }
 
 /// A client with a cookie jar: its own session.
@@ -130,15 +147,20 @@ async fn get(client: &reqwest::Client, addr: SocketAddr, id: u64) -> Result<Stri
 
 /// Waits (bounded) until the admin API says node a is `state`; how long it took.
 async fn until_a_is(l: &Limpet, state: &str, within: Duration) -> Duration {
+    until_is(l, "a", state, within).await
+}
+
+/// Waits (bounded) until the admin API says node `node` is `state`; how long it took.
+async fn until_is(l: &Limpet, node: &str, state: &str, within: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        let view = node_view(l, "a").await;
+        let view = node_view(l, node).await;
         if view["state"] == state {
             return started.elapsed();
         }
         assert!(
             started.elapsed() < within,
-            "node a not {state} within {within:?}: {view}"
+            "node {node} not {state} within {within:?}: {view}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -154,8 +176,31 @@ async fn traffic(
     rounds: usize,
     bound: Duration,
 ) -> Vec<String> {
+    traffic_until(
+        addr,
+        pinned,
+        next_id,
+        rounds,
+        bound,
+        &AtomicBool::new(false),
+    )
+    .await
+}
+
+/// [`traffic`], its rounds ending early once `done`.
+async fn traffic_until(
+    addr: SocketAddr,
+    pinned: &[reqwest::Client],
+    next_id: &mut u64,
+    rounds: usize,
+    bound: Duration,
+    done: &AtomicBool,
+) -> Vec<String> {
     let mut gets = JoinSet::new();
     for _ in 0..rounds {
+        if done.load(Ordering::Acquire) {
+            break;
+        }
         for (i, c) in pinned.iter().enumerate() {
             let (c, id) = (c.clone(), *next_id);
             *next_id += 1;
@@ -195,20 +240,16 @@ async fn a_stopped_node_process_fails_no_request_and_comes_back_when_resumed() {
     let (mut backends, a_port) = backend_nodes(&[("a", "127.0.0.2")]).await;
     let (node_a, port) = node_process(
         "127.0.0.12",
+        0,
         SocketAddr::new(IpAddr::from([127, 0, 0, 2]), a_port),
     )
     .await;
     let mut b = backend_node_again("b", IpAddr::from([127, 0, 0, 13]), port).await;
-    let text = format!(
-        "{}[health]\nfall = {FALL}\nrise = {RISE}\ninterval = \"{INTERVAL_MS}ms\"\n\
-         timeout = \"{TIMEOUT_MS}ms\"\nfail_timeout = \"60s\"\n\n\
-         [[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
-         timeouts = {{ upstream_answer = \"{ANSWER_MS}ms\", drain = \"1s\" }}\n\
-         check = {{ kind = \"http\", path = \"/\" }}\n\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n",
-        nodes_toml(&[("a", "127.0.0.12"), ("b", "127.0.0.13")])
+    let cfg = checked_config(
+        "node-stopped",
+        &[("a", "127.0.0.12"), ("b", "127.0.0.13")],
+        port,
     );
-    let cfg = ConfigFile::new("node-stopped", &text);
     let l = Limpet::start(&cfg).await;
     let addr = l.addr("l");
     until_a_is(&l, "UP", PATIENCE).await;
@@ -270,22 +311,161 @@ async fn a_stopped_node_process_fails_no_request_and_comes_back_when_resumed() {
     // One flip each way: no flapping on the way down or back.
     let metrics = metrics_text(&l).await;
     for to in ["down", "up"] {
-        let flips: Vec<&str> = metrics
-            .lines()
-            .filter(|m| {
-                m.starts_with("limpet_health_transitions_total{")
-                    && m.contains("node=\"a\"")
-                    && m.contains(&format!("to=\"{to}\""))
-            })
-            .collect();
-        assert!(
-            flips.len() == 1 && flips[0].ends_with(" 1"),
-            "a's transitions {to}: {flips:?}"
-        );
+        assert_eq!(transitions(&metrics, "a", to), 1, "a's transitions {to}");
     }
     l.stop().await;
     drop(node_a);
     b.kill().await;
+    for n in &mut backends {
+        n.kill().await;
+    }
+}
+
+/// How many times `node`'s health went `to` ("up", "down"), by the metrics' text.
+fn transitions(metrics: &str, node: &str, to: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|m| {
+            m.starts_with("limpet_health_transitions_total{")
+                && m.contains(&format!("node=\"{node}\""))
+                && m.contains(&format!("to=\"{to}\""))
+        })
+        .map(|m| {
+            m.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("a transitions line without a count: {m}"))
+        })
+        .sum()
+}
+
+/// How long a node process of the rolling restart stays gone (ten rounds of traffic).
+const DOWNTIME: Duration = Duration::from_millis(250);
+
+/// How a node process is stopped for its restart.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// SIGTERM: it stops accepting, finishes what it took and exits.
+    Term,
+    /// SIGKILL: its connections are reset, its port refuses at once.
+    Kill,
+}
+
+/// A rolling restart of every node, twice: each node process in turn stopped (first
+/// gracefully, SIGTERM, then killed, SIGKILL), waited for until it is gone, started again on
+/// its address and brought back UP by its checks before the next one goes, under steady
+/// traffic (four sessions pinned and a fresh session every 25 ms, all GETs): no request
+/// fails, each is answered with its own answer within slack (refused connects and reset
+/// connections fail over at once, the GETs replayed), each node DOWN within `fall` checks of
+/// its stop and UP within `rise` checks of its start, one transition each way per restart,
+/// and fresh sessions reach every node at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_checked_node_processes_fails_no_request_and_every_node_returns() {
+    let (mut backends, be_port) = backend_nodes(&[("a", "127.0.0.2"), ("b", "127.0.0.3")]).await;
+    let names = ["a", "b"];
+    let ips = ["127.0.0.14", "127.0.0.15"];
+    let to = |i: u8| SocketAddr::new(IpAddr::from([127, 0, 0, 2 + i]), be_port);
+    let (first, port) = node_process(ips[0], 0, to(0)).await;
+    let (second, _) = node_process(ips[1], port, to(1)).await;
+    let mut procs = [Some(first), Some(second)];
+    let cfg = checked_config(
+        "node-rolling-restart",
+        &[("a", ips[0]), ("b", ips[1])],
+        port,
+    );
+    let l = Limpet::start(&cfg).await;
+    let addr = l.addr("l");
+    for n in names {
+        until_is(&l, n, "UP", PATIENCE).await;
+    }
+    let mut next_id = 0;
+    let pinned: Vec<reqwest::Client> = (0..4).map(|_| session()).collect();
+    // Warm: each session pinned, kept-alive connections to both nodes in limpet's pool.
+    let warm = traffic(addr, &pinned, &mut next_id, 8, SLACK).await;
+    assert!(
+        names.iter().all(|n| warm.iter().any(|w| w == n)),
+        "{warm:?}"
+    );
+
+    let done = AtomicBool::new(false);
+    let restarts = async {
+        for (i, how) in [
+            (0, Stop::Term),
+            (1, Stop::Term),
+            (0, Stop::Kill),
+            (1, Stop::Kill),
+        ] {
+            let name = names[i];
+            let p = procs[i].take().unwrap_or_else(|| panic!("{name} runs"));
+            signal(
+                &p,
+                match how {
+                    Stop::Term => rustix::process::Signal::TERM,
+                    Stop::Kill => rustix::process::Signal::KILL,
+                },
+            );
+            let stopped = Instant::now();
+            // Gone (its port free) before it starts again, as a service manager restarts one.
+            let exited = tokio::time::timeout(
+                PATIENCE,
+                tokio::task::spawn_blocking(move || {
+                    let mut p = p;
+                    p.0.wait().map(|_| ())
+                }),
+            )
+            .await;
+            assert!(
+                matches!(exited, Ok(Ok(Ok(())))),
+                "{name} did not exit after {how:?}: {exited:?}"
+            );
+            until_is(
+                &l,
+                name,
+                "DOWN",
+                Duration::from_millis(FALL * (INTERVAL_MS + TIMEOUT_MS))
+                    + INTERVAL_MS_SLACK
+                    + SLACK,
+            )
+            .await;
+            let down = stopped.elapsed();
+            // A restart takes a while: the traffic meanwhile goes to the other node.
+            tokio::time::sleep(DOWNTIME).await;
+            let (p, _) = node_process(ips[i], port, to(u8::try_from(i).unwrap_or(0))).await;
+            procs[i] = Some(p);
+            let up = until_is(
+                &l,
+                name,
+                "UP",
+                Duration::from_millis(RISE * INTERVAL_MS + TIMEOUT_MS) + INTERVAL_MS_SLACK + SLACK,
+            )
+            .await;
+            eprintln!("{name} {how:?}: DOWN {down:?} after the signal, UP {up:?} after its start");
+        }
+        done.store(true, Ordering::Release);
+    };
+    // Bounded: 2,000 rounds of 25 ms at most (the restarts take a few seconds).
+    let load = traffic_until(addr, &pinned, &mut next_id, 2000, SLACK, &done);
+    let (during, ()) = tokio::join!(load, restarts);
+    eprintln!("{} rounds of traffic during the restarts", during.len());
+
+    // Every node in rotation again: fresh sessions reach each.
+    let after = traffic(addr, &pinned, &mut next_id, 40, SLACK).await;
+    assert!(
+        names.iter().all(|n| after.iter().any(|w| w == n)),
+        "fresh sessions reach every node after the restarts: {after:?}"
+    );
+    let metrics = metrics_text(&l).await;
+    for n in names {
+        for to in ["down", "up"] {
+            assert_eq!(
+                transitions(&metrics, n, to),
+                2,
+                "{n}'s transitions {to}: one per restart"
+            );
+        }
+    }
+    l.stop().await;
+    drop(procs);
     for n in &mut backends {
         n.kill().await;
     }
