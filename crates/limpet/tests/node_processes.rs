@@ -1,22 +1,26 @@
-//! Nodes that are real processes, under traffic: one stopped with SIGSTOP and resumed with
-//! SIGCONT (the failure model's hung node, as a stopped process really is: its kernel
-//! completes connects into its backlog and takes the bytes of connections already open, and
-//! it answers all of them late when it resumes), not a socket that never accepts; and a
-//! rolling restart of every node, each stopped gracefully (SIGTERM) or killed (SIGKILL) and
-//! started again on its address.
+//! Nodes that fail the way real ones do, under traffic, as clients see them: a node process
+//! stopped with SIGSTOP and resumed with SIGCONT (the failure model's hung node, as a stopped
+//! process really is: its kernel completes connects into its backlog and takes the bytes of
+//! connections already open, and it answers all of them late when it resumes), not a socket
+//! that never accepts; a rolling restart of every node process, each stopped gracefully
+//! (SIGTERM) or killed (SIGKILL) and started again on its address; and a node whose check
+//! flaps.
 //!
-//! A node is `limpet proxy --sticky none` in front of a demo node (a process of its own, so
-//! a signal reaches it alone), or a demo node in the test. limpet, HTTP-checked, is in front.
+//! A node process is `limpet proxy --sticky none` in front of a demo node (a process of its
+//! own, so a signal reaches it alone); other nodes are demo nodes or servers in the test.
+//! limpet, HTTP-checked, is in front.
 
 mod admin_common;
 
 use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use admin_common::lifecycle::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -262,10 +266,7 @@ async fn a_stopped_node_process_fails_no_request_and_comes_back_when_resumed() {
             break;
         }
         let c = session();
-        let node = get(&c, addr, next_id)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        next_id += 1;
+        let node = answered_by(&c, addr, &mut next_id).await;
         if node == "a" {
             pinned.push(c);
         }
@@ -473,3 +474,185 @@ async fn a_rolling_restart_of_checked_node_processes_fails_no_request_and_every_
 
 /// The checks' jitter: each interval may run up to a tenth longer.
 const INTERVAL_MS_SLACK: Duration = Duration::from_millis(INTERVAL_MS);
+
+/// The node that answered a GET of session `c` (request id `next_id`, then moved on), after
+/// checking the answer is its own and a 200.
+async fn answered_by(c: &reqwest::Client, addr: SocketAddr, next_id: &mut u64) -> String {
+    let id = *next_id;
+    *next_id += 1;
+    get(c, addr, id).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What [`FlappingNode`]'s check answers.
+const PASS: u8 = 0;
+const FAIL: u8 = 1;
+/// The opposite of its last answer: pass, fail, pass... never two the same in a row.
+const FLAP: u8 = 2;
+
+/// Node a, whose check (`GET /`) answers as its `mode` says, and whose other paths answer
+/// 200 with the request's head as the body (as a demo node's `/headers`, and with its name
+/// in `x-limpet-node`), a request per connection. `checks` counts the checks it answered.
+struct FlappingNode {
+    mode: Arc<AtomicU8>,
+    checks: tokio::sync::watch::Receiver<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FlappingNode {
+    async fn start(listener: tokio::net::TcpListener) -> FlappingNode {
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let (count, checks) = tokio::sync::watch::channel(0u64);
+        let (m, last_ok) = (Arc::clone(&mode), Arc::new(AtomicBool::new(true)));
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (m, last_ok, count) = (Arc::clone(&m), Arc::clone(&last_ok), count.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16384 {
+                        match s.read(&mut buf).await {
+                            Ok(n @ 1..) => head.extend_from_slice(&buf[..n]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split(' ').nth(1).unwrap_or("");
+                    let (status, body) = if path == "/" {
+                        let ok = match m.load(Ordering::Acquire) {
+                            PASS => true,
+                            FAIL => false,
+                            _ => !last_ok.load(Ordering::Acquire),
+                        };
+                        last_ok.store(ok, Ordering::Release);
+                        count.send_modify(|n| *n += 1);
+                        (
+                            if ok {
+                                "200 OK"
+                            } else {
+                                "503 Service Unavailable"
+                            },
+                            String::new(),
+                        )
+                    } else {
+                        ("200 OK", head)
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\nX-Limpet-Node: a\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(answer.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        FlappingNode { mode, checks, task }
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::Release);
+    }
+
+    /// Waits (bounded) until it has answered `n` more checks.
+    async fn checked(&mut self, n: u64) {
+        let target = *self.checks.borrow() + n;
+        tokio::time::timeout(PATIENCE, self.checks.wait_for(|c| *c >= target))
+            .await
+            .unwrap_or_else(|_| panic!("fewer than {n} checks within {PATIENCE:?}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+impl Drop for FlappingNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A node whose check flaps (pass, fail, pass...) never reaches `fall` or `rise`: UP, it stays
+/// UP and keeps its sessions (every GET of a session pinned to it is answered by it, with no
+/// transition); DOWN, it stays DOWN (no fresh session reaches it); once its check passes
+/// `rise` times in a row it is UP again and fresh sessions reach it. One transition each way
+/// in all, as the client saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_check_neither_moves_sessions_off_a_node_nor_brings_it_back() {
+    let a_listener = tokio::net::TcpListener::bind("127.0.0.16:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let port = a_listener
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut a = FlappingNode::start(a_listener).await;
+    let mut b = backend_node_again("b", IpAddr::from([127, 0, 0, 17]), port).await;
+    let cfg = checked_config(
+        "node-flapping",
+        &[("a", "127.0.0.16"), ("b", "127.0.0.17")],
+        port,
+    );
+    let l = Limpet::start(&cfg).await;
+    let addr = l.addr("l");
+    a.checked(RISE).await;
+    until_is(&l, "a", "UP", PATIENCE).await;
+    let mut next_id = 0;
+    let mut pinned = None;
+    for _ in 0..8 {
+        let c = session();
+        let node = answered_by(&c, addr, &mut next_id).await;
+        if node == "a" {
+            pinned = Some(c);
+            break;
+        }
+    }
+    let pinned = pinned.unwrap_or_else(|| panic!("no fresh session reached a"));
+
+    // UP and flapping: the session stays on a, check after check.
+    a.set(FLAP);
+    for _ in 0..(4 * FALL) {
+        a.checked(1).await;
+        let node = answered_by(&pinned, addr, &mut next_id).await;
+        assert_eq!(node, "a", "a flapping check moved the session off a");
+    }
+    assert_eq!(node_view(&l, "a").await["state"], "UP");
+
+    // Dead: DOWN after `fall`; the session moves to b.
+    a.set(FAIL);
+    until_is(
+        &l,
+        "a",
+        "DOWN",
+        Duration::from_millis(FALL * INTERVAL_MS) + INTERVAL_MS_SLACK + SLACK,
+    )
+    .await;
+    let node = answered_by(&pinned, addr, &mut next_id).await;
+    assert_eq!(node, "b");
+
+    // DOWN and flapping: nothing reaches a, check after check.
+    a.set(FLAP);
+    for _ in 0..(4 * RISE) {
+        a.checked(1).await;
+        for c in [&pinned, &session()] {
+            let node = answered_by(c, addr, &mut next_id).await;
+            assert_eq!(node, "b", "a flapping check brought a back");
+        }
+    }
+    assert_eq!(node_view(&l, "a").await["state"], "DOWN");
+
+    // Passing again: UP after `rise`, and fresh sessions reach it.
+    a.set(PASS);
+    until_is(
+        &l,
+        "a",
+        "UP",
+        Duration::from_millis(RISE * INTERVAL_MS) + INTERVAL_MS_SLACK + SLACK,
+    )
+    .await;
+    let fresh = traffic(addr, &[], &mut next_id, 8, SLACK).await;
+    assert!(fresh.iter().any(|n| n == "a"), "{fresh:?}");
+    let metrics = metrics_text(&l).await;
+    for to in ["down", "up"] {
+        assert_eq!(transitions(&metrics, "a", to), 1, "a's transitions {to}");
+    }
+    l.stop().await;
+    b.kill().await;
+}
