@@ -605,7 +605,7 @@ fn quick_config(args: &[&str]) -> limpet::proxy::ProxyConfig {
 const SLACK: Duration = Duration::from_millis(1500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its_restart() {
+async fn a_lone_node_down_by_passive_failures_serves_again_once_restarted() {
     let mut node = Backend::start("n").await;
     let node_addr = node.addr;
     let cfg = quick_config(&["--to", &format!("n={node_addr}"), "--fail-timeout", "1s"]);
@@ -683,6 +683,71 @@ async fn a_node_down_by_passive_failures_serves_again_within_fail_timeout_of_its
     eprintln!("node back {back_after:?} after its restart (fail_timeout {FAIL_TIMEOUT:?})");
     proxy.stop().await;
     node.kill().await;
+}
+
+/// With another node UP, a node DOWN by its refused connects (no checks) waits out
+/// `fail_timeout` before it is tried, restarted at once or not, and the one trial then
+/// brings it back, as a client sees it: a GET of a fresh session every 50 ms is answered by
+/// b, every one, from a's DOWN until `fail_timeout` after it, and by a within `fail_timeout`
+/// and slack of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_another_node_up_a_restarted_node_is_tried_only_after_fail_timeout() {
+    let mut a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let a_addr = a.addr;
+    let cfg = quick_config(&[
+        "--to",
+        &format!("a={a_addr}"),
+        "--to",
+        &format!("b={}", b.addr),
+        "--fail-timeout",
+        "1s",
+    ]);
+    let fall = cfg.health.fall;
+    let proxy = Quick::start(cfg).await;
+    let url = proxy.url();
+    a.kill().await;
+    // Fresh sessions: failed over to b (a's refused connects), until `fall` of them take a
+    // DOWN.
+    let mut down_at = None;
+    for _ in 0..(2 * fall + 4) {
+        assert_eq!(get(&fresh_client(), &url).await, Ok((200, "b".to_owned())));
+        if proxy.state_of("a") == "DOWN" {
+            down_at = Some(Instant::now());
+            break;
+        }
+    }
+    let down_at = down_at.unwrap_or_else(|| panic!("a never went DOWN"));
+    // Back at once, as a crashed process a supervisor restarts.
+    let mut a = Backend::start_at("a", a_addr).await;
+    let mut answers = Vec::new();
+    let back_after = loop {
+        let (status, node) = get(&fresh_client(), &url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(status, 200, "{answers:?}");
+        let at = down_at.elapsed();
+        if node == "a" {
+            break at;
+        }
+        answers.push((at, node));
+        assert!(
+            at < FAIL_TIMEOUT + SLACK,
+            "a not tried within fail_timeout ({FAIL_TIMEOUT:?}) + {SLACK:?} of its DOWN: \
+             {answers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The DOWN was seen within a request of when it happened: a margin for that request.
+    assert!(
+        back_after + Duration::from_millis(100) >= FAIL_TIMEOUT,
+        "a tried {back_after:?} after its DOWN, before fail_timeout ({FAIL_TIMEOUT:?})"
+    );
+    assert!(answers.len() >= 5, "b answered meanwhile: {answers:?}");
+    assert_eq!(proxy.state_of("a"), "UP", "its trial brought it UP");
+    eprintln!("a back {back_after:?} after its DOWN (fail_timeout {FAIL_TIMEOUT:?})");
+    proxy.stop().await;
+    a.kill().await;
 }
 
 /// Nodes `a` and `b` behind quick mode (no checks) with a `fail_timeout` of a minute: no
