@@ -36,7 +36,10 @@ fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Reads until the peer closes the connection; `Err` if it has not within `limit`.
-async fn closed_within(s: &mut TcpStream, limit: Duration) -> Result<Duration, ()> {
+async fn closed_within(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    limit: Duration,
+) -> Result<Duration, ()> {
     let start = Instant::now();
     let mut buf = [0u8; 4096];
     tokio::time::timeout(limit, async {
@@ -232,6 +235,63 @@ async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {
         "closed {took:?} after half a head, with header_read 300 ms"
     );
     assert!(next.await.expect("task"), "the next client is served");
+    proxy.stop().await;
+}
+
+/// A slowloris that trickles: a request head whose bytes keep coming, one every 50 ms, and
+/// never end (HTTP/1: a header value that grows; HTTP/2: CONTINUATION frames of one byte, none
+/// with END_HEADERS). `header_read` bounds the whole head, not the gap between two bytes: the
+/// connection is closed within it (300 ms) and slack, while the bytes still come, and its
+/// slot is freed for the next client.
+#[tokio::test]
+async fn a_head_trickled_byte_by_byte_is_closed_at_header_read_http1_and_http2() {
+    let ns = nodes(&["a"]).await;
+    let mut cfg = config(&ns);
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.limits.max_client_connections = 1;
+    let proxy = Proxy::start(cfg).await;
+    for h2 in [false, true] {
+        let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+        let (first, next): (Vec<u8>, Vec<u8>) = if h2 {
+            (h2_opening(0), h2_frame(9, 0, 1, &[0x82]))
+        } else {
+            (
+                b"GET / HTTP/1.1\r\nHost: t\r\nX-A: ".to_vec(),
+                b"a".to_vec(),
+            )
+        };
+        s.write_all(&first).await.expect("write");
+        let (mut rd, mut wr) = s.into_split();
+        // Bounded: 400 bytes over 20 s at most; it ends at the first failed write.
+        let trickle = tokio::spawn(async move {
+            let mut sent = 0u32;
+            for _ in 0..400 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if wr.write_all(&next).await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            sent
+        });
+        let next_client = tokio::spawn(served_within(proxy.addr, PATIENCE));
+        let took = closed_within(&mut rd, SOON).await.unwrap_or_else(|()| {
+            panic!("h2 {h2}: a trickled head still open after {SOON:?} (header_read 300 ms)")
+        });
+        assert!(
+            took < Duration::from_millis(300 + 1500),
+            "h2 {h2}: closed {took:?} after the head began trickling"
+        );
+        let sent = trickle.await.expect("trickle task");
+        assert!(
+            sent >= 3,
+            "h2 {h2}: bytes kept coming until the close ({sent})"
+        );
+        assert!(
+            next_client.await.expect("task"),
+            "h2 {h2}: the freed slot serves the next client"
+        );
+    }
     proxy.stop().await;
 }
 
