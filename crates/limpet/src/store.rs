@@ -993,24 +993,47 @@ impl Store {
         .await;
     }
 
-    /// Whether the store takes writes: a write that changes nothing but this instance's
-    /// marker's expiry (`SET marker 1 PX .. XX`: renewed if it is there, not made if it is
-    /// not, so the marker still tells whether a resync's pins are in the store). A `PING`
-    /// answers on a store that refuses writes (a read-only replica, out of memory, a failed
-    /// save with `stop-writes-on-bgsave-error`): the breaker closed on it, the next writes
-    /// failed and opened it again, every second or two for as long as the store refused.
+    /// Whether the store takes writes, and every command limpet sends it: a write that
+    /// changes nothing but this instance's marker's expiry (`SET marker 1 PX .. XX`: renewed
+    /// if it is there, not made if it is not, so the marker still tells whether a resync's
+    /// pins are in the store), then, in the same round trip, the other commands of the
+    /// writes and reads (`GETEX` of the marker, an `EVAL` of nothing, and `SET .. NX GET` of
+    /// a probe key of the instance's own, which lives a second). A `PING` answers on a store
+    /// that refuses writes (a read-only replica, out of memory, a failed save with
+    /// `stop-writes-on-bgsave-error`), and a `SET` on one that refuses a command limpet
+    /// needs (an ACL user without `eval` or `getex`, a Redis older than 7.0): the breaker
+    /// closed on it, the next writes failed and opened it again, every second or two for as
+    /// long as the store refused, and a refused `EVAL` kept every resync from publishing.
     async fn probe(&self, limit: Duration) -> Result<(), String> {
         let mut conn = self.conn();
-        let mut probe = redis::cmd("SET");
+        let mut probe = pipeline();
         probe
+            .cmd("SET")
             .arg(&self.marker)
             .arg(1)
             .arg("PX")
             .arg(MARKER_PX)
-            .arg("XX");
-        match tokio::time::timeout(limit, probe.query_async::<Value>(&mut conn)).await {
-            Ok(Ok(Value::ServerError(e))) => Err(e.to_string()),
-            Ok(Ok(_)) => Ok(()),
+            .arg("XX")
+            .cmd("GETEX")
+            .arg(&self.marker)
+            .cmd("EVAL")
+            .arg("return 1")
+            .arg(0)
+            .cmd("SET")
+            .arg(format!("{}:probe", self.marker))
+            .arg(1)
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(PROBE_EVERY.as_millis().to_string());
+        match tokio::time::timeout(limit, probe.query_async::<Vec<Value>>(&mut conn)).await {
+            Ok(Ok(replies)) => match replies.iter().find_map(|r| match r {
+                Value::ServerError(e) => Some(e.to_string()),
+                _ => None,
+            }) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("timed out".into()),
         }
@@ -1033,7 +1056,13 @@ impl Store {
     }
 
     /// The store had another node for a key this instance created (or published) with
-    /// `tried`: the local entry takes it, unless the entry moved on meanwhile.
+    /// `tried`: the local entry takes it, unless the entry moved on meanwhile, or `tried` is
+    /// a re-pin of this instance the store has not taken yet ([`Self::repins_away`]: newer
+    /// than what the store holds, which the resync overwrites, or adopts a newer re-pin
+    /// of another instance's). Before, an expiry refresh that read the key while the store
+    /// refused writes, or a resync's page that met a re-pin the full queue had not taken,
+    /// put the old node back: the session moved twice, its connections on the new node
+    /// ended.
     ///
     /// A winner naming a node this instance has not got is not adopted; with `heal` (the
     /// answer to this instance's own create, or a publication after an outage) this
@@ -1045,6 +1074,12 @@ impl Store {
             return;
         };
         if winner == tried {
+            return;
+        }
+        let unsent_repin = lock(&self.repins_away)
+            .get(&(Arc::clone(table), key.to_key()))
+            .is_some_and(|(node, _)| &**node == tried);
+        if unsent_repin {
             return;
         }
         let now = now_ms();
@@ -1341,9 +1376,8 @@ impl Store {
     /// After the store was away (or missed invalidations): publish every local pin with
     /// create-if-absent; where the store had another node, take it. The fleet converges on
     /// the first writer's node. The pins are read a chunk at a time, the table locked only
-    /// for the chunk, so routing never waits for a whole big table; an entry added or moved
-    /// meanwhile went to the store by its own write, and one a chunk missed (the order
-    /// shifts as entries are removed) by its next expiry refresh.
+    /// for the chunk, so routing never waits for a whole big table ([`page_down`]); an entry
+    /// added or moved meanwhile went to the store by its own write.
     async fn resync(&self, rx: &mut mpsc::Receiver<Op>) {
         self.resyncing.store(true, Ordering::SeqCst);
         self.dirty.store(false, Ordering::SeqCst);
@@ -1361,24 +1395,14 @@ impl Store {
     /// The resync's work: false if a round trip failed.
     async fn publish_all(&self, rx: &mut mpsc::Receiver<Op>) -> bool {
         for (table, entries) in self.registered() {
-            let mut page = 0usize;
+            let mut below = usize::MAX;
             loop {
-                let pins: Pins = {
-                    let t = lock(&entries);
-                    let s = t.store();
-                    if page.saturating_mul(BATCH) >= s.len() {
-                        break;
-                    }
-                    s.entries(page, BATCH, now_ms())
-                        .into_iter()
-                        // Not an entry naming a node a reload removed: its next use re-pins it.
-                        .filter(|e| t.node_of(e.node).is_some())
-                        .filter_map(|e| Some((e.key, s.node_name(e.node)?.to_owned())))
-                        .collect()
-                };
-                page += 1;
+                let (pins, more) = page_down(&entries, &mut below, BATCH, 0, now_ms());
                 if !pins.is_empty() && !self.publish(&table, pins, rx).await {
                     return false;
+                }
+                if !more {
+                    break;
                 }
             }
         }
@@ -1407,29 +1431,9 @@ impl Store {
             .collect();
         for (table, entries, since, px) in due {
             let mut missing = Vec::new();
-            // The table is read a page of positions at a time, locked only for the page
-            // (read whole, a million used entries held it about 100 ms), from the slab's end
-            // down: a removal between pages moves the last entry, already read, into its
-            // hole, so no entry used since the last refresh is missed (one is read twice at
-            // most; one put during the read went to the store by its own write).
             let mut below = usize::MAX;
             loop {
-                let (pins, more): (Pins, bool) = {
-                    let t = lock(&entries);
-                    let s = t.store();
-                    let end = below.min(s.len());
-                    let start = end.saturating_sub(REFRESH_PAGE);
-                    let pins = s
-                        .used_at(start, end - start, since, now)
-                        .into_iter()
-                        // Not an entry naming a node a reload removed (its next use re-pins
-                        // it): missing from the store, it would be created there again.
-                        .filter(|(_, r, _)| t.node_of(*r).is_some())
-                        .filter_map(|(k, r, _)| Some((k, s.node_name(r)?.to_owned())))
-                        .collect();
-                    below = start;
-                    (pins, start > 0)
-                };
+                let (pins, more) = page_down(&entries, &mut below, REFRESH_PAGE, since, now);
                 let mut rest = &pins[..];
                 while !rest.is_empty() {
                     let (chunk, after) = rest.split_at(rest.len().min(self.batch.size()));
@@ -1478,6 +1482,39 @@ impl Store {
             }
         }
     }
+}
+
+/// The next page of a table's pins for work over the whole table (the resync's publication,
+/// the expiry refresh): the live entries used since `since_ms` at the `limit` positions
+/// below `below` (`usize::MAX` to start), which moves down to the page's start; whether any
+/// position is left below. The table is locked only for the page (read whole, a million
+/// entries held it about 100 ms, and every request to it waited), and read from the slab's
+/// end down: a removal between pages moves the last entry, already read, into its hole, so
+/// no entry that stays is missed (one is read twice at most; one put during the walk went to
+/// the store by its own write). Read upwards, as the publication once was, each removal in
+/// a page already read (an eviction for a new client, an expiry, an admin delete) moved an
+/// unread entry there, and that pin was never published. Entries naming a node a reload
+/// removed are left out: their next use re-pins them, and published they would be made in
+/// the store again.
+fn page_down(
+    entries: &Entries,
+    below: &mut usize,
+    limit: usize,
+    since_ms: u64,
+    now_ms: u64,
+) -> (Pins, bool) {
+    let t = lock(entries);
+    let s = t.store();
+    let end = (*below).min(s.len());
+    let start = end.saturating_sub(limit);
+    let pins = s
+        .used_at(start, end - start, since_ms, now_ms)
+        .into_iter()
+        .filter(|(_, r, _)| t.node_of(*r).is_some())
+        .filter_map(|(k, r, _)| Some((k, s.node_name(r)?.to_owned())))
+        .collect();
+    *below = start;
+    (pins, start > 0)
 }
 
 /// The writer: batches of queued writes, and the housekeeping (probe while down, resync,
@@ -1543,7 +1580,11 @@ async fn writer(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
                 if store.dirty.load(Ordering::Acquire) {
                     store.resync(&mut rx).await;
                 }
-                store.refresh_due(&mut rx).await;
+                // Not once the resync's failure opened the breaker: no store I/O while it is
+                // open.
+                if store.is_up() {
+                    store.refresh_due(&mut rx).await;
+                }
             }
         }
     }
@@ -1883,6 +1924,79 @@ mod tests {
             .peek(key, now)
             .and_then(|r| t.store().node_name(r));
         assert_eq!(pinned, Some("w"), "the newer local re-pin holds");
+    }
+
+    /// A re-pin the store has not taken (kept for the resync) is newer than the node the
+    /// store answers for its key: a refresh's or a publication's read of that node does not
+    /// take the entry back to it (the resync's overwrite decides), where an entry with no
+    /// re-pin kept takes the store's node as before.
+    #[test]
+    fn the_store_s_node_does_not_undo_a_re_pin_it_has_not_taken() {
+        let (_rt, store) = crate::test_util::offline_store();
+        let entries = table_t(&store, &["x", "w"]);
+        let w = limpet_core::NodeId(1);
+        let table: Arc<str> = Arc::from("t");
+        let now = now_ms();
+        let held = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 21));
+        let plain = KeyRef::v4(std::net::Ipv4Addr::new(192, 0, 2, 22));
+        {
+            let mut t = lock(&entries);
+            t.learn(held, w, now);
+            t.learn(plain, w, now);
+        }
+        // `held` was re-pinned x -> w while the store was away: kept for the resync.
+        store.set_up(false);
+        store.send(Write::Overwrite, &table, held, "w", Some("x"));
+        assert_eq!(lock(&store.repins_away).len(), 1);
+        store.adopt(&table, held, "w", b"x", false);
+        store.adopt(&table, plain, "w", b"x", false);
+        let t = lock(&entries);
+        let pinned = |k| t.store().peek(k, now).and_then(|r| t.store().node_name(r));
+        assert_eq!(pinned(held), Some("w"), "the re-pin holds");
+        assert_eq!(pinned(plain), Some("x"), "the store's node adopted");
+    }
+
+    /// A walk of a table's pins a page at a time ([`page_down`], the resync's publication and
+    /// the expiry refresh) misses no entry that stays in the table, however many are removed
+    /// between its pages (evicted for new clients, expired, deleted by the admin API): each
+    /// removal below moves an entry the walk has read into the hole. Read upwards, as the
+    /// publication was, each removal in a page already read moved an unread entry there, and
+    /// that pin was never published.
+    #[test]
+    fn a_walk_of_the_pins_misses_none_that_stay_whatever_is_removed_between_pages() {
+        let (_rt, store) = crate::test_util::offline_store();
+        let lru = LruTable::new(limpet_core::table::TableConfig::new(1000, 60_000)).expect("lru");
+        let topology = limpet_core::Topology::with_weights([("x", 1)]).expect("nodes");
+        let entries: Entries = Arc::new(Mutex::new(AffinityTable::new(lru, &topology)));
+        store.register("t", &entries, 60_000);
+        let now = now_ms();
+        let key = |i: u32| TableKey::from(KeyRef::v4(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        for i in 0..100 {
+            lock(&entries).learn(key(i).as_key_ref(), limpet_core::NodeId(0), now);
+        }
+        let (mut below, mut read, mut removed) = (usize::MAX, Vec::new(), Vec::new());
+        let mut next_removal = 0u32;
+        loop {
+            let (pins, more) = page_down(&entries, &mut below, 10, 0, now);
+            read.extend(pins.into_iter().map(|(k, _)| k));
+            if !more {
+                break;
+            }
+            // Two removals between pages: one among the pins read, one among those not yet.
+            let mut t = lock(&entries);
+            for k in [read[read.len() / 2].clone(), key(next_removal)] {
+                if t.store_mut().remove(k.as_key_ref()).is_some() {
+                    removed.push(k);
+                }
+            }
+            next_removal += 1;
+        }
+        let missed: Vec<TableKey> = (0..100)
+            .map(key)
+            .filter(|k| !removed.contains(k) && !read.contains(k))
+            .collect();
+        assert!(!removed.is_empty());
+        assert_eq!(missed, Vec::<TableKey>::new(), "pins that stay, never read");
     }
 
     /// Every read of a key in flight is told of a re-pin message of it, whichever looks

@@ -714,13 +714,6 @@ async fn a_re_pin_replayed_after_an_outage_does_not_undo_a_newer_one() {
     hole.refuse_new(true);
     hole.swallow_all();
     until("x marks the store down", async || !x.store_up()).await;
-    let maint = |inst: &Instance, node: &str| {
-        inst.running
-            .runtime()
-            .state()
-            .set_admin(node, AdminState::Maint)
-            .expect("node");
-    };
     maint(&x, &first);
     let moved_x = x.http(src).await;
     assert_ne!(moved_x, first);
@@ -1213,13 +1206,6 @@ async fn a_re_pin_queued_as_a_resync_reads_the_pins_is_not_undone_by_it() {
     let (first, key) = sc.pin_in_store(src).await;
     let (second, _) = sc.pin_in_store(other).await;
     assert_ne!(first, second, "two fresh clients, round robin");
-    let maint = |node: &str| {
-        a.running
-            .runtime()
-            .state()
-            .set_admin(node, AdminState::Maint)
-            .expect("node");
-    };
     // The writer's next liveness check is held; meanwhile the store loses this instance's
     // marker, so the check, answered once let go, starts a resync.
     let mut check = relay.hold_next(b"PEXPIRE");
@@ -1238,14 +1224,14 @@ async fn a_re_pin_queued_as_a_resync_reads_the_pins_is_not_undone_by_it() {
         .expect("DEL");
     // Another client's re-pin while the check waits: queued, and its write, the writer's
     // next round trip, is held in turn.
-    maint(&second);
+    maint(a, &second);
     assert_ne!(a.http(other).await, second);
     let mut write = relay.hold_next(b"EVAL");
     check.release();
     write.seen("the queued re-pin's write").await;
     // The session's own re-pin while that write waits, and its TCP session on the node it
     // moved to.
-    maint(&first);
+    maint(a, &first);
     let moved = a.http(src).await;
     assert_ne!(moved, first);
     let (mut session, on) = tcp_session(src, a.addr("raw")).await;
@@ -1265,6 +1251,84 @@ async fn a_re_pin_queued_as_a_resync_reads_the_pins_is_not_undone_by_it() {
     assert_eq!(a.status().adopted, 0, "{:?}", a.status());
     still_open(&mut session, &moved).await;
     assert_eq!(a.http(src).await, moved);
+    drop(session);
+    sc.stop().await;
+}
+
+/// Sets `inst`'s node `node` to MAINT.
+fn maint(inst: &Instance, node: &str) {
+    inst.running
+        .runtime()
+        .state()
+        .set_admin(node, AdminState::Maint)
+        .expect("node");
+}
+
+/// `CONFIG SET maxmemory bytes` on the store: 1 makes it refuse writes (out of memory under
+/// its default `noeviction`) while it still answers reads; 0 lifts the limit.
+async fn maxmemory(redis: &Redis, bytes: u64) {
+    redis
+        .run("CONFIG", &["SET", "maxmemory", &bytes.to_string()])
+        .await;
+}
+
+/// A re-pin the store refused (out of memory: it refuses writes and still answers reads) is
+/// newer than the node the store holds for the key: the expiry refresh, whose read of the
+/// key answers that older node, does not take it back, neither in the tick whose resync's
+/// refused write opens the breaker nor later, and the session's TCP session on its new node
+/// stays open. Once the store takes writes again, it takes the re-pin. Before, the refresh
+/// that followed the failed resync in the same tick adopted the old node: the entry went
+/// back to it and the session's connections on the new one were ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_the_store_refused_is_not_undone_by_the_old_node_read_back() {
+    // A store timeout well past what the test takes while the relay holds a command.
+    let sc = Alone::start_relayed("refused-repin", "10m", "", Some("5s")).await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let relay = sc.relay.as_ref().expect("relay");
+    let src = "127.0.14.20";
+    let (first, key) = sc.pin_in_store(src).await;
+    maxmemory(redis, 1).await;
+    // The re-pin's write is held while a reload makes the table's expiry refresh due at the
+    // writer's next tick (a new `expire` refreshes every key at once).
+    let mut write = relay.hold_next(b"EVAL");
+    maint(a, &first);
+    let moved = a.http(src).await;
+    assert_ne!(moved, first);
+    let (mut session, on) = tcp_session(src, a.addr("raw")).await;
+    assert_eq!(on, moved);
+    write.seen("the re-pin's write").await;
+    let path = a._dir.path().join("limpet.toml");
+    let text = std::fs::read_to_string(&path).expect("config");
+    std::fs::write(
+        &path,
+        text.replacen("expire = \"10m\"", "expire = \"20m\"", 1),
+    )
+    .expect("write config");
+    limpet::runtime::reload(a.running.runtime())
+        .await
+        .expect("reload");
+    // Refused (out of memory): one failure; the resync's overwrite at the next tick, refused
+    // too, opens the breaker.
+    write.release();
+    until("the store is down", async || !a.store_up()).await;
+    // The writer's first probe of the store after: the tick that opened the breaker is over.
+    let mut probe = relay.hold_next(b"XX");
+    probe.seen("the store's probe").await;
+    probe.release();
+    assert_eq!(
+        a.pin(src).as_deref(),
+        Some(moved.as_str()),
+        "the re-pin was undone"
+    );
+    assert_eq!(a.status().adopted, 0, "{:?}", a.status());
+    still_open(&mut session, &moved).await;
+    maxmemory(redis, 0).await;
+    until("the store holds the re-pin", async || {
+        redis.get(&key).await.as_deref() == Some(moved.as_str())
+    })
+    .await;
+    assert_eq!(a.pin(src).as_deref(), Some(moved.as_str()));
+    still_open(&mut session, &moved).await;
     drop(session);
     sc.stop().await;
 }
@@ -2162,6 +2226,78 @@ async fn a_key_of_another_type_is_skipped_and_the_store_stays_up() {
     sc.stop().await;
 }
 
+/// The nodes, a store whose user `fleet` (password `pw`) has `rules`, and an instance that
+/// reaches the store as that user.
+async fn as_store_user(tag: &str, rules: &[&str]) -> (Vec<TestNode>, Redis, Instance) {
+    let pki = Pki::new();
+    let (nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
+    let redis = Redis::start().await;
+    acl(&redis, rules).await;
+    let url = format!("redis://fleet:pw@127.0.0.1:{}/0", redis.port);
+    let a = Instance::start_raw(
+        tag,
+        &url,
+        (ports.http, ports.tcp),
+        &[0, 1, 2],
+        "10m",
+        "500ms",
+        Extra::default(),
+    )
+    .await;
+    (nodes, redis, a)
+}
+
+/// `ACL SETUSER fleet RULES...` on the store: the store user of the ACL tests.
+async fn acl(redis: &Redis, rules: &[&str]) {
+    let args: Vec<&str> = ["SETUSER", "fleet"]
+        .into_iter()
+        .chain(rules.iter().copied())
+        .collect();
+    redis.run("ACL", &args).await;
+}
+
+/// A store user refused a command limpet needs (here `EVAL`, a re-pin's write; `GETEX`, or
+/// a Redis before 7.0 and its `SET .. NX GET`, alike) while `SET` is allowed: the store is
+/// down from the start and stays down, its probe refused every second (no flapping), the
+/// instance serving from its local table; once the user may run it, the store is up
+/// within a second and the pins made meanwhile reach it. Before, the probe (a `SET`)
+/// passed: the store read as up, and each re-pin's refused write opened the breaker, which
+/// the next probe closed again, for as long as the user lacked the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_user_refused_a_command_limpet_needs_keeps_the_store_down_without_flapping() {
+    let (mut nodes, redis, a) =
+        as_store_user("acl-no-eval", &["on", ">pw", "~*", "&*", "+@all", "-eval"]).await;
+    // Clients and a re-pin for 3 s, and the probes of each second (the pacing is the load,
+    // not a wait for an event): never up.
+    let src = "127.0.18.1";
+    let first = a.http(src).await;
+    maint(&a, &first);
+    let mut n = 0;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        n += 1;
+        a.http(&format!("127.0.18.{}", 10 + n % 200)).await;
+        assert!(!a.store_up(), "the store read as up: {:?}", a.status());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let moved = a.http(src).await;
+    assert_ne!(moved, first);
+    acl(&redis, &["+eval"]).await;
+    until("the store is up", async || a.store_up()).await;
+    until("the re-pin made meanwhile reaches the store", async || {
+        redis
+            .get(&format!("limpet:terminal:ip:{src}"))
+            .await
+            .as_deref()
+            == Some(moved.as_str())
+    })
+    .await;
+    a.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
 /// A store user without access to the re-pin channel (what Redis 7 gives a new ACL user:
 /// `resetchannels`): the store serves its commands, so it is up and pins reach it, but the
 /// subscription to other instances' re-pins is refused, and the admin API says so
@@ -2170,29 +2306,9 @@ async fn a_key_of_another_type_is_skipped_and_the_store_stays_up() {
 /// channel, the user's next try (within a second) holds the subscription.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_user_without_the_re_pin_channel_is_up_but_not_subscribed() {
-    let pki = Pki::new();
-    let (mut nodes, ports) = start_nodes(&NODES, pki.server("n", &["127.0.0.2"])).await;
-    let redis = Redis::start().await;
-    let mut c = redis.conn().await.expect("connect");
-    let acl = async |c: &mut redis::aio::MultiplexedConnection, rules: &[&str]| {
-        redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("fleet")
-            .arg(rules)
-            .query_async::<()>(c)
-            .await
-            .expect("ACL SETUSER");
-    };
-    acl(&mut c, &["on", ">pw", "~*", "+@all", "resetchannels"]).await;
-    let url = format!("redis://fleet:pw@127.0.0.1:{}/0", redis.port);
-    let a = Instance::start_raw(
+    let (mut nodes, redis, a) = as_store_user(
         "acl-channel",
-        &url,
-        (ports.http, ports.tcp),
-        &[0, 1, 2],
-        "10m",
-        "500ms",
-        Extra::default(),
+        &["on", ">pw", "~*", "+@all", "resetchannels"],
     )
     .await;
     let node = a.http("127.0.17.1").await;
@@ -2206,7 +2322,7 @@ async fn a_store_user_without_the_re_pin_channel_is_up_but_not_subscribed() {
     .await;
     let st = a.status();
     assert!(st.up && !st.subscribed, "{st:?}");
-    acl(&mut c, &["&limpet:pins"]).await;
+    acl(&redis, &["&limpet:pins"]).await;
     until("the subscription holds", async || a.status().subscribed).await;
     a.running.stop().await;
     for n in &mut nodes {
@@ -2223,17 +2339,7 @@ async fn a_store_user_without_the_re_pin_channel_is_up_but_not_subscribed() {
 async fn a_store_that_refuses_writes_stays_down_until_it_takes_them_again() {
     let sc = Alone::start("refusing", "10m").await;
     let (a, redis) = (&sc.a, &sc.redis);
-    let mut c = redis.conn().await.expect("connect");
-    let maxmemory = async |c: &mut redis::aio::MultiplexedConnection, bytes: u64| {
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg(bytes)
-            .query_async::<()>(c)
-            .await
-            .expect("CONFIG SET maxmemory");
-    };
-    maxmemory(&mut c, 1).await;
+    maxmemory(redis, 1).await;
     breaker_opened_by_new_clients(a, "127.0.16").await;
     // Three of its once-a-second probes, each refused (the observation window is the
     // check, not a wait for an event).
@@ -2245,7 +2351,7 @@ async fn a_store_that_refuses_writes_stays_down_until_it_takes_them_again() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    maxmemory(&mut c, 0).await;
+    maxmemory(redis, 0).await;
     until("the store is up again", async || a.store_up()).await;
     a.settled().await;
     until(

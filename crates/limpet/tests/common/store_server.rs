@@ -112,6 +112,17 @@ impl Redis {
             .await
     }
 
+    /// Runs `command args...` on the server (an administrative command: `CONFIG SET`, `ACL
+    /// SETUSER`), which must succeed.
+    pub async fn run(&self, command: &str, args: &[&str]) {
+        let mut c = self.conn().await.expect("connect");
+        redis::cmd(command)
+            .arg(args)
+            .query_async::<()>(&mut c)
+            .await
+            .unwrap_or_else(|e| panic!("{command} {args:?}: {e}"));
+    }
+
     /// `kill -9`: the process dies at once, connections are cut.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
