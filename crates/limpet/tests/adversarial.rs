@@ -96,6 +96,24 @@ fn h2_opening(flags: u8) -> Vec<u8> {
     hello
 }
 
+/// The start of stream `id`'s HEADERS frame (a GET of `/`, END_HEADERS and END_STREAM),
+/// announced 1,014 bytes long: its header block's first 14 bytes, which end in a field
+/// (`x-a`) whose 1,000-byte value has not begun. Each byte sent after it is one more of the
+/// value: the frame, and the head, stay unfinished. (A head trickled as CONTINUATION frames
+/// of a byte each is cut by h2 itself after a few, `too_many_continuations`.)
+fn h2_endless_head(id: u32) -> Vec<u8> {
+    let block = [
+        0x82, 0x86, 0x84, 0x41, 0x01,
+        b't', // :method GET, :scheme http, :path /, :authority t
+        0x00, 0x03, b'x', b'-', b'a', // a literal field, new name `x-a`
+        0x7f, 0xe9, 0x06, // value length 1,000 (127 + 873)
+    ];
+    let mut frame = h2_frame(1, 0x5, id, &block);
+    let announced = u32::try_from(block.len() + 1000).unwrap_or(0);
+    frame[..3].copy_from_slice(&announced.to_be_bytes()[1..]);
+    frame
+}
+
 /// With a head of `s` stalled and a 300 ms head timeout: `s` is closed (not only sent a
 /// GOAWAY) within the timeout and some slack, not before `not_before`, and the next client,
 /// waiting in the backlog for the listener's only slot, is served.
@@ -239,8 +257,8 @@ async fn http1_request_head_timeout_closes_the_connection_and_frees_its_slot() {
 }
 
 /// A slowloris that trickles: a request head whose bytes keep coming, one every 50 ms, and
-/// never end (HTTP/1: a header value that grows; HTTP/2: CONTINUATION frames of one byte, none
-/// with END_HEADERS). `header_read` bounds the whole head, not the gap between two bytes: the
+/// never end (HTTP/1: a header value that grows; HTTP/2: a HEADERS frame's block, a byte at a
+/// time). `header_read` bounds the whole head, not the gap between two bytes: the
 /// connection is closed within it (300 ms) and slack, while the bytes still come, and its
 /// slot is freed for the next client.
 #[tokio::test]
@@ -253,7 +271,10 @@ async fn a_head_trickled_byte_by_byte_is_closed_at_header_read_http1_and_http2()
     for h2 in [false, true] {
         let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
         let (first, next): (Vec<u8>, Vec<u8>) = if h2 {
-            (h2_opening(0), h2_frame(9, 0, 1, &[0x82]))
+            let mut hello = H2_PREFACE.to_vec();
+            hello.extend(h2_frame(4, 0, 0, &[]));
+            hello.extend(h2_endless_head(1));
+            (hello, b"a".to_vec())
         } else {
             (
                 b"GET / HTTP/1.1\r\nHost: t\r\nX-A: ".to_vec(),
@@ -1542,6 +1563,88 @@ async fn h2_rapid_reset_ends_the_connection() {
 /// few clients could run the machine out of ports.)
 #[tokio::test]
 async fn h2_rapid_reset_spread_over_many_reads_ends_the_connection() {
+    rapid_reset_rounds(false).await;
+}
+
+/// The same rapid reset from a client that first sat idle until limpet closed its
+/// connection gracefully (GOAWAY, and a PING the client never acks: h2 takes new streams
+/// until it does), then ignores the GOAWAY: the limit on resets holds after the GOAWAY too,
+/// and the connection is closed. Before, the graceful close watched only for a quiet second,
+/// which the rounds never left: they went on for as long as the client liked, each reset a
+/// node connection.
+#[tokio::test]
+async fn h2_rapid_reset_after_an_idle_goaway_ends_the_connection() {
+    rapid_reset_rounds(true).await;
+}
+
+/// A client that ignores the GOAWAY of an idle connection, its PING unacked, keeps a request
+/// in flight on it (at a node that never answers, its answer timeout a minute) and trickles
+/// another stream's head that never ends: the head timeout holds after the GOAWAY too, and
+/// the connection is closed within `header_read` (1 s) and slack, not at the answer timeout.
+#[tokio::test]
+async fn h2_a_head_trickled_after_an_idle_goaway_is_closed_at_header_read() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let node = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr,
+    }]);
+    cfg.timeouts.header_read = Duration::from_secs(1);
+    cfg.timeouts.upstream_answer = Duration::from_secs(60);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&out).await.expect("preface");
+    assert!(
+        tokio::time::timeout(PATIENCE, async {
+            while let Some((kind, ..)) = read_h2_frame(&mut s).await {
+                if kind == 7 {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .expect("a GOAWAY in time"),
+        "closed before its GOAWAY"
+    );
+    // Stream 1 in flight at the node; stream 3's head begun, then a byte every 50 ms.
+    let mut opening = h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']);
+    opening.extend(h2_endless_head(3));
+    s.write_all(&opening).await.expect("write");
+    let (mut rd, mut wr) = s.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..400 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if wr.write_all(b"a").await.is_err() {
+                break;
+            }
+        }
+    });
+    let took = closed_within(&mut rd, SOON)
+        .await
+        .unwrap_or_else(|()| panic!("still open {SOON:?} after the head began trickling"));
+    assert!(
+        took < Duration::from_millis(1000 + 1500),
+        "closed {took:?} after the head began trickling (header_read 1 s)"
+    );
+    trickle.abort();
+    node.abort();
+    proxy.stop().await;
+}
+
+/// [`h2_rapid_reset_spread_over_many_reads_ends_the_connection`]; with `after_idle_goaway`,
+/// the rounds begin once the connection, idle for `header_read` (1 s), was sent its GOAWAY,
+/// which the client ignores (and the PING that comes with it), and the end awaited is the
+/// connection's close.
+async fn rapid_reset_rounds(after_idle_goaway: bool) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     const ROUNDS: u32 = 20;
@@ -1560,16 +1663,20 @@ async fn h2_rapid_reset_spread_over_many_reads_ends_the_connection() {
             }
         }
     });
-    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
         name: "n".into(),
         addr,
-    }]))
-    .await;
+    }]);
+    cfg.timeouts.header_read = Duration::from_secs(1);
+    let proxy = Proxy::start(cfg).await;
     let s = TcpStream::connect(proxy.addr).await.expect("connect");
     let (mut r, mut w) = s.into_split();
-    // Its reader: told when a GOAWAY or the end of the connection comes.
+    // Its reader: told when a GOAWAY (the first one passed on `goaway`, with
+    // `after_idle_goaway`) or the end of the connection comes.
     let (ended_tx, mut ended) = tokio::sync::watch::channel(false);
+    let (goaway_tx, goaway) = tokio::sync::oneshot::channel();
     let reader = tokio::spawn(async move {
+        let mut goaway_tx = after_idle_goaway.then_some(goaway_tx);
         loop {
             let mut head = [0u8; 9];
             if r.read_exact(&mut head).await.is_err() {
@@ -1577,8 +1684,17 @@ async fn h2_rapid_reset_spread_over_many_reads_ends_the_connection() {
             }
             let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
             let mut payload = vec![0u8; len];
-            if r.read_exact(&mut payload).await.is_err() || head[3] == 7 {
+            if r.read_exact(&mut payload).await.is_err() {
                 break;
+            }
+            if head[3] == 7 {
+                match goaway_tx.take() {
+                    Some(tx) => {
+                        let _ = tx.send(());
+                    }
+                    None if after_idle_goaway => {}
+                    None => break,
+                }
             }
         }
         let _ = ended_tx.send(true);
@@ -1586,6 +1702,12 @@ async fn h2_rapid_reset_spread_over_many_reads_ends_the_connection() {
     let mut out = H2_PREFACE.to_vec();
     out.extend(h2_frame(4, 0, 0, &[]));
     w.write_all(&out).await.expect("preface");
+    if after_idle_goaway {
+        tokio::time::timeout(PATIENCE, goaway)
+            .await
+            .expect("a GOAWAY once idle for header_read")
+            .expect("reader");
+    }
     let mut rounds = 0;
     for round in 0..ROUNDS {
         if *ended.borrow() {

@@ -1377,11 +1377,18 @@ async fn run_connection<C: ServerConn>(
                 // acks the GOAWAY's PING) is in flight, so `quiet_for` waits for it: its
                 // answer is bounded as on an open connection, a stalled one by the stall
                 // watch (without it, a client that keeps its window shut would hold the
-                // connection, its node connection and its slots for good).
+                // connection, its node connection and its slots for good). A client that
+                // never acks the PING may go on opening streams: the open connection's
+                // other limits hold too, on resets (a rapid reset after the GOAWAY went on
+                // for as long as the client liked, each reset a node connection) and on a
+                // head left unfinished (`idle_watch`, which the quiet second precedes
+                // otherwise).
                 tokio::select! {
                     r = conn.as_mut() => Some(r),
                     () = quiet_for(ctx, grace) => None,
                     () = stall_watch(ctx), if !h1 => None,
+                    () = ctx.too_many_cancels.notified(), if !h1 => None,
+                    () = idle_watch(ctx, h1), if !h1 => None,
                 }
             }
             Control::Drain => {
