@@ -826,6 +826,84 @@ async fn a_table_a_reload_removes_lets_its_entries_go_at_once() {
     l.stop().await;
 }
 
+/// A table a reload adds starts from its snapshot file, as at a start, and the file keeps
+/// its pins: 50 pins saved by a first run's stop; a second run started without the table,
+/// then reloaded with it, holds the 50 (the report says so), and its stop saves them again.
+/// A reload that removes a table says so. Before, the added table started empty, its stop
+/// wrote the empty table over the file, and the report named no removed table.
+#[tokio::test]
+async fn a_table_a_reload_adds_starts_from_its_snapshot_and_keeps_the_file() {
+    use limpet_core::table::{AffinityStore as _, KeyRef};
+    let (_nodes, port) = backend_nodes(&NODES[..1]).await;
+    let text = |with_u: bool| {
+        let mut t = nodes_toml(&NODES[..1]);
+        t.push_str("[[tables]]\nname = \"t\"\nkey = \"source-ip\"\n");
+        if with_u {
+            t.push_str(
+                "[[tables]]\nname = \"u\"\nkey = \"source-ip\"\nsnapshot = \"u.snapshot\"\n",
+            );
+        }
+        format!(
+            "{t}[[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = {port}\ntable = \"t\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n"
+        )
+    };
+    let u_len = |l: &Limpet| {
+        l.running
+            .as_ref()
+            .unwrap_or_else(|| panic!("running"))
+            .runtime()
+            .state()
+            .table("u")
+            .map(|t| t.lock().store().len())
+    };
+    let cfg = ConfigFile::new("reload-table-back", &text(true));
+    let l = Limpet::start(&cfg).await;
+    {
+        let state = l
+            .running
+            .as_ref()
+            .unwrap_or_else(|| panic!("running"))
+            .runtime()
+            .state();
+        let a = state.node_id("a").unwrap_or_else(|| panic!("a"));
+        let u = state.table("u").unwrap_or_else(|| panic!("u"));
+        for i in 1..=50u8 {
+            let key = KeyRef::ip(std::net::IpAddr::from([10, 0, 1, i]), Default::default());
+            u.lock().learn(key, a, limpet::clock::now_ms());
+        }
+    }
+    l.stop().await;
+    cfg.write(&text(false));
+    let l = Limpet::start(&cfg).await;
+    assert_eq!(u_len(&l), None);
+    cfg.write(&text(true));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    assert!(report.to_string().contains("table u added"), "{report}");
+    assert!(
+        report
+            .to_string()
+            .contains("table u: 50 pins loaded from its snapshot"),
+        "{report}"
+    );
+    assert_eq!(u_len(&l), Some(50), "the added table's pins, from its file");
+    cfg.write(&text(false));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    assert!(report.to_string().contains("table u removed"), "{report}");
+    cfg.write(&text(true));
+    let (s, report) = reload(&l).await;
+    assert_eq!(s, 200, "{report}");
+    assert_eq!(u_len(&l), Some(50), "added back: its file kept the pins");
+    l.stop().await;
+    // The stop saved the table, with its pins.
+    cfg.write(&text(true));
+    let l = Limpet::start(&cfg).await;
+    assert_eq!(u_len(&l), Some(50), "the file the stop saved");
+    l.stop().await;
+}
+
 /// `limpet_table_evictions_total{table}` of the `/metrics` text (`None`: no such series).
 fn evictions(metrics: &str, table: &str) -> Option<u64> {
     let series = format!("limpet_table_evictions_total{{table=\"{table}\"}} ");

@@ -698,6 +698,22 @@ async fn reload_locked(
             Some(_) => {}
         }
     }
+    for o in old.tables.iter().filter(|o| cfg.table(&o.name).is_none()) {
+        changes.push(format!("table {} removed: its entries dropped", o.name));
+    }
+    // A table the reload adds starts from its snapshot file, as at a start: read here,
+    // before anything applies (within the start's bound), and restored into the new table
+    // before it serves. Before, it started empty, and its first save wrote over the file: a
+    // table removed by one reload and added back by another lost its pins on disk too.
+    let added_snapshots: Vec<(String, std::path::PathBuf)> = cfg
+        .tables
+        .iter()
+        .filter(|t| old.table(&t.name).is_none())
+        .filter_map(|t| Some((t.name.clone(), t.snapshot.as_ref()?.path.clone())))
+        .collect();
+    let snapshots_read =
+        super::snapshot::read_snapshots(added_snapshots.iter().map(|(_, p)| p.clone()).collect())
+            .await;
     changes.extend(settings);
     let new_def = cfg.lifecycle.clone();
     if new_def.admin != state.lifecycle.def().admin {
@@ -714,6 +730,17 @@ async fn reload_locked(
         return Err("limpet is stopping: nothing of this reload was applied".into());
     };
     let next = state.rebuild(cfg)?;
+    for ((name, path), read) in added_snapshots.iter().zip(snapshots_read) {
+        if let Some(table) = next.table(name) {
+            if let super::SnapshotLoad::Loaded { loaded, .. } =
+                super::snapshot::restore_read(table, path, read)
+            {
+                changes.push(format!(
+                    "table {name}: {loaded} pins loaded from its snapshot"
+                ));
+            }
+        }
+    }
     // Removed nodes: MAINT in their runtime, so the sessions still open to them close and
     // the pins move; new connections never see them (a node added back starts fresh).
     for n in &removed {

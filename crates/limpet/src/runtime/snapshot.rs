@@ -41,12 +41,7 @@ pub const SNAPSHOT_LOAD_LIMIT: std::time::Duration = std::time::Duration::from_s
 /// start uses [`load_snapshots`]).
 pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
     let snap = table.def.snapshot.as_ref()?;
-    let result = match read_snapshot(&snap.path) {
-        Ok(bytes) => restore(table, &bytes),
-        Err(not) => not,
-    };
-    report(table, &snap.path, &result);
-    Some(result)
+    Some(restore_read(table, &snap.path, read_snapshot(&snap.path)))
 }
 
 /// Loads the snapshot file of each of `tables` that has one, each read on a blocking thread
@@ -58,30 +53,52 @@ pub fn load_snapshot(table: &Table) -> Option<SnapshotLoad> {
 /// own; skipped, they are lost as those of a file that could not be read are: their
 /// sessions are pinned afresh at their next request.
 pub async fn load_snapshots(tables: impl IntoIterator<Item = std::sync::Arc<Table>>) {
-    let deadline = tokio::time::Instant::now() + SNAPSHOT_LOAD_LIMIT;
-    let reads: Vec<_> = tables
+    let tables: Vec<_> = tables
         .into_iter()
-        .filter_map(|t| {
-            let path = t.def.snapshot.as_ref()?.path.clone();
-            let read = tokio::task::spawn_blocking({
-                let path = path.clone();
-                move || read_snapshot(&path)
-            });
-            Some((t, path, read))
-        })
+        .filter_map(|t| Some((t.def.snapshot.as_ref()?.path.clone(), t)))
         .collect();
-    for (table, path, read) in reads {
-        let result = match tokio::time::timeout_at(deadline, read).await {
-            Ok(Ok(Ok(bytes))) => restore(&table, &bytes),
-            Ok(Ok(Err(not))) => not,
-            Ok(Err(e)) => SnapshotLoad::Skipped(format!("the read failed: {e}")),
-            Err(_) => SnapshotLoad::Skipped(format!(
+    let read = read_snapshots(tables.iter().map(|(path, _)| path.clone()).collect()).await;
+    for ((path, table), bytes) in tables.iter().zip(read) {
+        restore_read(table, path, bytes);
+    }
+}
+
+/// Reads the snapshot files at `paths`, each on a blocking thread of its own, for at most
+/// [`SNAPSHOT_LOAD_LIMIT`] in all ([`load_snapshots`]): each file's bytes, or what reading
+/// it did instead, in `paths`' order.
+pub(crate) async fn read_snapshots(paths: Vec<PathBuf>) -> Vec<Result<Vec<u8>, SnapshotLoad>> {
+    let deadline = tokio::time::Instant::now() + SNAPSHOT_LOAD_LIMIT;
+    let reads: Vec<_> = paths
+        .into_iter()
+        .map(|path| tokio::task::spawn_blocking(move || read_snapshot(&path)))
+        .collect();
+    let mut out = Vec::with_capacity(reads.len());
+    for read in reads {
+        out.push(match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(e)) => Err(SnapshotLoad::Skipped(format!("the read failed: {e}"))),
+            Err(_) => Err(SnapshotLoad::Skipped(format!(
                 "not read within {} s (the disk does not answer)",
                 SNAPSHOT_LOAD_LIMIT.as_secs()
-            )),
-        };
-        report(&table, &path, &result);
+            ))),
+        });
     }
+    out
+}
+
+/// Restores what [`read_snapshots`] read of `table`'s file at `path` (nothing if it could not
+/// be read), and says what it did in the log.
+pub(crate) fn restore_read(
+    table: &Table,
+    path: &Path,
+    read: Result<Vec<u8>, SnapshotLoad>,
+) -> SnapshotLoad {
+    let result = match read {
+        Ok(bytes) => restore(table, &bytes),
+        Err(not) => not,
+    };
+    report(table, path, &result);
+    result
 }
 
 /// A snapshot file's bytes, after removing the temporary files killed limpets left beside
