@@ -249,6 +249,16 @@ impl MoveWatch {
     pub fn key(&self) -> u64 {
         self.key
     }
+
+    /// The move told since the watch was made, if one was (left unseen: the session's
+    /// [`NodeRuntime::session_end`] sees it too).
+    pub fn moved(&self) -> Option<EndReason> {
+        if self.rx.has_changed().unwrap_or(false) {
+            *self.rx.borrow()
+        } else {
+            None
+        }
+    }
 }
 
 impl Drop for MoveWatch {

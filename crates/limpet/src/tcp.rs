@@ -728,6 +728,24 @@ async fn connect(
                     failed.push(Excluded { node, why });
                     continue;
                 }
+                // So does a session moved off the node meanwhile (another of its connections
+                // failed there, the fleet re-pinned it, it failed back, its entry went
+                // elsewhere): it routes again, to where the session is now. Before, the
+                // relay began on the node it had left, whose move stopped it at once, but
+                // only after the client's first bytes had gone to the node: both sides reset.
+                if let Some(moved) = moves.as_ref().and_then(crate::nodes::MoveWatch::moved) {
+                    drop(stream);
+                    failed.push(Excluded {
+                        node,
+                        why: match moved {
+                            crate::nodes::EndReason::Repin(why) => why,
+                            // The table names another node now: the route follows it, and
+                            // this one is left out only so that the turns stay bounded.
+                            _ => limpet_core::RepinReason::NodeMaint,
+                        },
+                    });
+                    continue;
+                }
                 return Ok(Connected {
                     node,
                     outcome: route.outcome,

@@ -883,6 +883,64 @@ async fn a_session_connecting_to_a_node_that_goes_down_goes_to_the_other_node_at
     }
 }
 
+/// A session moved off a node while its TCP session's attempt there hangs (another of its
+/// connections failed there, and its table entry names the other node now), its client
+/// having spoken first: once the attempt completes, the session goes where it is now, its
+/// first bytes there. Before, the relay began on the node it had left, sent the client's
+/// bytes there, and the move then stopped it: both sides reset.
+#[tokio::test]
+async fn a_session_moved_while_it_connects_speaks_first_to_where_it_is_now() {
+    let (go_a, go_a_rx) = tokio::sync::watch::channel(false);
+    let (go_b, go_b_rx) = tokio::sync::watch::channel(false);
+    let (nodes, mut arrived, port) = held_tls_pair([go_a_rx, go_b_rx]).await;
+    let dir = TempDir::new("tcp-moved-connecting");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2"), ("b", "127.0.0.3")],
+        port,
+        "upstream_tls = { verify = \"none\" }",
+    );
+    let running = start(cfg).await.expect("start");
+    let src = IpAddr::from([127, 0, 0, 150]);
+    let mut s = connect_from(src, running.addr("raw").expect("addr")).await;
+    s.write_all(b"hello\n").await.expect("write");
+    let first = tokio::time::timeout(common::PATIENCE, arrived.recv())
+        .await
+        .expect("the session's attempt reaches a node")
+        .expect("nodes run");
+    let other = if first == "a" { "b" } else { "a" };
+    {
+        let state = running.runtime().state();
+        let key = KeyRef::ip(src, limpet_core::table::IpPrefix::HOST);
+        let (from, to) = (
+            state.node_id(first).expect("node"),
+            state.node_id(other).expect("node"),
+        );
+        state
+            .table("t")
+            .expect("table")
+            .lock()
+            .learn(key, to, limpet::clock::now_ms());
+        state.node_rt(from).expect("runtime").session_moved(
+            limpet::runtime::spread_of(Some(key), src, None),
+            limpet_core::Leave::Failed(limpet_core::RepinReason::AnswerTimeout),
+        );
+    }
+    go_a.send_replace(true);
+    go_b.send_replace(true);
+    assert_eq!(
+        read_line(&mut s).await,
+        format!("node={other}"),
+        "the session's first bytes went to the node it had left"
+    );
+    assert_eq!(read_line(&mut s).await, "hello");
+    drop(s);
+    running.stop().await;
+    for n in nodes {
+        n.abort();
+    }
+}
+
 /// What a node does with a connection it took, without a byte: drop it at once, closed (a
 /// FIN) or reset (what a node's kernel sends to the connections left in its listen queue
 /// when a rolling restart closes the listener, or a process that exits with bytes unread);
