@@ -1438,6 +1438,7 @@ impl<'a> Attempt<'a> {
                 // When the answer clock started: once the client's body was fully sent (a
                 // slow upload is not a slow node), for the slow-request rule as well.
                 let mut answer_from = sent_at;
+                let read_before = sender.read();
                 let mut send = std::pin::pin!(sender.try_send_request(req));
                 let outcome = if self.replay.is_some() && !self.upgrade {
                     // Replayable, so without a body: its clock starts now, and it watches
@@ -1459,7 +1460,14 @@ impl<'a> Attempt<'a> {
                 let err = match outcome {
                     Ok(resp) => {
                         self.admitted = admitted;
-                        if !self.upgrade {
+                        // Not a connection whose answer had both a Content-Length and a
+                        // Transfer-Encoding (read by the latter, as RFC 9112 says): had the node
+                        // framed it by the length, the rest would be read as the next
+                        // request's answer, another client's. `node_h1` does not keep such a
+                        // connection either.
+                        let both_lengths = resp.headers().contains_key(header::CONTENT_LENGTH)
+                            && resp.headers().contains_key(header::TRANSFER_ENCODING);
+                        if !self.upgrade && !both_lengths {
                             conns.recycle(sender);
                         }
                         answered(shared, node, sent_at, self.seen_in.as_ref());
@@ -1529,11 +1537,16 @@ impl<'a> Attempt<'a> {
                         // closed it while idle (the keep-alive race, not the node's fault), as
                         // on the direct path above, which a TLS node never takes. A replayable
                         // request goes once more, on a fresh connection to the same node, so
-                        // the session stays where it is pinned.
+                        // the session stays where it is pinned. Not one whose answer began
+                        // (hyper tells a head cut short no apart from no answer at all: the
+                        // count of bytes read does): the node failed it, as on the direct
+                        // path. Taken for the race, a GET that broke TLS nodes went out four
+                        // times, twice to each of two nodes, where the rule says two.
                         if was_pooled
                             && self.replay.is_some()
                             && !self.upgrade
                             && matches!(cause, Cause::Io(_))
+                            && sender.read() == read_before
                         {
                             force_fresh = true;
                             kept = admitted.map(|slot| (node, slot));

@@ -23,7 +23,7 @@
 //! name where limpet connects.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,7 +36,110 @@ use super::body::UpBody;
 use super::node_h1::H1Conn;
 use crate::error::{Cause, Stage, UpstreamError};
 
-pub(crate) type Sender = http1::SendRequest<UpBody>;
+/// A connection to a node on hyper's client ([`NodeConns::connect`]): hyper's handle, and
+/// the count of the bytes read from the node on it, which tells a request that failed on a
+/// kept-alive connection before any answer byte (the keep-alive race: the node closed it as
+/// the request went out) from one whose answer began and broke (the node's failure), which
+/// hyper reports alike.
+pub(crate) struct Sender {
+    send: http1::SendRequest<UpBody>,
+    read: Arc<AtomicU64>,
+}
+
+impl Sender {
+    /// The bytes read from the node on this connection so far.
+    pub(crate) fn read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+}
+
+impl std::ops::Deref for Sender {
+    type Target = http1::SendRequest<UpBody>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.send
+    }
+}
+
+impl std::ops::DerefMut for Sender {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.send
+    }
+}
+
+/// A node stream that counts what is read from it into its [`Sender`]'s count. Boxed as the
+/// stream it wraps is, so that an upgrade still finds its node stream's type
+/// (`proxy::upgrade`).
+struct CountReads {
+    io: Box<dyn crate::tcp::Io>,
+    read: Arc<AtomicU64>,
+}
+
+impl tokio::io::AsyncRead for CountReads {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        let n = buf.filled().len().saturating_sub(before);
+        if n > 0 {
+            self.read.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for CountReads {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl crate::tcp::Io for CountReads {
+    fn poll_write_last(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_last(cx, buf)
+    }
+
+    fn abort_on_close(&self) {
+        self.io.abort_on_close();
+    }
+}
 
 struct Idle {
     sender: Sender,
@@ -76,7 +179,9 @@ impl std::fmt::Debug for NodeConns {
 }
 
 /// The HTTP/1.1 handshake on a connected stream; the connection task runs on its own.
-async fn handshake<I: crate::tcp::Io + 'static>(io: I) -> Result<Sender, UpstreamError> {
+async fn handshake<I: crate::tcp::Io + 'static>(
+    io: I,
+) -> Result<http1::SendRequest<UpBody>, UpstreamError> {
     let (sender, conn) = http1::Builder::new()
         .handshake(TokioIo::new(io))
         .await
@@ -229,11 +334,17 @@ impl NodeConns {
         let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
         let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
         let io = crate::net::node_tls(self.addr, stream, tls, self.connect_timeout).await?;
-        handshake(crate::relay::WriteDeadline::new(
+        let read = Arc::new(AtomicU64::new(0));
+        let io: Box<dyn crate::tcp::Io> = Box::new(CountReads {
+            io,
+            read: Arc::clone(&read),
+        });
+        let send = handshake(crate::relay::WriteDeadline::new(
             io,
             crate::relay::WriteLimit::new(write_limit),
         ))
-        .await
+        .await?;
+        Ok(Sender { send, read })
     }
 
     /// limpet's own trial of the node as an HTTP listener reaches it
