@@ -471,9 +471,9 @@ pub struct StoreStatus {
     /// Connections limpet itself opened to the store: the first command connection, each
     /// subscription, and each recovery after the breaker opened (a reload opens none).
     pub connections: u64,
-    /// The subscription to other instances' re-pins holds now. Without it (a store user
-    /// without access to the channel, a proxy that has no pub/sub), their re-pins reach this
-    /// instance only at each key's expiry refresh, and a session can meanwhile run on two
+    /// The subscription to other instances' re-pins holds now. Without it (a subscription
+    /// cut or refused; a store user without the channel has the store down too, its re-pins
+    /// publishing there), their re-pins reach this instance only at each key's expiry refresh, and a session can meanwhile run on two
     /// nodes; it is tried again every second, each failure logged (once per interval).
     pub subscribed: bool,
     /// Subscriptions the store refused (it answered the `SUBSCRIBE` with an error).
@@ -997,13 +997,15 @@ impl Store {
     /// changes nothing but this instance's marker's expiry (`SET marker 1 PX .. XX`: renewed
     /// if it is there, not made if it is not, so the marker still tells whether a resync's
     /// pins are in the store), then, in the same round trip, the other commands of the
-    /// writes and reads (`GETEX` of the marker, an `EVAL` of nothing, and `SET .. NX GET` of
-    /// a probe key of the instance's own, which lives a second). A `PING` answers on a store
-    /// that refuses writes (a read-only replica, out of memory, a failed save with
-    /// `stop-writes-on-bgsave-error`), and a `SET` on one that refuses a command limpet
-    /// needs (an ACL user without `eval` or `getex`, a Redis older than 7.0): the breaker
-    /// closed on it, the next writes failed and opened it again, every second or two for as
-    /// long as the store refused, and a refused `EVAL` kept every resync from publishing.
+    /// writes and reads (`GETEX` of the marker, an `EVAL` that publishes an empty message on
+    /// the re-pin channel, as a re-pin's script does, which every instance drops, and
+    /// `SET .. NX GET` of a probe key of the instance's own, which lives a second). A `PING`
+    /// answers on a store that refuses writes (a read-only replica, out of memory, a failed
+    /// save with `stop-writes-on-bgsave-error`), and a `SET` on one that refuses a command
+    /// limpet needs (an ACL user without `eval`, `getex` or the re-pin channel, a Redis older
+    /// than 7.0): the breaker closed on it, the next writes failed and opened it again, every
+    /// second or two for as long as the store refused, and a refused re-pin kept every resync
+    /// from publishing.
     async fn probe(&self, limit: Duration) -> Result<(), String> {
         let mut conn = self.conn();
         let mut probe = pipeline();
@@ -1017,8 +1019,9 @@ impl Store {
             .cmd("GETEX")
             .arg(&self.marker)
             .cmd("EVAL")
-            .arg("return 1")
+            .arg("redis.call('PUBLISH', ARGV[1], '') return 1")
             .arg(0)
+            .arg(&self.channel)
             .cmd("SET")
             .arg(format!("{}:probe", self.marker))
             .arg(1)

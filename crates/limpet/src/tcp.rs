@@ -667,6 +667,10 @@ async fn connect(
             },
             None => None,
         };
+        // Moved off the node while it waited in the queue: no attempt there.
+        if moved_off(moves.as_ref(), node, failed) {
+            continue;
+        }
         // Where and how the running config reaches the node: a reload while the session
         // waited in the queue may have moved it or changed the listener's TLS or PROXY
         // header to nodes. A node the reload removed is left as one set to MAINT (what the
@@ -733,17 +737,8 @@ async fn connect(
                 // elsewhere): it routes again, to where the session is now. Before, the
                 // relay began on the node it had left, whose move stopped it at once, but
                 // only after the client's first bytes had gone to the node: both sides reset.
-                if let Some(moved) = moves.as_ref().and_then(crate::nodes::MoveWatch::moved) {
+                if moved_off(moves.as_ref(), node, failed) {
                     drop(stream);
-                    failed.push(Excluded {
-                        node,
-                        why: match moved {
-                            crate::nodes::EndReason::Repin(why) => why,
-                            // The table names another node now: the route follows it, and
-                            // this one is left out only so that the turns stay bounded.
-                            _ => limpet_core::RepinReason::NodeMaint,
-                        },
-                    });
                     continue;
                 }
                 return Ok(Connected {
@@ -782,6 +777,27 @@ async fn connect(
             }
         }
     }
+}
+
+/// Whether the session was moved off `node` since its route (another of its connections
+/// failed there, the fleet re-pinned it, it failed back, its entry went elsewhere): if so,
+/// `node` joins `failed`, so that it routes again, to where the session is now, before any
+/// byte of the client's went out. Left out as for a node gone DOWN, whatever moved it: this
+/// session sent nothing (the reason another connection's failure carries, an answer timeout,
+/// would make the route take it for one that went out, and refuse it a DOWN node's trial).
+fn moved_off(
+    moves: Option<&crate::nodes::MoveWatch>,
+    node: NodeId,
+    failed: &mut Vec<Excluded>,
+) -> bool {
+    if moves.and_then(crate::nodes::MoveWatch::moved).is_none() {
+        return false;
+    }
+    failed.push(Excluded {
+        node,
+        why: limpet_core::RepinReason::NodeDown,
+    });
+    true
 }
 
 /// `wait`'s result, or [`NoSession::cut_at_shutdown`] if a shutdown's drain ends first. The

@@ -1756,6 +1756,11 @@ async fn rapid_reset_rounds(after_idle_goaway: bool) {
         seen <= 300,
         "{seen} node connections for one client connection ({rounds} rounds)"
     );
+    // Closed by the limit on resets (200), not before it by another rule (an idle close).
+    assert!(
+        rounds >= 2,
+        "closed after {rounds} rounds, before the limit on resets"
+    );
     reader.abort();
     node.abort();
     proxy.stop().await;

@@ -685,9 +685,9 @@ async fn a_lone_node_down_by_passive_failures_serves_again_once_restarted() {
     node.kill().await;
 }
 
-/// With another node UP, a node DOWN by its refused connects (no checks) waits out
-/// `fail_timeout` before it is tried, restarted at once or not, and the one trial then
-/// brings it back, as a client sees it: a GET of a fresh session every 50 ms is answered by
+/// With another node UP, a node DOWN by its refused connects (no checks) and restarted at
+/// once waits out `fail_timeout` before it is tried, and the one trial then brings it back,
+/// as a client sees it: a GET of a fresh session every 50 ms is answered by
 /// b, every one, from a's DOWN until `fail_timeout` after it, and by a within `fail_timeout`
 /// and slack of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,9 +711,11 @@ async fn with_another_node_up_a_restarted_node_is_tried_only_after_fail_timeout(
     // DOWN.
     let mut down_at = None;
     for _ in 0..(2 * fall + 4) {
+        // The start of the GET that takes a DOWN: no later than the DOWN itself.
+        let sent = Instant::now();
         assert_eq!(get(&fresh_client(), &url).await, Ok((200, "b".to_owned())));
         if proxy.state_of("a") == "DOWN" {
-            down_at = Some(Instant::now());
+            down_at = Some(sent);
             break;
         }
     }
@@ -738,9 +740,8 @@ async fn with_another_node_up_a_restarted_node_is_tried_only_after_fail_timeout(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // The DOWN was seen within a request of when it happened: a margin for that request.
     assert!(
-        back_after + Duration::from_millis(100) >= FAIL_TIMEOUT,
+        back_after >= FAIL_TIMEOUT,
         "a tried {back_after:?} after its DOWN, before fail_timeout ({FAIL_TIMEOUT:?})"
     );
     assert!(answers.len() >= 5, "b answered meanwhile: {answers:?}");
@@ -2667,8 +2668,8 @@ async fn a_request_that_breaks_tls_nodes_on_kept_alive_connections_reaches_each_
 
 /// A node answer with both a Content-Length and a Transfer-Encoding (read by the latter)
 /// leaves its connection out of the pool on hyper's client too (requests with a body take
-/// it): two POSTs from two clients reach the node on two connections. Before, the second
-/// went out on the first's connection, where whatever the node framed by the length would
+/// it): five POSTs from five clients reach the node on five connections. Before, a later
+/// one went out on an earlier one's connection, where whatever the node framed by the length would
 /// have been read as its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_connection_whose_answer_had_both_lengths_is_not_reused() {
@@ -2715,7 +2716,7 @@ async fn a_node_connection_whose_answer_had_both_lengths_is_not_reused() {
         },
     ]))
     .await;
-    for _ in 0..2 {
+    for _ in 0..5 {
         let r = fresh_client()
             .post(proxy.url())
             .body("hi")
@@ -2730,7 +2731,7 @@ async fn a_node_connection_whose_answer_had_both_lengths_is_not_reused() {
     }
     assert_eq!(
         accepted.load(Ordering::SeqCst),
-        2,
+        5,
         "each POST on a connection of its own"
     );
     proxy.stop().await;

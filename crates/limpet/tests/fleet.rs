@@ -2299,31 +2299,37 @@ async fn a_store_user_refused_a_command_limpet_needs_keeps_the_store_down_withou
 }
 
 /// A store user without access to the re-pin channel (what Redis 7 gives a new ACL user:
-/// `resetchannels`): the store serves its commands, so it is up and pins reach it, but the
-/// subscription to other instances' re-pins is refused, and the admin API says so
-/// (`subscribed: false`, the log once per interval). Before, nothing said it: the store read
-/// as up while other instances' re-pins came only at each key's expiry refresh. Given the
-/// channel, the user's next try (within a second) holds the subscription.
+/// `resetchannels`): every re-pin's write publishes on it, so the store is refused what
+/// limpet needs, and stays down (its probe publishes too): the instance serves from its
+/// local table, and the subscription's refusal is counted. Given the channel, the store is
+/// up within a second, subscribed, and the pins made meanwhile reach it. Before, the store
+/// read as up (first pins reached it) while every re-pin's write was refused: the breaker
+/// opened at the first failover and the probe closed it again, and the re-pins it kept
+/// failed each resync, for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_user_without_the_re_pin_channel_is_up_but_not_subscribed() {
+async fn a_store_user_without_the_re_pin_channel_keeps_the_store_down_until_given_it() {
     let (mut nodes, redis, a) = as_store_user(
         "acl-channel",
         &["on", ">pw", "~*", "+@all", "resetchannels"],
     )
     .await;
     let node = a.http("127.0.17.1").await;
-    until("the pin reaches the store", async || {
-        redis.get("limpet:terminal:ip:127.0.17.1").await.as_deref() == Some(node.as_str())
-    })
-    .await;
     until("the subscription is refused", async || {
         a.status().subscribe_failures > 0
     })
     .await;
     let st = a.status();
-    assert!(st.up && !st.subscribed, "{st:?}");
+    assert!(!st.up && !st.subscribed, "{st:?}");
     acl(&redis, &["&limpet:pins"]).await;
-    until("the subscription holds", async || a.status().subscribed).await;
+    until("the store is up and subscribed", async || {
+        let st = a.status();
+        st.up && st.subscribed
+    })
+    .await;
+    until("the pin made meanwhile reaches the store", async || {
+        redis.get("limpet:terminal:ip:127.0.17.1").await.as_deref() == Some(node.as_str())
+    })
+    .await;
     a.running.stop().await;
     for n in &mut nodes {
         n.kill().await;

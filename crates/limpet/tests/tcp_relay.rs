@@ -777,9 +777,11 @@ async fn held_tls_pair(
 }
 
 /// A node that leaves rotation while a session's attempt at it is in flight (here its TLS
-/// handshake, held by the node; a connect's SYN retransmitted is the same window): the
-/// attempt completes, but nothing of the client's has gone out, so the session goes to the
-/// other node, whether the node went DOWN (with `close_on_node_down` on or off) or into MAINT.
+/// handshake, held by the node; a connect's SYN retransmitted is the same window): nothing of
+/// the client's has gone out, so the session goes to the other node, whether the node went
+/// DOWN (with `close_on_node_down` on or off: the attempt is dropped at the DOWN, see
+/// `a_session_connecting_to_a_node_that_goes_down_goes_to_the_other_node_at_once`) or into
+/// MAINT (the attempt completes, and the session is not given to the node it left).
 /// Before, the session was handed to the relay on the node it had just left: cut at once by
 /// the node's close signal (the client saw its connection end), or, with
 /// `close_on_node_down = false`, relayed to a DOWN node.

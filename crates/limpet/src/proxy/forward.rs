@@ -1398,11 +1398,14 @@ impl<'a> Attempt<'a> {
                     // inline it would grow every request's future (moved by value into hyper's
                     // connection or an HTTP/2 stream's task) by that much, for a rare path.
                     None => match connect_unless_down(
-                        conns.connect(if self.upgrade {
-                            shared.timeouts.tunnel_idle
-                        } else {
-                            shared.timeouts.upstream_answer
-                        }),
+                        conns.connect(
+                            if self.upgrade {
+                                shared.timeouts.tunnel_idle
+                            } else {
+                                shared.timeouts.upstream_answer
+                            },
+                            self.upgrade,
+                        ),
                         watch,
                     )
                     .await
@@ -1460,12 +1463,22 @@ impl<'a> Attempt<'a> {
                 let err = match outcome {
                     Ok(resp) => {
                         self.admitted = admitted;
-                        // Not a connection whose answer had both a Content-Length and a
-                        // Transfer-Encoding (read by the latter, as RFC 9112 says): had the node
-                        // framed it by the length, the rest would be read as the next
-                        // request's answer, another client's. `node_h1` does not keep such a
-                        // connection either.
-                        let both_lengths = resp.headers().contains_key(header::CONTENT_LENGTH)
+                        // Not a connection whose answer had a body framed by both a
+                        // Content-Length and a Transfer-Encoding (read by the latter, as RFC
+                        // 9112 says): had the node framed it by the length, the rest would be
+                        // read as the next request's answer, another client's. `node_h1` does
+                        // not keep such a connection either. (An answer without a body,
+                        // whatever its headers say, leaves nothing behind.)
+                        let status = resp.status().as_u16();
+                        let bodiless = status < 200
+                            || status == 204
+                            || status == 304
+                            || self
+                                .replay
+                                .as_ref()
+                                .is_some_and(|h| h.method == Method::HEAD);
+                        let both_lengths = !bodiless
+                            && resp.headers().contains_key(header::CONTENT_LENGTH)
                             && resp.headers().contains_key(header::TRANSFER_ENCODING);
                         if !self.upgrade && !both_lengths {
                             conns.recycle(sender);

@@ -68,8 +68,8 @@ impl std::ops::DerefMut for Sender {
 }
 
 /// A node stream that counts what is read from it into its [`Sender`]'s count. Boxed as the
-/// stream it wraps is, so that an upgrade still finds its node stream's type
-/// (`proxy::upgrade`).
+/// stream it wraps is, so that the node stream's type stays one (an upgrade's, which is not
+/// counted, is found by it: `proxy::upgrade`).
 struct CountReads {
     io: Box<dyn crate::tcp::Io>,
     read: Arc<AtomicU64>,
@@ -330,15 +330,26 @@ impl NodeConns {
     /// stopped reading (a frozen process whose socket buffers filled during an upload) must
     /// not hold the request, its client and its node slot for ever. The answer clock only
     /// starts once the body is sent, so without this nothing would bound that wait.
-    pub(crate) async fn connect(&self, write_limit: Duration) -> Result<Sender, UpstreamError> {
+    ///
+    /// `upgrade`: the connection is for an upgrade, whose stream becomes a tunnel: its reads
+    /// are not counted (no keep-alive race to tell apart; a tunnel reads for its whole life).
+    pub(crate) async fn connect(
+        &self,
+        write_limit: Duration,
+        upgrade: bool,
+    ) -> Result<Sender, UpstreamError> {
         let stream = crate::net::connect_node(self.addr, self.connect_timeout).await?;
         let tls = self.tls.as_ref().map(|(cfg, name)| (cfg, name.clone()));
         let io = crate::net::node_tls(self.addr, stream, tls, self.connect_timeout).await?;
         let read = Arc::new(AtomicU64::new(0));
-        let io: Box<dyn crate::tcp::Io> = Box::new(CountReads {
-            io,
-            read: Arc::clone(&read),
-        });
+        let io: Box<dyn crate::tcp::Io> = if upgrade {
+            io
+        } else {
+            Box::new(CountReads {
+                io,
+                read: Arc::clone(&read),
+            })
+        };
         let send = handshake(crate::relay::WriteDeadline::new(
             io,
             crate::relay::WriteLimit::new(write_limit),
@@ -562,7 +573,10 @@ mod tests {
         let idle_timeout = Duration::from_millis(300);
         let conns = pool(addr, idle_timeout);
         let limit = Duration::from_secs(1);
-        let (older, newer) = (conns.connect(limit).await, conns.connect(limit).await);
+        let (older, newer) = (
+            conns.connect(limit, false).await,
+            conns.connect(limit, false).await,
+        );
         conns.recycle(older.expect("connect"));
         conns.recycle(newer.expect("connect"));
         // The recycle tasks put them back once ready (a look every paused millisecond: the
