@@ -473,8 +473,9 @@ pub struct StoreStatus {
     pub connections: u64,
     /// The subscription to other instances' re-pins holds now. Without it (a subscription
     /// cut or refused; a store user without the channel has the store down too, its re-pins
-    /// publishing there), their re-pins reach this instance only at each key's expiry refresh, and a session can meanwhile run on two
-    /// nodes; it is tried again every second, each failure logged (once per interval).
+    /// publishing there), their re-pins reach this instance only at each key's expiry
+    /// refresh, and a session can meanwhile run on two nodes; it is tried again every
+    /// second, each failure logged (once per interval).
     pub subscribed: bool,
     /// Subscriptions the store refused (it answered the `SUBSCRIBE` with an error).
     pub subscribe_failures: u64,
