@@ -1287,6 +1287,8 @@ pub async fn serve_on(
     .await;
     // Counted as accepting until here (`crate::net::AcceptLoops`).
     drop(accepting);
+    // Not while an upgrade's handover is pending: it may fail, and this limpet serve again.
+    runtime.drain_allowed().await;
     let drain = {
         let state = runtime.state();
         state

@@ -1135,6 +1135,79 @@ async fn a_limpet_whose_new_one_did_not_take_over_serves_again() {
     );
 }
 
+/// A GET on kept-alive connection `s`: its answer's head (lower case), its body read.
+async fn keep_alive_get(s: &mut tokio::net::TcpStream) -> String {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("a Content-Length answer: {head}"));
+            if got.len() >= end + 4 + len {
+                return head;
+            }
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut b))
+            .await
+            .unwrap_or_else(|_| panic!("no answer"))
+            .unwrap_or_else(|e| panic!("read: {e}"));
+        assert!(n > 0, "closed before the answer was whole: {got:?}");
+        got.extend_from_slice(&b[..n]);
+    }
+}
+
+/// A kept-alive client connection open when the old limpet stops accepting for a new one
+/// that then does not take over is left alone while the handover is pending, and served on
+/// once the old one serves again: the listeners drain only once a new limpet took over (or
+/// this one stops). Before, they drained from the moment they stopped accepting: the
+/// connection was closed (a tunnel got 1001, a TCP session was cut at the drain's end),
+/// although nothing was handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_open_through_an_upgrade_that_failed_is_served_on() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new(
+        "upgrade-failed-kept",
+        &config(port, "").replace("max_connections = 1\n", ""),
+    );
+    let mut limpet = Limpet::start(&cfg).await;
+    let web = limpet.addr("web");
+    let running = limpet
+        .running
+        .as_mut()
+        .unwrap_or_else(|| panic!("not running"));
+    let mut kept = tokio::net::TcpStream::connect(web)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(keep_alive_get(&mut kept).await.starts_with("http/1.1 200"));
+    running.hand_node_states_over().await;
+    running.stop_accepting();
+    assert!(running.accepting_stopped(PATIENCE).await);
+    // Half a second with the handover pending (the observation window is the check): the
+    // connection stays open.
+    let mut b = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), kept.read(&mut b))
+            .await
+            .is_err(),
+        "the kept-alive connection was closed (or written to) while the handover was pending"
+    );
+    running.resume();
+    for _ in 0..2 {
+        let head = keep_alive_get(&mut kept).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+    drop(kept);
+    limpet.stop().await;
+}
+
 /// The same with worker threads: a limpet that serves again does so on as many worker threads
 /// as it started with, fresh ones (those that served before drain and exit at the stop), not
 /// on its main thread alone. Before, `resume` served every socket on the main thread: after

@@ -1084,6 +1084,7 @@ pub async fn serve_listener_on(
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let port = bound.port();
     let tunnels = TaskTracker::new();
+    let drain_gate = Arc::clone(&runtime);
     let generations = Arc::new(
         Generations::new(runtime, name, ids, drain_rx, tunnels.clone(), port)
             .map_err(ServeError::Config)?,
@@ -1131,6 +1132,8 @@ pub async fn serve_listener_on(
         },
     )
     .await;
+    // Not while an upgrade's handover is pending: it may fail, and this limpet serve again.
+    drain_gate.drain_allowed().await;
     let _ = drain_tx.send(true);
     drop(done_tx);
     // Connections, then the tunnels they opened: a tunnel's task outlives its connection's,

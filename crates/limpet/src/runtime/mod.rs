@@ -1550,6 +1550,10 @@ pub struct Runtime {
     /// Turns true when a shutdown must not wait for its drain any longer (a second signal):
     /// TCP listeners cut their open sessions at once, as at the drain's end.
     cut_now: tokio::sync::watch::Sender<bool>,
+    /// True while a new limpet's handover is pending ([`Self::hold_drain`]): the listeners
+    /// that stopped accepting for it go on serving what they have, and drain only once it
+    /// took over or this limpet stops.
+    drain_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Runtime {
@@ -1558,8 +1562,27 @@ impl Runtime {
             generation: AtomicU32::new(state.generation),
             reloads: tokio::sync::watch::Sender::new(state.generation),
             cut_now: tokio::sync::watch::Sender::new(false),
+            drain_held: tokio::sync::watch::Sender::new(false),
             state: ArcSwap::from_pointee(state),
         })
+    }
+
+    /// Holds (`true`) or lets go (`false`) the drain of the listeners that stop accepting
+    /// ([`Self::drain_allowed`]). An upgrade holds it from before this limpet stops
+    /// accepting until the new one took over (or this one stops): a new limpet that dies or
+    /// hangs before it takes over leaves this one serving again (`Running::resume`) with its
+    /// kept-alive connections, tunnels and TCP sessions as they were. Before, they drained
+    /// from the moment it stopped accepting: WebSockets closed with 1001, TCP sessions cut
+    /// at the drain's end, though nothing was handed over.
+    pub(crate) fn hold_drain(&self, held: bool) {
+        self.drain_held.send_replace(held);
+    }
+
+    /// Resolves once a listener that stopped accepting may drain: at once, unless an
+    /// upgrade holds the drain ([`Self::hold_drain`]).
+    pub(crate) async fn drain_allowed(&self) {
+        let mut rx = self.drain_held.subscribe();
+        let _ = rx.wait_for(|held| !*held).await;
     }
 
     /// Ends the drain of a shutdown now: open TCP sessions are cut (reset, so that a node

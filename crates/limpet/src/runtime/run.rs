@@ -238,16 +238,22 @@ impl Running {
         accepting.all_stopped(limit).await
     }
 
-    /// Stops accepting: the listeners and the admin listener close their copies of their
-    /// sockets, and the listeners drain. The copies held for a new limpet stay open, for it
-    /// or for [`resume`](Self::resume).
+    /// Stops accepting, for a new limpet to take over: the listeners and the admin listener
+    /// close their copies of their sockets. The copies held for the new limpet stay open,
+    /// for it or for [`resume`](Self::resume), and the listeners drain only once it took
+    /// over ([`let_go`](Self::let_go)) or this one stops: one that does not take over leaves
+    /// this one serving its kept-alive connections, tunnels and TCP sessions as they were
+    /// (`Runtime::hold_drain`).
     pub fn stop_accepting(&self) {
+        self.runtime.hold_drain(true);
         let _ = self.accept_stop.send(true);
     }
 
-    /// Closes the copies held for a new limpet (it has taken the sockets over).
+    /// Closes the copies held for a new limpet (it has taken the sockets over), and lets the
+    /// listeners drain.
     pub fn let_go(&self) {
         self.held.close();
+        self.runtime.hold_drain(false);
     }
 
     /// Serves the listeners' sockets again after [`stop_accepting`](Self::stop_accepting),
@@ -395,6 +401,8 @@ impl Running {
         self.runtime.state().lifecycle.reload_tasks.stop();
         self.held.close();
         let _ = self.accept_stop.send(true);
+        // Listeners left serving by a handover that failed drain now too.
+        self.runtime.hold_drain(false);
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         let state = self.runtime.state();
