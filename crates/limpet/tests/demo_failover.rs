@@ -285,6 +285,9 @@ async fn stopping_then_draining_the_visitors_node_moves_its_http_and_websocket()
 /// Two stops at once, of the two nodes left running and ready: one of them is refused (409),
 /// and a node still serves the page. Before, each stop's check saw the other node serving,
 /// both went through, and nothing was left to serve the page or the demo's control endpoint.
+/// (The demo's control endpoint is served by the nodes: a stop request that a node serves
+/// while the other stop stops that node is cut with it, a 502, as any request in flight on
+/// a node that crashes; it stops nothing. Seen once in a CI run under load.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stops_at_once_never_leave_no_node_serving() {
     let demo = Demo::start(
@@ -306,7 +309,13 @@ async fn two_stops_at_once_never_leave_no_node_serving() {
     let (a, b) = tokio::join!(stop("alpha"), stop("bravo"));
     let mut statuses = [a.status, b.status];
     statuses.sort_unstable();
-    assert_eq!(statuses, [200, 409], "{} / {}", a.body, b.body);
+    assert!(
+        statuses == [200, 409] || statuses == [200, 502],
+        "one stop went through, the other refused (or cut with the node it ran on): \
+         {statuses:?}: {} / {}",
+        a.body,
+        b.body
+    );
     let nodes = visitor.nodes().await;
     assert!(
         ["alpha", "bravo"]
