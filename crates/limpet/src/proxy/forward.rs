@@ -1469,14 +1469,12 @@ impl<'a> Attempt<'a> {
                         // read as the next request's answer, another client's. `node_h1` does
                         // not keep such a connection either. (An answer without a body,
                         // whatever its headers say, leaves nothing behind.)
-                        let status = resp.status().as_u16();
-                        let bodiless = status < 200
-                            || status == 204
-                            || status == 304
-                            || self
-                                .replay
+                        let bodiless = hdr::answer_has_no_body(
+                            resp.status(),
+                            self.replay
                                 .as_ref()
-                                .is_some_and(|h| h.method == Method::HEAD);
+                                .is_some_and(|h| h.method == Method::HEAD),
+                        );
                         let both_lengths = !bodiless
                             && resp.headers().contains_key(header::CONTENT_LENGTH)
                             && resp.headers().contains_key(header::TRANSFER_ENCODING);

@@ -158,6 +158,15 @@ pub(crate) fn strip_trailer_hop_fields(trailers: &mut HeaderMap) {
     trailers.remove(header::CONTENT_LENGTH);
 }
 
+/// Whether an answer has no body whatever its headers say (RFC 9110 6.4.1, RFC 9112 6.3):
+/// an answer to a HEAD, an interim (1xx) one, a 204 or a 304.
+pub(crate) fn answer_has_no_body(status: http::StatusCode, head_request: bool) -> bool {
+    head_request
+        || status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED
+}
+
 /// Whether an answer's own `Connection` says `close` (limpet's answers to a request whose
 /// framing it does not trust): hyper closes the connection after it.
 pub(crate) fn answer_closes(headers: &HeaderMap) -> bool {

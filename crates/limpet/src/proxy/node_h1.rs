@@ -468,11 +468,7 @@ fn framing_of(
     headers: &HeaderMap,
     head_request: bool,
 ) -> Result<(Framing, bool, bool), H1Error> {
-    if head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
+    if super::headers::answer_has_no_body(status, head_request) {
         return Ok((
             Framing::Empty,
             status != StatusCode::SWITCHING_PROTOCOLS,
