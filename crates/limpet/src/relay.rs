@@ -486,7 +486,16 @@ impl Pump {
                     )
                 }));
             }
-            let n = read?;
+            let n = match read {
+                Ok(n) => n,
+                // A TLS side that ended its stream without `close_notify` ended it all the
+                // same (many TLS servers and clients skip it; HAProxy takes it so too): the
+                // end is passed on as any other, a half-close, so a TLS peer on the other
+                // side gets its `close_notify` rather than a truncation, and the other
+                // direction goes on. Before, it ended both directions at once.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+                Err(e) => return Err(e),
+            };
             if n == 0 {
                 self.done = true;
                 if fin_on_close && clock.ended[1 - self.dir].load(Ordering::Relaxed) {
@@ -662,11 +671,8 @@ where
         // sides are reset, the abort passed on as one (HAProxy does so too), so that a node
         // does not take a client's half upload, cut by its crash or by a stall, for a whole
         // one, nor a client a node's half answer. Only a side that ended its own stream (a
-        // FIN, `Done`) ends the other's with a FIN; so does a TLS side that ended it without
-        // `close_notify` (`UnexpectedEof`): many TLS servers and clients skip it, and HAProxy
-        // takes that end as a shutdown too. Reset for it, a client whose job was done would
-        // take it for failed, and send it again.
-        RelayEnd::Error(e) if e.kind() == io::ErrorKind::UnexpectedEof => RelayEnd::Error(e),
+        // FIN, `Done`) ends the other's with a FIN (or `close_notify`); so does a TLS side
+        // that ended it without `close_notify`, in the pump ([`Pump::run`]).
         // A direction that finished (its reader's FIN passed on, every byte written) is
         // left to end as it did: its last bytes may still wait in the kernel for a slow
         // reader, and a reset would throw them away.

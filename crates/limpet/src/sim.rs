@@ -179,8 +179,10 @@ impl Sim {
                         pos += consumed;
                         self.state = State::Command;
                         // The head's size first, as when the head arrives in pieces (it is
-                        // then skipped as too large before its end is seen).
-                        if head > self.limits.max_head {
+                        // then skipped as too large before its end is seen). Counted with the
+                        // empty line that ends it, as the proxy counts a head against its
+                        // buffer: a head the proxy answers 431 is refused here too.
+                        if consumed > self.limits.max_head {
                             out.extend_from_slice(b"ERR request head too large\n");
                         } else if let Some(why) = refused {
                             out.extend_from_slice(why);
@@ -192,16 +194,9 @@ impl Sim {
                         }
                     }
                     HeadEnd::Incomplete { resume_at } => {
-                        // Every byte seen so far belongs to the head, except a lone `\r` that
-                        // may yet become the empty line ending it: that is the lower bound on
-                        // the head's final size.
-                        let partial = &rest[resume_at..];
-                        let at_least = if partial == b"\r" {
-                            resume_at
-                        } else {
-                            rest.len()
-                        };
-                        if at_least > self.limits.max_head {
+                        // Every byte seen so far belongs to the head (its empty line
+                        // included): the lower bound on the head's final size.
+                        if rest.len() > self.limits.max_head {
                             // The lines before resume_at were scanned and are not empty, so
                             // only the partial line after them decides what comes next.
                             let line = LineSoFar::Nothing.then(&rest[resume_at..]);

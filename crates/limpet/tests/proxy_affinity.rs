@@ -177,6 +177,50 @@ async fn over_http2_the_first_route_pair_across_cookie_fields_decides() {
     proxy.stop().await;
 }
 
+/// The sim and the proxy refuse the same request heads as too large, to the byte: a head of
+/// 64 KiB with the empty line that ends it is read by both (the cookie routes it), one byte
+/// more is refused by both (431 from the proxy, `ERR` from the sim), with LF and with CRLF
+/// line endings. Before, the sim left the empty line out of the count and routed heads the
+/// proxy refused.
+#[tokio::test]
+async fn the_sim_and_the_proxy_refuse_the_same_heads_as_too_large() {
+    let ns = nodes(&["a", "b"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let limit = limpet::sim::Limits::default().max_head;
+    for eol in ["\n", "\r\n"] {
+        for size in [limit - 1, limit, limit + 1] {
+            let start = format!(
+                "GET / HTTP/1.1{eol}Host: x{eol}Connection: close{eol}Cookie: route=b{eol}X-Pad: "
+            );
+            let pad = size - start.len() - 2 * eol.len();
+            let head = format!("{start}{}{eol}{eol}", "p".repeat(pad));
+            assert_eq!(head.len(), size);
+            let answer = raw_exchange(proxy.addr, head.as_bytes()).await;
+            let status = answer.split(' ').nth(1).unwrap_or("none").to_owned();
+            let mut out = Vec::new();
+            let input = format!("POOL a b\nREQUEST\n{head}");
+            limpet::sim::pump(
+                limpet::sim::Sim::new(limpet::sim::Limits::default()),
+                input.as_bytes(),
+                &mut out,
+            )
+            .expect("the sim runs");
+            let said = String::from_utf8_lossy(&out).into_owned();
+            let fits = size <= limit;
+            assert_eq!(
+                (status.as_str(), said.as_str()),
+                if fits {
+                    ("200", "OK\nb sticky\n")
+                } else {
+                    ("431", "OK\nERR request head too large\n")
+                },
+                "a head of {size} bytes, line ending {eol:?}"
+            );
+        }
+    }
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn hostile_cookie_values_get_a_fresh_pin_never_an_error() {
     let ns = nodes(&["a", "b"]).await;

@@ -1525,3 +1525,85 @@ async fn a_drop_of_a_session_from_before_its_node_went_down_does_not_undo_its_tr
         n.abort();
     }
 }
+
+/// TLS on both sides of a TCP session (a print server's TLS port, re-encrypted to its node):
+/// a node that ends its stream without `close_notify` (many TLS servers skip it) has that end
+/// passed on as an end, not as a failure: the client, still sending, gets the node's answer
+/// and then a `close_notify` (a clean end its TLS library accepts), and its later bytes still
+/// reach the node, which reads them to the client's own `close_notify`. Before, the relay
+/// ended both directions at once and closed the client's TCP connection without
+/// `close_notify`: a truncation to the client's TLS library, and its last bytes lost.
+#[tokio::test]
+async fn a_tls_node_that_ends_without_close_notify_gives_a_tls_client_a_clean_end() {
+    let pki = Pki::new();
+    let node_tls = pki.server("node", &["127.0.0.2"]);
+    let (cert, key) = pki.issue("limpet", &["print.example"]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind node");
+    let port = listener.local_addr().expect("addr").port();
+    // What the node read after it ended its own stream, to the client's end.
+    let (read_tx, read_rx) = tokio::sync::oneshot::channel();
+    let node = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.expect("accept");
+        let mut t = tokio_rustls::TlsAcceptor::from(node_tls)
+            .accept(s)
+            .await
+            .expect("node handshake");
+        let mut line = [0u8; 4];
+        t.read_exact(&mut line).await.expect("the job's first line");
+        t.write_all(b"answer").await.expect("answer");
+        t.flush().await.expect("flush");
+        // The TCP stream's write side ended under TLS, no `close_notify`: what a TLS server
+        // that skips it sends.
+        let (tcp, _) = t.get_mut();
+        tcp.shutdown().await.expect("FIN without close_notify");
+        let mut rest = Vec::new();
+        let end = t.read_to_end(&mut rest).await;
+        let _ = read_tx.send((rest, end.map(|_| ()).map_err(|e| e.kind())));
+    });
+    let dir = TempDir::new("tcp-tls-eof");
+    let cfg = tcp_config(
+        &dir,
+        &[("a", "127.0.0.2")],
+        port,
+        &format!(
+            "tls = {{ cert = \"{}\", key = \"{}\" }}\nupstream_tls = {{ verify = \"none\" }}",
+            cert.display(),
+            key.display()
+        ),
+    );
+    let running = start(cfg).await.expect("start");
+    let addr = running.addr("raw").expect("addr");
+    let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut c = tokio_rustls::TlsConnector::from(pki.client(&[]))
+        .connect(
+            rustls::pki_types::ServerName::try_from("print.example").expect("name"),
+            s,
+        )
+        .await
+        .expect("TLS to limpet");
+    c.write_all(b"job\n").await.expect("send");
+    let mut got = Vec::new();
+    let end = tokio::time::timeout(common::PATIENCE, c.read_to_end(&mut got))
+        .await
+        .expect("the answer ends in time");
+    assert_eq!(
+        (got.as_slice(), end.map(|_| ()).map_err(|e| e.kind())),
+        (&b"answer"[..], Ok(())),
+        "the node's answer, then a clean TLS end"
+    );
+    c.write_all(b"more").await.expect("send after the node's end");
+    c.shutdown().await.expect("close_notify");
+    let (rest, end) = tokio::time::timeout(common::PATIENCE, read_rx)
+        .await
+        .expect("the node reads to the end in time")
+        .expect("node report");
+    assert_eq!(
+        (rest.as_slice(), end),
+        (&b"more"[..], Ok(())),
+        "the client's later bytes, then its end"
+    );
+    running.stop().await;
+    node.abort();
+}
