@@ -52,8 +52,8 @@ pub use health::{
 pub use node::{AdminState, Node, NodeId, NodeState, NodeStatus, SessionEnd, Verdict, MAX_WEIGHT};
 pub use pool::{Balance, Pool, PoolError};
 pub use route::{
-    leaves, route, spread_key, CookieIn, CookieWrite, Excluded, HomeWrite, Leave, Outcome, Route,
-    RouteInput, Snapshot, TableIn,
+    leaves, route, spread_key, ConnPinWrite, CookieIn, CookieWrite, Excluded, HomeWrite, Leave,
+    Outcome, Route, RouteInput, Snapshot, TableIn,
 };
 pub use table::{
     AffinityStore, AffinityTable, KeyRef, KeySpec, LruTable, NodeRef, TableConfig, TableKey,

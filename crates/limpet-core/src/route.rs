@@ -309,6 +309,20 @@ pub enum HomeWrite {
     Clear,
 }
 
+/// What the answer does with the client connection's pin ([`RouteInput::conn_pin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnPinWrite {
+    Keep,
+    /// Remember this node on the connection until the cookie comes back.
+    Set(NodeId),
+    /// The cookie came back (a request of the connection named a node it could stay on):
+    /// the pin has done its job. A later request without the cookie on the same
+    /// connection is a new session (another client behind a front proxy that pools its
+    /// connections to limpet, or one that dropped its cookies), balanced as any other;
+    /// kept, the pin sent every new session of a pooled connection to one node.
+    Clear,
+}
+
 /// The whole decision for one request or connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
@@ -320,8 +334,8 @@ pub struct Route {
     /// Pin the table's key to this node now (before connecting: concurrent connections of
     /// the same session must find it).
     pub table: Option<NodeId>,
-    /// Remember this node on the client connection (HTTP: until the cookie comes back).
-    pub conn_pin: Option<NodeId>,
+    /// The client connection's pin (HTTP: a node remembered until the cookie comes back).
+    pub conn_pin: ConnPinWrite,
     /// The node is DOWN and due a trial: the caller claims it before connecting, and routes
     /// again with the node excluded if the claim is taken.
     pub trial: bool,
@@ -344,7 +358,7 @@ impl Route {
             cookie: CookieWrite::None,
             home: HomeWrite::Keep,
             table: None,
-            conn_pin: None,
+            conn_pin: ConnPinWrite::Keep,
             trial: false,
             took_turn: false,
             trial_early: false,
@@ -438,7 +452,7 @@ pub fn route(
                         cookie: CookieWrite::Set { issued_ms: None },
                         home: HomeWrite::Clear,
                         table: learn(home),
-                        conn_pin: Some(home),
+                        conn_pin: ConnPinWrite::Set(home),
                         trial: false,
                         took_turn: false,
                         trial_early: false,
@@ -457,7 +471,7 @@ pub fn route(
                     cookie: CookieWrite::Set { issued_ms: None },
                     home: home_write(input, why, node),
                     table: None,
-                    conn_pin: Some(node),
+                    conn_pin: ConnPinWrite::Set(node),
                     trial,
                     took_turn: false,
                     trial_early: false,
@@ -479,7 +493,11 @@ pub fn route(
                     },
                     home: HomeWrite::Keep,
                     table: learn(node),
-                    conn_pin: None,
+                    conn_pin: if input.conn_pin.is_some() {
+                        ConnPinWrite::Clear
+                    } else {
+                        ConnPinWrite::Keep
+                    },
                     trial,
                     took_turn: false,
                     trial_early: false,
@@ -502,7 +520,7 @@ pub fn route(
                     // no cookie, on its kept-alive connection, would be sent to one node
                     // while its TCP ports, finding no entry, were balanced to another.
                     table: learn(node),
-                    conn_pin: None,
+                    conn_pin: ConnPinWrite::Keep,
                     trial: false,
                     took_turn: false,
                     trial_early: false,
@@ -529,7 +547,11 @@ pub fn route(
                     },
                     home: home_write(input, cookie_reason, node),
                     table: None,
-                    conn_pin: has_cookie.then_some(node),
+                    conn_pin: if has_cookie {
+                        ConnPinWrite::Set(node)
+                    } else {
+                        ConnPinWrite::Keep
+                    },
                     trial,
                     took_turn: false,
                     trial_early: false,
@@ -561,7 +583,11 @@ pub fn route(
         home: home_write(input, cookie_reason, node),
         // A learning table's entry to a node that is gone re-pins like any other table's.
         table: (table_writes || table_reason.is_some()).then_some(node),
-        conn_pin: has_cookie.then_some(node),
+        conn_pin: if has_cookie {
+            ConnPinWrite::Set(node)
+        } else {
+            ConnPinWrite::Keep
+        },
         trial,
         took_turn,
         trial_early,
@@ -1086,7 +1112,48 @@ mod tests {
         );
         assert_eq!((r.node, r.outcome), (Some(B), Outcome::TableHit));
         assert_eq!(r.cookie, CookieWrite::Set { issued_ms: None });
-        assert_eq!(r.conn_pin, Some(B));
+        assert_eq!(r.conn_pin, ConnPinWrite::Set(B));
+    }
+
+    /// The connection's pin lasts until the cookie comes back: a request whose cookie names
+    /// a node it stays on lets it go (whichever node the pin named: the client behind it has
+    /// its cookie), one whose cookie is unusable follows it, and one without a pin has none
+    /// to let go.
+    #[test]
+    fn the_cookie_coming_back_lets_the_connection_s_pin_go() {
+        let s = snap(&[up(), up(), up()]);
+        let ask = |pin: Pin, conn_pin: Option<NodeId>| {
+            route(
+                &s,
+                2,
+                &|_| 0,
+                &RouteInput {
+                    cookie: cookie(pin),
+                    conn_pin,
+                    ..input(&[])
+                },
+            )
+        };
+        for home in [B, C] {
+            let r = ask(Pin::Node(home), Some(B));
+            assert_eq!(
+                (r.node, r.outcome, r.conn_pin),
+                (Some(home), Outcome::Sticky, ConnPinWrite::Clear)
+            );
+        }
+        let r = ask(Pin::Node(B), None);
+        assert_eq!((r.node, r.conn_pin), (Some(B), ConnPinWrite::Keep));
+        let r = ask(Pin::Unknown, Some(B));
+        assert_eq!(
+            (r.node, r.outcome, r.conn_pin),
+            (
+                Some(B),
+                Outcome::Repin(RepinReason::UnknownNode),
+                ConnPinWrite::Keep
+            )
+        );
+        let r = ask(Pin::None, Some(B));
+        assert_eq!((r.node, r.outcome), (Some(B), Outcome::Fresh));
     }
 
     /// A client that keeps no cookie, on a kept-alive connection whose earlier request went

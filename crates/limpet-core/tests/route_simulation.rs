@@ -83,9 +83,9 @@ use limpet_core::table::{
     AffinityTable, IpPrefix, KeySpec, LruTable, TableConfig, TableKey, MAX_EXPIRE_MS,
 };
 use limpet_core::{
-    route, spread_key, AdminState, Balance, CookieIn, CookieWrite, Excluded, HealthPolicy,
-    HomeWrite, NodeId, Observation, Outcome, Pin, Pool, RepinReason, Route, RouteInput, SessionEnd,
-    TableIn, Transition,
+    route, spread_key, AdminState, Balance, ConnPinWrite, CookieIn, CookieWrite, Excluded,
+    HealthPolicy, HomeWrite, NodeId, Observation, Outcome, Pin, Pool, RepinReason, Route,
+    RouteInput, SessionEnd, TableIn, Transition,
 };
 
 const T0: u64 = 1_700_000_000_000;
@@ -178,7 +178,7 @@ struct Expect {
     cookie: CookieWrite,
     home: HomeWrite,
     table: Option<NodeId>,
-    conn_pin: Option<NodeId>,
+    conn_pin: ConnPinWrite,
     trial: bool,
     trial_early: bool,
     took_turn: bool,
@@ -206,7 +206,7 @@ impl Expect {
             cookie: CookieWrite::None,
             home: HomeWrite::Keep,
             table: None,
-            conn_pin: None,
+            conn_pin: ConnPinWrite::Keep,
             trial: false,
             trial_early: false,
             took_turn: false,
@@ -342,7 +342,7 @@ impl Model {
                         cookie: SET,
                         home: HomeWrite::Clear,
                         table: learn(h),
-                        conn_pin: Some(h),
+                        conn_pin: ConnPinWrite::Set(h),
                         trial: false,
                         took_turn: false,
                         trial_early: false,
@@ -363,7 +363,7 @@ impl Model {
                         cookie: SET,
                         home: self.home(a, why, n),
                         table: None,
-                        conn_pin: Some(n),
+                        conn_pin: ConnPinWrite::Set(n),
                         trial,
                         took_turn: false,
                         trial_early: false,
@@ -380,7 +380,8 @@ impl Model {
                         cookie: CookieWrite::None,
                         home: HomeWrite::Keep,
                         table: learn(n),
-                        conn_pin: None,
+                        // No connection pin in this model (no keep-alive): none to clear.
+                        conn_pin: ConnPinWrite::Keep,
                         trial,
                         took_turn: false,
                         trial_early: false,
@@ -402,7 +403,11 @@ impl Model {
                     cookie: if has_cookie { SET } else { CookieWrite::None },
                     home: self.home(a, cookie_reason, n),
                     table: None,
-                    conn_pin: has_cookie.then_some(n),
+                    conn_pin: if has_cookie {
+                        ConnPinWrite::Set(n)
+                    } else {
+                        ConnPinWrite::Keep
+                    },
                     trial,
                     took_turn: false,
                     trial_early: false,
@@ -476,7 +481,11 @@ impl Model {
             cookie: if has_cookie { SET } else { CookieWrite::None },
             home: self.home(a, cookie_reason, n),
             table: learn(n),
-            conn_pin: has_cookie.then_some(n),
+            conn_pin: if has_cookie {
+                ConnPinWrite::Set(n)
+            } else {
+                ConnPinWrite::Keep
+            },
             trial,
             trial_early,
             took_turn: !trial,

@@ -221,6 +221,57 @@ async fn the_sim_and_the_proxy_refuse_the_same_heads_as_too_large() {
     proxy.stop().await;
 }
 
+/// A connection's requests sent before its client had the cookie go where its first one went
+/// (the connection's pin), and once the cookie has come back on the connection, a later
+/// request without it is a new session, balanced as any other: another client behind a
+/// front proxy that pools its connections to limpet, or one that dropped its cookies. Before,
+/// the pin held for the connection's life, and every new session of a pooled connection went
+/// to its first node.
+#[tokio::test]
+async fn once_the_cookie_came_back_a_connection_s_cookieless_request_is_balanced_again() {
+    let ns = nodes(&["a", "b", "c"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let (mut send, _conn) = common::h2_client(&proxy.addr.to_string()).await;
+    let mut get = async |cookie: Option<String>| {
+        let mut req = http::Request::get(proxy.url("/"));
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        let req = req
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let resp = send.send_request(req).await.expect("answer");
+        assert_eq!(resp.status(), 200);
+        (node_in(resp.headers()), set_cookie_in(resp.headers()))
+    };
+    let (first, set) = get(None).await;
+    assert!(set.is_some_and(|c| c.starts_with(&format!("route={first};"))));
+    let (second, set) = get(None).await;
+    assert_eq!(
+        second, first,
+        "sent before the cookie came back: the connection's node"
+    );
+    assert!(set.is_some_and(|c| c.starts_with(&format!("route={first};"))));
+    let (back, set) = get(Some(format!("route={first}"))).await;
+    assert_eq!(
+        (back.as_str(), set),
+        (first.as_str(), None),
+        "the cookie came back"
+    );
+    let (fresh, set) = get(None).await;
+    assert_ne!(
+        fresh, first,
+        "a new session after the cookie came back: the next turn"
+    );
+    assert!(set.is_some_and(|c| c.starts_with(&format!("route={fresh};"))));
+    let (again, _) = get(None).await;
+    assert_eq!(
+        again, fresh,
+        "and its own requests follow it until its cookie comes back"
+    );
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn hostile_cookie_values_get_a_fresh_pin_never_an_error() {
     let ns = nodes(&["a", "b"]).await;

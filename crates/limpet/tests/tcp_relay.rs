@@ -1593,7 +1593,9 @@ async fn a_tls_node_that_ends_without_close_notify_gives_a_tls_client_a_clean_en
         (&b"answer"[..], Ok(())),
         "the node's answer, then a clean TLS end"
     );
-    c.write_all(b"more").await.expect("send after the node's end");
+    c.write_all(b"more")
+        .await
+        .expect("send after the node's end");
     c.shutdown().await.expect("close_notify");
     let (rest, end) = tokio::time::timeout(common::PATIENCE, read_rx)
         .await

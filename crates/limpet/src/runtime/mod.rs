@@ -85,7 +85,8 @@ pub struct NodeSlot {
 
 /// The node a client connection was given for an earlier request whose cookie has not come
 /// back yet (HTTP/2 streams and pipelined requests sent before the client had the cookie land
-/// together). Set only by [`State::route`].
+/// together). Set only by [`State::route`], and let go there when a request of the
+/// connection brings a cookie it stays on ([`limpet_core::ConnPinWrite::Clear`]).
 ///
 /// Node ids are a generation's (a reload may number the nodes anew), so the pin keeps the
 /// generation it was set in: a route of another generation reads no pin, and a connection
@@ -132,6 +133,14 @@ impl ConnPin {
                 Ordering::Acquire,
             )
             .is_ok()
+    }
+
+    /// Unpins the connection unless a concurrent request changed the pin since it read
+    /// `seen`.
+    fn clear(&self, seen: u64) {
+        let _ = self
+            .0
+            .compare_exchange(seen, Self::NONE, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Re-pins the connection (a failover moved its session).
@@ -1066,13 +1075,19 @@ impl State {
             {
                 continue;
             }
-            if let (Some(c), Some((seen, _)), Some(n)) = (conn, seen, r.conn_pin) {
-                match input.conn_pin {
-                    None if ConnPin::newer(seen, self.generation) => {}
-                    None if !c.claim(seen, self.generation, n) => continue,
-                    None => {}
-                    Some(_) => c.set(self.generation, n),
+            match (conn, seen, r.conn_pin) {
+                (Some(c), Some((seen, _)), limpet_core::ConnPinWrite::Set(n)) => {
+                    match input.conn_pin {
+                        None if ConnPin::newer(seen, self.generation) => {}
+                        None if !c.claim(seen, self.generation, n) => continue,
+                        None => {}
+                        Some(_) => c.set(self.generation, n),
+                    }
                 }
+                // The cookie came back. A concurrent request that changed the pin meanwhile
+                // keeps what it set.
+                (Some(c), Some((seen, _)), limpet_core::ConnPinWrite::Clear) => c.clear(seen),
+                _ => {}
             }
             let mut trial = None;
             if let (true, Some(n)) = (r.trial, r.node) {
