@@ -110,6 +110,15 @@ fn a_snapshot_read_a_page_at_a_time_restores_as_one_read_whole() {
     restored.restore(&snap, T0 + 140);
     t.remove(v4(500));
     assert_eq!(contents(&restored, T0 + 140), contents(&t, T0 + 140));
+    // Into a table with room for exactly the 23 keys: all of them, the duplicate taking no
+    // room of its own (before, the oldest key was left out for it).
+    let mut exact = store(23);
+    let report = exact.restore(&snap, T0 + 140);
+    assert_eq!((report.loaded, report.over_size), (23, 0));
+    assert_eq!(contents(&exact, T0 + 140), contents(&t, T0 + 140));
+    // One less room: the oldest key left out, and only it.
+    let report = store(22).restore(&snap, T0 + 140);
+    assert_eq!((report.loaded, report.over_size), (22, 1));
 }
 
 /// A snapshot encoded for a reader on another clock (the wall clock, stepped since the table's
@@ -279,18 +288,77 @@ proptest! {
         names in 0u32..4,
         entries in any::<u32>(),
     ) {
-        let mut b = Vec::new();
-        b.extend_from_slice(b"LMPTSTCK");
-        b.extend_from_slice(&1u16.to_le_bytes());
-        b.extend_from_slice(&[0; 6]);
-        b.extend_from_slice(&((40 + body.len() + 4) as u64).to_le_bytes());
-        b.extend_from_slice(&T0.to_le_bytes());
-        b.extend_from_slice(&names.to_le_bytes());
-        b.extend_from_slice(&entries.to_le_bytes());
-        b.extend_from_slice(&body);
-        let crc = crc32(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
-        let _ = decode_snapshot(&b, T0, EXPIRE);
+        let _ = decode_snapshot(&checksummed(names, entries, &body), T0, EXPIRE);
+    }
+
+    /// Records that are nearly well formed (names of a few bytes, entries of each kind and
+    /// some of none, node indexes in and just past the names, any idle time), with a byte
+    /// changed or cut here and there and the checksum fixed up: the parser gets past the
+    /// counts and into the records (arbitrary bytes almost never do: a random entry count
+    /// exceeds the data), and what it accepts restores into a table, smaller than the
+    /// snapshot or not, without a panic and within the table's size.
+    #[test]
+    fn nearly_well_formed_records_decode_and_restore_without_panic(
+        names in prop::collection::vec(
+            prop_oneof![
+                8 => "[a-z]{1,5}".prop_map(String::into_bytes),
+                1 => prop::collection::vec(any::<u8>(), 0..6),
+            ],
+            1..4,
+        ),
+        records in prop::collection::vec(
+            (
+                prop_oneof![12 => 1u8..=4, 1 => any::<u8>()],
+                prop::collection::vec(any::<u8>(), 0..20),
+                prop_oneof![12 => 0u32..3, 1 => any::<u32>()],
+                any::<u32>(),
+            ),
+            0..24,
+        ),
+        extra_entries in prop_oneof![6 => Just(0u32), 1 => 1u32..3],
+        flip in prop::option::weighted(0.15, (any::<prop::sample::Index>(), any::<u8>())),
+        cut in prop::option::weighted(0.15, any::<prop::sample::Index>()),
+        size in 1u32..64,
+    ) {
+        let mut body = Vec::new();
+        for n in &names {
+            body.extend_from_slice(&(n.len() as u32).to_le_bytes());
+            body.extend_from_slice(n);
+        }
+        for (kind, key, node, idle) in &records {
+            body.push(*kind);
+            match kind {
+                1 => body.extend_from_slice(&key.iter().copied().chain([0; 4]).take(4).collect::<Vec<_>>()),
+                2 | 4 => body.extend_from_slice(&key.iter().copied().chain([0; 16]).take(16).collect::<Vec<_>>()),
+                3 => {
+                    body.extend_from_slice(&(key.len() as u16).to_le_bytes());
+                    body.extend_from_slice(key);
+                }
+                _ => body.extend_from_slice(key),
+            }
+            // Mostly one of the names, sometimes any index.
+            let node = if *node < 3 { node % names.len() as u32 } else { *node };
+            body.extend_from_slice(&node.to_le_bytes());
+            body.extend_from_slice(&(idle % (2 * EXPIRE as u32)).to_le_bytes());
+        }
+        if let Some((at, byte)) = flip {
+            if !body.is_empty() {
+                let i = at.index(body.len());
+                body[i] ^= byte;
+            }
+        }
+        if let Some(at) = cut {
+            if !body.is_empty() {
+                body.truncate(at.index(body.len()));
+            }
+        }
+        let count = records.len() as u32 + extra_entries;
+        if let Ok(snap) = decode_snapshot(&checksummed(names.len() as u32, count, &body), T0, EXPIRE) {
+            let mut t = store(size);
+            t.restore(&snap, T0);
+            prop_assert!(t.len() <= size as usize);
+            prop_assert!(t.len() <= snap.entries.len());
+        }
     }
 
     #[test]
@@ -300,6 +368,23 @@ proptest! {
         bytes[i] ^= byte;
         prop_assert!(decode_snapshot(&bytes, T0 + 100, EXPIRE).is_err());
     }
+}
+
+/// A version-1 snapshot header (no key) saying `names` names and `entries` entries, `body`
+/// after it, and a checksum that matches.
+fn checksummed(names: u32, entries: u32, body: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"LMPTSTCK");
+    b.extend_from_slice(&1u16.to_le_bytes());
+    b.extend_from_slice(&[0; 6]);
+    b.extend_from_slice(&((40 + body.len() + 4) as u64).to_le_bytes());
+    b.extend_from_slice(&T0.to_le_bytes());
+    b.extend_from_slice(&names.to_le_bytes());
+    b.extend_from_slice(&entries.to_le_bytes());
+    b.extend_from_slice(body);
+    let crc = crc32(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
 }
 
 /// The IEEE CRC-32, bit by bit: a second implementation to forge checksums in the test above.
@@ -340,4 +425,42 @@ fn pins_survive_a_restart_by_node_name() {
     assert_eq!(after.lookup(v4(0), T0 + 10), Pin::Unknown);
     assert_eq!(after.lookup(v4(1), T0 + 10), Pin::Node(id("kyiv")));
     assert_eq!(after.lookup(v4(2), T0 + 10), Pin::Node(id("odesa")));
+}
+
+/// A snapshot read a page at a time for a keyed table records its key, and one written
+/// without a key reads back with none; the key tells apart what does not carry over
+/// (another prefix, header or cookie, or another kind) and not what does (a header name's
+/// case, which HTTP ignores).
+#[test]
+fn a_keyed_snapshot_records_its_key() {
+    use limpet_core::table::{IpPrefix, KeySpec};
+    let t = sample();
+    let host = KeySpec::SourceIp(IpPrefix::HOST);
+    let mut pages = SnapshotPages::keyed(&host);
+    while pages.read(&t, 5, T0 + 100) {}
+    let snap = decode_snapshot(&pages.encode(T0 + 100), T0 + 100, EXPIRE).expect("valid");
+    assert_eq!(snap.key, Some(host.fingerprint()));
+    assert_eq!(snap.entries.len(), 24);
+    let unkeyed = decode_snapshot(&encode_snapshot(&t, T0 + 100), T0 + 100, EXPIRE).expect("valid");
+    assert_eq!(unkeyed.key, None);
+    let keys = [
+        host.clone(),
+        KeySpec::SourceIp(IpPrefix::new(24, 128).expect("prefix")),
+        KeySpec::SourceIp(IpPrefix::new(32, 64).expect("prefix")),
+        KeySpec::header("X-Session").expect("header"),
+        KeySpec::header("X-Other").expect("header"),
+        KeySpec::learn_header("X-Session").expect("header"),
+        KeySpec::AppCookie("X-Session".into()),
+        KeySpec::AppCookie("x-session".into()),
+    ];
+    for (i, a) in keys.iter().enumerate() {
+        assert_ne!(a.fingerprint(), 0, "{a:?}");
+        for b in &keys[i + 1..] {
+            assert_ne!(a.fingerprint(), b.fingerprint(), "{a:?} and {b:?}");
+        }
+    }
+    assert_eq!(
+        KeySpec::header("X-Session").expect("header").fingerprint(),
+        KeySpec::header("x-session").expect("header").fingerprint()
+    );
 }

@@ -393,6 +393,22 @@ pub enum KeySpec {
 }
 
 impl KeySpec {
+    /// A number that tells apart keys whose pins do not carry over to each other: written in
+    /// a table's snapshot, so that one read back by a table keyed anew (another prefix,
+    /// header or cookie) is refused rather than restored under keys that mean something else
+    /// now (a `/32` pin of `10.1.2.0` catching a whole `/24`, an old header's value taken for
+    /// a new header's). Never 0 (a snapshot's "no key recorded"). Header names count without
+    /// their case, as HTTP reads them; cookie names with it.
+    pub fn fingerprint(&self) -> u32 {
+        let text = match self {
+            KeySpec::SourceIp(p) => format!("source-ip/{}/{}", p.v4, p.v6),
+            KeySpec::Header(h) => format!("header:{}", h.to_ascii_lowercase()),
+            KeySpec::AppCookie(c) => format!("cookie:{c}"),
+            KeySpec::LearnHeader(h) => format!("learn-header:{}", h.to_ascii_lowercase()),
+        };
+        super::hash::crc32(text.as_bytes()).max(1)
+    }
+
     /// A header key; `name` must be an HTTP token.
     pub fn header(name: &str) -> Result<Self, KeyError> {
         if !is_cookie_name(name.as_bytes()) {

@@ -533,12 +533,28 @@ impl LruTable {
                 alive
             })
             .collect();
-        report.over_size = live.len().saturating_sub(self.size as usize);
-        for e in &live[report.over_size..] {
+        // The newest `size` keys, each once: a snapshot read a page at a time holds an entry
+        // twice when a removal moved it between pages, and the newer of the two is its last
+        // use. Counted before the duplicates were merged, the room left out one older key
+        // per duplicate, though all of them fit.
+        let mut seen = std::collections::HashSet::with_capacity(live.len().min(self.size as usize));
+        let mut kept = Vec::with_capacity(live.len().min(self.size as usize));
+        for e in live.iter().rev() {
+            if seen.contains(&e.key) {
+                continue;
+            }
+            if kept.len() == self.size as usize {
+                report.over_size += 1;
+                continue;
+            }
             let Some(node) = refs.get(e.node as usize).copied().flatten() else {
                 report.skipped += 1;
                 continue;
             };
+            seen.insert(&e.key);
+            kept.push((*e, node));
+        }
+        for (e, node) in kept.into_iter().rev() {
             // Decode sorted entries by last use, so stamps arrive in order and the list stays
             // sorted; clamp anyway so a clock that stepped back cannot break that.
             let last = e.last_used_ms.clamp(self.base_ms, clock);

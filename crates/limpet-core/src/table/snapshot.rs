@@ -12,8 +12,9 @@
 //!  offset size
 //!   0      8   magic "LMPTSTCK"
 //!   8      2   version = 1
-//!  10      2   flags = 0 (a version-1 reader refuses any other value)
-//!  12      4   reserved = 0
+//!  10      2   flags: 0, or 1 when the next field holds the table's key
+//!                (a reader refuses any other value)
+//!  12      4   with flag 1, the key's [`KeySpec::fingerprint`]; else 0
 //!  16      8   total length of the snapshot in bytes, this header and the checksum included
 //!  24      8   saved_at_ms: the table's clock when written
 //!  32      4   name count N
@@ -40,6 +41,7 @@ use super::key::{KeyRef, RefRepr, TableKey, MAX_KEY_LEN};
 use super::lru::LruTable;
 use super::nodes::{NodeNames, NodeRef};
 use super::AffinityStore;
+use super::KeySpec;
 
 const MAGIC: [u8; 8] = *b"LMPTSTCK";
 /// The format version this code writes and reads.
@@ -56,10 +58,17 @@ const KIND_V6: u8 = 2;
 const KIND_BYTES: u8 = 3;
 const KIND_DIGEST: u8 = 4;
 
+/// Flag: the header's next word is the key's fingerprint.
+const FLAG_KEYED: u16 = 1;
+
 /// A decoded snapshot: the entries still live at load time, least recently used first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub saved_at_ms: u64,
+    /// The [`KeySpec::fingerprint`] of the table that wrote it, if recorded (a snapshot of
+    /// [`SnapshotPages::keyed`]; files written before keys were recorded have none). A
+    /// reader compares it with its own table's before it restores.
+    pub key: Option<u32>,
     /// Node names; [`SnapshotEntry::node`] indexes this list.
     pub names: Vec<Box<str>>,
     pub entries: Vec<SnapshotEntry>,
@@ -149,6 +158,7 @@ pub fn encode_snapshot(table: &LruTable, now_ms: u64) -> Vec<u8> {
     encode_entries(
         saved_at,
         saved_at,
+        0,
         table.names(),
         table.len(),
         table
@@ -177,12 +187,23 @@ pub struct SnapshotPages {
     /// The table's names and clock, taken at the last page.
     names: NodeNames,
     clock_ms: u64,
+    /// The key's fingerprint written in the header (0: none).
+    key: u32,
 }
 
 impl SnapshotPages {
     /// Nothing read yet.
     pub fn new() -> Self {
         SnapshotPages::default()
+    }
+
+    /// Nothing read yet, for a table keyed on `key`, which the snapshot records
+    /// ([`Snapshot::key`]).
+    pub fn keyed(key: &KeySpec) -> Self {
+        SnapshotPages {
+            key: key.fingerprint(),
+            ..SnapshotPages::default()
+        }
     }
 
     /// Reads the live entries at the next `limit` positions of `table` (downwards); false
@@ -221,6 +242,7 @@ impl SnapshotPages {
             saved_at,
             u64::try_from((i128::from(saved_at) + i128::from(offset_ms)).max(0))
                 .unwrap_or(u64::MAX),
+            self.key,
             &self.names,
             self.entries.len(),
             self.entries
@@ -231,11 +253,12 @@ impl SnapshotPages {
 }
 
 /// The snapshot bytes of `entries` (least recently used first) naming `names`, saved at
-/// `saved_at` on their clock, written as saved at `written_at` (the reader's clock); `len`
-/// sizes the buffer.
+/// `saved_at` on their clock, written as saved at `written_at` (the reader's clock), keyed
+/// on the key whose fingerprint is `key` (0: none recorded); `len` sizes the buffer.
 fn encode_entries<'k>(
     saved_at: u64,
     written_at: u64,
+    key: u32,
     names: &NodeNames,
     len: usize,
     entries: impl Iterator<Item = (KeyRef<'k>, NodeRef, u64)>,
@@ -243,8 +266,9 @@ fn encode_entries<'k>(
     let mut out = Vec::with_capacity(HEADER_LEN + 16 * names.len() + 17 * len + 4);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    let flags = if key == 0 { 0 } else { FLAG_KEYED };
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes()); // total length, patched below
     out.extend_from_slice(&written_at.to_le_bytes());
     out.extend_from_slice(&(names.len() as u32).to_le_bytes());
@@ -360,9 +384,11 @@ pub fn decode_snapshot(
     if stored != computed {
         return Err(SnapshotError::Checksum { stored, computed });
     }
-    if flags != 0 || reserved != 0 {
-        return Err(r.malformed("unknown flags"));
-    }
+    let key = match (flags, reserved) {
+        (0, 0) => None,
+        (FLAG_KEYED, k) if k != 0 => Some(k),
+        _ => return Err(r.malformed("unknown flags")),
+    };
     // From here on the bytes are what a writer meant; errors are a writer's bugs, but still
     // only errors.
     let r_body = &bytes[..body];
@@ -428,6 +454,7 @@ pub fn decode_snapshot(
     entries.sort_by_key(|e| e.last_used_ms);
     Ok(Snapshot {
         saved_at_ms,
+        key,
         names,
         entries,
         expired,

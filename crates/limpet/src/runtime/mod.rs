@@ -679,9 +679,12 @@ struct Octets {
 }
 
 impl Octets {
+    /// An IPv4 client as the same 4 bytes whichever socket it came through (an IPv4-mapped
+    /// `::ffff:a.b.c.d` on a dual-stack socket included), as table keys take it: its
+    /// listeners, one of each kind, place it alike in a drain's re-pin window.
     fn of(ip: IpAddr) -> Self {
         let mut buf = [0u8; 16];
-        let len = match ip {
+        let len = match ip.to_canonical() {
             IpAddr::V4(v4) => {
                 buf[..4].copy_from_slice(&v4.octets());
                 4
@@ -1780,6 +1783,20 @@ pub fn listener_permits(runtime: &Runtime, name: &str) -> Arc<crate::net::ConnLi
 mod tests {
     use super::*;
     use limpet_core::table::IpPrefix;
+
+    /// An IPv4 client has one spread key whether it came through an IPv4 socket or, mapped,
+    /// through a dual-stack one (before, two: a drain moved it at two moments), with a
+    /// cookie's issue time or without; other clients have other keys.
+    #[test]
+    fn an_ipv4_client_has_one_spread_key_through_any_socket() {
+        let v4: IpAddr = "10.1.2.3".parse().expect("ip");
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().expect("ip");
+        for issued in [None, Some(1_700_000_000_000)] {
+            assert_eq!(spread_of(None, v4, issued), spread_of(None, mapped, issued));
+            let other: IpAddr = "10.1.2.4".parse().expect("ip");
+            assert_ne!(spread_of(None, v4, issued), spread_of(None, other, issued));
+        }
+    }
 
     /// A re-pin message of a key that a first request here is reading (no local entry for
     /// the message to move) has the key read once more, after the message: the store's newer

@@ -175,6 +175,18 @@ fn restore_on(table: &Table, bytes: &[u8], offset_ms: i64) -> SnapshotLoad {
     let now = now_ms();
     let expire_ms = u64::try_from(table.def.expire.as_millis()).unwrap_or(u64::MAX);
     match decode_on(bytes, now, offset_ms, expire_ms) {
+        // Saved by a table keyed on another key (its prefix, header or cookie changed since,
+        // with a restart or an upgrade between): its keys mean something else here, so none
+        // is restored, as a reload that changes a table's key drops its entries. Restored,
+        // most would never be found again while they took room and counted as pins, and
+        // some would pin other clients (a `/32` pin catching a whole `/24`).
+        Ok(snap) if snap.key.is_some_and(|k| k != table.def.key.fingerprint()) => {
+            SnapshotLoad::Skipped(
+                "saved by a table keyed on another key (its key changed since): its pins \
+                 would mean other clients here"
+                    .into(),
+            )
+        }
         Ok(snap) => {
             let report = table.lock().store_mut().restore(&snap, now);
             if report.loaded > 0 {
@@ -223,7 +235,7 @@ pub(crate) fn encode_paged(table: &Table) -> Vec<u8> {
 
 /// [`encode_paged`] with every time moved by `offset_ms` (onto another clock).
 fn encode_paged_on(table: &Table, offset_ms: i64) -> Vec<u8> {
-    let mut pages = SnapshotPages::new();
+    let mut pages = SnapshotPages::keyed(&table.def.key);
     while pages.read(table.lock().store(), SNAPSHOT_PAGE, now_ms()) {}
     pages.encode_on(now_ms(), offset_ms)
 }
