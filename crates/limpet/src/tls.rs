@@ -89,14 +89,21 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
         )
     })?;
     CertifiedKey::from_der(chain, key_der, &provider()).map_err(|e| {
-        err(
-            TlsPart::Key,
-            format!(
+        let message = match e {
+            rustls::Error::InconsistentKeys(_) => format!(
                 "{} does not match the certificate {}: {e}",
                 key.display(),
                 cert.display()
             ),
-        )
+            // The key did not load at all (a kind or curve the crypto provider does not
+            // sign with, a P-521 key under ring): not a mismatch, which would send the
+            // operator looking for another certificate.
+            _ => format!(
+                "{}: a private key this build cannot sign with: {e}",
+                key.display()
+            ),
+        };
+        err(TlsPart::Key, message)
     })
 }
 
@@ -109,7 +116,7 @@ pub struct CertSpec<'a> {
 }
 
 /// Picks the certificate by SNI; a client without SNI, or naming no configured name, gets the
-/// default certificate when there is one (rustls' own SNI resolver refuses those).
+/// default certificate (rustls' own SNI resolver refuses those).
 #[derive(Debug)]
 struct SniResolver {
     by_name: ResolvesServerCertUsingSni,
@@ -138,8 +145,17 @@ pub fn server_config(
     let mut by_name = ResolvesServerCertUsingSni::new();
     let mut default = None;
     let mut has_names = false;
+    // With no entry without `names`, the first entry is the default, as HAProxy's first
+    // `crt` and nginx's default server's certificate are: a client that sends no SNI (one
+    // that connects by IP address, as printers and terminals do) or an unlisted name gets a
+    // certificate, which it checks as it would any. Before, its handshake was refused with
+    // nothing said above debug.
+    let mut first = None;
     for (i, spec) in certs.iter().enumerate() {
         let ck = load_certified_key(spec.cert, spec.key).map_err(|e| (i, e))?;
+        if i == 0 && !spec.names.is_empty() {
+            first = Some(Arc::new(ck.clone()));
+        }
         if spec.names.is_empty() {
             if default.is_some() {
                 return Err((
@@ -170,7 +186,7 @@ pub fn server_config(
     let resolver = SniResolver {
         by_name,
         has_names,
-        default,
+        default: default.or(first),
     };
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -394,29 +410,14 @@ pub fn write_self_signed(
     Ok((cert_path, key_path))
 }
 
-/// Writes a file only its owner can read (a private key).
+/// Writes a file only its owner can read (a private key): into a temporary file of its own,
+/// created with that mode, then renamed over `path`. Written in place, a `--force` over a key
+/// readable by others held the new key under the old mode until narrowed after, or for good
+/// if that failed, and followed a symbolic link at `path`.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts
-        .open(path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    f.write_all(bytes)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    // `mode` applies only to a new file; an overwritten one is narrowed here.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
-    }
-    Ok(())
+    let tmp = crate::runtime::snapshot::temporary(path, std::process::id());
+    crate::runtime::snapshot::write_durably(&tmp, path, bytes, Some(0o600))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -449,6 +450,28 @@ mod tests {
         // A second run keeps what is there, unless asked to replace it.
         assert!(write_self_signed(&dir, "ha-safeq", &names, false).is_err());
         assert!(write_self_signed(&dir, "ha-safeq", &names, true).is_ok());
+        #[cfg(unix)]
+        {
+            // Replacing a key others could read, or a symbolic link at its name: the new key
+            // is never under the old mode nor written through the link, whose target is
+            // left as it was.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            write_self_signed(&dir, "ha-safeq", &names, true).expect("replace");
+            let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "a replaced key is its owner's only");
+            let elsewhere = dir.join("elsewhere");
+            std::fs::write(&elsewhere, b"not a key").expect("write");
+            std::fs::remove_file(&key).expect("rm");
+            std::os::unix::fs::symlink(&elsewhere, &key).expect("symlink");
+            write_self_signed(&dir, "ha-safeq", &names, true).expect("replace the link");
+            assert_eq!(std::fs::read(&elsewhere).expect("read"), b"not a key");
+            assert!(!std::fs::symlink_metadata(&key)
+                .expect("key")
+                .file_type()
+                .is_symlink());
+            load_certified_key(&cert, &key).expect("the new key matches the new certificate");
+        }
         assert!(write_self_signed(&dir, "../x", &names, true).is_err());
         assert!(self_signed("x", &[]).is_err());
         let _ = std::fs::remove_dir_all(&dir);

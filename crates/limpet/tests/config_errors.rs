@@ -388,6 +388,22 @@ fn tls_files_are_checked_when_the_config_is() {
         e.contains("listeners[1].tls.key: ") && e.contains("does not match the certificate"),
         "{e}"
     );
+    // A key block the crypto provider cannot load (a kind or curve it does not sign with; here
+    // bytes that are no key at all) is said to be that, not a mismatch.
+    let unusable = key.with_file_name("unusable.key");
+    std::fs::write(
+        &unusable,
+        "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5IGF0IGFsbA==\n-----END PRIVATE KEY-----\n",
+    )
+    .expect("write");
+    let text = listener(&cert, &unusable);
+    let e = error(&text);
+    assert!(
+        e.contains("listeners[1].tls.key: ")
+            && e.contains("a private key this build cannot sign with")
+            && !e.contains("does not match"),
+        "{e}"
+    );
     let text = listener(&key, &key);
     let e = error(&text);
     assert!(
@@ -419,6 +435,24 @@ fn tls_files_are_checked_when_the_config_is() {
         e.starts_with(&format!(
             "{}listeners[0].tls.certs[1].names: ",
             at(&text, "\"Print.Example\"")
+        )),
+        "{e}"
+    );
+    // Nor with a trailing dot, which the resolver drops from the names it is given.
+    let text = format!(
+        "{NODES}[[listeners]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\nnode_port = 443\n\
+         [[listeners.tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\nnames = [\"print.example\"]\n\
+         [[listeners.tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\nnames = [\"print.example.\"]\n",
+        cert.display(),
+        key.display(),
+        cert2.display(),
+        key2.display()
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].tls.certs[1].names: \"print.example.\" is already a name of",
+            at(&text, "\"print.example.\"")
         )),
         "{e}"
     );

@@ -102,6 +102,85 @@ names = ["b.example", "x.b.example"]
     }
 }
 
+/// With every certificate given `names` (none the default), the first is the default, as
+/// HAProxy's first `crt` and nginx's default server's certificate are: a client that sends
+/// no SNI (it connects by IP address, as printers and terminals do) or a name no entry lists
+/// gets it, and the session is relayed. Before, its handshake was refused, with nothing said
+/// above debug.
+#[tokio::test]
+async fn with_every_certificate_named_the_first_serves_clients_without_a_listed_name() {
+    let pki = Pki::new();
+    let (mut nodes, ports) =
+        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
+    let (ac, ak) = pki.issue("a", &["a.example", "127.0.0.1"]);
+    let (bc, bk) = pki.issue("b", &["b.example"]);
+    let dir = TempDir::new("sni-first");
+    let text = format!(
+        r#"
+[[nodes]]
+name = "a"
+address = "127.0.0.2"
+
+[[listeners]]
+name = "raw-tls"
+bind = "127.0.0.1:0"
+mode = "tcp"
+node_port = {tcp}
+
+[[listeners.tls.certs]]
+cert = "{ac}"
+key = "{ak}"
+names = ["a.example"]
+
+[[listeners.tls.certs]]
+cert = "{bc}"
+key = "{bk}"
+names = ["b.example"]
+"#,
+        tcp = ports.tcp,
+        ac = ac.display(),
+        ak = ak.display(),
+        bc = bc.display(),
+        bk = bk.display(),
+    );
+    let running = start(config(&dir, &text)).await.expect("start");
+    let addr = running.addr("raw-tls").expect("addr");
+    // An IP address as the server name: rustls sends no SNI for it, and checks the
+    // certificate against the address.
+    for (server, want) in [
+        ("127.0.0.1", &ac),
+        ("other.example", &ac),
+        ("b.example", &bc),
+    ] {
+        let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+        let verify = server == "127.0.0.1";
+        let client = if verify {
+            pki.client(&[])
+        } else {
+            Arc::new(
+                limpet::tls::client_config(limpet::tls::UpstreamVerify::None, &[]).expect("client"),
+            )
+        };
+        let mut tls = tokio_rustls::TlsConnector::from(client)
+            .connect(ServerName::try_from(server).expect("name"), s)
+            .await
+            .unwrap_or_else(|e| panic!("handshake as {server}: {e}"));
+        let got = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .cloned();
+        assert_eq!(got, Some(der_of(want)), "as {server}");
+        assert_eq!(read_line(&mut tls).await, "node=a", "as {server}");
+        let _ = tls.shutdown().await;
+    }
+    running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
 #[tokio::test]
 async fn https_offers_h2_and_http11_and_cookies_over_tls_are_secure() {
     let pki = Pki::new();
@@ -178,6 +257,25 @@ node_port = {http}
     let (head, node) = get_over(tls).await;
     assert_eq!(node, "a");
     assert!(head.to_ascii_lowercase().contains("; secure"), "{head}");
+
+    // A client that offers HTTP/1.0 alone (`curl --http1.0` does) is served HTTP/1 (the
+    // protocol is told by its first bytes); and so, without ALPN, is one that offers none.
+    // Before, the first was refused at its handshake (`no_application_protocol`: rustls
+    // refuses a client whose list holds none of the server's protocols).
+    for offer in [&[&b"http/1.0"[..]][..], &[]] {
+        let s = connect_from("127.0.0.1".parse().expect("ip"), addr).await;
+        let tls = tokio_rustls::TlsConnector::from(pki.client(offer))
+            .connect(ServerName::try_from("print.example").expect("name"), s)
+            .await
+            .unwrap_or_else(|e| panic!("handshake offering {offer:?}: {e}"));
+        assert_eq!(tls.get_ref().1.alpn_protocol(), offer.first().copied());
+        let (head, node) = get_raw(tls, "GET / HTTP/1.0\r\nHost: print.example\r\n\r\n").await;
+        assert!(
+            head.starts_with("HTTP/1.") && head.contains(" 200 "),
+            "{head}"
+        );
+        assert_eq!(node, "a");
+    }
 
     // The plain listener's cookie is not Secure.
     let s = connect_from(

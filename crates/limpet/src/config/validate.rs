@@ -1215,11 +1215,13 @@ impl Validator<'_> {
             (None, None) => {}
         }
         // A name given to two certificates: the SNI resolver keeps the last it is given (names
-        // compared without case), so the first would never be served; say so at the second.
+        // compared without case, and without a trailing dot, which DNS names may end with),
+        // so the first would never be served; say so at the second.
         let mut named: Vec<(String, usize)> = Vec::new();
         for (i, c) in r.certs.iter().enumerate() {
             for n in &c.names {
-                let lower = n.get_ref().to_ascii_lowercase();
+                let name = n.get_ref();
+                let lower = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
                 // One certificate naming a name twice maps it to itself: harmless.
                 if let Some((_, first)) = named.iter().find(|(m, j)| *m == lower && *j != i) {
                     return Err(self.err(
@@ -1261,7 +1263,10 @@ impl Validator<'_> {
             })
             .collect();
         let alpn: &[&[u8]] = match mode {
-            Mode::Http => &[b"h2", b"http/1.1"],
+            // HTTP/1.0 too: a client that offers it alone (`curl --http1.0`) would otherwise
+            // be refused at its handshake (rustls refuses a client whose list holds none of
+            // the server's protocols); the protocol is told by the first bytes, not by ALPN.
+            Mode::Http => &[b"h2", b"http/1.1", b"http/1.0"],
             Mode::Tcp => &[],
         };
         tls::server_config(&specs, alpn).map_err(|(i, e)| {

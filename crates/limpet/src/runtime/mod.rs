@@ -31,7 +31,7 @@
 mod control;
 mod node_states;
 pub mod run;
-mod snapshot;
+pub(crate) mod snapshot;
 pub mod workers;
 
 use std::collections::BTreeMap;

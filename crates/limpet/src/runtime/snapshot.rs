@@ -305,7 +305,7 @@ pub(super) const SNAPSHOT_MODE: u32 = 0o600;
 /// `path` with `.tmp.PID` added (not in place of its extension: two tables saved to `t.a`
 /// and `t.b` at once would share `t.tmp.PID`, and each could rename the other's bytes over
 /// its own file).
-pub(super) fn temporary(path: &Path, pid: u32) -> PathBuf {
+pub(crate) fn temporary(path: &Path, pid: u32) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(format!(".tmp.{pid}"));
     PathBuf::from(name)
@@ -319,7 +319,7 @@ pub(super) fn temporary(path: &Path, pid: u32) -> PathBuf {
 /// With a `mode`, the file gets it whatever the umask, and whatever an earlier file at `tmp`
 /// had (open keeps an existing file's mode); without one, the umask's. A symbolic link at
 /// `tmp` is not followed (the name is predictable).
-pub(super) fn write_durably(
+pub(crate) fn write_durably(
     tmp: &Path,
     target: &Path,
     bytes: &[u8],
