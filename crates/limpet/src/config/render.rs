@@ -304,7 +304,7 @@ fn listener(
             Some(n) => w!(o, "server_name = {}", q(n)),
             None if u.ca.is_some() => w!(
                 o,
-                "# no server_name: each node's IP address is sent and verified"
+                "# no server_name: each node's IP address is verified (an IP SAN; no SNI is sent)"
             ),
             None => w!(o, "# no server_name, nothing verified"),
         }
