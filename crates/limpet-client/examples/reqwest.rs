@@ -18,8 +18,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let jar = SharedJar::new(AffinityJar::new(Origin::parse(&url)?));
     let store = Arc::new(AffinityCookieStore::new(jar.clone()));
+    // Requests carry a `Cookie` of their own (merged by `attach`), which reqwest would send
+    // unchanged on every hop of a redirect: redirects are not followed, so that one whose
+    // answer moved the pin is followed (if at all) as a new request, attached again.
     let client = reqwest::Client::builder()
         .cookie_provider(Arc::clone(&store))
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
 
     for i in 1..=3 {

@@ -114,7 +114,7 @@ pub enum Ignored {
 ///   the held cookie stays.
 /// - **Expiry**: `Max-Age <= 0`, or (without `Max-Age`) an `Expires` at or before `now`,
 ///   removes a held cookie. `Max-Age` wins over `Expires`. A held cookie past its expiry is not
-///   sent and is purged on the next adoption.
+///   sent, and is purged when a cookie of a new name is stored (or by [`remove_expired`](Self::remove_expired)).
 /// - **Count**: at most [`MAX_COOKIES`]; a new name beyond that is ignored, rewrites and
 ///   removals of held names still apply.
 /// - `HttpOnly` and `SameSite` are parsed and have no effect: this is not a browser.

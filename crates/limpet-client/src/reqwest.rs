@@ -9,7 +9,10 @@
 //! its own. An application that sets `Cookie` by hand (its session cookie, say) must pass the
 //! built request through [`AffinityCookieStore::attach`], which merges the jar's cookies into
 //! that header; otherwise the pin is silently lost, which is the very failure this crate exists
-//! to prevent.
+//! to prevent. That includes a `Cookie` put in the client's `default_headers`: reqwest adds
+//! those after `attach` ran and only where the request has none, so the store is never asked
+//! (the pin lost) and, once `attach` has put the pin there, the default is dropped (the
+//! application's cookie lost). Set the application's cookie on each request instead.
 //!
 //! **And its redirects.** A request given a `Cookie` header (by hand or by `attach`) sends
 //! that header on every hop of a redirect reqwest follows, and reqwest does not ask the store
@@ -29,16 +32,21 @@
 //! let store = Arc::new(AffinityCookieStore::new(jar.clone()));
 //! let client = reqwest::Client::builder().cookie_provider(Arc::clone(&store)).build()?;
 //!
-//! // Cookies are adopted and sent by reqwest itself.
+//! // Cookies are adopted and sent by reqwest itself, on every hop of a redirect too.
 //! client.get("https://print.example/api/discovery").send().await?;
 //!
-//! // With a Cookie header of the application's own, attach the jar explicitly.
-//! let mut request = client
+//! // With a Cookie header of the application's own, attach the jar explicitly, on a client
+//! // that does not follow redirects (see above).
+//! let attached = reqwest::Client::builder()
+//!     .cookie_provider(Arc::clone(&store))
+//!     .redirect(reqwest::redirect::Policy::none())
+//!     .build()?;
+//! let mut request = attached
 //!     .post("https://print.example/api/jobs/7/claim")
 //!     .header(reqwest::header::COOKIE, "sid=s3cr3t")
 //!     .build()?;
 //! store.attach(&mut request);
-//! let answer = client.execute(request).await?;
+//! let answer = attached.execute(request).await?;
 //! # let _ = answer;
 //! # Ok(())
 //! # }

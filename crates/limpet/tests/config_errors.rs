@@ -1397,6 +1397,39 @@ fn listeners_on_different_tables_are_warned_of() {
         !check(&app_session).contains("pins by"),
         "an application-session table: no warning"
     );
+    // No source-address table at all: a TCP listener with none beside an HTTP listener
+    // balances each connection by itself, apart from the client's requests.
+    let no_table = text.replace("table = \"t\"\n", "");
+    assert!(
+        check(&no_table).contains(
+            "listeners[1].name: tcp listener \"raw\" pins by no table: each of its connections is balanced by itself"
+        ),
+        "{no_table}"
+    );
+    // On one table, a listener that reads client addresses from PROXY headers beside one
+    // that reads its sockets', and an HTTP listener keying on its proxy's address.
+    let pp = format!("{one_table}[listeners.proxy_protocol]\naccept_from = [\"10.0.0.0/8\"]\n");
+    assert!(
+        check(&pp).contains(
+            "listeners[1].name: listener \"raw\" and listener \"web\" share table \"t\" but trust PROXY headers from different senders"
+        ),
+        "{pp}"
+    );
+    let behind = one_table.replace(
+        "node_port = 80\ntable = \"t\"\n",
+        "node_port = 80\ntable = \"t\"\ntrusted_proxies = [\"10.0.0.5\"]\n",
+    );
+    assert!(
+        check(&behind).contains(
+            "listeners[0].trusted_proxies: listener \"web\" trusts proxies and pins by source-ip table \"t\""
+        ),
+        "{behind}"
+    );
+    assert!(
+        !check(&one_table).contains("PROXY headers")
+            && !check(&one_table).contains("trusts proxies"),
+        "one table, one way to read addresses: no warning"
+    );
 }
 
 /// A listener's or table's name that would break a Prometheus scrape or a log line is

@@ -323,10 +323,32 @@ impl Validator<'_> {
                 .iter()
                 .any(|t| t.name == name && matches!(t.key, KeySpec::SourceIp(_)))
         };
+        let warn = |at, key: String, message: String| {
+            tracing::warn!("{}", self.src.error(Some(at), key, message));
+        };
         let Some((first, table)) = listeners
             .iter()
             .find_map(|l| l.table.as_deref().filter(|t| by_source(t)).map(|t| (l, t)))
         else {
+            // No source-address table at all: a TCP listener with no table beside other
+            // listeners balances each connection by itself, so a client's connections there
+            // land anywhere, apart from its requests on the others (a print server's raw
+            // port beside its web pages pinned by cookie: the reference's pitfall).
+            let Some(other) = listeners.iter().find(|l| l.mode == Mode::Http) else {
+                return;
+            };
+            for (i, (l, r)) in listeners.iter().zip(&raw.listeners).enumerate() {
+                if l.mode == Mode::Tcp && l.table.is_none() {
+                    warn(
+                        r.name.span(),
+                        format!("listeners[{i}].name"),
+                        format!(
+                            "tcp listener {:?} pins by no table: each of its connections is balanced by itself, and a client's connections there may land on other nodes than its requests on listener {:?}; name one source-ip table on both to make them one session",
+                            l.name, other.name
+                        ),
+                    );
+                }
+            }
             return;
         };
         for (i, (l, r)) in listeners.iter().zip(&raw.listeners).enumerate() {
@@ -335,15 +357,46 @@ impl Validator<'_> {
                 (Some(t), Some(at)) => (at.span(), "table", format!("by table {t:?}")),
                 _ => (r.name.span(), "name", "by no table".to_owned()),
             };
-            let e = self.src.error(
-                Some(at),
+            warn(
+                at,
                 format!("listeners[{i}].{key}"),
                 format!(
                     "listener {:?} pins {how}, listener {:?} by table {table:?}: a client using both is two sessions, which may land on two nodes; name one table on both to make them one",
                     l.name, first.name
                 ),
             );
-            tracing::warn!("{e}");
+        }
+        // Listeners on one source-address table key it on the address each reads for the
+        // client: the PROXY header's where `proxy_protocol.accept_from` trusts its sender,
+        // the socket's otherwise. Read differently (one behind an L4 balancer that sends
+        // PROXY headers, one reached directly or through a proxy), one client is two keys.
+        // And an HTTP listener behind an L7 proxy (`trusted_proxies`) keys on the proxy's
+        // address: `X-Forwarded-For` is never a key (a client could forge it), so every
+        // client through the proxy shares one pin.
+        for (i, (l, r)) in listeners.iter().zip(&raw.listeners).enumerate() {
+            if l.table.as_deref() != Some(table) {
+                continue;
+            }
+            if l.proxy_protocol.accept_from != first.proxy_protocol.accept_from {
+                warn(
+                    r.name.span(),
+                    format!("listeners[{i}].name"),
+                    format!(
+                        "listener {:?} and listener {:?} share table {table:?} but trust PROXY headers from different senders (`proxy_protocol.accept_from`): one reads the client's address from the header, the other the connection's, so one client may be two keys, on two nodes",
+                        l.name, first.name
+                    ),
+                );
+            }
+            if !l.trusted_proxies.is_empty() {
+                warn(
+                    r.name.span(),
+                    format!("listeners[{i}].trusted_proxies"),
+                    format!(
+                        "listener {:?} trusts proxies and pins by source-ip table {table:?}: the key is the connecting address, a proxy's for its clients (X-Forwarded-For is never a key), so all of them share one pin; have the proxy send a PROXY header (`proxy_protocol.accept_from`) or key the table on a header or cookie",
+                        l.name
+                    ),
+                );
+            }
         }
     }
 
