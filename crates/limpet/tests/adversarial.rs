@@ -2140,3 +2140,58 @@ async fn an_idle_http2_client_that_never_answers_the_goaway_does_not_hold_the_dr
     );
     drop(s);
 }
+
+/// An HTTP/2 `:path` that is not in origin form (`?a=1`, a path without its `/`) is that
+/// stream's 400 from limpet and reaches no node, whose request line it could not be; the
+/// connection serves its next streams, and `/?a=1` reaches the node as written. Before,
+/// `?a=1` reached the node as the request line `GET ?a=1 HTTP/1.1`.
+#[tokio::test]
+async fn an_h2_path_not_in_origin_form_is_a_400() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let node = listener.local_addr().expect("addr");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let lines_tx = lines_tx.clone();
+            tokio::spawn(async move {
+                while let Some(head) = common::read_request_head(&mut s).await {
+                    let line = head.lines().next().unwrap_or_default().to_owned();
+                    let _ = lines_tx.send(line);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr: node,
+    }]))
+    .await;
+    let mut sender = h2_taking_any_head(proxy.addr).await;
+    let mut status_of = async |target: &str| {
+        let req = http::Request::get(format!("http://{}{target}", proxy.addr))
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        tokio::time::timeout(SOON, sender.send_request(req))
+            .await
+            .expect("answered in time")
+            .expect("answer on the same connection")
+            .status()
+    };
+    assert_eq!(status_of("?a=1").await, 400, "a query without its path");
+    assert_eq!(
+        status_of("/?a=1").await,
+        200,
+        "the next stream, in origin form"
+    );
+    assert_eq!(
+        lines.try_recv().ok().as_deref(),
+        Some("GET /?a=1 HTTP/1.1"),
+        "the node's first request line is the second stream's"
+    );
+    proxy.stop().await;
+    task.abort();
+}

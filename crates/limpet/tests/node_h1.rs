@@ -633,7 +633,9 @@ async fn a_cookie_the_client_s_connection_line_names_is_dropped_on_either_path()
 /// A node's `Content-Length` given more than once with one value (`5, 5`, or two lines of
 /// `5`) frames the body by that value (RFC 9110 8.6 lets a recipient take it), and the
 /// client is sent that one value on one line, on either path to the node (a bodiless GET
-/// and a POST with a body): passed on as it came, a strict client refuses the answer.
+/// and a POST with a body), and to a HEAD, whose answer has no body but its length:
+/// passed on as it came, a strict client refuses the answer, and hyper's server ends the
+/// connection at the second line, the HEAD's answer unsent.
 #[tokio::test]
 async fn a_content_length_repeated_with_one_value_reaches_the_client_as_one() {
     for answer in [
@@ -645,7 +647,9 @@ async fn a_content_length_repeated_with_one_value_reaches_the_client_as_one() {
         for request in [
             &b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"[..],
             b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi",
+            b"HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         ] {
+            let head_request = request.starts_with(b"HEAD");
             let got = common::raw_exchange(proxy.addr, request).await;
             let (head, body) = got.split_once("\r\n\r\n").unwrap_or((&got, ""));
             let lengths: Vec<&str> = head
@@ -656,8 +660,35 @@ async fn a_content_length_repeated_with_one_value_reaches_the_client_as_one() {
                 .collect();
             assert!(head.starts_with("HTTP/1.1 200"), "{got}");
             assert_eq!(lengths, ["5"], "{got}");
-            assert_eq!(body, "hello", "{got}");
+            assert_eq!(body, if head_request { "" } else { "hello" }, "{got}");
         }
+        proxy.stop().await;
+    }
+}
+
+/// A HEAD's answer with `Content-Length` values that differ, or one that is not a number,
+/// is the node's fault, as with a body: 502. Before, it reached hyper's server, which ended
+/// the client's connection with no answer at all.
+#[tokio::test]
+async fn a_head_answer_with_a_bad_content_length_is_a_502() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\nconnection: close\r\n\r\n"
+            [..],
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5, 7\r\nconnection: close\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: five\r\nconnection: close\r\n\r\n",
+    ] {
+        let node = ScriptedNode::start(fixed(answer, true)).await;
+        let proxy = proxy_for(&node).await;
+        let got = common::raw_exchange(
+            proxy.addr,
+            b"HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(
+            got.starts_with("HTTP/1.1 502"),
+            "{:?}: {got:?}",
+            String::from_utf8_lossy(answer)
+        );
         proxy.stop().await;
     }
 }

@@ -586,6 +586,21 @@ fn proxy<'a, 'b>(
             );
             return refused;
         }
+        // An HTTP/2 `:path` is an origin-form target or `*` for OPTIONS (RFC 9113 8.3.1); h2
+        // refuses only an empty one, and `?a=1` would reach the node as the request line
+        // `GET ?a=1 HTTP/1.1`, which it cannot take. (HTTP/1's request line is held to its
+        // forms by hyper's parse.)
+        if req.version() == Version::HTTP_2 {
+            let target = req.uri().path_and_query().map_or("", |p| p.as_str());
+            let options_star = target == "*" && req.method() == Method::OPTIONS;
+            if !target.starts_with('/') && !options_star {
+                return local(
+                    StatusCode::BAD_REQUEST,
+                    id,
+                    "HTTP/2 :path not in origin form",
+                );
+            }
+        }
         let target_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
         if target_len > shared.limits.max_uri_bytes {
             return local(StatusCode::URI_TOO_LONG, id, "request target too long");

@@ -441,9 +441,10 @@ fn parse_head(
     }
     let (framing, framing_reusable, repeated) =
         framing_of(version, status, &headers, head_request)?;
-    if let (true, Framing::Length(n)) = (repeated, framing) {
+    if let Some(n) = repeated {
         // A length given more than once with one value (`5, 5`): passed on as one value on
-        // one line (RFC 9110 8.6), which strict clients need.
+        // one line (RFC 9110 8.6), which strict clients need, and hyper's server too: it
+        // ends the client's connection, the answer unsent, at a second `Content-Length`.
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
     let lines = connection.iter().chain(
@@ -460,19 +461,24 @@ fn parse_head(
     Ok(Some((parts, framing, keep_alive, len)))
 }
 
-/// The body's framing (RFC 9112 6.3), whether it leaves the connection reusable, and
-/// whether a `Content-Length` was given more than once (one value, or it is refused).
+/// The body's framing (RFC 9112 6.3), whether it leaves the connection reusable, and the
+/// `Content-Length` when it was given more than once (one value, or it is refused).
 fn framing_of(
     version: Version,
     status: StatusCode,
     headers: &HeaderMap,
     head_request: bool,
-) -> Result<(Framing, bool, bool), H1Error> {
+) -> Result<(Framing, bool, Option<u64>), H1Error> {
     if super::headers::answer_has_no_body(status, head_request) {
+        // No body, but a `Content-Length` all the same (a HEAD's says what a GET's body
+        // would be): held to the rules of one with a body, as hyper's server writes it to
+        // the client and ends the connection, the answer unsent, at one it cannot write
+        // (repeated, or not a number).
+        let (length, repeated) = content_length(headers)?;
         return Ok((
             Framing::Empty,
             status != StatusCode::SWITCHING_PROTOCOLS,
-            false,
+            length.filter(|_| repeated),
         ));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
@@ -491,11 +497,21 @@ fn framing_of(
         // trusted for another request (RFC 9112 6.3, point 3).
         let reusable = chunked && !headers.contains_key(header::CONTENT_LENGTH);
         return Ok(if chunked {
-            (Framing::Chunked(Chunk::Size), reusable, false)
+            (Framing::Chunked(Chunk::Size), reusable, None)
         } else {
-            (Framing::UntilClose, false, false)
+            (Framing::UntilClose, false, None)
         });
     }
+    let (length, repeated) = content_length(headers)?;
+    Ok(match length {
+        Some(n) => (Framing::Length(n), true, length.filter(|_| repeated)),
+        None => (Framing::UntilClose, false, None),
+    })
+}
+
+/// The answer's `Content-Length`, if any, and whether it was given more than once (with one
+/// value: differing values, or one that is not a number, are refused).
+fn content_length(headers: &HeaderMap) -> Result<(Option<u64>, bool), H1Error> {
     let mut length: Option<u64> = None;
     let mut repeated = false;
     for v in headers.get_all(header::CONTENT_LENGTH) {
@@ -517,10 +533,7 @@ fn framing_of(
             length = Some(n);
         }
     }
-    Ok(match length {
-        Some(n) => (Framing::Length(n), true, repeated),
-        None => (Framing::UntilClose, false, false),
-    })
+    Ok((length, repeated))
 }
 
 /// HTTP/1.1 keeps the connection unless `Connection: close`; HTTP/1.0 only with
@@ -649,14 +662,16 @@ impl NodeBody {
                         conn.consume(2);
                         return Ok(Some(None));
                     }
-                    let Some(end) = memchr::memmem::find(buf, b"\r\n\r\n") else {
+                    // Its end is where the parse of its fields ends, not the first CRLF CRLF
+                    // found: a section the parse ended earlier (a bare LF) would have left
+                    // bytes of the node's unread, taken for the next answer's.
+                    let Some((len, trailers)) = parse_trailers(buf)? else {
                         if buf.len() >= MAX_HEAD {
                             return Err(malformed("trailer section too long"));
                         }
                         return Ok(None);
                     };
-                    let trailers = parse_trailers(&buf[..end + 4])?;
-                    conn.consume(end + 4);
+                    conn.consume(len);
                     return Ok(Some(Some(Frame::trailers(trailers))));
                 }
             }
@@ -810,13 +825,23 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, BoxError> {
     Ok(size)
 }
 
-/// The trailer section (field lines and the empty line) after the last chunk.
-fn parse_trailers(bytes: &[u8]) -> Result<HeaderMap, BoxError> {
+/// The trailer section (field lines and the empty line) after the last chunk, at the start
+/// of `bytes`: its length and its fields, or `None` while it is not all there. Its lines end
+/// in CRLF, as the chunk-size lines must: a bare LF, which the parse would take, is refused.
+fn parse_trailers(bytes: &[u8]) -> Result<Option<(usize, HeaderMap)>, BoxError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(bytes, &mut fields)
-    else {
-        return Err(malformed("malformed trailer section"));
+    let (len, parsed) = match httparse::parse_headers(bytes, &mut fields) {
+        Ok(httparse::Status::Complete(done)) => done,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(malformed("malformed trailer section")),
     };
+    let section = bytes
+        .get(..len)
+        .ok_or_else(|| malformed("malformed trailer section"))?;
+    let bare_lf = |w: &[u8]| w.get(1) == Some(&b'\n') && w.first() != Some(&b'\r');
+    if section.first() == Some(&b'\n') || section.windows(2).any(bare_lf) {
+        return Err(malformed("trailer line without CRLF"));
+    }
     let mut map = HeaderMap::with_capacity(parsed.len());
     for f in parsed {
         let name =
@@ -824,7 +849,7 @@ fn parse_trailers(bytes: &[u8]) -> Result<HeaderMap, BoxError> {
         let value = HeaderValue::from_bytes(f.value).map_err(|_| malformed("bad trailer value"))?;
         map.append(name, value);
     }
-    Ok(map)
+    Ok(Some((len, map)))
 }
 
 #[cfg(test)]
@@ -1060,6 +1085,39 @@ mod tests {
             p.headers.get("x-node").map(HeaderValue::as_bytes),
             Some(&b"n1"[..])
         );
+    }
+
+    /// A trailer section ends where its fields' parse ends, and its lines end in CRLF: a
+    /// bare LF is refused (before, the section was taken to end at the first CRLF CRLF, so
+    /// `X: 1\n\n` then bytes of the node's were swallowed, and `\n` alone waited for one
+    /// that never came).
+    #[test]
+    fn a_trailer_section_ends_where_its_parse_does_and_takes_no_bare_lf() {
+        let (len, map) = parse_trailers(b"X: 1\r\nY: 2\r\n\r\nrest")
+            .expect("parsed")
+            .expect("whole");
+        assert_eq!(len, 14);
+        assert_eq!(
+            (map.get("x"), map.get("y")),
+            (
+                Some(&HeaderValue::from_static("1")),
+                Some(&HeaderValue::from_static("2"))
+            )
+        );
+        for partial in [&b"X: 1\r\n"[..], b"X: 1\r\n\r", b"X"] {
+            assert!(
+                parse_trailers(partial).expect("no error").is_none(),
+                "{partial:?}"
+            );
+        }
+        for bad in [
+            &b"X: 1\n\nJUNK\r\n\r\n"[..],
+            b"\n",
+            b"X: 1\r\n\n",
+            b"X 1\r\n\r\n",
+        ] {
+            assert!(parse_trailers(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
