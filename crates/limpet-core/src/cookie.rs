@@ -91,8 +91,11 @@ pub struct CookieSpec {
     pub domain: Option<Box<str>>,
     pub max_age: Option<u64>,
     pub http_only: bool,
-    /// Always add `Secure`, whatever the client connection.
-    pub secure: bool,
+    /// `Secure`: `None`, on cookies set over TLS (and with `SameSite=None`, which browsers
+    /// refuse without it); `Some(true)`, always; `Some(false)`, never (a site served over
+    /// both HTTP and HTTPS, whose HTTP requests must carry the pin an HTTPS answer set: a
+    /// browser neither sends a `Secure` cookie over HTTP nor lets an HTTP answer replace it).
+    pub secure: Option<bool>,
     pub same_site: Option<SameSite>,
 }
 
@@ -105,7 +108,7 @@ impl CookieSpec {
             domain: None,
             max_age: None,
             http_only: true,
-            secure: false,
+            secure: None,
             same_site: None,
         }
     }
@@ -119,7 +122,8 @@ impl CookieSpec {
     }
 
     /// Writes the `Set-Cookie` value for `value`. `tls` says whether the client connection is
-    /// TLS: a cookie set over TLS is always `Secure`, and `SameSite=None` forces it too.
+    /// TLS: a cookie set over TLS is `Secure` unless [`secure`](Self::secure) says never, and
+    /// `SameSite=None` forces it too.
     pub fn write_set_cookie(
         &self,
         value: &str,
@@ -139,7 +143,7 @@ impl CookieSpec {
         if self.http_only {
             out.write_str("; HttpOnly")?;
         }
-        if self.secure || tls || self.same_site == Some(SameSite::None) {
+        if self.secure.unwrap_or(tls) || self.same_site == Some(SameSite::None) {
             out.write_str("; Secure")?;
         }
         if let Some(same_site) = self.same_site {
@@ -259,6 +263,36 @@ mod tests {
             none.set_cookie("n", false),
             "route=n; Path=/; Domain=example.com; Max-Age=60; HttpOnly; Secure; SameSite=None"
         );
+    }
+
+    /// `secure` set says always or never, whatever the connection; unset, over TLS only.
+    /// `SameSite=None` needs it whatever `secure` says (a browser refuses the cookie without).
+    #[test]
+    fn secure_set_is_always_or_never() {
+        for (secure, tls, want) in [
+            (None, false, false),
+            (None, true, true),
+            (Some(true), false, true),
+            (Some(true), true, true),
+            (Some(false), false, false),
+            (Some(false), true, false),
+        ] {
+            let spec = CookieSpec {
+                secure,
+                ..CookieSpec::proxy_default()
+            };
+            assert_eq!(
+                spec.set_cookie("n", tls).contains("; Secure"),
+                want,
+                "secure {secure:?}, TLS {tls}"
+            );
+        }
+        let none = CookieSpec {
+            secure: Some(false),
+            same_site: Some(SameSite::None),
+            ..CookieSpec::sim()
+        };
+        assert!(none.set_cookie("n", true).contains("; Secure"));
     }
 
     #[test]

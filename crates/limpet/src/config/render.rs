@@ -433,7 +433,10 @@ fn cookie(o: &mut String, l: &ListenerDef) {
         None => w!(o, "# no max_age: a session cookie"),
     }
     w!(o, "http_only = {}", s.http_only);
-    w!(o, "secure = {}", s.secure);
+    match s.secure {
+        Some(secure) => w!(o, "secure = {secure}"),
+        None => w!(o, "# no secure: Secure on cookies set over TLS"),
+    }
     if let Some(ss) = s.same_site {
         let v = match ss {
             SameSite::Lax => "lax",

@@ -1120,9 +1120,7 @@ impl Validator<'_> {
         if let Some(h) = r.http_only {
             spec.http_only = h;
         }
-        if let Some(s) = r.secure {
-            spec.secure = s;
-        }
+        spec.secure = r.secure;
         if let Some(s) = r.same_site {
             spec.same_site = Some(match s {
                 RawSameSite::Lax => SameSite::Lax,
