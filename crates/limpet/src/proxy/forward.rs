@@ -1579,8 +1579,13 @@ impl<'a> Attempt<'a> {
                             continue;
                         }
                         // Request bytes may have reached the node; no answer byte was relayed.
+                        // Taken for the keep-alive race (a pooled connection) only when no
+                        // answer byte came: one whose answer began is the node's failure,
+                        // charged and counted as the one replay after sending (before, a GET
+                        // that broke each node went to every node, none charged; an upload a
+                        // node crashed on, kept alive, charged it nothing).
                         UpstreamError::new(Stage::AnswerHead, cause, true, err)
-                            .on_pooled(was_pooled)
+                            .on_pooled(was_pooled && sender.read() == read_before)
                     }
                 };
                 if err.retry_safe(self.replay.is_some()) {
