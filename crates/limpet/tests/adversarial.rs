@@ -832,6 +832,23 @@ async fn h2_taking_any_head(
     sender
 }
 
+/// The status of a GET of `target` (as written after the authority) on `sender`'s
+/// connection to `addr`, answered within [`SOON`].
+async fn h2_status(
+    sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+    addr: SocketAddr,
+    target: &str,
+) -> http::StatusCode {
+    let req = http::Request::get(format!("http://{addr}{target}"))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    tokio::time::timeout(SOON, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer on the same connection")
+        .status()
+}
+
 /// A node answer head too large for HTTP/2 clients (they bound the CONTINUATION frames they
 /// read, and nghttp2's drop the whole connection past 8: every other stream is lost, chaos
 /// run) is that stream's 502, and the connection serves its next streams; a head under the
@@ -840,16 +857,8 @@ async fn h2_taking_any_head(
 async fn an_answer_head_too_large_for_http2_is_that_stream_s_502_and_the_connection_goes_on() {
     let (proxy, task) = proxy_to_head_node().await;
     let mut sender = h2_taking_any_head(proxy.addr).await;
-    let mut status_of = async |kib: usize| {
-        let req = http::Request::get(format!("http://{}/head?kib={kib}", proxy.addr))
-            .body(http_body_util::Empty::<Bytes>::new())
-            .expect("request");
-        tokio::time::timeout(SOON, sender.send_request(req))
-            .await
-            .expect("answered in time")
-            .expect("answer on the same connection")
-            .status()
-    };
+    let mut status_of =
+        async |kib: usize| h2_status(&mut sender, proxy.addr, &format!("/head?kib={kib}")).await;
     assert_eq!(status_of(48).await, 200, "48 KiB: under the limit");
     assert_eq!(status_of(240).await, 502, "240 KiB: too large for HTTP/2");
     assert_eq!(
@@ -2171,16 +2180,7 @@ async fn an_h2_path_not_in_origin_form_is_a_400() {
     }]))
     .await;
     let mut sender = h2_taking_any_head(proxy.addr).await;
-    let mut status_of = async |target: &str| {
-        let req = http::Request::get(format!("http://{}{target}", proxy.addr))
-            .body(http_body_util::Empty::<Bytes>::new())
-            .expect("request");
-        tokio::time::timeout(SOON, sender.send_request(req))
-            .await
-            .expect("answered in time")
-            .expect("answer on the same connection")
-            .status()
-    };
+    let mut status_of = async |target: &str| h2_status(&mut sender, proxy.addr, target).await;
     assert_eq!(status_of("?a=1").await, 400, "a query without its path");
     assert_eq!(
         status_of("/?a=1").await,

@@ -17,6 +17,15 @@ fn der_of(pem: &std::path::Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(pem).expect("pem")
 }
 
+/// The certificate a client's handshake was given.
+fn served_cert<S>(tls: &tokio_rustls::client::TlsStream<S>) -> Option<CertificateDer<'static>> {
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .cloned()
+}
+
 #[tokio::test]
 async fn certificates_are_chosen_by_sni_with_a_default() {
     let pki = Pki::new();
@@ -77,12 +86,7 @@ names = ["b.example", "x.b.example"]
             .connect(ServerName::try_from(sni).expect("name"), s)
             .await
             .expect("handshake");
-        let got = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .cloned();
+        let got = served_cert(&tls);
         assert_eq!(got, Some(der_of(want)), "SNI {sni}");
         // And the relay works through it.
         let line = read_line(&mut tls).await;
@@ -165,12 +169,7 @@ names = ["b.example"]
             .connect(ServerName::try_from(server).expect("name"), s)
             .await
             .unwrap_or_else(|e| panic!("handshake as {server}: {e}"));
-        let got = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .cloned();
+        let got = served_cert(&tls);
         assert_eq!(got, Some(der_of(want)), "as {server}");
         assert_eq!(read_line(&mut tls).await, "node=a", "as {server}");
         let _ = tls.shutdown().await;
