@@ -180,58 +180,12 @@ names = ["b.example"]
     }
 }
 
-/// `secure = false` is never `Secure`, over TLS too: a site served over both HTTP and HTTPS
-/// keeps one pin on both (a browser neither sends a `Secure` cookie over HTTP nor lets an
-/// HTTP answer replace it). Before, a cookie set over TLS was `Secure` whatever the setting.
-#[tokio::test]
-async fn secure_false_keeps_secure_off_cookies_set_over_tls() {
-    let pki = Pki::new();
-    let (mut nodes, ports) =
-        start_nodes(&[("a", "127.0.0.2")], pki.server("n", &["127.0.0.2"])).await;
-    let (c, k) = pki.issue("limpet", &["print.example"]);
-    let dir = TempDir::new("secure-false");
-    let text = format!(
-        r#"
-[[nodes]]
-name = "a"
-address = "127.0.0.2"
-
-[[listeners]]
-name = "https"
-bind = "127.0.0.1:0"
-node_port = {http}
-tls = {{ cert = "{c}", key = "{k}" }}
-
-[listeners.cookie]
-secure = false
-"#,
-        http = ports.http,
-        c = c.display(),
-        k = k.display(),
-    );
-    let running = start(config(&dir, &text)).await.expect("start");
-    let s = connect_from(
-        "127.0.0.1".parse().expect("ip"),
-        running.addr("https").expect("addr"),
-    )
-    .await;
-    let tls = tokio_rustls::TlsConnector::from(pki.client(&[b"http/1.1"]))
-        .connect(ServerName::try_from("print.example").expect("name"), s)
-        .await
-        .expect("handshake");
-    let (head, node) = get_over(tls).await;
-    assert_eq!(node, "a");
-    let head = head.to_ascii_lowercase();
-    assert!(
-        head.contains("set-cookie: route=a") && !head.contains("secure"),
-        "{head}"
-    );
-    running.stop().await;
-    for n in &mut nodes {
-        n.kill().await;
-    }
-}
-
+/// HTTPS offers HTTP/2 and HTTP/1.1 by ALPN (and takes a client offering HTTP/1.0 alone, or
+/// nothing), and its cookies are `Secure`, but with `secure = false`, which is never
+/// `Secure`, over TLS too: a site served over both HTTP and HTTPS keeps one pin on both (a
+/// browser neither sends a `Secure` cookie over HTTP nor lets an HTTP answer replace it;
+/// before, a cookie set over TLS was `Secure` whatever the setting). The plain listener's
+/// cookies are not.
 #[tokio::test]
 async fn https_offers_h2_and_http11_and_cookies_over_tls_are_secure() {
     let pki = Pki::new();
@@ -255,6 +209,15 @@ tls = {{ cert = "{c}", key = "{k}" }}
 name = "http"
 bind = "127.0.0.1:0"
 node_port = {http}
+
+[[listeners]]
+name = "https-not-secure"
+bind = "127.0.0.1:0"
+node_port = {http}
+tls = {{ cert = "{c}", key = "{k}" }}
+
+[listeners.cookie]
+secure = false
 "#,
         http = ports.http,
         c = c.display(),
@@ -327,6 +290,23 @@ node_port = {http}
         );
         assert_eq!(node, "a");
     }
+
+    // `secure = false`: not over TLS either.
+    let s = connect_from(
+        "127.0.0.1".parse().expect("ip"),
+        running.addr("https-not-secure").expect("addr"),
+    )
+    .await;
+    let tls = tokio_rustls::TlsConnector::from(pki.client(&[b"http/1.1"]))
+        .connect(ServerName::try_from("print.example").expect("name"), s)
+        .await
+        .expect("handshake");
+    let (head, _) = get_over(tls).await;
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.contains("set-cookie: route=a") && !head.contains("secure"),
+        "{head}"
+    );
 
     // The plain listener's cookie is not Secure.
     let s = connect_from(
