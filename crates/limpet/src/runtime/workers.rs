@@ -370,6 +370,11 @@ pub(crate) async fn serve_socket(
         tracing::error!(listener = %name, error = %e, "socket cannot listen; it accepts nothing");
         return;
     }
+    let _leave = LeaveUnlessStopped {
+        socket: socket2::SockRef::from(&listener).try_clone().ok(),
+        stop: stop.clone(),
+        name: name.clone(),
+    };
     match mode {
         Mode::Http => {
             // The accept loop returns as soon as this resolves.
@@ -389,9 +394,91 @@ pub(crate) async fn serve_socket(
     }
 }
 
+/// Takes a socket out of its port's `SO_REUSEPORT` group if its accept loop ends before its
+/// stop (an error, a panic): copies of it stay open (the ones kept for an upgrade), so it
+/// would go on listening, the kernel dealing it a share of the port's new clients that
+/// nobody accepts, each left waiting in its queue. A shutdown of its reading side stops a
+/// listening socket on Linux (it leaves the group, and the clients in its queue are reset:
+/// refused, so they retry, rather than left hanging), whichever descriptor it is made on.
+struct LeaveUnlessStopped {
+    socket: Option<socket2::Socket>,
+    stop: watch::Receiver<bool>,
+    name: String,
+}
+
+impl Drop for LeaveUnlessStopped {
+    fn drop(&mut self) {
+        if *self.stop.borrow() {
+            return;
+        }
+        if let Some(s) = self.socket.take() {
+            let left = s.shutdown(std::net::Shutdown::Read);
+            tracing::error!(
+                listener = %self.name,
+                left = left.is_ok(),
+                "a socket's accept loop ended before its stop: it listens no more"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A socket whose accept loop ends before its stop (here at once: the runtime has no
+    /// listener of its name) listens no more, though a copy of it stays open (as the ones
+    /// kept for an upgrade do): a client is refused, not left in a queue nobody accepts
+    /// from. One whose loop ends at its stop is left listening, for the next limpet.
+    #[tokio::test]
+    async fn a_socket_whose_accept_loop_ends_before_its_stop_listens_no_more() {
+        let text = "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+                    [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 9\n";
+        let config =
+            crate::config::Config::from_text(std::path::Path::new("t.toml"), text).expect("config");
+        let runtime = Runtime::new(crate::runtime::State::new(config).expect("state"));
+        let loops = Arc::new(crate::net::AcceptLoops::default());
+        for (name, ended_by_stop) in [("not-a-listener", false), ("web", true)] {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            socket.set_nonblocking(true).expect("nonblocking");
+            let held = socket.try_clone().expect("a copy, as an upgrade keeps");
+            let addr = socket.local_addr().expect("addr");
+            let (_go_tx, go) = watch::channel(true);
+            let (stop_tx, stop) = watch::channel(false);
+            let serving = tokio::spawn(serve_socket(
+                Arc::clone(&runtime),
+                name.into(),
+                Mode::Http,
+                tokio::net::TcpListener::from_std(socket).expect("listener"),
+                crate::net::ConnLimit::new(10),
+                Turn {
+                    go,
+                    stop,
+                    accepting: loops.enter(),
+                },
+            ));
+            if ended_by_stop {
+                // Serving: a client is taken. Then the stop.
+                let mut c = tokio::net::TcpStream::connect(addr).await.expect("served");
+                c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .expect("send");
+                let mut answer = Vec::new();
+                let _ = c.read_to_end(&mut answer).await;
+                assert!(answer.starts_with(b"HTTP/1.1 "), "{answer:?}");
+                stop_tx.send_replace(true);
+            }
+            serving.await.expect("the loop ends");
+            let connected = tokio::net::TcpStream::connect(addr).await;
+            assert_eq!(
+                connected.is_ok(),
+                ended_by_stop,
+                "{name}: {connected:?}"
+            );
+            drop(held);
+        }
+    }
 
     /// A second set of worker sockets on an address the first set listens on is refused (a
     /// second limpet would otherwise share the first one's clients); once the first is
