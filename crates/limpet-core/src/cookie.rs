@@ -82,6 +82,20 @@ impl SameSite {
     }
 }
 
+/// When the cookie carries `Secure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Secure {
+    /// On cookies set over TLS (the default).
+    #[default]
+    OverTls,
+    /// Always (behind a proxy that terminates TLS).
+    Always,
+    /// Never: a site served over both HTTP and HTTPS, whose HTTP requests must carry the pin
+    /// an HTTPS answer set (a browser neither sends a `Secure` cookie over HTTP nor lets an
+    /// HTTP answer replace it).
+    Never,
+}
+
 /// How the affinity cookie is written: its name and attributes are data, so the sim, the quick
 /// proxy mode and a config file can all describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,11 +105,9 @@ pub struct CookieSpec {
     pub domain: Option<Box<str>>,
     pub max_age: Option<u64>,
     pub http_only: bool,
-    /// `Secure`: `None`, on cookies set over TLS (and with `SameSite=None`, which browsers
-    /// refuse without it); `Some(true)`, always; `Some(false)`, never (a site served over
-    /// both HTTP and HTTPS, whose HTTP requests must carry the pin an HTTPS answer set: a
-    /// browser neither sends a `Secure` cookie over HTTP nor lets an HTTP answer replace it).
-    pub secure: Option<bool>,
+    /// When `Secure` is written (with `SameSite=None` always: browsers refuse such a cookie
+    /// without it).
+    pub secure: Secure,
     pub same_site: Option<SameSite>,
 }
 
@@ -108,7 +120,7 @@ impl CookieSpec {
             domain: None,
             max_age: None,
             http_only: true,
-            secure: None,
+            secure: Secure::OverTls,
             same_site: None,
         }
     }
@@ -143,7 +155,12 @@ impl CookieSpec {
         if self.http_only {
             out.write_str("; HttpOnly")?;
         }
-        if self.secure.unwrap_or(tls) || self.same_site == Some(SameSite::None) {
+        let secure = match self.secure {
+            Secure::OverTls => tls,
+            Secure::Always => true,
+            Secure::Never => false,
+        };
+        if secure || self.same_site == Some(SameSite::None) {
             out.write_str("; Secure")?;
         }
         if let Some(same_site) = self.same_site {
@@ -265,17 +282,17 @@ mod tests {
         );
     }
 
-    /// `secure` set says always or never, whatever the connection; unset, over TLS only.
+    /// `Always` or `Never`, whatever the connection; by default, over TLS only.
     /// `SameSite=None` needs it whatever `secure` says (a browser refuses the cookie without).
     #[test]
     fn secure_set_is_always_or_never() {
         for (secure, tls, want) in [
-            (None, false, false),
-            (None, true, true),
-            (Some(true), false, true),
-            (Some(true), true, true),
-            (Some(false), false, false),
-            (Some(false), true, false),
+            (Secure::OverTls, false, false),
+            (Secure::OverTls, true, true),
+            (Secure::Always, false, true),
+            (Secure::Always, true, true),
+            (Secure::Never, false, false),
+            (Secure::Never, true, false),
         ] {
             let spec = CookieSpec {
                 secure,
@@ -288,7 +305,7 @@ mod tests {
             );
         }
         let none = CookieSpec {
-            secure: Some(false),
+            secure: Secure::Never,
             same_site: Some(SameSite::None),
             ..CookieSpec::sim()
         };

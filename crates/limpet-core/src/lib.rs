@@ -43,7 +43,7 @@ pub mod table;
 pub mod topology;
 
 pub use codec::{CodecError, CookieCodec, ReadPin, SignedCodec};
-pub use cookie::{CookieSpec, SameSite};
+pub use cookie::{CookieSpec, SameSite, Secure};
 pub use decision::{Decision, Pin, RepinReason};
 pub use health::{
     answered_since, Availability, CarriedHealth, CheckCounts, CheckSlot, DownCause, Health,

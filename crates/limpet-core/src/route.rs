@@ -315,11 +315,13 @@ pub enum ConnPinWrite {
     Keep,
     /// Remember this node on the connection until the cookie comes back.
     Set(NodeId),
-    /// The cookie came back (a request of the connection named a node it could stay on):
-    /// the pin has done its job. A later request without the cookie on the same
-    /// connection is a new session (another client behind a front proxy that pools its
-    /// connections to limpet, or one that dropped its cookies), balanced as any other;
-    /// kept, the pin sent every new session of a pooled connection to one node.
+    /// A request of the connection brought a cookie naming another node than the pin's, one
+    /// it stays on: the connection carries more than one session (a front proxy pooling
+    /// its connections to limpet), so a later request without a cookie is a new session,
+    /// balanced as any other; kept, the pin sent every new session of a pooled connection
+    /// to one node. A cookie naming the pin's own node keeps it: one client's requests that
+    /// go without the cookie (outside its `Path`, a `SameSite` it does not meet) stay with
+    /// the ones that carry it, on one connection as before.
     Clear,
 }
 
@@ -493,7 +495,7 @@ pub fn route(
                     },
                     home: HomeWrite::Keep,
                     table: learn(node),
-                    conn_pin: if input.conn_pin.is_some() {
+                    conn_pin: if input.conn_pin.is_some_and(|p| p != node) {
                         ConnPinWrite::Clear
                     } else {
                         ConnPinWrite::Keep
@@ -1115,12 +1117,13 @@ mod tests {
         assert_eq!(r.conn_pin, ConnPinWrite::Set(B));
     }
 
-    /// The connection's pin lasts until the cookie comes back: a request whose cookie names
-    /// a node it stays on lets it go (whichever node the pin named: the client behind it has
-    /// its cookie), one whose cookie is unusable follows it, and one without a pin has none
-    /// to let go.
+    /// The connection's pin lasts until a cookie of another session comes on it: a request
+    /// whose cookie names another node it stays on lets it go (the connection carries more
+    /// than one client), one whose cookie names the pin's node keeps it (one client, some of
+    /// whose requests go without the cookie), one whose cookie is unusable follows it, and
+    /// one without a pin has none to let go.
     #[test]
-    fn the_cookie_coming_back_lets_the_connection_s_pin_go() {
+    fn a_cookie_of_another_node_lets_the_connection_s_pin_go() {
         let s = snap(&[up(), up(), up()]);
         let ask = |pin: Pin, conn_pin: Option<NodeId>| {
             route(
@@ -1134,11 +1137,11 @@ mod tests {
                 },
             )
         };
-        for home in [B, C] {
+        for (home, write) in [(B, ConnPinWrite::Keep), (C, ConnPinWrite::Clear)] {
             let r = ask(Pin::Node(home), Some(B));
             assert_eq!(
                 (r.node, r.outcome, r.conn_pin),
-                (Some(home), Outcome::Sticky, ConnPinWrite::Clear)
+                (Some(home), Outcome::Sticky, write)
             );
         }
         let r = ask(Pin::Node(B), None);

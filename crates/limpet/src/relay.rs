@@ -477,7 +477,17 @@ impl Pump {
         loop {
             self.write_held(w, clock).await?;
             self.grow_if_filled();
-            let read = self.fill(r).await;
+            let read = match self.fill(r).await {
+                // A TLS side that ended its stream without `close_notify` ended it all the
+                // same (many TLS servers and clients skip it; HAProxy takes it so too): the
+                // end is passed on as any other, a half-close, so a TLS peer on the other
+                // side gets its `close_notify` rather than a truncation, and the other
+                // direction goes on. Before, it ended both directions at once. (Read so
+                // before the opening looks at it: a client's such end opens the session as
+                // a FIN does; a node's within the window is its drop either way.)
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                read => read,
+            };
             if clock.opening.load(Ordering::Relaxed) && clock.first_read(self.dir, &read) {
                 return Err(read.err().unwrap_or_else(|| {
                     io::Error::new(
@@ -486,16 +496,7 @@ impl Pump {
                     )
                 }));
             }
-            let n = match read {
-                Ok(n) => n,
-                // A TLS side that ended its stream without `close_notify` ended it all the
-                // same (many TLS servers and clients skip it; HAProxy takes it so too): the
-                // end is passed on as any other, a half-close, so a TLS peer on the other
-                // side gets its `close_notify` rather than a truncation, and the other
-                // direction goes on. Before, it ended both directions at once.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
-                Err(e) => return Err(e),
-            };
+            let n = read?;
             if n == 0 {
                 self.done = true;
                 if fin_on_close && clock.ended[1 - self.dir].load(Ordering::Relaxed) {

@@ -90,6 +90,16 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
     })?;
     CertifiedKey::from_der(chain, key_der, &provider()).map_err(|e| {
         let message = match e {
+            // The certificate's own bytes, read to compare the keys: its fault, not the key's.
+            rustls::Error::InvalidCertificate(_) => {
+                return err(
+                    TlsPart::Cert,
+                    format!(
+                        "{}: not a certificate this build can read: {e}",
+                        cert.display()
+                    ),
+                );
+            }
             rustls::Error::InconsistentKeys(_) => format!(
                 "{} does not match the certificate {}: {e}",
                 key.display(),

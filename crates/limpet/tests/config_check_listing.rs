@@ -52,7 +52,7 @@ fn a_small_file_is_listed_with_every_default_and_reads_back_the_same() {
         "bind = [\"0.0.0.0:80\"]\nmode = \"http\"\nnode_port = 8080\nbalance = \"round-robin\"\n",
         "max_connections = 10000\nh2_max_concurrent_streams = 100\n",
         "[listeners.cookie]\nenabled = true\nname = \"route\"\npath = \"/\"\n",
-        "http_only = true\n# no secure: Secure on cookies set over TLS\nsame_site = \"lax\"\nkeep_in_request = false\nfailback = \"none\"\nmode = \"name\"\n",
+        "http_only = true\nsecure = false\nsame_site = \"lax\"\nkeep_in_request = false\nfailback = \"none\"\nmode = \"name\"\n",
         "[listeners.timeouts]\nconnect = \"3s\"\nidle = \"1m\"\nheader_read = \"15s\"\nupstream_answer = \"1m\"\nclient_idle = \"1m\"\nanswer_body_idle = \"1m\"\ntunnel_idle = \"5m\"\nupstream_idle = \"4s\"\ndrain = \"10s\"\nproxy_header = \"5s\"\n",
     ] {
         assert!(first.contains(default), "missing {default:?} in:\n{first}");
@@ -199,7 +199,7 @@ table = "by-id"
         "connect = \"1s500ms\"\nidle = \"10m\"\n".to_owned(),
         // A listener with a table and no cookie section has no cookie, said explicitly.
         "table = \"by-id\"\nclose_on_node_down = true\ntrusted_proxies = []\nmax_connections = 10000\nh2_max_concurrent_streams = 100\n\n[listeners.cookie]\nenabled = false\n".to_owned(),
-        "max_age = \"8h\"\nhttp_only = true\n# no secure: Secure on cookies set over TLS\nsame_site = \"strict\"\nkeep_in_request = false\nfailback = \"home\"\nmode = \"signed\"\n".to_owned(),
+        "max_age = \"8h\"\nhttp_only = true\nsecure = false\nsame_site = \"strict\"\nkeep_in_request = false\nfailback = \"home\"\nmode = \"signed\"\n".to_owned(),
         "max_idle = \"30m\"\nmax_lifetime = \"12h\"\n".to_owned(),
     ] {
         assert!(first.contains(&expected), "missing {expected:?} in:\n{first}");

@@ -310,6 +310,17 @@ fn bad_values_name_their_key_and_line() {
         panic!("255 is refused: {e}");
     }
 
+    // A cookie's `secure` takes true, false or "never", and says so at its line.
+    let text = format!("{NODES}[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n[listeners.cookie]\nsecure = \"sometimes\"\n");
+    let e = error(&text);
+    assert!(
+        e.starts_with(&format!(
+            "{}listeners[0].cookie.secure: ",
+            at(&text, "\"sometimes\"")
+        )) && e.contains("expected true, false or \"never\""),
+        "{e}"
+    );
+
     let text = "[[nodes]]\nname = \"a\"\naddress = \"10.0.0.1:80\"\n[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n";
     let e = error(text);
     assert!(
@@ -402,6 +413,19 @@ fn tls_files_are_checked_when_the_config_is() {
         e.contains("listeners[1].tls.key: ")
             && e.contains("a private key this build cannot sign with")
             && !e.contains("does not match"),
+        "{e}"
+    );
+    // A CERTIFICATE block whose bytes are no certificate is the certificate's fault.
+    let unreadable = key.with_file_name("unreadable.pem");
+    std::fs::write(
+        &unreadable,
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+    )
+    .expect("write");
+    let e = error(&listener(&unreadable, &key));
+    assert!(
+        e.contains("listeners[1].tls.cert: ")
+            && e.contains("not a certificate this build can read"),
         "{e}"
     );
     let text = listener(&key, &key);
@@ -1409,6 +1433,15 @@ fn listeners_on_different_tables_are_warned_of() {
             "listeners[0].trusted_proxies: listener \"web\" trusts proxies and pins by source-ip table \"t\""
         ),
         "{behind}"
+    );
+    // One that reads PROXY headers keys on the client's address, whatever proxies it trusts.
+    let reads_headers = behind.replace(
+        "trusted_proxies = [\"10.0.0.5\"]\n",
+        "trusted_proxies = [\"10.0.0.5\"]\n[listeners.proxy_protocol]\naccept_from = [\"10.0.0.5/32\"]\n",
+    );
+    assert!(
+        !check(&reads_headers).contains("trusts proxies"),
+        "{reads_headers}"
     );
     assert!(
         !check(&one_table).contains("PROXY headers")

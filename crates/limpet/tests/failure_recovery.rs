@@ -2671,6 +2671,16 @@ async fn a_request_that_breaks_tls_nodes_on_kept_alive_connections_reaches_each_
         (2, Some(1)),
         "sent to two nodes, each once: {seen:?}"
     );
+    // Each node the GET broke is charged one failure (its streak toward `fall`), the third
+    // none.
+    for (name, sent) in ["a", "b", "c"].into_iter().zip(&seen) {
+        let view = admin_json(&l, &format!("/api/v1/nodes/{name}")).await;
+        assert_eq!(
+            view["health"]["streak"].as_u64(),
+            Some(*sent),
+            "{name}: {view}"
+        );
+    }
     l.stop().await;
     for t in nodes {
         t.abort();

@@ -222,13 +222,14 @@ async fn the_sim_and_the_proxy_refuse_the_same_heads_as_too_large() {
 }
 
 /// A connection's requests sent before its client had the cookie go where its first one went
-/// (the connection's pin), and once the cookie has come back on the connection, a later
-/// request without it is a new session, balanced as any other: another client behind a
-/// front proxy that pools its connections to limpet, or one that dropped its cookies. Before,
-/// the pin held for the connection's life, and every new session of a pooled connection went
-/// to its first node.
+/// (the connection's pin), and so do its requests without the cookie once it came back (one
+/// client, some of whose requests go without it: outside its `Path`, a `SameSite` they do
+/// not meet). Once a cookie of another node comes on the connection (a front proxy pooling
+/// its connections to limpet carries more than one client), a request without one is a new
+/// session, balanced as any other. Before, the pin held for the connection's life, and
+/// every new session of a pooled connection went to its first node.
 #[tokio::test]
-async fn once_the_cookie_came_back_a_connection_s_cookieless_request_is_balanced_again() {
+async fn a_connection_carrying_another_session_s_cookie_balances_its_cookieless_requests() {
     let ns = nodes(&["a", "b", "c"]).await;
     let proxy = Proxy::start(config(&ns)).await;
     let (mut send, _conn) = common::h2_client(&proxy.addr.to_string()).await;
@@ -258,15 +259,30 @@ async fn once_the_cookie_came_back_a_connection_s_cookieless_request_is_balanced
         (first.as_str(), None),
         "the cookie came back"
     );
+    let (again, _) = get(None).await;
+    assert_eq!(
+        again, first,
+        "one client's request without its cookie: its node still"
+    );
+    let other = ["a", "b", "c"]
+        .into_iter()
+        .find(|n| *n != first)
+        .unwrap_or("a");
+    let (there, set) = get(Some(format!("route={other}"))).await;
+    assert_eq!(
+        (there.as_str(), set),
+        (other, None),
+        "another session's cookie"
+    );
     let (fresh, set) = get(None).await;
     assert_ne!(
         fresh, first,
-        "a new session after the cookie came back: the next turn"
+        "a new session after another's cookie: the next turn"
     );
     assert!(set.is_some_and(|c| c.starts_with(&format!("route={fresh};"))));
-    let (again, _) = get(None).await;
+    let (follows, _) = get(None).await;
     assert_eq!(
-        again, fresh,
+        follows, fresh,
         "and its own requests follow it until its cookie comes back"
     );
     proxy.stop().await;

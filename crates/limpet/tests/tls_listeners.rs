@@ -181,11 +181,10 @@ names = ["b.example"]
 }
 
 /// HTTPS offers HTTP/2 and HTTP/1.1 by ALPN (and takes a client offering HTTP/1.0 alone, or
-/// nothing), and its cookies are `Secure`, but with `secure = false`, which is never
-/// `Secure`, over TLS too: a site served over both HTTP and HTTPS keeps one pin on both (a
-/// browser neither sends a `Secure` cookie over HTTP nor lets an HTTP answer replace it;
-/// before, a cookie set over TLS was `Secure` whatever the setting). The plain listener's
-/// cookies are not.
+/// nothing), and its cookies are `Secure`, but with `secure = "never"`, over TLS too: a site
+/// served over both HTTP and HTTPS keeps one pin on both (a browser neither sends a `Secure`
+/// cookie over HTTP nor lets an HTTP answer replace it; before, a cookie set over TLS was
+/// `Secure` whatever the setting). The plain listener's cookies are not.
 #[tokio::test]
 async fn https_offers_h2_and_http11_and_cookies_over_tls_are_secure() {
     let pki = Pki::new();
@@ -217,7 +216,7 @@ node_port = {http}
 tls = {{ cert = "{c}", key = "{k}" }}
 
 [listeners.cookie]
-secure = false
+secure = "never"
 "#,
         http = ports.http,
         c = c.display(),
@@ -291,7 +290,7 @@ secure = false
         assert_eq!(node, "a");
     }
 
-    // `secure = false`: not over TLS either.
+    // `secure = "never"`: not over TLS either.
     let s = connect_from(
         "127.0.0.1".parse().expect("ip"),
         running.addr("https-not-secure").expect("addr"),

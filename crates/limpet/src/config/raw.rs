@@ -181,7 +181,7 @@ pub(crate) struct RawCookie {
     pub(crate) domain: Option<Spanned<String>>,
     pub(crate) max_age: Option<Spanned<Dur>>,
     pub(crate) http_only: Option<bool>,
-    pub(crate) secure: Option<bool>,
+    pub(crate) secure: Option<RawSecure>,
     pub(crate) same_site: Option<RawSameSite>,
     pub(crate) keep_in_request: Option<bool>,
     /// `"none"` (default) or `"home"`: sessions moved off a failed node go back when it is UP.
@@ -190,6 +190,37 @@ pub(crate) struct RawCookie {
     pub(crate) keys: Option<Spanned<Vec<String>>>,
     pub(crate) max_idle: Option<Spanned<Dur>>,
     pub(crate) max_lifetime: Option<Spanned<Dur>>,
+}
+
+/// `secure`: `true` (always), `false` (over TLS: the default, as it always read) or
+/// `"never"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RawSecure {
+    Bool(bool),
+    Never,
+}
+
+impl<'de> Deserialize<'de> for RawSecure {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawSecure;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false or \"never\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<RawSecure, E> {
+                Ok(RawSecure::Bool(b))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawSecure, E> {
+                if s == "never" {
+                    Ok(RawSecure::Never)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

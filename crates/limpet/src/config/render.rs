@@ -434,8 +434,9 @@ fn cookie(o: &mut String, l: &ListenerDef) {
     }
     w!(o, "http_only = {}", s.http_only);
     match s.secure {
-        Some(secure) => w!(o, "secure = {secure}"),
-        None => w!(o, "# no secure: Secure on cookies set over TLS"),
+        limpet_core::Secure::OverTls => w!(o, "secure = false"),
+        limpet_core::Secure::Always => w!(o, "secure = true"),
+        limpet_core::Secure::Never => w!(o, "secure = \"never\""),
     }
     if let Some(ss) = s.same_site {
         let v = match ss {

@@ -374,9 +374,13 @@ impl Validator<'_> {
         // address: `X-Forwarded-For` is never a key (a client could forge it), so every
         // client through the proxy shares one pin.
         for (i, (l, r)) in listeners.iter().zip(&raw.listeners).enumerate() {
-            if l.table.as_deref() != Some(table) {
+            let Some(table) = l.table.as_deref().filter(|t| by_source(t)) else {
                 continue;
-            }
+            };
+            let first = listeners
+                .iter()
+                .find(|f| f.table.as_deref() == Some(table))
+                .unwrap_or(l);
             if l.proxy_protocol.accept_from != first.proxy_protocol.accept_from {
                 warn(
                     r.name.span(),
@@ -387,7 +391,9 @@ impl Validator<'_> {
                     ),
                 );
             }
-            if !l.trusted_proxies.is_empty() {
+            // A listener that reads PROXY headers keys on the address they carry, the
+            // client's, whatever proxies it trusts for `X-Forwarded-For`.
+            if !l.trusted_proxies.is_empty() && l.proxy_protocol.accept_from.is_empty() {
                 warn(
                     r.name.span(),
                     format!("listeners[{i}].trusted_proxies"),
@@ -1120,7 +1126,11 @@ impl Validator<'_> {
         if let Some(h) = r.http_only {
             spec.http_only = h;
         }
-        spec.secure = r.secure;
+        spec.secure = match r.secure {
+            None | Some(RawSecure::Bool(false)) => limpet_core::Secure::OverTls,
+            Some(RawSecure::Bool(true)) => limpet_core::Secure::Always,
+            Some(RawSecure::Never) => limpet_core::Secure::Never,
+        };
         if let Some(s) = r.same_site {
             spec.same_site = Some(match s {
                 RawSameSite::Lax => SameSite::Lax,

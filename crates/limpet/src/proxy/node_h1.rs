@@ -470,15 +470,23 @@ fn framing_of(
     head_request: bool,
 ) -> Result<(Framing, bool, Option<u64>), H1Error> {
     if super::headers::answer_has_no_body(status, head_request) {
-        // No body, but a `Content-Length` all the same (a HEAD's says what a GET's body
-        // would be): held to the rules of one with a body, as hyper's server writes it to
-        // the client and ends the connection, the answer unsent, at one it cannot write
-        // (repeated, or not a number).
-        let (length, repeated) = content_length(headers)?;
+        // A HEAD's answer: no body, but its `Content-Length` (what a GET's body would be)
+        // reaches the client, which hyper's server writes as it came but for a second line,
+        // at which it ends the client's connection, the answer unsent. So it is held to the
+        // rules of one with a body: repeated values one, on one line; values that differ,
+        // or that are no number, the node's fault (502). Another request's 204 or 304 (and
+        // any 1xx) is not looked at: hyper drops its `Content-Length`, as it should (a
+        // 304's is the resource's; the body it has is none).
+        let collapse = if head_request && !status.is_informational() {
+            let (length, repeated) = content_length(headers)?;
+            length.filter(|_| repeated)
+        } else {
+            None
+        };
         return Ok((
             Framing::Empty,
             status != StatusCode::SWITCHING_PROTOCOLS,
-            length.filter(|_| repeated),
+            collapse,
         ));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {

@@ -86,7 +86,8 @@ pub struct NodeSlot {
 /// The node a client connection was given for an earlier request whose cookie has not come
 /// back yet (HTTP/2 streams and pipelined requests sent before the client had the cookie land
 /// together). Set only by [`State::route`], and let go there when a request of the
-/// connection brings a cookie it stays on ([`limpet_core::ConnPinWrite::Clear`]).
+/// connection brings a cookie of another node, which it stays on: the connection carries
+/// more than one session ([`limpet_core::ConnPinWrite::Clear`]).
 ///
 /// Node ids are a generation's (a reload may number the nodes anew), so the pin keeps the
 /// generation it was set in: a route of another generation reads no pin, and a connection
@@ -1087,8 +1088,8 @@ impl State {
                         Some(_) => c.set(self.generation, n),
                     }
                 }
-                // The cookie came back. A concurrent request that changed the pin meanwhile
-                // keeps what it set.
+                // Another session's cookie came on the connection. A concurrent request that
+                // changed the pin meanwhile keeps what it set.
                 (Some(c), Some((seen, _)), limpet_core::ConnPinWrite::Clear) => c.clear(seen),
                 _ => {}
             }

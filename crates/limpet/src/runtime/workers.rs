@@ -370,28 +370,44 @@ pub(crate) async fn serve_socket(
         tracing::error!(listener = %name, error = %e, "socket cannot listen; it accepts nothing");
         return;
     }
-    let _leave = LeaveUnlessStopped {
+    let mut leave = LeaveUnlessStopped {
         socket: socket2::SockRef::from(&listener).try_clone().ok(),
         stop: stop.clone(),
         name: name.clone(),
     };
-    match mode {
-        Mode::Http => {
-            // The accept loop returns as soon as this resolves.
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-                drop(accepting);
-            };
-            if let Err(e) =
-                crate::proxy::serve_listener_on(runtime, &name, listener, shutdown, permits).await
-            {
-                tracing::error!(listener = %name, error = %e, "listener stopped");
+    let mut stopping = stop.clone();
+    let serving = async move {
+        match mode {
+            Mode::Http => {
+                // The accept loop returns as soon as this resolves.
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                    drop(accepting);
+                };
+                if let Err(e) =
+                    crate::proxy::serve_listener_on(runtime, &name, listener, shutdown, permits)
+                        .await
+                {
+                    tracing::error!(listener = %name, error = %e, "listener stopped");
+                }
+            }
+            Mode::Tcp => {
+                crate::tcp::serve_on(runtime, name, listener, stop, permits, Some(accepting)).await
             }
         }
-        Mode::Tcp => {
-            crate::tcp::serve_on(runtime, name, listener, stop, permits, Some(accepting)).await
-        }
+    };
+    tokio::pin!(serving);
+    tokio::select! {
+        biased;
+        // Ended before its stop: `leave` takes the socket out of its group as it drops (and
+        // as it drops in a panic's unwinding).
+        () = &mut serving => return,
+        // Its stop: the copy goes at once, so that the socket closes as the accept loop
+        // lets go of it (a copy held through the drain kept it listening, its new clients
+        // queued, to be reset at the drain's end).
+        _ = stopping.wait_for(|s| *s) => leave.socket = None,
     }
+    serving.await;
 }
 
 /// Takes a socket out of its port's `SO_REUSEPORT` group if its accept loop ends before its
@@ -471,11 +487,7 @@ mod tests {
             }
             serving.await.expect("the loop ends");
             let connected = tokio::net::TcpStream::connect(addr).await;
-            assert_eq!(
-                connected.is_ok(),
-                ended_by_stop,
-                "{name}: {connected:?}"
-            );
+            assert_eq!(connected.is_ok(), ended_by_stop, "{name}: {connected:?}");
             drop(held);
         }
     }
