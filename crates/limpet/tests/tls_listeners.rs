@@ -17,6 +17,27 @@ fn der_of(pem: &std::path::Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(pem).expect("pem")
 }
 
+/// A config of node a (127.0.0.2) behind a TCP listener `raw-tls` that terminates TLS with
+/// `certs`, each a certificate, its key and the SNI names it answers (none: the default).
+fn raw_tls_config(tcp: u16, certs: &[(&std::path::Path, &std::path::Path, &[&str])]) -> String {
+    let mut text = format!(
+        "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n[[listeners]]\nname = \"raw-tls\"\n\
+         bind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = {tcp}\n"
+    );
+    for (cert, key, names) in certs {
+        text.push_str(&format!(
+            "\n[[listeners.tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.display(),
+            key.display()
+        ));
+        if !names.is_empty() {
+            let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+            text.push_str(&format!("names = [{}]\n", quoted.join(", ")));
+        }
+    }
+    text
+}
+
 /// The certificate a client's handshake was given.
 fn served_cert<S>(tls: &tokio_rustls::client::TlsStream<S>) -> Option<CertificateDer<'static>> {
     tls.get_ref()
@@ -35,39 +56,13 @@ async fn certificates_are_chosen_by_sni_with_a_default() {
     let (ac, ak) = pki.issue("a", &["a.example"]);
     let (bc, bk) = pki.issue("b", &["b.example", "*.b.example"]);
     let dir = TempDir::new("sni");
-    let text = format!(
-        r#"
-[[nodes]]
-name = "a"
-address = "127.0.0.2"
-
-[[listeners]]
-name = "raw-tls"
-bind = "127.0.0.1:0"
-mode = "tcp"
-node_port = {tcp}
-
-[[listeners.tls.certs]]
-cert = "{dc}"
-key = "{dk}"
-
-[[listeners.tls.certs]]
-cert = "{ac}"
-key = "{ak}"
-names = ["a.example"]
-
-[[listeners.tls.certs]]
-cert = "{bc}"
-key = "{bk}"
-names = ["b.example", "x.b.example"]
-"#,
-        tcp = ports.tcp,
-        dc = dc.display(),
-        dk = dk.display(),
-        ac = ac.display(),
-        ak = ak.display(),
-        bc = bc.display(),
-        bk = bk.display(),
+    let text = raw_tls_config(
+        ports.tcp,
+        &[
+            (&dc, &dk, &[]),
+            (&ac, &ak, &["a.example"]),
+            (&bc, &bk, &["b.example", "x.b.example"]),
+        ],
     );
     let running = start(config(&dir, &text)).await.expect("start");
     let addr = running.addr("raw-tls").expect("addr");
@@ -119,33 +114,9 @@ async fn with_every_certificate_named_the_first_serves_clients_without_a_listed_
     let (ac, ak) = pki.issue("a", &["a.example", "127.0.0.1"]);
     let (bc, bk) = pki.issue("b", &["b.example"]);
     let dir = TempDir::new("sni-first");
-    let text = format!(
-        r#"
-[[nodes]]
-name = "a"
-address = "127.0.0.2"
-
-[[listeners]]
-name = "raw-tls"
-bind = "127.0.0.1:0"
-mode = "tcp"
-node_port = {tcp}
-
-[[listeners.tls.certs]]
-cert = "{ac}"
-key = "{ak}"
-names = ["a.example"]
-
-[[listeners.tls.certs]]
-cert = "{bc}"
-key = "{bk}"
-names = ["b.example"]
-"#,
-        tcp = ports.tcp,
-        ac = ac.display(),
-        ak = ak.display(),
-        bc = bc.display(),
-        bk = bk.display(),
+    let text = raw_tls_config(
+        ports.tcp,
+        &[(&ac, &ak, &["a.example"]), (&bc, &bk, &["b.example"])],
     );
     let running = start(config(&dir, &text)).await.expect("start");
     let addr = running.addr("raw-tls").expect("addr");
