@@ -400,11 +400,34 @@ impl Drop for Accepting {
     }
 }
 
+/// A client's slot in its listener's [`ConnLimit`], as [`accept_loop`] hands it over.
+#[derive(Debug)]
+pub enum Slot {
+    /// Taken: the client is served now.
+    Held(ConnPermit),
+    /// The listener stopped while this client, accepted already, waited at the limit: it is
+    /// served once the drain gives a slot back (a kept-alive connection closing at it), not
+    /// dropped, which would reset the request it has sent (an upgrade handing the socket to
+    /// a new limpet, or a shutdown). The server bounds the wait.
+    Awaited(Arc<ConnLimit>),
+}
+
+impl Slot {
+    /// The slot, once it is free; `None` only if the limit was closed (it never is).
+    pub async fn taken(self) -> Option<ConnPermit> {
+        match self {
+            Slot::Held(p) => Some(p),
+            Slot::Awaited(limit) => limit.acquire().await,
+        }
+    }
+}
+
 /// The accept loop of every listener (HTTP, TCP, admin): until `shutdown` resolves, takes
 /// the next client and then one permit of `permits` (a listener's `max_connections`), and
 /// hands both to `serve`, which spawns what serves it. At the limit, the client just accepted
 /// waits for a permit and further clients wait in the kernel backlog. Returns once `shutdown`
-/// resolved; the caller drains.
+/// resolved; the caller drains. A client the stop finds waiting for a permit is handed over
+/// all the same, its slot to be awaited ([`Slot::Awaited`]), once the listener is closed.
 ///
 /// Accepting before taking the permit matters with worker threads: the sockets of one
 /// listener (one per worker) share its permits, and a worker waiting for a client must not
@@ -416,11 +439,11 @@ impl Drop for Accepting {
 pub async fn accept_loop<F>(
     listener: TcpListener,
     name: &str,
-    permits: Option<Arc<ConnLimit>>,
+    permits: Arc<ConnLimit>,
     shutdown: impl std::future::Future<Output = ()>,
     mut serve: F,
 ) where
-    F: FnMut(ClientSocket, SocketAddr, Option<ConnPermit>),
+    F: FnMut(ClientSocket, SocketAddr, Slot),
 {
     let listener = match Listener::new(listener) {
         Ok(l) => l,
@@ -438,22 +461,24 @@ pub async fn accept_loop<F>(
             () = &mut shutdown => return,
             s = accept(&listener, name) => s,
         };
-        let permit = match &permits {
-            // A slot free now is taken before a stop that came meanwhile is seen: the client
-            // was accepted, and dropping it would reset its request (a stop from another
-            // thread, as a handover to a new limpet or a shutdown signal is, can land between
-            // the accept and this). One waiting for a slot at the limit is let go at the stop.
-            Some(p) => tokio::select! {
-                biased;
-                p = p.acquire() => match p {
-                    Some(p) => Some(p),
-                    None => return,
-                },
-                () = &mut shutdown => return,
+        // A slot free now is taken before a stop that came meanwhile is seen: the client was
+        // accepted, and dropping it would reset its request (a stop from another thread, as
+        // a handover to a new limpet or a shutdown signal is, can land between the accept
+        // and this). One waiting for a slot at the limit is served by the drain.
+        let slot = tokio::select! {
+            biased;
+            p = permits.acquire() => match p {
+                Some(p) => Slot::Held(p),
+                None => return,
             },
-            None => None,
+            () = &mut shutdown => {
+                // Closed first: the new limpet, or nobody, takes the next clients.
+                drop(listener);
+                serve(stream, peer, Slot::Awaited(permits));
+                return;
+            }
         };
-        serve(stream, peer, permit);
+        serve(stream, peer, slot);
     }
 }
 
@@ -721,10 +746,10 @@ mod tests {
             accept_loop(
                 listener,
                 "test",
-                Some(ConnLimit::new(4)),
+                ConnLimit::new(4),
                 ReadyAt(2 + round % 2),
-                |_, _, permit| {
-                    assert!(permit.is_some());
+                |_, _, slot| {
+                    assert!(matches!(slot, Slot::Held(_)));
                     served += 1;
                 },
             )
@@ -740,6 +765,42 @@ mod tests {
         }
         // Both sides of the race were met.
         assert!(accepted_rounds > 0);
+    }
+
+    /// A client accepted and waiting for a slot when the stop comes is handed over with
+    /// its slot to await, after the listening socket is closed, and gets the slot once one
+    /// is given back (as a drain does); before, it was dropped at the stop, its request
+    /// reset. (Paused time: the stop is a timer, which fires only once the loop has accepted the
+    /// client and waits, nothing else left to do.)
+    #[tokio::test(start_paused = true)]
+    async fn a_client_waiting_for_a_slot_at_the_stop_is_handed_over_to_await_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let limit = ConnLimit::new(1);
+        let held = limit.acquire().await.expect("the one slot");
+        let waiting = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut handed = Vec::new();
+        accept_loop(
+            listener,
+            "test",
+            Arc::clone(&limit),
+            tokio::time::sleep(Duration::from_secs(1)),
+            |_, peer, slot| handed.push((peer, slot)),
+        )
+        .await;
+        let [(peer, slot)] = <[_; 1]>::try_from(handed).expect("one client handed over");
+        assert_eq!(peer, waiting.local_addr().expect("addr"));
+        assert!(matches!(slot, Slot::Awaited(_)), "{slot:?}");
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "the listening socket is closed"
+        );
+        let taking = tokio::spawn(slot.taken());
+        tokio::task::yield_now().await;
+        assert!(!taking.is_finished(), "the slot is still held");
+        drop(held);
+        let taken = taking.await.expect("the task");
+        assert!(taken.is_some(), "the slot given back is taken");
     }
 
     /// Limits changed while connections come and go on other threads: once all are closed,

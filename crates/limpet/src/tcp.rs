@@ -1262,9 +1262,9 @@ pub async fn serve_on(
     crate::net::accept_loop(
         listener,
         &name,
-        Some(permits),
+        permits,
         async move { stopped(&mut stop).await },
-        |stream, peer, permit| {
+        |stream, peer, slot| {
             // Reap finished sessions so the set does not grow with every connection ever made.
             while sessions.try_join_next().is_some() {}
             let state = runtime.state();
@@ -1279,7 +1279,10 @@ pub async fn serve_on(
             let runtime = Arc::clone(&runtime);
             // Boxed before it is spawned, as HTTP connections are (`proxy::server`).
             sessions.spawn(Box::pin(async move {
-                let _permit = permit;
+                // One handed over by the stop waits through the drain, which bounds it.
+                let Some(_permit) = slot.taken().await else {
+                    return;
+                };
                 session(runtime, state, li, (stream, peer, bound), cut).await;
             }));
         },

@@ -203,14 +203,15 @@ async fn answer(s: &mut tokio::net::TcpStream) -> Result<String, String> {
         .ok_or_else(|| format!("no node named: {text:?}"))
 }
 
-/// A client that connected and sent its request while nobody accepted it: the old limpet at
-/// its listener's `max_connections` (1, held by a kept-alive client), so the client waits in
-/// the kernel's accept queue of the listening socket. A restart closes that socket and resets
-/// the client; an upgrade hands the socket to the new limpet, which serves the client. The new
+/// Clients that connected and sent their requests while the old limpet is at its listener's
+/// `max_connections` (1, held by a kept-alive client): the first is accepted and held for the
+/// slot, and is served by the old limpet in its drain; the next waits in the kernel's accept
+/// queue of the listening socket. A restart closes that socket and resets the client; an
+/// upgrade hands the socket to the new limpet, which serves the client. The new
 /// one runs two worker threads where the old ran one (a socket bound beside the one taken),
 /// and takes the admin listener too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_waiting_in_the_accept_queue_during_an_upgrade_is_served_by_the_new_limpet() {
+async fn clients_waiting_at_max_connections_during_an_upgrade_are_all_served() {
     let (_nodes, port) = backend_nodes(&NODES).await;
     let cfg = ConfigFile::new("upgrade-queue", &config(port, ""));
     let sock = upgrade_socket(&cfg);
@@ -230,9 +231,14 @@ async fn a_client_waiting_in_the_accept_queue_during_an_upgrade_is_served_by_the
         .unwrap_or_else(|_| panic!("the first client got no answer"))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&head, b"HTTP/1.1 200");
-    // The next client is accepted and waits for the slot in the old limpet (closed unanswered
-    // when it stops, as at any shutdown: not asserted). The one after waits in the kernel.
-    let _accepted = tokio::net::TcpStream::connect(old.web)
+    // The next client is accepted and waits for the slot in the old limpet, which serves it
+    // in its drain once the kept-alive client's connection closes at it (before, it was
+    // closed unanswered at the stop). The one after waits in the kernel.
+    let mut accepted = tokio::net::TcpStream::connect(old.web)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    accepted
+        .write_all(b"GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut queued = tokio::net::TcpStream::connect(old.web)
@@ -249,6 +255,10 @@ async fn a_client_waiting_in_the_accept_queue_during_an_upgrade_is_served_by_the
     let served_by = answer(&mut queued)
         .await
         .unwrap_or_else(|e| panic!("the queued client: {e}"));
+    assert!(["a", "b", "c"].contains(&served_by.as_str()));
+    let served_by = answer(&mut accepted)
+        .await
+        .unwrap_or_else(|e| panic!("the client waiting for a slot in the old limpet: {e}"));
     assert!(["a", "b", "c"].contains(&served_by.as_str()));
     assert!(
         old.exited().await.success(),

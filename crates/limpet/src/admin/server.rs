@@ -89,9 +89,14 @@ pub async fn serve(
     crate::net::accept_loop(
         listener,
         "admin",
-        Some(permits),
+        permits,
         shutdown,
-        |stream, _peer, permit| {
+        |stream, _peer, slot| {
+            // The admin API is not drained (its stop closes idle connections at once): a
+            // client the stop finds waiting for a slot is let go.
+            let crate::net::Slot::Held(permit) = slot else {
+                return;
+            };
             let state = Arc::clone(&state);
             let mut stop = stop_rx.clone();
             // A client that stops reading an answer (a large table page) is cut like a proxy

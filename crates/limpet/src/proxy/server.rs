@@ -1097,9 +1097,9 @@ pub async fn serve_listener_on(
     crate::net::accept_loop(
         listener,
         name,
-        Some(permits),
+        permits,
         shutdown,
-        |stream, peer, permit| {
+        |stream, peer, slot| {
             let current = generations.current();
             if !Arc::ptr_eq(&current, &shared) {
                 // A reload: new connections get the new hyper settings.
@@ -1116,11 +1116,26 @@ pub async fn serve_listener_on(
             // instructions of `memcpy` per connection against one allocation).
             tokio::spawn(Box::pin(async move {
                 let _done = done;
+                // A client accepted before the stop that waits for its slot through the
+                // drain has `header_read` to get one, as its head would have.
+                let permit = match slot {
+                    crate::net::Slot::Held(p) => p,
+                    awaited => {
+                        let header_read = current.def.timeouts.header_read;
+                        match tokio::time::timeout(header_read, awaited.taken()).await {
+                            Ok(Some(p)) => p,
+                            _ => {
+                                tracing::debug!(%peer, "client connection closed: no slot by header_read in the drain");
+                                return;
+                            }
+                        }
+                    }
+                };
                 match crate::net::accept_client(stream, peer, bound, &current.def).await {
                     Ok(c) => {
                         let ctx = Arc::new(
                             ConnCtx::new(generations, current, c.who.client, c.tcp_peer, c.tls)
-                                .holding(permit)
+                                .holding(Some(permit))
                                 .since(c.accepted)
                                 .reading_records(c.records),
                         );
