@@ -1649,6 +1649,74 @@ async fn h2_a_head_trickled_after_an_idle_goaway_is_closed_at_header_read() {
     proxy.stop().await;
 }
 
+/// The failure model's shutdown bound holds for a connection that was already closing: a
+/// client that ignores an idle connection's GOAWAY (and its PING) and sends a request on it
+/// at a node that never answers (answer timeout a minute) is closed within `drain` (300 ms)
+/// and slack of the stop, as any connection is. Before, the idle close waited for that
+/// answer, past the drain's end (the listener's drain gives up waiting, it does not cut),
+/// and a process with one worker thread served it until its runtime ended.
+#[tokio::test]
+async fn h2_a_connection_closing_for_idleness_is_cut_at_the_drain_like_any_other() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (took_tx, took) = oneshot::channel();
+    let node = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let head = common::read_request_head(&mut s).await;
+        let _ = took_tx.send(head.is_some());
+        let mut sink = [0u8; 64];
+        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+    });
+    let mut cfg = ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr,
+    }]);
+    cfg.timeouts.header_read = Duration::from_secs(1);
+    cfg.timeouts.upstream_answer = Duration::from_secs(60);
+    cfg.timeouts.drain = Duration::from_millis(300);
+    let proxy = Proxy::start(cfg).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&out).await.expect("preface");
+    assert!(
+        tokio::time::timeout(PATIENCE, async {
+            while let Some((kind, ..)) = read_h2_frame(&mut s).await {
+                if kind == 7 {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .expect("a GOAWAY in time"),
+        "closed before its GOAWAY"
+    );
+    // A GET after the GOAWAY, which h2 takes until its PING is acked; at the node for sure.
+    s.write_all(&h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']))
+        .await
+        .expect("write");
+    assert!(
+        tokio::time::timeout(PATIENCE, took)
+            .await
+            .expect("the node took the request in time")
+            .expect("the node"),
+        "the node got the request"
+    );
+    let (mut rd, _wr) = s.into_split();
+    let stopped = Instant::now();
+    proxy.stop().await;
+    closed_within(&mut rd, SOON)
+        .await
+        .unwrap_or_else(|()| panic!("still open {SOON:?} after the stop (drain 300 ms)"));
+    let took = stopped.elapsed();
+    assert!(
+        took < Duration::from_millis(300 + 1500),
+        "closed {took:?} after the stop (drain 300 ms)"
+    );
+    node.abort();
+}
+
 /// [`h2_rapid_reset_spread_over_many_reads_ends_the_connection`]; with `after_idle_goaway`,
 /// the rounds begin once the connection, idle for `header_read` (1 s), was sent its GOAWAY,
 /// which the client ignores (and the PING that comes with it), and the end awaited is the
@@ -2194,4 +2262,94 @@ async fn an_h2_path_not_in_origin_form_is_a_400() {
     );
     proxy.stop().await;
     task.abort();
+}
+
+/// h2c smuggling: an upgrade that offers `h2c` beside `websocket`, on two `Upgrade` lines,
+/// is sent to the node as an offer of `websocket` alone, without the `h2c` offer's
+/// `HTTP2-Settings` (before: `upgrade: h2c` alone reached it); and a node that switches to
+/// `h2c` all the same is refused with a 502, no tunnel opened (before: a 101 and a raw
+/// HTTP/2 tunnel to the node, its requests past every rule limpet applies).
+#[tokio::test]
+async fn an_h2c_offer_beside_a_websocket_reaches_no_node_and_no_tunnel_to_it_opens() {
+    let node = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = node.local_addr().expect("addr");
+    let (head_tx, head_rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = node.accept().await.expect("accept");
+        let head = common::read_request_head(&mut s).await.unwrap_or_default();
+        let _ = head_tx.send(head);
+        let _ = s
+            .write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+            )
+            .await;
+        // Held open: a tunnel would reach it.
+        let mut sink = [0u8; 64];
+        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+    });
+    let proxy = Proxy::start(ProxyConfig::new(vec![NodeConfig {
+        name: "n".into(),
+        addr,
+    }]))
+    .await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+          Upgrade: websocket\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Version: 13\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    )
+    .await;
+    let head = tokio::time::timeout(SOON, head_rx)
+        .await
+        .expect("the node got the request")
+        .expect("its head")
+        .to_ascii_lowercase();
+    assert!(head.contains("\r\nupgrade: websocket\r\n"), "{head}");
+    assert!(!head.contains("h2c"), "{head}");
+    assert!(!head.contains("http2-settings"), "{head}");
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    task.abort();
+    proxy.stop().await;
+}
+
+/// Request targets that RFC 9112 3.2 and HAProxy and nginx refuse: the authority form on a
+/// method other than CONNECT (before: sent on as `GET /`), and an absolute form with user
+/// information (before: on HTTP/1.0 without `Host`, its authority became the node's `Host`
+/// and `X-Forwarded-Host`, credentials included). Both are a 400 that reaches no node. And
+/// `chunked` applied twice (RFC 9112 7: a sender must not), a 400 as HAProxy answers.
+#[tokio::test]
+async fn request_targets_and_codings_no_peer_may_send_are_a_400() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    for req in [
+        &b"GET a.example:80 HTTP/1.1\r\nHost: a.example:80\r\nConnection: close\r\n\r\n"[..],
+        b"GET http://user:pw@a.example/ HTTP/1.0\r\n\r\n",
+        b"GET http://user:pw@a.example/ HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\
+          Connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\
+          Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ] {
+        let answer = raw_exchange(proxy.addr, req).await;
+        // hyper answers in the request's version.
+        assert!(
+            answer.starts_with("HTTP/1.") && answer.get(8..13) == Some(" 400 "),
+            "{}: {answer}",
+            String::from_utf8_lossy(req)
+        );
+    }
+    // What stays served: an absolute form without user information, on HTTP/1.0 too.
+    for req in [
+        &b"GET http://a.example/ HTTP/1.0\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n",
+    ] {
+        let answer = raw_exchange(proxy.addr, req).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
+            "{}: {answer}",
+            String::from_utf8_lossy(req)
+        );
+    }
+    proxy.stop().await;
 }

@@ -344,6 +344,10 @@ async fn the_node_sees_other_cookies_untouched_and_not_ours() {
             request("theme=dark; route=a;lang=en ;  x=\"q\"")
                 .header("x-forwarded-for", "6.6.6.6")
                 .header("x-forwarded-proto", "https")
+                .header("forwarded", "for=6.6.6.6;proto=https;host=admin")
+                .header("x-forwarded_for", "6.6.6.6")
+                .header("x_forwarded_proto", "https")
+                .header("x-api_key", "kept")
                 .header("connection", "x-secret")
                 .header("x-secret", "hop")
                 .header("te", "trailers"),
@@ -372,6 +376,15 @@ async fn the_node_sees_other_cookies_untouched_and_not_ours() {
         );
         assert!(!body.contains("x-secret"), "{method}: {body}");
         assert!(!body.contains("\nte:"), "{method}: {body}");
+        // RFC 7239's field and look-alikes of limpet's with `_` (which CGI-style servers
+        // read as limpet's own) are the client's forgeries too; other `_` names pass.
+        assert!(
+            !lines.iter().any(|l| l.starts_with("forwarded:")),
+            "{method}: {body}"
+        );
+        assert!(!body.contains("x-forwarded_for"), "{method}: {body}");
+        assert!(!body.contains("x_forwarded_proto"), "{method}: {body}");
+        assert!(lines.contains(&"x-api_key: kept"), "{method}: {body}");
         assert!(body.contains("x-request-id: "), "{method}: {body}");
         assert_eq!(
             lines.iter().filter(|l| l.starts_with("cookie:")).count(),
@@ -396,7 +409,8 @@ async fn trusted_proxies_extend_x_forwarded_for() {
         plain_client()
             .get(proxy.url("/headers"))
             .header("x-forwarded-for", "203.0.113.9")
-            .header("x-forwarded-proto", "https"),
+            .header("x-forwarded-proto", "https")
+            .header("forwarded", "for=203.0.113.9;proto=https"),
     )
     .await;
     assert!(
@@ -404,6 +418,11 @@ async fn trusted_proxies_extend_x_forwarded_for() {
         "{body}"
     );
     assert!(body.contains("x-forwarded-proto: https"), "{body}");
+    // A trusted proxy's `Forwarded` is kept, as its `X-Forwarded-Proto` is.
+    assert!(
+        body.contains("forwarded: for=203.0.113.9;proto=https"),
+        "{body}"
+    );
     proxy.stop().await;
 }
 

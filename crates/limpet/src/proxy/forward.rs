@@ -301,27 +301,28 @@ fn unavailable(shared: &Shared, id: &str) -> Response<ProxyBody> {
     resp
 }
 
-/// Whether `req` asks to switch protocols with the node (a WebSocket, or any protocol but
-/// `h2c`). An offer of `h2c` alone (curl's `--http2` on an `http://` URL) is no upgrade: it
+/// What `req` offers the node to switch to, when it asks to switch protocols (a WebSocket,
+/// or any protocol but `h2c`): every protocol of its `Upgrade` lines but `h2c`, as one
+/// value. An offer of `h2c` alone (curl's `--http2` on an `http://` URL) is no upgrade: it
 /// is dropped with the other hop-by-hop fields, as HAProxy and nginx drop it, and the GET
 /// goes on as HTTP/1.1. limpet speaks HTTP/2 to clients itself (prior knowledge, ALPN), and
 /// taken for an upgrade the GET would lose its replay off a failed node and its kept-alive
-/// node connection, for an answer that is HTTP/1.1 all the same.
-fn is_upgrade_request<B>(req: &Request<B>) -> bool {
-    req.version() == Version::HTTP_11
-        && req
-            .headers()
-            .get_all(header::UPGRADE)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .any(|p| !p.trim_ascii().eq_ignore_ascii_case(b"h2c"))
-        && req
+/// node connection, for an answer that is HTTP/1.1 all the same. Offered beside another
+/// protocol, `h2c` is left out of what the node is offered: a node that switched to it would
+/// open a tunnel of HTTP/2 requests limpet never sees (h2c smuggling).
+fn upgrade_offer<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11
+        || !req
             .headers()
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+    {
+        return None;
+    }
+    hdr::upgrade_offer(req.headers())
 }
 
 /// Whether `headers` hold more than `max` fields, an HTTP/2 request's `Cookie` crumbs
@@ -638,6 +639,10 @@ fn proxy<'a, 'b>(
                     "transfer coding other than chunked",
                 );
             }
+            // After the 501: a coding limpet does not decode says more than a repeat.
+            if hdr::chunked_twice(req.headers()) {
+                return local_close(StatusCode::BAD_REQUEST, id, "chunked applied twice");
+            }
         }
 
         if let Some(why) = hdr::host_problem(req.version(), req.uri(), req.headers()) {
@@ -653,8 +658,13 @@ fn proxy<'a, 'b>(
             );
         }
 
-        let upgrade = upgrade_offered && is_upgrade_request(&req);
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let offer = if upgrade_offered {
+            upgrade_offer(&req)
+        } else {
+            None
+        };
+        let upgrade = offer.is_some();
+        let client_upgrade = offer.map(|o| (hyper::upgrade::on(&mut req), o));
         let client_version = req.version();
         // One clock reading for what the request presents, its first route and its sighting.
         // A shared table's prefetch may come between the reading and the route: it is bounded
@@ -721,6 +731,9 @@ fn proxy<'a, 'b>(
             }
             // A request's `Trailer` too: its trailers go no further.
             hdr::remove_hop_by_hop(&mut headers, upgrade, false);
+            if let Some((_, offer)) = &client_upgrade {
+                headers.insert(header::UPGRADE, offer.clone());
+            }
             // HTTP/2 carries the host in :authority; HTTP/1.1 nodes need it as Host.
             let forwarding = Forwarding::new(
                 &mut headers,
@@ -865,6 +878,16 @@ fn proxy<'a, 'b>(
                 "node switched protocols unasked",
             );
         }
+        // RFC 9110 7.8: a server switches only to protocols the client listed.
+        if let (true, Some((_, offer))) = (switching, &client_upgrade) {
+            if !hdr::switched_as_offered(resp.headers(), offer) {
+                return local(
+                    StatusCode::BAD_GATEWAY,
+                    id,
+                    "node switched to a protocol not offered",
+                );
+            }
+        }
         let mut out = Response::builder()
             .status(resp.status())
             .version(Version::HTTP_11)
@@ -950,7 +973,7 @@ fn proxy<'a, 'b>(
         *out.headers_mut() = rheaders;
         // hyper answers in the client's version; the node's is irrelevant.
         *out.version_mut() = Version::HTTP_11;
-        if let (Some(client), Some(upstream), Some(rt)) =
+        if let (Some((client, _)), Some(upstream), Some(rt)) =
             (client_upgrade, upstream_upgrade, shared.state.node_rt(node))
         {
             // The protocol the node switched to (its 101's `Upgrade`, RFC 9110 7.8), not the

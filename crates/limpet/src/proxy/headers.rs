@@ -9,7 +9,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::affinity::CookieEdit;
 
-const HOP_COUNT: usize = 7;
+const HOP_COUNT: usize = 8;
 
 /// Headers that describe one connection, never the message (RFC 9110 7.6.1), plus the legacy
 /// ones proxies still see. And `Trailer` of a request ([`remove_hop_by_hop`]).
@@ -21,6 +21,9 @@ const HOP_BY_HOP: [HeaderName; HOP_COUNT] = [
     header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    // An `h2c` offer's settings (RFC 9113 3.2.1 makes it connection-specific); limpet never
+    // offers `h2c` to a node.
+    HeaderName::from_static("http2-settings"),
 ];
 
 /// [`HOP_BY_HOP`]'s names as text, in the same order: what lookups compare against. Each use
@@ -37,6 +40,7 @@ const HOP_NAMES: [&str; HOP_COUNT] = [
     "trailer",
     "transfer-encoding",
     "upgrade",
+    "http2-settings",
 ];
 
 /// Where a (lowercase) header name stands in [`HOP_BY_HOP`], if it is hop-by-hop.
@@ -77,6 +81,18 @@ pub(crate) fn host_problem(
             .authority()
             .is_some_and(|a| a.as_str().contains('@'))
             .then_some("user information in :authority");
+    }
+    if let Some(a) = uri.authority() {
+        // RFC 9112 3.2.3: the authority form is for CONNECT alone (refused before this), and
+        // hyper would send it on as `/`. nginx and HAProxy answer 400.
+        if uri.scheme().is_none() {
+            return Some("the authority form is for CONNECT only");
+        }
+        // RFC 9110 4.2.4: user information in an `http(s)` target is an error; without
+        // `Host`, the authority stands in for it, held to the same bytes.
+        if !a.as_str().as_bytes().iter().all(|&b| host_byte(b)) {
+            return Some("invalid authority in the request target");
+        }
     }
     if version == http::Version::HTTP_11 && host.is_none() {
         return Some("HTTP/1.1 request without Host");
@@ -200,6 +216,18 @@ pub(crate) fn other_transfer_codings(headers: &HeaderMap) -> Option<HeaderValue>
     HeaderValue::from_bytes(&codings).ok()
 }
 
+/// Whether the `Transfer-Encoding` lines of `headers` name `chunked` more than once (RFC
+/// 9112 7: a sender must not apply it twice; HAProxy answers 400).
+pub(crate) fn chunked_twice(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .nth(1)
+        .is_some()
+}
+
 /// The one value of a `Content-Length` given as a list (`5, 5`) or on several lines, or
 /// `None` when it is a single value or absent. Both paths from a node have already refused
 /// values that differ, so the first stands for all; RFC 9110 8.6 lets a recipient replace
@@ -267,6 +295,52 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, kee
         headers.insert(header::UPGRADE, proto);
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
+}
+
+/// Every protocol the `Upgrade` lines of `headers` offer but `h2c`, in order, as one value
+/// (`websocket, foo/2`); `None` when no other is offered.
+pub(crate) fn upgrade_offer(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut offer: Vec<u8> = Vec::new();
+    for p in upgrade_protocols(headers).filter(|p| !p.eq_ignore_ascii_case(b"h2c")) {
+        if !offer.is_empty() {
+            offer.extend_from_slice(b", ");
+        }
+        offer.extend_from_slice(p);
+    }
+    if offer.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&offer).ok()
+}
+
+/// The protocols of the `Upgrade` lines of `headers`, each trimmed, empty ones left out.
+fn upgrade_protocols(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|p| !p.is_empty())
+}
+
+/// Whether a node's 101 `answer` switches to protocols of `offer` alone, and names at least
+/// one (RFC 9110 7.8: the server's `Upgrade` says what it switches to, among those the
+/// client listed). Compared as tokens, in any case.
+pub(crate) fn switched_as_offered(answer: &HeaderMap, offer: &HeaderValue) -> bool {
+    let offered = || {
+        offer
+            .as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+    };
+    let mut named = false;
+    for p in upgrade_protocols(answer) {
+        if !offered().any(|o| o.eq_ignore_ascii_case(p)) {
+            return false;
+        }
+        named = true;
+    }
+    named
 }
 
 /// Whether a `Connection` line lists anything but hop-by-hop names (`keep-alive`,
@@ -402,6 +476,13 @@ struct Sent {
     proto: bool,
     forwarded_host: bool,
     request_id: bool,
+    /// RFC 7239's `Forwarded`, which nodes' frameworks read before the `X-Forwarded-*`
+    /// fields: it says the same things, and from an untrusted peer it is as forged.
+    forwarded: bool,
+    /// Names that read as one of limpet's fields with `_` for `-` (`X-Forwarded_For`):
+    /// servers that map names to CGI-style variables (`HTTP_X_FORWARDED_FOR`) let such a
+    /// field overwrite limpet's. nginx drops every name with `_` by default.
+    underscored: Vec<HeaderName>,
 }
 
 impl Sent {
@@ -420,11 +501,35 @@ impl Sent {
                 "x-forwarded-proto" => sent.proto = true,
                 "x-forwarded-host" => sent.forwarded_host = true,
                 "x-request-id" => sent.request_id = true,
+                "forwarded" => sent.forwarded = true,
+                name if name.as_bytes().contains(&b'_') && reads_as_limpets(name) => {
+                    sent.underscored.push(k.clone());
+                }
                 _ => {}
             }
         }
         sent
     }
+}
+
+/// Whether a name with `_` in it reads as one of the fields limpet writes or strips for the
+/// node once each `_` is taken for `-`.
+fn reads_as_limpets(name: &str) -> bool {
+    [
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-request-id",
+        "forwarded",
+    ]
+    .iter()
+    .any(|ours| {
+        ours.len() == name.len()
+            && ours
+                .bytes()
+                .zip(name.bytes())
+                .all(|(o, n)| o == n || (o == b'-' && n == b'_'))
+    })
 }
 
 impl<'a> Forwarding<'a> {
@@ -490,6 +595,14 @@ impl<'a> Forwarding<'a> {
         }
         if sent.request_id {
             headers.remove(&X_REQUEST_ID);
+        }
+        // A trusted peer's `Forwarded` describes the original request, as its `-Proto` and
+        // `-Host` do; limpet writes none of its own (HAProxy's `option forwarded` is opt-in).
+        if sent.forwarded && !trusted {
+            headers.remove(header::FORWARDED);
+        }
+        for name in &sent.underscored {
+            headers.remove(name);
         }
         Forwarding {
             host,
@@ -746,6 +859,39 @@ mod tests {
         assert_eq!(h.len(), 2);
     }
 
+    /// An upgrade offers the node every protocol the client listed, on any of its lines,
+    /// but `h2c`, whose settings go too; a 101 must switch to protocols of that offer.
+    #[test]
+    fn an_upgrade_offers_all_but_h2c_and_is_answered_within_the_offer() {
+        let offer = |pairs: &[(&'static str, &'static str)]| {
+            upgrade_offer(&map(pairs)).map(|v| v.as_bytes().to_vec())
+        };
+        assert_eq!(
+            offer(&[("upgrade", "h2c"), ("upgrade", "websocket")]),
+            Some(b"websocket".to_vec())
+        );
+        assert_eq!(
+            offer(&[("upgrade", "foo/2, H2C ,websocket"), ("upgrade", "bar")]),
+            Some(b"foo/2, websocket, bar".to_vec())
+        );
+        assert_eq!(offer(&[("upgrade", "h2c")]), None);
+        assert_eq!(offer(&[("upgrade", " , ")]), None);
+        let mut h = map(&[("http2-settings", "AAMAAABkAAQAAP__"), ("x-kept", "1")]);
+        remove_hop_by_hop(&mut h, true, false);
+        assert!(!h.contains_key("http2-settings") && h.contains_key("x-kept"));
+
+        let offered = HeaderValue::from_static("websocket, foo/2");
+        let switched = |v: &'static str| switched_as_offered(&map(&[("upgrade", v)]), &offered);
+        assert!(switched("websocket"));
+        assert!(switched("WebSocket"));
+        assert!(switched("foo/2"));
+        assert!(!switched("h2c"));
+        assert!(!switched("foo"));
+        assert!(!switched("websocket, h2c"));
+        assert!(!switched(""));
+        assert!(!switched_as_offered(&HeaderMap::new(), &offered));
+    }
+
     #[test]
     fn upgrades_keep_upgrade() {
         let mut h = map(&[
@@ -839,7 +985,7 @@ mod tests {
         assert_eq!(value(&h, &X_REQUEST_ID), Some(&b"00ab-1"[..]));
         assert_eq!(h.get_all(&X_FORWARDED_FOR).iter().count(), 1);
         // A trusted peer's -Proto and -Host stay; its -For is extended; the id is limpet's.
-        let h = forwarded(client, None, peer, true, true);
+        let h = forwarded(client.clone(), None, peer, true, true);
         assert_eq!(value(&h, &X_FORWARDED_FOR), Some(&b"6.6.6.6, 10.0.0.1"[..]));
         assert_eq!(value(&h, &X_FORWARDED_HOST), Some(&b"forged"[..]));
         assert_eq!(value(&h, &X_FORWARDED_PROTO), Some(&b"gopher"[..]));
@@ -859,6 +1005,44 @@ mod tests {
             Some(&b"1.1.1.1, 2.2.2.2, 10.0.0.1"[..])
         );
         assert_eq!(value(&h, &X_FORWARDED_PROTO), Some(&b"https"[..]));
+    }
+
+    /// RFC 7239's `Forwarded` says what the `X-Forwarded-*` fields say, and frameworks read
+    /// it first: an untrusted peer's goes, a trusted one's stays. A name that reads as one of
+    /// limpet's with `_` for `-` goes whoever sent it (a CGI-style server maps both to
+    /// `HTTP_X_FORWARDED_FOR`); other names with `_` stay.
+    #[test]
+    fn forwarded_and_underscored_look_alikes_are_not_passed_on_as_the_client_s() {
+        let peer = &forwarded_for([10, 0, 0, 1].into());
+        let client = map(&[
+            ("forwarded", "for=6.6.6.6;proto=https;host=admin"),
+            ("x-forwarded_for", "6.6.6.6"),
+            ("x_forwarded_proto", "https"),
+            ("x-forwarded_host", "admin"),
+            ("x_request_id", "mine"),
+            ("x_forwarded", "kept"),
+            ("x-api_key", "kept"),
+            ("host", "shop"),
+        ]);
+        for trusted in [false, true] {
+            let h = forwarded(client.clone(), None, peer, false, trusted);
+            for gone in [
+                "x-forwarded_for",
+                "x_forwarded_proto",
+                "x-forwarded_host",
+                "x_request_id",
+            ] {
+                assert!(!h.contains_key(gone), "{gone} (trusted: {trusted})");
+            }
+            assert_eq!(
+                h.contains_key(header::FORWARDED),
+                trusted,
+                "trusted: {trusted}"
+            );
+            assert!(h.contains_key("x_forwarded") && h.contains_key("x-api_key"));
+            // The look-alike never extended the chain.
+            assert_eq!(value(&h, &X_FORWARDED_FOR), Some(&b"10.0.0.1"[..]));
+        }
     }
 
     #[test]

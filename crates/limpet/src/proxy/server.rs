@@ -1400,34 +1400,27 @@ async fn run_connection<C: ServerConn>(
                 // other limits hold too, on resets (a rapid reset after the GOAWAY went on
                 // for as long as the client liked, each reset a node connection) and on a
                 // head left unfinished (`idle_watch`, which the quiet second precedes
-                // otherwise).
-                tokio::select! {
-                    r = conn.as_mut() => Some(r),
-                    () = quiet_for(ctx, grace) => None,
-                    () = stall_watch(ctx), if !h1 => None,
-                    () = ctx.too_many_cancels.notified(), if !h1 => None,
-                    () = idle_watch(ctx, h1), if !h1 => None,
+                // otherwise). And a drain: what is in flight has `drain` from then, as on
+                // any connection (the listener's drain gives up waiting, it cuts nothing).
+                // The watch is the listener's own; the one `control` holds is borrowed.
+                let mut draining = ctx.shared().draining.clone();
+                // `Err`: the listener drains.
+                let closing = tokio::select! {
+                    r = conn.as_mut() => Ok(Some(r)),
+                    () = quiet_for(ctx, grace) => Ok(None),
+                    () = stall_watch(ctx), if !h1 => Ok(None),
+                    () = ctx.too_many_cancels.notified(), if !h1 => Ok(None),
+                    () = idle_watch(ctx, h1), if !h1 => Ok(None),
+                    () = drained(&mut draining) => Err(()),
+                };
+                match closing {
+                    Ok(r) => r,
+                    Err(()) => drain_tail(ctx, conn.as_mut(), h1).await,
                 }
             }
             Control::Drain => {
                 conn.as_mut().graceful_shutdown();
-                // In flight, a request has `drain` to finish. HTTP/2 without one goes once
-                // it has had no request in flight and taken no byte for the close grace: h2
-                // closes an idle connection only once the client acks the GOAWAY's PING, and
-                // one that never does (a frozen process, a vanished phone) held the stop for
-                // all of `drain`. An answer's last bytes h2 still holds keep it while the
-                // client takes them. (hyper closes an idle HTTP/1 connection at once.)
-                let grace = CLOSE_GRACE.min(ctx.shared().timeouts.header_read);
-                ctx.touch();
-                tokio::time::timeout(ctx.shared().timeouts.drain, async {
-                    tokio::select! {
-                        r = conn.as_mut() => Some(r),
-                        () = quiet_and_unwritten_for(ctx, grace), if !h1 => None,
-                    }
-                })
-                .await
-                .ok()
-                .flatten()
+                drain_tail(ctx, conn.as_mut(), h1).await
             }
             Control::Stall => {
                 tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle, its stream not cut alone: connection closed");
@@ -1482,6 +1475,31 @@ async fn run_connection<C: ServerConn>(
         }
     }
     false
+}
+
+/// The end of a connection whose listener drains, asked to close already (GOAWAY on
+/// HTTP/2): in flight, a request has `drain` to finish. HTTP/2 without one goes once it has
+/// had no request in flight and taken no byte for the close grace: h2 closes an idle
+/// connection only once the client acks the GOAWAY's PING, and one that never does (a frozen
+/// process, a vanished phone) held the stop for all of `drain`. An answer's last bytes h2
+/// still holds keep it while the client takes them. (hyper closes an idle HTTP/1
+/// connection at once.) `None` when the connection is dropped unfinished.
+async fn drain_tail<C: ServerConn>(
+    ctx: &Arc<ConnCtx>,
+    mut conn: Pin<&mut C>,
+    h1: bool,
+) -> Option<hyper::Result<()>> {
+    let grace = CLOSE_GRACE.min(ctx.shared().timeouts.header_read);
+    ctx.touch();
+    tokio::time::timeout(ctx.shared().timeouts.drain, async {
+        tokio::select! {
+            r = conn.as_mut() => Some(r),
+            () = quiet_and_unwritten_for(ctx, grace), if !h1 => None,
+        }
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// Which of a connection's watchers fired first.
