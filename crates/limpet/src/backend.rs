@@ -14,6 +14,7 @@
 //! | `/download?bytes=N` | streams N bytes (64 KiB chunks) |
 //! | `/headers` | the request headers as received, one `name: value` line each |
 //! | `/slow?ms=N` | waits N ms (at most 60 s), then answers |
+//! | `/events?ms=N` | server-sent events: `data: NAME`, every N ms (default 200, at least 10), for at most 10 minutes |
 //! | `/drop` | closes the connection without answering |
 //! | `/demo/...` | with [`DemoHooks`] only (`limpet demo`): the demo's control endpoint |
 //!
@@ -304,6 +305,30 @@ async fn handle(
                 .min(60_000);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             text(&name, StatusCode::OK, format!("node {name}\n"))
+        }
+        "/events" => {
+            let every = query_param(&req, "ms")
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(200)
+                .max(10);
+            let event = Bytes::from(format!("data: {name}\n\n"));
+            let mut ticks = tokio::time::interval(Duration::from_millis(every));
+            // Bounded, as every load loop of the tests is.
+            let ends = tokio::time::Instant::now() + Duration::from_secs(600);
+            let events = futures_util::stream::poll_fn(move |cx| {
+                if tokio::time::Instant::now() >= ends {
+                    return Poll::Ready(None);
+                }
+                ticks
+                    .poll_tick(cx)
+                    .map(|_| Some(Ok::<_, BoxError>(Frame::data(event.clone()))))
+            });
+            answer(
+                &name,
+                StatusCode::OK,
+                "text/event-stream",
+                BodyExt::boxed(http_body_util::StreamBody::new(events)),
+            )
         }
         "/drop" => return Err(Dropped),
         _ if path.starts_with("/status/") => {

@@ -971,6 +971,13 @@ pub struct ConnGuard {
     node: Arc<NodeRuntime>,
 }
 
+impl ConnGuard {
+    /// The node it counts a connection to.
+    pub fn node(&self) -> &Arc<NodeRuntime> {
+        &self.node
+    }
+}
+
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         // Never below zero: every decrement pairs with the increment in `open`.

@@ -649,3 +649,165 @@ async fn without_checks_a_hung_node_behind_http_and_tcp_listeners_goes_down() {
     drop((held, hung));
     l.stop().await;
 }
+
+/// An answer that streams (server-sent events) from a node, read as it comes: the node that
+/// answered and the end, once it comes (`Ok` for a clean end, `Err` for a cut).
+struct EventStream {
+    node: String,
+    ended: tokio::sync::oneshot::Receiver<Result<(), String>>,
+    events: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Opens `/events` through `web` with `cookie` over HTTP/1.1 (a GET, which limpet's own
+/// HTTP/1 path carries, or a POST with a body, which hyper's client carries) or HTTP/2, and
+/// waits for its first event.
+async fn events(web: std::net::SocketAddr, cookie: &str, how: &str) -> EventStream {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // No whole-request timeout: the answer is meant to last.
+    let mut client = reqwest::Client::builder().no_proxy();
+    if how == "h2" {
+        client = client.http2_prior_knowledge();
+    }
+    let client = client.build().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("http://{web}/events?ms=100");
+    let req = if how == "post" {
+        client.post(&url).body("a body")
+    } else {
+        client.get(&url)
+    };
+    let mut resp = req
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{how}: {e}"));
+    assert_eq!(resp.status(), 200, "{how}");
+    let node = resp
+        .headers()
+        .get(limpet::backend::NODE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let first = tokio::time::timeout(PATIENCE, resp.chunk())
+        .await
+        .unwrap_or_else(|_| panic!("{how}: no first event"));
+    assert!(matches!(first, Ok(Some(_))), "{how}: {first:?}");
+    let events = std::sync::Arc::new(AtomicUsize::new(1));
+    let (tx, ended) = tokio::sync::oneshot::channel();
+    let counted = std::sync::Arc::clone(&events);
+    let reader = tokio::spawn(async move {
+        let end = loop {
+            match resp.chunk().await {
+                Ok(Some(_)) => {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        let _ = tx.send(end);
+    });
+    EventStream {
+        node,
+        ended,
+        events,
+        reader,
+    }
+}
+
+/// Answers still streaming from a draining node (server-sent events over HTTP/1.1 on both of
+/// limpet's paths to the node, and over HTTP/2) go on until the drain's deadline, and are
+/// cut at it, as its tunnels are closed; the drain is then complete. Before, they ran on for
+/// as long as the node kept them going, the drain never complete.
+#[tokio::test]
+async fn answers_streaming_from_a_draining_node_are_cut_at_its_deadline() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("drain-streams", &config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let cookie = pin_to(&bare_client(), &url, "a").await;
+    let mut streams = Vec::new();
+    for how in ["get", "post", "h2"] {
+        let s = events(l.addr("web"), &cookie, how).await;
+        assert_eq!(s.node, "a", "{how}");
+        streams.push((how, s));
+    }
+    let set = tokio::time::Instant::now();
+    set_state(&l, "a", r#"{"state":"drain","deadline_secs":1}"#).await;
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["drain"]["complete"], false, "{view}");
+    for (how, s) in &mut streams {
+        let ended = tokio::time::timeout(PATIENCE, &mut s.ended)
+            .await
+            .unwrap_or_else(|_| panic!("{how}: still streaming {PATIENCE:?} after the drain"))
+            .unwrap_or_else(|e| panic!("{how}: {e}"));
+        let took = set.elapsed();
+        assert!(ended.is_err(), "{how}: cut, not ended cleanly");
+        // Kept until the deadline (a second), events coming all along.
+        assert!(
+            took >= Duration::from_millis(900),
+            "{how}: cut {took:?} after the drain, before its deadline"
+        );
+        assert!(
+            s.events.load(std::sync::atomic::Ordering::Relaxed) >= 5,
+            "{how}: the stream went on until the deadline"
+        );
+    }
+    assert!(set.elapsed() < Duration::from_millis(1000 + 2000));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let view = node_view(&l, "a").await;
+        if view["drain"]["complete"] == true {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    l.stop().await;
+}
+
+/// MAINT cuts an answer still streaming from the node at once, as it closes the node's
+/// tunnels; a node that stays UP keeps its streams.
+#[tokio::test]
+async fn maint_cuts_answers_streaming_from_the_node_at_once() {
+    let (_nodes, port) = backend_nodes(&NODES).await;
+    let cfg = ConfigFile::new("maint-streams", &config(port, ""));
+    let l = Limpet::start(&cfg).await;
+    let url = format!("http://{}/", l.addr("web"));
+    let on_a = pin_to(&bare_client(), &url, "a").await;
+    let on_b = pin_to(&bare_client(), &url, "b").await;
+    let mut a = events(l.addr("web"), &on_a, "h2").await;
+    let mut b = events(l.addr("web"), &on_b, "get").await;
+    assert_eq!((a.node.as_str(), b.node.as_str()), ("a", "b"));
+    let set = tokio::time::Instant::now();
+    set_state(&l, "a", r#"{"state":"maint"}"#).await;
+    let ended = tokio::time::timeout(PATIENCE, &mut a.ended)
+        .await
+        .unwrap_or_else(|_| panic!("still streaming {PATIENCE:?} after MAINT"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(ended.is_err(), "cut, not ended cleanly");
+    assert!(
+        set.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        set.elapsed()
+    );
+    // b's goes on: three more events come, and no end.
+    let before = b.events.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::timeout(PATIENCE, async {
+        while b.events.load(std::sync::atomic::Ordering::Relaxed) < before + 3 {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("b's stream stopped"));
+    assert!(b.ended.try_recv().is_err(), "b's stream goes on");
+    drop(b);
+    l.stop().await;
+}

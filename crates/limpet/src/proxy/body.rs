@@ -124,22 +124,63 @@ pub(crate) fn is_body_idle(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// The answer's node left rotation for its session while the answer still streamed: MAINT,
+/// DOWN under `close_on_node_down`, the session moved, or its moment past a drain deadline.
+/// The answer is cut, as a tunnel of the session is closed: a stream (server-sent events, a
+/// long poll, a download) held a drain from completing, and the session on the node, for
+/// as long as the node kept it going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NodeLeft(pub(crate) crate::nodes::EndReason);
+
+impl std::fmt::Display for NodeLeft {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the node left rotation for the session ({})",
+            self.0.as_str()
+        )
+    }
+}
+
+impl std::error::Error for NodeLeft {}
+
+/// What ends a streaming answer when its node leaves rotation for its session
+/// ([`NodeLeft`]).
+type AnswerEndWatch = Pin<Box<dyn Future<Output = crate::nodes::EndReason> + Send>>;
+
 /// The idle clock of a streamed body: armed lazily the first time the body has nothing to
 /// give (a body that always has bytes ready never allocates a timer), pushed back by every
-/// frame.
+/// frame. Armed, it also holds what ends the answer when its node leaves rotation.
 #[derive(Debug)]
 struct IdleClock {
     limit: Duration,
-    timer: Option<Pin<Box<Sleep>>>,
+    armed: Option<Box<Armed>>,
     /// A frame passed since the timer was last set.
     moved: bool,
+}
+
+/// An armed [`IdleClock`]: one box, so that an answer that never waits is no larger.
+struct Armed {
+    timer: Pin<Box<Sleep>>,
+    /// Set on the answer's first wait ([`ProxyBody::watch_node`]); `None` for an answer that
+    /// has nothing to watch (limpet's own, or one counted to no node).
+    end: Option<AnswerEndWatch>,
+}
+
+impl std::fmt::Debug for Armed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Armed")
+            .field("timer", &self.timer)
+            .field("end", &self.end.is_some())
+            .finish()
+    }
 }
 
 impl IdleClock {
     fn new(limit: Duration) -> Self {
         IdleClock {
             limit,
-            timer: None,
+            armed: None,
             moved: false,
         }
     }
@@ -151,19 +192,34 @@ impl IdleClock {
     /// Called when the body is pending: whether it has been quiet for too long.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         let deadline = Instant::now() + self.limit;
-        let timer = match &mut self.timer {
-            Some(t) => {
+        let armed = match &mut self.armed {
+            Some(a) => {
                 if self.moved {
-                    t.as_mut().reset(deadline);
+                    a.timer.as_mut().reset(deadline);
                 }
-                t
+                a
             }
-            None => self
-                .timer
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+            None => self.armed.insert(Box::new(Armed {
+                timer: Box::pin(tokio::time::sleep_until(deadline)),
+                end: None,
+            })),
         };
         self.moved = false;
-        timer.as_mut().poll(cx).is_ready()
+        armed.timer.as_mut().poll(cx).is_ready()
+    }
+
+    /// Whether the answer waits for its node with no end watch yet.
+    fn unwatched(&self) -> bool {
+        self.armed.as_ref().is_some_and(|a| a.end.is_none())
+    }
+
+    /// Polls the end watch, once one is set: why the answer must end, if it must.
+    fn poll_end(&mut self, cx: &mut Context<'_>) -> Option<crate::nodes::EndReason> {
+        let end = self.armed.as_mut()?.end.as_mut()?;
+        match end.as_mut().poll(cx) {
+            Poll::Ready(why) => Some(why),
+            Poll::Pending => None,
+        }
     }
 }
 
@@ -471,6 +527,15 @@ enum Inner {
 }
 
 impl Inner {
+    /// The node answer's idle clock, through an access log line.
+    fn idle_clock(&mut self) -> Option<&mut IdleClock> {
+        match self {
+            Inner::Upstream(_, idle) => Some(idle),
+            Inner::Logged(l) => l.inner.idle_clock(),
+            Inner::Local(_) | Inner::Failed(_) => None,
+        }
+    }
+
     fn is_end_stream(&self) -> bool {
         match self {
             Inner::Upstream(b, _) => b.is_end_stream(),
@@ -516,6 +581,8 @@ pub(crate) enum AnswerEnd {
     /// The client's connection or stream went away before the answer ended, or limpet
     /// closed it (a drain's deadline, a stalled HTTP/2 client).
     ClientGone,
+    /// Cut: the node left rotation for the session while the answer streamed ([`NodeLeft`]).
+    NodeLeft,
 }
 
 impl AnswerEnd {
@@ -526,12 +593,15 @@ impl AnswerEnd {
             AnswerEnd::NodeError => "node-error",
             AnswerEnd::ClientBody => "client-body",
             AnswerEnd::ClientGone => "client-gone",
+            AnswerEnd::NodeLeft => "node-left",
         }
     }
 
     /// The end that a body's error says.
     fn of_error(e: &(dyn std::error::Error + 'static), client_failed: bool) -> Self {
-        if client_failed {
+        if e.is::<NodeLeft>() {
+            AnswerEnd::NodeLeft
+        } else if client_failed {
             AnswerEnd::ClientBody
         } else if is_body_idle(e) {
             AnswerEnd::NodeIdle
@@ -823,20 +893,54 @@ impl Body for ProxyBody {
 }
 
 impl ProxyBody {
-    /// The answer's next frame; a logged answer notes it for its line.
+    /// The answer's next frame; a logged answer notes it for its line. An answer that waits
+    /// for its node watches, from its first wait, for the node leaving rotation for its
+    /// session ([`NodeLeft`]); one whose bytes are all there as it goes out never does.
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut cuts = Cuts {
             traffic: &mut self.traffic,
             request: self.request.as_deref(),
         };
-        match &mut self.inner {
-            Inner::Logged(l) => {
-                let r = poll_answer(&mut l.inner, &mut cuts, cx);
-                l.saw(&r, &cuts);
-                r
-            }
+        let mut r = match &mut self.inner {
+            Inner::Logged(l) => poll_answer(&mut l.inner, &mut cuts, cx),
             inner => poll_answer(inner, &mut cuts, cx),
+        };
+        if r.is_pending() {
+            if let Some(why) = self.watch_node(cx) {
+                // Not the node's failure: nothing is reported against it.
+                r = Poll::Ready(Some(Err(Box::new(NodeLeft(why)))));
+                match &mut self.inner {
+                    Inner::Logged(l) => l.inner = Inner::Failed(None),
+                    inner => *inner = Inner::Failed(None),
+                }
+            }
         }
+        if let Inner::Logged(l) = &mut self.inner {
+            let cuts = Cuts {
+                traffic: &mut self.traffic,
+                request: self.request.as_deref(),
+            };
+            l.saw(&r, &cuts);
+        }
+        r
+    }
+
+    /// Sets the end watch of an answer that waits for its node, the first time it does, and
+    /// polls it: why the answer must end now, if it must.
+    fn watch_node(&mut self, cx: &mut Context<'_>) -> Option<crate::nodes::EndReason> {
+        let idle = self.inner.idle_clock()?;
+        if idle.unwatched() {
+            let node = self
+                ._node
+                .as_ref()
+                .or_else(|| self._upload.as_ref().and_then(|u| u.node.as_ref()))?;
+            let ctx = self._active.as_ref()?;
+            let end: AnswerEndWatch = Box::pin(ctx.ctx().answer_end(node.node()));
+            if let Some(a) = idle.armed.as_mut() {
+                a.end = Some(end);
+            }
+        }
+        idle.poll_end(cx)
     }
 }
 

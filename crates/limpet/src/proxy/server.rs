@@ -393,6 +393,12 @@ pub(crate) struct ConnCtx {
     /// The last (session, node, second) this connection reported to its node's sessions-seen
     /// window: see [`ConnCtx::first_sighting`].
     last_sighting: AtomicU64,
+    /// The spread key of the connection's last answered request: an answer still streaming
+    /// when its node leaves rotation for the session is cut at the session's own moment
+    /// ([`super::body::ProxyBody`]). Kept here, not in each answer's body, which is moved
+    /// several times a request; an HTTP/2 connection's streams almost always carry one
+    /// session, and one that carries several has the moment of the latest.
+    last_spread: AtomicU64,
     started: Instant,
     /// When the connection was ready for its first bytes: taken, its PROXY header read and
     /// its TLS handshake done ([`FIRST_BYTES_GRACE`] runs from here).
@@ -446,6 +452,7 @@ impl ConnCtx {
             served: AtomicU64::new(0),
             last_touch_ms: AtomicU64::new(0),
             last_sighting: AtomicU64::new(0),
+            last_spread: AtomicU64::new(0),
             started: now,
             ready: now,
             shared: std::sync::Mutex::new(shared),
@@ -573,11 +580,29 @@ impl ConnCtx {
         spread: u64,
         now_ms: u64,
     ) -> bool {
+        self.last_spread.store(spread, Ordering::Relaxed);
         let second = now_ms / 1000;
         let tag = spread
             ^ (node.index() as u64).rotate_left(40)
             ^ second.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         self.last_sighting.swap(tag, Ordering::Relaxed) != tag
+    }
+
+    /// What ends an answer still streaming from `node` (see [`super::body::ProxyBody`]):
+    /// its session's end on the node, as a tunnel's ([`crate::nodes::NodeRuntime::session_end`]:
+    /// MAINT, DOWN under `close_on_node_down`, a move, the session's moment past a drain
+    /// deadline), for the connection's last session.
+    pub(crate) fn answer_end(
+        &self,
+        node: &Arc<crate::nodes::NodeRuntime>,
+    ) -> impl Future<Output = crate::nodes::EndReason> + Send + 'static {
+        let moves = node.watch(self.last_spread.load(Ordering::Relaxed));
+        let close_on_down = self.close_on_down(&self.shared().def);
+        let node = Arc::clone(node);
+        async move {
+            node.session_end(moves, || close_on_down.now(), close_on_down.reloads())
+                .await
+        }
     }
 
     /// Watches an HTTP/2 answer for the client stalling it (see [`stall_watch`]), with the
@@ -647,6 +672,11 @@ impl std::task::Wake for ConnCtx {
 pub(crate) struct ActiveGuard(Arc<ConnCtx>);
 
 impl ActiveGuard {
+    /// The connection the request came on.
+    pub(crate) fn ctx(&self) -> &Arc<ConnCtx> {
+        &self.0
+    }
+
     /// `arrived`: the request's clock reading as it came.
     pub(crate) fn new(ctx: &Arc<ConnCtx>, arrived: Instant) -> Self {
         // A request head came: hyper read the one before to its end (HTTP/1 reads one
