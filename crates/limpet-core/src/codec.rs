@@ -163,7 +163,8 @@ pub struct ReadPin {
     pub pin: Pin,
     /// When the request goes where the pin says ([`Decision::Sticky`]), re-issue the cookie
     /// (with [`CookieCodec::write`] and [`issued_ms`](Self::issued_ms)) to slide its idle
-    /// window or move it to the signing key. Always false in `name` mode.
+    /// window or move it to the signing key, or to renew its `Max-Age`
+    /// ([`CookieCodec::renewed_within`]). Always false in plain `name` mode.
     pub refresh: bool,
     /// When a verified signed token was first issued (ms since the epoch, whole seconds): a
     /// refreshed token keeps it, so its max lifetime stays where it was.
@@ -186,6 +187,11 @@ pub enum CookieCodec {
     /// The node's configured name.
     #[default]
     Name,
+    /// The node's configured name, re-issued on every answer that follows it: the cookie has
+    /// a `Max-Age`, which counts from when it was last set, and a name carries no time to
+    /// renew it by, so without this an active session's cookie would lapse `Max-Age` after
+    /// its first answer and the session be balanced afresh ([`CookieCodec::renewed_within`]).
+    NameRenewed,
     /// An opaque authenticated token.
     Signed(SignedCodec),
 }
@@ -196,6 +202,13 @@ impl CookieCodec {
     pub fn read(&self, value: Option<&[u8]>, pool: &Topology, now_ms: u64) -> ReadPin {
         match self {
             CookieCodec::Name => ReadPin::bare(pool.pin_by_name(value)),
+            CookieCodec::NameRenewed => {
+                let pin = pool.pin_by_name(value);
+                ReadPin {
+                    refresh: matches!(pin, Pin::Node(_)),
+                    ..ReadPin::bare(pin)
+                }
+            }
             CookieCodec::Signed(codec) => codec.read(value, pool, now_ms),
         }
     }
@@ -204,7 +217,7 @@ impl CookieCodec {
     /// [`ReadPin::issued_ms`] for a refresh. Name mode ignores the times.
     pub fn write(&self, node: NodeId, pool: &Topology, issued_ms: u64, now_ms: u64) -> String {
         match self {
-            CookieCodec::Name => pool.name(node).to_owned(),
+            CookieCodec::Name | CookieCodec::NameRenewed => pool.name(node).to_owned(),
             CookieCodec::Signed(codec) => codec.write(node, pool, issued_ms, now_ms),
         }
     }
@@ -228,10 +241,32 @@ impl CookieCodec {
         }
     }
 
+    /// The codec for a cookie sent with `Max-Age` `max_age_s` (`None`: a session cookie,
+    /// which lasts as long as the browser runs, and this codec as it is). A `Max-Age` counts
+    /// from when the cookie was last set, so an active session's cookie must be set again
+    /// before it lapses: in `name` mode on every answer that follows it (a name carries no
+    /// time; AWS's load balancer cookie is set on every answer too), in `signed` mode once
+    /// its token has been idle for half the `Max-Age`, if that comes before its usual
+    /// refresh (a quarter of `max_idle`).
+    pub fn renewed_within(self, max_age_s: Option<u64>) -> Self {
+        let Some(max_age_s) = max_age_s else {
+            return self;
+        };
+        match self {
+            CookieCodec::Name | CookieCodec::NameRenewed => CookieCodec::NameRenewed,
+            CookieCodec::Signed(mut c) => {
+                let half = u32::try_from(max_age_s / 2).unwrap_or(u32::MAX);
+                c.refresh_after_s = c.refresh_after_s.min(half);
+                CookieCodec::Signed(c)
+            }
+        }
+    }
+
     /// The same codec for another pool (after a reload). Keys and limits are kept.
     pub fn for_pool(&self, pool: &Topology) -> Result<Self, CodecError> {
         match self {
             CookieCodec::Name => Ok(CookieCodec::Name),
+            CookieCodec::NameRenewed => Ok(CookieCodec::NameRenewed),
             CookieCodec::Signed(codec) => codec.for_pool(pool).map(CookieCodec::Signed),
         }
     }
@@ -745,6 +780,42 @@ mod tests {
         assert_eq!(
             name.value_to_set(&sticky, &Decision::Sticky(a), &p, T0),
             None
+        );
+    }
+
+    /// A cookie with a `Max-Age` is set again before it lapses while its session is active:
+    /// a name on every sticky answer (it carries no time to renew it by), a signed token once
+    /// idle for half the `Max-Age` when that comes before a quarter of `max_idle`. Before, a
+    /// name cookie was set once, and an active session lost its node `Max-Age` after its
+    /// first answer. Without a `Max-Age` (a session cookie) nothing changes.
+    #[test]
+    fn a_cookie_with_a_max_age_is_renewed_while_its_session_is_active() {
+        let p = pool(&["a", "b"]);
+        let a = id(&p, "a");
+        let name = CookieCodec::Name.renewed_within(Some(60));
+        let sticky = name.read(Some(b"a"), &p, T0);
+        assert!(sticky.refresh);
+        assert_eq!(
+            name.value_to_set(&sticky, &Decision::Sticky(a), &p, T0)
+                .as_deref(),
+            Some("a")
+        );
+        // A pin that is not a node's is no sticky answer to renew.
+        assert!(!name.read(Some(b"zz"), &p, T0).refresh);
+        assert!(!name.read(None, &p, T0).refresh);
+        let plain = CookieCodec::Name.renewed_within(None);
+        assert!(!plain.read(Some(b"a"), &p, T0).refresh);
+        // Signed: IDLE's quarter, or half the Max-Age if sooner.
+        let c = signed(&[K1], &p);
+        let v = c.write(a, &p, T0, T0);
+        let short = signed(&[K1], &p).renewed_within(Some(20));
+        assert!(!read(&short, &v, &p, T0 + 9 * S).refresh);
+        assert!(read(&short, &v, &p, T0 + 10 * S).refresh);
+        let long = signed(&[K1], &p).renewed_within(Some(1_000_000));
+        assert_eq!(
+            read(&long, &v, &p, T0 + 10 * S).refresh,
+            read(&c, &v, &p, T0 + 10 * S).refresh,
+            "a long Max-Age leaves the usual refresh"
         );
     }
 

@@ -440,7 +440,7 @@ async fn tls_check_needs_a_completed_handshake() {
             }),
             addr,
         );
-        let detail = limpet::health::probe(&s.kind, s.addr, s.timeout).await;
+        let detail = limpet::health::probe(&s.kind, s.addr, s.timeout, None).await;
         assert_eq!(detail.ok, want_ok, "{detail:?}");
         assert_eq!(detail.kind, "tls");
         if !want_ok {
@@ -460,7 +460,11 @@ async fn tls_check_needs_a_completed_handshake() {
         }),
         plain,
     );
-    assert!(!limpet::health::probe(&s.kind, s.addr, s.timeout).await.ok);
+    assert!(
+        !limpet::health::probe(&s.kind, s.addr, s.timeout, None)
+            .await
+            .ok
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -687,4 +691,66 @@ async fn a_retimed_failing_check_keeps_the_node_down() {
     }
     let pool = sink.pool.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(pool.eligible(), &[] as &[limpet_core::NodeId]);
+}
+
+/// A check whose connection opens with a PROXY header (its listener sends one to the node
+/// port it probes) writes it first, v1 `UNKNOWN` or v2 `LOCAL`, then its request or
+/// handshake: a node that requires the header, as nginx's `listen ... proxy_protocol` does,
+/// passes it. Before, the request came first, the node closed the connection, and every
+/// check failed: the node DOWN for good.
+#[tokio::test(start_paused = true)]
+async fn a_check_sends_the_proxy_header_its_listener_sends_first() {
+    use limpet_core::proxy_protocol::{self, Version};
+    for version in [Version::V1, Version::V2] {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let mut header = Vec::new();
+        proxy_protocol::write_local(version, &mut header);
+        let (heads_tx, mut heads) = mpsc::unbounded_channel();
+        // A node that requires the header: anything else first, and it closes.
+        let _server = Server(tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let want = header.clone();
+                let tx = heads_tx.clone();
+                tokio::spawn(async move {
+                    let mut first = vec![0u8; want.len()];
+                    if s.read_exact(&mut first).await.is_err() || first != want {
+                        return;
+                    }
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16_384 {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+                    let _ = s
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        )
+                        .await;
+                });
+            }
+        }));
+        let mut s = spec(CheckKind::Http(HttpCheck::default()), addr);
+        s.proxy = Some(version);
+        s.fall = 1;
+        let (sink, mut rx) = sink(&["a"], &s);
+        let _checks = {
+            let mut c = HealthChecks::with_seed(3);
+            c.update(vec![("a".into(), s)], sink);
+            c
+        };
+        for _ in 0..3 {
+            let e = next(&mut rx).await;
+            assert!(e.ok, "{version:?}: {e:?}");
+            assert_eq!(e.detail.status, Some(200));
+            let head = heads.recv().await.unwrap_or_default();
+            assert!(head.starts_with("GET / HTTP/1.1\r\n"), "{head}");
+        }
+    }
 }

@@ -253,6 +253,7 @@ async fn a_tls_node_that_never_answers_http_goes_down_by_its_http_check() {
         }),
         SocketAddr::from(([127, 0, 0, 2], port)),
         PATIENCE,
+        None,
     )
     .await;
     assert!(handshake.ok, "a completes TLS handshakes: {handshake:?}");

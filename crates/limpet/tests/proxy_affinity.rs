@@ -636,3 +636,48 @@ async fn a_node_s_own_cookie_of_limpet_s_name_does_not_reach_the_client() {
     }
     proxy.stop().await;
 }
+
+/// A cookie with a `Max-Age` is set again on every answer that follows it (`name` mode: the
+/// value carries no time), with its `Max-Age`, so an active session's cookie never lapses
+/// while it is used; without a `Max-Age` a sticky answer sets none. Before, it was set on
+/// the first answer only, and a browser dropped it `Max-Age` later, busy or not: the
+/// session balanced afresh, its WebSocket left behind.
+#[tokio::test]
+async fn a_cookie_with_a_max_age_is_set_again_on_every_answer_that_follows_it() {
+    let ns = nodes(&["a", "b"]).await;
+    for max_age in [Some(60), None] {
+        let mut cfg = config(&ns);
+        cfg.sticky = Sticky::Cookie(limpet::proxy::CookieConfig {
+            spec: limpet_core::CookieSpec {
+                max_age,
+                ..limpet_core::CookieSpec::proxy_default()
+            },
+            ..Default::default()
+        });
+        let proxy = Proxy::start(cfg).await;
+        let client = plain_client();
+        let first = client.get(proxy.url("/")).send().await.expect("get");
+        let node = node_of(&first);
+        let set = common::set_cookie_in(first.headers()).expect("a fresh pin sets the cookie");
+        assert_eq!(set.contains("Max-Age=60"), max_age.is_some(), "{set}");
+        for _ in 0..3 {
+            let again = client
+                .get(proxy.url("/"))
+                .header("cookie", format!("route={node}"))
+                .send()
+                .await
+                .expect("get");
+            assert_eq!(node_of(&again), node);
+            let set = common::set_cookie_in(again.headers());
+            match max_age {
+                Some(_) => {
+                    let set = set.unwrap_or_else(|| panic!("renewed on a sticky answer"));
+                    assert!(set.starts_with(&format!("route={node};")), "{set}");
+                    assert!(set.contains("Max-Age=60"), "{set}");
+                }
+                None => assert_eq!(set, None, "a session cookie is not set again"),
+            }
+        }
+        proxy.stop().await;
+    }
+}

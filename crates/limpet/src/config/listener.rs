@@ -49,16 +49,18 @@ pub enum Failback {
 impl CookieConfig {
     /// The codec of this mode, built for `pool`.
     pub fn codec(&self, pool: &Topology) -> Result<CookieCodec, ConfigError> {
-        match &self.mode {
-            CookieMode::Name => Ok(CookieCodec::Name),
+        let codec = match &self.mode {
+            CookieMode::Name => CookieCodec::Name,
             CookieMode::Signed {
                 keys,
                 max_idle,
                 max_lifetime,
             } => SignedCodec::new(keys, *max_idle, *max_lifetime, pool)
                 .map(CookieCodec::Signed)
-                .map_err(|e| ConfigError(e.to_string())),
-        }
+                .map_err(|e| ConfigError(e.to_string()))?,
+        };
+        // A cookie with a `Max-Age` is set again before it lapses while its session is active.
+        Ok(codec.renewed_within(self.spec.max_age))
     }
 }
 

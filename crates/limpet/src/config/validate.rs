@@ -63,6 +63,16 @@ pub(super) fn check_port_of(
         .or((!l.upstreams.is_same_port()).then_some(l.node_port))
 }
 
+/// The PROXY header a check at `port` opens with: the listener's, when it sends one to its
+/// nodes and `port` is the node port it sends it to (a node that requires the header closes
+/// a connection without one, and every check would fail); none at a check port, as
+/// HAProxy's checks of a `send-proxy` server send none once a check `port` is set.
+pub(super) fn check_proxy_default(l: &ListenerDef, port: u16) -> Option<proxy_protocol::Version> {
+    l.proxy_protocol
+        .send
+        .filter(|_| !l.upstreams.is_same_port() && port == l.node_port)
+}
+
 /// Whether an `http` check that does not say (`tls` unset) runs over TLS at `port`: exactly
 /// when the listener reaches its nodes over TLS and `port` is the node port, where that TLS
 /// is. HAProxy's `server ... ssl check` likewise checks over TLS unless a check `port` is set
@@ -1816,6 +1826,7 @@ impl Validator<'_> {
                     }
                 }
                 let mut spec = CheckSpec::new(kind, SocketAddr::new(n.addr, port));
+                spec.proxy = check_proxy_default(l, port);
                 spec.interval = interval;
                 spec.timeout = timeout;
                 spec.jitter = jitter;
@@ -1958,5 +1969,41 @@ mod tests {
             answering(&format!("{nodes}{tls}")),
             [row("a", 9000, false), row("b", 8080, true)]
         );
+    }
+
+    /// A listener that sends its nodes a PROXY header has its checks of the node port open
+    /// with one too (a node that requires it closes every connection without it: every
+    /// check would fail); a check at a check port gets none, and the header tells two
+    /// checks apart.
+    #[test]
+    fn a_check_of_a_node_port_sent_proxy_headers_sends_one() {
+        use limpet_core::proxy_protocol::Version;
+        let text = |send: &str, check: &str| {
+            format!(
+                "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+                 [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\ncheck_port = 9000\n\n\
+                 [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+                 node_port = 8631\nproxy_protocol = {{ send = \"{send}\" }}\ncheck = {check}\n"
+            )
+        };
+        let proxies = |t: &str| {
+            let cfg = Config::from_text(std::path::Path::new("limpet.toml"), t)
+                .unwrap_or_else(|e| panic!("{e}\n{t}"));
+            cfg.lifecycle
+                .checks
+                .iter()
+                .map(|(n, c)| (n.clone(), c.addr.port(), c.proxy, c.label()))
+                .collect::<Vec<_>>()
+        };
+        let got = proxies(&text("v2", "{ kind = \"http\" }"));
+        assert_eq!(got[0].0, "a");
+        assert_eq!((got[0].1, got[0].2), (8631, Some(Version::V2)));
+        assert!(got[0].3.ends_with(" proxy v2"), "{got:?}");
+        assert_eq!((got[1].1, got[1].2), (9000, None), "b's check port");
+        let got = proxies(&text("v1", "{ kind = \"tcp\" }"));
+        assert_eq!(got[0].2, Some(Version::V1));
+        // A check `port` other than the node port: none.
+        let got = proxies(&text("v1", "{ kind = \"tcp\", port = 8080 }"));
+        assert_eq!(got[0].2, None);
     }
 }

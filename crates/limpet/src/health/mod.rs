@@ -194,6 +194,10 @@ pub struct CheckSpec {
     /// that streak nor makes such a request a slow one), so a node whose traffic port hangs
     /// while its check port answers goes DOWN on its unanswered requests.
     pub answers_for_traffic: bool,
+    /// The PROXY header the check's connection opens with: the listener's own, when the
+    /// check probes the node port its connections send one to (HAProxy's checks of a
+    /// `send-proxy` server, without a check `port`). A check port gets none.
+    pub proxy: Option<limpet_core::proxy_protocol::Version>,
 }
 
 impl CheckSpec {
@@ -210,6 +214,7 @@ impl CheckSpec {
             rise: 2,
             jitter: interval / 10,
             answers_for_traffic: true,
+            proxy: None,
         }
     }
 
@@ -225,10 +230,22 @@ impl CheckSpec {
 
     /// A short label naming the check, e.g. `tcp 127.0.0.1:9100`, `http 127.0.0.1:8081 GET
     /// /health` (with ` host H` and ` expect R` when set, and ` over tls name N` when it runs
-    /// over TLS), `tls 127.0.0.1:8443 name n.example`. It is the check's identity on its
+    /// over TLS), `tls 127.0.0.1:8443 name n.example`, each with ` proxy v1` or ` proxy v2`
+    /// when its connection opens with a PROXY header. It is the check's identity on its
     /// node: two listeners asking for the same check share one, and checks that differ in
     /// what they ask (two paths on one port, or one port plain and over TLS) both run.
     pub fn label(&self) -> String {
+        let mut l = self.what();
+        match self.proxy {
+            Some(limpet_core::proxy_protocol::Version::V1) => l.push_str(" proxy v1"),
+            Some(limpet_core::proxy_protocol::Version::V2) => l.push_str(" proxy v2"),
+            None => {}
+        }
+        l
+    }
+
+    /// What the check asks, for [`Self::label`].
+    fn what(&self) -> String {
         let (kind, addr) = (self.kind.as_str(), self.addr);
         match &self.kind {
             CheckKind::Tcp => format!("{kind} {addr}"),
@@ -607,7 +624,7 @@ async fn run_check(
     loop {
         tokio::time::sleep_until(next).await;
         let started = Instant::now();
-        let detail = probe(&spec.kind, spec.addr, spec.timeout).await;
+        let detail = probe(&spec.kind, spec.addr, spec.timeout, spec.proxy).await;
         let local = detail.error.as_deref().and_then(|e| {
             if e.starts_with(probe::LOCAL_FAILURE) {
                 Some(true)

@@ -13,16 +13,26 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
+use limpet_core::proxy_protocol;
+
 use super::{CheckDetail, CheckKind, HttpCheck, TlsCheck};
 
-/// Runs one check and reports its outcome.
-pub async fn probe(kind: &CheckKind, addr: SocketAddr, timeout: Duration) -> CheckDetail {
+/// Runs one check and reports its outcome. With `proxy`, the connection opens with a PROXY
+/// header naming no client (v1 `UNKNOWN`, v2 `LOCAL`), as the listener's own connections to
+/// the port open with one: a node that requires it closes any connection without it.
+pub async fn probe(
+    kind: &CheckKind,
+    addr: SocketAddr,
+    timeout: Duration,
+    proxy: Option<proxy_protocol::Version>,
+) -> CheckDetail {
     let started = Instant::now();
     let result = tokio::time::timeout(timeout, async {
+        let stream = connect(addr, proxy).await?;
         match kind {
-            CheckKind::Tcp => tcp(addr).await.map(|()| None),
-            CheckKind::Http(h) => http(addr, h).await.map(Some),
-            CheckKind::Tls(t) => tls(addr, t).await.map(|()| None),
+            CheckKind::Tcp => Ok(None),
+            CheckKind::Http(h) => http(stream, addr, h).await.map(Some),
+            CheckKind::Tls(t) => handshake(stream, t).await.map(|_| None),
         }
     })
     .await;
@@ -67,8 +77,11 @@ impl Failure {
     }
 }
 
-async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
-    let s = TcpStream::connect(addr).await.map_err(|e| {
+async fn connect(
+    addr: SocketAddr,
+    proxy: Option<proxy_protocol::Version>,
+) -> Result<TcpStream, Failure> {
+    let mut s = TcpStream::connect(addr).await.map_err(|e| {
         if crate::error::out_of_fds(&e) {
             Failure::new(format!("{LOCAL_FAILURE}: {e}"))
         } else if crate::error::no_local_port(&e) {
@@ -78,15 +91,17 @@ async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
         }
     })?;
     let _ = s.set_nodelay(true);
+    if let Some(v) = proxy {
+        let mut header = Vec::with_capacity(16);
+        proxy_protocol::write_local(v, &mut header);
+        tokio::io::AsyncWriteExt::write_all(&mut s, &header)
+            .await
+            .map_err(|e| Failure::new(format!("PROXY header: {e}")))?;
+    }
     Ok(s)
 }
 
-async fn tcp(addr: SocketAddr) -> Result<(), Failure> {
-    connect(addr).await.map(drop)
-}
-
-async fn http(addr: SocketAddr, check: &HttpCheck) -> Result<u16, Failure> {
-    let stream = connect(addr).await?;
+async fn http(stream: TcpStream, addr: SocketAddr, check: &HttpCheck) -> Result<u16, Failure> {
     match &check.tls {
         Some(tls) => request(handshake(stream, tls).await?, addr, check).await,
         None => request(stream, addr, check).await,
@@ -124,10 +139,6 @@ where
             status: Some(status),
         })
     }
-}
-
-async fn tls(addr: SocketAddr, check: &TlsCheck) -> Result<(), Failure> {
-    handshake(connect(addr).await?, check).await.map(drop)
 }
 
 /// A TLS handshake over `stream`, verified as `check` says.

@@ -1291,7 +1291,16 @@ impl State {
         }
         if let Some(t) = t {
             self.lifecycle.transition(rt.name(), t);
+            // A check's result is logged where the check runs, with the check and its error
+            // (`crate::health`): one line per change, not two.
+            let by_check = matches!(
+                obs,
+                Observation::CheckPassed(_)
+                    | Observation::CheckFailed(_)
+                    | Observation::CheckConnected(_)
+            );
             match t {
+                _ if by_check => {}
                 Transition::WentDown => tracing::warn!(node = rt.name(), cause = ?obs, "node DOWN"),
                 Transition::WentUp => tracing::info!(node = rt.name(), cause = ?obs, "node UP"),
             }
