@@ -80,10 +80,13 @@ pub struct NodeRuntime {
     moves: Mutex<MoveWatchers>,
     /// The board's: where moves are told besides ([`NodeBoard::tell_moves`]).
     moves_told: Arc<MovesTold>,
-    /// The send time ([`clock::us_at`]) of the youngest request the node has answered:
-    /// what tells a request slow by itself from a hung node ([`limpet_core::answered_since`]).
-    /// An atomic, not the status lock: it moves with every answer.
-    youngest_answered_us: AtomicU64,
+    /// The send time ([`clock::us_at`]) of the youngest request the node has answered, per
+    /// port: what tells a request slow by itself from a hung node
+    /// ([`limpet_core::answered_since`]). Per port, because a node reached on several (a
+    /// print server's web and IPP ports) can hang on one while the other answers: an
+    /// answer on the live port says nothing of the hung one's requests. Atomics, not the
+    /// status lock: it moves with every answer.
+    youngest_answered: AnsweredByPort,
     /// How many times a reload gave the node another address ([`Self::readdress`]):
     /// changed and read under the status lock, so that what a request or session saw at an
     /// address the node no longer has is told apart from what it sees at its address now
@@ -194,6 +197,47 @@ pub(crate) async fn unless_down<T>(
     }
 }
 
+/// The youngest answered request's send time of each port of a node ([`NodeRuntime::answered`]):
+/// a few slots, each claimed by the first port that uses it, found by a scan that ends at
+/// the first slot for most nodes (one port). Ports beyond them share the last slot, and read
+/// there as one port, as the whole node did before: a node reached on more than
+/// [`ANSWERED_PORTS`] ports is rare.
+#[derive(Debug)]
+struct AnsweredByPort {
+    /// Each slot's port plus one (0: free), and its youngest answered send time.
+    slots: [(AtomicU32, AtomicU64); ANSWERED_PORTS],
+}
+
+/// How many ports of a node have a youngest answer of their own.
+const ANSWERED_PORTS: usize = 8;
+
+impl Default for AnsweredByPort {
+    fn default() -> Self {
+        AnsweredByPort {
+            slots: std::array::from_fn(|_| (AtomicU32::new(0), AtomicU64::new(0))),
+        }
+    }
+}
+
+impl AnsweredByPort {
+    /// The youngest answered send time of `port`, its slot claimed if it has none yet.
+    fn of(&self, port: u16) -> &AtomicU64 {
+        let tag = u32::from(port) + 1;
+        for (p, youngest) in &self.slots {
+            match p.load(Ordering::Acquire) {
+                t if t == tag => return youngest,
+                0 => match p.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return youngest,
+                    Err(t) if t == tag => return youngest,
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+        }
+        &self.slots[ANSWERED_PORTS - 1].1
+    }
+}
+
 /// Why a long-lived session on a node ends ([`NodeRuntime::session_end`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndReason {
@@ -296,7 +340,7 @@ impl NodeRuntime {
             admission: Admission::default(),
             moves: Mutex::new(MoveWatchers::new()),
             moves_told,
-            youngest_answered_us: AtomicU64::new(0),
+            youngest_answered: AnsweredByPort::default(),
             readdressed: AtomicU64::new(0),
             down: tokio::sync::Notify::new(),
             downs: AtomicU64::new(0),
@@ -465,21 +509,24 @@ impl NodeRuntime {
         })
     }
 
-    /// The node answered a request sent at `sent_us` ([`clock::us_at`]).
-    pub fn answered(&self, sent_us: u64) {
+    /// The node answered, on its `port`, a request sent at `sent_us` ([`clock::us_at`]).
+    pub fn answered(&self, port: u16, sent_us: u64) {
+        let youngest = self.youngest_answered.of(port);
         // A plain load first: under steady traffic the youngest answer is most often this
         // one, but answers of one node from several threads need not come in send order.
-        if self.youngest_answered_us.load(Ordering::Relaxed) < sent_us {
-            self.youngest_answered_us
-                .fetch_max(sent_us, Ordering::Relaxed);
+        if youngest.load(Ordering::Relaxed) < sent_us {
+            youngest.fetch_max(sent_us, Ordering::Relaxed);
         }
     }
 
-    /// Whether the node has answered a request sent after `sent_us`: then a request sent
-    /// at `sent_us` that it did not answer in time is slow by itself, not a sign that the
-    /// node hangs ([`limpet_core::answered_since`]).
-    pub fn answered_since(&self, sent_us: u64) -> bool {
-        limpet_core::answered_since(sent_us, self.youngest_answered_us.load(Ordering::Relaxed))
+    /// Whether the node has answered, on its `port`, a request sent after `sent_us`: then a
+    /// request sent there at `sent_us` that it did not answer in time is slow by itself, not
+    /// a sign that the node hangs ([`limpet_core::answered_since`]).
+    pub fn answered_since(&self, port: u16, sent_us: u64) -> bool {
+        limpet_core::answered_since(
+            sent_us,
+            self.youngest_answered.of(port).load(Ordering::Relaxed),
+        )
     }
 
     /// A watch for the node's health going DOWN from now on (not for it being DOWN already:
@@ -1093,6 +1140,26 @@ impl NodeBoard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each port of a node has its youngest answer: one port's answers say nothing of
+    /// another's requests. Ports beyond the slots share the last one, as the whole node did.
+    #[test]
+    fn each_port_of_a_node_has_its_youngest_answer() {
+        let a = AnsweredByPort::default();
+        a.of(80).fetch_max(100, Ordering::Relaxed);
+        assert_eq!(a.of(80).load(Ordering::Relaxed), 100);
+        assert_eq!(a.of(631).load(Ordering::Relaxed), 0, "another port");
+        a.of(631).fetch_max(50, Ordering::Relaxed);
+        assert_eq!(a.of(80).load(Ordering::Relaxed), 100);
+        // Port 0 is a port like any other (its slot's tag is 1, not "free").
+        assert_eq!(a.of(0).load(Ordering::Relaxed), 0);
+        for p in 1000..1000 + ANSWERED_PORTS as u16 {
+            a.of(p).fetch_max(u64::from(p), Ordering::Relaxed);
+        }
+        // Eight slots: 80, 631, 0 and five more; the rest share the last.
+        assert!(std::ptr::eq(a.of(1007), a.of(1006)));
+        assert!(!std::ptr::eq(a.of(80), a.of(631)));
+    }
     use limpet_core::NodeState;
 
     fn node() -> Arc<NodeRuntime> {

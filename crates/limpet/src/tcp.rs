@@ -867,7 +867,8 @@ fn try_due_answer_trial(state: &Arc<State>, now: u64, def: &Arc<ListenerDef>, lo
                     crate::tls::upstream_name(u.server_name.as_deref(), addr.ip()),
                 )
             });
-            crate::proxy::upstream::counted_as_answer(state.node_rt(n).cloned(), async move {
+            let rt = state.node_rt(n).cloned().map(|rt| (rt, addr.port()));
+            crate::proxy::upstream::counted_as_answer(rt, async move {
                 let tls = tls.as_ref().map(|(c, name)| (c, name.clone()));
                 crate::proxy::upstream::answers_at(addr, tls, connect, answer).await
             })

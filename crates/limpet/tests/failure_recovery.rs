@@ -5878,3 +5878,91 @@ async fn a_byte_stream_tunnel_cut_by_maint_is_reset_on_both_sides() {
     proxy.stop().await;
     node.task.abort();
 }
+
+/// A node reached on two ports, one of which hangs while the other answers (a print
+/// server's web port up, its IPP port hung): a request left unanswered on the hung port is
+/// its node's failure, charged and replayed on another node when it is a GET, its session
+/// re-pinned there, however busily the other port answers. Before, any answer of the
+/// node's, on whatever port, made each such request "slow by itself": answered 504, never
+/// replayed, never charged, the session pinned to the hung port for good. (The other port's
+/// answers keep the node UP, as documented: health is the node's; a check of each port,
+/// as the print-server example has, takes it DOWN.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_port_of_a_node_whose_other_port_answers_is_the_node_s_failure() {
+    let (wa, wb, web_port) = common_port_pair().await;
+    let (ia, ib, ipp_port) = common_port_pair().await;
+    let _web = (Backend::serve("a", wa), Backend::serve("b", wb));
+    let _ipp_b = Backend::serve("b", ib);
+    // a's IPP port takes connections and requests and answers none.
+    let hung = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = ia.accept().await {
+            held.push(s);
+        }
+    });
+    let listener = |name: &str, port: u16| {
+        format!(
+            "[[listeners]]\nname = \"{name}\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             timeouts = {{ upstream_answer = \"1s\", drain = \"1s\" }}\n\n"
+        )
+    };
+    let cfg = ConfigFile::new(
+        "hung-port",
+        &format!(
+            "{}[health]\nfall = 2\nfail_timeout = \"1h\"\n\n{}{}[admin]\nlisten = \"127.0.0.1:0\"\n",
+            nodes_toml(&[("a", "127.0.0.2"), ("b", "127.0.0.3")]),
+            listener("web", web_port),
+            listener("ipp", ipp_port),
+        ),
+    );
+    let l = Limpet::start(&cfg).await;
+    // a's web port answers all along: a GET of the session every 50 ms (bounded).
+    let web = format!("http://{}/", l.addr("web"));
+    let busy = Arc::new(AtomicBool::new(true));
+    let answered_by_a = Arc::new(AtomicU64::new(0));
+    let web_traffic = tokio::spawn({
+        let (busy, answered_by_a) = (Arc::clone(&busy), Arc::clone(&answered_by_a));
+        async move {
+            for _ in 0..400 {
+                if !busy.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = bare_client()
+                    .get(&web)
+                    .header("cookie", "route=a")
+                    .send()
+                    .await;
+                if r.is_ok_and(|r| node_of(r.headers()) == "a") {
+                    answered_by_a.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let ipp = format!("http://{}/", l.addr("ipp"));
+    for i in 0..2 {
+        let before = answered_by_a.load(Ordering::Relaxed);
+        let r = bare_client()
+            .get(&ipp)
+            .header("cookie", "route=a")
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {i}: {e}"));
+        let (status, node) = (r.status().as_u16(), node_of(r.headers()));
+        let repin = route_cookie_of(r.headers());
+        assert_eq!((status, node.as_str()), (200, "b"), "GET {i}: replayed");
+        assert_eq!(repin.as_deref(), Some("route=b"), "GET {i}: re-pinned");
+        // The web port answered meanwhile: before, that made the request slow by itself.
+        assert!(
+            answered_by_a.load(Ordering::Relaxed) > before,
+            "GET {i}: a's web port answered nothing meanwhile"
+        );
+    }
+    let view = node_view(&l, "a").await;
+    assert_eq!(view["traffic"]["errors"], 2, "charged: {view}");
+    assert_eq!(view["traffic"]["answers_slow"], 0, "{view}");
+    busy.store(false, Ordering::Relaxed);
+    let _ = web_traffic.await;
+    hung.abort();
+    l.stop().await;
+}

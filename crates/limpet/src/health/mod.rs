@@ -299,11 +299,11 @@ pub trait HealthSink: Send + Sync + 'static {
     /// its last result no longer counts.
     fn forget(&self, node: &str, check: CheckSlot);
 
-    /// An HTTP check of `node` sent at `sent_at` was answered (whatever its status): the
-    /// node's process answers requests, a sign of life for the slow-request rule
+    /// An HTTP check of `node` at its `port` sent at `sent_at` was answered (whatever its
+    /// status): the node's process there answers requests, a sign of life for the slow-request rule
     /// (`limpet_core::answered_since`) as an answer to traffic is. A completed TCP connect
     /// or TLS handshake is not one: a stopped process's kernel completes connects.
-    fn answered(&self, _node: &str, _sent_at: Instant) {}
+    fn answered(&self, _node: &str, _port: u16, _sent_at: Instant) {}
 }
 
 /// What the admin API shows of one check.
@@ -649,7 +649,7 @@ async fn run_check(
         }
         let answered = detail.status.is_some() && spec.answers_for_traffic;
         if answered {
-            sink.answered(&node, started);
+            sink.answered(&node, spec.addr.port(), started);
         }
         let t = sink.record(&node, slot, detail.ok, answered, &detail);
         board.update(&node, &label, &detail, t.is_some());

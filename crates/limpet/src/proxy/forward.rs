@@ -692,7 +692,8 @@ fn proxy<'a, 'b>(
                 |n, _| {
                     let conns = shared.conns.get(n.index()).cloned();
                     let rt = shared.state.node_rt(n).cloned();
-                    super::upstream::counted_as_answer(rt, async move {
+                    let port = conns.as_ref().map(|c| c.addr().port());
+                    super::upstream::counted_as_answer(rt.zip(port), async move {
                         match conns {
                             Some(c) => c.answers(answer).await,
                             None => Err(crate::error::UpstreamError::new(
@@ -1637,8 +1638,8 @@ const CLIENT_QUIET_BEFORE_NODE_GAVE_UP: Duration = Duration::from_secs(1);
 /// latency is counted, on one clock reading.
 fn answered(shared: &Shared, node: NodeId, sent_at: Instant, seen_in: Option<&SeenIn>) {
     let now = Instant::now();
-    if let Some(rt) = shared.state.node_rt(node) {
-        rt.answered(clock::us_at(sent_at));
+    if let (Some(rt), Some(port)) = (shared.state.node_rt(node), node_port(shared, node)) {
+        rt.answered(port, clock::us_at(sent_at));
     }
     SeenIn::observe_at(
         seen_in,
@@ -1717,13 +1718,21 @@ async fn wait_answer<T, E>(
     .await
 }
 
+/// The port of `node` this listener's requests go to: a node's answers tell its requests
+/// slow by themselves only on the port they were sent to ([`crate::nodes::NodeRuntime::answered`]).
+fn node_port(shared: &Shared, node: NodeId) -> Option<u16> {
+    shared.conns.get(node.index()).map(|c| c.addr().port())
+}
+
 /// The error of a request sent to `node` at `sent_at` that got no answer head within the
-/// answer timeout: slow by itself if the node answered a younger request meanwhile.
+/// answer timeout: slow by itself if the node answered a younger request meanwhile, on the
+/// same port.
 fn unanswered(shared: &Shared, node: NodeId, sent_at: Instant, pooled: bool) -> UpstreamError {
     let alive = shared
         .state
         .node_rt(node)
-        .is_some_and(|rt| rt.answered_since(clock::us_at(sent_at)));
+        .zip(node_port(shared, node))
+        .is_some_and(|(rt, port)| rt.answered_since(port, clock::us_at(sent_at)));
     if alive {
         if let Some(t) = shared.metrics.node_traffic(node) {
             t.answer_slow();

@@ -464,17 +464,17 @@ pub(crate) fn answer_trial_hold(connect: Duration, answer: Duration) -> Duration
     connect * 3 + answer
 }
 
-/// `trial`, limpet's own `OPTIONS *` of a node, its answer counted as any answer of the
-/// node's (`rt`): a request sent before it that times out is slow by itself, not the node's
-/// silence.
+/// `trial`, limpet's own `OPTIONS *` of a node at a port, its answer counted as any answer
+/// of the node's there (`rt` and the port): a request sent there before it that times out
+/// is slow by itself, not the node's silence.
 pub(crate) async fn counted_as_answer(
-    rt: Option<Arc<crate::nodes::NodeRuntime>>,
+    rt: Option<(Arc<crate::nodes::NodeRuntime>, u16)>,
     trial: impl std::future::Future<Output = Result<(), UpstreamError>>,
 ) -> Result<(), UpstreamError> {
     let sent = tokio::time::Instant::now();
     let r = trial.await;
-    if let (Ok(()), Some(rt)) = (&r, rt) {
-        rt.answered(crate::clock::us_at(sent));
+    if let (Ok(()), Some((rt, port))) = (&r, rt) {
+        rt.answered(port, crate::clock::us_at(sent));
     }
     r
 }

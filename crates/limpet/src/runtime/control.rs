@@ -56,11 +56,11 @@ impl HealthSink for RuntimeSink {
         }
     }
 
-    fn answered(&self, node: &str, sent_at: tokio::time::Instant) {
+    fn answered(&self, node: &str, port: u16, sent_at: tokio::time::Instant) {
         if let Some(rt) = self.runtime.upgrade() {
             let state = rt.state();
             if let Some(n) = state.node_id(node).and_then(|id| state.node_rt(id)) {
-                n.answered(crate::clock::us_at(sent_at));
+                n.answered(port, crate::clock::us_at(sent_at));
             }
         }
     }
