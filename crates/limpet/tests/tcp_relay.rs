@@ -1609,3 +1609,132 @@ async fn a_tls_node_that_ends_without_close_notify_gives_a_tls_client_a_clean_en
     running.stop().await;
     node.abort();
 }
+
+/// An HTTP node over TLS that holds each connection's handshake until `go`, then answers
+/// one request naming itself (`X-Limpet-Node`) and closes; it tells each connection as it
+/// arrives, and each request it answers.
+async fn held_tls_http_node(
+    listener: tokio::net::TcpListener,
+    name: &'static str,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+    events: tokio::sync::mpsc::UnboundedSender<(&'static str, &'static str)>,
+    go: tokio::sync::watch::Receiver<bool>,
+) {
+    while let Ok((s, _)) = listener.accept().await {
+        let (tls, events, mut go) = (std::sync::Arc::clone(&tls), events.clone(), go.clone());
+        tokio::spawn(async move {
+            let _ = events.send((name, "connection"));
+            if go.wait_for(|g| *g).await.is_err() {
+                return;
+            }
+            let Ok(mut t) = tokio_rustls::TlsAcceptor::from(tls).accept(s).await else {
+                return;
+            };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match t.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = events.send((name, "request"));
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nX-Limpet-Node: {name}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let _ = t.write_all(answer.as_bytes()).await;
+            let _ = t.shutdown().await;
+        });
+    }
+}
+
+/// An HTTP request whose connection to its pinned node is still being made (here the TLS
+/// handshake, held by the node; a SYN retransmitted is the same window) when the node goes
+/// into MAINT: nothing of it was sent, so it routes again, to the other node, re-pinned
+/// there, and the node in MAINT gets no request. Before, the request went to the node in
+/// MAINT once its handshake completed (a TCP session in the same place was already routed
+/// again: `a_node_that_leaves_rotation_while_a_session_connects_to_it_is_not_given_the_session`).
+#[tokio::test]
+async fn an_http_request_whose_node_goes_into_maint_while_it_connects_goes_elsewhere() {
+    let pki = Pki::new();
+    let tls = pki.server("node", &["127.0.0.2", "127.0.0.3"]);
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let (la, lb, port) = common::ports::common_port_pair().await;
+    let (go, go_rx) = tokio::sync::watch::channel(false);
+    let nodes = [
+        tokio::spawn(held_tls_http_node(
+            la,
+            "a",
+            std::sync::Arc::clone(&tls),
+            events_tx.clone(),
+            go_rx.clone(),
+        )),
+        tokio::spawn(held_tls_http_node(lb, "b", tls, events_tx, go_rx)),
+    ];
+    let dir = TempDir::new("http-left");
+    let cfg = config(
+        &dir,
+        &format!(
+            "[[nodes]]\nname = \"a\"\naddress = \"127.0.0.2\"\n\n\
+             [[nodes]]\nname = \"b\"\naddress = \"127.0.0.3\"\n\n\
+             [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = {port}\n\
+             upstream_tls = {{ verify = \"none\" }}\n"
+        ),
+    );
+    let running = start(cfg).await.expect("start");
+    let url = format!("http://{}/", running.addr("web").expect("addr"));
+    let client = tokio::spawn(async move {
+        let r = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client")
+            .get(&url)
+            .header("cookie", "route=a")
+            .send()
+            .await
+            .expect("answer");
+        let node = r
+            .headers()
+            .get("x-limpet-node")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let set = common::set_cookie_in(r.headers());
+        (r.status().as_u16(), node, set)
+    });
+    let first = tokio::time::timeout(common::PATIENCE, events.recv())
+        .await
+        .expect("the request's connect reaches a node")
+        .expect("nodes run");
+    assert_eq!(first, ("a", "connection"));
+    let state = running.runtime().state();
+    assert!(state
+        .set_admin("a", limpet_core::AdminState::Maint)
+        .is_some());
+    go.send_replace(true);
+    let (status, node, set) = tokio::time::timeout(common::PATIENCE, client)
+        .await
+        .expect("answered")
+        .expect("client task");
+    assert_eq!(
+        (status, node.as_str()),
+        (200, "b"),
+        "went to the node in MAINT"
+    );
+    assert!(
+        set.as_deref().is_some_and(|s| s.starts_with("route=b;")),
+        "re-pinned: {set:?}"
+    );
+    let mut requests = Vec::new();
+    while let Ok((n, what)) = events.try_recv() {
+        if what == "request" {
+            requests.push(n);
+        }
+    }
+    assert_eq!(requests, ["b"], "only b got a request");
+    drop(state);
+    running.stop().await;
+    for n in nodes {
+        n.abort();
+    }
+}

@@ -1242,6 +1242,26 @@ impl<'a> Attempt<'a> {
     /// The node left rotation while the request waited in its queue: the request routes
     /// again without it (the answer re-pins for `why`). Nothing was sent: no passive failure
     /// and no failed attempt are counted.
+    /// After a fresh connect to `node` (which may take up to `connect`, and a TLS handshake
+    /// besides): whether the node left rotation for the session meanwhile, MAINT or its
+    /// moment past a drain deadline (a DOWN is watched during the connect itself). Nothing
+    /// of the request was sent: it routes again without the node, nothing charged, as a TCP
+    /// session does. Before, it went to a node in MAINT. Not for a trial, made on a DOWN
+    /// node on purpose.
+    fn left_meanwhile(&self, node: NodeId) -> Option<limpet_core::RepinReason> {
+        if self.route.trial {
+            return None;
+        }
+        let rt = self.shared().state.node_rt(node)?;
+        match rt
+            .status()
+            .session_end(clock::now_ms(), self.presented.spread, true)
+        {
+            limpet_core::SessionEnd::Now(why) => Some(why),
+            _ => None,
+        }
+    }
+
     fn leave(&mut self, node: NodeId, why: limpet_core::RepinReason) -> Result<(), UpstreamError> {
         if self.route_without(node, why) {
             return Ok(());
@@ -1405,8 +1425,8 @@ impl<'a> Attempt<'a> {
                             force_fresh = false;
                             continue;
                         }
-                        Err(Direct::LeftDown) => {
-                            self.leave(node, limpet_core::RepinReason::NodeDown)?;
+                        Err(Direct::Left(why)) => {
+                            self.leave(node, why)?;
                             force_fresh = false;
                             continue;
                         }
@@ -1449,7 +1469,14 @@ impl<'a> Attempt<'a> {
                     )
                     .await
                     {
-                        Some(Ok(s)) => s,
+                        Some(Ok(s)) => match self.left_meanwhile(node) {
+                            None => s,
+                            Some(why) => {
+                                self.leave(node, why)?;
+                                force_fresh = self.upgrade;
+                                continue;
+                            }
+                        },
                         Some(Err(e)) => {
                             self.fail_over(node, &e)?;
                             force_fresh = self.upgrade;
@@ -1745,9 +1772,10 @@ fn unanswered(shared: &Shared, node: NodeId, sent_at: Instant, pooled: bool) -> 
 enum Direct {
     /// A kept-alive connection turned out closed before any answer byte: retry fresh.
     Stale,
-    /// The node went DOWN while the connection to it was being made: nothing sent, nothing
-    /// charged; routed again without it ([`connect_unless_down`]).
-    LeftDown,
+    /// The node left rotation for the session while the connection to it was being made
+    /// (DOWN, [`connect_unless_down`]; MAINT or past a drain, [`Attempt::left_meanwhile`]):
+    /// nothing sent, nothing charged; routed again without it.
+    Left(limpet_core::RepinReason),
     /// No connection to the node (connect failed): fail over, as on the hyper path.
     ConnectFailed(UpstreamError),
     /// Sent, or partly: the failover rules decide.
@@ -1795,11 +1823,14 @@ impl Attempt<'_> {
                 Some(c) => c,
                 None => match connect_unless_down(conns.connect_h1(answer_timeout), watch).await {
                     Some(Ok(c)) => {
+                        if let Some(why) = self.left_meanwhile(node) {
+                            return Err(Direct::Left(why));
+                        }
                         sent_at = Instant::now();
                         c
                     }
                     Some(Err(e)) => return Err(Direct::ConnectFailed(e)),
-                    None => return Err(Direct::LeftDown),
+                    None => return Err(Direct::Left(limpet_core::RepinReason::NodeDown)),
                 },
             };
             let exchange = conn.exchange(
