@@ -203,11 +203,19 @@ static UNKNOWN_NODES: crate::net::RateLimitedLog = crate::net::RateLimitedLog::n
     "a pin in the store names a node this instance does not have: ignored",
 );
 
-/// Subscriptions to the re-pin channel the store refused, logged once per interval.
+/// Subscriptions to the re-pin channel the store refused for want of the channel's
+/// permission (`NOPERM`), logged once per interval.
 static SUBSCRIBE_ERRORS: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
     "the store refused the subscription to re-pins (the store user needs the channel: the \
      prefix and `pins`): other instances' re-pins reach this one only at each key's expiry \
      refresh",
+);
+
+/// Subscriptions the store refused for another reason (`NOAUTH` after a restart with a
+/// password, `LOADING`), logged once per interval: tried again at the next connection.
+static SUBSCRIBE_REFUSED: crate::net::RateLimitedLog = crate::net::RateLimitedLog::new(
+    "the store refused the subscription to re-pins: other instances' re-pins reach this one \
+     only at each key's expiry refresh until it is taken",
 );
 
 /// Keys the store answered with an error of their own (another type under a pin's key),
@@ -303,8 +311,11 @@ const REPIN_SCRIPT: &str =
 type RepinsAway = HashMap<(Arc<str>, TableKey), (Arc<str>, Option<Arc<str>>)>;
 
 /// [`Write::Reapply`]: the re-pin's SET and message only if the store holds the former node
-/// (`ARGV[5]`, empty for none) or nothing; otherwise the stored node, to adopt.
-const REAPPLY_SCRIPT: &str = "local cur = redis.call('GET', KEYS[1]) \
+/// (`ARGV[5]`, empty for none) or nothing; otherwise the stored node, to adopt. A key of
+/// another type holds no node: replaced, as a re-pin's plain SET replaces it (a GET of it
+/// failed the script with `WRONGTYPE`, and the re-pin was dropped).
+const REAPPLY_SCRIPT: &str = "local cur = false \
+if redis.call('TYPE', KEYS[1]).ok == 'string' then cur = redis.call('GET', KEYS[1]) end \
 if (not cur) or cur == ARGV[5] then \
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) \
 return false end return cur";
@@ -1623,7 +1634,13 @@ async fn subscriber(store: Arc<Store>) {
                         .subscribe_failures
                         .fetch_add(1, Ordering::Relaxed);
                     let text = e.to_string();
-                    SUBSCRIBE_ERRORS.note_with(|| text.chars().take(200).collect());
+                    // The channel hint only where it helps: not for a password or a load.
+                    let log = if e.code() == Some("NOPERM") {
+                        &SUBSCRIBE_ERRORS
+                    } else {
+                        &SUBSCRIBE_REFUSED
+                    };
+                    log.note_with(|| text.chars().take(200).collect());
                     return Err(text);
                 }
                 Ok(Err(e)) => return Err(e.to_string()),

@@ -1506,3 +1506,46 @@ fn listener_and_table_names_that_break_metric_labels_or_log_lines_are_refused() 
         "{text}"
     );
 }
+
+/// A store url on a database other than 0 with the default prefix is warned of, at its
+/// line: publish/subscribe ignores the database, so fleets kept apart by database alone
+/// would share the re-pin channel. A prefix of its own, or database 0, draws none.
+#[test]
+fn a_store_database_under_the_default_prefix_is_warned_of() {
+    let dir = TempDir::new("store-db");
+    let check = |store: &str| {
+        let text = format!(
+            "{NODES}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n\n\
+             [store]\n{store}"
+        );
+        let path = dir.write("limpet.toml", &text);
+        let out = limpet()
+            .args(["check", "-c"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run limpet check");
+        let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "F");
+        assert!(out.status.success(), "{stderr}");
+        let line = text[..text.find("url =").unwrap_or(0)]
+            .matches('\n')
+            .count()
+            + 1;
+        (stderr, line)
+    };
+    let (stderr, line) = check("url = \"redis://127.0.0.1:6379/2\"\n");
+    assert!(
+        stderr.contains(&format!(
+            "F:{line}:7: store.url: database 2 with the default prefix"
+        )),
+        "{stderr}"
+    );
+    for quiet in [
+        "url = \"redis://127.0.0.1:6379/2\"\nprefix = \"shop:\"\n",
+        "url = \"redis://127.0.0.1:6379/0\"\n",
+        "url = \"redis://127.0.0.1:6379\"\n",
+    ] {
+        let (stderr, _) = check(quiet);
+        assert!(!stderr.contains("default prefix"), "{quiet}: {stderr}");
+    }
+}

@@ -752,6 +752,57 @@ async fn a_re_pin_replayed_after_an_outage_does_not_undo_a_newer_one() {
     drop(redis);
 }
 
+/// A re-pin made while this instance lost the store, replayed once it returns over a key that
+/// meanwhile holds another type (someone's `HSET`): the key holds no node, and the re-pin
+/// replaces it, as a re-pin's plain `SET` does. Before, the replay's compare read the key
+/// with `GET`, the store answered `WRONGTYPE`, and the re-pin was dropped, the hash left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_pin_replayed_after_an_outage_replaces_a_key_of_another_type() {
+    let (redis, hole, mut nodes, x, y) = one_behind_a_hole("replay-type").await;
+    let src = "127.0.16.20";
+    let first = pin_in_store(&y, &redis, src).await;
+    assert_eq!(x.http(src).await, first, "x finds y's pin");
+    hole.refuse_new(true);
+    hole.swallow_all();
+    until("x marks the store down", async || !x.store_up()).await;
+    maint(&x, &first);
+    let moved_x = x.http(src).await;
+    assert_ne!(moved_x, first);
+    let key = format!("limpet:terminal:ip:{src}");
+    let mut c = redis.conn().await.expect("connect");
+    redis::cmd("DEL")
+        .arg(&key)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("DEL");
+    redis::cmd("HSET")
+        .arg(&key)
+        .arg("field")
+        .arg("value")
+        .query_async::<()>(&mut c)
+        .await
+        .expect("HSET");
+    let resyncs = x.status().resyncs;
+    hole.refuse_new(false);
+    until("x's resync after the store returned", async || {
+        let st = x.status();
+        st.up && st.resyncs > resyncs && !st.resync_pending
+    })
+    .await;
+    until("the re-pin replaces the hash", async || {
+        redis.get(&key).await.as_deref() == Some(moved_x.as_str())
+    })
+    .await;
+    assert_eq!(x.pin(src).as_deref(), Some(moved_x.as_str()), "x kept it");
+    x.running.stop().await;
+    y.running.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+    drop(hole);
+    drop(redis);
+}
+
 /// A store that loses its data while it stays up (`FLUSHALL` here; a restart without its
 /// data, eviction) gets each instance's pins again within about a second: each instance
 /// checks its own marker key every second, finds it gone and publishes its local pins. Before,

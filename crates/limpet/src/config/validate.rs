@@ -471,7 +471,23 @@ impl Validator<'_> {
                 }
                 v.clone()
             }
-            None => "limpet:".to_owned(),
+            None => {
+                // Redis's publish/subscribe ignores the database: two fleets kept apart by
+                // database alone (`/1`, `/2`) under the one default prefix share the
+                // re-pin channel, and each applies the other's re-pins to its own pins of
+                // the same keys and node names. Warned, not refused: it loaded before.
+                if !matches!(path, "" | "0") {
+                    tracing::warn!(
+                        "{}",
+                        self.err(
+                            u,
+                            "store.url",
+                            format!("database {path} with the default prefix: publish/subscribe ignores the database, so fleets on other databases of this store share limpet's re-pin channel; give each fleet its own `prefix`")
+                        )
+                    );
+                }
+                "limpet:".to_owned()
+            }
         };
         let bounded = |d: &Option<Spanned<Dur>>, key: &str, default: Duration| match d {
             Some(v)
