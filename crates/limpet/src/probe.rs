@@ -541,8 +541,17 @@ pub fn run(args: ProbeArgs) -> ExitCode {
     let progress = !args.json && std::io::stderr().is_terminal();
     let mut out = Output::new(args.json, plan.watch, progress);
     let run = rt.block_on(drive(Arc::clone(&plan), &mut out));
-    let verdicts: Vec<judge::SessionVerdict> =
-        run.judges.into_iter().map(SessionJudge::finish).collect();
+    // An interrupted run stopped its sessions where they were: one split then may have been
+    // about to get its close.
+    let verdicts: Vec<judge::SessionVerdict> = run
+        .judges
+        .into_iter()
+        .map(|j| {
+            let mut v = j.finish();
+            v.ended_split &= !run.interrupted;
+            v
+        })
+        .collect();
     let summary = judge::summarise(&verdicts);
     let outcome = summary.outcome_with_ws(plan.ws_url.is_some());
     out.finish(&Report {

@@ -36,8 +36,10 @@
 //!   (its discovery, unless that failed): where the balancer puts a fresh session.
 //! - A **split** is an HTTP answer from another node than the one holding the session's open
 //!   WebSocket: the failure the affinity reference starts from (claims on one node, socket on
-//!   another). It is reported beside moves and does not decide the verdict: right after a
-//!   re-pin a socket on the old node is expected until it closes.
+//!   another). Right after a re-pin a socket on the old node is expected until it closes, so
+//!   a split alone does not decide the verdict; a session that **ends split** (its socket
+//!   still open on another node than its last HTTP answer's, after a grace for the close to
+//!   come) broke affinity: every claim from then on fails.
 
 use std::collections::BTreeMap;
 
@@ -160,6 +162,9 @@ pub struct SessionVerdict {
     pub moves: Vec<Move>,
     /// HTTP answers from another node than the one holding the session's open WebSocket.
     pub split: u32,
+    /// The session ended with its WebSocket open on another node than its last HTTP
+    /// answer's: the socket outlived the re-pin for good.
+    pub ended_split: bool,
     /// Answers whose node was identified.
     pub answers: u32,
     /// Of `answers`, those named by the node header (the rest by a WebSocket's first frame):
@@ -182,9 +187,9 @@ pub struct SessionVerdict {
 }
 
 impl SessionVerdict {
-    /// No break: every move, if any, was a re-pin.
+    /// No break: every move, if any, was a re-pin, and the session did not end split.
     pub fn kept_affinity(&self) -> bool {
-        self.breaks == 0
+        self.breaks == 0 && !self.ended_split
     }
 
     /// Every identified answer came from one node.
@@ -206,6 +211,8 @@ pub struct SessionJudge {
     rewrite_pending: bool,
     /// The node holding the open WebSocket, if one is open and greeted.
     socket_node: Option<String>,
+    /// The node of the latest identified HTTP answer (not an upgrade's).
+    last_http_node: Option<String>,
     /// The last identified answer was a re-pin, which the next one must hold.
     repin_to_hold: bool,
     /// The balancer removed one of its cookies since the last identified answer (that one
@@ -252,8 +259,11 @@ impl SessionJudge {
         if answer.by_header {
             v.named_by_header = v.named_by_header.saturating_add(1);
         }
-        if answer.via != Via::Upgrade && self.socket_node.as_ref().is_some_and(|s| s != node) {
-            v.split = v.split.saturating_add(1);
+        if answer.via != Via::Upgrade {
+            if self.socket_node.as_ref().is_some_and(|s| s != node) {
+                v.split = v.split.saturating_add(1);
+            }
+            self.last_http_node = Some(node.clone());
         }
         if v.first_node.is_none() {
             v.first_node = Some(node.clone());
@@ -308,8 +318,14 @@ impl SessionJudge {
         self.verdict.last_node.as_deref()
     }
 
-    /// The final verdict.
-    pub fn finish(self) -> SessionVerdict {
+    /// Whether the open WebSocket is on another node than the latest HTTP answer's.
+    pub fn split_now(&self) -> bool {
+        matches!((&self.socket_node, &self.last_http_node), (Some(s), Some(h)) if s != h)
+    }
+
+    /// The final verdict: a session still split at its end broke affinity.
+    pub fn finish(mut self) -> SessionVerdict {
+        self.verdict.ended_split = self.split_now();
         self.verdict
     }
 }
@@ -380,6 +396,8 @@ pub struct Summary {
     pub breaks: u32,
     /// Split answers over all sessions.
     pub split: u32,
+    /// Sessions that ended split.
+    pub ended_split: u32,
     /// Identified answers over all sessions.
     pub answers: u32,
     /// Of `answers`, those named by the node header.
@@ -402,7 +420,7 @@ impl Summary {
     /// Kept, broken, or why the run cannot pass. A break is evidence on its own; a pass
     /// needs every session judged.
     pub fn outcome(&self) -> Outcome {
-        if self.breaks > 0 {
+        if self.breaks > 0 || self.ended_split > 0 {
             Outcome::Broken
         } else if self.answers == 0 && self.unidentified == 0 {
             Outcome::Unreachable
@@ -444,6 +462,7 @@ pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> 
         s.repins = s.repins.saturating_add(v.repins);
         s.breaks = s.breaks.saturating_add(v.breaks);
         s.split = s.split.saturating_add(v.split);
+        s.ended_split = s.ended_split.saturating_add(u32::from(v.ended_split));
         s.answers = s.answers.saturating_add(v.answers);
         s.named_by_header = s.named_by_header.saturating_add(v.named_by_header);
         s.unidentified = s.unidentified.saturating_add(v.unidentified);
@@ -626,7 +645,34 @@ mod tests {
         ];
         let v = judge(&events);
         assert_eq!((v.repins, v.breaks, v.split), (1, 0, 2));
+        assert!(!v.ended_split && v.kept_affinity());
         assert_eq!(summarise(&[v]).split, 2);
+    }
+
+    /// A session whose socket stays open on its old node after a re-pin, to the session's
+    /// end, broke affinity: every claim from then on meets the node without the socket (the
+    /// affinity reference's 409). Before, it passed, reported as a split "until the old
+    /// socket closed" though it never did.
+    #[test]
+    fn a_session_that_ends_split_broke_affinity() {
+        let events = [
+            pinned(0, Via::Discovery, "a"),
+            at(0, Via::Upgrade, "a"),
+            at(0, Via::Request, "a"),
+            pinned(1, Via::Request, "b"),
+            at(1, Via::Request, "b"),
+            at(2, Via::Request, "b"),
+        ];
+        let v = judge(&events);
+        assert_eq!((v.repins, v.breaks, v.split), (1, 0, 3));
+        assert!(v.ended_split && !v.kept_affinity());
+        let s = summarise(&[v]);
+        assert_eq!((s.ended_split, s.outcome()), (1, Outcome::Broken));
+        // A socket that follows the session to its new node ends whole.
+        let mut moved = events.to_vec();
+        moved.push(Event::SocketClosed { round: 2 });
+        moved.push(at(2, Via::Upgrade, "b"));
+        assert!(!judge(&moved).ended_split);
     }
 
     #[test]

@@ -379,6 +379,9 @@ fn session_words(v: &SessionVerdict) -> String {
     if v.split > 0 {
         trouble.push(format!("{} away from the socket", v.split));
     }
+    if v.ended_split {
+        trouble.push("ended with its socket on another node".to_owned());
+    }
     if !trouble.is_empty() {
         let _ = write!(s, " [{}]", trouble.join(", "));
     }
@@ -393,6 +396,7 @@ fn notable(v: &SessionVerdict) -> bool {
         || v.no_answer > 0
         || v.socket_closes > 0
         || v.split > 0
+        || v.ended_split
 }
 
 /// The human summary.
@@ -540,11 +544,20 @@ pub(crate) fn human(r: &Report<'_>) -> String {
             o,
             "split: {} from another node than their session's open WebSocket{}",
             plural(s.split, "HTTP answer", "HTTP answers"),
-            if s.breaks == 0 {
+            if s.breaks == 0 && s.ended_split == 0 {
                 " (after a re-pin, until the old socket closed)"
             } else {
                 ""
             }
+        );
+    }
+    if s.ended_split > 0 {
+        let _ = writeln!(
+            o,
+            "ended split: {} with its WebSocket still open on another node than its requests \
+             went to ({} s after the last): every claim there would fail",
+            plural(s.ended_split, "session", "sessions"),
+            super::session::SPLIT_GRACE.as_secs()
         );
     }
     for e in r.errors {
@@ -557,10 +570,15 @@ pub(crate) fn human(r: &Report<'_>) -> String {
             s.stayed_on_one_node, s.sessions
         ),
         Outcome::Broken => format!(
-            "FAIL: {} of {} broke affinity ({})",
+            "FAIL: {} of {} broke affinity ({}{})",
             s.sessions - s.kept_affinity,
             plural(s.sessions, "session", "sessions"),
-            plural(s.breaks, "break", "breaks")
+            plural(s.breaks, "break", "breaks"),
+            if s.ended_split > 0 {
+                format!(", {} ended split", s.ended_split)
+            } else {
+                String::new()
+            }
         ),
         Outcome::Unjudged if s.judged == s.sessions => {
             "CANNOT JUDGE: no WebSocket upgrade was accepted".to_owned()

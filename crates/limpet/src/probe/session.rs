@@ -383,10 +383,18 @@ struct Session {
     socket: Socket,
     backoff: Backoff,
     tx: UnboundedSender<Msg>,
+    /// The session's own view of its events, to tell whether it is split at its end.
+    judge: super::judge::SessionJudge,
 }
 
+/// How long a session that would end split (its socket on another node than its last HTTP
+/// answer's) waits for the balancer's close of that socket: a re-pin on the last request
+/// and the close it sends cross each other.
+pub(crate) const SPLIT_GRACE: Duration = Duration::from_secs(2);
+
 impl Session {
-    fn send(&self, event: Event) {
+    fn send(&mut self, event: Event) {
+        self.judge.observe(&event);
         // The driver only stops listening when the run is over (or interrupted): nothing
         // left to tell it then.
         let _ = self.tx.send(Msg::Event {
@@ -546,6 +554,29 @@ impl Session {
         }
     }
 
+    /// A session about to end split (its socket on another node than its last HTTP answer's)
+    /// gives the balancer [`SPLIT_GRACE`] to close that socket: the close of a re-pin on the
+    /// last request may still be on its way. Recorded in `round`, the last one.
+    async fn await_split_close(&mut self, round: u32) {
+        if !self.judge.split_now() {
+            return;
+        }
+        let deadline = Instant::now() + SPLIT_GRACE;
+        loop {
+            let Socket::Open(ws) = &mut self.socket else {
+                return;
+            };
+            let closed = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return,
+                msg = ws.next() => is_closing(msg),
+            };
+            if closed {
+                self.socket_closed(round);
+                return;
+            }
+        }
+    }
+
     async fn close(self) {
         if let Socket::Open(mut ws) = self.socket {
             let _ = tokio::time::timeout(self.plan.timeout, (*ws).close(None)).await;
@@ -576,7 +607,9 @@ pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: Unbounde
         http,
         backoff: Backoff::new(),
         tx,
+        judge: super::judge::SessionJudge::new(),
     };
+    let mut last_round = 0;
     for round in 0..s.plan.rounds {
         if round > 0 {
             // A deadline past what an Instant can hold means an endless watch: stop there.
@@ -603,8 +636,10 @@ pub(crate) async fn run(plan: Arc<Plan>, id: usize, start: Instant, tx: Unbounde
         for _ in 0..s.plan.requests {
             s.get(Via::Request, round).await;
         }
+        last_round = round;
         let _ = s.tx.send(Msg::RoundDone { session: id, round });
     }
+    s.await_split_close(last_round).await;
     s.close().await;
 }
 
