@@ -856,7 +856,10 @@ impl Store {
         match r {
             Ok(Ok(v)) => {
                 self.success(Way::Read);
-                let name = v.and_then(|b| String::from_utf8(b).ok())?;
+                // A value that is not text names no node either: it goes the way of any
+                // unknown node's (counted, and overwritten by this instance's create), not
+                // passed over, which kept every instance's own choice of the key for good.
+                let name = v.map(|b| String::from_utf8_lossy(&b).into_owned())?;
                 self.counts.get_hits.fetch_add(1, Ordering::Relaxed);
                 Some(name)
             }
@@ -1085,9 +1088,12 @@ impl Store {
     /// alike: a pin written by an instance of another config, or by hand, would otherwise
     /// split the session between the instances that lack its node, for as long as it is used.
     fn adopt(&self, table: &Arc<str>, key: KeyRef<'_>, tried: &str, winner: &[u8], heal: bool) {
-        let (Some(entries), Ok(winner)) = (self.entries(table), std::str::from_utf8(winner)) else {
+        let Some(entries) = self.entries(table) else {
             return;
         };
+        // Not text: no node's name, healed as an unknown node's ([`Self::read_pin`]).
+        let winner = String::from_utf8_lossy(winner);
+        let winner = &*winner;
         if winner == tried {
             return;
         }

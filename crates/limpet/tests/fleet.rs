@@ -2277,6 +2277,41 @@ async fn a_key_of_another_type_is_skipped_and_the_store_stays_up() {
     sc.stop().await;
 }
 
+/// A pin in the store whose value is not text (bytes no node name is): an unknown node's, so
+/// counted and overwritten by the instance's own choice for the fleet, as a pin naming a
+/// node it lacks is. Before, it was passed over uncounted and never healed: each instance
+/// kept its own choice of the client for as long as it was used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_in_the_store_that_is_not_text_is_healed_as_an_unknown_node() {
+    let sc = Alone::start("not-text", "10m").await;
+    let (a, redis) = (&sc.a, &sc.redis);
+    let src = "127.0.15.40";
+    let key = format!("limpet:terminal:ip:{src}");
+    let mut c = redis.conn().await.expect("connect");
+    redis::cmd("SET")
+        .arg(&key)
+        .arg(&[0xffu8, 0xfe, b'a'][..])
+        .arg("PX")
+        .arg(60_000)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("SET");
+    let unknown = a.status().unknown_nodes;
+    let got = a.http(src).await;
+    until("the store holds the client's node", async || {
+        redis.get(&key).await.as_deref() == Some(got.as_str())
+    })
+    .await;
+    assert_eq!(a.http(src).await, got);
+    let st = a.status();
+    assert_eq!(
+        st.unknown_nodes - unknown,
+        2,
+        "the GET and the create's answer met it: {st:?}"
+    );
+    sc.stop().await;
+}
+
 /// The nodes, a store whose user `fleet` (password `pw`) has `rules`, and an instance that
 /// reaches the store as that user.
 async fn as_store_user(tag: &str, rules: &[&str]) -> (Vec<TestNode>, Redis, Instance) {
