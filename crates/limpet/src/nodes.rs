@@ -810,6 +810,24 @@ impl NodeRuntime {
         spread_key: u64,
         trial: bool,
     ) -> Result<Admitted, Refused> {
+        self.admit_watching(queue_timeout, spread_key, trial, None)
+            .await
+    }
+
+    /// [`Self::admit`] for a long-lived session watching its moves (`moves`, a TCP session
+    /// or an upgrade): moved off the node while it waits in the queue (another of its
+    /// connections failed there, the fleet re-pinned it, it failed back), it leaves the
+    /// queue at once, as it would leave a node that left rotation, and routes again, to
+    /// where the session is now. Before, it waited for a slot or the queue timeout on the
+    /// node it had left, and was refused at the timeout though its entry named a node with
+    /// slots free.
+    pub async fn admit_watching(
+        self: &Arc<Self>,
+        queue_timeout: Duration,
+        spread_key: u64,
+        trial: bool,
+        moves: Option<&MoveWatch>,
+    ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         if a.limit.load(Ordering::Relaxed) == 0 {
             // Counted all the same: a limit a reload sets later holds the connections
@@ -843,7 +861,7 @@ impl NodeRuntime {
         }
         // Boxed: the wait in the queue is the rare path, and its state (the node's events,
         // the notification) inline would grow every request's future that awaits `admit`.
-        Box::pin(self.queue(queue_timeout, spread_key)).await
+        Box::pin(self.queue(queue_timeout, spread_key, moves)).await
     }
 
     /// [`Self::admit`]'s wait in the node's queue.
@@ -851,6 +869,7 @@ impl NodeRuntime {
         self: &Arc<Self>,
         queue_timeout: Duration,
         spread_key: u64,
+        moves: Option<&MoveWatch>,
     ) -> Result<Admitted, Refused> {
         let a = &self.admission;
         // SeqCst with `Admitted`'s drop: either the drop sees this waiter and wakes it, or
@@ -867,6 +886,9 @@ impl NodeRuntime {
         // re-pins its key), or not at all. A trial queues only for a node back UP (`admit`),
         // and leaves as any session should the node go DOWN again.
         let verdict = || self.status().session_end(clock::now_ms(), spread_key, true);
+        // A copy of the session's move watch, to wake on a move: the session's own stays
+        // unseen for `MoveWatch::moved` and its `session_end`.
+        let mut moved = moves.map(|m| m.rx.clone());
         let waited = tokio::time::timeout(queue_timeout, async {
             loop {
                 let freed = a.freed.notified();
@@ -874,6 +896,12 @@ impl NodeRuntime {
                 // Registered before the checks, so a slot freed in between is not missed;
                 // the state first, so a slot freed as the node left is not taken.
                 freed.as_mut().enable();
+                // Moved off the node: it leaves as from a node that left (the caller routes
+                // it again, to the session's node now).
+                if moves.and_then(MoveWatch::moved).is_some() {
+                    a.freed.notify_one();
+                    return Err(Refused::Left(RepinReason::NodeDown));
+                }
                 let leave_at = match verdict() {
                     SessionEnd::Now(why) => {
                         // The slot this one may have been woken for goes to the next waiter.
@@ -892,11 +920,23 @@ impl NodeRuntime {
                         None => std::future::pending().await,
                     }
                 };
+                let move_told = async {
+                    match &mut moved {
+                        // A sender gone tells nothing more.
+                        Some(rx) => {
+                            if rx.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = freed => {}
                     // Cannot fail: `self` holds the sender.
                     _ = events.changed() => {}
                     () = moment => {}
+                    () = move_told => {}
                 }
             }
         })
@@ -1303,6 +1343,38 @@ mod tests {
             "a trial's answer brings the node back"
         );
         assert!(rt.status().health.is_up());
+    }
+
+    /// A session moved off the node while it waits in the node's queue (another of its
+    /// connections failed there) leaves the queue at once, to route again; another key's
+    /// session waits on. Before, it waited out the queue timeout (5 s here) on the node it
+    /// had left and was refused then.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_moved_off_a_node_leaves_its_queue_at_once() {
+        let rt = node();
+        let wait = Duration::from_secs(5);
+        rt.set_limits(Some(1), 8);
+        let held = rt.admit(wait, 0, false).await.expect("a free slot");
+        let queued = |key: u64| {
+            let rt = Arc::clone(&rt);
+            let moves = rt.watch(key);
+            tokio::spawn(async move {
+                let r = rt.admit_watching(wait, key, false, Some(&moves)).await;
+                (r.err(), tokio::time::Instant::now())
+            })
+        };
+        let (moved, stays) = (queued(1), queued(2));
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t0 = tokio::time::Instant::now();
+        rt.session_moved(1, limpet_core::Leave::Failed(RepinReason::ConnectFailed));
+        let (err, at) = moved.await.expect("task");
+        assert_eq!(err, Some(Refused::Left(RepinReason::NodeDown)));
+        assert_eq!(at, t0, "left at the move");
+        assert!(!stays.is_finished(), "another session waits on");
+        drop(held);
+        let (err, _) = stays.await.expect("task");
+        assert_eq!(err, None, "the slot freed goes to the one still waiting");
     }
 
     /// A node that leaves rotation while sessions wait in its queue lets them go at once,

@@ -638,7 +638,7 @@ async fn connect(
             Some(rt) => match until_cut(
                 cut,
                 node,
-                rt.admit(def.timeouts.queue, spread, trial.is_some()),
+                rt.admit_watching(def.timeouts.queue, spread, trial.is_some(), moves.as_ref()),
             )
             .await?
             {

@@ -1341,10 +1341,11 @@ impl<'a> Attempt<'a> {
                     (Some((n, slot)), _) if n == node => Some(slot),
                     (_, Some(rt)) => {
                         match rt
-                            .admit(
+                            .admit_watching(
                                 shared.timeouts.queue,
                                 self.presented.spread,
                                 self.route.trial,
+                                self.moves.as_ref(),
                             )
                             .await
                         {
