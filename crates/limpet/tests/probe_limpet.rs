@@ -93,6 +93,46 @@ async fn fails_with_sticky_none() {
     proxy.stop().await;
 }
 
+/// A balancer whose cookie the probe does not keep (a name not among `--cookie-names`, here
+/// `SRV`) breaks every session as one that is not sticky does; the report says which cookie
+/// and why. Before, it read like a balancer with no stickiness at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_the_probe_does_not_keep_is_named_in_the_failure() {
+    let ns = nodes(&["a", "b"]).await;
+    let mut cfg = config(&ns);
+    cfg.sticky = Sticky::Cookie(limpet::proxy::CookieConfig {
+        spec: limpet_core::CookieSpec {
+            name: "SRV".into(),
+            ..limpet_core::CookieSpec::proxy_default()
+        },
+        ..Default::default()
+    });
+    let proxy = Proxy::start(cfg).await;
+    let run = probe(&[&proxy.url("/"), "--sessions", "1", "--requests", "3"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let out = &run.stdout;
+    assert!(out.contains("FAIL: 1 of 1 session broke affinity"), "{out}");
+    assert!(
+        out.contains(
+            "hint: answers set cookies the probe did not keep (SRV: not a --cookie-names name)"
+        ),
+        "{out}"
+    );
+    // Named, it is kept: the run passes.
+    let run = probe(&[
+        &proxy.url("/"),
+        "--sessions",
+        "1",
+        "--requests",
+        "3",
+        "--cookie-names",
+        "SRV",
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    proxy.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_pinned_node_under_watch_is_a_repin_not_a_break() {
     let ns = nodes(&["a", "b", "c"]).await;

@@ -106,6 +106,10 @@ pub struct Answer {
     /// limpet's `route-home` once a session is home again). Only a balancer that keeps track
     /// of the session removes one; a deletion the jar refuses (`Path=/x`) removes nothing.
     pub removed: bool,
+    /// A cookie the answer set that the jar did not keep, and why (`SRV: not a
+    /// --cookie-names name`, `route: Secure over http://`): what a run that broke shows, so
+    /// that a balancer whose cookie the probe cannot keep is told from one that is not sticky.
+    pub refused: Option<String>,
 }
 
 /// Something that happened to a session.
@@ -184,6 +188,19 @@ pub struct SessionVerdict {
     /// Whether the session's first accepted upgrade (101) carried the balancer's cookie;
     /// `None` when no upgrade was accepted (no `--ws`, or every attempt refused).
     pub cookie_on_101: Option<bool>,
+    /// Cookies its answers set that the jar did not keep, and why (distinct, at most
+    /// [`MAX_REFUSED_KEPT`]).
+    pub refused_cookies: Vec<String>,
+}
+
+/// At most this many distinct refused cookies are kept per session and per run.
+pub const MAX_REFUSED_KEPT: usize = 4;
+
+/// Adds `r` to `to` unless it is there or `to` is full.
+fn keep_refused(to: &mut Vec<String>, r: &str) {
+    if to.len() < MAX_REFUSED_KEPT && !to.iter().any(|k| k == r) {
+        to.push(r.to_owned());
+    }
 }
 
 impl SessionVerdict {
@@ -241,6 +258,9 @@ impl SessionJudge {
             v.upgrades = v.upgrades.saturating_add(1);
             v.cookie_on_101.get_or_insert(answer.cookie_set);
             self.socket_node.clone_from(&answer.node);
+        }
+        if let Some(r) = &answer.refused {
+            keep_refused(&mut v.refused_cookies, r);
         }
         self.rewrite_pending |= answer.rewritten;
         self.removal_pending |= answer.removed;
@@ -414,6 +434,9 @@ pub struct Summary {
     pub cookie_on_101: Tally,
     /// Accepted WebSocket upgrades over all sessions.
     pub upgrades: u32,
+    /// Cookies answers set that the sessions' jars did not keep, and why (distinct, at most
+    /// [`MAX_REFUSED_KEPT`]).
+    pub refused_cookies: Vec<String>,
 }
 
 impl Summary {
@@ -471,6 +494,9 @@ pub fn summarise<'a>(sessions: impl IntoIterator<Item = &'a SessionVerdict>) -> 
         s.socket_closes = s.socket_closes.saturating_add(v.socket_closes);
         s.cookie_on_101.add(v.cookie_on_101);
         s.upgrades = s.upgrades.saturating_add(v.upgrades);
+        for r in &v.refused_cookies {
+            keep_refused(&mut s.refused_cookies, r);
+        }
     }
     s
 }
@@ -490,6 +516,7 @@ mod tests {
             cookie_set: false,
             rewritten: false,
             removed: false,
+            refused: None,
         })
     }
 
@@ -515,6 +542,7 @@ mod tests {
             cookie_set: rewritten,
             rewritten,
             removed: false,
+            refused: None,
         })
     }
 
@@ -750,6 +778,7 @@ mod tests {
             cookie_set: true,
             rewritten: true,
             removed: false,
+            refused: None,
         });
         let none = judge(&[refused]);
         assert_eq!((none.cookie_on_101, none.upgrades), (None, 0));
@@ -865,6 +894,7 @@ mod tests {
             cookie_set: false,
             rewritten: false,
             removed: false,
+            refused: None,
         });
         let v = judge(&[
             at(0, Via::Discovery, "a"),

@@ -280,6 +280,13 @@ pub(crate) fn hint(r: &Report<'_>) -> Option<String> {
     let s = r.summary;
     let h = r.plan.node_header.as_str();
     match r.outcome {
+        // A balancer whose cookie the probe could not keep breaks every session as one
+        // that is not sticky does: say which cookies, and why.
+        Outcome::Broken if !s.refused_cookies.is_empty() => Some(format!(
+            "answers set cookies the probe did not keep ({}): give the balancer's cookie \
+             name with --cookie-names, or probe over https:// for a Secure one",
+            s.refused_cookies.join("; ")
+        )),
         Outcome::Kept | Outcome::Broken => None,
         Outcome::Unreachable => Some(format!(
             "check the URL, and that the balancer listens there{}",

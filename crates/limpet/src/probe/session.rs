@@ -27,7 +27,7 @@ use futures_util::{FutureExt, StreamExt};
 use limpet_client::reqwest::AffinityCookieStore;
 use limpet_client::tungstenite::{self, outcome_of_error};
 use limpet_client::{
-    classify, Adoption, AffinityJar, Backoff, Origin, Outcome, SharedJar, Verdict,
+    classify, Adoption, AffinityJar, Backoff, Ignored, Origin, Outcome, SharedJar, Verdict,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, SET_COOKIE};
 use tokio::net::TcpStream;
@@ -111,7 +111,7 @@ fn held(jar: &AffinityJar, now: SystemTime) -> Vec<(String, String)> {
 }
 
 /// What the session's jar did with an answer's balancer cookies.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Adopted {
     /// The jar took a balancer cookie from the answer: stored it, or rewrote a held one
     /// (a repeat of the held value included: the balancer did set it).
@@ -119,6 +119,25 @@ struct Adopted {
     /// The jar removed a balancer cookie it held, live, before the answer: the balancer
     /// expired it, as limpet's failback expires `route-home`.
     removed: bool,
+    /// The first cookie the jar did not keep, and why ([`cookie_refusal`]).
+    refused: Option<String>,
+}
+
+/// Why the jar did not keep a cookie, as a run's report says it; `None` for what says
+/// nothing of the balancer (a deletion of a cookie not held).
+fn cookie_refusal(name: &str, why: Ignored) -> Option<String> {
+    let why = match why {
+        Ignored::NotBalancerCookie => "not a --cookie-names name",
+        Ignored::SecureOverInsecure => "Secure over http://",
+        Ignored::PathNotRoot => "a Path other than /",
+        Ignored::DomainMismatch => "a Domain the URL's host is not in",
+        Ignored::ValueTooLong => "a value over 4096 characters",
+        Ignored::JarFull => "more balancer cookies than the jar holds",
+        Ignored::Malformed(_) => "not a well-formed cookie",
+        Ignored::OtherOrigin | Ignored::ExpiredNotHeld => return None,
+    };
+    let name: String = name.chars().take(64).collect();
+    Some(format!("{name}: {why}"))
 }
 
 /// What the jar did with the answer's `Set-Cookie` lines, by replaying them on a copy of the
@@ -140,6 +159,14 @@ fn adopted(before: &AffinityJar, headers: &HeaderMap, now: SystemTime) -> Adopte
         match jar.adopt(&origin, line.as_bytes(), now) {
             Adoption::Stored | Adoption::Replaced => out.set = true,
             Adoption::Removed => out.removed = true,
+            Adoption::Ignored(why) if out.refused.is_none() => {
+                let name = line
+                    .to_str()
+                    .ok()
+                    .and_then(|l| l.split_once('='))
+                    .map_or("", |(n, _)| n.trim());
+                out.refused = cookie_refusal(name, why);
+            }
             Adoption::Ignored(_) => {}
         }
     }
@@ -275,12 +302,14 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
         cookie_set: false,
         rewritten: false,
         removed: false,
+        refused: None,
     };
     let (socket, outcome, error) = match attempt {
         Ok(Ok((mut ws, resp))) => {
             answer.status = Some(resp.status().as_u16());
             let cookies = adopted(&before_jar, resp.headers(), jar.now());
             (answer.cookie_set, answer.removed) = (cookies.set, cookies.removed);
+            answer.refused = cookies.refused;
             // The node header when the 101 carries it (a socket's first frame is the
             // application's: `{"type":"welcome"}` named as a node was a move, and a sticky
             // balancer's run broken); else the first text frame, as limpet's nodes send.
@@ -304,6 +333,7 @@ async fn upgrade(plan: &Plan, jar: &SharedJar, url: &str, round: u32, via: Via) 
                 answer.by_header = answer.node.is_some();
                 let cookies = adopted(&before_jar, resp.headers(), jar.now());
                 (answer.cookie_set, answer.removed) = (cookies.set, cookies.removed);
+                answer.refused = cookies.refused;
             }
             (None, outcome_of_error(&e), Some(upgrade_error(url, &e)))
         }
@@ -423,6 +453,7 @@ impl Session {
             cookie_set: false,
             rewritten: false,
             removed: false,
+            refused: None,
         };
         let sent = self
             .http
@@ -447,6 +478,7 @@ impl Session {
                 answer.by_header = answer.node.is_some();
                 let cookies = adopted(&before_jar, resp.headers(), self.jar.now());
                 (answer.cookie_set, answer.removed) = (cookies.set, cookies.removed);
+                answer.refused = cookies.refused;
                 let mut read = 0usize;
                 while read <= MAX_BODY_READ {
                     match resp.chunk().await {
