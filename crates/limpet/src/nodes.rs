@@ -696,6 +696,26 @@ impl NodeRuntime {
         }
     }
 
+    /// [`Self::session_end`] for an HTTP answer streaming from the node: a node DOWN as the
+    /// watch begins (the answer came from a node gone DOWN while it waited for it: a request
+    /// with nowhere else to go, an upload left to its answer) was answered all the same, and
+    /// its DOWN is no news: only a change after it ends the answer (MAINT, a drain's moment,
+    /// a move, DOWN again once back UP).
+    pub async fn answer_end(
+        &self,
+        moves: MoveWatch,
+        close_on_down: impl Fn() -> bool,
+        reloads: watch::Receiver<u32>,
+    ) -> EndReason {
+        let mut events = self.events.subscribe();
+        while self.status().state() == NodeState::Down {
+            if events.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        self.session_end(moves, close_on_down, reloads).await
+    }
+
     /// Connections open to the node now.
     pub fn active(&self) -> u32 {
         self.active.load(Ordering::Relaxed)
@@ -897,10 +917,15 @@ impl NodeRuntime {
                 // the state first, so a slot freed as the node left is not taken.
                 freed.as_mut().enable();
                 // Moved off the node: it leaves as from a node that left (the caller routes
-                // it again, to the session's node now).
-                if moves.and_then(MoveWatch::moved).is_some() {
+                // it again, to the session's node now), with the move's reason when it is a
+                // re-pin's (a fleet's, a failback or a table's move are told as TCP sessions
+                // moved while connecting are, `node-down`).
+                if let Some(why) = moves.and_then(MoveWatch::moved) {
                     a.freed.notify_one();
-                    return Err(Refused::Left(RepinReason::NodeDown));
+                    return Err(Refused::Left(match why {
+                        EndReason::Repin(r) => r,
+                        _ => RepinReason::NodeDown,
+                    }));
                 }
                 let leave_at = match verdict() {
                     SessionEnd::Now(why) => {
@@ -1345,6 +1370,37 @@ mod tests {
         assert!(rt.status().health.is_up());
     }
 
+    /// An answer streaming from a node that was DOWN when its watch began (it answered all
+    /// the same: a request with nowhere else to go) is not ended by that DOWN; a change after
+    /// it (MAINT here) ends it. A session's end (a tunnel's) is the DOWN at once.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_from_a_node_already_down_ends_only_on_a_later_change() {
+        let rt = node();
+        rt.force_health(false);
+        let (_tx, reloads) = watch::channel(0u32);
+        let answer = tokio::spawn({
+            let rt = Arc::clone(&rt);
+            let reloads = reloads.clone();
+            async move {
+                let moves = rt.watch(7);
+                rt.answer_end(moves, || true, reloads).await
+            }
+        });
+        let moves = rt.watch(8);
+        assert_eq!(
+            rt.session_end(moves, || true, reloads).await,
+            EndReason::Repin(RepinReason::NodeDown),
+            "a tunnel's end: the DOWN"
+        );
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!answer.is_finished(), "the DOWN it came from ended it");
+        rt.set_admin(AdminState::Maint);
+        assert_eq!(
+            answer.await.expect("task"),
+            EndReason::Repin(RepinReason::NodeMaint)
+        );
+    }
+
     /// A session moved off the node while it waits in the node's queue (another of its
     /// connections failed there) leaves the queue at once, to route again; another key's
     /// session waits on. Before, it waited out the queue timeout (5 s here) on the node it
@@ -1369,7 +1425,7 @@ mod tests {
         let t0 = tokio::time::Instant::now();
         rt.session_moved(1, limpet_core::Leave::Failed(RepinReason::ConnectFailed));
         let (err, at) = moved.await.expect("task");
-        assert_eq!(err, Some(Refused::Left(RepinReason::NodeDown)));
+        assert_eq!(err, Some(Refused::Left(RepinReason::ConnectFailed)));
         assert_eq!(at, t0, "left at the move");
         assert!(!stays.is_finished(), "another session waits on");
         drop(held);

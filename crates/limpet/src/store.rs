@@ -313,9 +313,10 @@ type RepinsAway = HashMap<(Arc<str>, TableKey), (Arc<str>, Option<Arc<str>>)>;
 /// [`Write::Reapply`]: the re-pin's SET and message only if the store holds the former node
 /// (`ARGV[5]`, empty for none) or nothing; otherwise the stored node, to adopt. A key of
 /// another type holds no node: replaced, as a re-pin's plain SET replaces it (a GET of it
-/// failed the script with `WRONGTYPE`, and the re-pin was dropped).
-const REAPPLY_SCRIPT: &str = "local cur = false \
-if redis.call('TYPE', KEYS[1]).ok == 'string' then cur = redis.call('GET', KEYS[1]) end \
+/// failed the script with `WRONGTYPE`, and the re-pin was dropped). `pcall`, not `TYPE`:
+/// a store user allowed limpet's commands alone has no `TYPE`.
+const REAPPLY_SCRIPT: &str = "local cur = redis.pcall('GET', KEYS[1]) \
+if type(cur) == 'table' then cur = false end \
 if (not cur) or cur == ARGV[5] then \
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('PUBLISH', ARGV[3], ARGV[4]) \
 return false end return cur";

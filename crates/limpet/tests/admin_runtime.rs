@@ -773,7 +773,8 @@ async fn answers_streaming_from_a_draining_node_are_cut_at_its_deadline() {
 }
 
 /// MAINT cuts an answer still streaming from the node at once, as it closes the node's
-/// tunnels; a node that stays UP keeps its streams.
+/// tunnels; a node that stays UP keeps its streams. (An answer watches its node once it has
+/// waited on it for a second, so that most answers, done sooner, never pay for the watch.)
 #[tokio::test]
 async fn maint_cuts_answers_streaming_from_the_node_at_once() {
     let (_nodes, port) = backend_nodes(&NODES).await;
@@ -785,6 +786,15 @@ async fn maint_cuts_answers_streaming_from_the_node_at_once() {
     let mut a = events(l.addr("web"), &on_a, "h2").await;
     let mut b = events(l.addr("web"), &on_b, "get").await;
     assert_eq!((a.node.as_str(), b.node.as_str()), ("a", "b"));
+    // A stream: it has been going for a while (an answer watches its node once it has
+    // waited on it a second), 15 events at 100 ms.
+    tokio::time::timeout(PATIENCE, async {
+        while a.events.load(std::sync::atomic::Ordering::Relaxed) < 15 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a's stream stopped"));
     let set = tokio::time::Instant::now();
     set_state(&l, "a", r#"{"state":"maint"}"#).await;
     let ended = tokio::time::timeout(PATIENCE, &mut a.ended)

@@ -1989,8 +1989,8 @@ mod tests {
 
     /// A listener that sends its nodes a PROXY header has its checks of the node port open
     /// with one too (a node that requires it closes every connection without it: every
-    /// check would fail); a check at a check port gets none, and the header tells two
-    /// checks apart.
+    /// check would fail); a check at a check port gets none. The check's label, its
+    /// identity across an upgrade, does not change.
     #[test]
     fn a_check_of_a_node_port_sent_proxy_headers_sends_one() {
         use limpet_core::proxy_protocol::Version;
@@ -2014,7 +2014,8 @@ mod tests {
         let got = proxies(&text("v2", "{ kind = \"http\" }"));
         assert_eq!(got[0].0, "a");
         assert_eq!((got[0].1, got[0].2), (8631, Some(Version::V2)));
-        assert!(got[0].3.ends_with(" proxy v2"), "{got:?}");
+        // The label, a check's identity across an upgrade, is as it was.
+        assert_eq!(got[0].3, "http 127.0.0.2:8631 GET /", "{got:?}");
         assert_eq!((got[1].1, got[1].2), (9000, None), "b's check port");
         let got = proxies(&text("v1", "{ kind = \"tcp\" }"));
         assert_eq!(got[0].2, Some(Version::V1));

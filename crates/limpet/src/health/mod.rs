@@ -230,22 +230,12 @@ impl CheckSpec {
 
     /// A short label naming the check, e.g. `tcp 127.0.0.1:9100`, `http 127.0.0.1:8081 GET
     /// /health` (with ` host H` and ` expect R` when set, and ` over tls name N` when it runs
-    /// over TLS), `tls 127.0.0.1:8443 name n.example`, each with ` proxy v1` or ` proxy v2`
-    /// when its connection opens with a PROXY header. It is the check's identity on its
+    /// over TLS), `tls 127.0.0.1:8443 name n.example`. It is the check's identity on its
     /// node: two listeners asking for the same check share one, and checks that differ in
-    /// what they ask (two paths on one port, or one port plain and over TLS) both run.
+    /// what they ask (two paths on one port, or one port plain and over TLS) both run. It is
+    /// also how a check's counts cross an upgrade, so it stays as it was: the PROXY header a
+    /// check sends ([`Self::proxy`]) follows from its port, which the label has.
     pub fn label(&self) -> String {
-        let mut l = self.what();
-        match self.proxy {
-            Some(limpet_core::proxy_protocol::Version::V1) => l.push_str(" proxy v1"),
-            Some(limpet_core::proxy_protocol::Version::V2) => l.push_str(" proxy v2"),
-            None => {}
-        }
-        l
-    }
-
-    /// What the check asks, for [`Self::label`].
-    fn what(&self) -> String {
         let (kind, addr) = (self.kind.as_str(), self.addr);
         match &self.kind {
             CheckKind::Tcp => format!("{kind} {addr}"),

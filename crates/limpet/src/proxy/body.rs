@@ -148,32 +148,68 @@ impl std::error::Error for NodeLeft {}
 /// ([`NodeLeft`]).
 type AnswerEndWatch = Pin<Box<dyn Future<Output = crate::nodes::EndReason> + Send>>;
 
+/// How long an answer must have been waiting on its node, off and on, before it watches for
+/// the node leaving rotation for its session ([`NodeLeft`]): a stream (server-sent events,
+/// a long poll, a download). Most answers are done well before, and never pay for the watch
+/// (a lock on the node's session watchers, a boxed future, a reading of the listener's
+/// setting).
+const WATCH_ANSWER_AFTER: Duration = Duration::from_secs(1);
+
 /// The idle clock of a streamed body: armed lazily the first time the body has nothing to
 /// give (a body that always has bytes ready never allocates a timer), pushed back by every
-/// frame. Armed, it also holds what ends the answer when its node leaves rotation.
+/// frame. An answer's also sets, [`WATCH_ANSWER_AFTER`] its first wait, what ends it when its
+/// node leaves rotation for its session, on the same timer.
 #[derive(Debug)]
 struct IdleClock {
     limit: Duration,
-    armed: Option<Box<Armed>>,
-    /// A frame passed since the timer was last set.
+    armed: Option<Pin<Box<Armed>>>,
+    /// A frame passed since the clock last looked.
     moved: bool,
+    /// An answer's clock (a request body's watches no node).
+    answer: bool,
 }
 
-/// An armed [`IdleClock`]: one box, so that an answer that never waits is no larger.
-struct Armed {
-    timer: Pin<Box<Sleep>>,
-    /// Set on the answer's first wait ([`ProxyBody::watch_node`]); `None` for an answer that
-    /// has nothing to watch (limpet's own, or one counted to no node).
-    end: Option<AnswerEndWatch>,
+pin_project_lite::pin_project! {
+    /// An armed [`IdleClock`]: one allocation, so that a body that never waits is no larger.
+    /// Its timer wakes the body at its idle limit (`quiet_since`, when nothing last passed,
+    /// and the limit), or first when its end watch is due (`since`, when it first waited,
+    /// and [`WATCH_ANSWER_AFTER`]).
+    struct Armed {
+        #[pin]
+        timer: Sleep,
+        since: Instant,
+        quiet_since: Instant,
+        end: EndWatch,
+    }
+}
+
+/// An answer's watch for its node leaving rotation for its session.
+enum EndWatch {
+    /// Not yet set (before [`WATCH_ANSWER_AFTER`]).
+    NotYet,
+    Watching(AnswerEndWatch),
+    /// Nothing to watch (a request body, or an answer counted to no node).
+    Never,
 }
 
 impl std::fmt::Debug for Armed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Armed")
             .field("timer", &self.timer)
-            .field("end", &self.end.is_some())
+            .field("since", &self.since)
+            .field("quiet_since", &self.quiet_since)
+            .field("watching", &matches!(self.end, EndWatch::Watching(_)))
             .finish()
     }
+}
+
+/// What an answer's wait for its node came to ([`IdleClock::poll_wait`]).
+enum Wait {
+    Pending,
+    /// Nothing came for `answer_body_idle`.
+    Idle,
+    /// The node left rotation for the answer's session.
+    Left(crate::nodes::EndReason),
 }
 
 impl IdleClock {
@@ -182,6 +218,15 @@ impl IdleClock {
             limit,
             armed: None,
             moved: false,
+            answer: false,
+        }
+    }
+
+    /// An answer's clock: [`Self::poll_wait`] watches its node too.
+    fn for_answer(limit: Duration) -> Self {
+        IdleClock {
+            answer: true,
+            ..IdleClock::new(limit)
         }
     }
 
@@ -191,35 +236,60 @@ impl IdleClock {
 
     /// Called when the body is pending: whether it has been quiet for too long.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let deadline = Instant::now() + self.limit;
-        let armed = match &mut self.armed {
-            Some(a) => {
-                if self.moved {
-                    a.timer.as_mut().reset(deadline);
-                }
-                a
-            }
-            None => self.armed.insert(Box::new(Armed {
-                timer: Box::pin(tokio::time::sleep_until(deadline)),
-                end: None,
-            })),
-        };
-        self.moved = false;
-        armed.timer.as_mut().poll(cx).is_ready()
+        matches!(self.poll_wait(cx, || None), Wait::Idle)
     }
 
-    /// Whether the answer waits for its node with no end watch yet.
-    fn unwatched(&self) -> bool {
-        self.armed.as_ref().is_some_and(|a| a.end.is_none())
-    }
-
-    /// Polls the end watch, once one is set: why the answer must end, if it must.
-    fn poll_end(&mut self, cx: &mut Context<'_>) -> Option<crate::nodes::EndReason> {
-        let end = self.armed.as_mut()?.end.as_mut()?;
-        match end.as_mut().poll(cx) {
-            Poll::Ready(why) => Some(why),
-            Poll::Pending => None,
+    /// Called when the body is pending: whether it has been quiet for too long, or (an
+    /// answer's, once it has waited [`WATCH_ANSWER_AFTER`]) its node left rotation for its
+    /// session. `watch` makes the answer's end watch, once.
+    fn poll_wait(
+        &mut self,
+        cx: &mut Context<'_>,
+        watch: impl FnOnce() -> Option<AnswerEndWatch>,
+    ) -> Wait {
+        let now = Instant::now();
+        let (limit, answer) = (self.limit, self.answer);
+        let armed = self.armed.get_or_insert_with(|| {
+            Box::pin(Armed {
+                timer: tokio::time::sleep_until(now + limit),
+                since: now,
+                quiet_since: now,
+                end: if answer {
+                    EndWatch::NotYet
+                } else {
+                    EndWatch::Never
+                },
+            })
+        });
+        let mut a = armed.as_mut().project();
+        if std::mem::take(&mut self.moved) {
+            *a.quiet_since = now;
         }
+        let idle_at = *a.quiet_since + limit;
+        if now >= idle_at {
+            return Wait::Idle;
+        }
+        let watch_at = *a.since + WATCH_ANSWER_AFTER;
+        if matches!(a.end, EndWatch::NotYet) && now >= watch_at {
+            *a.end = watch().map_or(EndWatch::Never, EndWatch::Watching);
+        }
+        if let EndWatch::Watching(w) = a.end {
+            if let Poll::Ready(why) = w.as_mut().poll(cx) {
+                return Wait::Left(why);
+            }
+        }
+        let wake_at = match a.end {
+            EndWatch::NotYet => idle_at.min(watch_at),
+            _ => idle_at,
+        };
+        if a.timer.deadline() != wake_at {
+            a.timer.as_mut().reset(wake_at);
+        }
+        // Past already (the clock moved on since `now`): looked at again at once.
+        if a.timer.poll(cx).is_ready() {
+            cx.waker().wake_by_ref();
+        }
+        Wait::Pending
     }
 }
 
@@ -244,6 +314,8 @@ pub(crate) struct AnswerClock {
     /// two `OnceLock`s: each is set once per stream, and an uncontended lock costs less than
     /// a `OnceLock`'s first set (callgrind: about 160 instructions per HTTP/2 request).
     pairing: std::sync::Mutex<Pairing>,
+    /// The spread key of the stream's session ([`Self::spread`]).
+    spread: std::sync::atomic::AtomicU64,
 }
 
 /// The stream's task, once spawned, and the task the answer was made in: the stream's own,
@@ -263,7 +335,20 @@ impl AnswerClock {
             polled_ms: std::sync::atomic::AtomicU64::new(0),
             waiting_on_node: std::sync::atomic::AtomicBool::new(false),
             pairing: std::sync::Mutex::default(),
+            spread: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// The spread key of the stream's session: what its answer's end watch follows, the
+    /// connection's other streams may carry other sessions.
+    pub(crate) fn spread(&self) -> u64 {
+        self.spread.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::spread`].
+    pub(crate) fn set_spread(&self, spread: u64) {
+        self.spread
+            .store(spread, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The answer is there, made in the current task: its stall is counted from now, not
@@ -527,15 +612,6 @@ enum Inner {
 }
 
 impl Inner {
-    /// The node answer's idle clock, through an access log line.
-    fn idle_clock(&mut self) -> Option<&mut IdleClock> {
-        match self {
-            Inner::Upstream(_, idle) => Some(idle),
-            Inner::Logged(l) => l.inner.idle_clock(),
-            Inner::Local(_) | Inner::Failed(_) => None,
-        }
-    }
-
     fn is_end_stream(&self) -> bool {
         match self {
             Inner::Upstream(b, _) => b.is_end_stream(),
@@ -762,7 +838,7 @@ impl ProxyBody {
     /// The node's answer body, cut with [`BodyIdle`] once nothing came for `idle`.
     pub(crate) fn upstream(body: NodeAnswer, idle: Duration) -> Self {
         ProxyBody {
-            inner: Inner::Upstream(body, IdleClock::new(idle)),
+            inner: Inner::Upstream(body, IdleClock::for_answer(idle)),
             _active: None,
             _node: None,
             _admitted: None,
@@ -893,54 +969,43 @@ impl Body for ProxyBody {
 }
 
 impl ProxyBody {
-    /// The answer's next frame; a logged answer notes it for its line. An answer that waits
-    /// for its node watches, from its first wait, for the node leaving rotation for its
-    /// session ([`NodeLeft`]); one whose bytes are all there as it goes out never does.
+    /// The answer's next frame; a logged answer notes it for its line. An answer that has
+    /// waited on its node for [`WATCH_ANSWER_AFTER`] watches for the node leaving rotation
+    /// for its session ([`NodeLeft`]).
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let ProxyBody {
+            inner,
+            _active,
+            _node,
+            _upload,
+            traffic,
+            clock,
+            request,
+            ..
+        } = self;
         let mut cuts = Cuts {
-            traffic: &mut self.traffic,
-            request: self.request.as_deref(),
+            traffic,
+            request: request.as_deref(),
         };
-        let mut r = match &mut self.inner {
-            Inner::Logged(l) => poll_answer(&mut l.inner, &mut cuts, cx),
-            inner => poll_answer(inner, &mut cuts, cx),
-        };
-        if r.is_pending() {
-            if let Some(why) = self.watch_node(cx) {
-                // Not the node's failure: nothing is reported against it.
-                r = Poll::Ready(Some(Err(Box::new(NodeLeft(why)))));
-                match &mut self.inner {
-                    Inner::Logged(l) => l.inner = Inner::Failed(None),
-                    inner => *inner = Inner::Failed(None),
-                }
-            }
-        }
-        if let Inner::Logged(l) = &mut self.inner {
-            let cuts = Cuts {
-                traffic: &mut self.traffic,
-                request: self.request.as_deref(),
-            };
-            l.saw(&r, &cuts);
-        }
-        r
-    }
-
-    /// Sets the end watch of an answer that waits for its node, the first time it does, and
-    /// polls it: why the answer must end now, if it must.
-    fn watch_node(&mut self, cx: &mut Context<'_>) -> Option<crate::nodes::EndReason> {
-        let idle = self.inner.idle_clock()?;
-        if idle.unwatched() {
-            let node = self
-                ._node
+        let watch = || {
+            let node = _node
                 .as_ref()
-                .or_else(|| self._upload.as_ref().and_then(|u| u.node.as_ref()))?;
-            let ctx = self._active.as_ref()?;
-            let end: AnswerEndWatch = Box::pin(ctx.ctx().answer_end(node.node()));
-            if let Some(a) = idle.armed.as_mut() {
-                a.end = Some(end);
+                .or_else(|| _upload.as_ref().and_then(|u| u.node.as_ref()))?;
+            let ctx = _active.as_ref()?.ctx();
+            // HTTP/2: the stream's own session, as its clock has it; HTTP/1: the
+            // connection's last request is this one.
+            let spread = clock.as_ref().map(|c| c.spread());
+            let end: AnswerEndWatch = Box::pin(ctx.answer_end(node.node(), spread));
+            Some(end)
+        };
+        match inner {
+            Inner::Logged(l) => {
+                let r = poll_answer(&mut l.inner, &mut cuts, cx, watch);
+                l.saw(&r, &cuts);
+                r
             }
+            inner => poll_answer(inner, &mut cuts, cx, watch),
         }
-        idle.poll_end(cx)
     }
 }
 
@@ -974,6 +1039,7 @@ fn poll_answer(
     inner: &mut Inner,
     cuts: &mut Cuts<'_>,
     cx: &mut Context<'_>,
+    watch: impl FnOnce() -> Option<AnswerEndWatch>,
 ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
     match inner {
         Inner::Upstream(b, idle) => match Pin::new(b).poll_frame(cx) {
@@ -999,13 +1065,17 @@ fn poll_answer(
                 Poll::Pending
             }
             Poll::Ready(None) => Poll::Ready(None),
-            // The node went quiet mid-answer: cut the answer (the client sees it end
-            // early, as HAProxy's `timeout server` does).
-            Poll::Pending if idle.expired(cx) => {
-                cuts.report(AnswerCut::Idle, &"nothing came for answer_body_idle");
-                Poll::Ready(Some(Err(Box::new(BodyIdle))))
-            }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => match idle.poll_wait(cx, watch) {
+                Wait::Pending => Poll::Pending,
+                // The node went quiet mid-answer: cut the answer (the client sees it end
+                // early, as HAProxy's `timeout server` does).
+                Wait::Idle => {
+                    cuts.report(AnswerCut::Idle, &"nothing came for answer_body_idle");
+                    Poll::Ready(Some(Err(Box::new(BodyIdle))))
+                }
+                // Not the node's failure: nothing reported against it.
+                Wait::Left(why) => Poll::Ready(Some(Err(Box::new(NodeLeft(why))))),
+            },
         },
         Inner::Local(b) => match Pin::new(b).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
@@ -1015,7 +1085,7 @@ fn poll_answer(
         },
         Inner::Failed(e) => Poll::Ready(e.take().map(Err)),
         // `logged` wraps a body once; a line within a line has nothing to add.
-        Inner::Logged(l) => poll_answer(&mut l.inner, cuts, cx),
+        Inner::Logged(l) => poll_answer(&mut l.inner, cuts, cx, watch),
     }
 }
 

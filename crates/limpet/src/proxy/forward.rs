@@ -1239,9 +1239,6 @@ impl<'a> Attempt<'a> {
         true
     }
 
-    /// The node left rotation while the request waited in its queue: the request routes
-    /// again without it (the answer re-pins for `why`). Nothing was sent: no passive failure
-    /// and no failed attempt are counted.
     /// After a fresh connect to `node` (which may take up to `connect`, and a TLS handshake
     /// besides): whether the node left rotation for the session meanwhile, MAINT or its
     /// moment past a drain deadline (a DOWN is watched during the connect itself). Nothing
@@ -1262,6 +1259,9 @@ impl<'a> Attempt<'a> {
         }
     }
 
+    /// The node left rotation while the request waited in its queue or connected: the
+    /// request routes again without it (the answer re-pins for `why`). Nothing was sent: no
+    /// passive failure and no failed attempt are counted.
     fn leave(&mut self, node: NodeId, why: limpet_core::RepinReason) -> Result<(), UpstreamError> {
         if self.route_without(node, why) {
             return Ok(());

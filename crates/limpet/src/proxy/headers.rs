@@ -323,9 +323,10 @@ fn upgrade_protocols(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
         .filter(|p| !p.is_empty())
 }
 
-/// Whether a node's 101 `answer` switches to protocols of `offer` alone, and names at least
-/// one (RFC 9110 7.8: the server's `Upgrade` says what it switches to, among those the
-/// client listed). Compared as tokens, in any case.
+/// Whether a node's 101 `answer` switches to protocols of `offer` alone (RFC 9110 7.8: the
+/// server's `Upgrade` says what it switches to, among those the client listed). Compared as
+/// tokens, in any case. A 101 that names none (no `Upgrade`, against the RFC's "must") is
+/// taken as it was before, when the client offered one protocol: that one.
 pub(crate) fn switched_as_offered(answer: &HeaderMap, offer: &HeaderValue) -> bool {
     let offered = || {
         offer
@@ -340,7 +341,7 @@ pub(crate) fn switched_as_offered(answer: &HeaderMap, offer: &HeaderValue) -> bo
         }
         named = true;
     }
-    named
+    named || offered().count() == 1
 }
 
 /// Whether a `Connection` line lists anything but hop-by-hop names (`keep-alive`,
@@ -888,8 +889,11 @@ mod tests {
         assert!(!switched("h2c"));
         assert!(!switched("foo"));
         assert!(!switched("websocket, h2c"));
+        // Nothing named: taken for the one protocol offered, refused among several.
         assert!(!switched(""));
         assert!(!switched_as_offered(&HeaderMap::new(), &offered));
+        let one = HeaderValue::from_static("websocket");
+        assert!(switched_as_offered(&HeaderMap::new(), &one));
     }
 
     #[test]

@@ -591,16 +591,20 @@ impl ConnCtx {
     /// What ends an answer still streaming from `node` (see [`super::body::ProxyBody`]):
     /// its session's end on the node, as a tunnel's ([`crate::nodes::NodeRuntime::session_end`]:
     /// MAINT, DOWN under `close_on_node_down`, a move, the session's moment past a drain
-    /// deadline), for the connection's last session.
+    /// deadline; [`crate::nodes::NodeRuntime::answer_end`]), for the session of `spread`
+    /// (HTTP/2: the stream's), else the connection's last one (HTTP/1: this answer's
+    /// request is the last that came).
     pub(crate) fn answer_end(
         &self,
         node: &Arc<crate::nodes::NodeRuntime>,
+        spread: Option<u64>,
     ) -> impl Future<Output = crate::nodes::EndReason> + Send + 'static {
-        let moves = node.watch(self.last_spread.load(Ordering::Relaxed));
+        let spread = spread.unwrap_or_else(|| self.last_spread.load(Ordering::Relaxed));
+        let moves = node.watch(spread);
         let close_on_down = self.close_on_down(&self.shared().def);
         let node = Arc::clone(node);
         async move {
-            node.session_end(moves, || close_on_down.now(), close_on_down.reloads())
+            node.answer_end(moves, || close_on_down.now(), close_on_down.reloads())
                 .await
         }
     }
@@ -618,6 +622,9 @@ impl ConnCtx {
         }
         let clock = clock.unwrap_or_else(|| super::body::AnswerClock::new(self.started));
         clock.start_now();
+        // The connection's last answered request is this stream's: no other stream ran
+        // between its answer and this (one task, no wait in between).
+        clock.set_spread(self.last_spread.load(Ordering::Relaxed));
         self.answers.add(&clock);
         body.watch(clock);
     }
@@ -1445,12 +1452,14 @@ async fn run_connection<C: ServerConn>(
                 };
                 match closing {
                     Ok(r) => r,
-                    Err(()) => drain_tail(ctx, conn.as_mut(), h1).await,
+                    // An HTTP/1 connection closing for its idleness keeps its quiet second
+                    // (a head begun and left: hyper waits for it).
+                    Err(()) => drain_tail(ctx, conn.as_mut(), h1, true).await,
                 }
             }
             Control::Drain => {
                 conn.as_mut().graceful_shutdown();
-                drain_tail(ctx, conn.as_mut(), h1).await
+                drain_tail(ctx, conn.as_mut(), h1, false).await
             }
             Control::Stall => {
                 tracing::debug!(peer = %ctx.peer, "an HTTP/2 answer stalled by the client for client_idle, its stream not cut alone: connection closed");
@@ -1513,11 +1522,13 @@ async fn run_connection<C: ServerConn>(
 /// connection only once the client acks the GOAWAY's PING, and one that never does (a frozen
 /// process, a vanished phone) held the stop for all of `drain`. An answer's last bytes h2
 /// still holds keep it while the client takes them. (hyper closes an idle HTTP/1
-/// connection at once.) `None` when the connection is dropped unfinished.
+/// connection at once; with `quiet_h1`, one that has had no request in flight for the close
+/// grace goes too.) `None` when the connection is dropped unfinished.
 async fn drain_tail<C: ServerConn>(
     ctx: &Arc<ConnCtx>,
     mut conn: Pin<&mut C>,
     h1: bool,
+    quiet_h1: bool,
 ) -> Option<hyper::Result<()>> {
     let grace = CLOSE_GRACE.min(ctx.shared().timeouts.header_read);
     ctx.touch();
@@ -1525,6 +1536,7 @@ async fn drain_tail<C: ServerConn>(
         tokio::select! {
             r = conn.as_mut() => Some(r),
             () = quiet_and_unwritten_for(ctx, grace), if !h1 => None,
+            () = quiet_for(ctx, grace), if h1 && quiet_h1 => None,
         }
     })
     .await
