@@ -152,7 +152,9 @@ async fn until_h2_frame(s: &mut TcpStream, kind: u8, open_until: &str, came: &st
 }
 
 /// The next HTTP/2 frame from `s`, as (type, flags, stream, payload); `None` once it closed.
-async fn read_h2_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+async fn read_h2_frame(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Option<(u8, u8, u32, Vec<u8>)> {
     let mut head = [0u8; 9];
     s.read_exact(&mut head).await.ok()?;
     let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
@@ -2351,5 +2353,68 @@ async fn request_targets_and_codings_no_peer_may_send_are_a_400() {
             String::from_utf8_lossy(req)
         );
     }
+    proxy.stop().await;
+}
+
+/// A client that floods its HTTP/2 connection with one-byte DATA frames (each held by h2 in
+/// a slot of a few hundred bytes until the body is read: a connection's 8 MiB window would
+/// hold about 2 GiB) has its connection ended with GOAWAY `ENHANCE_YOUR_CALM`, by h2's own
+/// budget of small DATA frames (h2 0.4.20; an audit took the flood for limpet's to stop,
+/// and this holds the dependency to it); other clients are served.
+#[tokio::test]
+async fn h2_a_flood_of_one_byte_data_frames_ends_the_connection() {
+    let ns = nodes(&["a"]).await;
+    let proxy = Proxy::start(config(&ns)).await;
+    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // POST /upload, its body to come.
+    out.extend(h2_frame(
+        1,
+        0x4,
+        1,
+        &[
+            0x83, 0x86, 0x44, 0x07, b'/', b'u', b'p', b'l', b'o', b'a', b'd', 0x41, 0x01, b't',
+        ],
+    ));
+    s.write_all(&out).await.expect("write");
+    // limpet's SETTINGS acked: its stream window (256 KiB) holds the flood's bytes.
+    tokio::time::timeout(PATIENCE, async {
+        while let Some((kind, flags, ..)) = read_h2_frame(&mut s).await {
+            if kind == 4 && flags & 1 == 0 {
+                return;
+            }
+        }
+        panic!("closed before its SETTINGS");
+    })
+    .await
+    .expect("SETTINGS in time");
+    s.write_all(&h2_frame(4, 1, 0, &[])).await.expect("ack");
+    let (mut rd, mut wr) = s.into_split();
+    let one = h2_frame(0, 0, 1, b"x");
+    let chunk = one.repeat(10_000);
+    // Bounded: 25 chunks of 10,000 frames, 250,000 in all (within the stream's window).
+    let flood = tokio::spawn(async move {
+        for _ in 0..25 {
+            if wr.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let code = tokio::time::timeout(SOON, async {
+        while let Some((kind, _, _, payload)) = read_h2_frame(&mut rd).await {
+            if kind == 7 {
+                return payload
+                    .get(4..8)
+                    .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no GOAWAY {SOON:?} into the flood"));
+    assert_eq!(code, Some(11), "GOAWAY ENHANCE_YOUR_CALM");
+    let _ = flood.await;
+    assert!(served_within(proxy.addr, SOON).await, "others are served");
     proxy.stop().await;
 }
