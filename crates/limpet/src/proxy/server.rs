@@ -399,6 +399,10 @@ pub(crate) struct ConnCtx {
     /// several times a request; an HTTP/2 connection's streams almost always carry one
     /// session, and one that carries several has the moment of the latest.
     last_spread: AtomicU64,
+    /// Requests a node answered on this connection: what the share of streams reset in
+    /// flight is counted against ([`Unanswered`]). limpet's own answers (a 400 for a bad
+    /// `:path`) cost no node connection, and padded a rapid reset past its limit.
+    node_answered: AtomicU64,
     started: Instant,
     /// When the connection was ready for its first bytes: taken, its PROXY header read and
     /// its TLS handshake done ([`FIRST_BYTES_GRACE`] runs from here).
@@ -453,6 +457,7 @@ impl ConnCtx {
             last_touch_ms: AtomicU64::new(0),
             last_sighting: AtomicU64::new(0),
             last_spread: AtomicU64::new(0),
+            node_answered: AtomicU64::new(0),
             started: now,
             ready: now,
             shared: std::sync::Mutex::new(shared),
@@ -581,6 +586,7 @@ impl ConnCtx {
         now_ms: u64,
     ) -> bool {
         self.last_spread.store(spread, Ordering::Relaxed);
+        self.node_answered.fetch_add(1, Ordering::Relaxed);
         let second = now_ms / 1000;
         let tag = spread
             ^ (node.index() as u64).rotate_left(40)
@@ -969,8 +975,9 @@ impl Drop for Unanswered<'_> {
             .cancelled
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
+        // More than half of the streams that reached a node (answered, or reset in flight).
         if n >= cancel_limit(ctx.shared().limits.h2_max_concurrent_streams)
-            && u64::from(n).saturating_mul(2) > ctx.served.load(Ordering::Relaxed)
+            && u64::from(n) > ctx.node_answered.load(Ordering::Relaxed)
         {
             // One stored permit however many come: the connection's watch takes it once.
             ctx.too_many_cancels.notify_one();
