@@ -711,6 +711,11 @@ impl Handover {
     ) -> Result<(State, Predecessor), String> {
         self.sockets.clear();
         let pid = self.from_pid;
+        // Bounded as a whole, as the running one bounds its side: each read's own timeout
+        // is pushed back by every byte, and a holder that dribbled them held this start.
+        let _whole = Whole::within(&self.conn, OFFER_LIMIT).map_err(|e| {
+            format!("the running limpet (pid {pid}) did not confirm the handover: {e}")
+        })?;
         let fail = |e: std::io::Error| {
             format!("the running limpet (pid {pid}) did not confirm the handover: {e}")
         };
@@ -736,7 +741,7 @@ impl Handover {
 
 /// Asks the limpet listening at `path` for its sockets. `Ok(None)` when none listens there
 /// (no file, or a file left by one that exited): start afresh. Blocking; each read and write
-/// bounded by [`HANDOVER_LIMIT`].
+/// bounded by [`HANDOVER_LIMIT`], the whole offer by [`OFFER_LIMIT`].
 pub fn take_over(path: &Path) -> Result<Option<Handover>, String> {
     let conn = match UnixStream::connect(path) {
         Ok(c) => c,
@@ -768,16 +773,60 @@ pub fn take_over(path: &Path) -> Result<Option<Handover>, String> {
     }
     conn.set_read_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
     conn.set_write_timeout(Some(HANDOVER_LIMIT)).map_err(fail)?;
-    (&conn).write_all(HELLO).map_err(fail)?;
-    let holder = peer.pid.as_raw_nonzero().get().unsigned_abs();
-    receive(conn)
-        .map(|h| {
-            Some(Handover {
-                from_pid: holder,
-                ..h
-            })
+    take_over_within(
+        conn,
+        OFFER_LIMIT,
+        peer.pid.as_raw_nonzero().get().unsigned_abs(),
+    )
+    .map(Some)
+    .map_err(fail)
+}
+
+/// [`take_over`]'s offer, read within `limit` as a whole: the socket is shut down at the
+/// limit, which ends a read a holder keeps alive a byte at a time (each read's own timeout
+/// is pushed back by every byte). A real limpet sends its offer within [`OFFER_LIMIT`].
+fn take_over_within(conn: UnixStream, limit: Duration, holder: u32) -> std::io::Result<Handover> {
+    let _whole = Whole::within(&conn, limit)?;
+    (&conn).write_all(HELLO)?;
+    receive(conn).map(|h| Handover {
+        from_pid: holder,
+        ..h
+    })
+}
+
+/// Shuts a socket down both ways once `limit` has passed, unless dropped first: what bounds
+/// a blocking exchange as a whole. A thread of its own waits for the limit or the drop.
+struct Whole {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Whole {
+    fn within(conn: &UnixStream, limit: Duration) -> std::io::Result<Whole> {
+        let copy = conn.try_clone()?;
+        let (done, stop) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("limpet-handover-limit".into())
+            .spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(limit) {
+                    let _ = copy.shutdown(std::net::Shutdown::Both);
+                }
+            })?;
+        Ok(Whole {
+            done: Some(done),
+            thread: Some(thread),
         })
-        .map_err(fail)
+    }
+}
+
+impl Drop for Whole {
+    fn drop(&mut self) {
+        // The sender gone ends the thread's wait at once.
+        drop(self.done.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn invalid(what: &str) -> std::io::Error {
@@ -2047,6 +2096,50 @@ mod tests {
         let took = taker.await.unwrap_or_else(|e| panic!("{e}"));
         assert!(took.is_err(), "the taker serves though it read no state");
         assert!(!held, "the holder counts on a taker that did not take over");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A holder that sends its offer a byte at a time, each within the socket's own timeout,
+    /// holds a new limpet's start no longer than the offer's limit as a whole (300 ms here):
+    /// the socket is shut down then, and the start fails. Before, each byte restarted the
+    /// timeout, and the new limpet waited, deaf to signals, for as long as the bytes came.
+    #[test]
+    fn a_holder_that_offers_a_byte_at_a_time_is_cut_at_the_offer_limit() {
+        use std::os::unix::net::UnixListener;
+        let dir = scratch("offer-dribble");
+        let path = dir.join("up.sock");
+        let listener = UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}"));
+        let holder = std::thread::spawn(move || {
+            let Ok((mut c, _)) = listener.accept() else {
+                return;
+            };
+            let mut hello = [0u8; HELLO.len()];
+            if std::io::Read::read_exact(&mut c, &mut hello).is_err() {
+                return;
+            }
+            // A header of 1,000 bytes, then a byte of it every 50 ms: at most 5 s (bounded).
+            if c.write_all(&1_000u64.to_le_bytes()).is_err() {
+                return;
+            }
+            for _ in 0..100 {
+                if c.write_all(b" ").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let conn = UnixStream::connect(&path).unwrap_or_else(|e| panic!("{e}"));
+        conn.set_read_timeout(Some(HANDOVER_LIMIT))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let started = std::time::Instant::now();
+        let got = take_over_within(conn, Duration::from_millis(300), 1);
+        let took = started.elapsed();
+        assert!(got.is_err(), "an offer that never ends is taken");
+        assert!(
+            took < Duration::from_secs(2),
+            "held {took:?} by a 300 ms limit"
+        );
+        let _ = holder.join();
         let _ = std::fs::remove_dir_all(&dir);
     }
 
