@@ -741,7 +741,7 @@ impl Handover {
 
 /// Asks the limpet listening at `path` for its sockets. `Ok(None)` when none listens there
 /// (no file, or a file left by one that exited): start afresh. Blocking; each read and write
-/// bounded by [`HANDOVER_LIMIT`], the whole offer by [`OFFER_LIMIT`].
+/// bounded by [`HANDOVER_LIMIT`], the whole offer by twice that (`OFFER_LIMIT`).
 pub fn take_over(path: &Path) -> Result<Option<Handover>, String> {
     let conn = match UnixStream::connect(path) {
         Ok(c) => c,

@@ -1598,6 +1598,30 @@ async fn h2_rapid_reset_after_an_idle_goaway_ends_the_connection() {
     rapid_reset_rounds(true, false).await;
 }
 
+/// An HTTP/2 connection (prior knowledge, its SETTINGS sent) left idle until limpet sends
+/// its GOAWAY (`header_read` idle), which the client then ignores, as it does the PING that
+/// comes with it.
+async fn h2_idle_until_goaway(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut out = H2_PREFACE.to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&out).await.expect("preface");
+    assert!(
+        tokio::time::timeout(PATIENCE, async {
+            while let Some((kind, ..)) = read_h2_frame(&mut s).await {
+                if kind == 7 {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .expect("a GOAWAY in time"),
+        "closed before its GOAWAY"
+    );
+    s
+}
+
 /// A client that ignores the GOAWAY of an idle connection, its PING unacked, keeps a request
 /// in flight on it (at a node that never answers, its answer timeout a minute) and trickles
 /// another stream's head that never ends: the head timeout holds after the GOAWAY too, and
@@ -1619,23 +1643,7 @@ async fn h2_a_head_trickled_after_an_idle_goaway_is_closed_at_header_read() {
     cfg.timeouts.header_read = Duration::from_secs(1);
     cfg.timeouts.upstream_answer = Duration::from_secs(60);
     let proxy = Proxy::start(cfg).await;
-    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
-    let mut out = H2_PREFACE.to_vec();
-    out.extend(h2_frame(4, 0, 0, &[]));
-    s.write_all(&out).await.expect("preface");
-    assert!(
-        tokio::time::timeout(PATIENCE, async {
-            while let Some((kind, ..)) = read_h2_frame(&mut s).await {
-                if kind == 7 {
-                    return true;
-                }
-            }
-            false
-        })
-        .await
-        .expect("a GOAWAY in time"),
-        "closed before its GOAWAY"
-    );
+    let mut s = h2_idle_until_goaway(proxy.addr).await;
     // Stream 1 in flight at the node; stream 3's head begun, then a byte every 50 ms.
     let mut opening = h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']);
     opening.extend(h2_endless_head(3));
@@ -1687,23 +1695,7 @@ async fn h2_a_connection_closing_for_idleness_is_cut_at_the_drain_like_any_other
     cfg.timeouts.upstream_answer = Duration::from_secs(60);
     cfg.timeouts.drain = Duration::from_millis(300);
     let proxy = Proxy::start(cfg).await;
-    let mut s = TcpStream::connect(proxy.addr).await.expect("connect");
-    let mut out = H2_PREFACE.to_vec();
-    out.extend(h2_frame(4, 0, 0, &[]));
-    s.write_all(&out).await.expect("preface");
-    assert!(
-        tokio::time::timeout(PATIENCE, async {
-            while let Some((kind, ..)) = read_h2_frame(&mut s).await {
-                if kind == 7 {
-                    return true;
-                }
-            }
-            false
-        })
-        .await
-        .expect("a GOAWAY in time"),
-        "closed before its GOAWAY"
-    );
+    let mut s = h2_idle_until_goaway(proxy.addr).await;
     // A GET after the GOAWAY, which h2 takes until its PING is acked; at the node for sure.
     s.write_all(&h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']))
         .await

@@ -1369,18 +1369,7 @@ fn listeners_on_different_tables_are_warned_of() {
          [[listeners]]\nname = \"raw\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\nnode_port = 81\n\
          table = \"t\"\n"
     );
-    let check = |text: &str| {
-        let path = dir.write("limpet.toml", text);
-        let out = limpet()
-            .args(["check", "-c"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("run limpet check");
-        let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "F");
-        assert!(out.status.success(), "{stderr}");
-        stderr
-    };
+    let check = |text: &str| warnings_of(&dir, text);
     let stderr = check(&text);
     let (line, col) = (
         text[..text.find("name = \"web\"").unwrap_or(0)]
@@ -1507,6 +1496,21 @@ fn listener_and_table_names_that_break_metric_labels_or_log_lines_are_refused() 
     );
 }
 
+/// What `limpet check` says of `text` (written as `limpet.toml` in `dir`) at `warn`, the
+/// file's path written `F`; the check must pass.
+fn warnings_of(dir: &TempDir, text: &str) -> String {
+    let path = dir.write("limpet.toml", text);
+    let out = limpet()
+        .args(["check", "-c"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run limpet check");
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "F");
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
 /// A store url on a database other than 0 with the default prefix is warned of, at its
 /// line: publish/subscribe ignores the database, so fleets kept apart by database alone
 /// would share the re-pin channel. A prefix of its own, or database 0, draws none.
@@ -1518,15 +1522,7 @@ fn a_store_database_under_the_default_prefix_is_warned_of() {
             "{NODES}[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nnode_port = 80\n\n\
              [store]\n{store}"
         );
-        let path = dir.write("limpet.toml", &text);
-        let out = limpet()
-            .args(["check", "-c"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("run limpet check");
-        let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "F");
-        assert!(out.status.success(), "{stderr}");
+        let stderr = warnings_of(&dir, &text);
         let line = text[..text.find("url =").unwrap_or(0)]
             .matches('\n')
             .count()

@@ -700,6 +700,27 @@ async fn a_re_pin_made_while_the_store_was_away_overwrites_the_older_pin_when_it
     stop(redis, nodes, a, b).await;
 }
 
+/// `src` pinned through `y` (the store holds it and `x` finds it), then `x` alone loses the
+/// store (its connections go silent and new ones are refused) and re-pins `src` off its node
+/// (MAINT there): the first node and the one `x` moved the client to.
+async fn x_repins_without_the_store(
+    redis: &Redis,
+    hole: &BlackHole,
+    x: &Instance,
+    y: &Instance,
+    src: &str,
+) -> (String, String) {
+    let first = pin_in_store(y, redis, src).await;
+    assert_eq!(x.http(src).await, first, "x finds y's pin");
+    hole.refuse_new(true);
+    hole.swallow_all();
+    until("x marks the store down", async || !x.store_up()).await;
+    maint(x, &first);
+    let moved_x = x.http(src).await;
+    assert_ne!(moved_x, first);
+    (first, moved_x)
+}
+
 /// A re-pin made while only this instance lost the store is sent as a compare-and-set when
 /// it returns: another instance, which kept the store, re-pinned the session meanwhile to a
 /// third node, and that newer re-pin stays (this instance adopts it). Overwritten blindly,
@@ -708,15 +729,7 @@ async fn a_re_pin_made_while_the_store_was_away_overwrites_the_older_pin_when_it
 async fn a_re_pin_replayed_after_an_outage_does_not_undo_a_newer_one() {
     let (redis, hole, mut nodes, x, y) = one_behind_a_hole("replay").await;
     let src = "127.0.16.10";
-    let first = pin_in_store(&y, &redis, src).await;
-    assert_eq!(x.http(src).await, first, "x finds y's pin");
-    // Only x loses the store: its connections go silent and new ones are refused.
-    hole.refuse_new(true);
-    hole.swallow_all();
-    until("x marks the store down", async || !x.store_up()).await;
-    maint(&x, &first);
-    let moved_x = x.http(src).await;
-    assert_ne!(moved_x, first);
+    let (first, moved_x) = x_repins_without_the_store(&redis, &hole, &x, &y, src).await;
     // y, which keeps the store, moves the session to the third node.
     maint(&y, &first);
     maint(&y, &moved_x);
@@ -760,14 +773,7 @@ async fn a_re_pin_replayed_after_an_outage_does_not_undo_a_newer_one() {
 async fn a_re_pin_replayed_after_an_outage_replaces_a_key_of_another_type() {
     let (redis, hole, mut nodes, x, y) = one_behind_a_hole("replay-type").await;
     let src = "127.0.16.20";
-    let first = pin_in_store(&y, &redis, src).await;
-    assert_eq!(x.http(src).await, first, "x finds y's pin");
-    hole.refuse_new(true);
-    hole.swallow_all();
-    until("x marks the store down", async || !x.store_up()).await;
-    maint(&x, &first);
-    let moved_x = x.http(src).await;
-    assert_ne!(moved_x, first);
+    let (_, moved_x) = x_repins_without_the_store(&redis, &hole, &x, &y, src).await;
     let key = format!("limpet:terminal:ip:{src}");
     let mut c = redis.conn().await.expect("connect");
     redis::cmd("DEL")
