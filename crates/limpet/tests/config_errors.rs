@@ -1545,3 +1545,35 @@ fn a_store_database_under_the_default_prefix_is_warned_of() {
         assert!(!stderr.contains("default prefix"), "{quiet}: {stderr}");
     }
 }
+
+/// Two listeners asking a node for the same check another way (one sends its nodes a PROXY
+/// header, the other none; or TLS trusting other things) share one check, the last one's:
+/// warned of, at the check, naming both ways. The same check asked alike draws nothing.
+#[test]
+fn one_check_asked_two_ways_is_warned_of() {
+    let dir = TempDir::new("check-two-ways");
+    let listener = |name: &str, extra: &str| {
+        format!(
+            "[[listeners]]\nname = \"{name}\"\nbind = \"127.0.0.1:0\"\nmode = \"tcp\"\n\
+             node_port = 9000\ncheck = {{ kind = \"tcp\" }}\n{extra}\n"
+        )
+    };
+    let text = format!(
+        "{NODES}{}{}",
+        listener("a", "proxy_protocol = { send = \"v1\" }\n"),
+        listener("b", "")
+    );
+    let stderr = warnings_of(&dir, &text);
+    let line = text[..text.rfind("check = ").unwrap_or(0)]
+        .matches('\n')
+        .count()
+        + 1;
+    assert!(
+        stderr.contains(&format!(
+            "F:{line}:18: listeners[1].check.kind: node \"a\": the same check as listeners[0]'s (tcp 127.0.0.2:9000), made another way (plain, against plain, PROXY v1): one runs, this listener's"
+        )),
+        "{stderr}"
+    );
+    let alike = format!("{NODES}{}{}", listener("a", ""), listener("b", ""));
+    assert!(!warnings_of(&dir, &alike).contains("another way"));
+}

@@ -1601,6 +1601,11 @@ impl Validator<'_> {
         // one clears the other's failures (a dead port that never takes its node DOWN).
         let mut distinct: std::collections::HashMap<&str, std::collections::HashSet<String>> =
             std::collections::HashMap::new();
+        // Each node's checks by label, with the listener that asked and how its connection
+        // goes (the TLS it trusts, the PROXY header it sends), which the label leaves out:
+        // two listeners asking one check another way share one, the last one's.
+        let mut asked: std::collections::HashMap<(String, String), (usize, String)> =
+            std::collections::HashMap::new();
         for (i, (l, rl)) in listeners.iter().zip(&raw.listeners).enumerate() {
             let Some(c) = &rl.check else { continue };
             let key = format!("listeners[{i}].check");
@@ -1848,6 +1853,37 @@ impl Validator<'_> {
                 spec.jitter = jitter;
                 spec.fall = health.fall;
                 spec.rise = health.rise;
+                let how = {
+                    let trust = match &spec.kind {
+                        CheckKind::Tls(t) => Some(t.trust.as_str()),
+                        CheckKind::Http(h) => h.tls.as_ref().map(|t| t.trust.as_str()),
+                        CheckKind::Tcp => None,
+                    };
+                    let proxy = match spec.proxy {
+                        Some(proxy_protocol::Version::V1) => ", PROXY v1",
+                        Some(proxy_protocol::Version::V2) => ", PROXY v2",
+                        None => "",
+                    };
+                    match trust {
+                        Some(t) => format!("TLS trusting {t}{proxy}"),
+                        None => format!("plain{proxy}"),
+                    }
+                };
+                match asked.insert((n.name.clone(), spec.label()), (i, how.clone())) {
+                    Some((j, before)) if before != how && j != i => tracing::warn!(
+                        "{}",
+                        bad(
+                            c.kind.span(),
+                            "kind",
+                            format!(
+                                "node {:?}: the same check as listeners[{j}]'s ({}), made another way ({how}, against {before}): one runs, this listener's",
+                                n.name,
+                                spec.label()
+                            ),
+                        )
+                    ),
+                    _ => {}
+                }
                 let checks = distinct.entry(n.name.as_str()).or_default();
                 if checks.insert(spec.label()) && checks.len() > limpet_core::CheckSlot::COUNT {
                     return Err(bad(
