@@ -103,6 +103,15 @@ impl Drop for Server {
 async fn http_node(
     status: Arc<AtomicU16>,
 ) -> (SocketAddr, Server, mpsc::UnboundedReceiver<String>) {
+    http_node_requiring(status, Vec::new()).await
+}
+
+/// [`http_node`] that requires each connection to open with `first` (a PROXY header), as
+/// nginx's `listen ... proxy_protocol` does: anything else first, and it closes.
+async fn http_node_requiring(
+    status: Arc<AtomicU16>,
+    first: Vec<u8>,
+) -> (SocketAddr, Server, mpsc::UnboundedReceiver<String>) {
     let l = TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -112,7 +121,12 @@ async fn http_node(
         while let Ok((mut s, _)) = l.accept().await {
             let status = Arc::clone(&status);
             let tx = tx.clone();
+            let want = first.clone();
             tokio::spawn(async move {
+                let mut got = vec![0u8; want.len()];
+                if s.read_exact(&mut got).await.is_err() || got != want {
+                    return;
+                }
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 1024];
                 while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16_384 {
@@ -702,40 +716,10 @@ async fn a_retimed_failing_check_keeps_the_node_down() {
 async fn a_check_sends_the_proxy_header_its_listener_sends_first() {
     use limpet_core::proxy_protocol::{self, Version};
     for version in [Version::V1, Version::V2] {
-        let l = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let mut header = Vec::new();
         proxy_protocol::write_local(version, &mut header);
-        let (heads_tx, mut heads) = mpsc::unbounded_channel();
-        // A node that requires the header: anything else first, and it closes.
-        let _server = Server(tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                let want = header.clone();
-                let tx = heads_tx.clone();
-                tokio::spawn(async move {
-                    let mut first = vec![0u8; want.len()];
-                    if s.read_exact(&mut first).await.is_err() || first != want {
-                        return;
-                    }
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16_384 {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
-                    let _ = s
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                        )
-                        .await;
-                });
-            }
-        }));
+        let (addr, _server, mut heads) =
+            http_node_requiring(Arc::new(AtomicU16::new(200)), header).await;
         let mut s = spec(CheckKind::Http(HttpCheck::default()), addr);
         s.proxy = Some(version);
         s.fall = 1;
